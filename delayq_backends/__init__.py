@@ -1,0 +1,42 @@
+"""delayq_backends: a reliable, precise, scalable home for Celery's and RQ's delayed jobs.
+
+The package root imports neither celery, rq nor pyspark; their adapters live in
+``delayq_backends.celery``, ``delayq_backends.rq`` and ``delayq_backends.spark``.
+"""
+
+from .config import Config
+from .envelope import Envelope
+from .errors import (
+    BrokerUnavailable,
+    ConfigError,
+    DelayqError,
+    EnvelopeError,
+    InvalidIdError,
+    InvalidTimeError,
+    PayloadTooLargeError,
+    ShardMismatchError,
+)
+from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
+from .store import DelayStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BrokerUnavailable",
+    "Claim",
+    "ClaimedItem",
+    "Config",
+    "ConfigError",
+    "DeadLetter",
+    "DelayStore",
+    "DelayqError",
+    "Envelope",
+    "EnvelopeError",
+    "InvalidIdError",
+    "InvalidTimeError",
+    "PayloadTooLargeError",
+    "ScheduleCounts",
+    "ScheduledItem",
+    "ShardMismatchError",
+    "ShardStats",
+]

@@ -1,0 +1,60 @@
+"""Settings of a delay store, checked once where they are made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+__all__ = ["DEFAULT_URL", "Config"]
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Where the store lives and how it behaves.
+
+    Attributes:
+        url: Redis/Valkey URL (any node of a cluster works).
+        prefix: key prefix; two prefixes on one server never see each other's items.
+        shards: number of shards; fixed for the life of a prefix (recorded in Redis).
+        max_payload_bytes: largest envelope accepted by ``schedule``.
+        max_attempts: claims of one item before it goes to the dead letters.
+        lease_seconds: how long a forwarder holds claimed items before they are due again.
+    """
+
+    url: str = DEFAULT_URL
+    prefix: str = "delayq"
+    shards: int = 16
+    max_payload_bytes: int = 1024 * 1024
+    max_attempts: int = 10
+    lease_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefix, str) or not self.prefix or any(c in self.prefix for c in "{} \n"):
+            raise ConfigError(f"prefix {self.prefix!r}: use a non-empty name without braces or spaces")
+        _check_int("shards", self.shards, 1, 16384)
+        _check_int("max_payload_bytes", self.max_payload_bytes, 64, 512 * 1024 * 1024)
+        _check_int("max_attempts", self.max_attempts, 1, 1_000_000)
+        if not isinstance(self.lease_seconds, (int, float)) or not 0.1 <= self.lease_seconds <= 86400:
+            raise ConfigError(f"lease_seconds={self.lease_seconds!r}: use a number between 0.1 and 86400")
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_seconds * 1000)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "Config":
+        """Build from a mapping, refusing unknown names instead of ignoring them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown delayq setting(s) {unknown}: known are {sorted(known)}")
+        return cls(**values)
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{name}={value!r}: use a whole number from {low} to {high}")

@@ -1,0 +1,78 @@
+"""The stored form of a delayed item: a versioned, self-describing byte string. No pickle.
+
+Layout: ``b"DQ"``, a format version byte, a 4-byte big-endian header length, the header as
+UTF-8 JSON (``{"t": target, "d": destination, "m": meta}``), then the body bytes verbatim.
+The body is kept raw, not base64'd, so a Celery message is replayed byte for byte and costs
+no more than its own size.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import EnvelopeError
+
+__all__ = ["FORMAT_VERSION", "Envelope"]
+
+MAGIC = b"DQ"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct(">2sBI")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What a target needs to deliver an item at its ready time.
+
+    Attributes:
+        target: which kind of target delivers it (``"list"``, ``"celery"``, ``"rq"``).
+        destination: where, in that target's terms (a list key, a queue name).
+        body: the message itself, replayed as is.
+        meta: JSON-serializable details the target needs (headers, properties, ...).
+    """
+
+    target: str
+    destination: str
+    body: bytes = b""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        """Serialize; raises :class:`EnvelopeError` when ``meta`` is not JSON-serializable."""
+        if not isinstance(self.body, (bytes, bytearray, memoryview)):
+            raise EnvelopeError(
+                f"envelope body must be bytes, got {type(self.body).__name__}: encode it first"
+            )
+        try:
+            header = json.dumps(
+                {"t": self.target, "d": self.destination, "m": dict(self.meta)},
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+            ).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise EnvelopeError(f"envelope meta is not JSON-serializable: {exc}") from exc
+        return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + bytes(self.body)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Envelope":
+        """Parse stored bytes; raises :class:`EnvelopeError` saying what is wrong with them."""
+        if len(data) < _PREFIX.size:
+            raise EnvelopeError(f"envelope truncated: {len(data)} bytes, shorter than its header")
+        magic, version, size = _PREFIX.unpack_from(data)
+        if magic != MAGIC:
+            raise EnvelopeError(f"not a delayq envelope (starts with {data[:8]!r})")
+        if version != FORMAT_VERSION:
+            raise EnvelopeError(
+                f"envelope format version {version} is unknown to this delayq "
+                f"(knows {FORMAT_VERSION}): upgrade delayq_backends on this forwarder"
+            )
+        end = _PREFIX.size + size
+        if end > len(data):
+            raise EnvelopeError(f"envelope truncated: header says {size} bytes, {len(data) - _PREFIX.size} remain")
+        try:
+            header = json.loads(data[_PREFIX.size : end].decode("utf-8"))
+            return cls(target=str(header["t"]), destination=str(header["d"]), body=bytes(data[end:]), meta=header["m"])
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise EnvelopeError(f"envelope header is corrupt: {exc}") from exc

@@ -1,0 +1,59 @@
+"""Every error delayq raises derives from :class:`DelayqError`.
+
+Errors that describe bad input also derive from :class:`ValueError`, so code that already
+catches ``ValueError`` around scheduling keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerUnavailable",
+    "ConfigError",
+    "DelayqError",
+    "EnvelopeError",
+    "InvalidIdError",
+    "InvalidTimeError",
+    "PayloadTooLargeError",
+    "ServerNotFoundError",
+    "ShardMismatchError",
+]
+
+
+class DelayqError(Exception):
+    """Base class of every delayq error."""
+
+
+class ConfigError(DelayqError, ValueError):
+    """A setting is missing, malformed or contradicts what the store already holds."""
+
+
+class ShardMismatchError(ConfigError):
+    """The configured shard count differs from the one recorded in Redis.
+
+    Routing by ``crc32(id) % shards`` with the wrong count would look items up in the wrong
+    shard, so this is refused instead of silently misrouting.
+    """
+
+
+class InvalidTimeError(DelayqError, ValueError):
+    """A ready time that cannot be scheduled (naive, NaN, negative, absurdly far)."""
+
+
+class InvalidIdError(DelayqError, ValueError):
+    """An item id that is empty, too long or not text."""
+
+
+class PayloadTooLargeError(DelayqError, ValueError):
+    """An envelope over the configured ``max_payload_bytes``."""
+
+
+class EnvelopeError(DelayqError, ValueError):
+    """Stored bytes that are not a delayq envelope (corrupt, truncated, unknown version)."""
+
+
+class BrokerUnavailable(DelayqError):
+    """A target could not reach its broker; the batch is released, not failed."""
+
+
+class ServerNotFoundError(DelayqError):
+    """No Valkey/Redis server binary could be found to start an embedded server."""

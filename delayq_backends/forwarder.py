@@ -1,0 +1,284 @@
+"""The forwarder: claim due items, publish them to their broker, then ack.
+
+No leader and no lock: any number of forwarders run side by side, and the lease makes each
+claim exclusive. A crash between publish and ack re-delivers the item after its lease
+(at-least-once, same id); a crash before publish loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import redis
+
+from .envelope import Envelope
+from .errors import EnvelopeError
+from .models import Claim
+from .store import DelayStore
+from .targets import Delivery, PublishReport, Target
+
+__all__ = ["Forwarder", "ForwarderStats"]
+
+log = logging.getLogger("delayq.forwarder")
+
+_OUTAGES = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+@dataclass
+class ForwarderStats:
+    """Running totals of one forwarder; ``lateness_ms`` keeps the most recent samples."""
+
+    forwarded: int = 0
+    acked: int = 0
+    released: int = 0
+    retried: int = 0
+    dead: int = 0
+    batches: int = 0
+    outages: int = 0
+    lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000), repr=False)
+
+    def percentile(self, q: float) -> Optional[int]:
+        if not self.lateness_ms:
+            return None
+        ordered = sorted(self.lateness_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Forwarder:
+    """Moves due items from a :class:`DelayStore` to their targets.
+
+    Args:
+        store: the delay store.
+        targets: the targets this forwarder delivers to, keyed by ``Target.kind``.
+        batch: items per claim; a claim blocks Redis while it runs, so keep it modest.
+        poll_interval: longest sleep, in seconds, so a lost wake-up never strands an item.
+        retry_delay: first delay before a failed item is retried; doubles per attempt.
+        max_retry_delay: cap of that delay.
+        max_outage_backoff: longest pause while a broker or the store is unreachable.
+    """
+
+    def __init__(
+        self,
+        store: DelayStore,
+        targets: Mapping[str, Target] | Sequence[Target],
+        *,
+        batch: int = 200,
+        poll_interval: float = 1.0,
+        retry_delay: float = 1.0,
+        max_retry_delay: float = 300.0,
+        max_outage_backoff: float = 10.0,
+        name: Optional[str] = None,
+    ) -> None:
+        if not isinstance(targets, Mapping):
+            targets = {t.kind: t for t in targets}
+        if not 1 <= batch <= 10_000:
+            raise ValueError(f"batch={batch}: use 1..10000 (100-500 is best: a claim blocks Redis while it runs)")
+        self.store = store
+        self.targets = dict(targets)
+        self.batch = batch
+        self.poll_interval = poll_interval
+        self.retry_delay_ms = int(retry_delay * 1000)
+        self.max_retry_delay_ms = int(max_retry_delay * 1000)
+        self.max_outage_backoff = max_outage_backoff
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.stats = ForwarderStats()
+        self._stop = threading.Event()
+        self._outage_backoff = 0.0
+        self._offset_ms = 0
+        self._offset_at = 0.0
+        self._rng = random.Random()
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def run_once(self) -> int:
+        """Deliver what is due now, one batch per due shard per pass, until nothing is due.
+
+        Returns how many items were claimed. Tests drive the forwarder through this.
+        """
+        heads = self.store.heads()
+        now = self.server_now_ms()
+        due = [s for s, head in enumerate(heads) if head is not None and head <= now]
+        start = self._rng.randrange(len(heads))
+        due.sort(key=lambda s: (s - start) % len(heads))
+        claimed = 0
+        while due and not self._stop.is_set():
+            still_due = []
+            for shard in due:
+                if self._stop.is_set():
+                    break
+                claim = self.store.claim(shard, limit=self.batch)
+                if claim.items:
+                    self.deliver(claim)
+                    claimed += len(claim.items)
+                if len(claim.items) == self.batch:
+                    still_due.append(shard)
+            due = still_due
+        return claimed
+
+    def deliver(self, claim: Claim) -> None:
+        """Publish a claim's items, then ack, fail or release each as its target reports."""
+        started = time.perf_counter()
+        groups: dict[str, list[Delivery]] = defaultdict(list)
+        failures: list[tuple[str, Optional[int], str]] = []
+        for item in claim.items:
+            try:
+                envelope = Envelope.decode(item.envelope)
+            except EnvelopeError as exc:
+                failures.append((item.id, None, f"corrupt envelope: {exc}"))
+                continue
+            if envelope.target not in self.targets:
+                failures.append((item.id, self._retry_at(item.attempts),
+                                 f"no {envelope.target!r} target in forwarder {self.name} "
+                                 f"(it has {sorted(self.targets)}): start one with that target"))
+                continue
+            groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
+        report = PublishReport()
+        for kind, deliveries in groups.items():
+            self._publish(self.targets[kind], deliveries, report)
+        attempts = {item.id: item.attempts for item in claim.items}
+        failures += [(i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed]
+        self._settle(claim, report, failures)
+        log.debug("shard %d: claimed %d, published %d, failed %d, released %d in %.1f ms", claim.shard,
+                  len(claim.items), len(report.published), len(failures), len(report.unsent),
+                  (time.perf_counter() - started) * 1000)
+
+    def _publish(self, target: Target, deliveries: list[Delivery], report: PublishReport) -> None:
+        try:
+            part = target.publish_many(deliveries)
+        except Exception as exc:  # a target bug must not kill the forwarder; attempts bound it
+            log.exception("target %r raised; %d items will be retried", target.kind, len(deliveries))
+            part = PublishReport(failed=[(d.id, f"{type(exc).__name__}: {exc}", False) for d in deliveries])
+        now = self.server_now_ms()
+        ready = {d.id: d.ready_ms for d in deliveries}
+        self.stats.lateness_ms.extend(now - ready[i] for i in part.published)
+        report.published += part.published
+        report.failed += part.failed
+        report.unsent += part.unsent
+        report.broker_error = report.broker_error or part.broker_error
+
+    def _settle(self, claim: Claim, report: PublishReport, failures: list[tuple[str, Optional[int], str]]) -> None:
+        self.stats.batches += 1
+        self.stats.forwarded += len(report.published)
+        self.stats.acked += self.store.ack(claim, report.published)
+        if failures:
+            retried, buried = self.store.fail(claim, failures)
+            self.stats.retried += retried
+            self.stats.dead += buried
+            for item_id, _, error in failures:
+                log.warning("item %s failed: %s", item_id, error)
+        if report.unsent:
+            self.stats.released += self.store.release(claim, report.unsent)
+        if report.broker_error is not None:
+            self.stats.outages += 1
+            self._outage(f"broker unreachable ({report.broker_error}); released {len(report.unsent)} items")
+        else:
+            self._outage_backoff = 0.0
+
+    def _retry_at(self, attempts: int) -> int:
+        delay = min(self.max_retry_delay_ms, self.retry_delay_ms * 2 ** max(0, attempts - 1))
+        return self.server_now_ms() + delay
+
+    def _outage(self, why: str) -> None:
+        self._outage_backoff = min(self.max_outage_backoff, max(0.2, self._outage_backoff * 2))
+        pause = self._outage_backoff * (0.5 + self._rng.random() / 2)
+        log.warning("%s; retrying in %.1f s", why, pause)
+        self._stop.wait(pause)
+
+    # -- clock ------------------------------------------------------------------------------
+
+    def server_now_ms(self) -> int:
+        """The store's clock (Redis TIME), from the local clock plus a measured offset."""
+        if time.monotonic() - self._offset_at > 60 or not self._offset_at:
+            before = time.time_ns() // 1_000_000
+            server = self.store.server_time_ms()
+            after = time.time_ns() // 1_000_000
+            self._offset_ms = server - (before + after) // 2
+            self._offset_at = time.monotonic()
+        return time.time_ns() // 1_000_000 + self._offset_ms
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish its in-flight batch and return."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, *, install_signals: bool = True, log_every: float = 10.0) -> ForwarderStats:
+        """Forward until :meth:`stop` or SIGTERM/SIGINT; returns the totals.
+
+        Sleeps until the earliest head of all shards (capped by ``poll_interval``) and wakes
+        at once when a schedule makes some shard's head earlier.
+        """
+        if install_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop())
+        pubsub = self._subscribe()
+        last_log = time.monotonic()
+        log.info("forwarder %s started: %d shards, batch %d, targets %s", self.name, self.store.shards,
+                 self.batch, sorted(self.targets))
+        try:
+            while not self._stop.is_set():
+                try:
+                    if self.run_once() == 0:
+                        pubsub = self._sleep(pubsub)
+                except _OUTAGES as exc:
+                    self.stats.outages += 1
+                    self._outage(f"delay store unreachable ({exc})")
+                    pubsub = self._subscribe(pubsub)
+                if time.monotonic() - last_log >= log_every:
+                    last_log = time.monotonic()
+                    self._log_summary()
+        finally:
+            self._log_summary()
+            if pubsub is not None:
+                pubsub.close()
+        return self.stats
+
+    def _subscribe(self, old: Any = None) -> Any:
+        if old is not None:
+            old.close()
+        try:
+            pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(self.store.wake_channel)
+            return pubsub
+        except _OUTAGES as exc:
+            log.warning("cannot subscribe to %s (%s); polling every %.1f s", self.store.wake_channel, exc,
+                        self.poll_interval)
+            return None
+
+    def _sleep(self, pubsub: Any) -> Any:
+        """Wait until the earliest head is due, a wake-up says an earlier one is, or the poll."""
+        heads = [h for h in self.store.heads() if h is not None]
+        now = self.server_now_ms()
+        wake_at = min([now + int(self.poll_interval * 1000), *heads])
+        while not self._stop.is_set():
+            remaining = (wake_at - self.server_now_ms()) / 1000
+            if remaining <= 0:
+                break
+            if pubsub is None:
+                self._stop.wait(remaining)
+                break
+            try:
+                message = pubsub.get_message(timeout=remaining)
+            except _OUTAGES:
+                return self._subscribe(pubsub)
+            if message and message.get("type") == "message":
+                wake_at = min(wake_at, int(message["data"]))
+        return pubsub
+
+    def _log_summary(self) -> None:
+        s = self.stats
+        log.info("forwarded %d, released %d, retried %d, dead %d, outages %d; lateness p50 %s ms p99 %s ms",
+                 s.forwarded, s.released, s.retried, s.dead, s.outages, s.percentile(0.5), s.percentile(0.99))

@@ -1,0 +1,108 @@
+"""Key names: the one place that knows how the store is laid out in Redis.
+
+Every key of shard ``k`` carries the hash tag ``{<prefix>:<k>}``, so one shard lives in one
+Redis Cluster slot (a Lua script may touch all of them) while different shards spread over
+the cluster's nodes.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Union
+
+from .errors import InvalidIdError
+
+__all__ = ["MAX_ID_BYTES", "ShardKeys", "meta_key", "normalize_id", "shard_of", "wake_channel"]
+
+#: Celery and RQ ids are 36 bytes; anything near this is a mistake, not an id.
+MAX_ID_BYTES = 512
+
+
+def normalize_id(item_id: Union[str, bytes]) -> str:
+    """Return ``item_id`` as text, refusing what cannot be an id."""
+    if isinstance(item_id, bytes):
+        try:
+            item_id = item_id.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidIdError(f"item id {item_id!r} is not UTF-8: pass a str id") from exc
+    if not isinstance(item_id, str):
+        raise InvalidIdError(f"item id must be a str, got {type(item_id).__name__}: {item_id!r}")
+    if not item_id:
+        raise InvalidIdError("item id is empty: pass a task/job id or let delayq generate one")
+    if len(item_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise InvalidIdError(f"item id is over {MAX_ID_BYTES} bytes: use a shorter id (a UUID or ULID)")
+    try:
+        item_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidIdError(f"item id {item_id!r} holds unpaired surrogates: pass valid text") from exc
+    return item_id
+
+
+def shard_of(item_id: str, shards: int) -> int:
+    """The shard of ``item_id``: a pure function of the id, so lookups never scan."""
+    return zlib.crc32(item_id.encode("utf-8")) % shards
+
+
+def meta_key(prefix: str) -> str:
+    """Hash holding the shard count and format version of a store."""
+    return f"{prefix}:meta"
+
+
+def wake_channel(prefix: str) -> str:
+    """Pub/sub channel on which a new earliest item wakes sleeping forwarders."""
+    return f"{prefix}:wake"
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """The keys of one shard, all in one cluster slot."""
+
+    prefix: str
+    shard: int
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.prefix}:{self.shard}}}"
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:{self.tag}:{name}"
+
+    @property
+    def due(self) -> str:
+        """ZSET id -> ready ms (or lease deadline ms while leased)."""
+        return self._key("due")
+
+    @property
+    def items(self) -> str:
+        """HASH id -> envelope bytes."""
+        return self._key("items")
+
+    @property
+    def tries(self) -> str:
+        """HASH id -> delivery attempts so far (absent while 0)."""
+        return self._key("tries")
+
+    @property
+    def leased(self) -> str:
+        """HASH id -> "<deadline ms>:<ready ms>" while a forwarder holds the item."""
+        return self._key("leased")
+
+    @property
+    def dead(self) -> str:
+        """ZSET id -> time of death ms."""
+        return self._key("dead")
+
+    @property
+    def dead_items(self) -> str:
+        """HASH id -> envelope of a dead letter."""
+        return self._key("dead_items")
+
+    @property
+    def dead_info(self) -> str:
+        """HASH id -> JSON {error, attempts, ready_ms} of a dead letter."""
+        return self._key("dead_info")
+
+    def all(self) -> list[str]:
+        """Every key, in the order the scripts take them as KEYS."""
+        return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info]

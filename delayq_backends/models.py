@@ -1,0 +1,92 @@
+"""Plain records the store hands out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+__all__ = ["Claim", "ClaimedItem", "DeadLetter", "ScheduleCounts", "ScheduledItem", "ShardStats"]
+
+
+@dataclass(frozen=True)
+class ClaimedItem:
+    """An item leased to a forwarder. ``envelope`` is raw: decoding may fail, and that is
+    the forwarder's to report."""
+
+    id: str
+    envelope: bytes
+    attempts: int
+    ready_ms: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim on one shard: ``deadline_ms`` is the lease every ack/release must present."""
+
+    shard: int
+    deadline_ms: int
+    items: list[ClaimedItem] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ScheduledItem:
+    """An item as it stands in the store."""
+
+    id: str
+    shard: int
+    ready_ms: int
+    envelope: bytes
+    attempts: int
+    leased_until_ms: Optional[int]
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An item that failed too often or could not be delivered at all, and why."""
+
+    id: str
+    shard: int
+    died_ms: int
+    error: str
+    attempts: int
+    ready_ms: Optional[int]
+    envelope: Optional[bytes]
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """Counts of one shard at ``now_ms``. ``scheduled`` includes the ``leased`` items."""
+
+    shard: int
+    scheduled: int
+    due: int
+    leased: int
+    dead: int
+    next_ready_ms: Optional[int]
+    now_ms: int
+
+    @property
+    def oldest_overdue_ms(self) -> int:
+        """How long the shard's earliest item has been waiting past its time (0 if none)."""
+        if self.next_ready_ms is None:
+            return 0
+        return max(0, self.now_ms - self.next_ready_ms)
+
+
+@dataclass
+class ScheduleCounts:
+    """What a (bulk) schedule did: new ids, replaced ids, and ids kept as they were."""
+
+    added: int = 0
+    replaced: int = 0
+    kept: int = 0
+
+    def __iadd__(self, other: "ScheduleCounts") -> "ScheduleCounts":
+        self.added += other.added
+        self.replaced += other.replaced
+        self.kept += other.kept
+        return self
+
+    @property
+    def total(self) -> int:
+        return self.added + self.replaced + self.kept

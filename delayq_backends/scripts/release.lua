@@ -1,0 +1,23 @@
+--[[ Give back leased items that were not published, at their original ready time, without
+counting the attempt (graceful shutdown, broker outage).
+Input:
+  KEYS[1..7] the shard's keys (see includes/common.lua)
+  ARGV[1] the deadline returned by claim (our lease)
+  ARGV[2] wake channel
+  ARGV[3..] ids
+Output: how many were released. ]]
+--- @include "common"
+local before = head_score()
+local n = 0
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local ready = our_lease(id, ARGV[1])
+  if ready then
+    rcall('ZADD', KEYS[1], ready, id)
+    rcall('HDEL', KEYS[4], id)
+    if rcall('HINCRBY', KEYS[3], id, -1) <= 0 then rcall('HDEL', KEYS[3], id) end
+    n = n + 1
+  end
+end
+wake_if_earlier(ARGV[2], before)
+return n

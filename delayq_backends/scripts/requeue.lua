@@ -1,0 +1,28 @@
+--[[ Move dead letters back into the schedule with fresh attempts.
+Input:
+  KEYS[1..7] the shard's keys (see includes/common.lua)
+  ARGV[1] ready ms
+  ARGV[2] wake channel
+  ARGV[3..] ids ("*" alone: every dead letter of the shard)
+Output: {requeued, skipped}: skipped = no envelope kept, or the id is scheduled again already. ]]
+--- @include "common"
+local ids = {}
+for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+if ids[1] == '*' then ids = rcall('ZRANGE', KEYS[5], 0, -1) end
+local before = head_score()
+local requeued, skipped = 0, 0
+for _, id in ipairs(ids) do
+  local envelope = rcall('HGET', KEYS[6], id)
+  if envelope and rcall('HEXISTS', KEYS[2], id) == 0 then
+    rcall('ZADD', KEYS[1], ARGV[1], id)
+    rcall('HSET', KEYS[2], id, envelope)
+    rcall('ZREM', KEYS[5], id)
+    rcall('HDEL', KEYS[6], id)
+    rcall('HDEL', KEYS[7], id)
+    requeued = requeued + 1
+  elseif rcall('ZSCORE', KEYS[5], id) then
+    skipped = skipped + 1
+  end
+end
+wake_if_earlier(ARGV[2], before)
+return {requeued, skipped}
