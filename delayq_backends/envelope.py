@@ -73,6 +73,8 @@ class Envelope:
             raise EnvelopeError(f"envelope truncated: header says {size} bytes, {len(data) - _PREFIX.size} remain")
         try:
             header = json.loads(data[_PREFIX.size : end].decode("utf-8"))
+            if not isinstance(header["m"], dict):
+                raise TypeError(f"meta is a {type(header['m']).__name__}, not an object")
             return cls(target=str(header["t"]), destination=str(header["d"]), body=bytes(data[end:]), meta=header["m"])
         except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
             raise EnvelopeError(f"envelope header is corrupt: {exc}") from exc

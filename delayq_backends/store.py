@@ -13,8 +13,8 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 from .config import Config
 from .connection import Client, connect, is_cluster
-from .envelope import FORMAT_VERSION, Envelope
-from .errors import PayloadTooLargeError, ShardMismatchError
+from .envelope import FORMAT_VERSION, MAGIC, Envelope
+from .errors import EnvelopeError, PayloadTooLargeError, ShardMismatchError
 from .keys import ShardKeys, meta_key, normalize_id, shard_of, wake_channel
 from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .scripts import Scripts
@@ -141,8 +141,12 @@ class DelayStore:
 
     def _payload(self, item_id: str, envelope: Payload) -> bytes:
         data = envelope.encode() if isinstance(envelope, Envelope) else envelope
-        if not isinstance(data, (bytes, bytearray)):
-            raise TypeError(f"envelope for {item_id!r} must be an Envelope or bytes, got {type(data).__name__}")
+        if not isinstance(data, (bytes, bytearray)) or not data.startswith(MAGIC):
+            raise EnvelopeError(
+                f"envelope for {item_id!r} must be an Envelope or its encoded bytes, got "
+                f"{type(data).__name__} {bytes(data[:16]) if isinstance(data, (bytes, bytearray)) else ''!r}: "
+                "build one with Envelope(target, destination, body).encode()"
+            )
         if len(data) > self.config.max_payload_bytes:
             raise PayloadTooLargeError(
                 f"item {item_id!r} is {len(data)} bytes, over max_payload_bytes="

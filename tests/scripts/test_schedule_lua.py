@@ -1,0 +1,65 @@
+"""schedule.lua: add, replace, keep, and the wake-up of sleeping forwarders."""
+
+from __future__ import annotations
+
+import time
+
+from delayq_backends import DelayStore, Envelope
+from delayq_backends.targets import RedisListTarget
+
+ENV = RedisListTarget.envelope("out", b"one")
+
+
+def test_schedule_adds_item_with_exact_ms(store: DelayStore) -> None:
+    assert store.schedule("a", 1_800_000_000.123, ENV) == "added"
+    item = store.get("a")
+    assert item is not None
+    assert item.ready_ms == 1_800_000_000_123
+    assert Envelope.decode(item.envelope) == ENV
+    assert item.attempts == 0 and item.leased_until_ms is None
+
+
+def test_replace_updates_time_and_envelope(store: DelayStore) -> None:
+    store.schedule("a", 1_800_000_000, ENV)
+    other = RedisListTarget.envelope("out", b"two")
+    assert store.schedule("a", 1_900_000_000, other) == "replaced"
+    item = store.get("a")
+    assert item is not None and item.ready_ms == 1_900_000_000_000
+    assert Envelope.decode(item.envelope).body == b"two"
+    assert sum(s.scheduled for s in store.stats()) == 1
+
+
+def test_keep_leaves_existing_item(store: DelayStore) -> None:
+    store.schedule("a", 1_800_000_000, ENV)
+    assert store.schedule("a", 1_900_000_000, RedisListTarget.envelope("out", b"two"), mode="keep") == "kept"
+    item = store.get("a")
+    assert item is not None and item.ready_ms == 1_800_000_000_000
+    assert Envelope.decode(item.envelope).body == b"one"
+
+
+def test_schedule_many_counts_per_mode(store: DelayStore) -> None:
+    first = store.schedule_many([(f"id{i}", 1_800_000_000 + i, ENV) for i in range(1200)])
+    assert (first.added, first.replaced, first.kept) == (1200, 0, 0)
+    again = store.schedule_many([(f"id{i}", 1_800_000_000, ENV) for i in range(1000, 1500)], mode="keep")
+    assert (again.added, again.replaced, again.kept) == (300, 0, 200)
+    assert store.get("id1100").ready_ms == 1_800_001_100_000  # type: ignore[union-attr]
+    assert sum(s.scheduled for s in store.stats()) == 1500
+
+
+def test_new_head_publishes_wake_up_once(store: DelayStore) -> None:
+    pubsub = store.client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(store.wake_channel)
+    pubsub.get_message(timeout=1)  # subscription confirmation
+    shard = store.shard_of("late")
+    same_shard = [f"x{i}" for i in range(200) if store.shard_of(f"x{i}") == shard][:2]
+    store.schedule("late", 1_900_000_000, ENV)
+    store.schedule(same_shard[0], 1_950_000_000, ENV)  # later than the head: no wake
+    store.schedule(same_shard[1], 1_800_000_000, ENV)  # earlier: wake with its time
+    messages = []
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and len(messages) < 2:
+        m = pubsub.get_message(timeout=0.2)
+        if m:
+            messages.append(int(m["data"]))
+    assert messages == [1_900_000_000_000, 1_800_000_000_000]
+    pubsub.close()

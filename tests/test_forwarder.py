@@ -1,0 +1,176 @@
+"""The forwarder in process, on real servers: publish then ack, per-item errors, outages,
+wake-up precision."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Callable, Iterator
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from delayq_backends import DelayStore, Envelope
+from delayq_backends.embedded import free_port
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
+from tests.conftest import make_store
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def out(valkey_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(valkey_url)
+    yield client
+    client.close()
+
+
+def envelope(item_id: str, ready_ms: int = 0, key: str = "out") -> Envelope:
+    return RedisListTarget.envelope(key, json.dumps({"id": item_id, "ready_ms": ready_ms}).encode())
+
+
+def test_run_once_publishes_due_items_then_acks(store: DelayStore, out: redis.Redis, prefix: str) -> None:
+    key = f"{prefix}:out"
+    store.schedule_many([(f"d{i}", 1, envelope(f"d{i}", key=key)) for i in range(450)])
+    store.schedule("future", 4_000_000_000, envelope("future", key=key))
+    fwd = Forwarder(store, [RedisListTarget(out)], batch=100)
+    assert fwd.run_once() == 450
+    assert sorted(json.loads(b)["id"] for b in out.lrange(key, 0, -1)) == sorted(f"d{i}" for i in range(450))
+    assert sum(s.scheduled for s in store.stats()) == 1 and store.exists("future")
+    assert fwd.stats.acked == 450 and fwd.stats.forwarded == 450
+
+
+def test_corrupt_envelope_is_dead_lettered_and_the_rest_delivered(store: DelayStore, out: redis.Redis, prefix: str) -> None:
+    key = f"{prefix}:out"
+    store.schedule_many([(f"ok{i}", 1, envelope(f"ok{i}", key=key)) for i in range(20)])
+    store.schedule("bad", 1, b"DQ\x01\x00\x00\x00\x05{oops")
+    store.schedule("future", 4_000_000_000, envelope("future", key=key))
+    fwd = Forwarder(store, [RedisListTarget(out)])
+    fwd.run_once()
+    assert out.llen(key) == 20
+    (dead,) = store.dead_letters()
+    assert dead.id == "bad" and dead.error.startswith("corrupt envelope") and dead.envelope.startswith(b"DQ")
+    assert fwd.stats.dead == 1
+
+
+def test_unknown_target_is_retried_with_backoff_then_dead(server_url: str, prefix: str, out: redis.Redis) -> None:
+    store = make_store(server_url, prefix, shards=2, max_attempts=2)
+    store.schedule("c1", 1, Envelope("celery", "default", b"{}"))
+    fwd = Forwarder(store, [RedisListTarget(out)], retry_delay=60)
+    fwd.run_once()
+    item = store.get("c1")
+    assert item is not None and item.attempts == 1 and item.leased_until_ms is None
+    assert item.ready_ms >= store.server_time_ms() + 55_000  # backed off, not spinning
+    store.client.zadd(store.keys(store.shard_of("c1")).due, {"c1": 1}, xx=True)  # skip the back-off
+    fwd.run_once()
+    (dead,) = store.dead_letters()
+    assert "no 'celery' target" in dead.error and dead.attempts == 2
+
+
+def test_broker_outage_releases_without_burning_attempts(store: DelayStore, prefix: str, out: redis.Redis) -> None:
+    key = f"{prefix}:out"
+    store.schedule_many([(f"x{i}", 1, envelope(f"x{i}", key=key)) for i in range(50)])
+    down = RedisListTarget(redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)))
+    fwd = Forwarder(store, [down], max_outage_backoff=0.2)
+    fwd.run_once()
+    assert fwd.stats.released == 50 and fwd.stats.outages >= 1
+    assert store.dead_letters() == []
+    items = [store.get(f"x{i}") for i in range(50)]
+    assert all(i is not None and i.attempts == 0 and i.leased_until_ms is None and i.ready_ms == 1000 for i in items)
+    Forwarder(store, [RedisListTarget(out)]).run_once()
+    assert out.llen(key) == 50 and sum(s.scheduled for s in store.stats()) == 0
+
+
+class PartlyFailingTarget:
+    """Publishes ids not in ``reject``; reports the rest as permanent failures."""
+
+    kind = "list"
+
+    def __init__(self, inner: RedisListTarget, reject: set[str]) -> None:
+        self.inner, self.reject = inner, reject
+
+    def publish_many(self, deliveries: list[Delivery]) -> PublishReport:  # type: ignore[override]
+        report = self.inner.publish_many([d for d in deliveries if d.id not in self.reject])
+        report.failed += [(d.id, "rejected by test", True) for d in deliveries if d.id in self.reject]
+        return report
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_one_bad_item_does_not_hold_back_its_batch(store: DelayStore, out: redis.Redis, prefix: str) -> None:
+    key = f"{prefix}:out"
+    store.schedule_many([(f"x{i}", 1, envelope(f"x{i}", key=key)) for i in range(10)])
+    Forwarder(store, [PartlyFailingTarget(RedisListTarget(out), {"x3"})]).run_once()
+    assert out.llen(key) == 9
+    assert [d.id for d in store.dead_letters()] == ["x3"]
+
+
+def test_target_that_raises_does_not_kill_the_forwarder(store: DelayStore) -> None:
+    class Exploding:
+        kind = "list"
+
+        def publish_many(self, deliveries: list[Delivery]) -> PublishReport:
+            raise RuntimeError("bug in target")
+
+        def close(self) -> None: ...
+
+    store.schedule("a", 1, envelope("a"))
+    fwd = Forwarder(store, [Exploding()], retry_delay=30)
+    fwd.run_once()
+    item = store.get("a")
+    assert item is not None and item.attempts == 1 and item.ready_ms > store.server_time_ms()
+
+
+def test_wrongtype_destination_is_dead_lettered(store: DelayStore, out: redis.Redis, prefix: str) -> None:
+    out.set(f"{prefix}:string", "not a list")
+    store.schedule("a", 1, envelope("a", key=f"{prefix}:string"))
+    Forwarder(store, [RedisListTarget(out)]).run_once()
+    (dead,) = store.dead_letters()
+    assert "WRONGTYPE" in dead.error
+    out.delete(f"{prefix}:string")
+
+
+@pytest.fixture
+def running(store: DelayStore, out: redis.Redis) -> Iterator[Forwarder]:
+    fwd = Forwarder(store, [RedisListTarget(out)], poll_interval=1.0)
+    thread = threading.Thread(target=fwd.run, kwargs={"install_signals": False, "log_every": 3600})
+    thread.start()
+    yield fwd
+    fwd.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_idle_forwarder_wakes_for_a_new_earliest_item(store: DelayStore, out: redis.Redis, prefix: str,
+                                                       running: Forwarder) -> None:
+    """Wake-up, not polling: with a 1 s safety poll, a 200 ms item arrives within ~50 ms."""
+    key = f"{prefix}:out"
+    store.schedule("later", 4_000_000_000, envelope("later", key=key))
+    time.sleep(0.3)  # let the forwarder settle into its sleep (not a wait for a result)
+    lateness = []
+    for n in range(5):
+        ready = store.server_time_ms() + 200
+        store.schedule(f"soon{n}", ready / 1000, envelope(f"soon{n}", ready, key=key))
+        _, body = out.blpop([key], timeout=5) or (None, None)
+        assert body is not None, "item was not forwarded within 5 s"
+        lateness.append(store.server_time_ms() - ready)
+    assert min(lateness) >= 0, f"forwarded before its time: {lateness}"
+    assert sorted(lateness)[2] <= 100, f"median lateness {sorted(lateness)[2]} ms: wake-up is not working ({lateness})"
+
+
+def test_stop_finishes_and_returns(store: DelayStore, out: redis.Redis, prefix: str, running: Forwarder) -> None:
+    key = f"{prefix}:out"
+    store.schedule_many([(f"x{i}", 1, envelope(f"x{i}", key=key)) for i in range(1000)])
+    wait_for(lambda: out.llen(key) == 1000, 20, "1000 items forwarded")
+    wait_for(lambda: sum(s.scheduled for s in store.stats()) == 0, 5, "store to be empty")
