@@ -46,7 +46,7 @@ class Config:
         return int(self.lease_seconds * 1000)
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "Config":
+    def from_mapping(cls, values: Mapping[str, Any]) -> Config:
         """Build from a mapping, refusing unknown names instead of ignoring them."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)

@@ -90,10 +90,23 @@ class EmbeddedServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> "EmbeddedServer":
+    def start(self, timeout: float = 10.0) -> EmbeddedServer:
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else ["--appendonly", "no"]
-        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", str(self.dir),
-               "--logfile", "server.log", *persistence, *self.args]
+        cmd = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            "server.log",
+            *persistence,
+            *self.args,
+        ]
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
@@ -104,7 +117,11 @@ class EmbeddedServer:
                 return self
             except redis.RedisError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    log = (self.dir / "server.log").read_text(errors="replace")[-2000:] if (self.dir / "server.log").exists() else ""
+                    log = (
+                        (self.dir / "server.log").read_text(errors="replace")[-2000:]
+                        if (self.dir / "server.log").exists()
+                        else ""
+                    )
                     self.stop()
                     raise RuntimeError(f"server {cmd} did not start: {log}") from None
                 time.sleep(0.02)
@@ -124,7 +141,7 @@ class EmbeddedServer:
                 self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "EmbeddedServer":
+    def __enter__(self) -> EmbeddedServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -142,8 +159,16 @@ class EmbeddedCluster:
         self.masters = masters
         self.replicas = replicas
         self.nodes = [
-            EmbeddedServer(args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                 "--cluster-node-timeout", "2000"])
+            EmbeddedServer(
+                args=[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ]
+            )
             for _ in range(masters * (1 + replicas))
         ]
 
@@ -151,7 +176,7 @@ class EmbeddedCluster:
     def url(self) -> str:
         return self.nodes[0].url
 
-    def start(self, timeout: float = 30.0) -> "EmbeddedCluster":
+    def start(self, timeout: float = 30.0) -> EmbeddedCluster:
         for node in self.nodes:
             node.start()
         clients = [redis.Redis(port=n.port) for n in self.nodes]
@@ -161,18 +186,23 @@ class EmbeddedCluster:
             clients[i].execute_command("CLUSTER", "ADDSLOTSRANGE", i * step, last)
         for c in clients[1:]:
             c.execute_command("CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
-        self._wait(lambda: all(len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(self.nodes)
-                               for c in clients), timeout, "nodes to meet")
+        self._wait(
+            lambda: all(len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(self.nodes) for c in clients),
+            timeout,
+            "nodes to meet",
+        )
         ids = [c.execute_command("CLUSTER", "MYID") for c in clients[: self.masters]]
-        for n, c in enumerate(clients[self.masters:]):
+        for n, c in enumerate(clients[self.masters :]):
             c.execute_command("CLUSTER", "REPLICATE", ids[n % self.masters])
-        self._wait(lambda: all(c.cluster("info")["cluster_state"] == "ok" for c in clients), timeout, "cluster state ok")
+        self._wait(
+            lambda: all(c.cluster("info")["cluster_state"] == "ok" for c in clients), timeout, "cluster state ok"
+        )
         for c in clients:
             c.close()
         return self
 
     @staticmethod
-    def _wait(check: "object", timeout: float, what: str) -> None:
+    def _wait(check: object, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -187,7 +217,7 @@ class EmbeddedCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> "EmbeddedCluster":
+    def __enter__(self) -> EmbeddedCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

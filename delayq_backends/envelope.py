@@ -41,9 +41,7 @@ class Envelope:
     def encode(self) -> bytes:
         """Serialize; raises :class:`EnvelopeError` when ``meta`` is not JSON-serializable."""
         if not isinstance(self.body, (bytes, bytearray, memoryview)):
-            raise EnvelopeError(
-                f"envelope body must be bytes, got {type(self.body).__name__}: encode it first"
-            )
+            raise EnvelopeError(f"envelope body must be bytes, got {type(self.body).__name__}: encode it first")
         try:
             header = json.dumps(
                 {"t": self.target, "d": self.destination, "m": dict(self.meta)},
@@ -56,7 +54,7 @@ class Envelope:
         return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + bytes(self.body)
 
     @classmethod
-    def decode(cls, data: bytes) -> "Envelope":
+    def decode(cls, data: bytes) -> Envelope:
         """Parse stored bytes; raises :class:`EnvelopeError` saying what is wrong with them."""
         if len(data) < _PREFIX.size:
             raise EnvelopeError(f"envelope truncated: {len(data)} bytes, shorter than its header")

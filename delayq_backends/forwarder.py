@@ -136,20 +136,33 @@ class Forwarder:
                 failures.append((item.id, None, f"corrupt envelope: {exc}"))
                 continue
             if envelope.target not in self.targets:
-                failures.append((item.id, self._retry_at(item.attempts),
-                                 f"no {envelope.target!r} target in forwarder {self.name} "
-                                 f"(it has {sorted(self.targets)}): start one with that target"))
+                failures.append(
+                    (
+                        item.id,
+                        self._retry_at(item.attempts),
+                        f"no {envelope.target!r} target in forwarder {self.name} "
+                        f"(it has {sorted(self.targets)}): start one with that target",
+                    )
+                )
                 continue
             groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
         report = PublishReport()
         for kind, deliveries in groups.items():
             self._publish(self.targets[kind], deliveries, report)
         attempts = {item.id: item.attempts for item in claim.items}
-        failures += [(i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed]
+        failures += [
+            (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
+        ]
         self._settle(claim, report, failures)
-        log.debug("shard %d: claimed %d, published %d, failed %d, released %d in %.1f ms", claim.shard,
-                  len(claim.items), len(report.published), len(failures), len(report.unsent),
-                  (time.perf_counter() - started) * 1000)
+        log.debug(
+            "shard %d: claimed %d, published %d, failed %d, released %d in %.1f ms",
+            claim.shard,
+            len(claim.items),
+            len(report.published),
+            len(failures),
+            len(report.unsent),
+            (time.perf_counter() - started) * 1000,
+        )
 
     def _publish(self, target: Target, deliveries: list[Delivery], report: PublishReport) -> None:
         try:
@@ -184,7 +197,7 @@ class Forwarder:
             self._outage_backoff = 0.0
 
     def _retry_at(self, attempts: int) -> int:
-        delay = min(self.max_retry_delay_ms, self.retry_delay_ms * 2 ** max(0, attempts - 1))
+        delay = min(self.max_retry_delay_ms, self.retry_delay_ms << min(30, max(0, attempts - 1)))
         return self.server_now_ms() + delay
 
     def _outage(self, why: str) -> None:
@@ -226,8 +239,13 @@ class Forwarder:
                 signal.signal(sig, lambda *_: self.stop())
         pubsub = self._subscribe()
         last_log = time.monotonic()
-        log.info("forwarder %s started: %d shards, batch %d, targets %s", self.name, self.store.shards,
-                 self.batch, sorted(self.targets))
+        log.info(
+            "forwarder %s started: %d shards, batch %d, targets %s",
+            self.name,
+            self.store.shards,
+            self.batch,
+            sorted(self.targets),
+        )
         try:
             while not self._stop.is_set():
                 try:
@@ -250,12 +268,13 @@ class Forwarder:
         if old is not None:
             old.close()
         try:
-            pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             pubsub.subscribe(self.store.wake_channel)
             return pubsub
         except _OUTAGES as exc:
-            log.warning("cannot subscribe to %s (%s); polling every %.1f s", self.store.wake_channel, exc,
-                        self.poll_interval)
+            log.warning(
+                "cannot subscribe to %s (%s); polling every %.1f s", self.store.wake_channel, exc, self.poll_interval
+            )
             return None
 
     def _sleep(self, pubsub: Any) -> Any:
@@ -280,5 +299,13 @@ class Forwarder:
 
     def _log_summary(self) -> None:
         s = self.stats
-        log.info("forwarded %d, released %d, retried %d, dead %d, outages %d; lateness p50 %s ms p99 %s ms",
-                 s.forwarded, s.released, s.retried, s.dead, s.outages, s.percentile(0.5), s.percentile(0.99))
+        log.info(
+            "forwarded %d, released %d, retried %d, dead %d, outages %d; lateness p50 %s ms p99 %s ms",
+            s.forwarded,
+            s.released,
+            s.retried,
+            s.dead,
+            s.outages,
+            s.percentile(0.5),
+            s.percentile(0.99),
+        )

@@ -81,7 +81,7 @@ class ScheduleCounts:
     replaced: int = 0
     kept: int = 0
 
-    def __iadd__(self, other: "ScheduleCounts") -> "ScheduleCounts":
+    def __iadd__(self, other: ScheduleCounts) -> ScheduleCounts:
         self.added += other.added
         self.replaced += other.replaced
         self.kept += other.kept

@@ -9,7 +9,7 @@ import heapq
 import json
 from collections import defaultdict
 from itertools import islice
-from typing import Any, Iterable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .config import Config
 from .connection import Client, connect, is_cluster
@@ -53,7 +53,7 @@ class DelayStore:
         self._meta_checked = False
 
     @classmethod
-    def from_url(cls, url: str, **settings: Any) -> "DelayStore":
+    def from_url(cls, url: str, **settings: Any) -> DelayStore:
         """Connect to ``url`` and build a store with ``settings`` as :class:`Config` fields."""
         config = Config.from_mapping({"url": url, **settings})
         return cls(connect(url), config)
@@ -124,7 +124,7 @@ class DelayStore:
         """
         if mode not in ("replace", "keep"):
             raise ValueError(f"mode={mode!r}: use 'replace' or 'keep'")
-        by_shard: dict[int, list[Any]] = defaultdict(list)
+        by_shard: dict[int, List[Any]] = defaultdict(list)
         for item_id, when, envelope in entries:
             item_id = normalize_id(item_id)
             ready = to_ms(when, clock=self.clock)
@@ -155,7 +155,7 @@ class DelayStore:
             )
         return bytes(data)
 
-    def _run_calls(self, script: Any, calls: list[tuple[int, list[Any]]]) -> Iterator[Any]:
+    def _run_calls(self, script: Any, calls: List[tuple[int, List[Any]]]) -> Iterator[Any]:
         """Run ``script`` once per (shard, args), pipelined where the client allows it."""
         if not calls:
             return
@@ -184,7 +184,9 @@ class DelayStore:
 
     # -- the lease protocol -----------------------------------------------------------------
 
-    def claim(self, shard: int, *, limit: int = 200, lease_ms: Optional[int] = None, now: Optional[int] = None) -> Claim:
+    def claim(
+        self, shard: int, *, limit: int = 200, lease_ms: Optional[int] = None, now: Optional[int] = None
+    ) -> Claim:
         """Lease up to ``limit`` due items of ``shard``, earliest first.
 
         ``now`` overrides the server clock (tests and the in-process testing store only).
@@ -192,7 +194,12 @@ class DelayStore:
         lease = self.config.lease_ms if lease_ms is None else lease_ms
         reply = self._run(self.scripts.claim, shard, [limit, lease, self.config.max_attempts, now or 0])
         items = [
-            ClaimedItem(id=reply[i].decode(), envelope=reply[i + 1], attempts=int(reply[i + 2]), ready_ms=int(float(reply[i + 3])))
+            ClaimedItem(
+                id=reply[i].decode(),
+                envelope=reply[i + 1],
+                attempts=int(reply[i + 2]),
+                ready_ms=int(float(reply[i + 3])),
+            )
             for i in range(1, len(reply), 4)
         ]
         return Claim(shard=shard, deadline_ms=int(reply[0]), items=items)
@@ -211,12 +218,14 @@ class DelayStore:
             return 0
         return int(self._run(self.scripts.release, claim.shard, [claim.deadline_ms, self._wake, *ids]))
 
-    def fail(self, claim: Claim, failures: Iterable[Tuple[str, Optional[int], str]], *, now: Optional[int] = None) -> Tuple[int, int]:
+    def fail(
+        self, claim: Claim, failures: Iterable[Tuple[str, Optional[int], str]], *, now: Optional[int] = None
+    ) -> Tuple[int, int]:
         """Record failed deliveries as ``(id, retry_at_ms or None if permanent, error)``.
 
         Returns (retried, buried): out of attempts or permanent means dead letter.
         """
-        args: list[Any] = [claim.deadline_ms, self.config.max_attempts, now or 0]
+        args: List[Any] = [claim.deadline_ms, self.config.max_attempts, now or 0]
         for item_id, retry_at, error in failures:
             args += (item_id, "" if retry_at is None else retry_at, error)
         if len(args) == 3:
@@ -246,7 +255,7 @@ class DelayStore:
         item_id = normalize_id(item_id)
         return bool(self.client.hexists(self._keys[self.shard_of(item_id)].items, item_id))
 
-    def heads(self) -> list[Optional[int]]:
+    def heads(self) -> List[Optional[int]]:
         """Each shard's earliest score (ready time, or lease deadline), None when empty."""
         with self.client.pipeline(transaction=False) as pipe:
             for k in self._keys:
@@ -257,7 +266,7 @@ class DelayStore:
         seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
-    def stats(self) -> list[ShardStats]:
+    def stats(self) -> List[ShardStats]:
         """Counts per shard, as of the server's clock."""
         now = self.server_time_ms()
         with self.client.pipeline(transaction=False) as pipe:
@@ -282,7 +291,7 @@ class DelayStore:
         end: Optional[When] = None,
         offset: int = 0,
         count: int = 50,
-    ) -> list[ScheduledItem]:
+    ) -> List[ScheduledItem]:
         """Scheduled items in time order, optionally one shard's or within [start, end]."""
         low = "-inf" if start is None else to_ms(start, clock=self.clock)
         high = "+inf" if end is None else to_ms(end, clock=self.clock)
@@ -291,7 +300,9 @@ class DelayStore:
             for s in shards:
                 pipe.zrangebyscore(self._keys[s].due, low, high, start=0, num=offset + count, withscores=True)
             per_shard = pipe.execute()
-        merged = heapq.merge(*[[(int(score), s, m.decode()) for m, score in rows] for s, rows in zip(shards, per_shard)])
+        merged = heapq.merge(
+            *[[(int(score), s, m.decode()) for m, score in rows] for s, rows in zip(shards, per_shard)]
+        )
         page = list(islice(merged, offset, offset + count))
         with self.client.pipeline(transaction=False) as pipe:
             for _, s, item_id in page:
@@ -307,7 +318,7 @@ class DelayStore:
             out.append(ScheduledItem(item_id, s, ready, envelope or b"", int(tries or 0), deadline))
         return out
 
-    def _select(self, shard: Optional[int]) -> list[int]:
+    def _select(self, shard: Optional[int]) -> List[int]:
         if shard is None:
             return list(range(self.config.shards))
         if not 0 <= shard < self.config.shards:
@@ -316,7 +327,7 @@ class DelayStore:
 
     # -- dead letters -----------------------------------------------------------------------
 
-    def dead_letters(self, *, shard: Optional[int] = None, offset: int = 0, count: int = 50) -> list[DeadLetter]:
+    def dead_letters(self, *, shard: Optional[int] = None, offset: int = 0, count: int = 50) -> List[DeadLetter]:
         """Dead letters, most recent first, with the error that killed each."""
         shards = self._select(shard)
         with self.client.pipeline(transaction=False) as pipe:
@@ -337,8 +348,15 @@ class DelayStore:
             info = _parse_dead_info(details[2 * n])
             ready = info.get("ready_ms")
             out.append(
-                DeadLetter(item_id, s, -neg_died, str(info.get("error", "")), int(info.get("attempts") or 0),
-                           int(float(ready)) if ready not in (None, "") else None, details[2 * n + 1])
+                DeadLetter(
+                    item_id,
+                    s,
+                    -neg_died,
+                    str(info.get("error", "")),
+                    int(info.get("attempts") or 0),
+                    int(float(ready)) if ready not in (None, "") else None,
+                    details[2 * n + 1],
+                )
             )
         return out
 
@@ -354,10 +372,10 @@ class DelayStore:
         """Delete dead letters for good (all when ``ids`` is None)."""
         return sum(int(self._run(self.scripts.purge, shard, args)) for shard, args in self._dead_calls(ids))
 
-    def _dead_calls(self, ids: Optional[Iterable[Union[str, bytes]]]) -> list[tuple[int, list[str]]]:
+    def _dead_calls(self, ids: Optional[Iterable[Union[str, bytes]]]) -> List[tuple[int, List[str]]]:
         if ids is None:
             return [(s, ["*"]) for s in range(self.config.shards)]
-        by_shard: dict[int, list[str]] = defaultdict(list)
+        by_shard: dict[int, List[str]] = defaultdict(list)
         for item_id in ids:
             item_id = normalize_id(item_id)
             by_shard[shard_of(item_id, self.config.shards)].append(item_id)

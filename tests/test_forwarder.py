@@ -50,7 +50,9 @@ def test_run_once_publishes_due_items_then_acks(store: DelayStore, out: redis.Re
     assert fwd.stats.acked == 450 and fwd.stats.forwarded == 450
 
 
-def test_corrupt_envelope_is_dead_lettered_and_the_rest_delivered(store: DelayStore, out: redis.Redis, prefix: str) -> None:
+def test_corrupt_envelope_is_dead_lettered_and_the_rest_delivered(
+    store: DelayStore, out: redis.Redis, prefix: str
+) -> None:
     key = f"{prefix}:out"
     store.schedule_many([(f"ok{i}", 1, envelope(f"ok{i}", key=key)) for i in range(20)])
     store.schedule("bad", 1, b"DQ\x01\x00\x00\x00\x05{oops")
@@ -152,8 +154,9 @@ def running(store: DelayStore, out: redis.Redis) -> Iterator[Forwarder]:
     assert not thread.is_alive()
 
 
-def test_idle_forwarder_wakes_for_a_new_earliest_item(store: DelayStore, out: redis.Redis, prefix: str,
-                                                       running: Forwarder) -> None:
+def test_idle_forwarder_wakes_for_a_new_earliest_item(
+    store: DelayStore, out: redis.Redis, prefix: str, running: Forwarder
+) -> None:
     """Wake-up, not polling: with a 1 s safety poll, a 200 ms item arrives within ~50 ms."""
     key = f"{prefix}:out"
     store.schedule("later", 4_000_000_000, envelope("later", key=key))

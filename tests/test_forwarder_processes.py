@@ -28,8 +28,21 @@ class Forwarders:
     """Starts and kills `python -m delayq_backends.cli forward` processes for one store."""
 
     def __init__(self, url: str, prefix: str, shards: int, *extra: str) -> None:
-        self.args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", url, "--prefix", prefix,
-                     "--shards", str(shards), "--log-level", "warning", *extra]
+        self.args = [
+            sys.executable,
+            "-m",
+            "delayq_backends.cli",
+            "forward",
+            "--url",
+            url,
+            "--prefix",
+            prefix,
+            "--shards",
+            str(shards),
+            "--log-level",
+            "warning",
+            *extra,
+        ]
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -63,8 +76,11 @@ def schedule_spread(store: DelayStore, key: str, n: int, start_s: float, spread_
     now = store.server_time_ms()
     ids = [f"job-{i}" for i in range(n)]
     store.schedule_many(
-        (i, (now + int((start_s + spread_s * k / n) * 1000)) / 1000,
-         RedisListTarget.envelope(key, json.dumps({"id": i}).encode()))
+        (
+            i,
+            (now + int((start_s + spread_s * k / n) * 1000)) / 1000,
+            RedisListTarget.envelope(key, json.dumps({"id": i}).encode()),
+        )
         for k, i in enumerate(ids)
     )
     return ids
@@ -78,8 +94,9 @@ def remaining(store: DelayStore) -> int:
     return sum(s.scheduled for s in store.stats())
 
 
-def test_four_forwarders_deliver_every_item_exactly_once(server_url: str, prefix: str,
-                                                         forwarders: list[Forwarders]) -> None:
+def test_four_forwarders_deliver_every_item_exactly_once(
+    server_url: str, prefix: str, forwarders: list[Forwarders]
+) -> None:
     store = make_store(server_url, prefix, shards=16)
     key = f"{{{prefix}}}:out"
     ids = schedule_spread(store, key, 20_000, start_s=1.0, spread_s=3.0)
@@ -97,8 +114,9 @@ def test_four_forwarders_deliver_every_item_exactly_once(server_url: str, prefix
 
 
 @pytest.mark.parametrize("server", ["valkey", pytest.param("cluster", marks=pytest.mark.cluster)])
-def test_kill_9_at_random_points_loses_nothing(server: str, request: pytest.FixtureRequest, prefix: str,
-                                               forwarders: list[Forwarders], record_property) -> None:  # type: ignore[no-untyped-def]
+def test_kill_9_at_random_points_loses_nothing(
+    server: str, request: pytest.FixtureRequest, prefix: str, forwarders: list[Forwarders], record_property
+) -> None:  # type: ignore[no-untyped-def]
     url = request.getfixturevalue("valkey_url") if server == "valkey" else request.getfixturevalue("redis_cluster").url
     store = make_store(url, prefix, shards=16, max_attempts=1000)
     key = f"{{{prefix}}}:out"
@@ -115,8 +133,11 @@ def test_kill_9_at_random_points_loses_nothing(server: str, request: pytest.Fixt
         kills += 1
         fleet.start()
     client = connect(url)
-    wait_for(lambda: remaining(store) == 0 and len(delivered(client, key)) == len(ids), 120,
-             "every item delivered after the kills")
+    wait_for(
+        lambda: remaining(store) == 0 and len(delivered(client, key)) == len(ids),
+        120,
+        "every item delivered after the kills",
+    )
     counts = delivered(client, key)
     duplicates = sum(counts.values()) - len(counts)
     record_property("kills", kills)

@@ -71,7 +71,13 @@ def test_accepted_ready_times(when: object, expected: int) -> None:
 
 @pytest.mark.parametrize(
     "item_id, message",
-    [("", "empty"), ("x" * 513, "over 512 bytes"), (42, "must be a str"), (b"\xff", "not UTF-8"), ("\ud800", "surrogates")],
+    [
+        ("", "empty"),
+        ("x" * 513, "over 512 bytes"),
+        (42, "must be a str"),
+        (b"\xff", "not UTF-8"),
+        ("\ud800", "surrogates"),
+    ],
 )
 def test_bad_ids_are_refused(vstore: DelayStore, item_id: object, message: str) -> None:
     with pytest.raises(InvalidIdError, match=message):
@@ -117,8 +123,13 @@ def test_shard_count_mismatch_is_a_clear_error(valkey_url: str, prefix: str) -> 
 
 @pytest.mark.parametrize(
     "settings, message",
-    [({"shards": 0}, "shards=0"), ({"prefix": "a{b}"}, "braces"), ({"lease_seconds": -1}, "lease_seconds"),
-     ({"max_attempts": 1.5}, "max_attempts"), ({"colour": "red"}, "unknown delayq setting")],
+    [
+        ({"shards": 0}, "shards=0"),
+        ({"prefix": "a{b}"}, "braces"),
+        ({"lease_seconds": -1}, "lease_seconds"),
+        ({"max_attempts": 1.5}, "max_attempts"),
+        ({"colour": "red"}, "unknown delayq setting"),
+    ],
 )
 def test_bad_config_is_refused(settings: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -19,7 +19,7 @@ SCRIPT_NAMES = ("schedule", "claim", "ack", "release", "fail", "cancel", "resche
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
 
 
-@lru_cache(maxsize=None)
+@cache
 def source(name: str) -> str:
     """The Lua source of script ``name`` with its includes expanded."""
     here = resources.files(__package__)
@@ -42,5 +42,5 @@ class Scripts:
     purge: Any
 
     @classmethod
-    def register(cls, client: Any) -> "Scripts":
+    def register(cls, client: Any) -> Scripts:
         return cls(**{name: client.register_script(source(name)) for name in SCRIPT_NAMES})

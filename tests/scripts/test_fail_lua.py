@@ -24,7 +24,12 @@ def test_permanent_failure_buries_with_error_and_envelope(store: DelayStore) -> 
     assert not store.exists("a")
     (dead,) = store.dead_letters()
     assert (dead.id, dead.error, dead.attempts, dead.died_ms, dead.ready_ms) == (
-        "a", "corrupt envelope: bad magic", 1, T + 5, T)
+        "a",
+        "corrupt envelope: bad magic",
+        1,
+        T + 5,
+        T,
+    )
     assert dead.envelope == ENV.encode()
 
 
