@@ -16,15 +16,17 @@ Client = Union[redis.Redis, RedisCluster]
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for logs and tables."""
+    """``url`` with any password (in the user info or a ``password=`` query) replaced by ``***``."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    query = "&".join(
+        f"{name}=***" if name.lower() == "password" else field
+        for field in parts.query.split("&")
+        for name in [field.partition("=")[0]]
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def connect(url: str, **kwargs: Any) -> Client:
@@ -36,6 +38,7 @@ def connect(url: str, **kwargs: Any) -> Client:
     Raises:
         ConfigError: the URL is malformed or the server cannot be reached.
     """
+    kwargs.setdefault("socket_connect_timeout", 5)
     try:
         client = redis.Redis.from_url(url, **kwargs)
         cluster = is_cluster(client)

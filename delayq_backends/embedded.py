@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import redis
 
-from .errors import ServerNotFoundError
+from .errors import ServerNotFoundError, ServerStartError
 
 __all__ = ["EmbeddedCluster", "EmbeddedServer", "find_server_binary", "free_port"]
 
@@ -57,7 +57,7 @@ def free_port(*, bus: bool = False) -> int:
         port = rng.randrange(20000, 45000)
         if _free(port) and (not bus or _free(port + 10000)):
             return port
-    raise RuntimeError("no free loopback port found")
+    raise ServerStartError("no free loopback port found between 20000 and 45000")
 
 
 def _free(port: int) -> bool:
@@ -123,7 +123,7 @@ class EmbeddedServer:
                         else ""
                     )
                     self.stop()
-                    raise RuntimeError(f"server {cmd} did not start: {log}") from None
+                    raise ServerStartError(f"server {cmd} did not start: {log}") from None
                 time.sleep(0.02)
 
     def kill(self) -> None:
@@ -211,7 +211,7 @@ class EmbeddedCluster:
             except redis.RedisError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"cluster did not come up: waited {timeout} s for {what}")
+        raise ServerStartError(f"cluster did not come up: waited {timeout} s for {what}")
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -15,6 +15,7 @@ __all__ = [
     "InvalidTimeError",
     "PayloadTooLargeError",
     "ServerNotFoundError",
+    "ServerStartError",
     "ShardMismatchError",
 ]
 
@@ -57,3 +58,7 @@ class BrokerUnavailable(DelayqError):
 
 class ServerNotFoundError(DelayqError):
     """No Valkey/Redis server binary could be found to start an embedded server."""
+
+
+class ServerStartError(DelayqError):
+    """An embedded server (or cluster) was started but did not come up."""

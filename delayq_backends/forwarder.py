@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 import redis
 
 from .envelope import Envelope
-from .errors import EnvelopeError
+from .errors import ConfigError, EnvelopeError
 from .models import Claim
 from .store import DelayStore
 from .targets import Delivery, PublishReport, Target
@@ -81,7 +81,7 @@ class Forwarder:
         if not isinstance(targets, Mapping):
             targets = {t.kind: t for t in targets}
         if not 1 <= batch <= 10_000:
-            raise ValueError(f"batch={batch}: use 1..10000 (100-500 is best: a claim blocks Redis while it runs)")
+            raise ConfigError(f"batch={batch}: use 1..10000 (100-500 is best: a claim blocks Redis while it runs)")
         self.store = store
         self.targets = dict(targets)
         self.batch = batch
@@ -290,7 +290,8 @@ class Forwarder:
                 self._stop.wait(remaining)
                 break
             try:
-                message = pubsub.get_message(timeout=remaining)
+                # short slices, so stop() (a signal) is seen within 0.1 s, not after the poll
+                message = pubsub.get_message(timeout=min(remaining, 0.1))
             except _OUTAGES:
                 return self._subscribe(pubsub)
             if message and message.get("type") == "message":

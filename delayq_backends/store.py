@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Uni
 from .config import Config
 from .connection import Client, connect, is_cluster
 from .envelope import FORMAT_VERSION, MAGIC, Envelope
-from .errors import EnvelopeError, PayloadTooLargeError, ShardMismatchError
+from .errors import ConfigError, EnvelopeError, PayloadTooLargeError, ShardMismatchError
 from .keys import ShardKeys, meta_key, normalize_id, shard_of, wake_channel
 from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .scripts import Scripts
@@ -75,8 +75,11 @@ class DelayStore:
     def keys(self, shard: int) -> ShardKeys:
         return self._keys[shard]
 
-    def check_meta(self) -> None:
-        """Record the shard count on first use, or refuse a count that differs from Redis'.
+    def check_meta(self, *, record: bool = True) -> None:
+        """Refuse a shard count that differs from the one recorded in Redis.
+
+        Writers (``record=True``) record the count on first use; readers only compare, so a
+        mistyped count in a read-only tool never fixes the layout of an empty prefix.
 
         Raises:
             ShardMismatchError: another shard count was recorded for this prefix.
@@ -84,9 +87,13 @@ class DelayStore:
         if self._meta_checked:
             return
         key = meta_key(self.config.prefix)
-        self.client.hsetnx(key, "shards", self.config.shards)
-        self.client.hsetnx(key, "format", FORMAT_VERSION)
-        recorded = int(self.client.hget(key, "shards") or self.config.shards)
+        if record:
+            self.client.hsetnx(key, "shards", self.config.shards)
+            self.client.hsetnx(key, "format", FORMAT_VERSION)
+        stored = self.client.hget(key, "shards")
+        if stored is None:
+            return
+        recorded = int(stored)
         if recorded != self.config.shards:
             raise ShardMismatchError(
                 f"prefix {self.config.prefix!r} holds {recorded} shards in Redis but this client is "
@@ -123,7 +130,7 @@ class DelayStore:
         Every entry is validated before anything is sent, so bad input stores nothing.
         """
         if mode not in ("replace", "keep"):
-            raise ValueError(f"mode={mode!r}: use 'replace' or 'keep'")
+            raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
         by_shard: dict[int, List[Any]] = defaultdict(list)
         for item_id, when, envelope in entries:
             item_id = normalize_id(item_id)
@@ -237,6 +244,7 @@ class DelayStore:
 
     def get(self, item_id: Union[str, bytes]) -> Optional[ScheduledItem]:
         """The scheduled item ``item_id``, or None."""
+        self.check_meta(record=False)
         item_id = normalize_id(item_id)
         shard = self.shard_of(item_id)
         k = self._keys[shard]
@@ -253,10 +261,12 @@ class DelayStore:
 
     def exists(self, item_id: Union[str, bytes]) -> bool:
         item_id = normalize_id(item_id)
+        self.check_meta(record=False)
         return bool(self.client.hexists(self._keys[self.shard_of(item_id)].items, item_id))
 
     def heads(self) -> List[Optional[int]]:
         """Each shard's earliest score (ready time, or lease deadline), None when empty."""
+        self.check_meta(record=False)
         with self.client.pipeline(transaction=False) as pipe:
             for k in self._keys:
                 pipe.zrange(k.due, 0, 0, withscores=True)
@@ -268,6 +278,7 @@ class DelayStore:
 
     def stats(self) -> List[ShardStats]:
         """Counts per shard, as of the server's clock."""
+        self.check_meta(record=False)
         now = self.server_time_ms()
         with self.client.pipeline(transaction=False) as pipe:
             for k in self._keys:
@@ -292,7 +303,12 @@ class DelayStore:
         offset: int = 0,
         count: int = 50,
     ) -> List[ScheduledItem]:
-        """Scheduled items in time order, optionally one shard's or within [start, end]."""
+        """Scheduled items in score order, optionally one shard's or within [start, end].
+
+        The score of a leased item is its lease deadline, so it is listed (and filtered) at
+        that time; its ``ready_ms`` still shows the original ready time.
+        """
+        self.check_meta(record=False)
         low = "-inf" if start is None else to_ms(start, clock=self.clock)
         high = "+inf" if end is None else to_ms(end, clock=self.clock)
         shards = self._select(shard)
@@ -322,13 +338,14 @@ class DelayStore:
         if shard is None:
             return list(range(self.config.shards))
         if not 0 <= shard < self.config.shards:
-            raise ValueError(f"shard {shard} does not exist: this store has shards 0..{self.config.shards - 1}")
+            raise ConfigError(f"shard {shard} does not exist: this store has shards 0..{self.config.shards - 1}")
         return [shard]
 
     # -- dead letters -----------------------------------------------------------------------
 
     def dead_letters(self, *, shard: Optional[int] = None, offset: int = 0, count: int = 50) -> List[DeadLetter]:
         """Dead letters, most recent first, with the error that killed each."""
+        self.check_meta(record=False)
         shards = self._select(shard)
         with self.client.pipeline(transaction=False) as pipe:
             for s in shards:

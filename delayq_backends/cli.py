@@ -1,0 +1,601 @@
+"""The ``delayq`` command line: run a forwarder, inspect and repair a delay store, run the demo.
+
+Every command that opens a store takes ``--url``, ``--prefix`` and ``--shards`` (or
+``DELAYQ_URL``, ``DELAYQ_PREFIX``, ``DELAYQ_SHARDS``). delayq errors end as one line on stderr
+with exit code 1, never as a traceback, and URLs are printed with their password hidden.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, cast
+
+import click
+import redis
+from rich.console import Console, JustifyMethod
+from rich.table import Table
+from rich.text import Text
+
+from . import __version__
+from .config import DEFAULT_URL, Config
+from .connection import connect, redact_url
+from .demo import GRACE_SECONDS, print_result, run_demo
+from .envelope import Envelope
+from .errors import DelayqError, EnvelopeError, InvalidTimeError
+from .forwarder import Forwarder
+from .models import DeadLetter, ScheduledItem, ShardStats
+from .store import DelayStore
+from .targets import RedisListTarget
+from .timeutil import When, from_ms, to_ms
+
+__all__ = ["main"]
+
+
+# -- the store every command opens ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Where the store is, from the shared options, so commands take one argument, not three."""
+
+    url: str
+    prefix: str
+    shards: int
+
+    def open(self, *, writes: bool, **settings: Any) -> DelayStore:
+        """Connect and check the shard layout before anything is read or written.
+
+        A read-only command (``writes=False``) checks against a recorded layout but never records
+        one, so a mistyped ``--shards`` on an empty prefix cannot pin that layout for producers.
+
+        Raises:
+            ConfigError: the URL is unusable or the server unreachable.
+            ShardMismatchError: ``shards`` differs from the count recorded for ``prefix``.
+        """
+        config = Config(url=self.url, prefix=self.prefix, shards=self.shards, **settings)
+        store = DelayStore(connect(self.url), config)
+        click.get_current_context().call_on_close(store.client.close)
+        store.check_meta(record=writes)
+        return store
+
+    def check_shard(self, shard: Optional[int]) -> None:
+        """Refuse a ``--shard`` outside this layout with a usage error instead of a traceback."""
+        if shard is not None and not 0 <= shard < self.shards:
+            raise click.BadParameter(f"shard {shard} does not exist: use 0..{self.shards - 1}", param_hint="--shard")
+
+
+def store_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add ``--url``/``--prefix``/``--shards`` (with their env vars) and pass them as ``spec``."""
+
+    @functools.wraps(command)
+    def with_spec(*args: Any, url: str, prefix: str, shards: int, **kwargs: Any) -> None:
+        command(*args, spec=StoreSpec(url, prefix, shards), **kwargs)
+
+    options = [
+        click.option(
+            "--url",
+            envvar="DELAYQ_URL",
+            show_envvar=True,
+            default=DEFAULT_URL,
+            show_default=True,
+            metavar="URL",
+            help="Redis/Valkey URL of the delay store (any node of a cluster).",
+        ),
+        click.option(
+            "--prefix",
+            envvar="DELAYQ_PREFIX",
+            show_envvar=True,
+            default="delayq",
+            show_default=True,
+            help="Key prefix of the store.",
+        ),
+        click.option(
+            "--shards",
+            envvar="DELAYQ_SHARDS",
+            show_envvar=True,
+            type=int,
+            default=16,
+            show_default=True,
+            help="Shard count; must match the one recorded for the prefix.",
+        ),
+    ]
+    for option in reversed(options):
+        with_spec = option(with_spec)
+    return with_spec
+
+
+class _Group(click.Group):
+    """A group that turns delayq and Redis errors into one clean ``Error:`` line (exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DelayqError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except redis.RedisError as exc:
+            raise click.ClickException(f"Redis error: {exc}") from exc
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+
+class Column(NamedTuple):
+    """A table column: numbers are right-justified so their digits line up."""
+
+    header: str
+    justify: JustifyMethod = "left"
+
+
+def _iso(ms: Optional[int]) -> Optional[str]:
+    """UTC ISO-8601 to the millisecond, the one time format of every command's output."""
+    return None if ms is None else from_ms(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _duration(ms: int) -> str:
+    """A short human duration: "850ms", "12.3s", "4m 05s", "2h 07m", "3d 04h"."""
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d {hours:02d}h"
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {sec:02d}s"
+
+
+def _print_table(
+    title: str, columns: Sequence[Column], rows: Iterable[Sequence[Any]], totals: Optional[Sequence[Any]] = None
+) -> None:
+    """Print a rich table; None cells show as "-" so empty never looks like zero.
+
+    Cells are plain :class:`Text`, so an id or error holding ``[...]`` is not read as markup.
+    """
+    table = Table(title=Text(title))
+    for column in columns:
+        table.add_column(column.header, justify=column.justify, overflow="fold")
+    for row in rows:
+        table.add_row(*_cells(row))
+    if totals is not None:
+        table.add_section()
+        table.add_row(*_cells(totals), style="bold")
+    console = Console()
+    if not console.is_terminal:
+        # A pipe or file gets the table at its natural width, not squeezed into 80 columns, so
+        # no id or time is split across lines for the grep or script reading it.
+        natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+        console = Console(width=natural)
+    console.print(table)
+
+
+def _cells(row: Sequence[Any]) -> list[Text]:
+    return [Text("-" if cell is None else str(cell)) for cell in row]
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table (for scripts).")
+shard_option = click.option("--shard", type=int, default=None, help="Only this shard.")
+
+
+def page_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add ``--offset`` and ``--limit``: listings are paged so a huge store never floods a terminal."""
+    command = click.option(
+        "--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="Rows per page."
+    )(command)
+    return click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Rows to skip.")(
+        command
+    )
+
+
+def _when_option(value: Optional[str], option: str) -> Optional[When]:
+    """Read ``--from``/``--to``: ISO-8601 with a zone, or epoch seconds. A time without a zone is
+    refused, because the store cannot guess which zone was meant."""
+    if value is None:
+        return None
+    text = value.strip()
+    when: When
+    try:
+        when = float(text)
+    except ValueError:
+        when = _parse_iso(text, option)
+    try:
+        to_ms(when)
+    except InvalidTimeError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from exc
+    return when
+
+
+def _parse_iso(text: str, option: str) -> datetime:
+    try:  # Python < 3.11 does not read a trailing "Z"
+        parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither an ISO-8601 time (2030-01-31T12:00:00Z) nor epoch seconds", param_hint=option
+        ) from None
+    if parsed.tzinfo is None:
+        raise click.BadParameter(
+            f"{text!r} has no time zone, so it is ambiguous: add one, e.g. {text}Z for UTC or {text}+02:00",
+            param_hint=option,
+        )
+    return parsed
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="delayq")
+def main() -> None:
+    """delayq: delayed Celery/RQ jobs in sharded Redis sorted sets, forwarded at their time."""
+
+
+@main.command()
+@store_options
+@click.option(
+    "--batch",
+    type=click.IntRange(1, 10_000),
+    default=200,
+    show_default=True,
+    help="Items per claim; a claim blocks Redis while it runs, so keep it modest (100-500).",
+)
+@click.option(
+    "--lease",
+    type=float,
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long claimed items stay ours before another forwarder may take them.",
+)
+@click.option(
+    "--max-attempts",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Claims of one item before it goes to the dead letters.",
+)
+@click.option(
+    "--poll",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Longest sleep, so a lost wake-up never strands an item.",
+)
+@click.option(
+    "--list-redis",
+    metavar="URL",
+    default=None,
+    help="Redis of the list target (RPUSH onto the list each envelope names). [default: --url]",
+)
+@click.option(
+    "--log-level",
+    envvar="DELAYQ_LOG_LEVEL",
+    show_envvar=True,
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    help="debug logs one line per batch.",
+)
+@click.option(
+    "--log-every",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Interval of the summary line (forwarded, retried, dead, lateness).",
+)
+def forward(
+    spec: StoreSpec,
+    batch: int,
+    lease: float,
+    max_attempts: int,
+    poll: float,
+    list_redis: Optional[str],
+    log_level: str,
+    log_every: float,
+) -> None:
+    """Forward due items to their targets until SIGTERM/SIGINT, then finish the batch and exit 0.
+
+    Run as many as you like, anywhere: leases make every claim exclusive.
+    """
+    # Only delayq's own loggers follow --log-level; redis-py's debug chatter stays out.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("delayq").setLevel(log_level.upper())
+    store = spec.open(writes=True, lease_seconds=lease, max_attempts=max_attempts)
+    list_url = list_redis or spec.url
+    # The list target shares the store's connections when the lists live on the same server.
+    list_client = store.client if list_url == spec.url else connect(list_url, socket_connect_timeout=5.0)
+    # RPUSH in a non-transactional pipeline works the same on a RedisCluster.
+    target = RedisListTarget(cast(redis.Redis, list_client))
+    click.get_current_context().call_on_close(list_client.close)
+    forwarder = Forwarder(store, [target], batch=batch, poll_interval=poll)
+    click.echo(
+        f"delayq forward: store {redact_url(spec.url)} prefix {spec.prefix!r}, {spec.shards} shards; "
+        f"targets: list -> {redact_url(list_url)}",
+        err=True,
+    )
+    forwarder.run(log_every=log_every)
+
+
+STATS_COLUMNS = [
+    Column("shard", "right"),
+    Column("scheduled", "right"),
+    Column("due now", "right"),
+    Column("leased", "right"),
+    Column("dead", "right"),
+    Column("next due"),
+    Column("oldest overdue", "right"),
+]
+
+
+def _stats_entry(label: Any, group: Sequence[ShardStats]) -> dict[str, Any]:
+    """One shard's numbers, or the totals of several: the same keys either way."""
+    heads = [s.next_ready_ms for s in group if s.next_ready_ms is not None]
+    return {
+        "shard": label,
+        "scheduled": sum(s.scheduled for s in group),
+        "due": sum(s.due for s in group),
+        "leased": sum(s.leased for s in group),
+        "dead": sum(s.dead for s in group),
+        "next_due": _iso(min(heads)) if heads else None,
+        "oldest_overdue_ms": max((s.oldest_overdue_ms for s in group), default=0),
+    }
+
+
+def _stats_cells(entry: dict[str, Any]) -> list[Any]:
+    overdue = _duration(entry["oldest_overdue_ms"]) if entry["due"] else None
+    return [
+        entry["shard"],
+        entry["scheduled"],
+        entry["due"],
+        entry["leased"],
+        entry["dead"],
+        entry["next_due"],
+        overdue,
+    ]
+
+
+@main.command()
+@store_options
+@json_option
+def stats(spec: StoreSpec, as_json: bool) -> None:
+    """Counts per shard: scheduled, due now, leased, dead, next due time, oldest overdue."""
+    per_shard = spec.open(writes=False).stats()
+    entries = [_stats_entry(s.shard, [s]) for s in per_shard]
+    totals = _stats_entry("total", per_shard)
+    if as_json:
+        _echo_json({"now": _iso(per_shard[0].now_ms), "shards": entries, "totals": totals})
+        return
+    _print_table(
+        f"delayq {spec.prefix!r}, {spec.shards} shards, at {_iso(per_shard[0].now_ms)}",
+        STATS_COLUMNS,
+        map(_stats_cells, entries),
+        _stats_cells(totals),
+    )
+
+
+def _item_entry(item: ScheduledItem) -> dict[str, Any]:
+    """A scheduled item as JSON-ready values; an undecodable envelope is shown, not fatal."""
+    entry: dict[str, Any] = {
+        "id": item.id,
+        "shard": item.shard,
+        "ready": _iso(item.ready_ms),
+        "attempts": item.attempts,
+        "leased_until": _iso(item.leased_until_ms),
+        "target": None,
+        "destination": None,
+        "corrupt": None,
+        "size": len(item.envelope),
+    }
+    try:
+        envelope = Envelope.decode(item.envelope)
+    except EnvelopeError as exc:
+        entry["corrupt"] = str(exc)
+    else:
+        entry.update(target=envelope.target, destination=envelope.destination)
+    return entry
+
+
+def _item_cells(entry: dict[str, Any]) -> list[Any]:
+    where = f"<corrupt: {entry['corrupt']}>" if entry["corrupt"] else f"{entry['target']}/{entry['destination']}"
+    return [entry["id"], entry["shard"], entry["ready"], entry["attempts"], entry["leased_until"], where, entry["size"]]
+
+
+ITEM_COLUMNS = [
+    Column("id"),
+    Column("shard", "right"),
+    Column("ready"),
+    Column("attempts", "right"),
+    Column("leased until"),
+    Column("target/destination"),
+    Column("size", "right"),
+]
+
+
+@main.command("list")
+@store_options
+@shard_option
+@click.option(
+    "--from",
+    "start",
+    metavar="TIME",
+    default=None,
+    help="Earliest ready time: ISO-8601 with a zone (2030-01-31T12:00:00Z) or epoch seconds.",
+)
+@click.option("--to", "end", metavar="TIME", default=None, help="Latest ready time, same forms as --from.")
+@page_options
+@json_option
+def list_(
+    spec: StoreSpec,
+    shard: Optional[int],
+    start: Optional[str],
+    end: Optional[str],
+    offset: int,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Scheduled items in ready-time order, one page at a time."""
+    spec.check_shard(shard)
+    low, high = _when_option(start, "--from"), _when_option(end, "--to")
+    items = spec.open(writes=False).list(shard=shard, start=low, end=high, offset=offset, count=limit)
+    entries = [_item_entry(item) for item in items]
+    if as_json:
+        _echo_json(entries)
+        return
+    title = f"scheduled items {offset + 1}-{offset + len(entries)}" if entries else "no scheduled items here"
+    _print_table(title, ITEM_COLUMNS, map(_item_cells, entries))
+    if len(entries) == limit:
+        click.echo(f"more may follow: --offset {offset + limit}")
+
+
+@main.command()
+@store_options
+@click.argument("ids", nargs=-1, required=True)
+def cancel(spec: StoreSpec, ids: Sequence[str]) -> None:
+    """Remove scheduled items by id. Exit code 0 if all were cancelled, 1 if any was not found."""
+    store = spec.open(writes=True)
+    missing = 0
+    for item_id in ids:
+        if store.cancel(item_id):
+            click.echo(f"cancelled {item_id}")
+        else:
+            missing += 1
+            click.echo(f"not found {item_id}")
+    if missing:
+        raise click.exceptions.Exit(1)
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+@main.group()
+def dlq() -> None:
+    """Inspect, requeue or purge dead letters (items that failed too often)."""
+
+
+DEAD_COLUMNS = [
+    Column("id"),
+    Column("shard", "right"),
+    Column("died at"),
+    Column("attempts", "right"),
+    Column("error"),
+    Column("ready"),
+]
+
+
+def _dead_entry(dead: DeadLetter) -> dict[str, Any]:
+    return {
+        "id": dead.id,
+        "shard": dead.shard,
+        "died_at": _iso(dead.died_ms),
+        "attempts": dead.attempts,
+        "error": dead.error,
+        "ready": _iso(dead.ready_ms),
+    }
+
+
+@dlq.command("list")
+@store_options
+@shard_option
+@page_options
+@json_option
+def dlq_list(spec: StoreSpec, shard: Optional[int], offset: int, limit: int, as_json: bool) -> None:
+    """Dead letters, most recent first, with the error that killed each."""
+    spec.check_shard(shard)
+    entries = [_dead_entry(d) for d in spec.open(writes=False).dead_letters(shard=shard, offset=offset, count=limit)]
+    if as_json:
+        _echo_json(entries)
+        return
+    _print_table("dead letters", DEAD_COLUMNS, (list(e.values()) for e in entries))
+
+
+def _selection(ids: Sequence[str], all_: bool, verb: str) -> Optional[list[str]]:
+    """The ids to act on, or None for all; refuses to guess when given neither or both."""
+    if bool(ids) == all_:
+        raise click.UsageError(f"give the ids to {verb}, or --all (not both)")
+    return None if all_ else list(dict.fromkeys(ids))
+
+
+def _report(done: int, ids: Optional[list[str]], verb: str) -> None:
+    """Say what was done; exit 1 when named ids were not all dead letters."""
+    click.echo(f"{verb} {done} dead letter(s)")
+    if ids is not None and done < len(ids):
+        click.echo(f"{len(ids) - done} of the given ids were not dead letters (or are scheduled again already)")
+        raise click.exceptions.Exit(1)
+
+
+@dlq.command("requeue")
+@store_options
+@click.argument("ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead letter of the prefix.")
+def dlq_requeue(spec: StoreSpec, ids: Sequence[str], all_: bool) -> None:
+    """Schedule dead letters again, due now, with fresh attempts.
+
+    Exit code 1 if some given ids were not requeued.
+    """
+    selected = _selection(ids, all_, "requeue")
+    _report(spec.open(writes=True).requeue_dead(selected), selected, "requeued")
+
+
+@dlq.command("purge")
+@store_options
+@click.argument("ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead letter of the prefix.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def dlq_purge(spec: StoreSpec, ids: Sequence[str], all_: bool, yes: bool) -> None:
+    """Delete dead letters for good (asks first unless --yes).
+
+    Exit code 1 if some given ids were not dead letters.
+    """
+    selected = _selection(ids, all_, "purge")
+    what = f"ALL dead letters of prefix {spec.prefix!r}" if selected is None else f"{len(selected)} dead letter(s)"
+    if not yes:
+        click.confirm(f"Delete {what} for good?", abort=True)
+    _report(spec.open(writes=True).purge_dead(selected), selected, "purged")
+
+
+# -- demo -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option(
+    "--url",
+    metavar="URL",
+    default=None,
+    help="Use this server (under a fresh random prefix, deleted at the end). [default: start an embedded Valkey]",
+)
+@click.option("--items", type=click.IntRange(1, 1_000_000), default=3000, show_default=True, help="Items to schedule.")
+@click.option(
+    "--spread",
+    type=click.FloatRange(0, 3600),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Ready times are spread uniformly over this many seconds from now.",
+)
+@click.option("--shards", type=int, default=16, show_default=True, help="Shards of the demo store.")
+def demo(url: Optional[str], items: int, spread: float, shards: int) -> None:
+    """Schedule items, forward them at their time, and report how late they arrived.
+
+    Exit code 1 if items were still missing SPREAD + 30 seconds after scheduling.
+    """
+    console = Console()
+    result = run_demo(url=url, items=items, spread=spread, shards=shards, console=console)
+    print_result(result, console)
+    if result.missing:
+        raise click.ClickException(
+            f"{result.missing} of {items} items were not forwarded within {spread + GRACE_SECONDS:g} s"
+        )
+
+
+if __name__ == "__main__":
+    main()
