@@ -85,7 +85,7 @@ class ShardKeys:
 
     @property
     def leased(self) -> str:
-        """HASH id -> "<deadline ms>:<ready ms>" while a forwarder holds the item."""
+        """HASH id -> "<deadline ms>:<claim token>:<ready ms>" while a forwarder holds the item."""
         return self._key("leased")
 
     @property

@@ -21,11 +21,20 @@ class ClaimedItem:
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim on one shard: ``deadline_ms`` is the lease every ack/release must present."""
+    """One claim on one shard, held until ``deadline_ms``.
+
+    ``token`` is unique per claim; with the deadline it makes the lease that every ack, release
+    and fail must present, so a stale claim can never act on a later claim's items.
+    """
 
     shard: int
     deadline_ms: int
+    token: str
     items: list[ClaimedItem] = field(default_factory=list)
+
+    @property
+    def lease(self) -> str:
+        return f"{self.deadline_ms}:{self.token}"
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ See ``docs/architecture.md`` for the key layout and the lease protocol.
 from __future__ import annotations
 
 import heapq
+import secrets
 import json
 from collections import defaultdict
 from itertools import islice
@@ -199,7 +200,8 @@ class DelayStore:
         ``now`` overrides the server clock (tests and the in-process testing store only).
         """
         lease = self.config.lease_ms if lease_ms is None else lease_ms
-        reply = self._run(self.scripts.claim, shard, [limit, lease, self.config.max_attempts, now or 0])
+        token = secrets.token_hex(8)
+        reply = self._run(self.scripts.claim, shard, [limit, lease, self.config.max_attempts, now or 0, token])
         items = [
             ClaimedItem(
                 id=reply[i].decode(),
@@ -209,21 +211,21 @@ class DelayStore:
             )
             for i in range(1, len(reply), 4)
         ]
-        return Claim(shard=shard, deadline_ms=int(reply[0]), items=items)
+        return Claim(shard=shard, deadline_ms=int(reply[0]), token=token, items=items)
 
     def ack(self, claim: Claim, ids: Optional[Iterable[str]] = None) -> int:
         """Delete delivered items of ``claim`` (all by default) still under its lease."""
         ids = [item.id for item in claim.items] if ids is None else list(ids)
         if not ids:
             return 0
-        return int(self._run(self.scripts.ack, claim.shard, [claim.deadline_ms, *ids]))
+        return int(self._run(self.scripts.ack, claim.shard, [claim.lease, *ids]))
 
     def release(self, claim: Claim, ids: Optional[Iterable[str]] = None) -> int:
         """Put unpublished items of ``claim`` back at their ready time, attempt not counted."""
         ids = [item.id for item in claim.items] if ids is None else list(ids)
         if not ids:
             return 0
-        return int(self._run(self.scripts.release, claim.shard, [claim.deadline_ms, self._wake, *ids]))
+        return int(self._run(self.scripts.release, claim.shard, [claim.lease, self._wake, *ids]))
 
     def fail(
         self, claim: Claim, failures: Iterable[Tuple[str, Optional[int], str]], *, now: Optional[int] = None
@@ -232,7 +234,7 @@ class DelayStore:
 
         Returns (retried, buried): out of attempts or permanent means dead letter.
         """
-        args: List[Any] = [claim.deadline_ms, self.config.max_attempts, now or 0]
+        args: List[Any] = [claim.lease, self.config.max_attempts, now or 0]
         for item_id, retry_at, error in failures:
             args += (item_id, "" if retry_at is None else retry_at, error)
         if len(args) == 3:
@@ -391,19 +393,19 @@ class DelayStore:
 
     def _dead_calls(self, ids: Optional[Iterable[Union[str, bytes]]]) -> List[tuple[int, List[str]]]:
         if ids is None:
-            return [(s, ["*"]) for s in range(self.config.shards)]
+            return [(s, ["all"]) for s in range(self.config.shards)]
         by_shard: dict[int, List[str]] = defaultdict(list)
         for item_id in ids:
             item_id = normalize_id(item_id)
             by_shard[shard_of(item_id, self.config.shards)].append(item_id)
-        return list(by_shard.items())
+        return [(shard, ["ids", *chosen]) for shard, chosen in by_shard.items()]
 
 
 def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], int]:
     """(lease deadline or None, original ready ms) from a ``leased`` hash value."""
     if lease:
-        deadline, _, ready = lease.decode().partition(":")
-        return int(deadline), int(ready)
+        text = lease.decode()
+        return int(text.partition(":")[0]), int(text.rpartition(":")[2])
     return None, int(score)
 
 

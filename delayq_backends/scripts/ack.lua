@@ -1,7 +1,7 @@
 --[[ Delete delivered items, but only those still under our lease.
 Input:
   KEYS[1..7] the shard's keys (see includes/common.lua)
-  ARGV[1] the deadline returned by claim (our lease)
+  ARGV[1] our lease, "<deadline>:<token>" of the claim
   ARGV[2..] ids
 Output: how many were deleted. An id cancelled, rescheduled or re-claimed since our claim
 no longer carries our lease and is left alone. ]]

@@ -2,7 +2,7 @@
 out of attempts (or at once for a permanent error).
 Input:
   KEYS[1..7] the shard's keys (see includes/common.lua)
-  ARGV[1] the deadline returned by claim (our lease)
+  ARGV[1] our lease, "<deadline>:<token>" of the claim
   ARGV[2] max attempts
   ARGV[3] clock override ms ("0": server TIME)
   ARGV[4..] triples: id, retry-at ms ("" for a permanent error), error text

@@ -2,7 +2,7 @@
 counting the attempt (graceful shutdown, broker outage).
 Input:
   KEYS[1..7] the shard's keys (see includes/common.lua)
-  ARGV[1] the deadline returned by claim (our lease)
+  ARGV[1] our lease, "<deadline>:<token>" of the claim
   ARGV[2] wake channel
   ARGV[3..] ids
 Output: how many were released. ]]

@@ -3,12 +3,13 @@ Input:
   KEYS[1..7] the shard's keys (see includes/common.lua)
   ARGV[1] ready ms
   ARGV[2] wake channel
-  ARGV[3..] ids ("*" alone: every dead letter of the shard)
+  ARGV[3] "all" (every dead letter of the shard) or "ids" (those in ARGV[4..])
+  ARGV[4..] ids
 Output: {requeued, skipped}: skipped = no envelope kept, or the id is scheduled again already. ]]
 --- @include "common"
 local ids = {}
-for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
-if ids[1] == '*' then ids = rcall('ZRANGE', KEYS[5], 0, -1) end
+for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+if ARGV[3] == 'all' then ids = rcall('ZRANGE', KEYS[5], 0, -1) end
 local before = head_score()
 local requeued, skipped = 0, 0
 for _, id in ipairs(ids) do

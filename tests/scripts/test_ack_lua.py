@@ -54,3 +54,13 @@ def test_stale_ack_after_lease_expiry_and_reclaim_deletes_nothing(store: DelaySt
     assert store.exists("a")
     assert store.ack(second) == 1
     assert not store.exists("a")
+
+
+def test_ack_of_an_older_claim_with_the_same_deadline_deletes_nothing(store: DelayStore) -> None:
+    """Leases of different lengths can end on the same millisecond; the claim token tells them apart."""
+    first = claim_a(store, now=T, lease_ms=1000)
+    store.reschedule("a", T / 1000)
+    second = store.claim(first.shard, lease_ms=500, now=T + 500)
+    assert second.deadline_ms == first.deadline_ms and second.token != first.token
+    assert store.ack(first) == 0 and store.release(first) == 0
+    assert store.ack(second) == 1

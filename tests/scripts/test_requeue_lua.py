@@ -38,3 +38,12 @@ def test_purge_selected_and_all(store: DelayStore) -> None:
     assert sorted(d.id for d in store.dead_letters()) == ["b", "c"]
     assert store.purge_dead() == 2
     assert store.dead_letters() == [] and sum(s.dead for s in store.stats()) == 0
+
+
+def test_an_id_that_looks_like_a_wildcard_is_just_an_id(store: DelayStore) -> None:
+    bury(store, "*", "a")
+    assert store.purge_dead(["*"]) == 1
+    assert [d.id for d in store.dead_letters()] == ["a"]
+    bury(store, "*")
+    assert store.requeue_dead(["*"], when=T / 1000) == 1
+    assert store.exists("*") and [d.id for d in store.dead_letters()] == ["a"]

@@ -2,7 +2,7 @@
   KEYS[1] due        ZSET id -> ready ms (lease deadline ms while leased)
   KEYS[2] items      HASH id -> envelope
   KEYS[3] tries      HASH id -> delivery attempts
-  KEYS[4] leased     HASH id -> "<deadline ms>:<ready ms>"
+  KEYS[4] leased     HASH id -> "<deadline ms>:<claim token>:<ready ms>"
   KEYS[5] dead       ZSET id -> time of death ms
   KEYS[6] dead_items HASH id -> envelope
   KEYS[7] dead_info  HASH id -> JSON {error, attempts, ready_ms}
@@ -32,11 +32,11 @@ local function wake_if_earlier(channel, before)
   if after and (not before or after < before) then rcall('PUBLISH', channel, ms(after)) end
 end
 
--- Our lease on id: the stored "<deadline>:<ready>" if its deadline is ours, else nil.
-local function our_lease(id, deadline)
-  local lease = rcall('HGET', KEYS[4], id)
-  if lease and string.sub(lease, 1, #deadline + 1) == deadline .. ':' then
-    return string.sub(lease, #deadline + 2)
+-- The original ready time of id if it is held under our lease ("<deadline>:<token>"), else nil.
+local function our_lease(id, lease)
+  local held = rcall('HGET', KEYS[4], id)
+  if held and string.sub(held, 1, #lease + 1) == lease .. ':' then
+    return string.sub(held, #lease + 2)
   end
   return nil
 end
