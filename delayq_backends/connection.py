@@ -54,4 +54,7 @@ def is_cluster(client: Any) -> bool:
     """Whether ``client`` talks to a Redis Cluster (a RedisCluster, or a node in cluster mode)."""
     if isinstance(client, RedisCluster):
         return True
-    return bool(client.info("cluster").get("cluster_enabled"))
+    try:
+        return bool(client.info("cluster").get("cluster_enabled"))
+    except redis.ResponseError:  # INFO renamed or disabled, or an in-process fake: not a cluster
+        return False

@@ -6,8 +6,8 @@ See ``docs/architecture.md`` for the key layout and the lease protocol.
 from __future__ import annotations
 
 import heapq
-import secrets
 import json
+import secrets
 from collections import defaultdict
 from itertools import islice
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -180,7 +180,11 @@ class DelayStore:
                 yield from pipe.execute()
 
     def reschedule(self, item_id: Union[str, bytes], when: When) -> bool:
-        """Move an existing item to ``when``; False if no such item is scheduled."""
+        """Move an existing item to ``when``; False if no such item is scheduled.
+
+        Like a fresh schedule, this starts the item's attempts again and drops any lease on it
+        (a forwarder holding it will not delete it with a late ack).
+        """
         item_id = normalize_id(item_id)
         ready = to_ms(when, clock=self.clock)
         return bool(self._run(self.scripts.reschedule, self.shard_of(item_id), [item_id, ready, self._wake]))

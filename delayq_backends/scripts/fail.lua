@@ -6,7 +6,8 @@ Input:
   ARGV[2] max attempts
   ARGV[3] clock override ms ("0": server TIME)
   ARGV[4..] triples: id, retry-at ms ("" for a permanent error), error text
-Output: {retried, buried} ]]
+Output: {retried, buried}
+No wake-up: the retry time lies ahead, and the failing forwarder re-reads the heads anyway. ]]
 --- @include "common"
 local now = now_ms(ARGV[3])
 local max_attempts = tonumber(ARGV[2])

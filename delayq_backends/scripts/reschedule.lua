@@ -4,7 +4,8 @@ Input:
   ARGV[1] id
   ARGV[2] new ready ms
   ARGV[3] wake channel
-Output: 1 if it was there, else 0. A lease on it is dropped, so a late ack won't delete it. ]]
+Output: 1 if it was there, else 0. Attempts start again and a lease on it is dropped, so a
+late ack won't delete it. ]]
 --- @include "common"
 if rcall('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
 local before = head_score()

@@ -1,0 +1,292 @@
+"""delayq_backends.testing: what an application's own unit tests do with it, with no server.
+
+Every test here runs with sockets refused, so "needs no Redis" is checked, not assumed.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator
+
+import pytest
+
+from delayq_backends import Envelope, InvalidTimeError
+from delayq_backends.targets import Delivery, PublishReport
+from delayq_backends.testing import (
+    CollectingTarget,
+    FakeClock,
+    TestingForwarder,
+    TestingStore,
+    _fake_client_class,
+    advance_and_run,
+    run_due,
+    scheduled,
+    testing_store,
+)
+
+DAY = timedelta(days=1)
+MS = timedelta(milliseconds=1)
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the testing store must not touch the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+# -- the application under test -------------------------------------------------------------
+
+
+class SignupApp:
+    """A tiny application: signing up schedules a reminder mail three days later."""
+
+    def __init__(self, store: TestingStore) -> None:
+        self.store = store
+
+    def sign_up(self, user: str) -> None:
+        envelope = Envelope(target="mail", destination="reminders", body=user.encode(), meta={"template": "welcome"})
+        self.store.schedule(f"reminder:{user}", timedelta(days=3), envelope)
+
+    def delete_account(self, user: str) -> None:
+        self.store.cancel(f"reminder:{user}")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(datetime(2030, 1, 1, 9, 0, tzinfo=timezone.utc))
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> TestingStore:
+    return testing_store(shards=4, clock=clock)
+
+
+@pytest.fixture
+def mail() -> CollectingTarget:
+    return CollectingTarget("mail")
+
+
+def test_sign_up_schedules_a_reminder_three_days_later(store: TestingStore, clock: FakeClock) -> None:
+    SignupApp(store).sign_up("ada")
+
+    [entry] = scheduled(store, target="mail")
+    assert entry.id == "reminder:ada"
+    assert entry.ready == clock.now() + timedelta(days=3)
+    assert entry.ready == datetime(2030, 1, 4, 9, 0, tzinfo=timezone.utc)
+    assert entry.ready_ms == clock() + 3 * 86_400_000
+    assert entry.envelope.destination == "reminders"
+    assert entry.envelope.body == b"ada"
+    assert entry.envelope.meta == {"template": "welcome"}
+    assert entry.attempts == 0 and entry.leased_until is None
+    assert scheduled(store, target="sms") == []
+    assert scheduled(store, destination="reminders") == [entry]
+
+
+def test_reminder_is_delivered_exactly_once_when_due(
+    store: TestingStore, clock: FakeClock, mail: CollectingTarget
+) -> None:
+    SignupApp(store).sign_up("ada")
+
+    assert run_due(store, mail) == []
+    assert advance_and_run(store, 3 * DAY - MS, mail) == []
+    assert mail.delivered == []
+
+    [delivery] = advance_and_run(store, MS, mail)
+    assert delivery.id == "reminder:ada"
+    assert delivery.envelope.body == b"ada"
+    assert delivery.attempts == 1
+    assert mail.ids == ["reminder:ada"]
+
+    assert advance_and_run(store, 10 * DAY, mail) == []
+    assert mail.ids == ["reminder:ada"]
+    assert scheduled(store) == []
+    assert not store.exists("reminder:ada")
+
+
+def test_cancel_removes_the_reminder(store: TestingStore, mail: CollectingTarget) -> None:
+    app = SignupApp(store)
+    app.sign_up("ada")
+    app.sign_up("bob")
+    app.delete_account("ada")
+
+    assert [e.id for e in scheduled(store)] == ["reminder:bob"]
+    assert [d.id for d in advance_and_run(store, 4 * DAY, mail)] == ["reminder:bob"]
+    assert mail.ids == ["reminder:bob"]
+
+
+def test_signing_up_again_moves_the_reminder(store: TestingStore, clock: FakeClock, mail: CollectingTarget) -> None:
+    app = SignupApp(store)
+    app.sign_up("ada")
+    clock.advance(DAY)
+    app.sign_up("ada")  # same id: replaced, not duplicated
+
+    [entry] = scheduled(store)
+    assert entry.ready == clock.now() + 3 * DAY
+    assert advance_and_run(store, 3 * DAY - MS, mail) == []
+    assert len(advance_and_run(store, MS, mail)) == 1
+
+
+def test_stats_and_due_counts_follow_the_fake_clock(store: TestingStore, clock: FakeClock) -> None:
+    SignupApp(store).sign_up("ada")
+    assert sum(s.due for s in store.stats()) == 0
+    clock.advance(3 * DAY)
+    assert sum(s.due for s in store.stats()) == 1
+    assert sum(s.scheduled for s in store.stats()) == 1
+
+
+def test_a_callable_receives_every_kind(store: TestingStore, clock: FakeClock) -> None:
+    store.schedule("a", timedelta(seconds=1), Envelope("mail", "x", b"1"))
+    store.schedule("b", timedelta(seconds=2), Envelope("sms", "y", b"2"))
+    seen: list[Delivery] = []
+
+    delivered = advance_and_run(store, 5, seen.append)
+
+    assert [d.id for d in delivered] == [d.id for d in seen]
+    assert sorted(d.envelope.target for d in seen) == ["mail", "sms"]
+
+
+def test_a_failing_delivery_is_retried_on_the_fake_clock(store: TestingStore, clock: FakeClock) -> None:
+    calls: list[str] = []
+
+    def flaky(d: Delivery) -> None:
+        calls.append(d.id)
+        if len(calls) == 1:
+            raise ConnectionError("SMTP down")
+
+    store.schedule("r", timedelta(seconds=10), Envelope("mail", "x"))
+    assert advance_and_run(store, 10, flaky) == []
+    [entry] = scheduled(store)
+    assert entry.attempts == 1
+    assert entry.ready_ms == clock() + 1000  # retry_delay, on the fake clock, not the wall clock
+
+    assert advance_and_run(store, 0.999, flaky) == []
+    assert [d.id for d in advance_and_run(store, 0.001, flaky)] == ["r"]
+    assert calls == ["r", "r"]
+    assert scheduled(store) == []
+
+
+def test_always_failing_ends_in_the_dead_letters(clock: FakeClock) -> None:
+    store = testing_store(shards=2, clock=clock, max_attempts=3)
+    store.schedule("r", 1.0 + clock() / 1000, Envelope("mail", "x"))
+
+    def broken(d: Delivery) -> None:
+        raise ValueError("template missing")
+
+    for _ in range(5):
+        assert advance_and_run(store, 3600, broken) == []
+
+    assert scheduled(store) == []
+    [dead] = store.dead_letters()
+    assert dead.id == "r" and "template missing" in dead.error and dead.attempts == 3
+    assert dead.died_ms <= clock()  # dated by the fake clock
+    assert store.requeue_dead() == 1
+    assert [d.id for d in run_due(store, CollectingTarget("mail"))] == ["r"]
+
+
+def test_an_unknown_kind_is_not_delivered_and_retried_later(
+    store: TestingStore, clock: FakeClock, mail: CollectingTarget
+) -> None:
+    store.schedule("s", timedelta(0), Envelope("sms", "x"))
+    assert run_due(store, mail) == []
+    [entry] = scheduled(store)
+    assert entry.attempts == 1 and entry.ready_ms == clock() + 1000
+
+
+def test_unsent_items_are_released_without_counting_an_attempt(store: TestingStore) -> None:
+    class Down:
+        kind = "mail"
+
+        def publish_many(self, deliveries: Any) -> PublishReport:
+            return PublishReport(unsent=[d.id for d in deliveries], broker_error=ConnectionError("down"))
+
+        def close(self) -> None:
+            pass
+
+    store.schedule("u", timedelta(0), Envelope("mail", "x"))
+    assert run_due(store, Down()) == []  # returns at once: no real back-off sleep
+    [entry] = scheduled(store)
+    assert entry.attempts == 0 and entry.leased_until is None
+
+
+def test_more_items_than_one_batch_all_go_once(store: TestingStore, mail: CollectingTarget) -> None:
+    for i in range(25):
+        store.schedule(f"j{i}", timedelta(seconds=i), Envelope("mail", "x"))
+    delivered = advance_and_run(store, 60, {"mail": mail}, batch=3)
+    assert sorted(d.id for d in delivered) == sorted(f"j{i}" for i in range(25))
+    assert len(mail.delivered) == 25
+
+
+def test_targets_as_a_list(store: TestingStore) -> None:
+    mail, sms = CollectingTarget("mail"), CollectingTarget("sms")
+    store.schedule("a", timedelta(0), Envelope("mail", "x"))
+    store.schedule("b", timedelta(0), Envelope("sms", "y"))
+    run_due(store, [mail, sms])
+    assert (mail.ids, sms.ids) == (["a"], ["b"])
+
+
+def test_the_forwarder_loop_step_runs_on_the_fake_clock(
+    store: TestingStore, clock: FakeClock, mail: CollectingTarget
+) -> None:
+    """Adapters drive ``run_once`` of a :class:`TestingForwarder`, as production does."""
+    SignupApp(store).sign_up("ada")
+    forwarder = TestingForwarder(store, [mail])
+    assert forwarder.run_once() == 0
+    clock.advance(3 * DAY)
+    assert forwarder.run_once() == 1
+    assert mail.ids == ["reminder:ada"]
+
+
+def test_stores_are_isolated_unless_they_share_a_server(clock: FakeClock) -> None:
+    a, b = testing_store(clock=clock), testing_store(clock=clock)
+    a.schedule("x", timedelta(0), Envelope("mail", "x"))
+    assert not b.exists("x")
+    c = TestingStore(a.config, clock=clock, server=a.server)
+    assert c.exists("x")
+
+
+def test_fake_clock() -> None:
+    before = datetime.now(timezone.utc)
+    clock = FakeClock()
+    assert before - timedelta(seconds=1) <= clock.now() <= datetime.now(timezone.utc) + timedelta(seconds=1)
+    start = clock()
+    assert clock.advance(timedelta(minutes=1)) == start + 60_000
+    assert clock.advance(1.5) == start + 61_500
+    assert clock.ms == clock()
+    with pytest.raises(ValueError, match="advance"):
+        clock.advance(-1)
+    assert clock.set(datetime(2031, 5, 1, tzinfo=timezone.utc)) == 1_935_360_000_000
+    assert clock.now() == datetime(2031, 5, 1, tzinfo=timezone.utc)
+    with pytest.raises(InvalidTimeError, match="naive"):
+        clock.set(datetime(2031, 5, 1))
+    with pytest.raises(TypeError, match="advance"):
+        clock.set(timedelta(1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="epoch"):
+        clock.set(0)
+    assert FakeClock(1_000).ms == 1_000_000
+
+
+def test_advance_and_run_needs_a_fake_clock(store: TestingStore) -> None:
+    with pytest.raises(TypeError, match="FakeClock"):
+        advance_and_run(store, 1, CollectingTarget("mail"), clock=lambda: 5)  # type: ignore[arg-type]
+
+
+def test_missing_fakeredis_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_client_class.cache_clear()
+    monkeypatch.setitem(sys.modules, "fakeredis", None)
+    try:
+        with pytest.raises(ImportError, match=r'pip install "delayq_backends\[testing\]"'):
+            testing_store()
+    finally:
+        _fake_client_class.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_client_class() -> Iterator[None]:
+    yield
+    _fake_client_class.cache_clear()
