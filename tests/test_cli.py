@@ -26,20 +26,13 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import meta_key
 from delayq_backends.targets import RedisListTarget
 from tests.conftest import make_store
+from tests.helpers import wait_for
 
 PASSWORD = "s3cret-pw"
 CORRUPT = b"DQ\x09garbage"  # starts like an envelope, so the store accepts it; no forwarder can read it
 FAR = 4_000_000_000  # epoch seconds in 2096: never due during a test
 
 Invoke = Callable[..., Result]
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def expect(result: Result, code: int = 0) -> str:

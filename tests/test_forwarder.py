@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 import redis
@@ -18,14 +18,7 @@ from delayq_backends.embedded import free_port
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from tests.conftest import make_store
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
+from tests.helpers import wait_for
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from delayq_backends import DelayStore
 from delayq_backends.connection import connect
 from delayq_backends.targets import RedisListTarget
 from tests.conftest import make_store
-from tests.test_forwarder import wait_for
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
