@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Mapping
 
 from .errors import EnvelopeError
@@ -20,6 +21,22 @@ __all__ = ["FORMAT_VERSION", "Envelope"]
 MAGIC = b"DQ"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct(">2sBI")
+
+
+def _head(target: str, destination: str, meta: dict[str, Any]) -> bytes:
+    """Magic, version, length and JSON header: everything before the body."""
+    try:
+        header = json.dumps(
+            {"t": target, "d": destination, "m": meta}, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise EnvelopeError(f"envelope meta is not JSON-serializable: {exc}") from exc
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header
+
+
+@lru_cache(maxsize=1024)
+def _bare_head(target: str, destination: str) -> bytes:
+    return _head(target, destination, {})
 
 
 @dataclass(frozen=True)
@@ -42,16 +59,11 @@ class Envelope:
         """Serialize; raises :class:`EnvelopeError` when ``meta`` is not JSON-serializable."""
         if not isinstance(self.body, (bytes, bytearray, memoryview)):
             raise EnvelopeError(f"envelope body must be bytes, got {type(self.body).__name__}: encode it first")
-        try:
-            header = json.dumps(
-                {"t": self.target, "d": self.destination, "m": dict(self.meta)},
-                separators=(",", ":"),
-                ensure_ascii=False,
-                allow_nan=False,
-            ).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise EnvelopeError(f"envelope meta is not JSON-serializable: {exc}") from exc
-        return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + bytes(self.body)
+        if self.meta:
+            head = _head(self.target, self.destination, dict(self.meta))
+        else:  # bulk loads repeat one target and destination: encode that header once
+            head = _bare_head(self.target, self.destination)
+        return head + bytes(self.body)
 
     @classmethod
     def decode(cls, data: bytes) -> Envelope:

@@ -237,6 +237,7 @@ class Forwarder:
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
+        self.store.check_meta()  # a forwarder with the wrong shard count refuses to start
         pubsub = self._subscribe()
         last_log = time.monotonic()
         log.info(

@@ -168,7 +168,9 @@ class DelayStore:
         if not calls:
             return
         self.check_meta()
-        if self.cluster:  # redis-py cannot pipeline scripts across cluster slots
+        # One call needs no pipeline (a pipeline with a script costs a SCRIPT EXISTS round trip),
+        # and redis-py cannot pipeline scripts across cluster slots.
+        if self.cluster or len(calls) == 1:
             for shard, args in calls:
                 yield self._run(script, shard, args)
             return

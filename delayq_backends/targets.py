@@ -7,6 +7,7 @@ without burning an attempt. Celery and RQ targets live with their adapters.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
@@ -74,24 +75,28 @@ class RedisListTarget:
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         report = PublishReport()
+        by_list: dict[str, list[Delivery]] = defaultdict(list)
+        for d in deliveries:
+            by_list[d.envelope.destination].append(d)
         try:
             with self.client.pipeline(transaction=False) as pipe:
-                for d in deliveries:
-                    pipe.rpush(d.envelope.destination, d.envelope.body)
+                for key, group in by_list.items():  # one RPUSH per list, in ready-time order
+                    pipe.rpush(key, *(d.envelope.body for d in group))
                 results = pipe.execute(raise_on_error=False)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             report.unsent = [d.id for d in deliveries]
             report.broker_error = exc
             return report
-        for d, result in zip(deliveries, results):
+        for (key, group), result in zip(by_list.items(), results):
+            ids = [d.id for d in group]
             if isinstance(result, (redis.ConnectionError, redis.TimeoutError)):
-                report.unsent.append(d.id)
+                report.unsent += ids
                 report.broker_error = result
             elif isinstance(result, Exception):
                 # WRONGTYPE: the destination key holds something else; retrying won't help.
-                report.failed.append((d.id, f"RPUSH {d.envelope.destination!r} failed: {result}", True))
+                report.failed += [(i, f"RPUSH {key!r} failed: {result}", True) for i in ids]
             else:
-                report.published.append(d.id)
+                report.published += ids
         return report
 
     def close(self) -> None:

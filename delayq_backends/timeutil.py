@@ -45,6 +45,8 @@ def to_ms(when: When, *, clock: Clock = now_ms) -> int:
         InvalidTimeError: for naive datetimes, NaN/inf, negative values, bools, and values
             past year 9999 (often epoch milliseconds passed as seconds).
     """
+    if isinstance(when, (int, float)) and not isinstance(when, bool):  # the bulk path, first
+        return _checked_ms(when * 1000, what=f"epoch seconds {when!r}")
     if isinstance(when, datetime):
         if when.tzinfo is None or when.utcoffset() is None:
             raise InvalidTimeError(
