@@ -313,7 +313,7 @@ def forward(
     store = spec.open(writes=True, lease_seconds=lease, max_attempts=max_attempts)
     list_url = list_redis or spec.url
     # The list target shares the store's connections when the lists live on the same server.
-    list_client = store.client if list_url == spec.url else connect(list_url, socket_connect_timeout=5.0)
+    list_client = store.client if list_url == spec.url else connect(list_url)
     # RPUSH in a non-transactional pipeline works the same on a RedisCluster.
     target = RedisListTarget(cast(redis.Redis, list_client))
     click.get_current_context().call_on_close(list_client.close)

@@ -120,7 +120,7 @@ def run_demo(
     with ExitStack() as stack:
         url, embedded = _server(stack, url)
         prefix = f"delayq-demo-{uuid.uuid4().hex[:10]}"
-        store = DelayStore(connect(url, socket_connect_timeout=5.0), Config(url=url, prefix=prefix, shards=shards))
+        store = DelayStore(connect(url), Config(url=url, prefix=prefix, shards=shards))
         stack.callback(store.client.close)
         list_key = f"{prefix}:out"
         stack.callback(_delete_keys, store, list_key)

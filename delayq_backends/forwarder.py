@@ -104,7 +104,10 @@ class Forwarder:
 
         Returns how many items were claimed. Tests drive the forwarder through this.
         """
-        heads = self.store.heads()
+        return self._sweep(self.store.heads())
+
+    def _sweep(self, heads: list[Optional[int]]) -> int:
+        """:meth:`run_once` on heads already read, so the idle loop reads them once per wake."""
         now = self.server_now_ms()
         due = [s for s, head in enumerate(heads) if head is not None and head <= now]
         start = self._rng.randrange(len(heads))
@@ -250,8 +253,9 @@ class Forwarder:
         try:
             while not self._stop.is_set():
                 try:
-                    if self.run_once() == 0:
-                        pubsub = self._sleep(pubsub)
+                    heads = self.store.heads()
+                    if self._sweep(heads) == 0:  # nothing was claimed, so these heads still hold
+                        pubsub = self._sleep(pubsub, heads)
                 except _OUTAGES as exc:
                     self.stats.outages += 1
                     self._outage(f"delay store unreachable ({exc})")
@@ -278,11 +282,13 @@ class Forwarder:
             )
             return None
 
-    def _sleep(self, pubsub: Any) -> Any:
-        """Wait until the earliest head is due, a wake-up says an earlier one is, or the poll."""
-        heads = [h for h in self.store.heads() if h is not None]
+    def _sleep(self, pubsub: Any, heads: list[Optional[int]]) -> Any:
+        """Wait until the earliest head is due, a wake-up says an earlier one is, or the poll.
+
+        A schedule after ``heads`` were read is not missed: its wake-up waits in ``pubsub``.
+        """
         now = self.server_now_ms()
-        wake_at = min([now + int(self.poll_interval * 1000), *heads])
+        wake_at = min([now + int(self.poll_interval * 1000), *(h for h in heads if h is not None)])
         while not self._stop.is_set():
             remaining = (wake_at - self.server_now_ms()) / 1000
             if remaining <= 0:
