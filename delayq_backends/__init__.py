@@ -13,8 +13,10 @@ from .errors import (
     EnvelopeError,
     InvalidIdError,
     InvalidTimeError,
+    NotDurableError,
     PayloadTooLargeError,
     ShardMismatchError,
+    StoreFullError,
 )
 from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .store import DelayStore
@@ -34,9 +36,11 @@ __all__ = [
     "EnvelopeError",
     "InvalidIdError",
     "InvalidTimeError",
+    "NotDurableError",
     "PayloadTooLargeError",
     "ScheduleCounts",
     "ScheduledItem",
     "ShardMismatchError",
     "ShardStats",
+    "StoreFullError",
 ]

@@ -8,6 +8,7 @@ with exit code 1, never as a traceback, and URLs are printed with their password
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
+from .acl import ROLES, acl_setuser
+from .audit import open_audit
 from .config import DEFAULT_URL, Config
 from .connection import connect, redact_url
 from .demo import GRACE_SECONDS, print_result, run_demo
@@ -29,10 +32,10 @@ from .errors import DelayqError, EnvelopeError, InvalidTimeError
 from .forwarder import Forwarder
 from .models import DeadLetter, ScheduledItem, ShardStats
 from .store import DelayStore
-from .targets import RedisListTarget
+from .targets import RedisListTarget, Target
 from .timeutil import When, from_ms, to_ms
 
-__all__ = ["main"]
+__all__ = ["ErrorsAsMessages", "ForwardOptions", "forward_options", "main"]
 
 
 # -- the store every command opens ------------------------------------------------------------
@@ -108,7 +111,7 @@ def store_options(command: Callable[..., None]) -> Callable[..., None]:
     return with_spec
 
 
-class _Group(click.Group):
+class ErrorsAsMessages(click.Group):
     """A group that turns delayq and Redis errors into one clean ``Error:`` line (exit 1)."""
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -232,44 +235,143 @@ def _parse_iso(text: str, option: str) -> datetime:
 # -- commands ---------------------------------------------------------------------------------
 
 
-@click.group(cls=_Group)
+@click.group(cls=ErrorsAsMessages)
 @click.version_option(__version__, prog_name="delayq")
 def main() -> None:
     """delayq: delayed Celery/RQ jobs in sharded Redis sorted sets, forwarded at their time."""
 
 
+def forward_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The run options of a forwarder, shared by ``delayq forward`` and ``celery delayq forward``.
+
+    They reach the command as one :class:`ForwardOptions` argument, ``run``.
+    """
+
+    @functools.wraps(command)
+    def with_run(
+        *args: Any,
+        batch: int,
+        lease: float,
+        max_attempts: int,
+        poll: float,
+        log_level: str,
+        log_every: float,
+        audit_dir: Optional[str],
+        audit_stream: Optional[str],
+        **kwargs: Any,
+    ) -> None:
+        run = ForwardOptions(batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream)
+        command(*args, run=run, **kwargs)
+
+    options = [
+        click.option(
+            "--batch",
+            type=click.IntRange(1, 10_000),
+            default=200,
+            show_default=True,
+            help="Items per claim; a claim blocks Redis while it runs, so keep it modest (100-500).",
+        ),
+        click.option(
+            "--lease",
+            type=float,
+            default=30.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="How long claimed items stay ours before another forwarder may take them.",
+        ),
+        click.option(
+            "--max-attempts",
+            type=int,
+            default=10,
+            show_default=True,
+            help="Claims of one item before it goes to the dead letters.",
+        ),
+        click.option(
+            "--poll",
+            type=click.FloatRange(min=0.01),
+            default=1.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Longest sleep, so a lost wake-up never strands an item.",
+        ),
+        click.option(
+            "--log-level",
+            envvar="DELAYQ_LOG_LEVEL",
+            show_envvar=True,
+            default="info",
+            show_default=True,
+            type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+            help="debug logs one line per batch.",
+        ),
+        click.option(
+            "--log-every",
+            type=click.FloatRange(min=0.1),
+            default=10.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Interval of the summary line (forwarded, retried, dead, lateness).",
+        ),
+        click.option(
+            "--audit-dir",
+            envvar="DELAYQ_AUDIT_DIR",
+            show_envvar=True,
+            default=None,
+            metavar="DIR",
+            help="Log one JSON line per forwarded item to rotating files in DIR (for `delayq spark audit`).",
+        ),
+        click.option(
+            "--audit-stream",
+            envvar="DELAYQ_AUDIT_STREAM",
+            show_envvar=True,
+            default=None,
+            metavar="KEY",
+            help="Log one entry per forwarded item to this Redis stream of the store's server (about 1M kept).",
+        ),
+    ]
+    for option in reversed(options):
+        with_run = option(with_run)
+    return with_run
+
+
+@dataclass(frozen=True)
+class ForwardOptions:
+    """How a forwarder runs, from :func:`forward_options`."""
+
+    batch: int
+    lease: float
+    max_attempts: int
+    poll: float
+    log_level: str
+    log_every: float
+    audit_dir: Optional[str] = None
+    audit_stream: Optional[str] = None
+
+    def store_settings(self) -> dict[str, Any]:
+        return {"lease_seconds": self.lease, "max_attempts": self.max_attempts}
+
+    def run(self, store: DelayStore, targets: Sequence[Target], described: Sequence[str]) -> None:
+        """Log, banner, and forward until SIGTERM/SIGINT (then finish the batch and return)."""
+        # Only delayq's own loggers follow --log-level; redis-py's debug chatter stays out.
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("delayq").setLevel(self.log_level.upper())
+        config = store.config
+        audit = open_audit(directory=self.audit_dir, stream=self.audit_stream, url=config.url, stem="forwarded")
+        forwarder = Forwarder(store, targets, batch=self.batch, poll_interval=self.poll, audit=audit)
+        click.echo(
+            f"delayq forward: store {redact_url(config.url)} prefix {config.prefix!r}, {config.shards} shards; "
+            f"targets: {'; '.join(described)}" + (f"; audit: {audit!r}" if audit else ""),
+            err=True,
+        )
+        try:
+            forwarder.run(log_every=self.log_every)
+        finally:
+            if audit is not None:
+                audit.close()
+
+
 @main.command()
 @store_options
-@click.option(
-    "--batch",
-    type=click.IntRange(1, 10_000),
-    default=200,
-    show_default=True,
-    help="Items per claim; a claim blocks Redis while it runs, so keep it modest (100-500).",
-)
-@click.option(
-    "--lease",
-    type=float,
-    default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="How long claimed items stay ours before another forwarder may take them.",
-)
-@click.option(
-    "--max-attempts",
-    type=int,
-    default=10,
-    show_default=True,
-    help="Claims of one item before it goes to the dead letters.",
-)
-@click.option(
-    "--poll",
-    type=click.FloatRange(min=0.01),
-    default=1.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Longest sleep, so a lost wake-up never strands an item.",
-)
+@forward_options
 @click.option(
     "--list-redis",
     metavar="URL",
@@ -277,53 +379,67 @@ def main() -> None:
     help="Redis of the list target (RPUSH onto the list each envelope names). [default: --url]",
 )
 @click.option(
-    "--log-level",
-    envvar="DELAYQ_LOG_LEVEL",
+    "--celery-broker",
+    metavar="URL",
+    envvar="DELAYQ_CELERY_BROKER",
     show_envvar=True,
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-    help="debug logs one line per batch.",
+    default=None,
+    help="Celery's broker_url (amqp://, redis://, ...): forward delayed Celery tasks there.",
 )
 @click.option(
-    "--log-every",
-    type=click.FloatRange(min=0.1),
-    default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Interval of the summary line (forwarded, retried, dead, lateness).",
+    "--rq-redis",
+    metavar="URL",
+    envvar="DELAYQ_RQ_REDIS",
+    show_envvar=True,
+    default=None,
+    help="Redis of the RQ queues: adds the rq target (may equal --url). [default: no rq target]",
 )
 def forward(
     spec: StoreSpec,
-    batch: int,
-    lease: float,
-    max_attempts: int,
-    poll: float,
+    run: ForwardOptions,
     list_redis: Optional[str],
-    log_level: str,
-    log_every: float,
+    celery_broker: Optional[str],
+    rq_redis: Optional[str],
 ) -> None:
     """Forward due items to their targets until SIGTERM/SIGINT, then finish the batch and exit 0.
 
     Run as many as you like, anywhere: leases make every claim exclusive.
     """
-    # Only delayq's own loggers follow --log-level; redis-py's debug chatter stays out.
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("delayq").setLevel(log_level.upper())
-    store = spec.open(writes=True, lease_seconds=lease, max_attempts=max_attempts)
+    store = spec.open(writes=True, **run.store_settings())
     list_url = list_redis or spec.url
     # The list target shares the store's connections when the lists live on the same server.
     list_client = store.client if list_url == spec.url else connect(list_url)
-    # RPUSH in a non-transactional pipeline works the same on a RedisCluster.
-    target = RedisListTarget(cast(redis.Redis, list_client))
     click.get_current_context().call_on_close(list_client.close)
-    forwarder = Forwarder(store, [target], batch=batch, poll_interval=poll)
-    click.echo(
-        f"delayq forward: store {redact_url(spec.url)} prefix {spec.prefix!r}, {spec.shards} shards; "
-        f"targets: list -> {redact_url(list_url)}",
-        err=True,
-    )
-    forwarder.run(log_every=log_every)
+    # RPUSH in a non-transactional pipeline works the same on a RedisCluster.
+    targets: list[Target] = [RedisListTarget(cast(redis.Redis, list_client))]
+    described = [f"list -> {redact_url(list_url)}"]
+    if celery_broker:
+        targets.append(_extra("celery").CeleryTarget.from_url(celery_broker))
+        described.append(f"celery -> {redact_url(celery_broker)}")
+    if rq_redis:
+        targets.append(_rq_target(rq_redis, spec, store))
+        described.append(f"rq -> {redact_url(rq_redis)}")
+    run.run(store, targets, described)
+
+
+def _extra(name: str) -> Any:
+    """An adapter package, or a usage error that names the extra to install."""
+    try:
+        return importlib.import_module(f"delayq_backends.{name}")
+    except ImportError as exc:
+        raise click.UsageError(f"{exc}") from exc
+
+
+def _rq_target(url: str, spec: StoreSpec, store: DelayStore) -> Target:
+    """The rq target for ``--rq-redis``; given the store's own URL it shares the store's client,
+    so each job's enqueue and ack commit in one transaction."""
+    client = store.client if url == spec.url and not store.cluster else connect(url)
+    if not isinstance(client, redis.Redis):
+        raise click.BadParameter(
+            f"{redact_url(url)} is a Redis Cluster; RQ needs a single server", param_hint="--rq-redis"
+        )
+    click.get_current_context().call_on_close(client.close)
+    return _extra("rq").RQTarget(client)  # type: ignore[no-any-return]
 
 
 STATS_COLUMNS = [
@@ -563,6 +679,68 @@ def dlq_purge(spec: StoreSpec, ids: Sequence[str], all_: bool, yes: bool) -> Non
     _report(spec.open(writes=True).purge_dead(selected), selected, "purged")
 
 
+# -- rq -----------------------------------------------------------------------------------------
+
+
+@main.command("rq-migrate")
+@store_options
+@click.option("--rq-redis", metavar="URL", required=True, help="Redis of the RQ queues (may equal --url).")
+@click.option("--queue-class", default=None, help="Queue class the forwarder moves jobs with (module.Class).")
+@click.option("--job-class", default=None, help="Job class, as given to `rq worker --job-class`.")
+@click.option("--serializer", default=None, help="Serializer, as given to `rq worker --serializer`.")
+@click.option("--dry-run", is_flag=True, help="Count what would move; change nothing.")
+def rq_migrate(
+    spec: StoreSpec,
+    rq_redis: str,
+    queue_class: Optional[str],
+    job_class: Optional[str],
+    serializer: Optional[str],
+    dry_run: bool,
+) -> None:
+    """Move jobs waiting in RQ's rq:scheduled:* registries and rq-scheduler's set into the store.
+
+    Stop `rq worker --with-scheduler` and `rqscheduler` first. Safe to run again: nothing is
+    lost or duplicated.
+    """
+    from rq.utils import import_attribute
+
+    from .rq import migrate
+
+    store = spec.open(writes=True)
+    client = connect(rq_redis)
+    click.get_current_context().call_on_close(client.close)
+    classes: dict[str, Any] = {
+        name: import_attribute(path)
+        for name, path in (("queue_class", queue_class), ("job_class", job_class), ("serializer", serializer))
+        if path
+    }
+    report = migrate(cast(redis.Redis, client), store, dry_run=dry_run, **classes)
+    verb = "would move" if dry_run else "moved"
+    for key in sorted(set(report.moved) | set(report.missing)):
+        click.echo(
+            f"{key}: {verb} {report.moved.get(key, 0)}, already in the store {report.already.get(key, 0)}, "
+            f"job gone {report.missing.get(key, 0)}"
+        )
+    click.echo(f"{verb} {report.total_moved} job(s) into {redact_url(spec.url)} prefix {spec.prefix!r}")
+
+
+# -- security ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("role", type=click.Choice(sorted(ROLES)))
+@click.option("--prefix", envvar="DELAYQ_PREFIX", show_envvar=True, default="delayq", show_default=True)
+@click.option("--user", default=None, help="User name. [default: delayq-ROLE]")
+def acl(role: str, prefix: str, user: Optional[str]) -> None:
+    """Print the least-privilege ACL SETUSER command for a ROLE on a prefix.
+
+    producer: schedule, reschedule, cancel. forwarder: claim, ack, release, fail, wake-ups.
+    reader: stats, list, dead-letter list. Replace <password>, then run it with redis-cli.
+    Keys of the targets (RQ queues, lists) are not included: grant those separately.
+    """
+    click.echo(" ".join(acl_setuser(user or f"delayq-{role}", prefix, role)))
+
+
 # -- demo -------------------------------------------------------------------------------------
 
 
@@ -595,6 +773,14 @@ def demo(url: Optional[str], items: int, spread: float, shards: int) -> None:
         raise click.ClickException(
             f"{result.missing} of {items} items were not forwarded within {spread + GRACE_SECONDS:g} s"
         )
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def spark(args: Sequence[str]) -> None:
+    """Bulk scheduling and audits with Apache Spark: `delayq spark --help` (needs delayq_backends[spark])."""
+    # loaded here, so `delayq` starts without importing pyspark
+    _extra("spark.command").spark.main(args=list(args), prog_name="delayq spark")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@ class Config:
         max_payload_bytes: largest envelope accepted by ``schedule``.
         max_attempts: claims of one item before it goes to the dead letters.
         lease_seconds: how long a forwarder holds claimed items before they are due again.
+        durable_replicas: when > 0, every schedule, reschedule, cancel and requeue waits (WAIT)
+            until that many replicas have it, and raises ``NotDurableError`` if they do not
+            within ``durable_timeout_ms``. Redis replicates asynchronously: without this, a write
+            acknowledged just before a primary fails can be lost on failover.
+        durable_timeout_ms: how long such a write waits for its replicas.
     """
 
     url: str = DEFAULT_URL
@@ -31,6 +36,8 @@ class Config:
     max_payload_bytes: int = 1024 * 1024
     max_attempts: int = 10
     lease_seconds: float = 30.0
+    durable_replicas: int = 0
+    durable_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not self.prefix or any(c in self.prefix for c in "{} \n"):
@@ -38,6 +45,8 @@ class Config:
         _check_int("shards", self.shards, 1, 16384)
         _check_int("max_payload_bytes", self.max_payload_bytes, 64, 512 * 1024 * 1024)
         _check_int("max_attempts", self.max_attempts, 1, 1_000_000)
+        _check_int("durable_replicas", self.durable_replicas, 0, 64)
+        _check_int("durable_timeout_ms", self.durable_timeout_ms, 1, 600_000)
         if not isinstance(self.lease_seconds, (int, float)) or not 0.1 <= self.lease_seconds <= 86400:
             raise ConfigError(f"lease_seconds={self.lease_seconds!r}: use a number between 0.1 and 86400")
 

@@ -148,6 +148,13 @@ class EmbeddedServer:
         self.stop()
 
 
+def _online_replicas(client: redis.Redis) -> int:
+    info = client.info("replication")
+    return sum(
+        1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+    )
+
+
 class EmbeddedCluster:
     """A Redis Cluster of ``masters`` nodes (plus ``replicas`` per master) on loopback.
 
@@ -196,6 +203,11 @@ class EmbeddedCluster:
             c.execute_command("CLUSTER", "REPLICATE", ids[n % self.masters])
         self._wait(
             lambda: all(c.cluster("info")["cluster_state"] == "ok" for c in clients), timeout, "cluster state ok"
+        )
+        self._wait(  # replicas that are still syncing would make WAIT (durable writes) fail
+            lambda: all(_online_replicas(c) >= self.replicas for c in clients[: self.masters]),
+            timeout,
+            "replicas to sync",
         )
         for c in clients:
             c.close()

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from .errors import EnvelopeError
 
-__all__ = ["FORMAT_VERSION", "Envelope"]
+__all__ = ["FORMAT_VERSION", "Envelope", "frame", "header_of"]
 
 MAGIC = b"DQ"
 FORMAT_VERSION = 1
@@ -32,6 +32,21 @@ def _head(target: str, destination: str, meta: dict[str, Any]) -> bytes:
     except (TypeError, ValueError) as exc:
         raise EnvelopeError(f"envelope meta is not JSON-serializable: {exc}") from exc
     return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header
+
+
+def frame(header: bytes, body: bytes) -> bytes:
+    """Encoded envelope bytes from a JSON header already encoded and the body.
+
+    For bulk writers that render the header from a template per row instead of building an
+    :class:`Envelope` each time; :meth:`Envelope.decode` reads the result like any other.
+    """
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + body
+
+
+def header_of(data: bytes) -> bytes:
+    """The JSON header of encoded envelope bytes (the inverse of :func:`frame`'s first part)."""
+    _, _, size = _PREFIX.unpack_from(data)
+    return data[_PREFIX.size : _PREFIX.size + size]
 
 
 @lru_cache(maxsize=1024)

@@ -16,7 +16,9 @@ __all__ = [
     "PayloadTooLargeError",
     "ServerNotFoundError",
     "ServerStartError",
+    "NotDurableError",
     "ShardMismatchError",
+    "StoreFullError",
 ]
 
 
@@ -62,3 +64,15 @@ class ServerNotFoundError(DelayqError):
 
 class ServerStartError(DelayqError):
     """An embedded server (or cluster) was started but did not come up."""
+
+
+class StoreFullError(DelayqError):
+    """The delay store's Redis is at ``maxmemory`` and refused a write; nothing was stored."""
+
+
+class NotDurableError(DelayqError):
+    """A write reached the primary but not ``durable_replicas`` replicas in time.
+
+    It is stored, but a failover now could lose it. Scheduling is idempotent by id: retrying
+    is safe.
+    """

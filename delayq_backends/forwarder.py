@@ -19,18 +19,24 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 import redis
+from redis.exceptions import RedisClusterException
 
+from .audit import FORWARDED, AuditRecord, AuditSink
 from .envelope import Envelope
-from .errors import ConfigError, EnvelopeError
+from .errors import ConfigError, EnvelopeError, StoreFullError
 from .models import Claim
 from .store import DelayStore
-from .targets import Delivery, PublishReport, Target
+from .targets import ClaimTarget, Delivery, Lease, PublishReport, Target
 
 __all__ = ["Forwarder", "ForwarderStats"]
 
 log = logging.getLogger("delayq.forwarder")
 
-_OUTAGES = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: redis-py raises RedisClusterException (not a RedisError) when no cluster node answers, as in
+#: the seconds of a failover before a replica is promoted.
+_OUTAGES = (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException)
+#: Errors of one shard's scripts that an immediate retry will not fix (WRONGTYPE, OOM, NOPERM).
+_SHARD_ERRORS = (redis.ResponseError, StoreFullError)
 
 
 @dataclass
@@ -44,6 +50,7 @@ class ForwarderStats:
     dead: int = 0
     batches: int = 0
     outages: int = 0
+    errors: int = 0
     lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000), repr=False)
 
     def percentile(self, q: float) -> Optional[int]:
@@ -64,6 +71,8 @@ class Forwarder:
         retry_delay: first delay before a failed item is retried; doubles per attempt.
         max_retry_delay: cap of that delay.
         max_outage_backoff: longest pause while a broker or the store is unreachable.
+        audit: where to log one record per forwarded item (off by default); it must not block,
+            and its failures are logged, never raised.
     """
 
     def __init__(
@@ -77,6 +86,7 @@ class Forwarder:
         max_retry_delay: float = 300.0,
         max_outage_backoff: float = 10.0,
         name: Optional[str] = None,
+        audit: Optional[AuditSink] = None,
     ) -> None:
         if not isinstance(targets, Mapping):
             targets = {t.kind: t for t in targets}
@@ -90,12 +100,14 @@ class Forwarder:
         self.max_retry_delay_ms = int(max_retry_delay * 1000)
         self.max_outage_backoff = max_outage_backoff
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.audit = audit
         self.stats = ForwarderStats()
         self._stop = threading.Event()
         self._outage_backoff = 0.0
         self._offset_ms = 0
         self._offset_at = 0.0
         self._rng = random.Random()
+        self._benched_until: dict[int, tuple[int, int]] = {}  # shard -> (server ms, back-off ms)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -109,7 +121,7 @@ class Forwarder:
     def _sweep(self, heads: list[Optional[int]]) -> int:
         """:meth:`run_once` on heads already read, so the idle loop reads them once per wake."""
         now = self.server_now_ms()
-        due = [s for s, head in enumerate(heads) if head is not None and head <= now]
+        due = [s for s, head in enumerate(heads) if head is not None and head <= now and not self._benched(s, now)]
         start = self._rng.randrange(len(heads))
         due.sort(key=lambda s: (s - start) % len(heads))
         claimed = 0
@@ -118,14 +130,38 @@ class Forwarder:
             for shard in due:
                 if self._stop.is_set():
                     break
-                claim = self.store.claim(shard, limit=self.batch)
-                if claim.items:
-                    self.deliver(claim)
-                    claimed += len(claim.items)
+                try:
+                    claim = self.store.claim(shard, limit=self.batch)
+                    if claim.items:
+                        self.deliver(claim)
+                except _SHARD_ERRORS as exc:
+                    self._bench(shard, exc)
+                    continue
+                self._benched_until.pop(shard, None)
+                claimed += len(claim.items)
                 if len(claim.items) == self.batch:
                     still_due.append(shard)
             due = still_due
         return claimed
+
+    def _bench(self, shard: int, exc: Exception) -> None:
+        """Set a shard aside after a Redis error that retrying at once will not fix (a key of ours
+        holding another type, the server at maxmemory, a missing ACL permission).
+
+        The other shards keep flowing; this one is tried again after a back-off that doubles up
+        to ``max_outage_backoff`` (a failing store, like an unreachable one, is worth retrying
+        soon: a cluster mid-failover answers CLUSTERDOWN or MOVED for a few seconds). Its items
+        stay where they are: leases taken before the error expire and the items are claimed again.
+        """
+        _, previous = self._benched_until.get(shard, (0, 0))
+        cap = int(self.max_outage_backoff * 1000)
+        backoff = min(cap, max(min(cap, 1000), previous * 2))
+        self._benched_until[shard] = (self.server_now_ms() + backoff, backoff)
+        self.stats.errors += 1
+        log.error("shard %d: %s: %s; trying it again in %.0f s", shard, type(exc).__name__, exc, backoff / 1000)
+
+    def _benched(self, shard: int, now: int) -> bool:
+        return self._benched_until.get(shard, (0, 0))[0] > now
 
     def deliver(self, claim: Claim) -> None:
         """Publish a claim's items, then ack, fail or release each as its target reports."""
@@ -151,7 +187,7 @@ class Forwarder:
             groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
         report = PublishReport()
         for kind, deliveries in groups.items():
-            self._publish(self.targets[kind], deliveries, report)
+            self._publish(self.targets[kind], deliveries, report, Lease(self.store, claim))
         attempts = {item.id: item.attempts for item in claim.items}
         failures += [
             (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
@@ -167,24 +203,43 @@ class Forwarder:
             (time.perf_counter() - started) * 1000,
         )
 
-    def _publish(self, target: Target, deliveries: list[Delivery], report: PublishReport) -> None:
+    def _publish(self, target: Target, deliveries: list[Delivery], report: PublishReport, lease: Lease) -> None:
         try:
-            part = target.publish_many(deliveries)
+            if isinstance(target, ClaimTarget):  # it may ack inside its own transaction
+                part = target.publish_claimed(deliveries, lease)
+            else:
+                part = target.publish_many(deliveries)
         except Exception as exc:  # a target bug must not kill the forwarder; attempts bound it
             log.exception("target %r raised; %d items will be retried", target.kind, len(deliveries))
             part = PublishReport(failed=[(d.id, f"{type(exc).__name__}: {exc}", False) for d in deliveries])
         now = self.server_now_ms()
         ready = {d.id: d.ready_ms for d in deliveries}
         self.stats.lateness_ms.extend(now - ready[i] for i in part.published)
+        if self.audit is not None and part.published:
+            self._audit(self.audit, deliveries, part.published, now)
         report.published += part.published
         report.failed += part.failed
         report.unsent += part.unsent
+        report.acked += part.acked
         report.broker_error = report.broker_error or part.broker_error
+
+    def _audit(self, audit: AuditSink, deliveries: list[Delivery], published: list[str], now: int) -> None:
+        sent, by = set(published), self.name
+        records = [
+            AuditRecord(FORWARDED, d.id, d.envelope.target, d.envelope.destination, d.ready_ms, now, d.attempts, by)
+            for d in deliveries
+            if d.id in sent
+        ]
+        try:
+            audit.record(records)
+        except Exception:  # an audit sink must never stop forwarding
+            log.exception("audit sink %r failed; forwarding goes on", audit)
 
     def _settle(self, claim: Claim, report: PublishReport, failures: list[tuple[str, Optional[int], str]]) -> None:
         self.stats.batches += 1
         self.stats.forwarded += len(report.published)
-        self.stats.acked += self.store.ack(claim, report.published)
+        acked = set(report.acked)
+        self.stats.acked += len(acked) + self.store.ack(claim, [i for i in report.published if i not in acked])
         if failures:
             retried, buried = self.store.fail(claim, failures)
             self.stats.retried += retried
@@ -256,9 +311,9 @@ class Forwarder:
                     heads = self.store.heads()
                     if self._sweep(heads) == 0:  # nothing was claimed, so these heads still hold
                         pubsub = self._sleep(pubsub, heads)
-                except _OUTAGES as exc:
+                except (*_OUTAGES, redis.RedisError) as exc:  # never die of the store: back off, retry
                     self.stats.outages += 1
-                    self._outage(f"delay store unreachable ({exc})")
+                    self._outage(f"delay store unreachable or failing ({type(exc).__name__}: {exc})")
                     pubsub = self._subscribe(pubsub)
                 if time.monotonic() - last_log >= log_every:
                     last_log = time.monotonic()
@@ -288,7 +343,9 @@ class Forwarder:
         A schedule after ``heads`` were read is not missed: its wake-up waits in ``pubsub``.
         """
         now = self.server_now_ms()
-        wake_at = min([now + int(self.poll_interval * 1000), *(h for h in heads if h is not None)])
+        benched = [until for until, _ in self._benched_until.values() if until > now]  # ended ones: no wake-up
+        waiting = (h for s, h in enumerate(heads) if h is not None and not self._benched(s, now))
+        wake_at = min([now + int(self.poll_interval * 1000), *waiting, *benched])
         while not self._stop.is_set():
             remaining = (wake_at - self.server_now_ms()) / 1000
             if remaining <= 0:
@@ -308,12 +365,13 @@ class Forwarder:
     def _log_summary(self) -> None:
         s = self.stats
         log.info(
-            "forwarded %d, released %d, retried %d, dead %d, outages %d; lateness p50 %s ms p99 %s ms",
+            "forwarded %d, released %d, retried %d, dead %d, outages %d, errors %d; lateness p50 %s ms p99 %s ms",
             s.forwarded,
             s.released,
             s.retried,
             s.dead,
             s.outages,
+            s.errors,
             s.percentile(0.5),
             s.percentile(0.99),
         )

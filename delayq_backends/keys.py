@@ -1,19 +1,33 @@
 """Key names: the one place that knows how the store is laid out in Redis.
 
-Every key of shard ``k`` carries the hash tag ``{<prefix>:<k>}``, so one shard lives in one
-Redis Cluster slot (a Lua script may touch all of them) while different shards spread over
-the cluster's nodes.
+Every key of shard ``k`` carries one hash tag, so one shard lives in one Redis Cluster slot (a
+Lua script may touch all of them) while different shards spread over the cluster's nodes.
+Layout 2 (new prefixes) picks each shard's tag so the shards spread *evenly*: see
+:func:`shard_tags`. A prefix created before records no layout and keeps layout 1.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Union
+from functools import lru_cache
+from typing import Optional, Union
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from .errors import InvalidIdError
 
-__all__ = ["MAX_ID_BYTES", "ShardKeys", "meta_key", "normalize_id", "shard_of", "wake_channel"]
+__all__ = [
+    "BALANCED_MAX_SHARDS",
+    "LAYOUT",
+    "MAX_ID_BYTES",
+    "ShardKeys",
+    "meta_key",
+    "normalize_id",
+    "shard_of",
+    "shard_tags",
+    "wake_channel",
+]
 
 #: Celery and RQ ids are 36 bytes; anything near this is a mistake, not an id.
 MAX_ID_BYTES = 512
@@ -44,6 +58,42 @@ def shard_of(item_id: str, shards: int) -> int:
     return zlib.crc32(item_id.encode("utf-8")) % shards
 
 
+#: The key layout new prefixes get (recorded in ``<prefix>:meta``). 1: shard ``k``'s hash tag is
+#: ``<prefix>:<k>``. 2: the first of ``<prefix>:<k>``, ``<prefix>:<k>:1``, ``<prefix>:<k>:2``, ...
+#: whose slot lies near the middle of the k-th of ``shards`` equal slot ranges.
+LAYOUT = 2
+#: Layout 2 balances up to this many shards; beyond, plain tags already spread well, and the
+#: search would take longer (about ``shards`` tries per shard).
+BALANCED_MAX_SHARDS = 256
+
+
+@lru_cache(maxsize=64)
+def shard_tags(prefix: str, shards: int, layout: int = LAYOUT) -> tuple[str, ...]:
+    """The hash tag (without braces) of each shard.
+
+    With layout 2, shard ``k``'s slot lies near the middle of the k-th of ``shards`` equal slot
+    ranges (within 1/32 of a range). Evenly spaced points put ``floor`` or ``ceil`` of
+    ``shards / masters`` in each of a cluster's equal contiguous slot ranges (what
+    ``redis-cli --cluster create`` makes), so 16 shards on 3 masters split 5/6/5 instead of
+    whatever the plain tags' hashes give (4/5/7 for the prefix ``delayq``). Aiming at the middle,
+    not anywhere in the range, matters: a master's boundary may cut a shard's range in two.
+    """
+    plain = tuple(f"{prefix}:{k}" for k in range(shards))
+    if layout == 1 or shards > BALANCED_MAX_SHARDS:
+        return plain
+    width = REDIS_CLUSTER_HASH_SLOTS / shards
+    near = max(1, int(width // 64))  # half of 1/32 of a range on each side
+    tags = []
+    for k, tag in enumerate(plain):
+        middle = int((k + 0.5) * width)
+        salt = 0
+        while abs(key_slot(tag.encode()) - middle) > near:
+            salt += 1
+            tag = f"{plain[k]}:{salt}"
+        tags.append(tag)
+    return tuple(tags)
+
+
 def meta_key(prefix: str) -> str:
     """Hash holding the shard count and format version of a store."""
     return f"{prefix}:meta"
@@ -56,14 +106,18 @@ def wake_channel(prefix: str) -> str:
 
 @dataclass(frozen=True)
 class ShardKeys:
-    """The keys of one shard, all in one cluster slot."""
+    """The keys of one shard, all in one cluster slot.
+
+    ``hashtag`` comes from :func:`shard_tags`; without it the shard has layout 1's plain tag.
+    """
 
     prefix: str
     shard: int
+    hashtag: Optional[str] = None
 
     @property
     def tag(self) -> str:
-        return f"{{{self.prefix}:{self.shard}}}"
+        return f"{{{self.hashtag or f'{self.prefix}:{self.shard}'}}}"
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}:{self.tag}:{name}"

@@ -9,16 +9,26 @@ import heapq
 import json
 import secrets
 from collections import defaultdict
+from contextlib import contextmanager
 from itertools import islice
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import redis
 
 from .config import Config
 from .connection import Client, connect, is_cluster
 from .envelope import FORMAT_VERSION, MAGIC, Envelope
-from .errors import ConfigError, EnvelopeError, PayloadTooLargeError, ShardMismatchError
-from .keys import ShardKeys, meta_key, normalize_id, shard_of, wake_channel
+from .errors import (
+    ConfigError,
+    EnvelopeError,
+    NotDurableError,
+    PayloadTooLargeError,
+    ShardMismatchError,
+    StoreFullError,
+)
+from .keys import LAYOUT, ShardKeys, meta_key, normalize_id, shard_of, shard_tags, wake_channel
 from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
-from .scripts import Scripts
+from .scripts import Scripts, source
 from .timeutil import Clock, When, now_ms, to_ms
 
 __all__ = ["DelayStore", "Payload", "ScheduleEntry"]
@@ -49,7 +59,7 @@ class DelayStore:
         self.clock = clock
         self.scripts = Scripts.register(client)
         self.cluster = is_cluster(client)
-        self._keys = [ShardKeys(self.config.prefix, k) for k in range(self.config.shards)]
+        self._shard_keys: Optional[List[ShardKeys]] = None
         self._wake = wake_channel(self.config.prefix)
         self._meta_checked = False
 
@@ -68,6 +78,17 @@ class DelayStore:
     @property
     def wake_channel(self) -> str:
         return self._wake
+
+    @property
+    def _keys(self) -> List[ShardKeys]:
+        """Every shard's keys, in the layout recorded for the prefix (read once)."""
+        if self._shard_keys is None:
+            layout, shards = self.client.hmget(meta_key(self.config.prefix), "layout", "shards")
+            # a prefix that records shards but no layout was made before layouts were recorded
+            found = int(layout) if layout is not None else 1 if shards is not None else LAYOUT
+            tags = shard_tags(self.config.prefix, self.config.shards, found)
+            self._shard_keys = [ShardKeys(self.config.prefix, k, tags[k]) for k in range(self.config.shards)]
+        return self._shard_keys
 
     def shard_of(self, item_id: Union[str, bytes]) -> int:
         """The shard holding ``item_id``."""
@@ -89,6 +110,10 @@ class DelayStore:
             return
         key = meta_key(self.config.prefix)
         if record:
+            if self.client.hget(key, "shards") is None:
+                # a new prefix: its layout goes in first, so shards without a layout means "made before"
+                self.client.hsetnx(key, "layout", LAYOUT)
+                self._shard_keys = None  # read the layout again: another writer may have been first
             self.client.hsetnx(key, "shards", self.config.shards)
             self.client.hsetnx(key, "format", FORMAT_VERSION)
         stored = self.client.hget(key, "shards")
@@ -105,7 +130,8 @@ class DelayStore:
 
     def _run(self, script: Any, shard: int, args: Sequence[Any], client: Any = None) -> Any:
         self.check_meta()
-        return script(keys=self._keys[shard].all(), args=list(args), client=client or self.client)
+        with _full_store_said_plainly():
+            return script(keys=self._keys[shard].all(), args=list(args), client=client or self.client)
 
     # -- scheduling -------------------------------------------------------------------------
 
@@ -130,24 +156,41 @@ class DelayStore:
 
         Every entry is validated before anything is sent, so bad input stores nothing.
         """
+        checked = []
+        for item_id, when, envelope in entries:
+            item_id = normalize_id(item_id)
+            checked.append((item_id, to_ms(when, clock=self.clock), self.check_payload(item_id, envelope)))
+        return self.schedule_checked(checked, mode=mode)
+
+    def schedule_checked(self, entries: Iterable[Tuple[str, int, bytes]], *, mode: str = "replace") -> ScheduleCounts:
+        """:meth:`schedule_many` of entries already checked: ids from :func:`~delayq_backends.keys.normalize_id`,
+        ready times in integer ms from :func:`~delayq_backends.timeutil.to_ms`, envelopes from
+        :meth:`check_payload`.
+
+        Bulk loaders check each row themselves, to set bad rows aside with their reason instead of
+        failing a whole batch, and then skip checking them twice.
+        """
         if mode not in ("replace", "keep"):
             raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
         by_shard: dict[int, List[Any]] = defaultdict(list)
-        for item_id, when, envelope in entries:
-            item_id = normalize_id(item_id)
-            ready = to_ms(when, clock=self.clock)
-            by_shard[shard_of(item_id, self.config.shards)] += (item_id, ready, self._payload(item_id, envelope))
+        for item_id, ready, data in entries:
+            by_shard[shard_of(item_id, self.config.shards)] += (item_id, ready, data)
         calls = [
             (shard, [mode, self._wake, *args[i : i + 3 * SCHEDULE_CHUNK]])
             for shard, args in by_shard.items()
             for i in range(0, len(args), 3 * SCHEDULE_CHUNK)
         ]
         counts = ScheduleCounts()
-        for added, replaced, kept in self._run_calls(self.scripts.schedule, calls):
+        for added, replaced, kept in self._write_calls(self.scripts.schedule, calls):
             counts += ScheduleCounts(added, replaced, kept)
         return counts
 
-    def _payload(self, item_id: str, envelope: Payload) -> bytes:
+    def check_payload(self, item_id: str, envelope: Payload) -> bytes:
+        """The envelope's bytes, refused when they are no envelope or over ``max_payload_bytes``.
+
+        Raises:
+            EnvelopeError, PayloadTooLargeError: nothing may be stored.
+        """
         data = envelope.encode() if isinstance(envelope, Envelope) else envelope
         if not isinstance(data, (bytes, bytearray)) or not data.startswith(MAGIC):
             raise EnvelopeError(
@@ -179,7 +222,71 @@ class DelayStore:
             with self.client.pipeline(transaction=False) as pipe:
                 for shard, args in batch:
                     self._run(script, shard, args, client=pipe)
-                yield from pipe.execute()
+                with _full_store_said_plainly():
+                    replies = pipe.execute()
+                yield from replies
+
+    def schedule_in(self, pipeline: Any, item_id: Union[str, bytes], when: When, envelope: Payload) -> None:
+        """Queue a ``replace`` schedule of one item on ``pipeline``, to commit with the caller's writes.
+
+        For adapters whose broker is the store's own Redis (not a cluster): the item is stored
+        if and only if the caller's MULTI/EXEC runs. Input is validated now, so bad input raises
+        before anything is queued.
+        """
+        item_id = normalize_id(item_id)
+        ready = to_ms(when, clock=self.clock)
+        args = ["replace", self._wake, item_id, ready, self.check_payload(item_id, envelope)]
+        self._queue_script(pipeline, "schedule", self.shard_of(item_id), args)
+
+    # -- producer writes, durable on request ----------------------------------------------
+
+    def _write(self, script: Any, shard: int, args: Sequence[Any]) -> Any:
+        """Run a producer's write script; with ``durable_replicas``, wait for the replicas too."""
+        if not self.config.durable_replicas:
+            return self._run(script, shard, args)
+        return self._durable(script, shard, args)
+
+    def _write_calls(self, script: Any, calls: List[tuple[int, List[Any]]]) -> Iterator[Any]:
+        if not self.config.durable_replicas:
+            yield from self._run_calls(script, calls)
+            return
+        for shard, args in calls:
+            yield self._durable(script, shard, args)
+
+    def _durable(self, script: Any, shard: int, args: Sequence[Any]) -> Any:
+        """The script and a WAIT in one pipeline on the connection of the shard's node.
+
+        WAIT counts the replicas that have the writes made *on its own connection*, so both must
+        travel together. On a cluster whose layout just changed (a failover), the cluster client
+        refreshes its slot map and the call is tried once more.
+        """
+        wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
+        for attempt in (1, 2):
+            try:
+                with self._node_client(shard).pipeline(transaction=False) as pipe:
+                    self._run(script, shard, args, client=pipe)
+                    pipe.execute_command("WAIT", wanted, timeout)
+                    with _full_store_said_plainly():
+                        result, acked = pipe.execute()
+                break
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+                if not self.cluster or attempt == 2 or isinstance(exc, redis.OutOfMemoryError):
+                    raise
+                self.client.nodes_manager.initialize()  # type: ignore[union-attr]
+        if int(acked) < wanted:
+            raise NotDurableError(
+                f"shard {shard}: written to the primary but confirmed by {acked} of {wanted} replicas within "
+                f"{timeout} ms, so a failover now could lose it; retry (scheduling is idempotent by id) "
+                "or check the replicas"
+            )
+        return result
+
+    def _node_client(self, shard: int) -> redis.Redis:
+        """A client of the one server that holds ``shard`` (the store's own when not a cluster)."""
+        if not self.cluster:
+            return self.client  # type: ignore[return-value]
+        node = self.client.get_node_from_key(self._keys[shard].due)  # type: ignore[union-attr]
+        return node.redis_connection  # type: ignore[no-any-return]
 
     def reschedule(self, item_id: Union[str, bytes], when: When) -> bool:
         """Move an existing item to ``when``; False if no such item is scheduled.
@@ -189,12 +296,12 @@ class DelayStore:
         """
         item_id = normalize_id(item_id)
         ready = to_ms(when, clock=self.clock)
-        return bool(self._run(self.scripts.reschedule, self.shard_of(item_id), [item_id, ready, self._wake]))
+        return bool(self._write(self.scripts.reschedule, self.shard_of(item_id), [item_id, ready, self._wake]))
 
     def cancel(self, item_id: Union[str, bytes]) -> bool:
         """Remove a scheduled item (O(log N)); False if it was not there."""
         item_id = normalize_id(item_id)
-        return bool(self._run(self.scripts.cancel, self.shard_of(item_id), [item_id]))
+        return bool(self._write(self.scripts.cancel, self.shard_of(item_id), [item_id]))
 
     # -- the lease protocol -----------------------------------------------------------------
 
@@ -225,6 +332,40 @@ class DelayStore:
         if not ids:
             return 0
         return int(self._run(self.scripts.ack, claim.shard, [claim.lease, *ids]))
+
+    def ack_in(self, pipeline: Any, claim: Claim, ids: Sequence[str]) -> None:
+        """Queue :meth:`ack` of ``ids`` on ``pipeline`` (a transaction on the store's own server),
+        so a target can commit its publish and the ack in one MULTI/EXEC."""
+        if ids:
+            self._queue_script(pipeline, "ack", claim.shard, [claim.lease, *ids])
+
+    def _queue_script(self, pipeline: Any, name: str, shard: int, args: Sequence[Any]) -> None:
+        """Queue script ``name`` on a caller's transaction as EVAL of its source.
+
+        Not EVALSHA: a script missing from the server's cache (after a restart) would fail alone
+        inside the caller's MULTI while the caller's other writes commit; and redis-py's
+        ``Script`` would add a SCRIPT EXISTS round trip to every transaction. The server caches
+        the compiled script by its SHA, so EVAL costs only the bytes of the source.
+        """
+        self.check_meta()
+        keys = self._keys[shard].all()
+        pipeline.eval(source(name), len(keys), *keys, *args)
+
+    def held(self, claim: Claim, ids: Sequence[str], *, client: Any = None) -> list[str]:
+        """The ``ids`` still under ``claim``'s lease, read through ``client`` (default: the store's).
+
+        A target that WATCHes :meth:`lease_key` first and reads this through the same connection
+        knows its transaction will abort if any of these leases changes before EXEC.
+        """
+        if not ids:
+            return []
+        held = (self.client if client is None else client).hmget(self._keys[claim.shard].leased, list(ids))
+        mark = f"{claim.lease}:".encode()
+        return [item_id for item_id, lease in zip(ids, held) if lease is not None and lease.startswith(mark)]
+
+    def lease_key(self, claim: Claim) -> str:
+        """The key every change to a lease of ``claim``'s shard writes: WATCH it to guard a hand-off."""
+        return self._keys[claim.shard].leased
 
     def release(self, claim: Claim, ids: Optional[Iterable[str]] = None) -> int:
         """Put unpublished items of ``claim`` back at their ready time, attempt not counted."""
@@ -267,18 +408,48 @@ class DelayStore:
         deadline, ready = _parse_lease(lease, score)
         return ScheduledItem(item_id, shard, ready, envelope, int(tries or 0), deadline)
 
+    def scan(self, *, batch: int = 1000) -> Iterator[ScheduledItem]:
+        """Every scheduled item, shard by shard, in no particular order (``ZSCAN``).
+
+        For exports and audits of large stores, where :meth:`list`'s paging would be quadratic.
+        Items present throughout are returned at least once; ones added, moved or forwarded
+        meanwhile may be missed or repeated.
+        """
+        self.check_meta(record=False)
+        for shard, k in enumerate(self._keys):
+            members = self.client.zscan_iter(k.due, count=batch)
+            while chunk := list(islice(members, batch)):
+                ids = [m for m, _ in chunk]
+                with self.client.pipeline(transaction=False) as pipe:
+                    pipe.hmget(k.items, ids)
+                    pipe.hmget(k.tries, ids)
+                    pipe.hmget(k.leased, ids)
+                    envelopes, tries, leases = pipe.execute()
+                for (member, score), envelope, tried, lease in zip(chunk, envelopes, tries, leases):
+                    if envelope is not None:
+                        deadline, ready = _parse_lease(lease, score)
+                        yield ScheduledItem(member.decode(), shard, ready, envelope, int(tried or 0), deadline)
+
     def exists(self, item_id: Union[str, bytes]) -> bool:
         item_id = normalize_id(item_id)
         self.check_meta(record=False)
         return bool(self.client.hexists(self._keys[self.shard_of(item_id)].items, item_id))
 
     def heads(self) -> List[Optional[int]]:
-        """Each shard's earliest score (ready time, or lease deadline), None when empty."""
+        """Each shard's earliest score (ready time, or lease deadline), None when empty.
+
+        A shard whose index cannot be read (a key of ours holding another type, say) reads as
+        due at 0, so a forwarder tries it and reports the error, while the other shards go on.
+        """
         self.check_meta(record=False)
         with self.client.pipeline(transaction=False) as pipe:
             for k in self._keys:
                 pipe.zrange(k.due, 0, 0, withscores=True)
-            return [int(r[0][1]) if r else None for r in pipe.execute()]
+            replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
+                raise reply  # an outage, not one bad shard: the caller backs off
+        return [0 if isinstance(r, Exception) else int(r[0][1]) if r else None for r in replies]
 
     def server_time_ms(self) -> int:
         seconds, micros = self.client.time()
@@ -390,7 +561,7 @@ class DelayStore:
         ready = self.clock() if when is None else to_ms(when, clock=self.clock)
         done = 0
         for shard, args in self._dead_calls(ids):
-            done += int(self._run(self.scripts.requeue, shard, [ready, self._wake, *args])[0])
+            done += int(self._write(self.scripts.requeue, shard, [ready, self._wake, *args])[0])
         return done
 
     def purge_dead(self, ids: Optional[Iterable[Union[str, bytes]]] = None) -> int:
@@ -405,6 +576,22 @@ class DelayStore:
             item_id = normalize_id(item_id)
             by_shard[shard_of(item_id, self.config.shards)].append(item_id)
         return [(shard, ["ids", *chosen]) for shard, chosen in by_shard.items()]
+
+
+@contextmanager
+def _full_store_said_plainly() -> Iterator[None]:
+    """Turn Redis's OOM refusal into a :class:`StoreFullError` that says what to do.
+
+    Every script writes, and Redis refuses writing scripts at ``maxmemory`` before they run, so
+    nothing of the refused call was stored.
+    """
+    try:
+        yield
+    except redis.OutOfMemoryError as exc:
+        raise StoreFullError(
+            f"the delay store is at its maxmemory, so nothing was written ({exc}); free memory or raise "
+            "maxmemory, and keep maxmemory-policy noeviction so Redis never evicts scheduled items"
+        ) from exc
 
 
 def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], int]:

@@ -3,19 +3,28 @@
 A target publishes a batch and reports, per item, what happened. It never raises for a broker
 outage; it reports the items it could not send (``unsent``) so the forwarder releases them
 without burning an attempt. Celery and RQ targets live with their adapters.
+
+A target may also implement :class:`ClaimTarget`: the forwarder then hands it the batch's
+:class:`Lease`, so a target whose broker is the delay store's own Redis can commit its publish
+and the ack in one MULTI/EXEC (an exactly-once hand-off), and a target can write follow-ups
+(the next run of a periodic job) to the store.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_checkable
 
 import redis
 
 from .envelope import Envelope
+from .models import Claim
 
-__all__ = ["Delivery", "PublishReport", "RedisListTarget", "Target"]
+if TYPE_CHECKING:
+    from .store import DelayStore
+
+__all__ = ["ClaimTarget", "Delivery", "Lease", "PublishReport", "RedisListTarget", "Target"]
 
 
 @dataclass(frozen=True)
@@ -38,12 +47,15 @@ class PublishReport:
             failure goes to the dead letters at once, others are retried with back-off.
         unsent: ids not sent because the broker is unreachable; released, attempt not counted.
         broker_error: the outage behind ``unsent``, if any; the forwarder backs off.
+        acked: ids of ``published`` that a :class:`ClaimTarget` already acked inside its own
+            transaction; the forwarder does not ack them again.
     """
 
     published: list[str] = field(default_factory=list)
     failed: list[tuple[str, str, bool]] = field(default_factory=list)
     unsent: list[str] = field(default_factory=list)
     broker_error: Optional[BaseException] = None
+    acked: list[str] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -55,6 +67,55 @@ class Target(Protocol):
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The lease under which a forwarder holds a batch, offered to a :class:`ClaimTarget`.
+
+    To hand items over exactly once, a target on the store's own server WATCHes
+    :attr:`watch_key` (with its own keys), reads :meth:`held` on the watching connection,
+    queues its publish, then :meth:`ack_in`, and runs EXEC: a lease lost or changed after the
+    read aborts the transaction, and a crash before EXEC leaves nothing published and nothing
+    acked.
+    """
+
+    store: DelayStore
+    claim: Claim
+
+    def shares_server(self, client: Any) -> bool:
+        """Whether ``client`` talks to the store's own (non-cluster) server and database."""
+        return not self.store.cluster and same_server(self.store.client, client)
+
+    @property
+    def watch_key(self) -> str:
+        return self.store.lease_key(self.claim)
+
+    def held(self, client: Any, ids: Sequence[str]) -> list[str]:
+        return self.store.held(self.claim, ids, client=client)
+
+    def ack_in(self, pipeline: Any, ids: Sequence[str]) -> None:
+        self.store.ack_in(pipeline, self.claim, ids)
+
+
+@runtime_checkable
+class ClaimTarget(Target, Protocol):
+    """A target the forwarder calls with the batch's :class:`Lease` (preferred over
+    :meth:`Target.publish_many` when present)."""
+
+    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport: ...
+
+
+def same_server(a: Any, b: Any) -> bool:
+    """Whether two redis-py clients reach the same server and database (by connection settings)."""
+    if a is b:
+        return True
+    try:
+        ka, kb = a.connection_pool.connection_kwargs, b.connection_pool.connection_kwargs
+    except AttributeError:
+        return False
+    fields = ("host", "port", "path", "db")
+    return all(ka.get(f) == kb.get(f) for f in fields)
 
 
 class RedisListTarget:

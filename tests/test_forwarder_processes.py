@@ -19,7 +19,7 @@ from delayq_backends import DelayStore
 from delayq_backends.connection import connect
 from delayq_backends.targets import RedisListTarget
 from tests.conftest import make_store
-from tests.helpers import wait_for
+from tests.helpers import kill_all, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -58,10 +58,7 @@ class Forwarders:
         self.procs.remove(victim)
 
     def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(self.procs)
 
 
 @pytest.fixture

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from redis.crc import key_slot
 
 from delayq_backends import (
     Config,
@@ -18,6 +20,7 @@ from delayq_backends import (
     PayloadTooLargeError,
     ShardMismatchError,
 )
+from delayq_backends.keys import shard_tags
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.timeutil import to_ms
 from tests.conftest import make_store
@@ -175,3 +178,31 @@ def test_due_count_and_overdue_age(store: DelayStore) -> None:
     stats = store.stats()
     assert sum(s.due for s in stats) == 1
     assert 5000 <= max(s.oldest_overdue_ms for s in stats) < 15_000
+
+
+@pytest.mark.parametrize("shards", [1, 3, 16, 64, 256])
+def test_layout_2_spreads_shards_evenly_over_any_equal_split_of_the_slots(shards: int) -> None:
+    for prefix in ("delayq", "myapp", "t0"):
+        tags = shard_tags(prefix, shards)
+        for k, tag in enumerate(tags):
+            assert k * 16384 // shards <= key_slot(tag.encode()) < (k + 1) * 16384 // shards
+            assert tag == f"{prefix}:{k}" or tag.startswith(f"{prefix}:{k}:")
+        for masters in range(2, 13):  # masters owning equal contiguous ranges, as cluster create makes
+            owner = Counter(min(masters - 1, key_slot(t.encode()) * masters // 16384) for t in tags)
+            shares = [owner.get(m, 0) for m in range(masters)]
+            assert max(shares) - min(shares) <= 1, (prefix, shards, masters, shares)
+
+
+def test_a_new_prefix_records_layout_2_and_an_old_one_keeps_its_keys(valkey_url: str, prefix: str) -> None:
+    new = make_store(valkey_url, prefix, shards=4)
+    new.schedule("a", 1, Envelope("list", "out", b"x"))
+    assert new.client.hget(f"{prefix}:meta", "layout") == b"2"
+    assert [new.keys(k).tag for k in range(4)] == [f"{{{t}}}" for t in shard_tags(prefix, 4)]
+
+    old = f"{prefix}old"  # a prefix made before layouts were recorded: shards and format, no layout
+    new.client.hset(f"{old}:meta", mapping={"shards": 4, "format": 1})
+    before = make_store(valkey_url, old, shards=4)
+    before.schedule("b", 1, Envelope("list", "out", b"x"))
+    shard = before.shard_of("b")
+    assert new.client.zscore(f"{old}:{{{old}:{shard}}}:due", "b") is not None, "layout 1 keys, as before"
+    assert new.client.hget(f"{old}:meta", "layout") is None

@@ -1,0 +1,50 @@
+"""Celery adapter: delayed tasks wait in the delay store, not in worker RAM.
+
+Enable with one line, next to where the app is made::
+
+    from delayq_backends.celery import install
+    install(app)          # or: Celery(..., amqp="delayq_backends.celery:AMQP")
+
+Then run ``delayq forward --celery-broker <broker URL>`` (or ``celery -A proj delayq forward``)
+beside the workers. See the README's Celery section for the settings.
+"""
+
+from __future__ import annotations
+
+try:
+    from celery import Celery
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("delayq_backends.celery needs Celery: pip install 'delayq_backends[celery]'") from exc
+
+from .amqp import AMQP, Control, StoreUnavailableError, use_plugin_control
+from .message import StoredMessage
+from .scheduled import get, reschedule, revoke
+from .settings import CelerySettings, forget_store, store_for
+from .target import CeleryTarget
+
+__all__ = [
+    "AMQP",
+    "CelerySettings",
+    "CeleryTarget",
+    "Control",
+    "StoreUnavailableError",
+    "StoredMessage",
+    "forget_store",
+    "get",
+    "install",
+    "reschedule",
+    "revoke",
+    "store_for",
+]
+
+
+def install(app: Celery) -> None:
+    """Send the app's delayed tasks to the delay store and let revoke reach them there.
+
+    Call it where the app is created, so producers, beat and workers (for ``Task.retry``
+    with a countdown) all load it. Settings are read at the first delayed publish.
+    """
+    app.amqp_cls = f"{AMQP.__module__}:{AMQP.__qualname__}"
+    if not isinstance(app.__dict__.get("amqp"), AMQP):
+        app.__dict__.pop("amqp", None)  # a cached_property: the next access builds ours
+    use_plugin_control(app)

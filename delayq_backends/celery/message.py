@@ -1,0 +1,233 @@
+"""A Celery task message as the delay store keeps it: captured at publish, replayed at its time.
+
+The body is kept as the exact bytes kombu would have sent (serialized and, if configured,
+compressed), so a worker cannot tell a replayed message from the original. Headers, properties
+and queue declarations go through kombu's JSON, which round-trips datetimes, UUIDs and bytes
+that users put in custom headers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping, Optional
+
+from celery.utils.time import maybe_make_aware
+from dateutil.parser import isoparse
+from kombu.compression import compress
+from kombu.entity import Exchange, Queue, binding
+from kombu.serialization import dumps as serialize
+from kombu.utils.json import dumps as kombu_json_dumps
+from kombu.utils.json import loads as kombu_json_loads
+
+from ..envelope import Envelope
+from ..errors import EnvelopeError
+from ..timeutil import from_ms
+
+__all__ = ["KIND", "StoredMessage", "parse_time"]
+
+#: ``Envelope.target`` of Celery messages; the forwarder's Celery target has this kind.
+KIND = "celery"
+
+#: ``Producer.publish`` arguments that are not message properties. ``expiration`` is left out
+#: on purpose: it is relative to the publish, so it is recomputed from ``expires`` at replay.
+_PUBLISH_ARGS = frozenset(
+    {
+        "exchange",
+        "routing_key",
+        "serializer",
+        "compression",
+        "retry",
+        "retry_policy",
+        "declare",
+        "headers",
+        "timeout",
+        "confirm_timeout",
+        "content_type",
+        "content_encoding",
+        "expiration",
+        "mandatory",
+        "immediate",
+    }
+)
+
+
+def parse_time(value: Any) -> Optional[datetime]:
+    """An aware datetime from a Celery ``eta``/``expires`` header (ISO text or datetime).
+
+    A naive value is read as UTC, as Celery's worker reads it (``maybe_make_aware``).
+    """
+    if value is None or value == "":
+        return None
+    when = isoparse(value) if isinstance(value, str) else value
+    if not isinstance(when, datetime):
+        raise ValueError(f"not a time: {value!r}")
+    aware: datetime = maybe_make_aware(when)
+    return aware
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """Everything ``Producer.publish`` needs to send the task message again, byte for byte.
+
+    Attributes:
+        task: the task name (shown by ``delayq list`` and kept for audits).
+        body: the serialized (and possibly compressed) body.
+        headers: the protocol-2 headers, ``eta`` and ``expires`` included.
+        properties: message properties (correlation_id, reply_to, priority, delivery_mode, ...).
+        exchange: the exchange the message was routed to ('' for the default exchange).
+        routing_key: the routing key Celery chose.
+        declare: kombu Queue declarations (``Queue.as_dict(recurse=True)``) to declare first.
+    """
+
+    task: str
+    body: bytes
+    content_type: str
+    content_encoding: str
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    exchange: str
+    routing_key: str
+    declare: list[dict[str, Any]] = field(default_factory=list)
+
+    # -- capture ----------------------------------------------------------------------------
+
+    @classmethod
+    def capture(cls, body: Any, publish_kwargs: Mapping[str, Any]) -> StoredMessage:
+        """Build from the arguments Celery's task sender passes to ``Producer.publish``.
+
+        Serializes and compresses exactly as kombu's ``Producer._prepare`` does.
+        """
+        headers = dict(publish_kwargs.get("headers") or {})
+        content_type = publish_kwargs.get("content_type")
+        content_encoding = publish_kwargs.get("content_encoding")
+        if content_type:  # already serialized by the caller
+            data = body.encode(content_encoding or "utf-8") if isinstance(body, str) else bytes(body)
+            content_encoding = content_encoding or ("utf-8" if isinstance(body, str) else "binary")
+        else:
+            content_type, content_encoding, data = serialize(body, serializer=publish_kwargs.get("serializer"))
+        compression = publish_kwargs.get("compression")
+        if compression:
+            data, headers["compression"] = compress(data, compression)
+        exchange = publish_kwargs.get("exchange") or ""
+        properties = {k: v for k, v in publish_kwargs.items() if k not in _PUBLISH_ARGS and v is not None}
+        return cls(
+            task=str(headers.get("task", "")),
+            body=data if isinstance(data, bytes) else str(data).encode(content_encoding or "utf-8"),
+            content_type=str(content_type),
+            content_encoding=str(content_encoding),
+            headers=headers,
+            properties=properties,
+            exchange=exchange.name if isinstance(exchange, Exchange) else str(exchange),
+            routing_key=str(publish_kwargs.get("routing_key") or ""),
+            declare=[q.as_dict(recurse=True) for q in publish_kwargs.get("declare") or () if isinstance(q, Queue)],
+        )
+
+    @property
+    def task_id(self) -> str:
+        return str(self.headers["id"])
+
+    @property
+    def eta(self) -> Optional[datetime]:
+        return parse_time(self.headers.get("eta"))
+
+    @property
+    def expires(self) -> Optional[datetime]:
+        return parse_time(self.headers.get("expires"))
+
+    # -- the envelope -----------------------------------------------------------------------
+
+    def to_envelope(self) -> Envelope:
+        """The envelope to store; raises :class:`EnvelopeError` for headers kombu cannot encode."""
+        try:
+            details = kombu_json_dumps({"h": self.headers, "p": self.properties, "q": self.declare})
+        except (TypeError, ValueError) as exc:
+            raise EnvelopeError(
+                f"task {self.headers.get('id')!r}: headers or properties cannot be stored ({exc}); "
+                "pass JSON-serializable values (str, numbers, lists, dicts, datetimes)"
+            ) from exc
+        meta = {
+            "task": self.task,
+            "ct": self.content_type,
+            "ce": self.content_encoding,
+            "x": self.exchange,
+            "rk": self.routing_key,
+            "k": details,
+        }
+        return Envelope(target=KIND, destination=self.routing_key or self.exchange, body=self.body, meta=meta)
+
+    @classmethod
+    def from_envelope(cls, envelope: Envelope) -> StoredMessage:
+        """Parse a stored envelope; raises :class:`EnvelopeError` saying what is missing."""
+        meta = envelope.meta
+        try:
+            details = kombu_json_loads(meta["k"])
+            return cls(
+                task=str(meta.get("task", "")),
+                body=envelope.body,
+                content_type=str(meta["ct"]),
+                content_encoding=str(meta["ce"]),
+                headers=dict(details["h"]),
+                properties=dict(details["p"]),
+                exchange=str(meta["x"]),
+                routing_key=str(meta["rk"]),
+                declare=list(details["q"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EnvelopeError(f"not a delayq Celery message: {type(exc).__name__}: {exc}") from exc
+
+    # -- replay -----------------------------------------------------------------------------
+
+    def publish_kwargs(self, *, ready_ms: int, now: Optional[datetime] = None) -> dict[str, Any]:
+        """Arguments of ``Producer.publish(**kwargs)`` to send this message at ``ready_ms``.
+
+        - ``eta`` is set to the time the store released it (``ready_ms``) when that differs from
+          the header by more than a millisecond: after a reschedule to an earlier time the worker
+          must not hold the task until the old eta.
+        - ``expiration`` is recomputed from ``expires``. When ``expires`` has passed none is set,
+          so the worker receives the task and marks it REVOKED (expired) instead of the broker
+          silently dropping it.
+        """
+        headers = dict(self.headers)
+        eta = self.eta
+        if eta is not None and abs(eta.timestamp() * 1000 - ready_ms) > 1:
+            headers["eta"] = from_ms(ready_ms).isoformat()
+        kwargs: dict[str, Any] = dict(self.properties)
+        expires = self.expires
+        if expires is not None:
+            left = (expires - (now or datetime.now(timezone.utc))).total_seconds()
+            if left > 0:
+                kwargs["expiration"] = left
+        kwargs.update(
+            body=self.body,
+            exchange=self.exchange,
+            routing_key=self.routing_key,
+            headers=headers,
+            content_type=self.content_type,
+            content_encoding=self.content_encoding,
+            declare=[_queue(d) for d in self.declare],
+            retry=False,  # the forwarder handles outages: release, back off, try again
+        )
+        return kwargs
+
+
+def _queue(declaration: dict[str, Any]) -> Queue:
+    """A kombu Queue from ``Queue.as_dict(recurse=True)``."""
+    d = dict(declaration)
+    exchange = d.pop("exchange", None)
+    bindings = d.pop("bindings", None) or []
+    return Queue(
+        exchange=Exchange(**exchange) if isinstance(exchange, dict) else exchange,
+        bindings=[_binding(b) for b in bindings] or None,
+        **d,
+    )
+
+
+def _binding(b: dict[str, Any]) -> binding:
+    exchange = b.get("exchange")
+    return binding(
+        Exchange(**exchange) if isinstance(exchange, dict) else exchange,
+        routing_key=b.get("routing_key") or "",
+        arguments=b.get("arguments"),
+        unbind_arguments=b.get("unbind_arguments"),
+    )

@@ -1,0 +1,143 @@
+"""Celery's ``delayq_*`` settings, read in one place, and the delay store of an app.
+
+Settings are lower-case like Celery's own::
+
+    app.conf.delayq_url = "redis://127.0.0.1:6379/0"   # default: the broker URL if it is Redis
+    app.conf.delayq_prefix = "delayq"
+    app.conf.delayq_shards = 16
+    app.conf.delayq_min_delay = 0       # seconds; a nearer eta is published directly
+    app.conf.delayq_enabled = True
+    app.conf.delayq_max_payload_bytes = 1024 * 1024   # a bigger task message is refused
+
+A wrong value fails loudly at first use, naming the setting: a silent fallback would bring
+back worker-side ETAs, the very thing the plugin removes.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Optional
+from weakref import WeakKeyDictionary
+
+from celery import Celery
+
+from ..config import Config
+from ..connection import connect, redact_url
+from ..errors import ConfigError, DelayqError
+from ..store import DelayStore
+
+__all__ = ["CelerySettings", "forget_store", "store_for"]
+
+_KNOWN = {
+    "delayq_url",
+    "delayq_prefix",
+    "delayq_shards",
+    "delayq_min_delay",
+    "delayq_enabled",
+    "delayq_max_payload_bytes",
+}
+_REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
+
+
+@dataclass(frozen=True)
+class CelerySettings:
+    """The plugin's settings of one Celery app."""
+
+    config: Config
+    min_delay: float
+    enabled: bool
+
+    @classmethod
+    def of(cls, app: Celery) -> CelerySettings:
+        """Read and check ``app.conf.delayq_*``.
+
+        Raises:
+            ConfigError: an unknown ``delayq_*`` name, a bad value, or no Redis to use.
+        """
+        conf = app.conf
+        unknown = sorted(k for k in conf if isinstance(k, str) and k.startswith("delayq_") and k not in _KNOWN)
+        if unknown:
+            raise ConfigError(f"unknown Celery setting(s) {unknown}: the delayq settings are {sorted(_KNOWN)}")
+        if conf.get("task_protocol", 2) != 2:
+            raise ConfigError(
+                f"task_protocol={conf.get('task_protocol')}: delayq needs Celery's message protocol 2 "
+                "(the default since Celery 4): remove the task_protocol setting"
+            )
+        min_delay = conf.get("delayq_min_delay", 0)
+        if isinstance(min_delay, bool) or not isinstance(min_delay, (int, float)) or not math.isfinite(min_delay):
+            raise ConfigError(f"delayq_min_delay={min_delay!r}: use a number of seconds >= 0")
+        if min_delay < 0:
+            raise ConfigError(f"delayq_min_delay={min_delay!r}: use a number of seconds >= 0")
+        enabled = conf.get("delayq_enabled", True)
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"delayq_enabled={enabled!r}: use True or False")
+        try:
+            config = Config(
+                url=_store_url(app),
+                prefix=conf.get("delayq_prefix", "delayq"),
+                shards=conf.get("delayq_shards", 16),
+                max_payload_bytes=conf.get("delayq_max_payload_bytes", Config.max_payload_bytes),
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"Celery setting delayq_*: {exc}") from exc
+        return cls(config=config, min_delay=float(min_delay), enabled=enabled)
+
+
+def _store_url(app: Celery) -> str:
+    url = app.conf.get("delayq_url")
+    if url:
+        if not isinstance(url, str):
+            raise ConfigError(f"delayq_url={url!r}: use a redis:// or rediss:// URL")
+        return url
+    broker = app.conf.broker_write_url or app.conf.broker_url
+    first = broker.split(";")[0].strip() if isinstance(broker, str) else ""
+    if first.startswith(_REDIS_SCHEMES):
+        return first
+    raise ConfigError(
+        f"set delayq_url: the broker ({redact_url(first) if first else 'not set'}) is not Redis, so "
+        "delayq needs the URL of a Redis/Valkey to keep delayed tasks in, e.g. "
+        "app.conf.delayq_url = 'redis://127.0.0.1:6379/0'"
+    )
+
+
+_stores: WeakKeyDictionary[Celery, DelayStore] = WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def store_for(app: Celery, settings: Optional[CelerySettings] = None) -> DelayStore:
+    """The app's delay store, opened and checked on first use and shared afterwards.
+
+    Raises:
+        ConfigError: the store is unreachable or its shard count differs (names the setting).
+    """
+    store = _stores.get(app)
+    if store is not None:
+        return store
+    with _lock:
+        store = _stores.get(app)
+        if store is None:
+            settings = settings or CelerySettings.of(app)
+            store = _open(settings.config)
+            _stores[app] = store
+    return store
+
+
+def _open(config: Config) -> DelayStore:
+    try:
+        store = DelayStore(connect(config.url), config)
+        store.check_meta()
+    except DelayqError as exc:
+        raise type(exc)(f"delayq_url={redact_url(config.url)!r}, delayq_prefix={config.prefix!r}: {exc}") from exc
+    except Exception as exc:  # a Redis error at first contact: say which setting to fix
+        raise ConfigError(f"delayq_url={redact_url(config.url)!r} cannot be used: {exc}") from exc
+    return store
+
+
+def forget_store(app: Celery) -> None:
+    """Drop the cached store (after changing ``delayq_*`` settings at run time, e.g. in tests)."""
+    with _lock:
+        store = _stores.pop(app, None)
+    if store is not None:
+        store.client.close()

@@ -1,0 +1,180 @@
+"""The forwarder's Celery target: replay stored task messages to their broker through kombu.
+
+It needs only the broker URL (or an app's connection settings), never the user's task code.
+On AMQP the channel uses publisher confirms, so an ack in the delay store only follows a
+publish the broker accepted. A broker that cannot be reached is reported as ``unsent`` (the
+forwarder releases the batch without burning attempts); a message the broker refuses (a
+channel error such as PRECONDITION_FAILED, or a nack) is a per-item failure, retried with
+back-off and dead-lettered with the broker's words if it never succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from datetime import datetime, timezone
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Sequence
+
+from amqp.exceptions import MessageNacked
+from kombu import exceptions as kombu_errors
+from kombu.connection import Connection
+from kombu.exceptions import OperationalError
+from kombu.messaging import Producer
+
+from ..connection import redact_url
+from ..errors import EnvelopeError
+from ..targets import Delivery, PublishReport
+from .message import KIND, StoredMessage
+
+__all__ = ["CeleryTarget"]
+
+log = logging.getLogger("delayq.celery")
+
+#: kombu >= 5.7 raises this when a pipelined batch fails midway ("delivery is uncertain"): an
+#: outage, so the batch is released and re-sent (at-least-once), never counted as a failure.
+_UNCERTAIN: tuple[type[BaseException], ...] = tuple(
+    e for e in [getattr(kombu_errors, "BatchPublishError", None)] if isinstance(e, type)
+)
+
+
+class _Prepared(NamedTuple):
+    """A due message, checked and turned into ``Producer.publish`` arguments."""
+
+    id: str
+    task: str
+    kwargs: dict[str, Any]
+
+
+class CeleryTarget:
+    """Publishes envelopes of kind ``"celery"`` to the broker they were meant for.
+
+    Args:
+        connect: makes a kombu :class:`~kombu.Connection` to the broker; called again after an
+            outage. Use :meth:`from_url` or :meth:`from_app` rather than passing one.
+        confirm_timeout: seconds to wait for a publisher confirm on AMQP.
+    """
+
+    kind = KIND
+
+    def __init__(self, connect: Callable[[], Connection], *, confirm_timeout: float = 10.0) -> None:
+        self._connect = connect
+        self.confirm_timeout = confirm_timeout
+        self._connection: Optional[Connection] = None
+        self._producer: Optional[Producer] = None
+
+    @classmethod
+    def from_url(cls, url: str, *, transport_options: Optional[dict[str, Any]] = None, **kwargs: Any) -> CeleryTarget:
+        """A target for a broker URL (``amqp://``, ``redis://``, ...), as Celery's ``broker_url``."""
+
+        def connect() -> Connection:
+            return Connection(url, connect_timeout=4, transport_options=_confirming(url, transport_options))
+
+        return cls(connect, **kwargs)
+
+    @classmethod
+    def from_app(cls, app: Any, **kwargs: Any) -> CeleryTarget:
+        """A target using a Celery app's broker settings (URL, SSL, transport options, ...)."""
+
+        def connect() -> Connection:
+            url = app.conf.broker_write_url or app.conf.broker_url or "amqp://"
+            conn: Connection = app.connection_for_write(transport_options=_confirming(url, None))
+            return conn
+
+        return cls(connect, **kwargs)
+
+    def describe(self) -> str:
+        """The broker URL, password hidden, for logs and banners."""
+        return redact_url(self._connection_or_new().as_uri())
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
+        report = PublishReport()
+        now = datetime.now(timezone.utc)
+        ready: list[_Prepared] = []
+        for d in deliveries:  # everything that can be wrong with a message shows here, before any publish
+            try:
+                message = StoredMessage.from_envelope(d.envelope)
+                ready.append(_Prepared(d.id, message.task, message.publish_kwargs(ready_ms=d.ready_ms, now=now)))
+            except (EnvelopeError, ValueError, TypeError, OverflowError) as exc:
+                report.failed.append((d.id, f"cannot replay this Celery message: {exc}", True))
+        if not ready:
+            return report
+        try:
+            producer = self._producer_or_new()
+            sent = self._publish(producer, ready, report)
+        except self._connection_errors() as exc:
+            self._reset()
+            done = set(report.published) | {i for i, _, _ in report.failed}
+            report.unsent = [p.id for p in ready if p.id not in done]
+            report.broker_error = exc
+            return report
+        report.published += sent
+        return report
+
+    def _publish(self, producer: Producer, ready: list[_Prepared], report: PublishReport) -> list[str]:
+        """Publish each message; returns the ids whose publish (or batch flush) succeeded.
+
+        Ids confirmed one by one go straight into ``report.published``, so an outage midway
+        releases only what was not sent. In a kombu batch (Redis transport, kombu >= 5.7) nothing
+        is sent before the flush, so the batch's ids count only once it has flushed.
+        """
+        batched = hasattr(producer, "batch") and getattr(producer.channel, "supports_batch_publish", False)
+        pending: list[str] = []
+        context: ContextManager[Any] = producer.batch(max_size=len(ready)) if batched else nullcontext()
+        with context:
+            for p in ready:
+                try:
+                    producer.publish(confirm_timeout=self.confirm_timeout, **p.kwargs)
+                except self._channel_errors() as exc:  # the broker refused this one message
+                    report.failed.append((p.id, f"broker refused {p.task} {p.id}: {exc}", False))
+                    if not batched:
+                        self._producer = None  # the channel is closed after a channel error
+                        producer = self._producer_or_new()
+                    continue
+                (pending if batched else report.published).append(p.id)
+        return pending
+
+    # -- the connection ---------------------------------------------------------------------
+
+    def _connection_or_new(self) -> Connection:
+        if self._connection is None:
+            self._connection = self._connect()
+        return self._connection
+
+    def _producer_or_new(self) -> Producer:
+        if self._producer is None:
+            conn = self._connection_or_new()
+            # fail fast: the forwarder backs off and releases, it must not sit in kombu's retries
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
+            self._producer = Producer(conn.channel(), auto_declare=False)
+        return self._producer
+
+    def _connection_errors(self) -> tuple[type[BaseException], ...]:
+        conn = self._connection_or_new()
+        return (*conn.connection_errors, *conn.recoverable_connection_errors, OperationalError, OSError, *_UNCERTAIN)
+
+    def _channel_errors(self) -> tuple[type[BaseException], ...]:
+        conn = self._connection_or_new()
+        refused = (*conn.channel_errors, MessageNacked)
+        return tuple(e for e in refused if not issubclass(e, self._connection_errors()))
+
+    def _reset(self) -> None:
+        """Drop the connection after an outage; the next batch connects afresh."""
+        conn, self._connection, self._producer = self._connection, None, None
+        if conn is not None:
+            try:
+                conn.release()
+            except Exception:  # already broken; nothing more to release
+                log.debug("closing a broken broker connection failed", exc_info=True)
+
+    def close(self) -> None:
+        self._reset()
+
+
+def _confirming(url: str, options: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """Transport options with publisher confirms on AMQP (a no-op setting elsewhere)."""
+    options = dict(options or {})
+    if url.split("://", 1)[0].split("+")[0] in ("amqp", "amqps", "pyamqp"):
+        options.setdefault("confirm_publish", True)
+    return options

@@ -1,0 +1,33 @@
+"""RQ adapter: scheduled RQ jobs wait in the delay store; forwarders move them into their queues.
+
+- :class:`Queue`: ``rq.Queue`` whose ``schedule_job`` (``enqueue_at``, ``enqueue_in``, retries and
+  repeats with an interval) stores the job id in the delay store. Workers run with
+  ``rq worker --queue-class delayq_backends.rq.Queue``.
+- :class:`Scheduler`: rq-scheduler's ``Scheduler`` API, with no daemon.
+- :class:`RQTarget`: the forwarder's ``"rq"`` target (``delayq forward --rq-redis URL``).
+- :func:`migrate`: move jobs from ``rq:scheduled:*`` and rq-scheduler into the store
+  (``delayq rq-migrate``).
+"""
+
+try:
+    import rq  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'delayq_backends.rq needs RQ: install the extra with `pip install "delayq_backends[rq]"`'
+    ) from exc
+
+from .migrate import MigrationReport, migrate
+from .periodic import InvalidScheduleError
+from .queue import Queue
+from .scheduler import JobNotScheduledError, Scheduler
+from .target import RQTarget
+
+__all__ = [
+    "InvalidScheduleError",
+    "JobNotScheduledError",
+    "MigrationReport",
+    "Queue",
+    "RQTarget",
+    "Scheduler",
+    "migrate",
+]

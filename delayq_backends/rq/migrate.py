@@ -1,0 +1,111 @@
+"""Move jobs already waiting in RQ's ``rq:scheduled:<queue>`` registries and in rq-scheduler's
+``rq:scheduler:scheduled_jobs`` into the delay store, keeping each job's id and time.
+
+Each page is first copied with ``mode="keep"`` (an id already in the store is left as it is),
+then removed from its source; a run that stops between the two only copies it again, as a
+no-op, the next time. So the move loses nothing, duplicates nothing, and can run twice. Stop
+``rq worker --with-scheduler`` and ``rqscheduler`` first; should one still move a job
+meanwhile, the forwarder skips it, because the job is no longer in status ``scheduled``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, cast
+
+import redis
+from rq.job import Job
+from rq.registry import ScheduledJobRegistry
+
+from ..envelope import Envelope
+from ..store import DelayStore, ScheduleEntry
+from .target import job_envelope
+
+__all__ = ["RQ_SCHEDULER_KEY", "MigrationReport", "migrate"]
+
+#: rq-scheduler's sorted set: job id -> epoch seconds.
+RQ_SCHEDULER_KEY = "rq:scheduler:scheduled_jobs"
+PAGE = 500
+
+
+@dataclass
+class MigrationReport:
+    """Per source key: ids moved into the store, ids the store already had, ids whose job is gone."""
+
+    moved: dict[str, int] = field(default_factory=dict)
+    already: dict[str, int] = field(default_factory=dict)
+    missing: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_moved(self) -> int:
+        return sum(self.moved.values())
+
+
+def migrate(
+    connection: redis.Redis,
+    store: DelayStore,
+    *,
+    queue_class: Optional[type] = None,
+    job_class: type[Job] = Job,
+    serializer: Any = None,
+    dry_run: bool = False,
+) -> MigrationReport:
+    """Move every scheduled RQ and rq-scheduler job on ``connection`` into ``store``.
+
+    Args:
+        queue_class, job_class, serializer: what the forwarder moves the jobs with, as given to
+            ``rq worker`` (RQ's defaults when omitted).
+        dry_run: count what would move; change nothing.
+    """
+    report = MigrationReport()
+    pattern = ScheduledJobRegistry.key_template.format("*")
+    prefix = ScheduledJobRegistry.key_template.format("")
+    for raw_key in sorted(connection.scan_iter(match=pattern, count=1000)):
+        key = raw_key.decode()
+        queue_name = key[len(prefix) :]
+        envelope = job_envelope(queue_name, queue_class=queue_class, job_class=job_class, serializer=serializer)
+        _move(connection, store, key, lambda _origin, e=envelope: e, job_class, report, dry_run)
+
+    def scheduler_envelope(origin: str) -> Envelope:
+        return job_envelope(origin, queue_class=queue_class, job_class=job_class, serializer=serializer, scheduler=True)
+
+    _move(connection, store, RQ_SCHEDULER_KEY, scheduler_envelope, job_class, report, dry_run)
+    return report
+
+
+def _move(
+    connection: redis.Redis,
+    store: DelayStore,
+    key: str,
+    envelope_for: Any,
+    job_class: type[Job],
+    report: MigrationReport,
+    dry_run: bool,
+) -> None:
+    """Move one sorted set, a page at a time, into the store; see the module docstring."""
+    moved = already = missing = offset = 0
+    while True:
+        page = cast(list[tuple[bytes, float]], connection.zrange(key, offset, offset + PAGE - 1, withscores=True))
+        if not page:
+            break
+        ids = [member.decode() for member, _ in page]
+        with connection.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hget(job_class.key_for(job_id), "origin")
+            origins = pipe.execute()
+        entries: list[ScheduleEntry] = [
+            (job_id, score, envelope_for(origin.decode()))
+            for job_id, (_, score), origin in zip(ids, page, origins)
+            if origin is not None
+        ]
+        missing += len(ids) - len(entries)
+        if dry_run:
+            moved += len(entries)
+            offset += PAGE
+            continue
+        counts = store.schedule_many(entries, mode="keep")
+        moved += counts.added
+        already += counts.kept
+        connection.zrem(key, *ids)  # after the copy: a crash in between only copies again
+    if moved or already or missing:
+        report.moved[key], report.already[key], report.missing[key] = moved, already, missing

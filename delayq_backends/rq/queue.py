@@ -1,0 +1,151 @@
+"""``delayq_backends.rq.Queue``: an ``rq.Queue`` whose scheduled jobs wait in the delay store.
+
+``Queue.schedule_job`` is the one call behind ``enqueue_at``, ``enqueue_in``, ``Retry(interval=…)``,
+``Repeat(interval=…)`` and ``rq enqueue --schedule-in/--schedule-at``, so overriding it catches
+them all. Run workers with ``rq worker --queue-class delayq_backends.rq.Queue`` so the worker's
+own retries and repeats go through it too; then no ``--with-scheduler`` is needed, because
+``delayq forward --rq-redis …`` moves due jobs into their queues.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import datetime
+from typing import Any, Optional
+
+import redis
+from rq import Queue as RQQueue
+from rq.job import Job
+from rq.registry import ScheduledJobRegistry
+
+from ..config import Config
+from ..connection import connect
+from ..envelope import Envelope
+from ..errors import ConfigError, InvalidTimeError
+from ..store import DelayStore
+from ..targets import same_server
+from ..timeutil import to_ms
+from .target import job_envelope
+
+__all__ = ["Queue", "UsesDelayStore", "store_for"]
+
+_stores: dict[tuple[Any, ...], DelayStore] = {}
+_lock = threading.Lock()
+
+
+def store_for(connection: redis.Redis) -> DelayStore:
+    """The delay store for queues on ``connection``, from ``DELAYQ_URL``/``DELAYQ_PREFIX``/``DELAYQ_SHARDS``.
+
+    Without ``DELAYQ_URL`` the store lives on the queue's own Redis, which makes scheduling and
+    forwarding atomic with RQ's writes. Env vars are the one channel that reaches queues that
+    ``rq worker --queue-class`` constructs itself. Stores are cached per connection and settings,
+    because a worker builds queues often and a store asks its server about cluster mode once.
+
+    Raises:
+        ConfigError: a malformed setting or an unreachable ``DELAYQ_URL``.
+    """
+    url = os.environ.get("DELAYQ_URL") or None
+    prefix = os.environ.get("DELAYQ_PREFIX") or "delayq"
+    shards_text = os.environ.get("DELAYQ_SHARDS") or "16"
+    try:
+        shards = int(shards_text)
+    except ValueError:
+        raise ConfigError(f"DELAYQ_SHARDS={shards_text!r}: use a whole number, the store's shard count") from None
+    key = (url, prefix, shards) if url else (id(connection), prefix, shards)
+    with _lock:
+        store = _stores.get(key)
+        if store is None or (url is None and store.client is not connection):
+            config = (
+                Config(prefix=prefix, shards=shards) if url is None else Config(url=url, prefix=prefix, shards=shards)
+            )
+            store = DelayStore(connect(url) if url else connection, config)
+            _stores[key] = store
+        return store
+
+
+def ready_at(when: Any) -> datetime:
+    """A scheduled time as RQ reads it (a naive datetime is the machine's local time), checked.
+
+    Raises:
+        InvalidTimeError: not a datetime, or one the store cannot hold.
+    """
+    if not isinstance(when, datetime):
+        raise InvalidTimeError(
+            f"cannot schedule an RQ job at {when!r} ({type(when).__name__}): pass a datetime "
+            "(enqueue_at) or a timedelta (enqueue_in)"
+        )
+    aware = when if when.tzinfo is not None else when.astimezone()
+    to_ms(aware)
+    return aware
+
+
+class UsesDelayStore:
+    """The ``delay_store`` of a Queue or Scheduler: the one given, else :func:`store_for` its connection."""
+
+    connection: redis.Redis
+    _delay_store: Optional[DelayStore]
+
+    @property
+    def delay_store(self) -> DelayStore:
+        if self._delay_store is None:
+            self._delay_store = store_for(self.connection)
+        return self._delay_store
+
+
+class Queue(UsesDelayStore, RQQueue):
+    """An ``rq.Queue`` that keeps scheduled jobs in a delay store instead of ``rq:scheduled:*``.
+
+    Args:
+        delay_store: where scheduled jobs wait; by default :func:`store_for` the queue's
+            connection (env vars, else the queue's own Redis).
+        *args, **kwargs: as ``rq.Queue``.
+    """
+
+    def __init__(self, *args: Any, delay_store: Optional[DelayStore] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._delay_store = delay_store
+
+    def envelope(self) -> Envelope:
+        """What the store keeps beside a job id of this queue."""
+        return job_envelope(self.name, queue_class=type(self), job_class=self.job_class, serializer=self.serializer)
+
+    def schedule_job(
+        self, job: Job, datetime: datetime, pipeline: Optional[Any] = None, *args: Any, **kwargs: Any
+    ) -> Job:
+        """Save the job as RQ does (status ``scheduled``) and schedule its id in the delay store.
+
+        RQ's own ``schedule_job`` writes the job hash, so the saved job matches each RQ version
+        exactly; its entry in ``rq:scheduled:<queue>`` is removed in the same transaction, so
+        RQ's built-in scheduler never sees it. When the store lives on this queue's Redis, the
+        store's entry joins that transaction (or the caller's ``pipeline``, as in a worker's
+        retry): the job is scheduled completely or not at all.
+
+        Raises:
+            InvalidTimeError: ``datetime`` is not a datetime; nothing was saved.
+        """
+        ready = ready_at(datetime)
+        store = self.delay_store
+        envelope = self.envelope()
+        shared = not store.cluster and same_server(store.client, self.connection)
+        pipe = pipeline if pipeline is not None else self.connection.pipeline()
+        self.save_scheduled(job, datetime, pipe, *args, **kwargs)
+        if shared:
+            store.schedule_in(pipe, job.id, ready, envelope)
+        if pipeline is None:
+            pipe.execute()
+        if not shared:
+            # The job hash is saved first (or with the caller's pipeline): an id due at once must
+            # not reach the forwarder before its job exists.
+            store.schedule(job.id, ready, envelope)
+        return job
+
+    def save_scheduled(self, job: Job, datetime: datetime, pipeline: Any, *args: Any, **kwargs: Any) -> None:
+        """Queue on ``pipeline`` the job hash as RQ's ``schedule_job`` saves it (status ``scheduled``),
+        without its ``rq:scheduled:<queue>`` entry: the delay store's entry is the caller's to write.
+
+        Bulk loaders save many jobs on one pipeline this way, then store their ids in one
+        ``schedule_many``.
+        """
+        super().schedule_job(job, datetime, pipeline, *args, **kwargs)
+        pipeline.zrem(ScheduledJobRegistry.key_template.format(self.name), job.id)

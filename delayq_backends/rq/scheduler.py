@@ -1,0 +1,346 @@
+"""``delayq_backends.rq.Scheduler``: rq-scheduler's ``Scheduler`` API on the delay store.
+
+Changing the import is the whole migration: the constructor and the methods take the same
+arguments and behave the same, but no ``rqscheduler`` daemon, lock or poll interval is
+involved. ``delayq forward --rq-redis …`` moves due jobs into their queues and re-arms periodic
+and cron jobs as it moves them, in the same step, so any number of forwarders never run a job
+twice. Times follow rq-scheduler: a naive datetime is UTC.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timedelta, timezone
+from itertools import islice
+from typing import Any, Callable, Iterator, Optional, Union, cast
+
+import redis
+from rq import Queue as RQQueue
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.utils import import_attribute
+
+from ..envelope import Envelope
+from ..errors import DelayqError, EnvelopeError, InvalidTimeError
+from ..models import ScheduledItem
+from ..store import DelayStore
+from ..targets import same_server
+from ..timeutil import to_ms
+from .periodic import InvalidScheduleError, check_cron, check_interval, next_cron_time
+from .queue import UsesDelayStore
+from .target import KIND, job_envelope
+
+__all__ = ["JobNotScheduledError", "Scheduler"]
+
+#: The kwargs of ``enqueue_at``/``enqueue_in`` meant for the job, not the function (rq-scheduler's list).
+_JOB_KWARGS = {
+    "timeout": "timeout",
+    "job_id": "id",
+    "job_ttl": "ttl",
+    "job_result_ttl": "result_ttl",
+    "job_description": "description",
+    "depends_on": "depends_on",
+    "meta": "meta",
+    "queue_name": "queue_name",
+    "on_success": "on_success",
+    "on_failure": "on_failure",
+}
+
+Until = Union[None, datetime, timedelta, int, float]
+
+#: Items read per store call by ``get_jobs`` and ``count``.
+PAGE = 500
+
+
+class JobNotScheduledError(DelayqError, ValueError):
+    """``change_execution_time`` on a job that is not scheduled (rq-scheduler raises ValueError)."""
+
+
+def utc_ms(when: Any) -> int:
+    """A scheduled time as rq-scheduler reads it (a naive datetime is UTC), in checked epoch ms."""
+    if isinstance(when, datetime) and when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return to_ms(when)
+
+
+def seconds(ms: int) -> float:
+    """Epoch ms as the epoch seconds the store's API takes (exact to the ms after its rounding)."""
+    return ms / 1000
+
+
+def _score(item: ScheduledItem) -> int:
+    """An item's place in the store's order: its lease deadline while leased, else its ready time."""
+    return item.ready_ms if item.leased_until_ms is None else item.leased_until_ms
+
+
+def _is_rq(data: bytes) -> bool:
+    try:
+        return Envelope.decode(data).target == KIND
+    except EnvelopeError:  # shown by `delayq list`; not an RQ job either way
+        return False
+
+
+def _resolve(value: Union[str, type, None], default: type) -> type:
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return cast(type, import_attribute(value))
+    return value
+
+
+class Scheduler(UsesDelayStore):
+    """Schedule RQ jobs once, periodically or by cron, as rq-scheduler does.
+
+    Args:
+        queue_name: default queue of the jobs (``queue`` overrides it).
+        queue: an ``rq.Queue`` whose name and connection to use.
+        interval: rq-scheduler's polling interval; accepted and unused (nothing polls).
+        connection: RQ's Redis; taken from ``queue`` when not given.
+        job_class, queue_class: classes or dotted paths, as rq-scheduler takes them; the
+            forwarder imports them when it moves the job.
+        name: accepted for compatibility.
+        delay_store: where jobs wait; by default as for :class:`~delayq_backends.rq.Queue`.
+        clock: "now" in epoch seconds (tests pass a fake one).
+
+    Raises:
+        InvalidScheduleError: neither ``connection`` nor ``queue`` given.
+    """
+
+    queue_class: type[RQQueue] = RQQueue
+    job_class: type[Job] = Job
+
+    def __init__(
+        self,
+        queue_name: str = "default",
+        queue: Optional[RQQueue] = None,
+        interval: float = 60,
+        connection: Optional[redis.Redis] = None,
+        job_class: Union[str, type[Job], None] = None,
+        queue_class: Union[str, type[RQQueue], None] = None,
+        name: Optional[str] = None,
+        *,
+        delay_store: Optional[DelayStore] = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if connection is None and queue is None:
+            raise InvalidScheduleError("Scheduler needs connection=Redis(...) (or queue=Queue(...))")
+        self.connection: redis.Redis = connection if connection is not None else queue.connection  # type: ignore[union-attr]
+        self.queue_name = queue.name if queue is not None else queue_name
+        self.job_class = _resolve(job_class, type(self).job_class)
+        self.queue_class = _resolve(queue_class, type(self).queue_class)
+        self.name = name
+        self.clock = clock
+        self._delay_store = delay_store
+
+    # -- scheduling ---------------------------------------------------------------------------
+
+    def enqueue_at(self, scheduled_time: datetime, func: Any, *args: Any, **kwargs: Any) -> Job:
+        """Run ``func(*args, **kwargs)`` at ``scheduled_time`` (naive means UTC).
+
+        The keyword arguments rq-scheduler reserves (``timeout``, ``job_id``, ``job_ttl``,
+        ``job_result_ttl``, ``job_description``, ``depends_on``, ``meta``, ``queue_name``,
+        ``on_success``, ``on_failure``, ``at_front``) configure the job, not the call.
+        """
+        ready = utc_ms(scheduled_time)
+        options = {target: kwargs.pop(name) for name, target in _JOB_KWARGS.items() if name in kwargs}
+        at_front = bool(kwargs.pop("at_front", False))
+        job = self._create_job(func, args=args, kwargs=kwargs, **options)
+        return self._schedule(job, ready, at_front=at_front)
+
+    def enqueue_in(self, time_delta: timedelta, func: Any, *args: Any, **kwargs: Any) -> Job:
+        """Like :meth:`enqueue_at`, ``time_delta`` from now."""
+        if not isinstance(time_delta, timedelta):
+            raise InvalidTimeError(f"enqueue_in takes a timedelta, got {type(time_delta).__name__} {time_delta!r}")
+        return self.enqueue_at(self._now() + time_delta, func, *args, **kwargs)
+
+    def schedule(
+        self,
+        scheduled_time: datetime,
+        func: Any,
+        args: Any = None,
+        kwargs: Any = None,
+        interval: Optional[float] = None,
+        repeat: Optional[int] = None,
+        result_ttl: Optional[int] = None,
+        ttl: Optional[int] = None,
+        timeout: Any = None,
+        id: Optional[str] = None,
+        description: Optional[str] = None,
+        queue_name: Optional[str] = None,
+        meta: Optional[dict[str, Any]] = None,
+        depends_on: Any = None,
+        on_success: Any = None,
+        on_failure: Any = None,
+        at_front: Optional[bool] = None,
+    ) -> Job:
+        """Run ``func`` at ``scheduled_time``, then every ``interval`` seconds, ``repeat`` runs in
+        all (None: forever). A periodic job keeps its result (``result_ttl=-1``) unless told
+        otherwise, because its hash must outlive the interval to run again."""
+        ready = utc_ms(scheduled_time)
+        if repeat is not None and interval is None:
+            raise InvalidScheduleError("Can't repeat a job without interval argument: pass interval=<seconds>")
+        if interval is not None:
+            check_interval(interval)
+        if interval is not None and result_ttl is None:
+            result_ttl = -1
+        job = self._create_job(
+            func, args=args, kwargs=kwargs, result_ttl=result_ttl, ttl=ttl, id=id, description=description,
+            queue_name=queue_name, timeout=timeout, meta=meta, depends_on=depends_on,
+            on_success=on_success, on_failure=on_failure,
+        )  # fmt: skip
+        if interval is not None:
+            job.meta["interval"] = interval
+        if repeat is not None:
+            job.meta["repeat"] = int(repeat)
+        return self._schedule(job, ready, at_front=bool(at_front))
+
+    def cron(
+        self,
+        cron_string: str,
+        func: Any,
+        args: Any = None,
+        kwargs: Any = None,
+        repeat: Optional[int] = None,
+        queue_name: Optional[str] = None,
+        result_ttl: int = -1,
+        ttl: Optional[int] = None,
+        id: Optional[str] = None,
+        timeout: Any = None,
+        description: Optional[str] = None,
+        meta: Optional[dict[str, Any]] = None,
+        use_local_timezone: bool = False,
+        depends_on: Any = None,
+        on_success: Any = None,
+        on_failure: Any = None,
+        at_front: bool = False,
+    ) -> Job:
+        """Run ``func`` whenever ``cron_string`` matches, read in UTC (or the local zone, DST
+        included, with ``use_local_timezone``), ``repeat`` runs in all (None: forever)."""
+        check_cron(cron_string)
+        ready = int(next_cron_time(cron_string, self.clock(), use_local_timezone=use_local_timezone) * 1000)
+        job = self._create_job(
+            func, args=args, kwargs=kwargs, result_ttl=result_ttl, ttl=ttl, id=id, queue_name=queue_name,
+            description=description, timeout=timeout, meta=meta, depends_on=depends_on,
+            on_success=on_success, on_failure=on_failure,
+        )  # fmt: skip
+        job.meta["cron_string"] = cron_string
+        job.meta["use_local_timezone"] = use_local_timezone
+        if repeat is not None:
+            job.meta["repeat"] = int(repeat)
+        return self._schedule(job, ready, at_front=at_front)
+
+    def _create_job(self, func: Any, *, queue_name: Optional[str] = None, **options: Any) -> Job:
+        options["args"] = options.get("args") or ()
+        options["kwargs"] = options.get("kwargs") or {}
+        job = self.job_class.create(func, connection=self.connection, status=JobStatus.SCHEDULED, **options)
+        job.origin = queue_name or self.queue_name
+        return job
+
+    def _schedule(self, job: Job, ready_ms: int, *, at_front: bool) -> Job:
+        """Save the job hash and schedule its id; one transaction when the store shares RQ's Redis.
+
+        The hash is written first otherwise: an id due at once must not reach a forwarder
+        before its job exists.
+        """
+        if at_front:
+            job.enqueue_at_front = True
+        store = self.delay_store
+        envelope = job_envelope(job.origin, queue_class=self.queue_class, job_class=self.job_class, scheduler=True)
+        if not store.cluster and same_server(store.client, self.connection):
+            with self.connection.pipeline() as pipe:
+                job.save(pipeline=pipe)
+                store.schedule_in(pipe, job.id, seconds(ready_ms), envelope)
+                pipe.execute()
+        else:
+            job.save()
+            store.schedule(job.id, seconds(ready_ms), envelope)
+        return job
+
+    # -- inspecting and changing --------------------------------------------------------------
+
+    def cancel(self, job: Union[Job, str]) -> None:
+        """Unschedule ``job`` (a Job or an id); the job hash stays, as with rq-scheduler."""
+        self.delay_store.cancel(job.id if isinstance(job, Job) else job)
+
+    def __contains__(self, item: Union[Job, str]) -> bool:
+        return self.delay_store.exists(item.id if isinstance(item, Job) else item)
+
+    def change_execution_time(self, job: Job, date_time: datetime) -> None:
+        """Move a scheduled job to ``date_time`` (naive means UTC).
+
+        Raises:
+            JobNotScheduledError: the job is not scheduled (any more).
+        """
+        if not self.delay_store.reschedule(job.id, seconds(utc_ms(date_time))):
+            raise JobNotScheduledError(f"Job {job.id!r} not in scheduled jobs queue: schedule it first")
+
+    def count(self, until: Until = None) -> int:
+        """How many RQ jobs are scheduled up to ``until`` (datetime, timedelta from now, epoch s)."""
+        return sum(1 for _ in self._scheduled(until))
+
+    def get_jobs(
+        self, until: Until = None, with_times: bool = False, offset: Optional[int] = None, length: Optional[int] = None
+    ) -> Iterator[Any]:
+        """Scheduled jobs in time order up to ``until``; with ``with_times``, (job, naive UTC time).
+
+        ``offset`` and ``length`` page the result and go together. Ids whose job hash is gone
+        are unscheduled on the way, as rq-scheduler does.
+        """
+        if (offset is None) != (length is None):
+            raise InvalidScheduleError("get_jobs: pass both offset and length, or neither")
+        start = offset or 0
+        stop = None if length is None or length < 0 else start + length
+        for job_id, ready in islice(self._scheduled(until), start, stop):
+            try:
+                job = self.job_class.fetch(job_id, connection=self.connection)
+            except NoSuchJobError:
+                self.cancel(job_id)
+                continue
+            yield (
+                (job, datetime.fromtimestamp(seconds(ready), tz=timezone.utc).replace(tzinfo=None))
+                if with_times
+                else job
+            )
+
+    def get_jobs_to_queue(self, with_times: bool = False) -> Iterator[Any]:
+        """Jobs due now (rq-scheduler's helper); the forwarder moves them on its own."""
+        return self.get_jobs(self._now(), with_times=with_times)
+
+    def _scheduled(self, until: Until) -> Iterator[tuple[str, int]]:
+        """(id, ready ms) of scheduled RQ jobs, earliest first, read a page at a time.
+
+        Pages go by score (the last one seen, skipping the items already read at that score),
+        not by offset, so reading N items costs O(N), not O(N^2 / page).
+        """
+        end = self._until_ms(until)
+        low: Optional[int] = None
+        skip = 0
+        while True:
+            items = self.delay_store.list(
+                start=None if low is None else seconds(low),
+                end=None if end is None else seconds(end),
+                offset=skip,
+                count=PAGE,
+            )
+            for item in items:
+                if _is_rq(item.envelope):
+                    yield item.id, item.ready_ms
+            if len(items) < PAGE:
+                return
+            last = _score(items[-1])
+            at_last = sum(1 for item in items if _score(item) == last)
+            skip = skip + at_last if last == low else at_last
+            low = last
+
+    def _until_ms(self, until: Until) -> Optional[int]:
+        if until is None:
+            return None
+        if isinstance(until, timedelta):
+            return utc_ms(self._now() + until)
+        if isinstance(until, (int, float)) and not math.isfinite(until):
+            return None if until > 0 else 0
+        return utc_ms(until)
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), tz=timezone.utc)

@@ -1,0 +1,325 @@
+"""A chaos run of the whole Celery path, shared by ``tests/test_chaos.py`` (short) and
+``bench/chaos.py`` (long).
+
+The delay store and the Redis broker each run as a server of their own with AOF
+(``appendfsync always``), and forwarders reach both through loopback proxies. A real
+``celery worker`` and several ``delayq forward`` processes run while faults land on a schedule:
+SIGKILL of a forwarder (restarted at once), a cut or a slow link between the forwarders and the
+broker or the store, and a SIGKILL-and-restart of the broker or the store. Afterwards the run waits until every
+scheduled task has run, or the deadline passes, and reports what was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+from urllib.parse import urlsplit
+
+import redis
+from kombu import Connection
+
+from delayq_backends.celery import forget_store, store_for
+from delayq_backends.celery.message import parse_time
+from delayq_backends.embedded import EmbeddedServer
+from tests.conftest import AMQP_URL
+from tests.helpers import wait_for
+from tests.proxy import TcpProxy
+from tests.test_celery.harness import ROOT, CeleryEnv
+
+__all__ = ["ChaosPlan", "ChaosReport", "run_chaos"]
+
+
+@dataclass(frozen=True)
+class ChaosPlan:
+    """How many tasks, over how long, and which faults (counts per kind)."""
+
+    tasks: int = 600
+    spread: float = 12.0
+    forwarders: int = 3
+    faults: dict[str, int] = field(
+        default_factory=lambda: {
+            "kill-forwarder": 8,
+            "cut-broker": 2,
+            "cut-store": 2,
+            "restart-broker": 1,
+            "restart-store": 1,
+            "slow-broker": 1,
+            "slow-store": 1,
+        }
+    )
+    cut_seconds: float = 1.0
+    slow_delay: float = 0.05
+    settle_timeout: float = 120.0
+    seed: int = 1
+    broker: str = "redis"  # or "rabbitmq": the system RabbitMQ, restarted with rabbitmqctl
+
+
+@dataclass
+class ChaosReport:
+    scheduled: int
+    executed: int
+    waiting: int
+    lost: int
+    duplicates: int
+    dead_letters: int
+    lateness_ms: dict[str, float]
+    late_over_5s: int
+    worst: list[dict[str, Any]]
+    faults: dict[str, int]
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Forwarders:
+    """``delayq forward`` processes through the proxies, killed and replaced on demand."""
+
+    def __init__(self, env: CeleryEnv, store_url: str, broker_url: str, count: int, logs: Path) -> None:
+        self.args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", store_url]
+        self.args += ["--prefix", env.prefix, "--shards", "4", "--celery-broker", broker_url]
+        self.args += ["--lease", "3", "--poll", "0.2", "--log-every", "5"]
+        self.env, self.logs = env.env, logs
+        self.procs = [self._start(i) for i in range(count)]
+        self.started = count
+
+    def _start(self, n: int) -> subprocess.Popen[bytes]:
+        with (self.logs / f"forwarder-{n}.log").open("wb") as out:
+            return subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill_one(self, rng: random.Random) -> None:
+        i = rng.randrange(len(self.procs))
+        self.procs[i].kill()
+        self.procs[i].wait()
+        self.procs[i] = self._start(self.started)
+        self.started += 1
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def redis_task_ids(url: str, queue: str) -> set[str]:
+    """Ids of the task messages in ``queue`` (every priority list) and in the unacked hash of the
+    kombu Redis transport at ``url``."""
+    client = redis.Redis.from_url(url)
+    raw = [m for key in client.scan_iter(match=f"{queue}*") for m in client.lrange(key, 0, -1)]
+    raw += client.hvals("unacked")  # kombu's Redis transport: [message, exchange, routing_key]
+    client.close()
+    messages = (json.loads(blob) for blob in raw)
+    return {str((m[0] if isinstance(m, list) else m).get("headers", {}).get("id")) for m in messages}
+
+
+class _RedisBroker:
+    """A Redis broker of the run's own, with AOF, restarted by SIGKILL and start."""
+
+    kind = "redis"
+    # the worker's unacked messages come back 10 s after a broker restart, not after an hour
+    transport_options = {"visibility_timeout": 10, "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+
+    def __init__(self) -> None:
+        self.server = EmbeddedServer(persist=True).start()
+        self.port = self.server.port
+        self.url = self.server.url
+
+    def via(self, proxy: TcpProxy) -> str:
+        return f"redis://127.0.0.1:{proxy.port}/0"
+
+    def restart(self) -> None:
+        self.server.kill()  # SIGKILL; AOF with appendfsync always has every acknowledged write
+        self.server.start()
+
+    def task_ids(self, queue: str) -> set[str]:
+        return redis_task_ids(self.url, queue)
+
+    def close(self, queue: str) -> None:
+        self.server.stop()
+
+
+class _RabbitBroker:
+    """The system RabbitMQ: its application stopped and started again with ``rabbitmqctl``
+    (durable queue, persistent messages: they survive)."""
+
+    kind = "rabbitmq"
+    transport_options: dict[str, Any] = {}
+
+    def __init__(self) -> None:
+        if not shutil.which("rabbitmqctl"):
+            raise RuntimeError("the RabbitMQ chaos run restarts the broker with rabbitmqctl, which is not on PATH")
+        self.url = AMQP_URL
+        self.port = urlsplit(AMQP_URL).port or 5672
+
+    def via(self, proxy: TcpProxy) -> str:
+        parts = urlsplit(self.url)
+        return parts._replace(netloc=f"{parts.netloc.rpartition('@')[0]}@127.0.0.1:{proxy.port}").geturl()
+
+    def restart(self) -> None:
+        for step in ("stop_app", "start_app"):
+            subprocess.run(["rabbitmqctl", "-q", step], check=True, capture_output=True, timeout=60)
+
+    def task_ids(self, queue: str) -> set[str]:
+        """Ids of the messages left in ``queue``, read by taking them (the run is over)."""
+        found: set[str] = set()
+        with Connection(self.url) as conn:
+            channel = conn.default_channel
+            while (message := channel.basic_get(queue, no_ack=True)) is not None:
+                found.add(str(message.headers.get("id")))
+        return found
+
+    def close(self, queue: str) -> None:
+        with Connection(self.url) as conn:
+            conn.default_channel.queue_delete(queue)
+
+
+def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -> ChaosReport:
+    """Run ``plan``; see the module docstring."""
+    rng = random.Random(plan.seed)
+    logs = Path(tempfile.mkdtemp(prefix="delayq-chaos-"))
+    started = time.monotonic()
+    broker = _RabbitBroker() if plan.broker == "rabbitmq" else _RedisBroker()
+    with EmbeddedServer() as records, EmbeddedServer(persist=True) as store:
+        store_proxy, broker_proxy = TcpProxy("127.0.0.1", store.port), TcpProxy("127.0.0.1", broker.port)
+        tag = uuid.uuid4().hex[:8]
+        env = CeleryEnv(
+            kind=broker.kind,
+            broker=broker.url,
+            store=store.url,
+            prefix=f"chaos{tag}",
+            queue=f"chaos-{tag}",
+            sink=f"chaos:{tag}:sink",
+            backend=f"{records.url.rsplit('/', 1)[0]}/2",
+            records_url=records.url,
+            transport_options=dict(broker.transport_options),
+        )
+        forwarders: Optional[_Forwarders] = None
+        app = env.app()
+        ids: set[str] = set()
+        done: dict[str, int] = {}
+        try:
+            env.start_worker(logs)
+            ids = {
+                app.send_task("dqt.record", args=["chaos", i], countdown=1 + rng.uniform(0, plan.spread)).id
+                for i in range(plan.tasks)
+            }
+            forwarders = _Forwarders(env, _url(store_proxy), broker.via(broker_proxy), plan.forwarders, logs)
+            done = _inflict(plan, rng, forwarders, store, broker, store_proxy, broker_proxy, log)
+            try:
+                wait_for(
+                    lambda: ids <= {r["id"] for r in env.records()}, plan.settle_timeout, "every task", interval=0.2
+                )
+            except AssertionError as exc:  # the deadline passed: find what is missing, do not hide it
+                log(f"chaos: {exc}")
+            forwarders.stop()  # nothing moves while the stragglers are looked for
+            forwarders = None
+            env.stop()
+            missing = ids - {r["id"] for r in env.records()}
+            waiting = _still_waiting(missing, app, broker.task_ids(env.queue)) if missing else set()
+        finally:
+            if forwarders is not None:
+                forwarders.stop()
+            env.stop()
+            store_proxy.close()
+            broker_proxy.close()
+            broker.close(env.queue)
+        runs = [r for r in env.records() if r["tag"] == "chaos"]
+        counts = Counter(r["id"] for r in runs)
+        late = sorted((r["started_ms"] - _eta_ms(r), r["started_ms"], r["id"]) for r in runs)
+        dead = len(store_for(app).dead_letters(count=10_000))
+        forget_store(app)
+        return ChaosReport(
+            scheduled=len(ids),
+            executed=len(counts),
+            waiting=len(waiting),
+            lost=len(ids - set(counts) - waiting),
+            duplicates=sum(counts.values()) - len(counts),
+            dead_letters=dead,
+            lateness_ms=distribution([ms for ms, _, _ in late]),
+            late_over_5s=sum(1 for ms, _, _ in late if ms > 5000),
+            worst=[{"id": i, "late_ms": round(ms), "started_ms": start} for ms, start, i in late[-5:]],
+            faults=done,
+            seconds=round(time.monotonic() - started, 1),
+        )
+
+
+def _eta_ms(record: dict[str, Any]) -> float:
+    eta = parse_time(record["eta"])
+    assert eta is not None, record
+    return eta.timestamp() * 1000
+
+
+def distribution(values: list[float]) -> dict[str, float]:
+    """p50/p99/max of sorted ``values`` (nearest rank)."""
+    if not values:
+        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+    pick = lambda q: round(values[min(len(values) - 1, int(q * len(values)))], 1)  # noqa: E731
+    return {"p50": pick(0.5), "p99": pick(0.99), "max": round(values[-1], 1)}
+
+
+def _still_waiting(missing: set[str], app: Any, in_broker: set[str]) -> set[str]:
+    """The ``missing`` task ids still held somewhere: scheduled, leased or dead in the store, or
+    queued or unacked in the broker. Whatever is in neither is lost."""
+    if not missing:
+        return set()
+    store = store_for(app)
+    found = {i for i in missing if store.get(i) is not None}
+    found |= {d.id for d in store.dead_letters(count=len(missing) + 1000)} & missing
+    return found | (in_broker & missing)
+
+
+def _url(proxy: TcpProxy) -> str:
+    return f"redis://127.0.0.1:{proxy.port}/0"
+
+
+def _inflict(
+    plan: ChaosPlan,
+    rng: random.Random,
+    forwarders: _Forwarders,
+    store: EmbeddedServer,
+    broker: Union[_RedisBroker, _RabbitBroker],
+    store_proxy: TcpProxy,
+    broker_proxy: TcpProxy,
+    log: Callable[[str], None],
+) -> dict[str, int]:
+    """The faults of ``plan``, shuffled and spread evenly over the time the tasks fall due."""
+    schedule = [kind for kind, n in plan.faults.items() for _ in range(n)]
+    rng.shuffle(schedule)
+    step = plan.spread / max(1, len(schedule))
+    begin = time.monotonic()
+    done: Counter[str] = Counter()
+    for n, kind in enumerate(schedule):
+        time.sleep(max(0.0, begin + 1 + n * step - time.monotonic()))  # the fault schedule itself
+        if kind == "kill-forwarder":
+            forwarders.kill_one(rng)
+        elif kind.startswith(("cut-", "slow-")):
+            proxy = broker_proxy if kind.endswith("broker") else store_proxy
+            if kind.startswith("cut-"):
+                proxy.cut()
+                time.sleep(plan.cut_seconds)
+                proxy.restore()
+            else:  # every packet held slow_delay seconds for as long as a cut lasts
+                proxy.delay = plan.slow_delay
+                time.sleep(plan.cut_seconds)
+                proxy.delay = 0.0
+        elif kind == "restart-broker":
+            broker.restart()
+        else:
+            store.kill()  # SIGKILL; AOF with appendfsync always has every acknowledged write
+            store.start()
+        done[kind] += 1
+        log(f"chaos: {kind} ({n + 1}/{len(schedule)})")
+    return dict(done)

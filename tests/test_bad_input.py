@@ -1,0 +1,147 @@
+"""Bad input and bad data, systematically: each gets a clear error or a dead letter with the
+reason; the forwarder never dies or spins, and nothing else is lost. Real servers only."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from delayq_backends import DelayqError, DelayStore, Envelope, StoreFullError
+from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.targets import RedisListTarget
+from delayq_backends.testing import CollectingTarget
+from tests.conftest import make_store
+from tests.helpers import wait_for
+
+ids = st.one_of(
+    st.text(max_size=600),
+    st.binary(max_size=80),
+    st.sampled_from(["", "*", "a b", "\ud800", "é" * 300, "{x}", "id:with:colons"]),
+)
+times = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**16), max_value=10**16),
+    st.datetimes(timezones=st.none() | st.just(timezone.utc)),
+    st.timedeltas(min_value=timedelta(days=-3), max_value=timedelta(days=3)),
+    st.sampled_from([None, "2030-01-01", True]),
+)
+payloads = st.one_of(
+    st.binary(max_size=300).map(lambda b: RedisListTarget.envelope("out", b)),
+    st.binary(max_size=40),
+    st.integers(min_value=0, max_value=3000).map(lambda n: RedisListTarget.envelope("out", b"x" * n)),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(item_id=ids, when=times, payload=payloads)
+def test_schedule_stores_exactly_what_it_accepts(valkey_url: str, item_id: Any, when: Any, payload: Any) -> None:
+    """Any input either schedules the item where ``get`` finds it, or raises a DelayqError
+    (a ValueError too) and stores nothing; never another exception."""
+    store = make_store(valkey_url, "fuzz", shards=4, max_payload_bytes=2048)
+    before = sum(s.scheduled for s in store.stats())
+    try:
+        store.schedule(item_id, when, payload)
+    except DelayqError as exc:
+        assert isinstance(exc, ValueError) and str(exc)
+        assert sum(s.scheduled for s in store.stats()) == before
+        return
+    finally:
+        store.client.close()
+    store = make_store(valkey_url, "fuzz", shards=4)
+    item = store.get(item_id)
+    assert item is not None and store.cancel(item_id)
+    if isinstance(when, (int, float)) and not isinstance(when, bool):
+        assert math.isclose(item.ready_ms, when * 1000, abs_tol=1)
+    if isinstance(when, datetime):
+        assert item.ready_ms == round(when.timestamp() * 1000)
+    store.client.close()
+
+
+@pytest.fixture
+def running(valkey_url: str, prefix: str) -> Iterator[tuple[DelayStore, Forwarder, CollectingTarget]]:
+    """A forwarder running in a thread on a 4-shard store, delivering to a collecting target."""
+    store = make_store(valkey_url, prefix, shards=4)
+    inbox = CollectingTarget("list")
+    forwarder = Forwarder(store, [inbox], poll_interval=0.1, max_retry_delay=2)
+    thread = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    yield store, forwarder, inbox
+    forwarder.stop()
+    thread.join(10)
+    assert not thread.is_alive(), "the forwarder stops when asked"
+
+
+def test_a_corrupt_shard_is_set_aside_and_the_rest_flows(running: tuple[DelayStore, Forwarder, Any]) -> None:
+    store, forwarder, inbox = running
+    bad = store.keys(0).leased
+    store.client.set(bad, "not a hash")  # a key of ours holding another type: WRONGTYPE in the claim
+    items = [f"i{n}" for n in range(60)]
+    store.schedule_many((i, 1, RedisListTarget.envelope("out", b"x")) for i in items)
+    on_bad = {i for i in items if store.shard_of(i) == 0}
+    wait_for(lambda: set(inbox.ids) == set(items) - on_bad, 10, "every item of the healthy shards")
+    wait_for(lambda: forwarder.stats.errors >= 2, 10, "the bad shard to be retried with back-off")
+    assert forwarder.stats.errors < 10, "backs off instead of spinning"
+    store.client.delete(bad)  # repaired: nothing of that shard was lost
+    wait_for(lambda: set(inbox.ids) == set(items), 10, "the repaired shard's items")
+    assert len(inbox.ids) == len(items) and store.dead_letters() == []
+
+
+def test_a_full_store_refuses_clearly_and_the_forwarder_waits_it_out(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with EmbeddedServer() as server:
+        store = make_store(server.url, "full", shards=2)
+        store.schedule_many((f"i{n}", 1, RedisListTarget.envelope("out", b"x")) for n in range(20))
+        admin = redis.Redis.from_url(server.url)
+        admin.config_set("maxmemory", "1")  # below what is used: every write is refused
+        with pytest.raises(StoreFullError, match="nothing was written.*noeviction"):
+            store.schedule("more", 1, RedisListTarget.envelope("out", b"x"))
+        with pytest.raises(StoreFullError):
+            store.schedule_many((f"m{n}", 1, RedisListTarget.envelope("out", b"x")) for n in range(600))
+        inbox = CollectingTarget("list")
+        forwarder = Forwarder(store, [inbox], poll_interval=0.1, max_retry_delay=1)
+        thread = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: forwarder.stats.errors >= 2, 10, "claims to be refused")
+            assert inbox.ids == [] and thread.is_alive()
+            admin.config_set("maxmemory", "0")
+            wait_for(lambda: len(inbox.ids) == 20, 10, "every item once memory is back")
+            assert store.get("more") is None, "the refused schedule stored nothing"
+        finally:
+            forwarder.stop()
+            thread.join(10)
+            admin.close()
+
+
+def test_an_envelope_from_a_newer_delayq_is_dead_lettered_with_the_fix(
+    running: tuple[DelayStore, Forwarder, Any],
+) -> None:
+    store, forwarder, inbox = running
+    newer = bytearray(Envelope("list", "out", b"x").encode())
+    newer[2] = 99  # format version byte
+    store.schedule("future-format", 1, bytes(newer))
+    store.schedule("fine", 1, RedisListTarget.envelope("out", b"x"))
+    wait_for(lambda: bool(store.dead_letters()) and inbox.ids == ["fine"], 10, "one dead letter, one delivery")
+    (dead,) = store.dead_letters()
+    assert dead.id == "future-format" and "upgrade delayq_backends" in dead.error
+
+
+def test_an_expired_back_off_does_not_keep_an_idle_forwarder_awake(valkey_url: str, prefix: str) -> None:
+    """A shard set aside that is empty once its back-off ends must not wake the forwarder at
+    once, again and again: an idle forwarder sleeps until its poll."""
+    store = make_store(valkey_url, prefix, shards=4)
+    forwarder = Forwarder(store, [CollectingTarget("list")], poll_interval=0.3)
+    forwarder._benched_until[0] = (forwarder.server_now_ms() - 5_000, 1_000)  # ended 5 s ago
+    started = time.monotonic()
+    forwarder._sleep(None, store.heads())  # nothing scheduled: only the poll should end the sleep
+    assert time.monotonic() - started >= 0.25

@@ -1,0 +1,174 @@
+"""Run a Celery setup for tests and benchmarks: a broker, a delay-store prefix, a queue, a sink,
+real ``celery worker`` and forwarder subprocesses, and the execution records they leave."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import redis
+from celery import Celery
+from kombu import Connection
+
+from delayq_backends.embedded import EmbeddedServer
+from tests.helpers import wait_for
+from tests.test_celery.tasks import make_app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class CeleryEnv:
+    """One broker, one delay-store prefix, one queue and one sink, shared by a worker, a
+    forwarder and the test process's app."""
+
+    kind: str
+    broker: str
+    store: str
+    prefix: str
+    queue: str
+    sink: str
+    backend: str
+    records_url: str
+    transport_options: dict[str, Any] = field(default_factory=dict)
+    #: the module ``celery -A`` loads in worker and forwarder subprocesses
+    app_module: str = "tests.test_celery.worker_app"
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DQT_BROKER": self.broker,
+            "DQT_STORE": self.store,
+            "DQT_PREFIX": self.prefix,
+            "DQT_QUEUE": self.queue,
+            "DQT_SINK": self.sink,
+            "DQT_BACKEND": self.backend,
+            "DQT_RECORDS": self.records_url,
+            "DQT_TRANSPORT_OPTIONS": json.dumps(self.transport_options),
+        }
+
+    def app(self) -> Celery:
+        return make_app(
+            broker=self.broker,
+            store=self.store,
+            prefix=self.prefix,
+            queue=self.queue,
+            sink=self.sink,
+            backend=self.backend,
+            records=self.records_url,
+            transport_options=self.transport_options,
+        )
+
+    def native_app(self) -> Celery:
+        """The same app with the plugin switched off: Celery's own ETA handling, for comparison."""
+        app = self.app()
+        app.conf.delayq_enabled = False
+        return app
+
+    def start(self, args: list[str], name: str, tmp: Path) -> subprocess.Popen[bytes]:
+        log = tmp / f"{name}.log"
+        self.logs.append(log)
+        with log.open("wb") as out:
+            proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        self.processes.append(proc)
+        return proc
+
+    def start_worker(self, tmp: Path, *, name: str = "worker", pool: str = "threads") -> subprocess.Popen[bytes]:
+        node = f"{name}-{uuid.uuid4().hex[:6]}@dqt"
+        args = [sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
+        args += ["-P", pool, "-c", "4", "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
+        args += ["--without-gossip", "--without-mingle"]
+        proc = self.start(args, name, tmp)
+        self.wait_ready(proc)
+        return proc
+
+    def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+        """Send a ping task until the worker has run one: it is consuming."""
+        sink = redis.Redis.from_url(self.records_url)
+        app = self.app()
+        ready_key = f"{self.sink}:ready"
+        start = sink.llen(ready_key)
+        app.send_task("dqt.ping", queue=self.queue)
+        wait_for(lambda: proc.poll() is not None or sink.llen(ready_key) > start, timeout, "the worker to start")
+        if proc.poll() is not None:
+            raise AssertionError(f"worker exited with {proc.returncode}:\n{self.tail()}")
+
+    def start_forwarder(self, tmp: Path, *, via_celery: bool = False, broker: Optional[str] = None) -> None:
+        common = ["--poll", "0.5", "--log-every", "2", "--lease", "10"]
+        if via_celery:  # the celery.commands entry point: settings come from the app
+            args = [sys.executable, "-m", "celery", "-A", self.app_module, "delayq", "forward"]
+        else:
+            args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", self.store]
+            args += ["--prefix", self.prefix, "--shards", "4", "--celery-broker", broker or self.broker]
+        self.start(args + common, "forwarder", tmp)
+
+    def records(self) -> list[dict[str, Any]]:
+        sink = redis.Redis.from_url(self.records_url)
+        return [json.loads(r) for r in sink.lrange(self.sink, 0, -1)]
+
+    def tail(self) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}" for log in self.logs)
+
+    def stop(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.processes.clear()
+
+
+@contextmanager
+def running(env: CeleryEnv, tmp: Path, *, via_celery: bool = False) -> Iterator[CeleryEnv]:
+    """``env`` with a worker and a forwarder running; their logs are printed if the block fails."""
+    try:
+        env.start_worker(tmp)
+        env.start_forwarder(tmp, via_celery=via_celery)
+        yield env
+    except BaseException:
+        print(env.tail())
+        raise
+    finally:
+        env.stop()
+
+
+def new_env(kind: str, broker: str, valkey: EmbeddedServer) -> CeleryEnv:
+    tag = uuid.uuid4().hex[:10]
+    base = valkey.url.rsplit("/", 1)[0]
+    return CeleryEnv(
+        kind=kind,
+        broker=broker,
+        store=f"{base}/0",
+        prefix=f"dqt{tag}",
+        queue=f"dqt-{tag}",
+        sink=f"dqt:{tag}:sink",
+        backend=f"{base}/2",
+        records_url=f"{base}/0",
+    )
+
+
+def delete_queue(env: CeleryEnv) -> None:
+    """Leave the shared RabbitMQ as we found it."""
+    if env.kind != "rabbitmq":
+        return
+    try:
+        with Connection(env.broker, connect_timeout=2) as conn:
+            conn.default_channel.queue_delete(env.queue)
+    except Exception:  # best effort: a leftover test queue is harmless
+        pass

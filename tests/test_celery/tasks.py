@@ -1,0 +1,118 @@
+"""The Celery app of the tests: one factory for the test process and the worker subprocesses.
+
+Every task records its execution (id, args, kwargs, start time, eta, priority, custom headers,
+retries) as a JSON line on a Redis list, the *sink*, which the tests read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Optional
+
+import redis
+from celery import Celery
+
+from delayq_backends.celery import install
+
+QUEUE_ENV = "DQT_QUEUE"
+
+
+def make_app(
+    *,
+    broker: str,
+    store: str,
+    prefix: str,
+    queue: str,
+    sink: str,
+    backend: str,
+    records: str,
+    transport_options: Optional[dict[str, Any]] = None,
+) -> Celery:
+    """An app with the plugin installed; every task records to the list ``sink`` on the Redis at
+    ``records`` (kept apart from the store and the broker, which fault tests restart)."""
+    app = Celery("dqt")
+    app.conf.update(
+        broker_url=broker,
+        result_backend=backend,
+        delayq_url=store,
+        delayq_prefix=prefix,
+        delayq_shards=4,
+        task_default_queue=queue,
+        task_queue_max_priority=10,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        result_expires=600,
+        broker_transport_options=transport_options or {},
+    )
+    install(app)
+    out = redis.Redis.from_url(records)
+
+    def record(request: Any, tag: str, **extra: Any) -> None:
+        out.rpush(
+            sink,
+            json.dumps(
+                {
+                    "id": request.id,
+                    "tag": tag,
+                    "args": list(request.args or ()),
+                    "kwargs": dict(request.kwargs or {}),
+                    "started_ms": time.time_ns() // 1_000_000,
+                    "eta": request.eta,
+                    "priority": (request.delivery_info or {}).get("priority"),
+                    "custom": getattr(request, "x_custom", None),
+                    "retries": request.retries,
+                    **extra,
+                }
+            ),
+        )
+
+    @app.task(bind=True, shared=False, name="dqt.record")
+    def record_task(self: Any, tag: str, *args: Any, **kwargs: Any) -> str:
+        record(self.request, tag)
+        return tag
+
+    @app.task(bind=True, shared=False, name="dqt.step")
+    def step(self: Any, previous: Any, tag: str) -> list[Any]:
+        record(self.request, tag, previous=previous)
+        return [*(previous or []), tag]
+
+    @app.task(bind=True, shared=False, name="dqt.fail")
+    def fail(self: Any, tag: str) -> None:
+        record(self.request, tag)
+        raise ValueError(f"{tag} fails on purpose")
+
+    @app.task(bind=True, shared=False, name="dqt.on_error")
+    def on_error(self: Any, failed_id: str, tag: str) -> None:
+        # a bound errback is called old-style, as a task with the failed task's id
+        record(self.request, tag, failed=failed_id)
+
+    @app.task(bind=True, shared=False, name="dqt.flaky", max_retries=5)
+    def flaky(self: Any, tag: str, failures: int, countdown: float) -> str:
+        record(self.request, tag)
+        if self.request.retries < failures:
+            raise self.retry(countdown=countdown)
+        return tag
+
+    @app.task(bind=True, shared=False, name="dqt.ping")
+    def ping(self: Any) -> str:
+        out.rpush(f"{sink}:ready", "ok")
+        return "pong"
+
+    return app
+
+
+def app_from_env() -> Celery:
+    """The worker subprocess's app: the same factory, configured through ``DQT_*`` variables."""
+    env = os.environ
+    return make_app(
+        broker=env["DQT_BROKER"],
+        store=env["DQT_STORE"],
+        prefix=env["DQT_PREFIX"],
+        queue=env[QUEUE_ENV],
+        sink=env["DQT_SINK"],
+        backend=env["DQT_BACKEND"],
+        records=env["DQT_RECORDS"],
+        transport_options=json.loads(env.get("DQT_TRANSPORT_OPTIONS", "{}")),
+    )

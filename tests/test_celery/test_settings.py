@@ -1,0 +1,160 @@
+"""Configuration and bad input at apply_async: a clear error naming what to fix, nothing lost.
+
+Real servers: the embedded Valkey as delay store and as Redis broker (no worker needed).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator
+
+import pytest
+import redis
+from celery import Celery, beat
+
+from delayq_backends import ConfigError, DelayStore, EnvelopeError, PayloadTooLargeError, ShardMismatchError
+from delayq_backends.celery import AMQP, forget_store, install, store_for
+from delayq_backends.celery.amqp import StoreUnavailableError
+from delayq_backends.config import Config
+from delayq_backends.connection import connect
+from delayq_backends.embedded import EmbeddedServer, free_port
+from tests.proxy import TcpProxy
+
+
+@pytest.fixture
+def base(valkey_server: EmbeddedServer) -> str:
+    return valkey_server.url.rsplit("/", 1)[0]
+
+
+@pytest.fixture
+def make(base: str) -> Iterator[Any]:
+    apps: list[Celery] = []
+
+    def make(**conf: Any) -> Celery:
+        app = Celery(f"settings-{uuid.uuid4().hex[:6]}")
+        queue = f"q-{uuid.uuid4().hex[:8]}"
+        app.conf.update(
+            broker_url=f"{base}/1",
+            delayq_url=f"{base}/0",
+            delayq_prefix=f"s{uuid.uuid4().hex[:10]}",
+            delayq_shards=4,
+            task_default_queue=queue,
+            broker_connection_retry_on_startup=True,
+        )
+        app.conf.update(conf)
+        install(app)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        forget_store(app)
+
+
+def queued(app: Celery) -> int:
+    """Messages waiting in the app's default queue on the Redis broker."""
+    return int(redis.Redis.from_url(app.conf.broker_url).llen(app.conf.task_default_queue))
+
+
+def stored(app: Celery) -> int:
+    return sum(s.scheduled for s in store_for(app).stats())
+
+
+def test_install_and_the_amqp_argument_give_the_same_plugin(base: str) -> None:
+    by_argument = Celery("a", amqp="delayq_backends.celery:AMQP", broker=f"{base}/1")
+    assert isinstance(by_argument.amqp, AMQP)
+    assert type(by_argument.control).__module__ == "delayq_backends.celery.amqp"
+
+
+def test_only_future_etas_past_min_delay_are_stored(make: Any) -> None:
+    app = make(delayq_min_delay=5)
+    app.send_task("t.near", countdown=2)  # within delayq_min_delay: published as Celery would
+    app.send_task("t.now")
+    app.send_task("t.past", eta=datetime.now(timezone.utc) - timedelta(seconds=5))
+    far = app.send_task("t.far", countdown=60)
+    assert queued(app) == 3 and stored(app) == 1
+    assert store_for(app).get(far.id) is not None
+
+
+def test_disabled_plugin_publishes_as_celery_does(make: Any) -> None:
+    app = make(delayq_enabled=False, delayq_url="redis://127.0.0.1:1/0")  # never contacted
+    app.send_task("t.far", countdown=60)
+    assert queued(app) == 1
+
+
+def test_naive_eta_is_read_as_utc_like_the_worker_does(make: Any) -> None:
+    app = make()
+    naive = datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0) + timedelta(minutes=10)
+    result = app.send_task("t.naive", eta=naive)
+    item = store_for(app).get(result.id)
+    assert item is not None and item.ready_ms == int(naive.replace(tzinfo=timezone.utc).timestamp() * 1000)
+
+
+@pytest.mark.parametrize(
+    ("conf", "names"),
+    [
+        ({"delayq_sharts": 4}, "delayq_sharts"),
+        ({"delayq_min_delay": -1}, "delayq_min_delay"),
+        ({"delayq_min_delay": float("nan")}, "delayq_min_delay"),
+        ({"delayq_enabled": "yes"}, "delayq_enabled"),
+        ({"delayq_prefix": "has space"}, "prefix"),
+        ({"delayq_url": None, "broker_url": "amqp://guest@127.0.0.1//"}, "set delayq_url"),
+        ({"task_protocol": 1}, "task_protocol"),
+        ({"delayq_max_payload_bytes": "1MB"}, "max_payload_bytes"),
+    ],
+)
+def test_misconfiguration_fails_loudly_naming_the_setting(make: Any, conf: dict[str, Any], names: str) -> None:
+    app = make(**conf)
+    with pytest.raises(ConfigError, match=names):
+        app.send_task("t.far", countdown=60)
+
+
+def test_unreachable_store_fails_at_first_use_naming_delayq_url(make: Any) -> None:
+    app = make(delayq_url=f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(ConfigError, match="delayq_url"):
+        app.send_task("t.far", countdown=60)
+    assert queued(app) == 0, "no silent fallback to worker-side ETAs"
+
+
+def test_shard_mismatch_names_delayq_shards(make: Any, base: str) -> None:
+    app = make()
+    DelayStore(connect(f"{base}/0"), Config(prefix=app.conf.delayq_prefix, shards=8)).check_meta()
+    with pytest.raises(ShardMismatchError, match="delayq_shards"):
+        app.send_task("t.far", countdown=60)
+
+
+def test_store_lost_after_first_use_raises_and_publishes_nothing(make: Any, valkey_server: EmbeddedServer) -> None:
+    proxy = TcpProxy("127.0.0.1", valkey_server.port)
+    app = make(delayq_url=f"redis://127.0.0.1:{proxy.port}/0")
+    try:
+        app.send_task("t.far", countdown=60)
+        proxy.cut()
+        with pytest.raises(StoreUnavailableError, match="was NOT scheduled"):
+            app.send_task("t.far", countdown=60)
+    finally:
+        proxy.close()
+    assert queued(app) == 0
+
+
+def test_unstorable_headers_and_huge_payloads_are_refused(make: Any) -> None:
+    app = make()
+    with pytest.raises(EnvelopeError, match="JSON-serializable"):
+        app.send_task("t.far", countdown=60, headers={"x_obj": object()})
+    with pytest.raises(PayloadTooLargeError, match="max_payload_bytes"):
+        app.send_task("t.far", args=["x" * (2 * 1024 * 1024)], countdown=60)
+    small = make(delayq_max_payload_bytes=4096)
+    with pytest.raises(PayloadTooLargeError, match="max_payload_bytes=4096"):
+        small.send_task("t.far", args=["x" * 5000], countdown=60)
+    small.send_task("t.far", args=["x" * 1000], countdown=60)
+    assert stored(app) == 0 and queued(app) == 0 and stored(small) == 1
+
+
+def test_beat_entry_with_a_countdown_waits_in_the_store(make: Any) -> None:
+    app = make(beat_schedule={"later": {"task": "t.beat", "schedule": 60.0, "options": {"countdown": 600}}})
+    scheduler = beat.Scheduler(app=app, lazy=True)
+    scheduler.setup_schedule()
+    scheduler.apply_async(scheduler.schedule["later"], advance=False)
+    (item,) = store_for(app).list()
+    assert 590_000 < item.ready_ms - store_for(app).server_time_ms() <= 600_000
+    assert queued(app) == 0

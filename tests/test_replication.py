@@ -1,0 +1,158 @@
+"""Replicas and failover: the durable-write option (WAIT) and a primary killed mid-run on a
+3-master, 3-replica Redis Cluster. Real servers only."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Iterator
+
+import pytest
+import redis
+from redis.exceptions import RedisClusterException
+
+from delayq_backends import Config, DelayqError, DelayStore, NotDurableError
+from delayq_backends.connection import connect
+from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.targets import RedisListTarget
+from delayq_backends.testing import CollectingTarget
+from tests.helpers import wait_for
+
+
+@pytest.fixture
+def primary_and_replica() -> Iterator[tuple[EmbeddedServer, EmbeddedServer]]:
+    with EmbeddedServer() as primary:
+        replica = EmbeddedServer(args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+        try:
+            info = redis.Redis(port=replica.port)
+            wait_for(lambda: info.info("replication").get("master_link_status") == "up", 20, "the replica to sync")
+            yield primary, replica
+        finally:
+            replica.stop()
+
+
+def test_durable_writes_wait_for_the_replica(primary_and_replica: tuple[EmbeddedServer, EmbeddedServer]) -> None:
+    primary, replica = primary_and_replica
+    prefix = f"d{uuid.uuid4().hex[:8]}"
+    store = DelayStore(
+        connect(primary.url), Config(prefix=prefix, shards=4, durable_replicas=1, durable_timeout_ms=300)
+    )
+    store.schedule_many((f"i{n}", 60, RedisListTarget.envelope("out", b"x")) for n in range(100))
+    on_replica = DelayStore(connect(replica.url), Config(prefix=prefix, shards=4))
+    assert sum(s.scheduled for s in on_replica.stats()) == 100, "acknowledged means on the replica too"
+    assert store.cancel("i0") and store.reschedule("i1", 120)
+
+    replica.kill()
+    started = time.monotonic()
+    with pytest.raises(NotDurableError, match="confirmed by 0 of 1 replicas within 300 ms"):
+        store.schedule("lonely", 60, RedisListTarget.envelope("out", b"x"))
+    assert time.monotonic() - started < 3
+    assert store.exists("lonely"), "it is on the primary: retrying is safe, scheduling is idempotent by id"
+    plain = DelayStore(connect(primary.url), Config(prefix=prefix, shards=4))
+    plain.schedule("fast", 60, RedisListTarget.envelope("out", b"x"))  # without the option, no waiting
+
+
+def test_a_primary_killed_mid_run_loses_no_durable_schedule() -> None:
+    """Producers retry what fails; forwarders ride out MOVED, NOSCRIPT and connection errors."""
+    prefix = f"f{uuid.uuid4().hex[:8]}"
+    with EmbeddedCluster(masters=3, replicas=1) as cluster:
+        config = Config(prefix=prefix, shards=16, durable_replicas=1, durable_timeout_ms=2000, lease_seconds=3)
+        producer = DelayStore(connect(cluster.url), config)
+        confirmed: set[str] = set()
+        retries = Counter[str]()
+        inboxes = [CollectingTarget("list") for _ in range(2)]
+        forwarders = [
+            Forwarder(DelayStore(connect(cluster.url), config), [inbox], poll_interval=0.2, max_outage_backoff=0.5)
+            for inbox in inboxes
+        ]
+        threads = [threading.Thread(target=f.run, kwargs={"install_signals": False}, daemon=True) for f in forwarders]
+        for t in threads:
+            t.start()
+
+        def produce() -> None:
+            """40 batches of 50, one every 0.2 s (so writes span the failover), each due 1 s later."""
+            for chunk in range(40):
+                paced = time.monotonic() + 0.2
+                due = producer.server_time_ms() / 1000 + 1
+                batch = [(f"c{chunk}-{n}", due, RedisListTarget.envelope("o", b"x")) for n in range(50)]
+                deadline = time.monotonic() + 60
+                while True:  # what an application does with a failed write: try again (idempotent)
+                    try:
+                        producer.schedule_many(batch)
+                        break
+                    except (redis.RedisError, RedisClusterException, DelayqError) as exc:
+                        retries[type(exc).__name__] += 1
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.2)
+                confirmed.update(item_id for item_id, _, _ in batch)
+                time.sleep(max(0.0, paced - time.monotonic()))
+
+        writer = threading.Thread(target=produce, daemon=True)
+        writer.start()
+        wait_for(lambda: len(confirmed) >= 500 and sum(len(i.ids) for i in inboxes) > 0, 30, "the run to be under way")
+        victim = busiest_primary(producer, cluster)
+        victim.kill()  # SIGKILL: no shutdown, no last sync
+        survivor = redis.Redis(port=next(n for n in cluster.nodes if n is not victim).port)
+        wait_for(lambda: failed_over(survivor, victim.port), 30, "the victim to be failed over to its replica")
+        # Until the dead node is back, its promoted replica has no replica of its own, so durable
+        # writes to its shards are refused (NotDurableError) and retried. The operator restarts it:
+        victim.start()  # it rejoins as a replica of the new primary
+        writer.join(90)
+        assert not writer.is_alive() and len(confirmed) == 2000
+
+        def delivered() -> Counter[str]:
+            return Counter(i for inbox in inboxes for i in inbox.ids)
+
+        def missing() -> str:
+            store_state = [(s.scheduled, s.leased) for s in producer.stats()]
+            gone, stats = len(confirmed - set(delivered())), [f.stats for f in forwarders]
+            return f"every confirmed schedule to be forwarded: {gone} missing, store {store_state}, {stats}"
+
+        wait_for(lambda: confirmed <= set(delivered()), 90, missing)
+        for f, t in zip(forwarders, threads):
+            assert t.is_alive(), "a forwarder died in the failover"
+            f.stop()
+        for t in threads:
+            t.join(15)
+        counts = delivered()
+        lost = confirmed - set(counts)
+        assert lost == set()
+        # the failover really happened mid-run: writes failed and were retried, forwarders met it,
+        # and the victim's replica is a primary now
+        assert sum(retries.values()) > 0
+        assert sum(f.stats.outages + f.stats.errors for f in forwarders) > 0
+        duplicates = sum(counts.values()) - len(counts)
+        print(f"failover run: {len(confirmed)} scheduled, 0 lost, {duplicates} duplicates, retries {dict(retries)}")
+
+
+def failed_over(client: redis.Redis, port: int) -> bool:
+    """The node on ``port`` is marked failed and three other primaries serve every slot.
+
+    Restarting a master without persistence *before* this would bring it back empty as the
+    owner of its slots, and its replica would resync from it and be wiped: Redis's documented
+    pitfall, and the reason the store should run with AOF.
+    """
+    nodes = client.cluster("nodes")
+    dead = [n for address, n in nodes.items() if address.split("@")[0].endswith(f":{port}")]
+    serving = [n for n in nodes.values() if "master" in n["flags"] and "fail" not in n["flags"] and n["slots"]]
+    return bool(dead) and "fail" in dead[0]["flags"].split(",") and len(serving) == 3
+
+
+def busiest_primary(store: DelayStore, cluster: EmbeddedCluster) -> EmbeddedServer:
+    """The primary holding the most shards: killing it hurts the most."""
+    ports = Counter(
+        store._node_client(shard).connection_pool.connection_kwargs["port"] for shard in range(store.shards)
+    )
+    port = ports.most_common(1)[0][0]
+    return next(node for node in cluster.nodes if node.port == port)
+
+
+@pytest.mark.cluster
+def test_sixteen_shards_spread_five_five_six(redis_cluster: EmbeddedCluster) -> None:
+    store = DelayStore(connect(redis_cluster.url), Config(prefix=f"s{uuid.uuid4().hex[:8]}", shards=16))
+    owners = Counter(store.client.get_node_from_key(store.keys(k).due).name for k in range(16))  # type: ignore[union-attr]
+    assert sorted(owners.values()) == [5, 5, 6]

@@ -1,0 +1,36 @@
+"""Job functions the tests' real `rq worker` processes import (as ``tests.test_rq.jobs.*``).
+
+Each run appends ``{"id", "tag", "at"}`` to the Redis list ``<queue name>:runs``, so a test sees
+every run, its job id and its start time (the worker's clock, the same machine's as the test's).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rq import get_current_job
+from rq.job import Job
+
+
+def runs_key(queue_name: str) -> str:
+    return f"{queue_name}:runs"
+
+
+def record(tag: Any, *, times: int = 1) -> str:
+    """Record this run; return a result the test can check."""
+    job = get_current_job()
+    assert job is not None
+    job.connection.rpush(runs_key(job.origin), json.dumps({"id": job.id, "tag": tag, "at": time.time()}))
+    return f"{tag}x{times}"
+
+
+def always_fails(tag: Any) -> None:
+    """Record this run, then fail (for retries)."""
+    record(tag)
+    raise ValueError(f"{tag} fails on purpose")
+
+
+class AuditedJob(Job):
+    """A custom job class, as `rq worker --job-class` takes it."""

@@ -1,0 +1,120 @@
+"""`delayq rq-migrate` and `delayq forward --rq-redis`, through the real command line."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Iterator
+
+import pytest
+import redis
+import rq_scheduler
+from click.testing import CliRunner
+from rq import Queue as RQQueue
+from rq.job import Job, JobStatus
+from rq.registry import ScheduledJobRegistry
+
+from delayq_backends import Config, DelayStore, Envelope
+from delayq_backends.cli import main
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.rq import Queue, RQTarget
+from delayq_backends.rq.migrate import RQ_SCHEDULER_KEY
+from tests.helpers import wait_for
+from tests.test_rq.conftest import SHARDS, Processes, runs
+
+RECORD = "tests.test_rq.jobs.record"
+
+
+@pytest.fixture
+def own_db(valkey_url: str) -> Iterator[str]:
+    """A database of the embedded Valkey for this test alone: the migration scans RQ's global keys."""
+    url = valkey_url.rsplit("/", 1)[0] + "/13"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+def migrate(url: str, prefix: str) -> str:
+    args = ["rq-migrate", "--url", url, "--rq-redis", url, "--prefix", prefix, "--shards", str(SHARDS)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_rq_migrate_moves_both_kinds_once_and_twice_changes_nothing(own_db: str, prefix: str) -> None:
+    conn = redis.Redis.from_url(own_db)
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    plain = RQQueue("mig", connection=conn)
+    registry_jobs = [plain.enqueue_at(later + timedelta(seconds=i), RECORD, i) for i in range(30)]
+    old = rq_scheduler.Scheduler("mig-s", connection=conn)
+    periodic = old.schedule(later.replace(tzinfo=None), RECORD, args=["p"], interval=60, repeat=5)
+    once = old.enqueue_at(later.replace(tzinfo=None) + timedelta(minutes=1), RECORD, "o")
+    ghost = plain.enqueue_at(later, RECORD, "ghost")
+    ghost.delete()
+    conn.zadd(ScheduledJobRegistry(queue=plain).key, {ghost.id: later.timestamp()})  # a job hash gone
+
+    output = migrate(own_db, prefix)
+    assert "moved 32 job(s)" in output and "job gone 1" in output
+    store = DelayStore(conn, Config(prefix=prefix, shards=SHARDS))
+    for job in registry_jobs:
+        item = store.get(job.id)
+        assert item is not None and item.ready_ms == int(later.timestamp() + registry_jobs.index(job)) * 1000
+        assert Envelope.decode(item.envelope).destination == "mig"
+    assert Envelope.decode(store.get(periodic.id).envelope).meta == {"scheduler": True}  # type: ignore[union-attr]
+    assert store.get(once.id).ready_ms == int((later + timedelta(minutes=1)).timestamp()) * 1000  # type: ignore[union-attr]
+    assert conn.zcard(ScheduledJobRegistry(queue=plain).key) == 0 and conn.zcard(RQ_SCHEDULER_KEY) == 0
+    before = {k: conn.dump(k) for k in conn.scan_iter(f"{prefix}:*")}
+
+    assert "moved 0 job(s)" in migrate(own_db, prefix)
+    assert {k: conn.dump(k) for k in conn.scan_iter(f"{prefix}:*")} == before
+
+    # and the migrated jobs run: the periodic one keeps its rq-scheduler schedule
+    store.reschedule(periodic.id, 0)
+    store.reschedule(registry_jobs[0].id, 0)
+    forwarder = Forwarder(store, [RQTarget(conn)])
+    assert forwarder.run_once() == 2
+    assert set(plain.job_ids) == {registry_jobs[0].id} and RQQueue("mig-s", connection=conn).job_ids == [periodic.id]
+    assert Job.fetch(periodic.id, connection=conn).meta["repeat"] == 4 and store.exists(periodic.id)
+    conn.close()
+
+
+def test_a_copy_left_by_an_interrupted_run_is_not_duplicated(own_db: str, prefix: str) -> None:
+    conn = redis.Redis.from_url(own_db)
+    plain = RQQueue("mig", connection=conn)
+    job = plain.enqueue_at(datetime.now(timezone.utc) + timedelta(hours=1), RECORD, 1)
+    store = DelayStore(conn, Config(prefix=prefix, shards=SHARDS))
+    store.schedule(job.id, datetime.now(timezone.utc) + timedelta(hours=2), Queue("mig", connection=conn).envelope())
+    output = migrate(own_db, prefix)  # as if a first run had copied, then died before ZREM
+    assert "already in the store 1" in output and conn.zcard(ScheduledJobRegistry(queue=plain).key) == 0
+    assert sum(s.scheduled for s in store.stats()) == 1
+    conn.close()
+
+
+def test_forward_has_an_rq_target_only_when_asked(conn: redis.Redis, queue: Queue, store: DelayStore) -> None:
+    job = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, 1)
+    without = Forwarder(store, [])
+    assert without.run_once() == 1 and queue.job_ids == []  # no rq target: retried later, not lost
+    item = store.get(job.id)
+    assert item is not None and item.attempts == 1 and item.ready_ms > time.time() * 1000
+    assert Forwarder(store, [RQTarget(conn)]).run_once() == 0  # waits for its retry time
+    help_text = CliRunner().invoke(main, ["forward", "--help"]).output
+    assert "--rq-redis" in help_text and "no rq target" in help_text
+
+
+def test_an_unknown_function_fails_in_the_worker_with_rqs_error_and_forwarding_goes_on(
+    queue: Queue, processes: Processes
+) -> None:
+    """The forwarder never imports job functions (it needs none of the app's code): a job whose
+    function cannot be imported is moved, and the worker fails it with the reason, as RQ does."""
+    soon = timedelta(milliseconds=200)
+    bad = queue.enqueue_in(soon, "no_such_module.func", 1)
+    good = queue.enqueue_in(soon * 2, RECORD, "after")
+    processes.forwarder()
+    processes.worker(queue.name)
+    wait_for(lambda: runs(queue.connection, queue.name) != [], 20, "the next job ran")
+    wait_for(lambda: bad.get_status() == JobStatus.FAILED, 10, "the bad job failed")
+    assert bad.id in queue.failed_job_registry
+    assert "no_such_module.func" in (bad.latest_result().exc_string or "")  # type: ignore[union-attr]
+    assert [r["id"] for r in runs(queue.connection, queue.name)] == [good.id]
