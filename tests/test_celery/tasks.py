@@ -45,6 +45,10 @@ def make_app(
         worker_hijack_root_logger=False,
         result_expires=600,
         broker_transport_options=transport_options or {},
+        # Celery's prefetch reduction after a reconnect can leave a worker connected but idle
+        # when the broker restarts with a task in flight (celery#9512 and kin); the chaos run
+        # restarts RabbitMQ, and a stalled worker is Celery's fault, not a lost job
+        worker_enable_prefetch_count_reduction=False,
     )
     install(app)
     out = redis.Redis.from_url(records)
