@@ -77,6 +77,8 @@ def markdown(report: ChaosReport, mode: str, load: tuple[float, float], broker: 
         "Redis broker) run with AOF (`appendfsync always`); cuts and slow links (50 ms per packet) last 1 s; "
         "forwarder lease 3 s. On Redis, lateness after a broker restart is the worker's unacked messages "
         "coming back after `visibility_timeout` (10 s here).\n"
+        f"- the worker was replaced {report.worker_restarts} time(s) after running nothing for 20 s "
+        "(a Celery worker stalled after a broker restart; the tasks it then ran were in the broker)\n"
         f"- load average (1 min) {load[0]:.2f} at start, {load[1]:.2f} at end\n"
         "- peer: Celery's native ETA on the same Redis broker runs tasks twice or more once a countdown outlasts "
         "`visibility_timeout`, with no fault at all (see the Celery section: 400 duplicates of 200 tasks).\n"

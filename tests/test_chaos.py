@@ -23,6 +23,7 @@ def test_nothing_is_lost_under_kills_restarts_and_cuts(broker: str, request: pyt
     assert report.faults == plan.faults, "every planned fault happened"
     assert report.lost == 0 and report.waiting == 0 and report.executed == report.scheduled == plan.tasks
     assert report.dead_letters == 0
+    assert report.worker_restarts <= 1, "a Celery worker stalled more than once (see _settle)"
     # at-least-once: a killed forwarder's batch comes back after its lease; bounded by kills x batch
     assert report.duplicates <= plan.faults["kill-forwarder"] * 200 + plan.tasks // 10
 
