@@ -224,13 +224,14 @@ def test_exporter_serves_the_gauges_and_outlives_its_store(
 def test_set_backpressure_shows_paused_and_resumed_per_queue() -> None:
     metrics = ForwarderMetrics()
     get = metrics.registry.get_sample_value
+    celery_default = {"target": "celery", "queue": "default"}
     metrics.set_backpressure("celery", "default", True)
     metrics.set_backpressure("rq", "low", False)
-    assert get("delayq_backpressure", {"target": "celery", "queue": "default"}) == 1
+    assert get("delayq_backpressure", celery_default) == 1
     assert get("delayq_backpressure", {"target": "rq", "queue": "low"}) == 0
     metrics.set_backpressure("celery", "default", False)
-    assert get("delayq_backpressure", {"target": "celery", "queue": "default"}) == 0
-    other = ForwarderMetrics().registry.get_sample_value("delayq_backpressure", {"target": "celery", "queue": "default"})
+    assert get("delayq_backpressure", celery_default) == 0
+    other = ForwarderMetrics().registry.get_sample_value("delayq_backpressure", celery_default)
     assert other is None, "two ForwarderMetrics share a registry"
 
 
