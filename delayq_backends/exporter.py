@@ -49,10 +49,10 @@ def exporter_command(spec: StoreSpec, port: int, host: str) -> None:
     """
     registry = CollectorRegistry()
     registry.register(StoreCollector(spec.open(writes=False)))
+    serve_metrics(registry, host, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    serve_metrics(registry, host, port)
     click.echo(
         f"delayq exporter: store {redact_url(spec.url)} prefix {spec.prefix!r}, {spec.shards} shards; "
         f"metrics: http://{host}:{port}/metrics",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter as Tally
+from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Optional, Sequence
 
 import redis
@@ -141,13 +142,21 @@ class ForwarderMetrics:
         self.claim_seconds.observe(seconds)
 
     def observe_published(self, deliveries: Sequence[Delivery], published: Iterable[str], now_ms: int) -> None:
-        """Count the items a target accepted and record their lateness at ``now_ms``."""
-        by_id = {d.id: d for d in deliveries}
-        for item_id in published:
-            d = by_id[item_id]
-            target, queue = d.envelope.target, d.envelope.destination
-            self.forwarded.labels(target, queue).inc()
-            self.lateness.labels(target, queue).observe(max(0, now_ms - d.ready_ms) / 1000)
+        """Count the items a target accepted and record their lateness at ``now_ms``.
+
+        Grouped by label first: a batch usually holds one or a few queues, and each label
+        lookup takes the metric's lock.
+        """
+        sent = set(published)
+        late: dict[Labels, list[float]] = defaultdict(list)
+        for d in deliveries:
+            if d.id in sent:
+                late[(d.envelope.target, d.envelope.destination)].append(max(0, now_ms - d.ready_ms) / 1000)
+        for (target, queue), seconds in late.items():
+            self.forwarded.labels(target, queue).inc(len(seconds))
+            lateness = self.lateness.labels(target, queue)
+            for s in seconds:
+                lateness.observe(s)
 
     def observe_settled(
         self,
