@@ -122,6 +122,10 @@ def run_all(quick: bool) -> dict[str, Any]:
         "ratio_on_off": round(ratio, 3),
         "ratio_per_round": [round(x, 3) for x in paired],
         "ratio_per_round_median": round(statistics.median(paired), 3),
+        # the forwarder's own CPU per item: what metrics add, whatever else loads the machine
+        "client_cpu_us_per_item_added": round(
+            on.detail["client_cpu_us_per_item"] - off.detail["client_cpu_us_per_item"], 2
+        ),
         "scrape_ms_16_shards": scrape,
     }
 
@@ -137,6 +141,8 @@ def markdown_section(r: dict[str, Any], quick: bool) -> str:
         )
         + f"\n- on/off throughput: **{r['ratio_on_off']}** (medians); per round {r['ratio_per_round']}, "
         f"median {r['ratio_per_round_median']}\n"
+        f"- forwarder CPU added by metrics: {r['client_cpu_us_per_item_added']} µs/item (medians of client CPU "
+        "per item; steadier than throughput on a shared machine)\n"
         f"- one scrape of a forwarder's registry with 16 shards' gauges (includes the store round trip): "
         f"{fmt_dist(r['scrape_ms_16_shards'])}\n"
         f"- {r['items']} due items per run into {QUEUES} lists, one forwarder `run_once()`, {r['reps']} rounds "

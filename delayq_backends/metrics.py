@@ -40,6 +40,7 @@ __all__ = [
     "ForwarderMetrics",
     "Labels",
     "StoreCollector",
+    "attribute",
     "serve_metrics",
 ]
 
