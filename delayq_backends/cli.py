@@ -29,7 +29,9 @@ from .connection import connect, redact_url
 from .demo import GRACE_SECONDS, print_result, run_demo
 from .envelope import Envelope
 from .errors import DelayqError, EnvelopeError, InvalidTimeError
+from .exporter import exporter_command
 from .forwarder import Forwarder
+from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, serve_metrics
 from .models import DeadLetter, ScheduledItem, ShardStats
 from .store import DelayStore
 from .targets import RedisListTarget, Target
@@ -258,9 +260,13 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         log_every: float,
         audit_dir: Optional[str],
         audit_stream: Optional[str],
+        metrics_port: Optional[int],
+        metrics_host: str,
         **kwargs: Any,
     ) -> None:
-        run = ForwardOptions(batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream)
+        run = ForwardOptions(
+            batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream, metrics_port, metrics_host
+        )
         command(*args, run=run, **kwargs)
 
     options = [
@@ -327,6 +333,24 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             metavar="KEY",
             help="Log one entry per forwarded item to this Redis stream of the store's server (about 1M kept).",
         ),
+        click.option(
+            "--metrics-port",
+            envvar="DELAYQ_METRICS_PORT",
+            show_envvar=True,
+            type=click.IntRange(1, 65535),
+            default=None,
+            metavar="PORT",
+            help="Serve Prometheus metrics (this forwarder's counters, the store's gauges) on PORT. [default: off]",
+        ),
+        click.option(
+            "--metrics-host",
+            envvar="DELAYQ_METRICS_HOST",
+            show_envvar=True,
+            default=DEFAULT_METRICS_HOST,
+            show_default=True,
+            metavar="ADDR",
+            help="Address the metrics listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
+        ),
     ]
     for option in reversed(options):
         with_run = option(with_run)
@@ -345,6 +369,8 @@ class ForwardOptions:
     log_every: float
     audit_dir: Optional[str] = None
     audit_stream: Optional[str] = None
+    metrics_port: Optional[int] = None
+    metrics_host: str = DEFAULT_METRICS_HOST
 
     def store_settings(self) -> dict[str, Any]:
         return {"lease_seconds": self.lease, "max_attempts": self.max_attempts}
@@ -355,11 +381,17 @@ class ForwardOptions:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("delayq").setLevel(self.log_level.upper())
         config = store.config
+        metrics = None
+        if self.metrics_port is not None:  # first: a port in use fails before anything is opened
+            metrics = ForwarderMetrics(store=store)
+            serve_metrics(metrics.registry, self.metrics_host, self.metrics_port)
         audit = open_audit(directory=self.audit_dir, stream=self.audit_stream, url=config.url, stem="forwarded")
-        forwarder = Forwarder(store, targets, batch=self.batch, poll_interval=self.poll, audit=audit)
+        forwarder = Forwarder(store, targets, batch=self.batch, poll_interval=self.poll, audit=audit, metrics=metrics)
         click.echo(
             f"delayq forward: store {redact_url(config.url)} prefix {config.prefix!r}, {config.shards} shards; "
-            f"targets: {'; '.join(described)}" + (f"; audit: {audit!r}" if audit else ""),
+            f"targets: {'; '.join(described)}"
+            + (f"; audit: {audit!r}" if audit else "")
+            + (f"; metrics: http://{self.metrics_host}:{self.metrics_port}/metrics" if metrics else ""),
             err=True,
         )
         try:
@@ -781,6 +813,9 @@ def spark(args: Sequence[str]) -> None:
     """Bulk scheduling and audits with Apache Spark: `delayq spark --help` (needs delayq_backends[spark])."""
     # loaded here, so `delayq` starts without importing pyspark
     _extra("spark.command").spark.main(args=list(args), prog_name="delayq spark")
+
+
+main.command("exporter")(store_options(exporter_command))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -27,6 +27,9 @@ from .errors import ConfigError, EnvelopeError, StoreFullError
 from .models import Claim
 from .store import DelayStore
 from .targets import ClaimTarget, Delivery, Lease, PublishReport, Target
+
+if TYPE_CHECKING:
+    from .metrics import ForwarderMetrics, Labels
 
 __all__ = ["Forwarder", "ForwarderStats"]
 
@@ -73,6 +76,7 @@ class Forwarder:
         max_outage_backoff: longest pause while a broker or the store is unreachable.
         audit: where to log one record per forwarded item (off by default); it must not block,
             and its failures are logged, never raised.
+        metrics: Prometheus metrics to update (off by default, and then nothing is counted).
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class Forwarder:
         max_outage_backoff: float = 10.0,
         name: Optional[str] = None,
         audit: Optional[AuditSink] = None,
+        metrics: Optional[ForwarderMetrics] = None,
     ) -> None:
         if not isinstance(targets, Mapping):
             targets = {t.kind: t for t in targets}
@@ -101,6 +106,7 @@ class Forwarder:
         self.max_outage_backoff = max_outage_backoff
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.audit = audit
+        self.metrics = metrics
         self.stats = ForwarderStats()
         self._stop = threading.Event()
         self._outage_backoff = 0.0
@@ -131,7 +137,10 @@ class Forwarder:
                 if self._stop.is_set():
                     break
                 try:
+                    started = time.perf_counter()
                     claim = self.store.claim(shard, limit=self.batch)
+                    if self.metrics is not None:
+                        self.metrics.observe_claim(time.perf_counter() - started)
                     if claim.items:
                         self.deliver(claim)
                 except _SHARD_ERRORS as exc:
@@ -168,12 +177,14 @@ class Forwarder:
         started = time.perf_counter()
         groups: dict[str, list[Delivery]] = defaultdict(list)
         failures: list[tuple[str, Optional[int], str]] = []
+        labels: dict[str, Labels] = {}  # of each decoded item, for the metrics
         for item in claim.items:
             try:
                 envelope = Envelope.decode(item.envelope)
             except EnvelopeError as exc:
                 failures.append((item.id, None, f"corrupt envelope: {exc}"))
                 continue
+            labels[item.id] = (envelope.target, envelope.destination)
             if envelope.target not in self.targets:
                 failures.append(
                     (
@@ -192,7 +203,7 @@ class Forwarder:
         failures += [
             (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
         ]
-        self._settle(claim, report, failures)
+        self._settle(claim, report, failures, labels)
         log.debug(
             "shard %d: claimed %d, published %d, failed %d, released %d in %.1f ms",
             claim.shard,
@@ -215,6 +226,8 @@ class Forwarder:
         now = self.server_now_ms()
         ready = {d.id: d.ready_ms for d in deliveries}
         self.stats.lateness_ms.extend(now - ready[i] for i in part.published)
+        if self.metrics is not None:
+            self.metrics.observe_published(deliveries, part.published, now)
         if self.audit is not None and part.published:
             self._audit(self.audit, deliveries, part.published, now)
         report.published += part.published
@@ -235,11 +248,19 @@ class Forwarder:
         except Exception:  # an audit sink must never stop forwarding
             log.exception("audit sink %r failed; forwarding goes on", audit)
 
-    def _settle(self, claim: Claim, report: PublishReport, failures: list[tuple[str, Optional[int], str]]) -> None:
+    def _settle(
+        self,
+        claim: Claim,
+        report: PublishReport,
+        failures: list[tuple[str, Optional[int], str]],
+        labels: Mapping[str, Labels],
+    ) -> None:
         self.stats.batches += 1
         self.stats.forwarded += len(report.published)
-        acked = set(report.acked)
-        self.stats.acked += len(acked) + self.store.ack(claim, [i for i in report.published if i not in acked])
+        pre_acked = set(report.acked)
+        acked = self.store.ack(claim, [i for i in report.published if i not in pre_acked])
+        self.stats.acked += len(pre_acked) + acked
+        retried = buried = released = 0
         if failures:
             retried, buried = self.store.fail(claim, failures)
             self.stats.retried += retried
@@ -247,7 +268,20 @@ class Forwarder:
             for item_id, _, error in failures:
                 log.warning("item %s failed: %s", item_id, error)
         if report.unsent:
-            self.stats.released += self.store.release(claim, report.unsent)
+            released = self.store.release(claim, report.unsent)
+            self.stats.released += released
+        if self.metrics is not None:
+            self.metrics.observe_settled(
+                claim,
+                labels,
+                report,
+                failures,
+                acked=acked,
+                retried=retried,
+                buried=buried,
+                released=released,
+                max_attempts=self.store.config.max_attempts,
+            )
         if report.broker_error is not None:
             self.stats.outages += 1
             self._outage(f"broker unreachable ({report.broker_error}); released {len(report.unsent)} items")

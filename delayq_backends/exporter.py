@@ -1,0 +1,61 @@
+"""``delayq exporter``: the store's per-shard gauges for Prometheus, without a forwarder.
+
+For stores whose forwarders run elsewhere (or not at all yet), and for one scrape target per
+store however many forwarders there are. It only reads (ZCARD/ZCOUNT/HLEN at scrape time), so
+it may run with the ``reader`` ACL role.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import TYPE_CHECKING
+
+import click
+from prometheus_client import CollectorRegistry
+
+from .connection import redact_url
+from .metrics import DEFAULT_METRICS_HOST, StoreCollector, serve_metrics
+
+if TYPE_CHECKING:
+    from .cli import StoreSpec
+
+__all__ = ["exporter_command"]
+
+
+@click.option(
+    "--port",
+    envvar="DELAYQ_METRICS_PORT",
+    show_envvar=True,
+    type=click.IntRange(1, 65535),
+    default=9478,
+    show_default=True,
+    help="Port of the /metrics endpoint.",
+)
+@click.option(
+    "--host",
+    envvar="DELAYQ_METRICS_HOST",
+    show_envvar=True,
+    default=DEFAULT_METRICS_HOST,
+    show_default=True,
+    metavar="ADDR",
+    help="Address to listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
+)
+def exporter_command(spec: StoreSpec, port: int, host: str) -> None:
+    """Serve the store's per-shard gauges (scheduled, due, leased, dead, oldest overdue) until
+    SIGTERM/SIGINT.
+
+    The store must answer at start; later outages show as delayq_store_up 0 while it keeps serving.
+    """
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(spec.open(writes=False)))
+    serve_metrics(registry, host, port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    click.echo(
+        f"delayq exporter: store {redact_url(spec.url)} prefix {spec.prefix!r}, {spec.shards} shards; "
+        f"metrics: http://{host}:{port}/metrics",
+        err=True,
+    )
+    stop.wait()

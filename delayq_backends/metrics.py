@@ -1,0 +1,273 @@
+"""Prometheus metrics of a forwarder and of a delay store.
+
+:class:`ForwarderMetrics` counts what one forwarder did with the items it claimed (forwarded,
+acked, released, retried, dead-lettered, by target and queue) and times lateness and claims.
+:class:`StoreCollector` reads each shard's counts from the store at scrape time, so the gauges
+are never stale and cost nothing between scrapes. Each object owns its own
+:class:`~prometheus_client.CollectorRegistry`, never the global one: several forwarders, or a
+forwarder and the tests, may live in one process without their metrics colliding.
+
+The forwarder labels by ``target`` (the envelope's target kind) and ``queue`` (its
+destination: a Celery queue or routing key, an RQ queue, a list key). Both come from the
+producers' routing, so their number stays as small as the number of queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter as Tally
+from collections import defaultdict
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Optional, Sequence
+
+import redis
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from redis.exceptions import RedisClusterException
+
+from .errors import ConfigError, DelayqError
+
+if TYPE_CHECKING:
+    from .models import Claim
+    from .store import DelayStore
+    from .targets import Delivery, PublishReport
+
+__all__ = [
+    "DEFAULT_METRICS_HOST",
+    "UNATTRIBUTED",
+    "ForwarderMetrics",
+    "Labels",
+    "StoreCollector",
+    "attribute",
+    "serve_metrics",
+]
+
+log = logging.getLogger("delayq.metrics")
+
+#: Loopback by default: the metrics name every queue and its backlog, which is nobody's business
+#: outside the host unless the operator says so (``--metrics-host 0.0.0.0`` in a container).
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+#: (target, queue) of an item.
+Labels = tuple[str, str]
+
+#: Labels of an item whose envelope could not be decoded, so it has no target or queue.
+CORRUPT: Labels = ("(corrupt)", "(corrupt)")
+#: Labels of outcomes the store counted but the forwarder cannot pin on one (target, queue): a
+#: batch of several queues where some items lost their lease mid-batch (the store's scripts
+#: return counts, not ids). Rare; the totals over all labels stay exact.
+UNATTRIBUTED: Labels = ("?", "?")
+
+#: Lateness runs from milliseconds (an idle forwarder woken on time) to an hour (a backlog after
+#: an outage); finer buckets below a second, where an SLO would sit.
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+#: A claim of a few hundred items takes about a millisecond; tens of ms mean a huge batch or a
+#: busy server (a claim blocks Redis while it runs).
+CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+#: What a scrape may meet when the store is away or misconfigured; anything else is a bug and
+#: is left to prometheus_client to report (as an HTTP 500), not hidden.
+_STORE_ERRORS = (redis.RedisError, OSError, RedisClusterException, DelayqError)
+
+
+def attribute(labels: Sequence[Labels], done: int) -> Tally[Labels]:
+    """Split a count the store returned over the labels of the items it was asked about.
+
+    Exact when the store did them all (the normal case) or when they share one label; otherwise
+    the count goes to :data:`UNATTRIBUTED`, because a script's count cannot say which items
+    it skipped.
+    """
+    if done == len(labels):
+        return Tally(labels)
+    if done and len(set(labels)) == 1:
+        return Tally({labels[0]: done})
+    return Tally({UNATTRIBUTED: done}) if done else Tally()
+
+
+class ForwarderMetrics:
+    """The metrics of one forwarder, in a registry of their own.
+
+    Args:
+        store: when given, the registry also serves that store's per-shard gauges
+            (:class:`StoreCollector`), so one scrape of a forwarder shows both.
+        registry: where to register (default: a new one, see :attr:`registry`).
+    """
+
+    def __init__(self, *, store: Optional[DelayStore] = None, registry: Optional[CollectorRegistry] = None) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        labels = ("target", "queue")
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=self.registry)
+
+        self.forwarded = counter("delayq_forwarded", "Items their target's broker accepted.")
+        self.acked = counter("delayq_acked", "Forwarded items deleted from the store under this forwarder's lease.")
+        self.released = counter("delayq_released", "Items put back unsent (broker outage), attempt not counted.")
+        self.retried = counter("delayq_retried", "Failed deliveries scheduled again with back-off.")
+        self.dead_lettered = counter(
+            "delayq_dead_lettered", "Items this forwarder moved to the dead letters (out of attempts or permanent)."
+        )
+        self.lateness = Histogram(
+            "delayq_lateness_seconds",
+            "Forwarded time (store clock) minus ready time.",
+            labels,
+            registry=self.registry,
+            buckets=LATENESS_BUCKETS,
+        )
+        self.claim_seconds = Histogram(
+            "delayq_claim_seconds",
+            "Duration of one claim call (one shard, one batch), as the forwarder sees it.",
+            registry=self.registry,
+            buckets=CLAIM_BUCKETS,
+        )
+        self.backpressure = Gauge(
+            "delayq_backpressure",
+            "1 while forwarding to this target and queue is paused by back-pressure, else 0.",
+            labels,
+            registry=self.registry,
+        )
+        if store is not None:
+            self.registry.register(StoreCollector(store))
+
+    def set_backpressure(self, target: str, queue: str, paused: bool) -> None:
+        """Show whether back-pressure holds deliveries to ``target``/``queue`` back.
+
+        Call it on every change of state, pausing and resuming alike; a queue never paused
+        has no series until then, which reads as "not paused" in a ``max by`` alert.
+        """
+        self.backpressure.labels(target, queue).set(1 if paused else 0)
+
+    def observe_claim(self, seconds: float) -> None:
+        self.claim_seconds.observe(seconds)
+
+    def observe_published(self, deliveries: Sequence[Delivery], published: Iterable[str], now_ms: int) -> None:
+        """Count the items a target accepted and record their lateness at ``now_ms``.
+
+        Grouped by label first: a batch usually holds one or a few queues, and each label
+        lookup takes the metric's lock.
+        """
+        sent = set(published)
+        late: dict[Labels, list[float]] = defaultdict(list)
+        for d in deliveries:
+            if d.id in sent:
+                late[(d.envelope.target, d.envelope.destination)].append(max(0, now_ms - d.ready_ms) / 1000)
+        for (target, queue), seconds in late.items():
+            self.forwarded.labels(target, queue).inc(len(seconds))
+            lateness = self.lateness.labels(target, queue)
+            for s in seconds:
+                lateness.observe(s)
+
+    def observe_settled(
+        self,
+        claim: Claim,
+        labels: Mapping[str, Labels],
+        report: PublishReport,
+        failures: Sequence[tuple[str, Optional[int], str]],
+        *,
+        acked: int,
+        retried: int,
+        buried: int,
+        released: int,
+        max_attempts: int,
+    ) -> None:
+        """Count a batch's acks, retries, dead letters and releases by target and queue.
+
+        Args:
+            labels: (target, queue) of each claimed id whose envelope decoded.
+            failures: as given to ``store.fail``: (id, retry-at or None if permanent, error).
+            acked: what ``store.ack`` returned for the published ids a target had not acked
+                itself (``report.acked``, counted here as acked).
+            retried, buried: what ``store.fail`` returned.
+            released: what ``store.release`` returned for ``report.unsent``.
+            max_attempts: the store's; an item failing on its last attempt is buried, as
+                fail.lua decides, which is how each failure's outcome is told apart.
+        """
+
+        def of(ids: Iterable[str]) -> list[Labels]:
+            return [labels.get(i, CORRUPT) for i in ids]
+
+        self._add(self.acked, Tally(of(report.acked)))
+        already = set(report.acked)
+        self._add(self.acked, attribute(of(i for i in report.published if i not in already), acked))
+        attempts = {item.id: item.attempts for item in claim.items}
+        doomed = {i for i, retry_at, _ in failures if retry_at is None or attempts[i] >= max_attempts}
+        self._add(self.dead_lettered, attribute(of(i for i, _, _ in failures if i in doomed), buried))
+        self._add(self.retried, attribute(of(i for i, _, _ in failures if i not in doomed), retried))
+        self._add(self.released, attribute(of(report.unsent), released))
+
+    @staticmethod
+    def _add(counter: Counter, counts: Tally[Labels]) -> None:
+        for (target, queue), n in counts.items():
+            counter.labels(target, queue).inc(n)
+
+
+class StoreCollector(Collector):
+    """Per-shard gauges of a store, read with one pipelined round of ZCARD/ZCOUNT/HLEN at scrape
+    time (:meth:`DelayStore.stats`): no scans, so a scrape costs the same for ten items or ten
+    million.
+
+    A store that cannot be read yields no shard gauges and ``delayq_store_up 0`` (and counts the
+    failure) instead of failing the scrape, so an exporter outlives its store's outages and the
+    outage itself is what alerts.
+    """
+
+    def __init__(self, store: DelayStore) -> None:
+        self.store = store
+        self.errors = 0
+
+    def collect(self) -> Iterator[Metric]:
+        prefix = self.store.config.prefix
+        started = time.perf_counter()
+        try:
+            per_shard = self.store.stats()
+        except _STORE_ERRORS as exc:
+            self.errors += 1
+            log.warning("cannot read the store's counts (%s: %s)", type(exc).__name__, exc)
+            per_shard = None
+        elapsed = time.perf_counter() - started
+        up = GaugeMetricFamily("delayq_store_up", "1 if the last scrape read the store, else 0.", labels=["prefix"])
+        up.add_metric([prefix], 0 if per_shard is None else 1)
+        errors = CounterMetricFamily(
+            "delayq_store_scrape_errors", "Scrapes that could not read the store.", labels=["prefix"]
+        )
+        errors.add_metric([prefix], self.errors)
+        duration = GaugeMetricFamily(
+            "delayq_store_scrape_seconds", "How long reading the store's counts took.", labels=["prefix"]
+        )
+        duration.add_metric([prefix], elapsed)
+        yield from (up, errors, duration)
+        if per_shard is None:
+            return
+        gauges = {
+            name: GaugeMetricFamily(name, doc, labels=["prefix", "shard"])
+            for name, doc in (
+                ("delayq_scheduled", "Items in the shard, leased ones included."),
+                ("delayq_due", "Items whose time has come (or whose lease ran out), not yet claimed."),
+                ("delayq_leased", "Items claimed by a forwarder and not yet acked or released."),
+                ("delayq_dead", "Dead letters of the shard."),
+                ("delayq_oldest_overdue_seconds", "How long the shard's earliest item has waited past its time."),
+            )
+        }
+        for s in per_shard:
+            shard = [prefix, str(s.shard)]
+            gauges["delayq_scheduled"].add_metric(shard, s.scheduled)
+            gauges["delayq_due"].add_metric(shard, s.due)
+            gauges["delayq_leased"].add_metric(shard, s.leased)
+            gauges["delayq_dead"].add_metric(shard, s.dead)
+            gauges["delayq_oldest_overdue_seconds"].add_metric(shard, s.oldest_overdue_ms / 1000)
+        yield from gauges.values()
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> None:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread.
+
+    Raises:
+        ConfigError: the address cannot be listened on (in use, not ours, not resolvable).
+    """
+    try:
+        start_http_server(port, host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}: choose another port") from exc
+    log.info("metrics on http://%s:%d/metrics", host, port)

@@ -1,0 +1,264 @@
+"""Prometheus metrics: a real `delayq forward --metrics-port` and a real `delayq exporter`,
+scraped over HTTP after a known run; the counters' attribution and back-pressure in process."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from typing import Iterator, Optional
+
+import pytest
+import redis
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from delayq_backends import DelayStore, Envelope
+from delayq_backends.cli import main
+from delayq_backends.connection import connect
+from delayq_backends.embedded import EmbeddedServer, free_port
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.metrics import UNATTRIBUTED, ForwarderMetrics, attribute
+from delayq_backends.targets import RedisListTarget
+from tests.conftest import make_store
+from tests.helpers import kill_all, wait_for
+
+CORRUPT = b"DQ\x09garbage"  # starts like an envelope, so the store accepts it; no forwarder can read it
+FAR = 4_000_000_000  # epoch seconds in 2096: never due during a test
+SHARDS = 4
+GAUGES = {
+    "delayq_scheduled": "scheduled",
+    "delayq_due": "due",
+    "delayq_leased": "leased",
+    "delayq_dead": "dead",
+}
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def scrape(port: int) -> Optional[list[Sample]]:
+    """Every sample at the endpoint, or None while nothing listens there yet."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return None
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def value(samples: list[Sample], name: str, **labels: str) -> Optional[float]:
+    """The one sample named ``name`` whose labels are exactly ``labels``."""
+    found = [s.value for s in samples if s.name == name and s.labels == labels]
+    assert len(found) <= 1, f"{name}{labels} appears {len(found)} times"
+    return found[0] if found else None
+
+
+def total(samples: list[Sample], name: str) -> float:
+    return sum(s.value for s in samples if s.name == name)
+
+
+def by_label(samples: list[Sample], name: str) -> dict[tuple[str, str], float]:
+    return {(s.labels["target"], s.labels["queue"]): s.value for s in samples if s.name == name}
+
+
+def assert_gauges_match(samples: list[Sample], store: DelayStore, prefix: str) -> None:
+    """Per-shard gauges equal the store's own counts (read just after, on a store at rest)."""
+    for s in store.stats():
+        shard = {"prefix": prefix, "shard": str(s.shard)}
+        for gauge, attr in GAUGES.items():
+            assert value(samples, gauge, **shard) == getattr(s, attr), (gauge, s)
+
+
+def delayq(*args: str) -> subprocess.Popen[bytes]:
+    """A `delayq` process of this checkout (PYTHONPATH is inherited)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "delayq_backends.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+
+
+def listening(proc: subprocess.Popen[bytes], port: int) -> list[Sample]:
+    """Wait for ``proc`` to serve its metrics; fail with its stderr if it died first."""
+    found: list[list[Sample]] = []
+
+    def up() -> bool:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "died"
+        samples = scrape(port)
+        if samples is not None:
+            found.append(samples)
+        return samples is not None
+
+    wait_for(up, 20, f"metrics on port {port}", interval=0.05)
+    return found[-1]
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0, proc.stderr.read().decode() if proc.stderr else ""
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    made: list[subprocess.Popen[bytes]] = []
+    yield made
+    kill_all(made)
+
+
+# -- the forwarder's endpoint -----------------------------------------------------------------
+
+
+def test_forwarder_counters_after_a_known_run(
+    valkey_url: str, prefix: str, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    client = connect(valkey_url)
+    list_a, list_b = f"{prefix}:a", f"{prefix}:b"
+    now = store.server_time_ms() / 1000
+    store.schedule_many(
+        [(f"a-{i}", now - 1 + i / 100, RedisListTarget.envelope(list_a, b"x")) for i in range(30)]
+        + [(f"b-{i}", now - 1, RedisListTarget.envelope(list_b, b"y")) for i in range(20)]
+        # no celery target in this forwarder: retried once, then dead (--max-attempts 2)
+        + [(f"c-{i}", now - 1, Envelope("celery", "celery-q", b"z")) for i in range(5)]
+        + [(f"bad-{i}", now - 1, CORRUPT) for i in range(3)]  # dead at once
+        + [(f"far-{i}", FAR + i, RedisListTarget.envelope(list_a, b"later")) for i in range(7)]
+    )
+    port = free_port()
+    proc = delayq(
+        "forward", "--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS),
+        "--max-attempts", "2", "--log-level", "error", "--metrics-port", str(port),
+    )  # fmt: skip
+    procs.append(proc)
+    listening(proc, port)
+    samples: list[Sample] = []
+
+    def settled() -> bool:
+        samples[:] = scrape(port) or []
+        return total(samples, "delayq_acked_total") >= 50 and total(samples, "delayq_dead_lettered_total") >= 8
+
+    wait_for(settled, 30, lambda: f"50 acked and 8 dead letters, have {[s for s in samples if '_total' in s.name]}")
+
+    list_a_, list_b_ = ("list", list_a), ("list", list_b)
+    assert by_label(samples, "delayq_forwarded_total") == {list_a_: 30, list_b_: 20}
+    assert by_label(samples, "delayq_acked_total") == {list_a_: 30, list_b_: 20}
+    assert by_label(samples, "delayq_retried_total") == {("celery", "celery-q"): 5}
+    assert by_label(samples, "delayq_dead_lettered_total") == {("celery", "celery-q"): 5, ("(corrupt)", "(corrupt)"): 3}
+    assert total(samples, "delayq_released_total") == 0
+    assert by_label(samples, "delayq_lateness_seconds_count") == {list_a_: 30, list_b_: 20}
+    assert value(samples, "delayq_lateness_seconds_bucket", target="list", queue=list_b, le="+Inf") == 20
+    # ready 1 s ago at scheduling: each was at least that late (minus the clock's ms rounding)
+    assert value(samples, "delayq_lateness_seconds_sum", target="list", queue=list_b) >= 20 * 0.99
+    assert value(samples, "delayq_claim_seconds_count") >= 2  # the first claims, then the retry's
+    assert value(samples, "delayq_store_up", prefix=prefix) == 1
+    assert client.llen(list_a) == 30 and client.llen(list_b) == 20
+    assert_gauges_match(samples, store, prefix)
+    assert sum(s.dead for s in store.stats()) == 8 and sum(s.scheduled for s in store.stats()) == 7
+    stop(proc)
+
+
+def test_a_taken_metrics_port_is_one_clean_error(valkey_url: str, prefix: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            main, ["exporter", "--url", valkey_url, "--prefix", prefix, "--shards", "4", "--port", str(port)]
+        )
+    assert result.exit_code == 1, result.output
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.output and "Traceback" not in result.output
+
+
+# -- the standalone exporter ------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_server() -> Iterator[EmbeddedServer]:
+    """A server of this test's own, so the test may kill it."""
+    with EmbeddedServer() as server:
+        yield server
+
+
+def test_exporter_serves_the_gauges_and_outlives_its_store(
+    own_server: EmbeddedServer, prefix: str, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    url = own_server.url
+    store = make_store(url, prefix, shards=SHARDS, max_attempts=1)
+    now = store.server_time_ms() / 1000
+    store.schedule_many(
+        [(f"due-{i}", now - 5, RedisListTarget.envelope("out", b"x")) for i in range(10)]
+        + [(f"far-{i}", FAR, RedisListTarget.envelope("out", b"x")) for i in range(6)]
+        + [(f"bad-{i}", now - 5, CORRUPT) for i in range(3)]
+    )
+    # one dead letter: bad-0 sorts first among its shard's items due at the same time
+    Forwarder(store, [], batch=1).deliver(store.claim(store.shard_of("bad-0"), limit=1))
+    store.claim(store.shard_of("due-0"), limit=2)  # two leased, never acked
+    port = free_port()
+    proc = delayq("exporter", "--url", url, "--prefix", prefix, "--shards", str(SHARDS), "--port", str(port))
+    procs.append(proc)
+    samples = listening(proc, port)
+    assert_gauges_match(samples, store, prefix)
+    counts = store.stats()
+    assert (sum(s.dead for s in counts), sum(s.due for s in counts), sum(s.leased for s in counts)) == (1, 10, 2)
+    overdue = max(value(samples, "delayq_oldest_overdue_seconds", prefix=prefix, shard=str(k)) or 0 for k in range(4))
+    assert 4.5 <= overdue < 60
+    assert value(samples, "delayq_store_up", prefix=prefix) == 1
+    assert value(samples, "delayq_store_scrape_errors_total", prefix=prefix) == 0
+    assert total(samples, "delayq_forwarded_total") == 0, "the exporter serves gauges only"
+
+    own_server.kill()
+    for errors in (1, 2):  # it keeps serving, and says so on every scrape
+        down = scrape(port)
+        assert down is not None and proc.poll() is None
+        assert value(down, "delayq_store_up", prefix=prefix) == 0
+        assert value(down, "delayq_store_scrape_errors_total", prefix=prefix) == errors
+        assert [s for s in down if s.name in GAUGES] == []
+    stop(proc)
+
+
+# -- in process -------------------------------------------------------------------------------
+
+
+def test_set_backpressure_shows_paused_and_resumed_per_queue() -> None:
+    metrics = ForwarderMetrics()
+    get = metrics.registry.get_sample_value
+    celery_default = {"target": "celery", "queue": "default"}
+    metrics.set_backpressure("celery", "default", True)
+    metrics.set_backpressure("rq", "low", False)
+    assert get("delayq_backpressure", celery_default) == 1
+    assert get("delayq_backpressure", {"target": "rq", "queue": "low"}) == 0
+    metrics.set_backpressure("celery", "default", False)
+    assert get("delayq_backpressure", celery_default) == 0
+    other = ForwarderMetrics().registry.get_sample_value("delayq_backpressure", celery_default)
+    assert other is None, "two ForwarderMetrics share a registry"
+
+
+def test_released_items_are_counted_by_queue(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix, shards=1)
+    now = store.server_time_ms() / 1000
+    store.schedule_many([(f"r-{i}", now - 1, RedisListTarget.envelope("q:r", b"x")) for i in range(4)])
+    broker = redis.Redis(port=free_port(), socket_connect_timeout=0.2)  # nothing listens: an outage
+    metrics = ForwarderMetrics()
+    forwarder = Forwarder(store, [RedisListTarget(broker)], metrics=metrics, max_outage_backoff=0.01)
+    forwarder.deliver(store.claim(0, limit=10))
+    get = metrics.registry.get_sample_value
+    assert get("delayq_released_total", {"target": "list", "queue": "q:r"}) == 4
+    assert get("delayq_forwarded_total", {"target": "list", "queue": "q:r"}) is None
+    assert store.stats()[0].leased == 0 and store.stats()[0].due == 4
+
+
+def test_a_shortfall_is_pinned_on_a_queue_only_when_there_is_one() -> None:
+    a, b = ("list", "a"), ("list", "b")
+    assert attribute([a, a, b], 3) == {a: 2, b: 1}
+    assert attribute([a, a], 1) == {a: 1}
+    assert attribute([a, b], 1) == {UNATTRIBUTED: 1}
+    assert attribute([a, b], 0) == {}
+
+
+def test_celery_delayq_forward_takes_the_metrics_options_too() -> None:
+    from delayq_backends.celery.command import delayq as celery_delayq
+
+    params = {p.name for p in celery_delayq.commands["forward"].params}
+    assert {"metrics_port", "metrics_host"} <= params
