@@ -196,8 +196,6 @@ class FlowGate:
 
     def admit(self, kind: str, queue: str, deliveries: Sequence[Delivery], now_ms: int) -> Admission:
         """Split one queue's deliveries into what goes now and what waits in the store."""
-        if not self.control.active:
-            return Admission(list(deliveries), [])
         go, later = self._room(kind, queue, list(deliveries), now_ms)
         rate = self.control.rates.get(queue)
         if rate is not None and go:

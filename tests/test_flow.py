@@ -13,6 +13,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import click
@@ -108,6 +109,23 @@ def test_celery_settings_are_read_checked_and_overridden_by_options(valkey_url: 
     app.conf.delayq_rate_limits = ["celery=5/s"]
     with pytest.raises(ConfigError, match="use a dict"):
         CelerySettings.of(app)
+
+
+def test_celery_forward_command_merges_app_settings_and_options(
+    valkey_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery import Celery
+
+    from delayq_backends.celery.command import forward
+
+    app = Celery("flow-command")
+    app.conf.update(broker_url=f"{valkey_url.rsplit('/', 1)[0]}/1", delayq_url=valkey_url, delayq_shards=4)
+    app.conf.update(delayq_prefix=f"cmd{int(time.time() * 1000)}", delayq_rate_limits={"a": "10/s", "b": "20/s"})
+    seen: list[FlowControl] = []
+    monkeypatch.setattr(ForwardOptions, "run", lambda self, *args: seen.append(self.flow))
+    result = CliRunner().invoke(forward, ["--rate", "b=5/s", "--max-queue-depth", "a=9"], obj=SimpleNamespace(app=app))
+    assert result.exit_code == 0, result.output
+    assert (seen[0].max_depth, seen[0].rates) == ({"a": 9}, {"a": 10, "b": 5})
 
 
 # -- in process: the deliver path ---------------------------------------------------------------
