@@ -21,7 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
-from .errors import ConfigError
+import redis
+
+from .errors import ConfigError, StoreFullError
 from .store import DelayStore
 from .targets import Delivery, DepthTarget, Target
 
@@ -199,7 +201,7 @@ class FlowGate:
         go, later = self._room(kind, queue, list(deliveries), now_ms)
         rate = self.control.rates.get(queue)
         if rate is not None and go:
-            go, booked = self._tokens(queue, go, rate)
+            go, booked = self._tokens(queue, go, rate, now_ms)
             later += booked
         return Admission(go, later)
 
@@ -265,9 +267,14 @@ class FlowGate:
         self._depths[(kind, queue)] = _Depth(value, now)
         return value
 
-    def _tokens(self, queue: str, deliveries: list[Delivery], rate: float) -> Admission:
+    def _tokens(self, queue: str, deliveries: list[Delivery], rate: float, now_ms: int) -> Admission:
         """Rate cap: those with a token go; the rest wait for the slots booked for them."""
-        granted, first, _ = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
+        try:
+            granted, first, _ = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
+        except (redis.ResponseError, StoreFullError) as exc:  # fail closed: the cap protects the workers
+            log.error("rate bucket of %r failed (%s: %s); holding its items back", queue, type(exc).__name__, exc)
+            not_before = now_ms + int(self.control.recheck * 1000)
+            return Admission([], [(d.id, not_before) for d in deliveries])
         step, grid = 1000 / rate, slot_quantum_ms(rate)
         later = [(d.id, math.ceil((first + i * step) / grid) * grid) for i, d in enumerate(deliveries[granted:])]
         return Admission(deliveries[:granted], later)

@@ -30,6 +30,7 @@ from delayq_backends.flow import FlowControl
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue
 from delayq_backends.targets import RedisListTarget
+from delayq_backends.testing import CollectingTarget
 from tests.conftest import make_store
 from tests.helpers import kill_all, wait_for
 from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
@@ -196,6 +197,25 @@ def test_rate_cap_sends_a_burst_then_books_the_rest_at_the_rate(valkey_url: str,
     assert len(held) == 100 - sent
     span = held[-1] - held[0]
     assert abs(span - len(held) / 50 * 1000) <= 150, f"{len(held)} slots over {span} ms, not at 50/s"
+
+
+def test_the_forwarder_acl_role_may_defer_and_take_tokens(valkey_server: Any, prefix: str) -> None:
+    from tests.test_security import user_url
+
+    admin = redis.Redis.from_url(valkey_server.url)
+    admin.users = []  # type: ignore[attr-defined]
+    try:
+        url = user_url(admin, valkey_server, prefix, "forwarder")
+        store = make_store(url, prefix, shards=4)
+        make_store(valkey_url := valkey_server.url, prefix, shards=4).schedule_many(list_items("out", 20))
+        forwarder = Forwarder(store, [CollectingTarget("list")], flow=FlowControl(rates={"out": 10}))
+        assert forwarder.run_once() == 20
+        assert forwarder.stats.forwarded + forwarder.stats.deferred == 20 and forwarder.stats.deferred >= 18
+        assert scheduled(make_store(valkey_url, prefix, shards=4)) == forwarder.stats.deferred
+    finally:
+        for user in admin.users:  # type: ignore[attr-defined]
+            admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
 
 
 # -- broker depth probes --------------------------------------------------------------------------
