@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import redis
@@ -27,7 +27,17 @@ from .errors import ConfigError, StoreFullError
 from .store import DelayStore
 from .targets import Delivery, DepthTarget, Target
 
-__all__ = ["Admission", "FlowControl", "FlowGate", "parse_depth", "parse_rate"]
+__all__ = [
+    "Admission",
+    "FlowControl",
+    "FlowGate",
+    "burst_of",
+    "check_depth",
+    "check_rate",
+    "parse_depth",
+    "parse_rate",
+    "slot_quantum_ms",
+]
 
 log = logging.getLogger("delayq.flow")
 
@@ -131,13 +141,7 @@ class FlowControl:
 
     def merged(self, override: FlowControl) -> FlowControl:
         """These settings with ``override``'s queues on top (CLI options over app settings)."""
-        return FlowControl(
-            {**self.max_depth, **override.max_depth},
-            {**self.rates, **override.rates},
-            self.recheck,
-            self.max_recheck,
-            self.probe_ttl,
-        )
+        return replace(self, max_depth={**self.max_depth, **override.max_depth}, rates={**self.rates, **override.rates})
 
     @property
     def active(self) -> bool:
