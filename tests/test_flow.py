@@ -30,7 +30,7 @@ from delayq_backends.flow import FlowControl
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue
 from delayq_backends.targets import RedisListTarget
-from delayq_backends.testing import CollectingTarget
+from delayq_backends.testing import CollectingTarget, TestingForwarder, testing_store
 from tests.conftest import make_store
 from tests.helpers import kill_all, wait_for
 from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
@@ -197,6 +197,22 @@ def test_rate_cap_sends_a_burst_then_books_the_rest_at_the_rate(valkey_url: str,
     assert len(held) == 100 - sent
     span = held[-1] - held[0]
     assert abs(span - len(held) / 50 * 1000) <= 150, f"{len(held)} slots over {span} ms, not at 50/s"
+
+
+def test_on_a_fake_clock_a_capped_backlog_goes_at_the_rate_and_is_claimed_once_per_slot() -> None:
+    store = testing_store(shards=4)
+    store.schedule_many((f"i{n}", store.clock() / 1000, RedisListTarget.envelope("q", b"x")) for n in range(100))
+    inbox = CollectingTarget("list")
+    forwarder = TestingForwarder(store, [inbox], flow=FlowControl(rates={"q": 10}))
+    forwarder.run_once()
+    assert len(inbox.ids) == 1 and forwarder.stats.deferred == 99  # a burst of 1, 99 slots booked
+    for tick in range(1, 51):  # a forwarder wakes at each slot (a 100 ms grid at 10/s)
+        store.clock.advance(0.1)
+        forwarder.run_once()
+        assert abs(len(inbox.ids) - (1 + tick)) <= 1, (tick, len(inbox.ids))
+    # each held item was claimed about once more, at its slot: not on every pass
+    assert forwarder.stats.deferred <= 99 + 10
+    assert sorted(inbox.ids) == sorted(set(inbox.ids))
 
 
 def test_the_forwarder_acl_role_may_defer_and_take_tokens(valkey_server: Any, prefix: str) -> None:
