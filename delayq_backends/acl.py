@@ -5,7 +5,8 @@ Each role may touch only the keys of one prefix (``~<prefix>:*``, which covers e
 that role sends, directly or from our Lua scripts (Redis checks both against the user's ACL):
 
 - ``producer``: schedules, reschedules and cancels (the adapters' ``apply_async``/``enqueue_at``);
-- ``forwarder``: claims, acks, releases, fails, and sleeps on the wake-up channel;
+- ``forwarder``: claims, acks, releases, fails, defers, takes rate-cap tokens, and sleeps on the
+  wake-up channel;
 - ``reader``: ``delayq stats``/``list``/``dlq list`` and dashboards, read-only.
 
 A target's own keys (an RQ queue, a Redis list) are not covered: grant them separately.
@@ -30,7 +31,8 @@ _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget")
 
 ROLES: dict[str, tuple[str, ...]] = {
     "producer": (*_CONNECTION, *_SCRIPTS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx"),
-    "forwarder": (*_CONNECTION, *_SCRIPTS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+subscribe"),
+    # PEXPIRE: take.lua lets an idle rate-cap bucket expire
+    "forwarder": (*_CONNECTION, *_SCRIPTS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+subscribe", "+pexpire"),
     "reader": (*_CONNECTION, *_READS, *_HASH_READS),
 }
 

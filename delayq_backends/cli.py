@@ -11,7 +11,7 @@ import functools
 import importlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, cast
 
@@ -28,8 +28,9 @@ from .config import DEFAULT_URL, Config
 from .connection import connect, redact_url
 from .demo import GRACE_SECONDS, print_result, run_demo
 from .envelope import Envelope
-from .errors import DelayqError, EnvelopeError, InvalidTimeError
+from .errors import ConfigError, DelayqError, EnvelopeError, InvalidTimeError
 from .exporter import exporter_command
+from .flow import FlowControl, parse_depth, parse_rate
 from .forwarder import Forwarder
 from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, serve_metrics
 from .models import DeadLetter, ScheduledItem, ShardStats
@@ -262,11 +263,15 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         audit_stream: Optional[str],
         metrics_port: Optional[int],
         metrics_host: str,
+        max_queue_depth: dict[str, int],
+        rate: dict[str, float],
         **kwargs: Any,
     ) -> None:
+        flow = FlowControl(max_queue_depth, rate)
         run = ForwardOptions(
-            batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream, metrics_port, metrics_host
-        )
+            batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
+            metrics_port, metrics_host, flow,
+        )  # fmt: skip
         command(*args, run=run, **kwargs)
 
     options = [
@@ -351,10 +356,42 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             metavar="ADDR",
             help="Address the metrics listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
         ),
+        click.option(
+            "--max-queue-depth",
+            envvar="DELAYQ_MAX_QUEUE_DEPTH",
+            show_envvar=True,
+            multiple=True,
+            metavar="QUEUE=N",
+            callback=_specs(parse_depth),
+            help="Stop forwarding to QUEUE while its broker queue holds N messages or more; its items wait "
+            "in the delay store, other queues keep flowing. Repeatable (env: space-separated).",
+        ),
+        click.option(
+            "--rate",
+            envvar="DELAYQ_RATE",
+            show_envvar=True,
+            multiple=True,
+            metavar="QUEUE=N/s",
+            callback=_specs(parse_rate),
+            help="Forward at most N items per second (or N/m, N/h) to QUEUE, all forwarders together. "
+            "Repeatable (env: space-separated).",
+        ),
     ]
     for option in reversed(options):
         with_run = option(with_run)
     return with_run
+
+
+def _specs(parse: Callable[[str], tuple[str, Any]]) -> Callable[[click.Context, click.Parameter, Any], dict[str, Any]]:
+    """A click callback turning repeated ``QUEUE=VALUE`` options into a dict (a later one wins)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, Any]:
+        try:
+            return dict(parse(v) for v in values)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc)) from exc
+
+    return callback
 
 
 @dataclass(frozen=True)
@@ -371,6 +408,7 @@ class ForwardOptions:
     audit_stream: Optional[str] = None
     metrics_port: Optional[int] = None
     metrics_host: str = DEFAULT_METRICS_HOST
+    flow: FlowControl = field(default_factory=FlowControl)
 
     def store_settings(self) -> dict[str, Any]:
         return {"lease_seconds": self.lease, "max_attempts": self.max_attempts}
@@ -386,10 +424,12 @@ class ForwardOptions:
             metrics = ForwarderMetrics(store=store)
             serve_metrics(metrics.registry, self.metrics_host, self.metrics_port)
         audit = open_audit(directory=self.audit_dir, stream=self.audit_stream, url=config.url, stem="forwarded")
-        forwarder = Forwarder(store, targets, batch=self.batch, poll_interval=self.poll, audit=audit, metrics=metrics)
+        forwarder = Forwarder(
+            store, targets, batch=self.batch, poll_interval=self.poll, audit=audit, metrics=metrics, flow=self.flow
+        )
         click.echo(
             f"delayq forward: store {redact_url(config.url)} prefix {config.prefix!r}, {config.shards} shards; "
-            f"targets: {'; '.join(described)}"
+            f"targets: {'; '.join(described)}; flow control: {self.flow.describe()}"
             + (f"; audit: {audit!r}" if audit else "")
             + (f"; metrics: http://{self.metrics_host}:{self.metrics_port}/metrics" if metrics else ""),
             err=True,

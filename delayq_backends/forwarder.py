@@ -24,6 +24,7 @@ from redis.exceptions import RedisClusterException
 from .audit import FORWARDED, AuditRecord, AuditSink
 from .envelope import Envelope
 from .errors import ConfigError, EnvelopeError, StoreFullError
+from .flow import FlowControl, FlowGate
 from .models import Claim
 from .store import DelayStore
 from .targets import ClaimTarget, Delivery, Lease, PublishReport, Target
@@ -49,6 +50,8 @@ class ForwarderStats:
     forwarded: int = 0
     acked: int = 0
     released: int = 0
+    #: items held back by flow control (a full or rate-capped queue), given back to the store
+    deferred: int = 0
     retried: int = 0
     dead: int = 0
     batches: int = 0
@@ -77,6 +80,8 @@ class Forwarder:
         audit: where to log one record per forwarded item (off by default); it must not block,
             and its failures are logged, never raised.
         metrics: Prometheus metrics to update (off by default, and then nothing is counted).
+        flow: back-pressure and rate caps per target queue (off by default); :attr:`flow`
+            ``.state`` tells which depth-capped queues are paused.
     """
 
     def __init__(
@@ -92,6 +97,7 @@ class Forwarder:
         name: Optional[str] = None,
         audit: Optional[AuditSink] = None,
         metrics: Optional[ForwarderMetrics] = None,
+        flow: Optional[FlowControl] = None,
     ) -> None:
         if not isinstance(targets, Mapping):
             targets = {t.kind: t for t in targets}
@@ -108,6 +114,7 @@ class Forwarder:
         self.audit = audit
         self.metrics = metrics
         self.stats = ForwarderStats()
+        self.flow = FlowGate(flow or FlowControl(), store, self.targets)
         self._stop = threading.Event()
         self._outage_backoff = 0.0
         self._offset_ms = 0
@@ -197,22 +204,44 @@ class Forwarder:
                 continue
             groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
         report = PublishReport()
+        later: list[tuple[str, int]] = []
         for kind, deliveries in groups.items():
-            self._publish(self.targets[kind], deliveries, report, Lease(self.store, claim))
+            go = self._admit(kind, deliveries, later)
+            if go:
+                self._publish(self.targets[kind], go, report, Lease(self.store, claim))
         attempts = {item.id: item.attempts for item in claim.items}
         failures += [
             (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
         ]
-        self._settle(claim, report, failures, labels)
+        self._settle(claim, report, failures, labels, later)
         log.debug(
-            "shard %d: claimed %d, published %d, failed %d, released %d in %.1f ms",
+            "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
             claim.shard,
             len(claim.items),
             len(report.published),
             len(failures),
             len(report.unsent),
+            len(later),
             (time.perf_counter() - started) * 1000,
         )
+
+    def _admit(self, kind: str, deliveries: list[Delivery], later: list[tuple[str, int]]) -> list[Delivery]:
+        """Flow control, queue by queue: the deliveries that may go now; the others are added
+        to ``later`` as (id, not-before ms), to wait in the store."""
+        if not self.flow.control.active:
+            return deliveries
+        now = self.server_now_ms()
+        by_queue: dict[str, list[Delivery]] = defaultdict(list)
+        for d in deliveries:
+            by_queue[d.envelope.destination].append(d)
+        go: list[Delivery] = []
+        for queue, group in by_queue.items():
+            admitted = self.flow.admit(kind, queue, group, now)
+            if self.metrics is not None and queue in self.flow.state:
+                self.metrics.set_backpressure(kind, queue, self.flow.state[queue])
+            go += admitted.go
+            later += admitted.later
+        return go
 
     def _publish(self, target: Target, deliveries: list[Delivery], report: PublishReport, lease: Lease) -> None:
         try:
@@ -223,6 +252,7 @@ class Forwarder:
         except Exception as exc:  # a target bug must not kill the forwarder; attempts bound it
             log.exception("target %r raised; %d items will be retried", target.kind, len(deliveries))
             part = PublishReport(failed=[(d.id, f"{type(exc).__name__}: {exc}", False) for d in deliveries])
+        self.flow.sent(target.kind, deliveries, part.published)
         now = self.server_now_ms()
         ready = {d.id: d.ready_ms for d in deliveries}
         self.stats.lateness_ms.extend(now - ready[i] for i in part.published)
@@ -254,6 +284,7 @@ class Forwarder:
         report: PublishReport,
         failures: list[tuple[str, Optional[int], str]],
         labels: Mapping[str, Labels],
+        later: list[tuple[str, int]],
     ) -> None:
         self.stats.batches += 1
         self.stats.forwarded += len(report.published)
@@ -267,6 +298,8 @@ class Forwarder:
             self.stats.dead += buried
             for item_id, _, error in failures:
                 log.warning("item %s failed: %s", item_id, error)
+        if later:
+            self.stats.deferred += self.store.defer(claim, later)
         if report.unsent:
             released = self.store.release(claim, report.unsent)
             self.stats.released += released
@@ -399,9 +432,11 @@ class Forwarder:
     def _log_summary(self) -> None:
         s = self.stats
         log.info(
-            "forwarded %d, released %d, retried %d, dead %d, outages %d, errors %d; lateness p50 %s ms p99 %s ms",
+            "forwarded %d, released %d, deferred %d, retried %d, dead %d, outages %d, errors %d; "
+            "lateness p50 %s ms p99 %s ms",
             s.forwarded,
             s.released,
+            s.deferred,
             s.retried,
             s.dead,
             s.outages,

@@ -24,6 +24,7 @@ __all__ = [
     "ShardKeys",
     "meta_key",
     "normalize_id",
+    "rate_key",
     "shard_of",
     "shard_tags",
     "wake_channel",
@@ -102,6 +103,14 @@ def meta_key(prefix: str) -> str:
 def wake_channel(prefix: str) -> str:
     """Pub/sub channel on which a new earliest item wakes sleeping forwarders."""
     return f"{prefix}:wake"
+
+
+def rate_key(prefix: str, queue: str) -> str:
+    """HASH of the forwarding-rate token bucket of ``queue``, shared by every forwarder.
+
+    Tagged with the prefix alone, so a queue name holding braces cannot move it to another slot.
+    """
+    return f"{prefix}:{{{prefix}}}:rate:{queue}"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from .errors import (
     ShardMismatchError,
     StoreFullError,
 )
-from .keys import LAYOUT, ShardKeys, meta_key, normalize_id, shard_of, shard_tags, wake_channel
+from .keys import LAYOUT, ShardKeys, meta_key, normalize_id, rate_key, shard_of, shard_tags, wake_channel
 from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .scripts import Scripts, source
 from .timeutil import Clock, When, now_ms, to_ms
@@ -373,6 +373,33 @@ class DelayStore:
         if not ids:
             return 0
         return int(self._run(self.scripts.release, claim.shard, [claim.lease, self._wake, *ids]))
+
+    def defer(self, claim: Claim, later: Iterable[Tuple[str, int]]) -> int:
+        """Give back items of ``claim`` as ``(id, not_before_ms)``, attempt not counted.
+
+        For flow control: the items wait in the store until then, keeping their original ready
+        time (lateness stays truthful). Returns how many were still under the lease.
+        """
+        args: List[Any] = [claim.lease]
+        for item_id, not_before in later:
+            args += (item_id, not_before)
+        if len(args) == 1:
+            return 0
+        return int(self._run(self.scripts.defer, claim.shard, args))
+
+    def take_tokens(
+        self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None
+    ) -> Tuple[int, int, int]:
+        """Take up to ``wanted`` tokens from ``queue``'s rate bucket, shared by all forwarders.
+
+        Returns (granted, first slot ms, server now ms): the refused ``wanted - granted`` may go
+        from the first slot on, one every ``1000 / rate`` ms (they hold those slots).
+        """
+        with _full_store_said_plainly():
+            granted, first, server_now = self.scripts.take(
+                keys=[rate_key(self.config.prefix, queue)], args=[repr(float(rate)), burst, wanted, now or 0]
+            )
+        return int(granted), int(first), int(server_now)
 
     def fail(
         self, claim: Claim, failures: Iterable[Tuple[str, Optional[int], str]], *, now: Optional[int] = None

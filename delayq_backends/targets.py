@@ -24,7 +24,7 @@ from .models import Claim
 if TYPE_CHECKING:
     from .store import DelayStore
 
-__all__ = ["ClaimTarget", "Delivery", "Lease", "PublishReport", "RedisListTarget", "Target"]
+__all__ = ["ClaimTarget", "Delivery", "DepthTarget", "Lease", "PublishReport", "RedisListTarget", "Target"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,14 @@ class ClaimTarget(Target, Protocol):
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport: ...
 
 
+@runtime_checkable
+class DepthTarget(Target, Protocol):
+    """A target that can say how many messages wait in one of its broker queues, for
+    back-pressure (``--max-queue-depth``). It may raise; the forwarder then keeps forwarding."""
+
+    def queue_depth(self, queue: str) -> int: ...
+
+
 def same_server(a: Any, b: Any) -> bool:
     """Whether two redis-py clients reach the same server and database (by connection settings)."""
     if a is b:
@@ -159,6 +167,10 @@ class RedisListTarget:
             else:
                 report.published += ids
         return report
+
+    def queue_depth(self, queue: str) -> int:
+        """LLEN of the list ``queue``."""
+        return int(self.client.llen(queue))
 
     def close(self) -> None:
         self.client.close()

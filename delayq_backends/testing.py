@@ -179,6 +179,12 @@ class TestingStore(DelayStore):
         """:meth:`DelayStore.fail`, dating dead letters by the fake clock unless ``now`` is given."""
         return super().fail(claim, failures, now=self.clock() if now is None else now)
 
+    def take_tokens(
+        self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None
+    ) -> Tuple[int, int, int]:
+        """:meth:`DelayStore.take_tokens` (rate caps) on the fake clock unless ``now`` is given."""
+        return super().take_tokens(queue, wanted, rate=rate, burst=burst, now=self.clock() if now is None else now)
+
     def server_time_ms(self) -> int:
         """The fake clock: a forwarder or ``stats()`` must see the same "now" as the claims."""
         return self.clock()

@@ -30,11 +30,13 @@ def delayq() -> None:
 def forward(ctx: click.Context, run: ForwardOptions) -> None:
     """Forward the app's due tasks to its broker until SIGTERM/SIGINT (then exit 0)."""
     app = ctx.find_root().obj.app
-    config = replace(CelerySettings.of(app).config, **run.store_settings())
+    settings = CelerySettings.of(app)
+    config = replace(settings.config, **run.store_settings())
     store = DelayStore(connect(config.url), config)
     ctx.call_on_close(store.client.close)
     target = CeleryTarget.from_app(app)
     ctx.call_on_close(target.close)
+    run = replace(run, flow=settings.flow.merged(run.flow))  # the options win for the queues they name
     run.run(store, [target], [f"celery -> {target.describe()}"])
 
 

@@ -8,6 +8,11 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_min_delay = 0       # seconds; a nearer eta is published directly
     app.conf.delayq_enabled = True
     app.conf.delayq_max_payload_bytes = 1024 * 1024   # a bigger task message is refused
+    app.conf.delayq_max_queue_depth = {"celery": 10_000}  # forwarding pauses at this broker depth
+    app.conf.delayq_rate_limits = {"celery": "500/s"}    # all forwarders together (N/s, N/m, N/h)
+
+The last two are read by ``celery -A proj delayq forward``; its ``--max-queue-depth`` and
+``--rate`` options win for the queues they name.
 
 A wrong value fails loudly at first use, naming the setting: a silent fallback would bring
 back worker-side ETAs, the very thing the plugin removes.
@@ -26,6 +31,7 @@ from celery import Celery
 from ..config import Config
 from ..connection import connect, redact_url
 from ..errors import ConfigError, DelayqError
+from ..flow import FlowControl
 from ..store import DelayStore
 
 __all__ = ["CelerySettings", "forget_store", "store_for"]
@@ -37,6 +43,8 @@ _KNOWN = {
     "delayq_min_delay",
     "delayq_enabled",
     "delayq_max_payload_bytes",
+    "delayq_max_queue_depth",
+    "delayq_rate_limits",
 }
 _REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
 
@@ -48,6 +56,7 @@ class CelerySettings:
     config: Config
     min_delay: float
     enabled: bool
+    flow: FlowControl
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -82,7 +91,13 @@ class CelerySettings:
             )
         except ConfigError as exc:
             raise ConfigError(f"Celery setting delayq_*: {exc}") from exc
-        return cls(config=config, min_delay=float(min_delay), enabled=enabled)
+        try:
+            flow = FlowControl.from_mappings(
+                conf.get("delayq_max_queue_depth") or {}, conf.get("delayq_rate_limits") or {}
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"Celery setting delayq_max_queue_depth / delayq_rate_limits: {exc}") from exc
+        return cls(config=config, min_delay=float(min_delay), enabled=enabled, flow=flow)
 
 
 def _store_url(app: Celery) -> str:

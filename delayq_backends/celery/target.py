@@ -61,6 +61,7 @@ class CeleryTarget:
         self.confirm_timeout = confirm_timeout
         self._connection: Optional[Connection] = None
         self._producer: Optional[Producer] = None
+        self._probe: Optional[Connection] = None  # its own, so a probe error never drops a publish
 
     @classmethod
     def from_url(cls, url: str, *, transport_options: Optional[dict[str, Any]] = None, **kwargs: Any) -> CeleryTarget:
@@ -135,6 +136,29 @@ class CeleryTarget:
                 (pending if batched else report.published).append(p.id)
         return pending
 
+    # -- back-pressure ------------------------------------------------------------------------
+
+    def queue_depth(self, queue: str) -> int:
+        """Messages ready in ``queue`` on the broker, by a passive declare (it never creates the queue).
+
+        On AMQP that is RabbitMQ's ``message_count``; on kombu's Redis transport kombu answers
+        with the LLEN of the queue's list and its priority sub-lists, so kombu's key naming stays
+        kombu's business. A queue that does not exist yet holds nothing: 0.
+        """
+        if self._probe is None:
+            self._probe = self._connect()
+            self._probe.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
+        probe = self._probe
+        try:
+            return int(probe.default_channel.queue_declare(queue=queue, passive=True).message_count)
+        except Exception as exc:
+            # any error may leave the channel closed (AMQP closes it on NOT_FOUND): start afresh
+            self._probe = None
+            _release(probe)
+            if _not_found(exc):
+                return 0
+            raise
+
     # -- the connection ---------------------------------------------------------------------
 
     def _connection_or_new(self) -> Connection:
@@ -163,13 +187,26 @@ class CeleryTarget:
         """Drop the connection after an outage; the next batch connects afresh."""
         conn, self._connection, self._producer = self._connection, None, None
         if conn is not None:
-            try:
-                conn.release()
-            except Exception:  # already broken; nothing more to release
-                log.debug("closing a broken broker connection failed", exc_info=True)
+            _release(conn)
 
     def close(self) -> None:
         self._reset()
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            _release(probe)
+
+
+def _release(conn: Connection) -> None:
+    try:
+        conn.release()
+    except Exception:  # already broken; nothing more to release
+        log.debug("closing a broken broker connection failed", exc_info=True)
+
+
+def _not_found(exc: BaseException) -> bool:
+    """A passive declare's "no such queue": amqp's NotFound (code 404), or kombu's virtual
+    transports' ChannelError, which carries the AMQP reply code "404" among its arguments."""
+    return getattr(exc, "code", None) == 404 or "404" in getattr(exc, "args", ())
 
 
 def _confirming(url: str, options: Optional[dict[str, Any]]) -> dict[str, Any]:

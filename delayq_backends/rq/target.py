@@ -164,6 +164,10 @@ class RQTarget:
         """Move a claimed batch; on the store's own server the ack commits with the enqueue."""
         return self._publish(deliveries, lease)
 
+    def queue_depth(self, queue: str) -> int:
+        """Jobs waiting in RQ queue ``queue``: LLEN of its list (what ``Queue.count`` reads)."""
+        return int(self.connection.llen(RQQueue.redis_queue_namespace_prefix + queue))
+
     def close(self) -> None:
         self.connection.close()
 

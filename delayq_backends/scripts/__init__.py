@@ -15,7 +15,19 @@ from typing import Any
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 
-SCRIPT_NAMES = ("schedule", "claim", "ack", "release", "fail", "cancel", "reschedule", "requeue", "purge")
+SCRIPT_NAMES = (
+    "schedule",
+    "claim",
+    "ack",
+    "release",
+    "fail",
+    "cancel",
+    "reschedule",
+    "requeue",
+    "purge",
+    "defer",
+    "take",
+)
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
 
 
@@ -40,6 +52,8 @@ class Scripts:
     reschedule: Any
     requeue: Any
     purge: Any
+    defer: Any
+    take: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:
