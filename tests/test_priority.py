@@ -1,6 +1,6 @@
 """Priority under a backlog: ranked items are claimed before the rest, on every server kind;
-the Celery and RQ adapters give their priorities a rank; real forwarder processes deliver the
-ranked items first, and no shard starves.
+the Celery adapter gives task priorities the rank their broker means; real forwarder processes
+deliver the ranked items first, and no shard starves. (RQ's ``at_front``: tests/test_rq/test_priority.py.)
 
 Store-level tests pass ``now=`` to the claims, so "due" is exact and nothing sleeps.
 """
@@ -18,7 +18,6 @@ from typing import Any, Iterator
 
 import pytest
 import redis
-from rq.job import Job
 
 from delayq_backends import Config, DelayStore, InvalidRankError
 from delayq_backends.celery import store_for
@@ -28,16 +27,13 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import MAX_RANK, RANK_SPAN
 from delayq_backends.models import Claim
-from delayq_backends.rq import Queue, Scheduler
-from delayq_backends.rq.target import AT_FRONT_RANK
 from delayq_backends.scripts import source
 from delayq_backends.targets import RedisListTarget
 from tests.conftest import make_store
 from tests.helpers import wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
-from tests.test_forwarder_processes import Forwarders, forwarders  # noqa: F401  (fixture)
-from tests.test_rq.conftest import Processes, conn, processes  # noqa: F401  (fixtures)
+from tests.test_forwarder_processes import Forwarders
 
 ENV = RedisListTarget.envelope("out", b"x")
 T0 = 1_750_000_000_000  # ms: the ready times below lie just after it
@@ -61,7 +57,9 @@ def test_backlog_high_ranks_are_claimed_first_then_by_ready_time(one_shard: Dela
     rng = random.Random(7)
     lows = [(f"low{i}", (T0 + i) / 1000, ENV) for i in range(2000)]
     # high items are *later* than most lows: rank, not time, puts them first
-    highs = [(f"high{i}", (T0 + 500_000 + rng.randrange(100_000)) / 1000, ENV, rng.choice([1, 5, 9])) for i in range(100)]
+    highs = [
+        (f"high{i}", (T0 + 500_000 + rng.randrange(100_000)) / 1000, ENV, rng.choice([1, 5, 9])) for i in range(100)
+    ]
     entries: list[Any] = [*lows, *highs]
     rng.shuffle(entries)
     one_shard.schedule_many(entries)
@@ -195,7 +193,7 @@ def test_every_due_shard_is_claimed_in_a_pass_despite_one_huge_backlog(valkey_ur
 # -- end to end: a real forwarder process ------------------------------------------------------
 
 
-def test_forwarder_process_delivers_ranked_items_first(valkey_url: str, prefix: str, forwarders: list[Forwarders]) -> None:
+def test_forwarder_process_delivers_ranked_items_first(valkey_url: str, prefix: str) -> None:
     """2,000 low + 100 high due items on 4 shards, batch 100, one `delayq forward` process: in the
     list it fills, every shard's high items arrive before its low ones, all of them within the
     first pass (one batch per shard), and nothing is lost or doubled."""
@@ -209,9 +207,11 @@ def test_forwarder_process_delivers_ranked_items_first(valkey_url: str, prefix: 
     ]
     s.schedule_many([*lows, *highs])
     f = Forwarders(valkey_url, prefix, 4, "--batch", "100")
-    forwarders.append(f)
     f.start()
-    wait_for(lambda: s.client.llen(key) >= 2100, 60, lambda: f"2100 items in {key}, got {s.client.llen(key)}")
+    try:
+        wait_for(lambda: s.client.llen(key) >= 2100, 60, lambda: f"2100 items in {key}, got {s.client.llen(key)}")
+    finally:
+        f.stop_all()
     arrived = [b.decode() for b in s.client.lrange(key, 0, -1)]
     assert sorted(arrived) == sorted(i for i, *_ in [*lows, *highs])
     position = {item_id: n for n, item_id in enumerate(arrived)}
@@ -247,7 +247,10 @@ def test_celery_tasks_get_the_rank_their_broker_gives_their_priority(celery_env:
     rank follows the broker, and no priority is rank 0 on both."""
     app = celery_env.app()
     store = store_for(app)
-    expected = {None: 0, **{p: priority_rank(p, "amqp" if celery_env.kind == "rabbitmq" else "redis") for p in (0, 3, 9)}}
+    expected = {
+        None: 0,
+        **{p: priority_rank(p, "amqp" if celery_env.kind == "rabbitmq" else "redis") for p in (0, 3, 9)},
+    }
     ids = {}
     for priority in expected:
         options = {} if priority is None else {"priority": priority}
@@ -276,7 +279,11 @@ def test_celery_on_redis_broker_forwards_high_priority_first(
     env.start(args, "forwarder", tmp_path)
     broker = redis.Redis.from_url(env.broker)
     try:
-        wait_for(lambda: broker.llen(env.queue) >= 440, 60, lambda: f"440 messages, got {broker.llen(env.queue)}\n{env.tail()}")
+        wait_for(
+            lambda: broker.llen(env.queue) >= 440,
+            60,
+            lambda: f"440 messages, got {broker.llen(env.queue)}\n{env.tail()}",
+        )
     finally:
         env.stop()
     arrived = [json.loads(m)["headers"]["id"] for m in reversed(broker.lrange(env.queue, 0, -1))]
@@ -288,41 +295,3 @@ def test_celery_on_redis_broker_forwards_high_priority_first(
         mine = [t for t in arrived if store.shard_of(t) == shard]
         ranked = [t for t in high if store.shard_of(t) == shard]
         assert sorted(mine[: len(ranked)]) == sorted(ranked)
-
-
-# -- RQ: at_front ---------------------------------------------------------------------------------
-
-
-def test_rq_at_front_jobs_get_a_rank(conn: redis.Redis, prefix: str) -> None:
-    store = DelayStore(conn, Config(prefix=prefix, shards=4))
-    queue = Queue(f"{prefix}-q", connection=conn, delay_store=store)
-    scheduler = Scheduler(f"{prefix}-q", connection=conn, delay_store=store)
-    later = datetime.now(timezone.utc) + timedelta(hours=1)
-    back = queue.enqueue_at(later, "tests.test_rq.jobs.record", "back")
-    front = queue.enqueue_at(later, "tests.test_rq.jobs.record", "front", at_front=True)
-    via_scheduler = scheduler.enqueue_at(later.replace(tzinfo=None), "tests.test_rq.jobs.record", "s", at_front=True)
-    assert (store.rank(back.id), store.rank(front.id), store.rank(via_scheduler.id)) == (0, AT_FRONT_RANK, AT_FRONT_RANK)
-
-
-def test_rq_forwarder_process_moves_at_front_jobs_first(
-    conn: redis.Redis, prefix: str, processes: Processes
-) -> None:
-    """300 due jobs and 20 at_front ones, a real `delayq forward --rq-redis` with batch 10: every
-    at_front job is enqueued before every other job of its shard, and all are enqueued."""
-    store = DelayStore(conn, Config(prefix=prefix, shards=4))
-    queue = Queue(f"{prefix}-q", connection=conn, delay_store=store)
-    later = datetime.now(timezone.utc) + timedelta(hours=1)
-    back = [queue.enqueue_at(later, "tests.test_rq.jobs.record", "back").id for _ in range(300)]
-    front = [queue.enqueue_at(later, "tests.test_rq.jobs.record", "front", at_front=True).id for _ in range(20)]
-    past = datetime.now(timezone.utc) - timedelta(seconds=10)
-    for n, job_id in enumerate(back + front):
-        assert store.reschedule(job_id, past + timedelta(milliseconds=n))
-    processes.forwarder("--batch", "10")
-    wait_for(lambda: queue.count >= 320, 60, lambda: f"320 queued jobs, got {queue.count}")
-    assert sorted(queue.job_ids[:20]) == sorted(front)  # at the front of the queue, as RQ puts them
-    enqueued = {j.id: j.enqueued_at for j in Job.fetch_many(back + front, connection=conn) if j is not None}
-    assert len(enqueued) == 320
-    for shard in range(4):
-        fronts = [enqueued[j] for j in front if store.shard_of(j) == shard]
-        backs = [enqueued[j] for j in back if store.shard_of(j) == shard]
-        assert max(fronts) <= min(backs)

@@ -29,7 +29,16 @@ from ..errors import DelayqError
 from ..targets import Delivery, Lease, PublishReport
 from .periodic import advance
 
-__all__ = ["AT_FRONT_RANK", "KIND", "RQTarget", "dotted_path", "enqueue_due", "enqueues_at_front", "job_envelope", "job_rank"]
+__all__ = [
+    "AT_FRONT_RANK",
+    "KIND",
+    "RQTarget",
+    "dotted_path",
+    "enqueue_due",
+    "enqueues_at_front",
+    "job_envelope",
+    "job_rank",
+]
 
 log = logging.getLogger("delayq.rq")
 
