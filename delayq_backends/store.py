@@ -196,13 +196,13 @@ class DelayStore:
         """
         if mode not in ("replace", "keep"):
             raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
-        by_shard: dict[int, List[Any]] = defaultdict(list)
+        by_shard: dict[int, List[Tuple[str, int, bytes, int]]] = defaultdict(list)
         for item_id, ready, data, *rank in entries:
-            by_shard[shard_of(item_id, self.config.shards)] += (item_id, ready, data, rank[0] if rank else 0)
+            by_shard[shard_of(item_id, self.config.shards)].append((item_id, ready, data, rank[0] if rank else 0))
         calls = [
-            (shard, [mode, self._wake, *args[i : i + 4 * SCHEDULE_CHUNK]])
-            for shard, args in by_shard.items()
-            for i in range(0, len(args), 4 * SCHEDULE_CHUNK)
+            (shard, [mode, self._wake, *_schedule_args(items[i : i + SCHEDULE_CHUNK])])
+            for shard, items in by_shard.items()
+            for i in range(0, len(items), SCHEDULE_CHUNK)
         ]
         counts = ScheduleCounts()
         for added, replaced, kept in self._write_calls(self.scripts.schedule, calls):
@@ -261,7 +261,8 @@ class DelayStore:
         """
         item_id = normalize_id(item_id)
         ready = to_ms(when, clock=self.clock)
-        args = ["replace", self._wake, item_id, ready, self.check_payload(item_id, envelope), check_rank(rank)]
+        data = self.check_payload(item_id, envelope)
+        args = ["replace", self._wake, *_schedule_args([(item_id, ready, data, check_rank(rank))])]
         self._queue_script(pipeline, "schedule", self.shard_of(item_id), args)
 
     # -- producer writes, durable on request ----------------------------------------------
@@ -615,6 +616,14 @@ class DelayStore:
             item_id = normalize_id(item_id)
             by_shard[shard_of(item_id, self.config.shards)].append(item_id)
         return [(shard, ["ids", *chosen]) for shard, chosen in by_shard.items()]
+
+
+def _schedule_args(items: Sequence[Tuple[str, int, bytes, int]]) -> List[Any]:
+    """schedule.lua's item arguments: a width, then the items, with their ranks only when one
+    is not 0 (most batches have none, and an argument per item costs the script time)."""
+    if any(rank for *_, rank in items):
+        return [4, *(field for item in items for field in item)]
+    return [3, *(field for item in items for field in item[:3])]
 
 
 @contextmanager

@@ -40,13 +40,19 @@ local function rank_of(id)
   return MAX_RANK - math.floor(tonumber(score) / RANK_SPAN)
 end
 
--- Give id rank's entry at ready time ready; rank 0 removes the entry (a cheap ZREM).
+-- Whether the shard's ranked index exists, read once per script call (nil: not read yet), so
+-- rank-0 writes to a shard that never had a ranked item cost no command per item.
+local ranked_exists = nil
+
+-- Give id rank's entry at ready time ready; rank 0 removes any entry.
 local function set_rank(id, rank, ready)
   if rank > 0 then
     rcall('ZADD', KEYS[8], ms(band_of(rank) + math.min(tonumber(ready), RANK_SPAN - 1)), id)
-  else
-    rcall('ZREM', KEYS[8], id)
+    ranked_exists = true
+    return
   end
+  if ranked_exists == nil then ranked_exists = rcall('EXISTS', KEYS[8]) == 1 end
+  if ranked_exists then rcall('ZREM', KEYS[8], id) end
 end
 
 local function head_score()
