@@ -15,7 +15,12 @@ whole backlog:
 
 Each sample times ``claim(200)``, then releases the batch (untimed) so the backlog stays as it
 was; samples alternate between the backlogs so machine noise hits them alike. Scheduling is timed
-too: ``schedule_many`` of rank-0 items against ranked ones, rounds alternating. Medians of repeats.
+too: the schedule script's calls for rank-0 items against ranked ones, rounds alternating.
+Medians of repeats.
+
+``--before REV`` adds the rank-0 cases run with the claim and schedule scripts of git revision
+REV (one from before ranks existed), on a backlog of their own in the same run: what ranks cost
+the items that have none.
 """
 
 from __future__ import annotations
@@ -24,16 +29,21 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+BENCH_DIR = Path(__file__).resolve().parent
 
 from core import RESULTS_PATH, BenchServer, code_digest, distribution, envelope, log, write_results  # noqa: E402
 
 from delayq_backends import Config, DelayStore  # noqa: E402
+from delayq_backends.scripts import _INCLUDE  # noqa: E402
+from delayq_backends.store import _schedule_args  # noqa: E402
 
 LIMIT = 200
 
@@ -44,7 +54,7 @@ class Sizes:
     backlog: int  # due items per backlog (one shard)
     ranked_share: float
     samples: int  # timed claims per backlog
-    schedule_items: int  # items per schedule_many round
+    schedule_items: int  # items per schedule round
     schedule_rounds: int
 
 
@@ -66,6 +76,24 @@ def backlog(server: BenchServer, name: str, sizes: Sizes, *, ranked: bool, ranke
             rows.append((f"{name}-{i:08d}", (now - 600_000 + i) / 1000, data))
     for start in range(0, len(rows), 50_000):
         store.schedule_many(rows[start : start + 50_000])
+    return store
+
+
+def scripts_at(rev: str, name: str) -> str:
+    """The source of script ``name`` at git revision ``rev``, its includes expanded."""
+
+    def show(path: str) -> str:
+        where = f"{rev}:delayq_backends/scripts/{path}"
+        return subprocess.run(["git", "show", where], cwd=BENCH_DIR, capture_output=True, text=True, check=True).stdout
+
+    return _INCLUDE.sub(lambda m: show(f"includes/{m.group(1)}.lua"), show(f"{name}.lua"))
+
+
+def with_scripts_of(store: DelayStore, rev: str) -> DelayStore:
+    """``store`` running the claim and schedule scripts of ``rev`` (rank-0 items only)."""
+    register = store.client.register_script
+    old = {name: register(scripts_at(rev, name)) for name in ("claim", "schedule")}
+    store.scripts = type(store.scripts)(**{**vars(store.scripts), **old})
     return store
 
 
@@ -92,22 +120,36 @@ def hold_ranked(store: DelayStore, sizes: Sizes) -> None:
         raise RuntimeError("the first claim should have taken exactly the ranked items")
 
 
-def schedule_rates(server: BenchServer, sizes: Sizes) -> dict[str, float]:
-    """schedule_many items/s, rank 0 vs ranked, rounds alternating; median of rounds."""
-    store = DelayStore(server.connect(), Config(prefix="bench-prio-schedule", shards=1))
+def schedule_rates(server: BenchServer, sizes: Sizes, before: Optional[str]) -> dict[str, float]:
+    """Items/s of schedule script calls (500 items each, arguments built untimed, as
+    ``schedule_many`` builds them), rank 0 vs ranked (vs rank 0 with ``before``'s script), rounds
+    alternating; median of rounds. Script calls only, so the old and new scripts compare alone."""
+    # a store per case: rank-0 rows on a shard that holds ranked items pay a ZREM each
+    plain, ranked = (DelayStore(server.connect(), Config(prefix=f"bench-prio-s{n}", shards=1)) for n in (0, 1))
+    cases: list[tuple[str, DelayStore, Callable[[list[Any]], list[Any]]]] = [
+        ("rank 0", plain, lambda items: _schedule_args([(*item, 0) for item in items])),
+        ("ranked", ranked, lambda items: _schedule_args([(*item, 2) for item in items])),
+    ]
+    if before:
+        old = with_scripts_of(DelayStore(server.connect(), Config(prefix="bench-prio-s2", shards=1)), before)
+        cases.append((f"rank 0, scripts of {before}", old, lambda items: [f for item in items for f in item]))
     data = envelope("schedule", 0).encode()
-    when = time.time() + 3600
-    rates: dict[str, list[float]] = {"rank 0": [], "ranked": []}
+    when = int(time.time() * 1000) + 3_600_000
+    rates: dict[str, list[float]] = {label: [] for label, _, _ in cases}
     for r in range(sizes.schedule_rounds):
-        for label, rank in (("rank 0", 0), ("ranked", 2)):
-            rows = [(f"s{r}-{label[0]}-{i}", when, data, rank) for i in range(sizes.schedule_items)]
+        for n, (label, s, item_args) in enumerate(cases):
+            items = [(f"s{r}-{n}-{i}", when, data) for i in range(sizes.schedule_items)]
+            calls = [["replace", s.wake_channel, *item_args(items[k : k + 500])] for k in range(0, len(items), 500)]
+            s.check_meta()
+            keys = s.keys(0).all()
             t0 = time.perf_counter()
-            store.schedule_many(rows)
+            for args in calls:
+                s.scripts.schedule(keys=keys, args=args)
             rates[label].append(sizes.schedule_items / (time.perf_counter() - t0))
     return {label: round(statistics.median(values)) for label, values in rates.items()}
 
 
-def run_all(sizes: Sizes) -> dict[str, Any]:
+def run_all(sizes: Sizes, before: Optional[str]) -> dict[str, Any]:
     load_start = [round(x, 2) for x in os.getloadavg()]
     with BenchServer() as server:
         server.wipe()
@@ -120,11 +162,14 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
             "1% ranked, all leased": backlog(server, "leased", sizes, ranked=True, ranked_ready_ms=recent),
             "1% ranked, future": backlog(server, "future", sizes, ranked=True, ranked_ready_ms=hour_ahead),
         }
+        if before:
+            old = backlog(server, "old", sizes, ranked=False, ranked_ready_ms=0)
+            stores[f"no ranks, scripts of {before}"] = with_scripts_of(old, before)
         hold_ranked(stores["1% ranked, all leased"], sizes)
         log(f"timing {sizes.samples} claims of {LIMIT} per backlog")
         timings = claim_samples(stores, sizes.samples)
-        log("timing schedule_many")
-        rates = schedule_rates(server, sizes)
+        log("timing the schedule script")
+        rates = schedule_rates(server, sizes, before)
         version = server.version()
     claims = {name: distribution(values) for name, values in timings.items()}
     base = claims["no ranks"]["p50"]
@@ -135,7 +180,8 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
         "limit": LIMIT,
         "claim_ms": claims,
         "claim_p50_vs_no_ranks": {name: round(d["p50"] / base, 3) for name, d in claims.items()},
-        "schedule_many_items_per_s": rates,
+        "schedule_script_items_per_s": rates,
+        "schedule_items": sizes.schedule_items,
         "server": version,
         "code_digest": code_digest(),
         "loadavg": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
@@ -149,7 +195,7 @@ def section(result: dict[str, Any]) -> str:
         f"| {name} | {d['p50']} | {d['p99']} | {result['claim_p50_vs_no_ranks'][name]} |"
         for name, d in result["claim_ms"].items()
     )
-    rates = result["schedule_many_items_per_s"]
+    rates = ", ".join(f"{label} {rate:,} items/s" for label, rate in result["schedule_script_items_per_s"].items())
     return f"""
 ## Priority under backlog, {result['at']} (`bench/priority.py`, {result['sizes']})
 
@@ -162,8 +208,8 @@ times `claim({result['limit']})` and releases the batch untimed; samples alterna
 |---|---:|---:|---:|
 {rows}
 
-`schedule_many` (one shard, 1 h ahead), median of rounds: rank 0 {rates['rank 0']:,} items/s, ranked
-{rates['ranked']:,} items/s.
+Schedule script calls (500 items each, one shard, 1 h ahead, {result['schedule_items']:,} items per round),
+median of rounds: {rates}.
 """
 
 
@@ -172,8 +218,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="markdown file to append to")
     parser.add_argument("--no-results", action="store_true", help="print JSON only, do not touch RESULTS.md")
+    parser.add_argument("--before", metavar="REV", help="also time rank-0 work with the scripts of this git revision")
     args = parser.parse_args(argv)
-    result = run_all(QUICK if args.quick else FULL)
+    result = run_all(QUICK if args.quick else FULL, args.before)
     print(json.dumps(result, indent=1))
     if not args.no_results:
         write_results(args.results, section(result))
