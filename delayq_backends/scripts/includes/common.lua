@@ -7,8 +7,8 @@
   KEYS[6] dead_items HASH id -> envelope
   KEYS[7] dead_info  HASH id -> JSON {error, attempts, ready_ms, rank}
   KEYS[8] ranked     ZSET id -> (MAX_RANK - rank) * RANK_SPAN + ready ms, for rank > 0 only
-The ranked index is exact about *which* items have a rank (schedule and requeue set or remove
-an id's entry) but lazy about the rest: an entry may outlive its item, and its ready part may
+The ranked index is exact about *which* items have a rank (schedule, reschedule, requeue and
+bury set or drop an id's entry) but lazy about the rest: an entry may outlive its item, and its ready part may
 lag behind the item's score; the claim cleans up what it meets (see claim.lua).
 Times cross into Redis as strings made with %d, never through tostring() (which would
 print 13+ digit numbers in exponent form on Lua 5.1). ]]
@@ -27,7 +27,7 @@ local function ms(n) return string.format('%d', n) end
 -- Ranks 1..MAX_RANK each own a band of RANK_SPAN ms scores in the ranked index, the highest
 -- rank the lowest band, so the index reads in claim order. 255 * 2^44 + 2^44 = 2^52 is exact
 -- in a double; ready times past 2^44 ms (year 2527) are indexed at the band's end, which
--- never comes due. Must match keys.MAX_RANK.
+-- never comes due. Must match keys.MAX_RANK and keys.RANK_SPAN.
 local MAX_RANK = 255
 local RANK_SPAN = 17592186044416
 
