@@ -79,12 +79,36 @@ class Sizes:
     wake_reps: int
 
 
-FULL = Sizes("full", reps=5, single_items=10_000, bulk_items=200_000, forward_items=200_000,
-             batches=(100, 200, 500), steady_rate=1000, steady_seconds=20.0, steady_runs=3,
-             claim_small=10_000, claim_large=1_000_000, claim_samples=400, wake_reps=50)
-QUICK = Sizes("quick", reps=3, single_items=2_000, bulk_items=100_000, forward_items=30_000,
-              batches=(100, 200, 500), steady_rate=1000, steady_seconds=5.0, steady_runs=1,
-              claim_small=10_000, claim_large=200_000, claim_samples=100, wake_reps=10)
+FULL = Sizes(
+    "full",
+    reps=5,
+    single_items=10_000,
+    bulk_items=200_000,
+    forward_items=200_000,
+    batches=(100, 200, 500),
+    steady_rate=1000,
+    steady_seconds=20.0,
+    steady_runs=3,
+    claim_small=10_000,
+    claim_large=1_000_000,
+    claim_samples=400,
+    wake_reps=50,
+)
+QUICK = Sizes(
+    "quick",
+    reps=3,
+    single_items=2_000,
+    bulk_items=100_000,
+    forward_items=30_000,
+    batches=(100, 200, 500),
+    steady_rate=1000,
+    steady_seconds=5.0,
+    steady_runs=1,
+    claim_small=10_000,
+    claim_large=200_000,
+    claim_samples=100,
+    wake_reps=10,
+)
 
 
 # -- shared helpers: timing, percentiles, targets ---------------------------------------------
@@ -148,11 +172,17 @@ class Figure:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def figure(key: str, label: str, value: float, unit: str, target: Optional[Target] = None,
-           **detail: Any) -> Figure:
+def figure(key: str, label: str, value: float, unit: str, target: Optional[Target] = None, **detail: Any) -> Figure:
     """Build a figure and judge it against its target in one place."""
-    return Figure(key, label, round(value, 3), unit, str(target) if target else None,
-                  target.met(value) if target else None, detail)
+    return Figure(
+        key,
+        label,
+        round(value, 3),
+        unit,
+        str(target) if target else None,
+        target.met(value) if target else None,
+        detail,
+    )
 
 
 # -- the server we own ------------------------------------------------------------------------
@@ -207,8 +237,10 @@ class BenchServer:
     def settings(self) -> dict[str, str]:
         """Server settings the figures depend on (allocator, small-hash encoding limit)."""
         config = self.client.config_get("hash-max-listpack-entries")
-        return {"mem_allocator": str(self.client.info("memory").get("mem_allocator")),
-                **{str(k): str(v) for k, v in config.items()}}
+        return {
+            "mem_allocator": str(self.client.info("memory").get("mem_allocator")),
+            **{str(k): str(v) for k, v in config.items()},
+        }
 
     def cpu_seconds(self) -> Optional[float]:
         """User+system CPU of the server process (Linux /proc), to split wall time by side."""
@@ -254,20 +286,28 @@ def timed_run(server: BenchServer, work: Callable[[], int]) -> Run:
     return Run(items, wall, pcpu, server_cpu, server.command_seconds() - cmd0)
 
 
-def rate_figure(key: str, label: str, runs: list[Run], target: Optional[Target] = None,
-                **detail: Any) -> Figure:
+def rate_figure(key: str, label: str, runs: list[Run], target: Optional[Target] = None, **detail: Any) -> Figure:
     """Median rate over runs, with per-item CPU split (µs/item) as evidence of the limit."""
+
     def per_item_us(seconds: Callable[[Run], Optional[float]]) -> Optional[float]:
         values = [s / r.items * 1e6 for r in runs if (s := seconds(r)) is not None]
         return round(statistics.median(values), 2) if values else None
 
     rates = [r.rate for r in runs]
-    return figure(key, label, statistics.median(rates), "items/s", target,
-                  runs=[round(x) for x in rates], items_per_run=runs[0].items,
-                  wall_us_per_item=per_item_us(lambda r: r.wall_s),
-                  client_cpu_us_per_item=per_item_us(lambda r: r.client_cpu_s),
-                  server_cpu_us_per_item=per_item_us(lambda r: r.server_cpu_s),
-                  server_cmd_us_per_item=per_item_us(lambda r: r.server_cmd_s), **detail)
+    return figure(
+        key,
+        label,
+        statistics.median(rates),
+        "items/s",
+        target,
+        runs=[round(x) for x in rates],
+        items_per_run=runs[0].items,
+        wall_us_per_item=per_item_us(lambda r: r.wall_s),
+        client_cpu_us_per_item=per_item_us(lambda r: r.client_cpu_s),
+        server_cpu_us_per_item=per_item_us(lambda r: r.server_cpu_s),
+        server_cmd_us_per_item=per_item_us(lambda r: r.server_cmd_s),
+        **detail,
+    )
 
 
 def profile_top(work: Callable[[], Any], limit: int = 12) -> list[str]:
@@ -330,8 +370,9 @@ def envelope(item_id: str, ready_ms: int, list_key: str = OUT_LIST) -> Envelope:
     return RedisListTarget.envelope(list_key, body(item_id, ready_ms))
 
 
-def entries(prefix: str, n: int, ready_ms: Callable[[int], int], *, encoded: bool = False
-            ) -> list[tuple[str, float, Any]]:
+def entries(
+    prefix: str, n: int, ready_ms: Callable[[int], int], *, encoded: bool = False
+) -> list[tuple[str, float, Any]]:
     """``n`` schedule entries (id, epoch seconds, envelope); ``encoded`` pre-encodes them."""
     out: list[tuple[str, float, Any]] = []
     for i in range(n):
@@ -363,6 +404,7 @@ def load(store: DelayStore, prefix: str, n: int, ready_ms: Callable[[int], int],
 
 def schedule_single_case(server: BenchServer, sizes: Sizes) -> Case:
     """One ``store.schedule`` per item: what a Celery ``apply_async(countdown=…)`` costs."""
+
     def prepare() -> Callable[[], int]:
         server.wipe()
         store = server.store()
@@ -372,6 +414,7 @@ def schedule_single_case(server: BenchServer, sizes: Sizes) -> Case:
             for item_id, when, env in items:
                 store.schedule(item_id, when, env)
             return len(items)
+
         return work
 
     return Case("schedule_single", "store.schedule() one call per item", prepare)
@@ -379,6 +422,7 @@ def schedule_single_case(server: BenchServer, sizes: Sizes) -> Case:
 
 def ceiling_single_case(server: BenchServer, sizes: Sizes) -> Case:
     """ZADD+HSET in one pipeline round trip per item: the ceiling of one-call-per-item schedule."""
+
     def prepare() -> Callable[[], int]:
         server.wipe()
         store = server.store()
@@ -392,6 +436,7 @@ def ceiling_single_case(server: BenchServer, sizes: Sizes) -> Case:
                     pipe.hset(keys.items, item_id, data)
                     pipe.execute()
             return len(items)
+
         return work
 
     return Case("ceiling_single", "ceiling: ZADD+HSET, one round trip per item", prepare)
@@ -399,6 +444,7 @@ def ceiling_single_case(server: BenchServer, sizes: Sizes) -> Case:
 
 def schedule_many_case(server: BenchServer, sizes: Sizes, *, encoded: bool) -> Case:
     """``store.schedule_many`` of Envelope objects (the adapters' path) or of encoded bytes."""
+
     def prepare() -> Callable[[], int]:
         server.wipe()
         store = server.store()
@@ -406,6 +452,7 @@ def schedule_many_case(server: BenchServer, sizes: Sizes, *, encoded: bool) -> C
 
         def work() -> int:
             return store.schedule_many(items).added
+
         return work
 
     if encoded:
@@ -421,6 +468,7 @@ def ceiling_pipelined_case(server: BenchServer, sizes: Sizes, *, variadic: bool)
     members per shard chunk, 64 chunks per execute: the same call shape as schedule_many,
     minus validation and Lua, so it is the tightest ceiling for it.
     """
+
     def prepare() -> Callable[[], int]:
         server.wipe()
         store = server.store()
@@ -442,8 +490,11 @@ def ceiling_pipelined_case(server: BenchServer, sizes: Sizes, *, variadic: bool)
             by_shard: dict[int, list[tuple[str, float, bytes]]] = {}
             for item in items:
                 by_shard.setdefault(store.shard_of(item[0]), []).append(item)
-            calls = [(shard, rows[i:i + PIPE_ITEMS]) for shard, rows in by_shard.items()
-                     for i in range(0, len(rows), PIPE_ITEMS)]
+            calls = [
+                (shard, rows[i : i + PIPE_ITEMS])
+                for shard, rows in by_shard.items()
+                for i in range(0, len(rows), PIPE_ITEMS)
+            ]
             it = iter(calls)
             while batch := list(islice(it, 64)):
                 with client.pipeline(transaction=False) as pipe:
@@ -453,6 +504,7 @@ def ceiling_pipelined_case(server: BenchServer, sizes: Sizes, *, variadic: bool)
                         pipe.hset(keys.items, mapping={item_id: data for item_id, _, data in rows})
                     pipe.execute()
             return len(items)
+
         return grouped if variadic else per_item
 
     if variadic:
@@ -471,24 +523,51 @@ def bench_redis_benchmark(server: BenchServer, sizes: Sizes) -> Optional[Figure]
         log("  redis-benchmark not on PATH: skipped")
         return None
     value = "v" * 240
-    commands = {"zadd": ["zadd", "rb:{bench:0}:due", "__rand_int__", "item:__rand_int__"],
-                "hset": ["hset", "rb:{bench:0}:items", "item:__rand_int__", value]}
+    commands = {
+        "zadd": ["zadd", "rb:{bench:0}:due", "__rand_int__", "item:__rand_int__"],
+        "hset": ["hset", "rb:{bench:0}:items", "item:__rand_int__", value],
+    }
     n = max(sizes.bulk_items, 200_000)
     medians: dict[str, float] = {}
     for name, command in commands.items():
         rates = []
         for _ in range(sizes.reps):
             server.wipe()
-            out = subprocess.run([exe, "-p", str(server.port), "-c", "1", "-P", str(PIPE_ITEMS), "-n", str(n),
-                                  "-r", "100000000", "--csv", *command],
-                                 capture_output=True, text=True, check=True, timeout=120).stdout
+            out = subprocess.run(
+                [
+                    exe,
+                    "-p",
+                    str(server.port),
+                    "-c",
+                    "1",
+                    "-P",
+                    str(PIPE_ITEMS),
+                    "-n",
+                    str(n),
+                    "-r",
+                    "100000000",
+                    "--csv",
+                    *command,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            ).stdout
             rates.append(float(out.strip().splitlines()[-1].split(",")[1].strip('"')))
         medians[name] = statistics.median(rates)
     combined = 1 / (1 / medians["zadd"] + 1 / medians["hset"])
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip()
-    return figure("ceiling_redis_benchmark", "ceiling: redis-benchmark -c 1 -P 500, ZADD then HSET",
-                  combined, "items/s", zadd_per_s=round(medians["zadd"]), hset_per_s=round(medians["hset"]),
-                  commands_per_run=n, tool=version)
+    return figure(
+        "ceiling_redis_benchmark",
+        "ceiling: redis-benchmark -c 1 -P 500, ZADD then HSET",
+        combined,
+        "items/s",
+        zadd_per_s=round(medians["zadd"]),
+        hset_per_s=round(medians["hset"]),
+        commands_per_run=n,
+        tool=version,
+    )
 
 
 # -- 3. forwarding throughput -----------------------------------------------------------------
@@ -496,6 +575,7 @@ def bench_redis_benchmark(server: BenchServer, sizes: Sizes) -> Optional[Figure]
 
 def forward_case(server: BenchServer, sizes: Sizes, batch: int) -> Case:
     """One forwarder's ``run_once()`` draining a backlog of due items into a Redis list."""
+
     def prepare() -> Callable[[], int]:
         server.wipe()
         client = server.connect()
@@ -510,10 +590,10 @@ def forward_case(server: BenchServer, sizes: Sizes, batch: int) -> Case:
             if claimed != sizes.forward_items or delivered != sizes.forward_items:
                 raise RuntimeError(f"forwarded {claimed} / delivered {delivered} of {sizes.forward_items}")
             return claimed
+
         return work
 
-    return Case(f"forward_b{batch}", f"forward, one forwarder, batch {batch}", prepare,
-                Target(20_000, True, "items/s"))
+    return Case(f"forward_b{batch}", f"forward, one forwarder, batch {batch}", prepare, Target(20_000, True, "items/s"))
 
 
 # -- 4. lateness under steady load (forwarder and consumer in their own processes) --------------
@@ -533,8 +613,14 @@ def _forwarder_main(url: str, batch: int, stop: MpEvent, results: Any) -> None:
     threading.Thread(target=stop_when_told, daemon=True).start()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     stats = forwarder.run(install_signals=False, log_every=3600)
-    results.put({"lateness_ms": list(stats.lateness_ms), "forwarded": stats.forwarded, "batches": stats.batches,
-                 "cpu_fraction": (time.process_time() - cpu0) / (time.perf_counter() - wall0)})
+    results.put(
+        {
+            "lateness_ms": list(stats.lateness_ms),
+            "forwarded": stats.forwarded,
+            "batches": stats.batches,
+            "cpu_fraction": (time.process_time() - cpu0) / (time.perf_counter() - wall0),
+        }
+    )
 
 
 def _consumer_main(url: str, list_key: str, stop: MpEvent, received: Any, results: Any) -> None:
@@ -566,8 +652,9 @@ class Pipeline:
 
 
 @contextmanager
-def forwarding_processes(server: BenchServer, list_key: str, *, batch: int = 200,
-                         consumer: bool = True) -> Iterator[Pipeline]:
+def forwarding_processes(
+    server: BenchServer, list_key: str, *, batch: int = 200, consumer: bool = True
+) -> Iterator[Pipeline]:
     """Start forwarder (+ consumer) processes, wait until the forwarder listens for wake-ups.
 
     Separate processes, not threads: on 2 cores a thread would share the producer's GIL and
@@ -644,12 +731,21 @@ def steady_run(server: BenchServer, sizes: Sizes, run: int) -> dict[str, Any]:
         while pipeline.received.value < len(call_ms) and time.monotonic() < deadline:
             time.sleep(0.05)
         fwd, consumer_ms = finish(pipeline)
-    return {"produced": len(call_ms), "achieved_rate": round(len(call_ms) / wall, 1), "received": len(consumer_ms),
-            "forwarder_ms": [float(x) for x in fwd["lateness_ms"]], "consumer_ms": consumer_ms,
-            "schedule_call_ms": call_ms, "items_per_batch": round(fwd["forwarded"] / max(1, fwd["batches"]), 2),
-            "cpu_fraction": {"forwarder": round(fwd["cpu_fraction"], 2), "producer": round(producer_cpu, 2),
-                             "server": round(server_cpu, 2) if server_cpu is not None else None},
-            "loadavg_1m": round(os.getloadavg()[0], 2)}
+    return {
+        "produced": len(call_ms),
+        "achieved_rate": round(len(call_ms) / wall, 1),
+        "received": len(consumer_ms),
+        "forwarder_ms": [float(x) for x in fwd["lateness_ms"]],
+        "consumer_ms": consumer_ms,
+        "schedule_call_ms": call_ms,
+        "items_per_batch": round(fwd["forwarded"] / max(1, fwd["batches"]), 2),
+        "cpu_fraction": {
+            "forwarder": round(fwd["cpu_fraction"], 2),
+            "producer": round(producer_cpu, 2),
+            "server": round(server_cpu, 2) if server_cpu is not None else None,
+        },
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def bench_steady_lateness(server: BenchServer, sizes: Sizes) -> list[Figure]:
@@ -663,16 +759,28 @@ def bench_steady_lateness(server: BenchServer, sizes: Sizes) -> list[Figure]:
     for side, label in (("forwarder_ms", "forwarder side"), ("consumer_ms", "consumer side")):
         per_run = [distribution(r[side]) for r in runs]
         p99 = statistics.median(d["p99"] for d in per_run)
-        figures.append(figure(
-            f"lateness_{side.split('_')[0]}_p99", f"lateness p99 at {sizes.steady_rate}/s, {label}", p99, "ms",
-            Target(20, False, "ms"),
-            p50=statistics.median(d["p50"] for d in per_run), max=max(d["max"] for d in per_run),
-            per_run=per_run, pooled=distribution([x for r in runs for x in r[side]])))
+        figures.append(
+            figure(
+                f"lateness_{side.split('_')[0]}_p99",
+                f"lateness p99 at {sizes.steady_rate}/s, {label}",
+                p99,
+                "ms",
+                Target(20, False, "ms"),
+                p50=statistics.median(d["p50"] for d in per_run),
+                max=max(d["max"] for d in per_run),
+                per_run=per_run,
+                pooled=distribution([x for r in runs for x in r[side]]),
+            )
+        )
     figures[0].detail.update(
-        produced=[r["produced"] for r in runs], received=[r["received"] for r in runs],
-        achieved_rate=[r["achieved_rate"] for r in runs], items_per_batch=[r["items_per_batch"] for r in runs],
-        cpu_fraction=[r["cpu_fraction"] for r in runs], loadavg_1m=[r["loadavg_1m"] for r in runs],
-        schedule_call_ms=distribution([x for r in runs for x in r["schedule_call_ms"]]))
+        produced=[r["produced"] for r in runs],
+        received=[r["received"] for r in runs],
+        achieved_rate=[r["achieved_rate"] for r in runs],
+        items_per_batch=[r["items_per_batch"] for r in runs],
+        cpu_fraction=[r["cpu_fraction"] for r in runs],
+        loadavg_1m=[r["loadavg_1m"] for r in runs],
+        schedule_call_ms=distribution([x for r in runs for x in r["schedule_call_ms"]]),
+    )
     return figures
 
 
@@ -744,12 +852,19 @@ def bench_claim_latency(server: BenchServer, sizes: Sizes, shards: int, limit: i
         small.sample(data, limit)
         large.sample(data, limit)
     d_small, d_large = distribution(small.total_ms), distribution(large.total_ms)
-    return figure(f"claim_ratio_{shards}shards",
-                  f"claim({limit})+ack median, {sizes.claim_large:_} vs {sizes.claim_small:_} items, "
-                  f"{shards} shard(s)", d_large["p50"] / d_small["p50"], "x", Target(2, False, "x"),
-                  small=d_small, large=d_large, p99_ratio=round(d_large["p99"] / d_small["p99"], 3),
-                  claim_only_small=distribution(small.claim_ms), claim_only_large=distribution(large.claim_ms),
-                  items_per_shard_large=sizes.claim_large // shards)
+    return figure(
+        f"claim_ratio_{shards}shards",
+        f"claim({limit})+ack median, {sizes.claim_large:_} vs {sizes.claim_small:_} items, {shards} shard(s)",
+        d_large["p50"] / d_small["p50"],
+        "x",
+        Target(2, False, "x"),
+        small=d_small,
+        large=d_large,
+        p99_ratio=round(d_large["p99"] / d_small["p99"], 3),
+        claim_only_small=distribution(small.claim_ms),
+        claim_only_large=distribution(large.claim_ms),
+        items_per_shard_large=sizes.claim_large // shards,
+    )
 
 
 # -- wake-up precision --------------------------------------------------------------------------
@@ -777,9 +892,14 @@ def bench_wakeup(server: BenchServer, sizes: Sizes) -> Figure:
             consumer_ms.append(ms_now() - json.loads(reply[1])["ready_ms"])
         fwd, _ = finish(pipeline)
     forwarder_ms = [float(x) for x in fwd["lateness_ms"]]
-    return figure("wakeup_p99", "wake-up: idle forwarder, item 200 ms ahead, consumer-side p99",
-                  percentile(consumer_ms, 0.99), "ms", consumer=distribution(consumer_ms),
-                  forwarder=distribution(forwarder_ms))
+    return figure(
+        "wakeup_p99",
+        "wake-up: idle forwarder, item 200 ms ahead, consumer-side p99",
+        percentile(consumer_ms, 0.99),
+        "ms",
+        consumer=distribution(consumer_ms),
+        forwarder=distribution(forwarder_ms),
+    )
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -803,21 +923,35 @@ def machine_facts(server: BenchServer) -> dict[str, Any]:
     """What the numbers depend on, recorded beside them."""
     cpu = ""
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         cpu = platform.processor()
     try:
         import hiredis
+
         parser = f"hiredis {hiredis.__version__}"
     except ImportError:
         parser = "pure-Python parser"
-    git = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=BENCH_DIR, capture_output=True,
-                         text=True).stdout.strip()
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "code_digest": code_digest(),
-            "platform": platform.platform(), "server": server.version(), "server_settings": server.settings(),
-            "redis_py": redis.__version__,
-            "parser": parser, "git": git, "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+    git = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=BENCH_DIR, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "code_digest": code_digest(),
+        "platform": platform.platform(),
+        "server": server.version(),
+        "server_settings": server.settings(),
+        "redis_py": redis.__version__,
+        "parser": parser,
+        "git": git,
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def ceiling_ratios(figures: list[Figure]) -> dict[str, float]:
@@ -839,32 +973,45 @@ def cpu_split(fig: Figure) -> str:
     if d.get("wall_us_per_item") is None:
         return ""
     server = d.get("server_cpu_us_per_item")
-    return (f"{d['wall_us_per_item']:.1f} µs/item wall = client CPU {d['client_cpu_us_per_item']:.1f}"
-            f" + server CPU {server if server is not None else '?'} (of which commands "
-            f"{d['server_cmd_us_per_item']:.1f}) + waiting")
+    return (
+        f"{d['wall_us_per_item']:.1f} µs/item wall = client CPU {d['client_cpu_us_per_item']:.1f}"
+        f" + server CPU {server if server is not None else '?'} (of which commands "
+        f"{d['server_cmd_us_per_item']:.1f}) + waiting"
+    )
 
 
 def markdown_section(report: dict[str, Any]) -> str:
     """The human-readable section appended to RESULTS.md for this run."""
     m, sizes = report["machine"], report["sizes"]
     lines = [
-        f"## {report['started']} — {sizes['name']} run ({report['duration_s']:.0f} s)", "",
-        *(["*Quick (smoke-test) sizes: the targets are judged, but on too little data to trust.*", ""]
-          if sizes["name"] == "quick" else []),
+        f"## {report['started']} — {sizes['name']} run ({report['duration_s']:.0f} s)",
+        "",
+        *(
+            ["*Quick (smoke-test) sizes: the targets are judged, but on too little data to trust.*", ""]
+            if sizes["name"] == "quick"
+            else []
+        ),
         f"Machine: {m['nproc']} CPUs ({m['cpu']}), Python {m['python']}, {m['server']} (embedded, "
         f"{', '.join(f'{k} {v}' for k, v in m['server_settings'].items())}), "
         f"redis-py {m['redis_py']} + {m['parser']}, code `{m['git']}` (source digest {m['code_digest']}); load average "
         f"{m['loadavg_start']} at start, {m['loadavg_end']} at end (shared machine: other jobs ran too).",
-        *(["**WARNING: delayq_backends changed while this run went on; its figures mix two versions.**"]
-          if m["code_changed_during_run"] else []),
+        *(
+            ["**WARNING: delayq_backends changed while this run went on; its figures mix two versions.**"]
+            if m["code_changed_during_run"]
+            else []
+        ),
         f"Throughput: median of {sizes['reps']} repetitions (all runs listed), the cases of a group run "
-        "round-robin so drifting load hits them alike. Latency: percentiles over all samples.", "",
-        "| figure | value | target | met |", "|---|---:|---|---|",
+        "round-robin so drifting load hits them alike. Latency: percentiles over all samples.",
+        "",
+        "| figure | value | target | met |",
+        "|---|---:|---|---|",
     ]
     for f in report["figures"]:
         met = "—" if f["met"] is None else ("yes" if f["met"] else "**NO**")
-        lines.append(f"| {f['label']} | {f['value']:,.{0 if f['unit'] == 'items/s' else 2}f} {f['unit']} "
-                     f"| {f['target'] or '—'} | {met} |")
+        lines.append(
+            f"| {f['label']} | {f['value']:,.{0 if f['unit'] == 'items/s' else 2}f} {f['unit']} "
+            f"| {f['target'] or '—'} | {met} |"
+        )
     lines += ["", "Ratios: " + ", ".join(f"{k} = {v:.2f}" for k, v in report["ratios"].items()), "", "Details:", ""]
     for f in report["figures"]:
         lines.append(f"- **{f['key']}**: " + _detail_text(f))
@@ -885,22 +1032,28 @@ def _detail_text(f: dict[str, Any]) -> str:
     if "runs" in d:
         return f"runs {d['runs']} items/s; " + cpu_split(Figure(**f)) + load
     if "zadd_per_s" in d:
-        return (f"ZADD {d['zadd_per_s']:_}/s, HSET {d['hset_per_s']:_}/s ({d['commands_per_run']:_} commands "
-                f"each, {d['tool']}){load}")
+        return (
+            f"ZADD {d['zadd_per_s']:_}/s, HSET {d['hset_per_s']:_}/s ({d['commands_per_run']:_} commands "
+            f"each, {d['tool']}){load}"
+        )
     if "consumer" in d:
         return f"consumer {fmt_dist(d['consumer'])}; forwarder {fmt_dist(d['forwarder'])}{load}"
     if "small" in d:
-        return (f"claim+ack {fmt_dist(d['small'])} small vs {fmt_dist(d['large'])} large, p99 ratio "
-                f"{d['p99_ratio']}; claim alone p50 {d['claim_only_small']['p50']} vs "
-                f"{d['claim_only_large']['p50']} ms; {d['items_per_shard_large']:_} items per shard in the "
-                f"large case{load}")
+        return (
+            f"claim+ack {fmt_dist(d['small'])} small vs {fmt_dist(d['large'])} large, p99 ratio "
+            f"{d['p99_ratio']}; claim alone p50 {d['claim_only_small']['p50']} vs "
+            f"{d['claim_only_large']['p50']} ms; {d['items_per_shard_large']:_} items per shard in the "
+            f"large case{load}"
+        )
     if "per_run" in d:
         text = f"all samples {fmt_dist(d['pooled'])}; per-run p99 {[r['p99'] for r in d['per_run']]}"
         if "produced" in d:
-            text += (f"; produced {d['produced']} at {d['achieved_rate']}/s, received {d['received']}; "
-                     f"{d['items_per_batch']} items per forwarder batch; CPU (share of one core) "
-                     f"{d['cpu_fraction']}; schedule() call {fmt_dist(d['schedule_call_ms'])}; "
-                     f"load {d['loadavg_1m']}")
+            text += (
+                f"; produced {d['produced']} at {d['achieved_rate']}/s, received {d['received']}; "
+                f"{d['items_per_batch']} items per forwarder batch; CPU (share of one core) "
+                f"{d['cpu_fraction']}; schedule() call {fmt_dist(d['schedule_call_ms'])}; "
+                f"load {d['loadavg_1m']}"
+            )
         return text
     return json.dumps(d)
 
@@ -953,15 +1106,30 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
         machine = machine_facts(server)
         log(f"server {machine['server']} on port {server.port}; {sizes.name} sizes")
         steps: list[tuple[str, Callable[[], Any]]] = [
-            ("schedule, one call per item (interleaved with its ceiling)", lambda: measure_cases(
-                server, sizes.reps, [schedule_single_case(server, sizes), ceiling_single_case(server, sizes)])),
-            ("schedule_many (interleaved with its ceilings)", lambda: measure_cases(server, sizes.reps, [
-                schedule_many_case(server, sizes, encoded=False), schedule_many_case(server, sizes, encoded=True),
-                ceiling_pipelined_case(server, sizes, variadic=False),
-                ceiling_pipelined_case(server, sizes, variadic=True)])),
+            (
+                "schedule, one call per item (interleaved with its ceiling)",
+                lambda: measure_cases(
+                    server, sizes.reps, [schedule_single_case(server, sizes), ceiling_single_case(server, sizes)]
+                ),
+            ),
+            (
+                "schedule_many (interleaved with its ceilings)",
+                lambda: measure_cases(
+                    server,
+                    sizes.reps,
+                    [
+                        schedule_many_case(server, sizes, encoded=False),
+                        schedule_many_case(server, sizes, encoded=True),
+                        ceiling_pipelined_case(server, sizes, variadic=False),
+                        ceiling_pipelined_case(server, sizes, variadic=True),
+                    ],
+                ),
+            ),
             ("redis-benchmark", lambda: bench_redis_benchmark(server, sizes)),
-            (f"forwarding, batches {sizes.batches} interleaved", lambda: measure_cases(
-                server, sizes.reps, [forward_case(server, sizes, b) for b in sizes.batches])),
+            (
+                f"forwarding, batches {sizes.batches} interleaved",
+                lambda: measure_cases(server, sizes.reps, [forward_case(server, sizes, b) for b in sizes.batches]),
+            ),
             ("steady lateness", lambda: bench_steady_lateness(server, sizes)),
             ("claim latency 16 shards", lambda: bench_claim_latency(server, sizes, 16)),
             ("claim latency 1 shard", lambda: bench_claim_latency(server, sizes, 1)),
@@ -980,10 +1148,15 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
     machine["code_changed_during_run"] = code_digest() != machine["code_digest"]
     if machine["code_changed_during_run"]:
         log("WARNING: delayq_backends changed during this run; its results mix two versions of the code")
-    return {"started": started.strftime("%Y-%m-%d %H:%M UTC"), "duration_s": round(time.monotonic() - t0, 1),
-            "sizes": asdict(sizes), "machine": machine, "figures": [asdict(f) for f in figures],
-            "ratios": ceiling_ratios(figures),
-            "targets": {f.key: f.met for f in figures if f.met is not None}}
+    return {
+        "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "duration_s": round(time.monotonic() - t0, 1),
+        "sizes": asdict(sizes),
+        "machine": machine,
+        "figures": [asdict(f) for f in figures],
+        "ratios": ceiling_ratios(figures),
+        "targets": {f.key: f.met for f in figures if f.met is not None},
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -12,6 +12,7 @@ __all__ = [
     "DelayqError",
     "EnvelopeError",
     "InvalidIdError",
+    "InvalidRankError",
     "InvalidTimeError",
     "PayloadTooLargeError",
     "ServerNotFoundError",
@@ -44,6 +45,10 @@ class InvalidTimeError(DelayqError, ValueError):
 
 class InvalidIdError(DelayqError, ValueError):
     """An item id that is empty, too long or not text."""
+
+
+class InvalidRankError(DelayqError, ValueError):
+    """A rank that is not an integer in 0..MAX_RANK."""
 
 
 class PayloadTooLargeError(DelayqError, ValueError):

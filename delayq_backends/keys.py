@@ -21,6 +21,8 @@ __all__ = [
     "BALANCED_MAX_SHARDS",
     "LAYOUT",
     "MAX_ID_BYTES",
+    "MAX_RANK",
+    "RANK_SPAN",
     "ShardKeys",
     "meta_key",
     "normalize_id",
@@ -32,6 +34,13 @@ __all__ = [
 
 #: Celery and RQ ids are 36 bytes; anything near this is a mistake, not an id.
 MAX_ID_BYTES = 512
+
+
+#: Ranks run 0..MAX_RANK; higher is claimed first under a backlog. The Lua side encodes a rank's
+#: band in the ``ranked`` index with the same constants (``includes/common.lua``).
+MAX_RANK = 255
+#: Width in ms of one rank's band of scores in the ``ranked`` index (2^44 ms: until 2527).
+RANK_SPAN = 2**44
 
 
 def normalize_id(item_id: Union[str, bytes]) -> str:
@@ -166,6 +175,15 @@ class ShardKeys:
         """HASH id -> JSON {error, attempts, ready_ms} of a dead letter."""
         return self._key("dead_info")
 
+    @property
+    def ranked(self) -> str:
+        """ZSET id -> rank band + ready ms, for items of rank > 0 only (claimed first).
+
+        Added after layout 2 without a bump: a store that lacks it has no ranked items, and it
+        shares the shard's hash tag, so every existing prefix reads as before.
+        """
+        return self._key("ranked")
+
     def all(self) -> list[str]:
         """Every key, in the order the scripts take them as KEYS."""
-        return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info]
+        return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked]

@@ -21,24 +21,53 @@ from .envelope import FORMAT_VERSION, MAGIC, Envelope
 from .errors import (
     ConfigError,
     EnvelopeError,
+    InvalidRankError,
     NotDurableError,
     PayloadTooLargeError,
     ShardMismatchError,
     StoreFullError,
 )
-from .keys import LAYOUT, ShardKeys, meta_key, normalize_id, rate_key, shard_of, shard_tags, wake_channel
+from .keys import (
+    LAYOUT,
+    MAX_RANK,
+    RANK_SPAN,
+    ShardKeys,
+    meta_key,
+    normalize_id,
+    rate_key,
+    shard_of,
+    shard_tags,
+    wake_channel,
+)
 from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .scripts import Scripts, source
 from .timeutil import Clock, When, now_ms, to_ms
 
-__all__ = ["DelayStore", "Payload", "ScheduleEntry"]
+__all__ = ["DelayStore", "Payload", "ScheduleEntry", "check_rank"]
 
 Payload = Union[Envelope, bytes]
-ScheduleEntry = Tuple[Union[str, bytes], When, Payload]
+#: (id, when, envelope) or (id, when, envelope, rank).
+ScheduleEntry = Union[Tuple[Union[str, bytes], When, Payload], Tuple[Union[str, bytes], When, Payload, int]]
+#: A checked entry: (id, ready ms, envelope bytes) or with a checked rank as fourth field.
+CheckedEntry = Union[Tuple[str, int, bytes], Tuple[str, int, bytes, int]]
 
 #: Items per schedule script call: big enough to amortize the round trip, small enough not
 #: to block Redis for long (a call of 500 runs in about a millisecond).
 SCHEDULE_CHUNK = 500
+
+
+def check_rank(rank: int) -> int:
+    """``rank`` if it is an integer in 0..MAX_RANK.
+
+    Raises:
+        InvalidRankError: anything else; nothing was stored.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_RANK:
+        raise InvalidRankError(
+            f"rank={rank!r}: pass an int in 0..{MAX_RANK} (0, the default, for most items; higher is claimed "
+            "first when more is due than the forwarders can take at once)"
+        )
+    return rank
 
 
 class DelayStore:
@@ -135,7 +164,9 @@ class DelayStore:
 
     # -- scheduling -------------------------------------------------------------------------
 
-    def schedule(self, item_id: Union[str, bytes], when: When, envelope: Payload, *, mode: str = "replace") -> str:
+    def schedule(
+        self, item_id: Union[str, bytes], when: When, envelope: Payload, *, mode: str = "replace", rank: int = 0
+    ) -> str:
         """Schedule one item; returns ``"added"``, ``"replaced"`` or ``"kept"``.
 
         Args:
@@ -143,42 +174,46 @@ class DelayStore:
                 (``mode="replace"``) or leaves it (``mode="keep"``).
             when: aware ``datetime``, ``timedelta`` from now, or epoch seconds.
             envelope: what to deliver, as an :class:`Envelope` or its encoded bytes.
+            rank: 0..MAX_RANK; when more is due than can be forwarded at once, higher ranks are
+                claimed first (then earliest first). Rank 0, the default, costs nothing extra.
 
         Raises:
-            InvalidTimeError, InvalidIdError, PayloadTooLargeError, EnvelopeError: bad input;
-            nothing was stored.
+            InvalidTimeError, InvalidIdError, InvalidRankError, PayloadTooLargeError,
+            EnvelopeError: bad input; nothing was stored.
         """
-        counts = self.schedule_many([(item_id, when, envelope)], mode=mode)
+        counts = self.schedule_many([(item_id, when, envelope, rank)], mode=mode)
         return "added" if counts.added else "replaced" if counts.replaced else "kept"
 
     def schedule_many(self, entries: Iterable[ScheduleEntry], *, mode: str = "replace") -> ScheduleCounts:
         """Schedule many items with one script call per shard and chunk, pipelined.
 
-        Every entry is validated before anything is sent, so bad input stores nothing.
+        An entry is ``(id, when, envelope)`` or ``(id, when, envelope, rank)``. Every entry is
+        validated before anything is sent, so bad input stores nothing.
         """
-        checked = []
-        for item_id, when, envelope in entries:
+        checked: List[CheckedEntry] = []
+        for item_id, when, envelope, *rank in entries:
             item_id = normalize_id(item_id)
-            checked.append((item_id, to_ms(when, clock=self.clock), self.check_payload(item_id, envelope)))
+            ready = to_ms(when, clock=self.clock)
+            checked.append((item_id, ready, self.check_payload(item_id, envelope), check_rank(rank[0] if rank else 0)))
         return self.schedule_checked(checked, mode=mode)
 
-    def schedule_checked(self, entries: Iterable[Tuple[str, int, bytes]], *, mode: str = "replace") -> ScheduleCounts:
+    def schedule_checked(self, entries: Iterable[CheckedEntry], *, mode: str = "replace") -> ScheduleCounts:
         """:meth:`schedule_many` of entries already checked: ids from :func:`~delayq_backends.keys.normalize_id`,
         ready times in integer ms from :func:`~delayq_backends.timeutil.to_ms`, envelopes from
-        :meth:`check_payload`.
+        :meth:`check_payload`, ranks (when given) from :func:`check_rank`.
 
         Bulk loaders check each row themselves, to set bad rows aside with their reason instead of
         failing a whole batch, and then skip checking them twice.
         """
         if mode not in ("replace", "keep"):
             raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
-        by_shard: dict[int, List[Any]] = defaultdict(list)
-        for item_id, ready, data in entries:
-            by_shard[shard_of(item_id, self.config.shards)] += (item_id, ready, data)
+        by_shard: dict[int, List[Tuple[str, int, bytes, int]]] = defaultdict(list)
+        for item_id, ready, data, *rank in entries:
+            by_shard[shard_of(item_id, self.config.shards)].append((item_id, ready, data, rank[0] if rank else 0))
         calls = [
-            (shard, [mode, self._wake, *args[i : i + 3 * SCHEDULE_CHUNK]])
-            for shard, args in by_shard.items()
-            for i in range(0, len(args), 3 * SCHEDULE_CHUNK)
+            (shard, [mode, self._wake, *_schedule_args(items[i : i + SCHEDULE_CHUNK])])
+            for shard, items in by_shard.items()
+            for i in range(0, len(items), SCHEDULE_CHUNK)
         ]
         counts = ScheduleCounts()
         for added, replaced, kept in self._write_calls(self.scripts.schedule, calls):
@@ -226,7 +261,9 @@ class DelayStore:
                     replies = pipe.execute()
                 yield from replies
 
-    def schedule_in(self, pipeline: Any, item_id: Union[str, bytes], when: When, envelope: Payload) -> None:
+    def schedule_in(
+        self, pipeline: Any, item_id: Union[str, bytes], when: When, envelope: Payload, *, rank: int = 0
+    ) -> None:
         """Queue a ``replace`` schedule of one item on ``pipeline``, to commit with the caller's writes.
 
         For adapters whose broker is the store's own Redis (not a cluster): the item is stored
@@ -235,7 +272,8 @@ class DelayStore:
         """
         item_id = normalize_id(item_id)
         ready = to_ms(when, clock=self.clock)
-        args = ["replace", self._wake, item_id, ready, self.check_payload(item_id, envelope)]
+        data = self.check_payload(item_id, envelope)
+        args = ["replace", self._wake, *_schedule_args([(item_id, ready, data, check_rank(rank))])]
         self._queue_script(pipeline, "schedule", self.shard_of(item_id), args)
 
     # -- producer writes, durable on request ----------------------------------------------
@@ -308,7 +346,8 @@ class DelayStore:
     def claim(
         self, shard: int, *, limit: int = 200, lease_ms: Optional[int] = None, now: Optional[int] = None
     ) -> Claim:
-        """Lease up to ``limit`` due items of ``shard``, earliest first.
+        """Lease up to ``limit`` due items of ``shard``: ranked ones first (highest rank, then
+        earliest), then the rest earliest first.
 
         ``now`` overrides the server clock (tests and the in-process testing store only).
         """
@@ -457,6 +496,18 @@ class DelayStore:
                         deadline, ready = _parse_lease(lease, score)
                         yield ScheduledItem(member.decode(), shard, ready, envelope, int(tried or 0), deadline)
 
+    def rank(self, item_id: Union[str, bytes]) -> Optional[int]:
+        """The rank ``item_id`` is scheduled with, or None when it is not scheduled."""
+        self.check_meta(record=False)
+        item_id = normalize_id(item_id)
+        k = self._keys[self.shard_of(item_id)]
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hexists(k.items, item_id)
+            pipe.zscore(k.ranked, item_id)
+            exists, score = pipe.execute()
+        # the entry's band is its rank (includes/common.lua); an item's entry is kept exact
+        return None if not exists else 0 if score is None else MAX_RANK - int(score) // RANK_SPAN
+
     def exists(self, item_id: Union[str, bytes]) -> bool:
         item_id = normalize_id(item_id)
         self.check_meta(record=False)
@@ -603,6 +654,14 @@ class DelayStore:
             item_id = normalize_id(item_id)
             by_shard[shard_of(item_id, self.config.shards)].append(item_id)
         return [(shard, ["ids", *chosen]) for shard, chosen in by_shard.items()]
+
+
+def _schedule_args(items: Sequence[Tuple[str, int, bytes, int]]) -> List[Any]:
+    """schedule.lua's item arguments: a width, then the items, with their ranks only when one
+    is not 0 (most batches have none, and an argument per item costs the script time)."""
+    if any(rank for *_, rank in items):
+        return [4, *(field for item in items for field in item)]
+    return [3, *(field for item in items for field in item[:3])]
 
 
 @contextmanager

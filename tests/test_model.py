@@ -1,11 +1,16 @@
 """The store against a plain-Python reference model, by a Hypothesis state machine.
 
-Hypothesis drives schedule (replace/keep, bulk), cancel, reschedule, claim, ack, release,
-fail, dead-letter requeue/purge and the passing of time, on six ids over 1-3 shards so that
-ids collide, leases expire and items run out of attempts. After every step the store must
-agree with the model: each item's ready time, lease and attempts, ``exists``, the counts,
+Hypothesis drives schedule (replace/keep, bulk, with ranks), cancel, reschedule, claim, ack,
+release, fail, dead-letter requeue/purge and the passing of time, on six ids over 1-3 shards so
+that ids collide, leases expire and items run out of attempts. After every step the store must
+agree with the model: each item's ready time, lease, attempts and rank, ``exists``, the counts,
 each shard's head, ``list`` order, the dead letters and the wake-up messages; every claim
-must return exactly the model's due items (earliest first, score <= now, deadline now+lease).
+must return exactly the model's due items (deadline now+lease): ranked ones first, highest rank
+then earliest *by the ranked index*, then the rest earliest first (score <= now).
+
+The model keeps the ready time each ranked item's index entry holds (``Item.indexed``), which
+lags behind its score after a failed delivery's retry until a claim meets it, as the lazy
+index does; that is what decides the order among ranked items of one rank.
 
 Time is the model's: every claim and failure passes ``now=T``, and ready times are exact
 integer milliseconds (``ms / 1000`` epoch seconds round back to ``ms``).
@@ -51,6 +56,8 @@ LEASES = [1_000, 5_000]
 #: (one ms either side of "now") drawn often, since "score <= now" is the claim's contract.
 OFFSETS = st.one_of(st.integers(-2_000, 3_000), st.sampled_from([-1, 0, 1, 999, 1_000, 1_001]))
 ERRORS = st.sampled_from(["boom", "broker said no", 'ünïcode ✗ "quoted"'])
+#: Mostly rank 0, as in real use; two ranks so the claim orders ranks as well as times.
+RANKS = st.sampled_from([0, 0, 1, 2])
 
 StoreFactory = Callable[[Config], DelayStore]
 
@@ -65,6 +72,8 @@ class Lease:
 class Item:
     ready: int  # the item's own ready time, kept while leased
     envelope: bytes
+    rank: int = 0
+    indexed: int = 0  # the ready time of its ranked index entry (rank > 0)
     attempts: int = 0
     lease: Optional[Lease] = None  # kept after expiry until the item is claimed again
 
@@ -81,6 +90,7 @@ class Dead:
     error: str
     died: int
     ready: int
+    rank: int
 
 
 @dataclass(frozen=True)
@@ -116,35 +126,59 @@ class Model:
             heads[k] = item.score if head is None else min(item.score, head)
         return heads
 
-    def schedule(self, item_id: str, ready: int, envelope: bytes, keep: bool) -> str:
+    def schedule(self, item_id: str, ready: int, envelope: bytes, keep: bool, rank: int) -> str:
         if item_id not in self.items:
-            self.items[item_id] = Item(ready, envelope)
+            self.items[item_id] = Item(ready, envelope, rank, ready)
             return "added"
         if keep:
             return "kept"
-        self.items[item_id] = Item(ready, envelope)  # lease and attempts dropped
+        self.items[item_id] = Item(ready, envelope, rank, ready)  # lease and attempts dropped
         return "replaced"
 
     def claim(self, shard: int, limit: int, lease: int) -> list[tuple[str, bytes, int, int]]:
         self.tokens += 1
         self.deadlines[self.tokens] = self.now + lease
-        due = sorted((it.score, i) for i, it in self.items.items() if self.shard(i) == shard and it.score <= self.now)
-        out = []
-        for _, item_id in due[:limit]:
+        out: list[tuple[str, bytes, int, int]] = []
+        budget = limit  # a buried item uses up the limit too
+        # ranked index entries due by their own time, in index order (ties by id, as in a ZSET)
+        ranked = sorted(
+            (-it.rank, it.indexed, i)
+            for i, it in self.items.items()
+            if self.shard(i) == shard and it.rank and it.indexed <= self.now
+        )
+        for _, _, item_id in ranked:
+            if budget == 0:
+                break
             item = self.items[item_id]
-            event("claim: lease expired, claimed again" if item.lease else "claim: due item")
-            item.attempts += 1
-            if item.attempts > self.max_attempts:
-                event("claim: out of attempts, dead-lettered")
-                self.bury(item_id, item.envelope, item.attempts, "claimed", item.ready)
+            if item.score <= self.now:
+                event("claim: ranked item first")
+                self.take(item_id, out)
+                budget -= 1
+            elif item.lease:
+                event("claim: leased ranked item stepped over")
             else:
-                item.lease = Lease(self.tokens, self.now + lease)
-                out.append((item_id, item.envelope, item.attempts, item.ready))
+                event("claim: ranked entry moved to its item's later time")
+                item.indexed = item.score
+        due = sorted((it.score, i) for i, it in self.items.items() if self.shard(i) == shard and it.score <= self.now)
+        for _, item_id in due[:budget]:
+            self.take(item_id, out)
         return out
 
+    def take(self, item_id: str, out: list[tuple[str, bytes, int, int]]) -> None:
+        """Lease a due item to the latest claim, or bury it when out of attempts."""
+        item = self.items[item_id]
+        event("claim: lease expired, claimed again" if item.lease else "claim: due item")
+        item.attempts += 1
+        if item.attempts > self.max_attempts:
+            event("claim: out of attempts, dead-lettered")
+            self.bury(item_id, item.envelope, item.attempts, "claimed", item.ready)
+        else:
+            item.lease = Lease(self.tokens, self.deadlines[self.tokens])
+            out.append((item_id, item.envelope, item.attempts, item.ready))
+
     def bury(self, item_id: str, envelope: Optional[bytes], attempts: int, error: str, ready: int) -> None:
-        del self.items[item_id]
-        self.dead[item_id] = Dead(envelope, attempts, error, self.now, ready)
+        rank = self.items.pop(item_id).rank
+        self.dead[item_id] = Dead(envelope, attempts, error, self.now, ready, rank)
 
     def held_by(self, item_id: str, token: int, op: str) -> Optional[Item]:
         """The item if claim ``token`` still holds it; notes why not, for the statistics."""
@@ -200,22 +234,22 @@ class DelayStoreModel(RuleBasedStateMachine):
 
     # -- scheduling ---------------------------------------------------------------------------
 
-    @rule(item_id=st.sampled_from(IDS), offset=OFFSETS, keep=st.booleans())
-    def schedule(self, item_id: str, offset: int, keep: bool) -> None:
+    @rule(item_id=st.sampled_from(IDS), offset=OFFSETS, keep=st.booleans(), rank=RANKS)
+    def schedule(self, item_id: str, offset: int, keep: bool, rank: int) -> None:
         ready, envelope, before = self.model.now + offset, self.envelope(item_id), self.model.heads()
-        got = self.s.schedule(item_id, ready / 1000, envelope, mode="keep" if keep else "replace")
-        assert got == self.model.schedule(item_id, ready, envelope, keep)
+        got = self.s.schedule(item_id, ready / 1000, envelope, mode="keep" if keep else "replace", rank=rank)
+        assert got == self.model.schedule(item_id, ready, envelope, keep, rank)
         self.expect_wakes(before)
 
-    @rule(entries=st.lists(st.tuples(st.sampled_from(IDS), OFFSETS), min_size=1, max_size=5), keep=st.booleans())
-    def schedule_many(self, entries: list[tuple[str, int]], keep: bool) -> None:
+    @rule(entries=st.lists(st.tuples(st.sampled_from(IDS), OFFSETS, RANKS), min_size=1, max_size=5), keep=st.booleans())
+    def schedule_many(self, entries: list[tuple[str, int, int]], keep: bool) -> None:
         """Several ids at once, across shards, duplicates within one call included."""
         m = self.model
-        batch = [(item_id, m.now + offset, self.envelope(item_id)) for item_id, offset in entries]
+        batch = [(item_id, m.now + offset, self.envelope(item_id), rank) for item_id, offset, rank in entries]
         before = m.heads()
-        counts = self.s.schedule_many([(i, r / 1000, e) for i, r, e in batch], mode="keep" if keep else "replace")
+        counts = self.s.schedule_many([(i, r / 1000, e, k) for i, r, e, k in batch], mode="keep" if keep else "replace")
         # One script call per shard, each in input order: the model goes shard by shard.
-        outcomes = [m.schedule(i, r, e, keep) for i, r, e in sorted(batch, key=lambda b: m.shard(b[0]))]
+        outcomes = [m.schedule(i, r, e, keep, k) for i, r, e, k in sorted(batch, key=lambda b: m.shard(b[0]))]
         assert (counts.added, counts.replaced, counts.kept) == tuple(
             outcomes.count(k) for k in ("added", "replaced", "kept")
         )
@@ -230,7 +264,8 @@ class DelayStoreModel(RuleBasedStateMachine):
         ready, item, before = self.model.now + offset, self.model.items.get(item_id), self.model.heads()
         assert self.s.reschedule(item_id, ready / 1000) == (item is not None)
         if item is not None:
-            item.ready, item.lease, item.attempts = ready, None, 0  # reschedule starts attempts afresh
+            # reschedule starts attempts afresh; the ranked entry moves with it
+            item.ready, item.indexed, item.lease, item.attempts = ready, ready, None, 0
         self.expect_wakes(before)
 
     # -- time ---------------------------------------------------------------------------------
@@ -383,7 +418,7 @@ class DelayStoreModel(RuleBasedStateMachine):
                 continue
             if dead.envelope is not None and item_id not in m.items:
                 event("requeue: dead letter scheduled again")
-                m.items[item_id] = Item(ready, dead.envelope)
+                m.items[item_id] = Item(ready, dead.envelope, dead.rank, ready)  # with the rank it died with
                 del m.dead[item_id]
                 requeued += 1
             else:
@@ -416,6 +451,7 @@ class DelayStoreModel(RuleBasedStateMachine):
             deadline = item.lease.deadline if item.lease else None
             expected = (m.shard(item_id), item.ready, item.envelope, item.attempts, deadline)
             assert (got.shard, got.ready_ms, got.envelope, got.attempts, got.leased_until_ms) == expected, item_id
+            assert self.s.rank(item_id) == item.rank, item_id
 
     @invariant()
     def counts_heads_and_order_match(self) -> None:

@@ -57,13 +57,14 @@ def test_each_role_does_its_job_on_its_prefix_and_nothing_else(
     forwarder_store = open_store(user_url(admin, valkey_server, prefix, "forwarder"), prefix)
     reader = open_store(user_url(admin, valkey_server, prefix, "reader"), prefix)
 
-    producer.schedule_many((f"i{n}", 1, RedisListTarget.envelope("out", b"x")) for n in range(50))
+    producer.schedule_many((f"i{n}", 1, RedisListTarget.envelope("out", b"x"), n % 2) for n in range(50))
     assert producer.cancel("i0") and producer.reschedule("i1", 4_000_000_000)
     assert sum(s.scheduled for s in reader.stats()) == 49 and len(reader.list(count=100)) == 49
 
     inbox = CollectingTarget("list")
     forwarder = Forwarder(forwarder_store, [inbox])
     assert forwarder.run_once() == 48 and len(inbox.ids) == 48
+    assert producer.schedule("i2", 1, RedisListTarget.envelope("out", b"x")) == "added"  # rank 0 after ranks
     pubsub = forwarder_store.client.pubsub()  # the forwarder may listen for wake-ups
     pubsub.subscribe(forwarder_store.wake_channel)
     producer.schedule("wake", 4_000_000_000 - 1, RedisListTarget.envelope("out", b"x"))

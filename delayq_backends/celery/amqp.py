@@ -24,7 +24,7 @@ from kombu.entity import Exchange
 
 from ..errors import DelayqError
 from ..store import DelayStore
-from .message import StoredMessage, parse_time
+from .message import StoredMessage, parse_time, priority_rank
 from .scheduled import revoke as revoke_scheduled
 from .settings import CelerySettings, store_for
 
@@ -89,9 +89,10 @@ class _StoringProducer:
         exchange_name = exchange.name if isinstance(exchange, Exchange) else exchange
         if self._stored or headers.get("id") != self._task_id or exchange_name == NATIVE_DELAYED_EXCHANGE:
             return self._producer.publish(body, **kwargs)
-        envelope = StoredMessage.capture(body, kwargs).to_envelope()
+        message = StoredMessage.capture(body, kwargs)
+        rank = priority_rank(message.properties.get("priority"), self._broker_driver())
         try:
-            self._store.schedule(self._task_id, self._eta, envelope)
+            self._store.schedule(self._task_id, self._eta, message.to_envelope(), rank=rank)
         except DelayqError:
             raise  # bad input: the error already says what to fix
         except Exception as exc:
@@ -101,6 +102,11 @@ class _StoringProducer:
             ) from exc
         self._stored = True
         return None
+
+    def _broker_driver(self) -> str:
+        """kombu's name for the broker's kind (``amqp``, ``redis``, ...), which decides what a
+        priority means. Read from the producer's Connection, which does not connect to learn it."""
+        return str(self._producer.connection.transport.driver_type)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)

@@ -24,7 +24,7 @@ from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..timeutil import from_ms
 
-__all__ = ["KIND", "StoredMessage", "parse_time"]
+__all__ = ["KIND", "StoredMessage", "parse_time", "priority_rank"]
 
 #: ``Envelope.target`` of Celery messages; the forwarder's Celery target has this kind.
 KIND = "celery"
@@ -50,6 +50,34 @@ _PUBLISH_ARGS = frozenset(
         "immediate",
     }
 )
+
+
+#: kombu's Redis transport serves priority 0 first and clamps to 0..9 (``Channel.min_priority``/
+#: ``max_priority``, ``PRIORITY_STEPS``): the reverse of AMQP, where 255 is the highest.
+_REDIS_LOWEST_PRIORITY = 9
+_AMQP_HIGHEST_PRIORITY = 255
+
+
+def priority_rank(priority: Any, driver_type: str) -> int:
+    """The delay store rank of a task message's ``priority`` on a broker of kombu's ``driver_type``.
+
+    RabbitMQ (``amqp``) delivers higher priorities first: the rank is the priority (0..255).
+    kombu's Redis transport delivers *lower* numbers first (0..9): the rank is ``9 - priority``.
+    No priority is rank 0 on every broker, so the usual task costs the store nothing extra
+    (on Redis kombu reads a missing priority as 0, its highest; see docs/priority.md). Other
+    transports have no priority order of their own to follow: rank 0.
+    """
+    if priority is None or isinstance(priority, bool):
+        return 0
+    try:
+        value = int(priority)
+    except (TypeError, ValueError):
+        return 0
+    if driver_type == "amqp":
+        return min(max(value, 0), _AMQP_HIGHEST_PRIORITY)
+    if driver_type == "redis":
+        return _REDIS_LOWEST_PRIORITY - min(max(value, 0), _REDIS_LOWEST_PRIORITY)
+    return 0
 
 
 def parse_time(value: Any) -> Optional[datetime]:

@@ -26,7 +26,7 @@ from ..errors import ConfigError, InvalidTimeError
 from ..store import DelayStore
 from ..targets import same_server
 from ..timeutil import to_ms
-from .target import job_envelope
+from .target import job_envelope, job_rank
 
 __all__ = ["Queue", "UsesDelayStore", "store_for"]
 
@@ -119,7 +119,8 @@ class Queue(UsesDelayStore, RQQueue):
         exactly; its entry in ``rq:scheduled:<queue>`` is removed in the same transaction, so
         RQ's built-in scheduler never sees it. When the store lives on this queue's Redis, the
         store's entry joins that transaction (or the caller's ``pipeline``, as in a worker's
-        retry): the job is scheduled completely or not at all.
+        retry): the job is scheduled completely or not at all. A job enqueued at the front
+        (``at_front=True``) gets a higher rank, so a backlog of due jobs moves it first.
 
         Raises:
             InvalidTimeError: ``datetime`` is not a datetime; nothing was saved.
@@ -131,13 +132,13 @@ class Queue(UsesDelayStore, RQQueue):
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         self.save_scheduled(job, datetime, pipe, *args, **kwargs)
         if shared:
-            store.schedule_in(pipe, job.id, ready, envelope)
+            store.schedule_in(pipe, job.id, ready, envelope, rank=job_rank(job))
         if pipeline is None:
             pipe.execute()
         if not shared:
             # The job hash is saved first (or with the caller's pipeline): an id due at once must
             # not reach the forwarder before its job exists.
-            store.schedule(job.id, ready, envelope)
+            store.schedule(job.id, ready, envelope, rank=job_rank(job))
         return job
 
     def save_scheduled(self, job: Job, datetime: datetime, pipeline: Any, *args: Any, **kwargs: Any) -> None:

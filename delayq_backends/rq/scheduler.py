@@ -29,7 +29,7 @@ from ..targets import same_server
 from ..timeutil import to_ms
 from .periodic import InvalidScheduleError, check_cron, check_interval, next_cron_time
 from .queue import UsesDelayStore
-from .target import KIND, job_envelope
+from .target import KIND, job_envelope, job_rank
 
 __all__ = ["JobNotScheduledError", "Scheduler"]
 
@@ -250,11 +250,11 @@ class Scheduler(UsesDelayStore):
         if not store.cluster and same_server(store.client, self.connection):
             with self.connection.pipeline() as pipe:
                 job.save(pipeline=pipe)
-                store.schedule_in(pipe, job.id, seconds(ready_ms), envelope)
+                store.schedule_in(pipe, job.id, seconds(ready_ms), envelope, rank=job_rank(job))
                 pipe.execute()
         else:
             job.save()
-            store.schedule(job.id, seconds(ready_ms), envelope)
+            store.schedule(job.id, seconds(ready_ms), envelope, rank=job_rank(job))
         return job
 
     # -- inspecting and changing --------------------------------------------------------------

@@ -29,7 +29,16 @@ from ..errors import DelayqError
 from ..targets import Delivery, Lease, PublishReport
 from .periodic import advance
 
-__all__ = ["KIND", "RQTarget", "dotted_path", "enqueue_due", "job_envelope"]
+__all__ = [
+    "AT_FRONT_RANK",
+    "KIND",
+    "RQTarget",
+    "dotted_path",
+    "enqueue_due",
+    "enqueues_at_front",
+    "job_envelope",
+    "job_rank",
+]
 
 log = logging.getLogger("delayq.rq")
 
@@ -40,6 +49,9 @@ _CLASS_KEYS = ("queue_class", "job_class", "serializer")
 #: Envelope meta flag: the job came from :class:`~delayq_backends.rq.Scheduler` (rq-scheduler
 #: semantics: dependencies are checked when it is due, and ``job.meta`` may make it periodic).
 SCHEDULER_FLAG = "scheduler"
+#: The store rank of a job that will be enqueued at the front of its queue: under a backlog,
+#: the forwarder moves it before the jobs that queue behind (rank 0).
+AT_FRONT_RANK = 1
 
 
 class ClassImportError(DelayqError):
@@ -73,6 +85,16 @@ def job_envelope(
     return Envelope(target=KIND, destination=queue_name, meta=meta)
 
 
+def enqueues_at_front(job: Job) -> bool:
+    """Whether RQ puts ``job`` at the front of its queue when it is enqueued (a retry may too)."""
+    return job.should_enqueue_at_front() if hasattr(job, "should_enqueue_at_front") else bool(job.enqueue_at_front)
+
+
+def job_rank(job: Job) -> int:
+    """The delay store rank of ``job``: :data:`AT_FRONT_RANK` when it goes to the front, else 0."""
+    return AT_FRONT_RANK if enqueues_at_front(job) else 0
+
+
 def enqueue_due(queue: RQQueue, job: Job, pipeline: Optional[Any], *, check_dependencies: bool = False) -> bool:
     """Put a due job into ``queue``: the one place that touches RQ internals.
 
@@ -89,7 +111,7 @@ def enqueue_due(queue: RQQueue, job: Job, pipeline: Optional[Any], *, check_depe
     not check dependencies of a due job; rq-scheduler does. Each of our classes keeps the
     behaviour of the one it replaces.)
     """
-    at_front = job.should_enqueue_at_front() if hasattr(job, "should_enqueue_at_front") else bool(job.enqueue_at_front)
+    at_front = enqueues_at_front(job)
     if pipeline is None:
         queue.enqueue_job(job, at_front=at_front)
         return True
@@ -306,10 +328,10 @@ class RQTarget:
             following = batch.following.get(job_id)
             if following is None:
                 continue
-            envelope = batch.deliveries[job_id].envelope
+            envelope, rank = batch.deliveries[job_id].envelope, job_rank(batch.jobs[job_id])
             if lease is None:
                 log.warning("periodic job %s moved without a lease: its next run is not scheduled", job_id)
             elif pipe is not None:
-                lease.store.schedule_in(pipe, job_id, following, envelope)
+                lease.store.schedule_in(pipe, job_id, following, envelope, rank=rank)
             else:
-                lease.store.schedule(job_id, following, envelope)
+                lease.store.schedule(job_id, following, envelope, rank=rank)

@@ -1,6 +1,6 @@
 --[[ Delete delivered items, but only those still under our lease.
 Input:
-  KEYS[1..7] the shard's keys (see includes/common.lua)
+  KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] our lease, "<deadline>:<token>" of the claim
   ARGV[2..] ids
 Output: how many were deleted. An id cancelled, rescheduled or re-claimed since our claim

@@ -1,6 +1,6 @@
 --[[ Remove a scheduled item, leased or not.
 Input:
-  KEYS[1..7] the shard's keys (see includes/common.lua)
+  KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] id
 Output: 1 if it was there, else 0. ]]
 --- @include "common"

@@ -1,6 +1,7 @@
---[[ Lease up to ARGV[1] due items of one shard.
+--[[ Lease up to ARGV[1] due items of one shard: ranked items first (highest rank first, then
+earliest), then the rest earliest first.
 Input:
-  KEYS[1..7] the shard's keys (see includes/common.lua)
+  KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] limit
   ARGV[2] lease ms
   ARGV[3] max attempts: an item claimed more often goes to the dead letters instead
@@ -8,15 +9,24 @@ Input:
   ARGV[5] claim token, unique per claim: the lease is "<deadline>:<token>", so two claims
           that happen to share a deadline (different lease lengths) never share a lease
 Output: {deadline, id, envelope, attempts, ready ms, id, envelope, ...}
-A leased item's score becomes its deadline: if it is not acked by then, it is due again. ]]
+A leased item's score becomes its deadline: if it is not acked by then, it is due again.
+
+Cost: O((R + 1) log N + limit + S) for R ranks present in the shard's index and S stale index
+entries met. With no ranked item, the index is one lookup of a missing key. A stale entry is met
+once (its item is gone: removed; or not due and not leased: moved to the item's score), except
+while its item is leased (at most the shard's in-flight ranked items), where it stays so a
+release or an expired lease finds it again at its ready time. ]]
 --- @include "common"
 local now = now_ms(ARGV[4])
 local deadline = ms(now + tonumber(ARGV[2]))
 local lease = deadline .. ':' .. ARGV[5]
 local max_attempts = tonumber(ARGV[3])
+local budget = tonumber(ARGV[1])
 local out = {deadline}
-local ids = rcall('ZRANGEBYSCORE', KEYS[1], '-inf', ms(now), 'LIMIT', 0, tonumber(ARGV[1]))
-for _, id in ipairs(ids) do
+
+-- Lease one due id (or bury it), spending one unit of the budget.
+local function take(id)
+  budget = budget - 1
   local envelope = rcall('HGET', KEYS[2], id)
   local held = rcall('HGET', KEYS[4], id)
   local ready = held and string.match(held, ':(%d+)$') or rcall('ZSCORE', KEYS[1], id)
@@ -34,5 +44,44 @@ for _, id in ipairs(ids) do
     out[#out + 1] = attempts
     out[#out + 1] = ready
   end
+end
+
+-- Claim the due entries of one rank's band, in index order; returns when the band has no more
+-- due entries or the budget is spent. `kept` counts the entries of the window that stay in it
+-- (leased ones), so the next page starts after them.
+local function claim_band(low)
+  local kept = 0
+  while budget > 0 do
+    local ids = rcall('ZRANGEBYSCORE', KEYS[8], ms(low), ms(low + now), 'LIMIT', kept, budget)
+    if #ids == 0 then return end
+    for _, id in ipairs(ids) do
+      local score = rcall('ZSCORE', KEYS[1], id)
+      if not score then
+        rcall('ZREM', KEYS[8], id)  -- the item is gone (acked, cancelled, buried)
+      elseif tonumber(score) <= now then
+        take(id)
+        if rcall('ZSCORE', KEYS[8], id) then kept = kept + 1 end  -- leased, not buried
+      elseif rcall('HEXISTS', KEYS[4], id) == 1 then
+        kept = kept + 1  -- leased: back at its ready time if released or the lease expires
+      else
+        rcall('ZADD', KEYS[8], ms(low + math.min(tonumber(score), RANK_SPAN - 1)), id)  -- moved later
+      end
+    end
+  end
+end
+
+-- Visit each band present in the index, highest rank first: one lookup finds the next. Scores
+-- pass through ms(): a Lua number given to redis.call prints with 14 digits only.
+local low = 0
+while budget > 0 do
+  local first = rcall('ZRANGEBYSCORE', KEYS[8], ms(low), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #first == 0 then break end
+  low = math.floor(tonumber(first[2]) / RANK_SPAN) * RANK_SPAN
+  claim_band(low)
+  low = low + RANK_SPAN
+end
+
+if budget > 0 then
+  for _, id in ipairs(rcall('ZRANGEBYSCORE', KEYS[1], '-inf', ms(now), 'LIMIT', 0, budget)) do take(id) end
 end
 return out

@@ -1,7 +1,7 @@
 --[[ Give back leased items not before given times (flow control: a paused or rate-capped
 queue), without counting the attempt and keeping each item's original ready time.
 Input:
-  KEYS[1..7] the shard's keys (see includes/common.lua)
+  KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] our lease, "<deadline>:<token>" of the claim
   ARGV[2..] pairs: id, not-before ms
 Output: how many were deferred.

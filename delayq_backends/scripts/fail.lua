@@ -1,7 +1,7 @@
 --[[ Record a failed delivery of leased items: retry later, or bury in the dead letters once
 out of attempts (or at once for a permanent error).
 Input:
-  KEYS[1..7] the shard's keys (see includes/common.lua)
+  KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] our lease, "<deadline>:<token>" of the claim
   ARGV[2] max attempts
   ARGV[3] clock override ms ("0": server TIME)

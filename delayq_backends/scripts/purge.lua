@@ -1,6 +1,6 @@
 --[[ Delete dead letters for good.
 Input:
-  KEYS[1..7] the shard's keys (see includes/common.lua)
+  KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] "all" (every dead letter of the shard) or "ids" (those in ARGV[2..])
   ARGV[2..] ids
 Output: how many were deleted. ]]

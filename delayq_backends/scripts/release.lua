@@ -1,7 +1,7 @@
 --[[ Give back leased items that were not published, at their original ready time, without
 counting the attempt (graceful shutdown, broker outage).
 Input:
-  KEYS[1..7] the shard's keys (see includes/common.lua)
+  KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] our lease, "<deadline>:<token>" of the claim
   ARGV[2] wake channel
   ARGV[3..] ids

@@ -1,11 +1,12 @@
 --[[ Move dead letters back into the schedule with fresh attempts.
 Input:
-  KEYS[1..7] the shard's keys (see includes/common.lua)
+  KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] ready ms
   ARGV[2] wake channel
   ARGV[3] "all" (every dead letter of the shard) or "ids" (those in ARGV[4..])
   ARGV[4..] ids
-Output: {requeued, skipped}: skipped = no envelope kept, or the id is scheduled again already. ]]
+Output: {requeued, skipped}: skipped = no envelope kept, or the id is scheduled again already.
+An item keeps the rank it died with (recorded in dead_info; letters buried before ranks: 0). ]]
 --- @include "common"
 local ids = {}
 for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
@@ -17,6 +18,8 @@ for _, id in ipairs(ids) do
   if envelope and rcall('HEXISTS', KEYS[2], id) == 0 then
     rcall('ZADD', KEYS[1], ARGV[1], id)
     rcall('HSET', KEYS[2], id, envelope)
+    local ok, info = pcall(cjson.decode, rcall('HGET', KEYS[7], id) or '{}')
+    set_rank(id, ok and type(info) == 'table' and tonumber(info.rank) or 0, ARGV[1])
     rcall('ZREM', KEYS[5], id)
     rcall('HDEL', KEYS[6], id)
     rcall('HDEL', KEYS[7], id)

@@ -1,31 +1,36 @@
 --[[ Schedule items on one shard.
 Input:
-  KEYS[1..7] the shard's keys (see includes/common.lua)
-  ARGV[1] mode: "replace" (an existing id takes the new time and envelope) or "keep"
+  KEYS[1..8] the shard's keys (see includes/common.lua)
+  ARGV[1] mode: "replace" (an existing id takes the new time, envelope and rank) or "keep"
   ARGV[2] wake channel
-  ARGV[3..] triples: id, ready ms, envelope
+  ARGV[3] fields per item: "3" (id, ready ms, envelope: rank 0) or "4" (and rank 0..MAX_RANK,
+          higher claimed first), so a batch without ranks sends no rank per item
+  ARGV[4..] the items
 Output: {added, replaced, kept}
-A replaced item loses its lease and attempts: a forwarder's late ack will not delete it. ]]
+A replaced item loses its lease and attempts: a forwarder's late ack will not delete it.
+Rank 0 costs one EXISTS per call, and one ZREM per item only on a shard that has ranked items
+(it also drops a stale entry left by an earlier item of that id). ]]
 --- @include "common"
 local keep = ARGV[1] == 'keep'
 local before = head_score()
 local added, replaced, kept = 0, 0, 0
-for i = 3, #ARGV, 3 do
-  local id = ARGV[i]
-  if rcall('HEXISTS', KEYS[2], id) == 1 then
-    if keep then
-      kept = kept + 1
-    else
+local width = tonumber(ARGV[3])
+for i = 4, #ARGV, width do
+  local id, ready = ARGV[i], ARGV[i + 1]
+  local exists = rcall('HEXISTS', KEYS[2], id) == 1
+  if exists and keep then
+    kept = kept + 1
+  else
+    if exists then
       replaced = replaced + 1
       rcall('HDEL', KEYS[3], id)
       rcall('HDEL', KEYS[4], id)
-      rcall('ZADD', KEYS[1], ARGV[i + 1], id)
-      rcall('HSET', KEYS[2], id, ARGV[i + 2])
+    else
+      added = added + 1
     end
-  else
-    added = added + 1
-    rcall('ZADD', KEYS[1], ARGV[i + 1], id)
+    rcall('ZADD', KEYS[1], ready, id)
     rcall('HSET', KEYS[2], id, ARGV[i + 2])
+    set_rank(id, width == 4 and tonumber(ARGV[i + 3]) or 0, ready)
   end
 end
 wake_if_earlier(ARGV[2], before)

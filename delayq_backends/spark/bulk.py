@@ -24,7 +24,7 @@ from ..connection import connect
 from ..errors import ConfigError, DelayqError, InvalidTimeError
 from ..keys import normalize_id
 from ..models import ScheduleCounts
-from ..store import DelayStore
+from ..store import DelayStore, check_rank
 from ..timeutil import When, to_ms
 from .targets import Accepted, RowWriter, Target
 
@@ -79,6 +79,7 @@ def schedule_dataframe(
     shards: int = 16,
     mode: str = "keep",
     batch: int = DEFAULT_BATCH,
+    rank_col: Optional[str] = None,
 ) -> BulkResult:
     """Schedule one delayed job per row of ``df``, from the executors.
 
@@ -92,6 +93,8 @@ def schedule_dataframe(
         ready_at_col: when: a timestamp, ISO 8601 text with an offset, or epoch seconds.
         mode: ``keep`` (ids already scheduled stay as they are) or ``replace`` (they move).
         batch: rows per ``schedule_checked`` call on an executor.
+        rank_col: an integer column of store ranks (0..255, higher is forwarded first under a
+            backlog; null means 0); without it every row has rank 0. A bad rank rejects the row.
 
     Raises:
         ConfigError: a missing column, a naive timestamp column type, or a bad option.
@@ -102,7 +105,8 @@ def schedule_dataframe(
         raise ConfigError(f"batch={batch}: use a positive number of rows per store call")
     config = Config(url=url, prefix=prefix, shards=shards)
     _check_layout(config)
-    rows = df.select(F.col(id_col).cast("string"), _ready_column(df, ready_at_col), *_target_columns(df, target))
+    rank = F.lit(0) if rank_col is None else F.col(_field(df, rank_col).name)
+    rows = df.select(F.col(id_col).cast("string"), _ready_column(df, ready_at_col), rank, *_target_columns(df, target))
     run = _partition_runner(config, target, mode, batch)
     out = rows.mapInArrow(run, _OUT_DDL).localCheckpoint(eager=True)  # run once; rejects read from here
     totals = out.groupBy().agg(*(F.sum(c).alias(c) for c in ("added", "replaced", "kept"))).first()
@@ -181,20 +185,23 @@ class _Loader:
         self.mode = mode
         self.batch = batch
         self.pending: list[Accepted] = []
+        self.ranks: list[int] = []  # of the pending rows, in step
         self.counts = ScheduleCounts()
 
     def add_rows(self, rows: Iterator[tuple[Any, ...]]) -> list[tuple[Any, Any, DelayqError]]:
         rejects = []
-        for raw_id, when, *values in rows:
+        for raw_id, when, raw_rank, *values in rows:
             try:
                 item_id = normalize_id(raw_id)
                 ready_ms = to_ms(_when(when))
+                rank = check_rank(0 if raw_rank is None else raw_rank)
                 data, keep = self.writer.prepare(item_id, ready_ms, values)
                 data = self.store.check_payload(item_id, data)
             except DelayqError as exc:
                 rejects.append((raw_id, when, exc))
                 continue
             self.pending.append((item_id, ready_ms, data, keep))
+            self.ranks.append(rank)
             if len(self.pending) >= self.batch:
                 self.send()
         return rejects
@@ -203,9 +210,11 @@ class _Loader:
         if not self.pending:
             return
         self.writer.flush(self.pending)
-        entries = [(item_id, ready_ms, data) for item_id, ready_ms, data, _ in self.pending]
+        entries = [
+            (item_id, ready_ms, data, rank) for (item_id, ready_ms, data, _), rank in zip(self.pending, self.ranks)
+        ]
         self.counts += self.store.schedule_checked(entries, mode=self.mode)
-        self.pending = []
+        self.pending, self.ranks = [], []
 
 
 def _when(value: Any) -> When:

@@ -268,3 +268,23 @@ def test_cli_schedules_a_parquet_dataset_and_writes_rejects(
     assert {i.id for i in stored(store).values()} == {f"cli-{i}" for i in range(50)}
     (reject,) = spark.read.parquet(str(tmp_path / "rej")).collect()
     assert (reject["id"], reject["error"]) == ("bad", "InvalidTimeError")
+
+
+def test_rank_column_gives_rows_their_rank_and_bad_ranks_are_rejected(
+    spark: SparkSession, valkey_url: str, store: DelayStore, prefix: str
+) -> None:
+    rows = [("high", 9), ("plain", 0), ("null", None), ("negative", -1), ("too-high", 256)]
+    df = spark.createDataFrame(
+        [(i, "2030-01-01T09:00:00Z", "x", r) for i, r in rows], "job_id string, at string, body string, prio int"
+    )
+    target = ListTarget(body_col="body", list_key=f"{prefix}:list")
+    result = schedule_dataframe(
+        df, url=valkey_url, prefix=prefix, shards=SHARDS, target=target, id_col="job_id", ready_at_col="at",
+        rank_col="prio",
+    )  # fmt: skip
+    assert result.counts == ScheduleCounts(added=3)
+    assert {i: store.rank(i) for i in ("high", "plain", "null")} == {"high": 9, "plain": 0, "null": 0}
+    assert {r["id"]: r["error"] for r in result.rejects.collect()} == {
+        "negative": "InvalidRankError",
+        "too-high": "InvalidRankError",
+    }
