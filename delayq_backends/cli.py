@@ -783,5 +783,7 @@ def spark(args: Sequence[str]) -> None:
     _extra("spark.command").spark.main(args=list(args), prog_name="delayq spark")
 
 
+main.add_command(importlib.import_module("delayq_backends.web.command").dashboard_command())
+
 if __name__ == "__main__":
     main()
