@@ -286,19 +286,19 @@ def list_items(
     return ItemsOut(items=[ItemOut(**_item_entry(i)) for i in svc.store.list(offset=offset, count=limit)])
 
 
-@router.get("/items/{item_id}", response_model=ItemOut, responses=NOT_FOUND, summary="One scheduled item")
+@router.get("/items/{item_id:path}", response_model=ItemOut, responses=NOT_FOUND, summary="One scheduled item")
 def get_item(item_id: str = ItemId, svc: Services = Depends(services)) -> ItemOut:
     return _item(svc, item_id)
 
 
-@router.delete("/items/{item_id}", response_model=CancelledOut, responses=NOT_FOUND, summary="Cancel an item")
+@router.delete("/items/{item_id:path}", response_model=CancelledOut, responses=NOT_FOUND, summary="Cancel an item")
 def cancel_item(item_id: str = ItemId, svc: Services = Depends(services)) -> CancelledOut:
     if not svc.store.cancel(item_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was cancelled")
     return CancelledOut(id=item_id, cancelled=True)
 
 
-@router.post("/items/{item_id}/reschedule", response_model=ItemOut, responses=NOT_FOUND, summary="Move an item")
+@router.post("/items/{item_id:path}/reschedule", response_model=ItemOut, responses=NOT_FOUND, summary="Move an item")
 def reschedule_item(body: When, item_id: str = ItemId, svc: Services = Depends(services)) -> ItemOut:
     """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped."""
     if not svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000):
