@@ -10,10 +10,11 @@ import json
 import math
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal, Optional, Union
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
-from pydantic import AwareDatetime, BaseModel, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..audit import FORWARDED, stream_record
 from ..cli import _dead_entry, _iso, _item_entry, _stats_entry
@@ -23,6 +24,10 @@ from ..timeutil import to_ms
 from .producers import CeleryProducer, ProducerUnavailable, RQProducer
 
 __all__ = ["Services", "router"]
+
+#: Longer than any schedule (10,000 years): a bigger number is a unit mistake, and Python's
+#: timedelta could not even hold it.
+MAX_COUNTDOWN = 315_576_000_000
 
 #: Most items one listing or one dead-letter action takes: a page, not a dump of the store.
 MAX_PAGE = 1000
@@ -55,10 +60,18 @@ class ValidationErrorOut(BaseModel):
 
 
 class When(BaseModel):
-    """A ready time: ``eta`` (ISO-8601 with an offset) or ``countdown`` (seconds from now)."""
+    """A ready time: ``eta`` (ISO-8601 with an offset) or ``countdown`` (seconds from now).
 
-    eta: Optional[AwareDatetime] = Field(None, description="When it is due, ISO-8601 with an offset: 2030-01-31T12:00:00Z.")
-    countdown: Optional[float] = Field(None, ge=0, allow_inf_nan=False, description="Seconds from now; instead of eta.")
+    Neither field takes null, and the schema says "exactly one" (``oneOf``), so generated clients
+    and schema-driven tests know the rule the validator enforces.
+    """
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["eta"]}, {"required": ["countdown"]}]})
+
+    eta: AwareDatetime = Field(None, description="When it is due, ISO-8601 with an offset: 2030-01-31T12:00:00Z.")
+    countdown: float = Field(
+        None, ge=0, le=MAX_COUNTDOWN, allow_inf_nan=False, description="Seconds from now; instead of eta."
+    )
 
     @model_validator(mode="after")
     def one_of(self) -> When:
@@ -70,7 +83,7 @@ class When(BaseModel):
         """Integer ms; a countdown counts from the store server's clock, as forwarders do."""
         if self.eta is not None:
             return to_ms(self.eta)
-        return store.server_time_ms() + int(round((self.countdown or 0.0) * 1000))
+        return to_ms(timedelta(seconds=self.countdown), clock=store.server_time_ms)
 
 
 class CallIn(When):
@@ -180,12 +193,16 @@ class DeadListOut(BaseModel):
 
 
 class DeadActionIn(BaseModel):
-    ids: Optional[list[str]] = Field(None, min_length=1, max_length=MAX_PAGE, description="These dead letters...")
-    all: bool = Field(False, description="...or every one (then leave ids out).")
+    """Which dead letters: ``ids``, or ``all: true`` (exactly one of them; neither takes null)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["ids"]}, {"required": ["all"]}]})
+
+    ids: list[str] = Field(None, min_length=1, max_length=MAX_PAGE, description="These dead letters...")
+    all: Literal[True] = Field(None, description="...or every one.")
 
     @model_validator(mode="after")
     def one_of(self) -> DeadActionIn:
-        if (self.ids is None) == (not self.all):
+        if (self.ids is None) == (self.all is None):
             raise ValueError("give either ids (a list of dead letter ids) or all=true, not both and not neither")
         return self
 
