@@ -109,13 +109,15 @@
       "no shards");
   }
 
+  let lastDue = null;
+
   function showChart(due) {
-    const width = 960, height = 180, top = 10, bottom = 22, left = 40;
+    lastDue = due;
+    const width = Math.max(480, $("chart").clientWidth), height = 180, top = 10, bottom = 22, left = 40, right = 24;
     const n = due.counts.length, max = Math.max(1, ...due.counts);
-    const step = (width - left) / n, plot = height - top - bottom;
+    const step = (width - left - right) / n, plot = height - top - bottom;
     const svg = document.createElementNS(SVG, "svg");
     svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-    svg.setAttribute("preserveAspectRatio", "none");
     const add = (tag, attrs, text) => {
       const node = document.createElementNS(SVG, tag);
       for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
@@ -123,7 +125,7 @@
       svg.append(node);
       return node;
     };
-    add("line", { class: "axis", x1: left, x2: width, y1: top + plot, y2: top + plot });
+    add("line", { class: "axis", x1: left, x2: width - right, y1: top + plot, y2: top + plot });
     add("text", { x: left - 6, y: top + 9, "text-anchor": "end" }, count(max));
     add("text", { x: left - 6, y: top + plot, "text-anchor": "end" }, "0");
     const start = new Date(due.start).getTime(), bucketMs = due.bucket_minutes * 60000;
@@ -271,14 +273,14 @@
         api("/stats"), api("/items?limit=10"), api("/dead?limit=50"), api("/lateness?limit=200"),
         withChart ? api("/due?minutes=1440&bucket_minutes=5") : null,
       ]);
+      $("app").hidden = false; // first, so the chart can measure its width
+      $("login").hidden = true;
       showStats(stats);
       showUpcoming(items);
       showDead(dead);
       showLateness(late);
       if (due) showChart(due);
       setStatus(`live · updated ${new Date().toLocaleTimeString(undefined, { hour12: false })}`, "live");
-      $("app").hidden = false;
-      $("login").hidden = true;
     } catch (error) {
       if (error.status === 401 || error.status === 403) {
         askToken(error.status === 403 ? "That token was refused: check it and try again." : "");
@@ -312,6 +314,7 @@
       $("token").value = "";
       start();
     });
+    window.addEventListener("resize", () => { if (lastDue) showChart(lastDue); });
     $("change-token").hidden = !authOn;
     $("change-token").addEventListener("click", () => askToken(""));
     $("search").addEventListener("submit", (event) => {
