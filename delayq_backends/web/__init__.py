@@ -16,5 +16,7 @@ def __getattr__(name: str) -> Any:
     try:
         from .app import create_app
     except ImportError as exc:
-        raise ImportError(f'delayq_backends.web needs the web extra ({exc}): pip install "delayq_backends[web]"') from exc
+        raise ImportError(
+            f'delayq_backends.web needs the web extra ({exc}): pip install "delayq_backends[web]"'
+        ) from exc
     return create_app

@@ -11,10 +11,11 @@ import math
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from ..audit import FORWARDED, stream_record
 from ..cli import _dead_entry, _iso, _item_entry, _stats_entry
@@ -48,7 +49,11 @@ def services(request: Request) -> Services:
     return found
 
 
+Svc = Annotated[Services, Depends(services)]
+
+
 # -- models -----------------------------------------------------------------------------------
+
 
 class ErrorOut(BaseModel):
     detail: str
@@ -56,7 +61,16 @@ class ErrorOut(BaseModel):
 
 class ValidationErrorOut(BaseModel):
     detail: str = Field(description="Every problem of the request, one per line.")
-    errors: list[dict[str, Any]] = Field(description="The same problems, each with its location (loc) and message (msg).")
+    errors: list[dict[str, Any]] = Field(
+        description="The same problems, each with its location (loc) and message (msg)."
+    )
+
+
+def _not_null(value: Any) -> Any:
+    """Refuse an explicit null where the schema has none: leaving the field out is the way to say "not this"."""
+    if value is None:
+        raise ValueError("null is not allowed here: leave the field out instead")
+    return value
 
 
 class When(BaseModel):
@@ -68,10 +82,17 @@ class When(BaseModel):
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["eta"]}, {"required": ["countdown"]}]})
 
-    eta: AwareDatetime = Field(None, description="When it is due, ISO-8601 with an offset: 2030-01-31T12:00:00Z.")
-    countdown: float = Field(
-        None, ge=0, le=MAX_COUNTDOWN, allow_inf_nan=False, description="Seconds from now; instead of eta."
+    eta: Union[AwareDatetime, SkipJsonSchema[None]] = Field(
+        None, description="When it is due, ISO-8601 with an offset: 2030-01-31T12:00:00Z."
     )
+    countdown: Union[Annotated[float, Field(ge=0, le=MAX_COUNTDOWN, allow_inf_nan=False)], SkipJsonSchema[None]] = (
+        Field(None, description="Seconds from now; instead of eta.")
+    )
+
+    @field_validator("eta", "countdown", mode="before")
+    @classmethod
+    def not_null(cls, value: Any) -> Any:
+        return _not_null(value)
 
     @model_validator(mode="after")
     def one_of(self) -> When:
@@ -83,7 +104,7 @@ class When(BaseModel):
         """Integer ms; a countdown counts from the store server's clock, as forwarders do."""
         if self.eta is not None:
             return to_ms(self.eta)
-        return to_ms(timedelta(seconds=self.countdown), clock=store.server_time_ms)
+        return to_ms(timedelta(seconds=self.countdown or 0.0), clock=store.server_time_ms)
 
 
 class CallIn(When):
@@ -197,8 +218,15 @@ class DeadActionIn(BaseModel):
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["ids"]}, {"required": ["all"]}]})
 
-    ids: list[str] = Field(None, min_length=1, max_length=MAX_PAGE, description="These dead letters...")
-    all: Literal[True] = Field(None, description="...or every one.")
+    ids: Union[Annotated[list[str], Field(min_length=1, max_length=MAX_PAGE)], SkipJsonSchema[None]] = Field(
+        None, description="These dead letters..."
+    )
+    all: Union[Literal[True], SkipJsonSchema[None]] = Field(None, description="...or every one.")
+
+    @field_validator("ids", "all", mode="before")
+    @classmethod
+    def not_null(cls, value: Any) -> Any:
+        return _not_null(value)
 
     @model_validator(mode="after")
     def one_of(self) -> DeadActionIn:
@@ -245,8 +273,10 @@ router = APIRouter(
     },
 )
 
-ItemId = Path(min_length=1, max_length=200, description="The item (task/job) id.")
-NOT_FOUND = {404: {"model": ErrorOut, "description": "No such item is scheduled."}}
+ItemId = Annotated[str, Path(min_length=1, max_length=200, description="The item (task/job) id.")]
+NOT_FOUND: dict[Union[int, str], dict[str, Any]] = {
+    404: {"model": ErrorOut, "description": "No such item is scheduled."}
+}
 
 
 def _available(producer: Union[CeleryProducer, RQProducer, ProducerUnavailable, None], what: str) -> Any:
@@ -264,19 +294,26 @@ def _scheduled(svc: Services, item_id: str, ready_ms: int, result: str) -> Sched
     return ScheduledOut(id=item_id, shard=svc.store.shard_of(item_id), ready=_iso(ready_ms) or "", result=result)  # type: ignore[arg-type]
 
 
-@router.post("/celery", status_code=status.HTTP_201_CREATED, response_model=ScheduledOut, summary="Schedule a Celery task")
-def schedule_celery(body: CeleryIn, svc: Services = Depends(services)) -> ScheduledOut:
+@router.post(
+    "/celery", status_code=status.HTTP_201_CREATED, response_model=ScheduledOut, summary="Schedule a Celery task"
+)
+def schedule_celery(body: CeleryIn, svc: Svc) -> ScheduledOut:
     """Store a call of a Celery task by name, exactly as the Celery adapter stores ``apply_async(eta=…)``."""
     producer: CeleryProducer = _available(svc.celery, "Celery tasks")
     item_id = normalize_id(body.id or str(uuid.uuid4()))
     ready = body.ready_ms(svc.store)
-    options = {"queue": body.queue, "routing_key": body.routing_key, "exchange": body.exchange, "priority": body.priority}
+    options = {
+        "queue": body.queue,
+        "routing_key": body.routing_key,
+        "exchange": body.exchange,
+        "priority": body.priority,
+    }
     result = producer.schedule(body.task, item_id, ready, body.args, body.kwargs, options=options, mode=body.mode)
     return _scheduled(svc, item_id, ready, result)
 
 
 @router.post("/rq", status_code=status.HTTP_201_CREATED, response_model=ScheduledOut, summary="Schedule an RQ job")
-def schedule_rq(body: RQIn, svc: Services = Depends(services)) -> ScheduledOut:
+def schedule_rq(body: RQIn, svc: Svc) -> ScheduledOut:
     """Save an RQ job of a function path and schedule it, as ``delayq_backends.rq.Queue.enqueue_at`` does."""
     producer: RQProducer = _available(svc.rq, "RQ jobs")
     item_id = normalize_id(body.id or str(uuid.uuid4()))
@@ -290,33 +327,35 @@ def schedule_rq(body: RQIn, svc: Services = Depends(services)) -> ScheduledOut:
 def _item(svc: Services, item_id: str) -> ItemOut:
     item = svc.store.get(item_id)
     if item is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled (forwarded, cancelled, or never scheduled)")
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled (forwarded, cancelled, or never scheduled)"
+        )
     return ItemOut(**_item_entry(item))
 
 
 @router.get("/items", response_model=ItemsOut, summary="Upcoming items, earliest first")
 def list_items(
-    svc: Services = Depends(services),
-    offset: int = Query(0, ge=0, le=100_000),
-    limit: int = Query(50, ge=1, le=MAX_PAGE),
+    svc: Svc,
+    offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
 ) -> ItemsOut:
     return ItemsOut(items=[ItemOut(**_item_entry(i)) for i in svc.store.list(offset=offset, count=limit)])
 
 
 @router.get("/items/{item_id:path}", response_model=ItemOut, responses=NOT_FOUND, summary="One scheduled item")
-def get_item(item_id: str = ItemId, svc: Services = Depends(services)) -> ItemOut:
+def get_item(item_id: ItemId, svc: Svc) -> ItemOut:
     return _item(svc, item_id)
 
 
 @router.delete("/items/{item_id:path}", response_model=CancelledOut, responses=NOT_FOUND, summary="Cancel an item")
-def cancel_item(item_id: str = ItemId, svc: Services = Depends(services)) -> CancelledOut:
+def cancel_item(item_id: ItemId, svc: Svc) -> CancelledOut:
     if not svc.store.cancel(item_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was cancelled")
     return CancelledOut(id=item_id, cancelled=True)
 
 
 @router.post("/items/{item_id:path}/reschedule", response_model=ItemOut, responses=NOT_FOUND, summary="Move an item")
-def reschedule_item(body: When, item_id: str = ItemId, svc: Services = Depends(services)) -> ItemOut:
+def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
     """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped."""
     if not svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was moved")
@@ -324,7 +363,7 @@ def reschedule_item(body: When, item_id: str = ItemId, svc: Services = Depends(s
 
 
 @router.get("/stats", response_model=StatsOut, summary="Counts per shard and in total")
-def stats(svc: Services = Depends(services)) -> StatsOut:
+def stats(svc: Svc) -> StatsOut:
     per_shard = svc.store.stats()
     return StatsOut(
         now=_iso(per_shard[0].now_ms) or "",
@@ -336,9 +375,9 @@ def stats(svc: Services = Depends(services)) -> StatsOut:
 
 @router.get("/due", response_model=DueOut, summary="How many items fall due per bucket from now on")
 def due(
-    svc: Services = Depends(services),
-    minutes: int = Query(1440, ge=1, le=7 * 1440, description="How far ahead to look."),
-    bucket_minutes: int = Query(5, ge=1, le=1440, description="Bucket width; at most 1440 buckets in all."),
+    svc: Svc,
+    minutes: Annotated[int, Query(ge=1, le=7 * 1440, description="How far ahead to look.")] = 1440,
+    bucket_minutes: Annotated[int, Query(ge=1, le=1440, description="Bucket width; at most 1440 buckets in all.")] = 5,
 ) -> DueOut:
     """Counts from ZCOUNT per shard and bucket (no scan); cost grows with buckets x shards."""
     buckets = math.ceil(minutes / bucket_minutes)
@@ -353,25 +392,25 @@ def due(
 
 @router.get("/dead", response_model=DeadListOut, summary="Dead letters, most recent first")
 def dead(
-    svc: Services = Depends(services),
-    offset: int = Query(0, ge=0, le=100_000),
-    limit: int = Query(50, ge=1, le=MAX_PAGE),
+    svc: Svc,
+    offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
 ) -> DeadListOut:
     return DeadListOut(items=[DeadOut(**_dead_entry(d)) for d in svc.store.dead_letters(offset=offset, count=limit)])
 
 
 @router.post("/dead/requeue", response_model=DoneOut, summary="Schedule dead letters again, due now")
-def requeue(body: DeadActionIn, svc: Services = Depends(services)) -> DoneOut:
+def requeue(body: DeadActionIn, svc: Svc) -> DoneOut:
     return DoneOut(done=svc.store.requeue_dead(body.ids))
 
 
 @router.post("/dead/purge", response_model=DoneOut, summary="Delete dead letters for good")
-def purge(body: DeadActionIn, svc: Services = Depends(services)) -> DoneOut:
+def purge(body: DeadActionIn, svc: Svc) -> DoneOut:
     return DoneOut(done=svc.store.purge_dead(body.ids))
 
 
 @router.get("/lateness", response_model=LatenessOut, summary="How late recent items were forwarded")
-def lateness(svc: Services = Depends(services), limit: int = Query(200, ge=1, le=MAX_PAGE)) -> LatenessOut:
+def lateness(svc: Svc, limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200) -> LatenessOut:
     """From the forwarders' audit stream (``delayq forward --audit-stream``) on the store's server."""
     if svc.audit_stream is None:
         return LatenessOut(
@@ -379,11 +418,15 @@ def lateness(svc: Services = Depends(services), limit: int = Query(200, ge=1, le
             hint="start forwarders with --audit-stream KEY and this dashboard with the same --audit-stream",
             count=0, p50_ms=None, p95_ms=None, max_ms=None, records=[],
         )  # fmt: skip
-    entries = svc.store.client.xrevrange(svc.audit_stream, count=limit)
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], svc.store.client.xrevrange(svc.audit_stream, count=limit))
     records = [r for r in (stream_record(raw) for _, raw in entries) if r.event == FORWARDED and r.ready_ms is not None]
     out = [
         LateOut(
-            id=r.id, target=r.target, queue=r.queue, ready=_iso(r.ready_ms) or "", forwarded_at=_iso(r.at_ms) or "",
+            id=r.id,
+            target=r.target,
+            queue=r.queue,
+            ready=_iso(r.ready_ms) or "",
+            forwarded_at=_iso(r.at_ms) or "",
             late_ms=max(0, r.at_ms - (r.ready_ms or 0)),
         )  # fmt: skip
         for r in records

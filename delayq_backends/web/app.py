@@ -120,7 +120,7 @@ def _add_error_handlers(app: FastAPI, url: str) -> None:
     subclasses registered here win over :class:`DelayqError` and ``ValueError``.
     """
 
-    def handle(exc_class: type[BaseException], code: int, text: Callable[[Any], str] = str) -> None:
+    def handle(exc_class: type[Exception], code: int, text: Callable[[Any], str] = str) -> None:
         async def handler(request: Request, exc: Any) -> JSONResponse:
             return _error(code, text(exc))
 
@@ -136,7 +136,9 @@ def _add_error_handlers(app: FastAPI, url: str) -> None:
     handle(
         redis.ConnectionError,
         status.HTTP_503_SERVICE_UNAVAILABLE,
-        lambda exc: f"the delay store at {url} cannot be reached ({exc}): check that it runs and that --url points at it",
+        lambda exc: (
+            f"the delay store at {url} cannot be reached ({exc}): check that it runs and that --url points at it"
+        ),
     )
     handle(
         redis.TimeoutError,
@@ -153,7 +155,11 @@ def _add_error_handlers(app: FastAPI, url: str) -> None:
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 with one readable line per problem (``body.eta: Input should have timezone info``)."""
     errors = [
-        {"loc": [str(part) for part in error.get("loc", ())], "msg": str(error.get("msg", "")), "type": str(error.get("type", ""))}
+        {
+            "loc": [str(part) for part in error.get("loc", ())],
+            "msg": str(error.get("msg", "")),
+            "type": str(error.get("type", "")),
+        }
         for error in exc.errors()
     ]
     detail = "\n".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors) or "the request does not match the schema"

@@ -7,7 +7,7 @@ dashboard bound beyond loopback never shows or changes the store for someone wit
 from __future__ import annotations
 
 import hmac
-from typing import Callable, Optional
+from typing import Annotated, Callable, Optional
 
 from fastapi import Depends, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -25,7 +25,7 @@ def require_token(token: Optional[str]) -> Callable[..., None]:
     """
     expected = None if token is None else token.encode("utf-8")
 
-    def check(credentials: Optional[HTTPAuthorizationCredentials] = Depends(_bearer)) -> None:
+    def check(credentials: Annotated[Optional[HTTPAuthorizationCredentials], Depends(_bearer)]) -> None:
         if expected is None:
             return
         if credentials is None:

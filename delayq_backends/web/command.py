@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import click
 import redis
 
 from ..connection import connect, redact_url
+
+if TYPE_CHECKING:
+    from ..cli import StoreSpec
 
 __all__ = ["dashboard_command", "is_loopback", "resolve_token"]
 
@@ -82,7 +85,7 @@ def _web() -> Any:
 
 def dashboard_command() -> click.Command:
     """The ``delayq dashboard`` command, on the shared store options of ``delayq``."""
-    from ..cli import StoreSpec, store_options
+    from ..cli import store_options
 
     @click.command()
     @store_options
@@ -156,7 +159,9 @@ def _rq_connection(url: Optional[str], spec: StoreSpec, store_client: Any) -> Op
         return None
     client = store_client if url == spec.url else connect(url)
     if not isinstance(client, redis.Redis):
-        raise click.BadParameter(f"{redact_url(url)} is a Redis Cluster; RQ needs a single server", param_hint="--rq-redis")
+        raise click.BadParameter(
+            f"{redact_url(url)} is a Redis Cluster; RQ needs a single server", param_hint="--rq-redis"
+        )
     if client is not store_client:
         click.get_current_context().call_on_close(client.close)
     return client

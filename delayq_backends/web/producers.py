@@ -50,7 +50,8 @@ class CeleryProducer:
             from ..celery.template import TaskTemplate
         except ImportError as exc:
             raise ProducerUnavailable(
-                f'scheduling Celery tasks needs Celery on the dashboard\'s server ({exc}): pip install "delayq_backends[celery]"'
+                f"scheduling Celery tasks needs Celery where the dashboard runs ({exc}): "
+                'pip install "delayq_backends[celery]"'
             ) from exc
         self.store = store
         self.app = Celery("delayq-web", set_as_current=False)
@@ -92,7 +93,9 @@ class CeleryProducer:
         item_id = normalize_id(item_id)
         chosen = {k: v for k, v in options.items() if v is not None}
         envelope = self._template(task, chosen).envelope(item_id, ready_ms, list(args), dict(kwargs))
-        counts = self.store.schedule_checked([(item_id, ready_ms, self.store.check_payload(item_id, envelope))], mode=mode)
+        counts = self.store.schedule_checked(
+            [(item_id, ready_ms, self.store.check_payload(item_id, envelope))], mode=mode
+        )
         return "added" if counts.added else "replaced" if counts.replaced else "kept"
 
     def close(self) -> None:
@@ -118,7 +121,7 @@ class RQProducer:
             from ..rq import Queue
         except ImportError as exc:
             raise ProducerUnavailable(
-                f'scheduling RQ jobs needs RQ on the dashboard\'s server ({exc}): pip install "delayq_backends[rq]"'
+                f'scheduling RQ jobs needs RQ where the dashboard runs ({exc}): pip install "delayq_backends[rq]"'
             ) from exc
         self.store = store
         self.connection = connection

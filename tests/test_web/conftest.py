@@ -23,6 +23,7 @@ from delayq_backends import DelayStore
 from delayq_backends.web import create_app
 from tests.conftest import make_store
 from tests.helpers import kill_all, wait_for
+from tests.test_rq.conftest import processes  # noqa: F401 (a fixture: real `rq worker` processes)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -81,7 +82,9 @@ class Dashboard:
                  "--shards", str(SHARDS), "--port", str(self.port), "--token-file", str(token_file), *extra],
                 cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
-        wait_for(self._up, 30, lambda: f"the dashboard to answer; its log: {self.log.read_text()[-2000:]}", interval=0.1)
+        wait_for(
+            self._up, 30, lambda: f"the dashboard to answer; its log: {self.log.read_text()[-2000:]}", interval=0.1
+        )
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:

@@ -24,7 +24,7 @@ from delayq_backends.rq import RQTarget
 from delayq_backends.web import create_app
 from tests.helpers import wait_for
 from tests.proxy import TcpProxy
-from tests.test_rq.conftest import Processes, processes, runs  # noqa: F401 (a fixture)
+from tests.test_rq.conftest import Processes, runs
 from tests.test_web.conftest import AUTH, TOKEN
 
 ITEM = Envelope("list", "somewhere", b"x")
@@ -73,7 +73,9 @@ def test_get_cancel_reschedule_by_id(client: TestClient, web_store: DelayStore) 
     web_store.schedule("a/b c", timedelta(hours=1), ITEM)
     item = client.get("/api/v1/items/a%2Fb%20c", headers=AUTH).json()
     assert item["id"] == "a/b c" and item["target"] == "list" and item["destination"] == "somewhere"
-    moved = client.post("/api/v1/items/a%2Fb%20c/reschedule", headers=AUTH, json={"eta": "2031-02-03T04:05:06.789+01:00"})
+    moved = client.post(
+        "/api/v1/items/a%2Fb%20c/reschedule", headers=AUTH, json={"eta": "2031-02-03T04:05:06.789+01:00"}
+    )
     assert moved.status_code == 200 and moved.json()["ready"] == "2031-02-03T03:05:06.789Z"
     expected = datetime(2031, 2, 3, 3, 5, 6, 789000, tzinfo=timezone.utc)
     assert web_store.get("a/b c").ready_ms == int(expected.timestamp() * 1000)  # type: ignore[union-attr]
@@ -137,7 +139,9 @@ def test_bad_input_is_a_4xx_that_says_what_to_fix(
     assert words in response.json()["detail"]
 
 
-@pytest.mark.parametrize("raw", [b'{"task": "t", "countdown": NaN}', b'{"task": "t", "countdown": 1, "args": [Infinity]}'])
+@pytest.mark.parametrize(
+    "raw", [b'{"task": "t", "countdown": NaN}', b'{"task": "t", "countdown": 1, "args": [Infinity]}']
+)
 def test_nan_and_infinity_are_refused(client: TestClient, raw: bytes) -> None:
     response = client.post("/api/v1/celery", headers={**AUTH, "Content-Type": "application/json"}, content=raw)
     assert response.status_code == 422, response.text
@@ -146,7 +150,9 @@ def test_nan_and_infinity_are_refused(client: TestClient, raw: bytes) -> None:
 def test_an_unreachable_store_is_a_503_that_says_what_to_do(valkey_server: EmbeddedServer, prefix: str) -> None:
     proxy = TcpProxy("127.0.0.1", valkey_server.port)
     url = f"redis://127.0.0.1:{proxy.port}/0"
-    store = DelayStore(redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), Config(url=url, prefix=prefix, shards=4))
+    store = DelayStore(
+        redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), Config(url=url, prefix=prefix, shards=4)
+    )
     try:
         with TestClient(create_app(store, token=None)) as client:
             assert client.get("/api/v1/stats").status_code == 200
@@ -167,7 +173,9 @@ def test_rq_without_its_redis_is_a_501(web_store: DelayStore) -> None:
 def test_lateness_from_the_audit_stream(web_store: DelayStore, prefix: str) -> None:
     stream = f"{prefix}:audit"
     audit = RedisStreamAudit(web_store.config.url, stream, background=False)
-    audit.record([AuditRecord(FORWARDED, f"i{n}", "list", "q", 1_000_000, 1_000_000 + n * 10, 1, "f") for n in range(1, 21)])
+    audit.record(
+        [AuditRecord(FORWARDED, f"i{n}", "list", "q", 1_000_000, 1_000_000 + n * 10, 1, "f") for n in range(1, 21)]
+    )
     audit.close()
     with TestClient(create_app(web_store, token=None, audit_stream=stream)) as client:
         late = client.get("/api/v1/lateness").json()

@@ -29,15 +29,21 @@ def fill_store(store: DelayStore, stream: str) -> None:
     now = store.server_time_ms()
     when = [now + int(abs(rng.gauss(8, 5)) * 3_600_000) % 86_000_000 + 60_000 for _ in range(UPCOMING)]
     store.schedule_many(
-        [(f"report-{n:04d}", ms / 1000, Envelope("celery", rng.choice(["emails", "reports"]), b"{}")) for n, ms in enumerate(when)]
+        [
+            (f"report-{n:04d}", ms / 1000, Envelope("celery", rng.choice(["emails", "reports"]), b"{}"))
+            for n, ms in enumerate(when)
+        ]
     )
     store.schedule("invoice-42", timedelta(minutes=30), Envelope("rq", "billing", b""))
     bury(store, ["dead-a", "dead-b", "dead-c"])
     audit = RedisStreamAudit(store.config.url, stream, background=False)
+    ready = [now - 60_000 + n * 500 for n in range(60)]
     audit.record(
-        [AuditRecord(FORWARDED, f"done-{n}", "celery", "emails", now - 60_000 + n * 500, now - 60_000 + n * 500 + rng.randint(2, 40), 1, "fwd")
-         for n in range(60)]
-    )  # fmt: skip
+        [
+            AuditRecord(FORWARDED, f"done-{n}", "celery", "emails", r, r + rng.randint(2, 40), 1, "fwd")
+            for n, r in enumerate(ready)
+        ]
+    )
     audit.close()
 
 

@@ -17,7 +17,9 @@ from tests.test_web.conftest import AUTH
 #: are ignored, as HTTP APIs commonly do, so none are generated.
 CONFIG = schemathesis.config.SchemathesisConfig.from_dict(
     {
-        "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "403", "404", "409", "413"]}},
+        "checks": {
+            "positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "403", "404", "409", "413"]}
+        },
         "generation": {"allow-extra-parameters": False},
     }
 )
