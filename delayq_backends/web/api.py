@@ -283,7 +283,7 @@ def _available(producer: Union[CeleryProducer, RQProducer, ProducerUnavailable, 
     if producer is None:
         raise ProducerUnavailable(f"this server does not schedule {what}: start `delayq dashboard` with {_HOW[what]}")
     if isinstance(producer, ProducerUnavailable):
-        raise producer
+        raise ProducerUnavailable(str(producer))  # a fresh one: the stored one would pile up tracebacks
     return producer
 
 

@@ -6,8 +6,9 @@ store that cannot be reached or refuses a write, each saying what to do; see :fu
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import redis
 from fastapi import Depends, FastAPI, Request, Response, status
@@ -67,7 +68,21 @@ def create_app(
         rq_connection: RQ's Redis; without it ``POST /api/v1/rq`` answers 501.
         audit_stream: the forwarders' audit stream on the store's server, for ``/api/v1/lateness``.
     """
+    services = Services(
+        store=store,
+        celery=_producer(lambda: CeleryProducer(store, celery_broker)),
+        rq=None if rq_connection is None else _producer(lambda: RQProducer(store, rq_connection)),
+        audit_stream=audit_stream,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if isinstance(services.celery, CeleryProducer):
+            services.celery.close()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="delayq",
         version=__version__,
         description="Schedule, inspect and repair delayed Celery tasks and RQ jobs held in a delayq store.",
@@ -75,12 +90,7 @@ def create_app(
         docs_url=None,  # Swagger UI and ReDoc load from a CDN; the schema is enough offline
         redoc_url=None,
     )
-    app.state.services = Services(
-        store=store,
-        celery=_producer(lambda: CeleryProducer(store, celery_broker)),
-        rq=None if rq_connection is None else _producer(lambda: RQProducer(store, rq_connection)),
-        audit_stream=audit_stream,
-    )
+    app.state.services = services
     app.include_router(router, dependencies=[Depends(require_token(token))])
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=str(HERE / "templates"))
