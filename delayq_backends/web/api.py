@@ -107,8 +107,12 @@ class When(BaseModel):
         return to_ms(timedelta(seconds=self.countdown or 0.0), clock=store.server_time_ms)
 
 
+#: A task, queue, exchange or routing key name: printable text (no control characters).
+Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
 class CallIn(When):
-    """What every scheduled call has: arguments, an optional id and how to treat an existing one."""
+    """What every scheduled call has: a ready time, arguments and an optional id."""
 
     args: list[Any] = Field(default_factory=list, description="Positional arguments (JSON values).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments (JSON values).")
@@ -126,10 +130,10 @@ class CallIn(When):
 
 
 class CeleryIn(CallIn):
-    task: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$", description="Task name.")
-    queue: Optional[str] = Field(None, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
-    routing_key: Optional[str] = Field(None, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
-    exchange: Optional[str] = Field(None, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+    task: Name = Field(description="The task name, as the workers register it.")
+    queue: Optional[Name] = Field(None, description="The queue; by default Celery's routing decides.")
+    routing_key: Optional[Name] = None
+    exchange: Optional[Name] = None
     priority: Optional[int] = Field(None, ge=0, le=255)
     mode: Literal["replace", "keep"] = Field("replace", description="An existing id: replace it, or keep it as it is.")
 
