@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Annotated, Any, Literal, Optional, Union, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from ..audit import FORWARDED, stream_record
@@ -52,6 +52,16 @@ def services(request: Request) -> Services:
 Svc = Annotated[Services, Depends(services)]
 
 
+def _digits(value: Any) -> Any:
+    """A query number as digits only: ``offset=0.0`` or ``limit=1e3`` is a client's mistake, not a number."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError(f"{value!r} is not a whole number: send digits only, like 50")
+    return value
+
+
+Digits = BeforeValidator(_digits)
+
+
 # -- models -----------------------------------------------------------------------------------
 
 
@@ -64,6 +74,19 @@ class ValidationErrorOut(BaseModel):
     errors: list[dict[str, Any]] = Field(
         description="The same problems, each with its location (loc) and message (msg)."
     )
+
+
+def _json_number(value: Any) -> Any:
+    """Refuse ``true`` and ``"5"`` where the schema wants a number (pydantic would turn them into 1
+    and 5); ``5.0`` stays, since JSON Schema counts it as an integer."""
+    if isinstance(value, (bool, str)):
+        raise ValueError(f"{value!r} is not a number: send a JSON number")
+    return value
+
+
+#: Goes after a type's constraints (``Annotated[int, Field(ge=0), JsonNumber]``): placed before them,
+#: pydantic would leave ``ge``/``le`` untranslated in the JSON schema.
+JsonNumber = BeforeValidator(_json_number)
 
 
 def _not_null(value: Any) -> Any:
@@ -85,9 +108,9 @@ class When(BaseModel):
     eta: Union[AwareDatetime, SkipJsonSchema[None]] = Field(
         None, description="When it is due, ISO-8601 with an offset: 2030-01-31T12:00:00Z."
     )
-    countdown: Union[Annotated[float, Field(ge=0, le=MAX_COUNTDOWN, allow_inf_nan=False)], SkipJsonSchema[None]] = (
-        Field(None, description="Seconds from now; instead of eta.")
-    )
+    countdown: Union[
+        Annotated[float, Field(ge=0, le=MAX_COUNTDOWN, allow_inf_nan=False), JsonNumber], SkipJsonSchema[None]
+    ] = Field(None, description="Seconds from now; instead of eta.")
 
     @field_validator("eta", "countdown", mode="before")
     @classmethod
@@ -134,7 +157,7 @@ class CeleryIn(CallIn):
     queue: Optional[Name] = Field(None, description="The queue; by default Celery's routing decides.")
     routing_key: Optional[Name] = None
     exchange: Optional[Name] = None
-    priority: Optional[int] = Field(None, ge=0, le=255)
+    priority: Optional[Annotated[int, Field(ge=0, le=255), JsonNumber]] = None
     mode: Literal["replace", "keep"] = Field("replace", description="An existing id: replace it, or keep it as it is.")
 
 
@@ -145,10 +168,18 @@ class RQIn(CallIn):
         description="The job function's import path, module.function; imported by the worker only.",
     )
     queue: str = Field("default", min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
-    timeout: Optional[int] = Field(None, ge=-1, le=10**9, description="Seconds the job may run (-1: no limit).")
-    result_ttl: Optional[int] = Field(None, ge=-1, le=10**9)
-    ttl: Optional[int] = Field(None, ge=1, le=10**9)
-    failure_ttl: Optional[int] = Field(None, ge=-1, le=10**9)
+    timeout: Optional[Annotated[int, Field(ge=-1, le=10**9), JsonNumber]] = Field(
+        None, description="Seconds the job may run (-1: no limit)."
+    )
+    result_ttl: Optional[Annotated[int, Field(ge=-1, le=10**9), JsonNumber]] = Field(
+        None, description="Seconds its result is kept (-1: for ever)."
+    )
+    ttl: Optional[Annotated[int, Field(ge=1, le=10**9), JsonNumber]] = Field(
+        None, description="Seconds it may wait in its queue."
+    )
+    failure_ttl: Optional[Annotated[int, Field(ge=-1, le=10**9), JsonNumber]] = Field(
+        None, description="Seconds a failure is kept (-1: for ever)."
+    )
     description: Optional[str] = Field(None, max_length=1000)
 
 
@@ -227,10 +258,18 @@ class DeadActionIn(BaseModel):
     )
     all: Union[Literal[True], SkipJsonSchema[None]] = Field(None, description="...or every one.")
 
-    @field_validator("ids", "all", mode="before")
+    @field_validator("ids", mode="before")
     @classmethod
     def not_null(cls, value: Any) -> Any:
         return _not_null(value)
+
+    @field_validator("all", mode="before")
+    @classmethod
+    def only_true(cls, value: Any) -> Any:
+        """Exactly ``true``: a Literal would also take 1."""
+        if value is not True:
+            raise ValueError("all must be true, or left out to pass ids")
+        return value
 
     @model_validator(mode="after")
     def one_of(self) -> DeadActionIn:
@@ -340,8 +379,8 @@ def _item(svc: Services, item_id: str) -> ItemOut:
 @router.get("/items", response_model=ItemsOut, summary="Upcoming items, earliest first")
 def list_items(
     svc: Svc,
-    offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    offset: Annotated[int, Query(ge=0, le=100_000), Digits] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE), Digits] = 50,
 ) -> ItemsOut:
     return ItemsOut(items=[ItemOut(**_item_entry(i)) for i in svc.store.list(offset=offset, count=limit)])
 
@@ -380,8 +419,10 @@ def stats(svc: Svc) -> StatsOut:
 @router.get("/due", response_model=DueOut, summary="How many items fall due per bucket from now on")
 def due(
     svc: Svc,
-    minutes: Annotated[int, Query(ge=1, le=7 * 1440, description="How far ahead to look.")] = 1440,
-    bucket_minutes: Annotated[int, Query(ge=1, le=1440, description="Bucket width; at most 1440 buckets in all.")] = 5,
+    minutes: Annotated[int, Query(ge=1, le=7 * 1440, description="How far ahead to look."), Digits] = 1440,
+    bucket_minutes: Annotated[
+        int, Query(ge=1, le=1440, description="Bucket width; at most 1440 buckets in all."), Digits
+    ] = 5,
 ) -> DueOut:
     """Counts from ZCOUNT per shard and bucket (no scan); cost grows with buckets x shards."""
     buckets = math.ceil(minutes / bucket_minutes)
@@ -397,8 +438,8 @@ def due(
 @router.get("/dead", response_model=DeadListOut, summary="Dead letters, most recent first")
 def dead(
     svc: Svc,
-    offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    offset: Annotated[int, Query(ge=0, le=100_000), Digits] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE), Digits] = 50,
 ) -> DeadListOut:
     return DeadListOut(items=[DeadOut(**_dead_entry(d)) for d in svc.store.dead_letters(offset=offset, count=limit)])
 
@@ -414,7 +455,7 @@ def purge(body: DeadActionIn, svc: Svc) -> DoneOut:
 
 
 @router.get("/lateness", response_model=LatenessOut, summary="How late recent items were forwarded")
-def lateness(svc: Svc, limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 200) -> LatenessOut:
+def lateness(svc: Svc, limit: Annotated[int, Query(ge=1, le=MAX_PAGE), Digits] = 200) -> LatenessOut:
     """From the forwarders' audit stream (``delayq forward --audit-stream``) on the store's server."""
     if svc.audit_stream is None:
         return LatenessOut(

@@ -43,6 +43,8 @@ def data_routes(app: FastAPI) -> list[tuple[str, str]]:
 def test_the_schema_lists_every_route(app: FastAPI) -> None:
     assert len(data_routes(app)) == 12
     assert app.openapi()["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    text = json.dumps(app.openapi())
+    assert '"ge"' not in text and '"le"' not in text, "every bound is a JSON Schema minimum/maximum"
 
 
 @pytest.mark.parametrize(
@@ -244,3 +246,9 @@ def test_an_rq_job_scheduled_over_http_runs_under_a_real_worker(
     worker = processes.worker(queue, burst=True)
     assert worker.wait(timeout=60) == 0, worker.stderr.read().decode() if worker.stderr else ""
     assert [(r["id"], r["tag"]) for r in runs(conn, queue)] == [("job-1", "from-http")]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("query", ["offset=0.0", "limit=1e3", "limit=-1", "offset=%EF%BC%91"])
+def test_query_numbers_are_digits(client: TestClient, query: str) -> None:
+    response = client.get(f"/api/v1/dead?{query}", headers=AUTH)
+    assert response.status_code == 422, response.text
