@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from .. import __version__
 from ..connection import redact_url
@@ -35,9 +36,12 @@ from .api import Services, router
 from .auth import require_token
 from .producers import CeleryProducer, ProducerUnavailable, RQProducer
 
-__all__ = ["create_app"]
+__all__ = ["LOOPBACK_NAMES", "create_app"]
 
 HERE = Path(__file__).parent
+
+#: Host header values an API without a token answers.
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "[::1]"]
 
 #: The page loads only its own files: no CDN, no inline script, nothing framed elsewhere.
 SECURITY_HEADERS = {
@@ -62,7 +66,9 @@ def create_app(
 
     Args:
         token: the bearer token every API call must send; None turns auth off (the command
-            allows that only on a loopback address).
+            allows that only on a loopback address). Without a token, only requests for a
+            loopback host name are served: a web page elsewhere cannot reach the API through
+            DNS rebinding (a name of its own that resolves to 127.0.0.1).
         celery_broker: the Celery workers' broker URL, which shapes the routing of tasks
             scheduled through ``POST /api/v1/celery``.
         rq_connection: RQ's Redis; without it ``POST /api/v1/rq`` answers 501.
@@ -92,6 +98,8 @@ def create_app(
     )
     app.state.services = services
     app.include_router(router, dependencies=[Depends(require_token(token))])
+    if token is None:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=str(HERE / "templates"))
 

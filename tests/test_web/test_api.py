@@ -28,6 +28,7 @@ from tests.test_rq.conftest import Processes, runs
 from tests.test_web.conftest import AUTH, TOKEN
 
 ITEM = Envelope("list", "somewhere", b"x")
+LOCAL = "http://127.0.0.1"
 
 
 def data_routes(app: FastAPI) -> list[tuple[str, str]]:
@@ -66,9 +67,12 @@ def test_the_page_and_the_schema_need_no_token_but_hold_no_data(client: TestClie
     assert client.get("/static/dashboard.js").status_code == 200
 
 
-def test_without_auth_calls_go_through(web_store: DelayStore) -> None:
-    with TestClient(create_app(web_store, token=None)) as client:
+def test_without_auth_calls_go_through_for_loopback_names_only(web_store: DelayStore) -> None:
+    with TestClient(create_app(web_store, token=None), base_url=LOCAL) as client:
         assert client.get("/api/v1/stats").status_code == 200
+        assert client.get("/api/v1/stats", headers={"Host": "localhost:8765"}).status_code == 200
+        rebound = client.get("/api/v1/stats", headers={"Host": "attacker.example:8765"})
+        assert rebound.status_code == 400, "a DNS-rebound page must not reach an API without a token"
 
 
 def test_get_cancel_reschedule_by_id(client: TestClient, web_store: DelayStore) -> None:
@@ -156,7 +160,7 @@ def test_an_unreachable_store_is_a_503_that_says_what_to_do(valkey_server: Embed
         redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2), Config(url=url, prefix=prefix, shards=4)
     )
     try:
-        with TestClient(create_app(store, token=None)) as client:
+        with TestClient(create_app(store, token=None), base_url=LOCAL) as client:
             assert client.get("/api/v1/stats").status_code == 200
             proxy.cut()
             response = client.get("/api/v1/stats")
@@ -167,7 +171,7 @@ def test_an_unreachable_store_is_a_503_that_says_what_to_do(valkey_server: Embed
 
 
 def test_rq_without_its_redis_is_a_501(web_store: DelayStore) -> None:
-    with TestClient(create_app(web_store, token=None)) as client:
+    with TestClient(create_app(web_store, token=None), base_url=LOCAL) as client:
         response = client.post("/api/v1/rq", json={"func": "m.f", "countdown": 1})
     assert response.status_code == 501 and "--rq-redis" in response.json()["detail"]
 
@@ -179,7 +183,7 @@ def test_lateness_from_the_audit_stream(web_store: DelayStore, prefix: str) -> N
         [AuditRecord(FORWARDED, f"i{n}", "list", "q", 1_000_000, 1_000_000 + n * 10, 1, "f") for n in range(1, 21)]
     )
     audit.close()
-    with TestClient(create_app(web_store, token=None, audit_stream=stream)) as client:
+    with TestClient(create_app(web_store, token=None, audit_stream=stream), base_url=LOCAL) as client:
         late = client.get("/api/v1/lateness").json()
     assert late["count"] == 20 and late["p50_ms"] == 100 and late["p95_ms"] == 190 and late["max_ms"] == 200
     assert late["records"][0]["id"] == "i20", "latest first"

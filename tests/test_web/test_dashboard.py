@@ -1,6 +1,6 @@
 """The dashboard in a real headless Chromium against a real ``delayq dashboard`` process: it asks
-for the token, shows the store's counts, finds an item, cancels it and requeues a dead letter,
-and the store confirms each change. A screenshot is saved as a test artifact (and for the docs)."""
+for the token, shows the store's counts, finds an item, cancels it and requeues and purges dead
+letters, and the store confirms each change. A screenshot is saved as a test artifact (and for the docs)."""
 
 from __future__ import annotations
 
@@ -93,6 +93,15 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     assert {d.id for d in web_store.dead_letters()} == {"dead-a", "dead-c"}
     expect(page.locator("#count-dead")).to_have_text("2")
     expect(page.locator("#count-due")).to_have_text("1")
+
+    purge = page.locator("#dead button[data-action=purge][data-id=dead-c]")
+    purge.click()
+    expect(purge).to_have_text("Really purge?")
+    purge.click()
+    expect(page.locator("#dead-message")).to_have_text("Purged dead-c.")
+    wait_for(lambda: {d.id for d in web_store.dead_letters()} == {"dead-a"}, 5, "dead-c to be purged")
+    assert web_store.get("dead-c") is None
+    expect(page.locator("#count-dead")).to_have_text("1")
 
     page.fill("#search-id", "no-such-id")
     page.click("#search button")
