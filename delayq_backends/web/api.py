@@ -22,7 +22,7 @@ from ..cli import _dead_entry, _iso, _item_entry, _stats_entry
 from ..keys import normalize_id
 from ..store import DelayStore
 from ..timeutil import to_ms
-from .producers import CeleryProducer, ProducerUnavailable, RQProducer
+from .producers import CeleryProducer, ProducerUnavailable, RQProducer, ScheduleResult
 
 __all__ = ["Services", "router"]
 
@@ -39,8 +39,8 @@ class Services:
     """What the routes work with; :func:`~delayq_backends.web.app.create_app` builds it."""
 
     store: DelayStore
-    celery: Union[CeleryProducer, ProducerUnavailable, None]
-    rq: Union[RQProducer, ProducerUnavailable, None]
+    celery: Union[CeleryProducer, ProducerUnavailable]
+    rq: Union[RQProducer, ProducerUnavailable]
     audit_stream: Optional[str]
 
 
@@ -187,7 +187,7 @@ class ScheduledOut(BaseModel):
     id: str
     shard: int
     ready: str
-    result: Literal["added", "replaced", "kept"]
+    result: ScheduleResult
 
 
 class ItemOut(BaseModel):
@@ -322,19 +322,14 @@ NOT_FOUND: dict[Union[int, str], dict[str, Any]] = {
 }
 
 
-def _available(producer: Union[CeleryProducer, RQProducer, ProducerUnavailable, None], what: str) -> Any:
-    if producer is None:
-        raise ProducerUnavailable(f"this server does not schedule {what}: start `delayq dashboard` with {_HOW[what]}")
+def _available(producer: Union[CeleryProducer, RQProducer, ProducerUnavailable]) -> Any:
     if isinstance(producer, ProducerUnavailable):
         raise ProducerUnavailable(str(producer))  # a fresh one: the stored one would pile up tracebacks
     return producer
 
 
-_HOW = {"RQ jobs": "--rq-redis URL (RQ's Redis)", "Celery tasks": "Celery installed"}
-
-
-def _scheduled(svc: Services, item_id: str, ready_ms: int, result: str) -> ScheduledOut:
-    return ScheduledOut(id=item_id, shard=svc.store.shard_of(item_id), ready=_iso(ready_ms) or "", result=result)  # type: ignore[arg-type]
+def _scheduled(svc: Services, item_id: str, ready_ms: int, result: ScheduleResult) -> ScheduledOut:
+    return ScheduledOut(id=item_id, shard=svc.store.shard_of(item_id), ready=_iso(ready_ms) or "", result=result)
 
 
 @router.post(
@@ -342,7 +337,7 @@ def _scheduled(svc: Services, item_id: str, ready_ms: int, result: str) -> Sched
 )
 def schedule_celery(body: CeleryIn, svc: Svc) -> ScheduledOut:
     """Store a call of a Celery task by name, exactly as the Celery adapter stores ``apply_async(eta=…)``."""
-    producer: CeleryProducer = _available(svc.celery, "Celery tasks")
+    producer: CeleryProducer = _available(svc.celery)
     item_id = normalize_id(body.id or str(uuid.uuid4()))
     ready = body.ready_ms(svc.store)
     options = {
@@ -358,7 +353,7 @@ def schedule_celery(body: CeleryIn, svc: Svc) -> ScheduledOut:
 @router.post("/rq", status_code=status.HTTP_201_CREATED, response_model=ScheduledOut, summary="Schedule an RQ job")
 def schedule_rq(body: RQIn, svc: Svc) -> ScheduledOut:
     """Save an RQ job of a function path and schedule it, as ``delayq_backends.rq.Queue.enqueue_at`` does."""
-    producer: RQProducer = _available(svc.rq, "RQ jobs")
+    producer: RQProducer = _available(svc.rq)
     item_id = normalize_id(body.id or str(uuid.uuid4()))
     ready = body.ready_ms(svc.store)
     options = {k: getattr(body, k) for k in ("timeout", "result_ttl", "ttl", "failure_ttl", "description")}
@@ -400,6 +395,7 @@ def cancel_item(item_id: ItemId, svc: Svc) -> CancelledOut:
 @router.post("/items/{item_id:path}/reschedule", response_model=ItemOut, responses=NOT_FOUND, summary="Move an item")
 def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
     """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped."""
+    # epoch seconds, the store's numeric form: ms / 1000 comes back to the same integer ms
     if not svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was moved")
     return _item(svc, item_id)

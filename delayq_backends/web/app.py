@@ -40,6 +40,11 @@ __all__ = ["LOOPBACK_NAMES", "create_app"]
 
 HERE = Path(__file__).parent
 
+#: Why ``POST /api/v1/rq`` answers 501 on a server started without RQ's Redis.
+NO_RQ = ProducerUnavailable(
+    "this server does not schedule RQ jobs: start `delayq dashboard` with --rq-redis URL (RQ's Redis)"
+)
+
 #: Host header values an API without a token answers.
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "[::1]"]
 
@@ -77,7 +82,7 @@ def create_app(
     services = Services(
         store=store,
         celery=_producer(lambda: CeleryProducer(store, celery_broker)),
-        rq=None if rq_connection is None else _producer(lambda: RQProducer(store, rq_connection)),
+        rq=_producer(lambda: RQProducer(store, rq_connection)) if rq_connection is not None else NO_RQ,
         audit_stream=audit_stream,
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Literal, Mapping, Optional, Sequence
 
 import redis
 
@@ -21,7 +21,10 @@ from ..keys import normalize_id
 from ..store import DelayStore
 from ..timeutil import from_ms
 
-__all__ = ["CeleryProducer", "ProducerUnavailable", "RQProducer"]
+__all__ = ["CeleryProducer", "ProducerUnavailable", "RQProducer", "ScheduleResult"]
+
+#: What scheduling an id did: a new item, one replaced, or one kept as it was (``mode="keep"``).
+ScheduleResult = Literal["added", "replaced", "kept"]
 
 #: Task templates kept per (task, options): each costs one run of Celery's sender to build.
 TEMPLATE_CACHE = 256
@@ -83,7 +86,7 @@ class CeleryProducer:
         *,
         options: Mapping[str, Any],
         mode: str = "replace",
-    ) -> str:
+    ) -> ScheduleResult:
         """Store one call of ``task``; returns ``added``, ``replaced`` or ``kept``.
 
         Args:
