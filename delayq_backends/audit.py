@@ -36,6 +36,7 @@ __all__ = [
     "audit_from_env",
     "open_audit",
     "read_stream",
+    "stream_record",
 ]
 
 log = logging.getLogger("delayq.audit")
@@ -259,18 +260,23 @@ def read_stream(client: Any, stream: str, *, batch: int = 10_000) -> Iterator[Au
     start = "-"
     while entries := client.xrange(stream, min=start, count=batch):
         for _, raw in entries:
-            values = {k.decode(): v.decode() for k, v in raw.items()}
-            yield AuditRecord(
-                event=values["event"],
-                id=values["id"],
-                target=values["target"],
-                queue=values["queue"],
-                ready_ms=int(values["ready_ms"]) if values["ready_ms"] else None,
-                at_ms=int(values["at_ms"]),
-                attempt=int(values["attempt"]),
-                by=values["by"],
-            )
+            yield stream_record(raw)
         start = "(" + entries[-1][0].decode()
+
+
+def stream_record(raw: dict[bytes, bytes]) -> AuditRecord:
+    """The record of one :class:`RedisStreamAudit` entry's fields."""
+    values = {k.decode(): v.decode() for k, v in raw.items()}
+    return AuditRecord(
+        event=values["event"],
+        id=values["id"],
+        target=values["target"],
+        queue=values["queue"],
+        ready_ms=int(values["ready_ms"]) if values["ready_ms"] else None,
+        at_ms=int(values["at_ms"]),
+        attempt=int(values["attempt"]),
+        by=values["by"],
+    )
 
 
 def open_audit(

@@ -856,7 +856,7 @@ def spark(args: Sequence[str]) -> None:
 
 
 main.command("exporter")(store_options(exporter_command))
-
+main.add_command(importlib.import_module("delayq_backends.web.command").dashboard_command())
 
 if __name__ == "__main__":
     main()

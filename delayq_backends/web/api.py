@@ -1,0 +1,486 @@
+"""The HTTP API, ``/api/v1``: schedule, inspect, cancel and reschedule items; stats and dead letters.
+
+Every route needs the token (see :mod:`.auth`). Bad input is a 4xx whose ``detail`` says what
+to fix; an unreachable store is a 503 (see :mod:`.app`); never a 500 for anything a client sent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Annotated, Any, Literal, Optional, Union, cast
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from ..audit import FORWARDED, stream_record
+from ..cli import _dead_entry, _iso, _item_entry, _stats_entry
+from ..keys import normalize_id
+from ..store import DelayStore
+from ..timeutil import to_ms
+from .producers import CeleryProducer, ProducerUnavailable, RQProducer, ScheduleResult
+
+__all__ = ["Services", "router"]
+
+#: Longer than any schedule (10,000 years): a bigger number is a unit mistake, and Python's
+#: timedelta could not even hold it.
+MAX_COUNTDOWN = 315_576_000_000
+
+#: Most items one listing or one dead-letter action takes: a page, not a dump of the store.
+MAX_PAGE = 1000
+
+
+@dataclass
+class Services:
+    """What the routes work with; :func:`~delayq_backends.web.app.create_app` builds it."""
+
+    store: DelayStore
+    celery: Union[CeleryProducer, ProducerUnavailable]
+    rq: Union[RQProducer, ProducerUnavailable]
+    audit_stream: Optional[str]
+
+
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
+
+
+Svc = Annotated[Services, Depends(services)]
+
+
+def _digits(value: Any) -> Any:
+    """A query number as digits only: ``offset=0.0`` or ``limit=1e3`` is a client's mistake, not a number."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError(f"{value!r} is not a whole number: send digits only, like 50")
+    return value
+
+
+Digits = BeforeValidator(_digits)
+
+
+# -- models -----------------------------------------------------------------------------------
+
+
+class ErrorOut(BaseModel):
+    detail: str
+
+
+class ValidationErrorOut(BaseModel):
+    detail: str = Field(description="Every problem of the request, one per line.")
+    errors: list[dict[str, Any]] = Field(
+        description="The same problems, each with its location (loc) and message (msg)."
+    )
+
+
+def _json_number(value: Any) -> Any:
+    """Refuse ``true`` and ``"5"`` where the schema wants a number (pydantic would turn them into 1
+    and 5); ``5.0`` stays, since JSON Schema counts it as an integer."""
+    if isinstance(value, (bool, str)):
+        raise ValueError(f"{value!r} is not a number: send a JSON number")
+    return value
+
+
+#: Goes after a type's constraints (``Annotated[int, Field(ge=0), JsonNumber]``): placed before them,
+#: pydantic would leave ``ge``/``le`` untranslated in the JSON schema.
+JsonNumber = BeforeValidator(_json_number)
+
+
+def _not_null(value: Any) -> Any:
+    """Refuse an explicit null where the schema has none: leaving the field out is the way to say "not this"."""
+    if value is None:
+        raise ValueError("null is not allowed here: leave the field out instead")
+    return value
+
+
+class When(BaseModel):
+    """A ready time: ``eta`` (ISO-8601 with an offset) or ``countdown`` (seconds from now).
+
+    Neither field takes null, and the schema says "exactly one" (``oneOf``), so generated clients
+    and schema-driven tests know the rule the validator enforces.
+    """
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["eta"]}, {"required": ["countdown"]}]})
+
+    eta: Union[AwareDatetime, SkipJsonSchema[None]] = Field(
+        None, description="When it is due, ISO-8601 with an offset: 2030-01-31T12:00:00Z."
+    )
+    countdown: Union[
+        Annotated[float, Field(ge=0, le=MAX_COUNTDOWN, allow_inf_nan=False), JsonNumber], SkipJsonSchema[None]
+    ] = Field(None, description="Seconds from now; instead of eta.")
+
+    @field_validator("eta", "countdown", mode="before")
+    @classmethod
+    def not_null(cls, value: Any) -> Any:
+        return _not_null(value)
+
+    @model_validator(mode="after")
+    def one_of(self) -> When:
+        if (self.eta is None) == (self.countdown is None):
+            raise ValueError("give exactly one of eta (ISO-8601 with an offset) or countdown (seconds from now)")
+        return self
+
+    def ready_ms(self, store: DelayStore) -> int:
+        """Integer ms; a countdown counts from the store server's clock, as forwarders do."""
+        if self.eta is not None:
+            return to_ms(self.eta)
+        return to_ms(timedelta(seconds=self.countdown or 0.0), clock=store.server_time_ms)
+
+
+#: A task, queue, exchange or routing key name: printable text (no control characters).
+Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class CallIn(When):
+    """What every scheduled call has: a ready time, arguments and an optional id."""
+
+    args: list[Any] = Field(default_factory=list, description="Positional arguments (JSON values).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments (JSON values).")
+    id: Optional[str] = Field(None, min_length=1, max_length=200, description="The task/job id; a UUID by default.")
+
+    @field_validator("args", "kwargs")
+    @classmethod
+    def json_only(cls, value: Any) -> Any:
+        """Refuse NaN and infinities: they are not JSON, and workers' parsers would choke on them."""
+        try:
+            json.dumps(value, allow_nan=False)
+        except ValueError:
+            raise ValueError("NaN and Infinity are not JSON: send finite numbers") from None
+        return value
+
+
+class CeleryIn(CallIn):
+    task: Name = Field(description="The task name, as the workers register it.")
+    queue: Optional[Name] = Field(None, description="The queue; by default Celery's routing decides.")
+    routing_key: Optional[Name] = None
+    exchange: Optional[Name] = None
+    priority: Optional[Annotated[int, Field(ge=0, le=255), JsonNumber]] = None
+    mode: Literal["replace", "keep"] = Field("replace", description="An existing id: replace it, or keep it as it is.")
+
+
+class RQIn(CallIn):
+    func: str = Field(
+        max_length=256,
+        pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$",
+        description="The job function's import path, module.function; imported by the worker only.",
+    )
+    queue: str = Field("default", min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
+    timeout: Optional[Annotated[int, Field(ge=-1, le=10**9), JsonNumber]] = Field(
+        None, description="Seconds the job may run (-1: no limit)."
+    )
+    result_ttl: Optional[Annotated[int, Field(ge=-1, le=10**9), JsonNumber]] = Field(
+        None, description="Seconds its result is kept (-1: for ever)."
+    )
+    ttl: Optional[Annotated[int, Field(ge=1, le=10**9), JsonNumber]] = Field(
+        None, description="Seconds it may wait in its queue."
+    )
+    failure_ttl: Optional[Annotated[int, Field(ge=-1, le=10**9), JsonNumber]] = Field(
+        None, description="Seconds a failure is kept (-1: for ever)."
+    )
+    description: Optional[str] = Field(None, max_length=1000)
+
+
+class ScheduledOut(BaseModel):
+    id: str
+    shard: int
+    ready: str
+    result: ScheduleResult
+
+
+class ItemOut(BaseModel):
+    id: str
+    shard: int
+    ready: str
+    attempts: int
+    leased_until: Optional[str]
+    target: Optional[str]
+    destination: Optional[str]
+    corrupt: Optional[str] = Field(description="Why the stored envelope cannot be read, else null.")
+    size: int
+
+
+class ItemsOut(BaseModel):
+    items: list[ItemOut]
+
+
+class CancelledOut(BaseModel):
+    id: str
+    cancelled: bool
+
+
+class ShardOut(BaseModel):
+    shard: Union[int, Literal["total"]]
+    scheduled: int
+    due: int
+    leased: int
+    dead: int
+    next_due: Optional[str]
+    oldest_overdue_ms: int
+
+
+class StatsOut(BaseModel):
+    now: str
+    prefix: str
+    shards: list[ShardOut]
+    totals: ShardOut
+
+
+class DueOut(BaseModel):
+    start: str = Field(description="Start of the first bucket (the server's clock, whole minute).")
+    bucket_minutes: int
+    overdue: int = Field(description="Items already due before start (leased ones count at their lease deadline).")
+    counts: list[int] = Field(description="Items falling due in each bucket.")
+
+
+class DeadOut(BaseModel):
+    id: str
+    shard: int
+    died_at: str
+    attempts: int
+    error: str
+    ready: Optional[str]
+
+
+class DeadListOut(BaseModel):
+    items: list[DeadOut]
+
+
+class DeadActionIn(BaseModel):
+    """Which dead letters: ``ids``, or ``all: true`` (exactly one of them; neither takes null)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["ids"]}, {"required": ["all"]}]})
+
+    ids: Union[Annotated[list[str], Field(min_length=1, max_length=MAX_PAGE)], SkipJsonSchema[None]] = Field(
+        None, description="These dead letters..."
+    )
+    all: Union[Literal[True], SkipJsonSchema[None]] = Field(None, description="...or every one.")
+
+    @field_validator("ids", mode="before")
+    @classmethod
+    def not_null(cls, value: Any) -> Any:
+        return _not_null(value)
+
+    @field_validator("all", mode="before")
+    @classmethod
+    def only_true(cls, value: Any) -> Any:
+        """Exactly ``true``: a Literal would also take 1."""
+        if value is not True:
+            raise ValueError("all must be true, or left out to pass ids")
+        return value
+
+    @model_validator(mode="after")
+    def one_of(self) -> DeadActionIn:
+        if (self.ids is None) == (self.all is None):
+            raise ValueError("give either ids (a list of dead letter ids) or all=true, not both and not neither")
+        return self
+
+
+class DoneOut(BaseModel):
+    done: int = Field(description="How many dead letters were requeued or purged.")
+
+
+class LateOut(BaseModel):
+    id: str
+    target: str
+    queue: str
+    ready: str
+    forwarded_at: str
+    late_ms: int
+
+
+class LatenessOut(BaseModel):
+    source: Optional[str] = Field(description="The audit stream read, or null when none is configured.")
+    hint: Optional[str] = Field(description="What to configure when there is nothing to show.")
+    count: int
+    p50_ms: Optional[int]
+    p95_ms: Optional[int]
+    max_ms: Optional[int]
+    records: list[LateOut] = Field(description="The most recent forwards, latest first.")
+
+
+# -- routes -----------------------------------------------------------------------------------
+
+router = APIRouter(
+    prefix="/api/v1",
+    responses={
+        400: {"model": ErrorOut, "description": "Bad input; detail says what to fix."},
+        401: {"model": ErrorOut, "description": "No token."},
+        403: {"model": ErrorOut, "description": "Wrong token."},
+        413: {"model": ErrorOut, "description": "The message is over the store's max_payload_bytes."},
+        422: {"model": ValidationErrorOut, "description": "The request does not match the schema."},
+        501: {"model": ErrorOut, "description": "This server was not set up to schedule for that framework."},
+        503: {"model": ErrorOut, "description": "The delay store is unreachable or refused the write."},
+    },
+)
+
+ItemId = Annotated[str, Path(min_length=1, max_length=200, description="The item (task/job) id.")]
+NOT_FOUND: dict[Union[int, str], dict[str, Any]] = {
+    404: {"model": ErrorOut, "description": "No such item is scheduled."}
+}
+
+
+def _available(producer: Union[CeleryProducer, RQProducer, ProducerUnavailable]) -> Any:
+    if isinstance(producer, ProducerUnavailable):
+        raise ProducerUnavailable(str(producer))  # a fresh one: the stored one would pile up tracebacks
+    return producer
+
+
+def _scheduled(svc: Services, item_id: str, ready_ms: int, result: ScheduleResult) -> ScheduledOut:
+    return ScheduledOut(id=item_id, shard=svc.store.shard_of(item_id), ready=_iso(ready_ms) or "", result=result)
+
+
+@router.post(
+    "/celery", status_code=status.HTTP_201_CREATED, response_model=ScheduledOut, summary="Schedule a Celery task"
+)
+def schedule_celery(body: CeleryIn, svc: Svc) -> ScheduledOut:
+    """Store a call of a Celery task by name, exactly as the Celery adapter stores ``apply_async(eta=…)``."""
+    producer: CeleryProducer = _available(svc.celery)
+    item_id = normalize_id(body.id or str(uuid.uuid4()))
+    ready = body.ready_ms(svc.store)
+    options = {
+        "queue": body.queue,
+        "routing_key": body.routing_key,
+        "exchange": body.exchange,
+        "priority": body.priority,
+    }
+    result = producer.schedule(body.task, item_id, ready, body.args, body.kwargs, options=options, mode=body.mode)
+    return _scheduled(svc, item_id, ready, result)
+
+
+@router.post("/rq", status_code=status.HTTP_201_CREATED, response_model=ScheduledOut, summary="Schedule an RQ job")
+def schedule_rq(body: RQIn, svc: Svc) -> ScheduledOut:
+    """Save an RQ job of a function path and schedule it, as ``delayq_backends.rq.Queue.enqueue_at`` does."""
+    producer: RQProducer = _available(svc.rq)
+    item_id = normalize_id(body.id or str(uuid.uuid4()))
+    ready = body.ready_ms(svc.store)
+    options = {k: getattr(body, k) for k in ("timeout", "result_ttl", "ttl", "failure_ttl", "description")}
+    existed = svc.store.exists(item_id)
+    producer.schedule(body.func, item_id, ready, body.args, body.kwargs, queue=body.queue, job_options=options)
+    return _scheduled(svc, item_id, ready, "replaced" if existed else "added")
+
+
+def _item(svc: Services, item_id: str) -> ItemOut:
+    item = svc.store.get(item_id)
+    if item is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled (forwarded, cancelled, or never scheduled)"
+        )
+    return ItemOut(**_item_entry(item))
+
+
+@router.get("/items", response_model=ItemsOut, summary="Upcoming items, earliest first")
+def list_items(
+    svc: Svc,
+    offset: Annotated[int, Query(ge=0, le=100_000), Digits] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE), Digits] = 50,
+) -> ItemsOut:
+    return ItemsOut(items=[ItemOut(**_item_entry(i)) for i in svc.store.list(offset=offset, count=limit)])
+
+
+@router.get("/items/{item_id:path}", response_model=ItemOut, responses=NOT_FOUND, summary="One scheduled item")
+def get_item(item_id: ItemId, svc: Svc) -> ItemOut:
+    return _item(svc, item_id)
+
+
+@router.delete("/items/{item_id:path}", response_model=CancelledOut, responses=NOT_FOUND, summary="Cancel an item")
+def cancel_item(item_id: ItemId, svc: Svc) -> CancelledOut:
+    if not svc.store.cancel(item_id):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was cancelled")
+    return CancelledOut(id=item_id, cancelled=True)
+
+
+@router.post("/items/{item_id:path}/reschedule", response_model=ItemOut, responses=NOT_FOUND, summary="Move an item")
+def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
+    """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped."""
+    # epoch seconds, the store's numeric form: ms / 1000 comes back to the same integer ms
+    if not svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was moved")
+    return _item(svc, item_id)
+
+
+@router.get("/stats", response_model=StatsOut, summary="Counts per shard and in total")
+def stats(svc: Svc) -> StatsOut:
+    per_shard = svc.store.stats()
+    return StatsOut(
+        now=_iso(per_shard[0].now_ms) or "",
+        prefix=svc.store.config.prefix,
+        shards=[ShardOut(**_stats_entry(s.shard, [s])) for s in per_shard],
+        totals=ShardOut(**_stats_entry("total", per_shard)),
+    )
+
+
+@router.get("/due", response_model=DueOut, summary="How many items fall due per bucket from now on")
+def due(
+    svc: Svc,
+    minutes: Annotated[int, Query(ge=1, le=7 * 1440, description="How far ahead to look."), Digits] = 1440,
+    bucket_minutes: Annotated[
+        int, Query(ge=1, le=1440, description="Bucket width; at most 1440 buckets in all."), Digits
+    ] = 5,
+) -> DueOut:
+    """Counts from ZCOUNT per shard and bucket (no scan); cost grows with buckets x shards."""
+    buckets = math.ceil(minutes / bucket_minutes)
+    if buckets > 1440:
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST, f"{buckets} buckets is over 1440: raise bucket_minutes or lower minutes"
+        )
+    start = svc.store.server_time_ms() // 60_000 * 60_000
+    overdue, counts = svc.store.due_histogram(start, bucket_minutes * 60_000, buckets)
+    return DueOut(start=_iso(start) or "", bucket_minutes=bucket_minutes, overdue=overdue, counts=counts)
+
+
+@router.get("/dead", response_model=DeadListOut, summary="Dead letters, most recent first")
+def dead(
+    svc: Svc,
+    offset: Annotated[int, Query(ge=0, le=100_000), Digits] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE), Digits] = 50,
+) -> DeadListOut:
+    return DeadListOut(items=[DeadOut(**_dead_entry(d)) for d in svc.store.dead_letters(offset=offset, count=limit)])
+
+
+@router.post("/dead/requeue", response_model=DoneOut, summary="Schedule dead letters again, due now")
+def requeue(body: DeadActionIn, svc: Svc) -> DoneOut:
+    return DoneOut(done=svc.store.requeue_dead(body.ids))
+
+
+@router.post("/dead/purge", response_model=DoneOut, summary="Delete dead letters for good")
+def purge(body: DeadActionIn, svc: Svc) -> DoneOut:
+    return DoneOut(done=svc.store.purge_dead(body.ids))
+
+
+@router.get("/lateness", response_model=LatenessOut, summary="How late recent items were forwarded")
+def lateness(svc: Svc, limit: Annotated[int, Query(ge=1, le=MAX_PAGE), Digits] = 200) -> LatenessOut:
+    """From the forwarders' audit stream (``delayq forward --audit-stream``) on the store's server."""
+    if svc.audit_stream is None:
+        return LatenessOut(
+            source=None,
+            hint="start forwarders with --audit-stream KEY and this dashboard with the same --audit-stream",
+            count=0, p50_ms=None, p95_ms=None, max_ms=None, records=[],
+        )  # fmt: skip
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], svc.store.client.xrevrange(svc.audit_stream, count=limit))
+    records = [r for r in (stream_record(raw) for _, raw in entries) if r.event == FORWARDED and r.ready_ms is not None]
+    out = [
+        LateOut(
+            id=r.id,
+            target=r.target,
+            queue=r.queue,
+            ready=_iso(r.ready_ms) or "",
+            forwarded_at=_iso(r.at_ms) or "",
+            late_ms=max(0, r.at_ms - (r.ready_ms or 0)),
+        )  # fmt: skip
+        for r in records
+    ]
+    late = sorted(r.late_ms for r in out)
+    hint = None if out else f"no forwards recorded in {svc.audit_stream!r} yet"
+    return LatenessOut(
+        source=svc.audit_stream, hint=hint, count=len(out),
+        p50_ms=_percentile(late, 0.5), p95_ms=_percentile(late, 0.95), max_ms=late[-1] if late else None,
+        records=out,
+    )  # fmt: skip
+
+
+def _percentile(ordered: list[int], q: float) -> Optional[int]:
+    """The nearest-rank percentile of sorted values (None when there are none)."""
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else None

@@ -1,0 +1,167 @@
+"""``delayq dashboard``: serve the dashboard and the HTTP API of a delay store.
+
+Auth is on unless turned off explicitly, and turning it off is refused on any address other
+than loopback: the API schedules and cancels jobs, so it must never be open to a network.
+FastAPI and uvicorn are imported when the command runs, so ``delayq`` starts without them.
+
+The command is built by :func:`dashboard_command`, called where ``cli.py`` registers it: built
+at import time here, it would import ``cli`` while ``python -m delayq_backends.cli`` is still
+running ``cli`` as ``__main__``, and the two copies would each wait for the other.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import click
+import redis
+
+from ..connection import connect, redact_url
+
+if TYPE_CHECKING:
+    from ..cli import StoreSpec
+
+__all__ = ["dashboard_command", "is_loopback", "resolve_token"]
+
+#: Shorter tokens can be guessed; ``secrets.token_urlsafe(32)`` gives 43 characters.
+MIN_TOKEN_LENGTH = 16
+MAKE_ONE = "make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` only accepts connections from this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_token(token: Optional[str], token_file: Optional[Path], no_auth: bool, host: str) -> Optional[str]:
+    """The token the API will require, or None when auth is off (loopback only).
+
+    Raises:
+        click.UsageError: a missing, short or doubly given token, or ``--no-auth`` off loopback.
+    """
+    if no_auth:
+        if token or token_file:
+            raise click.UsageError("--no-auth and a token contradict each other: drop one")
+        if not is_loopback(host):
+            raise click.UsageError(
+                f"--no-auth is allowed only on a loopback address (127.0.0.1, ::1, localhost), not {host!r}: "
+                "anyone who reaches the port could schedule and cancel jobs; pass --token instead"
+            )
+        return None
+    if token and token_file:
+        raise click.UsageError("pass the token once: --token/DELAYQ_API_TOKEN or --token-file, not both")
+    if token_file:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"cannot read {token_file}: {exc}", param_hint="--token-file") from exc
+    if not token:
+        raise click.UsageError(
+            f"the dashboard needs a token: pass --token, DELAYQ_API_TOKEN or --token-file ({MAKE_ONE}); "
+            "on a loopback host, --no-auth turns auth off"
+        )
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise click.UsageError(f"the token is {len(token)} characters, under {MIN_TOKEN_LENGTH}: {MAKE_ONE}")
+    return token
+
+
+def _web() -> Any:
+    """The web extra, or a usage error naming it."""
+    try:
+        import uvicorn
+
+        from . import create_app
+    except ImportError as exc:
+        raise click.UsageError(f'{exc}: pip install "delayq_backends[web]"') from exc
+    return uvicorn, create_app
+
+
+def dashboard_command() -> click.Command:
+    """The ``delayq dashboard`` command, on the shared store options of ``delayq``."""
+    from ..cli import store_options
+
+    @click.command()
+    @store_options
+    @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+    @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True, help="Port to listen on.")
+    @click.option("--token", envvar="DELAYQ_API_TOKEN", show_envvar=True, default=None, help="Bearer token of the API.")
+    @click.option(
+        "--token-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Read the token from this file (keeps it out of the process list).",
+    )
+    @click.option("--no-auth", is_flag=True, help="No token at all; allowed only on a loopback --host.")
+    @click.option(
+        "--celery-broker",
+        metavar="URL",
+        envvar="DELAYQ_CELERY_BROKER",
+        show_envvar=True,
+        default=None,
+        help="Celery's broker_url: routes tasks scheduled through POST /api/v1/celery as the workers' app would.",
+    )
+    @click.option(
+        "--rq-redis",
+        metavar="URL",
+        envvar="DELAYQ_RQ_REDIS",
+        show_envvar=True,
+        default=None,
+        help="Redis of the RQ queues, for POST /api/v1/rq (may equal --url). [default: --url, unless a cluster]",
+    )
+    @click.option(
+        "--audit-stream",
+        envvar="DELAYQ_AUDIT_STREAM",
+        show_envvar=True,
+        default=None,
+        metavar="KEY",
+        help="The forwarders' audit stream on the store's server: shows recent lateness.",
+    )
+    def dashboard(
+        spec: StoreSpec,
+        host: str,
+        port: int,
+        token: Optional[str],
+        token_file: Optional[Path],
+        no_auth: bool,
+        celery_broker: Optional[str],
+        rq_redis: Optional[str],
+        audit_stream: Optional[str],
+    ) -> None:
+        """Serve the dashboard (/) and the HTTP API (/api/v1, schema at /api/v1/openapi.json)."""
+        required = resolve_token(token, token_file, no_auth, host)
+        uvicorn, create_app = _web()
+        store = spec.open(writes=True)
+        rq_connection = _rq_connection(rq_redis or (None if store.cluster else spec.url), spec, store.client)
+        app = create_app(
+            store, token=required, celery_broker=celery_broker, rq_connection=rq_connection, audit_stream=audit_stream
+        )
+        click.echo(
+            f"delayq dashboard of {redact_url(spec.url)} (prefix {spec.prefix!r}) on http://{host}:{port}/ "
+            f"- auth {'on' if required else 'off'}",
+            err=True,
+        )
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+
+    return dashboard
+
+
+def _rq_connection(url: Optional[str], spec: StoreSpec, store_client: Any) -> Optional[redis.Redis]:
+    """RQ's Redis: the store's own client when it is the same server, so a job hash and its store
+    entry commit in one transaction."""
+    if url is None:
+        return None
+    client = store_client if url == spec.url else connect(url)
+    if not isinstance(client, redis.Redis):
+        raise click.BadParameter(
+            f"{redact_url(url)} is a Redis Cluster; RQ needs a single server", param_hint="--rq-redis"
+        )
+    if client is not store_client:
+        click.get_current_context().call_on_close(client.close)
+    return client

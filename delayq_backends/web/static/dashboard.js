@@ -1,0 +1,332 @@
+// delayq dashboard: polls the JSON API every 2 s and draws the page. No dependencies, no CDN.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "delayq-token";
+  const REFRESH_MS = 2000;
+  const CHART_EVERY = 5; // the 24 h chart costs buckets x shards ZCOUNTs: refresh it every 10 s
+  const SVG = "http://www.w3.org/2000/svg";
+  const authOn = document.body.dataset.auth === "on";
+  const $ = (id) => document.getElementById(id);
+  let timer = null;
+  let tick = 0;
+
+  class ApiError extends Error {
+    constructor(status, detail) {
+      super(detail);
+      this.status = status;
+    }
+  }
+
+  async function api(path, { method = "GET", body } = {}) {
+    const headers = { Accept: "application/json" };
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = `Bearer ${token}`;
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(`api/v1${path}`, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const data = await response.json().catch(() => ({ detail: response.statusText }));
+    if (!response.ok) throw new ApiError(response.status, data.detail || response.statusText);
+    return data;
+  }
+
+  // -- small DOM helpers (text is always set as text, never parsed as HTML) -------------------
+
+  function el(tag, attrs = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs)) {
+      if (key === "class") node.className = value;
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value);
+    }
+    for (const child of children) node.append(child instanceof Node ? child : String(child ?? "–"));
+    return node;
+  }
+
+  function fillTable(table, columns, rows, emptyText) {
+    const head = el("tr", {}, ...columns.map(([name, num]) => el("th", num ? { class: "num" } : {}, name)));
+    const body = rows.length
+      ? rows.map((cells) => el("tr", {}, ...cells.map((cell, i) => el("td", { class: columns[i][1] ? "num" : "wrap" }, cell))))
+      : [el("tr", {}, el("td", { class: "empty", colspan: columns.length }, emptyText))];
+    table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
+  }
+
+  function confirmButton(label, armedLabel, action, attrs = {}) {
+    // Destructive actions take two clicks: the first arms the button for 4 s.
+    const button = el("button", { type: "button", class: "small danger", ...attrs }, label);
+    let disarm = null;
+    button.addEventListener("click", async () => {
+      if (!button.classList.contains("armed")) {
+        button.classList.add("armed");
+        button.textContent = armedLabel;
+        disarm = setTimeout(() => { button.classList.remove("armed"); button.textContent = label; }, 4000);
+        return;
+      }
+      clearTimeout(disarm);
+      button.disabled = true;
+      await action();
+      button.disabled = false;
+      button.classList.remove("armed");
+      button.textContent = label;
+    });
+    return button;
+  }
+
+  const fmtTime = (iso) => (iso ? new Date(iso).toLocaleString(undefined, { hour12: false }) : "–");
+  const count = (n) => Number(n).toLocaleString();
+
+  function duration(ms) {
+    if (ms < 1000) return `${ms} ms`;
+    const s = ms / 1000;
+    if (s < 60) return `${s.toFixed(1)} s`;
+    const m = Math.floor(s / 60), h = Math.floor(m / 60), d = Math.floor(h / 24);
+    if (d) return `${d}d ${h % 24}h`;
+    return h ? `${h}h ${String(m % 60).padStart(2, "0")}m` : `${m}m ${String(Math.floor(s) % 60).padStart(2, "0")}s`;
+  }
+
+  function relative(iso) {
+    if (!iso) return "–";
+    const delta = new Date(iso).getTime() - Date.now();
+    return delta >= 0 ? `in ${duration(delta)}` : `${duration(-delta)} ago`;
+  }
+
+  // -- sections --------------------------------------------------------------------------------
+
+  function showStats(stats) {
+    const t = stats.totals;
+    $("store").textContent = `prefix ${stats.prefix} · ${stats.shards.length} shards`;
+    $("count-scheduled").textContent = count(t.scheduled);
+    $("count-due").textContent = count(t.due);
+    $("count-leased").textContent = count(t.leased);
+    $("count-dead").textContent = count(t.dead);
+    $("next-due").textContent = t.next_due ? `${fmtTime(t.next_due)} (${relative(t.next_due)})` : "nothing scheduled";
+    $("oldest-overdue").textContent = t.due ? duration(t.oldest_overdue_ms) : "none";
+    fillTable($("shards"),
+      [["shard", 1], ["scheduled", 1], ["due now", 1], ["leased", 1], ["dead", 1], ["next due"], ["oldest overdue", 1]],
+      stats.shards.map((s) => [s.shard, count(s.scheduled), count(s.due), count(s.leased), count(s.dead),
+        s.next_due ? fmtTime(s.next_due) : "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
+      "no shards");
+  }
+
+  let lastDue = null;
+
+  function showChart(due) {
+    lastDue = due;
+    const width = Math.max(480, $("chart").clientWidth), height = 180, top = 10, bottom = 22, left = 40, right = 24;
+    const n = due.counts.length, max = Math.max(1, ...due.counts);
+    const step = (width - left - right) / n, plot = height - top - bottom;
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    const add = (tag, attrs, text) => {
+      const node = document.createElementNS(SVG, tag);
+      for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+      if (text !== undefined) node.textContent = text;
+      svg.append(node);
+      return node;
+    };
+    add("line", { class: "axis", x1: left, x2: width - right, y1: top + plot, y2: top + plot });
+    add("text", { x: left - 6, y: top + 9, "text-anchor": "end" }, count(max));
+    add("text", { x: left - 6, y: top + plot, "text-anchor": "end" }, "0");
+    const start = new Date(due.start).getTime(), bucketMs = due.bucket_minutes * 60000;
+    due.counts.forEach((c, i) => {
+      if (!c) return;
+      const h = Math.max(1, (c / max) * plot);
+      const bar = add("rect", { class: "bar", x: left + i * step, y: top + plot - h, width: Math.max(1, step - 0.5), height: h });
+      const from = new Date(start + i * bucketMs);
+      const title = document.createElementNS(SVG, "title");
+      title.textContent = `${from.toLocaleTimeString(undefined, { hour12: false, hour: "2-digit", minute: "2-digit" })}: ${count(c)} due`;
+      bar.append(title);
+    });
+    const perTick = Math.max(1, Math.round((3 * 60) / due.bucket_minutes)); // a label every 3 hours
+    for (let i = 0; i <= n; i += perTick) {
+      const at = new Date(start + i * bucketMs);
+      add("text", { x: left + i * step, y: height - 6, "text-anchor": i ? "middle" : "start" },
+        at.toLocaleTimeString(undefined, { hour12: false, hour: "2-digit", minute: "2-digit" }));
+    }
+    $("chart").replaceChildren(svg);
+    $("chart-bucket").textContent = `(per ${due.bucket_minutes} min)`;
+    const total = due.counts.reduce((a, b) => a + b, 0);
+    $("chart-legend").textContent = `${count(total)} falling due in 24 h · ${count(due.overdue)} already due (not yet forwarded)`;
+  }
+
+  function showUpcoming(items) {
+    fillTable($("upcoming"),
+      [["id"], ["ready"], ["target / destination"], ["attempts", 1], ["leased until"]],
+      items.items.map((it) => [
+        el("a", { href: "#", class: "mono", onclick: (e) => { e.preventDefault(); find(it.id); } }, it.id),
+        `${fmtTime(it.ready)} (${relative(it.ready)})`,
+        it.corrupt ? `corrupt: ${it.corrupt}` : `${it.target} / ${it.destination}`,
+        it.attempts,
+        it.leased_until ? fmtTime(it.leased_until) : "–",
+      ]),
+      "nothing scheduled");
+  }
+
+  function showLateness(late) {
+    const box = $("lateness");
+    if (!late.count) {
+      box.replaceChildren(el("p", { class: "muted" }, late.hint || "no forwards recorded yet"));
+      return;
+    }
+    const line = el("div", { class: "stats-line" },
+      el("span", {}, "p50 ", el("b", {}, duration(late.p50_ms))),
+      el("span", {}, "p95 ", el("b", {}, duration(late.p95_ms))),
+      el("span", {}, "max ", el("b", {}, duration(late.max_ms))),
+      el("span", { class: "muted" }, `last ${late.count} forwards`));
+    const table = el("table");
+    fillTable(table, [["id"], ["queue"], ["forwarded"], ["late", 1]],
+      late.records.slice(0, 8).map((r) => [el("span", { class: "mono" }, r.id), r.queue, fmtTime(r.forwarded_at), duration(r.late_ms)]),
+      "");
+    box.replaceChildren(line, table);
+  }
+
+  let shownDead = "";
+
+  function showDead(dead) {
+    // Redrawn only when it changed, so a purge button armed for its second click stays armed.
+    const shown = JSON.stringify(dead.items);
+    if (shown === shownDead) return;
+    shownDead = shown;
+    fillTable($("dead"),
+      [["id"], ["died"], ["attempts", 1], ["error"], [""]],
+      dead.items.map((d) => [
+        el("span", { class: "mono" }, d.id),
+        fmtTime(d.died_at),
+        d.attempts,
+        d.error,
+        el("div", { class: "actions" },
+          el("button", { type: "button", class: "small", "data-action": "requeue", "data-id": d.id,
+            onclick: () => deadAction("requeue", { ids: [d.id] }, () => `Requeued ${d.id}.`) }, "Requeue"),
+          confirmButton("Purge", "Really purge?", () => deadAction("purge", { ids: [d.id] }, () => `Purged ${d.id}.`),
+            { "data-action": "purge", "data-id": d.id })),
+      ]),
+      "no dead letters");
+  }
+
+  async function deadAction(verb, body, message) {
+    try {
+      const result = await api(`/dead/${verb}`, { method: "POST", body });
+      $("dead-message").textContent = result.done ? message(result.done) : "Nothing to do: already gone.";
+    } catch (error) {
+      $("dead-message").textContent = error.message;
+    }
+    refresh(true);
+  }
+
+  // -- search, cancel, reschedule ----------------------------------------------------------------
+
+  async function find(id) {
+    $("search-id").value = id;
+    const box = $("search-result");
+    let item;
+    try {
+      item = await api(`/items/${encodeURIComponent(id)}`);
+    } catch (error) {
+      box.replaceChildren(el("p", { class: error.status === 404 ? "muted" : "error" }, error.message));
+      return;
+    }
+    const rows = [["id", item.id], ["shard", item.shard], ["ready", `${fmtTime(item.ready)} (${relative(item.ready)})`],
+      ["target", item.corrupt ? `corrupt: ${item.corrupt}` : `${item.target} / ${item.destination}`],
+      ["attempts", item.attempts], ["leased until", item.leased_until ? fmtTime(item.leased_until) : "–"], ["size", `${item.size} B`]];
+    const dl = el("dl", { class: "item", id: "item-details" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+    const actions = el("div", { class: "actions" },
+      confirmButton("Cancel item", "Really cancel?", () => cancel(item.id), { id: "cancel-item" }),
+      el("button", { type: "button", class: "small", id: "postpone-item",
+        onclick: () => postpone(item) }, "Postpone 1 h"));
+    box.replaceChildren(dl, actions);
+  }
+
+  async function cancel(id) {
+    try {
+      await api(`/items/${encodeURIComponent(id)}`, { method: "DELETE" });
+      $("search-result").replaceChildren(el("p", { id: "search-message" }, `Cancelled ${id}.`));
+    } catch (error) {
+      $("search-result").replaceChildren(el("p", { class: "error", id: "search-message" }, error.message));
+    }
+    refresh(true);
+  }
+
+  async function postpone(item) {
+    const eta = new Date(new Date(item.ready).getTime() + 3600 * 1000).toISOString();
+    try {
+      await api(`/items/${encodeURIComponent(item.id)}/reschedule`, { method: "POST", body: { eta } });
+      await find(item.id);
+    } catch (error) {
+      $("search-result").append(el("p", { class: "error" }, error.message));
+    }
+    refresh(true);
+  }
+
+  // -- the loop ---------------------------------------------------------------------------------
+
+  function setStatus(text, kind) {
+    const status = $("status");
+    status.textContent = text;
+    status.className = `status ${kind}`;
+  }
+
+  async function refresh(withChart = tick % CHART_EVERY === 0) {
+    tick += 1;
+    try {
+      const [stats, items, dead, late, due] = await Promise.all([
+        api("/stats"), api("/items?limit=10"), api("/dead?limit=50"), api("/lateness?limit=200"),
+        withChart ? api("/due?minutes=1440&bucket_minutes=5") : null,
+      ]);
+      $("app").hidden = false; // first, so the chart can measure its width
+      $("login").hidden = true;
+      showStats(stats);
+      showUpcoming(items);
+      showDead(dead);
+      showLateness(late);
+      if (due) showChart(due);
+      setStatus(`live · updated ${new Date().toLocaleTimeString(undefined, { hour12: false })}`, "live");
+    } catch (error) {
+      if (error.status === 401 || error.status === 403) {
+        askToken(error.status === 403 ? "That token was refused: check it and try again." : "");
+        return;
+      }
+      setStatus(error.message, "down");
+    }
+  }
+
+  function start() {
+    clearInterval(timer);
+    tick = 0;
+    refresh();
+    timer = setInterval(refresh, REFRESH_MS);
+  }
+
+  function askToken(problem) {
+    clearInterval(timer);
+    sessionStorage.removeItem(TOKEN_KEY);
+    $("app").hidden = true;
+    $("login").hidden = false;
+    $("login-error").textContent = problem;
+    setStatus("not connected", "");
+    $("token").focus();
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("login-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
+      $("token").value = "";
+      start();
+    });
+    window.addEventListener("resize", () => { if (lastDue) showChart(lastDue); });
+    $("change-token").hidden = !authOn;
+    $("change-token").addEventListener("click", () => askToken(""));
+    $("search").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const id = $("search-id").value.trim();
+      if (id) find(id);
+    });
+    $("requeue-all").addEventListener("click", () => deadAction("requeue", { all: true }, (n) => `Requeued ${n} dead letters.`));
+    const purgeAll = $("purge-all");
+    purgeAll.replaceWith(confirmButton("Purge all", "Really purge all?",
+      () => deadAction("purge", { all: true }, (n) => `Purged ${n} dead letters.`), { id: "purge-all" }));
+    if (authOn && !sessionStorage.getItem(TOKEN_KEY)) askToken("");
+    else start();
+  });
+})();

@@ -1,0 +1,134 @@
+"""Fixtures of the dashboard and API tests: the app in process (for API tests and schemathesis),
+a real ``delayq dashboard`` process, and headless Chromium driven by Playwright.
+
+Chromium is Debian's (/usr/bin/chromium): Playwright never downloads a browser here. Without it
+the browser tests skip, unless ``DELAYQ_REQUIRE_BROWSER=1`` (CI), which makes them fail.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from delayq_backends import DelayStore
+from delayq_backends.web import create_app
+from tests.conftest import make_store
+from tests.helpers import kill_all, wait_for
+from tests.test_rq.conftest import processes  # noqa: F401 (a fixture: real `rq worker` processes)
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SHARDS = 4
+TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def web_store(valkey_url: str, prefix: str) -> Iterator[DelayStore]:
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    yield store
+    store.client.close()
+
+
+@pytest.fixture
+def app(web_store: DelayStore) -> FastAPI:
+    """The app with auth on and RQ scheduling on the store's own server."""
+    return create_app(web_store, token=TOKEN, rq_connection=web_store.client)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Dashboard:
+    """A ``delayq dashboard`` process on a free port, stopped at teardown."""
+
+    def __init__(self, url: str, prefix: str, tmp: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        token_file = tmp / "token"
+        token_file.write_text(TOKEN + "\n")
+        self.log = tmp / "dashboard.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "delayq_backends.cli", "dashboard", "--url", url, "--prefix", prefix,
+                 "--shards", str(SHARDS), "--port", str(self.port), "--token-file", str(token_file), *extra],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        wait_for(
+            self._up, 30, lambda: f"the dashboard to answer; its log: {self.log.read_text()[-2000:]}", interval=0.1
+        )
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the dashboard exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+        try:
+            return httpx.get(f"{self.base}/", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        kill_all([self.proc])
+
+
+@pytest.fixture
+def dashboard_factory(valkey_url: str, prefix: str, tmp_path: Path) -> Iterator[Any]:
+    started: list[Dashboard] = []
+
+    def start(*extra: str) -> Dashboard:
+        started.append(Dashboard(valkey_url, prefix, tmp_path, *extra))
+        return started[-1]
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Debian Chromium, shared by the session's browser tests."""
+    if not CHROMIUM.exists():
+        if os.environ.get("DELAYQ_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"{CHROMIUM} is missing and DELAYQ_REQUIRE_BROWSER=1 requires it: apt-get install chromium")
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="UTC", locale="en-GB")
+    page = context.new_page()
+    yield page
+    context.close()

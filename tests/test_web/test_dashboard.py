@@ -1,0 +1,123 @@
+"""The dashboard in a real headless Chromium against a real ``delayq dashboard`` process: it asks
+for the token, shows the store's counts, finds an item, cancels it and requeues and purges dead
+letters, and the store confirms each change. A screenshot is saved as a test artifact
+(tests/artifacts/; with DELAYQ_UPDATE_SCREENSHOT=1 also as docs/dashboard.png for the README)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from datetime import timedelta
+from typing import Any, Callable
+
+from playwright.sync_api import expect
+
+from delayq_backends import DelayStore
+from delayq_backends.audit import FORWARDED, AuditRecord, RedisStreamAudit
+from delayq_backends.envelope import Envelope
+from tests.helpers import wait_for
+from tests.test_web.conftest import ARTIFACTS, ROOT, TOKEN
+from tests.test_web.test_api import bury
+
+UPCOMING = 240
+TIMEOUT_MS = 15_000
+
+
+def fill_store(store: DelayStore, stream: str) -> None:
+    """Items over the next 24 h (busier in the morning), one to find, three dead letters, and a
+    few audit records of recent forwards."""
+    rng = random.Random(7)
+    now = store.server_time_ms()
+    when = [now + int(abs(rng.gauss(8, 5)) * 3_600_000) % 86_000_000 + 60_000 for _ in range(UPCOMING)]
+    store.schedule_many(
+        [
+            (f"report-{n:04d}", ms / 1000, Envelope("celery", rng.choice(["emails", "reports"]), b"{}"))
+            for n, ms in enumerate(when)
+        ]
+    )
+    store.schedule("invoice-42", timedelta(minutes=30), Envelope("rq", "billing", b""))
+    bury(store, ["dead-a", "dead-b", "dead-c"])
+    audit = RedisStreamAudit(store.config.url, stream, background=False)
+    ready = [now - 60_000 + n * 500 for n in range(60)]
+    audit.record(
+        [
+            AuditRecord(FORWARDED, f"done-{n}", "celery", "emails", r, r + rng.randint(2, 40), 1, "fwd")
+            for n, r in enumerate(ready)
+        ]
+    )
+    audit.close()
+
+
+def test_the_dashboard_shows_counts_cancels_and_requeues(
+    page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore, prefix: str
+) -> None:
+    stream = f"{prefix}:audit"
+    fill_store(web_store, stream)
+    dashboard = dashboard_factory("--audit-stream", stream)
+    expect.set_options(timeout=TIMEOUT_MS)
+
+    page.goto(dashboard.base + "/")
+    expect(page.locator("#login")).to_be_visible()
+    page.fill("#token", "wrong-token-0123456789")
+    page.click("#connect")
+    expect(page.locator("#login-error")).to_contain_text("refused")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+
+    expect(page.locator("#count-scheduled")).to_have_text(str(UPCOMING + 1))
+    expect(page.locator("#login")).to_be_hidden()
+    expect(page.locator("#count-dead")).to_have_text("3")
+    expect(page.locator("#count-due")).to_have_text("0")
+    expect(page.locator("#shards tbody tr")).to_have_count(web_store.shards)
+    expect(page.locator("#dead tbody tr")).to_have_count(3)
+    expect(page.locator("#chart svg rect.bar").first).to_be_visible()
+    expect(page.locator("#lateness")).to_contain_text("p95")
+
+    page.fill("#search-id", "invoice-42")
+    page.click("#search button")
+    expect(page.locator("#item-details")).to_contain_text("rq / billing")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    if os.environ.get("DELAYQ_UPDATE_SCREENSHOT") == "1":  # the README's picture, refreshed on demand
+        shutil.copy(ARTIFACTS / "dashboard.png", ROOT / "docs" / "dashboard.png")
+
+    page.click("#cancel-item")
+    expect(page.locator("#cancel-item")).to_have_text("Really cancel?")
+    page.click("#cancel-item")
+    expect(page.locator("#search-message")).to_have_text("Cancelled invoice-42.")
+    wait_for(lambda: web_store.get("invoice-42") is None, 5, "the store to lose invoice-42")
+    expect(page.locator("#count-scheduled")).to_have_text(str(UPCOMING))
+
+    page.click("#dead button[data-action=requeue][data-id=dead-b]")
+    expect(page.locator("#dead-message")).to_have_text("Requeued dead-b.")
+    wait_for(lambda: web_store.get("dead-b") is not None, 5, "dead-b to be scheduled again")
+    assert {d.id for d in web_store.dead_letters()} == {"dead-a", "dead-c"}
+    expect(page.locator("#count-dead")).to_have_text("2")
+    expect(page.locator("#count-due")).to_have_text("1")
+
+    purge = page.locator("#dead button[data-action=purge][data-id=dead-c]")
+    purge.click()
+    expect(purge).to_have_text("Really purge?")
+    purge.click()
+    expect(page.locator("#dead-message")).to_have_text("Purged dead-c.")
+    wait_for(lambda: {d.id for d in web_store.dead_letters()} == {"dead-a"}, 5, "dead-c to be purged")
+    assert web_store.get("dead-c") is None
+    expect(page.locator("#count-dead")).to_have_text("1")
+
+    page.fill("#search-id", "no-such-id")
+    page.click("#search button")
+    expect(page.locator("#search-result")).to_contain_text("no item 'no-such-id' is scheduled")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-after.png"), full_page=True)
+
+
+def test_the_page_refreshes_live(page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore) -> None:
+    dashboard = dashboard_factory()
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(dashboard.base + "/")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+    expect(page.locator("#count-scheduled")).to_have_text("0")
+    web_store.schedule("arrives-later", timedelta(hours=2), Envelope("list", "k", b""))
+    expect(page.locator("#count-scheduled")).to_have_text("1")
+    expect(page.locator("#upcoming")).to_contain_text("arrives-later")
