@@ -441,6 +441,20 @@ class ForwardOptions:
                 audit.close()
 
 
+def celery_broker_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--celery-broker URL`` (env ``DELAYQ_CELERY_BROKER``), for each command that reaches Celery's broker."""
+    return click.option(
+        "--celery-broker", metavar="URL", envvar="DELAYQ_CELERY_BROKER", show_envvar=True, default=None, help=help
+    )
+
+
+def rq_redis_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--rq-redis URL`` (env ``DELAYQ_RQ_REDIS``), for each command that reaches RQ's Redis."""
+    return click.option(
+        "--rq-redis", metavar="URL", envvar="DELAYQ_RQ_REDIS", show_envvar=True, default=None, help=help
+    )
+
+
 @main.command()
 @store_options
 @forward_options
@@ -450,22 +464,8 @@ class ForwardOptions:
     default=None,
     help="Redis of the list target (RPUSH onto the list each envelope names). [default: --url]",
 )
-@click.option(
-    "--celery-broker",
-    metavar="URL",
-    envvar="DELAYQ_CELERY_BROKER",
-    show_envvar=True,
-    default=None,
-    help="Celery's broker_url (amqp://, redis://, ...): forward delayed Celery tasks there.",
-)
-@click.option(
-    "--rq-redis",
-    metavar="URL",
-    envvar="DELAYQ_RQ_REDIS",
-    show_envvar=True,
-    default=None,
-    help="Redis of the RQ queues: adds the rq target (may equal --url). [default: no rq target]",
-)
+@celery_broker_option("Celery's broker_url (amqp://, redis://, ...): forward delayed Celery tasks there.")
+@rq_redis_option("Redis of the RQ queues: adds the rq target (may equal --url). [default: no rq target]")
 def forward(
     spec: StoreSpec,
     run: ForwardOptions,

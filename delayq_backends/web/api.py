@@ -60,6 +60,9 @@ def _digits(value: Any) -> Any:
 
 
 Digits = BeforeValidator(_digits)
+#: paging of the list routes
+Offset = Annotated[int, Query(ge=0, le=100_000), Digits]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE), Digits]
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -374,8 +377,8 @@ def _item(svc: Services, item_id: str) -> ItemOut:
 @router.get("/items", response_model=ItemsOut, summary="Upcoming items, earliest first")
 def list_items(
     svc: Svc,
-    offset: Annotated[int, Query(ge=0, le=100_000), Digits] = 0,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE), Digits] = 50,
+    offset: Offset = 0,
+    limit: Limit = 50,
 ) -> ItemsOut:
     return ItemsOut(items=[ItemOut(**_item_entry(i)) for i in svc.store.list(offset=offset, count=limit)])
 
@@ -434,8 +437,8 @@ def due(
 @router.get("/dead", response_model=DeadListOut, summary="Dead letters, most recent first")
 def dead(
     svc: Svc,
-    offset: Annotated[int, Query(ge=0, le=100_000), Digits] = 0,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE), Digits] = 50,
+    offset: Offset = 0,
+    limit: Limit = 50,
 ) -> DeadListOut:
     return DeadListOut(items=[DeadOut(**_dead_entry(d)) for d in svc.store.dead_letters(offset=offset, count=limit)])
 
@@ -451,7 +454,7 @@ def purge(body: DeadActionIn, svc: Svc) -> DoneOut:
 
 
 @router.get("/lateness", response_model=LatenessOut, summary="How late recent items were forwarded")
-def lateness(svc: Svc, limit: Annotated[int, Query(ge=1, le=MAX_PAGE), Digits] = 200) -> LatenessOut:
+def lateness(svc: Svc, limit: Limit = 200) -> LatenessOut:
     """From the forwarders' audit stream (``delayq forward --audit-stream``) on the store's server."""
     if svc.audit_stream is None:
         return LatenessOut(

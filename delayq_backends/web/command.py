@@ -85,7 +85,7 @@ def _web() -> Any:
 
 def dashboard_command() -> click.Command:
     """The ``delayq dashboard`` command, on the shared store options of ``delayq``."""
-    from ..cli import store_options
+    from ..cli import celery_broker_option, rq_redis_option, store_options
 
     @click.command()
     @store_options
@@ -99,21 +99,11 @@ def dashboard_command() -> click.Command:
         help="Read the token from this file (keeps it out of the process list).",
     )
     @click.option("--no-auth", is_flag=True, help="No token at all; allowed only on a loopback --host.")
-    @click.option(
-        "--celery-broker",
-        metavar="URL",
-        envvar="DELAYQ_CELERY_BROKER",
-        show_envvar=True,
-        default=None,
-        help="Celery's broker_url: routes tasks scheduled through POST /api/v1/celery as the workers' app would.",
+    @celery_broker_option(
+        "Celery's broker_url: routes tasks scheduled through POST /api/v1/celery as the workers' app would."
     )
-    @click.option(
-        "--rq-redis",
-        metavar="URL",
-        envvar="DELAYQ_RQ_REDIS",
-        show_envvar=True,
-        default=None,
-        help="Redis of the RQ queues, for POST /api/v1/rq (may equal --url). [default: --url, unless a cluster]",
+    @rq_redis_option(
+        "Redis of the RQ queues, for POST /api/v1/rq (may equal --url). [default: --url, unless a cluster]"
     )
     @click.option(
         "--audit-stream",

@@ -12,7 +12,6 @@ import redis
 from celery import Celery
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from kombu import Connection, Consumer, Queue
 
 from delayq_backends import Config, DelayStore
 from delayq_backends.audit import FORWARDED, AuditRecord, RedisStreamAudit
@@ -24,6 +23,7 @@ from delayq_backends.rq import RQTarget
 from delayq_backends.web import create_app
 from tests.helpers import wait_for
 from tests.proxy import TcpProxy
+from tests.test_celery.test_replay import drain
 from tests.test_rq.conftest import Processes, runs
 from tests.test_web.conftest import AUTH, TOKEN
 
@@ -190,19 +190,6 @@ def test_lateness_from_the_audit_stream(web_store: DelayStore, prefix: str) -> N
 
 
 # -- scheduled over HTTP, run by the frameworks ---------------------------------------------------
-
-
-def drain(broker: str, queue: str, count: int) -> list[Any]:
-    got: list[Any] = []
-
-    def take(_: Any, message: Any) -> None:
-        message.ack()
-        got.append(message)
-
-    with Connection(broker) as conn, Consumer(conn, queues=[Queue(queue, no_declare=True)], callbacks=[take]):
-        while len(got) < count:
-            conn.drain_events(timeout=10)
-    return got
 
 
 def test_a_celery_task_scheduled_over_http_is_the_message_celery_sends(
