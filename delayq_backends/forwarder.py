@@ -298,8 +298,8 @@ class Forwarder:
             self.stats.dead += buried
             for item_id, _, error in failures:
                 log.warning("item %s failed: %s", item_id, error)
-        if later:
-            self.stats.deferred += self.store.defer(claim, later)
+        deferred = self.store.defer(claim, later) if later else 0
+        self.stats.deferred += deferred
         if report.unsent:
             released = self.store.release(claim, report.unsent)
             self.stats.released += released
@@ -313,6 +313,8 @@ class Forwarder:
                 retried=retried,
                 buried=buried,
                 released=released,
+                deferred=[i for i, _ in later],
+                deferred_count=deferred,
                 max_attempts=self.store.config.max_attempts,
             )
         if report.broker_error is not None:

@@ -106,6 +106,9 @@ class ForwarderMetrics:
         self.acked = counter("delayq_acked", "Forwarded items deleted from the store under this forwarder's lease.")
         self.released = counter("delayq_released", "Items put back unsent (broker outage), attempt not counted.")
         self.retried = counter("delayq_retried", "Failed deliveries scheduled again with back-off.")
+        self.deferred = counter(
+            "delayq_deferred", "Items flow control gave back to the store to wait (queue full or rate cap)."
+        )
         self.dead_lettered = counter(
             "delayq_dead_lettered", "Items this forwarder moved to the dead letters (out of attempts or permanent)."
         )
@@ -170,9 +173,11 @@ class ForwarderMetrics:
         retried: int,
         buried: int,
         released: int,
+        deferred: Sequence[str] = (),
+        deferred_count: int = 0,
         max_attempts: int,
     ) -> None:
-        """Count a batch's acks, retries, dead letters and releases by target and queue.
+        """Count a batch's acks, retries, dead letters, releases and deferrals by target and queue.
 
         Args:
             labels: (target, queue) of each claimed id whose envelope decoded.
@@ -181,6 +186,8 @@ class ForwarderMetrics:
                 itself (``report.acked``, counted here as acked).
             retried, buried: what ``store.fail`` returned.
             released: what ``store.release`` returned for ``report.unsent``.
+            deferred, deferred_count: the ids flow control held back, and what ``store.defer``
+                returned for them.
             max_attempts: the store's; an item failing on its last attempt is buried, as
                 fail.lua decides, which is how each failure's outcome is told apart.
         """
@@ -196,6 +203,7 @@ class ForwarderMetrics:
         self._add(self.dead_lettered, attribute(of(i for i, _, _ in failures if i in doomed), buried))
         self._add(self.retried, attribute(of(i for i, _, _ in failures if i not in doomed), retried))
         self._add(self.released, attribute(of(report.unsent), released))
+        self._add(self.deferred, attribute(of(deferred), deferred_count))
 
     @staticmethod
     def _add(counter: Counter, counts: Tally[Labels]) -> None:

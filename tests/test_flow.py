@@ -151,6 +151,8 @@ def test_full_queue_pauses_others_flow_and_lateness_counts_the_wait(valkey_url: 
     assert (store.client.llen(full), store.client.llen(other), scheduled(store)) == (100, 60, 150)
     assert forwarder.flow.state == {full: True} and backpressure() == 1
     assert forwarder.stats.deferred >= 150 and forwarder.stats.retried == 0
+    deferred = metrics.registry.get_sample_value("delayq_deferred_total", {"target": "list", "queue": full})
+    assert deferred == forwarder.stats.deferred
     assert all(item.attempts == 0 for item in store.scan())  # held back, no attempt counted
     started = store.server_time_ms()
     taken = [store.client.llen(full)]
