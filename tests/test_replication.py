@@ -11,9 +11,11 @@ from typing import Iterator
 
 import pytest
 import redis
+from celery import Celery
 from redis.exceptions import RedisClusterException
 
 from delayq_backends import Config, DelayqError, DelayStore, NotDurableError
+from delayq_backends.celery import forget_store, install, store_for
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from delayq_backends.forwarder import Forwarder
@@ -53,6 +55,29 @@ def test_durable_writes_wait_for_the_replica(primary_and_replica: tuple[Embedded
     assert store.exists("lonely"), "it is on the primary: retrying is safe, scheduling is idempotent by id"
     plain = DelayStore(connect(primary.url), Config(prefix=prefix, shards=4))
     plain.schedule("fast", 60, RedisListTarget.envelope("out", b"x"))  # without the option, no waiting
+
+
+def test_a_celery_app_asks_for_durable_writes_through_its_settings(
+    primary_and_replica: tuple[EmbeddedServer, EmbeddedServer],
+) -> None:
+    primary, replica = primary_and_replica
+    app = Celery("durable", broker=f"{primary.url.rsplit('/', 1)[0]}/1")
+    app.conf.update(
+        delayq_url=primary.url,
+        delayq_prefix=f"c{uuid.uuid4().hex[:8]}",
+        delayq_durable_replicas=1,
+        delayq_durable_timeout_ms=300,
+    )
+    install(app)
+    try:
+        sent = app.send_task("t.later", countdown=60)
+        assert DelayStore(connect(replica.url), store_for(app).config).exists(sent.id), "on the replica when sent"
+        replica.kill()
+        with pytest.raises(NotDurableError, match="confirmed by 0 of 1 replicas"):
+            app.send_task("t.later", countdown=60)
+    finally:
+        forget_store(app)
+        app.close()
 
 
 def test_a_primary_killed_mid_run_loses_no_durable_schedule() -> None:

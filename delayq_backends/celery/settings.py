@@ -10,9 +10,11 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_max_payload_bytes = 1024 * 1024   # a bigger task message is refused
     app.conf.delayq_max_queue_depth = {"celery": 10_000}  # forwarding pauses at this broker depth
     app.conf.delayq_rate_limits = {"celery": "500/s"}    # all forwarders together (N/s, N/m, N/h)
+    app.conf.delayq_durable_replicas = 0  # > 0: each delayed send waits (WAIT) until replicas have it
+    app.conf.delayq_durable_timeout_ms = 1000
 
-The last two are read by ``celery -A proj delayq forward``; its ``--max-queue-depth`` and
-``--rate`` options win for the queues they name.
+``delayq_max_queue_depth`` and ``delayq_rate_limits`` are read by ``celery -A proj delayq
+forward``; its ``--max-queue-depth`` and ``--rate`` options win for the queues they name.
 
 A wrong value fails loudly at first use, naming the setting: a silent fallback would bring
 back worker-side ETAs, the very thing the plugin removes.
@@ -45,6 +47,8 @@ _KNOWN = {
     "delayq_max_payload_bytes",
     "delayq_max_queue_depth",
     "delayq_rate_limits",
+    "delayq_durable_replicas",
+    "delayq_durable_timeout_ms",
 }
 _REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
 
@@ -88,6 +92,8 @@ class CelerySettings:
                 prefix=conf.get("delayq_prefix", "delayq"),
                 shards=conf.get("delayq_shards", 16),
                 max_payload_bytes=conf.get("delayq_max_payload_bytes", Config.max_payload_bytes),
+                durable_replicas=conf.get("delayq_durable_replicas", Config.durable_replicas),
+                durable_timeout_ms=conf.get("delayq_durable_timeout_ms", Config.durable_timeout_ms),
             )
         except ConfigError as exc:
             raise ConfigError(f"Celery setting delayq_*: {exc}") from exc

@@ -102,6 +102,8 @@ def test_naive_eta_is_read_as_utc_like_the_worker_does(make: Any) -> None:
         ({"delayq_url": None, "broker_url": "amqp://guest@127.0.0.1//"}, "set delayq_url"),
         ({"task_protocol": 1}, "task_protocol"),
         ({"delayq_max_payload_bytes": "1MB"}, "max_payload_bytes"),
+        ({"delayq_durable_replicas": -1}, "durable_replicas"),
+        ({"delayq_durable_timeout_ms": 0}, "durable_timeout_ms"),
     ],
 )
 def test_misconfiguration_fails_loudly_naming_the_setting(make: Any, conf: dict[str, Any], names: str) -> None:
