@@ -19,7 +19,7 @@ from rq.registry import ScheduledJobRegistry
 
 from ..envelope import Envelope
 from ..store import DelayStore, ScheduleEntry
-from .target import job_envelope
+from .target import AT_FRONT_RANK, job_envelope
 
 __all__ = ["RQ_SCHEDULER_KEY", "MigrationReport", "migrate"]
 
@@ -91,11 +91,12 @@ def _move(
         ids = [member.decode() for member, _ in page]
         with connection.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hget(job_class.key_for(job_id), "origin")
-            origins = pipe.execute()
+                pipe.hmget(job_class.key_for(job_id), "origin", "enqueue_at_front")
+            fields = pipe.execute()
+        # an at_front job keeps its backlog priority, as if scheduled through our Queue
         entries: list[ScheduleEntry] = [
-            (job_id, score, envelope_for(origin.decode()))
-            for job_id, (_, score), origin in zip(ids, page, origins)
+            (job_id, score, envelope_for(origin.decode()), AT_FRONT_RANK if at_front == b"1" else 0)
+            for job_id, (_, score), (origin, at_front) in zip(ids, page, fields)
             if origin is not None
         ]
         missing += len(ids) - len(entries)

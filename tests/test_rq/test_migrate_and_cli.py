@@ -19,6 +19,7 @@ from delayq_backends.cli import main
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
 from delayq_backends.rq.migrate import RQ_SCHEDULER_KEY
+from delayq_backends.rq.target import AT_FRONT_RANK
 from tests.helpers import wait_for
 from tests.test_rq.conftest import SHARDS, Processes, runs
 
@@ -48,6 +49,7 @@ def test_rq_migrate_moves_both_kinds_once_and_twice_changes_nothing(own_db: str,
     later = datetime.now(timezone.utc) + timedelta(hours=1)
     plain = RQQueue("mig", connection=conn)
     registry_jobs = [plain.enqueue_at(later + timedelta(seconds=i), RECORD, i) for i in range(30)]
+    in_front = plain.enqueue_at(later, RECORD, "front", at_front=True)
     old = rq_scheduler.Scheduler("mig-s", connection=conn)
     periodic = old.schedule(later.replace(tzinfo=None), RECORD, args=["p"], interval=60, repeat=5)
     once = old.enqueue_at(later.replace(tzinfo=None) + timedelta(minutes=1), RECORD, "o")
@@ -56,8 +58,9 @@ def test_rq_migrate_moves_both_kinds_once_and_twice_changes_nothing(own_db: str,
     conn.zadd(ScheduledJobRegistry(queue=plain).key, {ghost.id: later.timestamp()})  # a job hash gone
 
     output = migrate(own_db, prefix)
-    assert "moved 32 job(s)" in output and "job gone 1" in output
+    assert "moved 33 job(s)" in output and "job gone 1" in output
     store = DelayStore(conn, Config(prefix=prefix, shards=SHARDS))
+    assert store.rank(in_front.id) == AT_FRONT_RANK and store.rank(registry_jobs[0].id) == 0
     for job in registry_jobs:
         item = store.get(job.id)
         assert item is not None and item.ready_ms == int(later.timestamp() + registry_jobs.index(job)) * 1000
