@@ -52,18 +52,20 @@ class StoreSpec:
     prefix: str
     shards: int
 
-    def open(self, *, writes: bool, **settings: Any) -> DelayStore:
+    def open(self, *, writes: bool, socket_timeout: Optional[float] = None, **settings: Any) -> DelayStore:
         """Connect and check the shard layout before anything is read or written.
 
         A read-only command (``writes=False``) checks against a recorded layout but never records
         one, so a mistyped ``--shards`` on an empty prefix cannot pin that layout for producers.
+        Servers that answer requests (the exporter, the dashboard) pass a ``socket_timeout``, so a
+        store that hangs, rather than refusing connections, fails a request instead of freezing it.
 
         Raises:
             ConfigError: the URL is unusable or the server unreachable.
             ShardMismatchError: ``shards`` differs from the count recorded for ``prefix``.
         """
         config = Config(url=self.url, prefix=self.prefix, shards=self.shards, **settings)
-        store = DelayStore(connect(self.url), config)
+        store = DelayStore(connect(self.url, socket_timeout=socket_timeout), config)
         click.get_current_context().call_on_close(store.client.close)
         store.check_meta(record=writes)
         return store

@@ -48,7 +48,8 @@ def exporter_command(spec: StoreSpec, port: int, host: str) -> None:
     The store must answer at start; later outages show as delayq_store_up 0 while it keeps serving.
     """
     registry = CollectorRegistry()
-    registry.register(StoreCollector(spec.open(writes=False)))
+    # under Prometheus's default 10 s scrape timeout: a hung store reads as up 0, not a stalled scrape
+    registry.register(StoreCollector(spec.open(writes=False, socket_timeout=5)))
     serve_metrics(registry, host, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Iterator, Optional
@@ -41,10 +42,10 @@ GAUGES = {
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def scrape(port: int) -> Optional[list[Sample]]:
+def scrape(port: int, timeout: float = 5) -> Optional[list[Sample]]:
     """Every sample at the endpoint, or None while nothing listens there yet."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
             text = response.read().decode()
     except (urllib.error.URLError, ConnectionError):
         return None
@@ -208,8 +209,20 @@ def test_exporter_serves_the_gauges_and_outlives_its_store(
     assert value(samples, "delayq_store_scrape_errors_total", prefix=prefix) == 0
     assert total(samples, "delayq_forwarded_total") == 0, "the exporter serves gauges only"
 
+    assert own_server.process is not None
+    own_server.process.send_signal(signal.SIGSTOP)  # a store that hangs instead of refusing
+    try:
+        started = time.monotonic()
+        hung = scrape(port, timeout=30)
+        assert hung is not None and value(hung, "delayq_store_up", prefix=prefix) == 0
+        assert time.monotonic() - started < 9, "a hung store must not stall a scrape past Prometheus's 10 s"
+    finally:
+        own_server.process.send_signal(signal.SIGCONT)
+    back = scrape(port)
+    assert back is not None and value(back, "delayq_store_up", prefix=prefix) == 1
+
     own_server.kill()
-    for errors in (1, 2):  # it keeps serving, and says so on every scrape
+    for errors in (2, 3):  # it keeps serving, and says so on every scrape
         down = scrape(port)
         assert down is not None and proc.poll() is None
         assert value(down, "delayq_store_up", prefix=prefix) == 0

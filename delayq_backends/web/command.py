@@ -127,7 +127,7 @@ def dashboard_command() -> click.Command:
         """Serve the dashboard (/) and the HTTP API (/api/v1, schema at /api/v1/openapi.json)."""
         required = resolve_token(token, token_file, no_auth, host)
         uvicorn, create_app = _web()
-        store = spec.open(writes=True)
+        store = spec.open(writes=True, socket_timeout=5)  # a hung store: 503, not a frozen page
         rq_connection = _rq_connection(rq_redis or (None if store.cluster else spec.url), spec, store.client)
         app = create_app(
             store, token=required, celery_broker=celery_broker, rq_connection=rq_connection, audit_stream=audit_stream
