@@ -26,7 +26,7 @@ _CONNECTION = ("+ping", "+info", "+time", "+client|setinfo", "+client|setname", 
 #: The scripts' own commands, which Redis checks when the script calls them.
 _SCRIPTS = ("+evalsha", "+eval", "+script|load", "+script|exists")
 _SCRIPT_WRITES = ("+zadd", "+zrem", "+hset", "+hdel", "+hincrby", "+publish")
-_READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zcard", "+zcount", "+exists")
+_READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zcard", "+zcount", "+exists")
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget")
 
 ROLES: dict[str, tuple[str, ...]] = {

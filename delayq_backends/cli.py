@@ -581,6 +581,7 @@ def _item_entry(item: ScheduledItem) -> dict[str, Any]:
         "ready": _iso(item.ready_ms),
         "attempts": item.attempts,
         "leased_until": _iso(item.leased_until_ms),
+        "rank": item.rank,
         "target": None,
         "destination": None,
         "corrupt": None,
@@ -597,7 +598,16 @@ def _item_entry(item: ScheduledItem) -> dict[str, Any]:
 
 def _item_cells(entry: dict[str, Any]) -> list[Any]:
     where = f"<corrupt: {entry['corrupt']}>" if entry["corrupt"] else f"{entry['target']}/{entry['destination']}"
-    return [entry["id"], entry["shard"], entry["ready"], entry["attempts"], entry["leased_until"], where, entry["size"]]
+    return [
+        entry["id"],
+        entry["shard"],
+        entry["ready"],
+        entry["attempts"],
+        entry["leased_until"],
+        entry["rank"],
+        where,
+        entry["size"],
+    ]
 
 
 ITEM_COLUMNS = [
@@ -606,6 +616,7 @@ ITEM_COLUMNS = [
     Column("ready"),
     Column("attempts", "right"),
     Column("leased until"),
+    Column("rank", "right"),
     Column("target/destination"),
     Column("size", "right"),
 ]

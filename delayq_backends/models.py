@@ -47,6 +47,7 @@ class ScheduledItem:
     envelope: bytes
     attempts: int
     leased_until_ms: Optional[int]
+    rank: int = 0  # higher is claimed first in a backlog (see DelayStore.schedule)
 
 
 @dataclass(frozen=True)

@@ -468,11 +468,12 @@ class DelayStore:
             pipe.hget(k.items, item_id)
             pipe.hget(k.tries, item_id)
             pipe.hget(k.leased, item_id)
-            score, envelope, tries, lease = pipe.execute()
+            pipe.zscore(k.ranked, item_id)
+            score, envelope, tries, lease, ranked = pipe.execute()
         if score is None or envelope is None:
             return None
         deadline, ready = _parse_lease(lease, score)
-        return ScheduledItem(item_id, shard, ready, envelope, int(tries or 0), deadline)
+        return ScheduledItem(item_id, shard, ready, envelope, int(tries or 0), deadline, _rank(ranked))
 
     def scan(self, *, batch: int = 1000) -> Iterator[ScheduledItem]:
         """Every scheduled item, shard by shard, in no particular order (``ZSCAN``).
@@ -490,11 +491,13 @@ class DelayStore:
                     pipe.hmget(k.items, ids)
                     pipe.hmget(k.tries, ids)
                     pipe.hmget(k.leased, ids)
-                    envelopes, tries, leases = pipe.execute()
-                for (member, score), envelope, tried, lease in zip(chunk, envelopes, tries, leases):
+                    pipe.zmscore(k.ranked, ids)
+                    envelopes, tries, leases, ranks = pipe.execute()
+                for (member, score), envelope, tried, lease, ranked in zip(chunk, envelopes, tries, leases, ranks):
                     if envelope is not None:
                         deadline, ready = _parse_lease(lease, score)
-                        yield ScheduledItem(member.decode(), shard, ready, envelope, int(tried or 0), deadline)
+                        item_id = member.decode()
+                        yield ScheduledItem(item_id, shard, ready, envelope, int(tried or 0), deadline, _rank(ranked))
 
     def rank(self, item_id: Union[str, bytes]) -> Optional[int]:
         """The rank ``item_id`` is scheduled with, or None when it is not scheduled."""
@@ -505,8 +508,7 @@ class DelayStore:
             pipe.hexists(k.items, item_id)
             pipe.zscore(k.ranked, item_id)
             exists, score = pipe.execute()
-        # the entry's band is its rank (includes/common.lua); an item's entry is kept exact
-        return None if not exists else 0 if score is None else MAX_RANK - int(score) // RANK_SPAN
+        return None if not exists else _rank(score)
 
     def exists(self, item_id: Union[str, bytes]) -> bool:
         item_id = normalize_id(item_id)
@@ -608,12 +610,13 @@ class DelayStore:
                 pipe.hget(k.items, item_id)
                 pipe.hget(k.tries, item_id)
                 pipe.hget(k.leased, item_id)
+                pipe.zscore(k.ranked, item_id)
             details = pipe.execute()
         out = []
         for n, (score, s, item_id) in enumerate(page):
-            envelope, tries, lease = details[3 * n : 3 * n + 3]
+            envelope, tries, lease, ranked = details[4 * n : 4 * n + 4]
             deadline, ready = _parse_lease(lease, score)
-            out.append(ScheduledItem(item_id, s, ready, envelope or b"", int(tries or 0), deadline))
+            out.append(ScheduledItem(item_id, s, ready, envelope or b"", int(tries or 0), deadline, _rank(ranked)))
         return out
 
     def _select(self, shard: Optional[int]) -> List[int]:
@@ -703,6 +706,12 @@ def _full_store_said_plainly() -> Iterator[None]:
             f"the delay store is at its maxmemory, so nothing was written ({exc}); free memory or raise "
             "maxmemory, and keep maxmemory-policy noeviction so Redis never evicts scheduled items"
         ) from exc
+
+
+def _rank(ranked_score: Optional[float]) -> int:
+    """An item's rank from its ``ranked`` entry: the entry's band (includes/common.lua), which
+    schedule keeps exact for the items it holds; no entry is rank 0."""
+    return 0 if ranked_score is None else MAX_RANK - int(ranked_score) // RANK_SPAN
 
 
 def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], int]:

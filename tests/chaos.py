@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import redis
 from kombu import Connection
 
+from delayq_backends.audit import read_stream
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.message import parse_time
 from delayq_backends.embedded import EmbeddedServer
@@ -70,6 +71,11 @@ class ChaosReport:
     executed: int
     waiting: int
     lost: int
+    # of ``lost``: the tasks a forwarder's audit record shows the broker accepted (so the broker
+    # or the worker lost them afterwards); a record can be missing (a forwarder killed before
+    # its audit write), so this undercounts, never overcounts
+    lost_after_broker_accepted: int
+    lost_ids: list[str]
     duplicates: int
     dead_letters: int
     lateness_ms: dict[str, float]
@@ -89,6 +95,7 @@ class _Forwarders:
     def __init__(self, env: CeleryEnv, store_url: str, broker_url: str, count: int, logs: Path) -> None:
         self.args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", store_url]
         self.args += ["--prefix", env.prefix, "--shards", "4", "--celery-broker", broker_url]
+        self.args += ["--audit-stream", audit_stream(env)]  # which tasks a broker accepted
         self.args += ["--lease", "3", "--poll", "0.2", "--log-every", "5"]
         self.env, self.logs = env.env, logs
         self.procs = [self._start(i) for i in range(count)]
@@ -212,6 +219,9 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
         ids: set[str] = set()
         done: dict[str, int] = {}
         restarts = 0
+        waiting: set[str] = set()
+        lost: set[str] = set()
+        accepted: set[str] = set()
         try:
             env.start_worker(logs)
             ids = {
@@ -226,6 +236,8 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
             env.stop()
             missing = ids - {r["id"] for r in env.records()}
             waiting = _still_waiting(missing, app, broker.task_ids(env.queue)) if missing else set()
+            lost = missing - waiting
+            accepted = {r.id for r in read_stream(redis.Redis.from_url(store.url), audit_stream(env))} & lost
         finally:
             if forwarders is not None:
                 forwarders.stop()
@@ -242,7 +254,9 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
             scheduled=len(ids),
             executed=len(counts),
             waiting=len(waiting),
-            lost=len(ids - set(counts) - waiting),
+            lost=len(lost),
+            lost_after_broker_accepted=len(accepted),
+            lost_ids=sorted(lost),
             duplicates=sum(counts.values()) - len(counts),
             dead_letters=dead,
             lateness_ms=distribution([ms for ms, _, _ in late]),
@@ -265,19 +279,20 @@ def _settle(env: CeleryEnv, ids: set[str], plan: ChaosPlan, logs: Path, log: Cal
     workers run.
     """
     deadline = time.monotonic() + plan.settle_timeout
-    seen, progress_at, restarts = -1, time.monotonic(), 0
+    seen, progress_at, restarts, replaced = -1, time.monotonic(), 0, False
     while time.monotonic() < deadline:
         ran = len(ids & {r["id"] for r in env.records()})
         if ran == len(ids):
             return restarts
         if ran != seen:
-            seen, progress_at = ran, time.monotonic()
-        elif time.monotonic() - progress_at > plan.stall_seconds:
+            seen, progress_at, replaced = ran, time.monotonic(), False
+        elif time.monotonic() - progress_at > plan.stall_seconds and not replaced:
+            # once per stall: if a fresh worker runs nothing either, the tasks are not in the broker
             log(f"chaos: nothing ran for {plan.stall_seconds:.0f} s, {len(ids) - ran} missing; replacing the worker")
             env.stop()
             restarts += 1
             env.start_worker(logs, name=f"worker{restarts}")
-            progress_at = time.monotonic()
+            replaced = True
         time.sleep(0.2)  # the poll interval of this wait, not a wait for something to happen
     log(f"chaos: timed out after {plan.settle_timeout:.0f} s waiting for every task")
     return restarts
@@ -306,6 +321,11 @@ def _still_waiting(missing: set[str], app: Any, in_broker: set[str]) -> set[str]
     found = {i for i in missing if store.get(i) is not None}
     found |= {d.id for d in store.dead_letters(count=len(missing) + 1000)} & missing
     return found | (in_broker & missing)
+
+
+def audit_stream(env: CeleryEnv) -> str:
+    """The forwarders' audit stream of a run, on the store's server."""
+    return f"{env.prefix}:audit"
 
 
 def _url(proxy: TcpProxy) -> str:

@@ -140,6 +140,17 @@ def test_rank_zero_items_leave_no_index(store: DelayStore) -> None:
     assert not any(store.client.exists(store.keys(k).ranked) for k in range(store.shards))
 
 
+def test_get_list_and_scan_show_each_items_rank(store: DelayStore) -> None:
+    t = T0 / 1000
+    store.schedule_many([("plain", t, ENV), ("top", t + 1, ENV, MAX_RANK), ("mid", t + 2, ENV, 9)])
+    expected = {"plain": 0, "top": MAX_RANK, "mid": 9}
+    assert {i: store.get(i).rank for i in expected} == expected  # type: ignore[union-attr]
+    assert {item.id: item.rank for item in store.list()} == expected
+    assert {item.id: item.rank for item in store.scan()} == expected
+    store.schedule("mid", t + 2, ENV)  # re-scheduled without a rank: back to 0
+    assert store.get("mid").rank == 0  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("rank", [-1, MAX_RANK + 1, 1.5, "3", True, None])
 def test_bad_ranks_are_refused_and_nothing_stored(store: DelayStore, rank: object) -> None:
     with pytest.raises(InvalidRankError, match=rf"pass an int in 0..{MAX_RANK}"):

@@ -199,6 +199,7 @@ class ItemOut(BaseModel):
     ready: str
     attempts: int
     leased_until: Optional[str]
+    rank: int = Field(description="Backlog priority: higher ranks are forwarded first (0..255).")
     target: Optional[str]
     destination: Optional[str]
     corrupt: Optional[str] = Field(description="Why the stored envelope cannot be read, else null.")

@@ -76,9 +76,10 @@ def test_without_auth_calls_go_through_for_loopback_names_only(web_store: DelayS
 
 
 def test_get_cancel_reschedule_by_id(client: TestClient, web_store: DelayStore) -> None:
-    web_store.schedule("a/b c", timedelta(hours=1), ITEM)
+    web_store.schedule("a/b c", timedelta(hours=1), ITEM, rank=7)
     item = client.get("/api/v1/items/a%2Fb%20c", headers=AUTH).json()
     assert item["id"] == "a/b c" and item["target"] == "list" and item["destination"] == "somewhere"
+    assert item["rank"] == 7
     moved = client.post(
         "/api/v1/items/a%2Fb%20c/reschedule", headers=AUTH, json={"eta": "2031-02-03T04:05:06.789+01:00"}
     )

@@ -36,7 +36,7 @@ def fill_store(store: DelayStore, stream: str) -> None:
             for n, ms in enumerate(when)
         ]
     )
-    store.schedule("invoice-42", timedelta(minutes=30), Envelope("rq", "billing", b""))
+    store.schedule("invoice-42", timedelta(minutes=30), Envelope("rq", "billing", b""), rank=3)
     bury(store, ["dead-a", "dead-b", "dead-c"])
     audit = RedisStreamAudit(store.config.url, stream, background=False)
     ready = [now - 60_000 + n * 500 for n in range(60)]
@@ -77,6 +77,7 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     page.fill("#search-id", "invoice-42")
     page.click("#search button")
     expect(page.locator("#item-details")).to_contain_text("rq / billing")
+    expect(page.locator("#item-details")).to_contain_text("rank3")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     if os.environ.get("DELAYQ_UPDATE_SCREENSHOT") == "1":  # the README's picture, refreshed on demand

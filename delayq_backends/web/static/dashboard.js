@@ -228,7 +228,8 @@
     }
     const rows = [["id", item.id], ["shard", item.shard], ["ready", `${fmtTime(item.ready)} (${relative(item.ready)})`],
       ["target", item.corrupt ? `corrupt: ${item.corrupt}` : `${item.target} / ${item.destination}`],
-      ["attempts", item.attempts], ["leased until", item.leased_until ? fmtTime(item.leased_until) : "–"], ["size", `${item.size} B`]];
+      ["rank", item.rank], ["attempts", item.attempts],
+      ["leased until", item.leased_until ? fmtTime(item.leased_until) : "–"], ["size", `${item.size} B`]];
     const dl = el("dl", { class: "item", id: "item-details" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     const actions = el("div", { class: "actions" },
       confirmButton("Cancel item", "Really cancel?", () => cancel(item.id), { id: "cancel-item" }),
