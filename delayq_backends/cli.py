@@ -27,16 +27,15 @@ from .audit import open_audit
 from .config import DEFAULT_URL, Config
 from .connection import connect, redact_url
 from .demo import GRACE_SECONDS, print_result, run_demo
-from .envelope import Envelope
-from .errors import ConfigError, DelayqError, EnvelopeError, InvalidTimeError
+from .entries import dead_entry, iso, item_entry, stats_entry
+from .errors import ConfigError, DelayqError, InvalidTimeError
 from .exporter import exporter_command
 from .flow import FlowControl, parse_depth, parse_rate
 from .forwarder import Forwarder
 from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, serve_metrics
-from .models import DeadLetter, ScheduledItem, ShardStats
 from .store import DelayStore
 from .targets import RedisListTarget, Target
-from .timeutil import When, from_ms, to_ms
+from .timeutil import When, to_ms
 
 __all__ = ["ErrorsAsMessages", "ForwardOptions", "forward_options", "main"]
 
@@ -136,11 +135,6 @@ class Column(NamedTuple):
 
     header: str
     justify: JustifyMethod = "left"
-
-
-def _iso(ms: Optional[int]) -> Optional[str]:
-    """UTC ISO-8601 to the millisecond, the one time format of every command's output."""
-    return None if ms is None else from_ms(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _duration(ms: int) -> str:
@@ -527,20 +521,6 @@ STATS_COLUMNS = [
 ]
 
 
-def _stats_entry(label: Any, group: Sequence[ShardStats]) -> dict[str, Any]:
-    """One shard's numbers, or the totals of several: the same keys either way."""
-    heads = [s.next_ready_ms for s in group if s.next_ready_ms is not None]
-    return {
-        "shard": label,
-        "scheduled": sum(s.scheduled for s in group),
-        "due": sum(s.due for s in group),
-        "leased": sum(s.leased for s in group),
-        "dead": sum(s.dead for s in group),
-        "next_due": _iso(min(heads)) if heads else None,
-        "oldest_overdue_ms": max((s.oldest_overdue_ms for s in group), default=0),
-    }
-
-
 def _stats_cells(entry: dict[str, Any]) -> list[Any]:
     overdue = _duration(entry["oldest_overdue_ms"]) if entry["due"] else None
     return [
@@ -560,40 +540,17 @@ def _stats_cells(entry: dict[str, Any]) -> list[Any]:
 def stats(spec: StoreSpec, as_json: bool) -> None:
     """Counts per shard: scheduled, due now, leased, dead, next due time, oldest overdue."""
     per_shard = spec.open(writes=False).stats()
-    entries = [_stats_entry(s.shard, [s]) for s in per_shard]
-    totals = _stats_entry("total", per_shard)
+    entries = [stats_entry(s.shard, [s]) for s in per_shard]
+    totals = stats_entry("total", per_shard)
     if as_json:
-        _echo_json({"now": _iso(per_shard[0].now_ms), "shards": entries, "totals": totals})
+        _echo_json({"now": iso(per_shard[0].now_ms), "shards": entries, "totals": totals})
         return
     _print_table(
-        f"delayq {spec.prefix!r}, {spec.shards} shards, at {_iso(per_shard[0].now_ms)}",
+        f"delayq {spec.prefix!r}, {spec.shards} shards, at {iso(per_shard[0].now_ms)}",
         STATS_COLUMNS,
         map(_stats_cells, entries),
         _stats_cells(totals),
     )
-
-
-def _item_entry(item: ScheduledItem) -> dict[str, Any]:
-    """A scheduled item as JSON-ready values; an undecodable envelope is shown, not fatal."""
-    entry: dict[str, Any] = {
-        "id": item.id,
-        "shard": item.shard,
-        "ready": _iso(item.ready_ms),
-        "attempts": item.attempts,
-        "leased_until": _iso(item.leased_until_ms),
-        "rank": item.rank,
-        "target": None,
-        "destination": None,
-        "corrupt": None,
-        "size": len(item.envelope),
-    }
-    try:
-        envelope = Envelope.decode(item.envelope)
-    except EnvelopeError as exc:
-        entry["corrupt"] = str(exc)
-    else:
-        entry.update(target=envelope.target, destination=envelope.destination)
-    return entry
 
 
 def _item_cells(entry: dict[str, Any]) -> list[Any]:
@@ -648,7 +605,7 @@ def list_(
     spec.check_shard(shard)
     low, high = _when_option(start, "--from"), _when_option(end, "--to")
     items = spec.open(writes=False).list(shard=shard, start=low, end=high, offset=offset, count=limit)
-    entries = [_item_entry(item) for item in items]
+    entries = [item_entry(item) for item in items]
     if as_json:
         _echo_json(entries)
         return
@@ -693,17 +650,6 @@ DEAD_COLUMNS = [
 ]
 
 
-def _dead_entry(dead: DeadLetter) -> dict[str, Any]:
-    return {
-        "id": dead.id,
-        "shard": dead.shard,
-        "died_at": _iso(dead.died_ms),
-        "attempts": dead.attempts,
-        "error": dead.error,
-        "ready": _iso(dead.ready_ms),
-    }
-
-
 @dlq.command("list")
 @store_options
 @shard_option
@@ -712,7 +658,7 @@ def _dead_entry(dead: DeadLetter) -> dict[str, Any]:
 def dlq_list(spec: StoreSpec, shard: Optional[int], offset: int, limit: int, as_json: bool) -> None:
     """Dead letters, most recent first, with the error that killed each."""
     spec.check_shard(shard)
-    entries = [_dead_entry(d) for d in spec.open(writes=False).dead_letters(shard=shard, offset=offset, count=limit)]
+    entries = [dead_entry(d) for d in spec.open(writes=False).dead_letters(shard=shard, offset=offset, count=limit)]
     if as_json:
         _echo_json(entries)
         return

@@ -18,7 +18,7 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 from pydantic.json_schema import SkipJsonSchema
 
 from ..audit import FORWARDED, stream_record
-from ..cli import _dead_entry, _iso, _item_entry, _stats_entry
+from ..entries import dead_entry, iso, item_entry, stats_entry
 from ..keys import normalize_id
 from ..store import DelayStore
 from ..timeutil import to_ms
@@ -333,7 +333,7 @@ def _available(producer: Union[CeleryProducer, RQProducer, ProducerUnavailable])
 
 
 def _scheduled(svc: Services, item_id: str, ready_ms: int, result: ScheduleResult) -> ScheduledOut:
-    return ScheduledOut(id=item_id, shard=svc.store.shard_of(item_id), ready=_iso(ready_ms) or "", result=result)
+    return ScheduledOut(id=item_id, shard=svc.store.shard_of(item_id), ready=iso(ready_ms) or "", result=result)
 
 
 @router.post(
@@ -372,7 +372,7 @@ def _item(svc: Services, item_id: str) -> ItemOut:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled (forwarded, cancelled, or never scheduled)"
         )
-    return ItemOut(**_item_entry(item))
+    return ItemOut(**item_entry(item))
 
 
 @router.get("/items", response_model=ItemsOut, summary="Upcoming items, earliest first")
@@ -381,7 +381,7 @@ def list_items(
     offset: Offset = 0,
     limit: Limit = 50,
 ) -> ItemsOut:
-    return ItemsOut(items=[ItemOut(**_item_entry(i)) for i in svc.store.list(offset=offset, count=limit)])
+    return ItemsOut(items=[ItemOut(**item_entry(i)) for i in svc.store.list(offset=offset, count=limit)])
 
 
 @router.get("/items/{item_id:path}", response_model=ItemOut, responses=NOT_FOUND, summary="One scheduled item")
@@ -409,10 +409,10 @@ def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
 def stats(svc: Svc) -> StatsOut:
     per_shard = svc.store.stats()
     return StatsOut(
-        now=_iso(per_shard[0].now_ms) or "",
+        now=iso(per_shard[0].now_ms) or "",
         prefix=svc.store.config.prefix,
-        shards=[ShardOut(**_stats_entry(s.shard, [s])) for s in per_shard],
-        totals=ShardOut(**_stats_entry("total", per_shard)),
+        shards=[ShardOut(**stats_entry(s.shard, [s])) for s in per_shard],
+        totals=ShardOut(**stats_entry("total", per_shard)),
     )
 
 
@@ -432,7 +432,7 @@ def due(
         )
     start = svc.store.server_time_ms() // 60_000 * 60_000
     overdue, counts = svc.store.due_histogram(start, bucket_minutes * 60_000, buckets)
-    return DueOut(start=_iso(start) or "", bucket_minutes=bucket_minutes, overdue=overdue, counts=counts)
+    return DueOut(start=iso(start) or "", bucket_minutes=bucket_minutes, overdue=overdue, counts=counts)
 
 
 @router.get("/dead", response_model=DeadListOut, summary="Dead letters, most recent first")
@@ -441,7 +441,7 @@ def dead(
     offset: Offset = 0,
     limit: Limit = 50,
 ) -> DeadListOut:
-    return DeadListOut(items=[DeadOut(**_dead_entry(d)) for d in svc.store.dead_letters(offset=offset, count=limit)])
+    return DeadListOut(items=[DeadOut(**dead_entry(d)) for d in svc.store.dead_letters(offset=offset, count=limit)])
 
 
 @router.post("/dead/requeue", response_model=DoneOut, summary="Schedule dead letters again, due now")
@@ -470,8 +470,8 @@ def lateness(svc: Svc, limit: Limit = 200) -> LatenessOut:
             id=r.id,
             target=r.target,
             queue=r.queue,
-            ready=_iso(r.ready_ms) or "",
-            forwarded_at=_iso(r.at_ms) or "",
+            ready=iso(r.ready_ms) or "",
+            forwarded_at=iso(r.at_ms) or "",
             late_ms=max(0, r.at_ms - (r.ready_ms or 0)),
         )  # fmt: skip
         for r in records

@@ -1,0 +1,67 @@
+"""JSON-ready views of the store's objects: one shape for ``delayq … --json`` and the HTTP API,
+so a script written against one reads the other."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from .envelope import Envelope
+from .errors import EnvelopeError
+from .models import DeadLetter, ScheduledItem, ShardStats
+from .timeutil import from_ms
+
+__all__ = ["dead_entry", "iso", "item_entry", "stats_entry"]
+
+
+def iso(ms: Optional[int]) -> Optional[str]:
+    """UTC ISO-8601 to the millisecond, the one time format of every command's output."""
+    return None if ms is None else from_ms(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def stats_entry(label: Any, group: Sequence[ShardStats]) -> dict[str, Any]:
+    """One shard's numbers, or the totals of several: the same keys either way."""
+    heads = [s.next_ready_ms for s in group if s.next_ready_ms is not None]
+    return {
+        "shard": label,
+        "scheduled": sum(s.scheduled for s in group),
+        "due": sum(s.due for s in group),
+        "leased": sum(s.leased for s in group),
+        "dead": sum(s.dead for s in group),
+        "next_due": iso(min(heads)) if heads else None,
+        "oldest_overdue_ms": max((s.oldest_overdue_ms for s in group), default=0),
+    }
+
+
+def item_entry(item: ScheduledItem) -> dict[str, Any]:
+    """A scheduled item as JSON-ready values; an undecodable envelope is shown, not fatal."""
+    entry: dict[str, Any] = {
+        "id": item.id,
+        "shard": item.shard,
+        "ready": iso(item.ready_ms),
+        "attempts": item.attempts,
+        "leased_until": iso(item.leased_until_ms),
+        "rank": item.rank,
+        "target": None,
+        "destination": None,
+        "corrupt": None,
+        "size": len(item.envelope),
+    }
+    try:
+        envelope = Envelope.decode(item.envelope)
+    except EnvelopeError as exc:
+        entry["corrupt"] = str(exc)
+    else:
+        entry.update(target=envelope.target, destination=envelope.destination)
+    return entry
+
+
+def dead_entry(dead: DeadLetter) -> dict[str, Any]:
+    """A dead letter as JSON-ready values."""
+    return {
+        "id": dead.id,
+        "shard": dead.shard,
+        "died_at": iso(dead.died_ms),
+        "attempts": dead.attempts,
+        "error": dead.error,
+        "ready": iso(dead.ready_ms),
+    }
