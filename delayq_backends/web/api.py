@@ -92,6 +92,18 @@ def _json_number(value: Any) -> Any:
 JsonNumber = BeforeValidator(_json_number)
 
 
+def _json_time(value: Any) -> Any:
+    """Refuse a number where the schema wants an ISO-8601 string: pydantic would read ``255`` as
+    seconds since 1970, and seconds or milliseconds is exactly the guess an API must not make."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a time: send an ISO-8601 string with an offset, like 2030-01-31T12:00:00Z")
+    return value
+
+
+#: The string-only twin of :data:`JsonNumber`, for times.
+JsonTime = BeforeValidator(_json_time)
+
+
 def _not_null(value: Any) -> Any:
     """Refuse an explicit null where the schema has none: leaving the field out is the way to say "not this"."""
     if value is None:
@@ -108,7 +120,7 @@ class When(BaseModel):
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["eta"]}, {"required": ["countdown"]}]})
 
-    eta: Union[AwareDatetime, SkipJsonSchema[None]] = Field(
+    eta: Union[Annotated[AwareDatetime, JsonTime], SkipJsonSchema[None]] = Field(
         None, description="When it is due, ISO-8601 with an offset: 2030-01-31T12:00:00Z."
     )
     countdown: Union[

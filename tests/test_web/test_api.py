@@ -135,6 +135,8 @@ def bury(store: DelayStore, ids: list[str]) -> None:
         ("/api/v1/rq", {"func": "print", "countdown": 1}, 422, "func"),
         ("/api/v1/rq", {"func": "m.f", "countdown": 1, "id": "has space"}, 400, "has space"),
         ("/api/v1/items/x/reschedule", {"eta": "not a time"}, 422, "eta"),
+        ("/api/v1/celery", {"task": "t", "eta": 255}, 422, "send an ISO-8601 string"),  # not seconds since 1970
+        ("/api/v1/items/x/reschedule", {"eta": 1.7e9}, 422, "send an ISO-8601 string"),
         ("/api/v1/dead/requeue", {"ids": ["a"], "all": True}, 422, "not both"),
     ],
 )
