@@ -31,19 +31,25 @@ from .keys import meta_key, wake_channel
 __all__ = ["ROLES", "acl_rules", "acl_setuser", "key_patterns"]
 
 #: Sent by redis-py on connect and by the store's checks (INFO cluster detects cluster mode).
-_CONNECTION = ("+ping", "+info", "+time", "+client|setinfo", "+client|setname", "+hello")
+#: Not CLIENT SETINFO: Redis 7.0 does not know it (ACL SETUSER would fail), and redis-py ignores
+#: its refusal.
+_CONNECTION = ("+ping", "+info", "+time", "+client|setname", "+hello")
 #: Running the scripts: as the installed Function library, or (the fallback) as EVAL scripts.
 _FUNCTIONS = ("+fcall", "+fcall_ro")
 _SCRIPTS = ("+evalsha", "+eval", "+script|load", "+script|exists")
 #: The scripts' own commands, which Redis checks when the script calls them.
 _SCRIPT_WRITES = ("+zadd", "+zrem", "+hset", "+hdel", "+hincrby", "+publish")
+#: schedule_in/ack_in: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
+_TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zcard", "+zcount", "+exists")
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget")
+#: schedule_in/ack_in: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
+_TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 
 ROLES: dict[str, tuple[str, ...]] = {
-    "producer": (*_CONNECTION, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx"),
+    "producer": (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx"),
     # PEXPIRE: take.lua lets an idle rate-cap bucket expire
-    "forwarder": (*_CONNECTION, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+subscribe", "+pexpire"),
+    "forwarder": (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+subscribe", "+pexpire"),
     "reader": (*_CONNECTION, *_READS, *_HASH_READS),
 }
 #: The roles that run scripts.

@@ -137,13 +137,10 @@ class Backend:
     Attributes:
         functions: FCALL the installed library (else EVALSHA/EVAL).
         shebang: in EVAL mode, the server reads ``#!lua flags=`` lines (Redis/Valkey 7+).
-        library_missing: FCALL exists but the library is not installed: a user that may not
-            send EVAL gets an error that says to install it.
     """
 
     functions: bool
     shebang: bool = True
-    library_missing: bool = False
 
 
 class ScriptCall:
@@ -165,15 +162,7 @@ class ScriptCall:
                     raise
                 # deleted, or missing on this node of a cluster: run the script itself
                 backend = self.scripts.fall_back()
-        try:
-            return self.scripts.eval_script(self.name, backend)(keys=list(keys), args=list(args), client=target)
-        except redis.exceptions.NoPermissionError as exc:
-            if backend.library_missing and _command_refused(exc):
-                raise ConfigError(
-                    f"the delayq function library {LIBRARY} is not installed on this server and this user "
-                    f"may not run scripts ({exc}): run `delayq functions install --url <admin URL>` once"
-                ) from exc
-            raise
+        return self.scripts.eval_script(self.name, backend)(keys=list(keys), args=list(args), client=target)
 
     def queue(self, pipeline: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
         """Queue this script on a caller's MULTI/EXEC: FCALL, or EVAL of its source.
@@ -219,9 +208,9 @@ class Scripts:
         return self._backend
 
     def fall_back(self) -> Backend:
-        """Use EVAL from now on (the library went away)."""
+        """Use EVAL from now on: the library went away (or is missing on this node of a cluster)."""
         with self._lock:
-            self._backend = Backend(functions=False, shebang=self._shebang_read(), library_missing=True)
+            self._backend = self._eval_backend(library_missing=True)
             return self._backend
 
     def eval_script(self, name: str, backend: Backend) -> Any:
@@ -236,21 +225,33 @@ class Scripts:
             found = self.client.fcall_ro(function_name("version"), 0)
         except redis.exceptions.NoPermissionError:
             # a user without FCALL: the older EVAL rules (or a reader, who runs no script)
-            return Backend(functions=False, shebang=self._shebang_read())
+            return self._eval_backend(library_missing=False)
         except redis.ResponseError as exc:
             # "Function not found" (not installed), "unknown command" (Redis < 7)
-            return Backend(functions=False, shebang=self._shebang_read(), library_missing=_function_missing(exc))
+            return self._eval_backend(library_missing=_function_missing(exc))
         return Backend(functions=_text(found) == LIBRARY)
 
-    def _shebang_read(self) -> bool:
-        """Whether the server reads ``#!lua`` lines (a compile error near '#' says it does not)."""
+    def _eval_backend(self, *, library_missing: bool) -> Backend:
+        """EVAL, in the form the server reads: a compile error near '#' says it does not read
+        ``#!lua`` lines.
+
+        Raises:
+            ConfigError: the library is missing and this user may not send EVAL (an FCALL-only
+                role): nothing can run until an admin installs it. Not remembered, so a client
+                started before the install works once it is done.
+        """
         try:
             self.client.eval("#!lua flags=no-writes\nreturn 1", 0)
-        except redis.exceptions.NoPermissionError:
-            return True  # cannot tell; such a user cannot run scripts at all
+        except redis.exceptions.NoPermissionError as exc:
+            if library_missing:
+                raise ConfigError(
+                    f"the delayq function library {LIBRARY} is not installed on this server, and this user "
+                    f"may not run scripts itself ({exc}): run `delayq functions install --url <admin URL>`"
+                ) from exc
+            return Backend(functions=False)  # cannot tell; such a user cannot run scripts at all
         except redis.ResponseError:
-            return False
-        return True
+            return Backend(functions=False, shebang=False)
+        return Backend(functions=False)
 
 
 def _eval_text(name: str, backend: Backend) -> str:
@@ -261,12 +262,6 @@ def _eval_text(name: str, backend: Backend) -> str:
 def _function_missing(exc: redis.ResponseError) -> bool:
     text = str(exc).lower()
     return "function not found" in text or "unknown command" in text
-
-
-def _command_refused(exc: redis.exceptions.NoPermissionError) -> bool:
-    """Whether the user may not send the command at all (not: may not touch a key)."""
-    text = str(exc).lower()
-    return "evalsha" in text or "'eval'" in text or "script" in text
 
 
 def _text(value: Any) -> str:
