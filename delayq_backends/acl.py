@@ -49,7 +49,16 @@ _TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 ROLES: dict[str, tuple[str, ...]] = {
     "producer": (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx"),
     # PEXPIRE: take.lua lets an idle rate-cap bucket expire
-    "forwarder": (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+subscribe", "+pexpire"),
+    "forwarder": (
+        *_CONNECTION,
+        *_TRANSACTIONS,
+        *_SCRIPT_WRITES,
+        *_READS,
+        *_HASH_READS,
+        "+hsetnx",
+        "+subscribe",
+        "+pexpire",
+    ),
     "reader": (*_CONNECTION, *_READS, *_HASH_READS),
 }
 #: The roles that run scripts.

@@ -6,8 +6,8 @@ import pytest
 from redis.cluster import RedisCluster
 
 from delayq_backends.connection import connect, redact_url
-from delayq_backends.errors import ConfigError
 from delayq_backends.embedded import EmbeddedCluster
+from delayq_backends.errors import ConfigError
 
 
 @pytest.mark.parametrize(

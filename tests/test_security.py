@@ -4,6 +4,7 @@ never printed, TLS, and no pickle anywhere in the package. Real servers only."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import uuid
@@ -23,7 +24,7 @@ from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.functions import install_functions
-from delayq_backends.scripts import LIBRARY
+from delayq_backends.scripts import LIBRARY, SCRIPT_NAMES, Backend, Scripts, library_code, parse_script
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.helpers import wait_for
@@ -135,7 +136,7 @@ def test_fcall_roles_cannot_run_lua_of_their_own(admin: Admin, prefix: str, role
         ("EVAL", LOOP, 1, key),
         ("EVAL_RO", "while true do end", 0),
         ("SCRIPT", "LOAD", LOOP),
-        ("FUNCTION", "LOAD", f"#!lua name=evil{uuid.uuid4().hex[:6]}\nredis.register_function('loop', function() while true do end end)"),
+        ("FUNCTION", "LOAD", "#!lua name=evil\nredis.register_function('loop', function() while true do end end)"),
         ("FUNCTION", "DELETE", LIBRARY),
         ("FUNCTION", "FLUSH"),
         ("SCRIPT", "KILL"),
@@ -345,3 +346,27 @@ def test_functions_install_on_every_primary_of_a_cluster(redis_cluster: Embedded
         for node in admin.get_primaries():  # type: ignore[union-attr]
             node.redis_connection.function_delete(LIBRARY)
         admin.close()
+
+
+# -- the Function library -------------------------------------------------------------------------
+
+
+def test_a_shebang_becomes_the_functions_flags_and_leaves_the_body() -> None:
+    parsed = parse_script("x", "#!lua flags=allow-oom,no-writes\nreturn 1\n")
+    assert parsed.flags == ("allow-oom", "no-writes") and parsed.body == "return 1\n"
+    assert parsed.source == "#!lua flags=allow-oom,no-writes\nreturn 1\n"
+    assert parse_script("y", "return 2").flags == () and parse_script("y", "return 2").source == "return 2"
+    with pytest.raises(ValueError, match="only flags"):
+        parse_script("z", "#!lua name=evil\nreturn 1")
+    code = library_code()
+    assert code.startswith(f"#!lua name={LIBRARY}\n") and re.fullmatch(r"delayq_[0-9a-f]{8}", LIBRARY)
+    assert all(f"function_name='{LIBRARY}_{name}'" in code for name in SCRIPT_NAMES)
+
+
+def test_without_the_library_scripts_fall_back_to_eval_in_the_form_the_server_reads(valkey_url: str) -> None:
+    fakeredis = pytest.importorskip("fakeredis")
+    assert Scripts(redis.Redis.from_url(valkey_url)).backend() in (Backend(functions=False), Backend(functions=True))
+    fake = Scripts(fakeredis.FakeRedis())  # no #!lua lines there: the bodies go alone
+    assert fake.backend() == Backend(functions=False, shebang=False)
+    install_functions(fake.client)
+    assert Scripts(fake.client).backend() == Backend(functions=True)

@@ -38,6 +38,7 @@ __all__ = [
     "Scripts",
     "function_name",
     "library_code",
+    "parse_script",
     "script",
     "source",
 ]
@@ -68,14 +69,20 @@ class LuaScript:
 
 @cache
 def script(name: str) -> LuaScript:
-    """Script ``name`` with its includes expanded and its shebang parsed.
+    """Script ``name`` with its includes expanded and its shebang parsed."""
+    here = resources.files(__package__)
+    text = (here / f"{name}.lua").read_text(encoding="utf-8")
+    return parse_script(
+        name, _INCLUDE.sub(lambda m: (here / "includes" / f"{m.group(1)}.lua").read_text(encoding="utf-8"), text)
+    )
+
+
+def parse_script(name: str, text: str) -> LuaScript:
+    """Split a ``#!lua flags=a,b`` first line (if any) from the body of script ``name``.
 
     Raises:
         ValueError: the shebang holds something other than ``flags=a,b``.
     """
-    here = resources.files(__package__)
-    text = (here / f"{name}.lua").read_text(encoding="utf-8")
-    text = _INCLUDE.sub(lambda m: (here / "includes" / f"{m.group(1)}.lua").read_text(encoding="utf-8"), text)
     flags: tuple[str, ...] = ()
     shebang = _SHEBANG.match(text)
     if shebang:
