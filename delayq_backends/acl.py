@@ -33,7 +33,8 @@ __all__ = ["ROLES", "acl_rules", "acl_setuser", "key_patterns"]
 #: Sent by redis-py on connect and by the store's checks (INFO cluster detects cluster mode).
 #: Not CLIENT SETINFO: Redis 7.0 does not know it (ACL SETUSER would fail), and redis-py ignores
 #: its refusal.
-_CONNECTION = ("+ping", "+info", "+time", "+client|setname", "+hello")
+#: CLUSTER SLOTS/SHARDS and COMMAND (GETKEYS): a cluster client maps slots and finds FCALL's keys.
+_CONNECTION = ("+ping", "+info", "+time", "+client|setname", "+hello", "+cluster|slots", "+cluster|shards", "+command")
 #: Running the scripts: as the installed Function library, or (the fallback) as EVAL scripts.
 _FUNCTIONS = ("+fcall", "+fcall_ro")
 _SCRIPTS = ("+evalsha", "+eval", "+script|load", "+script|exists")

@@ -15,6 +15,7 @@ from typing import Iterator
 import pytest
 import redis
 from click.testing import CliRunner
+from redis.cluster import RedisCluster
 
 import delayq_backends
 from delayq_backends import Config, ConfigError, DelayStore
@@ -332,18 +333,29 @@ def test_tls_with_an_untrusted_certificate_is_refused(tls_server: tuple[int, Pat
 
 
 @pytest.mark.cluster
-def test_functions_install_on_every_primary_of_a_cluster(redis_cluster: EmbeddedCluster, prefix: str) -> None:
+def test_fcall_roles_work_on_a_cluster_once_installed_on_every_primary(
+    redis_cluster: EmbeddedCluster, prefix: str
+) -> None:
     admin = connect(redis_cluster.url)
+    assert isinstance(admin, RedisCluster)
+    users = {role: f"{role}-{uuid.uuid4().hex[:8]}" for role in ("producer", "forwarder")}
     try:
         nodes = install_functions(admin)
         assert len(nodes) == 3 and all(node.current for node in nodes)
-        store = DelayStore(admin, Config(prefix=prefix, shards=8))
-        store.schedule_many((f"c{n}", 1, RedisListTarget.envelope("out", b"x")) for n in range(40))
-        assert store.scripts.backend().functions
-        claimed = sum(store.ack(store.claim(shard)) for shard in range(8))
-        assert claimed == 40
+        for role, name in users.items():  # ACL users live in each node, as `delayq acl --apply` sets them
+            admin.execute_command(*acl_setuser(name, prefix, role, password="pw"), target_nodes=RedisCluster.ALL_NODES)
+        url = {role: redis_cluster.url.replace("redis://", f"redis://{name}:pw@") for role, name in users.items()}
+        producer, forwarder = open_store(url["producer"], prefix), open_store(url["forwarder"], prefix)
+        producer.schedule_many((f"c{n}", 1, RedisListTarget.envelope("out", b"x")) for n in range(40))
+        inbox = CollectingTarget("list")
+        assert Forwarder(forwarder, [inbox]).run_once() == 40 and len(inbox.ids) == 40
+        assert producer.scripts.backend().functions and forwarder.scripts.backend().functions
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            producer.client.eval(LOOP, 1, f"{prefix}:{{{prefix}:0}}:due")
     finally:
-        for node in admin.get_primaries():  # type: ignore[union-attr]
+        for name in users.values():
+            admin.execute_command("ACL", "DELUSER", name, target_nodes=RedisCluster.ALL_NODES)
+        for node in admin.get_primaries():
             node.redis_connection.function_delete(LIBRARY)
         admin.close()
 
