@@ -861,9 +861,9 @@ def acl(
     if apply and password is None:
         password = click.prompt(f"password of {name}", hide_input=True, confirmation_prompt=True)
     command = acl_setuser(name, prefix, role, password=password, functions=functions)
-    if functions and role != "reader":
-        click.echo("# FCALL only: run `delayq functions install --url <admin URL>` on this server first", err=True)
     if not apply:
+        if functions and role != "reader":
+            click.echo("# FCALL only: run `delayq functions install --url <admin URL>` on this server first", err=True)
         click.echo(" ".join(shlex.quote(arg) for arg in command))
         return
     client = connect(url)
@@ -873,6 +873,8 @@ def acl(
     else:
         client.execute_command(*command)
     click.echo(f"user {name!r} ({role} on prefix {prefix!r}) set on {redact_url(url)}")
+    if functions and role != "reader" and not all(node.current for node in functions_status(client)):
+        click.echo(f"warning: {LIBRARY} is not installed everywhere: run `delayq functions install`", err=True)
 
 
 @main.group("functions")

@@ -246,6 +246,7 @@ def test_acl_apply_sets_the_user_over_the_connection(admin: Admin, prefix: str, 
     )  # fmt: skip
     assert shown.exit_code == 0, shown.output
     assert HOSTILE_PASSWORD not in shown.output
+    assert ("warning:" in shown.stderr) is not bool(admin.client.function_list(library=LIBRARY))
     user = redis.Redis(port=admin.port, username=name, password=HOSTILE_PASSWORD)
     assert user.hget(f"{prefix}:meta", "shards") is None
     with pytest.raises(redis.exceptions.NoPermissionError):
