@@ -11,12 +11,16 @@ import functools
 import importlib
 import json
 import logging
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, cast
 
 import click
 import redis
+from click.core import ParameterSource
+from redis.cluster import RedisCluster
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
@@ -32,7 +36,9 @@ from .errors import ConfigError, DelayqError, InvalidTimeError
 from .exporter import exporter_command
 from .flow import FlowControl, parse_depth, parse_rate
 from .forwarder import Forwarder
+from .functions import NodeFunctions, functions_status, install_functions
 from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, serve_metrics
+from .scripts import LIBRARY
 from .store import DelayStore
 from .targets import RedisListTarget, Target
 from .timeutil import When, to_ms
@@ -75,23 +81,84 @@ class StoreSpec:
             raise click.BadParameter(f"shard {shard} does not exist: use 0..{self.shards - 1}", param_hint="--shard")
 
 
+def secret_option(
+    name: str,
+    *,
+    envvar: str,
+    help: str,
+    default: Optional[str] = None,
+    required: bool = False,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--NAME URL`` (env ENVVAR) and ``--NAME-file PATH`` (env ENVVAR_FILE), reaching the command
+    as one argument ``NAME``.
+
+    The file form keeps a password out of ``ps`` and the shell history (a command line is
+    readable by every user of the host); it wins over the env var, and giving both forms on the
+    command line is refused.
+    """
+    param = name.replace("-", "_")
+    file_param = f"{param}_file"
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def with_secret(*args: Any, **kwargs: Any) -> Any:
+            value, path = kwargs.pop(param), kwargs.pop(file_param)
+            if path is not None:
+                if click.get_current_context().get_parameter_source(param) == ParameterSource.COMMANDLINE:
+                    raise click.UsageError(f"pass --{name} or --{name}-file, not both")
+                value = _read_secret(path, f"--{name}-file")
+            if required and value is None:
+                raise click.UsageError(f"pass --{name}, {envvar} or --{name}-file")
+            return command(*args, **{param: value}, **kwargs)
+
+        file_help = f"Read the --{name} value from this file (keeps a password out of `ps`)."
+        with_secret = click.option(
+            f"--{name}-file",
+            file_param,
+            envvar=f"{envvar}_FILE",
+            show_envvar=True,
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            metavar="PATH",
+            help=file_help,
+        )(with_secret)
+        return click.option(
+            f"--{name}",
+            param,
+            envvar=envvar,
+            show_envvar=True,
+            default=default,
+            show_default=default is not None,
+            metavar="URL",
+            help=help + " A password in it shows in `ps`: prefer the env var or the -file option.",
+        )(with_secret)
+
+    return decorate
+
+
+def _read_secret(path: Path, option: str) -> str:
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint=option) from exc
+    if not value:
+        raise click.BadParameter(f"{path} is empty", param_hint=option)
+    return value
+
+
+url_option = secret_option(
+    "url", envvar="DELAYQ_URL", default=DEFAULT_URL, help="Redis/Valkey URL of the delay store (any node of a cluster)."
+)
+
+
 def store_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Add ``--url``/``--prefix``/``--shards`` (with their env vars) and pass them as ``spec``."""
+    """Add ``--url``/``--url-file``/``--prefix``/``--shards`` (with their env vars) and pass them as ``spec``."""
 
     @functools.wraps(command)
     def with_spec(*args: Any, url: str, prefix: str, shards: int, **kwargs: Any) -> None:
         command(*args, spec=StoreSpec(url, prefix, shards), **kwargs)
 
     options = [
-        click.option(
-            "--url",
-            envvar="DELAYQ_URL",
-            show_envvar=True,
-            default=DEFAULT_URL,
-            show_default=True,
-            metavar="URL",
-            help="Redis/Valkey URL of the delay store (any node of a cluster).",
-        ),
         click.option(
             "--prefix",
             envvar="DELAYQ_PREFIX",
@@ -112,7 +179,7 @@ def store_options(command: Callable[..., None]) -> Callable[..., None]:
     ]
     for option in reversed(options):
         with_spec = option(with_spec)
-    return with_spec
+    return url_option(with_spec)
 
 
 class ErrorsAsMessages(click.Group):
@@ -438,26 +505,23 @@ class ForwardOptions:
 
 
 def celery_broker_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--celery-broker URL`` (env ``DELAYQ_CELERY_BROKER``), for each command that reaches Celery's broker."""
-    return click.option(
-        "--celery-broker", metavar="URL", envvar="DELAYQ_CELERY_BROKER", show_envvar=True, default=None, help=help
-    )
+    """``--celery-broker URL`` (env ``DELAYQ_CELERY_BROKER``) or ``--celery-broker-file``, for each
+    command that reaches Celery's broker."""
+    return secret_option("celery-broker", envvar="DELAYQ_CELERY_BROKER", help=help)
 
 
-def rq_redis_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--rq-redis URL`` (env ``DELAYQ_RQ_REDIS``), for each command that reaches RQ's Redis."""
-    return click.option(
-        "--rq-redis", metavar="URL", envvar="DELAYQ_RQ_REDIS", show_envvar=True, default=None, help=help
-    )
+def rq_redis_option(help: str, *, required: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--rq-redis URL`` (env ``DELAYQ_RQ_REDIS``) or ``--rq-redis-file``, for each command that
+    reaches RQ's Redis."""
+    return secret_option("rq-redis", envvar="DELAYQ_RQ_REDIS", help=help, required=required)
 
 
 @main.command()
 @store_options
 @forward_options
-@click.option(
-    "--list-redis",
-    metavar="URL",
-    default=None,
+@secret_option(
+    "list-redis",
+    envvar="DELAYQ_LIST_REDIS",
     help="Redis of the list target (RPUSH onto the list each envelope names). [default: --url]",
 )
 @celery_broker_option("Celery's broker_url (amqp://, redis://, ...): forward delayed Celery tasks there.")
@@ -715,7 +779,7 @@ def dlq_purge(spec: StoreSpec, ids: Sequence[str], all_: bool, yes: bool) -> Non
 
 @main.command("rq-migrate")
 @store_options
-@click.option("--rq-redis", metavar="URL", required=True, help="Redis of the RQ queues (may equal --url).")
+@rq_redis_option("Redis of the RQ queues (may equal --url).", required=True)
 @click.option("--queue-class", default=None, help="Queue class the forwarder moves jobs with (module.Class).")
 @click.option("--job-class", default=None, help="Job class, as given to `rq worker --job-class`.")
 @click.option("--serializer", default=None, help="Serializer, as given to `rq worker --serializer`.")
@@ -762,14 +826,96 @@ def rq_migrate(
 @click.argument("role", type=click.Choice(sorted(ROLES)))
 @click.option("--prefix", envvar="DELAYQ_PREFIX", show_envvar=True, default="delayq", show_default=True)
 @click.option("--user", default=None, help="User name. [default: delayq-ROLE]")
-def acl(role: str, prefix: str, user: Optional[str]) -> None:
-    """Print the least-privilege ACL SETUSER command for a ROLE on a prefix.
+@click.option(
+    "--functions/--eval",
+    default=True,
+    show_default=True,
+    help="Let the role run the scripts only as the installed Function library (FCALL; run `delayq functions "
+    "install` first), or (--eval, for Redis < 7) as EVAL scripts, which also lets it run any Lua of its own.",
+)
+@click.option(
+    "--password-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="PATH",
+    help="The user's password, read from this file. [default: a <password> placeholder; --apply asks for it]",
+)
+@click.option(
+    "--apply",
+    is_flag=True,
+    help="Run ACL SETUSER over --url/--url-file (an admin's; every node of a cluster) instead of printing it.",
+)
+@url_option
+def acl(
+    role: str, prefix: str, user: Optional[str], functions: bool, password_file: Optional[Path], apply: bool, url: str
+) -> None:
+    """Print (or --apply) the least-privilege ACL SETUSER command for a ROLE on a prefix.
 
     producer: schedule, reschedule, cancel. forwarder: claim, ack, release, fail, wake-ups.
-    reader: stats, list, dead-letter list. Replace <password>, then run it with redis-cli.
-    Keys of the targets (RQ queues, lists) are not included: grant those separately.
+    reader: stats, list, dead-letter list. The printed arguments are quoted for a POSIX shell:
+    put `redis-cli -h HOST -p PORT` (and the admin's credentials) in front. Keys of the targets
+    (RQ queues, lists) are not included: grant those separately.
     """
-    click.echo(" ".join(acl_setuser(user or f"delayq-{role}", prefix, role)))
+    name = user or f"delayq-{role}"
+    password = _read_secret(password_file, "--password-file") if password_file else None
+    if apply and password is None:
+        password = click.prompt(f"password of {name}", hide_input=True, confirmation_prompt=True)
+    command = acl_setuser(name, prefix, role, password=password, functions=functions)
+    if not apply:
+        if functions and role != "reader":
+            click.echo("# FCALL only: run `delayq functions install --url <admin URL>` on this server first", err=True)
+        click.echo(" ".join(shlex.quote(arg) for arg in command))
+        return
+    client = connect(url)
+    click.get_current_context().call_on_close(client.close)
+    if isinstance(client, RedisCluster):  # users live in each node, replicas included
+        client.execute_command(*command, target_nodes=RedisCluster.ALL_NODES)
+    else:
+        client.execute_command(*command)
+    click.echo(f"user {name!r} ({role} on prefix {prefix!r}) set on {redact_url(url)}")
+    if functions and role != "reader" and not all(node.current for node in functions_status(client)):
+        click.echo(f"warning: {LIBRARY} is not installed everywhere: run `delayq functions install`", err=True)
+
+
+@main.group("functions")
+def functions_group() -> None:
+    """The scripts as a Redis/Valkey 7+ Function library, so roles need FCALL only (no EVAL).
+
+    Until the library is installed, stores run the scripts with EVALSHA/EVAL, which FCALL-only
+    users may not send.
+    """
+
+
+@functions_group.command("install")
+@url_option
+def functions_install(url: str) -> None:
+    """Load this version's library on the server (on every primary of a cluster); needs an admin URL.
+
+    Libraries of other delayq versions stay, for clients still running them: a rolling upgrade
+    installs the new one first.
+    """
+    client = connect(url)
+    click.get_current_context().call_on_close(client.close)
+    _print_functions(install_functions(client), "installed")
+
+
+@functions_group.command("status")
+@url_option
+def functions_status_command(url: str) -> None:
+    """Show the delayq libraries on each server. Exit code 1 if this version's is missing anywhere."""
+    client = connect(url)
+    click.get_current_context().call_on_close(client.close)
+    nodes = functions_status(client)
+    _print_functions(nodes, "found")
+    if not all(node.current for node in nodes):
+        raise click.exceptions.Exit(1)
+
+
+def _print_functions(nodes: Sequence[NodeFunctions], verb: str) -> None:
+    for node in nodes:
+        others = [lib for lib in node.libraries if lib != LIBRARY]
+        state = f"{LIBRARY} {verb}" if node.current else f"{LIBRARY} MISSING (run `delayq functions install`)"
+        click.echo(f"{node.node}: {state}" + (f"; other versions: {', '.join(others)}" if others else ""))
 
 
 # -- demo -------------------------------------------------------------------------------------

@@ -40,8 +40,7 @@ class Config:
     durable_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prefix, str) or not self.prefix or any(c in self.prefix for c in "{} \n"):
-            raise ConfigError(f"prefix {self.prefix!r}: use a non-empty name without braces or spaces")
+        _check_prefix(self.prefix)
         _check_int("shards", self.shards, 1, 16384)
         _check_int("max_payload_bytes", self.max_payload_bytes, 64, 512 * 1024 * 1024)
         _check_int("max_attempts", self.max_attempts, 1, 1_000_000)
@@ -62,6 +61,24 @@ class Config:
         if unknown:
             raise ConfigError(f"unknown delayq setting(s) {unknown}: known are {sorted(known)}")
         return cls(**values)
+
+
+#: Not in a prefix: ``:`` separates it from the rest of a key (a prefix ``a:b`` would live inside
+#: prefix ``a``'s keys and ACL patterns), glob characters would widen ACL patterns and SCAN
+#: matches, braces would move the cluster hash tag.
+_PREFIX_FORBIDDEN = frozenset(":*?[]\\{}")
+
+
+def _check_prefix(prefix: Any) -> None:
+    if (
+        not isinstance(prefix, str)
+        or not prefix
+        or any(c in _PREFIX_FORBIDDEN or not c.isprintable() or c.isspace() for c in prefix)
+    ):
+        raise ConfigError(
+            f"prefix {prefix!r}: use a non-empty name of letters, digits, '-', '_' or '.' (no ':', glob "
+            "characters *?[]\\, braces, spaces or control characters), e.g. 'delayq' or 'app-tenant2'"
+        )
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> None:

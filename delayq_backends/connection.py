@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Union
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
@@ -15,18 +15,30 @@ __all__ = ["Client", "connect", "is_cluster", "redact_url"]
 Client = Union[redis.Redis, RedisCluster]
 
 
+#: One URL's scheme; kombu takes several URLs joined by ";" (failover brokers).
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+_NEXT_URL = re.compile(r";(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
+_QUERY_PASSWORD = re.compile(r"([?&;]password=)[^&]*", re.IGNORECASE)
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any password (in the user info or a ``password=`` query) replaced by ``***``."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
-    query = "&".join(
-        f"{name}=***" if name.lower() == "password" else field
-        for field in parts.query.split("&")
-        for name in [field.partition("=")[0]]
-    )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    """``url`` with any password (in the user info or a ``password=`` query) replaced by ``***``.
+
+    Does not trust a URL parser: a password holding an unencoded ``#``, ``/``, ``?`` or ``@``
+    ends the authority early for ``urlsplit``, which would then show the rest. The user info
+    ends at the *last* ``@``; when an ``@`` belongs to a query instead, more is hidden, never less.
+    """
+    return ";".join(_redact_one(part) for part in _NEXT_URL.split(url))
+
+
+def _redact_one(url: str) -> str:
+    scheme = _SCHEME.match(url)
+    head, rest = (url[: scheme.end()], url[scheme.end() :]) if scheme else ("", url)
+    user_info, at, tail = rest.rpartition("@")
+    if at:
+        user, colon, _ = user_info.partition(":")
+        rest = f"{user}:***@{tail}" if colon else rest
+    return head + _QUERY_PASSWORD.sub(r"\1***", rest)
 
 
 def connect(url: str, **kwargs: Any) -> Client:
@@ -41,6 +53,13 @@ def connect(url: str, **kwargs: Any) -> Client:
     kwargs.setdefault("socket_connect_timeout", 5)
     try:
         client = redis.Redis.from_url(url, **kwargs)
+    except ValueError:
+        # redis-py's message may quote part of a password that broke the parse
+        raise ConfigError(
+            f"cannot use Redis at {redact_url(url)}: the URL is malformed; percent-encode special characters "
+            "in the password (# %23, / %2F, ? %3F, @ %40, : %3A, % %25)"
+        ) from None
+    try:
         cluster = is_cluster(client)
     except (ValueError, redis.RedisError) as exc:
         raise ConfigError(f"cannot use Redis at {redact_url(url)}: {exc}") from exc

@@ -40,7 +40,7 @@ from .keys import (
     wake_channel,
 )
 from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
-from .scripts import Scripts, source
+from .scripts import Scripts
 from .timeutil import Clock, When, now_ms, to_ms
 
 __all__ = ["DelayStore", "Payload", "ScheduleEntry", "check_rank"]
@@ -379,16 +379,10 @@ class DelayStore:
             self._queue_script(pipeline, "ack", claim.shard, [claim.lease, *ids])
 
     def _queue_script(self, pipeline: Any, name: str, shard: int, args: Sequence[Any]) -> None:
-        """Queue script ``name`` on a caller's transaction as EVAL of its source.
-
-        Not EVALSHA: a script missing from the server's cache (after a restart) would fail alone
-        inside the caller's MULTI while the caller's other writes commit; and redis-py's
-        ``Script`` would add a SCRIPT EXISTS round trip to every transaction. The server caches
-        the compiled script by its SHA, so EVAL costs only the bytes of the source.
-        """
+        """Queue script ``name`` on a caller's transaction: FCALL when the library is installed,
+        else EVAL of its source (see :meth:`~delayq_backends.scripts.ScriptCall.queue`)."""
         self.check_meta()
-        keys = self._keys[shard].all()
-        pipeline.eval(source(name), len(keys), *keys, *args)
+        getattr(self.scripts, name).queue(pipeline, self._keys[shard].all(), args)
 
     def held(self, claim: Claim, ids: Sequence[str], *, client: Any = None) -> list[str]:
         """The ``ids`` still under ``claim``'s lease, read through ``client`` (default: the store's).

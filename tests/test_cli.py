@@ -267,3 +267,75 @@ def test_forward_delivers_everything_and_exits_0_on_sigterm(secret_url: str, pre
     assert "forwarded 500," in text and "Traceback" not in text
     assert PASSWORD not in text and ":***@127.0.0.1" in text
     store.client.close()
+
+
+# -- secrets out of the process list ----------------------------------------------------------
+
+
+def test_forward_reads_its_urls_from_files_and_ps_never_shows_the_password(
+    secret_url: str, prefix: str, tmp_path: Path
+) -> None:
+    store = make_store(secret_url, prefix, shards=4)
+    key = f"{prefix}:out"
+    store.schedule_many([(f"f{i}", time.time() - 1, envelope(key, str(i).encode())) for i in range(20)])
+    (tmp_path / "url").write_text(secret_url + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+    args = ["--url-file", str(tmp_path / "url"), "--list-redis-file", str(tmp_path / "url")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "delayq_backends.cli", "forward", "--prefix", prefix, "--shards", "4", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: store.client.llen(key) >= 20 or proc.poll() is not None, 30, "20 items in the list")
+        assert proc.poll() is None
+        assert PASSWORD.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and PASSWORD.encode() not in out, out
+    store.client.close()
+
+
+def test_a_url_and_a_url_file_together_are_refused(cli: Invoke, valkey_url: str, tmp_path: Path) -> None:
+    (tmp_path / "url").write_text(valkey_url)
+    out = expect(cli("stats", "--url", valkey_url, "--url-file", str(tmp_path / "url")), code=2)
+    assert "--url or --url-file, not both" in out
+    assert "is empty" in expect(cli("stats", "--url-file", os.devnull), code=2)
+    # the file wins over the env var (DELAYQ_URL is set by the fixture to the same server)
+    assert expect(cli("stats", "--url-file", str(tmp_path / "url"), "--json"))
+
+
+@pytest.mark.parametrize(
+    "command, options",
+    [
+        (["stats"], ["--url-file", "DELAYQ_URL_FILE"]),
+        (["forward"], ["--url-file", "--celery-broker-file", "--rq-redis-file", "--list-redis-file"]),
+        (["rq-migrate"], ["--rq-redis-file"]),
+        (["dashboard"], ["--url-file", "--celery-broker-file", "--rq-redis-file"]),
+        (["acl"], ["--apply", "--password-file", "--url-file", "--functions / --eval"]),
+        (["functions", "install"], ["--url-file"]),
+    ],
+)
+def test_help_names_the_file_forms_of_secrets(command: list[str], options: list[str]) -> None:
+    shown = expect(CliRunner().invoke(main, [*command, "--help"]))
+    assert all(option in shown for option in options), shown
+
+
+def test_functions_install_and_status(tmp_path: Path) -> None:
+    from delayq_backends.embedded import EmbeddedServer
+    from delayq_backends.scripts import LIBRARY
+
+    with EmbeddedServer() as server:
+        missing = CliRunner().invoke(main, ["functions", "status", "--url", server.url])
+        assert missing.exit_code == 1 and f"{LIBRARY} MISSING" in missing.output
+        installed = expect(CliRunner().invoke(main, ["functions", "install", "--url", server.url]))
+        assert f"{LIBRARY} installed" in installed
+        assert f"{LIBRARY} found" in expect(CliRunner().invoke(main, ["functions", "status", "--url", server.url]))
+        store = make_store(server.url, "fn", shards=2)
+        store.schedule("a", 1, envelope())
+        assert store.scripts.backend().functions and [i.id for i in store.claim(store.shard_of("a")).items] == ["a"]

@@ -7,6 +7,7 @@ from redis.cluster import RedisCluster
 
 from delayq_backends.connection import connect, redact_url
 from delayq_backends.embedded import EmbeddedCluster
+from delayq_backends.errors import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -17,11 +18,34 @@ from delayq_backends.embedded import EmbeddedCluster
         ("rediss://user:s3cret@host/1", "rediss://user:***@host/1"),
         ("redis://:p@[::1]:6379", "redis://:***@[::1]:6379"),
         ("redis://host:6379/0?password=s3cret&db=1", "redis://host:6379/0?password=***&db=1"),
+        # unencoded characters that end the authority early for urlsplit
+        ("redis://:s3cret#a/ss?@host:6379/0", "redis://:***@host:6379/0"),
+        ("redis://:p#s3cret@host:6379/0", "redis://:***@host:6379/0"),
+        ("rediss://user:p@s3cret@host", "rediss://user:***@host"),
+        ("redis://user:s3/cr?et@host:1/2?db=3", "redis://user:***@host:1/2?db=3"),
+        ("redis://user:s3:cret@host", "redis://user:***@host"),
+        ("redis://:s3cret@host/0?password=s3cret", "redis://:***@host/0?password=***"),
+        ("redis://host/0?PASSWORD=s3cret#frag", "redis://host/0?PASSWORD=***"),
+        # unix sockets
+        ("unix://:s3cret@/var/run/redis.sock?db=0", "unix://:***@/var/run/redis.sock?db=0"),
+        ("unix:///var/run/redis.sock?password=s3cret&db=1", "unix:///var/run/redis.sock?password=***&db=1"),
+        # kombu broker URLs, failover lists included
+        ("amqp://u:s3cret@h//", "amqp://u:***@h//"),
+        ("amqp://u:s3c@ret@h1:5672//;amqp://u:s3cret@h2//", "amqp://u:***@h1:5672//;amqp://u:***@h2//"),
+        ("sentinel://:s3;cret@h:26379", "sentinel://:***@h:26379"),
+        ("redis+socket://:s3cret@/tmp/r.sock", "redis+socket://:***@/tmp/r.sock"),
     ],
 )
 def test_redact_url_hides_every_password(url: str, shown: str) -> None:
     assert redact_url(url) == shown
-    assert "s3cret" not in redact_url(url)
+    assert "s3" not in redact_url(url) and "cret" not in redact_url(url)
+
+
+@pytest.mark.parametrize("url", ["redis://:s3cret/x@host:6379/0", "redis://u:s3cret@host:notaport/0"])
+def test_a_malformed_url_is_refused_without_quoting_the_password(url: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        connect(url)
+    assert "s3cret" not in str(refused.value) and "percent-encode" in str(refused.value)
 
 
 @pytest.mark.cluster

@@ -4,98 +4,190 @@ never printed, TLS, and no pickle anywhere in the package. Real servers only."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 import redis
 from click.testing import CliRunner
+from redis.cluster import RedisCluster
 
 import delayq_backends
 from delayq_backends import Config, ConfigError, DelayStore
 from delayq_backends.acl import acl_setuser
 from delayq_backends.cli import main
 from delayq_backends.connection import connect
-from delayq_backends.embedded import EmbeddedServer, free_port
+from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.functions import install_functions
+from delayq_backends.scripts import LIBRARY, SCRIPT_NAMES, Backend, Scripts, library_code, parse_script
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.helpers import wait_for
 
 
-@pytest.fixture
-def admin(valkey_server: EmbeddedServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(valkey_server.url)
-    users: list[str] = []
-    client.users = users  # type: ignore[attr-defined]
-    yield client
-    for user in users:
+@dataclass
+class Admin:
+    """An admin connection to one real server, and the users and library it made, removed after."""
+
+    client: redis.Redis
+    url: str
+    port: int
+    users: list[str] = field(default_factory=list)
+    installed: bool = False
+
+    def install_functions(self) -> None:
+        if not self.client.function_list(library=LIBRARY):
+            install_functions(self.client)
+            self.installed = True
+
+
+@pytest.fixture(params=["valkey", "redis"])
+def admin(request: pytest.FixtureRequest) -> Iterator[Admin]:
+    """The embedded Valkey and the system Redis 7 in turn; every ACL user made is deleted after,
+    and the library too when this test installed it."""
+    if request.param == "valkey":
+        url = request.getfixturevalue("valkey_server").url
+    else:
+        url = request.getfixturevalue("system_redis_url")
+    client = redis.Redis.from_url(url)
+    kwargs = client.connection_pool.connection_kwargs
+    found = Admin(client, url, int(kwargs["port"]))
+    yield found
+    for user in found.users:
         client.execute_command("ACL", "DELUSER", user)
+    if found.installed:
+        client.function_delete(LIBRARY)
     client.close()
 
 
-def user_url(admin: redis.Redis, server: EmbeddedServer, prefix: str, role: str) -> str:
+def user_url(admin: Admin, prefix: str, role: str, *, functions: bool = True) -> str:
     """A fresh ACL user with ``role`` on ``prefix``; its URL carries the password."""
     name, password = f"{role}-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    admin.execute_command(*acl_setuser(name, prefix, role, password=password))
-    admin.users.append(name)  # type: ignore[attr-defined]
-    return f"redis://{name}:{password}@127.0.0.1:{server.port}/0"
+    admin.client.execute_command(*acl_setuser(name, prefix, role, password=password, functions=functions))
+    admin.users.append(name)
+    return f"redis://{name}:{password}@127.0.0.1:{admin.port}/0"
 
 
 def open_store(url: str, prefix: str) -> DelayStore:
     return DelayStore(connect(url), Config(prefix=prefix, shards=4))
 
 
-def test_each_role_does_its_job_on_its_prefix_and_nothing_else(
-    admin: redis.Redis, valkey_server: EmbeddedServer, prefix: str
-) -> None:
-    admin.script_flush()  # the users load the scripts themselves (SCRIPT LOAD after NOSCRIPT)
-    producer = open_store(user_url(admin, valkey_server, prefix, "producer"), prefix)
-    forwarder_store = open_store(user_url(admin, valkey_server, prefix, "forwarder"), prefix)
-    reader = open_store(user_url(admin, valkey_server, prefix, "reader"), prefix)
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "eval"])
+def test_each_role_does_its_job_on_its_prefix_and_nothing_else(admin: Admin, prefix: str, functions: bool) -> None:
+    if functions:
+        admin.install_functions()
+    else:
+        admin.client.script_flush()  # the users load the scripts themselves (SCRIPT LOAD after NOSCRIPT)
+    producer = open_store(user_url(admin, prefix, "producer", functions=functions), prefix)
+    forwarder_store = open_store(user_url(admin, prefix, "forwarder", functions=functions), prefix)
+    reader = open_store(user_url(admin, prefix, "reader", functions=functions), prefix)
 
     producer.schedule_many((f"i{n}", 1, RedisListTarget.envelope("out", b"x"), n % 2) for n in range(50))
     assert producer.cancel("i0") and producer.reschedule("i1", 4_000_000_000)
-    assert sum(s.scheduled for s in reader.stats()) == 49 and len(reader.list(count=100)) == 49
+    with producer.client.pipeline(transaction=True) as pipe:  # an adapter's MULTI/EXEC (the RQ queue)
+        producer.schedule_in(pipe, "in-multi", 1, RedisListTarget.envelope("out", b"x"))
+        pipe.execute()
+    assert sum(s.scheduled for s in reader.stats()) == 50 and len(reader.list(count=100)) == 50
 
     inbox = CollectingTarget("list")
     forwarder = Forwarder(forwarder_store, [inbox])
-    assert forwarder.run_once() == 48 and len(inbox.ids) == 48
+    assert forwarder.run_once() == 49 and len(inbox.ids) == 49
     assert producer.schedule("i2", 1, RedisListTarget.envelope("out", b"x")) == "added"  # rank 0 after ranks
+    claim = forwarder_store.claim(forwarder_store.shard_of("i2"))
+    assert forwarder_store.release(claim) == 1
+    claim = forwarder_store.claim(forwarder_store.shard_of("i2"))
+    assert forwarder_store.defer(claim, [("i2", 1)]) == 1
+    claim = forwarder_store.claim(forwarder_store.shard_of("i2"))
+    assert forwarder_store.fail(claim, [("i2", None, "boom")]) == (0, 1)
+    assert forwarder_store.take_tokens("q", 2, rate=10, burst=5)[0] == 2
+    assert [d.id for d in reader.dead_letters()] == ["i2"]
     pubsub = forwarder_store.client.pubsub()  # the forwarder may listen for wake-ups
     pubsub.subscribe(forwarder_store.wake_channel)
     producer.schedule("wake", 4_000_000_000 - 1, RedisListTarget.envelope("out", b"x"))
     wait_for(lambda: pubsub.get_message(timeout=0.05) is not None, 5, "the wake-up to reach the forwarder")
     pubsub.close()
+    assert producer.scripts.backend().functions is functions
 
     with pytest.raises(redis.exceptions.NoPermissionError):
         reader.schedule("nope", 1, RedisListTarget.envelope("out", b"x"))
     with pytest.raises(redis.exceptions.NoPermissionError):
         producer.client.set(f"{prefix}x", "outside the prefix")
     with pytest.raises(redis.exceptions.NoPermissionError):
+        producer.client.set(f"{prefix}:x", "in the prefix's name space but no key of ours")
+    with pytest.raises(redis.exceptions.NoPermissionError):
         producer.client.execute_command("FLUSHALL")
 
 
-def test_a_user_of_one_prefix_cannot_touch_another(
-    admin: redis.Redis, valkey_server: EmbeddedServer, prefix: str
-) -> None:
-    other = f"{prefix}other"
-    open_store(valkey_server.url, other).schedule("theirs", 1, RedisListTarget.envelope("out", b"x"))
-    mine = user_url(admin, valkey_server, prefix, "forwarder")
+#: A script that holds the server BUSY until SHUTDOWN NOSAVE once it has written.
+LOOP = "redis.call('SET', KEYS[1], 'x') while true do end"
+
+
+@pytest.mark.parametrize("role", ["producer", "forwarder", "reader"])
+def test_fcall_roles_cannot_run_lua_of_their_own(admin: Admin, prefix: str, role: str) -> None:
+    admin.install_functions()
+    client = connect(user_url(admin, prefix, role))
+    key = f"{prefix}:{{{prefix}:0}}:due"
+    attempts = [
+        ("EVAL", LOOP, 1, key),
+        ("EVAL_RO", "while true do end", 0),
+        ("SCRIPT", "LOAD", LOOP),
+        ("FUNCTION", "LOAD", "#!lua name=evil\nredis.register_function('loop', function() while true do end end)"),
+        ("FUNCTION", "DELETE", LIBRARY),
+        ("FUNCTION", "FLUSH"),
+        ("SCRIPT", "KILL"),
+    ]
+    for command in attempts:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.execute_command(*command)
+    assert admin.client.ping()  # answers: nothing loops
+    assert admin.client.function_list(library=LIBRARY)
+
+
+def test_an_fcall_role_without_the_library_is_told_to_install_it(prefix: str) -> None:
+    with EmbeddedServer() as server:
+        client = redis.Redis.from_url(server.url)
+        found = Admin(client, server.url, server.port)
+        producer = open_store(user_url(found, prefix, "producer"), prefix)
+        with pytest.raises(ConfigError, match="delayq functions install"):
+            producer.schedule("a", 1, RedisListTarget.envelope("out", b"x"))
+        install_functions(client)  # the same client works once the admin installs it
+        assert producer.schedule("a", 1, RedisListTarget.envelope("out", b"x")) == "added"
+        client.function_delete(LIBRARY)  # and a library deleted under it: EVAL refused, said plainly
+        with pytest.raises(ConfigError, match="delayq functions install"):
+            producer.cancel("a")
+
+
+def test_a_user_of_one_prefix_cannot_touch_another(admin: Admin, prefix: str) -> None:
+    admin.install_functions()
+    other = f"{prefix}other"  # starts with the user's prefix
+    open_store(admin.url, other).schedule("theirs", 1, RedisListTarget.envelope("out", b"x"))
+    mine = user_url(admin, prefix, "forwarder")
     with pytest.raises(redis.exceptions.NoPermissionError):
         open_store(mine, other).stats()
     with pytest.raises(redis.exceptions.NoPermissionError):
         open_store(mine, other).claim(0)
-    assert open_store(valkey_server.url, other).exists("theirs")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        open_store(mine, other).take_tokens("q", 1, rate=1, burst=1)
+    assert open_store(admin.url, other).exists("theirs")
 
 
-def test_a_wrong_password_fails_clearly_without_showing_it(
-    admin: redis.Redis, valkey_server: EmbeddedServer, prefix: str
-) -> None:
-    url = user_url(admin, valkey_server, prefix, "reader")
+@pytest.mark.parametrize("bad", ["a:b", "a*", "a?", "a[x]", "a\\b", "a b", "a\x1b", "a\u202e", "{a}"])
+def test_prefixes_that_would_widen_acl_patterns_are_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match="prefix"):
+        Config(prefix=bad)
+    with pytest.raises(ConfigError, match="prefix"):
+        acl_setuser("u", bad, "producer")
+    assert CliRunner().invoke(main, ["acl", "producer", "--prefix", bad]).exit_code != 0
+
+
+def test_a_wrong_password_fails_clearly_without_showing_it(admin: Admin, prefix: str) -> None:
+    url = user_url(admin, prefix, "reader")
     secret = url.split(":")[2].split("@")[0]
     wrong = url.replace(secret, "not-the-password")
     with pytest.raises(ConfigError) as refused:
@@ -108,9 +200,57 @@ def test_a_wrong_password_fails_clearly_without_showing_it(
 def test_acl_command_prints_the_rules_of_a_role() -> None:
     shown = CliRunner().invoke(main, ["acl", "forwarder", "--prefix", "app", "--user", "fwd"])
     assert shown.exit_code == 0
-    assert shown.output.startswith("ACL SETUSER fwd reset on ><password> ")
-    assert "~app:* &app:wake" in shown.output and "+subscribe" in shown.output
+    assert shown.stdout.startswith("ACL SETUSER fwd reset on '><password>' ")
+    assert "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '&app:wake'" in shown.stdout
+    assert "+fcall" in shown.stdout and "+eval" not in shown.stdout and "+subscribe" in shown.stdout
+    assert "delayq functions install" in shown.stderr
+    legacy = CliRunner().invoke(main, ["acl", "forwarder", "--prefix", "app", "--eval"])
+    assert "+evalsha" in legacy.output and "+fcall" not in legacy.output
     assert CliRunner().invoke(main, ["acl", "admin"]).exit_code != 0
+
+
+#: A user name and password a shell would read as pipes, redirections, background jobs and quotes.
+HOSTILE_USER = "u|touch${IFS}pwned>out&x'y\"z;$(id)"
+HOSTILE_PASSWORD = "p w|d>f&g 'q' \"r\" `id` $HOME ;"
+
+
+def test_printed_acl_command_is_safe_to_paste_into_a_shell(admin: Admin, prefix: str, tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text(HOSTILE_PASSWORD + "\n")
+    admin.users.append(HOSTILE_USER)
+    shown = CliRunner().invoke(
+        main, ["acl", "reader", "--prefix", prefix, "--user", HOSTILE_USER, "--password-file", str(tmp_path / "pw")]
+    )
+    assert shown.exit_code == 0
+    before = set(admin.client.acl_users())
+    work = tmp_path / "cwd"
+    work.mkdir()
+    ran = subprocess.run(
+        ["bash", "-c", f"redis-cli -p {admin.port} {shown.stdout.strip()}"], cwd=work, capture_output=True, text=True
+    )
+    assert ran.returncode == 0 and ran.stdout.strip() == "OK", ran
+    assert set(admin.client.acl_users()) - before == {HOSTILE_USER}
+    assert list(work.iterdir()) == []  # no redirection, no command ran
+    reader = redis.Redis(port=admin.port, username=HOSTILE_USER, password=HOSTILE_PASSWORD)
+    assert reader.exists(f"{prefix}:meta") == 0
+
+
+def test_acl_apply_sets_the_user_over_the_connection(admin: Admin, prefix: str, tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text(HOSTILE_PASSWORD)
+    (tmp_path / "url").write_text(admin.url)
+    name = f"applied-{uuid.uuid4().hex[:6]}|&>"
+    admin.users.append(name)
+    shown = CliRunner().invoke(
+        main,
+        ["acl", "producer", "--prefix", prefix, "--user", name, "--password-file", str(tmp_path / "pw"), "--apply",
+         "--url-file", str(tmp_path / "url")],
+    )  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert HOSTILE_PASSWORD not in shown.output
+    assert ("warning:" in shown.stderr) is not bool(admin.client.function_list(library=LIBRARY))
+    user = redis.Redis(port=admin.port, username=name, password=HOSTILE_PASSWORD)
+    assert user.hget(f"{prefix}:meta", "shards") is None
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        user.eval("return 1", 0)
 
 
 def test_no_module_of_the_package_imports_pickle() -> None:
@@ -191,3 +331,55 @@ def test_tls_with_an_untrusted_certificate_is_refused(tls_server: tuple[int, Pat
     port, _, other_ca = tls_server
     with pytest.raises(ConfigError, match="cannot use Redis"):
         connect(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={other_ca}")
+
+
+@pytest.mark.cluster
+def test_fcall_roles_work_on_a_cluster_once_installed_on_every_primary(
+    redis_cluster: EmbeddedCluster, prefix: str
+) -> None:
+    admin = connect(redis_cluster.url)
+    assert isinstance(admin, RedisCluster)
+    users = {role: f"{role}-{uuid.uuid4().hex[:8]}" for role in ("producer", "forwarder")}
+    try:
+        nodes = install_functions(admin)
+        assert len(nodes) == 3 and all(node.current for node in nodes)
+        for role, name in users.items():  # ACL users live in each node, as `delayq acl --apply` sets them
+            admin.execute_command(*acl_setuser(name, prefix, role, password="pw"), target_nodes=RedisCluster.ALL_NODES)
+        url = {role: redis_cluster.url.replace("redis://", f"redis://{name}:pw@") for role, name in users.items()}
+        producer, forwarder = open_store(url["producer"], prefix), open_store(url["forwarder"], prefix)
+        producer.schedule_many((f"c{n}", 1, RedisListTarget.envelope("out", b"x")) for n in range(40))
+        inbox = CollectingTarget("list")
+        assert Forwarder(forwarder, [inbox]).run_once() == 40 and len(inbox.ids) == 40
+        assert producer.scripts.backend().functions and forwarder.scripts.backend().functions
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            producer.client.eval(LOOP, 1, f"{prefix}:{{{prefix}:0}}:due")
+    finally:
+        for name in users.values():
+            admin.execute_command("ACL", "DELUSER", name, target_nodes=RedisCluster.ALL_NODES)
+        for node in admin.get_primaries():
+            node.redis_connection.function_delete(LIBRARY)
+        admin.close()
+
+
+# -- the Function library -------------------------------------------------------------------------
+
+
+def test_a_shebang_becomes_the_functions_flags_and_leaves_the_body() -> None:
+    parsed = parse_script("x", "#!lua flags=allow-oom,no-writes\nreturn 1\n")
+    assert parsed.flags == ("allow-oom", "no-writes") and parsed.body == "return 1\n"
+    assert parsed.source == "#!lua flags=allow-oom,no-writes\nreturn 1\n"
+    assert parse_script("y", "return 2").flags == () and parse_script("y", "return 2").source == "return 2"
+    with pytest.raises(ValueError, match="only flags"):
+        parse_script("z", "#!lua name=evil\nreturn 1")
+    code = library_code()
+    assert code.startswith(f"#!lua name={LIBRARY}\n") and re.fullmatch(r"delayq_[0-9a-f]{8}", LIBRARY)
+    assert all(f"function_name='{LIBRARY}_{name}'" in code for name in SCRIPT_NAMES)
+
+
+def test_without_the_library_scripts_fall_back_to_eval_in_the_form_the_server_reads(valkey_url: str) -> None:
+    fakeredis = pytest.importorskip("fakeredis")
+    assert Scripts(redis.Redis.from_url(valkey_url)).backend() in (Backend(functions=False), Backend(functions=True))
+    fake = Scripts(fakeredis.FakeRedis())  # no #!lua lines there: the bodies go alone
+    assert fake.backend() == Backend(functions=False, shebang=False)
+    install_functions(fake.client)
+    assert Scripts(fake.client).backend() == Backend(functions=True)

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional, Sequence
 import click
 
 from ..audit import AuditRecord, read_stream
-from ..cli import ErrorsAsMessages, StoreSpec, store_options
+from ..cli import ErrorsAsMessages, StoreSpec, celery_broker_option, rq_redis_option, store_options
 from ..connection import connect
 from ..timeutil import to_ms
 
@@ -42,9 +42,9 @@ def _write_jsonl(records: Iterable[AuditRecord], out: str) -> int:
 @click.option("--mode", type=click.Choice(["keep", "replace"]), default="keep", show_default=True,
               help="What a re-run does to ids already scheduled.")  # fmt: skip
 @click.option("--celery-task", metavar="NAME", help="Target: this Celery task (with --celery-broker).")
-@click.option("--celery-broker", metavar="URL", envvar="DELAYQ_CELERY_BROKER", help="The workers' broker_url.")
+@celery_broker_option("The workers' broker_url.")
 @click.option("--rq-func", metavar="PATH", help="Target: RQ jobs of this function (with --rq-redis).")
-@click.option("--rq-redis", metavar="URL", envvar="DELAYQ_RQ_REDIS", help="Redis of the RQ queues.")
+@rq_redis_option("Redis of the RQ queues.")
 @click.option("--list-key", metavar="KEY", help="Target: a Redis list (with --body-col).")
 @click.option("--body-col", help="Column of the list bodies.")
 @click.option("--queue", help="The Celery or RQ queue. [default: Celery's default queue / 'default']")
