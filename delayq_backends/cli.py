@@ -462,12 +462,20 @@ def rq_redis_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., A
 )
 @celery_broker_option("Celery's broker_url (amqp://, redis://, ...): forward delayed Celery tasks there.")
 @rq_redis_option("Redis of the RQ queues: adds the rq target (may equal --url). [default: no rq target]")
+@click.option(
+    "--rq-allow-class",
+    multiple=True,
+    metavar="PREFIX",
+    help="Let RQ envelopes name queue/job classes under this dotted module prefix (whole components; "
+    "rq and delayq_backends always allowed). Repeatable; env DELAYQ_RQ_ALLOW_CLASS adds more (space-separated).",
+)
 def forward(
     spec: StoreSpec,
     run: ForwardOptions,
     list_redis: Optional[str],
     celery_broker: Optional[str],
     rq_redis: Optional[str],
+    rq_allow_class: tuple[str, ...],
 ) -> None:
     """Forward due items to their targets until SIGTERM/SIGINT, then finish the batch and exit 0.
 
@@ -485,7 +493,7 @@ def forward(
         targets.append(_extra("celery").CeleryTarget.from_url(celery_broker))
         described.append(f"celery -> {redact_url(celery_broker)}")
     if rq_redis:
-        targets.append(_rq_target(rq_redis, spec, store))
+        targets.append(_rq_target(rq_redis, spec, store, rq_allow_class))
         described.append(f"rq -> {redact_url(rq_redis)}")
     run.run(store, targets, described)
 
@@ -498,7 +506,7 @@ def _extra(name: str) -> Any:
         raise click.UsageError(f"{exc}") from exc
 
 
-def _rq_target(url: str, spec: StoreSpec, store: DelayStore) -> Target:
+def _rq_target(url: str, spec: StoreSpec, store: DelayStore, allow_classes: Sequence[str] = ()) -> Target:
     """The rq target for ``--rq-redis``; given the store's own URL it shares the store's client,
     so each job's enqueue and ack commit in one transaction."""
     client = store.client if url == spec.url and not store.cluster else connect(url)
@@ -507,7 +515,8 @@ def _rq_target(url: str, spec: StoreSpec, store: DelayStore) -> Target:
             f"{redact_url(url)} is a Redis Cluster; RQ needs a single server", param_hint="--rq-redis"
         )
     click.get_current_context().call_on_close(client.close)
-    return _extra("rq").RQTarget(client)  # type: ignore[no-any-return]
+    rq = _extra("rq")
+    return rq.RQTarget(client, allow_classes=rq.ClassAllowlist.configured(allow_classes))  # type: ignore[no-any-return]
 
 
 STATS_COLUMNS = [

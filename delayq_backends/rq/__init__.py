@@ -20,9 +20,10 @@ from .migrate import MigrationReport, migrate
 from .periodic import InvalidScheduleError
 from .queue import Queue
 from .scheduler import JobNotScheduledError, Scheduler
-from .target import RQTarget
+from .target import ClassAllowlist, RQTarget
 
 __all__ = [
+    "ClassAllowlist",
     "InvalidScheduleError",
     "JobNotScheduledError",
     "MigrationReport",
