@@ -32,7 +32,7 @@ from .errors import ConfigError, DelayqError, InvalidTimeError
 from .exporter import exporter_command
 from .flow import FlowControl, parse_depth, parse_rate
 from .forwarder import Forwarder
-from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, serve_metrics
+from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, LabelBounds, serve_metrics
 from .store import DelayStore
 from .targets import RedisListTarget, Target
 from .timeutil import When, to_ms
@@ -259,6 +259,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         audit_stream: Optional[str],
         metrics_port: Optional[int],
         metrics_host: str,
+        metrics_queue: tuple[str, ...],
         max_queue_depth: dict[str, int],
         rate: dict[str, float],
         **kwargs: Any,
@@ -266,7 +267,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         flow = FlowControl(max_queue_depth, rate)
         run = ForwardOptions(
             batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
-            metrics_port, metrics_host, flow,
+            metrics_port, metrics_host, flow, metrics_queue,
         )  # fmt: skip
         command(*args, run=run, **kwargs)
 
@@ -353,6 +354,15 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             help="Address the metrics listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
         ),
         click.option(
+            "--metrics-queue",
+            envvar="DELAYQ_METRICS_QUEUE",
+            show_envvar=True,
+            multiple=True,
+            metavar="QUEUE",
+            help="Label metrics with this queue's name (queues of --rate/--max-queue-depth are too); every other "
+            "queue counts as 'other', so item data cannot grow the series. Repeatable (env: space-separated).",
+        ),
+        click.option(
             "--max-queue-depth",
             envvar="DELAYQ_MAX_QUEUE_DEPTH",
             show_envvar=True,
@@ -405,6 +415,7 @@ class ForwardOptions:
     metrics_port: Optional[int] = None
     metrics_host: str = DEFAULT_METRICS_HOST
     flow: FlowControl = field(default_factory=FlowControl)
+    metrics_queues: tuple[str, ...] = ()
 
     def store_settings(self) -> dict[str, Any]:
         return {"lease_seconds": self.lease, "max_attempts": self.max_attempts}
@@ -417,7 +428,9 @@ class ForwardOptions:
         config = store.config
         metrics = None
         if self.metrics_port is not None:  # first: a port in use fails before anything is opened
-            metrics = ForwarderMetrics(store=store)
+            queues = {*self.metrics_queues, *self.flow.max_depth, *self.flow.rates}
+            bounds = LabelBounds(queues, [t.kind for t in targets])
+            metrics = ForwarderMetrics(store=store, bounds=bounds)
             serve_metrics(metrics.registry, self.metrics_host, self.metrics_port)
         audit = open_audit(directory=self.audit_dir, stream=self.audit_stream, url=config.url, stem="forwarded")
         forwarder = Forwarder(
