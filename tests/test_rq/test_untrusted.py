@@ -147,3 +147,33 @@ def test_the_forwarder_takes_rq_allow_class(
     wait_for(lambda: queue.job_ids == [job.id], 20, "the custom job class to be allowed")
     assert not store.dead_letters()
     assert "DELAYQ_RQ_ALLOW_CLASS" not in os.environ
+
+
+def test_scheduler_jobs_stored_by_an_older_delayq_still_move(
+    conn: redis.Redis, store: DelayStore, queue: Queue, tmp_path: Path
+) -> None:
+    """Envelopes written before the schedule moved into them say only ``{"scheduler": true}``:
+    a job without meta moves once; one with JSON meta keeps repeating; one whose meta is a
+    pickle is not unpickled but dead-lettered, saying how to schedule it again."""
+    from rq.serializers import JSONSerializer
+
+    scheduler = Scheduler(queue.name, connection=conn, delay_store=store)
+    past = datetime(2020, 1, 1)
+    once = scheduler.enqueue_at(past, RECORD, "once")
+    json_job = Job.create(RECORD, args=["json"], connection=conn, serializer=JSONSerializer, status=JobStatus.SCHEDULED)
+    json_job.origin = queue.name
+    json_job.meta.update({"interval": 3600, "repeat": 3})
+    json_job.save()
+    pickled = scheduler.schedule(past, RECORD, args=["pickled"], interval=3600)
+    conn.hset(pickled.key, "meta", planted(tmp_path / "legacy"))
+    old = Envelope("rq", queue.name, meta={"scheduler": True})  # what today's stores hold
+    for job in (once, json_job, pickled):
+        store.schedule(job.id, 0, old)
+    assert Forwarder(store, [RQTarget(conn)]).run_once() == 3
+    assert set(queue.job_ids) == {once.id, json_job.id}
+    assert not store.exists(once.id)
+    rearmed = store.get(json_job.id)
+    assert rearmed is not None and Envelope.decode(rearmed.envelope).meta["schedule"] == {"interval": 3600, "repeat": 2}
+    (dead,) = store.dead_letters()
+    assert dead.id == pickled.id and "never unpickles" in dead.error and "Scheduler.schedule()" in dead.error
+    assert not (tmp_path / "legacy").exists()
