@@ -98,7 +98,8 @@ class Scheduler(UsesDelayStore):
         interval: rq-scheduler's polling interval; accepted and unused (nothing polls).
         connection: RQ's Redis; taken from ``queue`` when not given.
         job_class, queue_class: classes or dotted paths, as rq-scheduler takes them; the
-            forwarder imports them when it moves the job.
+            forwarder imports them when it moves the job, if they are on its allowlist
+            (``delayq forward --rq-allow-class``).
         name: accepted for compatibility.
         delay_store: where jobs wait; by default as for :class:`~delayq_backends.rq.Queue`.
         clock: "now" in epoch seconds (tests pass a fake one).

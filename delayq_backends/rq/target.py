@@ -212,7 +212,7 @@ class JobFields:
         except (ValueError, TypeError) as exc:
             raise ValueError(f"field {name!r} is {raw.get(name)!r}, which RQ cannot read either ({exc})") from exc
         return cls(
-            status=_text(raw["status"]) or JobStatus.CREATED.value,
+            status=_text(raw["status"]) or "created",  # as RQ reads a hash without one (JobStatus.CREATED)
             timeout=raw["timeout"],
             ttl=ttl,
             at_front=front,
@@ -254,6 +254,29 @@ class _JobRef:
     """What RQ's registries take of a job: its id."""
 
     id: str
+
+
+@dataclass
+class _Pushes:
+    """A batch's pushes onto one queue, sent as one RPUSH and one LPUSH.
+
+    The list ends up as with one push per job, in order (RQ's own scheduler): RPUSH a, c equals
+    RPUSH a; RPUSH c, and LPUSH b, d equals LPUSH b; LPUSH d, whatever the interleaving.
+    """
+
+    queue: str
+    back: list[str] = field(default_factory=list)
+    front: list[str] = field(default_factory=list)
+
+    def add(self, job_id: str, at_front: bool) -> None:
+        (self.front if at_front else self.back).append(job_id)
+
+    def flush(self, pipe: Any) -> None:
+        if self.back:
+            pipe.rpush(self.queue, *self.back)
+        if self.front:
+            pipe.lpush(self.queue, *self.front)
+        self.back, self.front = [], []
 
 
 @lru_cache(maxsize=256)
@@ -511,20 +534,25 @@ class RQTarget:
         keys = batch.keys
         enqueued_at = utcformat(datetime.now(timezone.utc))
         pipe.sadd(keys.queue_class.redis_queues_keys, keys.queue)
+        pushes = _Pushes(keys.queue)
         for job_id, job in batch.jobs.items():
             if job_id in batch.deferred:
                 self._defer(pipe, keys, job_id, job)
             elif job.rate_limit_key and job.rate_limit_concurrency:
+                pushes.flush(pipe)  # its promotion may push too: keep the order
                 self._enqueue_rate_limited(pipe, keys, job_id, job)
             else:
                 self._enqueue(pipe, keys, job_id, job, enqueued_at)
+                pushes.add(job_id, job.at_front)
+        pushes.flush(pipe)
         if shared is not None:
             moved = list(batch.jobs)
             shared.ack_in(pipe, batch.skipped + moved)
             self._rearm(batch, moved, pipe, shared)
 
     def _enqueue(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields, enqueued_at: str) -> None:
-        """What ``Queue._enqueue_job`` writes for a due job (rq 1.16 to 3.x), field by field."""
+        """What ``Queue._enqueue_job`` writes for a due job (rq 1.16 to 3.x), field by field;
+        the push onto the queue is the caller's (:class:`_Pushes`)."""
         if job.status == JobStatus.DEFERRED.value:
             self._deferred(keys).remove(job_id, pipeline=pipe)
         fields = {"status": JobStatus.QUEUED.value, "origin": keys.name, "enqueued_at": enqueued_at}
@@ -532,7 +560,6 @@ class RQTarget:
             fields["timeout"] = str(keys.default_timeout)
         pipe.hset(keys.job(job_id), mapping=fields)
         self._expire(pipe, keys, job_id, job.ttl)
-        (pipe.lpush if job.at_front else pipe.rpush)(keys.queue, job_id)
 
     def _defer(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields) -> None:
         """What ``Queue.setup_dependencies`` writes for a job waiting on unfinished dependencies."""
