@@ -777,6 +777,55 @@ def rq_migrate(
     click.echo(f"{verb} {report.total_moved} job(s) into {redact_url(spec.url)} prefix {spec.prefix!r}")
 
 
+@main.command("rq-upgrade")
+@store_options
+@click.option("--rq-redis", metavar="URL", default=None, help="Redis of the RQ jobs. [default: --url]")
+@click.option("--serializer", default=None, help="The jobs' serializer, as given to `rq worker --serializer`.")
+@click.option(
+    "--rq-allow-class",
+    multiple=True,
+    metavar="PREFIX",
+    help="Let envelopes name job classes/serializers under this module prefix, as for `delayq forward`.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be upgraded; change nothing.")
+def rq_upgrade(
+    spec: StoreSpec, rq_redis: Optional[str], serializer: Optional[str], rq_allow_class: tuple[str, ...], dry_run: bool
+) -> None:
+    """Put the schedule of Scheduler jobs stored by delayq_backends 0.1 into their envelopes.
+
+    Reads each such job's meta with its serializer (a pickle by default) in this process, so run
+    it where you would run `rq worker`. Scheduled items and dead letters are rewritten in place;
+    safe to run again. Then `delayq dlq requeue` the upgraded dead letters.
+    Exit code 1 if some could not be upgraded.
+    """
+    from .rq import ClassAllowlist, upgrade
+
+    store = spec.open(writes=True)
+    client = connect(rq_redis or spec.url)
+    click.get_current_context().call_on_close(client.close)
+    report = upgrade(
+        cast(redis.Redis, client), store, serializer=serializer,
+        allow_classes=ClassAllowlist.configured(rq_allow_class), dry_run=dry_run,
+    )  # fmt: skip
+    verb = "would upgrade" if dry_run else "upgraded"
+    for what, done in (("scheduled", report.upgraded), ("dead letter", report.upgraded_dead)):
+        for item_id, schedule in done.items():
+            click.echo(f"{verb} {what} {item_id}: schedule {json.dumps(schedule, sort_keys=True)}")
+    for item_id in report.gone:
+        click.echo(f"left {item_id}: its job hash is gone (the forwarder skips it)")
+    for item_id in report.changed:
+        click.echo(f"left {item_id}: it changed while being read (forwarded or scheduled again); run again")
+    for item_id, why in report.failed:
+        click.echo(f"FAILED {item_id}: {why}", err=True)
+    requeue = f"; requeue these with `delayq dlq requeue {' '.join(report.upgraded_dead)}`"
+    click.echo(
+        f"{verb} {len(report.upgraded)} scheduled item(s) and {len(report.upgraded_dead)} dead letter(s) in "
+        f"{redact_url(spec.url)} prefix {spec.prefix!r}" + (requeue if report.upgraded_dead else "")
+    )
+    if report.failed:
+        raise click.exceptions.Exit(1)
+
+
 # -- security ---------------------------------------------------------------------------------
 
 

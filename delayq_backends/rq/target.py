@@ -52,7 +52,9 @@ __all__ = [
     "ClassAllowlist",
     "ClassImportError",
     "RQTarget",
+    "UPGRADE_COMMAND",
     "dotted_path",
+    "is_legacy_scheduler",
     "job_envelope",
     "job_rank",
     "schedule_of",
@@ -72,6 +74,9 @@ SCHEDULER_FLAG = "scheduler"
 #: The forwarder counts ``repeat`` down here, in JSON, because it never reads ``job.meta``.
 SCHEDULE_KEY = "schedule"
 _SCHEDULE_FIELDS = ("interval", "repeat", "cron_string", "use_local_timezone")
+#: The command that puts the schedule of a 0.1 Scheduler job (in its pickled ``job.meta``) into
+#: its envelope, on the operator's side: named by the forwarder's dead-letter reason.
+UPGRADE_COMMAND = "delayq rq-upgrade"
 #: The store rank of a job that will be enqueued at the front of its queue: under a backlog,
 #: the forwarder moves it before the jobs that queue behind (rank 0).
 AT_FRONT_RANK = 1
@@ -116,6 +121,26 @@ class ClassAllowlist:
             return False
         return any(parts[: len(q)] == q for q in (p.split(".") for p in self.prefixes))
 
+    def load(self, what: str, path: Any, base: Optional[type] = None) -> Any:
+        """What an envelope's ``what`` (``queue_class``, ...) names, imported if allowed; with
+        ``base``, it must be a subclass of it (``base`` itself when ``path`` is None).
+
+        Raises:
+            ClassImportError: not allowed, not importable, or not a ``base``.
+        """
+        if path is None and base is not None:
+            return base
+        if not isinstance(path, str) or not self.allows(path):
+            raise ClassImportError(
+                f"{what} {path!r} is not on this forwarder's allowlist ({', '.join(self.prefixes)}): "
+                f"if you trust it, start `delayq forward` (or `{UPGRADE_COMMAND}`) with --rq-allow-class "
+                f"{_module_of(path)} (or {ALLOW_CLASS_ENV}); an envelope cannot make the forwarder import anything else"
+            )
+        found = _import(path)
+        if base is not None and not (isinstance(found, type) and issubclass(found, base)):
+            raise ClassImportError(f"{what} {path!r} is not a subclass of {dotted_path(base)}: name an RQ {what}")
+        return found
+
 
 def dotted_path(obj: Union[type, ModuleType, object]) -> str:
     """The import path of a class or module, as ``rq worker --job-class`` takes it."""
@@ -128,6 +153,12 @@ def dotted_path(obj: Union[type, ModuleType, object]) -> str:
 def schedule_of(meta: Mapping[str, Any]) -> dict[str, Any]:
     """The repeat/cron schedule in a job's ``meta`` (rq-scheduler's keys), for its envelope."""
     return {k: meta[k] for k in _SCHEDULE_FIELDS if meta.get(k) is not None}
+
+
+def is_legacy_scheduler(envelope: Envelope) -> bool:
+    """An RQ envelope of a Scheduler job written by delayq_backends 0.1: no schedule in it (the
+    schedule is in the job's ``meta``). See :mod:`delayq_backends.rq.upgrade`."""
+    return envelope.target == KIND and bool(envelope.meta.get(SCHEDULER_FLAG)) and SCHEDULE_KEY not in envelope.meta
 
 
 def job_envelope(
@@ -381,19 +412,7 @@ class RQTarget:
         return report
 
     def _class(self, what: str, path: Any, base: type) -> Any:
-        """An allowed ``base`` subclass named by an envelope (``base`` itself when none is named)."""
-        if path is None:
-            return base
-        if not isinstance(path, str) or not self.allow_classes.allows(path):
-            raise ClassImportError(
-                f"{what} {path!r} is not on this forwarder's allowlist ({', '.join(self.allow_classes.prefixes)}): "
-                f"if you trust it, start `delayq forward` with --rq-allow-class {_module_of(path)} "
-                f"(or {ALLOW_CLASS_ENV}); an envelope cannot make the forwarder import anything else"
-            )
-        cls = _import(path)
-        if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise ClassImportError(f"{what} {path!r} is not a subclass of {dotted_path(base)}: name an RQ {what}")
-        return cls
+        return self.allow_classes.load(what, path, base)
 
     def _move(self, batch: _Batch, lease: Optional[Lease], report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""
@@ -429,7 +448,7 @@ class RQTarget:
         dependencies are met (their keys WATCHed too), and the next run of periodic ones."""
         batch.held = shared.held(pipe, batch.ids) if shared else batch.ids
         batch.jobs, batch.deferred, batch.skipped, batch.broken, batch.following = {}, set(), [], [], {}
-        legacy = [i for i in batch.held if batch.from_scheduler(i) and SCHEDULE_KEY not in self._meta(batch, i)]
+        legacy = [i for i in batch.held if is_legacy_scheduler(batch.deliveries[i].envelope)]
         with self.connection.pipeline(transaction=False) as reads:
             for job_id in batch.held:
                 reads.hmget(batch.keys.job(job_id), _FIELDS)
@@ -466,8 +485,9 @@ class RQTarget:
     def _schedule(
         self, batch: _Batch, job_id: str, old_meta: Mapping[str, Optional[bytes]]
     ) -> Optional[dict[str, Any]]:
-        """A Scheduler job's schedule: from its envelope, or (scheduled by an older delayq) from a
-        JSON ``job.meta``. A pickled ``meta`` is never loaded: ValueError says what to do."""
+        """A Scheduler job's schedule: from its envelope, or (scheduled by delayq 0.1) from a JSON
+        ``job.meta``, upgraded as it moves (the re-armed run carries it). A pickled ``meta`` is
+        never loaded: ValueError names the operator's command that upgrades it."""
         if not batch.from_scheduler(job_id):
             return None
         meta = self._meta(batch, job_id)
@@ -485,9 +505,11 @@ class RQTarget:
             loaded = None
         if not isinstance(loaded, dict):
             raise ValueError(
-                "it was scheduled by an older delayq_backends.rq.Scheduler, whose envelope does not carry "
-                "the repeat/cron schedule, and its job.meta is not JSON (the forwarder never unpickles job "
-                "data): schedule it again with Scheduler.schedule()/cron() from the application"
+                "it was scheduled by delayq_backends 0.1's rq.Scheduler, whose envelope does not carry the "
+                "repeat/cron schedule, and its job.meta is not JSON (the forwarder never unpickles job data): "
+                f"on a machine trusted to run the jobs, run `{UPGRADE_COMMAND} --url <store> --prefix <prefix> "
+                "--rq-redis <RQ's Redis>` (it upgrades every such job, these dead letters included), then "
+                f"`delayq dlq requeue {job_id}`"
             )
         return schedule_of(loaded)
 

@@ -154,7 +154,7 @@ def test_scheduler_jobs_stored_by_an_older_delayq_still_move(
 ) -> None:
     """Envelopes written before the schedule moved into them say only ``{"scheduler": true}``:
     a job without meta moves once; one with JSON meta keeps repeating; one whose meta is a
-    pickle is not unpickled but dead-lettered, saying how to schedule it again."""
+    pickle is not unpickled but dead-lettered, naming `delayq rq-upgrade`."""
     from rq.serializers import JSONSerializer
 
     scheduler = Scheduler(queue.name, connection=conn, delay_store=store)
@@ -175,5 +175,5 @@ def test_scheduler_jobs_stored_by_an_older_delayq_still_move(
     rearmed = store.get(json_job.id)
     assert rearmed is not None and Envelope.decode(rearmed.envelope).meta["schedule"] == {"interval": 3600, "repeat": 2}
     (dead,) = store.dead_letters()
-    assert dead.id == pickled.id and "never unpickles" in dead.error and "Scheduler.schedule()" in dead.error
+    assert dead.id == pickled.id and "never unpickles" in dead.error and "delayq rq-upgrade" in dead.error
     assert not (tmp_path / "legacy").exists()
