@@ -21,6 +21,7 @@ from delayq_backends.cli import main
 from delayq_backends.models import ScheduledItem
 from delayq_backends.rq import Queue, upgrade
 from delayq_backends.rq.target import job_rank
+from tests.conftest import make_store
 from tests.helpers import wait_for
 from tests.test_rq.conftest import SHARDS, Processes, runs
 
@@ -158,12 +159,32 @@ def test_upgrade_reads_meta_with_the_serializer_and_reports_what_it_cannot_read(
     assert schedule_in(store, garbled.id) is None and store.exists(gone.id)  # left as they were
 
 
-def test_replace_envelope_is_a_compare_and_set(store: DelayStore) -> None:
-    store.schedule("a", 3600, Envelope("rq", "q", meta=LEGACY_META))
-    old = store.get("a").envelope  # type: ignore[union-attr]
-    assert not store.replace_envelope("a", b"something else", Envelope("rq", "q"))
-    assert store.get("a").envelope == old  # type: ignore[union-attr]
-    assert store.replace_envelope("a", old, Envelope("rq", "q2"))
-    assert Envelope.decode(store.get("a").envelope).destination == "q2"  # type: ignore[union-attr]
-    assert not store.replace_envelope("missing", old, Envelope("rq", "q"))
-    assert not store.exists("missing")
+def test_replace_envelope_is_a_compare_and_set_that_keeps_the_rest(server_url: str, prefix: str) -> None:
+    """On each server kind (a cluster too): only an item still holding ``old`` changes, a leased
+    one keeps its lease (its ack still deletes it), and a dead letter can be changed too."""
+    store = make_store(server_url, prefix, shards=SHARDS)
+    try:
+        store.schedule("a", 3600, Envelope("rq", "q", meta=LEGACY_META))
+        old = store.get("a").envelope  # type: ignore[union-attr]
+        assert not store.replace_envelope("a", b"something else", Envelope("rq", "q"))
+        assert store.get("a").envelope == old  # type: ignore[union-attr]
+        assert store.replace_envelope("a", old, Envelope("rq", "q2"))
+        assert Envelope.decode(store.get("a").envelope).destination == "q2"  # type: ignore[union-attr]
+        assert not store.replace_envelope("missing", old, Envelope("rq", "q"))
+        assert not store.exists("missing")
+
+        store.schedule("b", 0, old)
+        claim = store.claim(store.shard_of("b"))
+        leased = store.get("b")
+        assert store.replace_envelope("b", old, Envelope("rq", "q2"))
+        assert but_envelope(store.get("b")) == but_envelope(leased) and leased.leased_until_ms  # type: ignore[union-attr]
+        assert store.ack(claim) == 1 and not store.exists("b")
+
+        store.schedule("c", 0, old)
+        claim = store.claim(store.shard_of("c"))
+        store.fail(claim, [("c", None, "legacy")])
+        assert store.replace_envelope("c", old, Envelope("rq", "q3"), dead=True)
+        (dead,) = store.dead_letters()
+        assert Envelope.decode(dead.envelope or b"").destination == "q3" and dead.error == "legacy"
+    finally:
+        store.client.close()
