@@ -133,8 +133,8 @@ class ClassAllowlist:
         if not isinstance(path, str) or not self.allows(path):
             raise ClassImportError(
                 f"{what} {path!r} is not on this forwarder's allowlist ({', '.join(self.prefixes)}): "
-                f"if you trust it, start `delayq forward` (or `{UPGRADE_COMMAND}`) with --rq-allow-class "
-                f"{_module_of(path)} (or {ALLOW_CLASS_ENV}); an envelope cannot make the forwarder import anything else"
+                f"if you trust it, start `delayq forward` with --rq-allow-class {_module_of(path)} "
+                f"(or {ALLOW_CLASS_ENV}); an envelope cannot make the forwarder import anything else"
             )
         found = _import(path)
         if base is not None and not (isinstance(found, type) and issubclass(found, base)):
