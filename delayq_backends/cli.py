@@ -37,7 +37,7 @@ from .exporter import exporter_command
 from .flow import FlowControl, parse_depth, parse_rate
 from .forwarder import Forwarder
 from .functions import NodeFunctions, functions_status, install_functions
-from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, serve_metrics
+from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, LabelBounds, serve_metrics
 from .scripts import LIBRARY
 from .store import DelayStore
 from .targets import RedisListTarget, Target
@@ -326,6 +326,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         audit_stream: Optional[str],
         metrics_port: Optional[int],
         metrics_host: str,
+        metrics_queue: tuple[str, ...],
         max_queue_depth: dict[str, int],
         rate: dict[str, float],
         **kwargs: Any,
@@ -333,7 +334,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         flow = FlowControl(max_queue_depth, rate)
         run = ForwardOptions(
             batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
-            metrics_port, metrics_host, flow,
+            metrics_port, metrics_host, flow, metrics_queue,
         )  # fmt: skip
         command(*args, run=run, **kwargs)
 
@@ -420,6 +421,15 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             help="Address the metrics listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
         ),
         click.option(
+            "--metrics-queue",
+            envvar="DELAYQ_METRICS_QUEUE",
+            show_envvar=True,
+            multiple=True,
+            metavar="QUEUE",
+            help="Label metrics with this queue's name (queues of --rate/--max-queue-depth are too); every other "
+            "queue counts as 'other', so item data cannot grow the series. Repeatable (env: space-separated).",
+        ),
+        click.option(
             "--max-queue-depth",
             envvar="DELAYQ_MAX_QUEUE_DEPTH",
             show_envvar=True,
@@ -472,6 +482,7 @@ class ForwardOptions:
     metrics_port: Optional[int] = None
     metrics_host: str = DEFAULT_METRICS_HOST
     flow: FlowControl = field(default_factory=FlowControl)
+    metrics_queues: tuple[str, ...] = ()
 
     def store_settings(self) -> dict[str, Any]:
         return {"lease_seconds": self.lease, "max_attempts": self.max_attempts}
@@ -484,7 +495,9 @@ class ForwardOptions:
         config = store.config
         metrics = None
         if self.metrics_port is not None:  # first: a port in use fails before anything is opened
-            metrics = ForwarderMetrics(store=store)
+            queues = {*self.metrics_queues, *self.flow.max_depth, *self.flow.rates}
+            bounds = LabelBounds(queues, [t.kind for t in targets])
+            metrics = ForwarderMetrics(store=store, bounds=bounds)
             serve_metrics(metrics.registry, self.metrics_host, self.metrics_port)
         audit = open_audit(directory=self.audit_dir, stream=self.audit_stream, url=config.url, stem="forwarded")
         forwarder = Forwarder(
@@ -526,12 +539,20 @@ def rq_redis_option(help: str, *, required: bool = False) -> Callable[[Callable[
 )
 @celery_broker_option("Celery's broker_url (amqp://, redis://, ...): forward delayed Celery tasks there.")
 @rq_redis_option("Redis of the RQ queues: adds the rq target (may equal --url). [default: no rq target]")
+@click.option(
+    "--rq-allow-class",
+    multiple=True,
+    metavar="PREFIX",
+    help="Let RQ envelopes name queue/job classes under this dotted module prefix (whole components; "
+    "rq and delayq_backends always allowed). Repeatable; env DELAYQ_RQ_ALLOW_CLASS adds more (space-separated).",
+)
 def forward(
     spec: StoreSpec,
     run: ForwardOptions,
     list_redis: Optional[str],
     celery_broker: Optional[str],
     rq_redis: Optional[str],
+    rq_allow_class: tuple[str, ...],
 ) -> None:
     """Forward due items to their targets until SIGTERM/SIGINT, then finish the batch and exit 0.
 
@@ -549,7 +570,7 @@ def forward(
         targets.append(_extra("celery").CeleryTarget.from_url(celery_broker))
         described.append(f"celery -> {redact_url(celery_broker)}")
     if rq_redis:
-        targets.append(_rq_target(rq_redis, spec, store))
+        targets.append(_rq_target(rq_redis, spec, store, rq_allow_class))
         described.append(f"rq -> {redact_url(rq_redis)}")
     run.run(store, targets, described)
 
@@ -562,7 +583,7 @@ def _extra(name: str) -> Any:
         raise click.UsageError(f"{exc}") from exc
 
 
-def _rq_target(url: str, spec: StoreSpec, store: DelayStore) -> Target:
+def _rq_target(url: str, spec: StoreSpec, store: DelayStore, allow_classes: Sequence[str] = ()) -> Target:
     """The rq target for ``--rq-redis``; given the store's own URL it shares the store's client,
     so each job's enqueue and ack commit in one transaction."""
     client = store.client if url == spec.url and not store.cluster else connect(url)
@@ -571,7 +592,8 @@ def _rq_target(url: str, spec: StoreSpec, store: DelayStore) -> Target:
             f"{redact_url(url)} is a Redis Cluster; RQ needs a single server", param_hint="--rq-redis"
         )
     click.get_current_context().call_on_close(client.close)
-    return _extra("rq").RQTarget(client)  # type: ignore[no-any-return]
+    rq = _extra("rq")
+    return rq.RQTarget(client, allow_classes=rq.ClassAllowlist.configured(allow_classes))  # type: ignore[no-any-return]
 
 
 STATS_COLUMNS = [
@@ -817,6 +839,55 @@ def rq_migrate(
             f"job gone {report.missing.get(key, 0)}"
         )
     click.echo(f"{verb} {report.total_moved} job(s) into {redact_url(spec.url)} prefix {spec.prefix!r}")
+
+
+@main.command("rq-upgrade")
+@store_options
+@click.option("--rq-redis", metavar="URL", default=None, help="Redis of the RQ jobs. [default: --url]")
+@click.option("--serializer", default=None, help="The jobs' serializer, as given to `rq worker --serializer`.")
+@click.option(
+    "--rq-allow-class",
+    multiple=True,
+    metavar="PREFIX",
+    help="Let envelopes name job classes/serializers under this module prefix, as for `delayq forward`.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be upgraded; change nothing.")
+def rq_upgrade(
+    spec: StoreSpec, rq_redis: Optional[str], serializer: Optional[str], rq_allow_class: tuple[str, ...], dry_run: bool
+) -> None:
+    """Put the schedule of Scheduler jobs stored by delayq_backends 0.1 into their envelopes.
+
+    Reads each such job's meta with its serializer (a pickle by default) in this process, so run
+    it where you would run `rq worker`. Scheduled items and dead letters are rewritten in place;
+    safe to run again. Then `delayq dlq requeue` the upgraded dead letters.
+    Exit code 1 if some could not be upgraded.
+    """
+    from .rq import ClassAllowlist, upgrade
+
+    store = spec.open(writes=True)
+    client = connect(rq_redis or spec.url)
+    click.get_current_context().call_on_close(client.close)
+    report = upgrade(
+        cast(redis.Redis, client), store, serializer=serializer,
+        allow_classes=ClassAllowlist.configured(rq_allow_class), dry_run=dry_run,
+    )  # fmt: skip
+    verb = "would upgrade" if dry_run else "upgraded"
+    for what, done in (("scheduled", report.upgraded), ("dead letter", report.upgraded_dead)):
+        for item_id, schedule in done.items():
+            click.echo(f"{verb} {what} {item_id}: schedule {json.dumps(schedule, sort_keys=True)}")
+    for item_id in report.gone:
+        click.echo(f"left {item_id}: its job hash is gone (the forwarder skips it)")
+    for item_id in report.changed:
+        click.echo(f"left {item_id}: it changed while being read (forwarded or scheduled again); run again")
+    for item_id, why in report.failed:
+        click.echo(f"FAILED {item_id}: {why}", err=True)
+    requeue = f"; requeue these with `delayq dlq requeue {' '.join(report.upgraded_dead)}`"
+    click.echo(
+        f"{verb} {len(report.upgraded)} scheduled item(s) and {len(report.upgraded_dead)} dead letter(s) in "
+        f"{redact_url(spec.url)} prefix {spec.prefix!r}" + (requeue if report.upgraded_dead else "")
+    )
+    if report.failed:
+        raise click.exceptions.Exit(1)
 
 
 # -- security ---------------------------------------------------------------------------------

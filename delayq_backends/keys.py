@@ -8,6 +8,7 @@ Layout 2 (new prefixes) picks each shard's tag so the shards spread *evenly*: se
 
 from __future__ import annotations
 
+import unicodedata
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,8 +44,38 @@ MAX_RANK = 255
 RANK_SPAN = 2**44
 
 
+#: Unicode categories an id may not hold: controls (C0, DEL, C1), format characters (bidi
+#: overrides and isolates, LRM/RLM, zero-width ones, tags) and line/paragraph separators. They
+#: rewrite a terminal (``delayq list``), forge log lines or make an id look like another one.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+#: Path segments a URL resolves away: an item with such an id could not be reached by its URL.
+_DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def _refuse_unprintable(item_id: str) -> None:
+    """Raise on the first control, format or separator character, named by code point.
+
+    ``str.isprintable`` is the fast path (done in C): it is True for every id Celery and RQ make.
+    """
+    if item_id.isprintable():
+        return
+    for position, char in enumerate(item_id):
+        category = unicodedata.category(char)
+        if category in _UNPRINTABLE:
+            name = unicodedata.name(char, "control character")
+            raise InvalidIdError(
+                f"item id {item_id.encode('unicode_escape').decode('ascii')!r} holds U+{ord(char):04X} "
+                f"({name}, category {category}) at position {position}: pass an id of printable text "
+                "(letters, digits, punctuation, spaces), e.g. a UUID"
+            )
+
+
 def normalize_id(item_id: Union[str, bytes]) -> str:
-    """Return ``item_id`` as text, refusing what cannot be an id."""
+    """Return ``item_id`` as text, refusing what cannot be an id.
+
+    Refused: non-text, empty, over :data:`MAX_ID_BYTES`, unpaired surrogates, ``.`` and ``..``,
+    and any control, format (bidi) or line-separator character.
+    """
     if isinstance(item_id, bytes):
         try:
             item_id = item_id.decode("utf-8")
@@ -60,6 +91,9 @@ def normalize_id(item_id: Union[str, bytes]) -> str:
         item_id.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidIdError(f"item id {item_id!r} holds unpaired surrogates: pass valid text") from exc
+    _refuse_unprintable(item_id)
+    if item_id in _DOT_SEGMENTS:
+        raise InvalidIdError(f"item id {item_id!r} is a path segment URLs resolve away: pass another id")
     return item_id
 
 

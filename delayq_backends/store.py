@@ -677,6 +677,34 @@ class DelayStore:
             by_shard[shard_of(item_id, self.config.shards)].append(item_id)
         return [(shard, ["ids", *chosen]) for shard, chosen in by_shard.items()]
 
+    # -- format upgrades --------------------------------------------------------------------
+
+    def replace_envelope(self, item_id: Union[str, bytes], old: bytes, new: Payload, *, dead: bool = False) -> bool:
+        """Swap a scheduled item's (or, with ``dead``, a dead letter's) envelope for ``new`` if it
+        still is ``old``; its ready time, rank, attempts and lease stay as they are.
+
+        For operators' format upgrades (``delayq rq-upgrade``): a compare-and-set, so an item
+        forwarded, cancelled or scheduled again meanwhile is left alone (False; read it again).
+        """
+        self.check_meta()
+        item_id = normalize_id(item_id)
+        data = self.check_payload(item_id, new)
+        shard = self.shard_of(item_id)
+        key = self._keys[shard].dead_items if dead else self._keys[shard].items
+        with self._node_client(shard).pipeline() as pipe:
+            for _ in range(20):  # WATCH covers the whole hash: retry while other items change
+                try:
+                    pipe.watch(key)
+                    if pipe.hget(key, item_id) != old:
+                        return False
+                    pipe.multi()
+                    pipe.hset(key, item_id, data)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
+        return False
+
 
 def _schedule_args(items: Sequence[Tuple[str, int, bytes, int]]) -> List[Any]:
     """schedule.lua's item arguments: a width, then the items, with their ranks only when one

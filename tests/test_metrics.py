@@ -23,7 +23,7 @@ from delayq_backends.cli import main
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.metrics import UNATTRIBUTED, ForwarderMetrics, attribute
+from delayq_backends.metrics import OTHER, UNATTRIBUTED, ForwarderMetrics, LabelBounds, attribute
 from delayq_backends.targets import RedisListTarget
 from tests.conftest import make_store
 from tests.helpers import kill_all, wait_for
@@ -131,6 +131,7 @@ def test_forwarder_counters_after_a_known_run(
     proc = delayq(
         "forward", "--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS),
         "--max-attempts", "2", "--log-level", "error", "--metrics-port", str(port),
+        "--metrics-queue", list_a, "--metrics-queue", list_b,
     )  # fmt: skip
     procs.append(proc)
     listening(proc, port)
@@ -145,8 +146,9 @@ def test_forwarder_counters_after_a_known_run(
     list_a_, list_b_ = ("list", list_a), ("list", list_b)
     assert by_label(samples, "delayq_forwarded_total") == {list_a_: 30, list_b_: 20}
     assert by_label(samples, "delayq_acked_total") == {list_a_: 30, list_b_: 20}
-    assert by_label(samples, "delayq_retried_total") == {("celery", "celery-q"): 5}
-    assert by_label(samples, "delayq_dead_lettered_total") == {("celery", "celery-q"): 5, ("(corrupt)", "(corrupt)"): 3}
+    # neither a celery target nor the queue celery-q is configured here: both are labelled "other"
+    assert by_label(samples, "delayq_retried_total") == {("other", "other"): 5}
+    assert by_label(samples, "delayq_dead_lettered_total") == {("other", "other"): 5, ("(corrupt)", "(corrupt)"): 3}
     assert total(samples, "delayq_released_total") == 0
     assert by_label(samples, "delayq_lateness_seconds_count") == {list_a_: 30, list_b_: 20}
     assert value(samples, "delayq_lateness_seconds_bucket", target="list", queue=list_b, le="+Inf") == 20
@@ -158,6 +160,52 @@ def test_forwarder_counters_after_a_known_run(
     assert_gauges_match(samples, store, prefix)
     assert sum(s.dead for s in store.stats()) == 8 and sum(s.scheduled for s in store.stats()) == 7
     stop(proc)
+
+
+def test_item_data_cannot_grow_the_series(valkey_url: str, prefix: str, procs: list[subprocess.Popen[bytes]]) -> None:
+    """500 distinct queues written straight into the store: the forwarder's counters keep one
+    series per configured queue plus "other", which holds the sum of the rest."""
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    known, rated = f"{prefix}:known", f"{prefix}:rated"
+    now = store.server_time_ms() / 1000
+    store.schedule_many(
+        [(f"x-{i}", now - 1, RedisListTarget.envelope(f"{prefix}:q{i}", b"x")) for i in range(500)]
+        + [(f"k-{i}", now - 1, RedisListTarget.envelope(known, b"k")) for i in range(7)]
+        + [(f"r-{i}", now - 1, RedisListTarget.envelope(rated, b"r")) for i in range(3)]
+        + [(f"t-{i}", now - 1, Envelope(f"target-{i}", known, b"t")) for i in range(20)]  # 20 unknown targets
+    )
+    port = free_port()
+    proc = delayq(
+        "forward", "--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--max-attempts", "1",
+        "--log-level", "error", "--metrics-port", str(port), "--metrics-queue", known, "--rate", f"{rated}=1000/s",
+    )  # fmt: skip
+    procs.append(proc)
+    listening(proc, port)
+    samples: list[Sample] = []
+
+    def settled() -> bool:
+        samples[:] = scrape(port) or []
+        return total(samples, "delayq_acked_total") >= 510 and total(samples, "delayq_dead_lettered_total") >= 20
+
+    wait_for(settled, 60, lambda: f"510 acked, 20 dead, have {by_label(samples, 'delayq_acked_total')}")
+    assert by_label(samples, "delayq_forwarded_total") == {("list", OTHER): 500, ("list", known): 7, ("list", rated): 3}
+    assert by_label(samples, "delayq_acked_total") == {("list", OTHER): 500, ("list", known): 7, ("list", rated): 3}
+    assert by_label(samples, "delayq_dead_lettered_total") == {(OTHER, known): 20}
+    labelled = {(s.labels["target"], s.labels["queue"]) for s in samples if "queue" in s.labels}
+    assert labelled <= {("list", OTHER), ("list", known), ("list", rated), (OTHER, known)}
+    assert len(samples) < 200  # was one series per queue and metric: thousands
+    stop(proc)
+
+
+def test_label_bounds() -> None:
+    fixed = LabelBounds(["a", "b"], ["list", "rq"])
+    assert fixed(("list", "a")) == ("list", "a")
+    assert fixed(("celery", "zzz")) == (OTHER, OTHER)
+    assert fixed(("(corrupt)", "(corrupt)")) == ("(corrupt)", "(corrupt)") and fixed(UNATTRIBUTED) == UNATTRIBUTED
+    capped = LabelBounds(max_queues=2, max_targets=1)  # library use without configured queues
+    assert [capped(("list", q)) for q in ("a", "b", "c", "a")] == [("list", "a"), ("list", "b"), ("list", OTHER),
+                                                                     ("list", "a")]  # fmt: skip
+    assert capped(("rq", "a")) == (OTHER, "a")
 
 
 def test_a_taken_metrics_port_is_one_clean_error(valkey_url: str, prefix: str) -> None:

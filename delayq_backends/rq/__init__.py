@@ -7,6 +7,8 @@
 - :class:`RQTarget`: the forwarder's ``"rq"`` target (``delayq forward --rq-redis URL``).
 - :func:`migrate`: move jobs from ``rq:scheduled:*`` and rq-scheduler into the store
   (``delayq rq-migrate``).
+- :func:`upgrade`: put the schedule of Scheduler jobs stored by delayq_backends 0.1 into their
+  envelopes (``delayq rq-upgrade``).
 """
 
 try:
@@ -20,14 +22,18 @@ from .migrate import MigrationReport, migrate
 from .periodic import InvalidScheduleError
 from .queue import Queue
 from .scheduler import JobNotScheduledError, Scheduler
-from .target import RQTarget
+from .target import ClassAllowlist, RQTarget
+from .upgrade import UpgradeReport, upgrade
 
 __all__ = [
+    "ClassAllowlist",
     "InvalidScheduleError",
     "JobNotScheduledError",
     "MigrationReport",
     "Queue",
     "RQTarget",
     "Scheduler",
+    "UpgradeReport",
     "migrate",
+    "upgrade",
 ]

@@ -6,20 +6,25 @@ then removed from its source; a run that stops between the two only copies it ag
 no-op, the next time. So the move loses nothing, duplicates nothing, and can run twice. Stop
 ``rq worker --with-scheduler`` and ``rqscheduler`` first; should one still move a job
 meanwhile, the forwarder skips it, because the job is no longer in status ``scheduled``.
+
+An rq-scheduler job's repeat or cron schedule lives in its ``job.meta``, which the forwarder
+never deserializes; this command reads it (with the serializer given, as rq-scheduler did, in
+the operator's process) and copies the schedule into the job's envelope.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, cast
+from typing import Any, Callable, Optional, cast
 
 import redis
 from rq.job import Job
 from rq.registry import ScheduledJobRegistry
+from rq.serializers import resolve_serializer
 
 from ..envelope import Envelope
 from ..store import DelayStore, ScheduleEntry
-from .target import AT_FRONT_RANK, job_envelope
+from .target import AT_FRONT_RANK, job_envelope, schedule_of
 
 __all__ = ["RQ_SCHEDULER_KEY", "MigrationReport", "migrate"]
 
@@ -64,10 +69,20 @@ def migrate(
         key = raw_key.decode()
         queue_name = key[len(prefix) :]
         envelope = job_envelope(queue_name, queue_class=queue_class, job_class=job_class, serializer=serializer)
-        _move(connection, store, key, lambda _origin, e=envelope: e, job_class, report, dry_run)
 
-    def scheduler_envelope(origin: str) -> Envelope:
-        return job_envelope(origin, queue_class=queue_class, job_class=job_class, serializer=serializer, scheduler=True)
+        def registry_envelope(_origin: str, _meta: Optional[bytes], envelope: Envelope = envelope) -> Envelope:
+            return envelope
+
+        _move(connection, store, key, registry_envelope, job_class, report, dry_run)
+
+    loads = resolve_serializer(serializer).loads
+
+    def scheduler_envelope(origin: str, meta: Optional[bytes]) -> Envelope:
+        schedule = schedule_of(loads(meta)) if meta else {}
+        return job_envelope(
+            origin, queue_class=queue_class, job_class=job_class, serializer=serializer, scheduler=True,
+            schedule=schedule,
+        )  # fmt: skip
 
     _move(connection, store, RQ_SCHEDULER_KEY, scheduler_envelope, job_class, report, dry_run)
     return report
@@ -77,7 +92,7 @@ def _move(
     connection: redis.Redis,
     store: DelayStore,
     key: str,
-    envelope_for: Any,
+    envelope_for: Callable[[str, Optional[bytes]], Envelope],
     job_class: type[Job],
     report: MigrationReport,
     dry_run: bool,
@@ -91,12 +106,12 @@ def _move(
         ids = [member.decode() for member, _ in page]
         with connection.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hmget(job_class.key_for(job_id), "origin", "enqueue_at_front")
+                pipe.hmget(job_class.key_for(job_id), "origin", "enqueue_at_front", "meta")
             fields = pipe.execute()
         # an at_front job keeps its backlog priority, as if scheduled through our Queue
         entries: list[ScheduleEntry] = [
-            (job_id, score, envelope_for(origin.decode()), AT_FRONT_RANK if at_front == b"1" else 0)
-            for job_id, (_, score), (origin, at_front) in zip(ids, page, fields)
+            (job_id, score, envelope_for(origin.decode(), meta), AT_FRONT_RANK if at_front == b"1" else 0)
+            for job_id, (_, score), (origin, at_front, meta) in zip(ids, page, fields)
             if origin is not None
         ]
         missing += len(ids) - len(entries)

@@ -29,7 +29,7 @@ from ..targets import same_server
 from ..timeutil import to_ms
 from .periodic import InvalidScheduleError, check_cron, check_interval, next_cron_time
 from .queue import UsesDelayStore
-from .target import KIND, job_envelope, job_rank
+from .target import KIND, job_envelope, job_rank, schedule_of
 
 __all__ = ["JobNotScheduledError", "Scheduler"]
 
@@ -98,7 +98,8 @@ class Scheduler(UsesDelayStore):
         interval: rq-scheduler's polling interval; accepted and unused (nothing polls).
         connection: RQ's Redis; taken from ``queue`` when not given.
         job_class, queue_class: classes or dotted paths, as rq-scheduler takes them; the
-            forwarder imports them when it moves the job.
+            forwarder imports them when it moves the job, if they are on its allowlist
+            (``delayq forward --rq-allow-class``).
         name: accepted for compatibility.
         delay_store: where jobs wait; by default as for :class:`~delayq_backends.rq.Queue`.
         clock: "now" in epoch seconds (tests pass a fake one).
@@ -246,7 +247,10 @@ class Scheduler(UsesDelayStore):
         if at_front:
             job.enqueue_at_front = True
         store = self.delay_store
-        envelope = job_envelope(job.origin, queue_class=self.queue_class, job_class=self.job_class, scheduler=True)
+        envelope = job_envelope(
+            job.origin, queue_class=self.queue_class, job_class=self.job_class, scheduler=True,
+            schedule=schedule_of(job.meta),
+        )  # fmt: skip
         if not store.cluster and same_server(store.client, self.connection):
             with self.connection.pipeline() as pipe:
                 job.save(pipeline=pipe)

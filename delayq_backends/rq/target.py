@@ -1,28 +1,43 @@
 """The forwarder's RQ target: put a due job into its queue the way RQ's own scheduler does.
 
 The job hash stays where RQ keeps it (``rq:job:<id>``); the delay store only holds the job id,
-the queue name and the classes to use, so the forwarder needs none of the application's code.
+the queue name, the classes to use and (for a :class:`~delayq_backends.rq.Scheduler` job) its
+repeat or cron schedule, so the forwarder needs none of the application's code.
 
-A batch is moved in one MULTI/EXEC on RQ's Redis, with every job key WATCHed, so a job cancelled
-or deleted while it is being moved is never resurrected. When RQ's Redis is the delay store's
-own server, the store's ack joins that transaction (see :class:`~delayq_backends.targets.Lease`):
-the enqueue and the ack commit together, an exactly-once hand-off.
+**Nothing in a job hash is deserialized here.** The move reads only the plain text and integer
+fields that RQ's enqueue decides by (status, timeout, ttl, at-front flags, dependency ids,
+rate-limit key) and writes what ``Queue._enqueue_job`` writes (status ``queued``, ``origin``,
+``enqueued_at``, the default timeout, the TTL, the push onto the queue, ``rq:queues``); it never
+calls ``Job.fetch``, ``Job.restore``, ``Job.save`` or a serializer, so a pickle planted in
+``data`` or ``meta`` runs, if anywhere, in an RQ worker, never in the forwarder. The only code
+the forwarder imports from an envelope is a queue or job class on its allowlist
+(:class:`ClassAllowlist`), and only to read its key prefixes.
+
+A batch is moved in one MULTI/EXEC on RQ's Redis, with every job key (and each dependency's)
+WATCHed, so a job cancelled or deleted while it is being moved is never resurrected. When RQ's
+Redis is the delay store's own server, the store's ack joins that transaction (see
+:class:`~delayq_backends.targets.Lease`): the enqueue and the ack commit together, an
+exactly-once hand-off.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from functools import lru_cache
 from types import ModuleType
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import redis
 from rq import Queue as RQQueue
 from rq.job import Job, JobStatus
+from rq.registry import DeferredJobRegistry
 from rq.serializers import DefaultSerializer
-from rq.utils import import_attribute
+from rq.utils import import_attribute, utcformat
 
 from ..envelope import Envelope
 from ..errors import DelayqError
@@ -30,14 +45,19 @@ from ..targets import Delivery, Lease, PublishReport
 from .periodic import advance
 
 __all__ = [
+    "ALLOW_CLASS_ENV",
     "AT_FRONT_RANK",
+    "DEFAULT_ALLOWED_CLASSES",
     "KIND",
+    "ClassAllowlist",
+    "ClassImportError",
     "RQTarget",
+    "UPGRADE_COMMAND",
     "dotted_path",
-    "enqueue_due",
-    "enqueues_at_front",
+    "is_legacy_scheduler",
     "job_envelope",
     "job_rank",
+    "schedule_of",
 ]
 
 log = logging.getLogger("delayq.rq")
@@ -47,15 +67,79 @@ KIND = "rq"
 #: Envelope meta keys naming the classes a job was scheduled with (omitted when RQ's default).
 _CLASS_KEYS = ("queue_class", "job_class", "serializer")
 #: Envelope meta flag: the job came from :class:`~delayq_backends.rq.Scheduler` (rq-scheduler
-#: semantics: dependencies are checked when it is due, and ``job.meta`` may make it periodic).
+#: semantics: dependencies are checked when it is due, and it may be periodic).
 SCHEDULER_FLAG = "scheduler"
+#: Envelope meta key of a Scheduler job's schedule: rq-scheduler's ``job.meta`` keys
+#: (``interval``, ``repeat``, ``cron_string``, ``use_local_timezone``), ``{}`` for a one-off run.
+#: The forwarder counts ``repeat`` down here, in JSON, because it never reads ``job.meta``.
+SCHEDULE_KEY = "schedule"
+_SCHEDULE_FIELDS = ("interval", "repeat", "cron_string", "use_local_timezone")
+#: The command that puts the schedule of a 0.1 Scheduler job (in its pickled ``job.meta``) into
+#: its envelope, on the operator's side: named by the forwarder's dead-letter reason.
+UPGRADE_COMMAND = "delayq rq-upgrade"
 #: The store rank of a job that will be enqueued at the front of its queue: under a backlog,
 #: the forwarder moves it before the jobs that queue behind (rank 0).
 AT_FRONT_RANK = 1
 
+#: Module prefixes whose queue and job classes every forwarder may import: RQ's and ours.
+DEFAULT_ALLOWED_CLASSES = ("rq", "delayq_backends")
+#: Env var adding prefixes (space- or comma-separated), as ``delayq forward --rq-allow-class``.
+ALLOW_CLASS_ENV = "DELAYQ_RQ_ALLOW_CLASS"
+
+#: The job hash fields the move reads: text and integers only, never ``data``, ``meta`` or ``result``.
+_FIELDS = (
+    "status", "created_at", "timeout", "ttl", "enqueue_at_front", "enqueue_at_front_on_retry", "ended_at",
+    "dependency_ids", "dependency_id", "allow_dependency_failures", "rate_limit_key", "rate_limit_concurrency",
+)  # fmt: skip
+
 
 class ClassImportError(DelayqError):
-    """A queue class, job class or serializer named in an envelope cannot be imported here."""
+    """A queue or job class named in an envelope is not allowed or cannot be imported here."""
+
+
+@dataclass(frozen=True)
+class ClassAllowlist:
+    """Dotted-path prefixes the forwarder may import a queue or job class from.
+
+    A prefix matches whole components: ``myapp.jobs`` allows ``myapp.jobs.MyJob`` and
+    ``myapp.jobs.sub.Other``, not ``myapp.jobsx.Evil``. A path with a ``__dunder__`` component
+    (``rq.cli.__main__``) is never allowed: no class a job names lives there.
+    """
+
+    prefixes: tuple[str, ...] = DEFAULT_ALLOWED_CLASSES
+
+    @classmethod
+    def configured(cls, extra: Iterable[str] = (), env: Optional[Mapping[str, str]] = None) -> ClassAllowlist:
+        """The defaults, plus ``extra`` (``--rq-allow-class``) and :data:`ALLOW_CLASS_ENV`."""
+        from_env = (os.environ if env is None else env).get(ALLOW_CLASS_ENV, "").replace(",", " ").split()
+        added = [p.strip().strip(".") for p in (*extra, *from_env) if p.strip().strip(".")]
+        return cls(tuple(dict.fromkeys((*DEFAULT_ALLOWED_CLASSES, *added))))
+
+    def allows(self, path: str) -> bool:
+        parts = path.split(".")
+        if any(p.startswith("__") or not p for p in parts):
+            return False
+        return any(parts[: len(q)] == q for q in (p.split(".") for p in self.prefixes))
+
+    def load(self, what: str, path: Any, base: Optional[type] = None) -> Any:
+        """What an envelope's ``what`` (``queue_class``, ...) names, imported if allowed; with
+        ``base``, it must be a subclass of it (``base`` itself when ``path`` is None).
+
+        Raises:
+            ClassImportError: not allowed, not importable, or not a ``base``.
+        """
+        if path is None and base is not None:
+            return base
+        if not isinstance(path, str) or not self.allows(path):
+            raise ClassImportError(
+                f"{what} {path!r} is not on this forwarder's allowlist ({', '.join(self.prefixes)}): "
+                f"if you trust it, start `delayq forward` with --rq-allow-class {_module_of(path)} "
+                f"(or {ALLOW_CLASS_ENV}); an envelope cannot make the forwarder import anything else"
+            )
+        found = _import(path)
+        if base is not None and not (isinstance(found, type) and issubclass(found, base)):
+            raise ClassImportError(f"{what} {path!r} is not a subclass of {dotted_path(base)}: name an RQ {what}")
+        return found
 
 
 def dotted_path(obj: Union[type, ModuleType, object]) -> str:
@@ -66,6 +150,17 @@ def dotted_path(obj: Union[type, ModuleType, object]) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def schedule_of(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The repeat/cron schedule in a job's ``meta`` (rq-scheduler's keys), for its envelope."""
+    return {k: meta[k] for k in _SCHEDULE_FIELDS if meta.get(k) is not None}
+
+
+def is_legacy_scheduler(envelope: Envelope) -> bool:
+    """An RQ envelope of a Scheduler job written by delayq_backends 0.1: no schedule in it (the
+    schedule is in the job's ``meta``). See :mod:`delayq_backends.rq.upgrade`."""
+    return envelope.target == KIND and bool(envelope.meta.get(SCHEDULER_FLAG)) and SCHEDULE_KEY not in envelope.meta
+
+
 def job_envelope(
     queue_name: str,
     *,
@@ -73,8 +168,10 @@ def job_envelope(
     job_class: Optional[type] = None,
     serializer: Any = None,
     scheduler: bool = False,
+    schedule: Optional[Mapping[str, Any]] = None,
 ) -> Envelope:
-    """What the delay store keeps for one RQ job: its queue and the classes to move it with."""
+    """What the delay store keeps for one RQ job: its queue, the classes to move it with and,
+    for a Scheduler's job, its schedule (``{}`` when it runs once)."""
     meta: dict[str, Any] = {}
     defaults = (RQQueue, Job, DefaultSerializer)
     for key, value, default in zip(_CLASS_KEYS, (queue_class, job_class, serializer), defaults):
@@ -82,6 +179,7 @@ def job_envelope(
             meta[key] = dotted_path(value)
     if scheduler:
         meta[SCHEDULER_FLAG] = True
+        meta[SCHEDULE_KEY] = dict(schedule or {})
     return Envelope(target=KIND, destination=queue_name, meta=meta)
 
 
@@ -95,34 +193,121 @@ def job_rank(job: Job) -> int:
     return AT_FRONT_RANK if enqueues_at_front(job) else 0
 
 
-def enqueue_due(queue: RQQueue, job: Job, pipeline: Optional[Any], *, check_dependencies: bool = False) -> bool:
-    """Put a due job into ``queue``: the one place that touches RQ internals.
+def _text(raw: Optional[bytes]) -> Optional[str]:
+    return None if raw is None else raw.decode("utf-8", "replace")
 
-    With a ``pipeline`` (a MULTI in progress), this queues what RQ's own scheduler does for a
-    due job in rq 1.16 to 3.x (``RQScheduler.enqueue_scheduled_jobs``): ``queue._enqueue_job``
-    (status ``queued``, ``origin``, ``enqueued_at``, default timeout, TTL, RPUSH or LPUSH),
-    or ``queue._enqueue_rate_limited_job`` for an rq 3 rate-limited job; plus the queue's
-    ``rq:queues`` membership. Without one, it calls the public ``queue.enqueue_job``, which
-    checks ``depends_on`` in a WATCH transaction of its own, as rq-scheduler does.
 
-    Returns False, doing nothing, when ``check_dependencies`` is set, the job has dependencies
-    and a pipeline was given: RQ's dependency check cannot run inside another transaction, so
-    the caller calls again with ``pipeline=None`` after its own EXEC. (RQ's own scheduler does
-    not check dependencies of a due job; rq-scheduler does. Each of our classes keeps the
-    behaviour of the one it replaces.)
+def _flag(raw: Optional[bytes]) -> bool:
+    return bool(int(raw)) if raw else False
+
+
+@dataclass(frozen=True)
+class JobFields:
+    """What the move knows of a job: the plain fields of its hash RQ's enqueue decides by.
+
+    Parsed as RQ's ``Job.restore`` parses them (``int``, ``json.loads`` of a list of ids), so a
+    value RQ could not read either is refused here, with the field named.
     """
-    at_front = enqueues_at_front(job)
-    if pipeline is None:
-        queue.enqueue_job(job, at_front=at_front)
-        return True
-    if check_dependencies and job._dependency_ids:
-        return False
-    pipeline.sadd(queue.redis_queues_keys, queue.key)
-    if getattr(job, "has_rate_limit", False):
-        queue._enqueue_rate_limited_job(job, pipeline=pipeline, at_front=at_front)
-    else:
-        queue._enqueue_job(job, pipeline=pipeline, at_front=at_front)
-    return True
+
+    status: str
+    timeout: Optional[bytes]
+    ttl: Optional[int]
+    at_front: bool
+    dependency_ids: tuple[str, ...]
+    allow_dependency_failures: bool
+    rate_limit_key: Optional[str]
+    rate_limit_concurrency: Optional[int]
+
+    @classmethod
+    def parse(cls, values: Sequence[Optional[bytes]]) -> Optional[JobFields]:
+        """From HMGET of :data:`_FIELDS`; None when the hash is gone. Raises ValueError naming a bad field."""
+        raw = dict(zip(_FIELDS, values))
+        if all(v is None for v in values):
+            return None
+        name = "?"
+        try:
+            name = "ttl"
+            ttl = int(raw["ttl"]) if raw["ttl"] else None
+            name = "enqueue_at_front"
+            front = _flag(raw["enqueue_at_front"])
+            name = "enqueue_at_front_on_retry"
+            front = front or (_flag(raw["enqueue_at_front_on_retry"]) and bool(raw["ended_at"]))
+            name = "dependency_ids"
+            deps = json.loads(raw["dependency_ids"]) if raw["dependency_ids"] else [_text(raw["dependency_id"])]
+            if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps if d is not None):
+                raise ValueError("not a JSON list of job ids")
+            name = "allow_dependency_failures"
+            allow = _flag(raw["allow_dependency_failures"])
+            name = "rate_limit_concurrency"
+            concurrency = int(raw["rate_limit_concurrency"]) if raw["rate_limit_concurrency"] else None
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"field {name!r} is {raw.get(name)!r}, which RQ cannot read either ({exc})") from exc
+        return cls(
+            status=_text(raw["status"]) or "created",  # as RQ reads a hash without one (JobStatus.CREATED)
+            timeout=raw["timeout"],
+            ttl=ttl,
+            at_front=front,
+            dependency_ids=tuple(d for d in deps if d),
+            allow_dependency_failures=allow,
+            rate_limit_key=_text(raw["rate_limit_key"]),
+            rate_limit_concurrency=concurrency,
+        )
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """Where one queue's jobs go, from its (allowed) queue and job classes' key prefixes."""
+
+    name: str
+    queue_class: type[RQQueue]
+    job_class: type[Job]
+
+    @property
+    def queue(self) -> str:
+        return self.queue_class.redis_queue_namespace_prefix + self.name
+
+    @property
+    def default_timeout(self) -> int:
+        return int(getattr(self.queue_class, "DEFAULT_TIMEOUT", 180))
+
+    def job(self, job_id: str) -> str:
+        return self.job_class.key_for(job_id)
+
+    def dependents(self, job_id: str) -> str:
+        return self.job_class.dependents_key_for(job_id)
+
+    def dependencies(self, job_id: str) -> str:
+        return f"{self.job_class.redis_job_namespace_prefix}:{job_id}:dependencies"  # as Job.dependencies_key
+
+
+@dataclass(frozen=True)
+class _JobRef:
+    """What RQ's registries take of a job: its id."""
+
+    id: str
+
+
+@dataclass
+class _Pushes:
+    """A batch's pushes onto one queue, sent as one RPUSH and one LPUSH.
+
+    The list ends up as with one push per job, in order (RQ's own scheduler): RPUSH a, c equals
+    RPUSH a; RPUSH c, and LPUSH b, d equals LPUSH b; LPUSH d, whatever the interleaving.
+    """
+
+    queue: str
+    back: list[str] = field(default_factory=list)
+    front: list[str] = field(default_factory=list)
+
+    def add(self, job_id: str, at_front: bool) -> None:
+        (self.front if at_front else self.back).append(job_id)
+
+    def flush(self, pipe: Any) -> None:
+        if self.back:
+            pipe.rpush(self.queue, *self.back)
+        if self.front:
+            pipe.lpush(self.queue, *self.front)
+        self.back, self.front = [], []
 
 
 @lru_cache(maxsize=256)
@@ -140,13 +325,14 @@ def _import(path: str) -> Any:
 class _Batch:
     """One queue's share of a claimed batch, sorted into what to do with each job."""
 
-    queue: RQQueue
+    keys: _Keys
     deliveries: dict[str, Delivery]
     held: list[str] = field(default_factory=list)
-    jobs: dict[str, Job] = field(default_factory=dict)
+    jobs: dict[str, JobFields] = field(default_factory=dict)
+    deferred: set[str] = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
     broken: list[tuple[str, str]] = field(default_factory=list)
-    following: dict[str, float] = field(default_factory=dict)
+    following: dict[str, tuple[float, Envelope]] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[str]:
@@ -167,16 +353,24 @@ class RQTarget:
             a fake one.
         max_watch_retries: how often a batch is re-tried when a WATCHed key changes under it
             (a cancel, another claim on the shard) before its items are retried later instead.
+        allow_classes: queue/job classes the forwarder may import from envelopes (by default
+            RQ's and this package's; see :meth:`ClassAllowlist.configured`).
     """
 
     kind = KIND
 
     def __init__(
-        self, connection: redis.Redis, *, clock: Callable[[], float] = time.time, max_watch_retries: int = 20
+        self,
+        connection: redis.Redis,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_watch_retries: int = 20,
+        allow_classes: Optional[ClassAllowlist] = None,
     ) -> None:
         self.connection = connection
         self.clock = clock
         self.max_watch_retries = max_watch_retries
+        self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Move jobs with no lease at hand: acked by the caller, periodic jobs are not re-armed."""
@@ -198,41 +392,39 @@ class RQTarget:
     def _publish(self, deliveries: Sequence[Delivery], lease: Optional[Lease]) -> PublishReport:
         report = PublishReport()
         groups: dict[tuple[Any, ...], list[Delivery]] = {}
-        for d in deliveries:
-            key = (d.envelope.destination, *(d.envelope.meta.get(k) for k in _CLASS_KEYS))
+        for d in deliveries:  # the serializer is not needed: nothing is deserialized
+            key = (d.envelope.destination, d.envelope.meta.get("queue_class"), d.envelope.meta.get("job_class"))
             groups.setdefault(key, []).append(d)
-        for (name, *paths), group in groups.items():
+        for (name, queue_path, job_path), group in groups.items():
             try:
-                queue = self._queue(name, *paths)
+                keys = _Keys(
+                    name, self._class("queue_class", queue_path, RQQueue), self._class("job_class", job_path, Job)
+                )
             except ClassImportError as exc:
                 report.failed += [(d.id, str(exc), True) for d in group]
                 continue
             try:
-                self._move(_Batch(queue, {d.id: d for d in group}), lease, report)
+                self._move(_Batch(keys, {d.id: d for d in group}), lease, report)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 done = set(report.published) | {i for i, *_ in report.failed}
                 report.unsent += [d.id for d in group if d.id not in done]
                 report.broker_error = exc
         return report
 
-    def _queue(self, name: str, queue_path: Optional[str], job_path: Optional[str], ser_path: Optional[str]) -> RQQueue:
-        queue_class = _import(queue_path) if queue_path else RQQueue
-        job_class = _import(job_path) if job_path else Job
-        serializer = _import(ser_path) if ser_path else None
-        queue: RQQueue = queue_class(name, connection=self.connection, job_class=job_class, serializer=serializer)
-        return queue
+    def _class(self, what: str, path: Any, base: type) -> Any:
+        return self.allow_classes.load(what, path, base)
 
     def _move(self, batch: _Batch, lease: Optional[Lease], report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""
         shared = lease if lease is not None and lease.shares_server(self.connection) else None
-        job_keys = [batch.queue.job_class.key_for(i) for i in batch.ids]
+        job_keys = [batch.keys.job(i) for i in batch.ids]
         with self.connection.pipeline() as pipe:
             for _ in range(self.max_watch_retries):
                 try:
                     pipe.watch(*job_keys, *([shared.watch_key] if shared else []))
                     self._read(batch, pipe, shared)
                     pipe.multi()
-                    solo = self._queue_writes(batch, pipe, shared)
+                    self._queue_writes(batch, pipe, shared)
                     pipe.execute()
                     break
                 except redis.WatchError:
@@ -243,80 +435,189 @@ class RQTarget:
                     for i in batch.ids
                 ]
                 return
-        moved = [i for i in batch.jobs if i not in solo]
+        moved = list(batch.jobs)
         if shared is None:
             self._rearm(batch, moved, None, lease)
-        for job_id in solo:  # jobs with dependencies: RQ checks them in its own transaction
-            enqueue_due(batch.queue, batch.jobs[job_id], None)
-            self._rearm(batch, [job_id], None, lease)
-        report.published += batch.skipped + moved + solo
+        report.published += batch.skipped + moved
         report.failed += [(i, error, True) for i, error in batch.broken]
         if shared is not None:
             report.acked += batch.skipped + moved
 
     def _read(self, batch: _Batch, pipe: Any, shared: Optional[Lease]) -> None:
-        """After WATCH: which items are still ours, their jobs as they stand, and the next run
-        of periodic ones (which counts a repeat down in ``job.meta``, saved by the enqueue)."""
+        """After WATCH: which items are still ours, their jobs' fields, whether a Scheduler job's
+        dependencies are met (their keys WATCHed too), and the next run of periodic ones."""
         batch.held = shared.held(pipe, batch.ids) if shared else batch.ids
-        batch.jobs, batch.skipped, batch.broken, batch.following = {}, [], [], {}
-        for job_id, job in zip(batch.held, self._fetch(batch.queue, batch.held, batch.broken)):
+        batch.jobs, batch.deferred, batch.skipped, batch.broken, batch.following = {}, set(), [], [], {}
+        legacy = [i for i in batch.held if is_legacy_scheduler(batch.deliveries[i].envelope)]
+        with self.connection.pipeline(transaction=False) as reads:
+            for job_id in batch.held:
+                reads.hmget(batch.keys.job(job_id), _FIELDS)
+            for job_id in legacy:
+                reads.hget(batch.keys.job(job_id), "meta")
+            results = reads.execute()
+        old_meta = dict(zip(legacy, results[len(batch.held) :]))
+        waiting: dict[str, tuple[str, ...]] = {}
+        for job_id, values in zip(batch.held, results):
+            try:
+                job = JobFields.parse(values)
+                schedule = self._schedule(batch, job_id, old_meta) if job is not None else None
+            except ValueError as exc:
+                batch.broken.append((job_id, f"RQ job hash {job_id!r} cannot be moved: {exc}"))
+                continue
             if job is None:
-                if all(job_id != b for b, _ in batch.broken):
-                    log.info("job %s was deleted while scheduled: skipped", job_id)
-                    batch.skipped.append(job_id)
-            elif not self._due(job, batch.from_scheduler(job_id)):
+                log.info("job %s was deleted while scheduled: skipped", job_id)
+                batch.skipped.append(job_id)
+            elif not self._due(job_id, job, batch.from_scheduler(job_id)):
                 batch.skipped.append(job_id)
             else:
                 batch.jobs[job_id] = job
-                if batch.from_scheduler(job_id):
-                    ready = batch.deliveries[job_id].ready_ms / 1000
-                    following = advance(job.meta, now=max(self.clock(), ready))
-                    if following is not None:
-                        batch.following[job_id] = following
+                if batch.from_scheduler(job_id) and job.dependency_ids:
+                    waiting[job_id] = job.dependency_ids
+                if schedule is not None:
+                    self._plan_next(batch, job_id, schedule)
+        if waiting:
+            batch.deferred = self._unmet(batch, pipe, waiting)
 
     @staticmethod
-    def _due(job: Job, from_scheduler: bool) -> bool:
+    def _meta(batch: _Batch, job_id: str) -> Mapping[str, Any]:
+        return batch.deliveries[job_id].envelope.meta
+
+    def _schedule(
+        self, batch: _Batch, job_id: str, old_meta: Mapping[str, Optional[bytes]]
+    ) -> Optional[dict[str, Any]]:
+        """A Scheduler job's schedule: from its envelope, or (scheduled by delayq 0.1) from a JSON
+        ``job.meta``, upgraded as it moves (the re-armed run carries it). A pickled ``meta`` is
+        never loaded: ValueError names the operator's command that upgrades it."""
+        if not batch.from_scheduler(job_id):
+            return None
+        meta = self._meta(batch, job_id)
+        if SCHEDULE_KEY in meta:
+            schedule = meta[SCHEDULE_KEY]
+            if not isinstance(schedule, dict):
+                raise ValueError(f"its envelope's schedule is {schedule!r}, not an object")
+            return dict(schedule)
+        raw = old_meta.get(job_id)
+        if not raw:
+            return {}
+        try:
+            loaded = json.loads(raw)
+        except ValueError:
+            loaded = None
+        if not isinstance(loaded, dict):
+            raise ValueError(
+                "it was scheduled by delayq_backends 0.1's rq.Scheduler, whose envelope does not carry the "
+                "repeat/cron schedule, and its job.meta is not JSON (the forwarder never unpickles job data): "
+                f"on a machine trusted to run the jobs, run `{UPGRADE_COMMAND} --url <store> --prefix <prefix> "
+                "--rq-redis <RQ's Redis>` (it upgrades every such job, these dead letters included), then "
+                f"`delayq dlq requeue {job_id}`"
+            )
+        return schedule_of(loaded)
+
+    def _plan_next(self, batch: _Batch, job_id: str, schedule: dict[str, Any]) -> None:
+        """The next run of a periodic or cron job, with its schedule counted down in the envelope."""
+        delivery = batch.deliveries[job_id]
+        following = advance(schedule, now=max(self.clock(), delivery.ready_ms / 1000))
+        if following is not None:
+            meta = {**delivery.envelope.meta, SCHEDULE_KEY: schedule}
+            batch.following[job_id] = (following, Envelope(KIND, delivery.envelope.destination, meta=meta))
+
+    def _unmet(self, batch: _Batch, pipe: Any, waiting: Mapping[str, tuple[str, ...]]) -> set[str]:
+        """Jobs whose dependencies are not all finished (or failed, when allowed), as RQ's
+        ``setup_dependencies`` decides; the dependencies' keys are WATCHed so the answer holds
+        at EXEC. A deleted dependency counts as met, as in RQ."""
+        dep_ids = sorted({d for deps in waiting.values() for d in deps})
+        pipe.watch(*(batch.keys.job(d) for d in dep_ids), *(batch.keys.dependencies(j) for j in waiting))
+        with self.connection.pipeline(transaction=False) as reads:
+            for dep in dep_ids:
+                reads.hget(batch.keys.job(dep), "status")
+            status = dict(zip(dep_ids, (_text(s) for s in reads.execute())))
+        unmet = set()
+        for job_id, deps in waiting.items():
+            met = {JobStatus.FINISHED.value} | (
+                {JobStatus.FAILED.value} if batch.jobs[job_id].allow_dependency_failures else set()
+            )
+            if any(status[d] is not None and status[d] not in met for d in deps):
+                unmet.add(job_id)
+        return unmet
+
+    @staticmethod
+    def _due(job_id: str, job: JobFields, from_scheduler: bool) -> bool:
         """Whether the job still waits for this run: not cancelled, and (for a Queue's job) still
         ``scheduled``: any other status means it was cancelled or moved already (a re-delivery
         after a crash, or RQ's own scheduler during a migration), so it is not queued twice.
         A Scheduler's periodic job keeps the status of its last run, as with rq-scheduler."""
-        status = job.get_status(refresh=False)
-        if status == JobStatus.CANCELED or (not from_scheduler and status != JobStatus.SCHEDULED):
-            log.info("job %s is %s, no longer scheduled: skipped", job.id, status)
+        if job.status == JobStatus.CANCELED.value or (not from_scheduler and job.status != JobStatus.SCHEDULED.value):
+            log.info("job %s is %s, no longer scheduled: skipped", job_id, job.status)
             return False
         return True
 
-    def _fetch(self, queue: RQQueue, ids: list[str], broken: list[tuple[str, str]]) -> list[Optional[Job]]:
-        """The jobs of ``ids`` (None if gone); one that cannot be read is recorded in ``broken``."""
-        try:
-            return list(queue.job_class.fetch_many(ids, connection=self.connection, serializer=queue.serializer))
-        except (redis.ConnectionError, redis.TimeoutError):
-            raise
-        except Exception:  # one bad hash must not sink the batch: read them one by one
-            jobs: list[Optional[Job]] = []
-            for job_id in ids:
-                try:
-                    jobs.append(queue.job_class.fetch(job_id, connection=self.connection, serializer=queue.serializer))
-                except (redis.ConnectionError, redis.TimeoutError):
-                    raise
-                except Exception as exc:
-                    jobs.append(None)
-                    if queue.job_class.exists(job_id, connection=self.connection):
-                        broken.append((job_id, f"RQ job hash {job_id!r} cannot be read: {type(exc).__name__}: {exc}"))
-            return jobs
-
-    def _queue_writes(self, batch: _Batch, pipe: Any, shared: Optional[Lease]) -> list[str]:
-        """Queue the enqueues (and, when shared, the ack and re-arms); returns ids to move alone."""
-        solo = [
-            job_id
-            for job_id, job in batch.jobs.items()
-            if not enqueue_due(batch.queue, job, pipe, check_dependencies=batch.from_scheduler(job_id))
-        ]
+    def _queue_writes(self, batch: _Batch, pipe: Any, shared: Optional[Lease]) -> None:
+        """Queue the enqueues (and, when shared, the ack and re-arms) on the MULTI."""
+        keys = batch.keys
+        enqueued_at = utcformat(datetime.now(timezone.utc))
+        pipe.sadd(keys.queue_class.redis_queues_keys, keys.queue)
+        pushes = _Pushes(keys.queue)
+        for job_id, job in batch.jobs.items():
+            if job_id in batch.deferred:
+                self._defer(pipe, keys, job_id, job)
+            elif job.rate_limit_key and job.rate_limit_concurrency:
+                pushes.flush(pipe)  # its promotion may push too: keep the order
+                self._enqueue_rate_limited(pipe, keys, job_id, job)
+            else:
+                self._enqueue(pipe, keys, job_id, job, enqueued_at)
+                pushes.add(job_id, job.at_front)
+        pushes.flush(pipe)
         if shared is not None:
-            moved = [i for i in batch.jobs if i not in solo]
+            moved = list(batch.jobs)
             shared.ack_in(pipe, batch.skipped + moved)
             self._rearm(batch, moved, pipe, shared)
-        return solo
+
+    def _enqueue(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields, enqueued_at: str) -> None:
+        """What ``Queue._enqueue_job`` writes for a due job (rq 1.16 to 3.x), field by field;
+        the push onto the queue is the caller's (:class:`_Pushes`)."""
+        if job.status == JobStatus.DEFERRED.value:
+            self._deferred(keys).remove(job_id, pipeline=pipe)
+        fields = {"status": JobStatus.QUEUED.value, "origin": keys.name, "enqueued_at": enqueued_at}
+        if job.timeout is None:
+            fields["timeout"] = str(keys.default_timeout)
+        pipe.hset(keys.job(job_id), mapping=fields)
+        self._expire(pipe, keys, job_id, job.ttl)
+
+    def _defer(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields) -> None:
+        """What ``Queue.setup_dependencies`` writes for a job waiting on unfinished dependencies."""
+        pipe.hset(keys.job(job_id), mapping={"status": JobStatus.DEFERRED.value, "origin": keys.name})
+        self._deferred(keys).add(_JobRef(job_id), pipeline=pipe)  # type: ignore[arg-type]
+        for dep in job.dependency_ids:
+            pipe.sadd(keys.dependents(dep), job_id)
+            pipe.sadd(keys.dependencies(job_id), dep)
+        self._expire(pipe, keys, job_id, job.ttl)
+
+    def _deferred(self, keys: _Keys) -> DeferredJobRegistry:
+        return DeferredJobRegistry(keys.name, connection=self.connection, job_class=keys.job_class)
+
+    def _enqueue_rate_limited(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields) -> None:
+        """What rq 3's ``Queue._enqueue_rate_limited_job`` writes with a pipeline."""
+        from rq.rate_limit import RateLimitRegistry  # rq 3 only, as are rate-limited jobs
+
+        assert job.rate_limit_key and job.rate_limit_concurrency
+        registry = RateLimitRegistry(job.rate_limit_key, self.connection)
+        registry.register(job.rate_limit_concurrency, pipe)
+        fields = {"status": JobStatus.RATE_LIMITED.value, "origin": keys.name}
+        if job.timeout is None:
+            fields["timeout"] = str(keys.default_timeout)
+        if job.at_front:
+            fields["enqueue_at_front"] = "1"
+        pipe.hset(keys.job(job_id), mapping=fields)
+        self._expire(pipe, keys, job_id, job.ttl)
+        registry.add_to_rate_limited(job_id, pipe)
+        registry.acquire_and_enqueue(job.rate_limit_concurrency, pipeline=pipe)
+
+    @staticmethod
+    def _expire(pipe: Any, keys: _Keys, job_id: str, ttl: Optional[int]) -> None:
+        """``Job.cleanup(ttl)`` as the enqueue calls it: a positive TTL expires the job's keys."""
+        if ttl is not None and ttl > 0:
+            for key in (keys.job(job_id), keys.dependents(job_id), keys.dependencies(job_id)):
+                pipe.expire(key, ttl)
 
     def _rearm(self, batch: _Batch, ids: list[str], pipe: Any, lease: Optional[Lease]) -> None:
         """Schedule the next run of periodic and cron jobs under the same id.
@@ -325,13 +626,18 @@ class RQTarget:
         cannot delete the next run; one forwarder moves each run, so there is no double run.
         """
         for job_id in ids:
-            following = batch.following.get(job_id)
-            if following is None:
+            if job_id not in batch.following:
                 continue
-            envelope, rank = batch.deliveries[job_id].envelope, job_rank(batch.jobs[job_id])
+            following, envelope = batch.following[job_id]
+            rank = AT_FRONT_RANK if batch.jobs[job_id].at_front else 0
             if lease is None:
                 log.warning("periodic job %s moved without a lease: its next run is not scheduled", job_id)
             elif pipe is not None:
                 lease.store.schedule_in(pipe, job_id, following, envelope, rank=rank)
             else:
                 lease.store.schedule(job_id, following, envelope, rank=rank)
+
+
+def _module_of(path: Any) -> str:
+    """The module part of a dotted class path, as an allowlist prefix to suggest."""
+    return str(path).rpartition(".")[0] or str(path)

@@ -11,7 +11,7 @@ import redis
 import rq_scheduler
 from click.testing import CliRunner
 from rq import Queue as RQQueue
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 from rq.registry import ScheduledJobRegistry
 
 from delayq_backends import Config, DelayStore, Envelope
@@ -65,7 +65,9 @@ def test_rq_migrate_moves_both_kinds_once_and_twice_changes_nothing(own_db: str,
         item = store.get(job.id)
         assert item is not None and item.ready_ms == int(later.timestamp() + registry_jobs.index(job)) * 1000
         assert Envelope.decode(item.envelope).destination == "mig"
-    assert Envelope.decode(store.get(periodic.id).envelope).meta == {"scheduler": True}  # type: ignore[union-attr]
+    # the schedule is copied from job.meta into the envelope: the forwarder never unpickles meta
+    periodic_meta = {"scheduler": True, "schedule": {"interval": 60, "repeat": 5}}
+    assert Envelope.decode(store.get(periodic.id).envelope).meta == periodic_meta  # type: ignore[union-attr]
     assert store.get(once.id).ready_ms == int((later + timedelta(minutes=1)).timestamp()) * 1000  # type: ignore[union-attr]
     assert conn.zcard(ScheduledJobRegistry(queue=plain).key) == 0 and conn.zcard(RQ_SCHEDULER_KEY) == 0
     before = {k: conn.dump(k) for k in conn.scan_iter(f"{prefix}:*")}
@@ -79,7 +81,8 @@ def test_rq_migrate_moves_both_kinds_once_and_twice_changes_nothing(own_db: str,
     forwarder = Forwarder(store, [RQTarget(conn)])
     assert forwarder.run_once() == 2
     assert set(plain.job_ids) == {registry_jobs[0].id} and RQQueue("mig-s", connection=conn).job_ids == [periodic.id]
-    assert Job.fetch(periodic.id, connection=conn).meta["repeat"] == 4 and store.exists(periodic.id)
+    next_run = Envelope.decode(store.get(periodic.id).envelope)  # type: ignore[union-attr]
+    assert next_run.meta["schedule"] == {"interval": 60, "repeat": 4}  # counted down in the envelope
     conn.close()
 
 

@@ -21,6 +21,7 @@ from delayq_backends import Config, DelayStore, Envelope
 from delayq_backends.envelope import Envelope as EnvelopeType
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
+from delayq_backends.rq.target import ClassAllowlist
 from delayq_backends.targets import Delivery, Lease
 from tests.helpers import wait_for
 from tests.test_rq.conftest import SHARDS, Processes, runs
@@ -160,6 +161,8 @@ def test_an_unimportable_class_is_a_dead_letter_with_the_reason(
     good = schedule_past(queue, "good")
     bad = schedule_past(queue, "bad")
     store.schedule(bad.id, 0, EnvelopeType("rq", queue.name, meta={"job_class": "no_such_app.jobs.MyJob"}))
+    allowed = ClassAllowlist.configured(["no_such_app"], env={})
+    forwarder = Forwarder(store, [RQTarget(queue.connection, allow_classes=allowed)], retry_delay=0.05)
     assert forwarder.run_once() == 2
     assert queue.job_ids == [good.id]
     (dead,) = store.dead_letters()
@@ -172,17 +175,17 @@ def test_an_unreadable_job_hash_is_a_dead_letter_with_the_reason(
 ) -> None:
     good = schedule_past(queue, "good")
     bad = schedule_past(queue, "bad")
-    queue.connection.hset(bad.key, "created_at", "not a time")
+    queue.connection.hset(bad.key, "ttl", "not a number")
     assert forwarder.run_once() == 2
     assert queue.job_ids == [good.id]
     (dead,) = store.dead_letters()
-    assert dead.id == bad.id and "cannot be read" in dead.error
+    assert dead.id == bad.id and "cannot be moved: field 'ttl' is b'not a number'" in dead.error
 
 
 def test_a_moved_job_matches_what_rqs_own_scheduler_makes(
     conn: redis.Redis, queue: Queue, forwarder: Forwarder, prefix: str
 ) -> None:
-    """Pins the one contact with RQ internals (enqueue_due) in every supported RQ version."""
+    """Pins what the raw move writes against RQ's own enqueue in every supported RQ version."""
     theirs_q = RQQueue(f"{prefix}-theirs", connection=conn)
     kwargs = {"ttl": 600, "result_ttl": 30, "at_front": True, "meta": {"k": 1}}
     when = datetime.now(timezone.utc) + PAST
@@ -204,8 +207,10 @@ def test_a_moved_job_matches_what_rqs_own_scheduler_makes(
 
 
 def test_the_job_class_and_serializer_the_queue_was_given_are_used(
-    conn: redis.Redis, store: DelayStore, forwarder: Forwarder, prefix: str, processes: Processes
+    conn: redis.Redis, store: DelayStore, prefix: str, processes: Processes
 ) -> None:
+    allowed = ClassAllowlist.configured(["tests.test_rq.jobs"], env={})
+    forwarder = Forwarder(store, [RQTarget(conn, allow_classes=allowed)], retry_delay=0.05)
     queue = Queue(f"{prefix}-json", connection=conn, delay_store=store, job_class=AuditedJob, serializer=JSONSerializer)
     job = schedule_past(queue, "json")
     assert Envelope.decode(store.get(job.id).envelope).meta == {  # type: ignore[union-attr]
