@@ -48,8 +48,6 @@ RANK_SPAN = 2**44
 #: overrides and isolates, LRM/RLM, zero-width ones, tags) and line/paragraph separators. They
 #: rewrite a terminal (``delayq list``), forge log lines or make an id look like another one.
 _UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
-#: Path segments a URL resolves away: an item with such an id could not be reached by its URL.
-_DOT_SEGMENTS = frozenset({".", ".."})
 
 
 def _refuse_unprintable(item_id: str) -> None:
@@ -73,8 +71,9 @@ def _refuse_unprintable(item_id: str) -> None:
 def normalize_id(item_id: Union[str, bytes]) -> str:
     """Return ``item_id`` as text, refusing what cannot be an id.
 
-    Refused: non-text, empty, over :data:`MAX_ID_BYTES`, unpaired surrogates, ``.`` and ``..``,
-    and any control, format (bidi) or line-separator character.
+    Refused: non-text, empty, over :data:`MAX_ID_BYTES`, unpaired surrogates, and any control,
+    format (bidi) or line-separator character. ``.`` and ``..`` are ids like any other (the API
+    reaches every id by ``?id=``).
     """
     if isinstance(item_id, bytes):
         try:
@@ -92,8 +91,6 @@ def normalize_id(item_id: Union[str, bytes]) -> str:
     except UnicodeEncodeError as exc:
         raise InvalidIdError(f"item id {item_id!r} holds unpaired surrogates: pass valid text") from exc
     _refuse_unprintable(item_id)
-    if item_id in _DOT_SEGMENTS:
-        raise InvalidIdError(f"item id {item_id!r} is a path segment URLs resolve away: pass another id")
     return item_id
 
 
