@@ -847,13 +847,13 @@ def _id_text(member: bytes) -> str:
 def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], int]:
     """(lease deadline or None, original ready ms) from a ``leased`` hash value.
 
-    A deferred item's entry ("<not-before>:deferred:<ready>") is no lease: its deadline reads
-    as None. An entry that is not "<ms>:<token>:<ms>" (a hand write) reads as no lease too, so
-    the item stays readable; the next claim buries it with the reason.
+    A deferred item's entry ("<not-before>:deferred:<ready>") reads as held until not-before.
+    An entry that is not "<ms>:<token>:<ms>" (a hand write) reads as no lease, so the item
+    stays readable; the next claim buries it with the reason.
     """
     parts = lease.split(b":") if lease else []
     if len(parts) == 3 and parts[0].isdigit() and parts[2].lstrip(b"-").isdigit():
-        return (None if parts[1] == b"deferred" else int(parts[0])), score_ms(parts[2])
+        return score_ms(parts[0]), score_ms(parts[2])
     return None, score_ms(score)
 
 
