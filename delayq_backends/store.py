@@ -10,6 +10,7 @@ import json
 import secrets
 from collections import defaultdict
 from contextlib import contextmanager
+from functools import partial
 from itertools import islice
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -284,7 +285,7 @@ class DelayStore:
         # and redis-py cannot pipeline scripts across cluster slots.
         if self.cluster or len(calls) == 1:
             for shard, args in calls:
-                yield _reply_or_error(lambda: self._run(script, shard, args))
+                yield _reply_or_error(partial(self._run, script, shard, args))
             return
         it = iter(calls)
         while batch := list(islice(it, 64)):
@@ -293,7 +294,7 @@ class DelayStore:
                     self._run(script, shard, args, client=pipe)
                 replies = pipe.execute(raise_on_error=False)
             for reply in replies:
-                yield _reply_or_error(lambda: _raised(reply)) if isinstance(reply, Exception) else reply
+                yield _reply_or_error(partial(_raised, reply)) if isinstance(reply, Exception) else reply
 
     def schedule_in(
         self, pipeline: Any, item_id: Union[str, bytes], when: When, envelope: Payload, *, rank: int = 0
@@ -323,7 +324,7 @@ class DelayStore:
             yield from self._run_calls(script, calls)
             return
         for shard, args in calls:
-            yield _reply_or_error(lambda: self._durable(script, shard, args))
+            yield _reply_or_error(partial(self._durable, script, shard, args))
 
     def _durable(self, script: Any, shard: int, args: Sequence[Any]) -> Any:
         """The script and a WAIT in one pipeline on the connection of the shard's node.
@@ -370,7 +371,7 @@ class DelayStore:
         item_id = normalize_id(item_id)
         ready = to_ms(when, clock=self.clock)
         done = int(self._write(self.scripts.reschedule, self.shard_of(item_id), [item_id, ready, self._wake]))
-        return _OUTCOMES[RescheduleOutcome][done]  # type: ignore[return-value]
+        return _RESCHEDULED[done]
 
     def cancel(self, item_id: Union[str, bytes]) -> CancelOutcome:
         """Remove a scheduled item (O(log N)).
@@ -380,7 +381,7 @@ class DelayStore:
         """
         item_id = normalize_id(item_id)
         done = int(self._write(self.scripts.cancel, self.shard_of(item_id), [item_id]))
-        return _OUTCOMES[CancelOutcome][done]  # type: ignore[return-value]
+        return _CANCELLED[done]
 
     # -- the lease protocol -----------------------------------------------------------------
 
@@ -662,9 +663,7 @@ class DelayStore:
             for s in shards:
                 pipe.zrangebyscore(self._keys[s].due, low, high, start=0, num=offset + count, withscores=True)
             per_shard = pipe.execute()
-        merged = heapq.merge(
-            *[[(score_ms(score), s, m) for m, score in rows] for s, rows in zip(shards, per_shard)]
-        )
+        merged = heapq.merge(*[[(score_ms(score), s, m) for m, score in rows] for s, rows in zip(shards, per_shard)])
         page = list(islice(merged, offset, offset + count))
         with self.client.pipeline(transaction=False) as pipe:
             for _, s, member in page:
@@ -699,9 +698,7 @@ class DelayStore:
             for s in shards:
                 pipe.zrevrange(self._keys[s].dead, 0, offset + count - 1, withscores=True)
             per_shard = pipe.execute()
-        merged = heapq.merge(
-            *[[(-score_ms(score), s, m) for m, score in rows] for s, rows in zip(shards, per_shard)]
-        )
+        merged = heapq.merge(*[[(-score_ms(score), s, m) for m, score in rows] for s, rows in zip(shards, per_shard)])
         page = list(islice(merged, offset, offset + count))
         with self.client.pipeline(transaction=False) as pipe:
             for _, s, member in page:
@@ -772,7 +769,9 @@ class DelayStore:
             item_id = normalize_id(item_id)
             by_shard[shard_of(item_id, self.config.shards)].append(item_id)
         return [
-            (shard, chosen[i : i + DEAD_CHUNK]) for shard, chosen in by_shard.items() for i in range(0, len(chosen), DEAD_CHUNK)
+            (shard, chosen[i : i + DEAD_CHUNK])
+            for shard, chosen in by_shard.items()
+            for i in range(0, len(chosen), DEAD_CHUNK)
         ]
 
 
@@ -813,14 +812,9 @@ def _full_store_said_plainly() -> Iterator[None]:
         ) from exc
 
 
-_OUTCOMES = {
-    CancelOutcome: {0: CancelOutcome.NOT_FOUND, 1: CancelOutcome.CANCELLED, 2: CancelOutcome.IN_FLIGHT},
-    RescheduleOutcome: {
-        0: RescheduleOutcome.NOT_FOUND,
-        1: RescheduleOutcome.RESCHEDULED,
-        2: RescheduleOutcome.IN_FLIGHT,
-    },
-}
+#: cancel.lua's and reschedule.lua's replies (0 not there, 1 done, 2 leased) as outcomes.
+_CANCELLED = (CancelOutcome.NOT_FOUND, CancelOutcome.CANCELLED, CancelOutcome.IN_FLIGHT)
+_RESCHEDULED = (RescheduleOutcome.NOT_FOUND, RescheduleOutcome.RESCHEDULED, RescheduleOutcome.IN_FLIGHT)
 
 
 def _rank(ranked_score: Optional[float]) -> int:
