@@ -34,7 +34,8 @@ RANK = 5
 
 
 def make(url: str, prefix: str) -> DelayStore:
-    return DelayStore(connect(url), Config(url=url, prefix=prefix, shards=1, lease_seconds=600))
+    # no socket timeout: the one-call requeue of "before" holds the server for seconds
+    return DelayStore(connect(url, socket_timeout=600), Config(url=url, prefix=prefix, shards=1, lease_seconds=600))
 
 
 def spread(samples: List[float]) -> str:

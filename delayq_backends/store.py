@@ -846,8 +846,8 @@ def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], i
     stays readable; the next claim buries it with the reason.
     """
     parts = lease.split(b":") if lease else []
-    if len(parts) == 3 and parts[0].isdigit() and parts[2].lstrip(b"-").isdigit():
-        return score_ms(parts[0]), score_ms(parts[2])
+    if len(parts) in (2, 3) and parts[0].isdigit() and parts[-1].lstrip(b"-").isdigit():
+        return score_ms(parts[0]), score_ms(parts[-1])
     return None, score_ms(score)
 
 

@@ -185,7 +185,8 @@ local function defect(id, envelope, held, tries, ready)
   if not is_utf8(id) then return 'the id is not UTF-8 text (written by another tool)' end
   if not envelope then return 'no envelope stored for this id (store corrupted or written by another tool)' end
   if tries and not whole(tries) then return 'its tries entry ' .. string.format('%q', string.sub(tries, 1, 40)) .. ' is not a whole number' end
-  if held and not string.match(held, '^%d+:[%w]+:%-?%d+$') then
+  -- "<deadline>:<ready>" is the lease of the first releases, before claim tokens
+  if held and not (string.match(held, '^%d+:[%w]+:%-?%d+$') or string.match(held, '^%d+:%-?%d+$')) then
     return 'its leased entry ' .. string.format('%q', string.sub(held, 1, 40)) .. ' is not "<deadline>:<token>:<ready>"'
   end
   if not finite(ready) then return 'its ready time ' .. tostring(ready) .. ' is not a finite number of ms' end
