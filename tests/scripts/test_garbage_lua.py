@@ -172,3 +172,14 @@ def test_requeue_and_purge_of_all_run_in_chunks(store: DelayStore, monkeypatch: 
     assert store.requeue_dead(when=T / 1000) == 9
     assert len(calls) == 4 and [d.id for d in store.dead_letters()] == ["d0"]
     assert store.purge_dead() == 1 and store.dead_letters() == []
+
+
+def test_a_lease_of_the_first_releases_is_still_read_and_claimed(store: DelayStore) -> None:
+    """ "<deadline>:<ready>" (before claim tokens): an expired one is claimed with its ready time."""
+    shard, (a, b, c) = three_on_one_shard(store)
+    k = store.keys(shard)
+    store.client.zadd(k.due, {b: T + 5})
+    store.client.hset(k.leased, b, f"{T + 5}:{T - 7}")
+    assert store.get(b).ready_ms == T - 7  # type: ignore[union-attr]
+    claim = store.claim(shard, now=T + 10)
+    assert {(i.id, i.ready_ms) for i in claim.items} >= {(b, T - 7)} and store.dead_letters() == []
