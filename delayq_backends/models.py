@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["Claim", "ClaimedItem", "DeadLetter", "ScheduleCounts", "ScheduledItem", "ShardStats"]
+__all__ = ["Claim", "ClaimedItem", "DeadLetter", "LeaseExtension", "ScheduleCounts", "ScheduledItem", "ShardStats"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,12 @@ class ScheduleCounts:
     @property
     def total(self) -> int:
         return self.added + self.replaced + self.kept
+
+
+@dataclass(frozen=True)
+class LeaseExtension:
+    """What :meth:`DelayStore.extend` did: the ids still under the claim's lease, now held
+    until ``deadline_ms`` (server clock); the claim's lease token is unchanged."""
+
+    deadline_ms: int
+    held: list[str] = field(default_factory=list)

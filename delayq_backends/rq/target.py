@@ -26,6 +26,7 @@ from rq.utils import import_attribute
 
 from ..envelope import Envelope
 from ..errors import DelayqError
+from ..outages import is_transient
 from ..targets import Delivery, Lease, PublishReport
 from .periodic import advance
 
@@ -209,7 +210,9 @@ class RQTarget:
                 continue
             try:
                 self._move(_Batch(queue, {d.id: d for d in group}), lease, report)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
                 done = set(report.published) | {i for i, *_ in report.failed}
                 report.unsent += [d.id for d in group if d.id not in done]
                 report.broker_error = exc
@@ -290,16 +293,16 @@ class RQTarget:
         """The jobs of ``ids`` (None if gone); one that cannot be read is recorded in ``broken``."""
         try:
             return list(queue.job_class.fetch_many(ids, connection=self.connection, serializer=queue.serializer))
-        except (redis.ConnectionError, redis.TimeoutError):
-            raise
-        except Exception:  # one bad hash must not sink the batch: read them one by one
+        except Exception as exc:  # one bad hash must not sink the batch: read them one by one
+            if is_transient(exc):  # but an outage must: the batch is released
+                raise
             jobs: list[Optional[Job]] = []
             for job_id in ids:
                 try:
                     jobs.append(queue.job_class.fetch(job_id, connection=self.connection, serializer=queue.serializer))
-                except (redis.ConnectionError, redis.TimeoutError):
-                    raise
                 except Exception as exc:
+                    if is_transient(exc):
+                        raise
                     jobs.append(None)
                     if queue.job_class.exists(job_id, connection=self.connection):
                         broken.append((job_id, f"RQ job hash {job_id!r} cannot be read: {type(exc).__name__}: {exc}"))

@@ -27,6 +27,7 @@ SCRIPT_NAMES = (
     "purge",
     "defer",
     "take",
+    "extend",
 )
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
 
@@ -54,6 +55,7 @@ class Scripts:
     purge: Any
     defer: Any
     take: Any
+    extend: Any
 
     @classmethod
     def register(cls, client: Any) -> Scripts:
