@@ -212,9 +212,7 @@ def test_a_claim_stalled_past_its_lease_publishes_nothing_taken_over(
     assert sorted(delivered(out, key)) == sorted(ids)
 
 
-def test_an_expired_lease_still_ours_is_extended_and_published(
-    valkey_url: str, prefix: str, out: redis.Redis
-) -> None:
+def test_an_expired_lease_still_ours_is_extended_and_published(valkey_url: str, prefix: str, out: redis.Redis) -> None:
     """Past its deadline but not taken over, a batch is still ours: extended, then published."""
     store = make_store(valkey_url, prefix, shards=1, lease_seconds=0.2)
     key = f"{prefix}:out"
