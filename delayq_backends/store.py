@@ -356,7 +356,7 @@ class DelayStore:
         reply = self._run(self.scripts.claim, shard, [limit, lease, self.config.max_attempts, now or 0, token])
         items = [
             ClaimedItem(
-                id=reply[i].decode(),
+                id=reply[i].decode("utf-8", "surrogateescape"),  # a non-UTF-8 id (a raw write) is the forwarder's to bury
                 envelope=reply[i + 1],
                 attempts=int(reply[i + 2]),
                 ready_ms=int(float(reply[i + 3])),
@@ -448,8 +448,8 @@ class DelayStore:
         Returns (retried, buried): out of attempts or permanent means dead letter.
         """
         args: List[Any] = [claim.lease, self.config.max_attempts, now or 0]
-        for item_id, retry_at, error in failures:
-            args += (item_id, "" if retry_at is None else retry_at, error)
+        for item_id, retry_at, error in failures:  # surrogateescape: a non-UTF-8 id as it was claimed
+            args += (item_id.encode("utf-8", "surrogateescape"), "" if retry_at is None else retry_at, error)
         if len(args) == 3:
             return (0, 0)
         retried, buried = self._run(self.scripts.fail, claim.shard, args)

@@ -236,3 +236,22 @@ def test_extend_moves_only_our_items_deadline_and_keeps_the_lease(valkey_url: st
     score = store.client.zscore(store.keys(0).due, "a")
     assert score == extension.deadline_ms
     assert store.ack(claim) == 2, "the claim's lease no longer matches after an extension"
+
+
+def test_an_id_that_is_not_utf8_is_dead_lettered_and_its_batch_delivered(
+    valkey_url: str, prefix: str, out: redis.Redis
+) -> None:
+    """An id written straight into Redis that is not UTF-8 used to fail decoding after its
+    lease was taken, in a loop, holding its whole batch."""
+    store = make_store(valkey_url, prefix, shards=1)
+    key = f"{prefix}:out"
+    keys = store.keys(0)
+    out.hset(keys.items, b"\xff\xfe-raw", RedisListTarget.envelope(key, body("raw")).encode())
+    out.zadd(keys.due, {b"\xff\xfe-raw": 0})
+    store.schedule_many([(f"good{n}", 0, RedisListTarget.envelope(key, body(f"good{n}"))) for n in range(10)])
+    forwarder = Forwarder(store, [RedisListTarget(out)])
+    forwarder.run_once()
+    assert sorted(delivered(out, key)) == sorted(f"good{n}" for n in range(10))
+    info = out.hget(keys.dead_info, b"\xff\xfe-raw")
+    assert info is not None and "not UTF-8" in json.loads(info)["error"]
+    assert out.zcard(keys.due) == 0 and forwarder.stats.dead == 1
