@@ -356,7 +356,7 @@ class DelayStore:
         reply = self._run(self.scripts.claim, shard, [limit, lease, self.config.max_attempts, now or 0, token])
         items = [
             ClaimedItem(
-                id=reply[i].decode("utf-8", "surrogateescape"),  # a non-UTF-8 id (a raw write) is the forwarder's to bury
+                id=reply[i].decode("utf-8", "surrogateescape"),  # not UTF-8 (a raw write): the forwarder buries it
                 envelope=reply[i + 1],
                 attempts=int(reply[i + 2]),
                 ready_ms=int(float(reply[i + 3])),
