@@ -236,9 +236,6 @@ class Forwarder:
         failures: list[tuple[str, Optional[int], str]] = []
         labels: dict[str, Labels] = {}  # of each decoded item, for the metrics
         for item in claim.items:
-            if not _is_text(item.id):  # written straight into Redis: no target could take this id
-                failures.append((item.id, None, f"id {item.id!r} is not UTF-8 text: schedule it with a str id"))
-                continue
             try:
                 envelope = Envelope.decode(item.envelope)
             except EnvelopeError as exc:
@@ -564,16 +561,6 @@ class Forwarder:
             s.percentile(0.5),
             s.percentile(0.99),
         )
-
-
-def _is_text(item_id: str) -> bool:
-    """Whether an id claimed from Redis is valid UTF-8 (the store decodes ids with
-    surrogateescape, so one written straight into Redis arrives with lone surrogates)."""
-    try:
-        item_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class _Heartbeat:
