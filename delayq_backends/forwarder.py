@@ -322,11 +322,12 @@ class Forwarder:
                 )
                 report.unsent += [d.id for d in deliveries]
                 return []
-        if held.lost:
+        lost = sum(d.id in held.lost for d in deliveries)
+        if lost:
             log.warning(
                 "shard %d: %d items were taken over after our lease ran out; not publishing them",
                 held.claim.shard,
-                sum(d.id in held.lost for d in deliveries),
+                lost,
             )
         return [d for d in deliveries if d.id not in held.lost]
 
