@@ -162,6 +162,7 @@ class Hostile:
             self.client.hset(keys.dead_items, item_id, value)
             self.client.hset(keys.dead_info, item_id, value)
         elif garbage.kind == "wrong_type":
+            self.store.schedule(item_id.decode(), 4_000_000_000, self.body(tag))  # so the readers meet the key
             key = getattr(keys, str(value))
             self.client.delete(key)
             self.client.set(key, b"not a hash or zset")
@@ -191,7 +192,7 @@ class Hostile:
         if raw is None:
             return None
         try:
-            error = json.loads(raw).get("error")
+            error = json.loads(raw.decode("utf-8", "replace")).get("error")  # the reason may quote raw bytes
         except (ValueError, AttributeError):
             return None
         return str(error) if error else None
@@ -243,7 +244,7 @@ def test_garbage_never_stops_the_line(
         return "\n".join(p.read_text(errors="replace")[-1500:] for p in sorted(tmp_path.glob("forwarder*.log")))
 
     @settings(
-        max_examples=6,
+        max_examples=20,
         deadline=None,
         phases=[Phase.explicit, Phase.generate],  # no shrinking: each example costs seconds
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
