@@ -58,9 +58,9 @@ def test_a_target_at_maxmemory_gets_its_batch_released_then_delivered(
 ) -> None:
     store = make_store(valkey_url, prefix, shards=2, max_attempts=2)
     client = redis.Redis.from_url(target_server.url)
-    client.set("filler", b"x" * 4_000_000)
+    client.set("filler", b"x" * 8_000_000)
     client.config_set("maxmemory-policy", "noeviction")
-    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 2_000_000)  # full: every write refused
+    client.config_set("maxmemory", 3_000_000)  # well under the filler: every write refused until it is deleted
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         client.rpush("probe", b"x")
     key = "out"
