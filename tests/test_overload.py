@@ -134,3 +134,31 @@ def test_transient_errors_are_outages(exc: BaseException) -> None:
 )
 def test_permanent_errors_are_not_outages(exc: BaseException) -> None:
     assert not is_transient(exc)
+
+
+@pytest.mark.parametrize(
+    "alarm",
+    [amqp_errors.ResourceError("memory alarm"), amqp_errors.ResourceLocked("locked")],
+    ids=lambda e: type(e).__name__,
+)
+def test_a_celery_broker_refusing_for_now_is_an_outage(
+    rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch, alarm: BaseException
+) -> None:
+    """A broker that refuses a publish for now (a RabbitMQ resource alarm, a locked resource)
+    gets the batch released (``unsent``), not failed item by item."""
+    from kombu import Connection
+    from kombu.messaging import Producer
+
+    from delayq_backends.celery import CeleryTarget, StoredMessage
+    from delayq_backends.targets import Delivery
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise alarm
+
+    monkeypatch.setattr(Producer, "publish", refuse)
+    message = StoredMessage("t.add", b"[]", "application/json", "utf-8", {"id": "a"}, {}, "", "celery")
+    target = CeleryTarget(lambda: Connection(rabbitmq_url))
+    deliveries = [Delivery(i, message.to_envelope(), 0, 0) for i in ("a", "b")]
+    report = target.publish_many(deliveries)
+    target.close()
+    assert report.unsent == ["a", "b"] and report.failed == [] and report.broker_error is alarm
