@@ -623,11 +623,12 @@ def cancel(spec: StoreSpec, ids: Sequence[str]) -> None:
     store = spec.open(writes=True)
     missing = 0
     for item_id in ids:
-        if store.cancel(item_id):
-            click.echo(f"cancelled {item_id}")
-        else:
-            missing += 1
-            click.echo(f"not found {item_id}")
+        outcome = store.cancel(item_id)
+        missing += not outcome
+        in_flight = (
+            ": removed, but a forwarder holds it and may deliver it once" if outcome.value == "in flight" else ""
+        )
+        click.echo(f"{outcome.value} {item_id}{in_flight}")
     if missing:
         raise click.exceptions.Exit(1)
 

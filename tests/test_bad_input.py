@@ -61,8 +61,8 @@ def test_schedule_stores_exactly_what_it_accepts(valkey_url: str, item_id: Any, 
     assert item is not None and store.cancel(item_id)
     if isinstance(when, (int, float)) and not isinstance(when, bool):
         assert math.isclose(item.ready_ms, when * 1000, abs_tol=1)
-    if isinstance(when, datetime):
-        assert item.ready_ms == round(when.timestamp() * 1000)
+    if isinstance(when, datetime):  # rounded up: never a fraction of a ms early
+        assert 0 <= item.ready_ms - when.timestamp() * 1000 < 1.001
     store.client.close()
 
 
@@ -95,7 +95,7 @@ def test_a_corrupt_shard_is_set_aside_and_the_rest_flows(running: tuple[DelaySto
     assert len(inbox.ids) == len(items) and store.dead_letters() == []
 
 
-def test_a_full_store_refuses_clearly_and_the_forwarder_waits_it_out(
+def test_a_full_store_refuses_schedules_clearly_and_the_forwarder_drains_it(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     with EmbeddedServer() as server:
@@ -112,11 +112,11 @@ def test_a_full_store_refuses_clearly_and_the_forwarder_waits_it_out(
         thread = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
         thread.start()
         try:
-            wait_for(lambda: forwarder.stats.errors >= 2, 10, "claims to be refused")
-            assert inbox.ids == [] and thread.is_alive()
-            admin.config_set("maxmemory", "0")
-            wait_for(lambda: len(inbox.ids) == 20, 10, "every item once memory is back")
+            # claims and acks run at maxmemory (allow-oom): a full store drains
+            wait_for(lambda: len(inbox.ids) == 20, 10, "every item delivered from the full store")
             assert store.get("more") is None, "the refused schedule stored nothing"
+            with pytest.raises(StoreFullError):
+                store.schedule("more", 1, RedisListTarget.envelope("out", b"x"))
         finally:
             forwarder.stop()
             thread.join(10)
@@ -145,3 +145,57 @@ def test_an_expired_back_off_does_not_keep_an_idle_forwarder_awake(valkey_url: s
     started = time.monotonic()
     forwarder._sleep(None, store.heads())  # nothing scheduled: only the poll should end the sleep
     assert time.monotonic() - started >= 0.25
+
+
+def test_a_store_at_maxmemory_drains_and_a_partial_bulk_schedule_says_what_was_stored() -> None:
+    """noeviction + a small maxmemory, filled until refused: claims and acks still run (allow-oom),
+    schedules are refused, and the refused bulk write names what it did not store."""
+    with EmbeddedServer() as server:
+        store = make_store(server.url, "oom", shards=4)
+        admin = redis.Redis.from_url(server.url)
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) + 3_000_000)
+        body = RedisListTarget.envelope("out", b"x" * 2000)
+        batch = [(f"i{n}", 1, body) for n in range(8000)]  # about 16 MB in 16 calls: some refused
+        with pytest.raises(StoreFullError) as refused:
+            store.schedule_many(batch)
+        err = refused.value
+        assert err.stored > 0 and err.stored + len(err.not_stored) == len(batch)
+        assert f"{err.stored} items were stored" in str(err)
+        assert not any(store.exists(i) for i in err.not_stored[:50])
+        assert sum(s.scheduled for s in store.stats()) == err.stored
+        filled = 0
+        with pytest.raises(StoreFullError, match="nothing was written.*noeviction") as single:
+            while filled < 100_000:  # the bulk's refusal counted its own query buffer: fill up
+                store.schedule(f"f{filled}", 1, body)
+                filled += 1
+        assert single.value.stored == 0
+        drained = 0
+        for shard in range(store.shards):  # the claim's first write used to be refused here
+            while claim := store.claim(shard, limit=500):
+                if not claim.items:
+                    break
+                drained += store.ack(claim)
+        assert drained == err.stored + filled and sum(s.scheduled for s in store.stats()) == 0
+        assert store.schedule("more", 1, body) == "added", "room again once drained"
+        admin.close()
+
+
+def test_ready_times_round_up_to_the_next_ms() -> None:
+    from delayq_backends.timeutil import to_ms
+
+    at = datetime(2030, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc)  # 1 microsecond past a ms
+    assert to_ms(at) == int(datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp() * 1000) + 1
+    assert to_ms(timedelta(microseconds=1), clock=lambda: 1000) == 1001
+    assert to_ms(timedelta(milliseconds=300), clock=lambda: 1000) == 1300
+    assert to_ms(0.3) == 300 and to_ms(1.0001) == 1001
+
+
+def test_a_timedelta_is_measured_on_the_servers_clock(valkey_url: str, prefix: str, monkeypatch: Any) -> None:
+    """A producer whose wall clock is an hour ahead still schedules a 10 s delay 10 s from the
+    server's now (the clock every claim uses)."""
+    monkeypatch.setattr(time, "time_ns", lambda: (time.monotonic_ns() + 10**18) // 1 + 3600 * 10**9)
+    store = make_store(valkey_url, prefix, shards=2)
+    store.schedule("x", timedelta(seconds=10), RedisListTarget.envelope("out", b"x"))
+    item = store.get("x")
+    assert item is not None and abs(item.ready_ms - (store.server_time_ms() + 10_000)) < 1000

@@ -257,13 +257,16 @@ class DelayStoreModel(RuleBasedStateMachine):
 
     @rule(item_id=st.sampled_from(IDS))
     def cancel(self, item_id: str) -> None:
-        assert self.s.cancel(item_id) == (self.model.items.pop(item_id, None) is not None)
+        item = self.model.items.pop(item_id, None)
+        expected = "not found" if item is None else "in flight" if item.lease else "cancelled"
+        assert self.s.cancel(item_id).value == expected
 
     @rule(item_id=st.sampled_from(IDS), offset=OFFSETS)
     def reschedule(self, item_id: str, offset: int) -> None:
         ready, item, before = self.model.now + offset, self.model.items.get(item_id), self.model.heads()
-        assert self.s.reschedule(item_id, ready / 1000) == (item is not None)
-        if item is not None:
+        expected = "not found" if item is None else "in flight" if item.lease else "rescheduled"
+        assert self.s.reschedule(item_id, ready / 1000).value == expected
+        if item is not None and not item.lease:  # a leased item is left alone (it may be published)
             # reschedule starts attempts afresh; the ranked entry moves with it
             item.ready, item.indexed, item.lease, item.attempts = ready, ready, None, 0
         self.expect_wakes(before)
@@ -541,7 +544,7 @@ def test_on_embedded_valkey(valkey_url: str) -> None:
 # -- bugs the model found (fixed in 3f2fe2b), as plain regression tests -----------------------
 
 
-@pytest.mark.parametrize("void_first", ["replace", "reschedule", "release"])
+@pytest.mark.parametrize("void_first", ["replace", "release"])  # a reschedule leaves a leased item alone
 @pytest.mark.parametrize("leases", [(1_000, 0, 1_000), (5_000, 4_000, 1_000)])
 def test_a_stale_claim_never_acts_on_a_later_claims_item(void_first: str, leases: tuple[int, int, int]) -> None:
     """Two claims of one item with the same deadline: the same ms and lease, or a shorter lease
@@ -552,8 +555,6 @@ def test_a_stale_claim_never_acts_on_a_later_claims_item(void_first: str, leases
     first = store.claim(0, lease_ms=first_lease, now=T0)
     if void_first == "replace":
         store.schedule("x", T0 / 1000, Envelope("list", "out", b"v2"))
-    elif void_first == "reschedule":
-        store.reschedule("x", T0 / 1000)
     else:
         store.release(first)
     second = store.claim(0, lease_ms=second_lease, now=T0 + later)

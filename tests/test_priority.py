@@ -111,8 +111,11 @@ def test_stale_index_entries_are_harmless_and_cleaned(one_shard: DelayStore) -> 
     assert ids(s.claim(0, limit=2, now=NOW).items) == ["h5", "l0"]
     # h6's retry and h3's reschedule come due ranked again, at their new times
     assert ids(s.claim(0, limit=1, now=NOW + 200).items) == ["h6"]
-    assert ids(s.claim(0, limit=1, now=NOW + 500).items) == ["h3"]
-    assert s.reschedule("h3", (T0 + 1) / 1000)  # earlier again, and its lease dropped
+    h3 = s.claim(0, limit=1, now=NOW + 500)
+    assert ids(h3.items) == ["h3"]
+    assert not s.reschedule("h3", (T0 + 1) / 1000)  # in flight: left alone
+    assert s.release(h3) == 1
+    assert s.reschedule("h3", (T0 + 1) / 1000)  # earlier again
     assert ids(s.claim(0, limit=1, now=NOW + 500).items) == ["h3"]
     # entries of items that are gone are removed by the claims that met them
     ranked = s.client.zrange(s.keys(0).ranked, 0, -1)

@@ -6,15 +6,16 @@ from typing import Optional
 
 from celery import Celery
 
-from ..models import ScheduledItem
+from ..models import CancelOutcome, RescheduleOutcome, ScheduledItem
 from ..timeutil import When
 from .settings import store_for
 
 __all__ = ["get", "reschedule", "revoke"]
 
 
-def revoke(app: Celery, task_id: str) -> bool:
-    """Remove a task that has not reached a worker yet; True if it was waiting in the store.
+def revoke(app: Celery, task_id: str) -> CancelOutcome:
+    """Remove a task that has not reached a worker yet; truthy if it was waiting in the store
+    (IN_FLIGHT, falsy: a forwarder was publishing it, so the worker may still get it).
 
     ``app.control.revoke(task_id)`` and ``AsyncResult(task_id).revoke()`` call this too when the
     plugin is installed, then broadcast as Celery does for tasks already with a worker.
@@ -22,12 +23,12 @@ def revoke(app: Celery, task_id: str) -> bool:
     return store_for(app).cancel(task_id)
 
 
-def reschedule(app: Celery, task_id: str, eta: When) -> bool:
+def reschedule(app: Celery, task_id: str, eta: When) -> RescheduleOutcome:
     """Move a waiting task to ``eta`` (aware datetime, timedelta from now, or epoch seconds).
 
-    Returns False if the task is not waiting in the store (never scheduled, already forwarded,
-    or revoked). The message's ``eta`` header follows when it is forwarded, so the worker runs
-    it at the new time, earlier or later.
+    Falsy if the task is not waiting in the store (never scheduled, already forwarded, or
+    revoked), or IN_FLIGHT: being forwarded now, left as it is. The message's ``eta`` header
+    follows when it is forwarded, so the worker runs it at the new time, earlier or later.
     """
     return store_for(app).reschedule(task_id, eta)
 

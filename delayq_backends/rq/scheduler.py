@@ -272,8 +272,10 @@ class Scheduler(UsesDelayStore):
         Raises:
             JobNotScheduledError: the job is not scheduled (any more).
         """
-        if not self.delay_store.reschedule(job.id, seconds(utc_ms(date_time))):
-            raise JobNotScheduledError(f"Job {job.id!r} not in scheduled jobs queue: schedule it first")
+        outcome = self.delay_store.reschedule(job.id, seconds(utc_ms(date_time)))
+        if not outcome:
+            hint = "it is being enqueued now (in flight)" if outcome.value == "in flight" else "schedule it first"
+            raise JobNotScheduledError(f"Job {job.id!r} not in scheduled jobs queue: {hint}")
 
     def count(self, until: Until = None) -> int:
         """How many RQ jobs are scheduled up to ``until`` (datetime, timedelta from now, epoch s)."""

@@ -403,7 +403,12 @@ def get_item(item_id: ItemId, svc: Svc) -> ItemOut:
 
 @router.delete("/items/{item_id:path}", response_model=CancelledOut, responses=NOT_FOUND, summary="Cancel an item")
 def cancel_item(item_id: ItemId, svc: Svc) -> CancelledOut:
-    if not svc.store.cancel(item_id):
+    outcome = svc.store.cancel(item_id)
+    if outcome.value == "in flight":
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"{item_id!r} was in flight: removed, but it may be delivered once"
+        )
+    if not outcome:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was cancelled")
     return CancelledOut(id=item_id, cancelled=True)
 
@@ -412,7 +417,10 @@ def cancel_item(item_id: ItemId, svc: Svc) -> CancelledOut:
 def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
     """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped."""
     # epoch seconds, the store's numeric form: ms / 1000 comes back to the same integer ms
-    if not svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000):
+    outcome = svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000)
+    if outcome.value == "in flight":
+        raise HTTPException(status.HTTP_409_CONFLICT, f"{item_id!r} is in flight (being delivered): not moved")
+    if not outcome:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was moved")
     return _item(svc, item_id)
 

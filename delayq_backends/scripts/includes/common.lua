@@ -61,13 +61,13 @@ end
 
 -- Refuse, before anything is written, a shard whose keys hold another type than ours (a hand
 -- write): every later command on them would fail midway. The error names the key.
+-- ZCARD/HLEN rather than TYPE: the roles' ACLs grant those already.
 local KEY_TYPES = {'zset', 'hash', 'hash', 'hash', 'zset', 'hash', 'hash', 'zset'}
 local function check_types()
   for i, want in ipairs(KEY_TYPES) do
-    local t = rcall('TYPE', KEYS[i])
-    t = type(t) == 'table' and t.ok or t
-    if t ~= 'none' and t ~= want then
-      return redis.error_reply('WRONGTYPE delayq key ' .. KEYS[i] .. ' holds a ' .. t .. ', not a ' .. want ..
+    local reply = redis.pcall(want == 'zset' and 'ZCARD' or 'HLEN', KEYS[i])
+    if type(reply) == 'table' and reply.err then
+      return redis.error_reply('WRONGTYPE delayq key ' .. KEYS[i] .. ' is not a ' .. want ..
         ': it was written by another tool; move it away (RENAME) so the shard can run again')
     end
   end
@@ -185,7 +185,8 @@ local function defect(id, envelope, held, tries, ready)
   if not is_utf8(id) then return 'the id is not UTF-8 text (written by another tool)' end
   if not envelope then return 'no envelope stored for this id (store corrupted or written by another tool)' end
   if tries and not whole(tries) then return 'its tries entry ' .. string.format('%q', string.sub(tries, 1, 40)) .. ' is not a whole number' end
-  if held and not string.match(held, '^%d+:[%w]+:%-?%d+$') then
+  -- "<deadline>:<ready>" is the lease of the first releases, before claim tokens
+  if held and not (string.match(held, '^%d+:[%w]+:%-?%d+$') or string.match(held, '^%d+:%-?%d+$')) then
     return 'its leased entry ' .. string.format('%q', string.sub(held, 1, 40)) .. ' is not "<deadline>:<token>:<ready>"'
   end
   if not finite(ready) then return 'its ready time ' .. tostring(ready) .. ' is not a finite number of ms' end
