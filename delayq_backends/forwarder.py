@@ -3,6 +3,10 @@
 No leader and no lock: any number of forwarders run side by side, and the lease makes each
 claim exclusive. A crash between publish and ack re-delivers the item after its lease
 (at-least-once, same id); a crash before publish loses nothing.
+
+Nothing read from Redis or the wake channel can stop it: a bad value is logged, a shard whose
+handling raises is set aside with back-off while the others flow, and the loop only ends on
+:meth:`Forwarder.stop` (SIGTERM/SIGINT).
 """
 
 from __future__ import annotations
@@ -15,17 +19,18 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 import redis
-from redis.exceptions import RedisClusterException
 
 from .audit import FORWARDED, AuditRecord, AuditSink
 from .envelope import Envelope
-from .errors import ConfigError, EnvelopeError, StoreFullError
+from .errors import ConfigError, EnvelopeError
 from .flow import FlowControl, FlowGate
 from .models import Claim
+from .outages import CONNECTION_ERRORS
 from .store import DelayStore
 from .targets import ClaimTarget, Delivery, Lease, PublishReport, Target
 
@@ -36,11 +41,24 @@ __all__ = ["Forwarder", "ForwarderStats"]
 
 log = logging.getLogger("delayq.forwarder")
 
-#: redis-py raises RedisClusterException (not a RedisError) when no cluster node answers, as in
-#: the seconds of a failover before a replica is promoted.
-_OUTAGES = (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException)
-#: Errors of one shard's scripts that an immediate retry will not fix (WRONGTYPE, OOM, NOPERM).
-_SHARD_ERRORS = (redis.ResponseError, StoreFullError)
+#: How often the forwarder re-reads the server's clock (TIME); in between it advances the last
+#: reading with the monotonic clock, so a step of the local wall clock changes nothing.
+CLOCK_RESAMPLE_S = 60.0
+#: Errors that mean the store is unreachable or failing as a whole: the loop backs off.
+_STORE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, redis.RedisError)
+#: Shortest gap between two log lines about garbage on the wake channel (anyone allowed to
+#: PUBLISH there could otherwise flood the log).
+_BAD_WAKE_LOG_EVERY_S = 10.0
+
+
+@dataclass
+class _Held:
+    """A claim being published: until when its items are ours (moved by extensions), and the
+    ids found no longer ours (acked, cancelled or claimed again after the lease ran out)."""
+
+    claim: Claim
+    deadline_ms: int
+    lost: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -117,10 +135,16 @@ class Forwarder:
         self.flow = FlowGate(flow or FlowControl(), store, self.targets)
         self._stop = threading.Event()
         self._outage_backoff = 0.0
-        self._offset_ms = 0
-        self._offset_at = 0.0
+        self._clock_ms = 0  # server TIME at the last reading ...
+        self._clock_at = 0.0  # ... and time.monotonic() then
         self._rng = random.Random()
-        self._benched_until: dict[int, tuple[int, int]] = {}  # shard -> (server ms, back-off ms)
+        self._set_aside_until: dict[int, tuple[int, int]] = {}  # shard -> (server ms, back-off ms)
+        lease_ms = store.config.lease_ms
+        #: a batch is only published with at least this much of its lease left (else extended first)
+        self.lease_margin_ms = max(100, lease_ms // 5)
+        self._heartbeat = _Heartbeat(store, lease_ms)
+        self._bad_wakes = 0
+        self._bad_wake_logged = 0.0
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -129,12 +153,23 @@ class Forwarder:
 
         Returns how many items were claimed. Tests drive the forwarder through this.
         """
-        return self._sweep(self.store.heads())
+        return self._sweep(self._heads())
+
+    def _heads(self) -> list[Optional[int]]:
+        """The store's heads; if they cannot be read as numbers (a score written straight into
+        Redis), every shard reads as due, so each is tried and a bad one is set aside alone."""
+        try:
+            return self.store.heads()
+        except CONNECTION_ERRORS:
+            raise
+        except Exception as exc:
+            log.error("cannot read the shards' heads (%s: %s); trying every shard", type(exc).__name__, exc)
+            return [0] * self.store.shards
 
     def _sweep(self, heads: list[Optional[int]]) -> int:
         """:meth:`run_once` on heads already read, so the idle loop reads them once per wake."""
         now = self.server_now_ms()
-        due = [s for s, head in enumerate(heads) if head is not None and head <= now and not self._benched(s, now)]
+        due = [s for s, head in enumerate(heads) if head is not None and head <= now and not self._aside(s, now)]
         start = self._rng.randrange(len(heads))
         due.sort(key=lambda s: (s - start) % len(heads))
         claimed = 0
@@ -143,6 +178,7 @@ class Forwarder:
             for shard in due:
                 if self._stop.is_set():
                     break
+                claim: Optional[Claim] = None
                 try:
                     started = time.perf_counter()
                     claim = self.store.claim(shard, limit=self.batch)
@@ -150,34 +186,48 @@ class Forwarder:
                         self.metrics.observe_claim(time.perf_counter() - started)
                     if claim.items:
                         self.deliver(claim)
-                except _SHARD_ERRORS as exc:
-                    self._bench(shard, exc)
+                except CONNECTION_ERRORS:
+                    raise  # the store is unreachable, not this shard: the loop backs off
+                except Exception as exc:  # anything from data (a bad value, a script error, a bug)
+                    self._set_aside(shard, exc, claim)
                     continue
-                self._benched_until.pop(shard, None)
+                self._set_aside_until.pop(shard, None)
                 claimed += len(claim.items)
                 if len(claim.items) == self.batch:
                     still_due.append(shard)
             due = still_due
         return claimed
 
-    def _bench(self, shard: int, exc: Exception) -> None:
-        """Set a shard aside after a Redis error that retrying at once will not fix (a key of ours
-        holding another type, the server at maxmemory, a missing ACL permission).
+    def _set_aside(self, shard: int, exc: Exception, claim: Optional[Claim]) -> None:
+        """Set a shard aside after an error that retrying at once will not fix: a Redis error
+        (a key of ours holding another type, the server at maxmemory, a missing ACL permission)
+        or anything else raised while handling its data (a value that cannot be decoded, a
+        target's bug).
 
         The other shards keep flowing; this one is tried again after a back-off that doubles up
         to ``max_outage_backoff`` (a failing store, like an unreachable one, is worth retrying
         soon: a cluster mid-failover answers CLUSTERDOWN or MOVED for a few seconds). Its items
-        stay where they are: leases taken before the error expire and the items are claimed again.
+        stay where they are: leases taken before the error expire and the items are claimed
+        again, each claim counting an attempt, so an item that keeps failing this way ends in
+        the dead letters. One log line per error, with the claim's ids when there was a claim.
         """
-        _, previous = self._benched_until.get(shard, (0, 0))
+        _, previous = self._set_aside_until.get(shard, (0, 0))
         cap = int(self.max_outage_backoff * 1000)
         backoff = min(cap, max(min(cap, 1000), previous * 2))
-        self._benched_until[shard] = (self.server_now_ms() + backoff, backoff)
+        self._set_aside_until[shard] = (self.server_now_ms() + backoff, backoff)
         self.stats.errors += 1
-        log.error("shard %d: %s: %s; trying it again in %.0f s", shard, type(exc).__name__, exc, backoff / 1000)
+        ids = [item.id for item in claim.items] if claim is not None else []
+        log.error(
+            "shard %d: %s: %s%s; trying it again in %.0f s",
+            shard,
+            type(exc).__name__,
+            exc,
+            f" (items {', '.join(map(repr, ids[:5]))}{', ...' if len(ids) > 5 else ''})" if ids else "",
+            backoff / 1000,
+        )
 
-    def _benched(self, shard: int, now: int) -> bool:
-        return self._benched_until.get(shard, (0, 0))[0] > now
+    def _aside(self, shard: int, now: int) -> bool:
+        return self._set_aside_until.get(shard, (0, 0))[0] > now
 
     def deliver(self, claim: Claim) -> None:
         """Publish a claim's items, then ack, fail or release each as its target reports."""
@@ -190,6 +240,9 @@ class Forwarder:
                 envelope = Envelope.decode(item.envelope)
             except EnvelopeError as exc:
                 failures.append((item.id, None, f"corrupt envelope: {exc}"))
+                continue
+            except Exception as exc:  # whatever the bytes are, one item never fails the batch
+                failures.append((item.id, None, f"corrupt envelope: {type(exc).__name__}: {exc}"))
                 continue
             labels[item.id] = (envelope.target, envelope.destination)
             if envelope.target not in self.targets:
@@ -205,10 +258,12 @@ class Forwarder:
             groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
         report = PublishReport()
         later: list[tuple[str, int]] = []
-        for kind, deliveries in groups.items():
-            go = self._admit(kind, deliveries, later)
-            if go:
-                self._publish(self.targets[kind], go, report, Lease(self.store, claim))
+        held = _Held(claim, claim.deadline_ms)
+        with self._heartbeat.holding(held):
+            for kind, deliveries in groups.items():
+                go = self._still_ours(held, self._admit(kind, deliveries, later), report)
+                if go:
+                    self._publish(self.targets[kind], go, report, Lease(self.store, claim))
         attempts = {item.id: item.attempts for item in claim.items}
         failures += [
             (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
@@ -242,6 +297,39 @@ class Forwarder:
             go += admitted.go
             later += admitted.later
         return go
+
+    def _still_ours(self, held: _Held, deliveries: list[Delivery], report: PublishReport) -> list[Delivery]:
+        """The deliveries that may be published now: those still under our lease with at least
+        :attr:`lease_margin_ms` of it left.
+
+        A batch whose deadline is near (a stall: a GC pause, SIGSTOP, a slow flow-control probe)
+        is extended first; items that are no longer ours (another forwarder took them after our
+        lease ran out) are dropped, not published: publishing them would duplicate them. If
+        the extension itself fails, the deliveries are given back (released), not published.
+        """
+        if not deliveries:
+            return deliveries
+        if held.deadline_ms - self.lease_margin_ms <= self.server_now_ms():
+            try:
+                self._heartbeat.extend(held)
+            except Exception as exc:
+                log.warning(
+                    "shard %d: lease near its end and cannot be extended (%s: %s); giving back %d items",
+                    held.claim.shard,
+                    type(exc).__name__,
+                    exc,
+                    len(deliveries),
+                )
+                report.unsent += [d.id for d in deliveries]
+                return []
+        lost = sum(d.id in held.lost for d in deliveries)
+        if lost:
+            log.warning(
+                "shard %d: %d items were taken over after our lease ran out; not publishing them",
+                held.claim.shard,
+                lost,
+            )
+        return [d for d in deliveries if d.id not in held.lost]
 
     def _publish(self, target: Target, deliveries: list[Delivery], report: PublishReport, lease: Lease) -> None:
         try:
@@ -297,7 +385,7 @@ class Forwarder:
             self.stats.retried += retried
             self.stats.dead += buried
             for item_id, _, error in failures:
-                log.warning("item %s failed: %s", item_id, error)
+                log.warning("item %r failed: %s", item_id, error)
         deferred = self.store.defer(claim, later) if later else 0
         self.stats.deferred += deferred
         if report.unsent:
@@ -336,14 +424,20 @@ class Forwarder:
     # -- clock ------------------------------------------------------------------------------
 
     def server_now_ms(self) -> int:
-        """The store's clock (Redis TIME), from the local clock plus a measured offset."""
-        if time.monotonic() - self._offset_at > 60 or not self._offset_at:
-            before = time.time_ns() // 1_000_000
+        """The store's clock: Redis TIME, read every :data:`CLOCK_RESAMPLE_S` and advanced in
+        between with ``time.monotonic()``.
+
+        Not the local wall clock plus an offset: a step of the wall clock (NTP, an operator)
+        would then make items late by the step, or make the forwarder claim items that are not
+        due on the server (empty claims in a loop) until the next reading.
+        """
+        mono = time.monotonic()
+        if not self._clock_at or mono - self._clock_at > CLOCK_RESAMPLE_S:
             server = self.store.server_time_ms()
-            after = time.time_ns() // 1_000_000
-            self._offset_ms = server - (before + after) // 2
-            self._offset_at = time.monotonic()
-        return time.time_ns() // 1_000_000 + self._offset_ms
+            after = time.monotonic()
+            self._clock_ms, self._clock_at = server, (mono + after) / 2
+            mono = after
+        return self._clock_ms + int((mono - self._clock_at) * 1000)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -377,17 +471,22 @@ class Forwarder:
         try:
             while not self._stop.is_set():
                 try:
-                    heads = self.store.heads()
+                    heads = self._heads()
                     if self._sweep(heads) == 0:  # nothing was claimed, so these heads still hold
                         pubsub = self._sleep(pubsub, heads)
-                except (*_OUTAGES, redis.RedisError) as exc:  # never die of the store: back off, retry
+                except _STORE_ERRORS as exc:  # never die of the store: back off, retry
                     self.stats.outages += 1
                     self._outage(f"delay store unreachable or failing ({type(exc).__name__}: {exc})")
                     pubsub = self._subscribe(pubsub)
+                except Exception:  # a bug or a value no check foresaw: say so once, pause, go on
+                    self.stats.errors += 1
+                    log.exception("forwarder loop failed; going on in %.1f s", self.poll_interval)
+                    self._stop.wait(self.poll_interval)
                 if time.monotonic() - last_log >= log_every:
                     last_log = time.monotonic()
                     self._log_summary()
         finally:
+            self._heartbeat.close()
             self._log_summary()
             if pubsub is not None:
                 pubsub.close()
@@ -400,7 +499,7 @@ class Forwarder:
             pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             pubsub.subscribe(self.store.wake_channel)
             return pubsub
-        except _OUTAGES as exc:
+        except CONNECTION_ERRORS as exc:
             log.warning(
                 "cannot subscribe to %s (%s); polling every %.1f s", self.store.wake_channel, exc, self.poll_interval
             )
@@ -412,9 +511,9 @@ class Forwarder:
         A schedule after ``heads`` were read is not missed: its wake-up waits in ``pubsub``.
         """
         now = self.server_now_ms()
-        benched = [until for until, _ in self._benched_until.values() if until > now]  # ended ones: no wake-up
-        waiting = (h for s, h in enumerate(heads) if h is not None and not self._benched(s, now))
-        wake_at = min([now + int(self.poll_interval * 1000), *waiting, *benched])
+        aside = [until for until, _ in self._set_aside_until.values() if until > now]  # ended ones: no wake-up
+        waiting = (h for s, h in enumerate(heads) if h is not None and not self._aside(s, now))
+        wake_at = min([now + int(self.poll_interval * 1000), *waiting, *aside])
         while not self._stop.is_set():
             remaining = (wake_at - self.server_now_ms()) / 1000
             if remaining <= 0:
@@ -425,11 +524,28 @@ class Forwarder:
             try:
                 # short slices, so stop() (a signal) is seen within 0.1 s, not after the poll
                 message = pubsub.get_message(timeout=min(remaining, 0.1))
-            except _OUTAGES:
+            except CONNECTION_ERRORS:
                 return self._subscribe(pubsub)
             if message and message.get("type") == "message":
-                wake_at = min(wake_at, int(message["data"]))
+                wake_at = min(wake_at, self._wake_time(message.get("data"), wake_at))
         return pubsub
+
+    def _wake_time(self, data: Any, default: int) -> int:
+        """The ready time a wake-up announces, or ``default`` if it is not one.
+
+        Anyone who may PUBLISH on the channel can send anything; what is not a plain integer
+        of ms (text, a float, bytes, 5,000 digits) is ignored and logged at debug, at most once
+        every few seconds.
+        """
+        text = data.decode("ascii", "replace") if isinstance(data, bytes) else str(data)
+        if 0 < len(text) <= 20 and text.lstrip("-").isdigit():
+            return int(text)
+        self._bad_wakes += 1
+        if time.monotonic() - self._bad_wake_logged >= _BAD_WAKE_LOG_EVERY_S:
+            self._bad_wake_logged = time.monotonic()
+            log.debug("ignored %d wake-ups that are not ms times (last: %.40r)", self._bad_wakes, data)
+            self._bad_wakes = 0
+        return default
 
     def _log_summary(self) -> None:
         s = self.stats
@@ -446,3 +562,61 @@ class Forwarder:
             s.percentile(0.5),
             s.percentile(0.99),
         )
+
+
+class _Heartbeat:
+    """Keeps a batch's items ours while it is published: a thread of the forwarder looks every
+    third of the lease at the batch being published, and extends the lease of one it already
+    saw at its previous look (``extend.lua``). So the first extension comes between 1/3 and 2/3
+    of the lease into a publish, and a publish that ends sooner (almost all) costs nothing: no
+    lock and no wake-up per batch.
+
+    Why extend rather than give the batch back: a publish that runs long (a RabbitMQ memory
+    alarm blocking confirms, a slow broker) has often reached the broker already; giving the
+    batch back would let another forwarder publish it again. Extending keeps it exclusive as
+    long as this forwarder is alive; a forwarder that is stopped (SIGSTOP, a long GC pause)
+    stops extending too, so its items are taken over after the lease, and on waking it finds
+    them gone (:meth:`Forwarder._still_ours`) and publishes nothing twice.
+    """
+
+    def __init__(self, store: DelayStore, lease_ms: int) -> None:
+        self.store = store
+        self.lease_ms = lease_ms
+        self.every = lease_ms / 3000
+        self._closed = threading.Event()
+        self._held: Optional[_Held] = None
+        self._thread: Optional[threading.Thread] = None
+
+    @contextmanager
+    def holding(self, held: _Held) -> Iterator[None]:
+        """Extend ``held`` while the block runs (if it runs long)."""
+        if self._thread is None and not self._closed.is_set():
+            self._thread = threading.Thread(target=self._run, name="delayq-lease-heartbeat", daemon=True)
+            self._thread.start()
+        self._held = held
+        try:
+            yield
+        finally:
+            self._held = None
+
+    def extend(self, held: _Held) -> None:
+        """Extend every item of ``held`` still ours; the others are added to ``held.lost``."""
+        extension = self.store.extend(held.claim, lease_ms=self.lease_ms)
+        held.lost.update({item.id for item in held.claim.items} - set(extension.held))
+        held.deadline_ms = extension.deadline_ms
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        seen: Optional[_Held] = None
+        while not self._closed.wait(self.every):
+            held = self._held
+            if held is not None and held is seen:
+                try:
+                    self.extend(held)
+                except Exception as exc:  # the publish goes on; the pre-publish check gives back what is lost
+                    log.warning("shard %d: cannot extend a lease (%s: %s)", held.claim.shard, type(exc).__name__, exc)
+            seen = held

@@ -11,6 +11,7 @@ __all__ = [
     "Claim",
     "ClaimedItem",
     "DeadLetter",
+    "LeaseExtension",
     "RescheduleOutcome",
     "ScheduleCounts",
     "ScheduledItem",
@@ -142,3 +143,12 @@ class ScheduleCounts:
     @property
     def total(self) -> int:
         return self.added + self.replaced + self.kept
+
+
+@dataclass(frozen=True)
+class LeaseExtension:
+    """What :meth:`DelayStore.extend` did: the ids still under the claim's lease, now held
+    until ``deadline_ms`` (server clock); the claim's lease token is unchanged."""
+
+    deadline_ms: int
+    held: list[str] = field(default_factory=list)

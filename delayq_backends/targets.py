@@ -20,6 +20,7 @@ import redis
 
 from .envelope import Envelope
 from .models import Claim
+from .outages import is_transient
 
 if TYPE_CHECKING:
     from .store import DelayStore
@@ -152,13 +153,15 @@ class RedisListTarget:
                 for key, group in by_list.items():  # one RPUSH per list, in ready-time order
                     pipe.rpush(key, *(d.envelope.body for d in group))
                 results = pipe.execute(raise_on_error=False)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
             report.unsent = [d.id for d in deliveries]
             report.broker_error = exc
             return report
         for (key, group), result in zip(by_list.items(), results):
             ids = [d.id for d in group]
-            if isinstance(result, (redis.ConnectionError, redis.TimeoutError)):
+            if isinstance(result, Exception) and is_transient(result):  # OOM, READONLY, ...: later
                 report.unsent += ids
                 report.broker_error = result
             elif isinstance(result, Exception):

@@ -141,7 +141,7 @@ def test_an_expired_back_off_does_not_keep_an_idle_forwarder_awake(valkey_url: s
     once, again and again: an idle forwarder sleeps until its poll."""
     store = make_store(valkey_url, prefix, shards=4)
     forwarder = Forwarder(store, [CollectingTarget("list")], poll_interval=0.3)
-    forwarder._benched_until[0] = (forwarder.server_now_ms() - 5_000, 1_000)  # ended 5 s ago
+    forwarder._set_aside_until[0] = (forwarder.server_now_ms() - 5_000, 1_000)  # ended 5 s ago
     started = time.monotonic()
     forwarder._sleep(None, store.heads())  # nothing scheduled: only the poll should end the sleep
     assert time.monotonic() - started >= 0.25

@@ -3,7 +3,8 @@
 It needs only the broker URL (or an app's connection settings), never the user's task code.
 On AMQP the channel uses publisher confirms, so an ack in the delay store only follows a
 publish the broker accepted. A broker that cannot be reached is reported as ``unsent`` (the
-forwarder releases the batch without burning attempts); a message the broker refuses (a
+forwarder releases the batch without burning attempts), and so is a broker that refuses for
+now (a resource alarm, a locked resource: see :mod:`delayq_backends.outages`); a message the broker refuses (a
 channel error such as PRECONDITION_FAILED, or a nack) is a per-item failure, retried with
 back-off and dead-lettered with the broker's words if it never succeeds.
 """
@@ -23,6 +24,7 @@ from kombu.messaging import Producer
 
 from ..connection import redact_url
 from ..errors import EnvelopeError
+from ..outages import is_transient
 from ..targets import Delivery, PublishReport
 from .message import KIND, StoredMessage
 
@@ -104,7 +106,9 @@ class CeleryTarget:
         try:
             producer = self._producer_or_new()
             sent = self._publish(producer, ready, report)
-        except self._connection_errors() as exc:
+        except Exception as exc:  # an outage or overload (a memory alarm) releases what is left
+            if not (isinstance(exc, self._connection_errors()) or is_transient(exc)):
+                raise
             self._reset()
             done = set(report.published) | {i for i, _, _ in report.failed}
             report.unsent = [p.id for p in ready if p.id not in done]
@@ -128,6 +132,8 @@ class CeleryTarget:
                 try:
                     producer.publish(confirm_timeout=self.confirm_timeout, **p.kwargs)
                 except self._channel_errors() as exc:  # the broker refused this one message
+                    if is_transient(exc):  # ... for now (resource locked, a resource alarm): an outage
+                        raise
                     report.failed.append((p.id, f"broker refused {p.task} {p.id}: {exc}", False))
                     if not batched:
                         self._producer = None  # the channel is closed after a channel error

@@ -41,6 +41,7 @@ from rq.utils import import_attribute, utcformat
 
 from ..envelope import Envelope
 from ..errors import DelayqError
+from ..outages import is_transient
 from ..targets import Delivery, Lease, PublishReport
 from .periodic import advance
 
@@ -405,7 +406,9 @@ class RQTarget:
                 continue
             try:
                 self._move(_Batch(keys, {d.id: d for d in group}), lease, report)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
                 done = set(report.published) | {i for i, *_ in report.failed}
                 report.unsent += [d.id for d in group if d.id not in done]
                 report.broker_error = exc
