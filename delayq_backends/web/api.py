@@ -439,7 +439,10 @@ def _reschedule(svc: Services, item_id: str, body: When) -> ItemOut:
     return _item(svc, item_id)
 
 
-Shard = Annotated[Optional[int], Query(ge=0, le=65535, description="Only this shard."), Digits]
+#: A shard filter; null is not in the schema (leaving it out means every shard).
+Shard = Annotated[
+    Union[Annotated[int, Field(ge=0, le=65535)], SkipJsonSchema[None]], Query(description="Only this shard."), Digits
+]
 
 
 @router.get("/items", response_model=ItemsOut, summary="Upcoming items, earliest first")

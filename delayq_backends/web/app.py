@@ -91,9 +91,7 @@ def create_app(
     services = Services(
         store=store,
         celery=_producer(lambda: CeleryProducer(store, celery_broker)),
-        rq=_producer(lambda: RQProducer(store, rq_connection, allowed))
-        if rq_connection is not None
-        else NO_RQ,
+        rq=_producer(lambda: RQProducer(store, rq_connection, allowed)) if rq_connection is not None else NO_RQ,
         audit_stream=audit_stream,
     )
 
@@ -189,7 +187,7 @@ def _add_error_handlers(app: FastAPI, url: str) -> None:
             + (
                 "a key under the prefix holds a value of the wrong type (not written by delayq): "
                 "find it with `redis-cli --scan --pattern '<prefix>:*'` and TYPE"
-                if str(exc).startswith("WRONGTYPE")
+                if "WRONGTYPE" in str(exc)
                 else "check the server's log and ACL"
             )
         ),

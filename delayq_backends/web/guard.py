@@ -11,7 +11,9 @@ An ASGI middleware, outermost, so that what an attacker sends costs the server n
    cannot make the server buffer or parse anything.
 3. **Writes are JSON** (415 otherwise): a browser sends ``text/plain``, form data or no content
    type without a CORS preflight, so requiring ``application/json`` leaves a foreign page no
-   simple request that changes the store.
+   simple request that changes the store. A ``DELETE`` without a body needs no content type:
+   no page can send one cross-site without a CORS preflight, which this server never grants, and
+   clients generated from the schema (which has no body for it) send none.
 4. **Bodies are capped** (413): a ``Content-Length`` over the cap is refused unread, a streamed
    body is counted and refused once past it, so at most the cap is ever buffered; a body that
    does not arrive within the body timeout is a 408.
@@ -151,7 +153,7 @@ class Guard:
             refusal = check_bearer(headers.get("authorization"), self.expected)
             if refusal is not None:
                 return refusal
-        if writes and not is_json(headers.get("content-type")):
+        if writes and _needs_json(scope["method"], headers) and not is_json(headers.get("content-type")):
             return Refusal(
                 415,
                 f"a write must be JSON: send 'Content-Type: application/json' "
@@ -184,6 +186,12 @@ class Guard:
                 raise _TooLarge
             if not message.get("more_body", False):
                 return bytes(body)
+
+
+def _needs_json(method: str, headers: Headers) -> bool:
+    """Every write but a body-less DELETE (see the module's point 3)."""
+    has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+    return method != "DELETE" or has_body
 
 
 class _TooLarge(Exception):
