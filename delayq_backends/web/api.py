@@ -22,6 +22,7 @@ from ..audit import FORWARDED, stream_record
 from ..entries import dead_entry, iso, item_entry, stats_entry
 from ..errors import DelayqError
 from ..keys import normalize_id
+from ..models import ShardStats
 from ..store import DelayStore
 from ..timeutil import to_ms
 from .producers import CeleryProducer, ProducerUnavailable, RQProducer, ScheduleResult
@@ -244,13 +245,13 @@ class ScheduledOut(BaseModel):
 class ItemOut(BaseModel):
     id: str
     shard: int
-    ready: str
+    ready: Optional[str] = Field(description="Null when the stored score is not a time (corrupt says so).")
     attempts: int
     leased_until: Optional[str]
     rank: int = Field(description="Backlog priority: higher ranks are forwarded first (0..255).")
     target: Optional[str]
     destination: Optional[str]
-    corrupt: Optional[str] = Field(description="Why the stored envelope cannot be read, else null.")
+    corrupt: Optional[str] = Field(description="Why the stored envelope or times cannot be read, else null.")
     size: int
 
 
@@ -271,6 +272,7 @@ class ShardOut(BaseModel):
     dead: int
     next_due: Optional[str]
     oldest_overdue_ms: int
+    problem: Optional[str] = Field(description="Why next_due is null although items are scheduled, else null.")
 
 
 class StatsOut(BaseModel):
@@ -290,7 +292,7 @@ class DueOut(BaseModel):
 class DeadOut(BaseModel):
     id: str
     shard: int
-    died_at: str
+    died_at: Optional[str] = Field(description="Null when the stored score is not a time (error says so).")
     attempts: int
     error: str
     ready: Optional[str]
@@ -493,6 +495,12 @@ def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
     return _reschedule(svc, item_id, body)
 
 
+def _shard_out(label: Union[int, Literal["total"]], group: list[ShardStats]) -> ShardOut:
+    problems: list[str] = []
+    entry = stats_entry(label, group, problems)
+    return ShardOut(**entry, problem="; ".join(problems) or None)
+
+
 @router.get("/stats", response_model=StatsOut, summary="Counts per shard and in total")
 def stats(svc: Svc) -> StatsOut:
     with reading("the shard counts"):
@@ -500,8 +508,8 @@ def stats(svc: Svc) -> StatsOut:
         return StatsOut(
             now=iso(per_shard[0].now_ms) or "",
             prefix=svc.store.config.prefix,
-            shards=[ShardOut(**stats_entry(s.shard, [s])) for s in per_shard],
-            totals=ShardOut(**stats_entry("total", per_shard)),
+            shards=[_shard_out(s.shard, [s]) for s in per_shard],
+            totals=_shard_out("total", per_shard),
         )
 
 

@@ -349,6 +349,20 @@ def test_every_read_route_survives_planted_garbage(client: TestClient, web_store
             assert "cannot be read" in response.json()["detail"] or "wrong type" in response.json()["detail"]
 
 
+def test_a_score_that_is_no_date_marks_its_item_alone(client: TestClient, web_store: DelayStore) -> None:
+    web_store.schedule("fine", timedelta(hours=1), ITEM)
+    odd = web_store._keys[web_store.shard_of("far")]
+    web_store.client.zadd(odd.due, {"far": 1e300})
+    web_store.client.hset(odd.items, "far", ITEM.encode())
+    items = {i["id"]: i for i in client.get("/api/v1/items", headers=AUTH).json()["items"]}
+    assert items["fine"]["corrupt"] is None and items["fine"]["ready"]
+    assert items["far"]["ready"] is None and "is not a time" in items["far"]["corrupt"]
+    stats = client.get("/api/v1/stats", headers=AUTH).json()
+    assert stats["totals"]["scheduled"] == 2 and stats["totals"]["next_due"]  # the earliest is fine
+    far = stats["shards"][web_store.shard_of("far")]
+    assert far["next_due"] is not None or "is not a time" in far["problem"]
+
+
 def test_the_page_shows_each_failure_in_place(
     page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore
 ) -> None:

@@ -106,7 +106,7 @@
     fillTable($("shards"),
       [["shard", 1], ["scheduled", 1], ["due now", 1], ["leased", 1], ["dead", 1], ["next due"], ["oldest overdue", 1]],
       stats.shards.map((s) => [s.shard, count(s.scheduled), count(s.due), count(s.leased), count(s.dead),
-        s.next_due ? fmtTime(s.next_due) : "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
+        s.next_due ? fmtTime(s.next_due) : s.problem || "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
       "no shards");
   }
 
