@@ -28,6 +28,10 @@ class Config:
             within ``durable_timeout_ms``. Redis replicates asynchronously: without this, a write
             acknowledged just before a primary fails can be lost on failover.
         durable_timeout_ms: how long such a write waits for its replicas.
+        dead_letter_max: when > 0, each shard keeps at most this many dead letters; burying one
+            more deletes the oldest for good (0: no cap).
+        dead_letter_ttl_seconds: when > 0, dead letters older than this are deleted for good as
+            new ones are buried (0: kept until requeued or purged).
     """
 
     url: str = DEFAULT_URL
@@ -38,6 +42,8 @@ class Config:
     lease_seconds: float = 30.0
     durable_replicas: int = 0
     durable_timeout_ms: int = 1000
+    dead_letter_max: int = 0
+    dead_letter_ttl_seconds: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not self.prefix or any(c in self.prefix for c in "{} \n"):
@@ -47,6 +53,8 @@ class Config:
         _check_int("max_attempts", self.max_attempts, 1, 1_000_000)
         _check_int("durable_replicas", self.durable_replicas, 0, 64)
         _check_int("durable_timeout_ms", self.durable_timeout_ms, 1, 600_000)
+        _check_int("dead_letter_max", self.dead_letter_max, 0, 10**12)
+        _check_int("dead_letter_ttl_seconds", self.dead_letter_ttl_seconds, 0, 10 * 366 * 86400)
         if not isinstance(self.lease_seconds, (int, float)) or not 0.1 <= self.lease_seconds <= 86400:
             raise ConfigError(f"lease_seconds={self.lease_seconds!r}: use a number between 0.1 and 86400")
 

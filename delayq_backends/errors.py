@@ -6,6 +6,8 @@ catches ``ValueError`` around scheduling keeps working.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 __all__ = [
     "BrokerUnavailable",
     "ConfigError",
@@ -72,7 +74,19 @@ class ServerStartError(DelayqError):
 
 
 class StoreFullError(DelayqError):
-    """The delay store's Redis is at ``maxmemory`` and refused a write; nothing was stored."""
+    """The delay store's Redis is at ``maxmemory`` and refused a write.
+
+    Attributes:
+        stored: how many items of a bulk write were stored before the refusal (0 for a single
+            write: nothing of it was stored).
+        not_stored: the ids of a bulk write that were not stored (retry those; scheduling is
+            idempotent by id, so retrying all of them is safe too).
+    """
+
+    def __init__(self, message: str, *, stored: int = 0, not_stored: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.stored = stored
+        self.not_stored = list(not_stored)
 
 
 class NotDurableError(DelayqError):

@@ -3,9 +3,46 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Optional
 
-__all__ = ["Claim", "ClaimedItem", "DeadLetter", "ScheduleCounts", "ScheduledItem", "ShardStats"]
+__all__ = [
+    "CancelOutcome",
+    "Claim",
+    "ClaimedItem",
+    "DeadLetter",
+    "RescheduleOutcome",
+    "ScheduleCounts",
+    "ScheduledItem",
+    "ShardStats",
+]
+
+
+class CancelOutcome(Enum):
+    """What :meth:`DelayStore.cancel` did. Truthy only when the item is certainly not delivered,
+    so ``if store.cancel(id):`` keeps meaning "cancelled"."""
+
+    CANCELLED = "cancelled"
+    #: It was leased to a forwarder: removed from the store, but it may have been published
+    #: already (or be published now), so it may still run once.
+    IN_FLIGHT = "in flight"
+    NOT_FOUND = "not found"
+
+    def __bool__(self) -> bool:
+        return self is CancelOutcome.CANCELLED
+
+
+class RescheduleOutcome(Enum):
+    """What :meth:`DelayStore.reschedule` did. Truthy only when the item moved."""
+
+    RESCHEDULED = "rescheduled"
+    #: It is leased to a forwarder, which may have published it already: left as it is (moving
+    #: it could deliver it now and again at the new time). Retry once it is delivered or back.
+    IN_FLIGHT = "in flight"
+    NOT_FOUND = "not found"
+
+    def __bool__(self) -> bool:
+        return self is RescheduleOutcome.RESCHEDULED
 
 
 @dataclass(frozen=True)
@@ -65,7 +102,11 @@ class DeadLetter:
 
 @dataclass(frozen=True)
 class ShardStats:
-    """Counts of one shard at ``now_ms``. ``scheduled`` includes the ``leased`` items."""
+    """Counts of one shard at ``now_ms``. ``scheduled`` includes the ``leased`` items.
+
+    ``error`` is set (and the counts are 0) when the shard's keys could not be read, e.g. one
+    holds another type after a hand write: the other shards still report.
+    """
 
     shard: int
     scheduled: int
@@ -74,6 +115,7 @@ class ShardStats:
     dead: int
     next_ready_ms: Optional[int]
     now_ms: int
+    error: Optional[str] = None
 
     @property
     def oldest_overdue_ms(self) -> int:

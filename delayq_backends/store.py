@@ -39,9 +39,18 @@ from .keys import (
     shard_tags,
     wake_channel,
 )
-from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
-from .scripts import Scripts, source
-from .timeutil import Clock, When, now_ms, to_ms
+from .models import (
+    CancelOutcome,
+    Claim,
+    ClaimedItem,
+    DeadLetter,
+    RescheduleOutcome,
+    ScheduleCounts,
+    ScheduledItem,
+    ShardStats,
+)
+from .scripts import Scripts, source_for
+from .timeutil import Clock, ServerClock, When, score_ms, to_ms
 
 __all__ = ["DelayStore", "Payload", "ScheduleEntry", "check_rank"]
 
@@ -54,6 +63,9 @@ CheckedEntry = Union[Tuple[str, int, bytes], Tuple[str, int, bytes, int]]
 #: Items per schedule script call: big enough to amortize the round trip, small enough not
 #: to block Redis for long (a call of 500 runs in about a millisecond).
 SCHEDULE_CHUNK = 500
+#: Dead letters per requeue/purge script call: about 10 ms of server time, so requeueing or
+#: purging any number never holds Redis for long (one call for 200k held it for seconds).
+DEAD_CHUNK = 1000
 
 
 def check_rank(rank: int) -> int:
@@ -79,13 +91,15 @@ class DelayStore:
     Args:
         client: a ``redis.Redis`` or ``RedisCluster`` created with ``decode_responses=False``.
         config: prefix, shard count and limits; ``config.url`` is not used here.
-        clock: "now" for ``timedelta`` ready times; tests may pass a fake one.
+        clock: "now" for ``timedelta`` ready times; tests may pass a fake one. By default the
+            server's clock (read once, advanced with a monotonic clock), the one every claim uses,
+            so a producer whose wall clock is off schedules neither early nor late.
     """
 
-    def __init__(self, client: Client, config: Optional[Config] = None, *, clock: Clock = now_ms) -> None:
+    def __init__(self, client: Client, config: Optional[Config] = None, *, clock: Optional[Clock] = None) -> None:
         self.client = client
         self.config = config or Config()
-        self.clock = clock
+        self.clock: Clock = clock if clock is not None else ServerClock(self.server_time_ms)
         self.scripts = Scripts.register(client)
         self.cluster = is_cluster(client)
         self._shard_keys: Optional[List[ShardKeys]] = None
@@ -216,8 +230,24 @@ class DelayStore:
             for i in range(0, len(items), SCHEDULE_CHUNK)
         ]
         counts = ScheduleCounts()
-        for added, replaced, kept in self._write_calls(self.scripts.schedule, calls):
-            counts += ScheduleCounts(added, replaced, kept)
+        refused: List[str] = []
+        first_error: Optional[Exception] = None
+        for (_, args), reply in zip(calls, self._write_calls(self.scripts.schedule, calls)):
+            if isinstance(reply, Exception):
+                first_error = first_error or reply
+                refused += args[3 :: int(args[2])]  # the ids: args are mode, wake, width, items
+            else:
+                counts += ScheduleCounts(*reply)
+        if isinstance(first_error, StoreFullError) and counts.total:
+            raise StoreFullError(
+                f"the delay store reached its maxmemory during a bulk schedule: {counts.total} items were "
+                f"stored, {len(refused)} were not (StoreFullError.not_stored lists them); free memory or "
+                "raise maxmemory, then schedule those again (scheduling is idempotent by id)",
+                stored=counts.total,
+                not_stored=refused,
+            ) from first_error
+        if first_error is not None:
+            raise first_error
         return counts
 
     def check_payload(self, item_id: str, envelope: Payload) -> bytes:
@@ -242,7 +272,11 @@ class DelayStore:
         return bytes(data)
 
     def _run_calls(self, script: Any, calls: List[tuple[int, List[Any]]]) -> Iterator[Any]:
-        """Run ``script`` once per (shard, args), pipelined where the client allows it."""
+        """Run ``script`` once per (shard, args), pipelined where the client allows it.
+
+        Yields each call's reply, or its error (a Redis error reply, or :class:`StoreFullError`),
+        so a caller can tell which calls of a bulk write were stored.
+        """
         if not calls:
             return
         self.check_meta()
@@ -250,16 +284,16 @@ class DelayStore:
         # and redis-py cannot pipeline scripts across cluster slots.
         if self.cluster or len(calls) == 1:
             for shard, args in calls:
-                yield self._run(script, shard, args)
+                yield _reply_or_error(lambda: self._run(script, shard, args))
             return
         it = iter(calls)
         while batch := list(islice(it, 64)):
             with self.client.pipeline(transaction=False) as pipe:
                 for shard, args in batch:
                     self._run(script, shard, args, client=pipe)
-                with _full_store_said_plainly():
-                    replies = pipe.execute()
-                yield from replies
+                replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                yield _reply_or_error(lambda: _raised(reply)) if isinstance(reply, Exception) else reply
 
     def schedule_in(
         self, pipeline: Any, item_id: Union[str, bytes], when: When, envelope: Payload, *, rank: int = 0
@@ -289,7 +323,7 @@ class DelayStore:
             yield from self._run_calls(script, calls)
             return
         for shard, args in calls:
-            yield self._durable(script, shard, args)
+            yield _reply_or_error(lambda: self._durable(script, shard, args))
 
     def _durable(self, script: Any, shard: int, args: Sequence[Any]) -> Any:
         """The script and a WAIT in one pipeline on the connection of the shard's node.
@@ -326,20 +360,27 @@ class DelayStore:
         node = self.client.get_node_from_key(self._keys[shard].due)  # type: ignore[union-attr]
         return node.redis_connection  # type: ignore[no-any-return]
 
-    def reschedule(self, item_id: Union[str, bytes], when: When) -> bool:
-        """Move an existing item to ``when``; False if no such item is scheduled.
+    def reschedule(self, item_id: Union[str, bytes], when: When) -> RescheduleOutcome:
+        """Move an existing item to ``when``; starts its attempts again.
 
-        Like a fresh schedule, this starts the item's attempts again and drops any lease on it
-        (a forwarder holding it will not delete it with a late ack).
+        Returns RESCHEDULED (truthy), NOT_FOUND, or IN_FLIGHT when a forwarder holds it leased:
+        it may be published already, so it is left alone instead of being delivered now and
+        again at ``when``. Both others are falsy, so ``if store.reschedule(...)`` means "moved".
         """
         item_id = normalize_id(item_id)
         ready = to_ms(when, clock=self.clock)
-        return bool(self._write(self.scripts.reschedule, self.shard_of(item_id), [item_id, ready, self._wake]))
+        done = int(self._write(self.scripts.reschedule, self.shard_of(item_id), [item_id, ready, self._wake]))
+        return _OUTCOMES[RescheduleOutcome][done]  # type: ignore[return-value]
 
-    def cancel(self, item_id: Union[str, bytes]) -> bool:
-        """Remove a scheduled item (O(log N)); False if it was not there."""
+    def cancel(self, item_id: Union[str, bytes]) -> CancelOutcome:
+        """Remove a scheduled item (O(log N)).
+
+        Returns CANCELLED (truthy), NOT_FOUND, or IN_FLIGHT when a forwarder held it leased: it is
+        removed, but may have been published already, so it may still run once.
+        """
         item_id = normalize_id(item_id)
-        return bool(self._write(self.scripts.cancel, self.shard_of(item_id), [item_id]))
+        done = int(self._write(self.scripts.cancel, self.shard_of(item_id), [item_id]))
+        return _OUTCOMES[CancelOutcome][done]  # type: ignore[return-value]
 
     # -- the lease protocol -----------------------------------------------------------------
 
@@ -353,10 +394,12 @@ class DelayStore:
         """
         lease = self.config.lease_ms if lease_ms is None else lease_ms
         token = secrets.token_hex(8)
-        reply = self._run(self.scripts.claim, shard, [limit, lease, self.config.max_attempts, now or 0, token])
+        reply = self._run(
+            self.scripts.claim, shard, [limit, lease, self.config.max_attempts, now or 0, token, *self._dead_limits]
+        )
         items = [
             ClaimedItem(
-                id=reply[i].decode(),
+                id=reply[i].decode(),  # UTF-8: claim.lua buries any other id before leasing it
                 envelope=reply[i + 1],
                 attempts=int(reply[i + 2]),
                 ready_ms=int(float(reply[i + 3])),
@@ -388,7 +431,7 @@ class DelayStore:
         """
         self.check_meta()
         keys = self._keys[shard].all()
-        pipeline.eval(source(name), len(keys), *keys, *args)
+        pipeline.eval(source_for(name, pipeline), len(keys), *keys, *args)
 
     def held(self, claim: Claim, ids: Sequence[str], *, client: Any = None) -> list[str]:
         """The ``ids`` still under ``claim``'s lease, read through ``client`` (default: the store's).
@@ -447,13 +490,18 @@ class DelayStore:
 
         Returns (retried, buried): out of attempts or permanent means dead letter.
         """
-        args: List[Any] = [claim.lease, self.config.max_attempts, now or 0]
+        args: List[Any] = [claim.lease, self.config.max_attempts, now or 0, *self._dead_limits]
         for item_id, retry_at, error in failures:
             args += (item_id, "" if retry_at is None else retry_at, error)
-        if len(args) == 3:
+        if len(args) == 5:
             return (0, 0)
         retried, buried = self._run(self.scripts.fail, claim.shard, args)
         return int(retried), int(buried)
+
+    @property
+    def _dead_limits(self) -> Tuple[int, int]:
+        """(dead_letter_max, dead_letter_ttl in ms) for the scripts that bury (0: none)."""
+        return self.config.dead_letter_max, self.config.dead_letter_ttl_seconds * 1000
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -473,7 +521,7 @@ class DelayStore:
         if score is None or envelope is None:
             return None
         deadline, ready = _parse_lease(lease, score)
-        return ScheduledItem(item_id, shard, ready, envelope, int(tries or 0), deadline, _rank(ranked))
+        return ScheduledItem(item_id, shard, ready, envelope, _count(tries), deadline, _rank(ranked))
 
     def scan(self, *, batch: int = 1000) -> Iterator[ScheduledItem]:
         """Every scheduled item, shard by shard, in no particular order (``ZSCAN``).
@@ -496,8 +544,9 @@ class DelayStore:
                 for (member, score), envelope, tried, lease, ranked in zip(chunk, envelopes, tries, leases, ranks):
                     if envelope is not None:
                         deadline, ready = _parse_lease(lease, score)
-                        item_id = member.decode()
-                        yield ScheduledItem(item_id, shard, ready, envelope, int(tried or 0), deadline, _rank(ranked))
+                        yield ScheduledItem(
+                            _id_text(member), shard, ready, envelope, _count(tried), deadline, _rank(ranked)
+                        )
 
     def rank(self, item_id: Union[str, bytes]) -> Optional[int]:
         """The rank ``item_id`` is scheduled with, or None when it is not scheduled."""
@@ -529,14 +578,18 @@ class DelayStore:
         for reply in replies:
             if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
                 raise reply  # an outage, not one bad shard: the caller backs off
-        return [0 if isinstance(r, Exception) else int(r[0][1]) if r else None for r in replies]
+        return [0 if isinstance(r, Exception) else score_ms(r[0][1]) if r else None for r in replies]
 
     def server_time_ms(self) -> int:
         seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
     def stats(self) -> List[ShardStats]:
-        """Counts per shard, as of the server's clock."""
+        """Counts per shard, as of the server's clock.
+
+        A shard whose keys cannot be read (one holds another type) reports the reason in its
+        ``error`` with zero counts; the others report as usual. An outage still raises.
+        """
         self.check_meta(record=False)
         now = self.server_time_ms()
         with self.client.pipeline(transaction=False) as pipe:
@@ -546,11 +599,20 @@ class DelayStore:
                 pipe.hlen(k.leased)
                 pipe.zcard(k.dead)
                 pipe.zrange(k.due, 0, 0, withscores=True)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
         out = []
         for shard in range(self.config.shards):
-            scheduled, due, leased, dead, head = replies[5 * shard : 5 * shard + 5]
-            out.append(ShardStats(shard, scheduled, due, leased, dead, int(head[0][1]) if head else None, now))
+            part = replies[5 * shard : 5 * shard + 5]
+            errors = [r for r in part if isinstance(r, Exception)]
+            for err in errors:
+                if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
+                    raise err
+            if errors:
+                reason = f"shard {shard} cannot be read: {errors[0]} (a key of it holds data another tool wrote)"
+                out.append(ShardStats(shard, 0, 0, 0, 0, None, now, error=reason))
+                continue
+            scheduled, due, leased, dead, head = part
+            out.append(ShardStats(shard, scheduled, due, leased, dead, score_ms(head[0][1]) if head else None, now))
         return out
 
     def due_histogram(self, start_ms: int, bucket_ms: int, buckets: int) -> Tuple[int, List[int]]:
@@ -601,22 +663,23 @@ class DelayStore:
                 pipe.zrangebyscore(self._keys[s].due, low, high, start=0, num=offset + count, withscores=True)
             per_shard = pipe.execute()
         merged = heapq.merge(
-            *[[(int(score), s, m.decode()) for m, score in rows] for s, rows in zip(shards, per_shard)]
+            *[[(score_ms(score), s, m) for m, score in rows] for s, rows in zip(shards, per_shard)]
         )
         page = list(islice(merged, offset, offset + count))
         with self.client.pipeline(transaction=False) as pipe:
-            for _, s, item_id in page:
+            for _, s, member in page:
                 k = self._keys[s]
-                pipe.hget(k.items, item_id)
-                pipe.hget(k.tries, item_id)
-                pipe.hget(k.leased, item_id)
-                pipe.zscore(k.ranked, item_id)
+                pipe.hget(k.items, member)
+                pipe.hget(k.tries, member)
+                pipe.hget(k.leased, member)
+                pipe.zscore(k.ranked, member)
             details = pipe.execute()
         out = []
-        for n, (score, s, item_id) in enumerate(page):
+        for n, (score, s, member) in enumerate(page):
+            item_id = _id_text(member)
             envelope, tries, lease, ranked = details[4 * n : 4 * n + 4]
             deadline, ready = _parse_lease(lease, score)
-            out.append(ScheduledItem(item_id, s, ready, envelope or b"", int(tries or 0), deadline, _rank(ranked)))
+            out.append(ScheduledItem(item_id, s, ready, envelope or b"", _count(tries), deadline, _rank(ranked)))
         return out
 
     def _select(self, shard: Optional[int]) -> List[int]:
@@ -637,51 +700,80 @@ class DelayStore:
                 pipe.zrevrange(self._keys[s].dead, 0, offset + count - 1, withscores=True)
             per_shard = pipe.execute()
         merged = heapq.merge(
-            *[[(-int(score), s, m.decode()) for m, score in rows] for s, rows in zip(shards, per_shard)]
+            *[[(-score_ms(score), s, m) for m, score in rows] for s, rows in zip(shards, per_shard)]
         )
         page = list(islice(merged, offset, offset + count))
         with self.client.pipeline(transaction=False) as pipe:
-            for _, s, item_id in page:
-                pipe.hget(self._keys[s].dead_info, item_id)
-                pipe.hget(self._keys[s].dead_items, item_id)
+            for _, s, member in page:
+                pipe.hget(self._keys[s].dead_info, member)
+                pipe.hget(self._keys[s].dead_items, member)
             details = pipe.execute()
         out = []
-        for n, (neg_died, s, item_id) in enumerate(page):
+        for n, (neg_died, s, member) in enumerate(page):
             info = _parse_dead_info(details[2 * n])
             ready = info.get("ready_ms")
             out.append(
                 DeadLetter(
-                    item_id,
+                    _id_text(member),
                     s,
                     -neg_died,
                     str(info.get("error", "")),
-                    int(info.get("attempts") or 0),
-                    int(float(ready)) if ready not in (None, "") else None,
+                    _count(info.get("attempts")),
+                    score_ms(ready) if ready not in (None, "") else None,
                     details[2 * n + 1],
                 )
             )
         return out
 
     def requeue_dead(self, ids: Optional[Iterable[Union[str, bytes]]] = None, *, when: Optional[When] = None) -> int:
-        """Schedule dead letters again (all when ``ids`` is None) at ``when`` (default: now)."""
+        """Schedule dead letters again (all when ``ids`` is None) at ``when`` (default: now).
+
+        Runs in calls of at most :data:`DEAD_CHUNK` letters, so Redis serves others in between
+        however many there are. All: each shard's letters present when it starts, oldest first.
+        """
         ready = self.clock() if when is None else to_ms(when, clock=self.clock)
         done = 0
-        for shard, args in self._dead_calls(ids):
-            done += int(self._write(self.scripts.requeue, shard, [ready, self._wake, *args])[0])
+        if ids is not None:
+            for shard, chosen in self._dead_chunks(ids):
+                done += int(self._write(self.scripts.requeue, shard, [ready, self._wake, "ids", *chosen])[0])
+            return done
+        for shard in range(self.config.shards):
+            skipped, left = 0, self._dead_count(shard)
+            while left > 0:  # letters kept (skipped) stay in front: page past them
+                page = [ready, self._wake, "all", skipped, min(DEAD_CHUNK, left)]
+                requeued, kept, seen = self._write(self.scripts.requeue, shard, page)
+                done, skipped, left = done + int(requeued), skipped + int(kept), left - int(seen)
+                if not int(seen):
+                    break
         return done
 
     def purge_dead(self, ids: Optional[Iterable[Union[str, bytes]]] = None) -> int:
-        """Delete dead letters for good (all when ``ids`` is None)."""
-        return sum(int(self._run(self.scripts.purge, shard, args)) for shard, args in self._dead_calls(ids))
+        """Delete dead letters for good (all when ``ids`` is None), :data:`DEAD_CHUNK` per call."""
+        if ids is not None:
+            return sum(int(self._run(self.scripts.purge, s, ["ids", *chosen])) for s, chosen in self._dead_chunks(ids))
+        done = 0
+        for shard in range(self.config.shards):
+            left = self._dead_count(shard)
+            while left > 0:
+                deleted = int(self._run(self.scripts.purge, shard, ["all", min(DEAD_CHUNK, left)]))
+                done, left = done + deleted, left - deleted
+                if not deleted:
+                    break
+        return done
 
-    def _dead_calls(self, ids: Optional[Iterable[Union[str, bytes]]]) -> List[tuple[int, List[str]]]:
-        if ids is None:
-            return [(s, ["all"]) for s in range(self.config.shards)]
+    def _dead_count(self, shard: int) -> int:
+        self.check_meta()
+        return int(self.client.zcard(self._keys[shard].dead))
+
+    def _dead_chunks(self, ids: Iterable[Union[str, bytes]]) -> List[tuple[int, List[str]]]:
+        """``ids`` by shard, in chunks of at most :data:`DEAD_CHUNK`."""
         by_shard: dict[int, List[str]] = defaultdict(list)
         for item_id in ids:
             item_id = normalize_id(item_id)
             by_shard[shard_of(item_id, self.config.shards)].append(item_id)
-        return [(shard, ["ids", *chosen]) for shard, chosen in by_shard.items()]
+        return [
+            (shard, chosen[i : i + DEAD_CHUNK]) for shard, chosen in by_shard.items() for i in range(0, len(chosen), DEAD_CHUNK)
+        ]
 
 
 def _schedule_args(items: Sequence[Tuple[str, int, bytes, int]]) -> List[Any]:
@@ -690,6 +782,19 @@ def _schedule_args(items: Sequence[Tuple[str, int, bytes, int]]) -> List[Any]:
     if any(rank for *_, rank in items):
         return [4, *(field for item in items for field in item)]
     return [3, *(field for item in items for field in item[:3])]
+
+
+def _raised(error: Exception) -> Any:
+    raise error
+
+
+def _reply_or_error(call: Any) -> Any:
+    """``call()``'s reply, or the Redis error it raised (OOM as :class:`StoreFullError`)."""
+    try:
+        with _full_store_said_plainly():
+            return call()
+    except (StoreFullError, redis.ResponseError) as exc:
+        return exc
 
 
 @contextmanager
@@ -708,18 +813,48 @@ def _full_store_said_plainly() -> Iterator[None]:
         ) from exc
 
 
+_OUTCOMES = {
+    CancelOutcome: {0: CancelOutcome.NOT_FOUND, 1: CancelOutcome.CANCELLED, 2: CancelOutcome.IN_FLIGHT},
+    RescheduleOutcome: {
+        0: RescheduleOutcome.NOT_FOUND,
+        1: RescheduleOutcome.RESCHEDULED,
+        2: RescheduleOutcome.IN_FLIGHT,
+    },
+}
+
+
 def _rank(ranked_score: Optional[float]) -> int:
     """An item's rank from its ``ranked`` entry: the entry's band (includes/common.lua), which
-    schedule keeps exact for the items it holds; no entry is rank 0."""
-    return 0 if ranked_score is None else MAX_RANK - int(ranked_score) // RANK_SPAN
+    schedule keeps exact for the items it holds; no entry (or one outside every band) is rank 0."""
+    if ranked_score is None or not 0 <= ranked_score < MAX_RANK * RANK_SPAN:
+        return 0
+    return MAX_RANK - int(ranked_score) // RANK_SPAN
+
+
+def _count(raw: Any) -> int:
+    """A stored count (tries, attempts) for reading: 0 when it is no whole number."""
+    try:
+        return max(0, int(raw or 0))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+def _id_text(member: bytes) -> str:
+    """A stored id as text for reading; one that is not UTF-8 (a hand write) shows its bytes escaped."""
+    return member.decode("utf-8", "backslashreplace")
 
 
 def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], int]:
-    """(lease deadline or None, original ready ms) from a ``leased`` hash value."""
-    if lease:
-        text = lease.decode()
-        return int(text.partition(":")[0]), int(text.rpartition(":")[2])
-    return None, int(score)
+    """(lease deadline or None, original ready ms) from a ``leased`` hash value.
+
+    A deferred item's entry ("<not-before>:deferred:<ready>") is no lease: its deadline reads
+    as None. An entry that is not "<ms>:<token>:<ms>" (a hand write) reads as no lease too, so
+    the item stays readable; the next claim buries it with the reason.
+    """
+    parts = lease.split(b":") if lease else []
+    if len(parts) == 3 and parts[0].isdigit() and parts[2].lstrip(b"-").isdigit():
+        return (None if parts[1] == b"deferred" else int(parts[0])), score_ms(parts[2])
+    return None, score_ms(score)
 
 
 def _parse_dead_info(raw: Optional[bytes]) -> dict[str, Any]:

@@ -10,22 +10,57 @@ import math
 import time
 from datetime import datetime, timedelta, timezone
 from numbers import Real
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 from .errors import InvalidTimeError
 
-__all__ = ["MAX_MS", "Clock", "When", "from_ms", "now_ms", "to_ms"]
+__all__ = ["MAX_MS", "Clock", "ServerClock", "When", "from_ms", "now_ms", "score_ms", "to_ms"]
 
 #: 9999-12-31T23:59:59Z: past this a value is a unit mistake, not a schedule.
 MAX_MS = 253_402_300_799_000
 
 When = Union[datetime, timedelta, int, float]
 Clock = Callable[[], int]
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def now_ms() -> int:
     """Current wall-clock time in integer milliseconds."""
     return time.time_ns() // 1_000_000
+
+
+class ServerClock:
+    """The server's clock, read once and advanced with ``time.monotonic``.
+
+    A ``timedelta`` ready time measured on the producer's wall clock would be early or late by
+    that clock's error; this one follows the store's server (the clock every claim uses) and never
+    steps with the local wall clock. ``read`` returns the server's time in ms (e.g. ``TIME``).
+    """
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self._read = read
+        self._base: Optional[tuple[int, float]] = None
+
+    def __call__(self) -> int:
+        if self._base is None:
+            self._base = (self._read(), time.monotonic())
+        server_ms, at = self._base
+        return server_ms + math.ceil((time.monotonic() - at) * 1000)
+
+
+def score_ms(score: Union[float, int, bytes, str, None]) -> int:
+    """A sorted-set score or stored time as integer ms, for *reading* what may be hand-written.
+
+    Never raises: a value that is no number or not finite reads as 0 (``-inf``, NaN, garbage)
+    or :data:`MAX_MS` (``+inf`` and past year 9999), so one bad value cannot stop a reader.
+    """
+    try:
+        value = float(score)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
+    if math.isnan(value) or value < 0:
+        return 0
+    return MAX_MS if value > MAX_MS else int(value)
 
 
 def from_ms(ms: int) -> datetime:
@@ -34,7 +69,8 @@ def from_ms(ms: int) -> datetime:
 
 
 def to_ms(when: When, *, clock: Clock = now_ms) -> int:
-    """Convert a ready time to integer UTC milliseconds.
+    """Convert a ready time to integer UTC milliseconds, rounded *up*: an item is never due
+    before its time, not even by a fraction of a millisecond.
 
     Args:
         when: an aware ``datetime``; a ``timedelta`` from now (>= 0); or epoch *seconds*
@@ -54,14 +90,18 @@ def to_ms(when: When, *, clock: Clock = now_ms) -> int:
                 "e.g. datetime.now(timezone.utc) + timedelta(minutes=5), "
                 "or when.replace(tzinfo=ZoneInfo('Europe/Paris'))"
             )
-        ms = _checked_ms(when.timestamp() * 1000, what=f"datetime {when.isoformat()}")
+        _checked_ms(when.timestamp() * 1000, what=f"datetime {when.isoformat()}")
+        micros = (when - _EPOCH) // timedelta(microseconds=1)  # exact: no float on this path
+        ms = -(-micros // 1000)
     elif isinstance(when, timedelta):
         if when < timedelta(0):
             raise InvalidTimeError(
                 f"negative delay {when}: pass a timedelta >= 0, or an aware datetime in the past "
                 "for an item that is due at once"
             )
-        ms = _checked_ms(clock() + when / timedelta(milliseconds=1), what=f"delay {when}")
+        now = clock()
+        _checked_ms(now + when / timedelta(milliseconds=1), what=f"delay {when}")
+        ms = now + -(-(when // timedelta(microseconds=1)) // 1000)
     elif isinstance(when, Real) and not isinstance(when, bool):
         ms = _checked_ms(float(when) * 1000, what=f"epoch seconds {when!r}")
     else:
@@ -80,4 +120,6 @@ def _checked_ms(value: float, *, what: str) -> int:
     if value > MAX_MS:
         hint = " (epoch milliseconds passed as seconds? divide by 1000)" if value < MAX_MS * 1000 * 10 else ""
         raise InvalidTimeError(f"{what} lies after year 9999{hint}: pass epoch seconds")
-    return int(round(value))
+    # round to the microsecond first, so float noise (0.3 s * 1000 = 300.00000000000006) does
+    # not make an exact time a millisecond late
+    return math.ceil(round(value, 3))

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ Lease up to ARGV[1] due items of one shard: ranked items first (highest rank first, then
 earliest), then the rest earliest first.
 Input:
@@ -8,15 +9,23 @@ Input:
   ARGV[4] clock override ms ("0": server TIME, one clock for every forwarder)
   ARGV[5] claim token, unique per claim: the lease is "<deadline>:<token>", so two claims
           that happen to share a deadline (different lease lengths) never share a lease
+  ARGV[6] most dead letters kept per shard (0: no cap), ARGV[7] dead-letter expiry ms (0: none)
 Output: {deadline, id, envelope, attempts, ready ms, id, envelope, ...}
 A leased item's score becomes its deadline: if it is not acked by then, it is due again.
+An item whose stored values are unusable (see defect() in includes/common.lua) is buried with
+the reason instead of leased; the rest of the batch is claimed as usual. allow-oom: a store at
+maxmemory must still drain, and a claim adds next to nothing.
 
 Cost: O((R + 1) log N + limit + S) for R ranks present in the shard's index and S stale index
 entries met. With no ranked item, the index is one lookup of a missing key. A stale entry is met
 once (its item is gone: removed; or not due and not leased: moved to the item's score), except
 while its item is leased (at most the shard's in-flight ranked items), where it stays so a
-release or an expired lease finds it again at its ready time. ]]
+release or an expired lease finds it again at its ready time. A deferred item is not leased:
+its entry moves to its not-before time (defer.lua does so itself; entries written before it
+did are moved here, once each), so deferred items cost a claim nothing. ]]
 --- @include "common"
+local bad_types = check_types()
+if bad_types then return bad_types end
 local now = now_ms(ARGV[4])
 local deadline = ms(now + tonumber(ARGV[2]))
 local lease = deadline .. ':' .. ARGV[5]
@@ -29,14 +38,20 @@ local function take(id)
   budget = budget - 1
   local envelope = rcall('HGET', KEYS[2], id)
   local held = rcall('HGET', KEYS[4], id)
-  local ready = held and string.match(held, ':(%d+)$') or rcall('ZSCORE', KEYS[1], id)
-  local attempts = rcall('HINCRBY', KEYS[3], id, 1)
-  if not envelope then
-    bury(id, false, ready, attempts, 'no envelope stored for this id (store corrupted or written by another tool)', now)
-  elseif attempts > max_attempts then
+  local tries = rcall('HGET', KEYS[3], id)
+  local ready = held and string.match(held, ':(%-?%d+)$') or rcall('ZSCORE', KEYS[1], id)
+  local wrong = defect(id, envelope, held, tries, ready)
+  if wrong then
+    bury(id, envelope, ready, whole(tries) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
+    return
+  end
+  ready = ms(finite(ready))
+  local attempts = (whole(tries) or 0) + 1
+  if attempts > max_attempts then
     bury(id, envelope, ready, attempts,
-      'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now)
+      'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
   else
+    rcall('HSET', KEYS[3], id, ms(attempts))
     rcall('ZADD', KEYS[1], 'XX', deadline, id)
     rcall('HSET', KEYS[4], id, lease .. ':' .. ready)
     out[#out + 1] = id
@@ -56,15 +71,17 @@ local function claim_band(low)
     if #ids == 0 then return end
     for _, id in ipairs(ids) do
       local score = rcall('ZSCORE', KEYS[1], id)
+      local held = score and rcall('HGET', KEYS[4], id)
       if not score then
         rcall('ZREM', KEYS[8], id)  -- the item is gone (acked, cancelled, buried)
       elseif tonumber(score) <= now then
         take(id)
         if rcall('ZSCORE', KEYS[8], id) then kept = kept + 1 end  -- leased, not buried
-      elseif rcall('HEXISTS', KEYS[4], id) == 1 then
+      elseif held and not string.find(held, ':deferred:', 1, true) then
         kept = kept + 1  -- leased: back at its ready time if released or the lease expires
       else
-        rcall('ZADD', KEYS[8], ms(low + math.min(tonumber(score), RANK_SPAN - 1)), id)  -- moved later
+        -- not due yet (a deferred item: its not-before time): moved later
+        rcall('ZADD', KEYS[8], ms(low + math.min(tonumber(score), RANK_SPAN - 1)), id)
       end
     end
   end
@@ -76,9 +93,14 @@ local low = 0
 while budget > 0 do
   local first = rcall('ZRANGEBYSCORE', KEYS[8], ms(low), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if #first == 0 then break end
-  low = math.floor(tonumber(first[2]) / RANK_SPAN) * RANK_SPAN
-  claim_band(low)
-  low = low + RANK_SPAN
+  local score = finite(first[2])
+  if not score or score >= band_of(0) then
+    rcall('ZREM', KEYS[8], first[1])  -- a hand-written entry outside every band: not an index entry
+  else
+    low = math.floor(score / RANK_SPAN) * RANK_SPAN
+    claim_band(low)
+    low = low + RANK_SPAN
+  end
 end
 
 if budget > 0 then

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ Give back leased items not before given times (flow control: a paused or rate-capped
 queue), without counting the attempt and keeping each item's original ready time.
 Input:
@@ -8,7 +9,9 @@ Output: how many were deferred.
 The item's score becomes its not-before time, and its `leased` entry becomes
 "<not-before>:deferred:<ready>": no claim token is "deferred", so no ack, release or fail
 matches it, and claim.lua reads the original ready time from it as from any lease, so the
-lateness measured at the final publish stays truthful. No wake-up: the new times lie ahead. ]]
+lateness measured at the final publish stays truthful. No wake-up: the new times lie ahead.
+A ranked item's index entry moves to the not-before time, so claims do not step over deferred
+items (claim.lua). allow-oom: giving items back must work in a full store. ]]
 --- @include "common"
 local n = 0
 for i = 2, #ARGV, 2 do
@@ -17,7 +20,9 @@ for i = 2, #ARGV, 2 do
   if ready then
     rcall('ZADD', KEYS[1], not_before, id)
     rcall('HSET', KEYS[4], id, not_before .. ':deferred:' .. ready)
-    if rcall('HINCRBY', KEYS[3], id, -1) <= 0 then rcall('HDEL', KEYS[3], id) end
+    local rank = rank_of(id)
+    if rank > 0 then set_rank(id, rank, not_before) end
+    uncount(id)
     n = n + 1
   end
 end

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[ Give back leased items that were not published, at their original ready time, without
 counting the attempt (graceful shutdown, broker outage).
 Input:
@@ -5,7 +6,7 @@ Input:
   ARGV[1] our lease, "<deadline>:<token>" of the claim
   ARGV[2] wake channel
   ARGV[3..] ids
-Output: how many were released. ]]
+Output: how many were released. allow-oom: a full store must be able to give items back. ]]
 --- @include "common"
 local before = head_score()
 local n = 0
@@ -15,7 +16,7 @@ for i = 3, #ARGV do
   if ready then
     rcall('ZADD', KEYS[1], ready, id)
     rcall('HDEL', KEYS[4], id)
-    if rcall('HINCRBY', KEYS[3], id, -1) <= 0 then rcall('HDEL', KEYS[3], id) end
+    uncount(id)
     n = n + 1
   end
 end

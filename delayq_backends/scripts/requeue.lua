@@ -3,14 +3,20 @@ Input:
   KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] ready ms
   ARGV[2] wake channel
-  ARGV[3] "all" (every dead letter of the shard) or "ids" (those in ARGV[4..])
+  ARGV[3] "all" (a page of the shard's dead letters, oldest first: ARGV[4] offset, ARGV[5] count)
+          or "ids" (those in ARGV[4..])
   ARGV[4..] ids
-Output: {requeued, skipped}: skipped = no envelope kept, or the id is scheduled again already.
+Output: {requeued, skipped, seen}: skipped = no envelope kept, or the id is scheduled again
+already (it stays a dead letter); seen = dead letters of the page. The caller pages through
+"all" (store.requeue_dead), so no call holds the server for long whatever the count.
 An item keeps the rank it died with (recorded in dead_info; letters buried before ranks: 0). ]]
 --- @include "common"
 local ids = {}
 for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
-if ARGV[3] == 'all' then ids = rcall('ZRANGE', KEYS[5], 0, -1) end
+if ARGV[3] == 'all' then
+  local offset = tonumber(ARGV[4])
+  ids = rcall('ZRANGE', KEYS[5], offset, offset + tonumber(ARGV[5]) - 1)
+end
 local before = head_score()
 local requeued, skipped = 0, 0
 for _, id in ipairs(ids) do
@@ -29,4 +35,4 @@ for _, id in ipairs(ids) do
   end
 end
 wake_if_earlier(ARGV[2], before)
-return {requeued, skipped}
+return {requeued, skipped, #ids}

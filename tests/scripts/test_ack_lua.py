@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from delayq_backends import DelayStore
+from delayq_backends.models import RescheduleOutcome
 from delayq_backends.targets import RedisListTarget
 
 ENV = RedisListTarget.envelope("out", b"x")
@@ -31,12 +32,14 @@ def test_ack_after_cancel_and_reschedule_keeps_the_new_item(store: DelayStore) -
     assert item is not None and item.ready_ms == T + 60_000
 
 
-def test_ack_after_reschedule_keeps_the_item(store: DelayStore) -> None:
+def test_reschedule_of_a_leased_item_is_in_flight_and_changes_nothing(store: DelayStore) -> None:
+    """Moving it could deliver it now (the forwarder holds it) and again at the new time."""
     claim = claim_a(store)
-    assert store.reschedule("a", (T + 5000) / 1000)
-    assert store.ack(claim) == 0
+    outcome = store.reschedule("a", (T + 5000) / 1000)
+    assert outcome is RescheduleOutcome.IN_FLIGHT and not outcome
     item = store.get("a")
-    assert item is not None and item.ready_ms == T + 5000 and item.leased_until_ms is None
+    assert item is not None and item.ready_ms == T and item.leased_until_ms == claim.deadline_ms
+    assert store.ack(claim) == 1
 
 
 def test_ack_after_replace_keeps_the_replacement(store: DelayStore) -> None:
@@ -59,7 +62,7 @@ def test_stale_ack_after_lease_expiry_and_reclaim_deletes_nothing(store: DelaySt
 def test_ack_of_an_older_claim_with_the_same_deadline_deletes_nothing(store: DelayStore) -> None:
     """Leases of different lengths can end on the same millisecond; the claim token tells them apart."""
     first = claim_a(store, now=T, lease_ms=1000)
-    store.reschedule("a", T / 1000)
+    store.schedule("a", T / 1000, ENV)
     second = store.claim(first.shard, lease_ms=500, now=T + 500)
     assert second.deadline_ms == first.deadline_ms and second.token != first.token
     assert store.ack(first) == 0 and store.release(first) == 0

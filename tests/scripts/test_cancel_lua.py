@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from delayq_backends import DelayStore
+from delayq_backends.models import CancelOutcome, RescheduleOutcome
 from delayq_backends.targets import RedisListTarget
 
 ENV = RedisListTarget.envelope("out", b"x")
@@ -11,23 +12,24 @@ T = 1_800_000_000_000
 
 def test_cancel_removes_and_reports(store: DelayStore) -> None:
     store.schedule("a", T / 1000, ENV)
-    assert store.cancel("a") is True
-    assert store.cancel("a") is False
+    assert store.cancel("a") is CancelOutcome.CANCELLED
+    assert store.cancel("a") is CancelOutcome.NOT_FOUND
     assert store.get("a") is None and not store.exists("a")
 
 
 def test_cancel_of_leased_item_removes_it_everywhere(store: DelayStore) -> None:
     store.schedule("a", T / 1000, ENV)
     claim = store.claim(store.shard_of("a"), now=T)
-    assert store.cancel("a")
+    outcome = store.cancel("a")
+    assert outcome is CancelOutcome.IN_FLIGHT and not outcome  # removed, but maybe published already
     keys = store.keys(claim.shard)
     assert store.client.hlen(keys.leased) == 0 and store.client.hlen(keys.tries) == 0
     assert store.ack(claim) == 0
 
 
 def test_reschedule_moves_only_existing_items(store: DelayStore) -> None:
-    assert store.reschedule("nope", T / 1000) is False
+    assert store.reschedule("nope", T / 1000) is RescheduleOutcome.NOT_FOUND
     assert store.get("nope") is None
     store.schedule("a", T / 1000, ENV)
-    assert store.reschedule("a", (T + 1) / 1000) is True
+    assert store.reschedule("a", (T + 1) / 1000) is RescheduleOutcome.RESCHEDULED
     assert store.get("a").ready_ms == T + 1  # type: ignore[union-attr]

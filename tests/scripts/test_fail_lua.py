@@ -48,6 +48,6 @@ def test_failure_at_max_attempts_buries(server_url: str, prefix: str) -> None:
 def test_fail_with_foreign_lease_does_nothing(store: DelayStore) -> None:
     store.schedule("a", T / 1000, ENV)
     claim = store.claim(store.shard_of("a"), now=T)
-    store.reschedule("a", (T + 100) / 1000)
+    store.schedule("a", (T + 100) / 1000, ENV)
     assert store.fail(claim, [("a", None, "late")], now=T) == (0, 0)
     assert store.exists("a") and store.dead_letters() == []
