@@ -3,7 +3,7 @@ so a script written against one reads the other."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .envelope import Envelope
 from .errors import EnvelopeError
@@ -18,19 +18,8 @@ def iso(ms: Optional[int]) -> Optional[str]:
     return None if ms is None else from_ms(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _time(ms: Optional[int], what: str, problems: List[str]) -> Optional[str]:
-    """``iso(ms)``, or None with the reason added to ``problems`` when a score written around
-    delayq (``1e300``) is no date: one odd value is shown, never fatal to a listing."""
-    try:
-        return iso(ms)
-    except (ValueError, OverflowError) as exc:
-        problems.append(f"{what} {ms} ms is not a time ({exc})")
-        return None
-
-
-def stats_entry(label: Any, group: Sequence[ShardStats], problems: Optional[List[str]] = None) -> dict[str, Any]:
-    """One shard's numbers, or the totals of several: the same keys either way. ``next_due`` is
-    null when the head's score is not a time; the reason goes to ``problems`` if given."""
+def stats_entry(label: Any, group: Sequence[ShardStats]) -> dict[str, Any]:
+    """One shard's numbers, or the totals of several: the same keys either way."""
     heads = [s.next_ready_ms for s in group if s.next_ready_ms is not None]
     return {
         "shard": label,
@@ -38,21 +27,19 @@ def stats_entry(label: Any, group: Sequence[ShardStats], problems: Optional[List
         "due": sum(s.due for s in group),
         "leased": sum(s.leased for s in group),
         "dead": sum(s.dead for s in group),
-        "next_due": _time(min(heads), "the next due score", [] if problems is None else problems) if heads else None,
+        "next_due": iso(min(heads)) if heads else None,
         "oldest_overdue_ms": max((s.oldest_overdue_ms for s in group), default=0),
     }
 
 
 def item_entry(item: ScheduledItem) -> dict[str, Any]:
-    """A scheduled item as JSON-ready values; an undecodable envelope or a time that is no date
-    is shown in ``corrupt``, not fatal."""
-    problems: List[str] = []
+    """A scheduled item as JSON-ready values; an undecodable envelope is shown, not fatal."""
     entry: dict[str, Any] = {
         "id": item.id,
         "shard": item.shard,
-        "ready": _time(item.ready_ms, "ready", problems),
+        "ready": iso(item.ready_ms),
         "attempts": item.attempts,
-        "leased_until": _time(item.leased_until_ms, "lease deadline", problems),
+        "leased_until": iso(item.leased_until_ms),
         "rank": item.rank,
         "target": None,
         "destination": None,
@@ -62,23 +49,19 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
     try:
         envelope = Envelope.decode(item.envelope)
     except EnvelopeError as exc:
-        problems.append(str(exc))
+        entry["corrupt"] = str(exc)
     else:
         entry.update(target=envelope.target, destination=envelope.destination)
-    entry["corrupt"] = "; ".join(problems) or None
     return entry
 
 
 def dead_entry(dead: DeadLetter) -> dict[str, Any]:
-    """A dead letter as JSON-ready values; a time that is no date is null, its reason added to ``error``."""
-    problems: List[str] = []
-    died_at = _time(dead.died_ms, "died at", problems)
-    ready = _time(dead.ready_ms, "ready", problems)
+    """A dead letter as JSON-ready values."""
     return {
         "id": dead.id,
         "shard": dead.shard,
-        "died_at": died_at,
+        "died_at": iso(dead.died_ms),
         "attempts": dead.attempts,
-        "error": "; ".join([dead.error, *problems]) if problems else dead.error,
-        "ready": ready,
+        "error": dead.error,
+        "ready": iso(dead.ready_ms),
     }

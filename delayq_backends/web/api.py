@@ -12,8 +12,9 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any, Iterator, Literal, Optional, Union, cast
+from typing import Annotated, Any, Callable, Iterator, Literal, Optional, TypeVar, Union, cast
 
+import redis
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -22,12 +23,14 @@ from ..audit import FORWARDED, stream_record
 from ..entries import dead_entry, iso, item_entry, stats_entry
 from ..errors import DelayqError
 from ..keys import normalize_id
-from ..models import ShardStats
+from ..models import CancelOutcome, RescheduleOutcome, ScheduledItem, ShardStats
 from ..store import DelayStore
 from ..timeutil import to_ms
 from .producers import CeleryProducer, ProducerUnavailable, RQProducer, ScheduleResult
 
 __all__ = ["Services", "UnreadableData", "router"]
+
+Row = TypeVar("Row")
 
 #: Longer than any schedule (10,000 years): a bigger number is a unit mistake, and Python's
 #: timedelta could not even hold it.
@@ -245,18 +248,19 @@ class ScheduledOut(BaseModel):
 class ItemOut(BaseModel):
     id: str
     shard: int
-    ready: Optional[str] = Field(description="Null when the stored score is not a time (corrupt says so).")
+    ready: str
     attempts: int
     leased_until: Optional[str]
     rank: int = Field(description="Backlog priority: higher ranks are forwarded first (0..255).")
     target: Optional[str]
     destination: Optional[str]
-    corrupt: Optional[str] = Field(description="Why the stored envelope or times cannot be read, else null.")
+    corrupt: Optional[str] = Field(description="Why the stored envelope cannot be read, else null.")
     size: int
 
 
 class ItemsOut(BaseModel):
     items: list[ItemOut]
+    problems: list[str] = Field(default_factory=list, description="Shards that could not be read, and why.")
 
 
 class CancelledOut(BaseModel):
@@ -272,7 +276,9 @@ class ShardOut(BaseModel):
     dead: int
     next_due: Optional[str]
     oldest_overdue_ms: int
-    problem: Optional[str] = Field(description="Why next_due is null although items are scheduled, else null.")
+    problem: Optional[str] = Field(
+        description="Why the counts are incomplete (the shards that cannot be read), else null."
+    )
 
 
 class StatsOut(BaseModel):
@@ -292,7 +298,7 @@ class DueOut(BaseModel):
 class DeadOut(BaseModel):
     id: str
     shard: int
-    died_at: Optional[str] = Field(description="Null when the stored score is not a time (error says so).")
+    died_at: str
     attempts: int
     error: str
     ready: Optional[str]
@@ -300,6 +306,7 @@ class DeadOut(BaseModel):
 
 class DeadListOut(BaseModel):
     items: list[DeadOut]
+    problems: list[str] = Field(default_factory=list, description="Shards that could not be read, and why.")
 
 
 class DeadActionIn(BaseModel):
@@ -376,6 +383,11 @@ ItemId = Annotated[str, Path(min_length=1, max_length=200, description="The item
 NOT_FOUND: dict[Union[int, str], dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "No such item is scheduled."}
 }
+#: Cancel and reschedule also say when a forwarder holds the item.
+IN_FLIGHT: dict[Union[int, str], dict[str, Any]] = {
+    **NOT_FOUND,
+    409: {"model": ErrorOut, "description": "The item is in flight: detail says what happened to it."},
+}
 
 
 def _available(producer: Union[CeleryProducer, RQProducer, ProducerUnavailable]) -> Any:
@@ -429,15 +441,29 @@ def _item(svc: Services, item_id: str) -> ItemOut:
 
 
 def _cancel(svc: Services, item_id: str) -> CancelledOut:
-    if not svc.store.cancel(item_id):
+    outcome = svc.store.cancel(item_id)
+    if outcome is CancelOutcome.NOT_FOUND:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was cancelled")
+    if outcome is CancelOutcome.IN_FLIGHT:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"item {item_id!r} was in flight: it is removed from the store, but a forwarder held it and may "
+            "have published it already, so it may still run once",
+        )
     return CancelledOut(id=item_id, cancelled=True)
 
 
 def _reschedule(svc: Services, item_id: str, body: When) -> ItemOut:
     # epoch seconds, the store's numeric form: ms / 1000 comes back to the same integer ms
-    if not svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000):
+    outcome = svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000)
+    if outcome is RescheduleOutcome.NOT_FOUND:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was moved")
+    if outcome is RescheduleOutcome.IN_FLIGHT:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"item {item_id!r} is in flight (a forwarder holds it and may have published it): left as it is; "
+            "retry once it is delivered or given back",
+        )
     return _item(svc, item_id)
 
 
@@ -450,9 +476,41 @@ Shard = Annotated[
 @router.get("/items", response_model=ItemsOut, summary="Upcoming items, earliest first")
 def list_items(svc: Svc, offset: Offset = 0, limit: Limit = 50, shard: Shard = None) -> ItemsOut:
     with reading("the upcoming items"):
-        return ItemsOut(
-            items=[ItemOut(**item_entry(i)) for i in svc.store.list(shard=shard, offset=offset, count=limit)]
+        items, problems = _around_bad_shards(
+            svc.store, shard, offset, limit, lambda s, n: svc.store.list(shard=s, count=n), _listed_at
         )
+        return ItemsOut(items=[ItemOut(**item_entry(i)) for i in items], problems=problems)
+
+
+def _listed_at(item: ScheduledItem) -> int:
+    """An item's place in the listing: its score, the lease deadline while leased."""
+    return item.ready_ms if item.leased_until_ms is None else item.leased_until_ms
+
+
+def _around_bad_shards(
+    store: DelayStore,
+    shard: Optional[int],
+    offset: int,
+    limit: int,
+    read: Callable[[Optional[int], int], list[Row]],
+    order: Callable[[Row], int],
+) -> tuple[list[Row], list[str]]:
+    """One page of a listing merged over the shards; when a shard's key holds another type
+    (WRONGTYPE), the page is merged from the shards that can be read and the others are named,
+    so one bad key does not hide every other shard's entries."""
+    try:
+        return read(shard, offset + limit)[offset:], []
+    except redis.ResponseError:
+        if shard is not None:
+            raise
+    rows: list[Row] = []
+    problems = []
+    for s in range(store.shards):
+        try:
+            rows.extend(read(s, offset + limit))
+        except redis.ResponseError as exc:
+            problems.append(f"shard {s} cannot be read: {exc}")
+    return sorted(rows, key=order)[offset : offset + limit], problems
 
 
 #: Ids in the query: any id reaches these, ``.``, ``..`` and ``a/b`` included, which clients and
@@ -465,12 +523,12 @@ def get_item_by_query(item_id: QueryId, svc: Svc) -> ItemOut:
     return _item(svc, item_id)
 
 
-@router.delete("/item", response_model=CancelledOut, responses=NOT_FOUND, summary="Cancel an item, by ?id=")
+@router.delete("/item", response_model=CancelledOut, responses=IN_FLIGHT, summary="Cancel an item, by ?id=")
 def cancel_item_by_query(item_id: QueryId, svc: Svc) -> CancelledOut:
     return _cancel(svc, item_id)
 
 
-@router.post("/item/reschedule", response_model=ItemOut, responses=NOT_FOUND, summary="Move an item, by ?id=")
+@router.post("/item/reschedule", response_model=ItemOut, responses=IN_FLIGHT, summary="Move an item, by ?id=")
 def reschedule_item_by_query(body: When, item_id: QueryId, svc: Svc) -> ItemOut:
     """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped."""
     return _reschedule(svc, item_id, body)
@@ -482,13 +540,13 @@ def get_item(item_id: ItemId, svc: Svc) -> ItemOut:
     return _item(svc, item_id)
 
 
-@router.delete("/items/{item_id:path}", response_model=CancelledOut, responses=NOT_FOUND, summary="Cancel an item")
+@router.delete("/items/{item_id:path}", response_model=CancelledOut, responses=IN_FLIGHT, summary="Cancel an item")
 def cancel_item(item_id: ItemId, svc: Svc) -> CancelledOut:
     """For ids that are a plain path segment; ``DELETE /item?id=`` reaches every id."""
     return _cancel(svc, item_id)
 
 
-@router.post("/items/{item_id:path}/reschedule", response_model=ItemOut, responses=NOT_FOUND, summary="Move an item")
+@router.post("/items/{item_id:path}/reschedule", response_model=ItemOut, responses=IN_FLIGHT, summary="Move an item")
 def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
     """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped.
     ``POST /item/reschedule?id=`` reaches every id."""
@@ -496,9 +554,9 @@ def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
 
 
 def _shard_out(label: Union[int, Literal["total"]], group: list[ShardStats]) -> ShardOut:
-    problems: list[str] = []
-    entry = stats_entry(label, group, problems)
-    return ShardOut(**entry, problem="; ".join(problems) or None)
+    """A shard's (or the totals') counts; ``problem`` names the shards that could not be read."""
+    problems = [s.error for s in group if s.error]
+    return ShardOut(**stats_entry(label, group), problem="; ".join(problems) or None)
 
 
 @router.get("/stats", response_model=StatsOut, summary="Counts per shard and in total")
@@ -536,8 +594,10 @@ def due(
 @router.get("/dead", response_model=DeadListOut, summary="Dead letters, most recent first")
 def dead(svc: Svc, offset: Offset = 0, limit: Limit = 50, shard: Shard = None) -> DeadListOut:
     with reading("the dead letters"):
-        letters = svc.store.dead_letters(shard=shard, offset=offset, count=limit)
-        return DeadListOut(items=[DeadOut(**dead_entry(d)) for d in letters])
+        letters, problems = _around_bad_shards(
+            svc.store, shard, offset, limit, lambda s, n: svc.store.dead_letters(shard=s, count=n), lambda d: -d.died_ms
+        )
+        return DeadListOut(items=[DeadOut(**dead_entry(d)) for d in letters], problems=problems)
 
 
 @router.post("/dead/requeue", response_model=DoneOut, summary="Schedule dead letters again, due now")

@@ -349,20 +349,6 @@ def test_every_read_route_survives_planted_garbage(client: TestClient, web_store
             assert "cannot be read" in response.json()["detail"] or "wrong type" in response.json()["detail"]
 
 
-def test_a_score_that_is_no_date_marks_its_item_alone(client: TestClient, web_store: DelayStore) -> None:
-    web_store.schedule("fine", timedelta(hours=1), ITEM)
-    odd = web_store._keys[web_store.shard_of("far")]
-    web_store.client.zadd(odd.due, {"far": 1e300})
-    web_store.client.hset(odd.items, "far", ITEM.encode())
-    items = {i["id"]: i for i in client.get("/api/v1/items", headers=AUTH).json()["items"]}
-    assert items["fine"]["corrupt"] is None and items["fine"]["ready"]
-    assert items["far"]["ready"] is None and "is not a time" in items["far"]["corrupt"]
-    stats = client.get("/api/v1/stats", headers=AUTH).json()
-    assert stats["totals"]["scheduled"] == 2 and stats["totals"]["next_due"]  # the earliest is fine
-    far = stats["shards"][web_store.shard_of("far")]
-    assert far["next_due"] is not None or "is not a time" in far["problem"]
-
-
 def test_the_page_shows_each_failure_in_place(
     page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore
 ) -> None:
@@ -374,8 +360,8 @@ def test_the_page_shows_each_failure_in_place(
     page.goto(dashboard.base + "/")
     expect(page.locator("#chart svg")).to_be_visible()
     expect(page.locator("#lateness")).to_contain_text("--audit-stream")
-    expect(page.locator("#error-totals")).to_contain_text("wrong type")
-    expect(page.locator("#error-shards")).to_contain_text("wrong type")
+    expect(page.locator("#error-totals")).to_contain_text("cannot be read")
+    expect(page.locator("#error-shards")).to_contain_text("cannot be read")
     expect(page.locator("#error-dead")).to_be_visible()
     expect(page.locator("#status")).to_contain_text("partly live")
     expect(page.locator("#error-chart")).to_be_hidden()
@@ -415,3 +401,15 @@ def test_the_page_finds_and_cancels_dot_dot(
     page.click("#cancel-item")
     expect(page.locator("#search-message")).to_have_text("Cancelled ...")
     wait_for(lambda: web_store.get("..") is None, 5, "the store to lose '..'")
+
+
+def test_an_item_in_flight_is_reported_not_cancelled_or_moved(client: TestClient, web_store: DelayStore) -> None:
+    """A forwarder holds it (claimed, maybe published): the API says so instead of a plain success."""
+    web_store.schedule("flying", 1.0, ITEM)
+    web_store.schedule("taken", 1.0, ITEM)
+    for shard in {web_store.shard_of("flying"), web_store.shard_of("taken")}:
+        web_store.claim(shard)
+    moved = client.post("/api/v1/item/reschedule?id=taken", headers=AUTH, json={"countdown": 3600})
+    assert moved.status_code == 409 and "in flight" in moved.json()["detail"], moved.text
+    gone = client.delete("/api/v1/item?id=flying", headers=AUTH)
+    assert gone.status_code == 409 and "may still run once" in gone.json()["detail"], gone.text

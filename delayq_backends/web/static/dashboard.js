@@ -108,6 +108,7 @@
       stats.shards.map((s) => [s.shard, count(s.scheduled), count(s.due), count(s.leased), count(s.dead),
         s.next_due ? fmtTime(s.next_due) : s.problem || "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
       "no shards");
+    return t.problem; // shards that could not be read
   }
 
   let lastDue = null;
@@ -162,6 +163,7 @@
         it.leased_until ? fmtTime(it.leased_until) : "–",
       ]),
       "nothing scheduled");
+    return items.problems.join("; "); // shards that could not be read
   }
 
   function showLateness(late) {
@@ -186,8 +188,9 @@
 
   function showDead(dead) {
     // Redrawn only when it changed, so a purge button armed for its second click stays armed.
+    const problems = dead.problems.join("; "); // shards that could not be read
     const shown = JSON.stringify(dead.items);
-    if (shown === shownDead) return;
+    if (shown === shownDead) return problems;
     shownDead = shown;
     fillTable($("dead"),
       [["id"], ["died"], ["attempts", 1], ["error"], [""]],
@@ -203,6 +206,7 @@
             { "data-action": "purge", "data-id": d.id })),
       ]),
       "no dead letters");
+    return problems;
   }
 
   async function deadAction(verb, body, message) {
@@ -292,24 +296,25 @@
     const problems = [];
     results.forEach((result, i) => {
       const { show, boxes } = chosen[i];
-      let problem = result.status === "rejected" ? result.reason.message : null;
+      let problem = result.status === "rejected" ? `Not loaded: ${result.reason.message}` : null;
+      let partly = null; // shown, but the server says part of it could not be read
       if (!problem) {
         try {
-          show(result.value);
+          partly = show(result.value) || null;
         } catch (error) {
-          problem = `cannot be shown: ${error.message}`;
+          problem = `Not shown: ${error.message}`;
         }
       }
       for (const id of boxes) {
-        $(id).hidden = !problem;
-        $(id).textContent = problem ? `Not loaded: ${problem}` : "";
+        $(id).hidden = !(problem || partly);
+        $(id).textContent = problem || (partly ? `Incomplete: ${partly}` : "");
       }
-      if (problem) problems.push(problem);
+      if (problem || partly) problems.push(problem || partly);
     });
     const at = new Date().toLocaleTimeString(undefined, { hour12: false });
     if (!problems.length) setStatus(`live · updated ${at}`, "live");
     else if (problems.length === chosen.length) setStatus(problems[0], "down");
-    else setStatus(`partly live · ${problems.length} of ${chosen.length} sections failed · updated ${at}`, "partial");
+    else setStatus(`partly live · ${problems.length} of ${chosen.length} sections incomplete · updated ${at}`, "partial");
   }
 
   function start() {
