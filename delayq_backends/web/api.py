@@ -9,22 +9,28 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any, Literal, Optional, Union, cast
+from typing import Annotated, Any, Callable, Iterator, Literal, Optional, TypeVar, Union, cast
 
+import redis
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from ..audit import FORWARDED, stream_record
 from ..entries import dead_entry, iso, item_entry, stats_entry
+from ..errors import DelayqError
 from ..keys import normalize_id
+from ..models import CancelOutcome, RescheduleOutcome, ScheduledItem, ShardStats
 from ..store import DelayStore
 from ..timeutil import to_ms
 from .producers import CeleryProducer, ProducerUnavailable, RQProducer, ScheduleResult
 
-__all__ = ["Services", "router"]
+__all__ = ["Services", "UnreadableData", "router"]
+
+Row = TypeVar("Row")
 
 #: Longer than any schedule (10,000 years): a bigger number is a unit mistake, and Python's
 #: timedelta could not even hold it.
@@ -32,6 +38,11 @@ MAX_COUNTDOWN = 315_576_000_000
 
 #: Most items one listing or one dead-letter action takes: a page, not a dump of the store.
 MAX_PAGE = 1000
+
+#: Deepest item a listing reaches (offset + limit): each shard reads that many entries per call,
+#: so a deep offset would hold Redis for as long as a scan of the store.
+MAX_DEPTH = 10_000
+MAX_OFFSET = MAX_DEPTH - MAX_PAGE
 
 
 @dataclass
@@ -42,6 +53,25 @@ class Services:
     celery: Union[CeleryProducer, ProducerUnavailable]
     rq: Union[RQProducer, ProducerUnavailable]
     audit_stream: Optional[str]
+
+
+class UnreadableData(DelayqError):
+    """A value in the store this server cannot read: written around delayq, or corrupt (a 503)."""
+
+
+@contextmanager
+def reading(what: str) -> Iterator[None]:
+    """Turn a value that cannot be parsed into a 503 naming ``what``: one bad value fails the one
+    request (and the one dashboard section) that met it, with the reason, never as a 500."""
+    try:
+        yield
+    except DelayqError:
+        raise
+    except (ValueError, TypeError, OverflowError, IndexError) as exc:  # UnicodeDecodeError is a ValueError
+        raise UnreadableData(
+            f"{what} cannot be read: the store holds a value delayq did not write ({type(exc).__name__}: {exc}); "
+            "the other routes still answer; find the bad entry with `delayq list --shard N` or `delayq dlq list`"
+        ) from exc
 
 
 def services(request: Request) -> Services:
@@ -59,9 +89,19 @@ def _digits(value: Any) -> Any:
     return value
 
 
+def _shallow(value: Any) -> Any:
+    """Refuse a deep offset with the way out (the bound itself is the schema's maximum)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and int(value) > MAX_OFFSET:
+        raise ValueError(
+            f"offset {value} is over {MAX_OFFSET}: listings reach {MAX_DEPTH} items deep at most, so that "
+            "one request cannot hold Redis; look an item up by id, or use `delayq list --shard N` for a shard"
+        )
+    return value
+
+
 Digits = BeforeValidator(_digits)
-#: paging of the list routes
-Offset = Annotated[int, Query(ge=0, le=100_000), Digits]
+#: paging of the list routes: offset + limit stays within MAX_DEPTH
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET), Digits, BeforeValidator(_shallow)]
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE), Digits]
 
 
@@ -220,6 +260,7 @@ class ItemOut(BaseModel):
 
 class ItemsOut(BaseModel):
     items: list[ItemOut]
+    problems: list[str] = Field(default_factory=list, description="Shards that could not be read, and why.")
 
 
 class CancelledOut(BaseModel):
@@ -235,6 +276,9 @@ class ShardOut(BaseModel):
     dead: int
     next_due: Optional[str]
     oldest_overdue_ms: int
+    problem: Optional[str] = Field(
+        description="Why the counts are incomplete (the shards that cannot be read), else null."
+    )
 
 
 class StatsOut(BaseModel):
@@ -262,6 +306,7 @@ class DeadOut(BaseModel):
 
 class DeadListOut(BaseModel):
     items: list[DeadOut]
+    problems: list[str] = Field(default_factory=list, description="Shards that could not be read, and why.")
 
 
 class DeadActionIn(BaseModel):
@@ -324,8 +369,10 @@ router = APIRouter(
     responses={
         400: {"model": ErrorOut, "description": "Bad input; detail says what to fix."},
         401: {"model": ErrorOut, "description": "No token."},
-        403: {"model": ErrorOut, "description": "Wrong token."},
-        413: {"model": ErrorOut, "description": "The message is over the store's max_payload_bytes."},
+        403: {"model": ErrorOut, "description": "Wrong token, a cross-site write, or an RQ function not allowed."},
+        408: {"model": ErrorOut, "description": "The body did not arrive in time."},
+        413: {"model": ErrorOut, "description": "The body is over the cap, or the message over max_payload_bytes."},
+        415: {"model": ErrorOut, "description": "A write that is not application/json."},
         422: {"model": ValidationErrorOut, "description": "The request does not match the schema."},
         501: {"model": ErrorOut, "description": "This server was not set up to schedule for that framework."},
         503: {"model": ErrorOut, "description": "The delay store is unreachable or refused the write."},
@@ -335,6 +382,11 @@ router = APIRouter(
 ItemId = Annotated[str, Path(min_length=1, max_length=200, description="The item (task/job) id.")]
 NOT_FOUND: dict[Union[int, str], dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "No such item is scheduled."}
+}
+#: Cancel and reschedule also say when a forwarder holds the item.
+IN_FLIGHT: dict[Union[int, str], dict[str, Any]] = {
+    **NOT_FOUND,
+    409: {"model": ErrorOut, "description": "The item is in flight: detail says what happened to it."},
 }
 
 
@@ -379,61 +431,144 @@ def schedule_rq(body: RQIn, svc: Svc) -> ScheduledOut:
 
 
 def _item(svc: Services, item_id: str) -> ItemOut:
-    item = svc.store.get(item_id)
-    if item is None:
+    with reading(f"item {item_id!r}"):
+        item = svc.store.get(item_id)
+        if item is not None:
+            return ItemOut(**item_entry(item))
+    raise HTTPException(
+        status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled (forwarded, cancelled, or never scheduled)"
+    )
+
+
+def _cancel(svc: Services, item_id: str) -> CancelledOut:
+    outcome = svc.store.cancel(item_id)
+    if outcome is CancelOutcome.NOT_FOUND:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was cancelled")
+    if outcome is CancelOutcome.IN_FLIGHT:
         raise HTTPException(
-            status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled (forwarded, cancelled, or never scheduled)"
+            status.HTTP_409_CONFLICT,
+            f"item {item_id!r} was in flight: it is removed from the store, but a forwarder held it and may "
+            "have published it already, so it may still run once",
         )
-    return ItemOut(**item_entry(item))
+    return CancelledOut(id=item_id, cancelled=True)
+
+
+def _reschedule(svc: Services, item_id: str, body: When) -> ItemOut:
+    # epoch seconds, the store's numeric form: ms / 1000 comes back to the same integer ms
+    outcome = svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000)
+    if outcome is RescheduleOutcome.NOT_FOUND:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was moved")
+    if outcome is RescheduleOutcome.IN_FLIGHT:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"item {item_id!r} is in flight (a forwarder holds it and may have published it): left as it is; "
+            "retry once it is delivered or given back",
+        )
+    return _item(svc, item_id)
+
+
+#: A shard filter; null is not in the schema (leaving it out means every shard).
+Shard = Annotated[
+    Union[Annotated[int, Field(ge=0, le=65535)], SkipJsonSchema[None]], Query(description="Only this shard."), Digits
+]
 
 
 @router.get("/items", response_model=ItemsOut, summary="Upcoming items, earliest first")
-def list_items(
-    svc: Svc,
-    offset: Offset = 0,
-    limit: Limit = 50,
-) -> ItemsOut:
-    return ItemsOut(items=[ItemOut(**item_entry(i)) for i in svc.store.list(offset=offset, count=limit)])
+def list_items(svc: Svc, offset: Offset = 0, limit: Limit = 50, shard: Shard = None) -> ItemsOut:
+    with reading("the upcoming items"):
+        items, problems = _around_bad_shards(
+            svc.store, shard, offset, limit, lambda s, n: svc.store.list(shard=s, count=n), _listed_at
+        )
+        return ItemsOut(items=[ItemOut(**item_entry(i)) for i in items], problems=problems)
+
+
+def _listed_at(item: ScheduledItem) -> int:
+    """An item's place in the listing: its score, the lease deadline while leased."""
+    return item.ready_ms if item.leased_until_ms is None else item.leased_until_ms
+
+
+def _around_bad_shards(
+    store: DelayStore,
+    shard: Optional[int],
+    offset: int,
+    limit: int,
+    read: Callable[[Optional[int], int], list[Row]],
+    order: Callable[[Row], int],
+) -> tuple[list[Row], list[str]]:
+    """One page of a listing merged over the shards; when a shard's key holds another type
+    (WRONGTYPE), the page is merged from the shards that can be read and the others are named,
+    so one bad key does not hide every other shard's entries."""
+    try:
+        return read(shard, offset + limit)[offset:], []
+    except redis.ResponseError:
+        if shard is not None:
+            raise
+    rows: list[Row] = []
+    problems = []
+    for s in range(store.shards):
+        try:
+            rows.extend(read(s, offset + limit))
+        except redis.ResponseError as exc:
+            problems.append(f"shard {s} cannot be read: {exc}")
+    return sorted(rows, key=order)[offset : offset + limit], problems
+
+
+#: Ids in the query: any id reaches these, ``.``, ``..`` and ``a/b`` included, which clients and
+#: browsers rewrite or split as path segments.
+QueryId = Annotated[str, Query(alias="id", min_length=1, max_length=200, description="The item (task/job) id.")]
+
+
+@router.get("/item", response_model=ItemOut, responses=NOT_FOUND, summary="One scheduled item, by ?id=")
+def get_item_by_query(item_id: QueryId, svc: Svc) -> ItemOut:
+    return _item(svc, item_id)
+
+
+@router.delete("/item", response_model=CancelledOut, responses=IN_FLIGHT, summary="Cancel an item, by ?id=")
+def cancel_item_by_query(item_id: QueryId, svc: Svc) -> CancelledOut:
+    return _cancel(svc, item_id)
+
+
+@router.post("/item/reschedule", response_model=ItemOut, responses=IN_FLIGHT, summary="Move an item, by ?id=")
+def reschedule_item_by_query(body: When, item_id: QueryId, svc: Svc) -> ItemOut:
+    """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped."""
+    return _reschedule(svc, item_id, body)
 
 
 @router.get("/items/{item_id:path}", response_model=ItemOut, responses=NOT_FOUND, summary="One scheduled item")
 def get_item(item_id: ItemId, svc: Svc) -> ItemOut:
+    """For ids that are a plain path segment; ``GET /item?id=`` reaches every id."""
     return _item(svc, item_id)
 
 
-@router.delete("/items/{item_id:path}", response_model=CancelledOut, responses=NOT_FOUND, summary="Cancel an item")
+@router.delete("/items/{item_id:path}", response_model=CancelledOut, responses=IN_FLIGHT, summary="Cancel an item")
 def cancel_item(item_id: ItemId, svc: Svc) -> CancelledOut:
-    outcome = svc.store.cancel(item_id)
-    if outcome.value == "in flight":
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, f"{item_id!r} was in flight: removed, but it may be delivered once"
-        )
-    if not outcome:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was cancelled")
-    return CancelledOut(id=item_id, cancelled=True)
+    """For ids that are a plain path segment; ``DELETE /item?id=`` reaches every id."""
+    return _cancel(svc, item_id)
 
 
-@router.post("/items/{item_id:path}/reschedule", response_model=ItemOut, responses=NOT_FOUND, summary="Move an item")
+@router.post("/items/{item_id:path}/reschedule", response_model=ItemOut, responses=IN_FLIGHT, summary="Move an item")
 def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
-    """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped."""
-    # epoch seconds, the store's numeric form: ms / 1000 comes back to the same integer ms
-    outcome = svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000)
-    if outcome.value == "in flight":
-        raise HTTPException(status.HTTP_409_CONFLICT, f"{item_id!r} is in flight (being delivered): not moved")
-    if not outcome:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no item {item_id!r} is scheduled, so nothing was moved")
-    return _item(svc, item_id)
+    """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped.
+    ``POST /item/reschedule?id=`` reaches every id."""
+    return _reschedule(svc, item_id, body)
+
+
+def _shard_out(label: Union[int, Literal["total"]], group: list[ShardStats]) -> ShardOut:
+    """A shard's (or the totals') counts; ``problem`` names the shards that could not be read."""
+    problems = [s.error for s in group if s.error]
+    return ShardOut(**stats_entry(label, group), problem="; ".join(problems) or None)
 
 
 @router.get("/stats", response_model=StatsOut, summary="Counts per shard and in total")
 def stats(svc: Svc) -> StatsOut:
-    per_shard = svc.store.stats()
-    return StatsOut(
-        now=iso(per_shard[0].now_ms) or "",
-        prefix=svc.store.config.prefix,
-        shards=[ShardOut(**stats_entry(s.shard, [s])) for s in per_shard],
-        totals=ShardOut(**stats_entry("total", per_shard)),
-    )
+    with reading("the shard counts"):
+        per_shard = svc.store.stats()
+        return StatsOut(
+            now=iso(per_shard[0].now_ms) or "",
+            prefix=svc.store.config.prefix,
+            shards=[_shard_out(s.shard, [s]) for s in per_shard],
+            totals=_shard_out("total", per_shard),
+        )
 
 
 @router.get("/due", response_model=DueOut, summary="How many items fall due per bucket from now on")
@@ -451,17 +586,18 @@ def due(
             status.HTTP_400_BAD_REQUEST, f"{buckets} buckets is over 1440: raise bucket_minutes or lower minutes"
         )
     start = svc.store.server_time_ms() // 60_000 * 60_000
-    overdue, counts = svc.store.due_histogram(start, bucket_minutes * 60_000, buckets)
+    with reading("the due counts"):
+        overdue, counts = svc.store.due_histogram(start, bucket_minutes * 60_000, buckets)
     return DueOut(start=iso(start) or "", bucket_minutes=bucket_minutes, overdue=overdue, counts=counts)
 
 
 @router.get("/dead", response_model=DeadListOut, summary="Dead letters, most recent first")
-def dead(
-    svc: Svc,
-    offset: Offset = 0,
-    limit: Limit = 50,
-) -> DeadListOut:
-    return DeadListOut(items=[DeadOut(**dead_entry(d)) for d in svc.store.dead_letters(offset=offset, count=limit)])
+def dead(svc: Svc, offset: Offset = 0, limit: Limit = 50, shard: Shard = None) -> DeadListOut:
+    with reading("the dead letters"):
+        letters, problems = _around_bad_shards(
+            svc.store, shard, offset, limit, lambda s, n: svc.store.dead_letters(shard=s, count=n), lambda d: -d.died_ms
+        )
+        return DeadListOut(items=[DeadOut(**dead_entry(d)) for d in letters], problems=problems)
 
 
 @router.post("/dead/requeue", response_model=DoneOut, summary="Schedule dead letters again, due now")
@@ -484,7 +620,10 @@ def lateness(svc: Svc, limit: Limit = 200) -> LatenessOut:
             count=0, p50_ms=None, p95_ms=None, max_ms=None, records=[],
         )  # fmt: skip
     entries = cast(list[tuple[bytes, dict[bytes, bytes]]], svc.store.client.xrevrange(svc.audit_stream, count=limit))
-    records = [r for r in (stream_record(raw) for _, raw in entries) if r.event == FORWARDED and r.ready_ms is not None]
+    with reading(f"the audit stream {svc.audit_stream!r}"):
+        records = [
+            r for r in (stream_record(raw) for _, raw in entries) if r.event == FORWARDED and r.ready_ms is not None
+        ]
     out = [
         LateOut(
             id=r.id,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 import redis
 from fastapi import Depends, FastAPI, Request, Response, status
@@ -32,9 +32,10 @@ from ..errors import (
     StoreFullError,
 )
 from ..store import DelayStore
-from .api import Services, router
+from .api import Services, UnreadableData, router
 from .auth import require_token
-from .producers import CeleryProducer, ProducerUnavailable, RQProducer
+from .guard import Guard, Limits
+from .producers import CeleryProducer, FunctionAllowlist, FunctionRefused, ProducerUnavailable, RQProducer
 
 __all__ = ["LOOPBACK_NAMES", "create_app"]
 
@@ -66,6 +67,8 @@ def create_app(
     celery_broker: Optional[str] = None,
     rq_connection: Optional[redis.Redis] = None,
     audit_stream: Optional[str] = None,
+    rq_allow: Sequence[str] = (),
+    limits: Optional[Limits] = None,
 ) -> FastAPI:
     """The dashboard and API of ``store``.
 
@@ -77,12 +80,18 @@ def create_app(
         celery_broker: the Celery workers' broker URL, which shapes the routing of tasks
             scheduled through ``POST /api/v1/celery``.
         rq_connection: RQ's Redis; without it ``POST /api/v1/rq`` answers 501.
+        rq_allow: the RQ functions the API may schedule (module or function paths, see
+            :class:`~.producers.FunctionAllowlist`); empty, ``POST /api/v1/rq`` refuses every one (403).
+        limits: the body cap and body timeout (default :class:`~.guard.Limits`) of
+            :class:`~.guard.Guard`, which checks cross-site writes, the token, the content type
+            and the size of every request before it is read.
         audit_stream: the forwarders' audit stream on the store's server, for ``/api/v1/lateness``.
     """
+    allowed = FunctionAllowlist.parse(rq_allow)
     services = Services(
         store=store,
         celery=_producer(lambda: CeleryProducer(store, celery_broker)),
-        rq=_producer(lambda: RQProducer(store, rq_connection)) if rq_connection is not None else NO_RQ,
+        rq=_producer(lambda: RQProducer(store, rq_connection, allowed)) if rq_connection is not None else NO_RQ,
         audit_stream=audit_stream,
     )
 
@@ -121,6 +130,7 @@ def create_app(
         return response
 
     _add_error_handlers(app, redact_url(store.config.url or "the store's URL"))
+    app.add_middleware(Guard, token=token, limits=limits or Limits())  # added last: outermost, runs first
     return app
 
 
@@ -154,7 +164,8 @@ def _add_error_handlers(app: FastAPI, url: str) -> None:
         handle(bad_input, status.HTTP_400_BAD_REQUEST)
     handle(PayloadTooLargeError, 413)
     handle(ProducerUnavailable, status.HTTP_501_NOT_IMPLEMENTED)
-    for unavailable in (DelayqError, ShardMismatchError, StoreFullError, NotDurableError):
+    handle(FunctionRefused, status.HTTP_403_FORBIDDEN)
+    for unavailable in (DelayqError, ShardMismatchError, StoreFullError, NotDurableError, UnreadableData):
         handle(unavailable, status.HTTP_503_SERVICE_UNAVAILABLE)
     handle(
         redis.ConnectionError,
@@ -167,6 +178,19 @@ def _add_error_handlers(app: FastAPI, url: str) -> None:
         redis.TimeoutError,
         status.HTTP_503_SERVICE_UNAVAILABLE,
         lambda exc: f"the delay store at {url} did not answer in time ({exc}): check its load and the network",
+    )
+    handle(
+        redis.ResponseError,
+        status.HTTP_503_SERVICE_UNAVAILABLE,
+        lambda exc: (
+            f"the delay store at {url} refused the command ({exc}): "
+            + (
+                "a key under the prefix holds a value of the wrong type (not written by delayq): "
+                "find it with `redis-cli --scan --pattern '<prefix>:*'` and TYPE"
+                if "WRONGTYPE" in str(exc)
+                else "check the server's log and ACL"
+            )
+        ),
     )
     handle(
         redis.RedisError,

@@ -19,6 +19,7 @@ import click
 import redis
 
 from ..connection import connect, redact_url
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..cli import StoreSpec
@@ -75,12 +76,11 @@ def resolve_token(token: Optional[str], token_file: Optional[Path], no_auth: boo
 def _web() -> Any:
     """The web extra, or a usage error naming it."""
     try:
-        import uvicorn
-
         from . import create_app
+        from .server import serve
     except ImportError as exc:
         raise click.UsageError(f'{exc}: pip install "delayq_backends[web]"') from exc
-    return uvicorn, create_app
+    return serve, create_app
 
 
 def dashboard_command() -> click.Command:
@@ -113,6 +113,36 @@ def dashboard_command() -> click.Command:
         metavar="KEY",
         help="The forwarders' audit stream on the store's server: shows recent lateness.",
     )
+    @click.option(
+        "--rq-allow",
+        multiple=True,
+        envvar="DELAYQ_RQ_ALLOW",
+        show_envvar=True,
+        metavar="MODULE",
+        help="RQ functions POST /api/v1/rq may schedule: a module path (its functions) or a function path; "
+        "repeatable (the env var takes several, space-separated). None: RQ scheduling over HTTP is off.",
+    )
+    @click.option(
+        "--max-body-bytes",
+        type=click.IntRange(1024),
+        default=1 << 20,
+        show_default=True,
+        help="Largest request body; larger ones get 413 unread.",
+    )
+    @click.option(
+        "--max-connections",
+        type=click.IntRange(1),
+        default=100,
+        show_default=True,
+        help="Open connections plus running requests; more get 503.",
+    )
+    @click.option(
+        "--request-timeout",
+        type=click.FloatRange(0.1),
+        default=10.0,
+        show_default=True,
+        help="Seconds a request's head may take to arrive (its body: 3 times that); slower connections are closed.",
+    )
     def dashboard(
         spec: StoreSpec,
         host: str,
@@ -123,21 +153,39 @@ def dashboard_command() -> click.Command:
         celery_broker: Optional[str],
         rq_redis: Optional[str],
         audit_stream: Optional[str],
+        rq_allow: tuple[str, ...],
+        max_body_bytes: int,
+        max_connections: int,
+        request_timeout: float,
     ) -> None:
         """Serve the dashboard (/) and the HTTP API (/api/v1, schema at /api/v1/openapi.json)."""
         required = resolve_token(token, token_file, no_auth, host)
-        uvicorn, create_app = _web()
+        serve, create_app = _web()
+        from .guard import Limits
+        from .producers import FunctionAllowlist
+        from .server import ServerLimits
+
+        try:
+            FunctionAllowlist.parse(rq_allow)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--rq-allow") from exc
         store = spec.open(writes=True, socket_timeout=5)  # a hung store: 503, not a frozen page
         rq_connection = _rq_connection(rq_redis or (None if store.cluster else spec.url), spec, store.client)
         app = create_app(
-            store, token=required, celery_broker=celery_broker, rq_connection=rq_connection, audit_stream=audit_stream
+            store,
+            token=required,
+            celery_broker=celery_broker,
+            rq_connection=rq_connection,
+            audit_stream=audit_stream,
+            rq_allow=rq_allow,
+            limits=Limits(max_body_bytes=max_body_bytes, body_timeout=3 * request_timeout),
         )
         click.echo(
             f"delayq dashboard of {redact_url(spec.url)} (prefix {spec.prefix!r}) on http://{host}:{port}/ "
-            f"- auth {'on' if required else 'off'}",
+            f"- auth {'on' if required else 'off'}, RQ functions allowed: {', '.join(rq_allow) or 'none'}",
             err=True,
         )
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        serve(app, host, port, ServerLimits(max_connections=max_connections, head_timeout=request_timeout))
 
     return dashboard
 

@@ -10,9 +10,11 @@ task sender, run once per task and options) and RQ jobs are saved by
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
-from typing import Any, Literal, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Mapping, Optional, Sequence
 
 import redis
 
@@ -21,7 +23,14 @@ from ..keys import normalize_id
 from ..store import DelayStore
 from ..timeutil import from_ms
 
-__all__ = ["CeleryProducer", "ProducerUnavailable", "RQProducer", "ScheduleResult"]
+__all__ = [
+    "CeleryProducer",
+    "FunctionAllowlist",
+    "FunctionRefused",
+    "ProducerUnavailable",
+    "RQProducer",
+    "ScheduleResult",
+]
 
 #: What scheduling an id did: a new item, one replaced, or one kept as it was (``mode="keep"``).
 ScheduleResult = Literal["added", "replaced", "kept"]
@@ -34,8 +43,79 @@ class ProducerUnavailable(DelayqError):
     """This server cannot schedule for that framework (extra not installed, no RQ Redis)."""
 
 
+class FunctionRefused(DelayqError):
+    """An RQ function the operator did not allow (``delayq dashboard --rq-allow``)."""
+
+
+#: A dotted Python path: identifiers joined by dots.
+DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+@dataclass(frozen=True)
+class FunctionAllowlist:
+    """The RQ functions ``POST /api/v1/rq`` may schedule: whoever holds the API token chooses the
+    function an RQ worker imports and calls, so without a list that is code execution on the
+    workers (``os.system``, ``builtins.eval``). Empty, nothing is allowed.
+
+    Each entry is a module path (``app.tasks``, a trailing dot is allowed) or one function's path.
+    A function is allowed when it is an entry, or an entry followed by **one** more component that
+    does not start with ``_``: ``app.tasks`` allows ``app.tasks.send`` but neither
+    ``app.tasksevil.x`` (components are matched whole) nor ``app.tasks.os.system`` (RQ resolves
+    the path attribute by attribute, so that would reach ``os.system`` through an ``import os``
+    in ``app.tasks``). Functions of a sub-module need the sub-module's own entry. What a module
+    imports by name (``from os import system``) is reachable as its attribute: allow modules
+    that hold only job functions.
+    """
+
+    entries: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> FunctionAllowlist:
+        """Raises ConfigError for an entry that is not a dotted path."""
+        parsed = []
+        for entry in entries:
+            path = entry.strip().rstrip(".")
+            if not DOTTED.fullmatch(path):
+                raise ConfigError(
+                    f"--rq-allow {entry!r} is not a module or function path: name one like app.tasks "
+                    "(its functions) or app.tasks.send (one function)"
+                )
+            parsed.append(path)
+        return cls(tuple(parsed))
+
+    def allows(self, func: str) -> bool:
+        for entry in self.entries:
+            if func == entry:
+                return True
+            if func.startswith(entry + "."):
+                rest = func[len(entry) + 1 :]
+                if "." not in rest and not rest.startswith("_"):
+                    return True
+        return False
+
+    def check(self, func: str) -> None:
+        """Raises FunctionRefused, saying how to allow ``func``."""
+        if self.allows(func):
+            return
+        if not self.entries:
+            raise FunctionRefused(
+                f"scheduling RQ jobs over HTTP is off: the token would let its holder run any function "
+                f"({func!r}) on the workers; start `delayq dashboard` with --rq-allow MODULE "
+                "(e.g. --rq-allow app.tasks, repeatable, or DELAYQ_RQ_ALLOW) to allow that module's functions"
+            )
+        raise FunctionRefused(
+            f"RQ function {func!r} is not allowed (allowed: {', '.join(self.entries)} and their functions); "
+            f"add its module with `delayq dashboard --rq-allow {func.rpartition('.')[0]}` if workers may run it"
+        )
+
+
 class CeleryProducer:
     """Stores Celery task messages as the Celery adapter stores an ``apply_async`` with an eta.
+
+    Task names need no allowlist: a Celery worker runs only the tasks its app registered and
+    rejects any other name, so the token lets its holder call registered tasks with arguments of
+    its choice, nothing else. (RQ workers import whatever path a job names; see
+    :class:`FunctionAllowlist`.)
 
     Args:
         store: where the messages wait.
@@ -112,12 +192,13 @@ class RQProducer:
         store: the delay store; when it is on ``connection``'s server, the job hash and the store
             entry are written in one transaction.
         connection: RQ's Redis (a single server, not a cluster).
+        allowed: the functions it may schedule; any other is refused before anything is written.
 
     Raises:
         ProducerUnavailable: RQ is not installed.
     """
 
-    def __init__(self, store: DelayStore, connection: redis.Redis) -> None:
+    def __init__(self, store: DelayStore, connection: redis.Redis, allowed: FunctionAllowlist) -> None:
         try:
             from rq.job import JobStatus
 
@@ -128,6 +209,7 @@ class RQProducer:
             ) from exc
         self.store = store
         self.connection = connection
+        self.allowed = allowed
         self._queue_class = Queue
         self._scheduled = JobStatus.SCHEDULED
 
@@ -145,8 +227,10 @@ class RQProducer:
         """Save the job of ``func`` (an import path, not imported here) and schedule it.
 
         Raises:
+            FunctionRefused: ``func`` is not allowed.
             ConfigError: RQ refused the id or an option (its message says which).
         """
+        self.allowed.check(func)
         item_id = normalize_id(item_id)
         rq_queue = self._queue_class(queue, connection=self.connection, delay_store=self.store)
         chosen = {k: v for k, v in job_options.items() if v is not None}

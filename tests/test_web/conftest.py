@@ -49,10 +49,14 @@ def web_store(valkey_url: str, prefix: str) -> Iterator[DelayStore]:
     store.client.close()
 
 
+#: The module of the RQ test jobs: the only functions the test apps let the API schedule.
+RQ_JOBS = "tests.test_rq.jobs"
+
+
 @pytest.fixture
 def app(web_store: DelayStore) -> FastAPI:
-    """The app with auth on and RQ scheduling on the store's own server."""
-    return create_app(web_store, token=TOKEN, rq_connection=web_store.client)  # type: ignore[arg-type]
+    """The app with auth on and RQ scheduling of the test jobs on the store's own server."""
+    return create_app(web_store, token=TOKEN, rq_connection=web_store.client, rq_allow=[RQ_JOBS])  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -75,11 +79,12 @@ class Dashboard:
         self.base = f"http://127.0.0.1:{self.port}"
         token_file = tmp / "token"
         token_file.write_text(TOKEN + "\n")
+        auth = [] if "--no-auth" in extra else ["--token-file", str(token_file)]
         self.log = tmp / "dashboard.log"
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "delayq_backends.cli", "dashboard", "--url", url, "--prefix", prefix,
-                 "--shards", str(SHARDS), "--port", str(self.port), "--token-file", str(token_file), *extra],
+                 "--shards", str(SHARDS), "--port", str(self.port), *auth, *extra],
                 cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         wait_for(

@@ -22,7 +22,8 @@
     const headers = { Accept: "application/json" };
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = `Bearer ${token}`;
-    if (body !== undefined) headers["Content-Type"] = "application/json";
+    // every write is JSON, with or without a body: the server refuses any other write (415)
+    if (method !== "GET") headers["Content-Type"] = "application/json";
     const response = await fetch(`api/v1${path}`, {
       method, headers, body: body === undefined ? undefined : JSON.stringify(body),
     });
@@ -105,8 +106,9 @@
     fillTable($("shards"),
       [["shard", 1], ["scheduled", 1], ["due now", 1], ["leased", 1], ["dead", 1], ["next due"], ["oldest overdue", 1]],
       stats.shards.map((s) => [s.shard, count(s.scheduled), count(s.due), count(s.leased), count(s.dead),
-        s.next_due ? fmtTime(s.next_due) : "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
+        s.next_due ? fmtTime(s.next_due) : s.problem || "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
       "no shards");
+    return t.problem; // shards that could not be read
   }
 
   let lastDue = null;
@@ -161,6 +163,7 @@
         it.leased_until ? fmtTime(it.leased_until) : "–",
       ]),
       "nothing scheduled");
+    return items.problems.join("; "); // shards that could not be read
   }
 
   function showLateness(late) {
@@ -185,8 +188,9 @@
 
   function showDead(dead) {
     // Redrawn only when it changed, so a purge button armed for its second click stays armed.
+    const problems = dead.problems.join("; "); // shards that could not be read
     const shown = JSON.stringify(dead.items);
-    if (shown === shownDead) return;
+    if (shown === shownDead) return problems;
     shownDead = shown;
     fillTable($("dead"),
       [["id"], ["died"], ["attempts", 1], ["error"], [""]],
@@ -202,6 +206,7 @@
             { "data-action": "purge", "data-id": d.id })),
       ]),
       "no dead letters");
+    return problems;
   }
 
   async function deadAction(verb, body, message) {
@@ -221,7 +226,7 @@
     const box = $("search-result");
     let item;
     try {
-      item = await api(`/items/${encodeURIComponent(id)}`);
+      item = await api(`/item?id=${encodeURIComponent(id)}`);
     } catch (error) {
       box.replaceChildren(el("p", { class: error.status === 404 ? "muted" : "error" }, error.message));
       return;
@@ -240,7 +245,7 @@
 
   async function cancel(id) {
     try {
-      await api(`/items/${encodeURIComponent(id)}`, { method: "DELETE" });
+      await api(`/item?id=${encodeURIComponent(id)}`, { method: "DELETE" });
       $("search-result").replaceChildren(el("p", { id: "search-message" }, `Cancelled ${id}.`));
     } catch (error) {
       $("search-result").replaceChildren(el("p", { class: "error", id: "search-message" }, error.message));
@@ -251,7 +256,7 @@
   async function postpone(item) {
     const eta = new Date(new Date(item.ready).getTime() + 3600 * 1000).toISOString();
     try {
-      await api(`/items/${encodeURIComponent(item.id)}/reschedule`, { method: "POST", body: { eta } });
+      await api(`/item/reschedule?id=${encodeURIComponent(item.id)}`, { method: "POST", body: { eta } });
       await find(item.id);
     } catch (error) {
       $("search-result").append(el("p", { class: "error" }, error.message));
@@ -267,28 +272,49 @@
     status.className = `status ${kind}`;
   }
 
+  // Each section loads and fails on its own: one unreadable value in the store shows its reason
+  // in place of that section, and the others stay live.
+  const SECTIONS = [
+    { path: "/stats", show: (d) => showStats(d), boxes: ["error-totals", "error-shards"] },
+    { path: "/items?limit=10", show: (d) => showUpcoming(d), boxes: ["error-upcoming"] },
+    { path: "/dead?limit=50", show: (d) => showDead(d), boxes: ["error-dead"] },
+    { path: "/lateness?limit=200", show: (d) => showLateness(d), boxes: ["error-lateness"] },
+  ];
+  const CHART = { path: "/due?minutes=1440&bucket_minutes=5", show: (d) => showChart(d), boxes: ["error-chart"] };
+
   async function refresh(withChart = tick % CHART_EVERY === 0) {
     tick += 1;
-    try {
-      const [stats, items, dead, late, due] = await Promise.all([
-        api("/stats"), api("/items?limit=10"), api("/dead?limit=50"), api("/lateness?limit=200"),
-        withChart ? api("/due?minutes=1440&bucket_minutes=5") : null,
-      ]);
-      $("app").hidden = false; // first, so the chart can measure its width
-      $("login").hidden = true;
-      showStats(stats);
-      showUpcoming(items);
-      showDead(dead);
-      showLateness(late);
-      if (due) showChart(due);
-      setStatus(`live · updated ${new Date().toLocaleTimeString(undefined, { hour12: false })}`, "live");
-    } catch (error) {
-      if (error.status === 401 || error.status === 403) {
-        askToken(error.status === 403 ? "That token was refused: check it and try again." : "");
-        return;
-      }
-      setStatus(error.message, "down");
+    const chosen = withChart ? [...SECTIONS, CHART] : SECTIONS;
+    const results = await Promise.allSettled(chosen.map((section) => api(section.path)));
+    const denied = results.find((r) => r.status === "rejected" && [401, 403].includes(r.reason.status));
+    if (denied) {
+      askToken(denied.reason.status === 403 ? "That token was refused: check it and try again." : "");
+      return;
     }
+    $("app").hidden = false; // first, so the chart can measure its width
+    $("login").hidden = true;
+    const problems = [];
+    results.forEach((result, i) => {
+      const { show, boxes } = chosen[i];
+      let problem = result.status === "rejected" ? `Not loaded: ${result.reason.message}` : null;
+      let partly = null; // shown, but the server says part of it could not be read
+      if (!problem) {
+        try {
+          partly = show(result.value) || null;
+        } catch (error) {
+          problem = `Not shown: ${error.message}`;
+        }
+      }
+      for (const id of boxes) {
+        $(id).hidden = !(problem || partly);
+        $(id).textContent = problem || (partly ? `Incomplete: ${partly}` : "");
+      }
+      if (problem || partly) problems.push(problem || partly);
+    });
+    const at = new Date().toLocaleTimeString(undefined, { hour12: false });
+    if (!problems.length) setStatus(`live · updated ${at}`, "live");
+    else if (problems.length === chosen.length) setStatus(problems[0], "down");
+    else setStatus(`partly live · ${problems.length} of ${chosen.length} sections incomplete · updated ${at}`, "partial");
   }
 
   function start() {

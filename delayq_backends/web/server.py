@@ -1,0 +1,78 @@
+"""uvicorn, bounded: how many connections, how long a request may take to arrive, how big its head.
+
+uvicorn times out idle keep-alive connections but not a request that never finishes its head: a
+client that sends ``GET / HTTP/1.1\\r\\n`` and stops holds its connection (and a slot of
+``limit_concurrency``) for ever. :class:`HeadTimeoutH11` closes a connection whose request head is
+not complete within ``head_timeout`` seconds of the connection or of the previous response. The
+body's own deadline is the :class:`~.guard.Guard`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["HeadTimeoutH11", "ServerLimits", "serve"]
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What clients may hold of the server (``delayq dashboard`` options)."""
+
+    #: Open connections plus running requests; a request over it gets a 503.
+    max_connections: int = 100
+    #: Seconds a request head may take to arrive.
+    head_timeout: float = 10.0
+    #: Seconds an idle keep-alive connection stays open.
+    keep_alive: int = 5
+    #: Largest request head (request line and headers) in bytes.
+    max_head_bytes: int = 16 * 1024
+
+
+class HeadTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol that drops a connection whose request head does not arrive in time."""
+
+    head_timeout = ServerLimits.head_timeout
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: Optional[asyncio.TimerHandle] = None
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()  # the next request's head has the same deadline
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_overdue)
+
+    def _head_overdue(self) -> None:
+        waiting = self.cycle is None or self.cycle.response_complete  # no request under way
+        if waiting and not self.transport.is_closing():
+            self.transport.close()
+
+
+def serve(app: Any, host: str, port: int, limits: ServerLimits) -> None:
+    """Run ``app`` until interrupted, within ``limits``."""
+    protocol = type("BoundedH11", (HeadTimeoutH11,), {"head_timeout": limits.head_timeout})
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        http=protocol,
+        limit_concurrency=limits.max_connections,
+        timeout_keep_alive=limits.keep_alive,
+        h11_max_incomplete_event_size=limits.max_head_bytes,
+    )
