@@ -31,7 +31,7 @@ from .audit import open_audit
 from .config import DEFAULT_URL, Config
 from .connection import connect, redact_url
 from .demo import GRACE_SECONDS, print_result, run_demo
-from .entries import dead_entry, iso, item_entry, stats_entry
+from .entries import around_bad_shards, dead_entry, iso, item_entry, listed_at, stats_entry
 from .errors import ConfigError, DelayqError, InvalidTimeError
 from .exporter import exporter_command
 from .flow import FlowControl, parse_depth, parse_rate
@@ -690,8 +690,17 @@ def list_(
     """Scheduled items in ready-time order, one page at a time."""
     spec.check_shard(shard)
     low, high = _when_option(start, "--from"), _when_option(end, "--to")
-    items = spec.open(writes=False).list(shard=shard, start=low, end=high, offset=offset, count=limit)
+    store = spec.open(writes=False)
+    items, problems = around_bad_shards(
+        store,
+        shard,
+        offset,
+        limit,
+        lambda s, n: store.list(shard=s, start=low, end=high, count=n),
+        listed_at,
+    )
     entries = [item_entry(item) for item in items]
+    _warn(problems)
     if as_json:
         _echo_json(entries)
         return
@@ -745,11 +754,22 @@ DEAD_COLUMNS = [
 def dlq_list(spec: StoreSpec, shard: Optional[int], offset: int, limit: int, as_json: bool) -> None:
     """Dead letters, most recent first, with the error that killed each."""
     spec.check_shard(shard)
-    entries = [dead_entry(d) for d in spec.open(writes=False).dead_letters(shard=shard, offset=offset, count=limit)]
+    store = spec.open(writes=False)
+    letters, problems = around_bad_shards(
+        store, shard, offset, limit, lambda s, n: store.dead_letters(shard=s, count=n), lambda d: -d.died_ms
+    )
+    entries = [dead_entry(d) for d in letters]
+    _warn(problems)
     if as_json:
         _echo_json(entries)
         return
     _print_table("dead letters", DEAD_COLUMNS, (list(e.values()) for e in entries))
+
+
+def _warn(problems: list[str]) -> None:
+    """Name the shards a listing had to leave out, on stderr (the listing itself stays parseable)."""
+    for problem in problems:
+        click.echo(f"warning: {problem}; the other shards are listed", err=True)
 
 
 def _selection(ids: Sequence[str], all_: bool, verb: str) -> Optional[list[str]]:

@@ -3,14 +3,19 @@ so a script written against one reads the other."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+import redis
 
 from .envelope import Envelope
 from .errors import EnvelopeError
 from .models import DeadLetter, ScheduledItem, ShardStats
+from .store import DelayStore
 from .timeutil import from_ms
 
-__all__ = ["dead_entry", "iso", "item_entry", "stats_entry"]
+__all__ = ["around_bad_shards", "listed_at", "dead_entry", "iso", "item_entry", "stats_entry"]
+
+Row = TypeVar("Row")
 
 
 def iso(ms: Optional[int]) -> Optional[str]:
@@ -65,3 +70,34 @@ def dead_entry(dead: DeadLetter) -> dict[str, Any]:
         "error": dead.error,
         "ready": iso(dead.ready_ms),
     }
+
+
+def around_bad_shards(
+    store: DelayStore,
+    shard: Optional[int],
+    offset: int,
+    limit: int,
+    read: Callable[[Optional[int], int], list[Row]],
+    order: Callable[[Row], int],
+) -> tuple[list[Row], list[str]]:
+    """One page of a listing merged over the shards; when a shard's key holds another type
+    (WRONGTYPE), the page is merged from the shards that can be read and the others are named,
+    so one bad key does not hide every other shard's entries."""
+    try:
+        return read(shard, offset + limit)[offset:], []
+    except redis.ResponseError:
+        if shard is not None:
+            raise
+    rows: list[Row] = []
+    problems = []
+    for s in range(store.shards):
+        try:
+            rows.extend(read(s, offset + limit))
+        except redis.ResponseError as exc:
+            problems.append(f"shard {s} cannot be read: {exc}")
+    return sorted(rows, key=order)[offset : offset + limit], problems
+
+
+def listed_at(item: ScheduledItem) -> int:
+    """An item's place in the listing: its score, the lease deadline while leased."""
+    return item.ready_ms if item.leased_until_ms is None else item.leased_until_ms

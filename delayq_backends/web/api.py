@@ -12,25 +12,22 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any, Callable, Iterator, Literal, Optional, TypeVar, Union, cast
+from typing import Annotated, Any, Iterator, Literal, Optional, Union, cast
 
-import redis
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from ..audit import FORWARDED, stream_record
-from ..entries import dead_entry, iso, item_entry, stats_entry
+from ..entries import around_bad_shards, dead_entry, iso, item_entry, listed_at, stats_entry
 from ..errors import DelayqError
 from ..keys import normalize_id
-from ..models import CancelOutcome, RescheduleOutcome, ScheduledItem, ShardStats
+from ..models import CancelOutcome, RescheduleOutcome, ShardStats
 from ..store import DelayStore
 from ..timeutil import to_ms
 from .producers import CeleryProducer, ProducerUnavailable, RQProducer, ScheduleResult
 
 __all__ = ["Services", "UnreadableData", "router"]
-
-Row = TypeVar("Row")
 
 #: Longer than any schedule (10,000 years): a bigger number is a unit mistake, and Python's
 #: timedelta could not even hold it.
@@ -476,41 +473,12 @@ Shard = Annotated[
 @router.get("/items", response_model=ItemsOut, summary="Upcoming items, earliest first")
 def list_items(svc: Svc, offset: Offset = 0, limit: Limit = 50, shard: Shard = None) -> ItemsOut:
     with reading("the upcoming items"):
-        items, problems = _around_bad_shards(
-            svc.store, shard, offset, limit, lambda s, n: svc.store.list(shard=s, count=n), _listed_at
+        items, problems = around_bad_shards(
+            svc.store, shard, offset, limit, lambda s, n: svc.store.list(shard=s, count=n), listed_at
         )
         return ItemsOut(items=[ItemOut(**item_entry(i)) for i in items], problems=problems)
 
 
-def _listed_at(item: ScheduledItem) -> int:
-    """An item's place in the listing: its score, the lease deadline while leased."""
-    return item.ready_ms if item.leased_until_ms is None else item.leased_until_ms
-
-
-def _around_bad_shards(
-    store: DelayStore,
-    shard: Optional[int],
-    offset: int,
-    limit: int,
-    read: Callable[[Optional[int], int], list[Row]],
-    order: Callable[[Row], int],
-) -> tuple[list[Row], list[str]]:
-    """One page of a listing merged over the shards; when a shard's key holds another type
-    (WRONGTYPE), the page is merged from the shards that can be read and the others are named,
-    so one bad key does not hide every other shard's entries."""
-    try:
-        return read(shard, offset + limit)[offset:], []
-    except redis.ResponseError:
-        if shard is not None:
-            raise
-    rows: list[Row] = []
-    problems = []
-    for s in range(store.shards):
-        try:
-            rows.extend(read(s, offset + limit))
-        except redis.ResponseError as exc:
-            problems.append(f"shard {s} cannot be read: {exc}")
-    return sorted(rows, key=order)[offset : offset + limit], problems
 
 
 #: Ids in the query: any id reaches these, ``.``, ``..`` and ``a/b`` included, which clients and
@@ -594,7 +562,7 @@ def due(
 @router.get("/dead", response_model=DeadListOut, summary="Dead letters, most recent first")
 def dead(svc: Svc, offset: Offset = 0, limit: Limit = 50, shard: Shard = None) -> DeadListOut:
     with reading("the dead letters"):
-        letters, problems = _around_bad_shards(
+        letters, problems = around_bad_shards(
             svc.store, shard, offset, limit, lambda s, n: svc.store.dead_letters(shard=s, count=n), lambda d: -d.died_ms
         )
         return DeadListOut(items=[DeadOut(**dead_entry(d)) for d in letters], problems=problems)
