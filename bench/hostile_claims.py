@@ -107,7 +107,7 @@ def longest_call(store: DelayStore, action: Callable[[], Any], admin: redis.Redi
         finally:
             trips.append((time.perf_counter() - start) * 1000)
 
-    store._write = timed  # type: ignore[method-assign]
+    store._write = timed  # type: ignore[method-assign,assignment]
     start = time.perf_counter()
     action()
     wall = (time.perf_counter() - start) * 1000

@@ -17,9 +17,9 @@ allow-oom: rate-capped queues must drain a full store too (the bucket is a few b
 local rate, burst, wanted = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms(ARGV[4])
 local state = rcall('HMGET', KEYS[1], 'tokens', 'at', 'horizon')
-local tokens = tonumber(state[1]) or burst
-local at = tonumber(state[2]) or now
-local horizon = tonumber(state[3]) or 0
+local tokens = finite(state[1]) or burst  -- a hand-written bucket reads as a new one
+local at = finite(state[2]) or now
+local horizon = finite(state[3]) or 0
 if now > at then tokens = math.min(burst, tokens + (now - at) * rate / 1000) end
 local granted = math.min(wanted, math.floor(tokens))
 tokens = tokens - granted
