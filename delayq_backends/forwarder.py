@@ -41,6 +41,10 @@ __all__ = ["Forwarder", "ForwarderStats"]
 
 log = logging.getLogger("delayq.forwarder")
 
+#: Most items one claim takes; claim.lua cuts a bigger limit to it (MAX_CLAIM), since a claim blocks
+#: its Redis while it runs.
+MAX_BATCH = 10_000
+
 #: How often the forwarder re-reads the server's clock (TIME); in between it advances the last
 #: reading with the monotonic clock, so a step of the local wall clock changes nothing.
 CLOCK_RESAMPLE_S = 60.0
@@ -119,8 +123,10 @@ class Forwarder:
     ) -> None:
         if not isinstance(targets, Mapping):
             targets = {t.kind: t for t in targets}
-        if not 1 <= batch <= 10_000:
-            raise ConfigError(f"batch={batch}: use 1..10000 (100-500 is best: a claim blocks Redis while it runs)")
+        if not 1 <= batch <= MAX_BATCH:
+            raise ConfigError(
+                f"batch={batch}: use 1..{MAX_BATCH} (100-500 is best: a claim blocks Redis while it runs)"
+            )
         self.store = store
         self.targets = dict(targets)
         self.batch = batch

@@ -3,7 +3,8 @@
 earliest), then the rest earliest first.
 Input:
   KEYS[1..8] the shard's keys (see includes/common.lua)
-  ARGV[1] limit
+  ARGV[1] limit, at most MAX_CLAIM (a caller's bigger number is cut to it: any user allowed to
+          call this script could otherwise hold the server for as long as the shard is big)
   ARGV[2] lease ms
   ARGV[3] max attempts: an item claimed more often goes to the dead letters instead
   ARGV[4] clock override ms ("0": server TIME, one clock for every forwarder)
@@ -24,13 +25,15 @@ release or an expired lease finds it again at its ready time. A deferred item is
 its entry moves to its not-before time (defer.lua does so itself; entries written before it
 did are moved here, once each), so deferred items cost a claim nothing. ]]
 --- @include "common"
+-- Must match forwarder.MAX_BATCH.
+local MAX_CLAIM = 10000
 local bad_types = check_types()
 if bad_types then return bad_types end
 local now = now_ms(ARGV[4])
 local deadline = ms(now + tonumber(ARGV[2]))
 local lease = deadline .. ':' .. ARGV[5]
 local max_attempts = tonumber(ARGV[3])
-local budget = tonumber(ARGV[1])
+local budget = math.min(tonumber(ARGV[1]) or 0, MAX_CLAIM)
 local out = {deadline}
 
 -- Lease one due id (or bury it), spending one unit of the budget.

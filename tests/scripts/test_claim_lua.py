@@ -70,3 +70,14 @@ def test_id_without_envelope_is_dead_lettered_not_returned(store: DelayStore) ->
     assert claim.items == []
     (dead,) = store.dead_letters()
     assert dead.id == "ghost" and "no envelope" in dead.error and dead.envelope is None
+
+
+def test_a_huge_limit_is_cut_to_the_most_one_claim_takes(store: DelayStore) -> None:
+    """Any user allowed to call claim could pass a limit as big as the shard; the script cuts it."""
+    from delayq_backends.forwarder import MAX_BATCH
+
+    shard = store.shard_of("x")
+    ids = [f"x{k}" for k in range(40 * (MAX_BATCH + 100)) if store.shard_of(f"x{k}") == shard][: MAX_BATCH + 100]
+    store.schedule_many((i, T / 1000, ENV) for i in ids)
+    claim = store.claim(shard, limit=10**9, lease_ms=1000, now=T + 1)
+    assert len(claim.items) == MAX_BATCH
