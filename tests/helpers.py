@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from datetime import datetime, timezone
 from typing import Callable, Iterable, Union
 
 
@@ -18,6 +19,13 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
+
+
+def ms_at_or_after(when: datetime) -> int:
+    """The first epoch millisecond not before ``when``: the store rounds ready times up, never to
+    the nearest ms (which could be up to 0.5 ms early). Exact integer arithmetic, no float."""
+    micros = (when - datetime(1970, 1, 1, tzinfo=timezone.utc)) // (datetime.resolution)
+    return -(-micros // 1000)
 
 
 def kill_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:

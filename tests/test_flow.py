@@ -221,22 +221,20 @@ def test_on_a_fake_clock_a_capped_backlog_goes_at_the_rate_and_is_claimed_once_p
 
 
 def test_the_forwarder_acl_role_may_defer_and_take_tokens(valkey_server: Any, prefix: str) -> None:
-    from tests.test_security import user_url
+    from tests.test_security import Admin, user_url
 
-    admin = redis.Redis.from_url(valkey_server.url)
-    admin.users = []  # type: ignore[attr-defined]
+    admin = Admin(redis.Redis.from_url(valkey_server.url), valkey_server.url, valkey_server.port)
+    admin.install_functions()  # the role may call our functions only
     try:
         admin_store = make_store(valkey_server.url, prefix, shards=4)
         admin_store.schedule_many(list_items("out", 20))
-        store = make_store(user_url(admin, valkey_server, prefix, "forwarder"), prefix, shards=4)
+        store = make_store(user_url(admin, prefix, "forwarder"), prefix, shards=4)
         forwarder = Forwarder(store, [CollectingTarget("list")], flow=FlowControl(rates={"out": 10}))
         assert forwarder.run_once() == 20  # burst of 1 sent, 19 deferred (a token may refill meanwhile)
         assert forwarder.stats.forwarded + forwarder.stats.deferred == 20 and forwarder.stats.deferred >= 18
         assert scheduled(admin_store) == forwarder.stats.deferred
     finally:
-        for user in admin.users:  # type: ignore[attr-defined]
-            admin.execute_command("ACL", "DELUSER", user)
-        admin.close()
+        admin.clean_up()
 
 
 # -- broker depth probes --------------------------------------------------------------------------

@@ -46,6 +46,14 @@ class Admin:
             install_functions(self.client)
             self.installed = True
 
+    def clean_up(self) -> None:
+        """Delete the users made, and the library when this admin installed it."""
+        for user in self.users:
+            self.client.execute_command("ACL", "DELUSER", user)
+        if self.installed:
+            self.client.function_delete(LIBRARY)
+        self.client.close()
+
 
 @pytest.fixture(params=["valkey", "redis"])
 def admin(request: pytest.FixtureRequest) -> Iterator[Admin]:
@@ -59,11 +67,7 @@ def admin(request: pytest.FixtureRequest) -> Iterator[Admin]:
     kwargs = client.connection_pool.connection_kwargs
     found = Admin(client, url, int(kwargs["port"]))
     yield found
-    for user in found.users:
-        client.execute_command("ACL", "DELUSER", user)
-    if found.installed:
-        client.function_delete(LIBRARY)
-    client.close()
+    found.clean_up()
 
 
 def user_url(admin: Admin, prefix: str, role: str, *, functions: bool = True) -> str:

@@ -19,7 +19,7 @@ from delayq_backends.celery import CeleryTarget, StoredMessage, forget_store, st
 from delayq_backends.celery.message import KIND
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
-from tests.helpers import wait_for
+from tests.helpers import ms_at_or_after, wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
 
@@ -46,8 +46,11 @@ def drain(broker: str, queue: str, count: int) -> list[Any]:
 
 
 def make_due(app: Celery, task_id: str) -> None:
-    """Move a stored task to now, so a forwarder pass sends it (its eta header follows)."""
-    assert store_for(app).reschedule(task_id, datetime.now(timezone.utc))
+    """Move a stored task to just past, so a forwarder pass sends it (its eta header follows).
+
+    Not to now: ready times round up to the next ms, so "now" may not be due yet when the
+    forwarder's pass reads the server clock in the same millisecond."""
+    assert store_for(app).reschedule(task_id, datetime.now(timezone.utc) - timedelta(seconds=1))
 
 
 def test_replay_matches_celerys_own_publish(env: CeleryEnv) -> None:
@@ -66,7 +69,7 @@ def test_replay_matches_celerys_own_publish(env: CeleryEnv) -> None:
         native.send_task("dqt.record", task_id="same-id", **options)
         plugin.send_task("dqt.record", task_id="same-id", **options)
         stored = store_for(plugin).get("same-id")
-        assert stored is not None and stored.ready_ms == round(eta.timestamp() * 1000)
+        assert stored is not None and stored.ready_ms == ms_at_or_after(eta)
         forwarder = Forwarder(store_for(plugin), [CeleryTarget.from_url(env.broker)])
         assert forwarder.run_once() == 0, "not due yet"
         wait_for(lambda: forwarder.run_once() == 1, 5, "the task to fall due and be forwarded")

@@ -17,7 +17,7 @@ from rq.registry import ScheduledJobRegistry
 from delayq_backends import ConfigError, DelayStore, Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue
-from tests.helpers import wait_for
+from tests.helpers import ms_at_or_after, wait_for
 from tests.test_rq.conftest import Processes, runs
 
 
@@ -30,7 +30,7 @@ def test_schedule_job_saves_the_job_as_rq_does_and_its_id_in_the_store(queue: Qu
     assert job not in ScheduledJobRegistry(queue=queue)  # RQ's own scheduler never sees it
     assert queue.connection.sismember("rq:queues", queue.key)
     item = store.get("j-1")
-    assert item is not None and item.ready_ms == round(when.timestamp() * 1000)
+    assert item is not None and item.ready_ms == ms_at_or_after(when)
     envelope = Envelope.decode(item.envelope)
     assert (envelope.target, envelope.destination, envelope.body) == ("rq", queue.name, b"")
     assert envelope.meta == {"queue_class": "delayq_backends.rq.queue.Queue"}
