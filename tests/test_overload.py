@@ -42,8 +42,15 @@ def forward_in_thread(forwarder: Forwarder) -> threading.Thread:
     return thread
 
 
-def released_not_failed(store: DelayStore, forwarder: Forwarder) -> bool:
-    return forwarder.stats.released >= ITEMS and forwarder.stats.outages >= 1
+def check_released_not_failed(store: DelayStore, forwarder: Forwarder) -> None:
+    """The batch went back to the store as an outage: no retry, no dead letter, no attempt."""
+    wait_for(
+        lambda: forwarder.stats.released >= ITEMS and forwarder.stats.outages >= 1,
+        10,
+        lambda: f"released: {forwarder.stats}",
+    )
+    assert store.dead_letters() == [] and forwarder.stats.dead == 0 and forwarder.stats.retried == 0
+    assert all(item.attempts == 0 for item in store.scan()), "an outage counted an attempt"
 
 
 def check_delivered_once(store: DelayStore, client: redis.Redis, key: str, ids: list[str]) -> None:
@@ -68,9 +75,7 @@ def test_a_target_at_maxmemory_gets_its_batch_released_then_delivered(
     forwarder = Forwarder(store, [RedisListTarget(client)], poll_interval=0.2, max_outage_backoff=0.3)
     thread = forward_in_thread(forwarder)
     try:
-        wait_for(lambda: released_not_failed(store, forwarder), 10, lambda: f"released: {forwarder.stats}")
-        assert store.dead_letters() == [] and forwarder.stats.dead == 0 and forwarder.stats.retried == 0
-        assert all(item.attempts == 0 for item in store.scan()), "an outage counted an attempt"
+        check_released_not_failed(store, forwarder)
         client.delete("filler")
         check_delivered_once(store, client, key, ids)
     finally:
@@ -91,8 +96,7 @@ def test_a_read_only_target_gets_its_batch_released_then_delivered(
         forwarder = Forwarder(store, [RedisListTarget(client)], poll_interval=0.2, max_outage_backoff=0.3)
         thread = forward_in_thread(forwarder)
         try:
-            wait_for(lambda: released_not_failed(store, forwarder), 10, lambda: f"released: {forwarder.stats}")
-            assert store.dead_letters() == [] and forwarder.stats.dead == 0
+            check_released_not_failed(store, forwarder)
             client.replicaof("NO", "ONE")
             check_delivered_once(store, client, key, ids)
         finally:
