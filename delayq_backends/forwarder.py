@@ -21,7 +21,7 @@ import time
 from collections import defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import redis
 
@@ -141,14 +141,15 @@ class Forwarder:
         self.flow = FlowGate(flow or FlowControl(), store, self.targets)
         self._stop = threading.Event()
         self._outage_backoff = 0.0
-        self._clock_ms = 0  # server TIME at the last reading ...
-        self._clock_at = 0.0  # ... and time.monotonic() then
+        #: server TIME at the last reading and time.monotonic() then, as one tuple: the lease
+        #: heartbeat's thread reads the clock too
+        self._clock: Optional[tuple[int, float]] = None
         self._rng = random.Random()
         self._set_aside_until: dict[int, tuple[int, int]] = {}  # shard -> (server ms, back-off ms)
         lease_ms = store.config.lease_ms
         #: a batch is only published with at least this much of its lease left (else extended first)
         self.lease_margin_ms = max(100, lease_ms // 5)
-        self._heartbeat = _Heartbeat(store, lease_ms)
+        self._heartbeat = _Heartbeat(store, lease_ms, self.server_now_ms)
         self._bad_wakes = 0
         self._bad_wake_logged = 0.0
 
@@ -265,16 +266,17 @@ class Forwarder:
         report = PublishReport()
         later: list[tuple[str, int]] = []
         held = _Held(claim, claim.deadline_ms)
+        # held until the acks are in: a pause between publish and ack must not hand the batch over
         with self._heartbeat.holding(held):
             for kind, deliveries in groups.items():
                 go = self._still_ours(held, self._admit(kind, deliveries, later), report)
                 if go:
                     self._publish(self.targets[kind], go, report, Lease(self.store, claim))
-        attempts = {item.id: item.attempts for item in claim.items}
-        failures += [
-            (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
-        ]
-        self._settle(claim, report, failures, labels, later)
+            attempts = {item.id: item.attempts for item in claim.items}
+            failures += [
+                (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
+            ]
+            self._settle(claim, report, failures, labels, later)
         log.debug(
             "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
             claim.shard,
@@ -438,12 +440,13 @@ class Forwarder:
         due on the server (empty claims in a loop) until the next reading.
         """
         mono = time.monotonic()
-        if not self._clock_at or mono - self._clock_at > CLOCK_RESAMPLE_S:
+        clock = self._clock
+        if clock is None or mono - clock[1] > CLOCK_RESAMPLE_S:
             server = self.store.server_time_ms()
             after = time.monotonic()
-            self._clock_ms, self._clock_at = server, (mono + after) / 2
+            clock = self._clock = (server, (mono + after) / 2)
             mono = after
-        return self._clock_ms + int((mono - self._clock_at) * 1000)
+        return clock[0] + int((mono - clock[1]) * 1000)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -571,11 +574,10 @@ class Forwarder:
 
 
 class _Heartbeat:
-    """Keeps a batch's items ours while it is published: a thread of the forwarder looks every
-    third of the lease at the batch being published, and extends the lease of one it already
-    saw at its previous look (``extend.lua``). So the first extension comes between 1/3 and 2/3
-    of the lease into a publish, and a publish that ends sooner (almost all) costs nothing: no
-    lock and no wake-up per batch.
+    """Keeps a batch's items ours from publish to ack: a thread of the forwarder looks at the
+    batch in hand every sixth of the lease, and extends its lease (``extend.lua``) once less
+    than half of it is left. A batch acked sooner (almost all) costs nothing: no lock and no
+    wake-up per batch.
 
     Why extend rather than give the batch back: a publish that runs long (a RabbitMQ memory
     alarm blocking confirms, a slow broker) has often reached the broker already; giving the
@@ -585,10 +587,11 @@ class _Heartbeat:
     them gone (:meth:`Forwarder._still_ours`) and publishes nothing twice.
     """
 
-    def __init__(self, store: DelayStore, lease_ms: int) -> None:
+    def __init__(self, store: DelayStore, lease_ms: int, now_ms: Callable[[], int]) -> None:
         self.store = store
         self.lease_ms = lease_ms
-        self.every = lease_ms / 3000
+        self.now_ms = now_ms
+        self.every = lease_ms / 6000
         self._closed = threading.Event()
         self._held: Optional[_Held] = None
         self._thread: Optional[threading.Thread] = None
@@ -617,12 +620,11 @@ class _Heartbeat:
             self._thread.join(5)
 
     def _run(self) -> None:
-        seen: Optional[_Held] = None
         while not self._closed.wait(self.every):
             held = self._held
-            if held is not None and held is seen:
-                try:
-                    self.extend(held)
-                except Exception as exc:  # the publish goes on; the pre-publish check gives back what is lost
-                    log.warning("shard %d: cannot extend a lease (%s: %s)", held.claim.shard, type(exc).__name__, exc)
-            seen = held
+            if held is None or held.deadline_ms - self.now_ms() > self.lease_ms // 2:
+                continue
+            try:
+                self.extend(held)
+            except Exception as exc:  # the publish goes on; the pre-publish check gives back what is lost
+                log.warning("shard %d: cannot extend a lease (%s: %s)", held.claim.shard, type(exc).__name__, exc)
