@@ -11,7 +11,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 from zoneinfo import ZoneInfo
 
-import pytest
 from celery import Celery
 from celery.schedules import crontab, solar
 
@@ -59,7 +58,7 @@ class Harness:
 
 
 def _local(*args: int) -> datetime:
-    return datetime(*args, tzinfo=BERLIN)  # type: ignore[misc]
+    return datetime(*args, tzinfo=BERLIN)  # type: ignore[arg-type,misc]
 
 
 # -- DST ------------------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ APP = "tests.test_celery.periodic_app"
 
 
 @pytest.fixture(params=BROKERS)
-def env(request: pytest.FixtureRequest, valkey_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[CeleryEnv]:
+def env(
+    request: pytest.FixtureRequest, valkey_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[CeleryEnv]:
     monkeypatch.setenv("DQT_EVERY", str(EVERY_MS / 1000))
     env = new_env(request.param, broker_url_for(request.param, request, valkey_server), valkey_server)
     env.app_module = APP
