@@ -274,3 +274,26 @@ def test_an_every_2_seconds_entry_fires_once_per_period_with_two_forwarders() ->
         (h.forwarder if step % 2 else other).run_once()
     ids = [task_id for task_id, _ in h.runs()]
     assert len(ids) == 15 and len(set(ids)) == 15
+
+
+# -- on real servers ------------------------------------------------------------------------------
+
+
+def test_sync_fire_and_rearm_on_real_servers(store: Any) -> None:
+    """The registry, rearm.lua and the compare-and-set on Valkey, Redis and a Redis Cluster."""
+    app = Celery("real", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {"fast": {"task": "t.fast", "schedule": 0.2}, "slow": {"task": "t.slow", "schedule": 3600}}
+    assert sorted(sync(app, store).added) == ["fast", "slow"]
+    sent = CollectingTarget("celery")
+    forwarder = TestingForwarder(store, [sent, PeriodicTarget(sent)], clock=store.server_time_ms)
+    deadline = datetime.now(timezone.utc) + timedelta(seconds=20)
+    while len(sent.delivered) < 3 and datetime.now(timezone.utc) < deadline:
+        forwarder.run_once()
+    ids = [StoredMessage.from_envelope(d.envelope).task_id for d in sent.delivered]
+    assert len(ids) >= 3 and len(set(ids)) == len(ids)
+    fast = {s.name: s for s in statuses(store)}["fast"]
+    assert fast.runs == len(ids) and fast.next_run_ms > fast.last_run_ms  # type: ignore[operator]
+    app.conf.beat_schedule = {"slow": {"task": "t.slow", "schedule": 60}}
+    report = sync(app, store)
+    assert (report.removed, report.changed) == (["fast"], ["slow"])
+    assert [s.name for s in statuses(store)] == ["slow"]

@@ -4,6 +4,7 @@ period runs once, none twice, none early, none lost."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -88,3 +89,28 @@ def test_two_forwarders_fire_each_period_once_through_sigkills(env: CeleryEnv, t
         raise
     finally:
         forget_store(app)
+
+
+def test_periodic_commands(valkey_server: EmbeddedServer, tmp_path: Path) -> None:
+    """`celery -A proj delayq periodic sync|list|remove` and `delayq periodic list`."""
+    env = new_env("redis", broker_url_for("redis", None, valkey_server), valkey_server)  # type: ignore[arg-type]
+    env.app_module = APP
+
+    def celery(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "celery", "-A", APP, "delayq", "periodic", *args]
+        return subprocess.run(command, env=env.env, capture_output=True, text=True, timeout=60, check=False)
+
+    synced = celery("sync")
+    assert synced.returncode == 0, synced.stderr
+    assert "added: tick" in synced.stdout and "1 added" in synced.stderr
+    assert "1 unchanged" in celery("sync").stderr
+    listed = json.loads(celery("list", "--json").stdout)
+    assert [(e["name"], e["task"], e["schedule"], e["state"]) for e in listed] == [
+        ("tick", "dqt.record", "every 2s", "scheduled")
+    ]
+    plain = [sys.executable, "-m", "delayq_backends.cli", "periodic", "list", "--url", env.store]
+    plain += ["--prefix", env.prefix, "--shards", "4"]
+    table = subprocess.run(plain, env=env.env, capture_output=True, text=True, timeout=60, check=False)
+    assert table.returncode == 0 and "tick" in table.stdout and "run_all" in table.stdout, table.stderr
+    assert "removed: tick" in celery("remove", "tick").stdout
+    assert json.loads(celery("list", "--json").stdout) == []
