@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import redis
 
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.periodic import item_id, statuses
@@ -114,3 +115,20 @@ def test_periodic_commands(valkey_server: EmbeddedServer, tmp_path: Path) -> Non
     assert table.returncode == 0 and "tick" in table.stdout and "run_all" in table.stdout, table.stderr
     assert "removed: tick" in celery("remove", "tick").stdout
     assert json.loads(celery("list", "--json").stdout) == []
+
+
+def test_plain_delayq_forward_fires_periodic_entries(valkey_server: EmbeddedServer, tmp_path: Path) -> None:
+    """`delayq forward --celery-broker` (no app loaded) fires entries a sync stored."""
+    env = new_env("redis", broker_url_for("redis", None, valkey_server), valkey_server)  # type: ignore[arg-type]
+    env.app_module = APP
+    sync = [sys.executable, "-m", "celery", "-A", APP, "delayq", "periodic", "sync"]
+    subprocess.run(sync, env=env.env, capture_output=True, timeout=60, check=True)
+    broker = redis.Redis.from_url(env.broker)
+    try:
+        env.start_forwarder(tmp_path)  # `delayq forward --celery-broker …`
+        wait_for(lambda: broker.llen(env.queue) >= 2, 30, "two runs of the entry in the broker's queue")
+    except BaseException:
+        print(env.tail())
+        raise
+    finally:
+        env.stop()
