@@ -116,6 +116,49 @@ class Run:
                 proc.wait()
 
 
+def _environment(url: str, broker: str, every: float) -> dict[str, str]:
+    """The subprocesses' variables (also set here, for this process's app): a fresh prefix,
+    queue and sink on the Valkey at ``url``."""
+    base = url.rsplit("/", 1)[0]
+    tag = uuid.uuid4().hex[:8]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(BENCH_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "DQB_BROKER": f"{base}/1" if broker == "redis" else AMQP_URL,
+        "DQB_STORE": f"{base}/0",
+        "DQB_PREFIX": f"dqb{tag}",
+        "DQB_QUEUE": f"dqb-{tag}",
+        "DQB_SINK": f"dqb:{tag}:runs",
+        "DQB_EVERY": str(every),
+    }
+    os.environ.update({k: v for k, v in env.items() if k.startswith("DQB_")})
+    return env
+
+
+def measure_beats(broker: str, beats: int, seconds: float, every: float) -> dict[str, Any]:
+    """The peer: ``beats`` plain ``celery beat`` processes (what running beat on more than one
+    host for availability gives) and a worker, for ``seconds``: runs against periods."""
+    from delayq_backends.embedded import EmbeddedServer
+
+    with EmbeddedServer() as valkey:
+        env = _environment(valkey.url, broker, every)
+        run = Run(env, Path(tempfile.mkdtemp(prefix="dqb-beat-")))
+        try:
+            run.start("worker", "worker", "-P", "threads", "-c", "4", "-Q", env["DQB_QUEUE"], "--without-gossip")
+            for i in range(beats):
+                run.start(f"beat-{i}", "beat", "-s", str(run.tmp / f"beat-{i}.db"), "--loglevel", "WARNING")
+            time.sleep(seconds)
+            for proc in run.procs[1:]:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+            time.sleep(3 * every)
+            runs = redis.Redis.from_url(env["DQB_STORE"]).llen(env["DQB_SINK"])
+        finally:
+            run.stop()
+    periods = int(seconds / every)
+    return {"beats": beats, "seconds": seconds, "periods": periods, "runs": runs, "load_avg": os.getloadavg()[0]}
+
+
 def measure(broker: str, forwarders: int, seconds: float, kills: int, every: float, lease: float) -> dict[str, Any]:
     from delayq_backends.celery import store_for
     from delayq_backends.celery.periodic import item_id, statuses
@@ -123,19 +166,7 @@ def measure(broker: str, forwarders: int, seconds: float, kills: int, every: flo
     from delayq_backends.embedded import EmbeddedServer
 
     with EmbeddedServer() as valkey:
-        base = valkey.url.rsplit("/", 1)[0]
-        tag = uuid.uuid4().hex[:8]
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(BENCH_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "DQB_BROKER": f"{base}/1" if broker == "redis" else AMQP_URL,
-            "DQB_STORE": f"{base}/0",
-            "DQB_PREFIX": f"dqb{tag}",
-            "DQB_QUEUE": f"dqb-{tag}",
-            "DQB_SINK": f"dqb:{tag}:runs",
-            "DQB_EVERY": str(every),
-        }
-        os.environ.update({k: v for k, v in env.items() if k.startswith("DQB_")})
+        env = _environment(valkey.url, broker, every)
         client = _app_from_env()
         store = store_for(client)
         sink = redis.Redis.from_url(env["DQB_STORE"])
@@ -222,7 +253,17 @@ def markdown(report: dict[str, Any], when: str) -> str:
         f"load average {report['load_avg']:.1f}.\n\n"
         "| periods | ran once | duplicates | missing | start − period p50 / p99 / max |\n|---:|---:|---:|---:|---|\n"
         f"| {report['periods']} | {report['ran_once']} | {report['duplicates']} | {report['missing']} | "
-        f"{late['p50']} / {late['p99']} / {late['max']} ms |\n"
+        f"{late['p50']} / {late['p99']} / {late['max']} ms |\n" + _peer_markdown(report.get("peer"))
+    )
+
+
+def _peer_markdown(peer: Optional[dict[str, Any]]) -> str:
+    if not peer:
+        return ""
+    return (
+        f"\nPeer, same run: {peer['beats']} plain `celery beat` processes (beat on two hosts for availability) "
+        f"and a worker, {peer['seconds']:g} s, no kills: **{peer['runs']} runs for about {peer['periods']} "
+        f"periods** (load average {peer['load_avg']:.1f}).\n"
     )
 
 
@@ -235,11 +276,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--kills", type=int, default=None)
     parser.add_argument("--every", type=float, default=2.0)
     parser.add_argument("--lease", type=float, default=3.0)
+    parser.add_argument("--beats", type=int, default=2, help="the peer: this many celery beat processes (0: none)")
     parser.add_argument("--no-results", action="store_true")
     args = parser.parse_args(argv)
     seconds = args.seconds or (30.0 if args.quick else 100.0)
     kills = args.kills if args.kills is not None else (3 if args.quick else 12)
     report = measure(args.broker, args.forwarders, seconds, kills, args.every, args.lease)
+    if args.beats:
+        log(f"peer: {args.beats} celery beat processes for {seconds:g} s")
+        report["peer"] = measure_beats(args.broker, args.beats, seconds, args.every)
     print(json.dumps(report, indent=2))
     if not args.no_results:
         when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
