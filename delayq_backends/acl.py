@@ -26,7 +26,7 @@ from typing import Optional
 
 from .config import Config
 from .errors import ConfigError
-from .keys import meta_key, wake_channel
+from .keys import meta_key, periodic_key, wake_channel
 
 __all__ = ["ROLES", "acl_rules", "acl_setuser", "key_patterns"]
 
@@ -43,7 +43,8 @@ _SCRIPT_WRITES = ("+zadd", "+zrem", "+hset", "+hdel", "+hincrby", "+publish")
 #: schedule_in/ack_in: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
 _TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zcard", "+zcount", "+exists")
-_HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget")
+#: HSCAN: the periodic entries' registry (``periodic list``, a sync at forwarder start)
+_HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 #: schedule_in/ack_in: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
 _TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 
@@ -68,7 +69,12 @@ _RUNS_SCRIPTS = ("producer", "forwarder")
 
 def key_patterns(prefix: str) -> list[str]:
     """ACL key patterns covering exactly the keys of ``prefix`` (see :mod:`~delayq_backends.keys`)."""
-    return [f"~{prefix}:{{{prefix}:*}}:*", f"~{meta_key(prefix)}", f"~{prefix}:{{{prefix}}}:rate:*"]
+    return [
+        f"~{prefix}:{{{prefix}:*}}:*",
+        f"~{meta_key(prefix)}",
+        f"~{prefix}:{{{prefix}}}:rate:*",
+        f"~{periodic_key(prefix)}",
+    ]
 
 
 def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:

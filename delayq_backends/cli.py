@@ -567,8 +567,9 @@ def forward(
     targets: list[Target] = [RedisListTarget(cast(redis.Redis, list_client))]
     described = [f"list -> {redact_url(list_url)}"]
     if celery_broker:
-        targets.append(_extra("celery").CeleryTarget.from_url(celery_broker))
-        described.append(f"celery -> {redact_url(celery_broker)}")
+        celery_target = _extra("celery").CeleryTarget.from_url(celery_broker)
+        targets += [celery_target, _extra("celery.periodic").PeriodicTarget(celery_target)]
+        described.append(f"celery (and periodic entries) -> {redact_url(celery_broker)}")
     if rq_redis:
         targets.append(_rq_target(rq_redis, spec, store, rq_allow_class))
         described.append(f"rq -> {redact_url(rq_redis)}")
@@ -594,6 +595,47 @@ def _rq_target(url: str, spec: StoreSpec, store: DelayStore, allow_classes: Sequ
     click.get_current_context().call_on_close(client.close)
     rq = _extra("rq")
     return rq.RQTarget(client, allow_classes=rq.ClassAllowlist.configured(allow_classes))  # type: ignore[no-any-return]
+
+
+PERIODIC_COLUMNS = [
+    Column("entry"),
+    Column("task"),
+    Column("schedule"),
+    Column("misfire"),
+    Column("last run"),
+    Column("sent"),
+    Column("next run"),
+    Column("runs", "right"),
+    Column("state"),
+]
+
+
+def show_periodic(store: DelayStore, as_json: bool) -> None:
+    """Print the periodic entries synced into ``store`` (``delayq periodic list`` and
+    ``celery -A proj delayq periodic list``): schedule, last run, next run."""
+    entries = _extra("celery.periodic").statuses(store)
+    if as_json:
+        _echo_json([e.to_json() for e in entries])
+        return
+    rows = [
+        [e.name, e.task, e.schedule, e.misfire, iso(e.last_run_ms), iso(e.last_sent_ms), iso(e.next_run_ms), e.runs,
+         e.state + (f", {e.last_missed} missed" if e.last_missed else "")]
+        for e in entries
+    ]  # fmt: skip
+    _print_table(f"periodic entries of {store.config.prefix!r} (times UTC)", PERIODIC_COLUMNS, rows)
+
+
+@main.group()
+def periodic() -> None:
+    """Periodic Celery entries synced into the store (``celery -A proj delayq periodic sync``)."""
+
+
+@periodic.command("list")
+@store_options
+@json_option
+def periodic_list(spec: StoreSpec, as_json: bool) -> None:
+    """Every periodic entry: schedule, misfire policy, last run, next run, runs so far."""
+    show_periodic(spec.open(writes=False), as_json)
 
 
 STATS_COLUMNS = [

@@ -27,6 +27,7 @@ __all__ = [
     "ShardKeys",
     "meta_key",
     "normalize_id",
+    "periodic_key",
     "rate_key",
     "shard_of",
     "shard_tags",
@@ -143,6 +144,12 @@ def meta_key(prefix: str) -> str:
 def wake_channel(prefix: str) -> str:
     """Pub/sub channel on which a new earliest item wakes sleeping forwarders."""
     return f"{prefix}:wake"
+
+
+def periodic_key(prefix: str) -> str:
+    """HASH of the periodic entries synced into the store (entry name → item id), so a sync
+    finds the entries gone from the config without scanning the store."""
+    return f"{prefix}:{{{prefix}}}:periodic"
 
 
 def rate_key(prefix: str, queue: str) -> str:

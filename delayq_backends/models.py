@@ -12,6 +12,7 @@ __all__ = [
     "ClaimedItem",
     "DeadLetter",
     "LeaseExtension",
+    "RearmOutcome",
     "RescheduleOutcome",
     "ScheduleCounts",
     "ScheduledItem",
@@ -44,6 +45,21 @@ class RescheduleOutcome(Enum):
 
     def __bool__(self) -> bool:
         return self is RescheduleOutcome.RESCHEDULED
+
+
+class RearmOutcome(Enum):
+    """What :meth:`DelayStore.rearm` / :meth:`DelayStore.replace_if` did. Truthy only when the
+    item took its new ready time and envelope."""
+
+    REPLACED = "replaced"
+    NOT_FOUND = "not found"
+    #: Not under the caller's lease (rearm), or under a forwarder's live lease (replace_if).
+    HELD = "held"
+    #: Its envelope is no longer the one the caller read (replace_if): read it again.
+    CHANGED = "changed"
+
+    def __bool__(self) -> bool:
+        return self is RearmOutcome.REPLACED
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from .models import (
     ClaimedItem,
     DeadLetter,
     LeaseExtension,
+    RearmOutcome,
     RescheduleOutcome,
     ScheduleCounts,
     ScheduledItem,
@@ -422,6 +423,44 @@ class DelayStore:
         so a target can commit its publish and the ack in one MULTI/EXEC."""
         if ids:
             self._queue_script(pipeline, "ack", claim.shard, [claim.lease, *ids])
+
+    def rearm(self, claim: Claim, item_id: str, when: When, envelope: Payload, *, rank: int = 0) -> RearmOutcome:
+        """Ack a claimed item and schedule it again (new ready time, envelope and rank) in one
+        step, only while it is still under ``claim``'s lease: the next run of a periodic entry.
+
+        A forwarder killed before this call leaves the item leased (it is claimed again when
+        the lease runs out); after it, the next run stands. Either way exactly one next run.
+        Returns REPLACED, HELD (no longer ours: nothing changed) or NOT_FOUND (cancelled).
+        """
+        return self._rearm(claim.lease, b"", 0, item_id, when, envelope, rank)
+
+    def replace_if(
+        self,
+        item_id: str,
+        expected: bytes,
+        when: When,
+        envelope: Payload,
+        *,
+        rank: int = 0,
+        now: Optional[int] = None,
+    ) -> RearmOutcome:
+        """Give an item a new ready time, envelope and rank if its envelope is still ``expected``
+        and no forwarder holds it under a live lease (a compare-and-set, for a periodic sync).
+
+        Returns REPLACED, CHANGED (its envelope changed since it was read: read it again),
+        HELD (being forwarded now: try again shortly) or NOT_FOUND. ``now`` overrides the
+        server clock for "a lease past its deadline" (tests).
+        """
+        return self._rearm("", expected, now or 0, item_id, when, envelope, rank)
+
+    def _rearm(
+        self, lease: str, expected: bytes, now: int, item_id: str, when: When, envelope: Payload, rank: int
+    ) -> RearmOutcome:
+        item_id = normalize_id(item_id)
+        ready = to_ms(when, clock=self.clock)
+        data = self.check_payload(item_id, envelope)
+        args = [lease, expected, now, self._wake, item_id, ready, data, check_rank(rank)]
+        return _REARMED[int(self._run(self.scripts.rearm, self.shard_of(item_id), args))]
 
     def _queue_script(self, pipeline: Any, name: str, shard: int, args: Sequence[Any]) -> None:
         """Queue script ``name`` on a caller's transaction: FCALL when the library is installed,
@@ -857,6 +896,7 @@ def _full_store_said_plainly() -> Iterator[None]:
 #: cancel.lua's and reschedule.lua's replies (0 not there, 1 done, 2 leased) as outcomes.
 _CANCELLED = (CancelOutcome.NOT_FOUND, CancelOutcome.CANCELLED, CancelOutcome.IN_FLIGHT)
 _RESCHEDULED = (RescheduleOutcome.NOT_FOUND, RescheduleOutcome.RESCHEDULED, RescheduleOutcome.IN_FLIGHT)
+_REARMED = (RearmOutcome.NOT_FOUND, RearmOutcome.REPLACED, RearmOutcome.HELD, RearmOutcome.CHANGED)
 
 
 def _rank(ranked_score: Optional[float]) -> int:

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_che
 import redis
 
 from .envelope import Envelope
-from .models import Claim
+from .models import Claim, RearmOutcome
 from .outages import is_transient
+from .timeutil import When
 
 if TYPE_CHECKING:
     from .store import DelayStore
@@ -97,6 +98,12 @@ class Lease:
 
     def ack_in(self, pipeline: Any, ids: Sequence[str]) -> None:
         self.store.ack_in(pipeline, self.claim, ids)
+
+    def rearm(self, item_id: str, when: When, envelope: Envelope, *, rank: int = 0) -> RearmOutcome:
+        """Ack ``item_id`` and schedule it again in one step, if still under this lease (a
+        periodic entry's next run; see :meth:`DelayStore.rearm`). For targets whose broker is
+        not the store's server: publish first, then rearm; report the id in ``acked``."""
+        return self.store.rearm(self.claim, item_id, when, envelope, rank=rank)
 
 
 @runtime_checkable

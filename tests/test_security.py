@@ -205,7 +205,7 @@ def test_acl_command_prints_the_rules_of_a_role() -> None:
     shown = CliRunner().invoke(main, ["acl", "forwarder", "--prefix", "app", "--user", "fwd"])
     assert shown.exit_code == 0
     assert shown.stdout.startswith("ACL SETUSER fwd reset on '><password>' ")
-    assert "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '&app:wake'" in shown.stdout
+    assert "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '~app:{app}:periodic' '&app:wake'" in shown.stdout
     assert "+fcall" in shown.stdout and "+eval" not in shown.stdout and "+subscribe" in shown.stdout
     assert "delayq functions install" in shown.stderr
     legacy = CliRunner().invoke(main, ["acl", "forwarder", "--prefix", "app", "--eval"])

@@ -26,21 +26,27 @@ from ..errors import ConfigError
 from ..timeutil import from_ms
 from .message import StoredMessage
 
-__all__ = ["TaskTemplate"]
+__all__ = ["Capture", "TaskTemplate"]
 
 #: Protocol 2's third body element for a call with no callbacks, chain or chord.
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
-class _Capture:
-    """A producer that keeps the one publish Celery's sender makes, instead of sending it."""
+class Capture:
+    """A producer that keeps the task message Celery's sender publishes, instead of sending it.
+
+    Only the first publish is the task: a ``task-sent`` event (``task_send_sent_event``) follows
+    on the same producer and is dropped.
+    """
 
     def __init__(self) -> None:
         self.body: Any = None
         self.kwargs: dict[str, Any] = {}
+        self._taken = False
 
     def publish(self, body: Any, **kwargs: Any) -> None:
-        self.body, self.kwargs = body, kwargs
+        if not self._taken:
+            self.body, self.kwargs, self._taken = body, kwargs, True
 
 
 def _nested_literal(value: str) -> str:
@@ -94,7 +100,7 @@ class TaskTemplate:
             mark["id"], task, args=(), kwargs={}, eta=mark["eta"], reply_to=app.thread_oid, ignore_result=None
         )
         message.headers.update(argsrepr=mark["argsrepr"], kwargsrepr=mark["kwargsrepr"])
-        capture = _Capture()
+        capture = Capture()
         app.amqp.send_task_message(capture, task, message, **app.amqp.router.route(dict(options), task))
         serializer = capture.kwargs.get("serializer") or "json"
         if serializer != "json":

@@ -359,6 +359,24 @@ class LatenessOut(BaseModel):
     records: list[LateOut] = Field(description="The most recent forwards, latest first.")
 
 
+class PeriodicOut(BaseModel):
+    name: str = Field(description="The beat_schedule entry.")
+    item_id: str
+    state: str = Field(description="scheduled, firing (leased to a forwarder) or missing (not in the store).")
+    task: str
+    schedule: str
+    misfire: str
+    last_run: Optional[str] = Field(description="The period the last firing ran (UTC).")
+    last_sent: Optional[str] = Field(description="When that firing sent it.")
+    last_missed: int = Field(description="Periods the last firing skipped or collapsed (misfire policy).")
+    next_run: Optional[str]
+    runs: int
+
+
+class PeriodicListOut(BaseModel):
+    entries: list[PeriodicOut]
+
+
 # -- routes -----------------------------------------------------------------------------------
 
 router = APIRouter(
@@ -535,6 +553,27 @@ def stats(svc: Svc) -> StatsOut:
             shards=[_shard_out(s.shard, [s]) for s in per_shard],
             totals=_shard_out("total", per_shard),
         )
+
+
+@router.get("/periodic", response_model=PeriodicListOut, summary="Periodic Celery entries: schedule, last and next run")
+def periodic(svc: Svc) -> PeriodicListOut:
+    """The entries synced from a Celery app's beat_schedule (``celery -A proj delayq periodic list``)."""
+    try:
+        from ..celery.periodic import statuses
+    except ImportError:  # no Celery here: no periodic entries either
+        return PeriodicListOut(entries=[])
+    with reading("the periodic entries"):
+        entries = statuses(svc.store)
+    return PeriodicListOut(
+        entries=[
+            PeriodicOut(
+                name=e.name, item_id=e.item_id, state=e.state, task=e.task, schedule=e.schedule, misfire=e.misfire,
+                last_run=iso(e.last_run_ms), last_sent=iso(e.last_sent_ms), last_missed=e.last_missed,
+                next_run=iso(e.next_run_ms), runs=e.runs,
+            )  # fmt: skip
+            for e in entries
+        ]
+    )
 
 
 @router.get("/due", response_model=DueOut, summary="How many items fall due per bucket from now on")

@@ -249,3 +249,22 @@ def test_an_rq_job_scheduled_over_http_runs_under_a_real_worker(
 def test_query_numbers_are_digits(client: TestClient, query: str) -> None:
     response = client.get(f"/api/v1/dead?{query}", headers=AUTH)
     assert response.status_code == 422, response.text
+
+
+def test_periodic_entries_with_schedule_last_and_next_run(client: TestClient, web_store: DelayStore) -> None:
+    from celery import Celery
+
+    from delayq_backends.celery.periodic import sync
+
+    assert client.get("/api/v1/periodic", headers=AUTH).json() == {"entries": []}
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {"tick": {"task": "t.tick", "schedule": 30.0}}
+    assert sync(app, web_store).added == ["tick"]
+    [entry] = client.get("/api/v1/periodic", headers=AUTH).json()["entries"]
+    assert (entry["name"], entry["task"], entry["schedule"], entry["state"]) == (
+        "tick",
+        "t.tick",
+        "every 30s",
+        "scheduled",
+    )
+    assert entry["last_run"] is None and entry["next_run"] and entry["runs"] == 0

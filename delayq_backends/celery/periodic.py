@@ -1,0 +1,573 @@
+"""Periodic tasks without ``celery beat``: the app's ``beat_schedule``, fired by the forwarders.
+
+Each entry of ``app.conf.beat_schedule`` is **one store item**, id ``periodic:<name>``, due at
+the entry's next period. Its envelope (kind ``celery-periodic``) holds the task message, built
+once by Celery's own sender at sync time, and the schedule. When it comes due, a forwarder
+claims it like any item; :class:`PeriodicTarget` publishes the period's run (a Celery message
+with task id ``uuid5(name, period)``) through the Celery target, then **acks it and schedules
+the next period in one script call** (``rearm.lua``), only while the claim's lease is still
+ours. So any number of forwarders run active-active with no lock and no leader:
+
+- each period's next run is written exactly once: a forwarder killed before the rearm leaves
+  the item leased; when the lease runs out another forwarder fires it (and rearms), so no
+  period is skipped; one killed after it has done its part;
+- a kill between the publish and the rearm sends that period's run twice (at-least-once,
+  like any item); both sends carry the same task id.
+
+``sync`` makes the store follow the config: new entries are added, changed ones replaced (a
+compare-and-set that waits while a forwarder is firing the entry), entries gone from the config
+removed. A registry hash (``<prefix>:{<prefix>}:periodic``, name → item id) lists the entries,
+so a sync never scans the store. ``celery -A proj delayq forward`` syncs at start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from numbers import Real
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from celery import Celery
+from kombu.utils.json import dumps as kombu_json_dumps
+
+from ..envelope import Envelope
+from ..errors import DelayqError, EnvelopeError
+from ..keys import normalize_id, periodic_key
+from ..models import CancelOutcome, RearmOutcome
+from ..store import DelayStore
+from ..targets import Delivery, Lease, PublishReport, Target
+from ..timeutil import Clock, from_ms
+from .message import KIND as CELERY_KIND
+from .message import StoredMessage, priority_rank
+from .schedules import Misfire, Plan, Schedule, Slot, from_celery, run_task_id, schedule_from_json
+from .settings import store_for
+from .template import Capture
+
+__all__ = [
+    "ID_PREFIX",
+    "KIND",
+    "PeriodicEntry",
+    "PeriodicError",
+    "PeriodicState",
+    "PeriodicStatus",
+    "PeriodicTarget",
+    "SyncReport",
+    "entries_of",
+    "item_id",
+    "remove",
+    "statuses",
+    "sync",
+]
+
+log = logging.getLogger("delayq.celery.periodic")
+
+#: ``Envelope.target`` of periodic entries: a forwarder without :class:`PeriodicTarget` (an older
+#: version) leaves them alone and says so, instead of sending the template as a one-off task.
+KIND = "celery-periodic"
+#: the envelope meta key holding the entry's :class:`PeriodicState`
+META = "periodic"
+ID_PREFIX = "periodic:"
+#: ``beat_schedule`` entry keys we read (``relative`` as Celery's ``schedule(relative=True)``)
+_ENTRY_KEYS = {"task", "schedule", "args", "kwargs", "options", "relative"}
+#: ``apply_async`` options a periodic entry cannot have: each run is sent when due, on its own
+_REFUSED_OPTIONS = {"countdown", "eta", "task_id", "link", "link_error", "chain", "chord", "group_id", "producer"}
+
+
+class PeriodicError(DelayqError):
+    """A ``beat_schedule`` entry, or the store item of one, that cannot be synced."""
+
+
+def item_id(name: str) -> str:
+    """The store item of entry ``name``."""
+    return normalize_id(f"{ID_PREFIX}{name}")
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """The last firing: its latest period, when it was sent, and how many periods it missed."""
+
+    key: str
+    at_ms: int
+    sent_ms: int
+    missed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "at": self.at_ms, "sent": self.sent_ms, "missed": self.missed}
+
+    @classmethod
+    def from_json(cls, data: Optional[Mapping[str, Any]]) -> Optional[LastRun]:
+        if not data:
+            return None
+        return cls(str(data["key"]), int(data["at"]), int(data["sent"]), int(data.get("missed", 0)))
+
+
+@dataclass(frozen=True)
+class PeriodicState:
+    """What a periodic item's envelope carries besides the message (meta ``periodic``)."""
+
+    name: str
+    schedule: Schedule
+    misfire: Misfire
+    fingerprint: str
+    slot: Slot
+    rank: int = 0
+    expires: Optional[float] = None  # seconds after each send, when the entry's ``expires`` is relative
+    last: Optional[LastRun] = None
+    runs: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "schedule": self.schedule.to_json(),
+            "misfire": self.misfire.to_json(),
+            "fp": self.fingerprint,
+            "slot": self.slot.to_json(),
+            "rank": self.rank,
+            "expires": self.expires,
+            "last": None if self.last is None else self.last.to_json(),
+            "runs": self.runs,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PeriodicState:
+        return cls(
+            name=str(data["name"]),
+            schedule=schedule_from_json(data["schedule"]),
+            misfire=Misfire.from_json(data["misfire"]),
+            fingerprint=str(data["fp"]),
+            slot=Slot.from_json(data["slot"]),
+            rank=int(data.get("rank", 0)),
+            expires=None if data.get("expires") is None else float(data["expires"]),
+            last=LastRun.from_json(data.get("last")),
+            runs=int(data.get("runs", 0)),
+        )
+
+    def fired(self, plan: Plan, now_ms: int) -> PeriodicState:
+        """The state after sending ``plan``'s runs: due at ``plan.next``."""
+        last = self.last
+        if plan.runs or plan.missed:
+            latest = plan.runs[-1] if plan.runs else self.slot
+            last = LastRun(latest.key, latest.at_ms, now_ms, plan.missed)
+        return replace(self, slot=plan.next, last=last, runs=self.runs + len(plan.runs))
+
+
+def _envelope(message: StoredMessage, state: PeriodicState) -> Envelope:
+    plain = message.to_envelope()
+    return Envelope(KIND, plain.destination, plain.body, {**plain.meta, META: state.to_json()})
+
+
+def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
+    """The message and state of a periodic envelope; EnvelopeError if it is none."""
+    meta = dict(envelope.meta)
+    try:
+        state = PeriodicState.from_json(meta.pop(META))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EnvelopeError(f"not a delayq periodic entry: {type(exc).__name__}: {exc}") from exc
+    message = StoredMessage.from_envelope(Envelope(CELERY_KIND, envelope.destination, envelope.body, meta))
+    return message, state
+
+
+def _run_message(message: StoredMessage, task_id: str, expires: Optional[float], now_ms: int) -> StoredMessage:
+    """The message of one run: its own task id, and ``expires`` counted from this send."""
+    headers = {**message.headers, "id": task_id}
+    if expires is not None:
+        headers["expires"] = (from_ms(now_ms) + timedelta(seconds=expires)).isoformat()
+    return replace(message, headers=headers, properties={**message.properties, "correlation_id": task_id})
+
+
+# -- entries of the app --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeriodicEntry:
+    """One ``beat_schedule`` entry, ready to store."""
+
+    name: str
+    message: StoredMessage
+    schedule: Schedule
+    misfire: Misfire
+    fingerprint: str
+    rank: int
+    expires: Optional[float]
+
+    @property
+    def item_id(self) -> str:
+        return item_id(self.name)
+
+    def state(self, slot: Slot, last: Optional[LastRun] = None, runs: int = 0) -> PeriodicState:
+        return PeriodicState(
+            self.name, self.schedule, self.misfire, self.fingerprint, slot, self.rank, self.expires, last, runs
+        )
+
+    def envelope(self, state: PeriodicState) -> Envelope:
+        return _envelope(self.message, state)
+
+
+def entries_of(app: Celery) -> tuple[list[PeriodicEntry], dict[str, str]]:
+    """The app's ``beat_schedule`` as entries, and the ones that cannot be used (name → why)."""
+    schedule = app.conf.beat_schedule or {}
+    entries: list[PeriodicEntry] = []
+    errors: dict[str, str] = {}
+    for name, conf in schedule.items():
+        try:
+            entries.append(_entry(app, str(name), conf))
+        except (DelayqError, ValueError, TypeError) as exc:
+            errors[str(name)] = str(exc)
+    return entries, errors
+
+
+def _zone(app: Celery) -> str:
+    """The app's time zone, as crontabs read it: ``timezone``, else UTC (``enable_utc``) or local."""
+    name = app.conf.timezone
+    if name:
+        return str(name)
+    return "UTC" if app.conf.enable_utc else "local"
+
+
+def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
+    if not isinstance(conf, Mapping) or "task" not in conf or "schedule" not in conf:
+        raise PeriodicError(f"entry {name!r}: use a dict with 'task' and 'schedule' (as celery beat reads it)")
+    unknown = sorted(set(conf) - _ENTRY_KEYS)
+    if unknown:
+        raise PeriodicError(f"entry {name!r}: unknown key(s) {unknown}; known are {sorted(_ENTRY_KEYS)}")
+    item_id(name)  # a name with control characters cannot make an id
+    options = dict(conf.get("options") or {})
+    misfire = Misfire.from_options(options)
+    for key in Misfire.OPTIONS:
+        options.pop(key, None)
+    refused = sorted(_REFUSED_OPTIONS & set(options))
+    if refused:
+        raise PeriodicError(f"entry {name!r}: option(s) {refused} cannot apply to a periodic run; remove them")
+    args, kwargs = conf.get("args") or (), conf.get("kwargs") or {}
+    if callable(args) or callable(kwargs):
+        raise PeriodicError(
+            f"entry {name!r}: lazy args/kwargs (BeatLazyFunc) are evaluated per run by beat; delayq stores the "
+            "message once: pass plain values, or compute them in the task"
+        )
+    schedule = from_celery(conf["schedule"], zone=_zone(app), relative=bool(conf.get("relative")))
+    message, expires = _message(app, str(conf["task"]), tuple(args), dict(kwargs), options)
+    driver = str(app.connection_for_write().transport.driver_type)  # no connection is made
+    rank = priority_rank(message.properties.get("priority"), driver)
+    return PeriodicEntry(
+        name, message, schedule, misfire, _fingerprint(message, schedule, misfire, expires, rank), rank, expires
+    )
+
+
+def _message(
+    app: Celery, task: str, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]
+) -> tuple[StoredMessage, Optional[float]]:
+    """The task message as ``celery beat`` would send it (``app.send_task``, with the task's own
+    options when it is registered here), captured from Celery's sender; and a relative
+    ``expires`` in seconds, which each run counts from its own send."""
+    registered = app.tasks.get(task)
+    if registered is not None:
+        defaults = {k: v for k, v in registered._get_exec_options().items() if v is not None}
+        options = {**defaults, **options}
+    expires = options.pop("expires", None)
+    relative = float(expires) if isinstance(expires, Real) and not isinstance(expires, bool) else None
+    headers = {**(options.pop("headers", None) or {}), "celery_beat_task": True}  # as beat marks its sends
+    time_limit, soft_time_limit = options.pop("time_limit", None), options.pop("soft_time_limit", None)
+    ignore_result, shadow = options.pop("ignore_result", None), options.pop("shadow", None)
+    options = app.amqp.router.route(options, task, args, kwargs, registered)
+    options["headers"] = headers
+    message = app.amqp.create_task_message(
+        str(_PLACEHOLDER_ID), task, args, kwargs,
+        expires=expires, time_limit=time_limit, soft_time_limit=soft_time_limit, reply_to=app.thread_oid,
+        shadow=shadow, ignore_result=ignore_result, **options,
+    )  # fmt: skip
+    capture = Capture()
+    app.amqp.send_task_message(capture, task, message, **options)
+    if capture.body is None:
+        raise PeriodicError(f"task {task!r}: Celery's sender published nothing to capture")
+    return StoredMessage.capture(capture.body, capture.kwargs), relative
+
+
+#: the task id of the stored template; each run gets its own (:func:`run_task_id`)
+_PLACEHOLDER_ID = "00000000-0000-0000-0000-000000000000"
+#: headers and properties that differ between two builds of the same entry (host, process, send time)
+_VOLATILE_HEADERS = {"id", "origin", "root_id", "parent_id"}
+_VOLATILE_PROPERTIES = {"correlation_id", "reply_to"}
+
+
+def _fingerprint(
+    message: StoredMessage, schedule: Schedule, misfire: Misfire, expires: Optional[float], rank: int
+) -> str:
+    """A hash of everything that makes the entry's runs, so a sync can tell "unchanged"."""
+    headers = {k: v for k, v in message.headers.items() if k not in _VOLATILE_HEADERS}
+    if expires is not None:
+        headers.pop("expires", None)
+    what = {
+        "body": message.body.hex(),
+        "ct": message.content_type,
+        "ce": message.content_encoding,
+        "h": headers,
+        "p": {k: v for k, v in message.properties.items() if k not in _VOLATILE_PROPERTIES},
+        "x": message.exchange,
+        "rk": message.routing_key,
+        "q": message.declare,
+        "s": schedule.to_json(),
+        "m": misfire.to_json(),
+        "e": expires,
+        "r": rank,
+    }
+    return hashlib.sha1(kombu_json_dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# -- sync ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SyncReport:
+    """What a sync did, by entry name."""
+
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = [f"{len(getattr(self, k))} {k}" for k in ("added", "changed", "unchanged", "removed")]
+        return ", ".join(parts) + (f", {len(self.errors)} refused" if self.errors else "")
+
+
+def sync(app: Celery, store: Optional[DelayStore] = None, *, wait: Optional[float] = None) -> SyncReport:
+    """Make the store's periodic entries those of ``app.conf.beat_schedule``.
+
+    Idempotent, by entry name: new entries get their first period after now; a changed entry
+    keeps its next period if its schedule is the same (else the new schedule's first after
+    now) and its run history; entries gone from the config are removed. An entry that cannot be
+    built is reported in ``errors`` and left as it is in the store (never removed for it).
+
+    Args:
+        wait: seconds to wait for a forwarder that is firing a changed entry right now
+            (default: the store's lease, after which a holder is presumed dead).
+    """
+    store = store or store_for(app)
+    entries, errors = entries_of(app)
+    report = SyncReport(errors=dict(errors))
+    deadline = time.monotonic() + (store.config.lease_seconds + 1 if wait is None else wait)
+    registry = periodic_key(store.config.prefix)
+    for entry in entries:
+        store.client.hset(registry, entry.name, entry.item_id)  # first: a stored entry is always listed
+        try:
+            outcome = _upsert(store, entry, deadline)
+        except DelayqError as exc:
+            report.errors[entry.name] = str(exc)
+            continue
+        getattr(report, outcome).append(entry.name)
+    keep = {e.name for e in entries} | set(errors)
+    report.removed = remove(store, [name for name in _registered(store) if name not in keep])
+    return report
+
+
+def _upsert(store: DelayStore, entry: PeriodicEntry, deadline: float) -> str:
+    """Add or update one entry; returns ``added``, ``changed`` or ``unchanged``."""
+    while True:
+        now = store.clock()
+        item = store.get(entry.item_id)
+        if item is None:
+            first = entry.schedule.first_after(now)
+            env = entry.envelope(entry.state(first))
+            if store.schedule(entry.item_id, from_ms(first.at_ms), env, mode="keep", rank=entry.rank) == "added":
+                return "added"
+            continue  # another sync added it meanwhile: compare with that one
+        try:
+            _, old = _decode(Envelope.decode(item.envelope))
+        except EnvelopeError as exc:
+            raise PeriodicError(
+                f"store item {entry.item_id!r} is not a periodic entry ({exc}): it was scheduled by something "
+                f"else; `delayq cancel {entry.item_id}` and sync again"
+            ) from exc
+        if old.fingerprint == entry.fingerprint:
+            return "unchanged"
+        slot = old.slot if old.schedule == entry.schedule else entry.schedule.first_after(now)
+        env = entry.envelope(entry.state(slot, old.last, old.runs))
+        outcome = store.replace_if(
+            entry.item_id, item.envelope, from_ms(slot.at_ms), env, rank=entry.rank, now=store.clock()
+        )
+        if outcome is RearmOutcome.REPLACED:
+            return "changed"
+        if outcome is RearmOutcome.HELD:  # a forwarder is firing it: its rearm comes first
+            if time.monotonic() > deadline:
+                raise PeriodicError(
+                    f"entry {entry.name!r} stayed leased to a forwarder; it keeps its old settings: sync again"
+                )
+            time.sleep(0.05)
+
+
+def _registered(store: DelayStore) -> list[str]:
+    """Entry names in the registry."""
+    names = store.client.hscan_iter(periodic_key(store.config.prefix))
+    return sorted(n.decode() if isinstance(n, bytes) else str(n) for n, _ in names)
+
+
+def remove(store: DelayStore, names: Iterable[str]) -> list[str]:
+    """Remove entries by name (their store item, then their registry line); returns the names
+    that were registered or stored. A forwarder firing one now sends that run and stops."""
+    registry = periodic_key(store.config.prefix)
+    removed = []
+    for name in names:
+        cancelled = store.cancel(item_id(name))
+        if store.client.hdel(registry, name) or cancelled is not CancelOutcome.NOT_FOUND:
+            removed.append(name)
+    return removed
+
+
+# -- listing ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeriodicStatus:
+    """One entry as the store has it, for ``periodic list`` and the dashboard."""
+
+    name: str
+    item_id: str
+    state: str  # "scheduled", "firing" (leased to a forwarder), "missing" (not in the store)
+    task: str = ""
+    schedule: str = ""
+    misfire: str = ""
+    next_run_ms: Optional[int] = None
+    last_run_ms: Optional[int] = None
+    last_sent_ms: Optional[int] = None
+    last_missed: int = 0
+    runs: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def statuses(store: DelayStore) -> list[PeriodicStatus]:
+    """Every registered entry, with its schedule, last run and next run."""
+    out = []
+    for name in _registered(store):
+        ident = item_id(name)
+        item = store.get(ident)
+        if item is None:
+            out.append(PeriodicStatus(name, ident, "missing"))
+            continue
+        try:
+            message, state = _decode(Envelope.decode(item.envelope))
+        except EnvelopeError as exc:
+            out.append(PeriodicStatus(name, ident, f"unreadable: {exc}"))
+            continue
+        last = state.last
+        out.append(
+            PeriodicStatus(
+                name,
+                ident,
+                "firing" if item.leased_until_ms is not None else "scheduled",
+                message.task,
+                state.schedule.describe(),
+                state.misfire.describe(),
+                item.ready_ms,
+                None if last is None else last.at_ms,
+                None if last is None else last.sent_ms,
+                0 if last is None else last.missed,
+                state.runs,
+            )
+        )
+    return out
+
+
+# -- the forwarder's side ----------------------------------------------------------------------
+
+
+class PeriodicTarget:
+    """Fires ``celery-periodic`` items: publishes each due period's run through ``inner`` (the
+    forwarder's Celery target), then acks the item and schedules its next period in one step
+    under the claim's lease (:meth:`Lease.rearm`).
+
+    Args:
+        inner: the target of kind ``celery`` that publishes the runs.
+        clock: "now" in ms for the misfire policy; by default the store's clock (the server's).
+    """
+
+    kind = KIND
+
+    def __init__(self, inner: Target, *, clock: Optional[Clock] = None) -> None:
+        if inner.kind != CELERY_KIND:
+            raise ValueError(f"PeriodicTarget publishes through a {CELERY_KIND!r} target, not {inner.kind!r}")
+        self.inner = inner
+        self.clock = clock
+
+    def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
+        """Without a lease the next run could not be scheduled safely: nothing is sent."""
+        why = "a periodic entry is fired only under a claim's lease (Forwarder calls publish_claimed)"
+        return PublishReport(failed=[(d.id, why, False) for d in deliveries])
+
+    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
+        report = PublishReport()
+        now = (self.clock or lease.store.clock)()
+        fired: list[tuple[Delivery, StoredMessage, PeriodicState, Plan, list[str]]] = []
+        runs: list[Delivery] = []
+        for d in deliveries:
+            try:
+                message, state = _decode(d.envelope)
+                plan = state.misfire.plan(state.schedule, state.slot, now)
+            except (EnvelopeError, ValueError, TypeError, KeyError, OverflowError) as exc:
+                report.failed.append((d.id, f"cannot fire this periodic entry: {exc}", True))
+                continue
+            ids = []
+            for slot in plan.runs:
+                task_id = run_task_id(state.name, slot)
+                run = _run_message(message, task_id, state.expires, now)
+                ids.append(f"{d.id}#{task_id}")
+                runs.append(Delivery(ids[-1], run.to_envelope(), d.attempts, slot.at_ms))
+            fired.append((d, message, state, plan, ids))
+        sent = self.inner.publish_many(runs) if runs else PublishReport()
+        report.broker_error = sent.broker_error
+        published, unsent = set(sent.published), set(sent.unsent)
+        failed = {i: (error, permanent) for i, error, permanent in sent.failed}
+        for d, message, state, plan, ids in fired:
+            if all(i in published for i in ids):
+                self._rearm(lease, d, message, state, plan, now)
+                report.published.append(d.id)
+                report.acked.append(d.id)
+            elif any(i in unsent for i in ids):  # given back: its runs go again, all of them
+                report.unsent.append(d.id)
+            else:
+                errors = [failed[i] for i in ids if i in failed] or [("not published", False)]
+                report.failed.append((d.id, "; ".join(e for e, _ in errors), all(p for _, p in errors)))
+        return report
+
+    @staticmethod
+    def _rearm(lease: Lease, d: Delivery, message: StoredMessage, state: PeriodicState, plan: Plan, now: int) -> None:
+        following = state.fired(plan, now)
+        try:
+            outcome = lease.rearm(d.id, from_ms(plan.next.at_ms), _envelope(message, following), rank=state.rank)
+        except Exception as exc:  # the run went out; the item stays leased and fires again later
+            log.error(
+                "periodic entry %r: sent, but its next run could not be scheduled (%s: %s); it is fired again "
+                "when its lease runs out",
+                state.name,
+                type(exc).__name__,
+                exc,
+            )
+            return
+        if outcome is RearmOutcome.HELD:
+            log.warning("periodic entry %r: our lease ran out while firing it; another forwarder has it", state.name)
+        elif outcome is RearmOutcome.NOT_FOUND:
+            log.info("periodic entry %r was removed while being fired", state.name)
+        elif plan.missed:
+            log.warning(
+                "periodic entry %r: %d period(s) missed (%s), %d run(s) sent; next %s",
+                state.name,
+                plan.missed,
+                state.misfire.policy,
+                len(plan.runs),
+                datetime.fromtimestamp(plan.next.at_ms / 1000, tz=timezone.utc).isoformat(),
+            )
+
+    def queue_depth(self, queue: str) -> int:
+        """The inner target's depth probe (flow control), when it has one."""
+        probe = getattr(self.inner, "queue_depth", None)
+        if probe is None:
+            raise NotImplementedError("the inner target has no queue depth probe")
+        return int(probe(queue))
+
+    def close(self) -> None:
+        """The inner target is the forwarder's too; it closes it."""

@@ -1,0 +1,134 @@
+"""Periodic entries with real processes: two ``celery -A … delayq forward`` and a worker, no
+``celery beat``; forwarders SIGKILLed and restarted while an every-2-seconds entry runs. Each
+period runs once, none twice, none early, none lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import redis
+
+from delayq_backends.celery import forget_store, store_for
+from delayq_backends.celery.periodic import item_id, statuses
+from delayq_backends.celery.schedules import Slot, run_task_id
+from delayq_backends.embedded import EmbeddedServer
+from tests.helpers import wait_for
+from tests.test_celery.conftest import BROKERS, broker_url_for
+from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
+
+EVERY_MS = 2000
+APP = "tests.test_celery.periodic_app"
+
+
+@pytest.fixture(params=BROKERS)
+def env(
+    request: pytest.FixtureRequest, valkey_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[CeleryEnv]:
+    monkeypatch.setenv("DQT_EVERY", str(EVERY_MS / 1000))
+    env = new_env(request.param, broker_url_for(request.param, request, valkey_server), valkey_server)
+    env.app_module = APP
+    try:
+        yield env
+    finally:
+        env.stop()
+        delete_queue(env)
+
+
+def _forwarder(env: CeleryEnv, tmp: Path, name: str) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "celery", "-A", APP, "delayq", "forward"]
+    return env.start(args + ["--poll", "0.2", "--lease", "2", "--log-every", "5"], name, tmp)
+
+
+def test_two_forwarders_fire_each_period_once_through_sigkills(env: CeleryEnv, tmp_path: Path) -> None:
+    app = env.app()
+    try:
+        env.start_worker(tmp_path)
+        forwarders = [_forwarder(env, tmp_path, "forwarder-a"), _forwarder(env, tmp_path, "forwarder-b")]
+        store = store_for(app)
+        wait_for(lambda: store.get(item_id("tick")) is not None, 30, "the first sync")
+        started = time.monotonic()
+        for i, at in enumerate((5.0, 10.3)):  # SIGKILL one, then the other, each restarted at once
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            victim = forwarders[i]
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            forwarders[i] = _forwarder(env, tmp_path, f"forwarder-{'ab'[i]}-again")
+        time.sleep(max(0.0, started + 16 - time.monotonic()))
+        for proc in forwarders:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        [status] = statuses(store)
+        assert status.runs >= 6, status  # 16 s at 2 s, minus at most two lease expiries of 2 s
+        current = store.get(item_id("tick"))
+        assert current is not None
+        slots = [Slot(str(at), at) for at in range(current.ready_ms - EVERY_MS * 200, current.ready_ms, EVERY_MS)]
+        by_id = {run_task_id("tick", s): s for s in slots}
+
+        def ticks() -> list[dict[str, object]]:
+            return [r for r in env.records() if r["tag"] == "tick"]
+
+        wait_for(lambda: len(ticks()) >= status.runs, 60, lambda: f"{status.runs} runs, got {len(ticks())}")
+        runs = ticks()
+        ids = [str(r["id"]) for r in runs]
+        assert len(ids) == len(set(ids)), "a period ran twice"
+        periods = sorted(by_id[i].at_ms for i in ids)
+        # every period from the first to the last ran: none skipped by the kills
+        assert periods == list(range(periods[0], periods[-1] + EVERY_MS, EVERY_MS))
+        assert len(periods) == status.runs
+        assert all(int(r["started_ms"]) >= by_id[str(r["id"])].at_ms for r in runs)  # type: ignore[call-overload]
+        restarted = (tmp_path / "forwarder-a-again.log").read_text()
+        assert "0 added, 0 changed, 1 unchanged" in restarted  # the restart's sync changed nothing
+    except BaseException:
+        print(env.tail())
+        raise
+    finally:
+        forget_store(app)
+
+
+def test_periodic_commands(valkey_server: EmbeddedServer, tmp_path: Path) -> None:
+    """`celery -A proj delayq periodic sync|list|remove` and `delayq periodic list`."""
+    env = new_env("redis", broker_url_for("redis", None, valkey_server), valkey_server)  # type: ignore[arg-type]
+    env.app_module = APP
+
+    def celery(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "celery", "-A", APP, "delayq", "periodic", *args]
+        return subprocess.run(command, env=env.env, capture_output=True, text=True, timeout=60, check=False)
+
+    synced = celery("sync")
+    assert synced.returncode == 0, synced.stderr
+    assert "added: tick" in synced.stdout and "1 added" in synced.stderr
+    assert "1 unchanged" in celery("sync").stderr
+    listed = json.loads(celery("list", "--json").stdout)
+    assert [(e["name"], e["task"], e["schedule"], e["state"]) for e in listed] == [
+        ("tick", "dqt.record", "every 2s", "scheduled")
+    ]
+    plain = [sys.executable, "-m", "delayq_backends.cli", "periodic", "list", "--url", env.store]
+    plain += ["--prefix", env.prefix, "--shards", "4"]
+    table = subprocess.run(plain, env=env.env, capture_output=True, text=True, timeout=60, check=False)
+    assert table.returncode == 0 and "tick" in table.stdout and "run_all" in table.stdout, table.stderr
+    assert "removed: tick" in celery("remove", "tick").stdout
+    assert json.loads(celery("list", "--json").stdout) == []
+
+
+def test_plain_delayq_forward_fires_periodic_entries(valkey_server: EmbeddedServer, tmp_path: Path) -> None:
+    """`delayq forward --celery-broker` (no app loaded) fires entries a sync stored."""
+    env = new_env("redis", broker_url_for("redis", None, valkey_server), valkey_server)  # type: ignore[arg-type]
+    env.app_module = APP
+    sync = [sys.executable, "-m", "celery", "-A", APP, "delayq", "periodic", "sync"]
+    subprocess.run(sync, env=env.env, capture_output=True, timeout=60, check=True)
+    broker = redis.Redis.from_url(env.broker)
+    try:
+        env.start_forwarder(tmp_path)  # `delayq forward --celery-broker …`
+        wait_for(lambda: broker.llen(env.queue) >= 2, 30, "two runs of the entry in the broker's queue")
+    except BaseException:
+        print(env.tail())
+        raise
+    finally:
+        env.stop()
