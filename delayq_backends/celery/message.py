@@ -138,7 +138,11 @@ class StoredMessage:
         if compression:
             data, headers["compression"] = compress(data, compression)
         exchange = publish_kwargs.get("exchange") or ""
-        properties = {k: v for k, v in publish_kwargs.items() if k not in _PUBLISH_ARGS and v is not None}
+        # None values are left out, except an explicit priority=None: kombu's publish would
+        # otherwise default it to 0, a property the native message does not have on AMQP
+        properties = {
+            k: v for k, v in publish_kwargs.items() if k not in _PUBLISH_ARGS and (v is not None or k == "priority")
+        }
         return cls(
             task=str(headers.get("task", "")),
             body=data if isinstance(data, bytes) else str(data).encode(content_encoding or "utf-8"),
