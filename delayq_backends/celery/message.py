@@ -8,6 +8,7 @@ that users put in custom headers.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping, Optional
@@ -87,11 +88,38 @@ def parse_time(value: Any) -> Optional[datetime]:
     """
     if value is None or value == "":
         return None
-    when = isoparse(value) if isinstance(value, str) else value
+    when = _isoparse(value) if isinstance(value, str) else value
     if not isinstance(when, datetime):
         raise ValueError(f"not a time: {value!r}")
     aware: datetime = maybe_make_aware(when)
     return aware
+
+
+def _isoparse(text: str) -> datetime:
+    """``datetime.fromisoformat`` (C, ~40x faster: every delayed publish parses its eta) for
+    what Celery writes, dateutil's ISO parser for the rest of ISO 8601."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        when: datetime = isoparse(text)
+        return when
+
+
+#: ``Queue.as_dict(recurse=True)`` of the queues Celery declares, by queue object (identity, not
+#: kombu's equality, which ignores some arguments): the same few app queues are declared on every
+#: publish, and walking them costs more than the rest of the capture.
+_declarations: dict[int, tuple[weakref.ref[Queue], dict[str, Any]]] = {}
+
+
+def _declaration(queue: Queue) -> dict[str, Any]:
+    cached = _declarations.get(id(queue))
+    if cached is not None and cached[0]() is queue:
+        return cached[1]
+    found: dict[str, Any] = queue.as_dict(recurse=True)
+    if len(_declarations) > 1000:  # queues made per call (a dict route): no cache to grow
+        _declarations.clear()
+    _declarations[id(queue)] = (weakref.ref(queue), found)
+    return found
 
 
 @dataclass(frozen=True)
@@ -152,7 +180,7 @@ class StoredMessage:
             properties=properties,
             exchange=exchange.name if isinstance(exchange, Exchange) else str(exchange),
             routing_key=str(publish_kwargs.get("routing_key") or ""),
-            declare=[q.as_dict(recurse=True) for q in publish_kwargs.get("declare") or () if isinstance(q, Queue)],
+            declare=[_declaration(q) for q in publish_kwargs.get("declare") or () if isinstance(q, Queue)],
         )
 
     @property
