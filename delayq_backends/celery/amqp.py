@@ -45,6 +45,8 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
 
     def __init__(self, app: Celery) -> None:
         super().__init__(app)
+        #: "now" for the ``delayq_min_delay`` test; the testing helper sets its fake clock here
+        self.delayq_now: Callable[[], datetime] = utc_now
         use_plugin_control(app)
 
     @cached_property
@@ -57,13 +59,18 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
         def send_task_message(producer: Any, name: str, message: Any, **kwargs: Any) -> Any:
             settings = self.delayq_settings
             eta = parse_time(message.headers.get("eta")) if settings.enabled else None
-            if eta is None or (eta - datetime.now(timezone.utc)).total_seconds() <= settings.min_delay:
+            if eta is None or (eta - self.delayq_now()).total_seconds() <= settings.min_delay:
                 return send(producer, name, message, **kwargs)
             store = store_for(self.app, settings)
             storing = _StoringProducer(producer, store, message.headers["id"], eta, settings.duplicate_id)
             return send(storing, name, message, **kwargs)
 
         return send_task_message
+
+
+def utc_now() -> datetime:
+    """The real "now" of :attr:`AMQP.delayq_now`."""
+    return datetime.now(timezone.utc)
 
 
 class _StoringProducer:

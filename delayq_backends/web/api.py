@@ -483,8 +483,6 @@ def list_items(svc: Svc, offset: Offset = 0, limit: Limit = 50, shard: Shard = N
         return ItemsOut(items=[ItemOut(**item_entry(i)) for i in items], problems=problems)
 
 
-
-
 #: Ids in the query: any id reaches these, ``.``, ``..`` and ``a/b`` included, which clients and
 #: browsers rewrite or split as path segments.
 QueryId = Annotated[str, Query(alias="id", min_length=1, max_length=200, description="The item (task/job) id.")]
