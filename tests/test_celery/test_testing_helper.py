@@ -13,7 +13,8 @@ from celery import Celery
 
 from delayq_backends.celery import install
 from delayq_backends.celery.settings import attached_store
-from delayq_backends.celery.testing import DelayedTasks, delayed_tasks, delayq_tasks  # noqa: F401 (fixture)
+from delayq_backends.celery.testing import DelayedTasks, delayed_tasks
+from delayq_backends.celery.testing import delayq_tasks as delayq_tasks  # noqa: F401 (the fixture)
 from delayq_backends.testing import FakeClock
 
 NOON = datetime(2030, 1, 1, 12, tzinfo=timezone.utc)
