@@ -43,6 +43,7 @@ from kombu.serialization import prepare_accept_content
 
 from ..envelope import Envelope
 from ..targets import Delivery
+from ..timeutil import from_ms
 from ..testing import FakeClock, TestingStore, run_due, scheduled, testing_store
 from . import install
 from .amqp import AMQP, utc_now
@@ -114,7 +115,7 @@ class DelayedTasks:
     def _execute(self, delivery: Delivery) -> RanTask:
         """Replay the stored message as the forwarder would publish it, decode it as a worker
         does (the app's ``accept_content``, compression), and run it in Celery's tracer."""
-        task = _scheduled_task(delivery.id, delivery.envelope, datetime.fromtimestamp(0))
+        task = _scheduled_task(delivery.id, delivery.envelope, from_ms(delivery.ready_ms))
         publish = task.message.publish_kwargs(ready_ms=delivery.ready_ms, now=self.clock.now())
         properties = {k: v for k, v in publish.items() if k in ("correlation_id", "reply_to", "priority")}
         delivery_info = {"exchange": publish["exchange"], "routing_key": publish["routing_key"]}

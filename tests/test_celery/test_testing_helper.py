@@ -61,7 +61,7 @@ def test_this_call_scheduled_billing_charge_for_nine_tomorrow() -> None:
         assert task.queue == "celery" and task.priority is None
         assert delayed.advance(timedelta(hours=20)) == [] and log == [], "08:00: not due yet"
         [ran] = delayed.advance(timedelta(hours=1))
-        assert (ran.state, ran.result, ran.task.id) == ("SUCCESS", "charged 42", task.id)
+        assert (ran.state, ran.result, ran.task.id, ran.task.ready) == ("SUCCESS", "charged 42", task.id, NINE_TOMORROW)
         assert log == [("charge", 42, "9.90")] and delayed.scheduled() == []
         assert delayed.advance(timedelta(days=1)) == [], "ran once"
     assert attached_store(app) is None, "detached after the block"
