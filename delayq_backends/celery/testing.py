@@ -43,8 +43,8 @@ from kombu.serialization import prepare_accept_content
 
 from ..envelope import Envelope
 from ..targets import Delivery
-from ..timeutil import from_ms
 from ..testing import FakeClock, TestingStore, run_due, scheduled, testing_store
+from ..timeutil import from_ms
 from . import install
 from .amqp import AMQP, utc_now
 from .message import KIND, StoredMessage, parse_time
