@@ -50,14 +50,29 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
         "destination": None,
         "corrupt": None,
         "size": len(item.envelope),
+        "task": None,
     }
     try:
         envelope = Envelope.decode(item.envelope)
     except EnvelopeError as exc:
         entry["corrupt"] = str(exc)
     else:
-        entry.update(target=envelope.target, destination=envelope.destination)
+        entry.update(target=envelope.target, destination=envelope.destination, task=_celery_task(envelope))
     return entry
+
+
+def _celery_task(envelope: Envelope) -> Optional[dict[str, Any]]:
+    """A Celery message's task name, arguments (JSON bodies only), eta, queue and priority."""
+    if envelope.target != "celery":
+        return None
+    try:
+        from .celery.message import StoredMessage  # Celery is an optional extra
+    except ImportError:
+        return None
+    try:
+        return StoredMessage.from_envelope(envelope).view().as_dict()
+    except EnvelopeError as exc:
+        return {"note": str(exc)}
 
 
 def dead_entry(dead: DeadLetter) -> dict[str, Any]:

@@ -198,7 +198,14 @@ class DelayStore:
             InvalidTimeError, InvalidIdError, InvalidRankError, PayloadTooLargeError,
             EnvelopeError: bad input; nothing was stored.
         """
-        counts = self.schedule_many([(item_id, when, envelope, rank)], mode=mode)
+        if mode not in ("replace", "keep"):
+            raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
+        item_id = normalize_id(item_id)
+        item = (item_id, to_ms(when, clock=self.clock), self.check_payload(item_id, envelope), check_rank(rank))
+        # one script call, without the bulk path's grouping: this is every apply_async's cost
+        counts = ScheduleCounts(
+            *self._write(self.scripts.schedule, self.shard_of(item_id), [mode, self._wake, *_schedule_args([item])])
+        )
         return "added" if counts.added else "replaced" if counts.replaced else "kept"
 
     def schedule_many(self, entries: Iterable[ScheduleEntry], *, mode: str = "replace") -> ScheduleCounts:

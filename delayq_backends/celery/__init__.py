@@ -17,9 +17,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("delayq_backends.celery needs Celery: pip install 'delayq_backends[celery]'") from exc
 
 from .amqp import AMQP, Control, StoreUnavailableError, use_plugin_control
-from .message import StoredMessage
-from .scheduled import get, reschedule, revoke
-from .settings import CelerySettings, forget_store, store_for
+from .message import StoredMessage, TaskView
+from .scheduled import RevokeReport, StoreRevoke, get, reschedule, revoke, revoke_everywhere
+from .settings import CelerySettings, DuplicateTaskIdError, forget_store, store_for
 from .target import CeleryTarget
 
 __all__ = [
@@ -27,13 +27,18 @@ __all__ = [
     "CelerySettings",
     "CeleryTarget",
     "Control",
+    "DuplicateTaskIdError",
+    "RevokeReport",
+    "StoreRevoke",
     "StoreUnavailableError",
     "StoredMessage",
+    "TaskView",
     "forget_store",
     "get",
     "install",
     "reschedule",
     "revoke",
+    "revoke_everywhere",
     "store_for",
 ]
 

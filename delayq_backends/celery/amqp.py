@@ -25,8 +25,8 @@ from kombu.entity import Exchange
 from ..errors import DelayqError
 from ..store import DelayStore
 from .message import StoredMessage, parse_time, priority_rank
-from .scheduled import revoke as revoke_scheduled
-from .settings import CelerySettings, store_for
+from .scheduled import revoke_everywhere
+from .settings import CelerySettings, DuplicateTaskIdError, StoreUnavailableError, store_for
 
 __all__ = ["AMQP", "Control", "StoreUnavailableError", "use_plugin_control"]
 
@@ -37,10 +37,6 @@ log = logging.getLogger("delayq.celery")
 NATIVE_DELAYED_EXCHANGE = "celery_delayed_27"
 
 
-class StoreUnavailableError(DelayqError):
-    """The delay store could not take a delayed task: the task was not scheduled."""
-
-
 class AMQP(CeleryAMQP):  # type: ignore[misc]
     """Celery's AMQP with delayed task messages diverted to the delay store.
 
@@ -49,6 +45,8 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
 
     def __init__(self, app: Celery) -> None:
         super().__init__(app)
+        #: "now" for the ``delayq_min_delay`` test; the testing helper sets its fake clock here
+        self.delayq_now: Callable[[], datetime] = utc_now
         use_plugin_control(app)
 
     @cached_property
@@ -61,12 +59,18 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
         def send_task_message(producer: Any, name: str, message: Any, **kwargs: Any) -> Any:
             settings = self.delayq_settings
             eta = parse_time(message.headers.get("eta")) if settings.enabled else None
-            if eta is None or (eta - datetime.now(timezone.utc)).total_seconds() <= settings.min_delay:
+            if eta is None or (eta - self.delayq_now()).total_seconds() <= settings.min_delay:
                 return send(producer, name, message, **kwargs)
             store = store_for(self.app, settings)
-            return send(_StoringProducer(producer, store, message.headers["id"], eta), name, message, **kwargs)
+            storing = _StoringProducer(producer, store, message.headers["id"], eta, settings.duplicate_id)
+            return send(storing, name, message, **kwargs)
 
         return send_task_message
+
+
+def utc_now() -> datetime:
+    """The real "now" of :attr:`AMQP.delayq_now`."""
+    return datetime.now(timezone.utc)
 
 
 class _StoringProducer:
@@ -76,11 +80,12 @@ class _StoringProducer:
     with the producer, such as the ``task-sent`` event, goes to the real producer.
     """
 
-    def __init__(self, producer: Any, store: DelayStore, task_id: str, eta: datetime) -> None:
+    def __init__(self, producer: Any, store: DelayStore, task_id: str, eta: datetime, duplicate_id: str) -> None:
         self._producer = producer
         self._store = store
         self._task_id = task_id
         self._eta = eta
+        self._duplicate_id = duplicate_id
         self._stored = False
 
     def publish(self, body: Any, **kwargs: Any) -> Any:
@@ -91,8 +96,9 @@ class _StoringProducer:
             return self._producer.publish(body, **kwargs)
         message = StoredMessage.capture(body, kwargs)
         rank = priority_rank(message.properties.get("priority"), self._broker_driver())
+        mode = "replace" if self._duplicate_id == "replace" else "keep"
         try:
-            self._store.schedule(self._task_id, self._eta, message.to_envelope(), rank=rank)
+            done = self._store.schedule(self._task_id, self._eta, message.to_envelope(), mode=mode, rank=rank)
         except DelayqError:
             raise  # bad input: the error already says what to fix
         except Exception as exc:
@@ -100,6 +106,12 @@ class _StoringProducer:
                 f"task {self._task_id} ({headers.get('task')}) was NOT scheduled: the delay store "
                 f"could not be written ({type(exc).__name__}: {exc}); check delayq_url and retry"
             ) from exc
+        if done == "kept" and self._duplicate_id == "error":
+            raise DuplicateTaskIdError(
+                f"task {self._task_id} ({headers.get('task')}) was NOT scheduled: a task with this id already "
+                "waits in the delay store and delayq_duplicate_id='error'; send with another task_id, revoke "
+                "the waiting one first, or set delayq_duplicate_id to 'replace' or 'keep'"
+            )
         self._stored = True
         return None
 
@@ -115,14 +127,27 @@ class _StoringProducer:
 class Control(CeleryControl):  # type: ignore[misc]
     """Celery's Control whose ``revoke`` also removes tasks still waiting in the delay store.
 
-    The broadcast still goes out as Celery sends it, for tasks already with a worker.
+    The broadcast goes out first, as Celery sends it, whatever the store's state: a task already
+    with a worker (``terminate=True`` included) is reached even when the store is down.
     """
 
     def revoke(self, task_id: Any, destination: Any = None, terminate: bool = False, **kwargs: Any) -> Any:
-        if CelerySettings.of(self.app).enabled:  # a disabled plugin needs no store, so none is asked
-            for one in [task_id] if isinstance(task_id, str) else list(task_id):
-                revoke_scheduled(self.app, one)
-        return super().revoke(task_id, destination=destination, terminate=terminate, **kwargs)
+        """Broadcast, then remove from the store; returns the broadcast's reply, as Celery does.
+
+        Raises:
+            StoreUnavailableError: the broadcast went out but the store could not be reached;
+                the message says the stored task may still run and how to finish the revoke.
+        """
+        ids = [task_id] if isinstance(task_id, str) else list(task_id)
+        report = revoke_everywhere(self.app, ids, destination=destination, terminate=terminate, **kwargs)
+        for one in report.store:
+            if one.outcome is not None and one.may_still_run:
+                log.warning("revoke %s", one.describe())
+        if report.broadcast_error is not None:
+            raise report.broadcast_error
+        if report.store_failures:
+            raise StoreUnavailableError("; ".join(r.describe() for r in report.store_failures))
+        return report.reply
 
 
 def use_plugin_control(app: Celery) -> None:

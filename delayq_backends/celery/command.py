@@ -1,4 +1,5 @@
-"""``celery -A proj delayq …``: the forwarder, periodic entries and stats of an app, configured by its settings.
+"""``celery -A proj delayq …``: the forwarder, periodic entries, stats, revoke and the waiting
+tasks of an app, configured by its settings.
 
 Registered through Celery's ``celery.commands`` entry point, so the app's ``broker_url``,
 broker SSL and transport options and ``delayq_*`` settings are used as the app has them.
@@ -6,16 +7,35 @@ broker SSL and transport options and ``delayq_*`` settings are used as the app h
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from typing import Any, Optional
 
 import click
 from celery import Celery
+from kombu.utils.json import dumps as kombu_json_dumps
 
-from ..cli import ErrorsAsMessages, ForwardOptions, forward_options, show_periodic, stats
+from ..cli import (
+    Column,
+    ErrorsAsMessages,
+    ForwardOptions,
+    _print_table,
+    forward_options,
+    page_options,
+    show_periodic,
+    stats,
+)
 from ..connection import connect, redact_url
+from ..entries import iso
+from ..envelope import Envelope
+from ..errors import EnvelopeError
+from ..models import ScheduledItem
 from ..store import DelayStore
+from .message import KIND, StoredMessage
 from .periodic import PeriodicTarget, SyncReport, remove, sync
-from .settings import CelerySettings
+from .scheduled import get as get_scheduled
+from .scheduled import revoke_everywhere
+from .settings import CelerySettings, store_for
 from .target import CeleryTarget
 
 __all__ = ["delayq"]
@@ -126,3 +146,90 @@ def stats_(ctx: click.Context, as_json: bool) -> None:
     config = CelerySettings.of(ctx.find_root().obj.app).config
     click.echo(f"delay store {redact_url(config.url)}", err=True)
     ctx.invoke(stats, url=config.url, prefix=config.prefix, shards=config.shards, as_json=as_json)
+
+
+@delayq.command("revoke")
+@click.argument("task_ids", nargs=-1, required=True)
+@click.option("--terminate", is_flag=True, help="Also terminate the task if a worker is running it.")
+@click.option("--signal", default=None, help="Signal for --terminate (default TERM).")
+@click.pass_context
+def revoke_(ctx: click.Context, task_ids: tuple[str, ...], terminate: bool, signal: Optional[str]) -> None:
+    """Revoke tasks everywhere: the broadcast to workers first, then the delay store.
+
+    Use this rather than ``celery control revoke``, which only broadcasts: a task still waiting
+    in the store would be forwarded later and run on a worker started after the broadcast.
+    Prints one line per id; exits 1 if the store could not be reached for any of them.
+    """
+    app = ctx.find_root().obj.app
+    options: dict[str, Any] = {"terminate": terminate} | ({"signal": signal} if signal else {})
+    report = revoke_everywhere(app, task_ids, **options)
+    if report.broadcast_error is not None:
+        click.echo(f"the broadcast failed: {report.broadcast_error}; workers were not told", err=True)
+    for one in report.store:
+        click.echo(one.describe())
+    if report.broadcast_error is not None or report.store_failures:
+        ctx.exit(1)
+
+
+@delayq.command("list")
+@page_options
+@click.option("--task", "task_name", default=None, help="Only tasks of this name (on this page).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table (for scripts).")
+@click.pass_context
+def list_(ctx: click.Context, offset: int, limit: int, task_name: Optional[str], as_json: bool) -> None:
+    """Tasks waiting in the store, earliest first: name, args, kwargs, eta, queue, priority.
+
+    Arguments are decoded from JSON bodies only; other serializers show Celery's argsrepr.
+    """
+    items = store_for(ctx.find_root().obj.app).list(offset=offset, count=limit)
+    rows = [row for row in map(_task_row, items) if row is not None]
+    if task_name is not None:  # of this page
+        rows = [row for row in rows if row["task"] == task_name]
+    if as_json:
+        click.echo(json.dumps(json.loads(kombu_json_dumps(rows)), indent=2, ensure_ascii=False))
+        return
+    title = f"waiting tasks {offset + 1}-{offset + limit}" if rows else "no waiting tasks here"
+    _print_table(title, _COLUMNS, (_cells(row) for row in rows))
+    if len(items) == limit:
+        click.echo(f"more may follow: --offset {offset + limit}", err=True)
+
+
+@delayq.command("get")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text (for scripts).")
+@click.pass_context
+def get_(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """One waiting task in full; exits 1 if it is not waiting in the store."""
+    item = get_scheduled(ctx.find_root().obj.app, task_id)
+    row = None if item is None else _task_row(item)
+    if row is None:
+        raise click.ClickException(f"task {task_id} is not waiting in the delay store (forwarded, revoked or unknown)")
+    if as_json:
+        click.echo(json.dumps(json.loads(kombu_json_dumps(row)), indent=2, ensure_ascii=False))
+        return
+    for key, value in row.items():
+        if value is not None:
+            click.echo(f"{key:>12}: {value}")
+
+
+_COLUMNS = [Column("id"), Column("task"), Column("ready"), Column("queue"), Column("priority", "right"), Column("args")]
+
+
+def _task_row(item: ScheduledItem) -> Optional[dict[str, Any]]:
+    """A waiting Celery task as JSON-ready values; None for an item of another kind."""
+    row: dict[str, Any] = {"id": item.id, "ready": iso(item.ready_ms), "attempts": item.attempts}
+    try:
+        envelope = Envelope.decode(item.envelope)
+        if envelope.target != KIND:
+            return None
+        row.update(StoredMessage.from_envelope(envelope).view().as_dict(), id=item.id)
+    except EnvelopeError as exc:
+        row.update(task=None, note=f"cannot be read: {exc}")
+    return row
+
+
+def _cells(row: dict[str, Any]) -> list[Any]:
+    args = row.get("argsrepr") if row.get("args") is None else row["args"]
+    kwargs = row.get("kwargsrepr") if row.get("kwargs") is None else row["kwargs"]
+    shown = f"{args} {kwargs}" if row.get("note") is None else f"{args} {kwargs} ({row['note']})"
+    return [row["id"], row.get("task"), row["ready"], row.get("queue"), row.get("priority"), shown]

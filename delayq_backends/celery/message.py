@@ -8,13 +8,14 @@ that users put in custom headers.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping, Optional
 
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
-from kombu.compression import compress
+from kombu.compression import compress, decompress
 from kombu.entity import Exchange, Queue, binding
 from kombu.serialization import dumps as serialize
 from kombu.utils.json import dumps as kombu_json_dumps
@@ -24,7 +25,7 @@ from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..timeutil import from_ms
 
-__all__ = ["KIND", "StoredMessage", "parse_time", "priority_rank"]
+__all__ = ["KIND", "StoredMessage", "TaskView", "parse_time", "priority_rank"]
 
 #: ``Envelope.target`` of Celery messages; the forwarder's Celery target has this kind.
 KIND = "celery"
@@ -87,11 +88,38 @@ def parse_time(value: Any) -> Optional[datetime]:
     """
     if value is None or value == "":
         return None
-    when = isoparse(value) if isinstance(value, str) else value
+    when = _isoparse(value) if isinstance(value, str) else value
     if not isinstance(when, datetime):
         raise ValueError(f"not a time: {value!r}")
     aware: datetime = maybe_make_aware(when)
     return aware
+
+
+def _isoparse(text: str) -> datetime:
+    """``datetime.fromisoformat`` (C, ~40x faster: every delayed publish parses its eta) for
+    what Celery writes, dateutil's ISO parser for the rest of ISO 8601."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        when: datetime = isoparse(text)
+        return when
+
+
+#: ``Queue.as_dict(recurse=True)`` of the queues Celery declares, by queue object (identity, not
+#: kombu's equality, which ignores some arguments): the same few app queues are declared on every
+#: publish, and walking them costs more than the rest of the capture.
+_declarations: dict[int, tuple[weakref.ref[Queue], dict[str, Any]]] = {}
+
+
+def _declaration(queue: Queue) -> dict[str, Any]:
+    cached = _declarations.get(id(queue))
+    if cached is not None and cached[0]() is queue:
+        return cached[1]
+    found: dict[str, Any] = queue.as_dict(recurse=True)
+    if len(_declarations) > 1000:  # queues made per call (a dict route): no cache to grow
+        _declarations.clear()
+    _declarations[id(queue)] = (weakref.ref(queue), found)
+    return found
 
 
 @dataclass(frozen=True)
@@ -138,7 +166,11 @@ class StoredMessage:
         if compression:
             data, headers["compression"] = compress(data, compression)
         exchange = publish_kwargs.get("exchange") or ""
-        properties = {k: v for k, v in publish_kwargs.items() if k not in _PUBLISH_ARGS and v is not None}
+        # None values are left out, except an explicit priority=None: kombu's publish would
+        # otherwise default it to 0, a property the native message does not have on AMQP
+        properties = {
+            k: v for k, v in publish_kwargs.items() if k not in _PUBLISH_ARGS and (v is not None or k == "priority")
+        }
         return cls(
             task=str(headers.get("task", "")),
             body=data if isinstance(data, bytes) else str(data).encode(content_encoding or "utf-8"),
@@ -148,7 +180,7 @@ class StoredMessage:
             properties=properties,
             exchange=exchange.name if isinstance(exchange, Exchange) else str(exchange),
             routing_key=str(publish_kwargs.get("routing_key") or ""),
-            declare=[q.as_dict(recurse=True) for q in publish_kwargs.get("declare") or () if isinstance(q, Queue)],
+            declare=[_declaration(q) for q in publish_kwargs.get("declare") or () if isinstance(q, Queue)],
         )
 
     @property
@@ -204,6 +236,46 @@ class StoredMessage:
         except (KeyError, TypeError, ValueError) as exc:
             raise EnvelopeError(f"not a delayq Celery message: {type(exc).__name__}: {exc}") from exc
 
+    # -- what a person reads ---------------------------------------------------------------
+
+    def view(self) -> TaskView:
+        """The task as ``delayq list|get`` and the dashboard show it.
+
+        Arguments are decoded only from a JSON body (its own content type says so): any other
+        serializer is named and left as bytes, never unpickled; Celery's ``argsrepr`` and
+        ``kwargsrepr`` headers (written by the sender for every serializer) are shown instead.
+        """
+        args: Any = None
+        kwargs: Any = None
+        note = None
+        if self.content_type == "application/json":
+            try:
+                raw = self.body
+                if self.headers.get("compression"):
+                    raw = decompress(raw, self.headers["compression"])
+                decoded = kombu_json_loads(raw.decode(self.content_encoding or "utf-8"))
+                args, kwargs = decoded[0], decoded[1]
+            except Exception as exc:  # shown, not fatal: the listing goes on
+                note = f"the JSON body cannot be decoded: {type(exc).__name__}: {exc}"
+        else:
+            note = f"{self.content_type} body, not decoded (only JSON is): argsrepr/kwargsrepr shown"
+        queues = [str(d["name"]) for d in self.declare if d.get("name")]
+        return TaskView(
+            id=str(self.headers.get("id", "")),
+            task=self.task,
+            args=args,
+            kwargs=kwargs,
+            argsrepr=_text(self.headers.get("argsrepr")),
+            kwargsrepr=_text(self.headers.get("kwargsrepr")),
+            eta=_text(self.headers.get("eta")),
+            expires=_text(self.headers.get("expires")),
+            queue=queues[0] if queues else self.routing_key or self.exchange,
+            priority=self.properties.get("priority"),
+            retries=int(self.headers.get("retries") or 0),
+            content_type=self.content_type,
+            note=note,
+        )
+
     # -- replay -----------------------------------------------------------------------------
 
     def publish_kwargs(self, *, ready_ms: int, now: Optional[datetime] = None) -> dict[str, Any]:
@@ -237,6 +309,34 @@ class StoredMessage:
             retry=False,  # the forwarder handles outages: release, back off, try again
         )
         return kwargs
+
+
+def _text(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """A stored Celery task as a person reads it (``args``/``kwargs`` None unless the body is JSON)."""
+
+    id: str
+    task: str
+    args: Any
+    kwargs: Any
+    argsrepr: Optional[str]
+    kwargsrepr: Optional[str]
+    eta: Optional[str]
+    expires: Optional[str]
+    queue: str
+    priority: Optional[int]
+    retries: int
+    content_type: str
+    note: Optional[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 def _queue(declaration: dict[str, Any]) -> Queue:

@@ -12,6 +12,14 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_rate_limits = {"celery": "500/s"}    # all forwarders together (N/s, N/m, N/h)
     app.conf.delayq_durable_replicas = 0  # > 0: each delayed send waits (WAIT) until replicas have it
     app.conf.delayq_durable_timeout_ms = 1000
+    app.conf.delayq_duplicate_id = "replace"  # a second send of a waiting task id: replace|keep|error
+
+``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
+in the store does. Native Celery would run both sends (two runs sharing one result). ``replace``
+(the default) makes the second send win, as a reschedule: it is what the plugin always did, so a
+store in use keeps its meaning, and a send repeated after a timeout (which may have been stored)
+stays harmless. ``keep`` lets the first win (an idempotent "schedule once" per id); ``error``
+refuses the second send with :class:`DuplicateTaskIdError` and keeps the first.
 
 ``delayq_max_queue_depth`` and ``delayq_rate_limits`` are read by ``celery -A proj delayq
 forward``; its ``--max-queue-depth`` and ``--rate`` options win for the queues they name.
@@ -36,7 +44,25 @@ from ..errors import ConfigError, DelayqError
 from ..flow import FlowControl
 from ..store import DelayStore
 
-__all__ = ["CelerySettings", "forget_store", "store_for"]
+__all__ = [
+    "CelerySettings",
+    "DuplicateTaskIdError",
+    "StoreUnavailableError",
+    "attach_store",
+    "attached_store",
+    "detach_store",
+    "forget_store",
+    "store_for",
+]
+
+
+class StoreUnavailableError(DelayqError):
+    """The delay store could not be reached: what the message names was not done there."""
+
+
+class DuplicateTaskIdError(DelayqError):
+    """``delayq_duplicate_id = "error"`` and a task with this id already waits in the store."""
+
 
 _KNOWN = {
     "delayq_url",
@@ -49,7 +75,9 @@ _KNOWN = {
     "delayq_rate_limits",
     "delayq_durable_replicas",
     "delayq_durable_timeout_ms",
+    "delayq_duplicate_id",
 }
+DUPLICATE_ID_MODES = ("replace", "keep", "error")
 _REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
 
 
@@ -61,6 +89,7 @@ class CelerySettings:
     min_delay: float
     enabled: bool
     flow: FlowControl
+    duplicate_id: str = "replace"
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -86,14 +115,22 @@ class CelerySettings:
         enabled = conf.get("delayq_enabled", True)
         if not isinstance(enabled, bool):
             raise ConfigError(f"delayq_enabled={enabled!r}: use True or False")
+        duplicate_id = conf.get("delayq_duplicate_id", "replace")
+        if duplicate_id not in DUPLICATE_ID_MODES:
+            raise ConfigError(f"delayq_duplicate_id={duplicate_id!r}: use one of {list(DUPLICATE_ID_MODES)}")
+        attached = _attached.get(app)
         try:
-            config = Config(
-                url=_store_url(app),
-                prefix=conf.get("delayq_prefix", "delayq"),
-                shards=conf.get("delayq_shards", 16),
-                max_payload_bytes=conf.get("delayq_max_payload_bytes", Config.max_payload_bytes),
-                durable_replicas=conf.get("delayq_durable_replicas", Config.durable_replicas),
-                durable_timeout_ms=conf.get("delayq_durable_timeout_ms", Config.durable_timeout_ms),
+            config = (
+                attached.config
+                if attached is not None
+                else Config(
+                    url=_store_url(app),
+                    prefix=conf.get("delayq_prefix", "delayq"),
+                    shards=conf.get("delayq_shards", 16),
+                    max_payload_bytes=conf.get("delayq_max_payload_bytes", Config.max_payload_bytes),
+                    durable_replicas=conf.get("delayq_durable_replicas", Config.durable_replicas),
+                    durable_timeout_ms=conf.get("delayq_durable_timeout_ms", Config.durable_timeout_ms),
+                )
             )
         except ConfigError as exc:
             raise ConfigError(f"Celery setting delayq_*: {exc}") from exc
@@ -103,7 +140,7 @@ class CelerySettings:
             )
         except ConfigError as exc:
             raise ConfigError(f"Celery setting delayq_max_queue_depth / delayq_rate_limits: {exc}") from exc
-        return cls(config=config, min_delay=float(min_delay), enabled=enabled, flow=flow)
+        return cls(config=config, min_delay=float(min_delay), enabled=enabled, flow=flow, duplicate_id=duplicate_id)
 
 
 def _store_url(app: Celery) -> str:
@@ -124,7 +161,32 @@ def _store_url(app: Celery) -> str:
 
 
 _stores: WeakKeyDictionary[Celery, DelayStore] = WeakKeyDictionary()
+#: stores given to an app by :func:`attach_store` (tests): no ``delayq_url`` is needed then
+_attached: WeakKeyDictionary[Celery, DelayStore] = WeakKeyDictionary()
 _lock = threading.Lock()
+
+
+def attach_store(app: Celery, store: DelayStore) -> None:
+    """Make ``store`` the app's delay store (an in-process one in tests, see
+    :mod:`delayq_backends.celery.testing`), whatever ``delayq_url`` says or whether it is set."""
+    forget_store(app)
+    with _lock:
+        _attached[app] = _stores[app] = store
+    app.amqp.__dict__.pop("delayq_settings", None)  # re-read: the store's config replaces delayq_url
+
+
+def detach_store(app: Celery) -> None:
+    """Undo :func:`attach_store`: the app's settings decide its store again."""
+    with _lock:
+        store = _attached.pop(app, None)
+        if store is not None and _stores.get(app) is store:
+            del _stores[app]
+    app.amqp.__dict__.pop("delayq_settings", None)
+
+
+def attached_store(app: Celery) -> Optional[DelayStore]:
+    """The store :func:`attach_store` gave ``app``, or None."""
+    return _attached.get(app)
 
 
 def store_for(app: Celery, settings: Optional[CelerySettings] = None) -> DelayStore:
@@ -159,6 +221,8 @@ def _open(config: Config) -> DelayStore:
 def forget_store(app: Celery) -> None:
     """Drop the cached store (after changing ``delayq_*`` settings at run time, e.g. in tests)."""
     with _lock:
+        if app in _attached:
+            return  # a test's store stays until detach_store
         store = _stores.pop(app, None)
     if store is not None:
         store.client.close()

@@ -11,6 +11,7 @@ back-off and dead-lettered with the broker's words if it never succeeds.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from contextlib import nullcontext
 from datetime import datetime, timezone
@@ -37,6 +38,9 @@ log = logging.getLogger("delayq.celery")
 _UNCERTAIN: tuple[type[BaseException], ...] = tuple(
     e for e in [getattr(kombu_errors, "BatchPublishError", None)] if isinstance(e, type)
 )
+
+
+_TAKES_CONFIRM_TIMEOUT = "confirm_timeout" in inspect.signature(Producer.publish).parameters
 
 
 class _Prepared(NamedTuple):
@@ -117,6 +121,12 @@ class CeleryTarget:
         report.published += sent
         return report
 
+    @property
+    def _confirm(self) -> dict[str, Any]:
+        """``confirm_timeout`` where kombu's publish takes it (>= 5.4); older kombu would send it
+        as a message property, which the native message does not have."""
+        return {"confirm_timeout": self.confirm_timeout} if _TAKES_CONFIRM_TIMEOUT else {}
+
     def _publish(self, producer: Producer, ready: list[_Prepared], report: PublishReport) -> list[str]:
         """Publish each message; returns the ids whose publish (or batch flush) succeeded.
 
@@ -130,7 +140,7 @@ class CeleryTarget:
         with context:
             for p in ready:
                 try:
-                    producer.publish(confirm_timeout=self.confirm_timeout, **p.kwargs)
+                    producer.publish(**self._confirm, **p.kwargs)
                 except self._channel_errors() as exc:  # the broker refused this one message
                     if is_transient(exc):  # ... for now (resource locked, a resource alarm): an outage
                         raise

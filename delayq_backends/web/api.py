@@ -253,6 +253,10 @@ class ItemOut(BaseModel):
     destination: Optional[str]
     corrupt: Optional[str] = Field(description="Why the stored envelope cannot be read, else null.")
     size: int
+    task: Optional[dict[str, Any]] = Field(
+        default=None,
+        description="A Celery message's task, args/kwargs (JSON bodies only), eta, queue and priority; else null.",
+    )
 
 
 class ItemsOut(BaseModel):

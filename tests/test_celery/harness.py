@@ -48,7 +48,8 @@ class CeleryEnv:
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            # the tests' own path first, then the caller's (e.g. another Celery line under test)
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
             "DQT_BROKER": self.broker,
             "DQT_STORE": self.store,
             "DQT_PREFIX": self.prefix,

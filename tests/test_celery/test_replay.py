@@ -176,3 +176,31 @@ def test_unknown_exchange_ends_as_a_dead_letter_with_the_brokers_reason(
     finally:
         forget_store(app)
         delete_queue(env)
+
+
+@pytest.mark.parametrize("priority", [{}, {"priority": None}, {"priority": 3}], ids=["unset", "none", "3"])
+def test_replay_gains_no_property_the_native_publish_lacks(env: CeleryEnv, priority: dict[str, Any]) -> None:
+    """An explicit queue and no priority: the replay must not come back with ``priority=0``."""
+    plugin, native = env.app(), env.native_app()
+    options: dict[str, Any] = dict(args=["p"], countdown=3600, queue=env.queue, reply_to="replies", **priority)
+    try:
+        native.send_task("dqt.record", task_id="prop-id", **options)
+        plugin.send_task("dqt.record", task_id="prop-id", **options)
+        make_due(plugin, "prop-id")
+        forwarder = Forwarder(store_for(plugin), [CeleryTarget.from_url(env.broker)])
+        wait_for(lambda: forwarder.run_once() == 1, 5, "the task to be forwarded")
+        native_msg, replayed = drain(env.broker, env.queue, 2)
+    finally:
+        forget_store(plugin)
+    native_props, replayed_props = dict(native_msg.properties), dict(replayed.properties)
+    # per delivery, set by the transport; the headers (eta moved by make_due) are compared below
+    for volatile in ("delivery_tag", "body_encoding", "delivery_info", "application_headers"):
+        native_props.pop(volatile, None)
+        replayed_props.pop(volatile, None)
+    assert sorted(replayed_props) == sorted(native_props), "the same property names"
+    for name, value in native_props.items():
+        assert replayed_props[name] == value, name
+    eta_free = {k: v for k, v in replayed.headers.items() if k != "eta"}
+    assert eta_free == {k: v for k, v in native_msg.headers.items() if k != "eta"}
+    for name in ("exchange", "routing_key", "priority"):
+        assert replayed.delivery_info.get(name) == native_msg.delivery_info.get(name), name

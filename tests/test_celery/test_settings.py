@@ -14,7 +14,7 @@ import redis
 from celery import Celery, beat
 
 from delayq_backends import ConfigError, DelayStore, EnvelopeError, PayloadTooLargeError, ShardMismatchError
-from delayq_backends.celery import AMQP, forget_store, install, store_for
+from delayq_backends.celery import AMQP, forget_store, get, install, reschedule, store_for
 from delayq_backends.celery.amqp import StoreUnavailableError
 from delayq_backends.config import Config
 from delayq_backends.connection import connect
@@ -104,6 +104,7 @@ def test_naive_eta_is_read_as_utc_like_the_worker_does(make: Any) -> None:
         ({"delayq_max_payload_bytes": "1MB"}, "max_payload_bytes"),
         ({"delayq_durable_replicas": -1}, "durable_replicas"),
         ({"delayq_durable_timeout_ms": 0}, "durable_timeout_ms"),
+        ({"delayq_duplicate_id": "twice"}, "delayq_duplicate_id"),
     ],
 )
 def test_misconfiguration_fails_loudly_naming_the_setting(make: Any, conf: dict[str, Any], names: str) -> None:
@@ -160,3 +161,47 @@ def test_beat_entry_with_a_countdown_waits_in_the_store(make: Any) -> None:
     (item,) = store_for(app).list()
     assert 590_000 < item.ready_ms - store_for(app).server_time_ms() <= 600_000
     assert queued(app) == 0
+
+
+def test_same_task_id_twice_replaces_by_default_on_a_real_store(make: Any) -> None:
+    """The default: the second send wins (a reschedule), one item, the second's eta and args."""
+    app = make()
+    app.send_task("t.far", args=[1], task_id="dup", countdown=60)
+    app.send_task("t.far", args=[2], task_id="dup", countdown=120)
+    (item,) = store_for(app).list()
+    assert 110_000 < item.ready_ms - store_for(app).server_time_ms() <= 120_000
+    kept = make(delayq_duplicate_id="keep")
+    kept.send_task("t.far", args=[1], task_id="dup", countdown=60)
+    kept.send_task("t.far", args=[2], task_id="dup", countdown=120)
+    (item,) = store_for(kept).list()
+    assert item.ready_ms - store_for(kept).server_time_ms() <= 60_000
+
+
+def test_reschedule_with_the_store_down_raises_store_unavailable(make: Any, valkey_server: EmbeddedServer) -> None:
+    proxy = TcpProxy("127.0.0.1", valkey_server.port)
+    app = make(delayq_url=f"redis://127.0.0.1:{proxy.port}/0")
+    try:
+        task_id = app.send_task("t.far", countdown=60).id
+        proxy.cut()
+        with pytest.raises(StoreUnavailableError, match=f"rescheduling task {task_id} was NOT done"):
+            reschedule(app, task_id, countdown=600)
+        with pytest.raises(StoreUnavailableError, match="reading task"):
+            get(app, task_id)
+    finally:
+        proxy.close()
+
+
+def test_reschedule_accepts_what_apply_async_accepts(make: Any) -> None:
+    """A naive eta is UTC (as Celery reads it), ISO text, a countdown, or an aware datetime."""
+    app = make()
+    task_id = app.send_task("t.far", countdown=60).id
+    naive = datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(hours=2)
+    assert reschedule(app, task_id, naive)
+    item = get(app, task_id)
+    assert item is not None and abs(item.ready_ms - naive.replace(tzinfo=timezone.utc).timestamp() * 1000) <= 1
+    assert reschedule(app, task_id, (naive + timedelta(hours=1)).isoformat())
+    assert reschedule(app, task_id, countdown=30)
+    item = get(app, task_id)
+    assert item is not None and 29_000 < item.ready_ms - store_for(app).server_time_ms() <= 30_050
+    with pytest.raises(ValueError, match="eta= or countdown="):
+        reschedule(app, task_id)

@@ -235,6 +235,13 @@
       ["target", item.corrupt ? `corrupt: ${item.corrupt}` : `${item.target} / ${item.destination}`],
       ["rank", item.rank], ["attempts", item.attempts],
       ["leased until", item.leased_until ? fmtTime(item.leased_until) : "–"], ["size", `${item.size} B`]];
+    if (item.task) {  // a Celery message: what will run, as the worker will get it
+      const t = item.task;
+      rows.push(["task", t.task], ["args", t.args === null ? (t.argsrepr ?? "–") : JSON.stringify(t.args)],
+        ["kwargs", t.kwargs === null ? (t.kwargsrepr ?? "–") : JSON.stringify(t.kwargs)],
+        ["eta", t.eta ?? "–"], ["queue", t.queue], ["priority", t.priority ?? "–"]);
+      if (t.note) rows.push(["note", t.note]);
+    }
     const dl = el("dl", { class: "item", id: "item-details" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     const actions = el("div", { class: "actions" },
       confirmButton("Cancel item", "Really cancel?", () => cancel(item.id), { id: "cancel-item" }),

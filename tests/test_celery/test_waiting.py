@@ -1,0 +1,79 @@
+"""Seeing what waits: ``celery -A proj delayq list|get`` and the dashboard's item view show a
+Celery task's name, args, kwargs (JSON bodies only, never unpickled), eta, queue and priority.
+
+A real worker and forwarder run on each broker (``celery_env``); the tasks here wait an hour.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+from celery import Celery
+from fastapi.testclient import TestClient
+
+from delayq_backends.celery import StoredMessage, store_for
+from delayq_backends.envelope import Envelope
+from delayq_backends.web import create_app
+from tests.test_celery.harness import ROOT, CeleryEnv
+
+
+def delayq_cli(env: CeleryEnv, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.test_celery.worker_app", "delayq", *args],
+        cwd=ROOT,
+        env=env.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_list_and_get_show_the_task_as_sent(celery_env: CeleryEnv, app: Celery) -> None:
+    tag = uuid.uuid4().hex[:6]
+    sent = app.send_task("dqt.record", args=[tag, 1, "ü"], kwargs={"k": [1.5, None]}, countdown=3600, priority=7)
+    pickled = app.send_task("dqt.record", args=[tag, {1, 2}], countdown=3601, serializer="pickle")
+
+    got = delayq_cli(celery_env, "get", sent.id, "--json")
+    assert got.returncode == 0, got.stderr
+    task = json.loads(got.stdout)
+    assert (task["task"], task["args"], task["kwargs"]) == ("dqt.record", [tag, 1, "ü"], {"k": [1.5, None]})
+    assert (task["queue"], task["priority"]) == (celery_env.queue, 7)
+    assert task["eta"] == sent_eta(app, sent.id) and task["note"] is None
+
+    other = json.loads(delayq_cli(celery_env, "get", pickled.id, "--json").stdout)
+    assert other["args"] is None and other["content_type"] == "application/x-python-serialize"
+    assert other["argsrepr"] == f"['{tag}', {{1, 2}}]" and "not decoded" in other["note"]
+
+    listed = delayq_cli(celery_env, "list", "--limit", "10000", "--json")
+    assert listed.returncode == 0, listed.stderr
+    mine = {row["id"]: row for row in json.loads(listed.stdout) if row["id"] in (sent.id, pickled.id)}
+    assert mine[sent.id]["args"] == [tag, 1, "ü"] and mine[pickled.id]["args"] is None
+
+    table = delayq_cli(celery_env, "list", "--limit", "10000")
+    assert table.returncode == 0 and sent.id[:8] in table.stdout and "dqt.record" in table.stdout
+
+    missing = delayq_cli(celery_env, "get", "no-such-task")
+    assert missing.returncode == 1 and "not waiting" in missing.stderr
+
+
+def test_dashboard_item_view_has_the_task(celery_env: CeleryEnv, app: Celery) -> None:
+    sent = app.send_task("dqt.record", args=["web"], kwargs={"x": 1}, countdown=3600, queue=celery_env.queue)
+    with TestClient(create_app(store_for(app), token=None), base_url="http://127.0.0.1") as client:
+        item = client.get("/api/v1/item", params={"id": sent.id}).json()
+    task = item["task"]
+    assert (task["task"], task["args"], task["kwargs"], task["queue"]) == (
+        "dqt.record",
+        ["web"],
+        {"x": 1},
+        celery_env.queue,
+    )
+    assert task["priority"] is None and task["eta"] == sent_eta(app, sent.id)
+
+
+def sent_eta(app: Celery, task_id: str) -> str:
+    item = store_for(app).get(task_id)
+    assert item is not None
+    return str(StoredMessage.from_envelope(Envelope.decode(item.envelope)).headers["eta"])
