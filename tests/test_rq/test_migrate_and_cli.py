@@ -76,9 +76,7 @@ def test_rq_migrate_moves_both_kinds_once_and_twice_changes_nothing(own_db: str,
     assert ours.scheduled_job_registry.get_job_ids()[:2] == [in_front.id, registry_jobs[0].id] or (
         ours.scheduled_job_registry.get_job_ids()[:2] == [registry_jobs[0].id, in_front.id]
     )
-    assert ours.scheduled_job_registry.get_scheduled_time(registry_jobs[3].id).timestamp() == int(
-        later.timestamp() + 3
-    )
+    assert ours.scheduled_job_registry.get_scheduled_time(registry_jobs[3].id).timestamp() == int(later.timestamp() + 3)
     before = {k: conn.dump(k) for k in conn.scan_iter(f"{prefix}:*")}
 
     assert "moved 0 job(s)" in migrate(own_db, prefix)
@@ -103,7 +101,11 @@ def test_a_copy_left_by_an_interrupted_run_is_not_duplicated(own_db: str, prefix
     store.schedule(job.id, datetime.now(timezone.utc) + timedelta(hours=2), Queue("mig", connection=conn).envelope())
     output = migrate(own_db, prefix)  # as if a first run had copied, then died before ZREM
     registry = ScheduledJobRegistry(queue=plain)
-    assert "already in the store 1" in output and registry.get_jobs_to_schedule(int(time.time()) + 10**9) == [] and registry.count == 1
+    assert (
+        "already in the store 1" in output
+        and registry.get_jobs_to_schedule(int(time.time()) + 10**9) == []
+        and registry.count == 1
+    )
     assert sum(s.scheduled for s in store.stats()) == 1
     conn.close()
 
