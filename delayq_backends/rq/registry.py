@@ -20,14 +20,11 @@ forwarder: see :mod:`.adopt`.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 from rq.exceptions import NoSuchJobError
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry as RQScheduledJobRegistry
-
-if TYPE_CHECKING:
-    from .queue import Queue
 
 __all__ = ["MIRROR_OFFSET_S", "ScheduledJobRegistry", "forget_scheduled", "mirror_scheduled", "registry_key"]
 
@@ -69,9 +66,18 @@ class ScheduledJobRegistry(RQScheduledJobRegistry):
     through the registry behaves as with RQ.
     """
 
-    def __init__(self, *args: Any, queue: Queue, **kwargs: Any) -> None:
-        super().__init__(*args, queue=queue, **kwargs)  # type: ignore[no-untyped-call]
-        self.delayq_queue = queue
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As RQ's: ``(name, connection=…)`` or ``(queue=…)``; a plain ``rq.Queue`` or a name
+        gets a :class:`~delayq_backends.rq.Queue` of the same name, for its delay store."""
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        from .queue import Queue  # the queue module imports this one
+
+        queue = kwargs.get("queue")
+        self.delayq_queue: Queue = (
+            queue
+            if isinstance(queue, Queue)
+            else Queue(self.name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
+        )
 
     def get_scheduled_time(self, job_or_id: Union[Job, str]) -> datetime:
         """When the job is due (aware, UTC), to the millisecond.
@@ -88,9 +94,24 @@ class ScheduledJobRegistry(RQScheduledJobRegistry):
             raise NoSuchJobError(f"Job {job_id} not found in {self.key}")
         return datetime.fromtimestamp(score, tz=timezone.utc)
 
+    def get_expiration_time(self, job: Job) -> datetime:
+        """The entry's time as RQ's registry keeps it: whole seconds (the mirror's offset taken off)."""
+        score = self.connection.zscore(self.key, job.id)
+        if score is not None and is_mirror(score):
+            score = int(score - MIRROR_OFFSET_S)
+        return datetime.fromtimestamp(score, timezone.utc)  # type: ignore[arg-type]
+
     def schedule(self, job: Job, scheduled_datetime: datetime, pipeline: Optional[Any] = None) -> Any:
-        """Put ``job`` (already saved) in the store at ``scheduled_datetime`` (naive: local time, as RQ)."""
-        self.delayq_queue.schedule_id(job, scheduled_datetime, pipeline)
+        """Put ``job`` (already saved) in the store at ``scheduled_datetime`` (naive: local time, as RQ).
+
+        Unlike RQ's, this marks the job ``scheduled``: the forwarder moves only jobs still
+        scheduled, which is what keeps a cancelled or already moved job from running twice.
+        """
+        pipe = pipeline if pipeline is not None else self.connection.pipeline()
+        job.set_status(JobStatus.SCHEDULED, pipeline=pipe)
+        self.delayq_queue.schedule_id(job, scheduled_datetime, pipe)
+        if pipeline is None:
+            pipe.execute()
 
     def remove(self, job: Union[Job, str], pipeline: Optional[Any] = None, delete_job: bool = False) -> Any:
         """Unschedule ``job`` here and in the store (and delete it with ``delete_job``)."""
