@@ -61,8 +61,9 @@ def main() -> int:
         env = {**os.environ, "PYTHONPATH": str(packages), "DELAYQ_UPSTREAM_SWAP": "0" if args.original else "1"}
         failed = 0
         for files, selection in RQ_TESTS:
+            chosen = ["-k", selection] if selection else []
             command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", "-q", "-rs",
-                       "--rootdir", str(source), *files, *(["-k", selection] if selection else []), *pytest_args]  # fmt: skip
+                       "--rootdir", str(source), *files, *chosen, *pytest_args]  # fmt: skip
             failed |= subprocess.run(command, cwd=source, env=env).returncode
         return failed
 
