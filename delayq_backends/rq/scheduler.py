@@ -368,9 +368,12 @@ class Scheduler(UsesDelayStore):
         queue = self.get_queue_for_job(job)
         queue.enqueue_job(job, at_front=bool(job.enqueue_at_front))
         forget_scheduled(self.connection, job.origin, [job.id])
-        schedule = envelope.meta.get(SCHEDULE_KEY) if envelope is not None else None
-        if not isinstance(schedule, dict) or envelope is None:
+        stored = envelope.meta.get(SCHEDULE_KEY) if envelope is not None else None
+        if not isinstance(stored, dict) or envelope is None:
             return
+        # rq-scheduler re-arms by the job it is given (its meta, as the caller may have changed
+        # it); the runs left are counted in the envelope, as the forwarder counts them
+        schedule = {**stored, **{k: v for k, v in schedule_of(job.meta).items() if k != "repeat"}}
         following = advance(schedule, now=self.clock())
         if following is not None:
             meta = {**envelope.meta, SCHEDULE_KEY: schedule}

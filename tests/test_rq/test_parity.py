@@ -189,6 +189,15 @@ def test_enqueue_job_runs_a_job_now_and_rearms_a_periodic_one(scheduler: Schedul
     assert Envelope.decode(following.envelope).meta["schedule"]["repeat"] == 2
 
 
+def test_enqueue_job_rearms_by_the_schedule_of_the_job_it_is_given(scheduler: Scheduler, store: DelayStore) -> None:
+    job = scheduler.cron("1 * * * *", RECORD)
+    job.meta["cron_string"] = "2 * * * *"  # as rq-scheduler's own test does: the job given decides
+    scheduler.enqueue_job(job)
+    following = store.get(job.id)
+    assert following is not None and datetime.fromtimestamp(following.ready_ms / 1000).minute == 2
+    assert Envelope.decode(following.envelope).meta["schedule"]["cron_string"] == "2 * * * *"
+
+
 def test_enqueue_jobs_moves_what_is_due_as_rq_scheduler_does(scheduler: Scheduler) -> None:
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     due = [scheduler.enqueue_at(now - timedelta(seconds=s), RECORD, s) for s in (3, 1)]
