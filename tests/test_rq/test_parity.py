@@ -23,6 +23,7 @@ from delayq_backends.cli import main
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import InvalidScheduleError, Queue, RQTarget, Scheduler, adopt
 from delayq_backends.rq.periodic import next_cron_time
+from delayq_backends.timeutil import to_ms
 from tests.helpers import wait_for
 from tests.test_rq.conftest import SHARDS, Processes, runs
 
@@ -35,7 +36,7 @@ def scheduler(conn: redis.Redis, store: DelayStore, prefix: str) -> Scheduler:
 
 
 def ms(when: datetime) -> int:
-    return int(round(when.timestamp() * 1000))
+    return to_ms(when)  # as the store reads a time (rounded up to the ms)
 
 
 # -- 1. waiting jobs in RQ's registry ------------------------------------------------------------
@@ -47,8 +48,8 @@ def test_waiting_jobs_are_listed_by_rqs_registry_with_their_exact_times(queue: Q
     ours = queue.scheduled_job_registry
     plain = ScheduledJobRegistry(queue.name, connection=queue.connection)  # as rq-dashboard builds it
     in_time_order = [jobs[1].id, jobs[2].id, jobs[0].id]
-    assert ours.get_job_ids() == plain.get_job_ids(0, -1, cleanup=False) == in_time_order
-    assert ours.count == plain.get_job_count(cleanup=False) == 3
+    assert ours.get_job_ids() == plain.get_job_ids() == in_time_order
+    assert ours.count == plain.count == 3
     for job, i in zip(jobs, (2, 0, 1)):
         assert ms(ours.get_scheduled_time(job)) == ms(base + timedelta(milliseconds=1234 * i))
     # rescheduled through RQ's API: the store and the registry follow
