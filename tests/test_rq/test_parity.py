@@ -186,7 +186,8 @@ def test_enqueue_job_runs_a_job_now_and_rearms_a_periodic_one(scheduler: Schedul
     scheduler.enqueue_job(periodic)
     assert queue.job_ids == [once.id, periodic.id] and periodic in scheduler
     following = store.get(periodic.id)
-    assert following is not None and before + 600 <= following.ready_ms / 1000 <= time.time() + 600.001  # ms, rounded up
+    # the store rounds up to the ms
+    assert following is not None and before + 600 <= following.ready_ms / 1000 <= time.time() + 600.001
     assert Envelope.decode(following.envelope).meta["schedule"]["repeat"] == 2
 
 
