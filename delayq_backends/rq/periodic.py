@@ -121,7 +121,10 @@ def next_cron_time(
     if syntax == RQ_SCHEDULER:
         wall = datetime.fromtimestamp(after)  # naive host-local, as rq-scheduler's datetime.now()
         following_wall = crontab.CronTab(cron_string).next(now=wall, default_utc=False, return_datetime=True)
-        return float(following_wall.astimezone().timestamp())
+        following = float(following_wall.astimezone().timestamp())
+        if following <= after:  # a wall time of the hour repeated in autumn, read as its first pass
+            following = float(following_wall.replace(fold=1).astimezone().timestamp())
+        return following
     zone_ = zone(use_local_timezone)
     start = datetime.fromtimestamp(after, tz=zone_)
     walls_back = not _MACROS.get(cron_string.strip(), cron_string).split()[1].startswith("*")

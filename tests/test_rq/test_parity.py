@@ -143,6 +143,22 @@ def test_cron_strings_fire_at_the_instants_rq_scheduler_computes(host_zone: str,
         assert ours == theirs, f"{cron!r} on a {host_zone} host"
 
 
+def test_rq_scheduler_syntax_never_schedules_a_run_in_the_past_in_the_repeated_hour(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """01:10 on the second pass of New York's repeated hour: 01:30 read as its first pass would be
+    20 minutes ago, and the job would run again and again; it is the second pass's 01:30."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        second_pass_0110 = datetime(2026, 11, 1, 6, 10, tzinfo=timezone.utc).timestamp()
+        following = next_cron_time("30 1 * * *", second_pass_0110, syntax="rq-scheduler")
+        assert following == datetime(2026, 11, 1, 6, 30, tzinfo=timezone.utc).timestamp()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_scheduler_cron_reads_rq_schedulers_syntax_by_default_and_standard_cron_on_request(
     conn: redis.Redis, store: DelayStore, prefix: str
 ) -> None:
