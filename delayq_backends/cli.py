@@ -546,6 +546,14 @@ def rq_redis_option(help: str, *, required: bool = False) -> Callable[[Callable[
     help="Let RQ envelopes name queue/job classes under this dotted module prefix (whole components; "
     "rq and delayq_backends always allowed). Repeatable; env DELAYQ_RQ_ALLOW_CLASS adds more (space-separated).",
 )
+@click.option(
+    "--rq-adopt/--no-rq-adopt",
+    default=True,
+    envvar="DELAYQ_RQ_ADOPT",
+    show_default=True,
+    help="Every second, move jobs that a plain rq.Queue scheduled into RQ's rq:scheduled:<queue> into the "
+    "store (with a warning), so they do not stall without an RQ scheduler.",
+)
 def forward(
     spec: StoreSpec,
     run: ForwardOptions,
@@ -553,6 +561,7 @@ def forward(
     celery_broker: Optional[str],
     rq_redis: Optional[str],
     rq_allow_class: tuple[str, ...],
+    rq_adopt: bool,
 ) -> None:
     """Forward due items to their targets until SIGTERM/SIGINT, then finish the batch and exit 0.
 
@@ -571,8 +580,12 @@ def forward(
         targets += [celery_target, _extra("celery.periodic").PeriodicTarget(celery_target)]
         described.append(f"celery (and periodic entries) -> {redact_url(celery_broker)}")
     if rq_redis:
-        targets.append(_rq_target(rq_redis, spec, store, rq_allow_class))
+        target = _rq_target(rq_redis, spec, store, rq_allow_class)
+        targets.append(target)
         described.append(f"rq -> {redact_url(rq_redis)}")
+        if rq_adopt:
+            adopter = _extra("rq").RegistryAdopter(target.connection, store).start()  # type: ignore[attr-defined]
+            click.get_current_context().call_on_close(adopter.close)
     run.run(store, targets, described)
 
 

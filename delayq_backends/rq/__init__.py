@@ -18,9 +18,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         'delayq_backends.rq needs RQ: install the extra with `pip install "delayq_backends[rq]"`'
     ) from exc
 
-from .migrate import MigrationReport, migrate
+from .adopt import RegistryAdopter
+from .migrate import MigrationReport, adopt, migrate
 from .periodic import InvalidScheduleError
 from .queue import Queue
+from .registry import ScheduledJobRegistry
 from .scheduler import JobNotScheduledError, Scheduler
 from .target import ClassAllowlist, RQTarget
 from .upgrade import UpgradeReport, upgrade
@@ -32,8 +34,11 @@ __all__ = [
     "MigrationReport",
     "Queue",
     "RQTarget",
+    "RegistryAdopter",
+    "ScheduledJobRegistry",
     "Scheduler",
     "UpgradeReport",
+    "adopt",
     "migrate",
     "upgrade",
 ]

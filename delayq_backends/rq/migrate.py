@@ -9,7 +9,12 @@ meanwhile, the forwarder skips it, because the job is no longer in status ``sche
 
 An rq-scheduler job's repeat or cron schedule lives in its ``job.meta``, which the forwarder
 never deserializes; this command reads it (with the serializer given, as rq-scheduler did, in
-the operator's process) and copies the schedule into the job's envelope.
+the operator's process) and copies the schedule into the job's envelope, with rq-scheduler's
+cron syntax and the queue class named in ``meta["queue_class_name"]``.
+
+A job from ``rq:scheduled:<queue>`` stays listed there as a mirror entry (see
+:mod:`.registry`); mirror entries themselves are already in the store and are not read.
+:func:`adopt` is the forwarder's side of the same move: it reads no ``meta``.
 """
 
 from __future__ import annotations
@@ -18,15 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, cast
 
 import redis
+from rq import Queue as RQQueue
 from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 from rq.serializers import resolve_serializer
 
 from ..envelope import Envelope
 from ..store import DelayStore, ScheduleEntry
+from .periodic import RQ_SCHEDULER, SYNTAX_KEY
+from .registry import MIRROR_OFFSET_S, mirror_scheduled
 from .target import AT_FRONT_RANK, job_envelope, schedule_of
 
-__all__ = ["RQ_SCHEDULER_KEY", "MigrationReport", "migrate"]
+__all__ = ["RQ_SCHEDULER_KEY", "MigrationReport", "adopt", "migrate"]
 
 #: rq-scheduler's sorted set: job id -> epoch seconds.
 RQ_SCHEDULER_KEY = "rq:scheduler:scheduled_jobs"
@@ -73,18 +81,52 @@ def migrate(
         def registry_envelope(_origin: str, _meta: Optional[bytes], envelope: Envelope = envelope) -> Envelope:
             return envelope
 
-        _move(connection, store, key, registry_envelope, job_class, report, dry_run)
+        _move(connection, store, key, registry_envelope, job_class, report, dry_run, mirror_queue=queue_name)
 
     loads = resolve_serializer(serializer).loads
 
     def scheduler_envelope(origin: str, meta: Optional[bytes]) -> Envelope:
-        schedule = schedule_of(loads(meta)) if meta else {}
-        return job_envelope(
+        job_meta = loads(meta) if meta else {}
+        schedule = schedule_of(job_meta)
+        if "cron_string" in schedule:
+            schedule[SYNTAX_KEY] = RQ_SCHEDULER  # it keeps reading its cron string as rq-scheduler did
+        envelope = job_envelope(
             origin, queue_class=queue_class, job_class=job_class, serializer=serializer, scheduler=True,
             schedule=schedule,
         )  # fmt: skip
+        class_name = job_meta.get("queue_class_name")
+        if isinstance(class_name, str) and class_name:  # rq-scheduler's Scheduler(queue_class="path")
+            named = {**envelope.meta, "queue_class": class_name}
+            envelope = Envelope(envelope.target, envelope.destination, meta=named)
+        return envelope
 
-    _move(connection, store, RQ_SCHEDULER_KEY, scheduler_envelope, job_class, report, dry_run)
+    _move(connection, store, RQ_SCHEDULER_KEY, scheduler_envelope, job_class, report, dry_run, read_meta=True)
+    return report
+
+
+def adopt(connection: redis.Redis, store: DelayStore, queue_names: Optional[list[str]] = None) -> MigrationReport:
+    """Move jobs that a plain ``rq.Queue`` scheduled into ``rq:scheduled:<queue>`` into the store.
+
+    A worker or ``rq enqueue --schedule-in`` run without ``--queue-class delayq_backends.rq.Queue``
+    writes there, and with no RQ scheduler running nobody would move them. Each is stored at
+    its registry time with RQ's default classes, and its entry becomes a mirror entry, so an
+    RQ scheduler running beside no longer moves it. Unlike :func:`migrate` this reads no
+    ``meta`` (nothing is deserialized): it is what ``delayq forward`` runs. ``queue_names``:
+    by default every queue in RQ's ``rq:queues``.
+    """
+    report = MigrationReport()
+    if queue_names is None:
+        prefix = RQQueue.redis_queue_namespace_prefix
+        members = cast(set[bytes], connection.smembers(RQQueue.redis_queues_keys))
+        queue_names = sorted(m.decode()[len(prefix) :] for m in members if m.decode().startswith(prefix))
+    for name in queue_names:
+        envelope = job_envelope(name)
+
+        def registry_envelope(_origin: str, _meta: Optional[bytes], envelope: Envelope = envelope) -> Envelope:
+            return envelope
+
+        key = ScheduledJobRegistry.key_template.format(name)
+        _move(connection, store, key, registry_envelope, Job, report, False, mirror_queue=name)
     return report
 
 
@@ -96,18 +138,30 @@ def _move(
     job_class: type[Job],
     report: MigrationReport,
     dry_run: bool,
+    *,
+    mirror_queue: Optional[str] = None,
+    read_meta: bool = False,
 ) -> None:
-    """Move one sorted set, a page at a time, into the store; see the module docstring."""
+    """Move one sorted set, a page at a time, into the store; see the module docstring.
+
+    Mirror entries (already in the store) are not read. With ``mirror_queue`` each moved entry
+    becomes a mirror entry of that queue's registry, else it is removed; entries whose job hash
+    is gone are removed either way.
+    """
     moved = already = missing = offset = 0
     while True:
-        page = cast(list[tuple[bytes, float]], connection.zrange(key, offset, offset + PAGE - 1, withscores=True))
+        page = cast(
+            list[tuple[bytes, float]],
+            connection.zrangebyscore(key, "-inf", f"({MIRROR_OFFSET_S}", start=offset, num=PAGE, withscores=True),
+        )
         if not page:
             break
         ids = [member.decode() for member, _ in page]
+        wanted = ("origin", "enqueue_at_front", "meta") if read_meta else ("origin", "enqueue_at_front")
         with connection.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hmget(job_class.key_for(job_id), "origin", "enqueue_at_front", "meta")
-            fields = pipe.execute()
+                pipe.hmget(job_class.key_for(job_id), *wanted)
+            fields = [(*f, None)[:3] for f in pipe.execute()]
         # an at_front job keeps its backlog priority, as if scheduled through our Queue
         entries: list[ScheduleEntry] = [
             (job_id, score, envelope_for(origin.decode(), meta), AT_FRONT_RANK if at_front == b"1" else 0)
@@ -122,6 +176,18 @@ def _move(
         counts = store.schedule_many(entries, mode="keep")
         moved += counts.added
         already += counts.kept
-        connection.zrem(key, *ids)  # after the copy: a crash in between only copies again
+        # after the copy: a crash in between only copies again
+        with connection.pipeline() as pipe:
+            if mirror_queue is None:
+                pipe.zrem(key, *ids)
+            else:
+                found = {e[0] for e in entries}
+                gone = [i for i in ids if i not in found]
+                if gone:
+                    pipe.zrem(key, *gone)
+                mirror_scheduled(
+                    pipe, mirror_queue, {i.decode(): s for i, s in page if i.decode() in found}, only_existing=True
+                )
+            pipe.execute()
     if moved or already or missing:
         report.moved[key], report.already[key], report.missing[key] = moved, already, missing

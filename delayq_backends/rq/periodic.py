@@ -1,8 +1,21 @@
-"""When the next run of a periodic or cron job is due: rq-scheduler's rules, DST-correct.
+"""When the next run of a periodic or cron job is due: rq-scheduler's rules.
 
 The schedule lives in ``job.meta`` under rq-scheduler's own keys (``interval``, ``repeat``,
 ``cron_string``, ``use_local_timezone``), so jobs migrated from rq-scheduler keep repeating
 and code that reads those keys keeps working.
+
+Cron strings are read in one of two syntaxes (the envelope's schedule names it as
+``cron_syntax``):
+
+- ``"rq-scheduler"`` (:data:`RQ_SCHEDULER`, the default for new jobs): what rq-scheduler 0.14
+  does, with the ``crontab`` package it uses: 5 to 7 fields (a 6th is a *year*, a 7th makes
+  the first one seconds), ``@hourly`` and the other macros, day-of-month AND day-of-week
+  both when both are given, and the fields read in the local time of the host that computes
+  the run (``use_local_timezone`` only changes how rq-scheduler *reports* the time).
+- ``"cron"`` (:data:`STANDARD_CRON`): standard cron through croniter (day-of-month OR
+  day-of-week, a 6th field is seconds), in UTC or, with ``use_local_timezone``, the local zone
+  with cron's DST rules. Envelopes written before the syntax was recorded read this way,
+  because this is how delayq scheduled them.
 """
 
 from __future__ import annotations
@@ -11,12 +24,41 @@ import math
 from datetime import datetime, timezone, tzinfo
 from typing import Any, MutableMapping, Optional
 
+import crontab
 from croniter import croniter
 from dateutil import tz
 
 from ..errors import DelayqError
 
-__all__ = ["InvalidScheduleError", "advance", "check_cron", "check_interval", "next_cron_time"]
+__all__ = [
+    "CRON_SYNTAXES",
+    "RQ_SCHEDULER",
+    "STANDARD_CRON",
+    "InvalidScheduleError",
+    "advance",
+    "check_cron",
+    "check_interval",
+    "next_cron_time",
+]
+
+#: rq-scheduler 0.14's cron strings (the ``crontab`` package, host-local time).
+RQ_SCHEDULER = "rq-scheduler"
+#: Standard cron (croniter), in UTC or the local zone with ``use_local_timezone``.
+STANDARD_CRON = "cron"
+CRON_SYNTAXES = (RQ_SCHEDULER, STANDARD_CRON)
+#: The envelope schedule key naming the syntax; absent means :data:`STANDARD_CRON` (older envelopes).
+SYNTAX_KEY = "cron_syntax"
+
+#: Cron's macros as five fields (croniter reads them too; only the DST rule needs the hour field).
+_MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
 
 
 class InvalidScheduleError(DelayqError, ValueError):
@@ -28,11 +70,32 @@ def zone(use_local_timezone: bool) -> tzinfo:
     return tz.tzlocal() if use_local_timezone else timezone.utc
 
 
-def check_cron(cron_string: str) -> None:
-    if not isinstance(cron_string, str) or not croniter.is_valid(cron_string):
+def check_syntax(syntax: Any) -> str:
+    if syntax not in CRON_SYNTAXES:
         raise InvalidScheduleError(
-            f"cron string {cron_string!r} is not valid: use five fields, e.g. '*/5 * * * *' (every 5 minutes)"
+            f"cron_syntax={syntax!r}: use {RQ_SCHEDULER!r} (rq-scheduler's) or {STANDARD_CRON!r}"
         )
+    return str(syntax)
+
+
+def check_cron(cron_string: str, syntax: str = RQ_SCHEDULER) -> None:
+    """Raise :class:`InvalidScheduleError` unless ``cron_string`` parses in ``syntax``."""
+    check_syntax(syntax)
+    if isinstance(cron_string, str):
+        if syntax == STANDARD_CRON and croniter.is_valid(cron_string):
+            return
+        if syntax == RQ_SCHEDULER:
+            try:
+                crontab.CronTab(cron_string)
+                return
+            except ValueError as exc:
+                raise InvalidScheduleError(
+                    f"cron string {cron_string!r} is not valid for rq-scheduler ({exc}): use five fields, "
+                    "e.g. '*/5 * * * *' (every 5 minutes), optionally a sixth (the year), or a macro like '@hourly'"
+                ) from None
+    raise InvalidScheduleError(
+        f"cron string {cron_string!r} is not valid: use five fields, e.g. '*/5 * * * *' (every 5 minutes)"
+    )
 
 
 def check_interval(interval: Any) -> None:
@@ -42,17 +105,29 @@ def check_interval(interval: Any) -> None:
         raise InvalidScheduleError(f"interval={interval!r}: pass a number of seconds > 0")
 
 
-def next_cron_time(cron_string: str, after: float, *, use_local_timezone: bool = False) -> float:
+def next_cron_time(
+    cron_string: str, after: float, *, use_local_timezone: bool = False, syntax: str = STANDARD_CRON
+) -> float:
     """The first time strictly after ``after`` (epoch seconds) that ``cron_string`` matches.
 
-    The fields are read in UTC, or in the local zone (with its DST rules) when
+    In the rq-scheduler syntax, as rq-scheduler 0.14 computes it: the wall clock of this host
+    (whatever ``use_local_timezone`` says), the naive result read back as local time.
+
+    In standard cron, the fields are read in UTC, or in the local zone (with its DST rules) when
     ``use_local_timezone``. Across DST it does what cron does: a time skipped when clocks go
     forward runs right after the jump, and a job at a fixed hour runs once, not twice, in the
     hour repeated when clocks go back (jobs whose hour field is a wildcard run every real hour).
     """
+    if syntax == RQ_SCHEDULER:
+        wall = datetime.fromtimestamp(after)  # naive host-local, as rq-scheduler's datetime.now()
+        following_wall = crontab.CronTab(cron_string).next(now=wall, default_utc=False, return_datetime=True)
+        following = float(following_wall.astimezone().timestamp())
+        if following <= after:  # a wall time of the hour repeated in autumn, read as its first pass
+            following = float(following_wall.replace(fold=1).astimezone().timestamp())
+        return following
     zone_ = zone(use_local_timezone)
     start = datetime.fromtimestamp(after, tz=zone_)
-    walls_back = not cron_string.split()[1].startswith("*")
+    walls_back = not _MACROS.get(cron_string.strip(), cron_string).split()[1].startswith("*")
     times = croniter(cron_string, start)
     while True:
         following = float(times.get_next(float))
@@ -78,4 +153,9 @@ def advance(meta: MutableMapping[str, Any], *, now: float) -> Optional[float]:
         return None
     if interval:
         return now + float(interval)
-    return next_cron_time(str(cron_string), now, use_local_timezone=bool(meta.get("use_local_timezone")))
+    return next_cron_time(
+        str(cron_string),
+        now,
+        use_local_timezone=bool(meta.get("use_local_timezone")),
+        syntax=str(meta.get(SYNTAX_KEY, STANDARD_CRON)),
+    )

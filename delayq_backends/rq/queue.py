@@ -17,7 +17,6 @@ from typing import Any, Optional
 import redis
 from rq import Queue as RQQueue
 from rq.job import Job
-from rq.registry import ScheduledJobRegistry
 
 from ..config import Config
 from ..connection import connect
@@ -26,6 +25,7 @@ from ..errors import ConfigError, InvalidTimeError
 from ..store import DelayStore
 from ..targets import same_server
 from ..timeutil import to_ms
+from .registry import ScheduledJobRegistry, mirror_scheduled
 from .target import job_envelope, job_rank
 
 __all__ = ["Queue", "UsesDelayStore", "store_for"]
@@ -110,27 +110,48 @@ class Queue(UsesDelayStore, RQQueue):
         """What the store keeps beside a job id of this queue."""
         return job_envelope(self.name, queue_class=type(self), job_class=self.job_class, serializer=self.serializer)
 
+    @property
+    def scheduled_job_registry(self) -> ScheduledJobRegistry:
+        """RQ's registry of this queue's waiting jobs: the store's, with their exact times."""
+        return ScheduledJobRegistry(queue=self, job_class=self.job_class, serializer=self.serializer)
+
     def schedule_job(
         self, job: Job, datetime: datetime, pipeline: Optional[Any] = None, *args: Any, **kwargs: Any
     ) -> Job:
         """Save the job as RQ does (status ``scheduled``) and schedule its id in the delay store.
 
         RQ's own ``schedule_job`` writes the job hash, so the saved job matches each RQ version
-        exactly; its entry in ``rq:scheduled:<queue>`` is removed in the same transaction, so
-        RQ's built-in scheduler never sees it. When the store lives on this queue's Redis, the
-        store's entry joins that transaction (or the caller's ``pipeline``, as in a worker's
-        retry): the job is scheduled completely or not at all. A job enqueued at the front
-        (``at_front=True``) gets a higher rank, so a backlog of due jobs moves it first.
+        exactly; its entry in ``rq:scheduled:<queue>`` becomes a mirror entry (see
+        :mod:`.registry`) in the same transaction, so RQ's built-in scheduler never moves it.
+        When the store lives on this queue's Redis, the store's entry joins that transaction
+        (or the caller's ``pipeline``, as in a worker's retry): the job is scheduled completely
+        or not at all. A job enqueued at the front (``at_front=True``) gets a higher rank, so a
+        backlog of due jobs moves it first.
 
         Raises:
             InvalidTimeError: ``datetime`` is not a datetime; nothing was saved.
         """
-        ready = ready_at(datetime)
+        ready_at(datetime)
+
+        def save(pipe: Any) -> None:
+            RQQueue.schedule_job(self, job, datetime, pipe, *args, **kwargs)
+
+        return self._schedule(job, datetime, pipeline, save)
+
+    def schedule_id(self, job: Job, datetime: datetime, pipeline: Optional[Any] = None) -> Job:
+        """Schedule an already saved job in the delay store (and its mirror entry), as
+        ``ScheduledJobRegistry.schedule`` does for RQ."""
+        return self._schedule(job, datetime, pipeline, None)
+
+    def _schedule(self, job: Job, when: datetime, pipeline: Optional[Any], save: Optional[Any]) -> Job:
+        ready = ready_at(when)
         store = self.delay_store
         envelope = self.envelope()
         shared = not store.cluster and same_server(store.client, self.connection)
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
-        self.save_scheduled(job, datetime, pipe, *args, **kwargs)
+        if save is not None:
+            save(pipe)
+        mirror_scheduled(pipe, self.name, {job.id: ready.timestamp()})
         if shared:
             store.schedule_in(pipe, job.id, ready, envelope, rank=job_rank(job))
         if pipeline is None:
@@ -143,10 +164,11 @@ class Queue(UsesDelayStore, RQQueue):
 
     def save_scheduled(self, job: Job, datetime: datetime, pipeline: Any, *args: Any, **kwargs: Any) -> None:
         """Queue on ``pipeline`` the job hash as RQ's ``schedule_job`` saves it (status ``scheduled``),
-        without its ``rq:scheduled:<queue>`` entry: the delay store's entry is the caller's to write.
+        with its ``rq:scheduled:<queue>`` entry as a mirror: the delay store's entry is the
+        caller's to write.
 
         Bulk loaders save many jobs on one pipeline this way, then store their ids in one
         ``schedule_many``.
         """
         super().schedule_job(job, datetime, pipeline, *args, **kwargs)
-        pipeline.zrem(ScheduledJobRegistry.key_template.format(self.name), job.id)
+        mirror_scheduled(pipeline, self.name, {job.id: ready_at(datetime).timestamp()})

@@ -23,13 +23,23 @@ from rq.utils import import_attribute
 
 from ..envelope import Envelope
 from ..errors import DelayqError, EnvelopeError, InvalidTimeError
-from ..models import ScheduledItem
+from ..models import CancelOutcome, ScheduledItem
 from ..store import DelayStore
 from ..targets import same_server
 from ..timeutil import to_ms
-from .periodic import InvalidScheduleError, check_cron, check_interval, next_cron_time
+from .periodic import (
+    RQ_SCHEDULER,
+    SYNTAX_KEY,
+    InvalidScheduleError,
+    advance,
+    check_cron,
+    check_interval,
+    check_syntax,
+    next_cron_time,
+)
 from .queue import UsesDelayStore
-from .target import KIND, job_envelope, job_rank, schedule_of
+from .registry import forget_scheduled
+from .target import KIND, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
 
 __all__ = ["JobNotScheduledError", "Scheduler"]
 
@@ -102,6 +112,9 @@ class Scheduler(UsesDelayStore):
             (``delayq forward --rq-allow-class``).
         name: accepted for compatibility.
         delay_store: where jobs wait; by default as for :class:`~delayq_backends.rq.Queue`.
+        cron_syntax: how :meth:`cron` reads its strings: ``"rq-scheduler"`` (the default:
+            rq-scheduler 0.14's ``crontab`` parser, host-local time) or ``"cron"`` (standard
+            cron with croniter, UTC or ``use_local_timezone``); see :mod:`.periodic`.
         clock: "now" in epoch seconds (tests pass a fake one).
 
     Raises:
@@ -122,6 +135,7 @@ class Scheduler(UsesDelayStore):
         name: Optional[str] = None,
         *,
         delay_store: Optional[DelayStore] = None,
+        cron_syntax: str = RQ_SCHEDULER,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if connection is None and queue is None:
@@ -130,6 +144,9 @@ class Scheduler(UsesDelayStore):
         self.queue_name = queue.name if queue is not None else queue_name
         self.job_class = _resolve(job_class, type(self).job_class)
         self.queue_class = _resolve(queue_class, type(self).queue_class)
+        #: rq-scheduler records a queue class given by path in each job's meta, for get_queue_for_job
+        self.queue_class_name = queue_class if isinstance(queue_class, str) else None
+        self.cron_syntax = check_syntax(cron_syntax)
         self.name = name
         self.clock = clock
         self._delay_store = delay_store
@@ -215,11 +232,19 @@ class Scheduler(UsesDelayStore):
         on_success: Any = None,
         on_failure: Any = None,
         at_front: bool = False,
+        cron_syntax: Optional[str] = None,
     ) -> Job:
-        """Run ``func`` whenever ``cron_string`` matches, read in UTC (or the local zone, DST
-        included, with ``use_local_timezone``), ``repeat`` runs in all (None: forever)."""
-        check_cron(cron_string)
-        ready = int(next_cron_time(cron_string, self.clock(), use_local_timezone=use_local_timezone) * 1000)
+        """Run ``func`` whenever ``cron_string`` matches, ``repeat`` runs in all (None: forever).
+
+        ``cron_syntax`` (default: the Scheduler's, ``"rq-scheduler"``) says how the string reads:
+        as rq-scheduler 0.14 reads it (host-local time; a 6th field is a year), or as standard
+        cron (``"cron"``: UTC, or the local zone with its DST rules with ``use_local_timezone``).
+        """
+        syntax = check_syntax(cron_syntax or self.cron_syntax)
+        check_cron(cron_string, syntax)
+        ready = int(
+            next_cron_time(cron_string, self.clock(), use_local_timezone=use_local_timezone, syntax=syntax) * 1000
+        )
         job = self._create_job(
             func, args=args, kwargs=kwargs, result_ttl=result_ttl, ttl=ttl, id=id, queue_name=queue_name,
             description=description, timeout=timeout, meta=meta, depends_on=depends_on,
@@ -229,16 +254,18 @@ class Scheduler(UsesDelayStore):
         job.meta["use_local_timezone"] = use_local_timezone
         if repeat is not None:
             job.meta["repeat"] = int(repeat)
-        return self._schedule(job, ready, at_front=at_front)
+        return self._schedule(job, ready, at_front=at_front, syntax=syntax)
 
     def _create_job(self, func: Any, *, queue_name: Optional[str] = None, **options: Any) -> Job:
         options["args"] = options.get("args") or ()
         options["kwargs"] = options.get("kwargs") or {}
         job = self.job_class.create(func, connection=self.connection, status=JobStatus.SCHEDULED, **options)
         job.origin = queue_name or self.queue_name
+        if self.queue_class_name:
+            job.meta["queue_class_name"] = self.queue_class_name
         return job
 
-    def _schedule(self, job: Job, ready_ms: int, *, at_front: bool) -> Job:
+    def _schedule(self, job: Job, ready_ms: int, *, at_front: bool, syntax: Optional[str] = None) -> Job:
         """Save the job hash and schedule its id; one transaction when the store shares RQ's Redis.
 
         The hash is written first otherwise: an id due at once must not reach a forwarder
@@ -247,9 +274,11 @@ class Scheduler(UsesDelayStore):
         if at_front:
             job.enqueue_at_front = True
         store = self.delay_store
+        schedule = schedule_of(job.meta)
+        if syntax is not None:
+            schedule[SYNTAX_KEY] = syntax
         envelope = job_envelope(
-            job.origin, queue_class=self.queue_class, job_class=self.job_class, scheduler=True,
-            schedule=schedule_of(job.meta),
+            job.origin, queue_class=self.queue_class, job_class=self.job_class, scheduler=True, schedule=schedule,
         )  # fmt: skip
         if not store.cluster and same_server(store.client, self.connection):
             with self.connection.pipeline() as pipe:
@@ -312,6 +341,51 @@ class Scheduler(UsesDelayStore):
     def get_jobs_to_queue(self, with_times: bool = False) -> Iterator[Any]:
         """Jobs due now (rq-scheduler's helper); the forwarder moves them on its own."""
         return self.get_jobs(self._now(), with_times=with_times)
+
+    def get_queue_for_job(self, job: Job) -> RQQueue:
+        """The queue ``job`` runs on, as rq-scheduler picks it: its origin, with the queue class
+        named in ``job.meta["queue_class_name"]`` if any, else this Scheduler's."""
+        path = job.meta.get("queue_class_name")
+        queue_class = cast(type[RQQueue], import_attribute(path) if path else self.queue_class)
+        key = f"{queue_class.redis_queue_namespace_prefix}{job.origin}"
+        return queue_class.from_queue_key(key, connection=self.connection, job_class=self.job_class)
+
+    def enqueue_job(self, job: Job) -> None:
+        """Run ``job`` now, as rq-scheduler's ``enqueue_job`` does: put it on its queue and, if
+        it is periodic or cron, schedule its next run (one run counted down).
+
+        The job leaves the store first: a forwarder cannot move this run as well. A job a
+        forwarder is moving at this moment (leased) is left to it, since it runs now anyway.
+        """
+        store = self.delay_store
+        item = store.get(job.id)
+        if item is not None and item.leased_until_ms is not None:
+            return
+        envelope = Envelope.decode(item.envelope) if item is not None and _is_rq(item.envelope) else None
+        outcome = store.cancel(job.id)
+        if outcome is CancelOutcome.IN_FLIGHT:
+            return
+        queue = self.get_queue_for_job(job)
+        queue.enqueue_job(job, at_front=bool(job.enqueue_at_front))
+        forget_scheduled(self.connection, job.origin, [job.id])
+        stored = envelope.meta.get(SCHEDULE_KEY) if envelope is not None else None
+        if not isinstance(stored, dict) or envelope is None:
+            return
+        # rq-scheduler re-arms by the job it is given (its meta, as the caller may have changed
+        # it); the runs left are counted in the envelope, as the forwarder counts them
+        schedule = {**stored, **{k: v for k, v in schedule_of(job.meta).items() if k != "repeat"}}
+        following = advance(schedule, now=self.clock())
+        if following is not None:
+            meta = {**envelope.meta, SCHEDULE_KEY: schedule}
+            store.schedule(job.id, following, Envelope(KIND, envelope.destination, meta=meta), rank=job_rank(job))
+
+    def enqueue_jobs(self) -> list[Job]:
+        """Run every job that is due now (rq-scheduler's poll step); the forwarder does this on
+        its own, so this is for tests and one-off catch-ups. Returns the jobs enqueued."""
+        jobs = list(self.get_jobs_to_queue())
+        for job in jobs:
+            self.enqueue_job(job)
+        return jobs
 
     def _scheduled(self, until: Until) -> Iterator[tuple[str, int]]:
         """(id, ready ms) of scheduled RQ jobs, earliest first, read a page at a time.

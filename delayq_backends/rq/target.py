@@ -44,6 +44,7 @@ from ..errors import DelayqError
 from ..outages import is_transient
 from ..targets import Delivery, Lease, PublishReport
 from .periodic import advance
+from .registry import forget_scheduled
 
 __all__ = [
     "ALLOW_CLASS_ENV",
@@ -570,6 +571,7 @@ class RQTarget:
                 self._enqueue(pipe, keys, job_id, job, enqueued_at)
                 pushes.add(job_id, job.at_front)
         pushes.flush(pipe)
+        forget_scheduled(pipe, keys.name, [*batch.jobs, *batch.skipped])  # the registry's mirror entries
         if shared is not None:
             moved = list(batch.jobs)
             shared.ack_in(pipe, batch.skipped + moved)

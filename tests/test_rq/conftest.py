@@ -84,9 +84,15 @@ class Processes:
         self.procs.append(proc)
         return proc
 
-    def worker(self, *queues: str, burst: bool = False, queue_class: str = "delayq_backends.rq.Queue") -> Any:
-        extra = ["--burst"] if burst else []
-        return self.start("-m", "rq.cli", "worker", "-u", self.url, "--queue-class", queue_class, "-q", *extra, *queues)
+    def worker(
+        self,
+        *queues: str,
+        burst: bool = False,
+        queue_class: str = "delayq_backends.rq.Queue",
+        extra: tuple[str, ...] = (),
+    ) -> Any:
+        flags = [*extra, "--burst"] if burst else list(extra)
+        return self.start("-m", "rq.cli", "worker", "-u", self.url, "--queue-class", queue_class, "-q", *flags, *queues)
 
     def forwarder(self, *extra: str) -> Any:
         return self.start(

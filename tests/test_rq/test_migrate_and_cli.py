@@ -69,7 +69,14 @@ def test_rq_migrate_moves_both_kinds_once_and_twice_changes_nothing(own_db: str,
     periodic_meta = {"scheduler": True, "schedule": {"interval": 60, "repeat": 5}}
     assert Envelope.decode(store.get(periodic.id).envelope).meta == periodic_meta  # type: ignore[union-attr]
     assert store.get(once.id).ready_ms == int((later + timedelta(minutes=1)).timestamp()) * 1000  # type: ignore[union-attr]
-    assert conn.zcard(ScheduledJobRegistry(queue=plain).key) == 0 and conn.zcard(RQ_SCHEDULER_KEY) == 0
+    # RQ's registry keeps listing the queue's jobs, as mirror entries no RQ scheduler moves
+    assert conn.zcard(ScheduledJobRegistry(queue=plain).key) == 31 and conn.zcard(RQ_SCHEDULER_KEY) == 0
+    assert plain.scheduled_job_registry.get_jobs_to_schedule(int(later.timestamp()) + 10**6) == []
+    ours = Queue("mig", connection=conn, delay_store=store)
+    assert ours.scheduled_job_registry.get_job_ids()[:2] == [in_front.id, registry_jobs[0].id] or (
+        ours.scheduled_job_registry.get_job_ids()[:2] == [registry_jobs[0].id, in_front.id]
+    )
+    assert ours.scheduled_job_registry.get_scheduled_time(registry_jobs[3].id).timestamp() == int(later.timestamp() + 3)
     before = {k: conn.dump(k) for k in conn.scan_iter(f"{prefix}:*")}
 
     assert "moved 0 job(s)" in migrate(own_db, prefix)
@@ -93,7 +100,12 @@ def test_a_copy_left_by_an_interrupted_run_is_not_duplicated(own_db: str, prefix
     store = DelayStore(conn, Config(prefix=prefix, shards=SHARDS))
     store.schedule(job.id, datetime.now(timezone.utc) + timedelta(hours=2), Queue("mig", connection=conn).envelope())
     output = migrate(own_db, prefix)  # as if a first run had copied, then died before ZREM
-    assert "already in the store 1" in output and conn.zcard(ScheduledJobRegistry(queue=plain).key) == 0
+    registry = ScheduledJobRegistry(queue=plain)
+    assert (
+        "already in the store 1" in output
+        and registry.get_jobs_to_schedule(int(time.time()) + 10**9) == []
+        and registry.count == 1
+    )
     assert sum(s.scheduled for s in store.stats()) == 1
     conn.close()
 

@@ -27,7 +27,8 @@ def test_schedule_job_saves_the_job_as_rq_does_and_its_id_in_the_store(queue: Qu
     saved = Job.fetch("j-1", connection=queue.connection)
     assert saved.get_status() == JobStatus.SCHEDULED
     assert saved.args == ("a",) and saved.enqueue_at_front
-    assert job not in ScheduledJobRegistry(queue=queue)  # RQ's own scheduler never sees it
+    registry = ScheduledJobRegistry(queue=queue)  # RQ's own: lists the job, and its scheduler never moves it
+    assert job in registry and registry.get_jobs_to_schedule(int(when.timestamp()) + 10**9) == []
     assert queue.connection.sismember("rq:queues", queue.key)
     item = store.get("j-1")
     assert item is not None and item.ready_ms == ms_at_or_after(when)
@@ -182,4 +183,5 @@ def test_rq_enqueue_schedule_in_on_the_command_line_goes_to_the_store(
     item = store.get("cli-1")
     assert item is not None and abs(item.ready_ms / 1000 - (time.time() + 3600)) < 30
     assert Job.fetch("cli-1", connection=queue.connection).get_status() == JobStatus.SCHEDULED
-    assert queue.connection.zcard(ScheduledJobRegistry(queue=queue).key) == 0
+    assert ScheduledJobRegistry(queue=queue).get_job_ids() == ["cli-1"]  # listed, as a mirror entry
+    assert queue.scheduled_job_registry.get_scheduled_time("cli-1").timestamp() * 1000 == item.ready_ms
