@@ -95,6 +95,9 @@ _FIELDS = (
 )  # fmt: skip
 
 
+_SCHEDULED, _CANCELED, _DEFERRED = JobStatus.SCHEDULED.value, JobStatus.CANCELED.value, JobStatus.DEFERRED.value
+
+
 class ClassImportError(DelayqError):
     """A queue or job class named in an envelope is not allowed or cannot be imported here."""
 
@@ -358,6 +361,11 @@ class _Batch:
     skipped: list[str] = field(default_factory=list)
     broken: list[tuple[str, str]] = field(default_factory=list)
     following: dict[str, tuple[float, Envelope]] = field(default_factory=dict)
+    #: each job's hash key, made once per batch (a move reads and writes each several times)
+    job_keys: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.job_keys = {i: self.keys.job(i) for i in self.deliveries}
 
     @property
     def ids(self) -> list[str]:
@@ -445,7 +453,7 @@ class RQTarget:
     def _move(self, batch: _Batch, lease: Optional[Lease], report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""
         shared = lease if lease is not None and lease.shares_server(self.connection) else None
-        job_keys = [batch.keys.job(i) for i in batch.ids]
+        job_keys = list(batch.job_keys.values())
         with self.connection.pipeline() as pipe:
             for _ in range(self.max_watch_retries):
                 try:
@@ -485,7 +493,7 @@ class RQTarget:
                 # a key that is not a hash: rq_fields below names its type
                 old_meta = {i: None if isinstance(m, Exception) else m
                             for i, m in zip(legacy, reads.execute(raise_on_error=False))}  # fmt: skip
-        results = self.scripts.rq_fields([batch.keys.job(i) for i in batch.held], _FIELDS) if batch.held else []
+        results = self.scripts.rq_fields([batch.job_keys[i] for i in batch.held], _FIELDS) if batch.held else []
         waiting: dict[str, tuple[str, ...]] = {}
         for job_id, values in zip(batch.held, results):
             try:
@@ -496,14 +504,15 @@ class RQTarget:
             except ValueError as exc:
                 batch.broken.append((job_id, f"RQ job hash {job_id!r} cannot be moved: {exc}"))
                 continue
+            scheduler = batch.from_scheduler(job_id)
             if job is None:
                 log.info("job %s was deleted while scheduled: skipped", job_id)
                 batch.skipped.append(job_id)
-            elif not self._due(job_id, job, batch.from_scheduler(job_id)):
+            elif not self._due(job_id, job, scheduler):
                 batch.skipped.append(job_id)
             else:
                 batch.jobs[job_id] = job
-                if batch.from_scheduler(job_id) and job.dependency_ids:
+                if scheduler and job.dependency_ids:
                     waiting[job_id] = job.dependency_ids
                 if schedule is not None:
                     self._plan_next(batch, job_id, schedule)
@@ -578,7 +587,7 @@ class RQTarget:
         ``scheduled``: any other status means it was cancelled or moved already (a re-delivery
         after a crash, or RQ's own scheduler during a migration), so it is not queued twice.
         A Scheduler's periodic job keeps the status of its last run, as with rq-scheduler."""
-        if job.status == JobStatus.CANCELED.value or (not from_scheduler and job.status != JobStatus.SCHEDULED.value):
+        if job.status == _CANCELED or (not from_scheduler and job.status != _SCHEDULED):
             log.info("job %s is %s, no longer scheduled: skipped", job_id, job.status)
             return False
         return True
@@ -596,18 +605,20 @@ class RQTarget:
                 pushes.flush(pipe)  # its promotion may push too: keep the order
                 self._enqueue_rate_limited(pipe, keys, job_id, job)
             else:
-                if job.status == JobStatus.DEFERRED.value or (job.ttl is not None and job.ttl > 0):
+                if job.status == _DEFERRED or (job.ttl is not None and job.ttl > 0):
                     self._enqueue_extra(pipe, keys, job_id, job)
                 plain.append((job_id, job))
                 pushes.add(job_id, job.at_front)
-        self._enqueue(pipe, keys, plain)
+        self._enqueue(pipe, keys, batch.job_keys, plain)
         pushes.flush(pipe)
         if shared is not None:
             moved = list(batch.jobs)
             shared.ack_in(pipe, batch.skipped + moved)
             self._rearm(batch, moved, pipe, shared)
 
-    def _enqueue(self, pipe: Any, keys: _Keys, jobs: Sequence[tuple[str, JobFields]]) -> None:
+    def _enqueue(
+        self, pipe: Any, keys: _Keys, job_keys: Mapping[str, str], jobs: Sequence[tuple[str, JobFields]]
+    ) -> None:
         """The job hash fields ``Queue._enqueue_job`` writes for due jobs (rq 1.16 to 3.x):
         status ``queued``, ``origin``, ``enqueued_at``, and the queue's default timeout for a job
         without one; one ``rq_enqueue`` script call for the batch rather than an HSET per job
@@ -617,7 +628,7 @@ class RQTarget:
         enqueued_at = utcformat(datetime.now(timezone.utc))
         mask = "".join("1" if job.timeout is None else "0" for _, job in jobs)
         args = [JobStatus.QUEUED.value, keys.name, enqueued_at, str(keys.default_timeout), mask]
-        self.scripts.rq_enqueue.queue(pipe, [keys.job(job_id) for job_id, _ in jobs], args)
+        self.scripts.rq_enqueue.queue(pipe, [job_keys[job_id] for job_id, _ in jobs], args)
 
     def _enqueue_extra(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields) -> None:
         """The rest of ``Queue._enqueue_job`` for the jobs that need it: out of the deferred
