@@ -244,7 +244,8 @@ class Forwarder:
         decoded: dict[bytes, Envelope] = {}  # one queue's jobs often share an envelope: decoded once
         for item in claim.items:
             try:
-                envelope = decoded.get(item.envelope) or decoded.setdefault(item.envelope, Envelope.decode(item.envelope))
+                envelope = decoded.get(item.envelope) or Envelope.decode(item.envelope)
+                decoded[item.envelope] = envelope
             except EnvelopeError as exc:
                 failures.append((item.id, None, f"corrupt envelope: {exc}"))
                 continue

@@ -160,7 +160,7 @@ class Queue(UsesDelayStore, RQQueue):
         """
         registry = ScheduledJobRegistry.key_template.format(self.name)
         dropping = _RegistryDropped(pipeline, registry)
-        super().schedule_job(job, datetime, dropping, *args, **kwargs)
+        super().schedule_job(job, datetime, dropping, *args, **kwargs)  # type: ignore[arg-type]
         if not dropping.dropped:  # written some other way (rq 3's unique=True runs its own script)
             pipeline.zrem(registry, job.id)
         self.registry_write(pipeline, job, datetime)

@@ -231,9 +231,8 @@ class JobFields:
         runs once per job moved, so it is a visible part of a forwarder's time."""
         status, _, timeout, ttl, front, front_retry, ended, dep_ids, dep_id, allow, limit_key, limit = values
         if ttl is None and front_retry is None and dep_ids is None and dep_id is None and limit_key is None:
-            if status is None and front is None and timeout is None and _ is None and allow is None:
-                if all(v is None for v in values):
-                    return None
+            if status is None and front is None and timeout is None and _ is None and all(v is None for v in values):
+                return None
             if front in (None, b"0", b"1") and allow in (None, b"0", b"1") and limit in (None, b""):
                 return cls(
                     status=status.decode("utf-8", "replace") if status else "created",

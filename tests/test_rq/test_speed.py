@@ -24,7 +24,8 @@ from tests.test_rq.test_target import claim_all, deliveries, schedule_past
 
 def _commands(packed: Any) -> int:
     """How many commands a packed RESP buffer (as redis-py sends it) holds."""
-    data = b"".join(bytes(c) for c in ([packed] if isinstance(packed, (bytes, str)) else packed))
+    chunks = [packed] if isinstance(packed, (bytes, str)) else packed
+    data = b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
     count = pos = 0
     while pos < len(data):
         assert data[pos : pos + 1] == b"*", data[pos : pos + 20]
@@ -45,7 +46,7 @@ def counting_commands(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
     def send(self: Any, command: Any, check_health: bool = True) -> None:
         sent.append(_commands(command))
-        original(self, command, check_health)
+        original(self, command, check_health)  # type: ignore[no-untyped-call]
 
     with monkeypatch.context() as m:
         m.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
@@ -124,8 +125,8 @@ def test_enqueue_at_sends_nothing_to_rqs_scheduled_registry_and_calls_the_hook_o
     job = queue.create_job("tests.test_rq.jobs.record", args=("x",))
     with conn.pipeline() as pipe:
         queue.schedule_job(job, when, pipeline=pipe)
-        registry = f"rq:scheduled:{queue.name}".encode()
-        touched = [args for args, _ in pipe.command_stack if registry in [a if isinstance(a, bytes) else str(a).encode() for a in args]]  # noqa: E501
+        registry = f"rq:scheduled:{queue.name}"
+        touched = [args for args, _ in pipe.command_stack if registry in map(str, args)]
         assert touched == []
         pipe.execute()
     assert MirroringQueue.mirrored == [(job.id, when)]
