@@ -42,6 +42,7 @@ from rq.job import Job  # noqa: E402
 from rq.registry import FinishedJobRegistry  # noqa: E402
 
 from delayq_backends import Config, DelayStore  # noqa: E402
+from delayq_backends.functions import install_functions  # noqa: E402
 from delayq_backends.rq import Queue  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -59,7 +60,7 @@ class Sizes:
     backlog: int  # due jobs moved into the queue
 
 
-FULL = Sizes("full", schedule_jobs=3000, rounds=3, steady_jobs=1000, steady_seconds=10.0, backlog=100_000)
+FULL = Sizes("full", schedule_jobs=600, rounds=15, steady_jobs=1000, steady_seconds=10.0, backlog=100_000)
 QUICK = Sizes("quick", schedule_jobs=500, rounds=1, steady_jobs=200, steady_seconds=4.0, backlog=2000)
 
 
@@ -153,6 +154,17 @@ SYSTEMS = (Delayq, RQBuiltin, RQScheduler)
 # -- processes ---------------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_seconds(system: System) -> float:
+    info = system.conn.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 class Processes:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -191,7 +203,10 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> float:
 
 
 def bench_scheduling(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
-    """enqueue_at calls per second, one call per job, a round of each system in turn."""
+    """enqueue_at calls per second, one call per job, a round of each system in turn.
+
+    Many short rounds rather than a few long ones: on a shared machine the load changes within
+    seconds, and each round's ratio compares systems measured a second apart."""
     rates: dict[str, list[float]] = {cls.name: [] for cls in SYSTEMS}
     for r in range(sizes.rounds):
         for cls in SYSTEMS:
@@ -204,7 +219,22 @@ def bench_scheduling(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
                 schedule(later + i / 1000)
             rates[cls.name].append(sizes.schedule_jobs / (time.perf_counter() - start))
             log(f"schedule {cls.name}: {rates[cls.name][-1]:,.0f}/s")
-    return {name: {"median": round(statistics.median(v)), "runs": [round(x) for x in v]} for name, v in rates.items()}
+    out: dict[str, Any] = {
+        name: {"median": round(statistics.median(v)), "runs": [round(x) for x in v]} for name, v in rates.items()
+    }
+    # each round runs the systems back to back, so a round's ratio shares that moment's load
+    for peer in names_of(SYSTEMS)[1:]:
+        paired = [ours / theirs for ours, theirs in zip(rates[SYSTEMS[0].name], rates[peer])]
+        out[SYSTEMS[0].name][f"ratio_to_{peer}"] = {
+            "median": round(statistics.median(paired), 3),
+            "min": round(min(paired), 3),
+            "max": round(max(paired), 3),
+        }
+    return out
+
+
+def names_of(systems: Sequence[type[System]]) -> list[str]:
+    return [cls.name for cls in systems]
 
 
 def bench_lateness(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
@@ -254,18 +284,29 @@ def bench_backlog(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
         load_s = time.perf_counter() - load_start
         procs = Processes()
         procs.start(system.scheduler_alone(name) if isinstance(system, RQBuiltin) else system.mover(name))
+        pid = procs.procs[0].pid
         queue_key = f"rq:queue:{name}"
+        # CPU per job, from the first job in the queue (the mover's start-up excluded) to the last
+        first: list[tuple[int, float, float]] = []
 
-        def done(s: System = system, key: str = queue_key) -> bool:
-            return bool(s.conn.llen(key) >= sizes.backlog and s.pending(name) == 0)
+        def done(s: System = system, key: str = queue_key, first: list[Any] = first, pid: int = pid) -> bool:
+            queued = int(s.conn.llen(key))
+            if queued and not first:
+                first.append((queued, cpu_seconds(pid), server_cpu_seconds(s)))
+            return bool(queued >= sizes.backlog and s.pending(name) == 0)
 
         try:
             moved_s = wait_until(done, 600, cls.name)
+            mover_cpu, server_cpu = cpu_seconds(pid), server_cpu_seconds(system)
         finally:
             procs.stop()
+        queued0, mover0, server0 = first[0]
+        jobs = max(1, sizes.backlog - queued0)
         duplicates = sizes.backlog - len(set(system.conn.lrange(queue_key, 0, -1)))
         out[cls.name] = {"jobs_per_s": round(sizes.backlog / moved_s), "seconds": round(moved_s, 2),
-                         "load_s": round(load_s, 2), "duplicates": duplicates}  # fmt: skip
+                         "load_s": round(load_s, 2), "duplicates": duplicates,
+                         "mover_cpu_us_per_job": round((mover_cpu - mover0) / jobs * 1e6, 1),
+                         "server_cpu_us_per_job": round((server_cpu - server0) / jobs * 1e6, 1)}  # fmt: skip
         log(f"backlog {cls.name}: {out[cls.name]}")
     return out
 
@@ -302,6 +343,14 @@ def section(result: dict[str, Any], sizes: Sizes) -> str:
             True,
         )
     )  # noqa: E501
+    for key, label in (("mover_cpu_us_per_job", "mover"), ("server_cpu_us_per_job", "server")):
+        rows.append(row(f"moving: {label} CPU per job (µs)", [backlog[n][key] for n in names], ".1f", False))
+    spread = ", ".join(f"{n} {min(sched[n]['runs']):,}–{max(sched[n]['runs']):,}" for n in names)
+    paired = "; ".join(
+        f"delayq / {n} median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f})"
+        for n in names[1:]
+        if (r := sched[names[0]].get(f"ratio_to_{n}"))
+    )
     return "\n".join([
         f"## RQ: {result['at']} ({sizes.name}), {result['server']}, rq {result['rq']}, "
         f"rq-scheduler {result['rq_scheduler']}",
@@ -313,7 +362,12 @@ def section(result: dict[str, Any], sizes: Sizes) -> str:
         f"Lateness: {sizes.steady_jobs:,} no-op jobs spread over {sizes.steady_seconds:g} s, run by a SimpleWorker",
         "(the builtin scheduler's own worker for RQ builtin). Backlog: no worker; the mover alone is timed (for",
         "RQ builtin, the `RQScheduler` process that `--with-scheduler` forks).",
-        f"The backlog is {sizes.backlog:,} jobs, loaded through each system's own enqueue_at before its mover starts.",
+        f"The backlog is {sizes.backlog:,} jobs, loaded through each system's own enqueue_at before its mover starts;",
+        "CPU per job counts from the first job in the queue to the last (the mover's start-up excluded).",
+        "delayq runs its scripts as the installed Function library (FCALL), as `delayq functions install` sets up.",
+        f"enqueue_at rounds (jobs/s, min–max of {sizes.rounds}): {spread}. Load average (1 min): "
+        f"{result['load']:.2f} at start, {result['load_end']:.2f} at end.",
+        f"enqueue_at, ratio within each round: {paired}.",
         "RQ's registry and rq-scheduler keep whole seconds (the score drops the fraction) and poll once a second, so",
         "their jobs run up to a second early or late; negative lateness is early, and no ratio is given for it.",
         "",
@@ -337,13 +391,16 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
             "rq_scheduler": metadata.version("rq-scheduler"),
             "sizes": sizes.__dict__,
             "load": os.getloadavg()[0],
+            "functions": True,
         }
+        install_functions(server.client)  # FLUSHALL keeps functions: delayq calls FCALL throughout
         log("scheduling throughput")
         result["scheduling"] = bench_scheduling(server, sizes)
         log("lateness at a steady rate")
         result["lateness"] = bench_lateness(server, sizes)
         log(f"moving a backlog of {sizes.backlog} due jobs")
         result["backlog"] = bench_backlog(server, sizes)
+        result["load_end"] = os.getloadavg()[0]
         return result
 
 

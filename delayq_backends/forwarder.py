@@ -242,9 +242,11 @@ class Forwarder:
         groups: dict[str, list[Delivery]] = defaultdict(list)
         failures: list[tuple[str, Optional[int], str]] = []
         labels: dict[str, Labels] = {}  # of each decoded item, for the metrics
+        decoded: dict[bytes, Envelope] = {}  # one queue's jobs often share an envelope: decoded once
         for item in claim.items:
             try:
-                envelope = Envelope.decode(item.envelope)
+                envelope = decoded.get(item.envelope) or Envelope.decode(item.envelope)
+                decoded[item.envelope] = envelope
             except EnvelopeError as exc:
                 failures.append((item.id, None, f"corrupt envelope: {exc}"))
                 continue

@@ -42,6 +42,7 @@ from rq.utils import import_attribute, utcformat
 from ..envelope import Envelope
 from ..errors import DelayqError
 from ..outages import is_transient
+from ..scripts import Scripts
 from ..targets import Delivery, Lease, PublishReport
 from .periodic import advance
 from .registry import forget_scheduled
@@ -93,6 +94,9 @@ _FIELDS = (
     "status", "created_at", "timeout", "ttl", "enqueue_at_front", "enqueue_at_front_on_retry", "ended_at",
     "dependency_ids", "dependency_id", "allow_dependency_failures", "rate_limit_key", "rate_limit_concurrency",
 )  # fmt: skip
+
+
+_SCHEDULED, _CANCELED, _DEFERRED = JobStatus.SCHEDULED.value, JobStatus.CANCELED.value, JobStatus.DEFERRED.value
 
 
 class ClassImportError(DelayqError):
@@ -222,7 +226,29 @@ class JobFields:
 
     @classmethod
     def parse(cls, values: Sequence[Optional[bytes]]) -> Optional[JobFields]:
-        """From HMGET of :data:`_FIELDS`; None when the hash is gone. Raises ValueError naming a bad field."""
+        """From HMGET of :data:`_FIELDS`; None when the hash is gone. Raises ValueError naming a bad field.
+
+        The usual job (a Queue's, with no TTL, dependency or rate limit) takes a short path: this
+        runs once per job moved, so it is a visible part of a forwarder's time."""
+        status, _, timeout, ttl, front, front_retry, ended, dep_ids, dep_id, allow, limit_key, limit = values
+        if ttl is None and front_retry is None and dep_ids is None and dep_id is None and limit_key is None:
+            if status is None and front is None and timeout is None and _ is None and all(v is None for v in values):
+                return None
+            if front in (None, b"0", b"1") and allow in (None, b"0", b"1") and limit in (None, b""):
+                return cls(
+                    status=status.decode("utf-8", "replace") if status else "created",
+                    timeout=timeout,
+                    ttl=None,
+                    at_front=front == b"1",
+                    dependency_ids=(),
+                    allow_dependency_failures=allow == b"1",
+                    rate_limit_key=None,
+                    rate_limit_concurrency=None,
+                )
+        return cls._parse_checked(values)
+
+    @classmethod
+    def _parse_checked(cls, values: Sequence[Optional[bytes]]) -> Optional[JobFields]:
         raw = dict(zip(_FIELDS, values))
         if all(v is None for v in values):
             return None
@@ -335,6 +361,11 @@ class _Batch:
     skipped: list[str] = field(default_factory=list)
     broken: list[tuple[str, str]] = field(default_factory=list)
     following: dict[str, tuple[float, Envelope]] = field(default_factory=dict)
+    #: each job's hash key, made once per batch (a move reads and writes each several times)
+    job_keys: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.job_keys = {i: self.keys.job(i) for i in self.deliveries}
 
     @property
     def ids(self) -> list[str]:
@@ -373,6 +404,7 @@ class RQTarget:
         self.clock = clock
         self.max_watch_retries = max_watch_retries
         self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
+        self.scripts = Scripts.register(connection)
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Move jobs with no lease at hand: acked by the caller, periodic jobs are not re-armed."""
@@ -421,7 +453,7 @@ class RQTarget:
     def _move(self, batch: _Batch, lease: Optional[Lease], report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""
         shared = lease if lease is not None and lease.shares_server(self.connection) else None
-        job_keys = [batch.keys.job(i) for i in batch.ids]
+        job_keys = list(batch.job_keys.values())
         with self.connection.pipeline() as pipe:
             for _ in range(self.max_watch_retries):
                 try:
@@ -453,29 +485,34 @@ class RQTarget:
         batch.held = shared.held(pipe, batch.ids) if shared else batch.ids
         batch.jobs, batch.deferred, batch.skipped, batch.broken, batch.following = {}, set(), [], [], {}
         legacy = [i for i in batch.held if is_legacy_scheduler(batch.deliveries[i].envelope)]
-        with self.connection.pipeline(transaction=False) as reads:
-            for job_id in batch.held:
-                reads.hmget(batch.keys.job(job_id), _FIELDS)
-            for job_id in legacy:
-                reads.hget(batch.keys.job(job_id), "meta")
-            results = reads.execute()
-        old_meta = dict(zip(legacy, results[len(batch.held) :]))
+        old_meta: dict[str, Optional[bytes]] = {}
+        if legacy:
+            with self.connection.pipeline(transaction=False) as reads:
+                for job_id in legacy:
+                    reads.hget(batch.keys.job(job_id), "meta")
+                # a key that is not a hash: rq_fields below names its type
+                old_meta = {i: None if isinstance(m, Exception) else m
+                            for i, m in zip(legacy, reads.execute(raise_on_error=False))}  # fmt: skip
+        results = self.scripts.rq_fields([batch.job_keys[i] for i in batch.held], _FIELDS) if batch.held else []
         waiting: dict[str, tuple[str, ...]] = {}
         for job_id, values in zip(batch.held, results):
             try:
+                if not isinstance(values, list):
+                    raise ValueError(f"its key holds a {_text(values)}, not a hash (written by another tool)")
                 job = JobFields.parse(values)
                 schedule = self._schedule(batch, job_id, old_meta) if job is not None else None
             except ValueError as exc:
                 batch.broken.append((job_id, f"RQ job hash {job_id!r} cannot be moved: {exc}"))
                 continue
+            scheduler = batch.from_scheduler(job_id)
             if job is None:
                 log.info("job %s was deleted while scheduled: skipped", job_id)
                 batch.skipped.append(job_id)
-            elif not self._due(job_id, job, batch.from_scheduler(job_id)):
+            elif not self._due(job_id, job, scheduler):
                 batch.skipped.append(job_id)
             else:
                 batch.jobs[job_id] = job
-                if batch.from_scheduler(job_id) and job.dependency_ids:
+                if scheduler and job.dependency_ids:
                     waiting[job_id] = job.dependency_ids
                 if schedule is not None:
                     self._plan_next(batch, job_id, schedule)
@@ -550,7 +587,7 @@ class RQTarget:
         ``scheduled``: any other status means it was cancelled or moved already (a re-delivery
         after a crash, or RQ's own scheduler during a migration), so it is not queued twice.
         A Scheduler's periodic job keeps the status of its last run, as with rq-scheduler."""
-        if job.status == JobStatus.CANCELED.value or (not from_scheduler and job.status != JobStatus.SCHEDULED.value):
+        if job.status == _CANCELED or (not from_scheduler and job.status != _SCHEDULED):
             log.info("job %s is %s, no longer scheduled: skipped", job_id, job.status)
             return False
         return True
@@ -558,9 +595,9 @@ class RQTarget:
     def _queue_writes(self, batch: _Batch, pipe: Any, shared: Optional[Lease]) -> None:
         """Queue the enqueues (and, when shared, the ack and re-arms) on the MULTI."""
         keys = batch.keys
-        enqueued_at = utcformat(datetime.now(timezone.utc))
         pipe.sadd(keys.queue_class.redis_queues_keys, keys.queue)
         pushes = _Pushes(keys.queue)
+        plain: list[tuple[str, JobFields]] = []  # their hash writes go in one script call
         for job_id, job in batch.jobs.items():
             if job_id in batch.deferred:
                 self._defer(pipe, keys, job_id, job)
@@ -568,8 +605,11 @@ class RQTarget:
                 pushes.flush(pipe)  # its promotion may push too: keep the order
                 self._enqueue_rate_limited(pipe, keys, job_id, job)
             else:
-                self._enqueue(pipe, keys, job_id, job, enqueued_at)
+                if job.status == _DEFERRED or (job.ttl is not None and job.ttl > 0):
+                    self._enqueue_extra(pipe, keys, job_id, job)
+                plain.append((job_id, job))
                 pushes.add(job_id, job.at_front)
+        self._enqueue(pipe, keys, batch.job_keys, plain)
         pushes.flush(pipe)
         forget_scheduled(pipe, keys.name, [*batch.jobs, *batch.skipped])  # the registry's mirror entries
         if shared is not None:
@@ -577,15 +617,25 @@ class RQTarget:
             shared.ack_in(pipe, batch.skipped + moved)
             self._rearm(batch, moved, pipe, shared)
 
-    def _enqueue(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields, enqueued_at: str) -> None:
-        """What ``Queue._enqueue_job`` writes for a due job (rq 1.16 to 3.x), field by field;
-        the push onto the queue is the caller's (:class:`_Pushes`)."""
+    def _enqueue(
+        self, pipe: Any, keys: _Keys, job_keys: Mapping[str, str], jobs: Sequence[tuple[str, JobFields]]
+    ) -> None:
+        """The job hash fields ``Queue._enqueue_job`` writes for due jobs (rq 1.16 to 3.x):
+        status ``queued``, ``origin``, ``enqueued_at``, and the queue's default timeout for a job
+        without one; one ``rq_enqueue`` script call for the batch rather than an HSET per job
+        (see rq_enqueue.lua). The push onto the queue is the caller's (:class:`_Pushes`)."""
+        if not jobs:
+            return
+        enqueued_at = utcformat(datetime.now(timezone.utc))
+        mask = "".join("1" if job.timeout is None else "0" for _, job in jobs)
+        args = [JobStatus.QUEUED.value, keys.name, enqueued_at, str(keys.default_timeout), mask]
+        self.scripts.rq_enqueue.queue(pipe, [job_keys[job_id] for job_id, _ in jobs], args)
+
+    def _enqueue_extra(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields) -> None:
+        """The rest of ``Queue._enqueue_job`` for the jobs that need it: out of the deferred
+        registry (a job whose dependencies held it), and the TTL on its keys."""
         if job.status == JobStatus.DEFERRED.value:
             self._deferred(keys).remove(job_id, pipeline=pipe)
-        fields = {"status": JobStatus.QUEUED.value, "origin": keys.name, "enqueued_at": enqueued_at}
-        if job.timeout is None:
-            fields["timeout"] = str(keys.default_timeout)
-        pipe.hset(keys.job(job_id), mapping=fields)
         self._expire(pipe, keys, job_id, job.ttl)
 
     def _defer(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields) -> None:

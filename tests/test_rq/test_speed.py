@@ -1,0 +1,143 @@
+"""What keeps the RQ paths fast (issue 14): a batch move costs a fixed number of commands
+whatever its size (its reads and writes are one script call each), one bad job hash does not
+stop the batch it is in, and ``enqueue_at`` sends nothing to RQ's scheduled registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+import redis.connection
+from rq import Queue as RQQueue
+from rq.job import Job
+
+from delayq_backends import Config, DelayStore
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.rq import Queue, RQTarget
+from delayq_backends.targets import Lease
+from tests.test_rq.test_target import claim_all, deliveries, schedule_past
+
+
+def _commands(packed: Any) -> int:
+    """How many commands a packed RESP buffer (as redis-py sends it) holds."""
+    chunks = [packed] if isinstance(packed, (bytes, str)) else packed
+    data = b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
+    count = pos = 0
+    while pos < len(data):
+        assert data[pos : pos + 1] == b"*", data[pos : pos + 20]
+        end = data.index(b"\r\n", pos)
+        args, pos = int(data[pos + 1 : end]), end + 2
+        for _ in range(args):
+            end = data.index(b"\r\n", pos)
+            pos = end + 2 + int(data[pos + 1 : end]) + 2
+        count += 1
+    return count
+
+
+@contextmanager
+def counting_commands(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Counts every command this process sends (one entry per send) while the block runs."""
+    sent: list[int] = []
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def send(self: Any, command: Any, check_health: bool = True) -> None:
+        sent.append(_commands(command))
+        original(self, command, check_health)  # type: ignore[no-untyped-call]
+
+    with monkeypatch.context() as m:
+        m.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
+        yield sent
+
+
+def _move_all(conn: redis.Redis, store: DelayStore, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """(commands, round trips) of moving every claimed job, one claim per shard, claims excluded."""
+    claims = claim_all(store, limit=1000)
+    target = RQTarget(conn)
+    with counting_commands(monkeypatch) as sent:
+        for claim in claims:
+            report = target.publish_claimed(deliveries(claim), Lease(store, claim))
+            assert sorted(report.acked) == sorted(i.id for i in claim.items)
+    return sum(sent), len(sent)
+
+
+def test_a_batch_move_costs_the_same_commands_for_10_jobs_or_200(
+    conn: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads and writes per job were an HMGET and an HSET each, packed and parsed one by one;
+    now one script call reads the batch's fields and one writes them."""
+    store = DelayStore(conn, Config(prefix=f"{prefix}-one", shards=1))  # one claim, one batch
+    queue = Queue(f"{prefix}-one", connection=conn, delay_store=store)
+    first = [schedule_past(queue, "warm-up").id]
+    _move_all(conn, store, monkeypatch)  # loads the scripts into the server's cache
+    small = [schedule_past(queue, i).id for i in range(10)]
+    few = _move_all(conn, store, monkeypatch)
+    many = [schedule_past(queue, i).id for i in range(200)]
+    more = _move_all(conn, store, monkeypatch)
+    assert sorted(queue.job_ids) == sorted(first + small + many)
+    assert more == few, f"10 jobs: {few} (commands, round trips); 200 jobs: {more}"
+
+
+def test_a_job_key_of_another_type_is_a_dead_letter_and_the_rest_of_its_batch_moves(
+    conn: redis.Redis, store: DelayStore, queue: Queue, forwarder: Forwarder
+) -> None:
+    jobs = [schedule_past(queue, i) for i in range(5)]
+    bad = jobs[2]
+    conn.delete(bad.key)
+    conn.rpush(bad.key, "not a hash")  # written by another tool
+    assert forwarder.run_once() == 5
+    assert sorted(queue.job_ids) == sorted(j.id for j in jobs if j is not bad)
+    (dead,) = store.dead_letters()
+    assert dead.id == bad.id and "holds a list, not a hash" in dead.error
+
+
+def test_jobs_with_and_without_a_timeout_moved_together_keep_theirs_or_get_the_default(
+    conn: redis.Redis, queue: Queue, forwarder: Forwarder
+) -> None:
+    own = schedule_past(queue, "own", job_timeout=42)
+    default = schedule_past(queue, "default")
+    conn.hdel(default.key, "timeout")  # as a job saved without one (RQ 1.16 leaves it out)
+    assert forwarder.run_once() == 2
+    assert conn.hget(own.key, "timeout") == b"42"
+    assert conn.hget(default.key, "timeout") == str(RQQueue.DEFAULT_TIMEOUT).encode()
+    assert {conn.hget(j.key, "status") for j in (own, default)} == {b"queued"}
+
+
+class MirroringQueue(Queue):
+    """Records what reaches the registry hook."""
+
+    mirrored: list[tuple[str, datetime]] = []
+
+    def registry_write(self, pipeline: Any, job: Job, datetime: datetime) -> None:
+        self.mirrored.append((job.id, datetime))
+
+
+def test_enqueue_at_sends_nothing_to_rqs_scheduled_registry_and_calls_the_hook_once(
+    conn: redis.Redis, store: DelayStore, prefix: str
+) -> None:
+    """RQ's schedule_job wrote a ZADD to rq:scheduled:<queue> that the next command removed:
+    two of the transaction's commands for nothing."""
+    queue = MirroringQueue(f"{prefix}-mirror", connection=conn, delay_store=store)
+    when = datetime.now(timezone.utc) + timedelta(hours=1)
+    job = queue.create_job("tests.test_rq.jobs.record", args=("x",))
+    with conn.pipeline() as pipe:
+        queue.schedule_job(job, when, pipeline=pipe)
+        registry = f"rq:scheduled:{queue.name}"
+        touched = [args for args, _ in pipe.command_stack if registry in map(str, args)]
+        assert touched == []
+        pipe.execute()
+    assert MirroringQueue.mirrored == [(job.id, when)]
+    assert conn.hget(job.key, "status") == b"scheduled" and store.exists(job.id)
+    assert conn.zcard(f"rq:scheduled:{queue.name}") == 0
+
+
+def test_a_unique_job_leaves_no_entry_in_rqs_scheduled_registry(queue: Queue, store: DelayStore) -> None:
+    """rq 3's unique=True writes the registry in its own script, not through the pipeline."""
+    if "unique" not in RQQueue.schedule_job.__code__.co_varnames:
+        pytest.skip("this RQ has no unique=True")
+    when = datetime.now(timezone.utc) + timedelta(hours=1)
+    job = queue.enqueue_at(when, "tests.test_rq.jobs.record", "u", job_id=f"{queue.name}-u", unique=True)
+    assert store.exists(job.id) and queue.connection.zcard(f"rq:scheduled:{queue.name}") == 0
