@@ -18,6 +18,7 @@ from rq.job import Job
 from delayq_backends import Config, DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
+from delayq_backends.rq.registry import is_mirror
 from delayq_backends.targets import Lease
 from tests.test_rq.test_target import claim_all, deliveries, schedule_past
 
@@ -134,10 +135,13 @@ def test_enqueue_at_sends_nothing_to_rqs_scheduled_registry_and_calls_the_hook_o
     assert conn.zcard(f"rq:scheduled:{queue.name}") == 0
 
 
-def test_a_unique_job_leaves_no_entry_in_rqs_scheduled_registry(queue: Queue, store: DelayStore) -> None:
-    """rq 3's unique=True writes the registry in its own script, not through the pipeline."""
+def test_a_unique_job_leaves_only_its_mirror_entry_in_rqs_scheduled_registry(queue: Queue, store: DelayStore) -> None:
+    """rq 3's unique=True writes the registry in its own script, not through the pipeline: its
+    real-time entry is removed, and only the mirror entry (which RQ's scheduler never moves) stays."""
     if "unique" not in RQQueue.schedule_job.__code__.co_varnames:
         pytest.skip("this RQ has no unique=True")
     when = datetime.now(timezone.utc) + timedelta(hours=1)
     job = queue.enqueue_at(when, "tests.test_rq.jobs.record", "u", job_id=f"{queue.name}-u", unique=True)
-    assert store.exists(job.id) and queue.connection.zcard(f"rq:scheduled:{queue.name}") == 0
+    entries = queue.connection.zrange(f"rq:scheduled:{queue.name}", 0, -1, withscores=True)
+    assert store.exists(job.id) and [m for m, _ in entries] == [job.id.encode()]
+    assert all(is_mirror(score) for _, score in entries)
