@@ -80,6 +80,7 @@ class EmbeddedServer:
 
     def __init__(self, *, port: Optional[int] = None, args: Sequence[str] = (), persist: bool = False) -> None:
         self.binary = find_server_binary()
+        self._chosen_port = port is not None
         self.port = port or free_port(bus="--cluster-enabled" in args)
         self.dir = Path(tempfile.mkdtemp(prefix="delayq-server-"))
         self.args = list(args)
@@ -91,6 +92,23 @@ class EmbeddedServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedServer:
+        """Start the server and wait until it answers.
+
+        A free port can be taken by another process between :func:`free_port` and the server's
+        bind (tests start many servers at once): a port we picked ourselves is then picked
+        again, up to 5 times. Only our own process counts as started (its pid in ``INFO``), never
+        another server that answers on the port.
+        """
+        for _ in range(5):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                if self._chosen_port:
+                    break
+                self.port = free_port(bus="--cluster-enabled" in self.args)
+        raise ServerStartError(f"port {self.port} is in use by another process: pass another port")
+
+    def _start_once(self, timeout: float) -> EmbeddedServer:
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else ["--appendonly", "no"]
         cmd = [
             self.binary,
@@ -110,21 +128,24 @@ class EmbeddedServer:
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                client.ping()
-                client.close()
-                return self
-            except redis.RedisError:
+        try:
+            while True:
+                try:
+                    if int(client.info("server")["process_id"]) == self.process.pid:
+                        return self
+                except redis.RedisError:
+                    pass
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    log = (
-                        (self.dir / "server.log").read_text(errors="replace")[-2000:]
-                        if (self.dir / "server.log").exists()
-                        else ""
-                    )
+                    log_path = self.dir / "server.log"
+                    log = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+                    self.kill()
+                    if "Address already in use" in log:
+                        raise _PortTaken
                     self.stop()
-                    raise ServerStartError(f"server {cmd} did not start: {log}") from None
+                    raise ServerStartError(f"server {cmd} did not start: {log}")
                 time.sleep(0.02)
+        finally:
+            client.close()
 
     def kill(self) -> None:
         """SIGKILL, keeping the directory (for restart tests)."""
@@ -146,6 +167,10 @@ class EmbeddedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _PortTaken(Exception):
+    """Another process bound the port first."""
 
 
 def _online_replicas(client: redis.Redis) -> int:
