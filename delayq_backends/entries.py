@@ -61,18 +61,25 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
     return entry
 
 
+#: the kinds of ``celery.message.KIND`` and ``celery.periodic.KIND``, named here so items of
+#: other kinds never import Celery (an optional extra)
+_CELERY_KINDS = ("celery", "celery-periodic")
+
+
 def _celery_task(envelope: Envelope) -> Optional[dict[str, Any]]:
-    """A Celery message's task name, arguments (JSON bodies only), eta, queue and priority."""
-    if envelope.target != "celery":
+    """A Celery message's task name, arguments (JSON bodies only), eta, queue and priority; for a
+    periodic entry, its next run and entry name."""
+    if envelope.target not in _CELERY_KINDS:
         return None
     try:
-        from .celery.message import StoredMessage  # Celery is an optional extra
+        from .celery.periodic import task_view  # Celery is an optional extra
     except ImportError:
         return None
     try:
-        return StoredMessage.from_envelope(envelope).view().as_dict()
+        view = task_view(envelope)
     except EnvelopeError as exc:
         return {"note": str(exc)}
+    return None if view is None else view.as_dict()
 
 
 def dead_entry(dead: DeadLetter) -> dict[str, Any]:

@@ -31,8 +31,7 @@ from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..models import ScheduledItem
 from ..store import DelayStore
-from .message import KIND, StoredMessage
-from .periodic import PeriodicTarget, SyncReport, remove, sync
+from .periodic import PeriodicTarget, SyncReport, remove, sync, task_view
 from .scheduled import get as get_scheduled
 from .scheduled import revoke_everywhere
 from .settings import CelerySettings, store_for
@@ -216,13 +215,14 @@ _COLUMNS = [Column("id"), Column("task"), Column("ready"), Column("queue"), Colu
 
 
 def _task_row(item: ScheduledItem) -> Optional[dict[str, Any]]:
-    """A waiting Celery task as JSON-ready values; None for an item of another kind."""
+    """A waiting Celery task (or periodic entry, as its next run) as JSON-ready values; None for an
+    item of another kind."""
     row: dict[str, Any] = {"id": item.id, "ready": iso(item.ready_ms), "attempts": item.attempts}
     try:
-        envelope = Envelope.decode(item.envelope)
-        if envelope.target != KIND:
+        view = task_view(Envelope.decode(item.envelope))
+        if view is None:
             return None
-        row.update(StoredMessage.from_envelope(envelope).view().as_dict(), id=item.id)
+        row.update(view.as_dict(), id=item.id)
     except EnvelopeError as exc:
         row.update(task=None, note=f"cannot be read: {exc}")
     return row

@@ -319,7 +319,10 @@ def _text(value: Any) -> Optional[str]:
 
 @dataclass(frozen=True)
 class TaskView:
-    """A stored Celery task as a person reads it (``args``/``kwargs`` None unless the body is JSON)."""
+    """A stored Celery task as a person reads it (``args``/``kwargs`` None unless the body is JSON).
+
+    ``periodic`` names the ``beat_schedule`` entry when the item is a periodic entry (its next run).
+    """
 
     id: str
     task: str
@@ -334,6 +337,7 @@ class TaskView:
     retries: int
     content_type: str
     note: Optional[str]
+    periodic: Optional[str] = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

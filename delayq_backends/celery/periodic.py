@@ -41,7 +41,7 @@ from ..store import DelayStore
 from ..targets import Delivery, Lease, PublishReport, Target
 from ..timeutil import Clock, from_ms
 from .message import KIND as CELERY_KIND
-from .message import StoredMessage, priority_rank
+from .message import StoredMessage, TaskView, priority_rank
 from .schedules import Misfire, Plan, Schedule, Slot, from_celery, run_task_id, schedule_from_json
 from .settings import store_for
 from .template import Capture
@@ -60,6 +60,7 @@ __all__ = [
     "remove",
     "statuses",
     "sync",
+    "task_view",
 ]
 
 log = logging.getLogger("delayq.celery.periodic")
@@ -471,6 +472,22 @@ def statuses(store: DelayStore) -> list[PeriodicStatus]:
             )
         )
     return out
+
+
+def task_view(envelope: Envelope) -> Optional[TaskView]:
+    """What a waiting Celery item will send, for ``delayq list|get`` and the dashboard's item view:
+    a plain task as stored; a periodic entry as its next run (that run's task id, the entry's
+    name in ``periodic``); None for items of other kinds.
+
+    Raises:
+        EnvelopeError: a Celery or periodic envelope that cannot be read.
+    """
+    if envelope.target == CELERY_KIND:
+        return StoredMessage.from_envelope(envelope).view()
+    if envelope.target != KIND:
+        return None
+    message, state = _decode(envelope)
+    return replace(message.view(), id=run_task_id(state.name, state.slot), periodic=state.name)
 
 
 # -- the forwarder's side ----------------------------------------------------------------------

@@ -192,7 +192,7 @@ def _when(eta: Any) -> When:
 def get(app: Celery, task_id: str) -> Optional[ScheduledItem]:
     """The waiting task ``task_id`` (ready time, attempts, raw envelope), or None.
 
-    :func:`delayq_backends.celery.message.describe` shows its name, arguments, queue and priority.
+    :func:`delayq_backends.celery.periodic.task_view` shows its name, arguments, queue and priority.
 
     Raises:
         StoreUnavailableError: the store could not be reached.

@@ -255,7 +255,10 @@ class ItemOut(BaseModel):
     size: int
     task: Optional[dict[str, Any]] = Field(
         default=None,
-        description="A Celery message's task, args/kwargs (JSON bodies only), eta, queue and priority; else null.",
+        description=(
+            "A Celery message's task, args/kwargs (JSON bodies only), eta, queue and priority; a periodic entry's "
+            "next run, with the entry's name in `periodic`; else null."
+        ),
     )
 
 
@@ -379,6 +382,7 @@ class PeriodicOut(BaseModel):
 
 class PeriodicListOut(BaseModel):
     entries: list[PeriodicOut]
+    hint: Optional[str] = Field(default=None, description="Why there is nothing to show, and what to do.")
 
 
 # -- routes -----------------------------------------------------------------------------------
@@ -559,25 +563,39 @@ def stats(svc: Svc) -> StatsOut:
         )
 
 
+NO_CELERY = "Celery is not installed where this server runs: periodic entries (if any) cannot be read here"
+NO_PERIODIC = (
+    "no periodic entries: `celery -A proj delayq forward` (at start) or `celery -A proj delayq periodic sync` "
+    "stores the app's beat_schedule"
+)
+
+
 @router.get("/periodic", response_model=PeriodicListOut, summary="Periodic Celery entries: schedule, last and next run")
 def periodic(svc: Svc) -> PeriodicListOut:
     """The entries synced from a Celery app's beat_schedule (``celery -A proj delayq periodic list``)."""
     try:
         from ..celery.periodic import statuses
-    except ImportError:  # no Celery here: no periodic entries either
-        return PeriodicListOut(entries=[])
+    except ImportError:  # the entries' messages are Celery's: without it they cannot be read
+        return PeriodicListOut(entries=[], hint=NO_CELERY)
     with reading("the periodic entries"):
         entries = statuses(svc.store)
-    return PeriodicListOut(
-        entries=[
-            PeriodicOut(
-                name=e.name, item_id=e.item_id, state=e.state, task=e.task, schedule=e.schedule, misfire=e.misfire,
-                last_run=iso(e.last_run_ms), last_sent=iso(e.last_sent_ms), last_missed=e.last_missed,
-                next_run=iso(e.next_run_ms), runs=e.runs,
-            )  # fmt: skip
-            for e in entries
-        ]
-    )
+    out = [
+        PeriodicOut(
+            name=e.name,
+            item_id=e.item_id,
+            state=e.state,
+            task=e.task,
+            schedule=e.schedule,
+            misfire=e.misfire,
+            last_run=iso(e.last_run_ms),
+            last_sent=iso(e.last_sent_ms),
+            last_missed=e.last_missed,
+            next_run=iso(e.next_run_ms),
+            runs=e.runs,
+        )
+        for e in entries
+    ]
+    return PeriodicListOut(entries=out, hint=None if out else NO_PERIODIC)
 
 
 @router.get("/due", response_model=DueOut, summary="How many items fall due per bucket from now on")

@@ -10,11 +10,13 @@ import json
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 
 from celery import Celery
 from fastapi.testclient import TestClient
 
-from delayq_backends.celery import StoredMessage, store_for
+from delayq_backends.celery import StoredMessage, forget_store, store_for
+from delayq_backends.celery.periodic import item_id, remove, sync
 from delayq_backends.envelope import Envelope
 from delayq_backends.web import create_app
 from tests.test_celery.harness import ROOT, CeleryEnv
@@ -57,6 +59,28 @@ def test_list_and_get_show_the_task_as_sent(celery_env: CeleryEnv, app: Celery) 
 
     missing = delayq_cli(celery_env, "get", "no-such-task")
     assert missing.returncode == 1 and "not waiting" in missing.stderr
+
+
+def test_list_and_get_show_a_periodic_entry_as_its_next_run(celery_env: CeleryEnv) -> None:
+    # a prefix of its own: the env's forwarder syncs its (empty) beat_schedule at start, which
+    # would remove this entry from the env's store
+    env = replace(celery_env, prefix=f"{celery_env.prefix}p")
+    app = env.app()
+    name = f"hourly-{uuid.uuid4().hex[:6]}"
+    app.conf.beat_schedule = {name: {"task": "dqt.record", "schedule": 3600.0, "args": [name], "kwargs": {"n": 1}}}
+    try:
+        assert sync(app).added == [name]
+        got = delayq_cli(env, "get", item_id(name), "--json")
+        assert got.returncode == 0, got.stderr
+        task = json.loads(got.stdout)
+        assert (task["task"], task["args"], task["kwargs"]) == ("dqt.record", [name], {"n": 1})
+        assert (task["queue"], task["periodic"], task["id"]) == (env.queue, name, item_id(name))
+        assert f"periodic: {name}" in delayq_cli(env, "get", item_id(name)).stdout
+        listed = json.loads(delayq_cli(env, "list", "--json").stdout)
+        assert [(row["id"], row["periodic"]) for row in listed] == [(item_id(name), name)]
+    finally:
+        remove(store_for(app), [name])
+        forget_store(app)
 
 
 def test_dashboard_item_view_has_the_task(celery_env: CeleryEnv, app: Celery) -> None:

@@ -256,11 +256,14 @@ def test_periodic_entries_with_schedule_last_and_next_run(client: TestClient, we
 
     from delayq_backends.celery.periodic import sync
 
-    assert client.get("/api/v1/periodic", headers=AUTH).json() == {"entries": []}
+    empty = client.get("/api/v1/periodic", headers=AUTH).json()
+    assert empty["entries"] == [] and "periodic sync" in empty["hint"]  # the dashboard says what to do
     app = Celery("web", broker="memory://", set_as_current=False)
     app.conf.beat_schedule = {"tick": {"task": "t.tick", "schedule": 30.0}}
     assert sync(app, web_store).added == ["tick"]
-    [entry] = client.get("/api/v1/periodic", headers=AUTH).json()["entries"]
+    listed = client.get("/api/v1/periodic", headers=AUTH).json()
+    assert listed["hint"] is None
+    [entry] = listed["entries"]
     assert (entry["name"], entry["task"], entry["schedule"], entry["state"]) == (
         "tick",
         "t.tick",
@@ -268,3 +271,21 @@ def test_periodic_entries_with_schedule_last_and_next_run(client: TestClient, we
         "scheduled",
     )
     assert entry["last_run"] is None and entry["next_run"] and entry["runs"] == 0
+
+
+def test_the_item_view_decodes_a_periodic_entry_as_its_next_run(client: TestClient, web_store: DelayStore) -> None:
+    from celery import Celery
+
+    from delayq_backends.celery.periodic import KIND, item_id, sync
+
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.task_default_queue = "beat-q"
+    app.conf.beat_schedule = {"tick": {"task": "t.tick", "schedule": 30.0, "args": [1, "a"], "kwargs": {"k": 2}}}
+    sync(app, web_store)
+    item = client.get("/api/v1/item", params={"id": item_id("tick")}, headers=AUTH).json()
+    task = item["task"]
+    assert (item["target"], task["task"], task["args"], task["kwargs"]) == (KIND, "t.tick", [1, "a"], {"k": 2})
+    assert (task["queue"], task["periodic"], task["note"]) == ("beat-q", "tick", None)
+    assert task["id"] != "00000000-0000-0000-0000-000000000000"  # the next run's own task id
+    plain = client.get("/api/v1/items", headers=AUTH).json()["items"]
+    assert [i["task"]["periodic"] for i in plain] == ["tick"]

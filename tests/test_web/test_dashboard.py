@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium against a real ``delayq dashboard`` process: it asks
-for the token, shows the store's counts, finds an item, cancels it and requeues and purges dead
-letters, and the store confirms each change. A screenshot is saved as a test artifact
+for the token, shows the store's counts and the periodic Celery entries, finds an item (a
+periodic entry's as its next run), cancels it and requeues and purges dead letters, and the store
+confirms each change. A screenshot is saved as a test artifact
 (tests/artifacts/; with DELAYQ_UPDATE_SCREENSHOT=1 also as docs/dashboard.png for the README)."""
 
 from __future__ import annotations
@@ -8,20 +9,41 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+from celery import Celery
+from celery.schedules import crontab
 from playwright.sync_api import expect
 
 from delayq_backends import DelayStore
 from delayq_backends.audit import FORWARDED, AuditRecord, RedisStreamAudit
+from delayq_backends.celery.periodic import PeriodicStatus, item_id, statuses, sync
 from delayq_backends.envelope import Envelope
 from tests.helpers import wait_for
 from tests.test_web.conftest import ARTIFACTS, ROOT, TOKEN
 from tests.test_web.test_api import bury
 
 UPCOMING = 240
+#: synced from a beat_schedule; neither falls due while the test runs (no forwarder fires them)
+BEAT_SCHEDULE = {
+    "hourly-cleanup": {"task": "proj.cleanup", "schedule": 3600.0, "kwargs": {"days": 30}},
+    "nightly-report": {"task": "proj.report", "schedule": crontab(minute=30, hour=2), "args": ["daily"]},
+}
 TIMEOUT_MS = 15_000
+
+
+def sync_periodic(store: DelayStore) -> list[PeriodicStatus]:
+    """The periodic entries of a small Celery app, synced into the store as a forwarder does."""
+    app = Celery("dash", broker="memory://", set_as_current=False)
+    app.conf.update(timezone="UTC", beat_schedule=BEAT_SCHEDULE)
+    assert sorted(sync(app, store).added) == sorted(BEAT_SCHEDULE)
+    return statuses(store)
+
+
+def shown_time(ms: int) -> str:
+    """A time as the page shows it in the test's browser (en-GB, UTC)."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%d/%m/%Y, %H:%M:%S")
 
 
 def fill_store(store: DelayStore, stream: str) -> None:
@@ -54,6 +76,7 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
 ) -> None:
     stream = f"{prefix}:audit"
     fill_store(web_store, stream)
+    periodic = sync_periodic(web_store)
     dashboard = dashboard_factory("--audit-stream", stream)
     expect.set_options(timeout=TIMEOUT_MS)
 
@@ -65,7 +88,7 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     page.fill("#token", TOKEN)
     page.click("#connect")
 
-    expect(page.locator("#count-scheduled")).to_have_text(str(UPCOMING + 1))
+    expect(page.locator("#count-scheduled")).to_have_text(str(UPCOMING + 1 + len(BEAT_SCHEDULE)))
     expect(page.locator("#login")).to_be_hidden()
     expect(page.locator("#count-dead")).to_have_text("3")
     expect(page.locator("#count-due")).to_have_text("0")
@@ -73,6 +96,15 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     expect(page.locator("#dead tbody tr")).to_have_count(3)
     expect(page.locator("#chart svg rect.bar").first).to_be_visible()
     expect(page.locator("#lateness")).to_contain_text("p95")
+    rows = page.locator("#periodic tbody tr")
+    expect(rows).to_have_count(len(BEAT_SCHEDULE))
+    for n, entry in enumerate(periodic):  # sorted by name, as listed
+        assert entry.next_run_ms is not None
+        expect(rows.nth(n)).to_contain_text(entry.name)
+        expect(rows.nth(n)).to_contain_text(entry.task)
+        expect(rows.nth(n)).to_contain_text(shown_time(entry.next_run_ms))
+        expect(rows.nth(n)).to_contain_text("scheduled")
+    expect(rows.nth(1)).to_contain_text("crontab")
 
     page.fill("#search-id", "invoice-42")
     page.click("#search button")
@@ -88,7 +120,7 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     page.click("#cancel-item")
     expect(page.locator("#search-message")).to_have_text("Cancelled invoice-42.")
     wait_for(lambda: web_store.get("invoice-42") is None, 5, "the store to lose invoice-42")
-    expect(page.locator("#count-scheduled")).to_have_text(str(UPCOMING))
+    expect(page.locator("#count-scheduled")).to_have_text(str(UPCOMING + len(BEAT_SCHEDULE)))
 
     page.click("#dead button[data-action=requeue][data-id=dead-b]")
     expect(page.locator("#dead-message")).to_have_text("Requeued dead-b.")
@@ -109,6 +141,13 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     page.fill("#search-id", "no-such-id")
     page.click("#search button")
     expect(page.locator("#search-result")).to_contain_text("no item 'no-such-id' is scheduled")
+
+    page.fill("#search-id", item_id("nightly-report"))
+    page.click("#search button")
+    details = page.locator("#item-details")
+    expect(details).to_contain_text("periodic entrynightly-report")
+    expect(details).to_contain_text("taskproj.report")
+    expect(details).to_contain_text('args["daily"]')
     page.screenshot(path=str(ARTIFACTS / "dashboard-after.png"), full_page=True)
 
 
@@ -119,6 +158,7 @@ def test_the_page_refreshes_live(page: Any, dashboard_factory: Callable[..., Any
     page.fill("#token", TOKEN)
     page.click("#connect")
     expect(page.locator("#count-scheduled")).to_have_text("0")
+    expect(page.locator("#periodic")).to_contain_text("no periodic entries")
     web_store.schedule("arrives-later", timedelta(hours=2), Envelope("list", "k", b""))
     expect(page.locator("#count-scheduled")).to_have_text("1")
     expect(page.locator("#upcoming")).to_contain_text("arrives-later")

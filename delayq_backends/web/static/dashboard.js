@@ -166,6 +166,23 @@
     return items.problems.join("; "); // shards that could not be read
   }
 
+  const PERIODIC_STATES = ["scheduled", "firing", "missing"]; // else "unreadable: why"
+
+  function showPeriodic(periodic) {
+    fillTable($("periodic"),
+      [["entry"], ["task"], ["schedule"], ["misfire"], ["last run"], ["next run"], ["state"]],
+      periodic.entries.map((e) => [
+        el("a", { href: "#", class: "mono", onclick: (ev) => { ev.preventDefault(); find(e.item_id); } }, e.name),
+        e.task || "–",
+        e.schedule || "–",
+        e.misfire || "–",
+        e.last_run ? `${fmtTime(e.last_run)}${e.last_missed ? ` (${e.last_missed} missed)` : ""}` : "never",
+        e.next_run ? `${fmtTime(e.next_run)} (${relative(e.next_run)})` : "–",
+        el("span", { class: `state ${PERIODIC_STATES.includes(e.state) ? e.state : "unreadable"}` }, e.state),
+      ]),
+      periodic.hint || "no periodic entries");
+  }
+
   function showLateness(late) {
     const box = $("lateness");
     if (!late.count) {
@@ -241,6 +258,7 @@
         ["kwargs", t.kwargs === null ? (t.kwargsrepr ?? "–") : JSON.stringify(t.kwargs)],
         ["eta", t.eta ?? "–"], ["queue", t.queue], ["priority", t.priority ?? "–"]);
       if (t.note) rows.push(["note", t.note]);
+      if (t.periodic) rows.push(["periodic entry", t.periodic], ["next run's task id", t.id]);
     }
     const dl = el("dl", { class: "item", id: "item-details" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     const actions = el("div", { class: "actions" },
@@ -286,6 +304,7 @@
     { path: "/items?limit=10", show: (d) => showUpcoming(d), boxes: ["error-upcoming"] },
     { path: "/dead?limit=50", show: (d) => showDead(d), boxes: ["error-dead"] },
     { path: "/lateness?limit=200", show: (d) => showLateness(d), boxes: ["error-lateness"] },
+    { path: "/periodic", show: (d) => showPeriodic(d), boxes: ["error-periodic"] },
   ];
   const CHART = { path: "/due?minutes=1440&bucket_minutes=5", show: (d) => showChart(d), boxes: ["error-chart"] };
 
