@@ -209,8 +209,12 @@ class EmbeddedCluster:
         return self.nodes[0].url
 
     def start(self, timeout: float = 30.0) -> EmbeddedCluster:
-        for node in self.nodes:
-            node.start()
+        try:
+            for node in self.nodes:
+                node.start()
+        except BaseException:  # the nodes already started must not outlive a failed start
+            self.stop()
+            raise
         clients = [redis.Redis(port=n.port) for n in self.nodes]
         step = 16384 // self.masters
         for i in range(self.masters):
