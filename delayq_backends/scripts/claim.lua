@@ -41,20 +41,25 @@ local function take(id)
   budget = budget - 1
   local envelope = rcall('HGET', KEYS[2], id)
   local held = rcall('HGET', KEYS[4], id)
-  local tries = rcall('HGET', KEYS[3], id)
   local ready = held and string.match(held, ':(%-?%d+)$') or rcall('ZSCORE', KEYS[1], id)
-  local wrong = defect(id, envelope, held, tries, ready)
+  local wrong = defect(id, envelope, held, nil, ready)
+  -- The attempt is counted by HINCRBY, which writes nothing when the stored count is no integer:
+  -- that item is buried with the reason (one command per item instead of a read and a write).
+  local attempts = not wrong and redis.pcall('HINCRBY', KEYS[3], id, 1)
+  if type(attempts) == 'table' then
+    local tries = rcall('HGET', KEYS[3], id)
+    wrong = tries_defect(tries)
+    attempts = nil
+  end
   if wrong then
-    bury(id, envelope, ready, whole(tries) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
+    bury(id, envelope, ready, whole(rcall('HGET', KEYS[3], id)) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
     return
   end
   ready = ms(finite(ready))
-  local attempts = (whole(tries) or 0) + 1
   if attempts > max_attempts then
     bury(id, envelope, ready, attempts,
       'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
   else
-    rcall('HSET', KEYS[3], id, ms(attempts))
     rcall('ZADD', KEYS[1], 'XX', deadline, id)
     rcall('HSET', KEYS[4], id, lease .. ':' .. ready)
     out[#out + 1] = id

@@ -37,6 +37,7 @@ end
 
 -- Whether s is valid UTF-8 (RFC 3629: no overlongs, no surrogates, nothing past U+10FFFF).
 local function is_utf8(s)
+  if not string.find(s, '[\128-\255]') then return true end  -- ASCII (every Celery and RQ id): one C scan
   local i, n = 1, #s
   while i <= n do
     local c = string.byte(s, i)
@@ -181,10 +182,14 @@ end
 
 -- Why a claimed id cannot be delivered as stored, or nil: checked before anything is written.
 -- held is its leased entry, tries its tries entry, ready its original ready time (strings or false).
+local function tries_defect(tries)
+  return 'its tries entry ' .. string.format('%q', string.sub(tries, 1, 40)) .. ' is not a whole number (a count HINCRBY can add to)'
+end
+
 local function defect(id, envelope, held, tries, ready)
   if not is_utf8(id) then return 'the id is not UTF-8 text (written by another tool)' end
   if not envelope then return 'no envelope stored for this id (store corrupted or written by another tool)' end
-  if tries and not whole(tries) then return 'its tries entry ' .. string.format('%q', string.sub(tries, 1, 40)) .. ' is not a whole number' end
+  if tries and not whole(tries) then return tries_defect(tries) end
   -- "<deadline>:<ready>" is the lease of the first releases, before claim tokens
   if held and not (string.match(held, '^%d+:[%w]+:%-?%d+$') or string.match(held, '^%d+:%-?%d+$')) then
     return 'its leased entry ' .. string.format('%q', string.sub(held, 1, 40)) .. ' is not "<deadline>:<token>:<ready>"'
