@@ -173,3 +173,15 @@ def delete_queue(env: CeleryEnv) -> None:
             conn.default_channel.queue_delete(env.queue)
     except Exception:  # best effort: a leftover test queue is harmless
         pass
+
+
+def delayq_cli(env: CeleryEnv, *args: str) -> subprocess.CompletedProcess[str]:
+    """``celery -A tests.test_celery.worker_app delayq ARGS…`` in ``env``, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.test_celery.worker_app", "delayq", *args],
+        cwd=ROOT,
+        env=env.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

@@ -8,8 +8,6 @@ store-only checks need no worker.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 import uuid
 from typing import Iterator
 
@@ -23,7 +21,7 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.models import CancelOutcome
 from tests.helpers import wait_for
 from tests.proxy import TcpProxy
-from tests.test_celery.harness import ROOT, CeleryEnv
+from tests.test_celery.harness import CeleryEnv, delayq_cli
 
 
 @pytest.fixture
@@ -42,17 +40,6 @@ def lone_app(valkey_server: EmbeddedServer) -> Iterator[Celery]:
     install(app)
     yield app
     forget_store(app)
-
-
-def delayq_cli(env: CeleryEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.test_celery.worker_app", "delayq", *args],
-        cwd=ROOT,
-        env=env.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_revoked_waiting_task_is_marked_revoked_without_any_worker(lone_app: Celery) -> None:

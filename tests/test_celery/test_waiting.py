@@ -7,8 +7,6 @@ A real worker and forwarder run on each broker (``celery_env``); the tasks here 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from dataclasses import replace
 
@@ -19,18 +17,7 @@ from delayq_backends.celery import StoredMessage, forget_store, store_for
 from delayq_backends.celery.periodic import item_id, remove, sync
 from delayq_backends.envelope import Envelope
 from delayq_backends.web import create_app
-from tests.test_celery.harness import ROOT, CeleryEnv
-
-
-def delayq_cli(env: CeleryEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.test_celery.worker_app", "delayq", *args],
-        cwd=ROOT,
-        env=env.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+from tests.test_celery.harness import CeleryEnv, delayq_cli
 
 
 def test_list_and_get_show_the_task_as_sent(celery_env: CeleryEnv, app: Celery) -> None:
