@@ -82,6 +82,25 @@ def delayq(*args: str) -> subprocess.Popen[bytes]:
     )
 
 
+def scraped_forwarder(
+    procs: list[subprocess.Popen[bytes]], args: list[str], acked: int, dead: int, timeout: float
+) -> list[Sample]:
+    """Run ``delayq forward ARGS --metrics-port P`` and scrape it until it has acked and
+    dead-lettered at least that many items; the samples of that scrape."""
+    port = free_port()
+    proc = delayq("forward", *args, "--metrics-port", str(port))
+    procs.append(proc)
+    listening(proc, port)
+    samples: list[Sample] = []
+
+    def settled() -> bool:
+        samples[:] = scrape(port) or []
+        return total(samples, "delayq_acked_total") >= acked and total(samples, "delayq_dead_lettered_total") >= dead
+
+    wait_for(settled, timeout, lambda: f"{acked} acked, {dead} dead, have {by_label(samples, 'delayq_acked_total')}")
+    return samples
+
+
 def listening(proc: subprocess.Popen[bytes], port: int) -> list[Sample]:
     """Wait for ``proc`` to serve its metrics; fail with its stderr if it died first."""
     found: list[list[Sample]] = []
@@ -127,21 +146,12 @@ def test_forwarder_counters_after_a_known_run(
         + [(f"bad-{i}", now - 1, CORRUPT) for i in range(3)]  # dead at once
         + [(f"far-{i}", FAR + i, RedisListTarget.envelope(list_a, b"later")) for i in range(7)]
     )
-    port = free_port()
-    proc = delayq(
-        "forward", "--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS),
-        "--max-attempts", "2", "--log-level", "error", "--metrics-port", str(port),
-        "--metrics-queue", list_a, "--metrics-queue", list_b,
+    samples = scraped_forwarder(
+        procs,
+        ["--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--max-attempts", "2",
+         "--log-level", "error", "--metrics-queue", list_a, "--metrics-queue", list_b],
+        acked=50, dead=8, timeout=30,
     )  # fmt: skip
-    procs.append(proc)
-    listening(proc, port)
-    samples: list[Sample] = []
-
-    def settled() -> bool:
-        samples[:] = scrape(port) or []
-        return total(samples, "delayq_acked_total") >= 50 and total(samples, "delayq_dead_lettered_total") >= 8
-
-    wait_for(settled, 30, lambda: f"50 acked and 8 dead letters, have {[s for s in samples if '_total' in s.name]}")
 
     list_a_, list_b_ = ("list", list_a), ("list", list_b)
     assert by_label(samples, "delayq_forwarded_total") == {list_a_: 30, list_b_: 20}
@@ -159,7 +169,7 @@ def test_forwarder_counters_after_a_known_run(
     assert client.llen(list_a) == 30 and client.llen(list_b) == 20
     assert_gauges_match(samples, store, prefix)
     assert sum(s.dead for s in store.stats()) == 8 and sum(s.scheduled for s in store.stats()) == 7
-    stop(proc)
+    stop(procs[-1])
 
 
 def test_item_data_cannot_grow_the_series(valkey_url: str, prefix: str, procs: list[subprocess.Popen[bytes]]) -> None:
@@ -174,27 +184,19 @@ def test_item_data_cannot_grow_the_series(valkey_url: str, prefix: str, procs: l
         + [(f"r-{i}", now - 1, RedisListTarget.envelope(rated, b"r")) for i in range(3)]
         + [(f"t-{i}", now - 1, Envelope(f"target-{i}", known, b"t")) for i in range(20)]  # 20 unknown targets
     )
-    port = free_port()
-    proc = delayq(
-        "forward", "--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--max-attempts", "1",
-        "--log-level", "error", "--metrics-port", str(port), "--metrics-queue", known, "--rate", f"{rated}=1000/s",
+    samples = scraped_forwarder(
+        procs,
+        ["--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--max-attempts", "1",
+         "--log-level", "error", "--metrics-queue", known, "--rate", f"{rated}=1000/s"],
+        acked=510, dead=20, timeout=60,
     )  # fmt: skip
-    procs.append(proc)
-    listening(proc, port)
-    samples: list[Sample] = []
-
-    def settled() -> bool:
-        samples[:] = scrape(port) or []
-        return total(samples, "delayq_acked_total") >= 510 and total(samples, "delayq_dead_lettered_total") >= 20
-
-    wait_for(settled, 60, lambda: f"510 acked, 20 dead, have {by_label(samples, 'delayq_acked_total')}")
     assert by_label(samples, "delayq_forwarded_total") == {("list", OTHER): 500, ("list", known): 7, ("list", rated): 3}
     assert by_label(samples, "delayq_acked_total") == {("list", OTHER): 500, ("list", known): 7, ("list", rated): 3}
     assert by_label(samples, "delayq_dead_lettered_total") == {(OTHER, known): 20}
     labelled = {(s.labels["target"], s.labels["queue"]) for s in samples if "queue" in s.labels}
     assert labelled <= {("list", OTHER), ("list", known), ("list", rated), (OTHER, known)}
     assert len(samples) < 200  # was one series per queue and metric: thousands
-    stop(proc)
+    stop(procs[-1])
 
 
 def test_label_bounds() -> None:
