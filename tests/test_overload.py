@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 import redis
@@ -60,6 +60,23 @@ def check_delivered_once(store: DelayStore, client: redis.Redis, key: str, ids: 
     assert sum(s.scheduled for s in store.stats()) == 0
 
 
+def released_then_delivered(store: DelayStore, client: redis.Redis, heal: Callable[[], object]) -> None:
+    """Forward a batch to a list on ``client``, a target refusing for now: it is released as an
+    outage; once ``heal`` lets writes in, every item arrives once."""
+    key = "out"
+    ids = schedule(store, key)
+    forwarder = Forwarder(store, [RedisListTarget(client)], poll_interval=0.2, max_outage_backoff=0.3)
+    thread = forward_in_thread(forwarder)
+    try:
+        check_released_not_failed(store, forwarder)
+        heal()
+        check_delivered_once(store, client, key, ids)
+    finally:
+        forwarder.stop()
+        thread.join(10)
+        client.close()
+
+
 def test_a_target_at_maxmemory_gets_its_batch_released_then_delivered(
     valkey_url: str, prefix: str, target_server: EmbeddedServer
 ) -> None:
@@ -70,18 +87,7 @@ def test_a_target_at_maxmemory_gets_its_batch_released_then_delivered(
     client.config_set("maxmemory", 3_000_000)  # well under the filler: every write refused until it is deleted
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         client.rpush("probe", b"x")
-    key = "out"
-    ids = schedule(store, key)
-    forwarder = Forwarder(store, [RedisListTarget(client)], poll_interval=0.2, max_outage_backoff=0.3)
-    thread = forward_in_thread(forwarder)
-    try:
-        check_released_not_failed(store, forwarder)
-        client.delete("filler")
-        check_delivered_once(store, client, key, ids)
-    finally:
-        forwarder.stop()
-        thread.join(10)
-        client.close()
+    released_then_delivered(store, client, heal=lambda: client.delete("filler"))
 
 
 def test_a_read_only_target_gets_its_batch_released_then_delivered(
@@ -91,18 +97,7 @@ def test_a_read_only_target_gets_its_batch_released_then_delivered(
     with EmbeddedServer() as primary:
         client = redis.Redis.from_url(target_server.url)
         client.replicaof("127.0.0.1", primary.port)  # a replica, as after a failover: READONLY
-        key = "out"
-        ids = schedule(store, key)
-        forwarder = Forwarder(store, [RedisListTarget(client)], poll_interval=0.2, max_outage_backoff=0.3)
-        thread = forward_in_thread(forwarder)
-        try:
-            check_released_not_failed(store, forwarder)
-            client.replicaof("NO", "ONE")
-            check_delivered_once(store, client, key, ids)
-        finally:
-            forwarder.stop()
-            thread.join(10)
-            client.close()
+        released_then_delivered(store, client, heal=lambda: client.replicaof("NO", "ONE"))
 
 
 @pytest.mark.parametrize(
