@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import redis
 from redis.cluster import RedisCluster
 
 from .errors import ConfigError
 
-__all__ = ["Client", "connect", "is_cluster", "redact_url"]
+if TYPE_CHECKING:
+    from .store import DelayStore
+
+__all__ = ["Client", "connect", "connect_rq", "is_cluster", "on_store_server", "redact_url", "same_server"]
 
 Client = Union[redis.Redis, RedisCluster]
 
@@ -77,3 +80,39 @@ def is_cluster(client: Any) -> bool:
         return bool(client.info("cluster").get("cluster_enabled"))
     except redis.ResponseError:  # INFO renamed or disabled, or an in-process fake: not a cluster
         return False
+
+
+def same_server(a: Any, b: Any) -> bool:
+    """Whether two redis-py clients reach the same server and database (by connection settings)."""
+    if a is b:
+        return True
+    try:
+        ka, kb = a.connection_pool.connection_kwargs, b.connection_pool.connection_kwargs
+    except AttributeError:
+        return False
+    fields = ("host", "port", "path", "db")
+    return all(ka.get(f) == kb.get(f) for f in fields)
+
+
+def on_store_server(store: DelayStore, client: Any) -> bool:
+    """Whether ``client`` writes to the store's own (non-cluster) server and database, so its
+    writes and the store's can commit in one MULTI/EXEC: the one rule every adapter asks."""
+    return not store.cluster and same_server(store.client, client)
+
+
+def connect_rq(url: Optional[str], store: DelayStore) -> Optional[redis.Redis]:
+    """RQ's Redis at ``url`` (None: none), reusing the store's own client when ``url`` is the
+    store's and not a cluster, so a job hash and its store entry commit in one transaction.
+
+    The caller closes the client when it is not ``store.client``.
+
+    Raises:
+        ConfigError: ``url`` is unusable or names a Redis Cluster (RQ needs a single server).
+    """
+    if url is None:
+        return None
+    client = store.client if url == store.config.url and not store.cluster else connect(url)
+    if not isinstance(client, redis.Redis):
+        client.close()
+        raise ConfigError(f"{redact_url(url)} is a Redis Cluster; RQ needs a single server: give --rq-redis a node")
+    return client

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_che
 
 import redis
 
+from .connection import on_store_server
 from .envelope import Envelope
 from .models import Claim, RearmOutcome
 from .outages import is_transient
@@ -87,7 +88,7 @@ class Lease:
 
     def shares_server(self, client: Any) -> bool:
         """Whether ``client`` talks to the store's own (non-cluster) server and database."""
-        return not self.store.cluster and same_server(self.store.client, client)
+        return on_store_server(self.store, client)
 
     @property
     def watch_key(self) -> str:
@@ -120,18 +121,6 @@ class DepthTarget(Target, Protocol):
     back-pressure (``--max-queue-depth``). It may raise; the forwarder then keeps forwarding."""
 
     def queue_depth(self, queue: str) -> int: ...
-
-
-def same_server(a: Any, b: Any) -> bool:
-    """Whether two redis-py clients reach the same server and database (by connection settings)."""
-    if a is b:
-        return True
-    try:
-        ka, kb = a.connection_pool.connection_kwargs, b.connection_pool.connection_kwargs
-    except AttributeError:
-        return False
-    fields = ("host", "port", "path", "db")
-    return all(ka.get(f) == kb.get(f) for f in fields)
 
 
 class RedisListTarget:

@@ -19,11 +19,10 @@ from rq import Queue as RQQueue
 from rq.job import Job
 
 from ..config import Config
-from ..connection import connect
+from ..connection import connect, on_store_server
 from ..envelope import Envelope
 from ..errors import ConfigError, InvalidTimeError
 from ..store import DelayStore
-from ..targets import same_server
 from ..timeutil import to_ms
 from .registry import ScheduledJobRegistry, mirror_scheduled
 from .target import job_envelope, job_rank
@@ -157,7 +156,7 @@ class Queue(UsesDelayStore, RQQueue):
         ready = ready_at(when)
         store = self.delay_store
         envelope = self.envelope_bytes()
-        shared = not store.cluster and same_server(store.client, self.connection)
+        shared = on_store_server(store, self.connection)
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         save(pipe)
         if shared:
