@@ -31,7 +31,6 @@ back worker-side ETAs, the very thing the plugin removes.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from typing import Optional
 from weakref import WeakKeyDictionary
@@ -43,6 +42,7 @@ from ..connection import connect, redact_url
 from ..errors import ConfigError, DelayqError
 from ..flow import FlowControl
 from ..store import DelayStore
+from ..storecache import StoreCache
 
 __all__ = [
     "CelerySettings",
@@ -160,27 +160,27 @@ def _store_url(app: Celery) -> str:
     )
 
 
-_stores: WeakKeyDictionary[Celery, DelayStore] = WeakKeyDictionary()
+_stores: StoreCache[Celery] = StoreCache(weak=True)
 #: stores given to an app by :func:`attach_store` (tests): no ``delayq_url`` is needed then
 _attached: WeakKeyDictionary[Celery, DelayStore] = WeakKeyDictionary()
-_lock = threading.Lock()
 
 
 def attach_store(app: Celery, store: DelayStore) -> None:
     """Make ``store`` the app's delay store (an in-process one in tests, see
     :mod:`delayq_backends.celery.testing`), whatever ``delayq_url`` says or whether it is set."""
     forget_store(app)
-    with _lock:
-        _attached[app] = _stores[app] = store
+    with _stores.lock:
+        _attached[app] = store
+        _stores.put(app, store)
     app.amqp.__dict__.pop("delayq_settings", None)  # re-read: the store's config replaces delayq_url
 
 
 def detach_store(app: Celery) -> None:
     """Undo :func:`attach_store`: the app's settings decide its store again."""
-    with _lock:
+    with _stores.lock:
         store = _attached.pop(app, None)
-        if store is not None and _stores.get(app) is store:
-            del _stores[app]
+        if store is not None and _stores.peek(app) is store:
+            _stores.pop(app)
     app.amqp.__dict__.pop("delayq_settings", None)
 
 
@@ -195,16 +195,7 @@ def store_for(app: Celery, settings: Optional[CelerySettings] = None) -> DelaySt
     Raises:
         ConfigError: the store is unreachable or its shard count differs (names the setting).
     """
-    store = _stores.get(app)
-    if store is not None:
-        return store
-    with _lock:
-        store = _stores.get(app)
-        if store is None:
-            settings = settings or CelerySettings.of(app)
-            store = _open(settings.config)
-            _stores[app] = store
-    return store
+    return _stores.get(app, lambda: _open((settings or CelerySettings.of(app)).config))
 
 
 def _open(config: Config) -> DelayStore:
@@ -220,9 +211,9 @@ def _open(config: Config) -> DelayStore:
 
 def forget_store(app: Celery) -> None:
     """Drop the cached store (after changing ``delayq_*`` settings at run time, e.g. in tests)."""
-    with _lock:
+    with _stores.lock:
         if app in _attached:
             return  # a test's store stays until detach_store
-        store = _stores.pop(app, None)
+        store = _stores.pop(app)
     if store is not None:
         store.client.close()
