@@ -107,6 +107,10 @@ class AssembledForwarder:
         """Forward until SIGTERM/SIGINT (then finish the batch); returns the totals."""
         return self.forwarder.run(log_every=self.settings.log_every)
 
+    def run_until_idle(self) -> ForwarderStats:
+        """Forward what is due now, then return (:meth:`Forwarder.run_until_idle`)."""
+        return self.forwarder.run_until_idle()
+
 
 def build_forwarder(
     settings: ForwarderSettings,
