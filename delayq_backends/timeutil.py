@@ -80,7 +80,7 @@ def parse_iso(text: str, *, zone_required: bool = True) -> datetime:
         parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
     except ValueError:
         raise InvalidTimeError(
-            f"{text!r} is not an ISO-8601 time: use e.g. 2030-01-31T12:00:00Z or 2030-01-31T13:00:00+01:00"
+            f"cannot parse {text!r} as an ISO-8601 time: use e.g. 2030-01-31T12:00:00Z or 2030-01-31T13:00:00+01:00"
         ) from None
     if zone_required and parsed.tzinfo is None:
         raise InvalidTimeError(
