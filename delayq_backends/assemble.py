@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
+
+import redis
 
 from .audit import open_audit
 from .config import Config
@@ -169,7 +171,8 @@ def _targets(settings: ForwarderSettings, store: DelayStore, resources: ExitStac
         client = store.client if url == store.config.url else connect(url)
         if client is not store.client:
             resources.callback(client.close)
-        built.append(DescribedTarget(RedisListTarget(client), f"list -> {redact_url(url)}"))  # type: ignore[arg-type]
+        # RPUSH in a non-transactional pipeline works the same on a RedisCluster
+        built.append(DescribedTarget(RedisListTarget(cast(redis.Redis, client)), f"list -> {redact_url(url)}"))
     if settings.celery_broker:
         celery = adapter("celery")
         target = celery.CeleryTarget.from_url(settings.celery_broker)
@@ -182,7 +185,6 @@ def _targets(settings: ForwarderSettings, store: DelayStore, resources: ExitStac
     if settings.rq_redis:
         rq = adapter("rq")
         connection = connect_rq(settings.rq_redis, store)
-        assert connection is not None  # a URL was given
         if connection is not store.client:
             resources.callback(connection.close)
         allow = rq.ClassAllowlist.configured(settings.rq_allow_classes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import redis
 from redis.cluster import RedisCluster
@@ -100,17 +100,15 @@ def on_store_server(store: DelayStore, client: Any) -> bool:
     return not store.cluster and same_server(store.client, client)
 
 
-def connect_rq(url: Optional[str], store: DelayStore) -> Optional[redis.Redis]:
-    """RQ's Redis at ``url`` (None: none), reusing the store's own client when ``url`` is the
-    store's and not a cluster, so a job hash and its store entry commit in one transaction.
+def connect_rq(url: str, store: DelayStore) -> redis.Redis:
+    """RQ's Redis at ``url``, reusing the store's own client when ``url`` is the store's and
+    not a cluster, so a job hash and its store entry commit in one transaction.
 
     The caller closes the client when it is not ``store.client``.
 
     Raises:
         ConfigError: ``url`` is unusable or names a Redis Cluster (RQ needs a single server).
     """
-    if url is None:
-        return None
     client = store.client if url == store.config.url and not store.cluster else connect(url)
     if not isinstance(client, redis.Redis):
         client.close()

@@ -158,8 +158,9 @@ def dashboard(
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--rq-allow") from exc
     store = open_store(spec, writes=True, socket_timeout=5)  # a hung store: 503, not a frozen page
+    rq_url = rq_redis or (None if store.cluster else spec.url)
     try:
-        rq_connection = connect_rq(rq_redis or (None if store.cluster else spec.url), store)
+        rq_connection = None if rq_url is None else connect_rq(rq_url, store)
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--rq-redis") from exc
     if rq_connection is not None and rq_connection is not store.client:
