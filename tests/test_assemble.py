@@ -69,3 +69,19 @@ def test_burst_ends_when_the_broker_takes_nothing() -> None:
     stats = TestingForwarder(store, [_Down()], batch=2).run_until_idle()
     assert stats.forwarded == 0 and stats.released >= 1
     assert len(store.list()) == 7 and all(item.attempts == 0 for item in store.list())
+
+
+def test_no_library_module_imports_the_cli() -> None:
+    """Imports run one way: interfaces (cli/) above the library, never back, so the library
+    works without click and no import cycle can come back."""
+    import subprocess
+    import sys
+
+    core = "delayq_backends.assemble, delayq_backends.storespec, delayq_backends.testing, delayq_backends.demo"
+    adapters = "delayq_backends.celery.periodic, delayq_backends.rq, delayq_backends.web.api"
+    code = (
+        f"import sys, {core}; core_click = 'click' in sys.modules; import {adapters}; "
+        "print(core_click, sorted(m for m in sys.modules if m.startswith('delayq_backends.cli')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "[]"], out
