@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 import click
 import redis
@@ -201,7 +201,14 @@ def open_store(spec: StoreSpec, *, writes: bool, socket_timeout: Optional[float]
     return store
 
 
-def closing(client: Any) -> Any:
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
+def closing(client: C) -> C:
     """``client``, closed when the command ends."""
     click.get_current_context().call_on_close(client.close)
     return client
