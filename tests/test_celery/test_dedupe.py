@@ -177,3 +177,45 @@ def test_a_bad_dedupe_setting_is_refused_by_name(name: str, value: Any) -> None:
     app.conf[name] = value
     with pytest.raises(ConfigError, match=name):
         CelerySettings.of(app)
+
+
+def test_should_run_decides_by_run_and_lets_a_broker_redelivery_through(
+    valkey_server: EmbeddedServer, prefix: str
+) -> None:
+    """The decision alone, on a real server: first start runs, a second start of the same run is
+    dropped, the next run (a retry) runs, and a broker re-delivery of an acks_late task runs
+    without touching the record (Celery's at-least-once for a worker that died mid-task)."""
+    from types import SimpleNamespace
+
+    from delayq_backends.celery import forget_store
+    from delayq_backends.celery.dedupe import guard_for, should_run
+
+    app = make_app(
+        broker="memory://",
+        store=valkey_server.url,
+        prefix=prefix,
+        queue="q",
+        sink="s",
+        backend="cache+memory://",
+        records=valkey_server.url,
+        dedupe=True,
+    )
+    task_id = str(uuid.uuid4())
+
+    def request(retries: int, redelivered: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(
+            id=task_id, task="dqt.record", retries=retries, delivery_info={"redelivered": redelivered}
+        )
+
+    try:
+        assert should_run(app, request(0), acks_late=False)
+        assert not should_run(app, request(0), acks_late=False)
+        assert should_run(app, request(0, redelivered=True), acks_late=True)
+        assert not should_run(app, request(0, redelivered=True), acks_late=False)  # acked early: not Celery's
+        assert should_run(app, request(1), acks_late=False)
+        guard = guard_for(app)
+        assert guard is not None
+        key = guard.key(task_id, 1)
+        assert 0 < redis.Redis.from_url(valkey_server.url).pttl(key) <= 86400 * 1000
+    finally:
+        forget_store(app)
