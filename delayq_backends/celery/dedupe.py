@@ -72,6 +72,8 @@ def guard_for(app: Celery) -> Optional[RunGuard]:
 
 def should_run(app: Celery, request: Any, *, acks_late: bool) -> bool:
     """Whether this worker should run the delivery in ``request``; records the run's start."""
+    if request.is_eager:
+        return True  # apply() / task_always_eager: no broker, so no duplicate delivery
     delivery = request.delivery_info or {}
     if delivery.get("redelivered") and acks_late:
         return True  # the broker re-delivers what a worker took and never acked: Celery's call

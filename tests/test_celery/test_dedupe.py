@@ -204,7 +204,7 @@ def test_should_run_decides_by_run_and_lets_a_broker_redelivery_through(
 
     def request(retries: int, redelivered: bool = False) -> SimpleNamespace:
         return SimpleNamespace(
-            id=task_id, task="dqt.record", retries=retries, delivery_info={"redelivered": redelivered}
+            id=task_id, task="dqt.record", retries=retries, delivery_info={"redelivered": redelivered}, is_eager=False
         )
 
     try:
@@ -219,3 +219,36 @@ def test_should_run_decides_by_run_and_lets_a_broker_redelivery_through(
         assert 0 < redis.Redis.from_url(valkey_server.url).pttl(key) <= 86400 * 1000
     finally:
         forget_store(app)
+
+
+def test_eager_runs_and_uncovered_tasks_are_named_at_worker_start(
+    valkey_server: EmbeddedServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    from celery import Task
+
+    from delayq_backends.celery.dedupe import _check_tasks
+
+    app = make_app(
+        broker="memory://",
+        store=valkey_server.url,
+        prefix=prefix,
+        queue="q",
+        sink="s",
+        backend="cache+memory://",
+        records=valkey_server.url,
+        dedupe=True,
+    )
+
+    @app.task(base=Task, name="dqt.own_base", shared=False)
+    def own_base() -> str:
+        return "ran"
+
+    task_id = str(uuid.uuid4())
+    for _ in range(2):  # eager: nothing is recorded, both run
+        assert app.tasks["dqt.record"].apply(args=["eager"], task_id=task_id).get() == "eager"
+    assert not list(redis.Redis.from_url(valkey_server.url).scan_iter(f"{prefix}:*started*"))
+    with caplog.at_level("ERROR", logger="delayq.celery.dedupe"):
+        _check_tasks(SimpleNamespace(app=app))
+    assert "['dqt.own_base'] do not derive from DedupeTask" in caplog.text
