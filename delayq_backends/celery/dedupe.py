@@ -105,13 +105,14 @@ def _log_drop(request: Any, run: int, decision: Decision) -> None:
 def use_dedupe(app: Celery) -> None:
     """Make :class:`DedupeTask` the base of the app's tasks still to be defined, if the app's
     settings turn dedupe on (``install`` calls this)."""
+    # connected either way: a worker whose app turns dedupe on only after install() says so
+    worker_init.connect(_check_tasks, weak=False, dispatch_uid="delayq-dedupe-check")
     if app.conf.get("delayq_dedupe") is not True:
         return
     base = symbol_by_name(app.task_cls)
     if not issubclass(base, DedupeTask):
         app.task_cls = DedupeTask if base is Task else type(f"Dedupe{base.__name__}", (DedupeTask, base), {})
         app.__dict__.pop("Task", None)  # a cached_property: the next task is built on the new base
-    worker_init.connect(_check_tasks, weak=False, dispatch_uid=f"delayq-dedupe-{id(app)}")
 
 
 def _check_tasks(sender: Any = None, **_: Any) -> None:
