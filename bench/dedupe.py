@@ -123,7 +123,7 @@ def main() -> None:
         celery: dict[str, list[float]] = {"on": [], "off": []}
         rq: dict[str, list[float]] = {"on": [], "off": []}
         for r in range(rounds):
-            for mode in ("off", "on"):
+            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):  # neither always goes first
                 log(f"round {r + 1}: Celery, dedupe {mode}")
                 celery[mode].append(round(celery_round(server, n_celery, mode == "on"), 1))
                 log(f"round {r + 1}: RQ, dedupe {mode}")
