@@ -27,6 +27,7 @@ import logging
 import os
 from typing import Any, Optional
 
+from redis.exceptions import RedisError
 from rq import SimpleWorker, Worker
 from rq.job import Job
 
@@ -87,7 +88,7 @@ class _Dedupe:
             if self._guard is None:
                 store = getattr(queue, "delay_store", None) or store_for(self.connection)
                 self._guard = RunGuard(store, ttl_ms=self._ttl_ms)
-        except DelayqError as exc:
+        except (DelayqError, RedisError, OSError) as exc:
             log.warning("dedupe: no delay store (%s): job %s runs unchecked (at-least-once)", exc, job.id)
             return True
         decision = self._guard.start(job.id, run)

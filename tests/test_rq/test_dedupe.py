@@ -57,3 +57,12 @@ def test_a_bad_ttl_stops_the_worker_at_start(queue: Queue, processes: Processes)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert "DELAYQ_DEDUPE_TTL='forever'" in err.decode(errors="replace")
+
+
+def test_a_store_out_of_reach_runs_the_job(conn: redis.Redis, queue: Queue, processes: Processes) -> None:
+    """At-least-once: a worker that cannot record the start runs the job anyway, and says so."""
+    processes.env["DELAYQ_URL"] = "redis://127.0.0.1:1/0"  # nothing listens there
+    job = Queue(queue.name, connection=conn).enqueue(record, "unchecked")  # a plain rq Queue
+    log = burst(processes, queue, WORKERS["dedupe"])
+    assert [r["id"] for r in runs(conn, queue.name)] == [job.id]
+    assert "runs unchecked (at-least-once)" in log
