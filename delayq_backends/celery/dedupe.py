@@ -37,7 +37,7 @@ from celery.signals import worker_init
 from celery.utils.imports import symbol_by_name
 
 from ..dedupe import Decision, RunGuard, Verdict
-from ..errors import DelayqError
+from ..errors import ConfigError, DelayqError
 from .settings import CelerySettings, store_for
 
 __all__ = ["DedupeTask", "guard_for", "should_run", "use_dedupe"]
@@ -116,9 +116,15 @@ def use_dedupe(app: Celery) -> None:
 
 
 def _check_tasks(sender: Any = None, **_: Any) -> None:
-    """At worker start: name the tasks that dedupe cannot cover (defined before ``install``)."""
+    """At worker start: a bad dedupe setting, and the tasks that dedupe cannot cover (defined
+    before ``install``), are logged as errors (Celery's signals swallow what a receiver raises)."""
     app = getattr(sender, "app", None)
-    if app is None or app.conf.get("delayq_dedupe") is not True:
+    if app is None or app.conf.get("delayq_dedupe") in (None, False):
+        return
+    try:
+        CelerySettings.of(app)
+    except ConfigError as exc:
+        log.error("%s: every task of this worker runs unchecked (no dedupe)", exc)
         return
     uncovered = sorted(
         name for name, task in app.tasks.items() if not name.startswith("celery.") and not isinstance(task, DedupeTask)

@@ -252,3 +252,17 @@ def test_eager_runs_and_uncovered_tasks_are_named_at_worker_start(
     with caplog.at_level("ERROR", logger="delayq.celery.dedupe"):
         _check_tasks(SimpleNamespace(app=app))
     assert "['dqt.own_base'] do not derive from DedupeTask" in caplog.text
+
+
+def test_a_bad_dedupe_setting_is_logged_at_worker_start(caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+
+    from delayq_backends.celery.dedupe import _check_tasks
+
+    app = Celery("bad", broker="redis://127.0.0.1:6379/0")
+    app.conf.delayq_dedupe = "yes"
+    with caplog.at_level("ERROR", logger="delayq.celery.dedupe"):
+        _check_tasks(SimpleNamespace(app=app))
+    assert "delayq_dedupe='yes': use True or False" in caplog.text
