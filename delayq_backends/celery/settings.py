@@ -13,6 +13,8 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_durable_replicas = 0  # > 0: each delayed send waits (WAIT) until replicas have it
     app.conf.delayq_durable_timeout_ms = 1000
     app.conf.delayq_duplicate_id = "replace"  # a second send of a waiting task id: replace|keep|error
+    app.conf.delayq_dedupe = False      # True: workers drop a second delivery of a started run
+    app.conf.delayq_dedupe_ttl = 86400  # seconds a run's "started" record is kept
 
 ``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
 in the store does. Native Celery would run both sends (two runs sharing one result). ``replace``
@@ -20,6 +22,9 @@ in the store does. Native Celery would run both sends (two runs sharing one resu
 store in use keeps its meaning, and a send repeated after a timeout (which may have been stored)
 stays harmless. ``keep`` lets the first win (an idempotent "schedule once" per id); ``error``
 refuses the second send with :class:`DuplicateTaskIdError` and keeps the first.
+
+``delayq_dedupe`` and ``delayq_dedupe_ttl`` are read by workers: see
+:mod:`delayq_backends.celery.dedupe` (set them before :func:`~delayq_backends.celery.install`).
 
 ``delayq_max_queue_depth`` and ``delayq_rate_limits`` are read by ``celery -A proj delayq
 forward``; its ``--max-queue-depth`` and ``--rate`` options win for the queues they name.
@@ -45,6 +50,7 @@ from ..store import DelayStore
 from ..storecache import StoreCache
 
 __all__ = [
+    "DEFAULT_DEDUPE_TTL",
     "CelerySettings",
     "DuplicateTaskIdError",
     "StoreUnavailableError",
@@ -76,8 +82,14 @@ _KNOWN = {
     "delayq_durable_replicas",
     "delayq_durable_timeout_ms",
     "delayq_duplicate_id",
+    "delayq_dedupe",
+    "delayq_dedupe_ttl",
 }
 DUPLICATE_ID_MODES = ("replace", "keep", "error")
+#: A run's "started" record outlives any plausible re-delivery: a forwarder's lease (30 s by
+#: default) plus the time the duplicate then waits in the broker's queue behind a backlog.
+DEFAULT_DEDUPE_TTL = 86400
+_MAX_DEDUPE_TTL = 366 * 86400
 _REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
 
 
@@ -90,6 +102,8 @@ class CelerySettings:
     enabled: bool
     flow: FlowControl
     duplicate_id: str = "replace"
+    dedupe: bool = False
+    dedupe_ttl_ms: int = DEFAULT_DEDUPE_TTL * 1000
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -118,6 +132,16 @@ class CelerySettings:
         duplicate_id = conf.get("delayq_duplicate_id", "replace")
         if duplicate_id not in DUPLICATE_ID_MODES:
             raise ConfigError(f"delayq_duplicate_id={duplicate_id!r}: use one of {list(DUPLICATE_ID_MODES)}")
+        dedupe = conf.get("delayq_dedupe", False)
+        if not isinstance(dedupe, bool):
+            raise ConfigError(f"delayq_dedupe={dedupe!r}: use True or False")
+        dedupe_ttl = conf.get("delayq_dedupe_ttl", DEFAULT_DEDUPE_TTL)
+        ttl_is_number = isinstance(dedupe_ttl, (int, float)) and not isinstance(dedupe_ttl, bool)
+        if not ttl_is_number or not 1 <= dedupe_ttl <= _MAX_DEDUPE_TTL:
+            raise ConfigError(
+                f"delayq_dedupe_ttl={dedupe_ttl!r}: use seconds between 1 and {_MAX_DEDUPE_TTL}, longer than a "
+                "duplicate can take to arrive (a forwarder's lease plus the broker's backlog)"
+            )
         attached = _attached.get(app)
         try:
             config = (
@@ -140,7 +164,15 @@ class CelerySettings:
             )
         except ConfigError as exc:
             raise ConfigError(f"Celery setting delayq_max_queue_depth / delayq_rate_limits: {exc}") from exc
-        return cls(config=config, min_delay=float(min_delay), enabled=enabled, flow=flow, duplicate_id=duplicate_id)
+        return cls(
+            config=config,
+            min_delay=float(min_delay),
+            enabled=enabled,
+            flow=flow,
+            duplicate_id=duplicate_id,
+            dedupe=dedupe,
+            dedupe_ttl_ms=int(dedupe_ttl * 1000),
+        )
 
 
 def _store_url(app: Celery) -> str:
