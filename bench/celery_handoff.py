@@ -48,8 +48,9 @@ def template(store_url: str, prefix: str, queue: str) -> bytes:
     return item.envelope
 
 
-def rate(store_url: str, broker_url: str, envelope: bytes, queue: str, items: int, batch: int) -> float:
-    """Items/s for one drain of ``items`` copies of ``envelope`` into ``queue`` on ``broker_url``."""
+def rate(store_url: str, broker_url: str, envelope: bytes, queue: str, items: int, batch: int) -> tuple[float, float]:
+    """Items/s for one drain of ``items`` copies of ``envelope`` into ``queue`` on ``broker_url``,
+    and the forwarder's CPU µs per item (steadier than the rate on a loaded machine)."""
     prefix = "hb" + uuid.uuid4().hex[:10]
     store = DelayStore(connect(store_url), Config(prefix=prefix, shards=16))
     store.schedule_many((f"i{n}", 0, envelope) for n in range(items))
@@ -64,10 +65,10 @@ def rate(store_url: str, broker_url: str, envelope: bytes, queue: str, items: in
         return real_ack(claim, ids)
 
     store.ack = ack  # type: ignore[method-assign]
-    started, moved = time.perf_counter(), 0
+    started, cpu, moved = time.perf_counter(), time.process_time(), 0
     while moved < items:
         moved += forwarder.run_once()
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     broker = redis.Redis.from_url(broker_url)
     landed = broker.llen(queue)
     broker.delete(queue)
@@ -75,7 +76,7 @@ def rate(store_url: str, broker_url: str, envelope: bytes, queue: str, items: in
     assert landed == items, f"{landed} of {items} in the broker"
     expected = 0 if broker_url == store_url else items
     assert acked_after == expected, f"{acked_after} acked after the publish, expected {expected}"
-    return items / elapsed
+    return items / elapsed, cpu / items * 1e6
 
 
 def summary(rates: list[float]) -> dict[str, float]:
@@ -95,15 +96,19 @@ def main() -> None:
         envelope = template(same, "tpl" + uuid.uuid4().hex[:6], queue)
         load_before = os.getloadavg()
         runs: dict[str, list[float]] = {"handoff": [], "publish_then_ack": []}
+        cpu: dict[str, list[float]] = {"handoff": [], "publish_then_ack": []}
         for _ in range(args.rounds):
-            runs["handoff"].append(rate(same, same, envelope, queue, args.items, args.batch))
-            runs["publish_then_ack"].append(rate(same, other, envelope, queue, args.items, args.batch))
+            for mode, broker in (("handoff", same), ("publish_then_ack", other)):
+                items_s, cpu_us = rate(same, broker, envelope, queue, args.items, args.batch)
+                runs[mode].append(items_s)
+                cpu[mode].append(cpu_us)
         load_after = os.getloadavg()
     result = {
         "items": args.items,
         "batch": args.batch,
         "rounds": args.rounds,
         **{mode: summary(r) for mode, r in runs.items()},
+        "cpu_us_per_item": {mode: summary(c) for mode, c in cpu.items()},
         "ratio": round(statistics.median(runs["handoff"]) / statistics.median(runs["publish_then_ack"]), 2),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],

@@ -73,11 +73,13 @@ class RedisHandOff:
 
     def __init__(self, channel: Any, *, max_watch_retries: int = 20) -> None:
         self.channel = channel
-        self.client = channel.client  # kombu's client: its pool says which server and database
+        #: on kombu's connection pool (its server, database, credentials), without the
+        #: ``global_keyprefix`` kombu's own client adds: the store's keys must not get it
+        self.client = redis.Redis(connection_pool=channel.pool)
         self.max_watch_retries = max_watch_retries
         self._recording = _RecordingChannel(channel)
         self._producer = Producer(self._recording, auto_declare=False)
-        prefix: Optional[Callable[[list[Any]], list[Any]]] = getattr(self.client, "_prefix_args", None)
+        prefix: Optional[Callable[[list[Any]], list[Any]]] = getattr(channel.client, "_prefix_args", None)
         self._prefix = prefix
 
     @classmethod
@@ -120,7 +122,7 @@ class RedisHandOff:
         raises (an outage, OOM): then nothing was published or acked.
         """
         ids = list(messages)
-        with lease.store.client.pipeline() as pipe:
+        with self.client.pipeline() as pipe:
             for _ in range(self.max_watch_retries):
                 try:
                     pipe.watch(lease.watch_key)

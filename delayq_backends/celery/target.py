@@ -126,7 +126,7 @@ class CeleryTarget:
         try:
             handoff = self._handoff_or_new()
         except Exception as exc:  # cannot connect: publish_many reports the outage as usual
-            if not (isinstance(exc, self._connection_errors()) or is_transient(exc)):
+            if not self._is_outage(exc):
                 raise
             handoff = None
         if handoff is None or not handoff.applies(lease):
@@ -162,7 +162,7 @@ class CeleryTarget:
 
     def _released(self, exc: Exception, ready: list[_Prepared], report: PublishReport) -> None:
         """Report what was not sent as ``unsent`` after an outage or overload; re-raise anything else."""
-        if not (isinstance(exc, self._connection_errors()) or is_transient(exc)):
+        if not self._is_outage(exc):
             raise exc
         self._reset()
         done = set(report.published) | {i for i, _, _ in report.failed}
@@ -245,6 +245,10 @@ class CeleryTarget:
             channel = self._producer_or_new().channel
             self._handoff = RedisHandOff.for_channel(channel, max_watch_retries=self.max_watch_retries)
         return self._handoff
+
+    def _is_outage(self, exc: BaseException) -> bool:
+        """A broker out of reach or refusing for now (overload, a memory alarm): release, not fail."""
+        return isinstance(exc, self._connection_errors()) or is_transient(exc)
 
     def _connection_errors(self) -> tuple[type[BaseException], ...]:
         conn = self._connection_or_new()
