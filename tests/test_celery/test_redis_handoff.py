@@ -203,6 +203,30 @@ def test_a_crash_before_exec_publishes_nothing(app: Celery, env: CeleryEnv, monk
     client.delete(env.queue)
 
 
+def test_a_crash_after_exec_leaves_it_published_and_acked(
+    app: Celery, env: CeleryEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forwarder dies right after EXEC, before its own bookkeeping: the task is in the broker
+    once and gone from the store, so no later forwarder sends it again."""
+    store = store_for(app)
+    task_id = stored(app)
+    make_due(app, task_id)
+    client = redis.Redis.from_url(env.broker)
+    real_send = RedisHandOff.send
+
+    def send_then_die(self: RedisHandOff, *args: Any) -> None:
+        real_send(self, *args)
+        raise KeyboardInterrupt("killed after EXEC")
+
+    monkeypatch.setattr(RedisHandOff, "send", send_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        Forwarder(store, [CeleryTarget.from_url(env.broker)]).run_once()
+    monkeypatch.undo()
+    assert client.llen(env.queue) == 1 and store.get(task_id) is None
+    assert sum(s.scheduled for s in store.stats()) == 0, "nothing left to claim again"
+    client.delete(env.queue)
+
+
 def test_a_lost_lease_publishes_nothing(app: Celery, env: CeleryEnv) -> None:
     """A forwarder that stalled past its lease while another claimed the item publishes nothing."""
     store = store_for(app)
@@ -222,6 +246,37 @@ def test_a_lost_lease_publishes_nothing(app: Celery, env: CeleryEnv) -> None:
     assert report.published == report.acked == [] and client.llen(env.queue) == 0
     report = target.publish_claimed(deliveries(fresh[0]), Lease(store, fresh[0]))
     assert report.acked == [task_id] and client.llen(env.queue) == 1 and store.get(task_id) is None
+    client.delete(env.queue)
+
+
+def test_a_lease_change_before_exec_retries_then_gives_up(
+    app: Celery, env: CeleryEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another claim on the shard between the read and EXEC (any write to the WATCHed leases)
+    aborts the transaction: tried again, and after ``max_watch_retries`` left for a later retry."""
+    store = store_for(app)
+    task_id = stored(app)
+    make_due(app, task_id)
+    client = redis.Redis.from_url(env.broker)
+    (claim,) = claim_all(store)
+    lease = Lease(store, claim)
+    real_held = Lease.held
+    reads = 0
+
+    def held_then_touched(self: Lease, watching: Any, ids: Any) -> list[str]:
+        nonlocal reads
+        reads += 1
+        client.hset(self.watch_key, "touch", b"x")  # as another forwarder's claim would
+        client.hdel(self.watch_key, "touch")
+        return real_held(self, watching, ids)
+
+    monkeypatch.setattr(Lease, "held", held_then_touched)
+    report = CeleryTarget.from_url(env.broker, max_watch_retries=3).publish_claimed(deliveries(claim), lease)
+    assert reads == 3 and report.published == [] and client.llen(env.queue) == 0
+    assert [(i, permanent) for i, _, permanent in report.failed] == [(task_id, False)], "retried later"
+    monkeypatch.undo()
+    report = CeleryTarget.from_url(env.broker).publish_claimed(deliveries(claim), lease)
+    assert report.acked == [task_id] and client.llen(env.queue) == 1
     client.delete(env.queue)
 
 
