@@ -72,7 +72,6 @@ class RedisHandOff:
     """
 
     def __init__(self, channel: Any, *, max_watch_retries: int = 20) -> None:
-        self.channel = channel
         #: on kombu's connection pool (its server, database, credentials), without the
         #: ``global_keyprefix`` kombu's own client adds: the store's keys must not get it
         self.client = redis.Redis(connection_pool=channel.pool)
@@ -119,7 +118,8 @@ class RedisHandOff:
         Only ids still under ``lease`` are published; a lease change before EXEC (WATCH) runs the
         check again. Ids published are reported in both ``published`` and ``acked``; ids no
         longer ours are not reported (the forwarder must not touch them). Raises what Redis
-        raises (an outage, OOM): then nothing was published or acked.
+        raises (an outage, OOM): then nothing was published or acked, or, if the connection broke
+        after EXEC went out, both were; never one without the other.
         """
         ids = list(messages)
         with self.client.pipeline() as pipe:
