@@ -109,18 +109,26 @@ def no_ack_outside(store: DelayStore, monkeypatch: pytest.MonkeyPatch) -> list[l
 
 
 @pytest.mark.parametrize("options", list(OPTIONS.values()), ids=list(OPTIONS))
-@pytest.mark.parametrize("exchange", ["direct", "topic"])
+@pytest.mark.parametrize("route", ["default", "topic", "expiring"])
 def test_the_handoff_pushes_what_kombus_own_publish_pushes(
-    valkey_server: EmbeddedServer, options: dict[str, Any], exchange: str, monkeypatch: pytest.MonkeyPatch
+    valkey_server: EmbeddedServer, options: dict[str, Any], route: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Celery's default routing (a direct exchange), a topic exchange, and a queue with
+    ``x-expires`` (kombu adds a PEXPIRE of its lists to the push)."""
     env = single_redis(valkey_server, options)
     app = env.app()
-    queue = Queue(env.queue, Exchange(f"{env.queue}-x", type=exchange), routing_key=f"{env.queue}.#")
-    route = dict(queue=queue, routing_key=f"{env.queue}.a") if exchange == "topic" else {}
+    routes: dict[str, dict[str, Any]] = {
+        "default": {},
+        "topic": dict(
+            queue=Queue(env.queue, Exchange(f"{env.queue}-x", type="topic"), routing_key=f"{env.queue}.#"),
+            routing_key=f"{env.queue}.a",
+        ),
+        "expiring": dict(queue=Queue(env.queue, Exchange(env.queue), env.queue, expires=600)),
+    }
     client = redis.Redis.from_url(env.store)
     pattern = f"{options.get('global_keyprefix', '')}{env.queue}*"
     try:
-        task_id = stored(app, priority=6, headers={"x_custom": "v"}, reply_to="replies", **route)
+        task_id = stored(app, priority=6, headers={"x_custom": "v"}, reply_to="replies", **routes[route])
         make_due(app, task_id)
         item = store_for(app).get(task_id)
         assert item is not None
@@ -128,6 +136,7 @@ def test_the_handoff_pushes_what_kombus_own_publish_pushes(
         with Connection(env.broker, transport_options=options) as conn:
             Producer(conn.channel(), auto_declare=False).publish(**kwargs)
         native = lists(client, pattern)
+        native_ttls = {key: client.pttl(key) > 0 for key in native}
         for key in native:
             client.delete(key)
 
@@ -136,12 +145,14 @@ def test_the_handoff_pushes_what_kombus_own_publish_pushes(
         assert forwarder.run_once() == 1
         assert acks == [[]], "acked inside the hand-off's transaction, not after it"
         handed = lists(client, pattern)
+        handed_ttls = {key: client.pttl(key) > 0 for key in handed}
     finally:
         forget_store(app)
         for key in client.scan_iter(match=pattern):
             client.delete(key)
         client.close()
     assert list(native) == list(handed) and len(native) == 1, "the same priority sub-list, same key prefix"
+    assert native_ttls == handed_ttls == {key: route == "expiring" for key in native}, "kombu's PEXPIRE, or none"
     if options:
         (key,) = native
         assert key.startswith(b"gk:") and key != b"gk:" + env.queue.encode(), "a prefixed priority sub-list"
