@@ -180,6 +180,24 @@ def test_a_broker_elsewhere_keeps_publish_then_ack(
     client.close()
 
 
+def test_a_kombu_without_the_publish_hook_keeps_publish_then_ack(
+    app: Celery, env: CeleryEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu < 5.7 (no publish batches, so no hook to collect its commands): publish, then ack."""
+    from kombu.transport.redis import Channel
+
+    monkeypatch.delattr(Channel, "create_publish_batch")
+    task_id = stored(app)
+    make_due(app, task_id)
+    acks = no_ack_outside(store_for(app), monkeypatch)
+    assert Forwarder(store_for(app), [CeleryTarget.from_url(env.broker)]).run_once() == 1
+    assert acks == [[task_id]]
+    client = redis.Redis.from_url(env.broker)
+    assert client.llen(env.queue) == 1
+    client.delete(env.queue)
+    client.close()
+
+
 def test_no_handoff_for_amqp(rabbitmq_url: str) -> None:
     with Connection(rabbitmq_url) as conn:
         assert RedisHandOff.for_channel(conn.channel()) is None
