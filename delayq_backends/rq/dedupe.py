@@ -3,7 +3,7 @@
     rq worker --worker-class delayq_backends.rq.DedupeWorker --queue-class delayq_backends.rq.Queue
 
 (:class:`DedupeSimpleWorker` for ``SimpleWorker``.) The store is the one the worker's queues
-use (:func:`~delayq_backends.rq.queue.store_for`: ``DELAYQ_URL``, ``DELAYQ_PREFIX``,
+use (:func:`~delayq_backends.rq.queue.store_of_connection`: ``DELAYQ_URL``, ``DELAYQ_PREFIX``,
 ``DELAYQ_SHARDS``); ``DELAYQ_DEDUPE_TTL`` sets how long a run's record is kept, in seconds
 (default 86400).
 
@@ -33,7 +33,7 @@ from rq.job import Job
 
 from ..dedupe import RunGuard, Verdict
 from ..errors import ConfigError, DelayqError
-from .queue import store_for
+from .queue import store_of_connection
 
 __all__ = ["DEDUPE_TTL_ENV", "DedupeSimpleWorker", "DedupeWorker", "job_run"]
 
@@ -86,7 +86,7 @@ class _Dedupe:
             return True
         try:
             if self._guard is None:
-                store = getattr(queue, "delay_store", None) or store_for(self.connection)
+                store = getattr(queue, "delay_store", None) or store_of_connection(self.connection)
                 self._guard = RunGuard(store, ttl_ms=self._ttl_ms)
         except (DelayqError, RedisError, OSError) as exc:
             log.warning("dedupe: no delay store (%s): job %s runs unchecked (at-least-once)", exc, job.id)

@@ -96,7 +96,7 @@ class Queue(UsesDelayStore, RQQueue):
     """An ``rq.Queue`` that keeps scheduled jobs in a delay store instead of ``rq:scheduled:*``.
 
     Args:
-        delay_store: where scheduled jobs wait; by default :func:`store_for` the queue's
+        delay_store: where scheduled jobs wait; by default :func:`store_of_connection` the queue's
             connection (env vars, else the queue's own Redis).
         *args, **kwargs: as ``rq.Queue``.
     """
