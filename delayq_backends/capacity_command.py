@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, fields, replace
-from typing import Any, Optional
+from typing import Optional
 
 import click
 
@@ -38,19 +38,12 @@ def parse_amount(text: str) -> float:
     return number
 
 
-class _Amount(click.ParamType):
-    name = "N"
-
-    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> float:
-        if isinstance(value, (int, float)):
-            return float(value)
-        try:
-            return parse_amount(str(value))
-        except ConfigError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-AMOUNT = _Amount()
+def _amount(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    """Click callback: an option's amount, or a usage error that shows the accepted forms."""
+    try:
+        return parse_amount(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from exc
 
 
 def _costs(path: Optional[str]) -> Costs:
@@ -90,9 +83,9 @@ def render(workload: Workload, result: Plan) -> str:
 
 
 @click.command()
-@click.option("--schedule-rate", type=AMOUNT, required=True, help="Items scheduled per second (10k, 1M…).")
-@click.option("--fire-rate", type=AMOUNT, required=True, help="Items falling due per second.")
-@click.option("--backlog", type=AMOUNT, required=True, help="Items waiting at once (10M, 1B…).")
+@click.option("--schedule-rate", callback=_amount, required=True, help="Items scheduled per second (10k, 1M…).")
+@click.option("--fire-rate", callback=_amount, required=True, help="Items falling due per second.")
+@click.option("--backlog", callback=_amount, required=True, help="Items waiting at once (10M, 1B…).")
 @click.option(
     "--costs",
     "costs_path",
@@ -101,7 +94,7 @@ def render(workload: Workload, result: Plan) -> str:
 )
 @click.option(
     "--master-memory",
-    type=AMOUNT,
+    callback=_amount,
     default=str(Limits.master_memory_bytes),
     show_default=True,
     help="Usable bytes per master.",
