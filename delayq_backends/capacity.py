@@ -4,15 +4,16 @@ Pure arithmetic on measured per-item costs (``bench/capacity.py`` measures them 
 so a plan can be made, tested and printed without a server. The model:
 
 - A master is one core (Redis and Valkey run commands on one thread). Its CPU per second is
-  ``schedule_rate · schedule_us + fire_rate · (claim_us + ack_us + publish_us + per-call costs
-  / batch)``, spread evenly over the masters, each used up to ``master_cpu_share``.
+  ``schedule_rate · schedule_us + fire_rate · (claim_us + ack_us + per-call costs / batch)``,
+  spread evenly over the masters, each used up to ``master_cpu_share``. Publishing runs on the
+  broker (``publish_us``), which the forwarder waits for but no master pays.
 - Memory is ``backlog · bytes_per_item`` over the masters (each replica holds as much again).
 - Network: every item crosses a master's NIC when it is scheduled and again when it is
   claimed, ``wire_bytes_per_item`` each time.
 - A claim is one script call that blocks its master for ``claim_call_us + batch · claim_us``:
   the batch is cut so that stays under ``max_block_us``.
 - A forwarder is serial: it waits for each script while the server runs it, so one forwarder
-  moves ``1e6 / (forwarder_us + server µs per item + round trips · rtt_us / batch)`` items/s.
+  moves ``1e6 / (forwarder_us + store µs + publish_us + round trips · rtt_us / batch)`` items/s.
 - Shards are a multiple of the masters (key layout 2 puts shard k mid-way in the k-th of N
   equal slot ranges, so N = m · masters spreads exactly), at least ``min_shards``, at most
   :data:`MAX_SHARDS`.
@@ -26,7 +27,16 @@ from typing import Dict
 
 from .errors import ConfigError
 
-__all__ = ["MAX_SHARDS", "Costs", "Limits", "Plan", "Workload", "plan", "predict_forward_rate"]
+__all__ = [
+    "MAX_SHARDS",
+    "Costs",
+    "Limits",
+    "Plan",
+    "Workload",
+    "plan",
+    "predict_forward_rate",
+    "store_us_per_forwarded",
+]
 
 #: Shard count cap: key layout 2 balances up to 256 shards (``keys.BALANCED_MAX_SHARDS``).
 MAX_SHARDS = 256
@@ -40,25 +50,20 @@ class Costs:
     (``docs/capacity.md``); pass your own measurements for your hardware.
     """
 
-    schedule_us: float = 3.8  # server CPU per item of schedule_many (500 items per call)
-    claim_us: float = 12.0  # server CPU per claimed item, beyond the call's fixed cost
-    ack_us: float = 7.0  # server CPU per acked item
-    publish_us: float = 1.5  # server CPU per item published into a Redis list (0: another broker)
-    claim_call_us: float = 40.0  # server CPU per claim call, whatever its size
-    ack_call_us: float = 20.0  # server CPU per ack call
-    forwarder_us: float = 21.0  # forwarder Python CPU per item (claim, decode, publish, ack)
-    bytes_per_item: float = 330.0  # server memory per waiting item (100 B body)
-    wire_bytes_per_item: float = 300.0  # bytes on the wire per item, each way
+    schedule_us: float = 5.5  # server CPU per item of schedule_many (500 items per call)
+    claim_us: float = 8.9  # server CPU per claimed item, beyond the call's fixed cost
+    ack_us: float = 6.6  # server CPU per acked item, beyond the call's fixed cost
+    publish_us: float = 0.5  # server CPU per item RPUSHed into a Redis list (on the broker)
+    claim_call_us: float = 71.0  # server CPU per claim call, whatever its size
+    ack_call_us: float = 27.0  # server CPU per ack call
+    forwarder_us: float = 10.8  # forwarder Python CPU per item (claim, decode, publish, ack)
+    bytes_per_item: float = 304.0  # server memory per waiting item (100 B list body)
+    wire_bytes_per_item: float = 196.0  # bytes on the wire per item, each way
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not value >= 0:  # also refuses NaN
                 raise ConfigError(f"cost {name}={value!r}: use a measured, non-negative number")
-
-    @property
-    def forward_server_us(self) -> float:
-        """Server CPU per forwarded item, before the per-call costs."""
-        return self.claim_us + self.ack_us + self.publish_us
 
 
 @dataclass(frozen=True)
@@ -139,22 +144,28 @@ def _batch(costs: Costs, limits: Limits) -> int:
     return min(limits.batch, fits)
 
 
-def server_us_per_forwarded(costs: Costs, batch: int) -> float:
-    """Server CPU per forwarded item at ``batch``, the per-call costs shared by the batch."""
-    return costs.forward_server_us + (costs.claim_call_us + costs.ack_call_us) / batch
+def store_us_per_forwarded(costs: Costs, batch: int) -> float:
+    """Store (master) CPU per forwarded item at ``batch``: claim and ack, their per-call costs
+    shared by the batch. The publish runs on the broker, not on a master."""
+    return costs.claim_us + costs.ack_us + (costs.claim_call_us + costs.ack_call_us) / batch
 
 
 def predict_forward_rate(costs: Costs, batch: int, *, rtt_us: float, round_trips_per_batch: float = 3.0) -> float:
-    """Items/s of one forwarder with a server to itself: it waits for each script, so its
-    Python time, the server's time and the round trips add up."""
-    per_item = costs.forwarder_us + server_us_per_forwarded(costs, batch) + round_trips_per_batch * rtt_us / batch
+    """Items/s of one forwarder with a server to itself: it waits for each script and for the
+    broker, so its Python time, the servers' time and the round trips add up."""
+    per_item = (
+        costs.forwarder_us
+        + store_us_per_forwarded(costs, batch)
+        + costs.publish_us
+        + round_trips_per_batch * rtt_us / batch
+    )
     return 1e6 / per_item
 
 
 def plan(workload: Workload, costs: Costs = Costs(), limits: Limits = Limits()) -> Plan:
     """Masters, shards and forwarders for ``workload``, and which limit sets the master count."""
     batch = _batch(costs, limits)
-    cpu_us = workload.schedule_rate * costs.schedule_us + workload.fire_rate * server_us_per_forwarded(costs, batch)
+    cpu_us = workload.schedule_rate * costs.schedule_us + workload.fire_rate * store_us_per_forwarded(costs, batch)
     memory = workload.backlog * costs.bytes_per_item
     network = (workload.schedule_rate + workload.fire_rate) * costs.wire_bytes_per_item
     masters_by = {

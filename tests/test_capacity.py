@@ -41,15 +41,16 @@ LIMITS = Limits(
 
 
 def test_fire_rate_binds_cpu() -> None:
-    # per forwarded item: 10 + 5 + 1 + (100 + 100) / 200 = 17 µs; 1M/s: 17 cores; + 10k/s · 4 µs
+    # per forwarded item on the store: 10 + 5 + (100 + 100) / 200 = 16 µs (the publish is the
+    # broker's); 1M/s: 16 cores; + 10k/s · 4 µs of scheduling
     result = plan(Workload(schedule_rate=10_000, fire_rate=1_000_000, backlog=1_000_000), COSTS, LIMITS)
-    assert result.masters_by["cpu"] == math.ceil((17e6 + 40_000) / 0.5e6) == 35
-    assert (result.masters, result.binding) == (35, "cpu")
-    assert result.shards == 35 and result.shards % result.masters == 0
-    # one forwarder: 1e6 / (20 + 17 + 2 · 100 / 200) = 26,315/s; at half a core each: 77
+    assert result.masters_by["cpu"] == math.ceil((16e6 + 40_000) / 0.5e6) == 33
+    assert (result.masters, result.binding) == (33, "cpu")
+    assert result.shards == 33 and result.shards % result.masters == 0
+    # one forwarder waits for store and broker: 1e6 / (20 + 16 + 1 + 2 · 100 / 200) = 26,315/s
     assert result.forwarder_rate == pytest.approx(1e6 / 38)
     assert result.forwarders == math.ceil(1_000_000 / (1e6 / 38 * 0.5)) == 76
-    assert result.cpu_per_master == pytest.approx(17.04 / 35)
+    assert result.cpu_per_master == pytest.approx(16.04 / 33)
 
 
 def test_backlog_binds_memory() -> None:
