@@ -109,7 +109,8 @@ class Plan:
     Attributes:
         masters: Redis Cluster primaries (the largest of ``masters_by``).
         masters_by: primaries each limit alone would need: ``cpu``, ``memory``, ``network``.
-        binding: the limit that sets ``masters`` (ties go to the first in that order).
+        binding: the limit that sets ``masters`` (ties go to the first in that order), ``none``
+            when one master suffices, ``slot spread`` past :data:`MAX_SHARDS` masters.
         shards, forwarders, batch: the store's shard count, forwarder processes, claim batch.
         claim_block_us: how long one claim of ``batch`` items blocks its master.
         forwarder_rate: items/s one forwarder moves at ``batch``.
@@ -174,7 +175,8 @@ def plan(workload: Workload, costs: Costs = Costs(), limits: Limits = Limits()) 
         "network": max(1, math.ceil(network / limits.master_network_bytes_s)),
     }
     masters = max(masters_by.values())
-    binding = next(name for name, need in masters_by.items() if need == masters)
+    # one master is the floor, not a limit reached: then nothing binds
+    binding = next(name for name, need in masters_by.items() if need == masters) if masters > 1 else "none"
     notes: list[str] = []
     if masters > MAX_SHARDS:
         notes.append(

@@ -70,7 +70,7 @@ def test_big_items_bind_network() -> None:
 
 def test_a_small_workload_needs_one_master_and_the_minimum_shards() -> None:
     result = plan(Workload(schedule_rate=100, fire_rate=100, backlog=10_000), COSTS, LIMITS)
-    assert (result.masters, result.shards, result.forwarders, result.binding) == (1, 16, 1, "cpu")
+    assert (result.masters, result.shards, result.forwarders, result.binding) == (1, 16, 1, "none")
     assert result.notes == []
 
 
