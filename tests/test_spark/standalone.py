@@ -1,13 +1,15 @@
 """A Spark standalone cluster on loopback: one master and two workers started from the installed
 pyspark (``spark-class``), each its own JVM, so a ``spark://`` driver gets executors in their own
 JVMs as on a real cluster. Ports are free ones; logs and work directories live in a temporary
-directory; stopping kills each daemon's process group (the workers' executors with them).
+directory; stopping kills each daemon's process group (the workers' executors with them) and
+removes that directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -103,10 +105,11 @@ class SparkStandalone:
                 return
             dead = [p.args for p in self.procs if p.poll() is not None]
             if dead or time.monotonic() > deadline:
+                logs = self.logs()
                 self.stop()
                 raise RuntimeError(
                     f"the Spark standalone cluster did not come up with {self.workers} workers "
-                    f"(exited: {dead}; master says {state}):\n{self.logs()}"
+                    f"(exited: {dead}; master says {state}):\n{logs}"
                 )
             time.sleep(0.5)
 
@@ -128,6 +131,7 @@ class SparkStandalone:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> SparkStandalone:
         return self.start()
