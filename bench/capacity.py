@@ -220,6 +220,8 @@ def forward_run(
     return {
         "items_s": round(n / wall),
         "cpu_us_per_item": round(total_cpu * 1e6 / n, 2),
+        "forwarders_us_per_item": round(sum(r["cpu"] for r in reports) * 1e6 / n, 2),
+        "servers_us_per_item": round(server_cpu * 1e6 / n, 2),
         "cores_got": round(total_cpu / wall, 2),
         "load": [round(load0, 2), round(os.getloadavg()[0], 2)],
     }
