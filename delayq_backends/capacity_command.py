@@ -16,7 +16,7 @@ from .errors import ConfigError
 
 __all__ = ["capacity", "parse_amount"]
 
-_SUFFIXES = {"k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9}
+_SUFFIXES = {"k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9}  # B: a billion items; G: gigabytes
 
 
 def parse_amount(text: str) -> float:
@@ -83,9 +83,11 @@ def render(workload: Workload, result: Plan) -> str:
 
 
 @click.command()
-@click.option("--schedule-rate", callback=_amount, required=True, help="Items scheduled per second (10k, 1M…).")
-@click.option("--fire-rate", callback=_amount, required=True, help="Items falling due per second.")
-@click.option("--backlog", callback=_amount, required=True, help="Items waiting at once (10M, 1B…).")
+@click.option(
+    "--schedule-rate", callback=_amount, metavar="N", required=True, help="Items scheduled per second (10k, 1M…)."
+)
+@click.option("--fire-rate", callback=_amount, metavar="N", required=True, help="Items falling due per second.")
+@click.option("--backlog", callback=_amount, metavar="N", required=True, help="Items waiting at once (10M, 1B…).")
 @click.option(
     "--costs",
     "costs_path",
@@ -95,7 +97,8 @@ def render(workload: Workload, result: Plan) -> str:
 @click.option(
     "--master-memory",
     callback=_amount,
-    default=str(Limits.master_memory_bytes),
+    default="25G",
+    metavar="BYTES",
     show_default=True,
     help="Usable bytes per master.",
 )
