@@ -51,7 +51,7 @@ def session(master: str) -> SparkSession:
         .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
         .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "60s")
         .config("spark.executorEnv.PYTHONPATH", str(ROOT))
-        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )

@@ -31,7 +31,7 @@ from tests.test_spark.standalone import SparkStandalone
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
-N = 3_000
+N = 1_000
 SHARDS = 6  # two per master: key layout 2 spreads a multiple of the masters exactly
 ROOT = Path(__file__).resolve().parents[2]
 #: Deadline of one driver request (the first starts the executors): about 30 s on a quiet 2-core
