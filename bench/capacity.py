@@ -105,67 +105,83 @@ def claim_all(store: DelayStore, batch: int) -> list[Any]:
     return claims
 
 
+def claim_ack_costs(server: EmbeddedServer, meter: Meter, n: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """Per item and per call costs of claim and ack, from the same backlog claimed and acked at
+    batch SMALL and at batch LARGE (per call = fixed + batch · per item); and the facts seen."""
+    per_call: dict[str, dict[int, float]] = {"claim": {}, "ack": {}}
+    block: dict[str, float] = {}
+    wire_out = 0.0
+    for batch in (SMALL, LARGE):
+        store = store_on(server.url, f"c{batch}")
+        load(store, n, "c")
+        claims, d = meter.over(lambda b=batch, s=store: claim_all(s, b))
+        assert sum(len(c.items) for c in claims) == n
+        per_call["claim"][batch] = d["cpu"] * 1e6 / len(claims)
+        block[str(batch)] = round(d["usec"] / len(claims), 1)
+        wire_out = d["net_out"] / n
+        _, d = meter.over(lambda cs=claims, s=store: [s.ack(c) for c in cs])
+        per_call["ack"][batch] = d["cpu"] * 1e6 / len(claims)
+    out = {}
+    for verb, calls in per_call.items():
+        out[f"{verb}_us"] = max(0.0, (calls[LARGE] - calls[SMALL]) / (LARGE - SMALL))
+        out[f"{verb}_call_us"] = max(0.0, calls[SMALL] - SMALL * out[f"{verb}_us"])
+    return out, {"claim_block_us": block, "claim_wire_bytes_per_item": round(wire_out, 1)}
+
+
+def publish_us(client: redis.Redis, meter: Meter, n: int) -> float:
+    """Server CPU per item RPUSHed in groups of BATCH, pipelined."""
+
+    def publish() -> None:
+        with client.pipeline(transaction=False) as pipe:
+            for start in range(0, n, BATCH):
+                pipe.rpush(LIST, *([BODY] * min(BATCH, n - start)))
+                if len(pipe) >= 20:
+                    pipe.execute()
+            pipe.execute()
+
+    _, d = meter.over(publish)
+    client.delete(LIST)
+    return d["cpu"] * 1e6 / n
+
+
+def rtt_us(client: redis.Redis) -> float:
+    """Median PING round trip."""
+    rtts = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        client.ping()
+        rtts.append((time.perf_counter() - t0) * 1e6)
+    return round(statistics.median(rtts), 1)
+
+
 def measure_costs(n: int) -> dict[str, Any]:
     """Every cost of :class:`Costs`, on one fresh Valkey."""
     with EmbeddedServer() as server:
         meter = Meter(server)
         client = redis.Redis.from_url(server.url)
-        out: dict[str, Any] = {}
-        store = store_on(server.url, "sched")
-        _, d = meter.over(lambda: load(store, n, "s"))
+        out: dict[str, float] = {}
+        _, d = meter.over(lambda: load(store_on(server.url, "sched"), n, "s"))
         out["schedule_us"] = d["cpu"] * 1e6 / n
         out["bytes_per_item"] = d["memory"] / n
         wire_in = d["net_in"] / n
-        per_call: dict[str, dict[int, float]] = {"claim": {}, "ack": {}}
-        block: dict[int, float] = {}
-        for batch in (SMALL, LARGE):
-            store = store_on(server.url, f"c{batch}")
-            load(store, n, "c")
-            claims, d = meter.over(lambda b=batch, s=store: claim_all(s, b))  # type: ignore[misc]
-            assert sum(len(c.items) for c in claims) == n
-            per_call["claim"][batch] = d["cpu"] * 1e6 / len(claims)
-            block[batch] = d["usec"] / len(claims)
-            wire_out = d["net_out"] / n
-            _, d = meter.over(lambda cs=claims, s=store: [s.ack(c) for c in cs])  # type: ignore[misc]
-            per_call["ack"][batch] = d["cpu"] * 1e6 / len(claims)
-        for verb, calls in per_call.items():  # per call = fixed + batch · per item
-            out[f"{verb}_us"] = max(0.0, (calls[LARGE] - calls[SMALL]) / (LARGE - SMALL))
-            out[f"{verb}_call_us"] = max(0.0, calls[SMALL] - SMALL * out[f"{verb}_us"])
-
-        def publish() -> None:
-            with client.pipeline(transaction=False) as pipe:
-                for start in range(0, n, BATCH):
-                    pipe.rpush(LIST, *([BODY] * min(BATCH, n - start)))
-                    if len(pipe) >= 20:
-                        pipe.execute()
-                pipe.execute()
-
-        _, d = meter.over(publish)
-        out["publish_us"] = d["cpu"] * 1e6 / n
-        client.delete(LIST)
+        script_costs, facts = claim_ack_costs(server, meter, n)
+        out.update(script_costs)
+        out["publish_us"] = publish_us(client, meter, n)
         store = store_on(server.url, "fwd")
         load(store, n, "f")
         forwarder = Forwarder(store, [RedisListTarget(client)], batch=BATCH)
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        (moved, d) = meter.over(lambda: drain(forwarder))
+        moved, d = meter.over(lambda: drain(forwarder))
         wall, py = time.perf_counter() - wall0, time.process_time() - cpu0
         assert moved == n and client.llen(LIST) == n
         out["forwarder_us"] = py * 1e6 / n
-        out["wire_bytes_per_item"] = max(wire_in, wire_out)
-        rtts = []
-        for _ in range(200):
-            t0 = time.perf_counter()
-            client.ping()
-            rtts.append((time.perf_counter() - t0) * 1e6)
-        facts = {
-            "claim_block_us": {str(b): round(v, 1) for b, v in block.items()},
-            "forward_one_in_process": {
-                "items_s": round(n / wall),
-                "server_us_per_item": round(d["cpu"] * 1e6 / n, 2),
-                "python_us_per_item": round(out["forwarder_us"], 2),
-            },
-            "rtt_us_loopback": round(statistics.median(rtts), 1),
+        out["wire_bytes_per_item"] = max(wire_in, facts["claim_wire_bytes_per_item"])
+        facts["forward_one_in_process"] = {
+            "items_s": round(n / wall),
+            "server_us_per_item": round(d["cpu"] * 1e6 / n, 2),
+            "python_us_per_item": round(out["forwarder_us"], 2),
         }
+        facts["rtt_us_loopback"] = rtt_us(client)
         return {"costs": {k: round(v, 2) for k, v in out.items()}, "facts": facts}
 
 
@@ -177,10 +193,12 @@ def drain(forwarder: Forwarder) -> int:
     return moved
 
 
-def _forwarder_main(url: str, broker: str, prefix: str, n: int, go: Any, results: Any) -> None:
+def _forwarder_main(url: str, broker: str, prefix: str, n: int, go: Any, ready: Any, results: Any) -> None:
     """Child process: one forwarder until all ``n`` items reached the list; its items and CPU."""
     out = redis.Redis.from_url(broker)
     forwarder = Forwarder(store_on(url, prefix), [RedisListTarget(out)], batch=BATCH)
+    forwarder.store.check_meta()  # connected and checked before the clock starts
+    ready.put(os.getpid())
     go.wait()
     cpu0, moved = time.process_time(), 0
     while moved < n:
@@ -200,13 +218,15 @@ def forward_run(
     out = redis.Redis.from_url(broker.url)
     out.delete(LIST)
     ctx = mp.get_context("spawn")
-    go, results = ctx.Event(), ctx.Queue()
+    go, ready, results = ctx.Event(), ctx.Queue(), ctx.Queue()
     procs = [
-        ctx.Process(target=_forwarder_main, args=(url, broker.url, prefix, n, go, results)) for _ in range(forwarders)
+        ctx.Process(target=_forwarder_main, args=(url, broker.url, prefix, n, go, ready, results))
+        for _ in range(forwarders)
     ]
     for proc in procs:
         proc.start()
-    time.sleep(3)  # spawned interpreters import the package before the clock starts
+    for _ in procs:  # spawned interpreters import the package before the clock starts
+        ready.get(timeout=120)
     load0, cpu0 = os.getloadavg()[0], cpu_seconds([*masters, broker])
     start = time.perf_counter()
     go.set()
