@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from pyspark.find_spark_home import _find_spark_home
+import pyspark
 
 from delayq_backends.embedded import free_port
 
@@ -51,7 +51,9 @@ class SparkStandalone:
         }
 
     def _launch(self, name: str, *args: str) -> None:
-        spark_class = Path(_find_spark_home()) / "bin" / "spark-class"
+        # the pip-installed pyspark is a full Spark home (bin/spark-class, jars/), unless SPARK_HOME says another
+        home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+        spark_class = home / "bin" / "spark-class"
         log = (self.dir / f"{name}.log").open("wb")
         self.procs.append(
             subprocess.Popen(
