@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from delayq_backends.capacity import MAX_SHARDS, Costs, Limits, Workload, plan, predict_forward_rate
-from delayq_backends.capacity_command import capacity, parse_amount
+from delayq_backends.cli.capacity import capacity, parse_amount
 from delayq_backends.errors import ConfigError
 
 #: Round costs so the expected figures can be checked by hand.

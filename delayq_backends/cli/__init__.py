@@ -14,6 +14,7 @@ import click
 
 from .. import __version__
 from .admin import acl, functions_group
+from .capacity import capacity
 from .dashboard import dashboard
 from .demo import demo
 from .dlq import dlq
@@ -33,7 +34,7 @@ def main() -> None:
     """delayq: delayed Celery/RQ jobs in sharded Redis sorted sets, forwarded at their time."""
 
 
-for command in (forward, periodic, stats, list_, cancel, dlq, rq_migrate, rq_upgrade, acl, functions_group, demo):
+for command in (forward, periodic, stats, list_, cancel, dlq, rq_migrate, rq_upgrade, acl, functions_group, demo, capacity):
     main.add_command(command)
 main.add_command(spark, "spark")
 main.add_command(exporter, "exporter")

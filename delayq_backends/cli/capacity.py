@@ -11,8 +11,8 @@ from typing import Optional
 
 import click
 
-from .capacity import Costs, Limits, Plan, Workload, plan
-from .errors import ConfigError
+from ..capacity import Costs, Limits, Plan, Workload, plan
+from ..errors import ConfigError
 
 __all__ = ["capacity", "parse_amount"]
 
