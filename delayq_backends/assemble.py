@@ -47,6 +47,9 @@ class ForwarderSettings:
         rq_redis: deliver ``rq`` envelopes to the RQ queues of this Redis.
         rq_allow_classes: module prefixes RQ envelopes may name classes under.
         rq_adopt: move jobs a plain ``rq.Queue`` put in ``rq:scheduled:*`` into the store.
+        lossless_window: lossless mode (None: off): seconds a published Celery task is kept
+            until a worker with dedupe reports its start, then published again (see
+            :class:`~delayq_backends.forwarder.Forwarder`).
     """
 
     store: Config
@@ -65,6 +68,7 @@ class ForwarderSettings:
     rq_redis: Optional[str] = None
     rq_allow_classes: tuple[str, ...] = ()
     rq_adopt: bool = True
+    lossless_window: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ class AssembledForwarder:
             f"targets: {targets}; flow control: {s.flow.describe()}"
             + (f"; audit: {self.audit!r}" if self.audit else "")
             + (f"; metrics: http://{s.metrics_host}:{s.metrics_port}/metrics" if s.metrics_port is not None else "")
+            + (f"; lossless: republished if not started within {s.lossless_window:g} s" if s.lossless_window else "")
         )
 
     def run(self) -> ForwarderStats:
@@ -155,6 +160,7 @@ def build_forwarder(
             audit=audit,
             metrics=metrics,
             flow=settings.flow,
+            lossless_window=settings.lossless_window,
         )
     except BaseException:
         resources.close()

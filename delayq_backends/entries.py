@@ -45,6 +45,7 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
         "ready": iso(item.ready_ms),
         "attempts": item.attempts,
         "leased_until": iso(item.leased_until_ms),
+        "awaiting_start": item.awaiting_start,
         "rank": item.rank,
         "target": None,
         "destination": None,

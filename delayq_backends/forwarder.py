@@ -29,22 +29,26 @@ from .audit import FORWARDED, AuditRecord, AuditSink
 from .envelope import Envelope
 from .errors import ConfigError, EnvelopeError
 from .flow import FlowControl, FlowGate
-from .models import Claim
+from .models import Claim, RunRef
 from .outages import CONNECTION_ERRORS
 from .percentile import percentile
 from .store import DelayStore
-from .targets import ClaimTarget, Delivery, Lease, PublishReport, Target
+from .targets import ClaimTarget, Delivery, Lease, PublishReport, RunTarget, Target
 
 if TYPE_CHECKING:
     from .metrics import ForwarderMetrics, Labels
 
-__all__ = ["Forwarder", "ForwarderStats"]
+__all__ = ["DEFAULT_LOSSLESS_WINDOW", "Forwarder", "ForwarderStats"]
 
 log = logging.getLogger("delayq.forwarder")
 
 #: Most items one claim takes; claim.lua cuts a bigger limit to it (MAX_CLAIM), since a claim blocks
 #: its Redis while it runs.
 MAX_BATCH = 10_000
+
+#: Lossless mode's window unless set: a task not started this long after its publish is published
+#: again. Above a healthy broker queue's wait, far below the workers' dedupe TTL (a day).
+DEFAULT_LOSSLESS_WINDOW = 60.0
 
 #: How often the forwarder re-reads the server's clock (TIME); in between it advances the last
 #: reading with the monotonic clock, so a step of the local wall clock changes nothing.
@@ -66,12 +70,25 @@ class _Held:
     lost: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class _Lossless:
+    """Lossless mode's part of settling a batch: the ids to keep awaiting their start once
+    published, and those found started (deleted, not published)."""
+
+    keep: frozenset[str] = frozenset()
+    started: set[str] = field(default_factory=set)
+
+
 @dataclass
 class ForwarderStats:
     """Running totals of one forwarder; ``lateness_ms`` keeps the most recent samples."""
 
     forwarded: int = 0
     acked: int = 0
+    #: lossless mode: items published and kept until a worker reports their start
+    kept: int = 0
+    #: lossless mode: kept items found started when they came due again, deleted unpublished
+    confirmed: int = 0
     released: int = 0
     #: items held back by flow control (a full or rate-capped queue), given back to the store
     deferred: int = 0
@@ -92,7 +109,7 @@ class ForwarderStats:
 
     def settled(self) -> int:
         """Items acked, retried, dead-lettered or deferred so far: progress, unlike releases."""
-        return self.acked + self.retried + self.dead + self.deferred + self.errors
+        return self.acked + self.kept + self.retried + self.dead + self.deferred + self.errors
 
     def since(self, before: ForwarderStats) -> ForwarderStats:
         """What happened after ``before`` (a :meth:`snapshot`): counts, and the lateness of
@@ -120,6 +137,11 @@ class Forwarder:
         metrics: Prometheus metrics to update (off by default, and then nothing is counted).
         flow: back-pressure and rate caps per target queue (off by default); :attr:`flow`
             ``.state`` tells which depth-capped queues are paused.
+        lossless_window: lossless mode (off by default; needs workers with dedupe on): seconds
+            a published item is kept awaiting its start. When it comes due again, it is deleted
+            if its run's "started" record exists, else published again, so a message the broker
+            lost becomes a late run. Only items whose target names their run
+            (:class:`~delayq_backends.targets.RunTarget`: Celery tasks) are kept.
     """
 
     def __init__(
@@ -136,6 +158,7 @@ class Forwarder:
         audit: Optional[AuditSink] = None,
         metrics: Optional[ForwarderMetrics] = None,
         flow: Optional[FlowControl] = None,
+        lossless_window: Optional[float] = None,
     ) -> None:
         if not isinstance(targets, Mapping):
             targets = {t.kind: t for t in targets}
@@ -143,8 +166,15 @@ class Forwarder:
             raise ConfigError(
                 f"batch={batch}: use 1..{MAX_BATCH} (100-500 is best: a claim blocks Redis while it runs)"
             )
+        if lossless_window is not None and not 1 <= lossless_window <= 86400:
+            raise ConfigError(
+                f"lossless_window={lossless_window!r}: use seconds from 1 to 86400, longer than a message "
+                "waits in the broker's queue and shorter than the workers' dedupe TTL"
+            )
         self.store = store
         self.targets = dict(targets)
+        #: lossless mode's window in ms (0: off)
+        self.keep_ms = 0 if lossless_window is None else int(lossless_window * 1000)
         self.batch = batch
         self.poll_interval = poll_interval
         self.retry_delay_ms = int(retry_delay * 1000)
@@ -309,6 +339,11 @@ class Forwarder:
                 continue
             groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
         report = PublishReport()
+        runs = self._runs(groups)
+        ran = self.store.started(claim.shard, list(runs.values())) if runs else set()
+        if ran:  # delivered and started earlier: done, not published again
+            groups = {kind: [d for d in ds if d.id not in ran] for kind, ds in groups.items()}
+        keep = frozenset(runs) - ran
         later: list[tuple[str, int]] = []
         held = _Held(claim, claim.deadline_ms)
         # held until the acks are in: a pause between publish and ack must not hand the batch over
@@ -316,12 +351,12 @@ class Forwarder:
             for kind, deliveries in groups.items():
                 go = self._still_ours(held, self._admit(kind, deliveries, later), report)
                 if go:
-                    self._publish(self.targets[kind], go, report, Lease(self.store, claim))
+                    self._publish(self.targets[kind], go, report, Lease(self.store, claim, keep, self.keep_ms))
             attempts = {item.id: item.attempts for item in claim.items}
             failures += [
                 (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
             ]
-            self._settle(claim, report, failures, labels, later)
+            self._settle(claim, report, failures, labels, later, _Lossless(keep, ran))
         log.debug(
             "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
             claim.shard,
@@ -332,6 +367,17 @@ class Forwarder:
             len(later),
             (time.perf_counter() - started) * 1000,
         )
+
+    def _runs(self, groups: Mapping[str, list[Delivery]]) -> dict[str, RunRef]:
+        """Lossless mode: the run of each delivery whose target names it (id -> run)."""
+        if not self.keep_ms:
+            return {}
+        runs: dict[str, RunRef] = {}
+        for kind, deliveries in groups.items():
+            target = self.targets[kind]
+            if isinstance(target, RunTarget):
+                runs.update((d.id, ref) for d in deliveries if (ref := target.run_of(d)) is not None)
+        return runs
 
     def _admit(self, kind: str, deliveries: list[Delivery], later: list[tuple[str, int]]) -> list[Delivery]:
         """Flow control, queue by queue: the deliveries that may go now; the others are added
@@ -426,12 +472,18 @@ class Forwarder:
         failures: list[tuple[str, Optional[int], str]],
         labels: Mapping[str, Labels],
         later: list[tuple[str, int]],
+        lossless: _Lossless,
     ) -> None:
         self.stats.batches += 1
         self.stats.forwarded += len(report.published)
-        pre_acked = set(report.acked)
-        acked = self.store.ack(claim, [i for i in report.published if i not in pre_acked])
-        self.stats.acked += len(pre_acked) + acked
+        pre_acked = set(report.acked)  # a ClaimTarget acked (or kept) these in its transaction
+        settle = [i for i in report.published if i not in pre_acked]
+        acked = self.store.ack(claim, [i for i in settle if i not in lossless.keep] + sorted(lossless.started))
+        kept = self.store.keep(claim, [i for i in settle if i in lossless.keep], window_ms=self.keep_ms)
+        kept += len(pre_acked & lossless.keep)
+        self.stats.acked += len(pre_acked) - len(pre_acked & lossless.keep) + acked
+        self.stats.kept += kept
+        self.stats.confirmed += len(lossless.started)
         retried = buried = released = 0
         if failures:
             retried, buried = self.store.fail(claim, failures)
@@ -600,7 +652,7 @@ class Forwarder:
     def _log_summary(self) -> None:
         s = self.stats
         log.info(
-            "forwarded %d, released %d, deferred %d, retried %d, dead %d, outages %d, errors %d; "
+            "forwarded %d, released %d, deferred %d, retried %d, dead %d, outages %d, errors %d%s; "
             "lateness p50 %s ms p99 %s ms",
             s.forwarded,
             s.released,
@@ -609,6 +661,7 @@ class Forwarder:
             s.dead,
             s.outages,
             s.errors,
+            f"; lossless: kept {s.kept}, found started {s.confirmed}" if self.keep_ms else "",
             s.percentile(0.5),
             s.percentile(0.99),
         )

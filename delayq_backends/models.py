@@ -14,6 +14,7 @@ __all__ = [
     "LeaseExtension",
     "RearmOutcome",
     "RescheduleOutcome",
+    "RunRef",
     "ScheduleCounts",
     "ScheduledItem",
     "ShardStats",
@@ -102,6 +103,18 @@ class ScheduledItem:
     attempts: int
     leased_until_ms: Optional[int]
     rank: int = 0  # higher is claimed first in a backlog (see DelayStore.schedule)
+    #: published in lossless mode and kept until a worker reports its start; ``leased_until_ms``
+    #: is then when a forwarder looks again (and publishes it again if it has not started)
+    awaiting_start: bool = False
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """One run of an item, as worker-side dedupe records its start: the item's id (its task or
+    job id) and the run number (Celery's ``retries``)."""
+
+    id: str
+    run: int
 
 
 @dataclass(frozen=True)

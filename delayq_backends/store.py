@@ -48,6 +48,7 @@ from .models import (
     LeaseExtension,
     RearmOutcome,
     RescheduleOutcome,
+    RunRef,
     ScheduleCounts,
     ScheduledItem,
     ShardStats,
@@ -511,6 +512,38 @@ class DelayStore:
             return 0
         return int(self._run(self.scripts.defer, claim.shard, args))
 
+    def keep(self, claim: Claim, ids: Iterable[str], *, window_ms: int, now: Optional[int] = None) -> int:
+        """Lossless mode's ack: keep published items of ``claim`` until a worker reports their
+        start, due again ``window_ms`` from the server's now (``keep.lua``).
+
+        The claim's attempt is given back and the lease dropped; the item reads as awaiting its
+        start (:attr:`ScheduledItem.awaiting_start`). Returns how many were still under the lease.
+        """
+        ids = list(ids)
+        if not ids:
+            return 0
+        return int(self._run(self.scripts.keep, claim.shard, [claim.lease, window_ms, now or 0, *ids]))
+
+    def keep_in(self, pipeline: Any, claim: Claim, ids: Sequence[str], *, window_ms: int) -> None:
+        """Queue :meth:`keep` of ``ids`` on a caller's transaction (the Redis hand-off)."""
+        if ids:
+            self._queue_script(pipeline, "keep", claim.shard, [claim.lease, window_ms, 0, *ids])
+
+    def started(self, shard: int, runs: Sequence[RunRef]) -> set[str]:
+        """The ids among ``runs`` whose run a worker has started (its dedupe record exists).
+
+        One pipelined ``EXISTS`` per run, on the one server that holds ``shard``: each record
+        lives in its item's shard slot (:meth:`ShardKeys.started`).
+        """
+        if not runs:
+            return set()
+        keys = self._keys[shard]
+        with self._node_client(shard).pipeline(transaction=False) as pipe:
+            for ref in runs:
+                pipe.exists(keys.started(ref.id, ref.run))
+            found = pipe.execute()
+        return {ref.id for ref, n in zip(runs, found) if n}
+
     def take_tokens(
         self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None
     ) -> Tuple[int, int, int]:
@@ -582,7 +615,7 @@ class DelayStore:
         if score is None or envelope is None:
             return None
         deadline, ready = _parse_lease(lease, score)
-        return ScheduledItem(item_id, shard, ready, envelope, _count(tries), deadline, _rank(ranked))
+        return ScheduledItem(item_id, shard, ready, envelope, _count(tries), deadline, _rank(ranked), _awaiting(lease))
 
     def scan(self, *, batch: int = 1000) -> Iterator[ScheduledItem]:
         """Every scheduled item, shard by shard, in no particular order (``ZSCAN``).
@@ -606,7 +639,14 @@ class DelayStore:
                     if envelope is not None:
                         deadline, ready = _parse_lease(lease, score)
                         yield ScheduledItem(
-                            _id_text(member), shard, ready, envelope, _count(tried), deadline, _rank(ranked)
+                            _id_text(member),
+                            shard,
+                            ready,
+                            envelope,
+                            _count(tried),
+                            deadline,
+                            _rank(ranked),
+                            _awaiting(lease),
                         )
 
     def rank(self, item_id: Union[str, bytes]) -> Optional[int]:
@@ -738,7 +778,11 @@ class DelayStore:
             item_id = _id_text(member)
             envelope, tries, lease, ranked = details[4 * n : 4 * n + 4]
             deadline, ready = _parse_lease(lease, score)
-            out.append(ScheduledItem(item_id, s, ready, envelope or b"", _count(tries), deadline, _rank(ranked)))
+            out.append(
+                ScheduledItem(
+                    item_id, s, ready, envelope or b"", _count(tries), deadline, _rank(ranked), _awaiting(lease)
+                )
+            )
         return out
 
     def _select(self, shard: Optional[int]) -> List[int]:
@@ -938,6 +982,11 @@ def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], i
     if len(parts) in (2, 3) and parts[0].isdigit() and parts[-1].lstrip(b"-").isdigit():
         return score_ms(parts[0]), score_ms(parts[-1])
     return None, score_ms(score)
+
+
+def _awaiting(lease: Optional[bytes]) -> bool:
+    """Whether a ``leased`` hash value marks an item published in lossless mode, awaiting its start."""
+    return lease is not None and b":published:" in lease
 
 
 def _parse_dead_info(raw: Optional[bytes]) -> dict[str, Any]:

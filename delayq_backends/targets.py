@@ -20,14 +20,14 @@ import redis
 
 from .connection import on_store_server
 from .envelope import Envelope
-from .models import Claim, RearmOutcome
+from .models import Claim, RearmOutcome, RunRef
 from .outages import is_transient
 from .timeutil import When
 
 if TYPE_CHECKING:
     from .store import DelayStore
 
-__all__ = ["ClaimTarget", "Delivery", "DepthTarget", "Lease", "PublishReport", "RedisListTarget", "Target"]
+__all__ = ["ClaimTarget", "Delivery", "DepthTarget", "Lease", "PublishReport", "RedisListTarget", "RunTarget", "Target"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,10 @@ class Lease:
 
     store: DelayStore
     claim: Claim
+    #: lossless mode: ids whose ack keeps them awaiting their start, for ``keep_ms`` (see
+    #: :meth:`DelayStore.keep`); the others are deleted
+    keep: frozenset[str] = frozenset()
+    keep_ms: int = 0
 
     def shares_server(self, client: Any) -> bool:
         """Whether ``client`` talks to the store's own (non-cluster) server and database."""
@@ -98,7 +102,9 @@ class Lease:
         return self.store.held(self.claim, ids, client=client)
 
     def ack_in(self, pipeline: Any, ids: Sequence[str]) -> None:
-        self.store.ack_in(pipeline, self.claim, ids)
+        """Queue the ack of ``ids``; in lossless mode those in :attr:`keep` are kept instead."""
+        self.store.ack_in(pipeline, self.claim, [i for i in ids if i not in self.keep])
+        self.store.keep_in(pipeline, self.claim, [i for i in ids if i in self.keep], window_ms=self.keep_ms)
 
     def rearm(self, item_id: str, when: When, envelope: Envelope, *, rank: int = 0) -> RearmOutcome:
         """Ack ``item_id`` and schedule it again in one step, if still under this lease (a
@@ -113,6 +119,18 @@ class ClaimTarget(Target, Protocol):
     :meth:`Target.publish_many` when present)."""
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport: ...
+
+
+@runtime_checkable
+class RunTarget(Target, Protocol):
+    """A target that can name the run a delivery starts, as its workers' dedupe records it.
+
+    Lossless mode keeps such items until that run's start is recorded. None: the delivery's
+    run cannot be checked in its own shard (a periodic entry, whose task id differs from the
+    item's id), so it is acked as usual.
+    """
+
+    def run_of(self, delivery: Delivery) -> Optional[RunRef]: ...
 
 
 @runtime_checkable

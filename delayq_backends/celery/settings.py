@@ -15,6 +15,8 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_duplicate_id = "replace"  # a second send of a waiting task id: replace|keep|error
     app.conf.delayq_dedupe = False      # True: workers drop a second delivery of a started run
     app.conf.delayq_dedupe_ttl = 86400  # seconds a run's "started" record is kept
+    app.conf.delayq_lossless = False    # True (needs delayq_dedupe): forwarders keep a published task
+    app.conf.delayq_lossless_window = 60  # ... and publish it again if no start is recorded by then
 
 ``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
 in the store does. Native Celery would run both sends (two runs sharing one result). ``replace``
@@ -25,6 +27,9 @@ refuses the second send with :class:`DuplicateTaskIdError` and keeps the first.
 
 ``delayq_dedupe`` and ``delayq_dedupe_ttl`` are read by workers: see
 :mod:`delayq_backends.celery.dedupe` (set them before :func:`~delayq_backends.celery.install`).
+
+``delayq_lossless`` and ``delayq_lossless_window`` are read by ``celery -A proj delayq forward``
+(its ``--lossless`` / ``--lossless-window`` options win): lossless mode, see the README.
 
 ``delayq_max_queue_depth`` and ``delayq_rate_limits`` are read by ``celery -A proj delayq
 forward``; its ``--max-queue-depth`` and ``--rate`` options win for the queues they name.
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 from weakref import WeakKeyDictionary
 
 from celery import Celery
@@ -46,6 +51,7 @@ from ..config import Config
 from ..connection import connect, redact_url
 from ..errors import ConfigError, DelayqError
 from ..flow import FlowControl
+from ..forwarder import DEFAULT_LOSSLESS_WINDOW
 from ..store import DelayStore
 from ..storecache import StoreCache
 
@@ -84,6 +90,8 @@ _KNOWN = {
     "delayq_duplicate_id",
     "delayq_dedupe",
     "delayq_dedupe_ttl",
+    "delayq_lossless",
+    "delayq_lossless_window",
 }
 DUPLICATE_ID_MODES = ("replace", "keep", "error")
 #: A run's "started" record outlives any plausible re-delivery: a forwarder's lease (30 s by
@@ -104,6 +112,8 @@ class CelerySettings:
     duplicate_id: str = "replace"
     dedupe: bool = False
     dedupe_ttl_ms: int = DEFAULT_DEDUPE_TTL * 1000
+    #: lossless mode's window in seconds (None: off)
+    lossless_window: Optional[float] = None
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -142,6 +152,7 @@ class CelerySettings:
                 f"delayq_dedupe_ttl={dedupe_ttl!r}: use seconds between 1 and {_MAX_DEDUPE_TTL}, longer than a "
                 "duplicate can take to arrive (a forwarder's lease plus the broker's backlog)"
             )
+        lossless_window = _lossless_window(conf, dedupe, dedupe_ttl)
         attached = _attached.get(app)
         try:
             config = (
@@ -172,7 +183,32 @@ class CelerySettings:
             duplicate_id=duplicate_id,
             dedupe=dedupe,
             dedupe_ttl_ms=int(dedupe_ttl * 1000),
+            lossless_window=lossless_window,
         )
+
+
+def _lossless_window(conf: Any, dedupe: bool, dedupe_ttl: float) -> Optional[float]:
+    """``delayq_lossless_window`` if ``delayq_lossless`` is on, checked against dedupe, else None."""
+    lossless = conf.get("delayq_lossless", False)
+    if not isinstance(lossless, bool):
+        raise ConfigError(f"delayq_lossless={lossless!r}: use True or False")
+    window = conf.get("delayq_lossless_window", DEFAULT_LOSSLESS_WINDOW)
+    if isinstance(window, bool) or not isinstance(window, (int, float)) or not 1 <= window <= 86400:
+        raise ConfigError(f"delayq_lossless_window={window!r}: use seconds from 1 to 86400")
+    if not lossless:
+        return None
+    if not dedupe:
+        raise ConfigError(
+            "delayq_lossless=True needs delayq_dedupe=True: lossless mode publishes a task again when no worker "
+            "recorded its start, and only workers with dedupe record it (without, every task would run again "
+            "after each window)"
+        )
+    if window >= dedupe_ttl:
+        raise ConfigError(
+            f"delayq_lossless_window={window!r} must be shorter than delayq_dedupe_ttl={dedupe_ttl!r}: a start "
+            "record that expired before the forwarder looks reads as never started, and the task would run again"
+        )
+    return float(window)
 
 
 def _store_url(app: Celery) -> str:

@@ -28,6 +28,7 @@ from kombu.messaging import Producer
 
 from ..connection import redact_url
 from ..errors import EnvelopeError
+from ..models import RunRef
 from ..outages import is_transient
 from ..targets import Delivery, Lease, PublishReport
 from .message import KIND, StoredMessage
@@ -199,6 +200,17 @@ class CeleryTarget:
                     continue
                 (pending if batched else report.published).append(p.id)
         return pending
+
+    def run_of(self, delivery: Delivery) -> Optional[RunRef]:
+        """The run a worker with dedupe records for this message: its task id and ``retries``
+        (see :mod:`.dedupe`). None when the task id is not the item's id (a periodic entry's
+        run, whose record lies in another shard) or the message carries no protocol-2 headers."""
+        try:
+            headers = StoredMessage.from_envelope(delivery.envelope).headers
+            retries = int(headers.get("retries") or 0)
+        except (EnvelopeError, ValueError, TypeError):
+            return None  # cannot be replayed either: _prepare reports it
+        return RunRef(delivery.id, retries) if headers.get("id") == delivery.id else None
 
     # -- back-pressure ------------------------------------------------------------------------
 

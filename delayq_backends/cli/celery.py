@@ -54,7 +54,12 @@ def forward(ctx: click.Context, run: ForwardOptions, periodic_sync: bool) -> Non
     app = ctx.find_root().obj.app
     app_settings = CelerySettings.of(app)
     # the options win for the queues they name; the app's broker is the one target
-    settings = run.settings(app_settings.config, list_target=False, flow=app_settings.flow.merged(run.flow))
+    settings = run.settings(
+        app_settings.config,
+        list_target=False,
+        flow=app_settings.flow.merged(run.flow),
+        lossless_window=run.lossless_seconds(app_settings.lossless_window),
+    )
     store = open_store(settings.store, writes=True)
     closing(store.client)
     if periodic_sync:

@@ -13,6 +13,7 @@ from ..assemble import DescribedTarget, ForwarderSettings, build_forwarder
 from ..config import Config
 from ..errors import ConfigError
 from ..flow import FlowControl, parse_depth, parse_rate
+from ..forwarder import DEFAULT_LOSSLESS_WINDOW
 from ..metrics import DEFAULT_METRICS_HOST
 from ..store import DelayStore
 from ..storespec import StoreSpec
@@ -43,12 +44,14 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         metrics_queue: tuple[str, ...],
         max_queue_depth: dict[str, int],
         rate: dict[str, float],
+        lossless: Optional[bool],
+        lossless_window: Optional[float],
         **kwargs: Any,
     ) -> None:
         flow = FlowControl(max_queue_depth, rate)
         run = ForwardOptions(
             batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
-            metrics_port, metrics_host, flow, metrics_queue,
+            metrics_port, metrics_host, flow, metrics_queue, lossless, lossless_window,
         )  # fmt: skip
         command(*args, run=run, **kwargs)
 
@@ -163,6 +166,26 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             help="Forward at most N items per second (or N/m, N/h) to QUEUE, all forwarders together. "
             "Repeatable (env: space-separated).",
         ),
+        click.option(
+            "--lossless/--no-lossless",
+            envvar="DELAYQ_LOSSLESS",
+            show_envvar=True,
+            default=None,
+            help="Keep each published Celery task in the store until a worker records its start, and publish it "
+            "again if none does within --lossless-window: a message the broker lost becomes a late run. Needs "
+            "workers with dedupe (delayq_dedupe = True). [default: off; celery: the app's delayq_lossless]",
+        ),
+        click.option(
+            "--lossless-window",
+            envvar="DELAYQ_LOSSLESS_WINDOW",
+            show_envvar=True,
+            type=click.FloatRange(1, 86400),
+            default=None,
+            metavar="SECONDS",
+            help="Lossless mode: how long a published task may wait for its start before it is published again; "
+            "above the broker queue's wait, below the workers' dedupe TTL. [default: 60; celery: the app's "
+            "delayq_lossless_window]",
+        ),
     ]
     for option in reversed(options):
         with_run = option(with_run)
@@ -197,6 +220,16 @@ class ForwardOptions:
     metrics_host: str = DEFAULT_METRICS_HOST
     flow: FlowControl = field(default_factory=FlowControl)
     metrics_queues: tuple[str, ...] = ()
+    #: None: not given (the Celery command then takes the app's setting)
+    lossless: Optional[bool] = None
+    lossless_window: Optional[float] = None
+
+    def lossless_seconds(self, default: Optional[float] = None) -> Optional[float]:
+        """Lossless mode's window in seconds, or None when off; ``default`` is the app's when
+        ``--lossless`` was not given."""
+        if self.lossless is None:
+            return None if default is None else (self.lossless_window or default)
+        return (self.lossless_window or DEFAULT_LOSSLESS_WINDOW) if self.lossless else None
 
     def settings(self, store: Config, **overrides: Any) -> ForwarderSettings:
         """The :class:`ForwarderSettings` of these options for ``store``; ``overrides`` set the
@@ -206,6 +239,7 @@ class ForwardOptions:
             batch=self.batch, poll=self.poll, log_every=self.log_every, flow=self.flow,
             audit_dir=self.audit_dir, audit_stream=self.audit_stream, metrics_port=self.metrics_port,
             metrics_host=self.metrics_host, metrics_queues=self.metrics_queues,
+            lossless_window=self.lossless_seconds(),
         )  # fmt: skip
         return replace(settings, **overrides)
 

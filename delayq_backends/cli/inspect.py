@@ -107,7 +107,7 @@ def _item_cells(entry: dict[str, Any]) -> list[Any]:
         entry["shard"],
         entry["ready"],
         entry["attempts"],
-        entry["leased_until"],
+        f"{entry['leased_until']} (awaiting start)" if entry["awaiting_start"] else entry["leased_until"],
         entry["rank"],
         where,
         entry["size"],

@@ -8,6 +8,8 @@ Input:
   ARGV[4..] the items
 Output: {added, replaced, kept}
 A replaced item loses its lease and attempts: a forwarder's late ack will not delete it.
+In "keep" mode an item published and awaiting its start (lossless mode, keep.lua) is
+replaced, not kept: its run was delivered, so the new schedule (a retry's next run) is new work.
 Rank 0 costs one EXISTS per call, and one ZREM per item only on a shard that has ranked items
 (it also drops a stale entry left by an earlier item of that id). ]]
 --- @include "common"
@@ -18,7 +20,7 @@ local width = tonumber(ARGV[3])
 for i = 4, #ARGV, width do
   local id, ready = ARGV[i], ARGV[i + 1]
   local exists = rcall('HEXISTS', KEYS[2], id) == 1
-  if exists and keep then
+  if exists and keep and not string.find(rcall('HGET', KEYS[4], id) or '', ':published:', 1, true) then
     kept = kept + 1
   else
     if exists then

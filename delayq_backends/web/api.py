@@ -249,6 +249,11 @@ class ItemOut(BaseModel):
     ready: str
     attempts: int
     leased_until: Optional[str]
+    awaiting_start: bool = Field(
+        default=False,
+        description="Published in lossless mode, kept until a worker records its start; leased_until is when "
+        "a forwarder looks again (and publishes it again if it has not started).",
+    )
     rank: int = Field(description="Backlog priority: higher ranks are forwarded first (0..255).")
     target: Optional[str]
     destination: Optional[str]

@@ -12,7 +12,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import redis
 from celery import Celery
@@ -110,8 +110,11 @@ class CeleryEnv:
         if proc.poll() is not None:
             raise AssertionError(f"worker exited with {proc.returncode}:\n{self.tail()}")
 
-    def start_forwarder(self, tmp: Path, *, via_celery: bool = False, broker: Optional[str] = None) -> None:
-        common = ["--poll", "0.5", "--log-every", "2", "--lease", "10"]
+    def start_forwarder(
+        self, tmp: Path, *, via_celery: bool = False, broker: Optional[str] = None, extra: Sequence[str] = ()
+    ) -> None:
+        """Start a forwarder; ``extra`` options are added to the command (e.g. ``--lossless``)."""
+        common = ["--poll", "0.5", "--log-every", "2", "--lease", "10", *extra]
         if via_celery:  # the celery.commands entry point: settings come from the app
             args = [sys.executable, "-m", "celery", "-A", self.app_module, "delayq", "forward"]
         else:

@@ -4,7 +4,8 @@
   KEYS[3] tries      HASH id -> delivery attempts
   KEYS[4] leased     HASH id -> "<deadline ms>:<claim token>:<ready ms>", or for an item given
                      back by defer.lua "<not-before ms>:deferred:<ready ms>" (not a lease: claimable
-                     from its not-before time, see claim.lua)
+                     from its not-before time, see claim.lua); for an item published in lossless
+                     mode and awaiting its start (keep.lua) "<due ms>:published:<ready ms>"
   KEYS[5] dead       ZSET id -> time of death ms
   KEYS[6] dead_items HASH id -> envelope
   KEYS[7] dead_info  HASH id -> JSON {error, attempts, ready_ms, rank}

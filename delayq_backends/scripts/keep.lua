@@ -1,0 +1,32 @@
+#!lua flags=allow-oom
+--[[ Lossless mode's ack: keep published items until a worker reports their start.
+Input:
+  KEYS[1..8] the shard's keys (see includes/common.lua)
+  ARGV[1] our lease, "<deadline>:<token>" of the claim
+  ARGV[2] window ms: the item is due again at server now + this
+  ARGV[3] clock override ms ("0": server TIME)
+  ARGV[4..] ids
+Output: how many were kept.
+Each id still under our lease is due again at now + window, its `leased` entry becomes
+"<due>:published:<ready>" (no claim token is "published", so no ack, release or fail matches
+it; claim.lua reads the original ready time from it as from any lease, so a late run's
+lateness stays truthful), and the claim's attempt is given back: a publish is not a failure.
+When it comes due, a forwarder claims it as usual, finds the run's "started" record (dedupe)
+and acks it, or publishes it again. A ranked item's index entry moves to the new due time,
+as defer.lua moves it. allow-oom: settling must work in a full store. ]]
+--- @include "common"
+local due = ms(now_ms(ARGV[3]) + tonumber(ARGV[2]))
+local n = 0
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  local ready = our_lease(id, ARGV[1])
+  if ready then
+    rcall('ZADD', KEYS[1], due, id)
+    rcall('HSET', KEYS[4], id, due .. ':published:' .. ready)
+    local rank = rank_of(id)
+    if rank > 0 then set_rank(id, rank, due) end
+    uncount(id)
+    n = n + 1
+  end
+end
+return n
