@@ -198,43 +198,78 @@ class StoredMessage:
     # -- the envelope -----------------------------------------------------------------------
 
     def to_envelope(self) -> Envelope:
-        """The envelope to store; raises :class:`EnvelopeError` for headers kombu cannot encode."""
-        try:
-            details = kombu_json_dumps({"h": self.headers, "p": self.properties, "q": self.declare})
-        except (TypeError, ValueError) as exc:
-            raise EnvelopeError(
-                f"task {self.headers.get('id')!r}: headers or properties cannot be stored ({exc}); "
-                "pass JSON-serializable values (str, numbers, lists, dicts, datetimes)"
-            ) from exc
-        meta = {
-            "task": self.task,
+        """The envelope to store; raises :class:`EnvelopeError` for headers kombu cannot encode.
+
+        Everything but the body goes into the envelope's ``details`` as one kombu JSON document
+        (kombu's, so datetimes, UUIDs and bytes in custom headers round-trip), compacted so it
+        costs little more than the headers on the wire: copies of the task id (``root_id``,
+        ``correlation_id``) are written as null and listed, queue declarations leave out the
+        values kombu defaults to, and the task name is kept once, in its header.
+        """
+        task_id = self.headers.get("id")
+        headers, copied_h = _without_copies(self.headers, task_id, ("root_id",))
+        properties, copied_p = _without_copies(self.properties, task_id, ("correlation_id",))
+        details: dict[str, Any] = {
             "ct": self.content_type,
             "ce": self.content_encoding,
             "x": self.exchange,
             "rk": self.routing_key,
-            "k": details,
+            "h": headers,
+            "p": properties,
+            "q": [_compact_declaration(d) for d in self.declare],
         }
-        return Envelope(target=KIND, destination=self.routing_key or self.exchange, body=self.body, meta=meta)
+        if copied_h:
+            details["ih"] = copied_h
+        if copied_p:
+            details["ip"] = copied_p
+        if self.task != str(self.headers.get("task", "")):
+            details["task"] = self.task
+        try:
+            encoded = kombu_json_dumps(details, separators=(",", ":")).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise EnvelopeError(
+                f"task {task_id!r}: headers or properties cannot be stored ({exc}); "
+                "pass JSON-serializable values (str, numbers, lists, dicts, datetimes)"
+            ) from exc
+        return Envelope(target=KIND, destination=self.routing_key or self.exchange, body=self.body, details=encoded)
 
     @classmethod
     def from_envelope(cls, envelope: Envelope) -> StoredMessage:
-        """Parse a stored envelope; raises :class:`EnvelopeError` saying what is missing."""
-        meta = envelope.meta
+        """Parse a stored envelope (either format); raises :class:`EnvelopeError` saying what is missing."""
         try:
-            details = kombu_json_loads(meta["k"])
+            if not envelope.details:  # format 1: kombu's JSON as a string in the envelope's meta
+                return cls._from_v1(envelope)
+            details = kombu_json_loads(envelope.details.decode("utf-8"))
+            headers = _with_copies(details["h"], details.get("ih", ()), details["h"].get("id"))
             return cls(
-                task=str(meta.get("task", "")),
+                task=str(details.get("task", headers.get("task", ""))),
                 body=envelope.body,
-                content_type=str(meta["ct"]),
-                content_encoding=str(meta["ce"]),
-                headers=dict(details["h"]),
-                properties=dict(details["p"]),
-                exchange=str(meta["x"]),
-                routing_key=str(meta["rk"]),
-                declare=list(details["q"]),
+                content_type=str(details["ct"]),
+                content_encoding=str(details["ce"]),
+                headers=headers,
+                properties=_with_copies(details["p"], details.get("ip", ()), headers.get("id")),
+                exchange=str(details["x"]),
+                routing_key=str(details["rk"]),
+                declare=[_full_declaration(d) for d in details["q"]],
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise EnvelopeError(f"not a delayq Celery message: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _from_v1(cls, envelope: Envelope) -> StoredMessage:
+        meta = envelope.meta
+        details = kombu_json_loads(meta["k"])
+        return cls(
+            task=str(meta.get("task", "")),
+            body=envelope.body,
+            content_type=str(meta["ct"]),
+            content_encoding=str(meta["ce"]),
+            headers=dict(details["h"]),
+            properties=dict(details["p"]),
+            exchange=str(meta["x"]),
+            routing_key=str(meta["rk"]),
+            declare=list(details["q"]),
+        )
 
     # -- what a person reads ---------------------------------------------------------------
 
@@ -341,6 +376,63 @@ class TaskView:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+#: What ``Queue.as_dict(recurse=True)`` holds when a queue (and its exchange) sets nothing but
+#: its names: stored declarations leave these values out, and reading puts them back. Part of
+#: envelope format 2: changing a value here would change how stored envelopes read.
+_QUEUE_DEFAULTS: dict[str, Any] = {
+    "queue_arguments": None, "binding_arguments": None, "consumer_arguments": None, "durable": True,
+    "exclusive": False, "auto_delete": False, "no_ack": False, "alias": None, "bindings": [], "no_declare": None,
+    "expires": None, "message_ttl": None, "max_length": None, "max_length_bytes": None, "max_priority": None,
+}  # fmt: skip
+_EXCHANGE_DEFAULTS: dict[str, Any] = {
+    "type": "direct", "arguments": None, "durable": True, "passive": False, "auto_delete": False,
+    "delivery_mode": None, "no_declare": False,
+}  # fmt: skip
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default  # True is not 1: both must match
+
+
+def _strip(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if not (k in defaults and _is_default(v, defaults[k]))}
+
+
+def _compact_declaration(declaration: dict[str, Any]) -> dict[str, Any]:
+    """A queue declaration without the values :func:`_full_declaration` puts back."""
+    compact = _strip(declaration, _QUEUE_DEFAULTS)
+    if isinstance(compact.get("exchange"), dict):
+        compact["exchange"] = _strip(compact["exchange"], _EXCHANGE_DEFAULTS)
+    return compact
+
+
+def _full_declaration(compact: dict[str, Any]) -> dict[str, Any]:
+    full = {**_QUEUE_DEFAULTS, **compact}
+    if isinstance(full.get("exchange"), dict):
+        full["exchange"] = {**_EXCHANGE_DEFAULTS, **full["exchange"]}
+    return full
+
+
+def _without_copies(values: dict[str, Any], task_id: Any, keys: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """``values`` with those of ``keys`` that copy the task id nulled (the keys keep their order,
+    so the message is rebuilt header for header), and the keys nulled."""
+    if not isinstance(task_id, str):
+        return values, []
+    copies = [k for k in keys if type(values.get(k)) is str and values[k] == task_id]
+    return ({k: None if k in copies else v for k, v in values.items()} if copies else values), copies
+
+
+def _with_copies(values: dict[str, Any], copies: Any, task_id: Any) -> dict[str, Any]:
+    restored = dict(values)
+    if copies and not isinstance(task_id, str):
+        raise ValueError(f"{list(copies)} are listed as copies of the task id, but there is no id header")
+    for key in copies:
+        if key not in restored:
+            raise KeyError(f"{key!r} is listed as a copy of the task id but missing")
+        restored[key] = task_id
+    return restored
 
 
 def _queue(declaration: dict[str, Any]) -> Queue:
