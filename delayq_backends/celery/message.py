@@ -207,8 +207,9 @@ class StoredMessage:
         values kombu defaults to, and the task name is kept once, in its header.
         """
         task_id = self.headers.get("id")
-        headers, copied_h = _without_copies(self.headers, task_id, ("root_id",))
-        properties, copied_p = _without_copies(self.properties, task_id, ("correlation_id",))
+        headers, root_copy = _id_copy_nulled(self.headers, "root_id", task_id)
+        properties, correlation_copy = _id_copy_nulled(self.properties, "correlation_id", task_id)
+        destination = self.routing_key or self.exchange
         details: dict[str, Any] = {
             "ct": self.content_type,
             "ce": self.content_encoding,
@@ -217,13 +218,11 @@ class StoredMessage:
             "h": headers,
             "p": properties,
             "q": [_compact_declaration(d) for d in self.declare],
+            "i": root_copy * _ROOT_ID_COPY | correlation_copy * _CORRELATION_ID_COPY,
         }
-        if copied_h:
-            details["ih"] = copied_h
-        if copied_p:
-            details["ip"] = copied_p
         if self.task != str(self.headers.get("task", "")):
             details["task"] = self.task
+        details = _strip(details, {**_DETAIL_DEFAULTS, "rk": destination})
         try:
             encoded = kombu_json_dumps(details, separators=(",", ":")).encode("utf-8")
         except (TypeError, ValueError) as exc:
@@ -231,7 +230,7 @@ class StoredMessage:
                 f"task {task_id!r}: headers or properties cannot be stored ({exc}); "
                 "pass JSON-serializable values (str, numbers, lists, dicts, datetimes)"
             ) from exc
-        return Envelope(target=KIND, destination=self.routing_key or self.exchange, body=self.body, details=encoded)
+        return Envelope(target=KIND, destination=destination, body=self.body, details=encoded)
 
     @classmethod
     def from_envelope(cls, envelope: Envelope) -> StoredMessage:
@@ -239,15 +238,20 @@ class StoredMessage:
         try:
             if not envelope.details:  # format 1: kombu's JSON as a string in the envelope's meta
                 return cls._from_v1(envelope)
-            details = kombu_json_loads(envelope.details.decode("utf-8"))
-            headers = _with_copies(details["h"], details.get("ih", ()), details["h"].get("id"))
+            stored = kombu_json_loads(envelope.details.decode("utf-8"))
+            details = {**_DETAIL_DEFAULTS, "rk": envelope.destination, **stored}
+            copies, headers, properties = int(details["i"]), _object(details, "h"), _object(details, "p")
+            if copies & _ROOT_ID_COPY:
+                headers["root_id"] = _copied_id(headers, "root_id")
+            if copies & _CORRELATION_ID_COPY:
+                properties["correlation_id"] = _copied_id(headers, "correlation_id")
             return cls(
                 task=str(details.get("task", headers.get("task", ""))),
                 body=envelope.body,
                 content_type=str(details["ct"]),
                 content_encoding=str(details["ce"]),
                 headers=headers,
-                properties=_with_copies(details["p"], details.get("ip", ()), headers.get("id")),
+                properties=properties,
                 exchange=str(details["x"]),
                 routing_key=str(details["rk"]),
                 declare=[_full_declaration(d) for d in details["q"]],
@@ -386,6 +390,10 @@ _QUEUE_DEFAULTS: dict[str, Any] = {
     "exclusive": False, "auto_delete": False, "no_ack": False, "alias": None, "bindings": [], "no_declare": None,
     "expires": None, "message_ttl": None, "max_length": None, "max_length_bytes": None, "max_priority": None,
 }  # fmt: skip
+#: Details left out when they have these values (``rk`` when it is the envelope's destination),
+#: and the ``i`` flags saying which headers were copies of the task id. Part of format 2.
+_DETAIL_DEFAULTS: dict[str, Any] = {"ct": "application/json", "ce": "utf-8", "x": "", "i": 0}
+_ROOT_ID_COPY, _CORRELATION_ID_COPY = 1, 2
 _EXCHANGE_DEFAULTS: dict[str, Any] = {
     "type": "direct", "arguments": None, "durable": True, "passive": False, "auto_delete": False,
     "delivery_mode": None, "no_declare": False,
@@ -415,24 +423,26 @@ def _full_declaration(compact: dict[str, Any]) -> dict[str, Any]:
     return full
 
 
-def _without_copies(values: dict[str, Any], task_id: Any, keys: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
-    """``values`` with those of ``keys`` that copy the task id nulled (the keys keep their order,
-    so the message is rebuilt header for header), and the keys nulled."""
+def _id_copy_nulled(values: dict[str, Any], key: str, task_id: Any) -> tuple[dict[str, Any], bool]:
+    """``values`` with ``values[key]`` nulled if it is a copy of the task id (the key keeps its
+    place, so the message is rebuilt header for header), and whether it was."""
+    if not isinstance(task_id, str) or type(values.get(key)) is not str or values[key] != task_id:
+        return values, False
+    return {**values, key: None}, True
+
+
+def _object(details: dict[str, Any], key: str) -> dict[str, Any]:
+    value = details[key]
+    if not isinstance(value, dict):
+        raise TypeError(f"{key!r} is a {type(value).__name__}, not an object")
+    return dict(value)
+
+
+def _copied_id(headers: dict[str, Any], key: str) -> str:
+    task_id = headers.get("id")
     if not isinstance(task_id, str):
-        return values, []
-    copies = [k for k in keys if type(values.get(k)) is str and values[k] == task_id]
-    return ({k: None if k in copies else v for k, v in values.items()} if copies else values), copies
-
-
-def _with_copies(values: dict[str, Any], copies: Any, task_id: Any) -> dict[str, Any]:
-    restored = dict(values)
-    if copies and not isinstance(task_id, str):
-        raise ValueError(f"{list(copies)} are listed as copies of the task id, but there is no id header")
-    for key in copies:
-        if key not in restored:
-            raise KeyError(f"{key!r} is listed as a copy of the task id but missing")
-        restored[key] = task_id
-    return restored
+        raise ValueError(f"{key} is stored as a copy of the task id, but there is no id header")
+    return task_id
 
 
 def _queue(declaration: dict[str, Any]) -> Queue:
