@@ -8,6 +8,7 @@ Scheduler job with a non-default queue class, and a list item with a binary body
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any, Iterator
 
 import pytest
@@ -83,7 +84,7 @@ def test_format_2_keeps_everything_format_1_held_in_fewer_bytes(old: bytes) -> N
     if envelope.target == "celery":
         message = StoredMessage.from_envelope(envelope)
         new = message.to_envelope().encode()
-        assert StoredMessage.from_envelope(Envelope.decode(new)) == message
+        _same(StoredMessage.from_envelope(Envelope.decode(new)), message)
         assert message.publish_kwargs(ready_ms=ETA_MS) == StoredMessage.from_envelope(
             Envelope.decode(new)
         ).publish_kwargs(ready_ms=ETA_MS)
@@ -93,7 +94,7 @@ def test_format_2_keeps_everything_format_1_held_in_fewer_bytes(old: bytes) -> N
     assert new[:3] == b"DQ\x02" and len(new) < len(old)
 
 
-def test_a_celery_envelope_costs_little_more_than_the_message_on_the_wire() -> None:
+def test_a_celery_envelope_costs_no_more_than_the_message_on_the_wire() -> None:
     message = StoredMessage.from_envelope(Envelope.decode(CELERY_V1))
     new = message.to_envelope()
     assert TASK_ID.encode() in new.details and new.details.count(TASK_ID.encode()) == 1, "the id once"
@@ -101,7 +102,7 @@ def test_a_celery_envelope_costs_little_more_than_the_message_on_the_wire() -> N
     assert new.meta == {} and b"proj.tasks.send_email" in new.details and new.details.count(b"send_email") == 1
     # what kombu sends besides the body: its headers and properties as JSON
     wire = len(dumps({**message.headers, **message.properties}, separators=(",", ":")))
-    assert len(new.encode()) <= len(message.body) + wire + 100, (len(new.encode()), len(message.body), wire)
+    assert len(new.encode()) <= len(message.body) + wire, (len(new.encode()), len(message.body), wire)
 
 
 @pytest.mark.parametrize(
@@ -116,18 +117,44 @@ def test_round_trip(envelope: Envelope) -> None:
     assert Envelope.decode(envelope.encode()) == envelope
 
 
+def _same(restored: StoredMessage, original: StoredMessage) -> None:
+    """Equal, and the headers and properties in the same order (kombu sends them in dict order)."""
+    assert restored == original
+    assert list(restored.headers) == list(original.headers)
+    assert list(restored.properties) == list(original.properties)
+
+
+def _round_trip(message: StoredMessage) -> StoredMessage:
+    return StoredMessage.from_envelope(Envelope.decode(message.to_envelope().encode()))
+
+
 def test_message_without_id_copies_round_trips() -> None:
     message = StoredMessage.from_envelope(Envelope.decode(CELERY_V1))
-    child = StoredMessage(
-        **{
-            **message.__dict__,
-            "headers": {**message.headers, "root_id": "other", "parent_id": "p"},
-            "properties": {**message.properties, "correlation_id": "corr"},
-            "task": "renamed",
-            "declare": [],
-        }
+    child = replace(
+        message,
+        headers={**message.headers, "root_id": "other", "parent_id": "p"},
+        properties={**message.properties, "correlation_id": "corr"},
+        task="renamed",
+        declare=[],
     )
-    assert StoredMessage.from_envelope(Envelope.decode(child.to_envelope().encode())) == child
+    _same(_round_trip(child), child)
+
+
+@pytest.mark.parametrize("shape", ["older celery", "reordered", "defaults changed", "no headers"])
+def test_headers_of_any_shape_come_back_in_their_order(shape: str) -> None:
+    message = StoredMessage.from_envelope(Envelope.decode(CELERY_V1))
+    keys = list(message.headers)
+    if shape == "older celery":  # Celery 5.3 writes no stamps, nesting or ignore_result
+        headers = {k: message.headers[k] for k in keys[:15]} | {"x": 1}
+    elif shape == "reordered":
+        headers = {k: message.headers[k] for k in [keys[3], *keys[:3], *keys[4:]]}
+    elif shape == "defaults changed":
+        headers = {**message.headers, "retries": 3, "lang": "js", "timelimit": [1, None], "stamps": {"a": [1]}}
+        headers["shadow"], headers["ignore_result"], headers["replaced_task_nesting"] = "s", False, 0.0
+    else:
+        headers = {}
+    changed = replace(message, headers=headers)
+    _same(_round_trip(changed), changed)
 
 
 # -- garbage --------------------------------------------------------------------------------

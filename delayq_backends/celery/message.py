@@ -8,6 +8,7 @@ that users put in custom headers.
 
 from __future__ import annotations
 
+import json
 import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -215,11 +216,13 @@ class StoredMessage:
             "ce": self.content_encoding,
             "x": self.exchange,
             "rk": self.routing_key,
+            "s": _shaped(headers),
             "h": headers,
             "p": properties,
             "q": [_compact_declaration(d) for d in self.declare],
             "i": root_copy * _ROOT_ID_COPY | correlation_copy * _CORRELATION_ID_COPY,
         }
+        details["h"] = _compact_headers(headers, details["s"])
         if self.task != str(self.headers.get("task", "")):
             details["task"] = self.task
         details = _strip(details, {**_DETAIL_DEFAULTS, "rk": destination})
@@ -240,7 +243,8 @@ class StoredMessage:
                 return cls._from_v1(envelope)
             stored = kombu_json_loads(envelope.details.decode("utf-8"))
             details = {**_DETAIL_DEFAULTS, "rk": envelope.destination, **stored}
-            copies, headers, properties = int(details["i"]), _object(details, "h"), _object(details, "p")
+            copies, properties = int(details["i"]), _object(details, "p")
+            headers = _full_headers(_object(details, "h"), int(details["s"]))
             if copies & _ROOT_ID_COPY:
                 headers["root_id"] = _copied_id(headers, "root_id")
             if copies & _CORRELATION_ID_COPY:
@@ -392,12 +396,56 @@ _QUEUE_DEFAULTS: dict[str, Any] = {
 }  # fmt: skip
 #: Details left out when they have these values (``rk`` when it is the envelope's destination),
 #: and the ``i`` flags saying which headers were copies of the task id. Part of format 2.
-_DETAIL_DEFAULTS: dict[str, Any] = {"ct": "application/json", "ce": "utf-8", "x": "", "i": 0}
+_DETAIL_DEFAULTS: dict[str, Any] = {"ct": "application/json", "ce": "utf-8", "x": "", "i": 0, "s": 0}
 _ROOT_ID_COPY, _CORRELATION_ID_COPY = 1, 2
 _EXCHANGE_DEFAULTS: dict[str, Any] = {
     "type": "direct", "arguments": None, "durable": True, "passive": False, "auto_delete": False,
     "delivery_mode": None, "no_declare": False,
 }  # fmt: skip
+
+
+#: Celery's protocol 2 headers in the order ``as_task_v2`` writes them (5.5 and later; earlier
+#: versions write a prefix of it), with the value a plain call gives each (``_NO_DEFAULT`` for
+#: those that vary). When a message's first ``s`` headers are the first ``s`` of these, stored
+#: details leave out the default values, and reading puts them back in this order. Part of format 2.
+_NO_DEFAULT = object()
+_HEADER_DEFAULTS: dict[str, Any] = {
+    "lang": "py", "task": _NO_DEFAULT, "id": _NO_DEFAULT, "shadow": None, "eta": _NO_DEFAULT, "expires": None,
+    "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": _NO_DEFAULT,
+    "parent_id": None, "argsrepr": _NO_DEFAULT, "kwargsrepr": _NO_DEFAULT, "origin": _NO_DEFAULT,
+    "ignore_result": None, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
+}  # fmt: skip
+_HEADER_ORDER = tuple(_HEADER_DEFAULTS)
+
+
+def _shaped(headers: dict[str, Any]) -> int:
+    """How many of the first headers are, in order, the first of :data:`_HEADER_ORDER`."""
+    count = 0
+    for key, expected in zip(headers, _HEADER_ORDER):
+        if key != expected:
+            break
+        count += 1
+    return count
+
+
+def _compact_headers(headers: dict[str, Any], shaped: int) -> dict[str, Any]:
+    """``headers`` without the default values of its first ``shaped`` (see :data:`_HEADER_DEFAULTS`)."""
+    leading = _HEADER_ORDER[:shaped]
+    return {k: v for k, v in headers.items() if not (k in leading and _is_default(v, _HEADER_DEFAULTS[k]))}
+
+
+def _full_headers(compact: dict[str, Any], shaped: int) -> dict[str, Any]:
+    leading = _HEADER_ORDER[:shaped]
+    headers: dict[str, Any] = {}
+    for key in leading:
+        if key in compact:
+            headers[key] = compact[key]
+        elif _HEADER_DEFAULTS[key] is _NO_DEFAULT:
+            raise KeyError(f"header {key!r} is missing")
+        else:  # a fresh copy: a caller may change the dict or list it gets
+            headers[key] = json.loads(json.dumps(_HEADER_DEFAULTS[key]))
+    headers.update((k, v) for k, v in compact.items() if k not in leading)
+    return headers
 
 
 def _is_default(value: Any, default: Any) -> bool:
