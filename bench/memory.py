@@ -1,11 +1,14 @@
 #!/usr/bin/env python
 """Memory per waiting item, envelope format 1 (delayq_backends <= s3-start) against format 2.
 
-Run ``python bench/memory.py [--items N]``. For each kind (a realistic Celery task message, an
-RQ job, a 100-byte list body) and each format it schedules N items an hour out into a fresh
-prefix of 16 shards on a Valkey server this script starts (``EmbeddedServer``) and reports, per
-item: the INFO ``used_memory`` delta, the ``MEMORY USAGE`` of the shards' ``due`` ZSETs and
-``items`` HASHes, the envelope's length and the payload's. Prints a Markdown table and JSON.
+Run ``python bench/memory.py [--items N] [--url redis://...]``. For each kind (a realistic
+Celery task message, an RQ job, a 100-byte list body) and each format it schedules N items into
+a fresh prefix of 16 shards, on a Valkey server this script starts (``EmbeddedServer``) or the
+server at ``--url`` (only its own keys are written and deleted), and reports per item: the INFO
+``used_memory`` delta (meaningful on an otherwise idle server only), the ``MEMORY USAGE`` of the
+shards' ``due`` ZSETs and ``items`` HASHes, the envelope's length and the payload's. A second
+pass stores 100 items per shard, under the listpack thresholds (128 ZSET entries), to show
+what the small encodings would save. Prints a Markdown table and JSON.
 
 "Payload" is what the item must carry anyway: a list item's body; for a Celery task the body
 plus its headers and properties as kombu JSON (what the broker receives); for an RQ job nothing
@@ -16,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import struct
 import sys
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -28,6 +33,7 @@ from kombu.utils.json import dumps as kombu_json_dumps
 from delayq_backends import Config, DelayStore, Envelope
 from delayq_backends.celery.message import StoredMessage
 from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.keys import meta_key
 from delayq_backends.rq.target import job_envelope
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.timeutil import from_ms
@@ -81,6 +87,7 @@ class Row:
     kind: str
     format: int
     items: int
+    per_shard: int
     used_memory: float
     due_zset: float
     items_hash: float
@@ -90,12 +97,11 @@ class Row:
     met: bool
 
 
-def measure(server: EmbeddedServer, kind: str, fmt: int, n: int, make: Callable[[str], tuple[bytes, int]]) -> Row:
-    client = redis.Redis.from_url(server.url)
-    client.flushall()
-    prefix = f"mem{kind}{fmt}"
-    store = DelayStore(client, Config(prefix=prefix, shards=SHARDS))
+def measure(url: str, kind: str, fmt: int, n: int, make: Callable[[str], tuple[bytes, int]]) -> Row:
+    client = redis.Redis.from_url(url)
+    store = DelayStore(client, Config(prefix=f"bench-memory-{os.getpid()}-{kind}{fmt}", shards=SHARDS))
     store.check_meta()
+    ours = [key for shard in range(SHARDS) for key in store.keys(shard).all()]
     ids = [f"{j:08d}-4a0e-4c1d-9d63-{kind:>12}"[:36] for j in range(n)]  # uuid-sized ids
     made = [make(i) for i in ids]
     client.execute_command("MEMORY", "PURGE")
@@ -109,16 +115,17 @@ def measure(server: EmbeddedServer, kind: str, fmt: int, n: int, make: Callable[
         items += int(client.memory_usage(keys.items, samples=0) or 0)
     envelope = sum(len(d) for d, _ in made) / n
     payload = sum(p for _, p in made) / n
-    client.flushall()
+    client.delete(*ours, meta_key(store.config.prefix))
     client.close()
-    return Row(kind, fmt, n, used / n, due / n, items / n, envelope, payload, used / n - payload,
+    return Row(kind, fmt, n, n // SHARDS, used / n, due / n, items / n, envelope, payload, used / n - payload,
                used / n - payload <= TARGET_OVERHEAD)  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=20_000, help="items per kind and format")
-    n = parser.parse_args().items
+    parser.add_argument("--url", help="measure on this server instead of one started here")
+    options = parser.parse_args()
     app = Celery("proj", set_as_current=False)
     app.conf.broker_url = "amqp://guest@127.0.0.1//"
 
@@ -143,18 +150,23 @@ def main() -> int:
         return make
 
     rows = []
-    with EmbeddedServer() as server:
-        for kind, factory in (("celery", celery), ("rq", rq), ("list", listed)):
-            for fmt in (1, 2):
-                rows.append(measure(server, kind, fmt, n, factory(fmt)))
-                print(f"{kind} format {fmt}: {rows[-1].used_memory:.0f} B/item", file=sys.stderr)
-        version = redis.Redis.from_url(server.url).info("server").get("valkey_version", "?")
-    print(f"Valkey {version}, {n} items per row, {SHARDS} shards; bytes per item\n")
-    print("| kind | format | used_memory | due ZSET | items HASH | envelope | payload | over payload | ≤ +100 B |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    with ExitStack() as stack:
+        url = options.url or stack.enter_context(EmbeddedServer()).url
+        for n in (options.items, 100 * SHARDS):
+            for kind, factory in (("celery", celery), ("rq", rq), ("list", listed)):
+                for fmt in (1, 2):
+                    rows.append(measure(url, kind, fmt, n, factory(fmt)))
+                    print(f"{kind} format {fmt}, {n}: {rows[-1].used_memory:.0f} B/item", file=sys.stderr)
+        info = redis.Redis.from_url(url).info("server")
+    server = f"Valkey {info['valkey_version']}" if "valkey_version" in info else f"Redis {info['redis_version']}"
+    print(f"{server}, {SHARDS} shards, load average {os.getloadavg()[0]:.1f}; bytes per waiting item\n")
+    print("| kind | format | items (per shard) | used_memory | due ZSET | items HASH | envelope | payload "
+          "| used − payload | ≤ +100 B |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r.kind} | {r.format} | {r.used_memory:.0f} | {r.due_zset:.0f} | {r.items_hash:.0f} | "
-              f"{r.envelope:.0f} | {r.payload:.0f} | {r.overhead:.0f} | {'yes' if r.met else 'no'} |")  # fmt: skip
+        print(f"| {r.kind} | {r.format} | {r.items} ({r.per_shard}) | {r.used_memory:.0f} | {r.due_zset:.0f} | "
+              f"{r.items_hash:.0f} | {r.envelope:.0f} | {r.payload:.0f} | {r.overhead:.0f} | "
+              f"{'yes' if r.met else 'no'} |")  # fmt: skip
     print(json.dumps([asdict(r) for r in rows]))
     return 0
 
