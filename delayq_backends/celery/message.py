@@ -8,8 +8,8 @@ that users put in custom headers.
 
 from __future__ import annotations
 
-import json
 import weakref
+from copy import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping, Optional
@@ -430,8 +430,12 @@ def _shaped(headers: dict[str, Any]) -> int:
 
 def _compact_headers(headers: dict[str, Any], shaped: int) -> dict[str, Any]:
     """``headers`` without the default values of its first ``shaped`` (see :data:`_HEADER_DEFAULTS`)."""
-    leading = _HEADER_ORDER[:shaped]
-    return {k: v for k, v in headers.items() if not (k in leading and _is_default(v, _HEADER_DEFAULTS[k]))}
+    compact = dict(headers)
+    for key in _HEADER_ORDER[:shaped]:
+        default = _HEADER_DEFAULTS[key]
+        if default is not _NO_DEFAULT and _is_default(compact[key], default):
+            del compact[key]  # the others keep their order
+    return compact
 
 
 def _full_headers(compact: dict[str, Any], shaped: int) -> dict[str, Any]:
@@ -442,8 +446,9 @@ def _full_headers(compact: dict[str, Any], shaped: int) -> dict[str, Any]:
             headers[key] = compact[key]
         elif _HEADER_DEFAULTS[key] is _NO_DEFAULT:
             raise KeyError(f"header {key!r} is missing")
-        else:  # a fresh copy: a caller may change the dict or list it gets
-            headers[key] = json.loads(json.dumps(_HEADER_DEFAULTS[key]))
+        else:  # a fresh copy (the defaults hold no nested containers): a caller may change it
+            default = _HEADER_DEFAULTS[key]
+            headers[key] = copy(default) if isinstance(default, (list, dict)) else default
     headers.update((k, v) for k, v in compact.items() if k not in leading)
     return headers
 
