@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kombu import Connection, Consumer, Queue
+from kombu import Connection, Consumer, Exchange, Queue
 from kombu.utils.json import dumps
 
 from delayq_backends import DelayStore, Envelope, EnvelopeError
@@ -155,6 +155,15 @@ def test_headers_of_any_shape_come_back_in_their_order(shape: str) -> None:
         headers = {}
     changed = replace(message, headers=headers)
     _same(_round_trip(changed), changed)
+
+
+def test_queue_declarations_keep_what_differs_from_celerys_default_route() -> None:
+    message = StoredMessage.from_envelope(Envelope.decode(CELERY_V1))
+    assert b'"q"' not in message.to_envelope().details, "queue 'mail' on exchange 'mail' by key 'mail': implied"
+    routed = Queue("mail", Exchange("events", "topic", durable=False), "mail.#", max_priority=10, no_declare=True)
+    for declare in ([], [routed.as_dict(recurse=True)], [message.declare[0], routed.as_dict(recurse=True)]):
+        changed = replace(message, declare=declare)
+        _same(_round_trip(changed), changed)
 
 
 # -- garbage --------------------------------------------------------------------------------

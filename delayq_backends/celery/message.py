@@ -225,7 +225,7 @@ class StoredMessage:
         details["h"] = _compact_headers(headers, details["s"])
         if self.task != str(self.headers.get("task", "")):
             details["task"] = self.task
-        details = _strip(details, {**_DETAIL_DEFAULTS, "rk": destination})
+        details = _strip(details, _detail_defaults(destination))
         try:
             encoded = kombu_json_dumps(details, separators=(",", ":")).encode("utf-8")
         except (TypeError, ValueError) as exc:
@@ -242,7 +242,7 @@ class StoredMessage:
             if not envelope.details:  # format 1: kombu's JSON as a string in the envelope's meta
                 return cls._from_v1(envelope)
             stored = kombu_json_loads(envelope.details.decode("utf-8"))
-            details = {**_DETAIL_DEFAULTS, "rk": envelope.destination, **stored}
+            details = {**_detail_defaults(envelope.destination), **stored}
             copies, properties = int(details["i"]), _object(details, "p")
             headers = _full_headers(_object(details, "h"), int(details["s"]))
             if copies & _ROOT_ID_COPY:
@@ -394,8 +394,8 @@ _QUEUE_DEFAULTS: dict[str, Any] = {
     "exclusive": False, "auto_delete": False, "no_ack": False, "alias": None, "bindings": [], "no_declare": None,
     "expires": None, "message_ttl": None, "max_length": None, "max_length_bytes": None, "max_priority": None,
 }  # fmt: skip
-#: Details left out when they have these values (``rk`` when it is the envelope's destination),
-#: and the ``i`` flags saying which headers were copies of the task id. Part of format 2.
+#: Details left out when they have these values (see also :func:`_detail_defaults`), and the
+#: ``i`` flags saying which headers were copies of the task id. Part of format 2.
 _DETAIL_DEFAULTS: dict[str, Any] = {"ct": "application/json", "ce": "utf-8", "x": "", "i": 0, "s": 0}
 _ROOT_ID_COPY, _CORRELATION_ID_COPY = 1, 2
 _EXCHANGE_DEFAULTS: dict[str, Any] = {
@@ -451,6 +451,14 @@ def _full_headers(compact: dict[str, Any], shaped: int) -> dict[str, Any]:
             headers[key] = copy(default) if isinstance(default, (list, dict)) else default
     headers.update((k, v) for k, v in compact.items() if k not in leading)
     return headers
+
+
+def _detail_defaults(destination: str) -> dict[str, Any]:
+    """:data:`_DETAIL_DEFAULTS`, and what Celery's routing gives a queue by default: the routing key
+    is the envelope's destination, and the one queue declared is named so, bound by that key to a
+    direct exchange of that name (``task_default_queue``, ``queue=`` options)."""
+    plain = {"name": destination, "exchange": {"name": destination}, "routing_key": destination}
+    return {**_DETAIL_DEFAULTS, "rk": destination, "q": [plain]}
 
 
 def _is_default(value: Any, default: Any) -> bool:
