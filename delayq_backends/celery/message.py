@@ -203,9 +203,10 @@ class StoredMessage:
 
         Everything but the body goes into the envelope's ``details`` as one kombu JSON document
         (kombu's, so datetimes, UUIDs and bytes in custom headers round-trip), compacted so it
-        costs little more than the headers on the wire: copies of the task id (``root_id``,
-        ``correlation_id``) are written as null and listed, queue declarations leave out the
-        values kombu defaults to, and the task name is kept once, in its header.
+        costs less than the headers on the wire: copies of the task id (``root_id``,
+        ``correlation_id``) are written as null and flagged, protocol 2 headers and queue
+        declarations leave out their default values, and the task name is kept once, in its
+        header (docs/envelope.md).
         """
         task_id = self.headers.get("id")
         headers, root_copy = _id_copy_nulled(self.headers, "root_id", task_id)
@@ -446,9 +447,8 @@ def _full_headers(compact: dict[str, Any], shaped: int) -> dict[str, Any]:
             headers[key] = compact[key]
         elif _HEADER_DEFAULTS[key] is _NO_DEFAULT:
             raise KeyError(f"header {key!r} is missing")
-        else:  # a fresh copy (the defaults hold no nested containers): a caller may change it
-            default = _HEADER_DEFAULTS[key]
-            headers[key] = copy(default) if isinstance(default, (list, dict)) else default
+        else:
+            headers[key] = _fresh(_HEADER_DEFAULTS[key])
     headers.update((k, v) for k, v in compact.items() if k not in leading)
     return headers
 
@@ -478,10 +478,15 @@ def _compact_declaration(declaration: dict[str, Any]) -> dict[str, Any]:
 
 
 def _full_declaration(compact: dict[str, Any]) -> dict[str, Any]:
-    full = {**_QUEUE_DEFAULTS, **compact}
+    full = {**{k: _fresh(v) for k, v in _QUEUE_DEFAULTS.items()}, **compact}
     if isinstance(full.get("exchange"), dict):
-        full["exchange"] = {**_EXCHANGE_DEFAULTS, **full["exchange"]}
+        full["exchange"] = {**_EXCHANGE_DEFAULTS, **full["exchange"]}  # no containers among these
     return full
+
+
+def _fresh(default: Any) -> Any:
+    """A copy of a default list or dict (none nests another), so a reader may change what it gets."""
+    return copy(default) if isinstance(default, (list, dict)) else default
 
 
 def _id_copy_nulled(values: dict[str, Any], key: str, task_id: Any) -> tuple[dict[str, Any], bool]:
