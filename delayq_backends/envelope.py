@@ -13,7 +13,7 @@ beside the body, stored as they are: the Celery target keeps kombu's JSON of the
 there, so it is not escaped again inside another JSON document. The body is kept raw too, so a
 message is replayed byte for byte and costs no more than its own size.
 
-Format 1 (delayq_backends up to 0.3, still read)::
+Format 1 (written up to tag s3-start, still read)::
 
     b"DQ" 0x01 | 4-byte big-endian header length | {"t": target, "d": destination, "m": meta} | body
 """
