@@ -5,6 +5,10 @@ restarts (AOF) and network cuts, then a count of what was lost (must be 0) and d
 Run ``python bench/chaos.py`` (about 3 min) or ``--quick`` (about 40 s). It starts its own
 servers (``tests/chaos.py`` holds the run, shared with the test suite's short version), prints
 JSON, and appends a reliability table to bench/RESULTS.md.
+
+``--dedupe`` runs the workers with ``delayq_dedupe`` and the forwarders in lossless mode
+(``--lossless``): the target is then 0 lost, the broker's own losses included, and 0 duplicate
+executions; the exit status is 1 if either is not met.
 """
 
 from __future__ import annotations
@@ -60,9 +64,17 @@ QUICK = ChaosPlan(
 )
 
 
-def markdown(report: ChaosReport, mode: str, load: tuple[float, float], broker: str) -> str:
+def markdown(report: ChaosReport, mode: str, load: tuple[float, float], broker: str, plan: ChaosPlan) -> str:
     faults = ", ".join(f"{n} {kind}" for kind, n in report.faults.items())
     late = report.lateness_ms
+    if plan.dedupe:
+        mode += f", --dedupe: workers with delayq_dedupe, forwarders --lossless (window {plan.lossless_window:g} s)"
+    dedupe = (
+        f"- dedupe dropped {report.dropped:,} duplicate deliveries before they ran; lossless mode published again "
+        f"what had not started {plan.lossless_window:g} s after its publish\n"
+        if plan.dedupe
+        else ""
+    )
     return (
         f"\n## Reliability (chaos), {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC ({mode}, code {code_digest()})\n\n"
         "| faults injected | scheduled | executed | still waiting | lost | duplicated | dead-lettered | "
@@ -81,6 +93,7 @@ def markdown(report: ChaosReport, mode: str, load: tuple[float, float], broker: 
         "coming back after `visibility_timeout` (10 s here).\n"
         f"- the worker was replaced {report.worker_restarts} time(s) after running nothing for 20 s "
         "(a Celery worker that stalled or died after a broker restart; at most once per stall)\n"
+        f"{dedupe}"
         f"- load average (1 min) {load[0]:.2f} at start, {load[1]:.2f} at end\n"
         "- peer: Celery's native ETA on the same Redis broker runs tasks twice or more once a countdown outlasts "
         "`visibility_timeout`, with no fault at all (see the Celery section: 400 duplicates of 200 tasks).\n"
@@ -98,18 +111,29 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="redis: a broker of the run's own, restarted by kill -9 (AOF); rabbitmq: the system RabbitMQ, "
         "restarted with rabbitmqctl stop_app/start_app",
     )
+    parser.add_argument(
+        "--dedupe",
+        action="store_true",
+        help="workers with delayq_dedupe and forwarders in lossless mode: the target is 0 lost and 0 duplicated",
+    )
     args = parser.parse_args(argv)
-    plan = replace(QUICK if args.quick else FULL, broker=args.broker)
+    plan = replace(QUICK if args.quick else FULL, broker=args.broker, dedupe=args.dedupe)
     load_start = os.getloadavg()[0]
     report = run_chaos(plan, log=log)
     print(json.dumps(report.as_dict(), indent=2))
     if not args.no_results:
         write_results(
             RESULTS_PATH,
-            markdown(report, "quick" if args.quick else "full", (load_start, os.getloadavg()[0]), BROKERS[args.broker]),
+            markdown(
+                report,
+                "quick" if args.quick else "full",
+                (load_start, os.getloadavg()[0]),
+                BROKERS[args.broker],
+                plan,
+            ),
         )
         log(f"appended to {RESULTS_PATH}")
-    return 1 if report.lost else 0
+    return 1 if report.lost or (plan.dedupe and report.duplicates) else 0
 
 
 if __name__ == "__main__":

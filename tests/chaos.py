@@ -63,6 +63,9 @@ class ChaosPlan:
     stall_seconds: float = 20.0  # no task ran for this long though some are missing: replace the worker
     seed: int = 1
     broker: str = "redis"  # or "rabbitmq": the system RabbitMQ, restarted with rabbitmqctl
+    #: workers with dedupe (``delayq_dedupe``) and forwarders in lossless mode with this window
+    dedupe: bool = False
+    lossless_window: float = 10.0
 
 
 @dataclass
@@ -84,6 +87,8 @@ class ChaosReport:
     faults: dict[str, int]
     worker_restarts: int
     seconds: float
+    #: deliveries the workers' dedupe dropped (duplicates that did not run), from their logs
+    dropped: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,14 +97,16 @@ class ChaosReport:
 class _Forwarders:
     """``delayq forward`` processes through the proxies, killed and replaced on demand."""
 
-    def __init__(self, env: CeleryEnv, store_url: str, broker_url: str, count: int, logs: Path) -> None:
+    def __init__(self, env: CeleryEnv, store_url: str, broker_url: str, plan: ChaosPlan, logs: Path) -> None:
         self.args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", store_url]
         self.args += ["--prefix", env.prefix, "--shards", "4", "--celery-broker", broker_url]
         self.args += ["--audit-stream", audit_stream(env)]  # which tasks a broker accepted
         self.args += ["--lease", "3", "--poll", "0.2", "--log-every", "5"]
+        if plan.dedupe:
+            self.args += ["--lossless", "--lossless-window", str(plan.lossless_window)]
         self.env, self.logs = env.env, logs
-        self.procs = [self._start(i) for i in range(count)]
-        self.started = count
+        self.procs = [self._start(i) for i in range(plan.forwarders)]
+        self.started = plan.forwarders
 
     def _start(self, n: int) -> subprocess.Popen[bytes]:
         with (self.logs / f"forwarder-{n}.log").open("wb") as out:
@@ -213,6 +220,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
             backend=f"{records.url.rsplit('/', 1)[0]}/2",
             records_url=records.url,
             transport_options=dict(broker.transport_options),
+            dedupe=plan.dedupe,
         )
         forwarders: Optional[_Forwarders] = None
         app = env.app()
@@ -228,7 +236,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
                 app.send_task("dqt.record", args=["chaos", i], countdown=1 + rng.uniform(0, plan.spread)).id
                 for i in range(plan.tasks)
             }
-            forwarders = _Forwarders(env, _url(store_proxy), broker.via(broker_proxy), plan.forwarders, logs)
+            forwarders = _Forwarders(env, _url(store_proxy), broker.via(broker_proxy), plan, logs)
             done = _inflict(plan, rng, forwarders, store, broker, store_proxy, broker_proxy, log)
             restarts = _settle(env, ids, plan, logs, log)
             forwarders.stop()  # nothing moves while the stragglers are looked for
@@ -265,6 +273,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
             faults=done,
             worker_restarts=restarts,
             seconds=round(time.monotonic() - started, 1),
+            dropped=sum(log.read_text(errors="replace").count("duplicate delivery dropped") for log in env.logs),
         )
 
 
