@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import redis
 from redis.crc import key_slot
 
 from delayq_backends import Config, DelayStore
 from delayq_backends.dedupe import RunGuard, Verdict
 from delayq_backends.embedded import EmbeddedServer
+from tests.helpers import wait_for
 from tests.proxy import TcpProxy
 
 
@@ -39,9 +42,43 @@ def test_a_store_out_of_reach_answers_unchecked(valkey_server: EmbeddedServer, p
     proxy = TcpProxy("127.0.0.1", valkey_server.port)
     try:
         client = redis.Redis(port=proxy.port, socket_connect_timeout=1, socket_timeout=1)
-        guard = RunGuard(DelayStore(client, Config(prefix=prefix, shards=4)), ttl_ms=1000)
+        guard = RunGuard(DelayStore(client, Config(prefix=prefix, shards=4)), ttl_ms=1000, wait_ms=0)
         proxy.cut()
         decision = guard.start("job-1", 0)
         assert decision.verdict is Verdict.UNCHECKED and decision.run
+    finally:
+        proxy.close()
+
+
+def test_a_start_waits_out_a_short_outage(valkey_server: EmbeddedServer, prefix: str) -> None:
+    """A store restart or failover of a second: the start retries and is recorded, not unchecked."""
+    proxy = TcpProxy("127.0.0.1", valkey_server.port)
+    try:
+        client = redis.Redis(port=proxy.port, socket_connect_timeout=0.5, socket_timeout=0.5)
+        guard = RunGuard(DelayStore(client, Config(prefix=prefix, shards=4)), ttl_ms=60_000, wait_ms=10_000)
+        guard.key("job-1", 0)  # the layout read, before the cut
+        proxy.cut()
+        threading.Timer(1.0, proxy.restore).start()
+        assert guard.start("job-1", 0).verdict is Verdict.FIRST
+    finally:
+        proxy.close()
+
+
+def test_an_unchecked_run_is_recorded_once_the_store_is_back(valkey_server: EmbeddedServer, prefix: str) -> None:
+    """So a lossless forwarder finds it started and does not publish it again."""
+    proxy = TcpProxy("127.0.0.1", valkey_server.port)
+    try:
+        client = redis.Redis(port=proxy.port, socket_connect_timeout=0.5, socket_timeout=0.5)
+        guard = RunGuard(DelayStore(client, Config(prefix=prefix, shards=4)), ttl_ms=60_000, wait_ms=0)
+        key = guard.key("job-1", 0)
+        proxy.cut()
+        assert guard.start("job-1", 0).verdict is Verdict.UNCHECKED
+        assert guard.pending() == 1
+        direct = redis.Redis(port=valkey_server.port)
+        assert not direct.exists(key)
+        proxy.restore()
+        wait_for(lambda: guard.pending() == 0, 20, "the record to be written")
+        assert direct.exists(key) and 0 < direct.pttl(key) <= 60_000
+        assert guard.start("job-1", 0).verdict is Verdict.DUPLICATE
     finally:
         proxy.close()
