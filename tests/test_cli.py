@@ -159,6 +159,16 @@ def test_list_shows_destination_and_flags_corrupt_envelopes(cli: Invoke, vstore:
     assert "list/q:out" in table and "<corrupt: envelope format version 9" in table
 
 
+def test_list_shows_an_item_awaiting_its_start(cli: Invoke, vstore: DelayStore) -> None:
+    """Lossless mode: a published item kept until a worker records its start says so."""
+    vstore.schedule("kept", 1.0, envelope("q:out"))  # long due
+    claim = vstore.claim(vstore.shard_of("kept"))
+    assert vstore.keep(claim, ["kept"], window_ms=60_000) == 1
+    [entry] = json.loads(expect(cli("list", "--json")))
+    assert entry["awaiting_start"] is True and entry["leased_until"] is not None
+    assert "(awaiting start)" in expect(cli("list"))
+
+
 def test_list_refuses_a_shard_outside_the_layout(cli: Invoke) -> None:
     assert "use 0..3" in expect(cli("list", "--shard", "4"), code=2)
 

@@ -16,6 +16,7 @@ from redis.retry import Retry
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.embedded import free_port
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.models import RunRef
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from tests.conftest import make_store
 from tests.helpers import wait_for
@@ -170,3 +171,43 @@ def test_stop_finishes_and_returns(store: DelayStore, out: redis.Redis, prefix: 
     store.schedule_many([(f"x{i}", 1, envelope(f"x{i}", key=key)) for i in range(1000)])
     wait_for(lambda: out.llen(key) == 1000, 20, "1000 items forwarded")
     wait_for(lambda: sum(s.scheduled for s in store.stats()) == 0, 5, "store to be empty")
+
+
+class _RunListTarget(RedisListTarget):
+    """A list target whose items are runs 0 of their ids, as a Celery target names them."""
+
+    def run_of(self, delivery: Delivery) -> RunRef:
+        return RunRef(delivery.id, 0)
+
+
+def test_lossless_keeps_published_items_and_publishes_again_what_did_not_start(
+    store: DelayStore, out: redis.Redis, prefix: str
+) -> None:
+    key = f"{prefix}:out"
+    store.schedule_many([(i, 1, envelope(i, key=key)) for i in ("a", "b")])
+    fwd = Forwarder(store, [_RunListTarget(out)], lossless_window=1)
+    first = fwd.run_until_idle()
+    assert (first.forwarded, first.kept, first.acked) == (2, 2, 0)
+    assert out.llen(key) == 2 and all(store.get(i).awaiting_start for i in ("a", "b"))  # type: ignore[union-attr]
+    store.client.set(store.keys(store.shard_of("a")).started("a", 0), "worker:1 0")  # a worker started "a"
+    now = store.server_time_ms()
+    wait_for(lambda: store.server_time_ms() >= now + 1000, 5, "the window to pass")
+    second = fwd.run_until_idle()
+    assert (second.confirmed, second.forwarded, second.kept) == (1, 1, 1)
+    assert store.get("a") is None  # found started: deleted, not published again
+    assert out.lrange(key, 0, -1)[2:] == [envelope("b", key=key).body]  # "b" never started: sent again
+    assert store.get("b").awaiting_start  # type: ignore[union-attr]
+
+
+def test_without_lossless_a_run_target_is_acked(store: DelayStore, out: redis.Redis, prefix: str) -> None:
+    store.schedule("a", 1, envelope("a", key=f"{prefix}:out"))
+    stats = Forwarder(store, [_RunListTarget(out)]).run_until_idle()
+    assert (stats.forwarded, stats.acked, stats.kept) == (1, 1, 0) and store.get("a") is None
+
+
+@pytest.mark.parametrize("window", [0, 0.5, 86401])
+def test_a_bad_lossless_window_is_refused(store: DelayStore, window: float) -> None:
+    from delayq_backends.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lossless_window"):
+        Forwarder(store, [], lossless_window=window)
