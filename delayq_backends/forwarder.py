@@ -341,9 +341,10 @@ class Forwarder:
         report = PublishReport()
         runs = self._runs(groups)
         ran = self.store.started(claim.shard, list(runs.values())) if runs else set()
-        if ran:  # delivered and started earlier: done, not published again
-            groups = {kind: [d for d in ds if d.id not in ran] for kind, ds in groups.items()}
-        keep = frozenset(runs) - ran
+        spent = self._never_started(claim, runs, ran, failures)
+        if ran or spent:  # started earlier: done; or given up on: not published again
+            groups = {kind: [d for d in ds if d.id not in ran and d.id not in spent] for kind, ds in groups.items()}
+        keep = frozenset(runs) - ran - spent
         later: list[tuple[str, int]] = []
         held = _Held(claim, claim.deadline_ms)
         # held until the acks are in: a pause between publish and ack must not hand the batch over
@@ -378,6 +379,27 @@ class Forwarder:
             if isinstance(target, RunTarget):
                 runs.update((d.id, ref) for d in deliveries if (ref := target.run_of(d)) is not None)
         return runs
+
+    def _never_started(
+        self, claim: Claim, runs: Mapping[str, RunRef], ran: set[str], failures: list[tuple[str, Optional[int], str]]
+    ) -> set[str]:
+        """Lossless mode: the kept items claimed ``max_attempts`` times with no start recorded,
+        added to ``failures`` (dead letters) instead of being published once more. Each publish
+        counts an attempt, so a task no worker ever starts (expired, unknown to the workers,
+        workers without dedupe) is not published again forever."""
+        limit = self.store.config.max_attempts
+        spent = {i.id for i in claim.items if i.id in runs and i.id not in ran and 1 < limit <= i.attempts}
+        failures += [
+            (
+                item_id,
+                None,
+                f"lossless mode: published {limit - 1} times, and no worker recorded its start within "
+                f"{self.keep_ms / 1000:g} s of any: do the workers run with delayq_dedupe? did the task expire, "
+                "or is it unknown to them? (requeue it once fixed)",
+            )
+            for item_id in sorted(spent)
+        ]
+        return spent
 
     def _admit(self, kind: str, deliveries: list[Delivery], later: list[tuple[str, int]]) -> list[Delivery]:
         """Flow control, queue by queue: the deliveries that may go now; the others are added

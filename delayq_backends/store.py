@@ -516,8 +516,9 @@ class DelayStore:
         """Lossless mode's ack: keep published items of ``claim`` until a worker reports their
         start, due again ``window_ms`` from the server's now (``keep.lua``).
 
-        The claim's attempt is given back and the lease dropped; the item reads as awaiting its
-        start (:attr:`ScheduledItem.awaiting_start`). Returns how many were still under the lease.
+        The lease is dropped and the claim's attempt stays counted (a task that never starts is
+        published at most ``max_attempts`` times); the item reads as awaiting its start
+        (:attr:`ScheduledItem.awaiting_start`). Returns how many were still under the lease.
         """
         ids = list(ids)
         if not ids:

@@ -211,3 +211,18 @@ def test_a_bad_lossless_window_is_refused(store: DelayStore, window: float) -> N
 
     with pytest.raises(ConfigError, match="lossless_window"):
         Forwarder(store, [], lossless_window=window)
+
+
+def test_lossless_buries_a_task_no_worker_ever_starts(valkey_url: str, prefix: str, out: redis.Redis) -> None:
+    """Each publish counts an attempt, so an expired or unknown task is not published forever."""
+    store = make_store(valkey_url, prefix, shards=4, max_attempts=2)
+    store.schedule("never", 1, envelope("never", key=f"{prefix}:out"))
+    fwd = Forwarder(store, [_RunListTarget(out)], lossless_window=1)
+    assert fwd.run_until_idle().kept == 1
+    now = store.server_time_ms()
+    wait_for(lambda: store.server_time_ms() >= now + 1000, 5, "the window to pass")
+    assert fwd.run_until_idle().dead == 1
+    [dead] = store.dead_letters()
+    assert dead.id == "never" and "no worker recorded its start" in dead.error and "delayq_dedupe" in dead.error
+    assert out.llen(f"{prefix}:out") == 1  # published once, not a second time
+    store.client.close()

@@ -7,13 +7,15 @@ Input:
   ARGV[3] clock override ms ("0": server TIME)
   ARGV[4..] ids
 Output: how many were kept.
-Each id still under our lease is due again at now + window, its `leased` entry becomes
+Each id still under our lease is due again at now + window, and its `leased` entry becomes
 "<due>:published:<ready>" (no claim token is "published", so no ack, release or fail matches
 it; claim.lua reads the original ready time from it as from any lease, so a late run's
-lateness stays truthful), and the claim's attempt is given back: a publish is not a failure.
-When it comes due, a forwarder claims it as usual, finds the run's "started" record (dedupe)
-and acks it, or publishes it again. A ranked item's index entry moves to the new due time,
-as defer.lua moves it. allow-oom: settling must work in a full store. ]]
+lateness stays truthful). The claim's attempt stays counted: a task no worker ever starts (it
+expired, the workers do not know it) is published at most max attempts times, then the
+forwarder buries it with the reason. When it comes due, a forwarder claims it as usual, finds
+the run's "started" record (dedupe) and acks it, or publishes it again. A ranked item's index
+entry moves to the new due time, as defer.lua moves it. allow-oom: settling must work in a
+full store. ]]
 --- @include "common"
 local due = ms(now_ms(ARGV[3]) + tonumber(ARGV[2]))
 local n = 0
@@ -25,7 +27,6 @@ for i = 4, #ARGV do
     rcall('HSET', KEYS[4], id, due .. ':published:' .. ready)
     local rank = rank_of(id)
     if rank > 0 then set_rank(id, rank, due) end
-    uncount(id)
     n = n + 1
   end
 end

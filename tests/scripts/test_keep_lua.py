@@ -1,5 +1,5 @@
 """keep.lua: lossless mode's ack. A published item stays, due again after the window, marked as
-awaiting its start, with its attempt given back and its original ready time kept."""
+awaiting its start, with its attempt counted and its original ready time kept."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ ENV = RedisListTarget.envelope("out", b"x")
 T = 1_800_000_000_000
 
 
-def test_kept_item_is_due_after_the_window_with_its_ready_time_and_no_attempt(store: DelayStore) -> None:
+def test_kept_item_is_due_after_the_window_with_its_ready_time_and_attempt(store: DelayStore) -> None:
     store.schedule("a", (T + 5) / 1000, ENV)
     shard = store.shard_of("a")
     claim = store.claim(shard, now=T + 10)
     assert store.keep(claim, ["a"], window_ms=60_000, now=T + 20) == 1
     item = store.get("a")
     assert item is not None and item.awaiting_start
-    assert (item.ready_ms, item.attempts, item.leased_until_ms) == (T + 5, 0, T + 60_020)
+    assert (item.ready_ms, item.attempts, item.leased_until_ms) == (T + 5, 1, T + 60_020)
     assert store.claim(shard, now=T + 60_019).items == []
     again = store.claim(shard, now=T + 60_020)
-    assert [(i.id, i.ready_ms, i.attempts) for i in again.items] == [("a", T + 5, 1)]
+    assert [(i.id, i.ready_ms, i.attempts) for i in again.items] == [("a", T + 5, 2)]
     assert not store.get("a").awaiting_start  # type: ignore[union-attr]  # leased again
     assert store.ack(again) == 1 and store.get("a") is None
 
