@@ -18,6 +18,7 @@ forwarder in lossless mode, which publishes again what has no record, does not r
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -105,6 +106,7 @@ class RunGuard:
         self._counts = {verdict: 0 for verdict in Verdict}
         self._late: dict[str, str] = {}  # record key -> value of unchecked runs, written when the store is back
         self._late_writer: Optional[threading.Thread] = None
+        self._starts = itertools.count()  # makes each start's value unique within this process
 
     def key(self, item_id: str, run: int) -> str:
         """The record's key: a pure function of the id and the run (a forwarder can derive it)."""
@@ -116,15 +118,19 @@ class RunGuard:
         An unreachable store is retried for :attr:`wait_ms`; then the run goes unchecked and its
         record is written later, once the store answers (see :meth:`pending`).
         """
-        key = value = ""
+        key = ""
+        # one value for every try: a write that landed but whose reply was lost (a restart, a
+        # cut) reads back as ours on the next try, not as an earlier start
+        value = f"{self._holder} {time.time_ns() // 1_000_000} {next(self._starts)}"
         deadline, pause = time.monotonic() + self.wait_ms / 1000, 0.05
         while True:
             try:
                 key = self.key(item_id, run)
-                value = f"{self._holder} {time.time_ns() // 1_000_000}"
                 if self.store.client.set(key, value, nx=True, px=self.ttl_ms):
                     return self._count(Decision(Verdict.FIRST, key))
                 first = self.store.client.get(key)
+                if first == value.encode():
+                    return self._count(Decision(Verdict.FIRST, key))
                 break
             except (RedisError, DelayqError, OSError) as exc:
                 if time.monotonic() + pause < deadline:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import redis
 from redis.crc import key_slot
@@ -82,3 +83,24 @@ def test_an_unchecked_run_is_recorded_once_the_store_is_back(valkey_server: Embe
         assert guard.start("job-1", 0).verdict is Verdict.DUPLICATE
     finally:
         proxy.close()
+
+
+class _LostReply(redis.Redis):
+    """A client whose first SET reaches the server but whose reply is lost (a cut, a restart)."""
+
+    lose = 1
+
+    def set(self, *args: Any, **kwargs: Any) -> Any:
+        reply = super().set(*args, **kwargs)
+        if self.lose:
+            self.lose -= 1
+            raise redis.ConnectionError("connection lost after the write")
+        return reply
+
+
+def test_a_start_whose_reply_was_lost_is_not_its_own_duplicate(valkey_url: str, prefix: str) -> None:
+    """The retry finds the record it wrote itself: the run goes ahead (found in a chaos run, where
+    a store restart dropped the reply and the task was dropped as a duplicate of itself)."""
+    guard = RunGuard(DelayStore(_LostReply.from_url(valkey_url), Config(prefix=prefix, shards=4)), ttl_ms=60_000)
+    assert guard.start("job-1", 0).verdict is Verdict.FIRST
+    assert guard.start("job-1", 0).verdict is Verdict.DUPLICATE  # a second start still is one
