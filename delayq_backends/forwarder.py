@@ -388,18 +388,18 @@ class Forwarder:
         counts an attempt, so a task no worker ever starts (expired, unknown to the workers,
         workers without dedupe) is not published again forever."""
         limit = self.store.config.max_attempts
-        spent = {i.id for i in claim.items if i.id in runs and i.id not in ran and 1 < limit <= i.attempts}
+        spent = [i for i in claim.items if i.id in runs and i.id not in ran and 1 < limit <= i.attempts]
         failures += [
             (
-                item_id,
+                item.id,
                 None,
-                f"lossless mode: published {limit - 1} times, and no worker recorded its start within "
-                f"{self.keep_ms / 1000:g} s of any: do the workers run with delayq_dedupe? did the task expire, "
-                "or is it unknown to them? (requeue it once fixed)",
+                f"lossless mode: claimed {item.attempts} times (each publish counts one) and no worker has recorded "
+                "its start: do the workers run with delayq_dedupe? did the task expire, or is it unknown to them? "
+                "(requeue it once fixed)",
             )
-            for item_id in sorted(spent)
+            for item in spent
         ]
-        return spent
+        return {item.id for item in spent}
 
     def _admit(self, kind: str, deliveries: list[Delivery], later: list[tuple[str, int]]) -> list[Delivery]:
         """Flow control, queue by queue: the deliveries that may go now; the others are added

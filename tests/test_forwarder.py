@@ -223,6 +223,6 @@ def test_lossless_buries_a_task_no_worker_ever_starts(valkey_url: str, prefix: s
     wait_for(lambda: store.server_time_ms() >= now + 1000, 5, "the window to pass")
     assert fwd.run_until_idle().dead == 1
     [dead] = store.dead_letters()
-    assert dead.id == "never" and "no worker recorded its start" in dead.error and "delayq_dedupe" in dead.error
+    assert dead.id == "never" and "no worker has recorded its start" in dead.error and "delayq_dedupe" in dead.error
     assert out.llen(f"{prefix}:out") == 1  # published once, not a second time
     store.client.close()
