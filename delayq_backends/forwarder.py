@@ -498,14 +498,7 @@ class Forwarder:
     ) -> None:
         self.stats.batches += 1
         self.stats.forwarded += len(report.published)
-        pre_acked = set(report.acked)  # a ClaimTarget acked (or kept) these in its transaction
-        settle = [i for i in report.published if i not in pre_acked]
-        acked = self.store.ack(claim, [i for i in settle if i not in lossless.keep] + sorted(lossless.started))
-        kept = self.store.keep(claim, [i for i in settle if i in lossless.keep], window_ms=self.keep_ms)
-        kept += len(pre_acked & lossless.keep)
-        self.stats.acked += len(pre_acked) - len(pre_acked & lossless.keep) + acked
-        self.stats.kept += kept
-        self.stats.confirmed += len(lossless.started)
+        acked_report, acked = self._ack_or_keep(claim, report, lossless, labels)
         retried = buried = released = 0
         if failures:
             retried, buried = self.store.fail(claim, failures)
@@ -522,7 +515,7 @@ class Forwarder:
             self.metrics.observe_settled(
                 claim,
                 labels,
-                report,
+                acked_report,
                 failures,
                 acked=acked,
                 retried=retried,
@@ -537,6 +530,34 @@ class Forwarder:
             self._outage(f"broker unreachable ({report.broker_error}); released {len(report.unsent)} items")
         else:
             self._outage_backoff = 0.0
+
+    def _ack_or_keep(
+        self, claim: Claim, report: PublishReport, lossless: _Lossless, labels: Mapping[str, Labels]
+    ) -> tuple[PublishReport, int]:
+        """Ack the published items, or keep them (lossless mode), and delete those found started.
+
+        Returns ``report`` without the kept ids (what the metrics count as acked) and how many
+        published items ``store.ack`` deleted.
+        """
+        pre_acked = set(report.acked)  # a ClaimTarget acked (or kept) these in its transaction
+        settle = [i for i in report.published if i not in pre_acked]
+        acked = self.store.ack(claim, [i for i in settle if i not in lossless.keep])
+        kept = [i for i in report.published if i in lossless.keep]
+        n_kept = self.store.keep(claim, [i for i in settle if i in lossless.keep], window_ms=self.keep_ms)
+        n_kept += len(pre_acked & lossless.keep)
+        confirmed = self.store.ack(claim, sorted(lossless.started)) if lossless.started else 0
+        self.stats.acked += len(pre_acked - lossless.keep) + acked + confirmed
+        self.stats.kept += n_kept
+        self.stats.confirmed += confirmed
+        if self.metrics is not None and (kept or lossless.started):
+            self.metrics.observe_lossless(labels, kept=kept, found_started=sorted(lossless.started))
+        if not kept:
+            return report, acked
+        return replace(
+            report,
+            published=[i for i in report.published if i not in lossless.keep],
+            acked=[i for i in report.acked if i not in lossless.keep],
+        ), acked
 
     def _retry_at(self, attempts: int) -> int:
         delay = min(self.max_retry_delay_ms, self.retry_delay_ms << min(30, max(0, attempts - 1)))

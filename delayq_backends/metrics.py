@@ -178,6 +178,13 @@ class ForwarderMetrics:
         self.deferred = counter(
             "delayq_deferred", "Items flow control gave back to the store to wait (queue full or rate cap)."
         )
+        self.kept = counter(
+            "delayq_kept", "Published items kept in the store until a worker records their start (lossless mode)."
+        )
+        self.found_started = counter(
+            "delayq_found_started",
+            "Kept items found started when due again: deleted, not published again (lossless mode).",
+        )
         self.dead_lettered = counter(
             "delayq_dead_lettered", "Items this forwarder moved to the dead letters (out of attempts or permanent)."
         )
@@ -274,6 +281,13 @@ class ForwarderMetrics:
         self._add(self.retried, attribute(of(i for i, _, _ in failures if i not in doomed), retried))
         self._add(self.released, attribute(of(report.unsent), released))
         self._add(self.deferred, attribute(of(deferred), deferred_count))
+
+    def observe_lossless(
+        self, labels: Mapping[str, Labels], *, kept: Sequence[str], found_started: Sequence[str]
+    ) -> None:
+        """Count a batch's items kept awaiting their start and those found started (lossless mode)."""
+        self._add(self.kept, Tally(self.bounds(labels.get(i, CORRUPT)) for i in kept))
+        self._add(self.found_started, Tally(self.bounds(labels.get(i, CORRUPT)) for i in found_started))
 
     @staticmethod
     def _add(counter: Counter, counts: Tally[Labels]) -> None:

@@ -16,6 +16,7 @@ from redis.retry import Retry
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.embedded import free_port
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.models import RunRef
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from tests.conftest import make_store
@@ -185,7 +186,8 @@ def test_lossless_keeps_published_items_and_publishes_again_what_did_not_start(
 ) -> None:
     key = f"{prefix}:out"
     store.schedule_many([(i, 1, envelope(i, key=key)) for i in ("a", "b")])
-    fwd = Forwarder(store, [_RunListTarget(out)], lossless_window=1)
+    metrics = ForwarderMetrics()
+    fwd = Forwarder(store, [_RunListTarget(out)], lossless_window=1, metrics=metrics)
     first = fwd.run_until_idle()
     assert (first.forwarded, first.kept, first.acked) == (2, 2, 0)
     assert out.llen(key) == 2 and all(store.get(i).awaiting_start for i in ("a", "b"))  # type: ignore[union-attr]
@@ -197,6 +199,21 @@ def test_lossless_keeps_published_items_and_publishes_again_what_did_not_start(
     assert store.get("a") is None  # found started: deleted, not published again
     assert out.lrange(key, 0, -1)[2:] == [envelope("b", key=key).body]  # "b" never started: sent again
     assert store.get("b").awaiting_start  # type: ignore[union-attr]
+    assert {name: _total(metrics, name) for name in ("kept", "found_started", "acked")} == {
+        "kept": 3,
+        "found_started": 1,
+        "acked": 0,
+    }
+
+
+def _total(metrics: ForwarderMetrics, name: str) -> float:
+    return sum(
+        s.value
+        for m in metrics.registry.collect()
+        if m.name == f"delayq_{name}"
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
 
 
 def test_without_lossless_a_run_target_is_acked(store: DelayStore, out: redis.Redis, prefix: str) -> None:
