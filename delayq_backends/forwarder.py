@@ -50,6 +50,9 @@ MAX_BATCH = 10_000
 #: again. Above a healthy broker queue's wait, far below the workers' dedupe TTL (a day).
 DEFAULT_LOSSLESS_WINDOW = 60.0
 
+#: Lossless mode doubles the window per claim of an item, at most this often (64 windows).
+MAX_WINDOW_DOUBLINGS = 6
+
 #: How often the forwarder re-reads the server's clock (TIME); in between it advances the last
 #: reading with the monotonic clock, so a step of the local wall clock changes nothing.
 CLOCK_RESAMPLE_S = 60.0
@@ -75,7 +78,7 @@ class _Lossless:
     """Lossless mode's part of settling a batch: the ids to keep awaiting their start once
     published, and those found started (deleted, not published)."""
 
-    keep: frozenset[str] = frozenset()
+    keep: Mapping[str, int] = field(default_factory=dict)  # id -> window ms
     started: set[str] = field(default_factory=set)
 
 
@@ -139,8 +142,8 @@ class Forwarder:
             ``.state`` tells which depth-capped queues are paused.
         lossless_window: lossless mode (off by default; needs workers with dedupe on): seconds
             a published item is kept awaiting its start. When it comes due again, it is deleted
-            if its run's "started" record exists, else published again, so a message the broker
-            lost becomes a late run. Only items whose target names their run
+            if its run's "started" record exists, else published again (and the window doubles
+            per claim of the item, up to 64 windows), so a message the broker lost becomes a late run. Only items whose target names their run
             (:class:`~delayq_backends.targets.RunTarget`: Celery tasks) are kept.
     """
 
@@ -344,7 +347,7 @@ class Forwarder:
         spent = self._never_started(claim, runs, ran, failures)
         if ran or spent:  # started earlier: done; or given up on: not published again
             groups = {kind: [d for d in ds if d.id not in ran and d.id not in spent] for kind, ds in groups.items()}
-        keep = frozenset(runs) - ran - spent
+        keep = {i.id: self._window_ms(i.attempts) for i in claim.items if i.id in runs and i.id not in ran | spent}
         later: list[tuple[str, int]] = []
         held = _Held(claim, claim.deadline_ms)
         # held until the acks are in: a pause between publish and ack must not hand the batch over
@@ -352,7 +355,7 @@ class Forwarder:
             for kind, deliveries in groups.items():
                 go = self._still_ours(held, self._admit(kind, deliveries, later), report)
                 if go:
-                    self._publish(self.targets[kind], go, report, Lease(self.store, claim, keep, self.keep_ms))
+                    self._publish(self.targets[kind], go, report, Lease(self.store, claim, keep))
             attempts = {item.id: item.attempts for item in claim.items}
             failures += [
                 (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
@@ -368,6 +371,12 @@ class Forwarder:
             len(later),
             (time.perf_counter() - started) * 1000,
         )
+
+    def _window_ms(self, attempts: int) -> int:
+        """Lossless mode's window for an item published on its ``attempts``-th claim: the window,
+        doubled per earlier claim up to 64 times, so a worker fleet down for a while (a deploy, a
+        crash) costs a few re-publishes per task, not one per window."""
+        return self.keep_ms << min(MAX_WINDOW_DOUBLINGS, max(0, attempts - 1))
 
     def _runs(self, groups: Mapping[str, list[Delivery]]) -> dict[str, RunRef]:
         """Lossless mode: the run of each delivery whose target names it (id -> run)."""
@@ -543,10 +552,10 @@ class Forwarder:
         settle = [i for i in report.published if i not in pre_acked]
         acked = self.store.ack(claim, [i for i in settle if i not in lossless.keep])
         kept = [i for i in report.published if i in lossless.keep]
-        n_kept = self.store.keep(claim, [i for i in settle if i in lossless.keep], window_ms=self.keep_ms)
-        n_kept += len(pre_acked & lossless.keep)
+        n_kept = self.store.keep(claim, {i: lossless.keep[i] for i in settle if i in lossless.keep})
+        n_kept += len(pre_acked & lossless.keep.keys())
         confirmed = self.store.ack(claim, sorted(lossless.started)) if lossless.started else 0
-        self.stats.acked += len(pre_acked - lossless.keep) + acked + confirmed
+        self.stats.acked += len(pre_acked - lossless.keep.keys()) + acked + confirmed
         self.stats.kept += n_kept
         self.stats.confirmed += confirmed
         if self.metrics is not None and (kept or lossless.started):

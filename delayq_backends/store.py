@@ -12,7 +12,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from functools import partial
 from itertools import islice
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import redis
 
@@ -512,23 +512,22 @@ class DelayStore:
             return 0
         return int(self._run(self.scripts.defer, claim.shard, args))
 
-    def keep(self, claim: Claim, ids: Iterable[str], *, window_ms: int, now: Optional[int] = None) -> int:
-        """Lossless mode's ack: keep published items of ``claim`` until a worker reports their
-        start, due again ``window_ms`` from the server's now (``keep.lua``).
+    def keep(self, claim: Claim, windows: Mapping[str, int], *, now: Optional[int] = None) -> int:
+        """Lossless mode's ack: keep published items of ``claim`` (id -> window ms) until a
+        worker reports their start, each due again its window from the server's now (``keep.lua``).
 
         The lease is dropped and the claim's attempt stays counted (a task that never starts is
         published at most ``max_attempts`` times); the item reads as awaiting its start
         (:attr:`ScheduledItem.awaiting_start`). Returns how many were still under the lease.
         """
-        ids = list(ids)
-        if not ids:
+        if not windows:
             return 0
-        return int(self._run(self.scripts.keep, claim.shard, [claim.lease, window_ms, now or 0, *ids]))
+        return int(self._run(self.scripts.keep, claim.shard, [claim.lease, now or 0, *_pairs(windows)]))
 
-    def keep_in(self, pipeline: Any, claim: Claim, ids: Sequence[str], *, window_ms: int) -> None:
-        """Queue :meth:`keep` of ``ids`` on a caller's transaction (the Redis hand-off)."""
-        if ids:
-            self._queue_script(pipeline, "keep", claim.shard, [claim.lease, window_ms, 0, *ids])
+    def keep_in(self, pipeline: Any, claim: Claim, windows: Mapping[str, int]) -> None:
+        """Queue :meth:`keep` on a caller's transaction (the Redis hand-off)."""
+        if windows:
+            self._queue_script(pipeline, "keep", claim.shard, [claim.lease, 0, *_pairs(windows)])
 
     def started(self, shard: int, runs: Sequence[RunRef]) -> set[str]:
         """The ids among ``runs`` whose run a worker has started (its dedupe record exists).
@@ -983,6 +982,11 @@ def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], i
     if len(parts) in (2, 3) and parts[0].isdigit() and parts[-1].lstrip(b"-").isdigit():
         return score_ms(parts[0]), score_ms(parts[-1])
     return None, score_ms(score)
+
+
+def _pairs(windows: Mapping[str, int]) -> List[Any]:
+    """``{id: window}`` as keep.lua's flat ARGV pairs."""
+    return [part for item_id, window in windows.items() for part in (item_id, window)]
 
 
 def _awaiting(lease: Optional[bytes]) -> bool:

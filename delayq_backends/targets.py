@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 import redis
 
@@ -85,10 +85,9 @@ class Lease:
 
     store: DelayStore
     claim: Claim
-    #: lossless mode: ids whose ack keeps them awaiting their start, for ``keep_ms`` (see
+    #: lossless mode: ids whose ack keeps them awaiting their start -> window ms (see
     #: :meth:`DelayStore.keep`); the others are deleted
-    keep: frozenset[str] = frozenset()
-    keep_ms: int = 0
+    keep: Mapping[str, int] = field(default_factory=dict)
 
     def shares_server(self, client: Any) -> bool:
         """Whether ``client`` talks to the store's own (non-cluster) server and database."""
@@ -104,7 +103,7 @@ class Lease:
     def ack_in(self, pipeline: Any, ids: Sequence[str]) -> None:
         """Queue the ack of ``ids``; in lossless mode those in :attr:`keep` are kept instead."""
         self.store.ack_in(pipeline, self.claim, [i for i in ids if i not in self.keep])
-        self.store.keep_in(pipeline, self.claim, [i for i in ids if i in self.keep], window_ms=self.keep_ms)
+        self.store.keep_in(pipeline, self.claim, {i: self.keep[i] for i in ids if i in self.keep})
 
     def rearm(self, item_id: str, when: When, envelope: Envelope, *, rank: int = 0) -> RearmOutcome:
         """Ack ``item_id`` and schedule it again in one step, if still under this lease (a

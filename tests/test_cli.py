@@ -163,7 +163,7 @@ def test_list_shows_an_item_awaiting_its_start(cli: Invoke, vstore: DelayStore) 
     """Lossless mode: a published item kept until a worker records its start says so."""
     vstore.schedule("kept", 1.0, envelope("q:out"))  # long due
     claim = vstore.claim(vstore.shard_of("kept"))
-    assert vstore.keep(claim, ["kept"], window_ms=60_000) == 1
+    assert vstore.keep(claim, {"kept": 60_000}) == 1
     [entry] = json.loads(expect(cli("list", "--json")))
     assert entry["awaiting_start"] is True and entry["leased_until"] is not None
     assert "(awaiting start)" in expect(cli("list"))

@@ -198,7 +198,10 @@ def test_lossless_keeps_published_items_and_publishes_again_what_did_not_start(
     assert (second.confirmed, second.forwarded, second.kept) == (1, 1, 1)
     assert store.get("a") is None  # found started: deleted, not published again
     assert out.lrange(key, 0, -1)[2:] == [envelope("b", key=key).body]  # "b" never started: sent again
-    assert store.get("b").awaiting_start  # type: ignore[union-attr]
+    kept = store.get("b")
+    assert kept is not None and kept.awaiting_start
+    assert kept.leased_until_ms is not None  # published on its 2nd claim: the window doubled
+    assert 1500 < kept.leased_until_ms - store.server_time_ms() <= 2000
     assert {name: _total(metrics, name) for name in ("kept", "found_started", "acked")} == {
         "kept": 3,
         "found_started": 1,

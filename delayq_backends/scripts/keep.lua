@@ -3,11 +3,10 @@
 Input:
   KEYS[1..8] the shard's keys (see includes/common.lua)
   ARGV[1] our lease, "<deadline>:<token>" of the claim
-  ARGV[2] window ms: the item is due again at server now + this
-  ARGV[3] clock override ms ("0": server TIME)
-  ARGV[4..] ids
+  ARGV[2] clock override ms ("0": server TIME)
+  ARGV[3..] pairs: id, window ms (the item is due again at server now + window)
 Output: how many were kept.
-Each id still under our lease is due again at now + window, and its `leased` entry becomes
+Each id still under our lease is due again at now + its window, and its `leased` entry becomes
 "<due>:published:<ready>" (no claim token is "published", so no ack, release or fail matches
 it; claim.lua reads the original ready time from it as from any lease, so a late run's
 lateness stays truthful). The claim's attempt stays counted: a task no worker ever starts (it
@@ -17,10 +16,10 @@ the run's "started" record (dedupe) and acks it, or publishes it again. A ranked
 entry moves to the new due time, as defer.lua moves it. allow-oom: settling must work in a
 full store. ]]
 --- @include "common"
-local due = ms(now_ms(ARGV[3]) + tonumber(ARGV[2]))
+local now = now_ms(ARGV[2])
 local n = 0
-for i = 4, #ARGV do
-  local id = ARGV[i]
+for i = 3, #ARGV, 2 do
+  local id, due = ARGV[i], ms(now + tonumber(ARGV[i + 1]))
   local ready = our_lease(id, ARGV[1])
   if ready then
     rcall('ZADD', KEYS[1], due, id)
