@@ -63,9 +63,11 @@ class ChaosPlan:
     stall_seconds: float = 20.0  # no task ran for this long though some are missing: replace the worker
     seed: int = 1
     broker: str = "redis"  # or "rabbitmq": the system RabbitMQ, restarted with rabbitmqctl
-    #: workers with dedupe (``delayq_dedupe``) and forwarders in lossless mode with this window
+    #: workers with dedupe (``delayq_dedupe``) and forwarders in lossless mode with this window,
+    #: above the queue's wait after a broker restart (the Redis transport restores unacked
+    #: messages after 10 s here), so a backlog is not published again while it drains
     dedupe: bool = False
-    lossless_window: float = 10.0
+    lossless_window: float = 30.0
 
 
 @dataclass
@@ -300,7 +302,8 @@ def _settle(env: CeleryEnv, ids: set[str], plan: ChaosPlan, logs: Path, log: Cal
             log(f"chaos: nothing ran for {plan.stall_seconds:.0f} s, {len(ids) - ran} missing; replacing the worker")
             env.stop()
             restarts += 1
-            env.start_worker(logs, name=f"worker{restarts}")
+            # its ping queues behind the backlog the stalled worker left
+            env.start_worker(logs, name=f"worker{restarts}", ready_timeout=plan.settle_timeout)
             replaced = True
         time.sleep(0.2)  # the poll interval of this wait, not a wait for something to happen
     log(f"chaos: timed out after {plan.settle_timeout:.0f} s waiting for every task")

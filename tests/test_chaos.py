@@ -33,6 +33,25 @@ def test_nothing_is_lost_under_kills_restarts_and_cuts(broker: str, request: pyt
     assert report.duplicates <= plan.faults["kill-forwarder"] * 200 + plan.tasks // 10
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_with_dedupe_and_lossless_mode_nothing_is_lost_or_run_twice(
+    broker: str, request: pytest.FixtureRequest
+) -> None:
+    """The same faults with workers deduping and forwarders in lossless mode (issue 15): the
+    broker's own losses come back as late runs, and every duplicate delivery is dropped."""
+    if broker == "rabbitmq":
+        request.getfixturevalue("rabbitmq_url")
+    plan = ChaosPlan(broker=broker, dedupe=True)
+    report = run_chaos(plan, log=print)
+    print(f"chaos report: {report.as_dict()}")
+    assert report.faults == plan.faults, "every planned fault happened"
+    assert report.lost == 0, f"lost: {report.lost_ids}"
+    assert report.duplicates == 0
+    assert report.waiting == 0 and report.executed == report.scheduled == plan.tasks
+    assert report.dead_letters == 0
+
+
 def test_stragglers_are_found_in_the_store_and_the_broker(valkey_server: EmbeddedServer) -> None:
     """What a timed-out run counts as "still waiting", not lost: a task in the store, a message in
     the broker's queue; an id that is nowhere is lost."""

@@ -90,13 +90,16 @@ class CeleryEnv:
         self.processes.append(proc)
         return proc
 
-    def start_worker(self, tmp: Path, *, name: str = "worker", pool: str = "threads") -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, tmp: Path, *, name: str = "worker", pool: str = "threads", ready_timeout: float = 60
+    ) -> subprocess.Popen[bytes]:
+        """Start a worker and wait until it ran a ping (``ready_timeout``: longer behind a backlog)."""
         node = f"{name}-{uuid.uuid4().hex[:6]}@dqt"
         args = [sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
         args += ["-P", pool, "-c", "4", "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
         args += ["--without-gossip", "--without-mingle"]
         proc = self.start(args, name, tmp)
-        self.wait_ready(proc)
+        self.wait_ready(proc, ready_timeout)
         return proc
 
     def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
