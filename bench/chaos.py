@@ -71,7 +71,7 @@ def markdown(report: ChaosReport, mode: str, load: tuple[float, float], broker: 
         mode += f", --dedupe: workers with delayq_dedupe, forwarders --lossless (window {plan.lossless_window:g} s)"
     dedupe = (
         f"- dedupe dropped {report.dropped:,} duplicate deliveries before they ran; lossless mode published again "
-        f"what had not started {plan.lossless_window:g} s after its publish\n"
+        f"what had not started {plan.lossless_window:g} s after its publish (the window doubling per re-publish)\n"
         if plan.dedupe
         else ""
     )
