@@ -751,7 +751,7 @@ def list_(
         shard,
         offset,
         limit,
-        lambda s, n: store.list(shard=s, start=low, end=high, count=n),
+        lambda s, n: store.scheduled(shard=s, start=low, end=high, count=n),
         listed_at,
     )
     entries = [item_entry(item) for item in items]

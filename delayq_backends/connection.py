@@ -10,7 +10,7 @@ from redis.cluster import RedisCluster
 
 from .errors import ConfigError
 
-__all__ = ["Client", "connect", "is_cluster", "redact_url"]
+__all__ = ["Client", "connect", "is_cluster", "redact_url", "same_server"]
 
 Client = Union[redis.Redis, RedisCluster]
 
@@ -77,3 +77,15 @@ def is_cluster(client: Any) -> bool:
         return bool(client.info("cluster").get("cluster_enabled"))
     except redis.ResponseError:  # INFO renamed or disabled, or an in-process fake: not a cluster
         return False
+
+
+def same_server(a: Any, b: Any) -> bool:
+    """Whether two redis-py clients reach the same server and database (by connection settings)."""
+    if a is b:
+        return True
+    try:
+        ka, kb = a.connection_pool.connection_kwargs, b.connection_pool.connection_kwargs
+    except AttributeError:
+        return False
+    fields = ("host", "port", "path", "db")
+    return all(ka.get(f) == kb.get(f) for f in fields)

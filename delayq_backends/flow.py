@@ -274,7 +274,8 @@ class FlowGate:
     def _tokens(self, queue: str, deliveries: list[Delivery], rate: float, now_ms: int) -> Admission:
         """Rate cap: those with a token go; the rest wait for the slots booked for them."""
         try:
-            granted, first, _ = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
+            grant = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
+            granted, first = grant.granted, grant.first_slot_ms
         except (redis.ResponseError, StoreFullError) as exc:  # fail closed: the cap protects the workers
             log.error("rate bucket of %r failed (%s: %s); holding its items back", queue, type(exc).__name__, exc)
             not_before = now_ms + int(self.control.recheck * 1000)

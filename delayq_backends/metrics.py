@@ -34,7 +34,7 @@ from redis.exceptions import RedisClusterException
 from .errors import ConfigError, DelayqError
 
 if TYPE_CHECKING:
-    from .models import Claim
+    from .models import Claim, FailedDelivery
     from .store import DelayStore
     from .targets import Delivery, PublishReport
 
@@ -237,7 +237,7 @@ class ForwarderMetrics:
         claim: Claim,
         labels: Mapping[str, Labels],
         report: PublishReport,
-        failures: Sequence[tuple[str, Optional[int], str]],
+        failures: Sequence[FailedDelivery],
         *,
         acked: int,
         retried: int,
@@ -251,7 +251,7 @@ class ForwarderMetrics:
 
         Args:
             labels: (target, queue) of each claimed id whose envelope decoded.
-            failures: as given to ``store.fail``: (id, retry-at or None if permanent, error).
+            failures: as given to ``store.fail``.
             acked: what ``store.ack`` returned for the published ids a target had not acked
                 itself (``report.acked``, counted here as acked).
             retried, buried: what ``store.fail`` returned.
@@ -269,9 +269,9 @@ class ForwarderMetrics:
         already = set(report.acked)
         self._add(self.acked, attribute(of(i for i in report.published if i not in already), acked))
         attempts = {item.id: item.attempts for item in claim.items}
-        doomed = {i for i, retry_at, _ in failures if retry_at is None or attempts[i] >= max_attempts}
-        self._add(self.dead_lettered, attribute(of(i for i, _, _ in failures if i in doomed), buried))
-        self._add(self.retried, attribute(of(i for i, _, _ in failures if i not in doomed), retried))
+        doomed = {f.id for f in failures if f.retry_at_ms is None or attempts[f.id] >= max_attempts}
+        self._add(self.dead_lettered, attribute(of(f.id for f in failures if f.id in doomed), buried))
+        self._add(self.retried, attribute(of(f.id for f in failures if f.id not in doomed), retried))
         self._add(self.released, attribute(of(report.unsent), released))
         self._add(self.deferred, attribute(of(deferred), deferred_count))
 

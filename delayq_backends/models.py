@@ -11,12 +11,17 @@ __all__ = [
     "Claim",
     "ClaimedItem",
     "DeadLetter",
+    "DeliveryFailure",
+    "FailCounts",
+    "FailedDelivery",
     "LeaseExtension",
     "RearmOutcome",
+    "RequeuePage",
     "RescheduleOutcome",
     "ScheduleCounts",
     "ScheduledItem",
     "ShardStats",
+    "TokenGrant",
 ]
 
 
@@ -168,3 +173,51 @@ class LeaseExtension:
 
     deadline_ms: int
     held: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DeliveryFailure:
+    """An item a target could not deliver, and why. A permanent failure goes to the dead letters
+    at once; others are retried with back-off."""
+
+    id: str
+    error: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class FailedDelivery:
+    """A failed delivery as the store records it (:meth:`DelayStore.fail`): retried at
+    ``retry_at_ms``, or buried at once when that is None (a permanent error)."""
+
+    id: str
+    retry_at_ms: Optional[int]
+    error: str
+
+
+@dataclass(frozen=True)
+class FailCounts:
+    """What :meth:`DelayStore.fail` did: failed items to be retried, and items buried."""
+
+    retried: int = 0
+    buried: int = 0
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    """Tokens taken from a queue's rate bucket: the refused rest may go from ``first_slot_ms``
+    on, one every ``1000 / rate`` ms (they hold those slots). ``now_ms`` is the server's clock."""
+
+    granted: int
+    first_slot_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class RequeuePage:
+    """One requeue.lua call: letters requeued, letters kept (no envelope, or the id is scheduled
+    again), and letters of the page seen."""
+
+    requeued: int
+    skipped: int
+    seen: int

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from importlib import import_module
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from .config import Config
 from .envelope import Envelope
 from .errors import EnvelopeError
 from .forwarder import Forwarder
-from .models import Claim
+from .models import Claim, DeliveryFailure, FailCounts, FailedDelivery, TokenGrant
 from .store import DelayStore
 from .targets import Delivery, PublishReport, Target
 from .timeutil import Clock, from_ms, now_ms, to_ms
@@ -174,14 +174,14 @@ class TestingStore(DelayStore):
         return super().claim(shard, limit=limit, lease_ms=lease_ms, now=self.clock() if now is None else now)
 
     def fail(
-        self, claim: Claim, failures: Iterable[Tuple[str, Optional[int], str]], *, now: Optional[int] = None
-    ) -> Tuple[int, int]:
+        self, claim: Claim, failures: Iterable[FailedDelivery], *, now: Optional[int] = None
+    ) -> FailCounts:
         """:meth:`DelayStore.fail`, dating dead letters by the fake clock unless ``now`` is given."""
         return super().fail(claim, failures, now=self.clock() if now is None else now)
 
     def take_tokens(
         self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None
-    ) -> Tuple[int, int, int]:
+    ) -> TokenGrant:
         """:meth:`DelayStore.take_tokens` (rate caps) on the fake clock unless ``now`` is given."""
         return super().take_tokens(queue, wanted, rate=rate, burst=burst, now=self.clock() if now is None else now)
 
@@ -265,7 +265,7 @@ class CollectingTarget:
                 if self.callback is not None:
                     self.callback(d)
             except Exception as exc:  # the application's code failed: a retryable delivery failure
-                report.failed.append((d.id, f"{type(exc).__name__}: {exc}", False))
+                report.failed.append(DeliveryFailure(d.id, f"{type(exc).__name__}: {exc}"))
                 continue
             self.delivered.append(d)
             report.published.append(d.id)
@@ -324,7 +324,7 @@ def scheduled(
     out = []
     page, offset = 1000, 0
     while True:
-        items = store.list(offset=offset, count=page)
+        items = store.scheduled(offset=offset, count=page)
         for item in items:
             try:
                 envelope = Envelope.decode(item.envelope)

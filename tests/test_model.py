@@ -47,6 +47,7 @@ from hypothesis.stateful import (
 from delayq_backends import Claim, Config, DelayStore, Envelope
 from delayq_backends.connection import connect
 from delayq_backends.keys import shard_of
+from delayq_backends.models import FailCounts, FailedDelivery
 from delayq_backends.testing import TestingStore
 
 IDS = ["a", "b", "c", "d", "e", "f"]
@@ -389,7 +390,7 @@ class DelayStoreModel(RuleBasedStateMachine):
                 event("fail: retried later")
                 item.ready, item.lease = retry, None  # the attempt stays counted
                 retried += 1
-        assert self.s.fail(record.claim, failures, now=m.now) == (retried, buried)
+        assert self.s.fail(record.claim, failures, now=m.now) == FailCounts(retried, buried)
 
     @staticmethod
     def _all(record: ClaimRecord, ids: Optional[list[str]]) -> list[str]:
@@ -467,7 +468,7 @@ class DelayStoreModel(RuleBasedStateMachine):
         assert sum(s.dead for s in stats) == len(m.dead)
         assert self.s.heads() == m.heads()
         order = sorted((item.score, m.shard(i), i) for i, item in m.items.items())
-        assert [i.id for i in self.s.list(count=len(IDS))] == [i for _, _, i in order]
+        assert [i.id for i in self.s.scheduled(count=len(IDS))] == [i for _, _, i in order]
 
     @invariant()
     def dead_letters_match(self) -> None:
@@ -560,7 +561,7 @@ def test_a_stale_claim_never_acts_on_a_later_claims_item(void_first: str, leases
     second = store.claim(0, lease_ms=second_lease, now=T0 + later)
     assert first.deadline_ms == second.deadline_ms and [i.id for i in second.items] == ["x"]
     assert store.ack(first) == 0
-    assert store.fail(first, [("x", None, "stale")], now=T0 + later) == (0, 0)
+    assert store.fail(first, [FailedDelivery("x", None, "stale")], now=T0 + later) == FailCounts(0, 0)
     assert store.release(first) == 0
     assert store.release(second) == 1  # the second claim still holds it
 
@@ -570,7 +571,7 @@ def test_purging_the_dead_letter_named_star_purges_only_it() -> None:
     store = TestingStore(Config(prefix="star", shards=1))
     for item_id in ("*", "a"):
         store.schedule(item_id, T0 / 1000, Envelope("list", "out", b"x"))
-        store.fail(store.claim(0, now=T0), [(item_id, None, "boom")], now=T0)
+        store.fail(store.claim(0, now=T0), [FailedDelivery(item_id, None, "boom")], now=T0)
     assert sorted(d.id for d in store.dead_letters()) == ["*", "a"]
     assert store.purge_dead(["*"]) == 1
     assert [d.id for d in store.dead_letters()] == ["a"]

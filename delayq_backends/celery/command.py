@@ -180,7 +180,7 @@ def list_(ctx: click.Context, offset: int, limit: int, task_name: Optional[str],
 
     Arguments are decoded from JSON bodies only; other serializers show Celery's argsrepr.
     """
-    items = store_for(ctx.find_root().obj.app).list(offset=offset, count=limit)
+    items = store_for(ctx.find_root().obj.app).scheduled(offset=offset, count=limit)
     rows = [row for row in map(_task_row, items) if row is not None]
     if task_name is not None:  # of this page
         rows = [row for row in rows if row["task"] == task_name]

@@ -36,9 +36,10 @@ from kombu.utils.json import dumps as kombu_json_dumps
 from ..envelope import Envelope
 from ..errors import DelayqError, EnvelopeError
 from ..keys import normalize_id, periodic_key
-from ..models import CancelOutcome, RearmOutcome
+from ..models import CancelOutcome, DeliveryFailure, RearmOutcome
 from ..store import DelayStore
-from ..targets import Delivery, Lease, PublishReport, Target
+from ..store.lease import Lease
+from ..targets import Delivery, PublishReport, Target
 from ..timeutil import Clock, from_ms
 from .message import KIND as CELERY_KIND
 from .message import StoredMessage, TaskView, priority_rank
@@ -514,7 +515,7 @@ class PeriodicTarget:
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Without a lease the next run could not be scheduled safely: nothing is sent."""
         why = "a periodic entry is fired only under a claim's lease (Forwarder calls publish_claimed)"
-        return PublishReport(failed=[(d.id, why, False) for d in deliveries])
+        return PublishReport(failed=[DeliveryFailure(d.id, why) for d in deliveries])
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()
@@ -526,7 +527,7 @@ class PeriodicTarget:
                 message, state = _decode(d.envelope)
                 plan = state.misfire.plan(state.schedule, state.slot, now)
             except (EnvelopeError, ValueError, TypeError, KeyError, OverflowError) as exc:
-                report.failed.append((d.id, f"cannot fire this periodic entry: {exc}", True))
+                report.failed.append(DeliveryFailure(d.id, f"cannot fire this periodic entry: {exc}", permanent=True))
                 continue
             ids = []
             for slot in plan.runs:
@@ -538,7 +539,7 @@ class PeriodicTarget:
         sent = self.inner.publish_many(runs) if runs else PublishReport()
         report.broker_error = sent.broker_error
         published, unsent = set(sent.published), set(sent.unsent)
-        failed = {i: (error, permanent) for i, error, permanent in sent.failed}
+        failed = {f.id: f for f in sent.failed}
         for d, message, state, plan, ids in fired:
             if all(i in published for i in ids):
                 self._rearm(lease, d, message, state, plan, now)
@@ -547,8 +548,9 @@ class PeriodicTarget:
             elif any(i in unsent for i in ids):  # given back: its runs go again, all of them
                 report.unsent.append(d.id)
             else:
-                errors = [failed[i] for i in ids if i in failed] or [("not published", False)]
-                report.failed.append((d.id, "; ".join(e for e, _ in errors), all(p for _, p in errors)))
+                errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(d.id, "not published")]
+                error, permanent = "; ".join(e.error for e in errors), all(e.permanent for e in errors)
+                report.failed.append(DeliveryFailure(d.id, error, permanent=permanent))
         return report
 
     @staticmethod

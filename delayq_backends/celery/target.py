@@ -25,6 +25,7 @@ from kombu.messaging import Producer
 
 from ..connection import redact_url
 from ..errors import EnvelopeError
+from ..models import DeliveryFailure
 from ..outages import is_transient
 from ..targets import Delivery, PublishReport
 from .message import KIND, StoredMessage
@@ -104,7 +105,7 @@ class CeleryTarget:
                 message = StoredMessage.from_envelope(d.envelope)
                 ready.append(_Prepared(d.id, message.task, message.publish_kwargs(ready_ms=d.ready_ms, now=now)))
             except (EnvelopeError, ValueError, TypeError, OverflowError) as exc:
-                report.failed.append((d.id, f"cannot replay this Celery message: {exc}", True))
+                report.failed.append(DeliveryFailure(d.id, f"cannot replay this Celery message: {exc}", permanent=True))
         if not ready:
             return report
         try:
@@ -114,7 +115,7 @@ class CeleryTarget:
             if not (isinstance(exc, self._connection_errors()) or is_transient(exc)):
                 raise
             self._reset()
-            done = set(report.published) | {i for i, _, _ in report.failed}
+            done = set(report.published) | {f.id for f in report.failed}
             report.unsent = [p.id for p in ready if p.id not in done]
             report.broker_error = exc
             return report
@@ -144,7 +145,7 @@ class CeleryTarget:
                 except self._channel_errors() as exc:  # the broker refused this one message
                     if is_transient(exc):  # ... for now (resource locked, a resource alarm): an outage
                         raise
-                    report.failed.append((p.id, f"broker refused {p.task} {p.id}: {exc}", False))
+                    report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
                     if not batched:
                         self._producer = None  # the channel is closed after a channel error
                         producer = self._producer_or_new()

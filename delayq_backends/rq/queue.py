@@ -19,11 +19,10 @@ from rq import Queue as RQQueue
 from rq.job import Job
 
 from ..config import Config
-from ..connection import connect
+from ..connection import connect, same_server
 from ..envelope import Envelope
 from ..errors import ConfigError, InvalidTimeError
 from ..store import DelayStore
-from ..targets import same_server
 from ..timeutil import to_ms
 from .registry import ScheduledJobRegistry, mirror_scheduled
 from .target import job_envelope, job_rank
@@ -161,7 +160,7 @@ class Queue(UsesDelayStore, RQQueue):
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         save(pipe)
         if shared:
-            store.schedule_in(pipe, job.id, ready, envelope, rank=job_rank(job))
+            store.schedule(job.id, ready, envelope, rank=job_rank(job), pipeline=pipe)
         if pipeline is None:
             pipe.execute()
         if not shared:

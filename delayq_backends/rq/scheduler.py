@@ -21,11 +21,11 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.utils import import_attribute
 
+from ..connection import same_server
 from ..envelope import Envelope
 from ..errors import DelayqError, EnvelopeError, InvalidTimeError
 from ..models import CancelOutcome, ScheduledItem
 from ..store import DelayStore
-from ..targets import same_server
 from ..timeutil import to_ms
 from .periodic import (
     RQ_SCHEDULER,
@@ -283,7 +283,7 @@ class Scheduler(UsesDelayStore):
         if not store.cluster and same_server(store.client, self.connection):
             with self.connection.pipeline() as pipe:
                 job.save(pipeline=pipe)
-                store.schedule_in(pipe, job.id, seconds(ready_ms), envelope, rank=job_rank(job))
+                store.schedule(job.id, seconds(ready_ms), envelope, rank=job_rank(job), pipeline=pipe)
                 pipe.execute()
         else:
             job.save()
@@ -397,7 +397,7 @@ class Scheduler(UsesDelayStore):
         low: Optional[int] = None
         skip = 0
         while True:
-            items = self.delay_store.list(
+            items = self.delay_store.scheduled(
                 start=None if low is None else seconds(low),
                 end=None if end is None else seconds(end),
                 offset=skip,

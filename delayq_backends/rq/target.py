@@ -16,7 +16,7 @@ the forwarder imports from an envelope is a queue or job class on its allowlist
 A batch is moved in one MULTI/EXEC on RQ's Redis, with every job key (and each dependency's)
 WATCHed, so a job cancelled or deleted while it is being moved is never resurrected. When RQ's
 Redis is the delay store's own server, the store's ack joins that transaction (see
-:class:`~delayq_backends.targets.Lease`): the enqueue and the ack commit together, an
+:class:`~delayq_backends.store.Lease`): the enqueue and the ack commit together, an
 exactly-once hand-off.
 """
 
@@ -41,9 +41,11 @@ from rq.utils import import_attribute, utcformat
 
 from ..envelope import Envelope
 from ..errors import DelayqError
+from ..models import DeliveryFailure
 from ..outages import is_transient
-from ..scripts import Scripts
-from ..targets import Delivery, Lease, PublishReport
+from ..scripts import RqEnqueue, RqFields, ScriptRunner
+from ..store.lease import Lease
+from ..targets import Delivery, PublishReport
 from .periodic import advance
 from .registry import forget_scheduled
 
@@ -404,7 +406,7 @@ class RQTarget:
         self.clock = clock
         self.max_watch_retries = max_watch_retries
         self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
-        self.scripts = Scripts.register(connection)
+        self.scripts = ScriptRunner(connection)
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Move jobs with no lease at hand: acked by the caller, periodic jobs are not re-armed."""
@@ -435,14 +437,14 @@ class RQTarget:
                     name, self._class("queue_class", queue_path, RQQueue), self._class("job_class", job_path, Job)
                 )
             except ClassImportError as exc:
-                report.failed += [(d.id, str(exc), True) for d in group]
+                report.failed += [DeliveryFailure(d.id, str(exc), permanent=True) for d in group]
                 continue
             try:
                 self._move(_Batch(keys, {d.id: d for d in group}), lease, report)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                done = set(report.published) | {i for i, *_ in report.failed}
+                done = set(report.published) | {f.id for f in report.failed}
                 report.unsent += [d.id for d in group if d.id not in done]
                 report.broker_error = exc
         return report
@@ -467,7 +469,7 @@ class RQTarget:
                     pipe.reset()
             else:
                 report.failed += [
-                    (i, f"job keys or lease changed {self.max_watch_retries} times while being enqueued", False)
+                    DeliveryFailure(i, f"job keys or lease changed {self.max_watch_retries} times while being enqueued")
                     for i in batch.ids
                 ]
                 return
@@ -475,7 +477,7 @@ class RQTarget:
         if shared is None:
             self._rearm(batch, moved, None, lease)
         report.published += batch.skipped + moved
-        report.failed += [(i, error, True) for i, error in batch.broken]
+        report.failed += [DeliveryFailure(i, error, permanent=True) for i, error in batch.broken]
         if shared is not None:
             report.acked += batch.skipped + moved
 
@@ -493,7 +495,8 @@ class RQTarget:
                 # a key that is not a hash: rq_fields below names its type
                 old_meta = {i: None if isinstance(m, Exception) else m
                             for i, m in zip(legacy, reads.execute(raise_on_error=False))}  # fmt: skip
-        results = self.scripts.rq_fields([batch.job_keys[i] for i in batch.held], _FIELDS) if batch.held else []
+        job_keys = [batch.job_keys[i] for i in batch.held]
+        results = self.scripts.run(RqFields.call(job_keys, _FIELDS)) if batch.held else []
         waiting: dict[str, tuple[str, ...]] = {}
         for job_id, values in zip(batch.held, results):
             try:
@@ -614,7 +617,7 @@ class RQTarget:
         forget_scheduled(pipe, keys.name, [*batch.jobs, *batch.skipped])  # the registry's mirror entries
         if shared is not None:
             moved = list(batch.jobs)
-            shared.ack_in(pipe, batch.skipped + moved)
+            shared.ack(batch.skipped + moved, pipeline=pipe)
             self._rearm(batch, moved, pipe, shared)
 
     def _enqueue(
@@ -628,8 +631,15 @@ class RQTarget:
             return
         enqueued_at = utcformat(datetime.now(timezone.utc))
         mask = "".join("1" if job.timeout is None else "0" for _, job in jobs)
-        args = [JobStatus.QUEUED.value, keys.name, enqueued_at, str(keys.default_timeout), mask]
-        self.scripts.rq_enqueue.queue(pipe, [job_keys[job_id] for job_id, _ in jobs], args)
+        call = RqEnqueue.call(
+            [job_keys[job_id] for job_id, _ in jobs],
+            status=JobStatus.QUEUED.value,
+            origin=keys.name,
+            enqueued_at=enqueued_at,
+            timeout=str(keys.default_timeout),
+            mask=mask,
+        )
+        self.scripts.queue(call, pipe)
 
     def _enqueue_extra(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields) -> None:
         """The rest of ``Queue._enqueue_job`` for the jobs that need it: out of the deferred
@@ -687,10 +697,8 @@ class RQTarget:
             rank = AT_FRONT_RANK if batch.jobs[job_id].at_front else 0
             if lease is None:
                 log.warning("periodic job %s moved without a lease: its next run is not scheduled", job_id)
-            elif pipe is not None:
-                lease.store.schedule_in(pipe, job_id, following, envelope, rank=rank)
             else:
-                lease.store.schedule(job_id, following, envelope, rank=rank)
+                lease.schedule(job_id, following, envelope, rank=rank, pipeline=pipe)
 
 
 def _module_of(path: Any) -> str:

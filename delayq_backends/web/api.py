@@ -500,7 +500,7 @@ Shard = Annotated[
 def list_items(svc: Svc, offset: Offset = 0, limit: Limit = 50, shard: Shard = None) -> ItemsOut:
     with reading("the upcoming items"):
         items, problems = around_bad_shards(
-            svc.store, shard, offset, limit, lambda s, n: svc.store.list(shard=s, count=n), listed_at
+            svc.store, shard, offset, limit, lambda s, n: svc.store.scheduled(shard=s, count=n), listed_at
         )
         return ItemsOut(items=[ItemOut(**item_entry(i)) for i in items], problems=problems)
 

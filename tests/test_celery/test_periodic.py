@@ -19,7 +19,7 @@ from delayq_backends.celery.periodic import KIND, PeriodicTarget, item_id, remov
 from delayq_backends.celery.schedules import run_task_id
 from delayq_backends.envelope import Envelope
 from delayq_backends.models import RearmOutcome
-from delayq_backends.targets import Lease
+from delayq_backends.store import Lease
 from delayq_backends.testing import CollectingTarget, FakeClock, TestingForwarder, TestingStore, testing_store
 
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -18,7 +18,7 @@ from rq.serializers import JSONSerializer
 
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.cli import main
-from delayq_backends.models import ScheduledItem
+from delayq_backends.models import FailedDelivery, ScheduledItem
 from delayq_backends.rq import Queue, upgrade
 from delayq_backends.rq.target import job_rank
 from tests.conftest import make_store
@@ -85,7 +85,8 @@ def test_upgraded_periodic_and_cron_jobs_keep_their_place_and_keep_running(
     retried = legacy_schedule(conn, store, queue.name, past, "r", {"interval": 60})
     claim = store.claim(store.shard_of(retried.id), limit=100)
     store.release(claim, [i.id for i in claim.items if i.id != retried.id])
-    store.fail(claim, [(retried.id, int(later.timestamp() * 1000), "broker down")])  # attempts 1, due later
+    retry_at = int(later.timestamp() * 1000)
+    store.fail(claim, [FailedDelivery(retried.id, retry_at, "broker down")])  # attempts 1, due later
     one_off = legacy_schedule(conn, store, queue.name, later, "o", {})
     ids = (periodic.id, cron.id, retried.id, one_off.id)
     before = {i: store.get(i) for i in ids}
@@ -182,7 +183,7 @@ def test_replace_envelope_is_a_compare_and_set_that_keeps_the_rest(server_url: s
 
         store.schedule("c", 0, old)
         claim = store.claim(store.shard_of("c"))
-        store.fail(claim, [("c", None, "legacy")])
+        store.fail(claim, [FailedDelivery("c", None, "legacy")])
         assert store.replace_envelope("c", old, Envelope("rq", "q3"), dead=True)
         (dead,) = store.dead_letters()
         assert Envelope.decode(dead.envelope or b"").destination == "q3" and dead.error == "legacy"
