@@ -40,12 +40,12 @@ _FUNCTIONS = ("+fcall", "+fcall_ro")
 _SCRIPTS = ("+evalsha", "+eval", "+script|load", "+script|exists")
 #: The scripts' own commands, which Redis checks when the script calls them.
 _SCRIPT_WRITES = ("+zadd", "+zrem", "+hset", "+hdel", "+hincrby", "+publish")
-#: schedule_in/ack_in: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
+#: schedule/ack with pipeline=: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
 _TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zcard", "+zcount", "+exists")
 #: HSCAN: the periodic entries' registry (``periodic list``, a sync at forwarder start)
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
-#: schedule_in/ack_in: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
+#: schedule/ack with pipeline=: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
 _TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 
 ROLES: dict[str, tuple[str, ...]] = {

@@ -223,5 +223,5 @@ class ShardKeys:
         return self._key("ranked")
 
     def all(self) -> list[str]:
-        """Every key, in the order the scripts take them as KEYS."""
+        """Every key of the shard (each script names the ones it takes: scripts/store.py)."""
         return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked]
