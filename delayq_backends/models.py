@@ -19,6 +19,7 @@ __all__ = [
     "RequeuePage",
     "RescheduleOutcome",
     "ScheduleCounts",
+    "ScheduleItem",
     "ScheduledItem",
     "ShardStats",
     "TokenGrant",
@@ -94,6 +95,17 @@ class Claim:
     @property
     def lease(self) -> str:
         return f"{self.deadline_ms}:{self.token}"
+
+
+@dataclass(frozen=True)
+class ScheduleItem:
+    """One item to schedule, checked: an id from ``keys.normalize_id``, ready time in integer ms,
+    envelope bytes from ``DelayStore.check_payload`` and a rank from ``store.check_rank``."""
+
+    id: str
+    ready_ms: int
+    envelope: bytes
+    rank: int = 0
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from ..models import (
     RequeuePage,
     RescheduleOutcome,
     ScheduleCounts,
+    ScheduleItem,
     TokenGrant,
 )
 from .library import ScriptCall
@@ -42,22 +43,11 @@ __all__ = [
     "Requeue",
     "Reschedule",
     "Schedule",
-    "ScheduleItem",
     "ShardScript",
     "Take",
 ]
 
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class ScheduleItem:
-    """One checked item for schedule.lua: id, ready ms, envelope bytes and rank (0..MAX_RANK)."""
-
-    id: str
-    ready_ms: int
-    envelope: bytes
-    rank: int = 0
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from ..config import Config
 from ..connection import connect
 from ..errors import ConfigError, DelayqError, InvalidTimeError
 from ..keys import normalize_id
-from ..models import ScheduleCounts
+from ..models import ScheduleCounts, ScheduleItem
 from ..store import DelayStore, check_rank
 from ..timeutil import When, to_ms
 from .targets import Accepted, RowWriter, Target
@@ -210,10 +210,11 @@ class _Loader:
         if not self.pending:
             return
         self.writer.flush(self.pending)
-        entries = [
-            (item_id, ready_ms, data, rank) for (item_id, ready_ms, data, _), rank in zip(self.pending, self.ranks)
+        items = [
+            ScheduleItem(item_id, ready_ms, data, rank)
+            for (item_id, ready_ms, data, _), rank in zip(self.pending, self.ranks)
         ]
-        self.counts += self.store.schedule_checked(entries, mode=self.mode)
+        self.counts += self.store.schedule_checked(items, mode=self.mode)
         self.pending, self.ranks = [], []
 
 

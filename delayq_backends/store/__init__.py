@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from .base import Payload, StoreCore, check_rank
 from .lease import Forwarding, Lease
-from .producer import SCHEDULE_CHUNK, CheckedEntry, Producer, ScheduleEntry
+from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
 
 __all__ = [
     "DEAD_CHUNK",
     "SCHEDULE_CHUNK",
-    "CheckedEntry",
     "DelayStore",
     "Forwarding",
     "Lease",

@@ -23,8 +23,8 @@ from ..errors import (
     StoreFullError,
 )
 from ..keys import LAYOUT, MAX_RANK, ShardKeys, meta_key, normalize_id, shard_of, shard_tags, wake_channel
+from ..models import ScheduleItem
 from ..scripts.library import ScriptCall, ScriptRunner
-from ..scripts.store import ScheduleItem
 from ..timeutil import Clock, ServerClock, When, to_ms
 
 __all__ = ["Payload", "StoreCore", "check_rank", "full_store_said_plainly"]

@@ -10,17 +10,15 @@ import redis
 
 from ..errors import ConfigError, StoreFullError
 from ..keys import normalize_id, shard_of
-from ..models import CancelOutcome, RearmOutcome, RescheduleOutcome, ScheduleCounts
-from ..scripts.store import Cancel, Rearm, Reschedule, Schedule, ScheduleItem
+from ..models import CancelOutcome, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
+from ..scripts.store import Cancel, Rearm, Reschedule, Schedule
 from ..timeutil import When, to_ms
 from .base import Payload, StoreCore
 
-__all__ = ["SCHEDULE_CHUNK", "CheckedEntry", "Producer", "ScheduleEntry"]
+__all__ = ["SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
 
 #: (id, when, envelope) or (id, when, envelope, rank).
 ScheduleEntry = Union[Tuple[Union[str, bytes], When, Payload], Tuple[Union[str, bytes], When, Payload, int]]
-#: A checked entry: (id, ready ms, envelope bytes) or with a checked rank as fourth field.
-CheckedEntry = Union[Tuple[str, int, bytes], Tuple[str, int, bytes, int]]
 
 #: Items per schedule script call: big enough to amortize the round trip, small enough not
 #: to block Redis for long (a call of 500 runs in about a millisecond).
@@ -92,26 +90,21 @@ class Producer(StoreCore):
         An entry is ``(id, when, envelope)`` or ``(id, when, envelope, rank)``. Every entry is
         validated before anything is sent, so bad input stores nothing.
         """
-        checked: List[CheckedEntry] = []
-        for item_id, when, envelope, *rank in entries:
-            item = self.check_item(item_id, when, envelope, rank[0] if rank else 0)
-            checked.append((item.id, item.ready_ms, item.envelope, item.rank))
+        checked = [self.check_item(*entry) if len(entry) == 4 else self.check_item(*entry, 0) for entry in entries]
         return self.schedule_checked(checked, mode=mode)
 
-    def schedule_checked(self, entries: Iterable[CheckedEntry], *, mode: str = "replace") -> ScheduleCounts:
-        """:meth:`schedule_many` of entries already checked: ids from :func:`~delayq_backends.keys.normalize_id`,
+    def schedule_checked(self, items: Iterable[ScheduleItem], *, mode: str = "replace") -> ScheduleCounts:
+        """:meth:`schedule_many` of items already checked: ids from :func:`~delayq_backends.keys.normalize_id`,
         ready times in integer ms from :func:`~delayq_backends.timeutil.to_ms`, envelopes from
-        :meth:`check_payload`, ranks (when given) from :func:`check_rank`.
+        :meth:`check_payload`, ranks from :func:`check_rank` (or :meth:`check_item`, all four).
 
         Bulk loaders check each row themselves, to set bad rows aside with their reason instead of
         failing a whole batch, and then skip checking them twice.
         """
         keep = _keep(mode)
         by_shard: dict[int, List[ScheduleItem]] = defaultdict(list)
-        for item_id, ready, data, *rank in entries:
-            by_shard[shard_of(item_id, self.config.shards)].append(
-                ScheduleItem(item_id, ready, data, rank[0] if rank else 0)
-            )
+        for item in items:
+            by_shard[shard_of(item.id, self.config.shards)].append(item)
         chunks = [
             (shard, items[i : i + SCHEDULE_CHUNK])
             for shard, items in by_shard.items()

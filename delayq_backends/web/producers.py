@@ -20,6 +20,7 @@ import redis
 
 from ..errors import ConfigError, DelayqError
 from ..keys import normalize_id
+from ..models import ScheduleItem
 from ..store import DelayStore
 from ..timeutil import from_ms
 
@@ -177,7 +178,7 @@ class CeleryProducer:
         chosen = {k: v for k, v in options.items() if v is not None}
         envelope = self._template(task, chosen).envelope(item_id, ready_ms, list(args), dict(kwargs))
         counts = self.store.schedule_checked(
-            [(item_id, ready_ms, self.store.check_payload(item_id, envelope))], mode=mode
+            [ScheduleItem(item_id, ready_ms, self.store.check_payload(item_id, envelope))], mode=mode
         )
         return "added" if counts.added else "replaced" if counts.replaced else "kept"
 
