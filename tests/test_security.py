@@ -24,9 +24,16 @@ from delayq_backends.cli import main
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.functions import install_functions
 from delayq_backends.models import FailCounts, FailedDelivery
-from delayq_backends.scripts import LIBRARY, SCRIPT_NAMES, Backend, ScriptRunner, library_code, parse_script
+from delayq_backends.scripts import (
+    LIBRARY,
+    SCRIPT_NAMES,
+    Backend,
+    ScriptRunner,
+    install_functions,
+    library_code,
+    parse_script,
+)
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.helpers import wait_for

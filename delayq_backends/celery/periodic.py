@@ -519,7 +519,7 @@ class PeriodicTarget:
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()
-        now = (self.clock or lease.store.clock)()
+        now = self.clock() if self.clock is not None else lease.now_ms()
         fired: list[tuple[Delivery, StoredMessage, PeriodicState, Plan, list[str]]] = []
         runs: list[Delivery] = []
         for d in deliveries:
