@@ -173,15 +173,11 @@ class TestingStore(DelayStore):
         """:meth:`DelayStore.claim` at the fake clock's now unless ``now`` is given."""
         return super().claim(shard, limit=limit, lease_ms=lease_ms, now=self.clock() if now is None else now)
 
-    def fail(
-        self, claim: Claim, failures: Iterable[FailedDelivery], *, now: Optional[int] = None
-    ) -> FailCounts:
+    def fail(self, claim: Claim, failures: Iterable[FailedDelivery], *, now: Optional[int] = None) -> FailCounts:
         """:meth:`DelayStore.fail`, dating dead letters by the fake clock unless ``now`` is given."""
         return super().fail(claim, failures, now=self.clock() if now is None else now)
 
-    def take_tokens(
-        self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None
-    ) -> TokenGrant:
+    def take_tokens(self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None) -> TokenGrant:
         """:meth:`DelayStore.take_tokens` (rate caps) on the fake clock unless ``now`` is given."""
         return super().take_tokens(queue, wanted, rate=rate, burst=burst, now=self.clock() if now is None else now)
 

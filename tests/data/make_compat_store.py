@@ -63,8 +63,9 @@ def build(store: DelayStore) -> list[dict[str, Any]]:
     claims = []
     for shard in range(SHARDS):
         claim = store.claim(shard, limit=3, lease_ms=60_000, now=BASE + 10_000)
-        claims.append({"shard": shard, "deadline_ms": claim.deadline_ms, "token": claim.token,
-                       "ids": [i.id for i in claim.items]})
+        claims.append(
+            {"shard": shard, "deadline_ms": claim.deadline_ms, "token": claim.token, "ids": [i.id for i in claim.items]}
+        )
     # per shard: the first claimed item stays leased, the second is deferred, the third dies
     for claim_row, shard in zip(claims, range(SHARDS)):
         ids = claim_row["ids"]
