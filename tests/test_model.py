@@ -390,7 +390,8 @@ class DelayStoreModel(RuleBasedStateMachine):
                 event("fail: retried later")
                 item.ready, item.lease = retry, None  # the attempt stays counted
                 retried += 1
-        assert self.s.fail(record.claim, failures, now=m.now) == FailCounts(retried, buried)
+        failed = [FailedDelivery(*f) for f in failures]
+        assert self.s.fail(record.claim, failed, now=m.now) == FailCounts(retried, buried)
 
     @staticmethod
     def _all(record: ClaimRecord, ids: Optional[list[str]]) -> list[str]:
