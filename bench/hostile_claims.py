@@ -23,7 +23,7 @@ from typing import Any, Callable, List
 
 import redis
 
-import delayq_backends.store as store_module
+import delayq_backends.store.reader as store_module
 from delayq_backends import Config, DelayStore
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedServer

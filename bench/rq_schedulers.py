@@ -42,8 +42,8 @@ from rq.job import Job  # noqa: E402
 from rq.registry import FinishedJobRegistry  # noqa: E402
 
 from delayq_backends import Config, DelayStore  # noqa: E402
-from delayq_backends.functions import install_functions  # noqa: E402
 from delayq_backends.rq import Queue  # noqa: E402
+from delayq_backends.scripts import install_functions  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PREFIX = "bench"

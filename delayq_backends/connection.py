@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import redis
 from redis.cluster import RedisCluster
 
 from .errors import ConfigError
 
-__all__ = ["Client", "connect", "is_cluster", "redact_url", "same_server"]
+if TYPE_CHECKING:
+    from .store.base import StoreCore
+
+__all__ = ["Client", "connect", "connect_rq", "is_cluster", "on_store_server", "redact_url", "same_server"]
 
 Client = Union[redis.Redis, RedisCluster]
 
@@ -89,3 +92,25 @@ def same_server(a: Any, b: Any) -> bool:
         return False
     fields = ("host", "port", "path", "db")
     return all(ka.get(f) == kb.get(f) for f in fields)
+
+
+def on_store_server(store: StoreCore, client: Any) -> bool:
+    """Whether ``client`` writes to the store's own (non-cluster) server and database, so its
+    writes and the store's can commit in one MULTI/EXEC: the one rule every adapter asks."""
+    return not store.cluster and same_server(store.client, client)
+
+
+def connect_rq(url: str, store: StoreCore) -> redis.Redis:
+    """RQ's Redis at ``url``, reusing the store's own client when ``url`` is the store's and
+    not a cluster, so a job hash and its store entry commit in one transaction.
+
+    The caller closes the client when it is not ``store.client``.
+
+    Raises:
+        ConfigError: ``url`` is unusable or names a Redis Cluster (RQ needs a single server).
+    """
+    client = store.client if url == store.config.url and not store.cluster else connect(url)
+    if not isinstance(client, redis.Redis):
+        client.close()
+        raise ConfigError(f"{redact_url(url)} is a Redis Cluster; RQ needs a single server: give --rq-redis a node")
+    return client

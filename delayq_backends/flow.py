@@ -44,16 +44,16 @@ log = logging.getLogger("delayq.flow")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def _split(spec: str, option: str, example: str) -> tuple[str, str]:
+def _split(spec: str, what: str, example: str) -> tuple[str, str]:
     queue, sep, value = spec.rpartition("=")
     if not sep or not queue.strip() or not value.strip():
-        raise ConfigError(f"{option} {spec!r}: use QUEUE=VALUE, e.g. {example}")
+        raise ConfigError(f"{what} {spec!r}: use QUEUE=VALUE, e.g. {example}")
     return queue.strip(), value.strip()
 
 
 def parse_depth(spec: str) -> tuple[str, int]:
     """``"QUEUE=N"`` -> (queue, N): the most messages the broker queue may hold."""
-    queue, value = _split(spec, "--max-queue-depth", "celery=10000")
+    queue, value = _split(spec, "max queue depth", "celery=10000")
     return queue, check_depth(queue, value)
 
 
@@ -70,7 +70,7 @@ def check_depth(queue: str, value: Any) -> int:
 
 def parse_rate(spec: str) -> tuple[str, float]:
     """``"QUEUE=N/s"`` (or ``/m``, ``/h``; a bare N is per second) -> (queue, per second)."""
-    queue, value = _split(spec, "--rate", "celery=500/s")
+    queue, value = _split(spec, "rate", "celery=500/s")
     return queue, check_rate(queue, value)
 
 
@@ -124,7 +124,7 @@ class FlowControl:
 
     @classmethod
     def from_specs(cls, depths: Iterable[str] = (), rates: Iterable[str] = (), **settings: Any) -> FlowControl:
-        """From CLI values: ``QUEUE=N`` depths and ``QUEUE=N/s`` rates (a later one wins)."""
+        """From texts: ``QUEUE=N`` depths and ``QUEUE=N/s`` rates (a later one wins)."""
         return cls(dict(map(parse_depth, depths)), dict(map(parse_rate, rates)), **settings)
 
     @classmethod
@@ -140,7 +140,7 @@ class FlowControl:
         )
 
     def merged(self, override: FlowControl) -> FlowControl:
-        """These settings with ``override``'s queues on top (CLI options over app settings)."""
+        """These settings with ``override``'s queues on top (a process's own settings over an app's)."""
         return replace(self, max_depth={**self.max_depth, **override.max_depth}, rates={**self.rates, **override.rates})
 
     @property

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import redis
@@ -31,6 +31,7 @@ from .errors import ConfigError, EnvelopeError
 from .flow import FlowControl, FlowGate
 from .models import Claim, DeliveryFailure, FailedDelivery
 from .outages import CONNECTION_ERRORS
+from .percentile import percentile
 from .store import DelayStore, Lease
 from .targets import ClaimTarget, Delivery, PublishReport, Target
 
@@ -82,10 +83,25 @@ class ForwarderStats:
     lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000), repr=False)
 
     def percentile(self, q: float) -> Optional[int]:
-        if not self.lateness_ms:
-            return None
-        ordered = sorted(self.lateness_ms)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        """The lateness percentile ``q`` of the kept samples, in ms (None before any)."""
+        return percentile(sorted(self.lateness_ms), q)
+
+    def snapshot(self) -> ForwarderStats:
+        """A copy, to tell later what happened since (:meth:`since`)."""
+        return replace(self, lateness_ms=deque(self.lateness_ms, maxlen=self.lateness_ms.maxlen))
+
+    def settled(self) -> int:
+        """Items acked, retried, dead-lettered or deferred so far: progress, unlike releases."""
+        return self.acked + self.retried + self.dead + self.deferred + self.errors
+
+    def since(self, before: ForwarderStats) -> ForwarderStats:
+        """What happened after ``before`` (a :meth:`snapshot`): counts, and the lateness of
+        the items forwarded since."""
+        counts = {
+            f.name: getattr(self, f.name) - getattr(before, f.name) for f in fields(self) if f.name != "lateness_ms"
+        }
+        recent = list(self.lateness_ms)[len(self.lateness_ms) - min(len(self.lateness_ms), counts["forwarded"]) :]
+        return ForwarderStats(**counts, lateness_ms=deque(recent, maxlen=self.lateness_ms.maxlen))
 
 
 class Forwarder:
@@ -173,37 +189,64 @@ class Forwarder:
             log.error("cannot read the shards' heads (%s: %s); trying every shard", type(exc).__name__, exc)
             return [0] * self.store.shards
 
-    def _sweep(self, heads: list[Optional[int]]) -> int:
-        """:meth:`run_once` on heads already read, so the idle loop reads them once per wake."""
+    def run_until_idle(self) -> ForwarderStats:
+        """Burst mode (arq's ``run_check``): forward everything due now by this forwarder's
+        clock, return when nothing is, with what this call did. No signals, sleep or pub/sub.
+
+        A pass that settles nothing (every item claimed was released again: a broker outage)
+        ends the call instead of claiming the same items in a loop; they wait for the next one.
+        """
+        before = self.stats.snapshot()
+        while not self._stop.is_set():
+            due = self._due(self._heads())
+            settled = self.stats.settled()
+            if not due or self._pass(due)[0] == 0 or self.stats.settled() == settled:
+                break
+        return self.stats.since(before)
+
+    def _due(self, heads: list[Optional[int]]) -> list[int]:
+        """The shards due now and not set aside, from a random one on, so no shard goes first always."""
         now = self.server_now_ms()
         due = [s for s, head in enumerate(heads) if head is not None and head <= now and not self._aside(s, now)]
         start = self._rng.randrange(len(heads))
         due.sort(key=lambda s: (s - start) % len(heads))
+        return due
+
+    def _sweep(self, heads: list[Optional[int]]) -> int:
+        """:meth:`run_once` on heads already read, so the idle loop reads them once per wake."""
+        due = self._due(heads)
         claimed = 0
         while due and not self._stop.is_set():
-            still_due = []
-            for shard in due:
-                if self._stop.is_set():
-                    break
-                claim: Optional[Claim] = None
-                try:
-                    started = time.perf_counter()
-                    claim = self.store.claim(shard, limit=self.batch)
-                    if self.metrics is not None:
-                        self.metrics.observe_claim(time.perf_counter() - started)
-                    if claim.items:
-                        self.deliver(claim)
-                except CONNECTION_ERRORS:
-                    raise  # the store is unreachable, not this shard: the loop backs off
-                except Exception as exc:  # anything from data (a bad value, a script error, a bug)
-                    self._set_aside(shard, exc, claim)
-                    continue
-                self._set_aside_until.pop(shard, None)
-                claimed += len(claim.items)
-                if len(claim.items) == self.batch:
-                    still_due.append(shard)
-            due = still_due
+            got, due = self._pass(due)
+            claimed += got
         return claimed
+
+    def _pass(self, due: list[int]) -> tuple[int, list[int]]:
+        """One batch from each shard of ``due``: the items claimed, and the shards whose batch
+        came back full (more may be due there)."""
+        claimed = 0
+        still_due = []
+        for shard in due:
+            if self._stop.is_set():
+                break
+            claim: Optional[Claim] = None
+            try:
+                started = time.perf_counter()
+                claim = self.store.claim(shard, limit=self.batch)
+                if self.metrics is not None:
+                    self.metrics.observe_claim(time.perf_counter() - started)
+                if claim.items:
+                    self.deliver(claim)
+            except CONNECTION_ERRORS:
+                raise  # the store is unreachable, not this shard: the loop backs off
+            except Exception as exc:  # anything from data (a bad value, a script error, a bug)
+                self._set_aside(shard, exc, claim)
+                continue
+            self._set_aside_until.pop(shard, None)
+            claimed += len(claim.items)
+            if len(claim.items) == self.batch:
+                still_due.append(shard)
+        return claimed, still_due
 
     def _set_aside(self, shard: int, exc: Exception, claim: Optional[Claim]) -> None:
         """Set a shard aside after an error that retrying at once will not fix: a Redis error
@@ -458,10 +501,6 @@ class Forwarder:
     def stop(self) -> None:
         """Ask the loop to finish its in-flight batch and return."""
         self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
     def run(self, *, install_signals: bool = True, log_every: float = 10.0) -> ForwarderStats:
         """Forward until :meth:`stop` or SIGTERM/SIGINT; returns the totals.

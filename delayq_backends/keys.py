@@ -222,6 +222,13 @@ class ShardKeys:
         """
         return self._key("ranked")
 
+    def started(self, item_id: str, run: int) -> str:
+        """STRING written (SET NX PX) when a worker starts run ``run`` of ``item_id``: the
+        worker-side dedupe record. Per run, so a retry (same id, next run) is not a duplicate;
+        in the item's shard slot, so a forwarder's script can read it beside the item. Not in
+        :meth:`all`: no shard script takes it."""
+        return self._key(f"started:{run}:{item_id}")
+
     def all(self) -> list[str]:
         """Every key of the shard (each script names the ones it takes: scripts/store.py)."""
         return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked]

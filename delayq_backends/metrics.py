@@ -99,7 +99,7 @@ class LabelBounds:
     """Maps an item's (target, queue) onto bounded label values.
 
     Args:
-        queues: the queues to label by name (``--metrics-queue``, ``--rate``, ``--max-queue-depth``);
+        queues: the queues to label by name (configured ones, and those under rate or depth caps);
             any other is :data:`OTHER`. None: the first ``max_queues`` seen, then :data:`OTHER`.
         targets: the target kinds the forwarder has; None: the first ``max_targets`` seen.
     """

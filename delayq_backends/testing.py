@@ -27,20 +27,19 @@ Needs the ``testing`` extra: ``pip install "delayq_backends[testing]"``.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from importlib import import_module
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Union
 
 from .config import Config
 from .envelope import Envelope
 from .errors import EnvelopeError
 from .forwarder import Forwarder
 from .models import Claim, DeliveryFailure, FailCounts, FailedDelivery, TokenGrant
-from .store import DelayStore
-from .targets import Delivery, PublishReport, Target
+from .store import DelayStore, Lease
+from .targets import ClaimTarget, Delivery, PublishReport, Target
 from .timeutil import Clock, from_ms, now_ms, to_ms
 
 __all__ = [
@@ -275,7 +274,8 @@ class CollectingTarget:
 
 
 class _Recorder:
-    """Wraps a target to note which deliveries it reported published."""
+    """Wraps a target to note which deliveries it reported published, passing the batch's
+    lease on to a :class:`ClaimTarget` as the forwarder would (an RQ periodic job re-arms there)."""
 
     def __init__(self, target: Target, sink: list[Delivery]) -> None:
         self.kind = target.kind
@@ -283,13 +283,36 @@ class _Recorder:
         self.sink = sink
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
-        report = self.target.publish_many(deliveries)
+        return self._noted(deliveries, self.target.publish_many(deliveries))
+
+    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
+        if isinstance(self.target, ClaimTarget):
+            return self._noted(deliveries, self.target.publish_claimed(deliveries, lease))
+        return self.publish_many(deliveries)
+
+    def _noted(self, deliveries: Sequence[Delivery], report: PublishReport) -> PublishReport:
         published = set(report.published)
         self.sink.extend(d for d in deliveries if d.id in published)
         return report
 
     def close(self) -> None:
         self.target.close()
+
+
+class _EveryKind(Dict[str, Target]):
+    """Targets of a callback: every kind is known, each a :class:`CollectingTarget` made on first use."""
+
+    def __init__(self, callback: Callable[[Delivery], object], sink: list[Delivery]) -> None:
+        super().__init__()
+        self.callback = callback
+        self.sink = sink
+
+    def __contains__(self, kind: object) -> bool:
+        return isinstance(kind, str)
+
+    def __missing__(self, kind: str) -> Target:
+        target = self[kind] = _Recorder(CollectingTarget(kind, self.callback), self.sink)
+        return target
 
 
 @dataclass(frozen=True)
@@ -351,10 +374,10 @@ def run_due(
     """Deliver everything due at ``clock()`` (``store.clock`` by default); returns what the
     targets accepted, in delivery order.
 
-    Each item goes through a real :meth:`Forwarder.deliver`: accepted items are acked, failed
-    ones retried ``retry_delay`` later on ``clock`` (doubling per attempt) or dead-lettered,
-    unsent ones released. Each due item is offered at most once per call, so an item that
-    fails and is due again at once waits for the next call instead of looping.
+    The production forwarder does it, in burst mode (:meth:`Forwarder.run_until_idle`) on
+    ``clock``: accepted items are acked (a periodic job re-armed), failed ones retried
+    ``retry_delay`` later on ``clock`` (doubling per attempt) or dead-lettered, unsent ones
+    released and left for the next call.
 
     Args:
         store: the store (normally a :class:`TestingStore`).
@@ -363,38 +386,19 @@ def run_due(
         clock: "now" for claims and retries.
         batch: items per claim.
     """
-    clock = clock if clock is not None else store.clock
-    now = clock()
     delivered: list[Delivery] = []
     callback = _callback_of(targets)
-    base = {} if callback is not None else _targets_by_kind(targets)
     forwarder = TestingForwarder(
         store,
-        {kind: _Recorder(t, delivered) for kind, t in base.items()},
+        {} if callback is not None else {k: _Recorder(t, delivered) for k, t in _targets_by_kind(targets).items()},
         clock=clock,
         batch=batch,
         retry_delay=retry_delay,
         max_retry_delay=max_retry_delay,
     )
-    seen: set[str] = set()
-    for shard in range(store.shards):
-        while True:
-            claim = store.claim(shard, limit=batch, now=now)
-            fresh = [item for item in claim.items if item.id not in seen]
-            again = [item.id for item in claim.items if item.id in seen]
-            if again:  # offered already in this call: give back, attempt not counted
-                store.release(claim, again)
-            if fresh:
-                seen.update(item.id for item in fresh)
-                if callback is not None:
-                    _add_callback_targets(forwarder, fresh, callback, delivered)
-                forwarder.deliver(dataclasses.replace(claim, items=fresh))
-            head = store.heads()[shard]
-            # Go on while the shard's head is still due: more items than one batch, or a claim
-            # that dead-lettered its whole batch (out of attempts). Items coming back a second
-            # time end the shard's turn, so a failing or unsent item cannot loop.
-            if again or head is None or head > now:
-                break
+    if callback is not None:
+        forwarder.targets = _EveryKind(callback, delivered)
+    forwarder.run_until_idle()
     return delivered
 
 
@@ -438,16 +442,3 @@ def _targets_by_kind(targets: Targets) -> dict[str, Target]:
             f"got {type(targets).__name__}"
         )
     return {t.kind: t for t in targets}
-
-
-def _add_callback_targets(
-    forwarder: Forwarder, items: Iterable[Any], callback: Callable[[Delivery], object], sink: list[Delivery]
-) -> None:
-    """Give the callback a target for each kind in ``items``, so none is "unknown"."""
-    for item in items:
-        try:
-            kind = Envelope.decode(item.envelope).target
-        except EnvelopeError:
-            continue  # the forwarder dead-letters it, as in production
-        if kind not in forwarder.targets:
-            forwarder.targets[kind] = _Recorder(CollectingTarget(kind, callback), sink)

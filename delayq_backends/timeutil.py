@@ -14,7 +14,7 @@ from typing import Callable, Optional, Union
 
 from .errors import InvalidTimeError
 
-__all__ = ["MAX_MS", "Clock", "ServerClock", "When", "from_ms", "now_ms", "score_ms", "to_ms"]
+__all__ = ["MAX_MS", "Clock", "ServerClock", "When", "from_ms", "now_ms", "parse_iso", "score_ms", "to_ms"]
 
 #: 9999-12-31T23:59:59Z: past this a value is a unit mistake, not a schedule.
 MAX_MS = 253_402_300_799_000
@@ -66,6 +66,27 @@ def score_ms(score: Union[float, int, bytes, str, None]) -> int:
 def from_ms(ms: int) -> datetime:
     """An aware UTC datetime for ``ms``."""
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def parse_iso(text: str, *, zone_required: bool = True) -> datetime:
+    """An ISO-8601 time; a trailing ``Z`` means UTC (Python < 3.11 does not read it).
+
+    Raises:
+        InvalidTimeError: ``text`` is no ISO-8601 time, or (with ``zone_required``) has no zone,
+            which makes it ambiguous: the message shows the fix.
+    """
+    text = text.strip()
+    try:
+        parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+    except ValueError:
+        raise InvalidTimeError(
+            f"cannot parse {text!r} as an ISO-8601 time: use e.g. 2030-01-31T12:00:00Z or 2030-01-31T13:00:00+01:00"
+        ) from None
+    if zone_required and parsed.tzinfo is None:
+        raise InvalidTimeError(
+            f"{text!r} has no time zone, so it is ambiguous: add one, e.g. {text}Z for UTC or {text}+02:00"
+        )
+    return parsed
 
 
 def to_ms(when: When, *, clock: Clock = now_ms) -> int:

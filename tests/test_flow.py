@@ -25,7 +25,7 @@ from kombu.connection import Connection
 from delayq_backends import ConfigError, DelayStore
 from delayq_backends.celery import CelerySettings
 from delayq_backends.celery.target import CeleryTarget
-from delayq_backends.cli import ForwardOptions, forward_options
+from delayq_backends.cli.forward import ForwardOptions, forward_options
 from delayq_backends.flow import FlowControl
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.metrics import ForwarderMetrics
@@ -118,14 +118,16 @@ def test_celery_forward_command_merges_app_settings_and_options(
 ) -> None:
     from celery import Celery
 
-    from delayq_backends.celery.command import forward
+    from delayq_backends.cli import celery as command
 
     app = Celery("flow-command")
     app.conf.update(broker_url=f"{valkey_url.rsplit('/', 1)[0]}/1", delayq_url=valkey_url, delayq_shards=4)
     app.conf.update(delayq_prefix=f"cmd{int(time.time() * 1000)}", delayq_rate_limits={"a": "10/s", "b": "20/s"})
     seen: list[FlowControl] = []
-    monkeypatch.setattr(ForwardOptions, "run", lambda self, *args: seen.append(self.flow))
-    result = CliRunner().invoke(forward, ["--rate", "b=5/s", "--max-queue-depth", "a=9"], obj=SimpleNamespace(app=app))
+    monkeypatch.setattr(command, "run_forwarder", lambda settings, **_: seen.append(settings.flow))
+    result = CliRunner().invoke(
+        command.forward, ["--rate", "b=5/s", "--max-queue-depth", "a=9"], obj=SimpleNamespace(app=app)
+    )
     assert result.exit_code == 0, result.output
     assert (seen[0].max_depth, seen[0].rates) == ({"a": 9}, {"a": 10, "b": 5})
 

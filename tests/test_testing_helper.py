@@ -290,3 +290,21 @@ def test_missing_fakeredis_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
 def _fresh_client_class() -> Iterator[None]:
     yield
     _fake_client_class.cache_clear()
+
+
+def test_an_rq_periodic_job_gets_its_next_run_under_the_helper(store: TestingStore, clock: FakeClock) -> None:
+    """The helper delivers through the target's lease, as production does, so an RQ periodic
+    job is moved *and* re-armed for its next run (it used to be moved and forgotten)."""
+    pytest.importorskip("rq")
+    from delayq_backends.rq import RQTarget, Scheduler
+
+    connection = _fake_client_class()(server=store.server)
+    scheduler = Scheduler("reports", connection=connection, delay_store=store)
+    job = scheduler.schedule(clock.now(), "tests.test_rq.jobs.record", args=["p"], interval=60, repeat=None)
+    target = RQTarget(connection, clock=lambda: clock.ms / 1000)
+
+    assert [d.id for d in run_due(store, target)] == [job.id]
+
+    assert connection.llen("rq:queue:reports") == 1
+    [entry] = scheduled(store, target="rq")
+    assert (entry.id, entry.ready) == (job.id, clock.now() + timedelta(seconds=60))

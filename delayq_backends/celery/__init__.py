@@ -17,6 +17,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("delayq_backends.celery needs Celery: pip install 'delayq_backends[celery]'") from exc
 
 from .amqp import AMQP, Control, StoreUnavailableError, use_plugin_control
+from .dedupe import DedupeTask, use_dedupe
 from .message import StoredMessage, TaskView
 from .scheduled import RevokeReport, StoreRevoke, get, reschedule, revoke, revoke_everywhere
 from .settings import CelerySettings, DuplicateTaskIdError, forget_store, store_for
@@ -27,6 +28,7 @@ __all__ = [
     "CelerySettings",
     "CeleryTarget",
     "Control",
+    "DedupeTask",
     "DuplicateTaskIdError",
     "RevokeReport",
     "StoreRevoke",
@@ -47,9 +49,11 @@ def install(app: Celery) -> None:
     """Send the app's delayed tasks to the delay store and let revoke reach them there.
 
     Call it where the app is created, so producers, beat and workers (for ``Task.retry``
-    with a countdown) all load it. Settings are read at the first delayed publish.
+    with a countdown) all load it. Settings are read at the first delayed publish, except
+    ``delayq_dedupe``: set it before this call (see :mod:`delayq_backends.celery.dedupe`).
     """
     app.amqp_cls = f"{AMQP.__module__}:{AMQP.__qualname__}"
     if not isinstance(app.__dict__.get("amqp"), AMQP):
         app.__dict__.pop("amqp", None)  # a cached_property: the next access builds ours
     use_plugin_control(app)
+    use_dedupe(app)

@@ -13,6 +13,8 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_durable_replicas = 0  # > 0: each delayed send waits (WAIT) until replicas have it
     app.conf.delayq_durable_timeout_ms = 1000
     app.conf.delayq_duplicate_id = "replace"  # a second send of a waiting task id: replace|keep|error
+    app.conf.delayq_dedupe = False      # True: workers drop a second delivery of a started run
+    app.conf.delayq_dedupe_ttl = 86400  # seconds a run's "started" record is kept
 
 ``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
 in the store does. Native Celery would run both sends (two runs sharing one result). ``replace``
@@ -20,6 +22,9 @@ in the store does. Native Celery would run both sends (two runs sharing one resu
 store in use keeps its meaning, and a send repeated after a timeout (which may have been stored)
 stays harmless. ``keep`` lets the first win (an idempotent "schedule once" per id); ``error``
 refuses the second send with :class:`DuplicateTaskIdError` and keeps the first.
+
+``delayq_dedupe`` and ``delayq_dedupe_ttl`` are read by workers: see
+:mod:`delayq_backends.celery.dedupe` (set them before :func:`~delayq_backends.celery.install`).
 
 ``delayq_max_queue_depth`` and ``delayq_rate_limits`` are read by ``celery -A proj delayq
 forward``; its ``--max-queue-depth`` and ``--rate`` options win for the queues they name.
@@ -31,7 +36,6 @@ back worker-side ETAs, the very thing the plugin removes.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from typing import Optional
 from weakref import WeakKeyDictionary
@@ -43,8 +47,10 @@ from ..connection import connect, redact_url
 from ..errors import ConfigError, DelayqError
 from ..flow import FlowControl
 from ..store import DelayStore
+from ..storecache import StoreCache
 
 __all__ = [
+    "DEFAULT_DEDUPE_TTL",
     "CelerySettings",
     "DuplicateTaskIdError",
     "StoreUnavailableError",
@@ -76,8 +82,14 @@ _KNOWN = {
     "delayq_durable_replicas",
     "delayq_durable_timeout_ms",
     "delayq_duplicate_id",
+    "delayq_dedupe",
+    "delayq_dedupe_ttl",
 }
 DUPLICATE_ID_MODES = ("replace", "keep", "error")
+#: A run's "started" record outlives any plausible re-delivery: a forwarder's lease (30 s by
+#: default) plus the time the duplicate then waits in the broker's queue behind a backlog.
+DEFAULT_DEDUPE_TTL = 86400
+_MAX_DEDUPE_TTL = 366 * 86400
 _REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
 
 
@@ -90,6 +102,8 @@ class CelerySettings:
     enabled: bool
     flow: FlowControl
     duplicate_id: str = "replace"
+    dedupe: bool = False
+    dedupe_ttl_ms: int = DEFAULT_DEDUPE_TTL * 1000
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -118,6 +132,16 @@ class CelerySettings:
         duplicate_id = conf.get("delayq_duplicate_id", "replace")
         if duplicate_id not in DUPLICATE_ID_MODES:
             raise ConfigError(f"delayq_duplicate_id={duplicate_id!r}: use one of {list(DUPLICATE_ID_MODES)}")
+        dedupe = conf.get("delayq_dedupe", False)
+        if not isinstance(dedupe, bool):
+            raise ConfigError(f"delayq_dedupe={dedupe!r}: use True or False")
+        dedupe_ttl = conf.get("delayq_dedupe_ttl", DEFAULT_DEDUPE_TTL)
+        ttl_is_number = isinstance(dedupe_ttl, (int, float)) and not isinstance(dedupe_ttl, bool)
+        if not ttl_is_number or not 1 <= dedupe_ttl <= _MAX_DEDUPE_TTL:
+            raise ConfigError(
+                f"delayq_dedupe_ttl={dedupe_ttl!r}: use seconds between 1 and {_MAX_DEDUPE_TTL}, longer than a "
+                "duplicate can take to arrive (a forwarder's lease plus the broker's backlog)"
+            )
         attached = _attached.get(app)
         try:
             config = (
@@ -140,7 +164,15 @@ class CelerySettings:
             )
         except ConfigError as exc:
             raise ConfigError(f"Celery setting delayq_max_queue_depth / delayq_rate_limits: {exc}") from exc
-        return cls(config=config, min_delay=float(min_delay), enabled=enabled, flow=flow, duplicate_id=duplicate_id)
+        return cls(
+            config=config,
+            min_delay=float(min_delay),
+            enabled=enabled,
+            flow=flow,
+            duplicate_id=duplicate_id,
+            dedupe=dedupe,
+            dedupe_ttl_ms=int(dedupe_ttl * 1000),
+        )
 
 
 def _store_url(app: Celery) -> str:
@@ -160,27 +192,27 @@ def _store_url(app: Celery) -> str:
     )
 
 
-_stores: WeakKeyDictionary[Celery, DelayStore] = WeakKeyDictionary()
+_stores: StoreCache[Celery] = StoreCache(weak=True)
 #: stores given to an app by :func:`attach_store` (tests): no ``delayq_url`` is needed then
 _attached: WeakKeyDictionary[Celery, DelayStore] = WeakKeyDictionary()
-_lock = threading.Lock()
 
 
 def attach_store(app: Celery, store: DelayStore) -> None:
     """Make ``store`` the app's delay store (an in-process one in tests, see
     :mod:`delayq_backends.celery.testing`), whatever ``delayq_url`` says or whether it is set."""
     forget_store(app)
-    with _lock:
-        _attached[app] = _stores[app] = store
+    with _stores.lock:
+        _attached[app] = store
+        _stores.put(app, store)
     app.amqp.__dict__.pop("delayq_settings", None)  # re-read: the store's config replaces delayq_url
 
 
 def detach_store(app: Celery) -> None:
     """Undo :func:`attach_store`: the app's settings decide its store again."""
-    with _lock:
+    with _stores.lock:
         store = _attached.pop(app, None)
-        if store is not None and _stores.get(app) is store:
-            del _stores[app]
+        if store is not None and _stores.peek(app) is store:
+            _stores.pop(app)
     app.amqp.__dict__.pop("delayq_settings", None)
 
 
@@ -195,16 +227,7 @@ def store_for(app: Celery, settings: Optional[CelerySettings] = None) -> DelaySt
     Raises:
         ConfigError: the store is unreachable or its shard count differs (names the setting).
     """
-    store = _stores.get(app)
-    if store is not None:
-        return store
-    with _lock:
-        store = _stores.get(app)
-        if store is None:
-            settings = settings or CelerySettings.of(app)
-            store = _open(settings.config)
-            _stores[app] = store
-    return store
+    return _stores.get(app, lambda: _open((settings or CelerySettings.of(app)).config))
 
 
 def _open(config: Config) -> DelayStore:
@@ -220,9 +243,9 @@ def _open(config: Config) -> DelayStore:
 
 def forget_store(app: Celery) -> None:
     """Drop the cached store (after changing ``delayq_*`` settings at run time, e.g. in tests)."""
-    with _lock:
+    with _stores.lock:
         if app in _attached:
             return  # a test's store stays until detach_store
-        store = _stores.pop(app, None)
+        store = _stores.pop(app)
     if store is not None:
         store.client.close()

@@ -7,6 +7,9 @@ forwarder releases the batch without burning attempts), and so is a broker that 
 now (a resource alarm, a locked resource: see :mod:`delayq_backends.outages`); a message the broker refuses (a
 channel error such as PRECONDITION_FAILED, or a nack) is a per-item failure, retried with
 back-off and dead-lettered with the broker's words if it never succeeds.
+
+When the broker is kombu's Redis transport on the delay store's own server and database, a
+claimed batch is published and acked in one MULTI/EXEC (:mod:`.redis_handoff`): exactly once.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from ..connection import redact_url
 from ..errors import EnvelopeError
 from ..models import DeliveryFailure
 from ..outages import is_transient
+from ..store.lease import Lease
 from ..targets import Delivery, PublishReport
 from .message import KIND, StoredMessage
+from .redis_handoff import Command, RedisHandOff
 
 __all__ = ["CeleryTarget"]
 
@@ -59,15 +64,22 @@ class CeleryTarget:
         connect: makes a kombu :class:`~kombu.Connection` to the broker; called again after an
             outage. Use :meth:`from_url` or :meth:`from_app` rather than passing one.
         confirm_timeout: seconds to wait for a publisher confirm on AMQP.
+        max_watch_retries: for the exactly-once hand-off on the store's server, how often a
+            batch is tried again when its shard's leases change under it (another forwarder's
+            claim) before its items are retried later instead.
     """
 
     kind = KIND
 
-    def __init__(self, connect: Callable[[], Connection], *, confirm_timeout: float = 10.0) -> None:
+    def __init__(
+        self, connect: Callable[[], Connection], *, confirm_timeout: float = 10.0, max_watch_retries: int = 20
+    ) -> None:
         self._connect = connect
         self.confirm_timeout = confirm_timeout
+        self.max_watch_retries = max_watch_retries
         self._connection: Optional[Connection] = None
         self._producer: Optional[Producer] = None
+        self._handoff: Optional[RedisHandOff] = None
         self._probe: Optional[Connection] = None  # its own, so a probe error never drops a publish
 
     @classmethod
@@ -98,29 +110,66 @@ class CeleryTarget:
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         report = PublishReport()
-        now = datetime.now(timezone.utc)
-        ready: list[_Prepared] = []
-        for d in deliveries:  # everything that can be wrong with a message shows here, before any publish
-            try:
-                message = StoredMessage.from_envelope(d.envelope)
-                ready.append(_Prepared(d.id, message.task, message.publish_kwargs(ready_ms=d.ready_ms, now=now)))
-            except (EnvelopeError, ValueError, TypeError, OverflowError) as exc:
-                report.failed.append(DeliveryFailure(d.id, f"cannot replay this Celery message: {exc}", permanent=True))
+        ready = self._prepare(deliveries, report)
         if not ready:
             return report
         try:
             producer = self._producer_or_new()
             sent = self._publish(producer, ready, report)
         except Exception as exc:  # an outage or overload (a memory alarm) releases what is left
-            if not (isinstance(exc, self._connection_errors()) or is_transient(exc)):
-                raise
-            self._reset()
-            done = set(report.published) | {f.id for f in report.failed}
-            report.unsent = [p.id for p in ready if p.id not in done]
-            report.broker_error = exc
+            self._released(exc, ready, report)
             return report
         report.published += sent
         return report
+
+    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
+        """Publish a claimed batch; on kombu's Redis transport on the store's own server and
+        database, the publish and the ack commit in one MULTI/EXEC (see :mod:`.redis_handoff`)."""
+        try:
+            handoff = self._handoff_or_new()
+        except Exception as exc:  # cannot connect: publish_many reports the outage as usual
+            if not self._is_outage(exc):
+                raise
+            handoff = None
+        if handoff is None or not handoff.applies(lease):
+            return self.publish_many(deliveries)
+        report = PublishReport()
+        ready = self._prepare(deliveries, report)
+        try:
+            messages: dict[str, list[Command]] = {}
+            for p in ready:  # routed by kombu, written by nobody yet
+                try:
+                    messages[p.id] = handoff.commands(p.kwargs)
+                except self._channel_errors() as exc:
+                    if is_transient(exc):
+                        raise
+                    report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
+            if messages:
+                handoff.send(messages, lease, report)
+        except Exception as exc:  # nothing was published or acked: release
+            self._released(exc, ready, report)
+        return report
+
+    def _prepare(self, deliveries: Sequence[Delivery], report: PublishReport) -> list[_Prepared]:
+        """The deliveries as publish arguments; what cannot be replayed fails here, before any publish."""
+        now = datetime.now(timezone.utc)
+        ready: list[_Prepared] = []
+        for d in deliveries:
+            try:
+                message = StoredMessage.from_envelope(d.envelope)
+                ready.append(_Prepared(d.id, message.task, message.publish_kwargs(ready_ms=d.ready_ms, now=now)))
+            except (EnvelopeError, ValueError, TypeError, OverflowError) as exc:
+                report.failed.append(DeliveryFailure(d.id, f"cannot replay this Celery message: {exc}", permanent=True))
+        return ready
+
+    def _released(self, exc: Exception, ready: list[_Prepared], report: PublishReport) -> None:
+        """Report what was not sent as ``unsent`` after an outage or overload; re-raise anything else."""
+        if not self._is_outage(exc):
+            raise exc
+        self._reset()
+        done = set(report.published) | {f.id for f in report.failed}
+        report.unsent = [p.id for p in ready if p.id not in done]
+        report.broker_error = exc
 
     @property
     def _confirm(self) -> dict[str, Any]:
@@ -191,6 +240,18 @@ class CeleryTarget:
             self._producer = Producer(conn.channel(), auto_declare=False)
         return self._producer
 
+    def _handoff_or_new(self) -> Optional[RedisHandOff]:
+        """The exactly-once hand-off on this target's channel, or None if the broker is not
+        kombu's Redis transport (with kombu >= 5.7's publish hook)."""
+        if self._handoff is None:
+            channel = self._producer_or_new().channel
+            self._handoff = RedisHandOff.for_channel(channel, max_watch_retries=self.max_watch_retries)
+        return self._handoff
+
+    def _is_outage(self, exc: BaseException) -> bool:
+        """A broker out of reach or refusing for now (overload, a memory alarm): release, not fail."""
+        return isinstance(exc, self._connection_errors()) or is_transient(exc)
+
     def _connection_errors(self) -> tuple[type[BaseException], ...]:
         conn = self._connection_or_new()
         return (*conn.connection_errors, *conn.recoverable_connection_errors, OperationalError, OSError, *_UNCERTAIN)
@@ -202,7 +263,7 @@ class CeleryTarget:
 
     def _reset(self) -> None:
         """Drop the connection after an outage; the next batch connects afresh."""
-        conn, self._connection, self._producer = self._connection, None, None
+        conn, self._connection, self._producer, self._handoff = self._connection, None, None, None
         if conn is not None:
             _release(conn)
 

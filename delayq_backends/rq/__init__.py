@@ -3,6 +3,8 @@
 - :class:`Queue`: ``rq.Queue`` whose ``schedule_job`` (``enqueue_at``, ``enqueue_in``, retries and
   repeats with an interval) stores the job id in the delay store. Workers run with
   ``rq worker --queue-class delayq_backends.rq.Queue``.
+- :class:`DedupeWorker`: ``rq worker --worker-class delayq_backends.rq.DedupeWorker`` drops a
+  second delivery of a job run that already started (worker-side dedupe).
 - :class:`Scheduler`: rq-scheduler's ``Scheduler`` API, with no daemon.
 - :class:`RQTarget`: the forwarder's ``"rq"`` target (``delayq forward --rq-redis URL``).
 - :func:`migrate`: move jobs from ``rq:scheduled:*`` and rq-scheduler into the store
@@ -19,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .adopt import RegistryAdopter
+from .dedupe import DedupeSimpleWorker, DedupeWorker
 from .migrate import MigrationReport, adopt, migrate
 from .periodic import InvalidScheduleError
 from .queue import Queue
@@ -29,6 +32,8 @@ from .upgrade import UpgradeReport, upgrade
 
 __all__ = [
     "ClassAllowlist",
+    "DedupeSimpleWorker",
+    "DedupeWorker",
     "InvalidScheduleError",
     "JobNotScheduledError",
     "MigrationReport",

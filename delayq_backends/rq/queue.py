@@ -10,7 +10,6 @@ own retries and repeats go through it too; then no ``--with-scheduler`` is neede
 from __future__ import annotations
 
 import os
-import threading
 from datetime import datetime
 from typing import Any, Callable, Mapping, Optional
 
@@ -19,21 +18,21 @@ from rq import Queue as RQQueue
 from rq.job import Job
 
 from ..config import Config
-from ..connection import connect, same_server
+from ..connection import connect, on_store_server
 from ..envelope import Envelope
 from ..errors import ConfigError, InvalidTimeError
 from ..store import DelayStore
+from ..storecache import StoreCache
 from ..timeutil import to_ms
 from .registry import ScheduledJobRegistry, mirror_scheduled
 from .target import job_envelope, job_rank
 
-__all__ = ["Queue", "UsesDelayStore", "store_for"]
+__all__ = ["Queue", "UsesDelayStore", "store_of_connection"]
 
-_stores: dict[tuple[Any, ...], DelayStore] = {}
-_lock = threading.Lock()
+_stores: StoreCache[tuple[Any, ...]] = StoreCache()
 
 
-def store_for(connection: redis.Redis) -> DelayStore:
+def store_of_connection(connection: redis.Redis) -> DelayStore:
     """The delay store for queues on ``connection``, from ``DELAYQ_URL``/``DELAYQ_PREFIX``/``DELAYQ_SHARDS``.
 
     Without ``DELAYQ_URL`` the store lives on the queue's own Redis, which makes scheduling and
@@ -52,15 +51,16 @@ def store_for(connection: redis.Redis) -> DelayStore:
     except ValueError:
         raise ConfigError(f"DELAYQ_SHARDS={shards_text!r}: use a whole number, the store's shard count") from None
     key = (url, prefix, shards) if url else (id(connection), prefix, shards)
-    with _lock:
-        store = _stores.get(key)
-        if store is None or (url is None and store.client is not connection):
-            config = (
-                Config(prefix=prefix, shards=shards) if url is None else Config(url=url, prefix=prefix, shards=shards)
-            )
-            store = DelayStore(connect(url) if url else connection, config)
-            _stores[key] = store
-        return store
+    return _stores.get(
+        key,
+        lambda: (
+            DelayStore(connect(url), Config(url=url, prefix=prefix, shards=shards))
+            if url
+            else DelayStore(connection, Config(prefix=prefix, shards=shards))
+        ),
+        # an id may be reused by a later connection: the store must be on this one
+        valid=lambda store: url is not None or store.client is connection,
+    )
 
 
 def ready_at(when: Any) -> datetime:
@@ -80,7 +80,7 @@ def ready_at(when: Any) -> datetime:
 
 
 class UsesDelayStore:
-    """The ``delay_store`` of a Queue or Scheduler: the one given, else :func:`store_for` its connection."""
+    """The ``delay_store`` of a Queue or Scheduler: the one given, else :func:`store_of_connection`."""
 
     connection: redis.Redis
     _delay_store: Optional[DelayStore]
@@ -88,7 +88,7 @@ class UsesDelayStore:
     @property
     def delay_store(self) -> DelayStore:
         if self._delay_store is None:
-            self._delay_store = store_for(self.connection)
+            self._delay_store = store_of_connection(self.connection)
         return self._delay_store
 
 
@@ -96,7 +96,7 @@ class Queue(UsesDelayStore, RQQueue):
     """An ``rq.Queue`` that keeps scheduled jobs in a delay store instead of ``rq:scheduled:*``.
 
     Args:
-        delay_store: where scheduled jobs wait; by default :func:`store_for` the queue's
+        delay_store: where scheduled jobs wait; by default :func:`store_of_connection` the queue's
             connection (env vars, else the queue's own Redis).
         *args, **kwargs: as ``rq.Queue``.
     """
@@ -156,7 +156,7 @@ class Queue(UsesDelayStore, RQQueue):
         ready = ready_at(when)
         store = self.delay_store
         envelope = self.envelope_bytes()
-        shared = not store.cluster and same_server(store.client, self.connection)
+        shared = on_store_server(store, self.connection)
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         save(pipe)
         if shared:

@@ -21,7 +21,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.utils import import_attribute
 
-from ..connection import same_server
+from ..connection import on_store_server
 from ..envelope import Envelope
 from ..errors import DelayqError, EnvelopeError, InvalidTimeError
 from ..models import CancelOutcome, ScheduledItem
@@ -280,7 +280,7 @@ class Scheduler(UsesDelayStore):
         envelope = job_envelope(
             job.origin, queue_class=self.queue_class, job_class=self.job_class, scheduler=True, schedule=schedule,
         )  # fmt: skip
-        if not store.cluster and same_server(store.client, self.connection):
+        if on_store_server(store, self.connection):
             with self.connection.pipeline() as pipe:
                 job.save(pipeline=pipe)
                 store.schedule(job.id, seconds(ready_ms), envelope, rank=job_rank(job), pipeline=pipe)

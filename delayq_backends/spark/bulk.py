@@ -11,7 +11,6 @@ failure, or a retried Spark task) stores each id once, keeping (``keep``) or mov
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Callable, Iterator, Optional
 
 import pyarrow as pa
@@ -25,7 +24,7 @@ from ..errors import ConfigError, DelayqError, InvalidTimeError
 from ..keys import normalize_id
 from ..models import ScheduleCounts, ScheduleItem
 from ..store import DelayStore, check_rank
-from ..timeutil import When, to_ms
+from ..timeutil import When, parse_iso, to_ms
 from .targets import Accepted, RowWriter, Target
 
 __all__ = ["BulkResult", "schedule_dataframe"]
@@ -223,13 +222,8 @@ def _when(value: Any) -> When:
     if value is None:
         raise InvalidTimeError("the ready time is null: fill it, or filter such rows out first")
     if isinstance(value, str):
-        text = value.strip()
-        try:
-            return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
-        except ValueError:
-            raise InvalidTimeError(
-                f"cannot parse ready time {value!r}: use ISO 8601 with an offset, e.g. 2026-01-31T09:00:00+01:00"
-            ) from None
+        # a naive time parses here and is refused by to_ms, with the same message as a naive datetime
+        return parse_iso(value, zone_required=False)
     return value  # type: ignore[no-any-return]
 
 

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 
 import redis
 
-from ..connection import same_server
+from ..connection import on_store_server
 from ..keys import rate_key
 from ..models import (
     Claim,
@@ -228,7 +228,7 @@ class Lease:
 
     def shares_server(self, client: Any) -> bool:
         """Whether ``client`` talks to the store's own (non-cluster) server and database."""
-        return not self.store.cluster and same_server(self.store.client, client)
+        return on_store_server(self.store, client)
 
     @property
     def watch_key(self) -> str:

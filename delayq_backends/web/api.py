@@ -23,6 +23,7 @@ from ..entries import around_bad_shards, dead_entry, iso, item_entry, listed_at,
 from ..errors import DelayqError
 from ..keys import normalize_id
 from ..models import CancelOutcome, RescheduleOutcome, ShardStats
+from ..percentile import percentile
 from ..store import DelayStore
 from ..timeutil import to_ms
 from .producers import CeleryProducer, ProducerUnavailable, RQProducer, ScheduleResult
@@ -666,11 +667,6 @@ def lateness(svc: Svc, limit: Limit = 200) -> LatenessOut:
     hint = None if out else f"no forwards recorded in {svc.audit_stream!r} yet"
     return LatenessOut(
         source=svc.audit_stream, hint=hint, count=len(out),
-        p50_ms=_percentile(late, 0.5), p95_ms=_percentile(late, 0.95), max_ms=late[-1] if late else None,
+        p50_ms=percentile(late, 0.5), p95_ms=percentile(late, 0.95), max_ms=late[-1] if late else None,
         records=out,
     )  # fmt: skip
-
-
-def _percentile(ordered: list[int], q: float) -> Optional[int]:
-    """The nearest-rank percentile of sorted values (None when there are none)."""
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if ordered else None

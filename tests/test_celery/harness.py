@@ -39,6 +39,8 @@ class CeleryEnv:
     backend: str
     records_url: str
     transport_options: dict[str, Any] = field(default_factory=dict)
+    #: workers drop a second delivery of a started run (``delayq_dedupe``)
+    dedupe: bool = False
     #: the module ``celery -A`` loads in worker and forwarder subprocesses
     app_module: str = "tests.test_celery.worker_app"
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -58,6 +60,7 @@ class CeleryEnv:
             "DQT_BACKEND": self.backend,
             "DQT_RECORDS": self.records_url,
             "DQT_TRANSPORT_OPTIONS": json.dumps(self.transport_options),
+            "DQT_DEDUPE": "1" if self.dedupe else "0",
         }
 
     def app(self) -> Celery:
@@ -70,6 +73,7 @@ class CeleryEnv:
             backend=self.backend,
             records=self.records_url,
             transport_options=self.transport_options,
+            dedupe=self.dedupe,
         )
 
     def native_app(self) -> Celery:

@@ -29,6 +29,7 @@ def make_app(
     backend: str,
     records: str,
     transport_options: Optional[dict[str, Any]] = None,
+    dedupe: bool = False,
 ) -> Celery:
     """An app with the plugin installed; every task records to the list ``sink`` on the Redis at
     ``records`` (kept apart from the store and the broker, which fault tests restart)."""
@@ -50,6 +51,8 @@ def make_app(
         # restarts RabbitMQ, and a stalled worker is Celery's fault, not a lost job
         worker_enable_prefetch_count_reduction=False,
     )
+    if dedupe:
+        app.conf.delayq_dedupe = True
     install(app)
     out = redis.Redis.from_url(records)
 
@@ -119,4 +122,5 @@ def app_from_env() -> Celery:
         backend=env["DQT_BACKEND"],
         records=env["DQT_RECORDS"],
         transport_options=json.loads(env.get("DQT_TRANSPORT_OPTIONS", "{}")),
+        dedupe=env.get("DQT_DEDUPE") == "1",
     )

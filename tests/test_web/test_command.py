@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from delayq_backends.cli import main
-from delayq_backends.web.command import is_loopback
+from delayq_backends.cli.dashboard import is_loopback
 from tests.test_web.conftest import TOKEN
 
 

@@ -56,7 +56,7 @@ if SWAP:
 
     from delayq_backends import rq as delayq_rq
     from delayq_backends.forwarder import Forwarder
-    from delayq_backends.rq.queue import store_for
+    from delayq_backends.rq.queue import store_of_connection
 
     rq.Queue = rq.queue.Queue = delayq_rq.Queue  # type: ignore[misc]
     rq.registry.ScheduledJobRegistry = delayq_rq.ScheduledJobRegistry  # type: ignore[misc]
@@ -67,7 +67,7 @@ if SWAP:
         self._status = self.Status.WORKING
         if not self._acquired_locks:
             return
-        store = store_for(self.connection)
+        store = store_of_connection(self.connection)
         delayq_rq.adopt(self.connection, store, sorted(self._acquired_locks))
         forwarder = Forwarder(store, [delayq_rq.RQTarget(self.connection)])
         for _ in range(10):

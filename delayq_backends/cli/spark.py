@@ -1,7 +1,7 @@
 """``delayq spark …``: schedule rows of a Parquet dataset, export a store snapshot or an audit
 stream, and audit the logs.
 
-Loaded only when ``delayq spark`` runs, so ``delayq`` itself starts without pyspark.
+pyspark is imported when a command runs, so ``delayq`` itself starts without it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from typing import Any, Iterable, Optional, Sequence
 import click
 
 from ..audit import AuditRecord, read_stream
-from ..cli import ErrorsAsMessages, StoreSpec, celery_broker_option, rq_redis_option, store_options
 from ..connection import connect
-from ..timeutil import to_ms
+from ..errors import InvalidTimeError
+from ..storespec import StoreSpec
+from ..timeutil import parse_iso, to_ms
+from .options import ErrorsAsMessages, celery_broker_option, open_store, rq_redis_option, store_options
 
 __all__ = ["spark"]
 
@@ -56,8 +58,8 @@ def _write_jsonl(records: Iterable[AuditRecord], out: str) -> int:
 def schedule(spec: StoreSpec, source: str, id_col: str, ready_col: str, mode: str, rank_col: Optional[str],
              rejects: Optional[str], master: str, **choice: Any) -> None:  # fmt: skip
     """Schedule one delayed Celery task, RQ job or list item per row of a Parquet dataset."""
-    from .bulk import schedule_dataframe
-    from .session import local_session
+    from ..spark.bulk import schedule_dataframe
+    from ..spark.session import local_session
 
     target = _target(**choice)
     session = local_session(master)
@@ -87,7 +89,7 @@ def _target(
     kwargs_col: Optional[str],
 ) -> Any:
     """The one target the options name; a usage error says what is missing."""
-    from .targets import CeleryTask, ListTarget, RQJob
+    from ..spark.targets import CeleryTask, ListTarget, RQJob
 
     chosen = [name for name, value in (("--celery-task", celery_task), ("--rq-func", rq_func),
                                        ("--list-key", list_key)) if value]  # fmt: skip
@@ -123,9 +125,9 @@ def export(spec: StoreSpec, out: str, stream: Optional[str]) -> None:
         count = _write_jsonl(read_stream(client, stream), out)
         client.close()
     else:
-        from .audit import snapshot_records
+        from ..spark.audit import snapshot_records
 
-        count = _write_jsonl(snapshot_records(spec.open(writes=False)), out)
+        count = _write_jsonl(snapshot_records(open_store(spec, writes=False)), out)
     click.echo(f"wrote {count} records to {out}")
 
 
@@ -163,13 +165,14 @@ def audit_(
     master: str,
 ) -> None:
     """Lateness per queue and hour, and jobs never forwarded, doubled or early: Parquet, PNG, Markdown."""
-    from datetime import datetime
+    from ..spark.audit import audit
+    from ..spark.report import write_report
+    from ..spark.session import local_session
 
-    from .audit import audit
-    from .report import write_report
-    from .session import local_session
-
-    as_of_ms = to_ms(datetime.fromisoformat(as_of)) if as_of else None
+    try:
+        as_of_ms = to_ms(parse_iso(as_of)) if as_of else None
+    except InvalidTimeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--as-of") from exc
     session = local_session(master)
     result = audit(
         session,

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import TYPE_CHECKING
 
 import click
 from prometheus_client import CollectorRegistry
 
-from .connection import redact_url
-from .metrics import DEFAULT_METRICS_HOST, StoreCollector, serve_metrics
+from ..connection import redact_url
+from ..metrics import DEFAULT_METRICS_HOST, StoreCollector, serve_metrics
+from ..storespec import StoreSpec
+from .options import open_store, store_options
 
-if TYPE_CHECKING:
-    from .cli import StoreSpec
-
-__all__ = ["exporter_command"]
+__all__ = ["exporter"]
 
 
+@click.command()
+@store_options
 @click.option(
     "--port",
     envvar="DELAYQ_METRICS_PORT",
@@ -41,7 +41,7 @@ __all__ = ["exporter_command"]
     metavar="ADDR",
     help="Address to listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
 )
-def exporter_command(spec: StoreSpec, port: int, host: str) -> None:
+def exporter(spec: StoreSpec, port: int, host: str) -> None:
     """Serve the store's per-shard gauges (scheduled, due, leased, dead, oldest overdue) until
     SIGTERM/SIGINT.
 
@@ -49,7 +49,7 @@ def exporter_command(spec: StoreSpec, port: int, host: str) -> None:
     """
     registry = CollectorRegistry()
     # under Prometheus's default 10 s scrape timeout: a hung store reads as up 0, not a stalled scrape
-    registry.register(StoreCollector(spec.open(writes=False, socket_timeout=5)))
+    registry.register(StoreCollector(open_store(spec, writes=False, socket_timeout=5)))
     serve_metrics(registry, host, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -8,34 +8,29 @@ broker SSL and transport options and ``delayq_*`` settings are used as the app h
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any, Optional
 
 import click
 from celery import Celery
 from kombu.utils.json import dumps as kombu_json_dumps
 
-from ..cli import (
-    Column,
-    ErrorsAsMessages,
-    ForwardOptions,
-    _print_table,
-    forward_options,
-    page_options,
-    show_periodic,
-    stats,
-)
+from ..assemble import DescribedTarget
+from ..celery.periodic import PeriodicTarget, SyncReport, remove, sync, task_view
+from ..celery.scheduled import get as get_scheduled
+from ..celery.scheduled import revoke_everywhere
+from ..celery.settings import CelerySettings, store_for
+from ..celery.target import CeleryTarget
 from ..connection import connect, redact_url
 from ..entries import iso
 from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..models import ScheduledItem
 from ..store import DelayStore
-from .periodic import PeriodicTarget, SyncReport, remove, sync, task_view
-from .scheduled import get as get_scheduled
-from .scheduled import revoke_everywhere
-from .settings import CelerySettings, store_for
-from .target import CeleryTarget
+from ..storespec import open_store
+from .forward import ForwardOptions, forward_options, run_forwarder
+from .inspect import show_periodic, stats
+from .options import ErrorsAsMessages, closing, page_options
+from .output import Column, print_table
 
 __all__ = ["delayq"]
 
@@ -57,16 +52,18 @@ def delayq() -> None:
 def forward(ctx: click.Context, run: ForwardOptions, periodic_sync: bool) -> None:
     """Forward the app's due tasks (and fire its periodic entries) until SIGTERM/SIGINT (then exit 0)."""
     app = ctx.find_root().obj.app
-    settings = CelerySettings.of(app)
-    config = replace(settings.config, **run.store_settings())
-    store = DelayStore(connect(config.url), config)
-    ctx.call_on_close(store.client.close)
+    app_settings = CelerySettings.of(app)
+    # the options win for the queues they name; the app's broker is the one target
+    settings = run.settings(app_settings.config, list_target=False, flow=app_settings.flow.merged(run.flow))
+    store = open_store(settings.store, writes=True)
+    closing(store.client)
     if periodic_sync:
         _sync_at_start(app, store)
     target = CeleryTarget.from_app(app)
     ctx.call_on_close(target.close)
-    run = replace(run, flow=settings.flow.merged(run.flow))  # the options win for the queues they name
-    run.run(store, [target, PeriodicTarget(target)], [f"celery (and periodic entries) -> {target.describe()}"])
+    where = f"celery (and periodic entries) -> {target.describe()}"
+    targets = [DescribedTarget(target, where), DescribedTarget(PeriodicTarget(target), "")]
+    run_forwarder(settings, log_level=run.log_level, store=store, targets=targets)
 
 
 def _sync_at_start(app: Celery, store: DelayStore) -> None:
@@ -93,8 +90,7 @@ def _say_synced(report: SyncReport) -> None:
 
 def _store(ctx: click.Context) -> DelayStore:
     config = CelerySettings.of(ctx.find_root().obj.app).config
-    store = DelayStore(connect(config.url), config)
-    ctx.call_on_close(store.client.close)
+    store = DelayStore(closing(connect(config.url)), config)
     return store
 
 
@@ -188,7 +184,7 @@ def list_(ctx: click.Context, offset: int, limit: int, task_name: Optional[str],
         click.echo(json.dumps(json.loads(kombu_json_dumps(rows)), indent=2, ensure_ascii=False))
         return
     title = f"waiting tasks {offset + 1}-{offset + limit}" if rows else "no waiting tasks here"
-    _print_table(title, _COLUMNS, (_cells(row) for row in rows))
+    print_table(title, _COLUMNS, (_cells(row) for row in rows))
     if len(items) == limit:
         click.echo(f"more may follow: --offset {offset + limit}", err=True)
 

@@ -1,0 +1,205 @@
+"""The forwarder's composition root: from typed settings to a running forwarder.
+
+``delayq forward``, ``celery -A proj delayq forward`` and any application that runs a
+forwarder in its own process build it here, so the store, the targets, flow control, metrics
+and the audit log are wired the same way everywhere. Interfaces parse their options into a
+:class:`ForwarderSettings`; nothing here knows a command-line flag.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, cast
+
+import redis
+
+from .audit import open_audit
+from .config import Config
+from .connection import connect, connect_rq, redact_url
+from .errors import ConfigError
+from .flow import FlowControl
+from .forwarder import Forwarder, ForwarderStats
+from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, LabelBounds, serve_metrics
+from .store import DelayStore
+from .storespec import open_store
+from .targets import RedisListTarget, Target
+
+__all__ = ["AssembledForwarder", "DescribedTarget", "ForwarderSettings", "build_forwarder"]
+
+
+@dataclass(frozen=True)
+class ForwarderSettings:
+    """Everything a forwarder process is configured with.
+
+    Attributes:
+        store: the store, with the lease and attempt limits the forwarder claims under.
+        batch: items per claim.
+        poll: longest sleep in seconds, so a lost wake-up never strands an item.
+        log_every: seconds between two summary log lines.
+        flow: back-pressure and rate caps per queue.
+        audit_dir, audit_stream: where to log one record per forwarded item (one or neither).
+        metrics_port: serve Prometheus metrics on this port (None: off), on ``metrics_host``.
+        metrics_queues: queues labelled by name in the metrics (flow-controlled ones are too).
+        list_target: deliver ``list`` envelopes, to ``list_redis`` (None: the store's server).
+        celery_broker: deliver ``celery`` envelopes (and periodic entries) to this broker.
+        rq_redis: deliver ``rq`` envelopes to the RQ queues of this Redis.
+        rq_allow_classes: module prefixes RQ envelopes may name classes under.
+        rq_adopt: move jobs a plain ``rq.Queue`` put in ``rq:scheduled:*`` into the store.
+    """
+
+    store: Config
+    batch: int = 200
+    poll: float = 1.0
+    log_every: float = 10.0
+    flow: FlowControl = field(default_factory=FlowControl)
+    audit_dir: Optional[str] = None
+    audit_stream: Optional[str] = None
+    metrics_port: Optional[int] = None
+    metrics_host: str = DEFAULT_METRICS_HOST
+    metrics_queues: tuple[str, ...] = ()
+    list_target: bool = True
+    list_redis: Optional[str] = None
+    celery_broker: Optional[str] = None
+    rq_redis: Optional[str] = None
+    rq_allow_classes: tuple[str, ...] = ()
+    rq_adopt: bool = True
+
+
+@dataclass(frozen=True)
+class DescribedTarget:
+    """A target with the line the banner shows for it (where it delivers, password hidden)."""
+
+    target: Target
+    description: str
+
+
+@dataclass
+class AssembledForwarder:
+    """A built forwarder and what it opened; :meth:`close` (or ``with``) releases all of it."""
+
+    forwarder: Forwarder
+    settings: ForwarderSettings
+    targets: list[DescribedTarget]
+    audit: Any
+    resources: ExitStack
+
+    def __enter__(self) -> AssembledForwarder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.resources.close()
+
+    def describe(self) -> str:
+        """One banner line: the store, the targets, flow control, audit and metrics."""
+        config, s = self.forwarder.store.config, self.settings
+        targets = "; ".join(t.description for t in self.targets if t.description)
+        return (
+            f"store {redact_url(config.url)} prefix {config.prefix!r}, {config.shards} shards; "
+            f"targets: {targets}; flow control: {s.flow.describe()}"
+            + (f"; audit: {self.audit!r}" if self.audit else "")
+            + (f"; metrics: http://{s.metrics_host}:{s.metrics_port}/metrics" if s.metrics_port is not None else "")
+        )
+
+    def run(self) -> ForwarderStats:
+        """Forward until SIGTERM/SIGINT (then finish the batch); returns the totals."""
+        return self.forwarder.run(log_every=self.settings.log_every)
+
+    def run_until_idle(self) -> ForwarderStats:
+        """Forward what is due now, then return (:meth:`Forwarder.run_until_idle`)."""
+        return self.forwarder.run_until_idle()
+
+
+def build_forwarder(
+    settings: ForwarderSettings,
+    *,
+    store: Optional[DelayStore] = None,
+    targets: Sequence[DescribedTarget] = (),
+) -> AssembledForwarder:
+    """Open the store (unless given), build the targets the settings name plus ``targets``,
+    then metrics, audit and the :class:`Forwarder`.
+
+    A ``store`` passed in stays the caller's to close; everything opened here is closed by
+    :meth:`AssembledForwarder.close`, also when building fails half-way.
+
+    Raises:
+        ConfigError: an unusable URL, a missing extra, a metrics port in use, a bad audit setting.
+        ShardMismatchError: the shard count differs from the one recorded for the prefix.
+    """
+    resources = ExitStack()
+    try:
+        if store is None:
+            store = open_store(settings.store, writes=True)
+            resources.callback(store.client.close)
+        built = _targets(settings, store, resources) + list(targets)
+        metrics = None
+        if settings.metrics_port is not None:
+            queues = {*settings.metrics_queues, *settings.flow.max_depth, *settings.flow.rates}
+            bounds = LabelBounds(queues, [t.target.kind for t in built])
+            metrics = ForwarderMetrics(store=store, bounds=bounds)
+            serve_metrics(metrics.registry, settings.metrics_host, settings.metrics_port)
+        audit = open_audit(
+            directory=settings.audit_dir, stream=settings.audit_stream, url=store.config.url, stem="forwarded"
+        )
+        if audit is not None:
+            resources.callback(audit.close)
+        forwarder = Forwarder(
+            store,
+            [t.target for t in built],
+            batch=settings.batch,
+            poll_interval=settings.poll,
+            audit=audit,
+            metrics=metrics,
+            flow=settings.flow,
+        )
+    except BaseException:
+        resources.close()
+        raise
+    return AssembledForwarder(forwarder, settings, built, audit, resources)
+
+
+def _targets(settings: ForwarderSettings, store: DelayStore, resources: ExitStack) -> list[DescribedTarget]:
+    """The list, celery and rq targets the settings name; clients they open go on ``resources``."""
+    built: list[DescribedTarget] = []
+    if settings.list_target:
+        url = settings.list_redis or store.config.url
+        # the list target shares the store's connections when the lists live on the same server
+        client = store.client if url == store.config.url else connect(url)
+        if client is not store.client:
+            resources.callback(client.close)
+        # RPUSH in a non-transactional pipeline works the same on a RedisCluster
+        built.append(DescribedTarget(RedisListTarget(cast(redis.Redis, client)), f"list -> {redact_url(url)}"))
+    if settings.celery_broker:
+        celery = adapter("celery")
+        target = celery.CeleryTarget.from_url(settings.celery_broker)
+        resources.callback(target.close)
+        where = f"celery (and periodic entries) -> {redact_url(settings.celery_broker)}"
+        built += [
+            DescribedTarget(target, where),
+            DescribedTarget(adapter("celery.periodic").PeriodicTarget(target), ""),
+        ]
+    if settings.rq_redis:
+        rq = adapter("rq")
+        connection = connect_rq(settings.rq_redis, store)
+        if connection is not store.client:
+            resources.callback(connection.close)
+        allow = rq.ClassAllowlist.configured(settings.rq_allow_classes)
+        built.append(
+            DescribedTarget(rq.RQTarget(connection, allow_classes=allow), f"rq -> {redact_url(settings.rq_redis)}")
+        )
+        if settings.rq_adopt:
+            resources.callback(rq.RegistryAdopter(connection, store).start().close)
+    return built
+
+
+def adapter(name: str) -> Any:
+    """An adapter package (``celery``, ``rq``, ``spark``...), or a ConfigError naming its extra."""
+    try:
+        return importlib.import_module(f"delayq_backends.{name}")
+    except ImportError as exc:
+        extra = name.split(".")[0]
+        raise ConfigError(f'{exc}: install the extra, pip install "delayq_backends[{extra}]"') from exc

@@ -1,0 +1,270 @@
+"""``delayq forward``: run a forwarder, built by :func:`~delayq_backends.assemble.build_forwarder`
+from the options; ``celery -A proj delayq forward`` shares the options and the run."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, Sequence
+
+import click
+
+from ..assemble import DescribedTarget, ForwarderSettings, build_forwarder
+from ..config import Config
+from ..errors import ConfigError
+from ..flow import FlowControl, parse_depth, parse_rate
+from ..metrics import DEFAULT_METRICS_HOST
+from ..store import DelayStore
+from ..storespec import StoreSpec
+from .options import celery_broker_option, configure_logging, rq_redis_option, secret_option, store_options
+
+__all__ = ["ForwardOptions", "forward", "forward_options", "run_forwarder"]
+
+
+def forward_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The run options of a forwarder, shared by ``delayq forward`` and ``celery delayq forward``.
+
+    They reach the command as one :class:`ForwardOptions` argument, ``run``.
+    """
+
+    @functools.wraps(command)
+    def with_run(
+        *args: Any,
+        batch: int,
+        lease: float,
+        max_attempts: int,
+        poll: float,
+        log_level: str,
+        log_every: float,
+        audit_dir: Optional[str],
+        audit_stream: Optional[str],
+        metrics_port: Optional[int],
+        metrics_host: str,
+        metrics_queue: tuple[str, ...],
+        max_queue_depth: dict[str, int],
+        rate: dict[str, float],
+        **kwargs: Any,
+    ) -> None:
+        flow = FlowControl(max_queue_depth, rate)
+        run = ForwardOptions(
+            batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
+            metrics_port, metrics_host, flow, metrics_queue,
+        )  # fmt: skip
+        command(*args, run=run, **kwargs)
+
+    options = [
+        click.option(
+            "--batch",
+            type=click.IntRange(1, 10_000),
+            default=200,
+            show_default=True,
+            help="Items per claim; a claim blocks Redis while it runs, so keep it modest (100-500).",
+        ),
+        click.option(
+            "--lease",
+            type=float,
+            default=30.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="How long claimed items stay ours before another forwarder may take them.",
+        ),
+        click.option(
+            "--max-attempts",
+            type=int,
+            default=10,
+            show_default=True,
+            help="Claims of one item before it goes to the dead letters.",
+        ),
+        click.option(
+            "--poll",
+            type=click.FloatRange(min=0.01),
+            default=1.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Longest sleep, so a lost wake-up never strands an item.",
+        ),
+        click.option(
+            "--log-level",
+            envvar="DELAYQ_LOG_LEVEL",
+            show_envvar=True,
+            default="info",
+            show_default=True,
+            type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+            help="debug logs one line per batch.",
+        ),
+        click.option(
+            "--log-every",
+            type=click.FloatRange(min=0.1),
+            default=10.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Interval of the summary line (forwarded, retried, dead, lateness).",
+        ),
+        click.option(
+            "--audit-dir",
+            envvar="DELAYQ_AUDIT_DIR",
+            show_envvar=True,
+            default=None,
+            metavar="DIR",
+            help="Log one JSON line per forwarded item to rotating files in DIR (for `delayq spark audit`).",
+        ),
+        click.option(
+            "--audit-stream",
+            envvar="DELAYQ_AUDIT_STREAM",
+            show_envvar=True,
+            default=None,
+            metavar="KEY",
+            help="Log one entry per forwarded item to this Redis stream of the store's server (about 1M kept).",
+        ),
+        click.option(
+            "--metrics-port",
+            envvar="DELAYQ_METRICS_PORT",
+            show_envvar=True,
+            type=click.IntRange(1, 65535),
+            default=None,
+            metavar="PORT",
+            help="Serve Prometheus metrics (this forwarder's counters, the store's gauges) on PORT. [default: off]",
+        ),
+        click.option(
+            "--metrics-host",
+            envvar="DELAYQ_METRICS_HOST",
+            show_envvar=True,
+            default=DEFAULT_METRICS_HOST,
+            show_default=True,
+            metavar="ADDR",
+            help="Address the metrics listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
+        ),
+        click.option(
+            "--metrics-queue",
+            envvar="DELAYQ_METRICS_QUEUE",
+            show_envvar=True,
+            multiple=True,
+            metavar="QUEUE",
+            help="Label metrics with this queue's name (queues of --rate/--max-queue-depth are too); every other "
+            "queue counts as 'other', so item data cannot grow the series. Repeatable (env: space-separated).",
+        ),
+        click.option(
+            "--max-queue-depth",
+            envvar="DELAYQ_MAX_QUEUE_DEPTH",
+            show_envvar=True,
+            multiple=True,
+            metavar="QUEUE=N",
+            callback=_specs(parse_depth),
+            help="Stop forwarding to QUEUE while its broker queue holds N messages or more; its items wait "
+            "in the delay store, other queues keep flowing. Repeatable (env: space-separated).",
+        ),
+        click.option(
+            "--rate",
+            envvar="DELAYQ_RATE",
+            show_envvar=True,
+            multiple=True,
+            metavar="QUEUE=N/s",
+            callback=_specs(parse_rate),
+            help="Forward at most N items per second (or N/m, N/h) to QUEUE, all forwarders together. "
+            "Repeatable (env: space-separated).",
+        ),
+    ]
+    for option in reversed(options):
+        with_run = option(with_run)
+    return with_run
+
+
+def _specs(parse: Callable[[str], tuple[str, Any]]) -> Callable[[click.Context, click.Parameter, Any], dict[str, Any]]:
+    """A click callback turning repeated ``QUEUE=VALUE`` options into a dict (a later one wins)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, Any]:
+        try:
+            return dict(parse(v) for v in values)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc)) from exc
+
+    return callback
+
+
+@dataclass(frozen=True)
+class ForwardOptions:
+    """How a forwarder runs, from :func:`forward_options`: its settings but the store and targets."""
+
+    batch: int
+    lease: float
+    max_attempts: int
+    poll: float
+    log_level: str
+    log_every: float
+    audit_dir: Optional[str] = None
+    audit_stream: Optional[str] = None
+    metrics_port: Optional[int] = None
+    metrics_host: str = DEFAULT_METRICS_HOST
+    flow: FlowControl = field(default_factory=FlowControl)
+    metrics_queues: tuple[str, ...] = ()
+
+    def settings(self, store: Config, **overrides: Any) -> ForwarderSettings:
+        """The :class:`ForwarderSettings` of these options for ``store``; ``overrides`` set the
+        targets (and may replace any other field)."""
+        settings = ForwarderSettings(
+            store=replace(store, lease_seconds=self.lease, max_attempts=self.max_attempts),
+            batch=self.batch, poll=self.poll, log_every=self.log_every, flow=self.flow,
+            audit_dir=self.audit_dir, audit_stream=self.audit_stream, metrics_port=self.metrics_port,
+            metrics_host=self.metrics_host, metrics_queues=self.metrics_queues,
+        )  # fmt: skip
+        return replace(settings, **overrides)
+
+
+def run_forwarder(
+    settings: ForwarderSettings,
+    *,
+    log_level: str,
+    store: Optional[DelayStore] = None,
+    targets: Sequence[DescribedTarget] = (),
+) -> None:
+    """Configure logging, build the forwarder, say what it forwards where, and forward until
+    SIGTERM/SIGINT (then finish the batch and return)."""
+    configure_logging(log_level)
+    with build_forwarder(settings, store=store, targets=targets) as assembled:
+        click.echo(f"delayq forward: {assembled.describe()}", err=True)
+        assembled.run()
+
+
+@click.command()
+@store_options
+@forward_options
+@secret_option(
+    "list-redis",
+    envvar="DELAYQ_LIST_REDIS",
+    help="Redis of the list target (RPUSH onto the list each envelope names). [default: --url]",
+)
+@celery_broker_option("Celery's broker_url (amqp://, redis://, ...): forward delayed Celery tasks there.")
+@rq_redis_option("Redis of the RQ queues: adds the rq target (may equal --url). [default: no rq target]")
+@click.option(
+    "--rq-allow-class",
+    multiple=True,
+    metavar="PREFIX",
+    help="Let RQ envelopes name queue/job classes under this dotted module prefix (whole components; "
+    "rq and delayq_backends always allowed). Repeatable; env DELAYQ_RQ_ALLOW_CLASS adds more (space-separated).",
+)
+@click.option(
+    "--rq-adopt/--no-rq-adopt",
+    default=True,
+    envvar="DELAYQ_RQ_ADOPT",
+    show_default=True,
+    help="Every second, move jobs that a plain rq.Queue scheduled into RQ's rq:scheduled:<queue> into the "
+    "store (with a warning), so they do not stall without an RQ scheduler.",
+)
+def forward(
+    spec: StoreSpec,
+    run: ForwardOptions,
+    list_redis: Optional[str],
+    celery_broker: Optional[str],
+    rq_redis: Optional[str],
+    rq_allow_class: tuple[str, ...],
+    rq_adopt: bool,
+) -> None:
+    """Forward due items to their targets until SIGTERM/SIGINT, then finish the batch and exit 0.
+
+    Run as many as you like, anywhere: leases make every claim exclusive.
+    """
+    settings = run.settings(
+        spec.config(), list_redis=list_redis, celery_broker=celery_broker, rq_redis=rq_redis,
+        rq_allow_classes=rq_allow_class, rq_adopt=rq_adopt,
+    )  # fmt: skip
+    run_forwarder(settings, log_level=run.log_level)

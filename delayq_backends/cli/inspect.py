@@ -1,0 +1,189 @@
+"""Reading a store: ``delayq stats``, ``list``, ``cancel`` and ``periodic list``."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import click
+
+from ..assemble import adapter
+from ..entries import around_bad_shards, iso, item_entry, listed_at, stats_entry
+from ..store import DelayStore
+from ..storespec import StoreSpec
+from .options import check_shard, json_option, open_store, page_options, shard_option, store_options, when_option
+from .output import Column, duration, echo_json, print_table, warn
+
+__all__ = ["cancel", "list_", "periodic", "show_periodic", "stats"]
+
+
+PERIODIC_COLUMNS = [
+    Column("entry"),
+    Column("task"),
+    Column("schedule"),
+    Column("misfire"),
+    Column("last run"),
+    Column("sent"),
+    Column("next run"),
+    Column("runs", "right"),
+    Column("state"),
+]
+
+
+def show_periodic(store: DelayStore, as_json: bool) -> None:
+    """Print the periodic entries synced into ``store`` (``delayq periodic list`` and
+    ``celery -A proj delayq periodic list``): schedule, last run, next run."""
+    entries = adapter("celery.periodic").statuses(store)
+    if as_json:
+        echo_json([e.to_json() for e in entries])
+        return
+    rows = [
+        [e.name, e.task, e.schedule, e.misfire, iso(e.last_run_ms), iso(e.last_sent_ms), iso(e.next_run_ms), e.runs,
+         e.state + (f", {e.last_missed} missed" if e.last_missed else "")]
+        for e in entries
+    ]  # fmt: skip
+    print_table(f"periodic entries of {store.config.prefix!r} (times UTC)", PERIODIC_COLUMNS, rows)
+
+
+@click.group()
+def periodic() -> None:
+    """Periodic Celery entries synced into the store (``celery -A proj delayq periodic sync``)."""
+
+
+@periodic.command("list")
+@store_options
+@json_option
+def periodic_list(spec: StoreSpec, as_json: bool) -> None:
+    """Every periodic entry: schedule, misfire policy, last run, next run, runs so far."""
+    show_periodic(open_store(spec, writes=False), as_json)
+
+
+STATS_COLUMNS = [
+    Column("shard", "right"),
+    Column("scheduled", "right"),
+    Column("due now", "right"),
+    Column("leased", "right"),
+    Column("dead", "right"),
+    Column("next due"),
+    Column("oldest overdue", "right"),
+]
+
+
+def _stats_cells(entry: dict[str, Any]) -> list[Any]:
+    overdue = duration(entry["oldest_overdue_ms"]) if entry["due"] else None
+    return [
+        entry["shard"],
+        entry["scheduled"],
+        entry["due"],
+        entry["leased"],
+        entry["dead"],
+        entry["next_due"],
+        overdue,
+    ]
+
+
+@click.command()
+@store_options
+@json_option
+def stats(spec: StoreSpec, as_json: bool) -> None:
+    """Counts per shard: scheduled, due now, leased, dead, next due time, oldest overdue."""
+    per_shard = open_store(spec, writes=False).stats()
+    entries = [stats_entry(s.shard, [s]) for s in per_shard]
+    totals = stats_entry("total", per_shard)
+    if as_json:
+        echo_json({"now": iso(per_shard[0].now_ms), "shards": entries, "totals": totals})
+        return
+    print_table(
+        f"delayq {spec.prefix!r}, {spec.shards} shards, at {iso(per_shard[0].now_ms)}",
+        STATS_COLUMNS,
+        map(_stats_cells, entries),
+        _stats_cells(totals),
+    )
+
+
+def _item_cells(entry: dict[str, Any]) -> list[Any]:
+    where = f"<corrupt: {entry['corrupt']}>" if entry["corrupt"] else f"{entry['target']}/{entry['destination']}"
+    return [
+        entry["id"],
+        entry["shard"],
+        entry["ready"],
+        entry["attempts"],
+        entry["leased_until"],
+        entry["rank"],
+        where,
+        entry["size"],
+    ]
+
+
+ITEM_COLUMNS = [
+    Column("id"),
+    Column("shard", "right"),
+    Column("ready"),
+    Column("attempts", "right"),
+    Column("leased until"),
+    Column("rank", "right"),
+    Column("target/destination"),
+    Column("size", "right"),
+]
+
+
+@click.command("list")
+@store_options
+@shard_option
+@click.option(
+    "--from",
+    "start",
+    metavar="TIME",
+    default=None,
+    help="Earliest ready time: ISO-8601 with a zone (2030-01-31T12:00:00Z) or epoch seconds.",
+)
+@click.option("--to", "end", metavar="TIME", default=None, help="Latest ready time, same forms as --from.")
+@page_options
+@json_option
+def list_(
+    spec: StoreSpec,
+    shard: Optional[int],
+    start: Optional[str],
+    end: Optional[str],
+    offset: int,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Scheduled items in ready-time order, one page at a time."""
+    check_shard(spec, shard)
+    low, high = when_option(start, "--from"), when_option(end, "--to")
+    store = open_store(spec, writes=False)
+    items, problems = around_bad_shards(
+        store,
+        shard,
+        offset,
+        limit,
+        lambda s, n: store.scheduled(shard=s, start=low, end=high, count=n),
+        listed_at,
+    )
+    entries = [item_entry(item) for item in items]
+    warn(problems)
+    if as_json:
+        echo_json(entries)
+        return
+    title = f"scheduled items {offset + 1}-{offset + len(entries)}" if entries else "no scheduled items here"
+    print_table(title, ITEM_COLUMNS, map(_item_cells, entries))
+    if len(entries) == limit:
+        click.echo(f"more may follow: --offset {offset + limit}")
+
+
+@click.command()
+@store_options
+@click.argument("ids", nargs=-1, required=True)
+def cancel(spec: StoreSpec, ids: Sequence[str]) -> None:
+    """Remove scheduled items by id. Exit code 0 if all were cancelled, 1 if any was not found."""
+    store = open_store(spec, writes=True)
+    missing = 0
+    for item_id in ids:
+        outcome = store.cancel(item_id)
+        missing += not outcome
+        in_flight = (
+            ": removed, but a forwarder holds it and may deliver it once" if outcome.value == "in flight" else ""
+        )
+        click.echo(f"{outcome.value} {item_id}{in_flight}")
+    if missing:
+        raise click.exceptions.Exit(1)

@@ -1,0 +1,105 @@
+"""``delayq rq-migrate`` and ``rq-upgrade``: bring RQ's scheduled jobs, and jobs stored by
+older versions, into the store. RQ is imported when they run, so ``delayq`` starts without it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional, cast
+
+import click
+import redis
+
+from ..connection import connect, redact_url
+from ..storespec import StoreSpec
+from .options import closing, open_store, rq_redis_option, store_options
+
+__all__ = ["rq_migrate", "rq_upgrade"]
+
+
+@click.command("rq-migrate")
+@store_options
+@rq_redis_option("Redis of the RQ queues (may equal --url).", required=True)
+@click.option("--queue-class", default=None, help="Queue class the forwarder moves jobs with (module.Class).")
+@click.option("--job-class", default=None, help="Job class, as given to `rq worker --job-class`.")
+@click.option("--serializer", default=None, help="Serializer, as given to `rq worker --serializer`.")
+@click.option("--dry-run", is_flag=True, help="Count what would move; change nothing.")
+def rq_migrate(
+    spec: StoreSpec,
+    rq_redis: str,
+    queue_class: Optional[str],
+    job_class: Optional[str],
+    serializer: Optional[str],
+    dry_run: bool,
+) -> None:
+    """Move jobs waiting in RQ's rq:scheduled:* registries and rq-scheduler's set into the store.
+
+    Stop `rq worker --with-scheduler` and `rqscheduler` first. Safe to run again: nothing is
+    lost or duplicated.
+    """
+    from rq.utils import import_attribute
+
+    from ..rq import migrate
+
+    store = open_store(spec, writes=True)
+    client = closing(connect(rq_redis))
+    classes: dict[str, Any] = {
+        name: import_attribute(path)
+        for name, path in (("queue_class", queue_class), ("job_class", job_class), ("serializer", serializer))
+        if path
+    }
+    report = migrate(cast(redis.Redis, client), store, dry_run=dry_run, **classes)
+    verb = "would move" if dry_run else "moved"
+    for key in sorted(set(report.moved) | set(report.missing)):
+        click.echo(
+            f"{key}: {verb} {report.moved.get(key, 0)}, already in the store {report.already.get(key, 0)}, "
+            f"job gone {report.missing.get(key, 0)}"
+        )
+    click.echo(f"{verb} {report.total_moved} job(s) into {redact_url(spec.url)} prefix {spec.prefix!r}")
+
+
+@click.command("rq-upgrade")
+@store_options
+@click.option("--rq-redis", metavar="URL", default=None, help="Redis of the RQ jobs. [default: --url]")
+@click.option("--serializer", default=None, help="The jobs' serializer, as given to `rq worker --serializer`.")
+@click.option(
+    "--rq-allow-class",
+    multiple=True,
+    metavar="PREFIX",
+    help="Let envelopes name job classes/serializers under this module prefix, as for `delayq forward`.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be upgraded; change nothing.")
+def rq_upgrade(
+    spec: StoreSpec, rq_redis: Optional[str], serializer: Optional[str], rq_allow_class: tuple[str, ...], dry_run: bool
+) -> None:
+    """Put the schedule of Scheduler jobs stored by delayq_backends 0.1 into their envelopes.
+
+    Reads each such job's meta with its serializer (a pickle by default) in this process, so run
+    it where you would run `rq worker`. Scheduled items and dead letters are rewritten in place;
+    safe to run again. Then `delayq dlq requeue` the upgraded dead letters.
+    Exit code 1 if some could not be upgraded.
+    """
+    from ..rq import ClassAllowlist, upgrade
+
+    store = open_store(spec, writes=True)
+    client = closing(connect(rq_redis or spec.url))
+    report = upgrade(
+        cast(redis.Redis, client), store, serializer=serializer,
+        allow_classes=ClassAllowlist.configured(rq_allow_class), dry_run=dry_run,
+    )  # fmt: skip
+    verb = "would upgrade" if dry_run else "upgraded"
+    for what, done in (("scheduled", report.upgraded), ("dead letter", report.upgraded_dead)):
+        for item_id, schedule in done.items():
+            click.echo(f"{verb} {what} {item_id}: schedule {json.dumps(schedule, sort_keys=True)}")
+    for item_id in report.gone:
+        click.echo(f"left {item_id}: its job hash is gone (the forwarder skips it)")
+    for item_id in report.changed:
+        click.echo(f"left {item_id}: it changed while being read (forwarded or scheduled again); run again")
+    for item_id, why in report.failed:
+        click.echo(f"FAILED {item_id}: {why}", err=True)
+    requeue = f"; requeue these with `delayq dlq requeue {' '.join(report.upgraded_dead)}`"
+    click.echo(
+        f"{verb} {len(report.upgraded)} scheduled item(s) and {len(report.upgraded_dead)} dead letter(s) in "
+        f"{redact_url(spec.url)} prefix {spec.prefix!r}" + (requeue if report.upgraded_dead else "")
+    )
+    if report.failed:
+        raise click.exceptions.Exit(1)
