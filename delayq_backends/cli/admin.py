@@ -12,8 +12,7 @@ from redis.cluster import RedisCluster
 
 from ..acl import ROLES, acl_setuser
 from ..connection import connect, redact_url
-from ..scripts import NodeFunctions, functions_status, install_functions
-from ..scripts import LIBRARY
+from ..scripts import LIBRARY, NodeFunctions, functions_status, install_functions
 from .options import closing, read_secret, url_option
 
 __all__ = ["acl", "functions_group"]
