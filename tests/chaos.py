@@ -15,7 +15,6 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -32,9 +31,9 @@ from delayq_backends.audit import read_stream
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.message import parse_time
 from delayq_backends.embedded import EmbeddedServer
-from tests.conftest import AMQP_URL
+from tests.harness import AMQP_URL, Launcher, Proc
 from tests.proxy import TcpProxy
-from tests.test_celery.harness import ROOT, CeleryEnv
+from tests.test_celery.harness import CeleryEnv
 
 __all__ = ["ChaosPlan", "ChaosReport", "run_chaos"]
 
@@ -93,33 +92,26 @@ class _Forwarders:
     """``delayq forward`` processes through the proxies, killed and replaced on demand."""
 
     def __init__(self, env: CeleryEnv, store_url: str, broker_url: str, count: int, logs: Path) -> None:
-        self.args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", store_url]
+        self.args = ["forward", "--url", store_url]
         self.args += ["--prefix", env.prefix, "--shards", "4", "--celery-broker", broker_url]
         self.args += ["--audit-stream", audit_stream(env)]  # which tasks a broker accepted
         self.args += ["--lease", "3", "--poll", "0.2", "--log-every", "5"]
         self.env, self.logs = env.env, logs
+        self.launcher = Launcher()
         self.procs = [self._start(i) for i in range(count)]
         self.started = count
 
-    def _start(self, n: int) -> subprocess.Popen[bytes]:
-        with (self.logs / f"forwarder-{n}.log").open("wb") as out:
-            return subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+    def _start(self, n: int) -> Proc:
+        return self.launcher.delayq(*self.args, env=self.env, log=self.logs / f"forwarder-{n}.log")
 
     def kill_one(self, rng: random.Random) -> None:
         i = rng.randrange(len(self.procs))
-        self.procs[i].kill()
-        self.procs[i].wait()
+        self.launcher.kill(self.procs[i])
         self.procs[i] = self._start(self.started)
         self.started += 1
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        self.launcher.stop_all(grace=15)
 
 
 def redis_task_ids(url: str, queue: str) -> set[str]:

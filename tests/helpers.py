@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from datetime import datetime, timezone
-from typing import Callable, Iterable, Union
+from typing import Callable, Union
 
 
 def wait_for(
@@ -26,11 +25,3 @@ def ms_at_or_after(when: datetime) -> int:
     the nearest ms (which could be up to 0.5 ms early). Exact integer arithmetic, no float."""
     micros = (when - datetime(1970, 1, 1, tzinfo=timezone.utc)) // (datetime.resolution)
     return -(-micros // 1000)
-
-
-def kill_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
-    """SIGKILL and reap every process still running (test teardown)."""
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()

@@ -174,7 +174,7 @@ def rss_kb(pid: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc (Linux)")
 def test_worker_holds_no_eta_tasks(celery_env: CeleryEnv, app: Celery) -> None:
-    worker = celery_env.processes[0]
+    worker = celery_env.launcher.procs[0]
     inspect = app.control.inspect(timeout=2)
     before = rss_kb(worker.pid)
     tag = uuid.uuid4().hex[:6]
