@@ -39,7 +39,7 @@ from kombu import Connection
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))  # the tests' worker harness and app
 
-from core import RESULTS_PATH, code_digest, distribution, fmt_dist, log, write_results  # noqa: E402
+from lib.report import RESULTS_PATH, code_digest, distribution, fmt_dist, log, write_results  # noqa: E402
 
 from delayq_backends.celery import forget_store  # noqa: E402
 from delayq_backends.embedded import EmbeddedServer  # noqa: E402
@@ -187,13 +187,13 @@ def worker_rss(broker: str, valkey: EmbeddedServer, sizes: list[int]) -> dict[st
 def _rss_run(name: str, env: CeleryEnv, size: int) -> dict[str, Any]:
     with running(env, forwarder=False):
         app = env.app() if name == "plugin" else env.native_app()
-        pid = env.processes[0].pid
+        pid = env.launcher.procs[0].pid
         before = rss_mb(pid)
         for i in range(size):
             app.send_task("dqt.record", args=["rss", i], countdown=HOURS)
         queue = redis.Redis.from_url(env.broker)
         wait_for(lambda: queue.llen(env.queue) == 0, 600, "the worker to take every native task", interval=POLL)
-        env.wait_ready(env.processes[0])  # the worker has caught up with its queue
+        env.wait_ready(env.launcher.procs[0])  # the worker has caught up with its queue
         held = held_by_worker(app)
         forget_store(app)
         return {"before": before, "after": rss_mb(pid), "held_by_worker": held}

@@ -21,7 +21,7 @@ from typing import Optional
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))  # the tests' chaos run and worker harness
 
-from core import RESULTS_PATH, code_digest, log, write_results  # noqa: E402
+from lib.report import RESULTS_PATH, code_digest, log, write_results  # noqa: E402
 
 from tests.chaos import ChaosPlan, ChaosReport, run_chaos  # noqa: E402
 

@@ -36,7 +36,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 import rq  # noqa: E402
 import rq_scheduler  # noqa: E402
-from core import RESULTS_PATH, BenchServer, distribution, log, write_results  # noqa: E402
+from lib.report import RESULTS_PATH, distribution, log, write_results  # noqa: E402
+from lib.server import BenchServer  # noqa: E402
 from rq import Queue as RQQueue  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.registry import FinishedJobRegistry  # noqa: E402
