@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 import rq  # noqa: E402
 import rq_scheduler  # noqa: E402
+from lib.processes import Processes  # noqa: E402
 from lib.report import RESULTS_PATH, distribution, log, write_results  # noqa: E402
 from lib.server import BenchServer  # noqa: E402
 from rq import Queue as RQQueue  # noqa: E402
@@ -164,25 +164,6 @@ def cpu_seconds(pid: int) -> float:
 def server_cpu_seconds(system: System) -> float:
     info = system.conn.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-class Processes:
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, args: Sequence[str]) -> None:
-        self.procs.append(subprocess.Popen(list(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-
-    def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs = []
 
 
 def simple_worker(system: System, queue_name: str) -> list[str]:
