@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from delayq_backends import DelayStore
+from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from tests.harness.launch import Launcher
 from tests.harness.servers import AMQP_URL, SYSTEM_REDIS, amqp_problem, delete_prefix, make_store, reachable
@@ -52,19 +53,32 @@ def valkey_url(valkey_server: EmbeddedServer) -> str:
     return valkey_server.url
 
 
+#: the shared servers a test's keys are deleted from, named by the fixtures that give their URL
+SHARED_SERVERS = ("valkey_url", "server_url", "system_redis_url")
+
+
 @pytest.fixture
-def prefix() -> str:
-    return f"t{uuid.uuid4().hex[:12]}"
+def prefix(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A key prefix of the test's own. Afterwards its keys are deleted from every shared server
+    the test asked for, so whatever made them (``make_store``, a forwarder process) cleans up."""
+    name = f"t{uuid.uuid4().hex[:12]}"
+    urls = [str(request.getfixturevalue(f)) for f in SHARED_SERVERS if f in request.fixturenames]
+    yield name
+    for url in urls:
+        client = connect(url)
+        try:
+            delete_prefix(client, name)
+        finally:
+            client.close()
 
 
 @pytest.fixture
 def store(server_url: str, prefix: str) -> Iterator[DelayStore]:
     """A store with a fresh prefix on each real server kind, its scripts flushed first so
-    the NOSCRIPT reload path runs too; its keys are deleted afterwards."""
+    the NOSCRIPT reload path runs too (the ``prefix`` fixture deletes its keys)."""
     s = make_store(server_url, prefix, shards=4)
     s.client.script_flush()
     yield s
-    delete_prefix(s.client, prefix)
     s.client.close()
 
 

@@ -18,7 +18,7 @@ import redis
 from delayq_backends import Config, DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
-from tests.harness import Launcher, Proc, delete_prefix
+from tests.harness import Launcher, Proc
 from tests.test_rq.jobs import runs_key
 
 SHARDS = 4
@@ -37,11 +37,9 @@ def conn(valkey_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def rq_store(conn: redis.Redis, prefix: str) -> Iterator[DelayStore]:
-    """A delay store on RQ's own server (the exactly-once hand-off applies); its keys are
-    deleted afterwards (RQ's own keys are named after the test's queues)."""
-    yield DelayStore(conn, Config(prefix=prefix, shards=SHARDS))
-    delete_prefix(conn, prefix)
+def rq_store(conn: redis.Redis, prefix: str) -> DelayStore:
+    """A delay store on RQ's own server: the exactly-once hand-off applies."""
+    return DelayStore(conn, Config(prefix=prefix, shards=SHARDS))
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from delayq_backends import DelayStore
 from delayq_backends.embedded import free_port
 from delayq_backends.web import create_app
-from tests.harness import ROOT, Launcher, delete_prefix, make_store
+from tests.harness import ROOT, Launcher, make_store
 from tests.helpers import wait_for
 from tests.test_rq.conftest import processes  # noqa: F401 (a fixture: real `rq worker` processes)
 
@@ -43,7 +43,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def web_store(valkey_url: str, prefix: str) -> Iterator[DelayStore]:
     store = make_store(valkey_url, prefix, shards=SHARDS)
     yield store
-    delete_prefix(store.client, prefix)
     store.client.close()
 
 
