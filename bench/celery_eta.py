@@ -57,6 +57,7 @@ def running(env: CeleryRun, *, forwarder: bool) -> Iterator[CeleryRun]:
         yield env
     finally:
         env.stop()
+        env.delete_queue()
 
 
 def purge(env: CeleryRun) -> None:
@@ -98,7 +99,7 @@ def apply_async_rates(kind: str, broker: str, valkey: EmbeddedServer, n: int, re
             purge(env)
     finally:
         forget_store(plugin)
-        env.stop()
+        env.delete_queue()
     medians = {k: statistics.median(v) for k, v in rates.items()}
     return {
         "runs": rates,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from lib.celery_run import make_app
+from .celery_run import make_app
 
 env = os.environ
 app = make_app(
@@ -16,5 +16,6 @@ app = make_app(
     queue=env["DQB_QUEUE"],
     sink=env["DQB_SINK"],
     backend=env["DQB_BACKEND"],
+    records=env["DQB_RECORDS"],
     transport_options=json.loads(env.get("DQB_TRANSPORT_OPTIONS", "{}")),
 )

@@ -23,7 +23,8 @@ from kombu import Connection
 
 from delayq_backends.celery import install
 from delayq_backends.embedded import EmbeddedServer
-from lib.processes import Processes
+
+from .processes import Processes
 
 __all__ = ["AMQP_URL", "CeleryRun", "amqp_problem", "make_app", "wait_until"]
 
@@ -51,9 +52,18 @@ def wait_until(check: Any, timeout: float, what: str, *, interval: float = 0.05)
 
 
 def make_app(
-    *, broker: str, store: str, prefix: str, queue: str, sink: str, backend: str, transport_options: dict[str, Any]
+    *,
+    broker: str,
+    store: str,
+    prefix: str,
+    queue: str,
+    sink: str,
+    backend: str,
+    records: str,
+    transport_options: dict[str, Any],
 ) -> Celery:
-    """An app with the plugin installed whose tasks record their runs on the list ``sink``."""
+    """An app with the plugin installed whose tasks record their runs on the list ``sink`` on the
+    Redis at ``records`` (apart from the store and the broker, which the chaos run restarts)."""
     app = Celery("dqb")
     app.conf.update(
         broker_url=broker,
@@ -66,9 +76,13 @@ def make_app(
         worker_hijack_root_logger=False,
         result_expires=600,
         broker_transport_options=transport_options,
+        # Celery's prefetch reduction after a reconnect can leave a worker connected but idle
+        # when the broker restarts with a task in flight (celery#9512 and kin); the chaos run
+        # restarts brokers, and a stalled worker is Celery's fault, not a lost job
+        worker_enable_prefetch_count_reduction=False,
     )
     install(app)
-    out = redis.Redis.from_url(store)
+    out = redis.Redis.from_url(records)
 
     @app.task(bind=True, shared=False, name="dqb.record")  # type: ignore[untyped-decorator]
     def record(self: Any, tag: str, *args: Any, **kwargs: Any) -> str:
@@ -96,6 +110,7 @@ class CeleryRun:
     queue: str
     sink: str
     backend: str
+    records_url: str
     transport_options: dict[str, Any] = field(default_factory=dict)
     processes: Processes = field(default_factory=lambda: Processes(grace=15))
 
@@ -104,7 +119,7 @@ class CeleryRun:
         """Fresh names on the bench's Valkey: the store and sink in db 0, results in db 2."""
         tag = uuid.uuid4().hex[:10]
         base = valkey.url.rsplit("/", 1)[0]
-        return cls(kind, broker, f"{base}/0", f"dqb{tag}", f"dqb-{tag}", f"dqb:{tag}:sink", f"{base}/2")
+        return cls(kind, broker, f"{base}/0", f"dqb{tag}", f"dqb-{tag}", f"dqb:{tag}:sink", f"{base}/2", f"{base}/0")
 
     @property
     def env(self) -> dict[str, str]:
@@ -116,6 +131,7 @@ class CeleryRun:
             "DQB_QUEUE": self.queue,
             "DQB_SINK": self.sink,
             "DQB_BACKEND": self.backend,
+            "DQB_RECORDS": self.records_url,
             "DQB_TRANSPORT_OPTIONS": json.dumps(self.transport_options),
         }
 
@@ -127,6 +143,7 @@ class CeleryRun:
             queue=self.queue,
             sink=self.sink,
             backend=self.backend,
+            records=self.records_url,
             transport_options=self.transport_options,
         )
 
@@ -136,18 +153,18 @@ class CeleryRun:
         app.conf.delayq_enabled = False
         return app
 
-    def start_worker(self, tmp: Path) -> Any:
+    def start_worker(self, tmp: Path, *, name: str = "worker") -> Any:
         """A threads-pool worker on the queue, returned once it has run a ping (it consumes)."""
-        node = f"worker-{uuid.uuid4().hex[:6]}@dqb"
+        node = f"{name}-{uuid.uuid4().hex[:6]}@dqb"
         args = [sys.executable, "-m", "celery", "-A", "lib.celery_app", "worker", "-P", "threads", "-c", "4"]
         args += ["-Q", self.queue, "-n", node, "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
-        proc = self.processes.start(args, env=self.env, log=tmp / "worker.log")
+        proc = self.processes.start(args, env=self.env, log=tmp / f"{name}.log")
         self.wait_ready(proc)
         return proc
 
     def wait_ready(self, proc: Any, timeout: float = 60) -> None:
         """Send a ping task and wait until the worker has run it: it has caught up with its queue."""
-        sink = redis.Redis.from_url(self.store)
+        sink = redis.Redis.from_url(self.records_url)
         ready = f"{self.sink}:ready"
         start = sink.llen(ready)
         self.app().send_task("dqb.ping", queue=self.queue)
@@ -161,12 +178,14 @@ class CeleryRun:
         return self.processes.delayq(*args, env=self.env, log=tmp / "forwarder.log")
 
     def records(self) -> list[dict[str, Any]]:
-        sink = redis.Redis.from_url(self.store)
+        sink = redis.Redis.from_url(self.records_url)
         return [json.loads(r) for r in sink.lrange(self.sink, 0, -1)]
 
     def stop(self) -> None:
-        """Stop the processes and leave a shared RabbitMQ without this run's queue."""
         self.processes.stop()
+
+    def delete_queue(self) -> None:
+        """Leave a shared RabbitMQ without this run's queue."""
         if self.kind == "rabbitmq":
             try:
                 with Connection(self.broker, connect_timeout=2) as conn:

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Optional
 
-from lib.report import BENCH_DIR
+from .report import BENCH_DIR
 
 __all__ = ["ROOT", "Processes", "checkout_env"]
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lib.report import Figure, Target, figure, log
-from lib.server import BenchServer
+from .report import Figure, Target, figure, log
+from .server import BenchServer
 
 __all__ = ["Case", "Run", "measure_cases", "ms_now", "profile_top", "rate_figure", "timed_run"]
 
