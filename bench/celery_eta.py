@@ -35,8 +35,10 @@ from typing import Any, Optional
 
 import redis
 from kombu import Connection
-from lib.celery_run import AMQP_URL, CeleryRun, amqp_problem, wait_until
+from lib.brokers import AMQP_URL, amqp_problem
+from lib.celery_run import CeleryRun
 from lib.report import RESULTS_PATH, code_digest, distribution, fmt_dist, log, write_results
+from lib.waiting import wait_for
 
 from delayq_backends.celery import forget_store
 from delayq_backends.embedded import EmbeddedServer
@@ -140,7 +142,7 @@ def _lateness_run(name: str, env: CeleryRun, n: int, spread: float) -> list[floa
         rng = random.Random(1)
         for i in range(n):
             app.send_task("dqb.record", args=["late", i], countdown=1 + rng.uniform(0, spread))
-        wait_until(lambda: len(env.records()) >= n, 60 + spread, f"{n} {name} tasks to run", interval=POLL)
+        wait_for(lambda: len(env.records()) >= n, 60 + spread, f"{n} {name} tasks to run", interval=POLL)
         forget_store(app)
         return [r["started_ms"] - _eta_ms(r) for r in env.records() if r["tag"] == "late"]
 
@@ -186,7 +188,7 @@ def _rss_run(name: str, env: CeleryRun, size: int) -> dict[str, Any]:
         for i in range(size):
             app.send_task("dqb.record", args=["rss", i], countdown=HOURS)
         queue = redis.Redis.from_url(env.broker)
-        wait_until(lambda: queue.llen(env.queue) == 0, 600, "the worker to take every native task", interval=POLL)
+        wait_for(lambda: queue.llen(env.queue) == 0, 600, "the worker to take every native task", interval=POLL)
         env.wait_ready(env.processes.procs[0])  # the worker has caught up with its queue
         held = held_by_worker(app)
         forget_store(app)
@@ -218,7 +220,7 @@ def _duplicates_run(name: str, env: CeleryRun, n: int, countdown: float, visibil
     with running(env, forwarder=name == "plugin"):
         app = env.app() if name == "plugin" else env.native_app()
         ids = {app.send_task("dqb.record", args=["dup", i], countdown=countdown).id for i in range(n)}
-        wait_until(
+        wait_for(
             lambda: ids <= {r["id"] for r in env.records()}, countdown + 60, f"every {name} task once", interval=POLL
         )
         time.sleep(visibility)  # copies restored after the first runs get the time to run too

@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import redis
+from lib.brokers import AMQP_URL
 from lib.processes import Processes
 from lib.report import RESULTS_PATH, log, write_results
-
-AMQP_URL = os.environ.get("DELAYQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
 def _app_from_env() -> Any:

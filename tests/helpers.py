@@ -1,23 +1,12 @@
-"""Small helpers shared by the tests."""
+"""Small helpers shared by the tests (``wait_for`` is the benches' too, from bench/lib)."""
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
-from typing import Callable, Union
 
+from bench.lib.waiting import wait_for
 
-def wait_for(
-    check: Callable[[], bool], timeout: float, what: Union[str, Callable[[], str]], *, interval: float = 0.005
-) -> None:
-    """Poll ``check`` every ``interval`` s until it holds; fail saying ``what`` did not happen
-    within ``timeout`` s (``what`` may be a function, to describe the state at that moment).
-    Benchmarks poll less often, so the check does not steal the CPU they measure."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
-        time.sleep(interval)
+__all__ = ["ms_at_or_after", "wait_for"]
 
 
 def ms_at_or_after(when: datetime) -> int:

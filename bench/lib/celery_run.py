@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import redis
 from celery import Celery
@@ -25,30 +25,9 @@ from delayq_backends.celery import install
 from delayq_backends.embedded import EmbeddedServer
 
 from .processes import Processes
+from .waiting import wait_for
 
-__all__ = ["AMQP_URL", "CeleryRun", "amqp_problem", "make_app", "wait_until"]
-
-AMQP_URL = os.environ.get("DELAYQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-
-
-def amqp_problem(url: str) -> Optional[str]:
-    """Why the broker at ``url`` cannot be used, or None when it answers."""
-    try:
-        with Connection(url, connect_timeout=2) as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, timeout=3)
-        return None
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-
-
-def wait_until(check: Any, timeout: float, what: str, *, interval: float = 0.05) -> None:
-    """Poll ``check`` until it holds; raise saying ``what`` did not happen within ``timeout`` s.
-    Polls slowly by default, so the check does not steal the CPU being measured."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+__all__ = ["CeleryRun", "make_app"]
 
 
 def make_app(
@@ -168,7 +147,9 @@ class CeleryRun:
         ready = f"{self.sink}:ready"
         start = sink.llen(ready)
         self.app().send_task("dqb.ping", queue=self.queue)
-        wait_until(lambda: proc.poll() is not None or sink.llen(ready) > start, timeout, "the worker to start")
+        wait_for(
+            lambda: proc.poll() is not None or sink.llen(ready) > start, timeout, "the worker to start", interval=0.05
+        )
         if proc.poll() is not None:
             raise RuntimeError(f"the worker exited with {proc.returncode}")
 

@@ -32,7 +32,8 @@ from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.message import parse_time
 from delayq_backends.embedded import EmbeddedServer
 
-from .celery_run import AMQP_URL, CeleryRun
+from .brokers import AMQP_URL
+from .celery_run import CeleryRun
 from .processes import Processes
 from .proxy import TcpProxy
 from .report import distribution

@@ -9,18 +9,17 @@ Every test gets its own key prefix instead of a FLUSHALL, so tests never see eac
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Union
 
 import redis
-from kombu import Connection
 
+from bench.lib.brokers import AMQP_URL, amqp_problem
 from delayq_backends import Config, DelayStore
 from delayq_backends.connection import connect
 
 __all__ = ["AMQP_URL", "SYSTEM_REDIS", "amqp_problem", "delete_prefix", "make_store", "reachable"]
 
 SYSTEM_REDIS = os.environ.get("DELAYQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-AMQP_URL = os.environ.get("DELAYQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
 def reachable(url: str) -> bool:
@@ -28,16 +27,6 @@ def reachable(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
     except redis.RedisError:
         return False
-
-
-def amqp_problem(url: str) -> Optional[str]:
-    """Why the broker at ``url`` cannot be used, or None when it answers."""
-    try:
-        with Connection(url, connect_timeout=2) as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, timeout=3)
-        return None
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
 
 
 def make_store(url: str, prefix: str, **settings: object) -> DelayStore:

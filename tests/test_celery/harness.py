@@ -155,9 +155,9 @@ def delete_queue(env: CeleryEnv) -> None:
 
 
 def delayq_cli(env: CeleryEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    """``celery -A tests.test_celery.worker_app delayq ARGS…`` in ``env``, its output captured."""
+    """``celery -A <env's app module> delayq ARGS…`` in ``env``, run to its end, output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.test_celery.worker_app", "delayq", *args],
+        [sys.executable, "-m", "celery", "-A", env.app_module, "delayq", *args],
         cwd=ROOT,
         env=env.env,
         capture_output=True,
