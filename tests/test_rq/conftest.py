@@ -82,10 +82,8 @@ class Processes:
         return self.start("-m", "rq.cli", "worker", "-u", self.url, "--queue-class", queue_class, "-q", *flags, *queues)
 
     def forwarder(self, *extra: str) -> Proc:
-        return self.start(
-            "-m", "delayq_backends.cli", "forward", "--url", self.url, "--rq-redis", self.url,
-            "--log-level", "warning", *extra,
-        )  # fmt: skip
+        args = ["forward", "--url", self.url, "--rq-redis", self.url, "--log-level", "warning", *extra]
+        return self.launcher.delayq(*args, env=self.env)
 
     def stop_all(self) -> None:
         self.launcher.stop_all()
