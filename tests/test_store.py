@@ -23,7 +23,7 @@ from delayq_backends import (
 from delayq_backends.keys import shard_tags
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.timeutil import to_ms
-from tests.conftest import make_store
+from tests.harness import make_store
 
 ENV = RedisListTarget.envelope("out", b"x")
 
