@@ -11,7 +11,7 @@ from delayq_backends import DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.store import Lease
 from delayq_backends.targets import ClaimTarget, Delivery, PublishReport, RedisListTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 
 
 class TransactionalListTarget(RedisListTarget):
