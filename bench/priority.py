@@ -32,10 +32,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -123,7 +124,7 @@ def hold_ranked(store: DelayStore, sizes: Sizes) -> None:
         raise RuntimeError("the first claim should have taken exactly the ranked items")
 
 
-def schedule_rates(server: BenchServer, sizes: Sizes, before: Optional[str]) -> dict[str, float]:
+def schedule_rates(server: BenchServer, sizes: Sizes, before: str | None) -> dict[str, float]:
     """Items/s of schedule script calls (500 items each, arguments built untimed, as
     ``schedule_many`` builds them), rank 0 vs ranked (vs rank 0 with ``before``'s script), rounds
     alternating; median of rounds. Script calls only, so the old and new scripts compare alone."""
@@ -151,7 +152,7 @@ def schedule_rates(server: BenchServer, sizes: Sizes, before: Optional[str]) -> 
     return {label: round(statistics.median(values)) for label, values in rates.items()}
 
 
-def run_all(sizes: Sizes, before: Optional[str]) -> dict[str, Any]:
+def run_all(sizes: Sizes, before: str | None) -> dict[str, Any]:
     load_start = [round(x, 2) for x in os.getloadavg()]
     with BenchServer() as server:
         server.wipe()
@@ -215,7 +216,7 @@ median of rounds: {rates}.
 """
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="markdown file to append to")

@@ -22,8 +22,6 @@ without functions (Redis < 7).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .config import Config
 from .errors import ConfigError
 from .keys import meta_key, periodic_key, wake_channel
@@ -92,7 +90,7 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
 
 
 def acl_setuser(
-    user: str, prefix: str, role: str, *, password: Optional[str] = None, functions: bool = True
+    user: str, prefix: str, role: str, *, password: str | None = None, functions: bool = True
 ) -> list[str]:
     """The full ``ACL SETUSER`` command as arguments (``>password`` or a placeholder)."""
     secret = f">{password}" if password is not None else "><password>"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Client", "connect", "connect_rq", "is_cluster", "on_store_server", "redact_url", "same_server"]
 
-Client = Union[redis.Redis, RedisCluster]
+Client = redis.Redis | RedisCluster
 
 
 #: One URL's scheme; kombu takes several URLs joined by ";" (failover brokers).

@@ -19,9 +19,10 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -82,7 +83,7 @@ class ForwarderStats:
     errors: int = 0
     lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000), repr=False)
 
-    def percentile(self, q: float) -> Optional[int]:
+    def percentile(self, q: float) -> int | None:
         """The lateness percentile ``q`` of the kept samples, in ms (None before any)."""
         return percentile(sorted(self.lateness_ms), q)
 
@@ -132,10 +133,10 @@ class Forwarder:
         retry_delay: float = 1.0,
         max_retry_delay: float = 300.0,
         max_outage_backoff: float = 10.0,
-        name: Optional[str] = None,
-        audit: Optional[AuditSink] = None,
-        metrics: Optional[ForwarderMetrics] = None,
-        flow: Optional[FlowControl] = None,
+        name: str | None = None,
+        audit: AuditSink | None = None,
+        metrics: ForwarderMetrics | None = None,
+        flow: FlowControl | None = None,
     ) -> None:
         if not isinstance(targets, Mapping):
             targets = {t.kind: t for t in targets}
@@ -159,7 +160,7 @@ class Forwarder:
         self._outage_backoff = 0.0
         #: server TIME at the last reading and time.monotonic() then, as one tuple: the lease
         #: heartbeat's thread reads the clock too
-        self._clock: Optional[tuple[int, float]] = None
+        self._clock: tuple[int, float] | None = None
         self._rng = random.Random()
         self._set_aside_until: dict[int, tuple[int, int]] = {}  # shard -> (server ms, back-off ms)
         lease_ms = store.config.lease_ms
@@ -178,7 +179,7 @@ class Forwarder:
         """
         return self._sweep(self._heads())
 
-    def _heads(self) -> list[Optional[int]]:
+    def _heads(self) -> list[int | None]:
         """The store's heads; if they cannot be read as numbers (a score written straight into
         Redis), every shard reads as due, so each is tried and a bad one is set aside alone."""
         try:
@@ -204,7 +205,7 @@ class Forwarder:
                 break
         return self.stats.since(before)
 
-    def _due(self, heads: list[Optional[int]]) -> list[int]:
+    def _due(self, heads: list[int | None]) -> list[int]:
         """The shards due now and not set aside, from a random one on, so no shard goes first always."""
         now = self.server_now_ms()
         due = [s for s, head in enumerate(heads) if head is not None and head <= now and not self._aside(s, now)]
@@ -212,7 +213,7 @@ class Forwarder:
         due.sort(key=lambda s: (s - start) % len(heads))
         return due
 
-    def _sweep(self, heads: list[Optional[int]]) -> int:
+    def _sweep(self, heads: list[int | None]) -> int:
         """:meth:`run_once` on heads already read, so the idle loop reads them once per wake."""
         due = self._due(heads)
         claimed = 0
@@ -229,7 +230,7 @@ class Forwarder:
         for shard in due:
             if self._stop.is_set():
                 break
-            claim: Optional[Claim] = None
+            claim: Claim | None = None
             try:
                 started = time.perf_counter()
                 claim = self.store.claim(shard, limit=self.batch)
@@ -248,7 +249,7 @@ class Forwarder:
                 still_due.append(shard)
         return claimed, still_due
 
-    def _set_aside(self, shard: int, exc: Exception, claim: Optional[Claim]) -> None:
+    def _set_aside(self, shard: int, exc: Exception, claim: Claim | None) -> None:
         """Set a shard aside after an error that retrying at once will not fix: a Redis error
         (a key of ours holding another type, the server at maxmemory, a missing ACL permission)
         or anything else raised while handling its data (a value that cannot be decoded, a
@@ -556,7 +557,7 @@ class Forwarder:
             )
             return None
 
-    def _sleep(self, pubsub: Any, heads: list[Optional[int]]) -> Any:
+    def _sleep(self, pubsub: Any, heads: list[int | None]) -> Any:
         """Wait until the earliest head is due, a wake-up says an earlier one is, or the poll.
 
         A schedule after ``heads`` were read is not missed: its wake-up waits in ``pubsub``.
@@ -634,8 +635,8 @@ class _Heartbeat:
         self.now_ms = now_ms
         self.every = lease_ms / 6000
         self._closed = threading.Event()
-        self._held: Optional[_Held] = None
-        self._thread: Optional[threading.Thread] = None
+        self._held: _Held | None = None
+        self._thread: threading.Thread | None = None
 
     @contextmanager
     def holding(self, held: _Held) -> Iterator[None]:

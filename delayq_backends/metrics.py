@@ -22,7 +22,8 @@ import threading
 import time
 from collections import Counter as Tally
 from collections import defaultdict
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Optional, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -77,7 +78,7 @@ DEFAULT_MAX_TARGET_LABELS = 8
 class _Bound:
     """One label's allowed values: a fixed set, or (``allowed`` None) the first ``cap`` seen."""
 
-    def __init__(self, allowed: Optional[Iterable[str]], cap: int) -> None:
+    def __init__(self, allowed: Iterable[str] | None, cap: int) -> None:
         self.fixed = allowed is not None
         self.values: set[str] = set(allowed or ())
         self.cap = cap
@@ -106,8 +107,8 @@ class LabelBounds:
 
     def __init__(
         self,
-        queues: Optional[Iterable[str]] = None,
-        targets: Optional[Iterable[str]] = None,
+        queues: Iterable[str] | None = None,
+        targets: Iterable[str] | None = None,
         *,
         max_queues: int = DEFAULT_MAX_QUEUE_LABELS,
         max_targets: int = DEFAULT_MAX_TARGET_LABELS,
@@ -160,9 +161,9 @@ class ForwarderMetrics:
     def __init__(
         self,
         *,
-        store: Optional[DelayStore] = None,
-        registry: Optional[CollectorRegistry] = None,
-        bounds: Optional[LabelBounds] = None,
+        store: DelayStore | None = None,
+        registry: CollectorRegistry | None = None,
+        bounds: LabelBounds | None = None,
     ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self.bounds = LabelBounds() if bounds is None else bounds

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
 
 __all__ = [
     "CancelOutcome",
@@ -117,7 +116,7 @@ class ScheduledItem:
     ready_ms: int
     envelope: bytes
     attempts: int
-    leased_until_ms: Optional[int]
+    leased_until_ms: int | None
     rank: int = 0  # higher is claimed first in a backlog (see DelayStore.schedule)
 
 
@@ -130,8 +129,8 @@ class DeadLetter:
     died_ms: int
     error: str
     attempts: int
-    ready_ms: Optional[int]
-    envelope: Optional[bytes]
+    ready_ms: int | None
+    envelope: bytes | None
 
 
 @dataclass(frozen=True)
@@ -147,9 +146,9 @@ class ShardStats:
     due: int
     leased: int
     dead: int
-    next_ready_ms: Optional[int]
+    next_ready_ms: int | None
     now_ms: int
-    error: Optional[str] = None
+    error: str | None = None
 
     @property
     def oldest_overdue_ms(self) -> int:
@@ -203,7 +202,7 @@ class FailedDelivery:
     ``retry_at_ms``, or buried at once when that is None (a permanent error)."""
 
     id: str
-    retry_at_ms: Optional[int]
+    retry_at_ms: int | None
     error: str
 
 

@@ -13,8 +13,9 @@ and the ack in one MULTI/EXEC (an exactly-once hand-off), and a target can write
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import redis
 
@@ -55,7 +56,7 @@ class PublishReport:
     published: list[str] = field(default_factory=list)
     failed: list[DeliveryFailure] = field(default_factory=list)
     unsent: list[str] = field(default_factory=list)
-    broker_error: Optional[BaseException] = None
+    broker_error: BaseException | None = None
     acked: list[str] = field(default_factory=list)
 
 

@@ -3,8 +3,8 @@ forwards what is due now and returns: on a real server, and on the testing store
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
-from typing import Iterator, Sequence
 
 import pytest
 import redis

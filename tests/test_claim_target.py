@@ -3,7 +3,8 @@ forwarder prefers publish_claimed, and ids the target acked itself are not acked
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import redis
 

@@ -5,8 +5,9 @@ on a fresh embedded Valkey: the key layout and the stored values did not change.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis

@@ -7,7 +7,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 import redis

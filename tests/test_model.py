@@ -27,8 +27,9 @@ which protocol paths the run exercised (the ``event`` lines).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -76,7 +77,7 @@ class Item:
     rank: int = 0
     indexed: int = 0  # the ready time of its ranked index entry (rank > 0)
     attempts: int = 0
-    lease: Optional[Lease] = None  # kept after expiry until the item is claimed again
+    lease: Lease | None = None  # kept after expiry until the item is claimed again
 
     @property
     def score(self) -> int:
@@ -86,7 +87,7 @@ class Item:
 
 @dataclass
 class Dead:
-    envelope: Optional[bytes]
+    envelope: bytes | None
     attempts: int
     error: str
     died: int
@@ -118,9 +119,9 @@ class Model:
     def shard(self, item_id: str) -> int:
         return shard_of(item_id, self.shards)
 
-    def heads(self) -> list[Optional[int]]:
+    def heads(self) -> list[int | None]:
         """Each shard's earliest score, None when empty."""
-        heads: list[Optional[int]] = [None] * self.shards
+        heads: list[int | None] = [None] * self.shards
         for item_id, item in self.items.items():
             k = self.shard(item_id)
             head = heads[k]
@@ -177,11 +178,11 @@ class Model:
             item.lease = Lease(self.tokens, self.deadlines[self.tokens])
             out.append((item_id, item.envelope, item.attempts, item.ready))
 
-    def bury(self, item_id: str, envelope: Optional[bytes], attempts: int, error: str, ready: int) -> None:
+    def bury(self, item_id: str, envelope: bytes | None, attempts: int, error: str, ready: int) -> None:
         rank = self.items.pop(item_id).rank
         self.dead[item_id] = Dead(envelope, attempts, error, self.now, ready, rank)
 
-    def held_by(self, item_id: str, token: int, op: str) -> Optional[Item]:
+    def held_by(self, item_id: str, token: int, op: str) -> Item | None:
         """The item if claim ``token`` still holds it; notes why not, for the statistics."""
         item = self.items.get(item_id)
         if item is None:
@@ -204,10 +205,10 @@ class DelayStoreModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.store: Optional[DelayStore] = None
+        self.store: DelayStore | None = None
         self.model = Model(1, 1)
         self.serial = 0
-        self.latest: Optional[ClaimRecord] = None
+        self.latest: ClaimRecord | None = None
         self.wakes: Any = None
         self.expected_wakes: list[int] = []
 
@@ -394,10 +395,10 @@ class DelayStoreModel(RuleBasedStateMachine):
         assert self.s.fail(record.claim, failed, now=m.now) == FailCounts(retried, buried)
 
     @staticmethod
-    def _all(record: ClaimRecord, ids: Optional[list[str]]) -> list[str]:
+    def _all(record: ClaimRecord, ids: list[str] | None) -> list[str]:
         return [item.id for item in record.claim.items] if ids is None else ids
 
-    def _ids(self, data: st.DataObject, record: ClaimRecord) -> Optional[list[str]]:
+    def _ids(self, data: st.DataObject, record: ClaimRecord) -> list[str] | None:
         """None (all of the claim's ids, the store's default) or a drawn list, repeats allowed."""
         if data.draw(st.booleans(), label="all ids"):
             return None
@@ -406,7 +407,7 @@ class DelayStoreModel(RuleBasedStateMachine):
     # -- dead letters -------------------------------------------------------------------------
 
     @rule(ids=st.one_of(st.none(), st.lists(st.sampled_from(IDS), max_size=3)), offset=OFFSETS)
-    def requeue_dead(self, ids: Optional[list[str]], offset: int) -> None:
+    def requeue_dead(self, ids: list[str] | None, offset: int) -> None:
         self._requeue(ids, offset)
 
     @precondition(lambda self: self.model.dead)
@@ -414,7 +415,7 @@ class DelayStoreModel(RuleBasedStateMachine):
     def requeue_a_dead_letter(self, data: st.DataObject, offset: int) -> None:
         self._requeue([data.draw(st.sampled_from(sorted(self.model.dead)), label="id")], offset)
 
-    def _requeue(self, ids: Optional[list[str]], offset: int) -> None:
+    def _requeue(self, ids: list[str] | None, offset: int) -> None:
         m = self.model
         ready, requeued, before = m.now + offset, 0, m.heads()
         for item_id in sorted(set(m.dead if ids is None else ids)):
@@ -432,7 +433,7 @@ class DelayStoreModel(RuleBasedStateMachine):
         self.expect_wakes(before)
 
     @rule(ids=st.one_of(st.none(), st.lists(st.sampled_from(IDS), max_size=3)))
-    def purge_dead(self, ids: Optional[list[str]]) -> None:
+    def purge_dead(self, ids: list[str] | None) -> None:
         m = self.model
         purged = [i for i in (list(m.dead) if ids is None else sorted(set(ids))) if i in m.dead]
         for item_id in purged:
@@ -486,7 +487,7 @@ class DelayStoreModel(RuleBasedStateMachine):
             else:
                 assert d.error == m.dead[d.id].error
 
-    def expect_wakes(self, before: list[Optional[int]]) -> None:
+    def expect_wakes(self, before: list[int | None]) -> None:
         """A schedule, reschedule, release or requeue that makes a shard's head earlier
         publishes the new head, once per script call. Nothing else publishes."""
         for old, new in zip(before, self.model.heads()):

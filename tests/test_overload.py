@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis

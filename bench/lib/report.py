@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import delayq_backends
 
@@ -90,12 +90,12 @@ class Figure:
     label: str
     value: float
     unit: str
-    target: Optional[str] = None
-    met: Optional[bool] = None
+    target: str | None = None
+    met: bool | None = None
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def figure(key: str, label: str, value: float, unit: str, target: Optional[Target] = None, **detail: Any) -> Figure:
+def figure(key: str, label: str, value: float, unit: str, target: Target | None = None, **detail: Any) -> Figure:
     """Build a figure and judge it against its target in one place."""
     return Figure(
         key,

@@ -18,8 +18,9 @@ publishes, then acks (at-least-once), as on any other broker.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import redis
 from kombu.messaging import Producer
@@ -80,11 +81,11 @@ class RedisHandOff:
         self.max_watch_retries = max_watch_retries
         self._recording = _RecordingChannel(channel)
         self._producer = Producer(self._recording, auto_declare=False)
-        prefix: Optional[Callable[[list[Any]], list[Any]]] = getattr(channel.client, "_prefix_args", None)
+        prefix: Callable[[list[Any]], list[Any]] | None = getattr(channel.client, "_prefix_args", None)
         self._prefix = prefix
 
     @classmethod
-    def for_channel(cls, channel: Any, **kwargs: Any) -> Optional[RedisHandOff]:
+    def for_channel(cls, channel: Any, **kwargs: Any) -> RedisHandOff | None:
         """A hand-off for ``channel`` if it is kombu's Redis transport with the publish hook."""
         try:
             from kombu.transport.redis import Channel as RedisChannel

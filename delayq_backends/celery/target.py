@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import inspect
 import logging
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timezone
-from typing import Any, Callable, ContextManager, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 from amqp.exceptions import MessageNacked
 from kombu import exceptions as kombu_errors
@@ -77,13 +78,13 @@ class CeleryTarget:
         self._connect = connect
         self.confirm_timeout = confirm_timeout
         self.max_watch_retries = max_watch_retries
-        self._connection: Optional[Connection] = None
-        self._producer: Optional[Producer] = None
-        self._handoff: Optional[RedisHandOff] = None
-        self._probe: Optional[Connection] = None  # its own, so a probe error never drops a publish
+        self._connection: Connection | None = None
+        self._producer: Producer | None = None
+        self._handoff: RedisHandOff | None = None
+        self._probe: Connection | None = None  # its own, so a probe error never drops a publish
 
     @classmethod
-    def from_url(cls, url: str, *, transport_options: Optional[dict[str, Any]] = None, **kwargs: Any) -> CeleryTarget:
+    def from_url(cls, url: str, *, transport_options: dict[str, Any] | None = None, **kwargs: Any) -> CeleryTarget:
         """A target for a broker URL (``amqp://``, ``redis://``, ...), as Celery's ``broker_url``."""
 
         def connect() -> Connection:
@@ -186,7 +187,7 @@ class CeleryTarget:
         """
         batched = hasattr(producer, "batch") and getattr(producer.channel, "supports_batch_publish", False)
         pending: list[str] = []
-        context: ContextManager[Any] = producer.batch(max_size=len(ready)) if batched else nullcontext()
+        context: AbstractContextManager[Any] = producer.batch(max_size=len(ready)) if batched else nullcontext()
         with context:
             for p in ready:
                 try:
@@ -240,7 +241,7 @@ class CeleryTarget:
             self._producer = Producer(conn.channel(), auto_declare=False)
         return self._producer
 
-    def _handoff_or_new(self) -> Optional[RedisHandOff]:
+    def _handoff_or_new(self) -> RedisHandOff | None:
         """The exactly-once hand-off on this target's channel, or None if the broker is not
         kombu's Redis transport (with kombu >= 5.7's publish hook)."""
         if self._handoff is None:
@@ -287,7 +288,7 @@ def _not_found(exc: BaseException) -> bool:
     return getattr(exc, "code", None) == 404 or "404" in getattr(exc, "args", ())
 
 
-def _confirming(url: str, options: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _confirming(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     """Transport options with publisher confirms on AMQP (a no-op setting elsewhere)."""
     options = dict(options or {})
     if url.split("://", 1)[0].split("+")[0] in ("amqp", "amqps", "pyamqp"):

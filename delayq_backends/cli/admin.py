@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import click
 from redis.cluster import RedisCluster
@@ -43,7 +43,7 @@ __all__ = ["acl", "functions_group"]
 )
 @url_option
 def acl(
-    role: str, prefix: str, user: Optional[str], functions: bool, password_file: Optional[Path], apply: bool, url: str
+    role: str, prefix: str, user: str | None, functions: bool, password_file: Path | None, apply: bool, url: str
 ) -> None:
     """Print (or --apply) the least-privilege ACL SETUSER command for a ROLE on a prefix.
 

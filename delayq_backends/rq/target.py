@@ -26,11 +26,12 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
 from types import ModuleType
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import redis
 from rq import Queue as RQQueue
@@ -117,7 +118,7 @@ class ClassAllowlist:
     prefixes: tuple[str, ...] = DEFAULT_ALLOWED_CLASSES
 
     @classmethod
-    def configured(cls, extra: Iterable[str] = (), env: Optional[Mapping[str, str]] = None) -> ClassAllowlist:
+    def configured(cls, extra: Iterable[str] = (), env: Mapping[str, str] | None = None) -> ClassAllowlist:
         """The defaults, plus ``extra`` (``--rq-allow-class``) and :data:`ALLOW_CLASS_ENV`."""
         from_env = (os.environ if env is None else env).get(ALLOW_CLASS_ENV, "").replace(",", " ").split()
         added = [p.strip().strip(".") for p in (*extra, *from_env) if p.strip().strip(".")]
@@ -129,7 +130,7 @@ class ClassAllowlist:
             return False
         return any(parts[: len(q)] == q for q in (p.split(".") for p in self.prefixes))
 
-    def load(self, what: str, path: Any, base: Optional[type] = None) -> Any:
+    def load(self, what: str, path: Any, base: type | None = None) -> Any:
         """What an envelope's ``what`` (``queue_class``, ...) names, imported if allowed; with
         ``base``, it must be a subclass of it (``base`` itself when ``path`` is None).
 
@@ -150,7 +151,7 @@ class ClassAllowlist:
         return found
 
 
-def dotted_path(obj: Union[type, ModuleType, object]) -> str:
+def dotted_path(obj: type | ModuleType | object) -> str:
     """The import path of a class or module, as ``rq worker --job-class`` takes it."""
     if isinstance(obj, ModuleType):
         return obj.__name__
@@ -172,11 +173,11 @@ def is_legacy_scheduler(envelope: Envelope) -> bool:
 def job_envelope(
     queue_name: str,
     *,
-    queue_class: Optional[type] = None,
-    job_class: Optional[type] = None,
+    queue_class: type | None = None,
+    job_class: type | None = None,
     serializer: Any = None,
     scheduler: bool = False,
-    schedule: Optional[Mapping[str, Any]] = None,
+    schedule: Mapping[str, Any] | None = None,
 ) -> Envelope:
     """What the delay store keeps for one RQ job: its queue, the classes to move it with and,
     for a Scheduler's job, its schedule (``{}`` when it runs once)."""
@@ -201,11 +202,11 @@ def job_rank(job: Job) -> int:
     return AT_FRONT_RANK if enqueues_at_front(job) else 0
 
 
-def _text(raw: Optional[bytes]) -> Optional[str]:
+def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace")
 
 
-def _flag(raw: Optional[bytes]) -> bool:
+def _flag(raw: bytes | None) -> bool:
     return bool(int(raw)) if raw else False
 
 
@@ -218,16 +219,16 @@ class JobFields:
     """
 
     status: str
-    timeout: Optional[bytes]
-    ttl: Optional[int]
+    timeout: bytes | None
+    ttl: int | None
     at_front: bool
     dependency_ids: tuple[str, ...]
     allow_dependency_failures: bool
-    rate_limit_key: Optional[str]
-    rate_limit_concurrency: Optional[int]
+    rate_limit_key: str | None
+    rate_limit_concurrency: int | None
 
     @classmethod
-    def parse(cls, values: Sequence[Optional[bytes]]) -> Optional[JobFields]:
+    def parse(cls, values: Sequence[bytes | None]) -> JobFields | None:
         """From HMGET of :data:`_FIELDS`; None when the hash is gone. Raises ValueError naming a bad field.
 
         The usual job (a Queue's, with no TTL, dependency or rate limit) takes a short path: this
@@ -250,7 +251,7 @@ class JobFields:
         return cls._parse_checked(values)
 
     @classmethod
-    def _parse_checked(cls, values: Sequence[Optional[bytes]]) -> Optional[JobFields]:
+    def _parse_checked(cls, values: Sequence[bytes | None]) -> JobFields | None:
         raw = dict(zip(_FIELDS, values))
         if all(v is None for v in values):
             return None
@@ -400,7 +401,7 @@ class RQTarget:
         *,
         clock: Callable[[], float] = time.time,
         max_watch_retries: int = 20,
-        allow_classes: Optional[ClassAllowlist] = None,
+        allow_classes: ClassAllowlist | None = None,
     ) -> None:
         self.connection = connection
         self.clock = clock
@@ -425,7 +426,7 @@ class RQTarget:
 
     # -- one batch ----------------------------------------------------------------------------
 
-    def _publish(self, deliveries: Sequence[Delivery], lease: Optional[Lease]) -> PublishReport:
+    def _publish(self, deliveries: Sequence[Delivery], lease: Lease | None) -> PublishReport:
         report = PublishReport()
         groups: dict[tuple[Any, ...], list[Delivery]] = {}
         for d in deliveries:  # the serializer is not needed: nothing is deserialized
@@ -452,7 +453,7 @@ class RQTarget:
     def _class(self, what: str, path: Any, base: type) -> Any:
         return self.allow_classes.load(what, path, base)
 
-    def _move(self, batch: _Batch, lease: Optional[Lease], report: PublishReport) -> None:
+    def _move(self, batch: _Batch, lease: Lease | None, report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""
         shared = lease if lease is not None and lease.shares_server(self.connection) else None
         job_keys = list(batch.job_keys.values())
@@ -481,13 +482,13 @@ class RQTarget:
         if shared is not None:
             report.acked += batch.skipped + moved
 
-    def _read(self, batch: _Batch, pipe: Any, shared: Optional[Lease]) -> None:
+    def _read(self, batch: _Batch, pipe: Any, shared: Lease | None) -> None:
         """After WATCH: which items are still ours, their jobs' fields, whether a Scheduler job's
         dependencies are met (their keys WATCHed too), and the next run of periodic ones."""
         batch.held = shared.held(pipe, batch.ids) if shared else batch.ids
         batch.jobs, batch.deferred, batch.skipped, batch.broken, batch.following = {}, set(), [], [], {}
         legacy = [i for i in batch.held if is_legacy_scheduler(batch.deliveries[i].envelope)]
-        old_meta: dict[str, Optional[bytes]] = {}
+        old_meta: dict[str, bytes | None] = {}
         if legacy:
             with self.connection.pipeline(transaction=False) as reads:
                 for job_id in legacy:
@@ -527,8 +528,8 @@ class RQTarget:
         return batch.deliveries[job_id].envelope.meta
 
     def _schedule(
-        self, batch: _Batch, job_id: str, old_meta: Mapping[str, Optional[bytes]]
-    ) -> Optional[dict[str, Any]]:
+        self, batch: _Batch, job_id: str, old_meta: Mapping[str, bytes | None]
+    ) -> dict[str, Any] | None:
         """A Scheduler job's schedule: from its envelope, or (scheduled by delayq 0.1) from a JSON
         ``job.meta``, upgraded as it moves (the re-armed run carries it). A pickled ``meta`` is
         never loaded: ValueError names the operator's command that upgrades it."""
@@ -595,7 +596,7 @@ class RQTarget:
             return False
         return True
 
-    def _queue_writes(self, batch: _Batch, pipe: Any, shared: Optional[Lease]) -> None:
+    def _queue_writes(self, batch: _Batch, pipe: Any, shared: Lease | None) -> None:
         """Queue the enqueues (and, when shared, the ack and re-arms) on the MULTI."""
         keys = batch.keys
         pipe.sadd(keys.queue_class.redis_queues_keys, keys.queue)
@@ -678,13 +679,13 @@ class RQTarget:
         registry.acquire_and_enqueue(job.rate_limit_concurrency, pipeline=pipe)
 
     @staticmethod
-    def _expire(pipe: Any, keys: _Keys, job_id: str, ttl: Optional[int]) -> None:
+    def _expire(pipe: Any, keys: _Keys, job_id: str, ttl: int | None) -> None:
         """``Job.cleanup(ttl)`` as the enqueue calls it: a positive TTL expires the job's keys."""
         if ttl is not None and ttl > 0:
             for key in (keys.job(job_id), keys.dependents(job_id), keys.dependencies(job_id)):
                 pipe.expire(key, ttl)
 
-    def _rearm(self, batch: _Batch, ids: list[str], pipe: Any, lease: Optional[Lease]) -> None:
+    def _rearm(self, batch: _Batch, ids: list[str], pipe: Any, lease: Lease | None) -> None:
         """Schedule the next run of periodic and cron jobs under the same id.
 
         Re-scheduling drops the lease, so the forwarder's ack (in this transaction or after it)

@@ -28,10 +28,11 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Callable, Generic, Optional, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -201,7 +202,7 @@ class ScriptRunner:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._backend: Optional[Backend] = None
+        self._backend: Backend | None = None
         self._eval: dict[tuple[str, bool], Any] = {}
         self._lock = threading.Lock()
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any
 
 from .library import ScriptCall
 
 __all__ = ["RqEnqueue", "RqFields"]
 
 #: Per job hash: its values (None when absent), or the key's type when it is no hash.
-JobValues = Union[list[Optional[bytes]], bytes]
+JobValues = list[bytes | None] | bytes
 
 
 class RqFields:

@@ -9,8 +9,9 @@ Each ``call(...)`` returns a :class:`~delayq_backends.scripts.library.ScriptCall
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterable, Sequence, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ..keys import ShardKeys
 from ..models import (

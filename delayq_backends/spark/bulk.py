@@ -10,8 +10,9 @@ failure, or a retried Spark task) stores each id once, keeping (``keep``) or mov
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -78,7 +79,7 @@ def schedule_dataframe(
     shards: int = 16,
     mode: str = "keep",
     batch: int = DEFAULT_BATCH,
-    rank_col: Optional[str] = None,
+    rank_col: str | None = None,
 ) -> BulkResult:
     """Schedule one delayed job per row of ``df``, from the executors.
 
@@ -139,7 +140,7 @@ def _target_columns(df: DataFrame, target: Target) -> list[Any]:
     return [F.col(c) if c is not None else F.lit(None).alias(f"_unused_{i}") for i, c in enumerate(target.columns)]
 
 
-def _field(df: DataFrame, name: Optional[str]) -> Any:
+def _field(df: DataFrame, name: str | None) -> Any:
     if name is None:
         return None
     for f in df.schema.fields:

@@ -3,10 +3,11 @@ running script calls (pipelined, on a caller's pipeline, or durably with WAIT)."
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from itertools import islice
-from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar, Union
+from typing import Any, TypeVar
 
 import redis
 
@@ -29,7 +30,7 @@ from ..timeutil import Clock, ServerClock, When, to_ms
 
 __all__ = ["Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
 
-Payload = Union[Envelope, bytes]
+Payload = Envelope | bytes
 
 R = TypeVar("R")
 S = TypeVar("S", bound="StoreCore")
@@ -64,13 +65,13 @@ class StoreCore:
             so a producer whose wall clock is off schedules neither early nor late.
     """
 
-    def __init__(self, client: Client, config: Optional[Config] = None, *, clock: Optional[Clock] = None) -> None:
+    def __init__(self, client: Client, config: Config | None = None, *, clock: Clock | None = None) -> None:
         self.client = client
         self.config = config or Config()
         self.clock: Clock = clock if clock is not None else ServerClock(self.server_time_ms)
         self.scripts = ScriptRunner(client)
         self.cluster = is_cluster(client)
-        self._shard_keys: Optional[List[ShardKeys]] = None
+        self._shard_keys: list[ShardKeys] | None = None
         self._wake = wake_channel(self.config.prefix)
         self._meta_checked = False
 
@@ -91,7 +92,7 @@ class StoreCore:
         return self._wake
 
     @property
-    def _keys(self) -> List[ShardKeys]:
+    def _keys(self) -> list[ShardKeys]:
         """Every shard's keys, in the layout recorded for the prefix (read once)."""
         if self._shard_keys is None:
             layout, shards = self.client.hmget(meta_key(self.config.prefix), "layout", "shards")
@@ -101,7 +102,7 @@ class StoreCore:
             self._shard_keys = [ShardKeys(self.config.prefix, k, tags[k]) for k in range(self.config.shards)]
         return self._shard_keys
 
-    def shard_of(self, item_id: Union[str, bytes]) -> int:
+    def shard_of(self, item_id: str | bytes) -> int:
         """The shard holding ``item_id``."""
         return shard_of(normalize_id(item_id), self.config.shards)
 
@@ -139,7 +140,7 @@ class StoreCore:
             )
         self._meta_checked = True
 
-    def _select(self, shard: Optional[int]) -> List[int]:
+    def _select(self, shard: int | None) -> list[int]:
         if shard is None:
             return list(range(self.config.shards))
         if not 0 <= shard < self.config.shards:
@@ -170,7 +171,7 @@ class StoreCore:
             return self._run(call, shard)
         return self._durable(call(self._keys[shard]), shard)
 
-    def _write_calls(self, calls: Sequence[tuple[int, ScriptCall[R]]]) -> Iterator[Union[R, Exception]]:
+    def _write_calls(self, calls: Sequence[tuple[int, ScriptCall[R]]]) -> Iterator[R | Exception]:
         """Run each (shard, call), pipelined where the client allows it (durably, one by one, with
         ``durable_replicas``).
 
@@ -225,7 +226,7 @@ class StoreCore:
             )
         return call.parse(result)
 
-    def _write_or_queue(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int, pipeline: Any) -> Optional[R]:
+    def _write_or_queue(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int, pipeline: Any) -> R | None:
         """Run ``call`` as a producer's write, or queue it on the caller's ``pipeline``."""
         if pipeline is not None:
             self._queue(call, shard, pipeline)
@@ -253,7 +254,7 @@ class StoreCore:
             )
         return bytes(data)
 
-    def check_item(self, item_id: Union[str, bytes], when: When, envelope: Payload, rank: int) -> ScheduleItem:
+    def check_item(self, item_id: str | bytes, when: When, envelope: Payload, rank: int) -> ScheduleItem:
         """One item, checked: every bad input raises before anything is sent."""
         checked_id = normalize_id(item_id)
         ready = to_ms(when, clock=self.clock)
@@ -274,7 +275,7 @@ def _parsed(call: ScriptCall[R], reply: Any) -> R:
     return call.parse(reply)
 
 
-def _reply_or_error(call: Callable[[], R]) -> Union[R, Exception]:
+def _reply_or_error(call: Callable[[], R]) -> R | Exception:
     """``call()``'s reply, or the Redis error it raised (OOM as :class:`StoreFullError`)."""
     try:
         with full_store_said_plainly():

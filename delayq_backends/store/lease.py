@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Tuple
+from typing import Any
 
 import redis
 
@@ -35,7 +36,7 @@ class Forwarding(StoreCore):
     """
 
     def claim(
-        self, shard: int, *, limit: int = 200, lease_ms: Optional[int] = None, now: Optional[int] = None
+        self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
     ) -> Claim:
         """Lease up to ``limit`` due items of ``shard``: ranked ones first (highest rank, then
         earliest), then the rest earliest first.
@@ -59,12 +60,12 @@ class Forwarding(StoreCore):
         )
 
     def lease(
-        self, shard: int, *, limit: int = 200, lease_ms: Optional[int] = None, now: Optional[int] = None
+        self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
     ) -> Lease:
         """:meth:`claim`, as a :class:`Lease` to settle the items through."""
         return Lease(self, self.claim(shard, limit=limit, lease_ms=lease_ms, now=now))
 
-    def ack(self, claim: Claim, ids: Optional[Iterable[str]] = None, *, pipeline: Any = None) -> int:
+    def ack(self, claim: Claim, ids: Iterable[str] | None = None, *, pipeline: Any = None) -> int:
         """Delete delivered items of ``claim`` (all by default) still under its lease.
 
         With ``pipeline`` (a transaction on the store's own server), the ack is queued there, so a
@@ -78,14 +79,14 @@ class Forwarding(StoreCore):
             return 0
         return self._run(lambda k: Ack.call(k, claim.lease, chosen), claim.shard)
 
-    def release(self, claim: Claim, ids: Optional[Iterable[str]] = None) -> int:
+    def release(self, claim: Claim, ids: Iterable[str] | None = None) -> int:
         """Put unpublished items of ``claim`` back at their ready time, attempt not counted."""
         chosen = _ids(claim, ids)
         if not chosen:
             return 0
         return self._run(lambda k: Release.call(k, claim.lease, chosen, wake=self._wake), claim.shard)
 
-    def defer(self, claim: Claim, later: Iterable[Tuple[str, int]]) -> int:
+    def defer(self, claim: Claim, later: Iterable[tuple[str, int]]) -> int:
         """Give back items of ``claim`` as ``(id, not_before_ms)``, attempt not counted.
 
         For flow control: the items wait in the store until then, keeping their original ready
@@ -96,7 +97,7 @@ class Forwarding(StoreCore):
             return 0
         return self._run(lambda k: Defer.call(k, claim.lease, pairs), claim.shard)
 
-    def fail(self, claim: Claim, failures: Iterable[FailedDelivery], *, now: Optional[int] = None) -> FailCounts:
+    def fail(self, claim: Claim, failures: Iterable[FailedDelivery], *, now: int | None = None) -> FailCounts:
         """Record failed deliveries: retried at their ``retry_at_ms``, or buried when that is None
         (a permanent error) or the item is out of attempts."""
         chosen = list(failures)
@@ -112,10 +113,10 @@ class Forwarding(StoreCore):
     def extend(
         self,
         claim: Claim,
-        ids: Optional[Iterable[str]] = None,
+        ids: Iterable[str] | None = None,
         *,
-        lease_ms: Optional[int] = None,
-        now: Optional[int] = None,
+        lease_ms: int | None = None,
+        now: int | None = None,
     ) -> LeaseExtension:
         """Hold ``claim``'s items (all by default) ``lease_ms`` more from the server's now.
 
@@ -157,7 +158,7 @@ class Forwarding(StoreCore):
         """The key every change to a lease of ``claim``'s shard writes: WATCH it to guard a hand-off."""
         return self._keys[claim.shard].leased
 
-    def take_tokens(self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None) -> TokenGrant:
+    def take_tokens(self, queue: str, wanted: int, *, rate: float, burst: int, now: int | None = None) -> TokenGrant:
         """Take up to ``wanted`` tokens from ``queue``'s rate bucket, shared by all forwarders.
 
         The refused ``wanted - granted`` may go from the grant's first slot on, one every
@@ -167,7 +168,7 @@ class Forwarding(StoreCore):
         with full_store_said_plainly():
             return self.scripts.run(call)
 
-    def heads(self) -> list[Optional[int]]:
+    def heads(self) -> list[int | None]:
         """Each shard's earliest score (ready time, or lease deadline), None when empty.
 
         A shard whose index cannot be read (a key of ours holding another type, say) reads as
@@ -238,20 +239,20 @@ class Lease:
         """The ``ids`` still under this lease, read through ``client`` (see :meth:`Forwarding.held`)."""
         return self.store.held(self.claim, ids, client=client)
 
-    def ack(self, ids: Optional[Iterable[str]] = None, *, pipeline: Any = None) -> int:
+    def ack(self, ids: Iterable[str] | None = None, *, pipeline: Any = None) -> int:
         """Delete delivered items (all by default) still under this lease; see :meth:`Forwarding.ack`."""
         return self.store.ack(self.claim, ids, pipeline=pipeline)
 
-    def release(self, ids: Optional[Iterable[str]] = None) -> int:
+    def release(self, ids: Iterable[str] | None = None) -> int:
         return self.store.release(self.claim, ids)
 
-    def defer(self, later: Iterable[Tuple[str, int]]) -> int:
+    def defer(self, later: Iterable[tuple[str, int]]) -> int:
         return self.store.defer(self.claim, later)
 
-    def fail(self, failures: Iterable[FailedDelivery], *, now: Optional[int] = None) -> FailCounts:
+    def fail(self, failures: Iterable[FailedDelivery], *, now: int | None = None) -> FailCounts:
         return self.store.fail(self.claim, failures, now=now)
 
-    def extend(self, ids: Optional[Iterable[str]] = None, *, lease_ms: Optional[int] = None) -> LeaseExtension:
+    def extend(self, ids: Iterable[str] | None = None, *, lease_ms: int | None = None) -> LeaseExtension:
         return self.store.extend(self.claim, ids, lease_ms=lease_ms)
 
     def rearm(self, item_id: str, when: When, envelope: Payload, *, rank: int = 0) -> RearmOutcome:
@@ -270,5 +271,5 @@ class Lease:
         self.store._write_or_queue(lambda k: Schedule.call(k, [item], keep=False, wake=wake), shard, pipeline)
 
 
-def _ids(claim: Claim, ids: Optional[Iterable[str]]) -> list[str]:
+def _ids(claim: Claim, ids: Iterable[str] | None) -> list[str]:
     return [item.id for item in claim.items] if ids is None else list(ids)

@@ -4,7 +4,8 @@ inside a caller's pipeline (``pipeline=``)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, List, Optional, Tuple, TypeVar, Union, overload
+from collections.abc import Iterable
+from typing import Any, TypeVar, overload
 
 import redis
 
@@ -18,7 +19,7 @@ from .base import Payload, StoreCore
 __all__ = ["SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
 
 #: (id, when, envelope) or (id, when, envelope, rank).
-ScheduleEntry = Union[Tuple[Union[str, bytes], When, Payload], Tuple[Union[str, bytes], When, Payload, int]]
+ScheduleEntry = tuple[str | bytes, When, Payload] | tuple[str | bytes, When, Payload, int]
 
 #: Items per schedule script call: big enough to amortize the round trip, small enough not
 #: to block Redis for long (a call of 500 runs in about a millisecond).
@@ -38,25 +39,25 @@ class Producer(StoreCore):
 
     @overload
     def schedule(
-        self, item_id: Union[str, bytes], when: When, envelope: Payload, *, mode: str = ..., rank: int = ...
+        self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...
     ) -> str: ...
 
     @overload
     def schedule(
-        self, item_id: Union[str, bytes], when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
+        self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
         pipeline: Any,
     ) -> None: ...  # fmt: skip
 
     def schedule(
         self,
-        item_id: Union[str, bytes],
+        item_id: str | bytes,
         when: When,
         envelope: Payload,
         *,
         mode: str = "replace",
         rank: int = 0,
         pipeline: Any = None,
-    ) -> Optional[str]:
+    ) -> str | None:
         """Schedule one item; returns ``"added"``, ``"replaced"`` or ``"kept"``.
 
         Args:
@@ -102,7 +103,7 @@ class Producer(StoreCore):
         failing a whole batch, and then skip checking them twice.
         """
         keep = _keep(mode)
-        by_shard: dict[int, List[ScheduleItem]] = defaultdict(list)
+        by_shard: dict[int, list[ScheduleItem]] = defaultdict(list)
         for item in items:
             by_shard[shard_of(item.id, self.config.shards)].append(item)
         chunks = [
@@ -114,8 +115,8 @@ class Producer(StoreCore):
             (shard, Schedule.call(self._keys[shard], chunk, keep=keep, wake=self._wake)) for shard, chunk in chunks
         ]
         counts = ScheduleCounts()
-        refused: List[str] = []
-        first_error: Optional[Exception] = None
+        refused: list[str] = []
+        first_error: Exception | None = None
         replies = self._write_calls(calls)
         for (_, chunk), reply in zip(chunks, replies):
             if isinstance(reply, Exception):
@@ -136,14 +137,14 @@ class Producer(StoreCore):
         return counts
 
     @overload
-    def reschedule(self, item_id: Union[str, bytes], when: When) -> RescheduleOutcome: ...
+    def reschedule(self, item_id: str | bytes, when: When) -> RescheduleOutcome: ...
 
     @overload
-    def reschedule(self, item_id: Union[str, bytes], when: When, *, pipeline: Any) -> None: ...
+    def reschedule(self, item_id: str | bytes, when: When, *, pipeline: Any) -> None: ...
 
     def reschedule(
-        self, item_id: Union[str, bytes], when: When, *, pipeline: Any = None
-    ) -> Optional[RescheduleOutcome]:
+        self, item_id: str | bytes, when: When, *, pipeline: Any = None
+    ) -> RescheduleOutcome | None:
         """Move an existing item to ``when``; starts its attempts again.
 
         Returns RESCHEDULED (truthy), NOT_FOUND, or IN_FLIGHT when a forwarder holds it leased:
@@ -158,12 +159,12 @@ class Producer(StoreCore):
         )
 
     @overload
-    def cancel(self, item_id: Union[str, bytes]) -> CancelOutcome: ...
+    def cancel(self, item_id: str | bytes) -> CancelOutcome: ...
 
     @overload
-    def cancel(self, item_id: Union[str, bytes], *, pipeline: Any) -> None: ...
+    def cancel(self, item_id: str | bytes, *, pipeline: Any) -> None: ...
 
-    def cancel(self, item_id: Union[str, bytes], *, pipeline: Any = None) -> Optional[CancelOutcome]:
+    def cancel(self, item_id: str | bytes, *, pipeline: Any = None) -> CancelOutcome | None:
         """Remove a scheduled item (O(log N)).
 
         Returns CANCELLED (truthy), NOT_FOUND, or IN_FLIGHT when a forwarder held it leased: it is
@@ -181,7 +182,7 @@ class Producer(StoreCore):
         envelope: Payload,
         *,
         rank: int = 0,
-        now: Optional[int] = None,
+        now: int | None = None,
     ) -> RearmOutcome:
         """Give an item a new ready time, envelope and rank if its envelope is still ``expected``
         and no forwarder holds it under a live lease (a compare-and-set, for a periodic sync).
@@ -196,7 +197,7 @@ class Producer(StoreCore):
             shard_of(item.id, self.config.shards),
         )
 
-    def replace_envelope(self, item_id: Union[str, bytes], old: bytes, new: Payload, *, dead: bool = False) -> bool:
+    def replace_envelope(self, item_id: str | bytes, old: bytes, new: Payload, *, dead: bool = False) -> bool:
         """Swap a scheduled item's (or, with ``dead``, a dead letter's) envelope for ``new`` if it
         still is ``old``; its ready time, rank, attempts and lease stay as they are.
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import heapq
 import json
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from functools import partial
 from itertools import islice
-from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any
 
 import redis
 
@@ -29,7 +30,7 @@ DEAD_CHUNK = 500
 class Reader(StoreCore):
     """Reads of the store, and the dead-letter operations."""
 
-    def get(self, item_id: Union[str, bytes]) -> Optional[ScheduledItem]:
+    def get(self, item_id: str | bytes) -> ScheduledItem | None:
         """The scheduled item ``item_id``, or None."""
         self.check_meta(record=False)
         item_id = normalize_id(item_id)
@@ -72,7 +73,7 @@ class Reader(StoreCore):
                             _id_text(member), shard, ready, envelope, _count(tried), deadline, _rank(ranked)
                         )
 
-    def rank(self, item_id: Union[str, bytes]) -> Optional[int]:
+    def rank(self, item_id: str | bytes) -> int | None:
         """The rank ``item_id`` is scheduled with, or None when it is not scheduled."""
         self.check_meta(record=False)
         item_id = normalize_id(item_id)
@@ -83,12 +84,12 @@ class Reader(StoreCore):
             exists, score = pipe.execute()
         return None if not exists else _rank(score)
 
-    def exists(self, item_id: Union[str, bytes]) -> bool:
+    def exists(self, item_id: str | bytes) -> bool:
         item_id = normalize_id(item_id)
         self.check_meta(record=False)
         return bool(self.client.hexists(self._keys[self.shard_of(item_id)].items, item_id))
 
-    def stats(self) -> List[ShardStats]:
+    def stats(self) -> list[ShardStats]:
         """Counts per shard, as of the server's clock.
 
         A shard whose keys cannot be read (one holds another type) reports the reason in its
@@ -119,7 +120,7 @@ class Reader(StoreCore):
             out.append(ShardStats(shard, scheduled, due, leased, dead, score_ms(head[0][1]) if head else None, now))
         return out
 
-    def due_histogram(self, start_ms: int, bucket_ms: int, buckets: int) -> Tuple[int, List[int]]:
+    def due_histogram(self, start_ms: int, bucket_ms: int, buckets: int) -> tuple[int, list[int]]:
         """How many items fall due before ``start_ms``, and in each of ``buckets`` buckets after it.
 
         Counts come from ``ZCOUNT`` on each shard per bucket, pipelined: no item is read, so the
@@ -147,12 +148,12 @@ class Reader(StoreCore):
     def scheduled(
         self,
         *,
-        shard: Optional[int] = None,
-        start: Optional[When] = None,
-        end: Optional[When] = None,
+        shard: int | None = None,
+        start: When | None = None,
+        end: When | None = None,
         offset: int = 0,
         count: int = 50,
-    ) -> List[ScheduledItem]:
+    ) -> list[ScheduledItem]:
         """Scheduled items in score order, optionally one shard's or within [start, end].
 
         The score of a leased item is its lease deadline, so it is listed (and filtered) at
@@ -186,7 +187,7 @@ class Reader(StoreCore):
 
     # -- dead letters -----------------------------------------------------------------------
 
-    def dead_letters(self, *, shard: Optional[int] = None, offset: int = 0, count: int = 50) -> List[DeadLetter]:
+    def dead_letters(self, *, shard: int | None = None, offset: int = 0, count: int = 50) -> list[DeadLetter]:
         """Dead letters, most recent first, with the error that killed each."""
         self.check_meta(record=False)
         shards = self._select(shard)
@@ -218,7 +219,7 @@ class Reader(StoreCore):
             )
         return out
 
-    def requeue_dead(self, ids: Optional[Iterable[Union[str, bytes]]] = None, *, when: Optional[When] = None) -> int:
+    def requeue_dead(self, ids: Iterable[str | bytes] | None = None, *, when: When | None = None) -> int:
         """Schedule dead letters again (all when ``ids`` is None) at ``when`` (default: now).
 
         Runs in calls of at most :data:`DEAD_CHUNK` letters, so Redis serves others in between
@@ -241,7 +242,7 @@ class Reader(StoreCore):
                     break
         return done
 
-    def purge_dead(self, ids: Optional[Iterable[Union[str, bytes]]] = None) -> int:
+    def purge_dead(self, ids: Iterable[str | bytes] | None = None) -> int:
         """Delete dead letters for good (all when ``ids`` is None), :data:`DEAD_CHUNK` per call."""
         if ids is not None:
             return sum(self._run(partial(Purge.ids, ids=chosen), s) for s, chosen in self._dead_chunks(ids))
@@ -259,9 +260,9 @@ class Reader(StoreCore):
         self.check_meta()
         return int(self.client.zcard(self._keys[shard].dead))
 
-    def _dead_chunks(self, ids: Iterable[Union[str, bytes]]) -> List[tuple[int, List[str]]]:
+    def _dead_chunks(self, ids: Iterable[str | bytes]) -> list[tuple[int, list[str]]]:
         """``ids`` by shard, in chunks of at most :data:`DEAD_CHUNK`."""
-        by_shard: dict[int, List[str]] = defaultdict(list)
+        by_shard: dict[int, list[str]] = defaultdict(list)
         for item_id in ids:
             item_id = normalize_id(item_id)
             by_shard[shard_of(item_id, self.config.shards)].append(item_id)
@@ -272,7 +273,7 @@ class Reader(StoreCore):
         ]
 
 
-def _rank(ranked_score: Optional[float]) -> int:
+def _rank(ranked_score: float | None) -> int:
     """An item's rank from its ``ranked`` entry: the entry's band (includes/common.lua), which
     schedule keeps exact for the items it holds; no entry (or one outside every band) is rank 0."""
     if ranked_score is None or not 0 <= ranked_score < MAX_RANK * RANK_SPAN:
@@ -293,7 +294,7 @@ def _id_text(member: bytes) -> str:
     return member.decode("utf-8", "backslashreplace")
 
 
-def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], int]:
+def _parse_lease(lease: bytes | None, score: float) -> tuple[int | None, int]:
     """(lease deadline or None, original ready ms) from a ``leased`` hash value.
 
     A deferred item's entry ("<not-before>:deferred:<ready>") reads as held until not-before.
@@ -306,7 +307,7 @@ def _parse_lease(lease: Optional[bytes], score: float) -> Tuple[Optional[int], i
     return None, score_ms(score)
 
 
-def _parse_dead_info(raw: Optional[bytes]) -> dict[str, Any]:
+def _parse_dead_info(raw: bytes | None) -> dict[str, Any]:
     if not raw:
         return {}
     try:

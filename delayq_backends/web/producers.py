@@ -13,8 +13,9 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, Optional, Sequence
+from typing import Any, Literal
 
 import redis
 
@@ -127,7 +128,7 @@ class CeleryProducer:
         ProducerUnavailable: Celery is not installed.
     """
 
-    def __init__(self, store: DelayStore, broker_url: Optional[str] = None) -> None:
+    def __init__(self, store: DelayStore, broker_url: str | None = None) -> None:
         try:
             from celery import Celery
 

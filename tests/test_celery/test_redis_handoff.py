@@ -14,9 +14,10 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import pytest
 import redis
@@ -43,7 +44,7 @@ OPTIONS = {
 }
 
 
-def single_redis(valkey: EmbeddedServer, transport_options: Optional[dict[str, Any]] = None) -> CeleryEnv:
+def single_redis(valkey: EmbeddedServer, transport_options: dict[str, Any] | None = None) -> CeleryEnv:
     """A Celery setup whose broker is the store's own server and database."""
     env = new_env("redis", "", valkey)
     env.broker = env.store
@@ -98,7 +99,7 @@ def no_ack_outside(store: DelayStore, monkeypatch: pytest.MonkeyPatch) -> list[l
     acks: list[list[str]] = []
     real = store.ack
 
-    def ack(claim: Claim, ids: Optional[list[str]] = None, *, pipeline: Any = None) -> int:
+    def ack(claim: Claim, ids: list[str] | None = None, *, pipeline: Any = None) -> int:
         if pipeline is None:  # queued inside the target's transaction: not the forwarder's own
             acks.append(list(ids or []))
         return real(claim, ids, pipeline=pipeline)

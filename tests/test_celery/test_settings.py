@@ -6,8 +6,9 @@ Real servers: the embedded Valkey as delay store and as Redis broker (no worker 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis

@@ -5,8 +5,8 @@ plain ``rq.Queue`` schedules."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Iterator
 
 import pytest
 import redis

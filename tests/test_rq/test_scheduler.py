@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis

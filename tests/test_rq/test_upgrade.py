@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Optional
+from typing import Any
 
 import redis
 from click.testing import CliRunner
@@ -63,12 +63,12 @@ def cli(rq_store: DelayStore, url: str, command: str, *args: str) -> str:
     return result.output
 
 
-def schedule_in(rq_store: DelayStore, item_id: str) -> Optional[dict[str, Any]]:
+def schedule_in(rq_store: DelayStore, item_id: str) -> dict[str, Any] | None:
     item = rq_store.get(item_id)
     return None if item is None else Envelope.decode(item.envelope).meta.get("schedule")
 
 
-def but_envelope(item: Optional[ScheduledItem]) -> tuple[Any, ...]:
+def but_envelope(item: ScheduledItem | None) -> tuple[Any, ...]:
     assert item is not None
     return (item.id, item.ready_ms, item.rank, item.attempts, item.leased_until_ms)
 

@@ -8,8 +8,9 @@ the browser tests skip, unless ``DELAYQ_REQUIRE_BROWSER=1`` (CI), which makes th
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
