@@ -7,39 +7,8 @@ parameters.
 
 from __future__ import annotations
 
-from .library import (
-    LIBRARY,
-    SCRIPT_NAMES,
-    Backend,
-    LuaScript,
-    NodeFunctions,
-    ScriptCall,
-    ScriptRunner,
-    function_name,
-    functions_status,
-    install_functions,
-    library_code,
-    parse_script,
-    script,
-    source,
-)
+from . import library
+from .library import *  # noqa: F403  (the loader's names: LIBRARY, ScriptRunner, install_functions, ...)
 from .rq import RqEnqueue, RqFields
 
-__all__ = [
-    "LIBRARY",
-    "SCRIPT_NAMES",
-    "Backend",
-    "LuaScript",
-    "NodeFunctions",
-    "RqEnqueue",
-    "RqFields",
-    "ScriptCall",
-    "ScriptRunner",
-    "function_name",
-    "functions_status",
-    "install_functions",
-    "library_code",
-    "parse_script",
-    "script",
-    "source",
-]
+__all__ = [*library.__all__, "RqEnqueue", "RqFields"]

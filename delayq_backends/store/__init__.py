@@ -31,13 +31,7 @@ __all__ = [
 class DelayStore(Producer, Forwarding, Reader):
     """Schedule, claim and acknowledge delayed items: every role's API on one client.
 
-    Items are spread over ``shards`` sorted sets by ``crc32(id)``; each call touches one
-    shard, so the store runs unchanged on Redis Cluster. The store never starts a server.
-
-    Args:
-        client: a ``redis.Redis`` or ``RedisCluster`` created with ``decode_responses=False``.
-        config: prefix, shard count and limits; ``config.url`` is not used here.
-        clock: "now" for ``timedelta`` ready times; tests may pass a fake one. By default the
-            server's clock (read once, advanced with a monotonic clock), the one every claim uses,
-            so a producer whose wall clock is off schedules neither early nor late.
+    Built like each role alone (see :class:`~.base.StoreCore` for the arguments); users' code
+    that does everything with one store uses this, the forwarder and the roles' ACL users the
+    role they need.
     """
