@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import delayq_backends
+from delayq_backends.percentile import percentile as nearest_rank
 
 __all__ = [
     "BENCH_DIR",
@@ -42,11 +43,9 @@ def log(message: str) -> None:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1): always an observed value, never interpolated."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+    """The package's nearest-rank percentile (q in 0..1) of unsorted values; NaN when none."""
+    found = nearest_rank(sorted(values), q)
+    return math.nan if found is None else found
 
 
 def distribution(values: Sequence[float]) -> dict[str, float]:
