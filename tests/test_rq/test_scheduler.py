@@ -22,8 +22,8 @@ from delayq_backends.rq import InvalidScheduleError, JobNotScheduledError, Queue
 from delayq_backends.rq import scheduler as scheduler_module
 from delayq_backends.rq.periodic import next_cron_time
 from delayq_backends.targets import RedisListTarget
+from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.conftest import Processes, runs
 
 RECORD = "tests.test_rq.jobs.record"
 

@@ -24,8 +24,8 @@ from delayq_backends.rq import Queue, RQTarget
 from delayq_backends.rq.target import ClassAllowlist
 from delayq_backends.store import Lease
 from delayq_backends.targets import Delivery
+from tests.harness.rq import SHARDS, Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.conftest import SHARDS, Processes, runs
 from tests.test_rq.jobs import AuditedJob
 
 PAST = timedelta(seconds=-1)

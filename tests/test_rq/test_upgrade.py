@@ -22,8 +22,8 @@ from delayq_backends.models import FailedDelivery, ScheduledItem
 from delayq_backends.rq import Queue, upgrade
 from delayq_backends.rq.target import job_rank
 from tests.harness import make_store
+from tests.harness.rq import SHARDS, Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.conftest import SHARDS, Processes, runs
 
 RECORD = "tests.test_rq.jobs.record"
 #: What 0.1's ``job_envelope(origin, queue_class=Queue, job_class=Job, scheduler=True)`` stored.

@@ -23,9 +23,9 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.models import FailedDelivery
 from delayq_backends.rq import RQTarget
 from delayq_backends.web import create_app
+from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
 from tests.test_celery.test_replay import drain
-from tests.test_rq.conftest import Processes, runs
 from tests.test_web.conftest import AUTH, TOKEN
 
 ITEM = Envelope("list", "somewhere", b"x")
