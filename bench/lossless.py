@@ -22,27 +22,21 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import redis
+from lib.celery_run import make_app
+from lib.report import RESULTS_PATH, code_digest, log, write_results
+from lib.waiting import wait_for
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR.parent))  # the tests' Celery app
-
-from core import RESULTS_PATH, code_digest, log, write_results  # noqa: E402
-
-from delayq_backends.celery import forget_store, store_for  # noqa: E402
-from delayq_backends.celery.target import CeleryTarget  # noqa: E402
-from delayq_backends.dedupe import RunGuard  # noqa: E402
-from delayq_backends.embedded import EmbeddedServer  # noqa: E402
-from delayq_backends.forwarder import Forwarder  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
-from tests.test_celery.tasks import make_app  # noqa: E402
+from delayq_backends.celery import forget_store, store_for
+from delayq_backends.celery.target import CeleryTarget
+from delayq_backends.dedupe import RunGuard
+from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.forwarder import Forwarder
 
 WINDOW_S = 1.0
 
@@ -59,10 +53,11 @@ def one_round(server: EmbeddedServer, n: int, lossless: bool) -> dict[str, float
         sink=f"bl:{tag}:sink",
         backend=f"{base}/2",
         records=f"{base}/0",
+        transport_options={},
         dedupe=True,
     )
     store = store_for(app)
-    ids = [app.send_task("dqt.record", args=["b", i], countdown=0.5).id for i in range(n)]
+    ids = [app.send_task("dqb.record", args=["b", i], countdown=0.5).id for i in range(n)]
     wait_for(lambda: all(h is None or h <= store.server_time_ms() for h in store.heads()), 30, "due", interval=0.1)
     target = CeleryTarget.from_url(f"{base}/1")
     forwarder = Forwarder(store, [target], batch=200, lossless_window=WINDOW_S if lossless else None)

@@ -23,27 +23,30 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 
 import rq  # noqa: E402
 import rq_scheduler  # noqa: E402
-from core import RESULTS_PATH, BenchServer, distribution, log, write_results  # noqa: E402
+from lib.processes import Processes  # noqa: E402
+from lib.report import RESULTS_PATH, distribution, log, write_results  # noqa: E402
+from lib.server import BenchServer  # noqa: E402
+from lib.waiting import wait_for  # noqa: E402
 from rq import Queue as RQQueue  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.registry import FinishedJobRegistry  # noqa: E402
 
 from delayq_backends import Config, DelayStore  # noqa: E402
-from delayq_backends.functions import install_functions  # noqa: E402
 from delayq_backends.rq import Queue  # noqa: E402
+from delayq_backends.scripts import install_functions  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PREFIX = "bench"
@@ -165,38 +168,9 @@ def server_cpu_seconds(system: System) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-class Processes:
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, args: Sequence[str]) -> None:
-        self.procs.append(subprocess.Popen(list(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-
-    def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs = []
-
-
 def simple_worker(system: System, queue_name: str) -> list[str]:
     return [str(BIN / "rq"), "worker", "-u", system.server.url, "-q", "-w", "rq.worker.SimpleWorker",
             "--queue-class", system.queue_class, queue_name]  # fmt: skip
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Seconds until ``check`` held; raises when it did not within ``timeout``."""
-    start = time.perf_counter()
-    while not check():
-        if time.perf_counter() - start > timeout:
-            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-    return time.perf_counter() - start
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -257,7 +231,12 @@ def bench_lateness(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
             due[schedule(at)] = at
         registry = FinishedJobRegistry(name, connection=system.conn)
         try:
-            wait_until(lambda r=registry: r.count >= sizes.steady_jobs, sizes.steady_seconds + 30, f"{cls.name} jobs")
+            wait_for(
+                lambda r=registry: r.count >= sizes.steady_jobs,
+                sizes.steady_seconds + 30,
+                f"{cls.name} jobs",
+                interval=0.02,
+            )
         finally:
             procs.stop()
         jobs = [j for j in Job.fetch_many(list(due), connection=system.conn) if j is not None]
@@ -296,7 +275,7 @@ def bench_backlog(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
             return bool(queued >= sizes.backlog and s.pending(name) == 0)
 
         try:
-            moved_s = wait_until(done, 600, cls.name)
+            moved_s = wait_for(done, 600, cls.name, interval=0.02)
             mover_cpu, server_cpu = cpu_seconds(pid), server_cpu_seconds(system)
         finally:
             procs.stop()
@@ -404,7 +383,7 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
         return result
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="markdown file to append to")

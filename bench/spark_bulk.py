@@ -26,9 +26,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pyarrow.parquet as pq
 import redis
@@ -36,15 +37,15 @@ import redis
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from core import RESULTS_PATH, code_digest, distribution, log, write_results  # noqa: E402
+from lib.report import RESULTS_PATH, code_digest, distribution, log, write_results  # noqa: E402
 
 from delayq_backends import Config, DelayStore  # noqa: E402
 from delayq_backends.connection import connect  # noqa: E402
 from delayq_backends.embedded import EmbeddedServer  # noqa: E402
 from delayq_backends.models import ScheduleCounts  # noqa: E402
 from delayq_backends.spark import CeleryTask, ListTarget, schedule_dataframe  # noqa: E402
+from delayq_backends.spark.rows import RowKind  # noqa: E402
 from delayq_backends.spark.session import local_session  # noqa: E402
-from delayq_backends.spark.targets import Target  # noqa: E402
 from delayq_backends.timeutil import now_ms  # noqa: E402
 
 SHARDS = 16
@@ -67,7 +68,7 @@ def write_rows(spark: Any, rows: int, path: str) -> int:
     return start
 
 
-def spark_run(spark: Any, path: str, url: str, prefix: str, target: Target, mode: str = "keep") -> dict[str, Any]:
+def spark_run(spark: Any, path: str, url: str, prefix: str, target: RowKind, mode: str = "keep") -> dict[str, Any]:
     df = spark.read.parquet(path)
     started = time.perf_counter()
     result = schedule_dataframe(
@@ -78,7 +79,7 @@ def spark_run(spark: Any, path: str, url: str, prefix: str, target: Target, mode
     return {"rows": rows, "seconds": round(seconds, 2), "rate": round(rows / seconds), "counts": result.counts.__dict__}
 
 
-def loop_run(path: str, url: str, prefix: str, target: Target, limit: Optional[int]) -> dict[str, Any]:
+def loop_run(path: str, url: str, prefix: str, target: RowKind, limit: int | None) -> dict[str, Any]:
     """The executors' per-row work in one Python process: the target's writer and ``schedule_many``."""
     table = pq.read_table(path)
     if limit is not None:
@@ -202,7 +203,7 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the Parquet file (Spark and list loop)")
     parser.add_argument("--loop-sample", type=int, default=200_000, help="rows of the Python loop to Celery")

@@ -26,7 +26,6 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
 
 from prometheus_client import Counter
 from redis.exceptions import RedisError
@@ -74,7 +73,7 @@ class Decision:
 
     verdict: Verdict
     key: str = ""
-    first: Optional[str] = None
+    first: str | None = None
 
     @property
     def run(self) -> bool:
@@ -105,7 +104,7 @@ class RunGuard:
         self._lock = threading.Lock()
         self._counts = {verdict: 0 for verdict in Verdict}
         self._late: dict[str, str] = {}  # record key -> value of unchecked runs, written when the store is back
-        self._late_writer: Optional[threading.Thread] = None
+        self._late_writer: threading.Thread | None = None
         self._starts = itertools.count()  # makes each start's value unique within this process
 
     def key(self, item_id: str, run: int) -> str:

@@ -3,7 +3,8 @@ so a script written against one reads the other."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import redis
 
@@ -18,7 +19,7 @@ __all__ = ["around_bad_shards", "listed_at", "dead_entry", "iso", "item_entry", 
 Row = TypeVar("Row")
 
 
-def iso(ms: Optional[int]) -> Optional[str]:
+def iso(ms: int | None) -> str | None:
     """UTC ISO-8601 to the millisecond, the one time format of every command's output."""
     return None if ms is None else from_ms(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -67,7 +68,7 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
 _CELERY_KINDS = ("celery", "celery-periodic")
 
 
-def _celery_task(envelope: Envelope) -> Optional[dict[str, Any]]:
+def _celery_task(envelope: Envelope) -> dict[str, Any] | None:
     """A Celery message's task name, arguments (JSON bodies only), eta, queue and priority; for a
     periodic entry, its next run and entry name."""
     if envelope.target not in _CELERY_KINDS:
@@ -97,10 +98,10 @@ def dead_entry(dead: DeadLetter) -> dict[str, Any]:
 
 def around_bad_shards(
     store: DelayStore,
-    shard: Optional[int],
+    shard: int | None,
     offset: int,
     limit: int,
-    read: Callable[[Optional[int], int], list[Row]],
+    read: Callable[[int | None, int], list[Row]],
     order: Callable[[Row], int],
 ) -> tuple[list[Row], list[str]]:
     """One page of a listing merged over the shards; when a shard's key holds another type

@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 import redis
 
@@ -173,7 +174,7 @@ class Admission(NamedTuple):
 
 @dataclass
 class _Depth:
-    value: Optional[int]  # None: unknown (probe failed or impossible), treated as flowing
+    value: int | None  # None: unknown (probe failed or impossible), treated as flowing
     read_at: float
 
 
@@ -247,14 +248,14 @@ class FlowGate:
             self._holds[queue] = (wait_ms, until)
         return until
 
-    def _depth(self, kind: str, queue: str) -> Optional[int]:
+    def _depth(self, kind: str, queue: str) -> int | None:
         """The broker queue's depth, read at most once per ``probe_ttl``; None when unknown."""
         cached = self._depths.get((kind, queue))
         now = self.clock()
         if cached is not None and now - cached.read_at < self.control.probe_ttl:
             return cached.value
         target = self.targets.get(kind)
-        value: Optional[int] = None
+        value: int | None = None
         if isinstance(target, DepthTarget):
             try:
                 value = target.queue_depth(queue)
@@ -274,7 +275,8 @@ class FlowGate:
     def _tokens(self, queue: str, deliveries: list[Delivery], rate: float, now_ms: int) -> Admission:
         """Rate cap: those with a token go; the rest wait for the slots booked for them."""
         try:
-            granted, first, _ = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
+            grant = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
+            granted, first = grant.granted, grant.first_slot_ms
         except (redis.ResponseError, StoreFullError) as exc:  # fail closed: the cap protects the workers
             log.error("rate bucket of %r failed (%s: %s); holding its items back", queue, type(exc).__name__, exc)
             not_before = now_ms + int(self.control.recheck * 1000)

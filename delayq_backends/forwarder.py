@@ -19,9 +19,10 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -29,11 +30,11 @@ from .audit import FORWARDED, AuditRecord, AuditSink
 from .envelope import Envelope
 from .errors import ConfigError, EnvelopeError
 from .flow import FlowControl, FlowGate
-from .models import Claim, RunRef
+from .models import Claim, DeliveryFailure, FailedDelivery, RunRef
 from .outages import CONNECTION_ERRORS
 from .percentile import percentile
-from .store import DelayStore
-from .targets import ClaimTarget, Delivery, Lease, PublishReport, RunTarget, Target
+from .store import DelayStore, Lease
+from .targets import ClaimTarget, Delivery, PublishReport, RunTarget, Target
 
 if TYPE_CHECKING:
     from .metrics import ForwarderMetrics, Labels
@@ -46,16 +47,14 @@ log = logging.getLogger("delayq.forwarder")
 #: its Redis while it runs.
 MAX_BATCH = 10_000
 
-#: Lossless mode's window unless set: a task not started this long after its publish is published
-#: again. Above a healthy broker queue's wait, far below the workers' dedupe TTL (a day).
-DEFAULT_LOSSLESS_WINDOW = 60.0
-
-#: Lossless mode doubles the window per claim of an item, at most this often (64 windows).
-MAX_WINDOW_DOUBLINGS = 6
-
 #: How often the forwarder re-reads the server's clock (TIME); in between it advances the last
 #: reading with the monotonic clock, so a step of the local wall clock changes nothing.
 CLOCK_RESAMPLE_S = 60.0
+#: Lossless mode's window unless set: a task not started this long after its publish is published
+#: again. Above a healthy broker queue's wait, far below the workers' dedupe TTL (a day).
+DEFAULT_LOSSLESS_WINDOW = 60.0
+#: Lossless mode doubles the window per claim of an item, at most this often (64 windows).
+MAX_WINDOW_DOUBLINGS = 6
 #: Errors that mean the store is unreachable or failing as a whole: the loop backs off.
 _STORE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, redis.RedisError)
 #: Shortest gap between two log lines about garbage on the wake channel (anyone allowed to
@@ -65,21 +64,12 @@ _BAD_WAKE_LOG_EVERY_S = 10.0
 
 @dataclass
 class _Held:
-    """A claim being published: until when its items are ours (moved by extensions), and the
+    """A lease being published: until when its items are ours (moved by extensions), and the
     ids found no longer ours (acked, cancelled or claimed again after the lease ran out)."""
 
-    claim: Claim
+    lease: Lease
     deadline_ms: int
     lost: set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class _Lossless:
-    """Lossless mode's part of settling a batch: the ids to keep awaiting their start once
-    published, and those found started (deleted, not published)."""
-
-    keep: Mapping[str, int] = field(default_factory=dict)  # id -> window ms
-    started: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -102,7 +92,7 @@ class ForwarderStats:
     errors: int = 0
     lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000), repr=False)
 
-    def percentile(self, q: float) -> Optional[int]:
+    def percentile(self, q: float) -> int | None:
         """The lateness percentile ``q`` of the kept samples, in ms (None before any)."""
         return percentile(sorted(self.lateness_ms), q)
 
@@ -143,7 +133,8 @@ class Forwarder:
         lossless_window: lossless mode (off by default; needs workers with dedupe on): seconds
             a published item is kept awaiting its start. When it comes due again, it is deleted
             if its run's "started" record exists, else published again (and the window doubles
-            per claim of the item, up to 64 windows), so a message the broker lost becomes a late run. Only items whose target names their run
+            per claim of the item, up to 64 windows), so a message the broker lost becomes a late run.
+            Only items whose target names their run
             (:class:`~delayq_backends.targets.RunTarget`: Celery tasks) are kept.
     """
 
@@ -157,11 +148,11 @@ class Forwarder:
         retry_delay: float = 1.0,
         max_retry_delay: float = 300.0,
         max_outage_backoff: float = 10.0,
-        name: Optional[str] = None,
-        audit: Optional[AuditSink] = None,
-        metrics: Optional[ForwarderMetrics] = None,
-        flow: Optional[FlowControl] = None,
-        lossless_window: Optional[float] = None,
+        name: str | None = None,
+        audit: AuditSink | None = None,
+        metrics: ForwarderMetrics | None = None,
+        flow: FlowControl | None = None,
+        lossless_window: float | None = None,
     ) -> None:
         if not isinstance(targets, Mapping):
             targets = {t.kind: t for t in targets}
@@ -192,13 +183,13 @@ class Forwarder:
         self._outage_backoff = 0.0
         #: server TIME at the last reading and time.monotonic() then, as one tuple: the lease
         #: heartbeat's thread reads the clock too
-        self._clock: Optional[tuple[int, float]] = None
+        self._clock: tuple[int, float] | None = None
         self._rng = random.Random()
         self._set_aside_until: dict[int, tuple[int, int]] = {}  # shard -> (server ms, back-off ms)
         lease_ms = store.config.lease_ms
         #: a batch is only published with at least this much of its lease left (else extended first)
         self.lease_margin_ms = max(100, lease_ms // 5)
-        self._heartbeat = _Heartbeat(store, lease_ms, self.server_now_ms)
+        self._heartbeat = _Heartbeat(lease_ms, self.server_now_ms)
         self._bad_wakes = 0
         self._bad_wake_logged = 0.0
 
@@ -211,7 +202,7 @@ class Forwarder:
         """
         return self._sweep(self._heads())
 
-    def _heads(self) -> list[Optional[int]]:
+    def _heads(self) -> list[int | None]:
         """The store's heads; if they cannot be read as numbers (a score written straight into
         Redis), every shard reads as due, so each is tried and a bad one is set aside alone."""
         try:
@@ -237,7 +228,7 @@ class Forwarder:
                 break
         return self.stats.since(before)
 
-    def _due(self, heads: list[Optional[int]]) -> list[int]:
+    def _due(self, heads: list[int | None]) -> list[int]:
         """The shards due now and not set aside, from a random one on, so no shard goes first always."""
         now = self.server_now_ms()
         due = [s for s, head in enumerate(heads) if head is not None and head <= now and not self._aside(s, now)]
@@ -245,7 +236,7 @@ class Forwarder:
         due.sort(key=lambda s: (s - start) % len(heads))
         return due
 
-    def _sweep(self, heads: list[Optional[int]]) -> int:
+    def _sweep(self, heads: list[int | None]) -> int:
         """:meth:`run_once` on heads already read, so the idle loop reads them once per wake."""
         due = self._due(heads)
         claimed = 0
@@ -262,7 +253,7 @@ class Forwarder:
         for shard in due:
             if self._stop.is_set():
                 break
-            claim: Optional[Claim] = None
+            claim: Claim | None = None
             try:
                 started = time.perf_counter()
                 claim = self.store.claim(shard, limit=self.batch)
@@ -281,7 +272,7 @@ class Forwarder:
                 still_due.append(shard)
         return claimed, still_due
 
-    def _set_aside(self, shard: int, exc: Exception, claim: Optional[Claim]) -> None:
+    def _set_aside(self, shard: int, exc: Exception, claim: Claim | None) -> None:
         """Set a shard aside after an error that retrying at once will not fix: a Redis error
         (a key of ours holding another type, the server at maxmemory, a missing ACL permission)
         or anything else raised while handling its data (a value that cannot be decoded, a
@@ -316,7 +307,7 @@ class Forwarder:
         """Publish a claim's items, then ack, fail or release each as its target reports."""
         started = time.perf_counter()
         groups: dict[str, list[Delivery]] = defaultdict(list)
-        failures: list[tuple[str, Optional[int], str]] = []
+        failures: list[FailedDelivery] = []
         labels: dict[str, Labels] = {}  # of each decoded item, for the metrics
         decoded: dict[bytes, Envelope] = {}  # one queue's jobs often share an envelope: decoded once
         for item in claim.items:
@@ -324,15 +315,15 @@ class Forwarder:
                 envelope = decoded.get(item.envelope) or Envelope.decode(item.envelope)
                 decoded[item.envelope] = envelope
             except EnvelopeError as exc:
-                failures.append((item.id, None, f"corrupt envelope: {exc}"))
+                failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {exc}"))
                 continue
             except Exception as exc:  # whatever the bytes are, one item never fails the batch
-                failures.append((item.id, None, f"corrupt envelope: {type(exc).__name__}: {exc}"))
+                failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {type(exc).__name__}: {exc}"))
                 continue
             labels[item.id] = (envelope.target, envelope.destination)
             if envelope.target not in self.targets:
                 failures.append(
-                    (
+                    FailedDelivery(
                         item.id,
                         self._retry_at(item.attempts),
                         f"no {envelope.target!r} target in forwarder {self.name} "
@@ -348,19 +339,21 @@ class Forwarder:
         if ran or spent:  # started earlier: done; or given up on: not published again
             groups = {kind: [d for d in ds if d.id not in ran and d.id not in spent] for kind, ds in groups.items()}
         keep = {i.id: self._window_ms(i.attempts) for i in claim.items if i.id in runs and i.id not in ran | spent}
+        lease = Lease(self.store, claim, keep)
         later: list[tuple[str, int]] = []
-        held = _Held(claim, claim.deadline_ms)
+        held = _Held(lease, claim.deadline_ms)
         # held until the acks are in: a pause between publish and ack must not hand the batch over
         with self._heartbeat.holding(held):
             for kind, deliveries in groups.items():
                 go = self._still_ours(held, self._admit(kind, deliveries, later), report)
                 if go:
-                    self._publish(self.targets[kind], go, report, Lease(self.store, claim, keep))
+                    self._publish(self.targets[kind], go, report, lease)
             attempts = {item.id: item.attempts for item in claim.items}
             failures += [
-                (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
+                FailedDelivery(f.id, None if f.permanent else self._retry_at(attempts[f.id]), f.error)
+                for f in report.failed
             ]
-            self._settle(claim, report, failures, labels, later, _Lossless(keep, ran))
+            self._settle(lease, report, failures, labels, later, ran)
         log.debug(
             "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
             claim.shard,
@@ -390,7 +383,7 @@ class Forwarder:
         return runs
 
     def _never_started(
-        self, claim: Claim, runs: Mapping[str, RunRef], ran: set[str], failures: list[tuple[str, Optional[int], str]]
+        self, claim: Claim, runs: Mapping[str, RunRef], ran: set[str], failures: list[FailedDelivery]
     ) -> set[str]:
         """Lossless mode: the kept items claimed ``max_attempts`` times with no start recorded,
         added to ``failures`` (dead letters) instead of being published once more. Each publish
@@ -399,7 +392,7 @@ class Forwarder:
         limit = self.store.config.max_attempts
         spent = [i for i in claim.items if i.id in runs and i.id not in ran and 1 < limit <= i.attempts]
         failures += [
-            (
+            FailedDelivery(
                 item.id,
                 None,
                 f"lossless mode: claimed {item.attempts} times (each publish counts one) and no worker has recorded "
@@ -445,7 +438,7 @@ class Forwarder:
             except Exception as exc:
                 log.warning(
                     "shard %d: lease near its end and cannot be extended (%s: %s); giving back %d items",
-                    held.claim.shard,
+                    held.lease.shard,
                     type(exc).__name__,
                     exc,
                     len(deliveries),
@@ -456,7 +449,7 @@ class Forwarder:
         if lost:
             log.warning(
                 "shard %d: %d items were taken over after our lease ran out; not publishing them",
-                held.claim.shard,
+                held.lease.shard,
                 lost,
             )
         return [d for d in deliveries if d.id not in held.lost]
@@ -469,7 +462,7 @@ class Forwarder:
                 part = target.publish_many(deliveries)
         except Exception as exc:  # a target bug must not kill the forwarder; attempts bound it
             log.exception("target %r raised; %d items will be retried", target.kind, len(deliveries))
-            part = PublishReport(failed=[(d.id, f"{type(exc).__name__}: {exc}", False) for d in deliveries])
+            part = PublishReport(failed=[DeliveryFailure(d.id, f"{type(exc).__name__}: {exc}") for d in deliveries])
         self.flow.sent(target.kind, deliveries, part.published)
         now = self.server_now_ms()
         ready = {d.id: d.ready_ms for d in deliveries}
@@ -498,31 +491,32 @@ class Forwarder:
 
     def _settle(
         self,
-        claim: Claim,
+        lease: Lease,
         report: PublishReport,
-        failures: list[tuple[str, Optional[int], str]],
+        failures: list[FailedDelivery],
         labels: Mapping[str, Labels],
         later: list[tuple[str, int]],
-        lossless: _Lossless,
+        ran: set[str],
     ) -> None:
         self.stats.batches += 1
         self.stats.forwarded += len(report.published)
-        acked_report, acked = self._ack_or_keep(claim, report, lossless, labels)
+        acked_report, acked = self._ack_or_keep(lease, report, ran, labels)
         retried = buried = released = 0
         if failures:
-            retried, buried = self.store.fail(claim, failures)
+            counts = lease.fail(failures)
+            retried, buried = counts.retried, counts.buried
             self.stats.retried += retried
             self.stats.dead += buried
-            for item_id, _, error in failures:
-                log.warning("item %r failed: %s", item_id, error)
-        deferred = self.store.defer(claim, later) if later else 0
+            for f in failures:
+                log.warning("item %r failed: %s", f.id, f.error)
+        deferred = lease.defer(later) if later else 0
         self.stats.deferred += deferred
         if report.unsent:
-            released = self.store.release(claim, report.unsent)
+            released = lease.release(report.unsent)
             self.stats.released += released
         if self.metrics is not None:
             self.metrics.observe_settled(
-                claim,
+                lease.claim,
                 labels,
                 acked_report,
                 failures,
@@ -541,31 +535,32 @@ class Forwarder:
             self._outage_backoff = 0.0
 
     def _ack_or_keep(
-        self, claim: Claim, report: PublishReport, lossless: _Lossless, labels: Mapping[str, Labels]
+        self, lease: Lease, report: PublishReport, ran: set[str], labels: Mapping[str, Labels]
     ) -> tuple[PublishReport, int]:
-        """Ack the published items, or keep them (lossless mode), and delete those found started.
+        """Ack the published items, or keep them (lossless mode: those in the lease's
+        ``keep_windows``), and delete those found started (``ran``).
 
         Returns ``report`` without the kept ids (what the metrics count as acked) and how many
-        published items ``store.ack`` deleted.
+        published items were deleted.
         """
+        keep = lease.keep_windows
         pre_acked = set(report.acked)  # a ClaimTarget acked (or kept) these in its transaction
         settle = [i for i in report.published if i not in pre_acked]
-        acked = self.store.ack(claim, [i for i in settle if i not in lossless.keep])
-        kept = [i for i in report.published if i in lossless.keep]
-        n_kept = self.store.keep(claim, {i: lossless.keep[i] for i in settle if i in lossless.keep})
-        n_kept += len(pre_acked & lossless.keep.keys())
-        confirmed = self.store.ack(claim, sorted(lossless.started)) if lossless.started else 0
-        self.stats.acked += len(pre_acked - lossless.keep.keys()) + acked + confirmed
+        acked = lease.ack([i for i in settle if i not in keep])
+        kept = [i for i in report.published if i in keep]
+        n_kept = lease.keep({i: keep[i] for i in settle if i in keep}) + len(pre_acked & keep.keys())
+        confirmed = lease.ack(sorted(ran)) if ran else 0
+        self.stats.acked += len(pre_acked - keep.keys()) + acked + confirmed
         self.stats.kept += n_kept
         self.stats.confirmed += confirmed
-        if self.metrics is not None and (kept or lossless.started):
-            self.metrics.observe_lossless(labels, kept=kept, found_started=sorted(lossless.started))
+        if self.metrics is not None and (kept or ran):
+            self.metrics.observe_lossless(labels, kept=kept, found_started=sorted(ran))
         if not kept:
             return report, acked
         return replace(
             report,
-            published=[i for i in report.published if i not in lossless.keep],
-            acked=[i for i in report.acked if i not in lossless.keep],
+            published=[i for i in report.published if i not in keep],
+            acked=[i for i in report.acked if i not in keep],
         ), acked
 
     def _retry_at(self, attempts: int) -> int:
@@ -650,16 +645,14 @@ class Forwarder:
         if old is not None:
             old.close()
         try:
-            pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-            pubsub.subscribe(self.store.wake_channel)
-            return pubsub
+            return self.store.subscribe_wake()
         except CONNECTION_ERRORS as exc:
             log.warning(
                 "cannot subscribe to %s (%s); polling every %.1f s", self.store.wake_channel, exc, self.poll_interval
             )
             return None
 
-    def _sleep(self, pubsub: Any, heads: list[Optional[int]]) -> Any:
+    def _sleep(self, pubsub: Any, heads: list[int | None]) -> Any:
         """Wait until the earliest head is due, a wake-up says an earlier one is, or the poll.
 
         A schedule after ``heads`` were read is not missed: its wake-up waits in ``pubsub``.
@@ -733,14 +726,13 @@ class _Heartbeat:
     them gone (:meth:`Forwarder._still_ours`) and publishes nothing twice.
     """
 
-    def __init__(self, store: DelayStore, lease_ms: int, now_ms: Callable[[], int]) -> None:
-        self.store = store
+    def __init__(self, lease_ms: int, now_ms: Callable[[], int]) -> None:
         self.lease_ms = lease_ms
         self.now_ms = now_ms
         self.every = lease_ms / 6000
         self._closed = threading.Event()
-        self._held: Optional[_Held] = None
-        self._thread: Optional[threading.Thread] = None
+        self._held: _Held | None = None
+        self._thread: threading.Thread | None = None
 
     @contextmanager
     def holding(self, held: _Held) -> Iterator[None]:
@@ -756,8 +748,8 @@ class _Heartbeat:
 
     def extend(self, held: _Held) -> None:
         """Extend every item of ``held`` still ours; the others are added to ``held.lost``."""
-        extension = self.store.extend(held.claim, lease_ms=self.lease_ms)
-        held.lost.update({item.id for item in held.claim.items} - set(extension.held))
+        extension = held.lease.extend(lease_ms=self.lease_ms)
+        held.lost.update({item.id for item in held.lease.items} - set(extension.held))
         held.deadline_ms = extension.deadline_ms
 
     def close(self) -> None:
@@ -773,4 +765,4 @@ class _Heartbeat:
             try:
                 self.extend(held)
             except Exception as exc:  # the publish goes on; the pre-publish check gives back what is lost
-                log.warning("shard %d: cannot extend a lease (%s: %s)", held.claim.shard, type(exc).__name__, exc)
+                log.warning("shard %d: cannot extend a lease (%s: %s)", held.lease.shard, type(exc).__name__, exc)

@@ -12,7 +12,6 @@ import unicodedata
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Union
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -69,7 +68,7 @@ def _refuse_unprintable(item_id: str) -> None:
             )
 
 
-def normalize_id(item_id: Union[str, bytes]) -> str:
+def normalize_id(item_id: str | bytes) -> str:
     """Return ``item_id`` as text, refusing what cannot be an id.
 
     Refused: non-text, empty, over :data:`MAX_ID_BYTES`, unpaired surrogates, and any control,
@@ -169,7 +168,7 @@ class ShardKeys:
 
     prefix: str
     shard: int
-    hashtag: Optional[str] = None
+    hashtag: str | None = None
 
     @property
     def tag(self) -> str:
@@ -230,5 +229,5 @@ class ShardKeys:
         return self._key(f"started:{run}:{item_id}")
 
     def all(self) -> list[str]:
-        """Every key, in the order the scripts take them as KEYS."""
+        """Every key of the shard (each script names the ones it takes: scripts/store.py)."""
         return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked]

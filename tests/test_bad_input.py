@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -19,7 +20,7 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 from tests.helpers import wait_for
 
 ids = st.one_of(

@@ -8,11 +8,11 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
+from bench.lib.proxy import TcpProxy
 from delayq_backends import Config, DelayStore
 from delayq_backends.dedupe import RunGuard, Verdict
 from delayq_backends.embedded import EmbeddedServer
 from tests.helpers import wait_for
-from tests.proxy import TcpProxy
 
 
 def test_first_start_runs_a_second_is_dropped_and_the_next_run_runs(valkey_url: str, prefix: str) -> None:

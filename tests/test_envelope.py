@@ -8,8 +8,9 @@ Scheduler job with a non-default queue class, and a list item with a binary body
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -24,7 +25,7 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq.target import job_envelope
 from delayq_backends.targets import Delivery, RedisListTarget
 from delayq_backends.testing import CollectingTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 
 CELERY_V1 = (
     b'DQ\x01\x00\x00\x06:{"t":"celery","d":"mail","m":{"task":"proj.tasks.send_email","c'

@@ -13,9 +13,10 @@ primitives and beat alike, because all of them end in this sender.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any
 
 from celery import Celery
 from celery.app.amqp import AMQP as CeleryAMQP

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from celery import Celery
@@ -113,7 +113,7 @@ class CelerySettings:
     dedupe: bool = False
     dedupe_ttl_ms: int = DEFAULT_DEDUPE_TTL * 1000
     #: lossless mode's window in seconds (None: off)
-    lossless_window: Optional[float] = None
+    lossless_window: float | None = None
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -187,7 +187,7 @@ class CelerySettings:
         )
 
 
-def _lossless_window(conf: Any, dedupe: bool, dedupe_ttl: float) -> Optional[float]:
+def _lossless_window(conf: Any, dedupe: bool, dedupe_ttl: float) -> float | None:
     """``delayq_lossless_window`` if ``delayq_lossless`` is on, checked against dedupe, else None."""
     lossless = conf.get("delayq_lossless", False)
     if not isinstance(lossless, bool):
@@ -252,12 +252,12 @@ def detach_store(app: Celery) -> None:
     app.amqp.__dict__.pop("delayq_settings", None)
 
 
-def attached_store(app: Celery) -> Optional[DelayStore]:
+def attached_store(app: Celery) -> DelayStore | None:
     """The store :func:`attach_store` gave ``app``, or None."""
     return _attached.get(app)
 
 
-def store_for(app: Celery, settings: Optional[CelerySettings] = None) -> DelayStore:
+def store_for(app: Celery, settings: CelerySettings | None = None) -> DelayStore:
     """The app's delay store, opened and checked on first use and shared afterwards.
 
     Raises:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -141,9 +142,9 @@ ITEM_COLUMNS = [
 @json_option
 def list_(
     spec: StoreSpec,
-    shard: Optional[int],
-    start: Optional[str],
-    end: Optional[str],
+    shard: int | None,
+    start: str | None,
+    end: str | None,
     offset: int,
     limit: int,
     as_json: bool,
@@ -157,7 +158,7 @@ def list_(
         shard,
         offset,
         limit,
-        lambda s, n: store.list(shard=s, start=low, end=high, count=n),
+        lambda s, n: store.scheduled(shard=s, start=low, end=high, count=n),
         listed_at,
     )
     entries = [item_entry(item) for item in items]

@@ -10,8 +10,9 @@ failure, or a retried Spark task) stores each id once, keeping (``keep``) or mov
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -22,10 +23,10 @@ from ..config import Config
 from ..connection import connect
 from ..errors import ConfigError, DelayqError, InvalidTimeError
 from ..keys import normalize_id
-from ..models import ScheduleCounts
+from ..models import ScheduleCounts, ScheduleItem
 from ..store import DelayStore, check_rank
 from ..timeutil import When, parse_iso, to_ms
-from .targets import Accepted, RowWriter, Target
+from .rows import Accepted, RowKind, RowWriter
 
 __all__ = ["BulkResult", "schedule_dataframe"]
 
@@ -71,14 +72,14 @@ def schedule_dataframe(
     df: DataFrame,
     *,
     url: str,
-    target: Target,
+    target: RowKind,
     id_col: str,
     ready_at_col: str,
     prefix: str = "delayq",
     shards: int = 16,
     mode: str = "keep",
     batch: int = DEFAULT_BATCH,
-    rank_col: Optional[str] = None,
+    rank_col: str | None = None,
 ) -> BulkResult:
     """Schedule one delayed job per row of ``df``, from the executors.
 
@@ -133,13 +134,13 @@ def _ready_column(df: DataFrame, name: str) -> Any:
     return F.col(name)
 
 
-def _target_columns(df: DataFrame, target: Target) -> list[Any]:
+def _target_columns(df: DataFrame, target: RowKind) -> list[Any]:
     for name in target.columns:
         _field(df, name)
     return [F.col(c) if c is not None else F.lit(None).alias(f"_unused_{i}") for i, c in enumerate(target.columns)]
 
 
-def _field(df: DataFrame, name: Optional[str]) -> Any:
+def _field(df: DataFrame, name: str | None) -> Any:
     if name is None:
         return None
     for f in df.schema.fields:
@@ -149,7 +150,7 @@ def _field(df: DataFrame, name: Optional[str]) -> Any:
 
 
 def _partition_runner(
-    config: Config, target: Target, mode: str, batch: int
+    config: Config, target: RowKind, mode: str, batch: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each partition runs (shipped to executors: it closes over plain values only)."""
 
@@ -209,10 +210,11 @@ class _Loader:
         if not self.pending:
             return
         self.writer.flush(self.pending)
-        entries = [
-            (item_id, ready_ms, data, rank) for (item_id, ready_ms, data, _), rank in zip(self.pending, self.ranks)
+        items = [
+            ScheduleItem(item_id, ready_ms, data, rank)
+            for (item_id, ready_ms, data, _), rank in zip(self.pending, self.ranks)
         ]
-        self.counts += self.store.schedule_checked(entries, mode=self.mode)
+        self.counts += self.store.schedule_checked(items, mode=self.mode)
         self.pending, self.ranks = [], []
 
 

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from delayq_backends import DelayStore
-from delayq_backends.targets import RedisListTarget
-
-ENV = RedisListTarget.envelope("out", b"x")
-T = 1_800_000_000_000
+from delayq_backends.models import FailedDelivery
+from tests.scripts import ENV, T
 
 
 def bury(store: DelayStore, *ids: str) -> None:
     for item_id in ids:
         store.schedule(item_id, T / 1000, ENV)
         claim = store.claim(store.shard_of(item_id), now=T)
-        store.fail(claim, [(item_id, None, "boom")], now=T)
+        store.fail(claim, [FailedDelivery(item_id, None, "boom")], now=T)
 
 
 def test_requeue_selected_dead_letter(store: DelayStore) -> None:

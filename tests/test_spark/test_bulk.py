@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -30,7 +31,7 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
 from delayq_backends.spark import CeleryTask, ListTarget, RQJob, schedule_dataframe
 from delayq_backends.timeutil import from_ms, now_ms
-from tests.conftest import make_store
+from tests.harness import make_store
 
 pytestmark = pytest.mark.spark
 

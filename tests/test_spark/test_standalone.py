@@ -15,8 +15,9 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -25,7 +26,7 @@ from delayq_backends.audit import JsonLinesAudit
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 from tests.helpers import wait_for
 from tests.test_spark.standalone import SparkStandalone
 

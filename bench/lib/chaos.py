@@ -1,5 +1,5 @@
-"""A chaos run of the whole Celery path, shared by ``tests/test_chaos.py`` (short) and
-``bench/chaos.py`` (long).
+"""A chaos run of the whole Celery path, shared by ``bench/chaos.py`` (long) and
+``tests/test_chaos.py`` (short).
 
 The delay store and the Redis broker each run as a server of their own with AOF
 (``appendfsync always``), and forwarders reach both through loopback proxies. A real
@@ -15,14 +15,14 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -32,9 +32,12 @@ from delayq_backends.audit import read_stream
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.message import parse_time
 from delayq_backends.embedded import EmbeddedServer
-from tests.conftest import AMQP_URL
-from tests.proxy import TcpProxy
-from tests.test_celery.harness import ROOT, CeleryEnv
+
+from .brokers import AMQP_URL
+from .celery_run import CeleryRun
+from .processes import Processes
+from .proxy import TcpProxy
+from .report import distribution
 
 __all__ = ["ChaosPlan", "ChaosReport", "run_chaos"]
 
@@ -99,20 +102,20 @@ class ChaosReport:
 class _Forwarders:
     """``delayq forward`` processes through the proxies, killed and replaced on demand."""
 
-    def __init__(self, env: CeleryEnv, store_url: str, broker_url: str, plan: ChaosPlan, logs: Path) -> None:
-        self.args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", store_url]
+    def __init__(self, env: CeleryRun, store_url: str, broker_url: str, plan: ChaosPlan, logs: Path) -> None:
+        self.args = ["forward", "--url", store_url]
         self.args += ["--prefix", env.prefix, "--shards", "4", "--celery-broker", broker_url]
         self.args += ["--audit-stream", audit_stream(env)]  # which tasks a broker accepted
         self.args += ["--lease", "3", "--poll", "0.2", "--log-every", "5"]
         if plan.dedupe:
             self.args += ["--lossless", "--lossless-window", str(plan.lossless_window)]
         self.env, self.logs = env.env, logs
+        self.processes = Processes(grace=15)
         self.procs = [self._start(i) for i in range(plan.forwarders)]
         self.started = plan.forwarders
 
     def _start(self, n: int) -> subprocess.Popen[bytes]:
-        with (self.logs / f"forwarder-{n}.log").open("wb") as out:
-            return subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        return self.processes.delayq(*self.args, env=self.env, log=self.logs / f"forwarder-{n}.log")
 
     def kill_one(self, rng: random.Random) -> None:
         i = rng.randrange(len(self.procs))
@@ -122,13 +125,7 @@ class _Forwarders:
         self.started += 1
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        self.processes.stop()
 
 
 def redis_task_ids(url: str, queue: str) -> set[str]:
@@ -212,7 +209,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
     with EmbeddedServer() as records, EmbeddedServer(persist=True) as store:
         store_proxy, broker_proxy = TcpProxy("127.0.0.1", store.port), TcpProxy("127.0.0.1", broker.port)
         tag = uuid.uuid4().hex[:8]
-        env = CeleryEnv(
+        env = CeleryRun(
             kind=broker.kind,
             broker=broker.url,
             store=store.url,
@@ -224,7 +221,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
             transport_options=dict(broker.transport_options),
             dedupe=plan.dedupe,
         )
-        forwarders: Optional[_Forwarders] = None
+        forwarders: _Forwarders | None = None
         app = env.app()
         ids: set[str] = set()
         done: dict[str, int] = {}
@@ -235,7 +232,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
         try:
             env.start_worker(logs)
             ids = {
-                app.send_task("dqt.record", args=["chaos", i], countdown=1 + rng.uniform(0, plan.spread)).id
+                app.send_task("dqb.record", args=["chaos", i], countdown=1 + rng.uniform(0, plan.spread)).id
                 for i in range(plan.tasks)
             }
             forwarders = _Forwarders(env, _url(store_proxy), broker.via(broker_proxy), plan, logs)
@@ -275,11 +272,13 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
             faults=done,
             worker_restarts=restarts,
             seconds=round(time.monotonic() - started, 1),
-            dropped=sum(log.read_text(errors="replace").count("duplicate delivery dropped") for log in env.logs),
+            dropped=sum(
+                p.read_text(errors="replace").count("duplicate delivery dropped") for p in logs.glob("worker*.log")
+            ),
         )
 
 
-def _settle(env: CeleryEnv, ids: set[str], plan: ChaosPlan, logs: Path, log: Callable[[str], None]) -> int:
+def _settle(env: CeleryRun, ids: set[str], plan: ChaosPlan, logs: Path, log: Callable[[str], None]) -> int:
     """Wait until every task has run, or the deadline; returns how many times the worker was replaced.
 
     A Celery worker can stay connected but idle after a broker restart that found a task in
@@ -316,14 +315,6 @@ def _eta_ms(record: dict[str, Any]) -> float:
     return eta.timestamp() * 1000
 
 
-def distribution(values: list[float]) -> dict[str, float]:
-    """p50/p99/max of sorted ``values`` (nearest rank)."""
-    if not values:
-        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
-    pick = lambda q: round(values[min(len(values) - 1, int(q * len(values)))], 1)  # noqa: E731
-    return {"p50": pick(0.5), "p99": pick(0.99), "max": round(values[-1], 1)}
-
-
 def _still_waiting(missing: set[str], app: Any, in_broker: set[str]) -> set[str]:
     """The ``missing`` task ids still held somewhere: scheduled, leased or dead in the store, or
     queued or unacked in the broker. Whatever is in neither is lost."""
@@ -335,7 +326,7 @@ def _still_waiting(missing: set[str], app: Any, in_broker: set[str]) -> set[str]
     return found | (in_broker & missing)
 
 
-def audit_stream(env: CeleryEnv) -> str:
+def audit_stream(env: CeleryRun) -> str:
     """The forwarders' audit stream of a run, on the store's server."""
     return f"{env.prefix}:audit"
 
@@ -349,7 +340,7 @@ def _inflict(
     rng: random.Random,
     forwarders: _Forwarders,
     store: EmbeddedServer,
-    broker: Union[_RedisBroker, _RabbitBroker],
+    broker: _RedisBroker | _RabbitBroker,
     store_proxy: TcpProxy,
     broker_proxy: TcpProxy,
     log: Callable[[str], None],
