@@ -22,6 +22,7 @@ from .envelope import FORMAT_VERSION, MAGIC, Envelope
 from .errors import (
     ConfigError,
     EnvelopeError,
+    InvalidIdError,
     InvalidRankError,
     NotDurableError,
     PayloadTooLargeError,
@@ -33,6 +34,9 @@ from .keys import (
     MAX_RANK,
     RANK_SPAN,
     ShardKeys,
+    collapse_id,
+    collapsed_key,
+    key_rate_key,
     meta_key,
     normalize_id,
     rate_key,
@@ -44,6 +48,7 @@ from .models import (
     CancelOutcome,
     Claim,
     ClaimedItem,
+    Collapsed,
     DeadLetter,
     LeaseExtension,
     RearmOutcome,
@@ -69,6 +74,11 @@ SCHEDULE_CHUNK = 500
 #: Dead letters per requeue/purge script call: about 25 ms of server time on a busy 2-core box, so requeueing or
 #: purging any number never holds Redis for long (one call for 200k held it for seconds).
 DEAD_CHUNK = 500
+#: How long a debounced item's call counter outlives its run's ready time: it only feeds
+#: ``delayq list`` and the dashboard, so it goes away with keys that are not called again.
+CALLS_TTL_MS = 86_400_000
+#: Whose arguments a collapsed run keeps.
+KEEP = ("first", "last")
 
 
 def check_rank(rank: int) -> int:
@@ -174,10 +184,13 @@ class DelayStore:
             )
         self._meta_checked = True
 
-    def _run(self, script: Any, shard: int, args: Sequence[Any], client: Any = None) -> Any:
+    def _run(
+        self, script: Any, shard: int, args: Sequence[Any], client: Any = None, extra_keys: Sequence[str] = ()
+    ) -> Any:
         self.check_meta()
         with _full_store_said_plainly():
-            return script(keys=self._keys[shard].all(), args=list(args), client=client or self.client)
+            keys = [*self._keys[shard].all(), *extra_keys]
+            return script(keys=keys, args=list(args), client=client or self.client)
 
     # -- scheduling -------------------------------------------------------------------------
 
@@ -320,13 +333,59 @@ class DelayStore:
         args = ["replace", self._wake, *_schedule_args([(item_id, ready, data, check_rank(rank))])]
         self._queue_script(pipeline, "schedule", self.shard_of(item_id), args)
 
+    def debounce(
+        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0
+    ) -> Collapsed:
+        """Schedule ``key``'s one run at ``when``; calls while it is pending move it there too,
+        so it fires once, at the LAST call's time (a ``timedelta`` is the quiet window).
+
+        All calls of a key go to one item, ``"debounce:<key>"``, in one script call on its shard.
+        A call made once a forwarder holds the run (it may be out already) starts the next run.
+
+        Args:
+            key: what collapses (a user id, a document id): text, as an item id.
+            when: this call's ready time: aware ``datetime``, ``timedelta`` from now, epoch seconds.
+            envelope: what this call would deliver.
+            keep: ``"last"`` (default): the run delivers the latest call's envelope and rank;
+                ``"first"``: the envelope of the call that started the run.
+            rank: as in :meth:`schedule`.
+
+        Raises:
+            ConfigError: ``keep`` is not "first" or "last". InvalidIdError, InvalidTimeError,
+            InvalidRankError, PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
+        """
+        return self._collapse("debounce", key, when, envelope, keep, rank)
+
+    def throttle(
+        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0
+    ) -> Collapsed:
+        """Schedule ``key``'s one run at ``when`` unless one is pending: then the call joins it,
+        and the run keeps the FIRST call's time. Same arguments as :meth:`debounce`; the item
+        is ``"throttle:<key>"``, so a key's debounce and throttle are separate runs."""
+        return self._collapse("throttle", key, when, envelope, keep, rank)
+
+    def _collapse(self, mode: str, key: str, when: When, envelope: Payload, keep: str, rank: int) -> Collapsed:
+        if keep not in KEEP:
+            raise ConfigError(f"keep={keep!r}: use 'first' (the first call's arguments) or 'last' (the latest's)")
+        if not isinstance(key, str) or not key:
+            raise InvalidIdError(f"{mode} key {key!r}: pass non-empty text, e.g. a user or document id")
+        item_id = normalize_id(collapse_id(mode, key))
+        ready = to_ms(when, clock=self.clock)
+        data = self.check_payload(item_id, envelope)
+        shard = self.shard_of(item_id)
+        args = [mode, keep, self._wake, item_id, ready, data, check_rank(rank), CALLS_TTL_MS]
+        calls, run_ms, stored, superseded = self._write(
+            self.scripts.debounce, shard, args, extra_keys=[self._keys[shard].calls(item_id)]
+        )
+        return Collapsed(item_id, int(run_ms), int(calls), bool(int(stored)), superseded or None)
+
     # -- producer writes, durable on request ----------------------------------------------
 
-    def _write(self, script: Any, shard: int, args: Sequence[Any]) -> Any:
+    def _write(self, script: Any, shard: int, args: Sequence[Any], extra_keys: Sequence[str] = ()) -> Any:
         """Run a producer's write script; with ``durable_replicas``, wait for the replicas too."""
         if not self.config.durable_replicas:
-            return self._run(script, shard, args)
-        return self._durable(script, shard, args)
+            return self._run(script, shard, args, extra_keys=extra_keys)
+        return self._durable(script, shard, args, extra_keys)
 
     def _write_calls(self, script: Any, calls: List[tuple[int, List[Any]]]) -> Iterator[Any]:
         if not self.config.durable_replicas:
@@ -335,7 +394,7 @@ class DelayStore:
         for shard, args in calls:
             yield _reply_or_error(partial(self._durable, script, shard, args))
 
-    def _durable(self, script: Any, shard: int, args: Sequence[Any]) -> Any:
+    def _durable(self, script: Any, shard: int, args: Sequence[Any], extra_keys: Sequence[str] = ()) -> Any:
         """The script and a WAIT in one pipeline on the connection of the shard's node.
 
         WAIT counts the replicas that have the writes made *on its own connection*, so both must
@@ -346,7 +405,7 @@ class DelayStore:
         for attempt in (1, 2):
             try:
                 with self._node_client(shard).pipeline(transaction=False) as pipe:
-                    self._run(script, shard, args, client=pipe)
+                    self._run(script, shard, args, client=pipe, extra_keys=extra_keys)
                     pipe.execute_command("WAIT", wanted, timeout)
                     with _full_store_said_plainly():
                         result, acked = pipe.execute()
@@ -512,16 +571,26 @@ class DelayStore:
         return int(self._run(self.scripts.defer, claim.shard, args))
 
     def take_tokens(
-        self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None
+        self,
+        queue: str,
+        wanted: int,
+        *,
+        rate: float,
+        burst: int,
+        key: Optional[str] = None,
+        now: Optional[int] = None,
     ) -> Tuple[int, int, int]:
-        """Take up to ``wanted`` tokens from ``queue``'s rate bucket, shared by all forwarders.
+        """Take up to ``wanted`` tokens from ``queue``'s rate bucket (or, with ``key``, from the
+        bucket of that rate key of ``queue``), shared by all forwarders.
 
         Returns (granted, first slot ms, server now ms): the refused ``wanted - granted`` may go
         from the first slot on, one every ``1000 / rate`` ms (they hold those slots).
         """
+        prefix = self.config.prefix
+        bucket = rate_key(prefix, queue) if key is None else key_rate_key(prefix, queue, key)
         with _full_store_said_plainly():
             granted, first, server_now = self.scripts.take(
-                keys=[rate_key(self.config.prefix, queue)], args=[repr(float(rate)), burst, wanted, now or 0]
+                keys=[bucket], args=[repr(float(rate)), burst, wanted, now or 0]
             )
         return int(granted), int(first), int(server_now)
 
@@ -582,7 +651,8 @@ class DelayStore:
         if score is None or envelope is None:
             return None
         deadline, ready = _parse_lease(lease, score)
-        return ScheduledItem(item_id, shard, ready, envelope, _count(tries), deadline, _rank(ranked))
+        calls = self._calls([(shard, item_id)]).get(item_id, 0)
+        return ScheduledItem(item_id, shard, ready, envelope, _count(tries), deadline, _rank(ranked), calls)
 
     def scan(self, *, batch: int = 1000) -> Iterator[ScheduledItem]:
         """Every scheduled item, shard by shard, in no particular order (``ZSCAN``).
@@ -734,12 +804,28 @@ class DelayStore:
                 pipe.zscore(k.ranked, member)
             details = pipe.execute()
         out = []
+        calls = self._calls([(s, _id_text(member)) for _, s, member in page])
         for n, (score, s, member) in enumerate(page):
             item_id = _id_text(member)
             envelope, tries, lease, ranked = details[4 * n : 4 * n + 4]
             deadline, ready = _parse_lease(lease, score)
-            out.append(ScheduledItem(item_id, s, ready, envelope or b"", _count(tries), deadline, _rank(ranked)))
+            out.append(
+                ScheduledItem(
+                    item_id, s, ready, envelope or b"", _count(tries), deadline, _rank(ranked), calls.get(item_id, 0)
+                )
+            )
         return out
+
+    def _calls(self, items: Sequence[Tuple[int, str]]) -> dict[str, int]:
+        """Call counts of the debounced and throttled ones of ``items`` (shard, id), one round trip."""
+        collapsed = [(s, i) for s, i in items if collapsed_key(i)]
+        if not collapsed:
+            return {}
+        with self.client.pipeline(transaction=False) as pipe:
+            for s, item_id in collapsed:
+                pipe.hget(self._keys[s].calls(item_id), "calls")
+            counts = pipe.execute(raise_on_error=False)
+        return {i: _count(None if isinstance(n, Exception) else n) for (_, i), n in zip(collapsed, counts)}
 
     def _select(self, shard: Optional[int]) -> List[int]:
         if shard is None:
