@@ -13,13 +13,14 @@ from .errors import (
     EnvelopeError,
     InvalidIdError,
     InvalidRankError,
+    InvalidRateKeyError,
     InvalidTimeError,
     NotDurableError,
     PayloadTooLargeError,
     ShardMismatchError,
     StoreFullError,
 )
-from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
+from .models import Claim, ClaimedItem, Collapsed, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .store import DelayStore
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "BrokerUnavailable",
     "Claim",
     "ClaimedItem",
+    "Collapsed",
     "Config",
     "ConfigError",
     "DeadLetter",
@@ -37,6 +39,7 @@ __all__ = [
     "EnvelopeError",
     "InvalidIdError",
     "InvalidRankError",
+    "InvalidRateKeyError",
     "InvalidTimeError",
     "NotDurableError",
     "PayloadTooLargeError",

@@ -15,6 +15,7 @@ __all__ = [
     "EnvelopeError",
     "InvalidIdError",
     "InvalidRankError",
+    "InvalidRateKeyError",
     "InvalidTimeError",
     "PayloadTooLargeError",
     "ServerNotFoundError",
@@ -51,6 +52,10 @@ class InvalidIdError(DelayqError, ValueError):
 
 class InvalidRankError(DelayqError, ValueError):
     """A rank that is not an integer in 0..MAX_RANK."""
+
+
+class InvalidRateKeyError(DelayqError, ValueError):
+    """A rate key (tenant, customer) that is not short printable text."""
 
 
 class PayloadTooLargeError(DelayqError, ValueError):

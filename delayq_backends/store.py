@@ -18,7 +18,7 @@ import redis
 
 from .config import Config
 from .connection import Client, connect, is_cluster
-from .envelope import FORMAT_VERSION, MAGIC, Envelope
+from .envelope import FORMAT_VERSION, MAGIC, Envelope, with_rate_key
 from .errors import (
     ConfigError,
     EnvelopeError,
@@ -195,7 +195,14 @@ class DelayStore:
     # -- scheduling -------------------------------------------------------------------------
 
     def schedule(
-        self, item_id: Union[str, bytes], when: When, envelope: Payload, *, mode: str = "replace", rank: int = 0
+        self,
+        item_id: Union[str, bytes],
+        when: When,
+        envelope: Payload,
+        *,
+        mode: str = "replace",
+        rank: int = 0,
+        rate_key: Optional[str] = None,
     ) -> str:
         """Schedule one item; returns ``"added"``, ``"replaced"`` or ``"kept"``.
 
@@ -206,14 +213,17 @@ class DelayStore:
             envelope: what to deliver, as an :class:`Envelope` or its encoded bytes.
             rank: 0..MAX_RANK; when more is due than can be forwarded at once, higher ranks are
                 claimed first (then earliest first). Rank 0, the default, costs nothing extra.
+            rate_key: who the item is for (a tenant, a customer): forwarders with ``--key-rate``
+                for its queue forward each key's items at most at that rate. Stored in the envelope.
 
         Raises:
-            InvalidTimeError, InvalidIdError, InvalidRankError, PayloadTooLargeError,
-            EnvelopeError: bad input; nothing was stored.
+            InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError,
+            PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
         """
         if mode not in ("replace", "keep"):
             raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
         item_id = normalize_id(item_id)
+        envelope = _keyed(envelope, rate_key)
         item = (item_id, to_ms(when, clock=self.clock), self.check_payload(item_id, envelope), check_rank(rank))
         # one script call, without the bulk path's grouping: this is every apply_async's cost
         counts = ScheduleCounts(
@@ -334,7 +344,14 @@ class DelayStore:
         self._queue_script(pipeline, "schedule", self.shard_of(item_id), args)
 
     def debounce(
-        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0
+        self,
+        key: str,
+        when: When,
+        envelope: Payload,
+        *,
+        keep: str = "last",
+        rank: int = 0,
+        rate_key: Optional[str] = None,
     ) -> Collapsed:
         """Schedule ``key``'s one run at ``when``; calls while it is pending move it there too,
         so it fires once, at the LAST call's time (a ``timedelta`` is the quiet window).
@@ -348,21 +365,28 @@ class DelayStore:
             envelope: what this call would deliver.
             keep: ``"last"`` (default): the run delivers the latest call's envelope and rank;
                 ``"first"``: the envelope of the call that started the run.
-            rank: as in :meth:`schedule`.
+            rank, rate_key: as in :meth:`schedule`.
 
         Raises:
             ConfigError: ``keep`` is not "first" or "last". InvalidIdError, InvalidTimeError,
             InvalidRankError, PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
         """
-        return self._collapse("debounce", key, when, envelope, keep, rank)
+        return self._collapse("debounce", key, when, _keyed(envelope, rate_key), keep, rank)
 
     def throttle(
-        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0
+        self,
+        key: str,
+        when: When,
+        envelope: Payload,
+        *,
+        keep: str = "last",
+        rank: int = 0,
+        rate_key: Optional[str] = None,
     ) -> Collapsed:
         """Schedule ``key``'s one run at ``when`` unless one is pending: then the call joins it,
         and the run keeps the FIRST call's time. Same arguments as :meth:`debounce`; the item
         is ``"throttle:<key>"``, so a key's debounce and throttle are separate runs."""
-        return self._collapse("throttle", key, when, envelope, keep, rank)
+        return self._collapse("throttle", key, when, _keyed(envelope, rate_key), keep, rank)
 
     def _collapse(self, mode: str, key: str, when: When, envelope: Payload, keep: str, rank: int) -> Collapsed:
         if keep not in KEEP:
@@ -955,6 +979,13 @@ def _schedule_args(items: Sequence[Tuple[str, int, bytes, int]]) -> List[Any]:
     if any(rank for *_, rank in items):
         return [4, *(field for item in items for field in item)]
     return [3, *(field for item in items for field in item[:3])]
+
+
+def _keyed(envelope: Payload, rate_key: Optional[str]) -> Payload:
+    """``envelope`` carrying ``rate_key`` (unchanged without one)."""
+    if rate_key is None:
+        return envelope
+    return with_rate_key(envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope), rate_key)
 
 
 def _raised(error: Exception) -> Any:
