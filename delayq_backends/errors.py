@@ -13,6 +13,7 @@ __all__ = [
     "ConfigError",
     "DelayqError",
     "EnvelopeError",
+    "InvalidDebounceError",
     "InvalidIdError",
     "InvalidRankError",
     "InvalidRateKeyError",
@@ -52,6 +53,10 @@ class InvalidIdError(DelayqError, ValueError):
 
 class InvalidRankError(DelayqError, ValueError):
     """A rank that is not an integer in 0..MAX_RANK."""
+
+
+class InvalidDebounceError(DelayqError, ValueError):
+    """A debounce/throttle option that is not a key or a {key, mode, keep} dict."""
 
 
 class InvalidRateKeyError(DelayqError, ValueError):
