@@ -51,6 +51,7 @@ __all__ = [
     "ALLOW_CLASS_ENV",
     "AT_FRONT_RANK",
     "DEFAULT_ALLOWED_CLASSES",
+    "JOB_KEY",
     "KIND",
     "ClassAllowlist",
     "ClassImportError",
@@ -59,6 +60,7 @@ __all__ = [
     "dotted_path",
     "is_legacy_scheduler",
     "job_envelope",
+    "job_id_of",
     "job_rank",
     "schedule_of",
 ]
@@ -67,6 +69,9 @@ log = logging.getLogger("delayq.rq")
 
 KIND = "rq"
 
+#: Envelope meta key of the job id when the store item has another id: a debounced or throttled
+#: job is item ``debounce:<key>`` (``throttle:<key>``), and each run of it is a job of its own.
+JOB_KEY = "job"
 #: Envelope meta keys naming the classes a job was scheduled with (omitted when RQ's default).
 _CLASS_KEYS = ("queue_class", "job_class", "serializer")
 #: Envelope meta flag: the job came from :class:`~delayq_backends.rq.Scheduler` (rq-scheduler
@@ -187,6 +192,13 @@ def job_envelope(
         meta[SCHEDULER_FLAG] = True
         meta[SCHEDULE_KEY] = dict(schedule or {})
     return Envelope(target=KIND, destination=queue_name, meta=meta)
+
+
+def job_id_of(delivery: Delivery) -> str:
+    """The RQ job a delivery moves: its envelope's ``job``, else the item id (every job that is
+    not debounced or throttled)."""
+    job_id = delivery.envelope.meta.get(JOB_KEY)
+    return job_id if isinstance(job_id, str) and job_id else delivery.id
 
 
 def enqueues_at_front(job: Job) -> bool:
@@ -354,6 +366,7 @@ class _Batch:
     """One queue's share of a claimed batch, sorted into what to do with each job."""
 
     keys: _Keys
+    #: by job id (see :func:`job_id_of`); the store knows them by ``deliveries[job_id].id``
     deliveries: dict[str, Delivery]
     held: list[str] = field(default_factory=list)
     jobs: dict[str, JobFields] = field(default_factory=dict)
@@ -370,6 +383,10 @@ class _Batch:
     @property
     def ids(self) -> list[str]:
         return list(self.deliveries)
+
+    def items(self, job_ids: Iterable[str]) -> list[str]:
+        """The store's item ids of ``job_ids``."""
+        return [self.deliveries[j].id for j in job_ids]
 
     def from_scheduler(self, job_id: str) -> bool:
         return bool(self.deliveries[job_id].envelope.meta.get(SCHEDULER_FLAG))
@@ -438,7 +455,7 @@ class RQTarget:
                 report.failed += [(d.id, str(exc), True) for d in group]
                 continue
             try:
-                self._move(_Batch(keys, {d.id: d for d in group}), lease, report)
+                self._move(_Batch(keys, {job_id_of(d): d for d in group}), lease, report)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -468,21 +485,25 @@ class RQTarget:
             else:
                 report.failed += [
                     (i, f"job keys or lease changed {self.max_watch_retries} times while being enqueued", False)
-                    for i in batch.ids
+                    for i in batch.items(batch.ids)
                 ]
                 return
         moved = list(batch.jobs)
         if shared is None:
             self._rearm(batch, moved, None, lease)
-        report.published += batch.skipped + moved
-        report.failed += [(i, error, True) for i, error in batch.broken]
+        report.published += batch.items(batch.skipped + moved)
+        report.failed += [(batch.deliveries[i].id, error, True) for i, error in batch.broken]
         if shared is not None:
-            report.acked += batch.skipped + moved
+            report.acked += batch.items(batch.skipped + moved)
 
     def _read(self, batch: _Batch, pipe: Any, shared: Optional[Lease]) -> None:
         """After WATCH: which items are still ours, their jobs' fields, whether a Scheduler job's
         dependencies are met (their keys WATCHed too), and the next run of periodic ones."""
-        batch.held = shared.held(pipe, batch.ids) if shared else batch.ids
+        if shared:
+            held = set(shared.held(pipe, batch.items(batch.ids)))
+            batch.held = [j for j in batch.ids if batch.deliveries[j].id in held]
+        else:
+            batch.held = batch.ids
         batch.jobs, batch.deferred, batch.skipped, batch.broken, batch.following = {}, set(), [], [], {}
         legacy = [i for i in batch.held if is_legacy_scheduler(batch.deliveries[i].envelope)]
         old_meta: dict[str, Optional[bytes]] = {}
@@ -614,7 +635,7 @@ class RQTarget:
         forget_scheduled(pipe, keys.name, [*batch.jobs, *batch.skipped])  # the registry's mirror entries
         if shared is not None:
             moved = list(batch.jobs)
-            shared.ack_in(pipe, batch.skipped + moved)
+            shared.ack_in(pipe, batch.items(batch.skipped + moved))
             self._rearm(batch, moved, pipe, shared)
 
     def _enqueue(
