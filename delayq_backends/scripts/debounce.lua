@@ -7,7 +7,7 @@ Input:
   ARGV[2] keep: "first" or "last": whose envelope (arguments) and rank the run delivers
   ARGV[3] wake channel
   ARGV[4] id, ARGV[5] this call's ready ms, ARGV[6] this call's envelope, ARGV[7] its rank
-  ARGV[8] ms the counter outlives the run's ready time
+  ARGV[8] ms the counter outlives the run's ready time (or the server's now, if later)
 Output: {calls, run's ready ms, stored, superseded}: calls collapsed into the pending run (this
 one included; 1: this call started a new run), whether this call's envelope is the one stored,
 and the envelope this call replaced without it being delivered ("" if none).
@@ -61,6 +61,8 @@ else
   set_rank(id, rank, ready)
 end
 rcall('HSET', KEYS[9], 'calls', calls)
-rcall('PEXPIREAT', KEYS[9], ms(finite(rcall('ZSCORE', KEYS[1], id)) + tonumber(ARGV[8])))
+-- counted until ARGV[8] ms after the run is due, or after now for a run already overdue
+local due = math.max(finite(rcall('ZSCORE', KEYS[1], id)), now_ms('0'))
+rcall('PEXPIREAT', KEYS[9], ms(due + tonumber(ARGV[8])))
 wake_if_earlier(ARGV[3], before)
 return {calls, ms(ready), stored, superseded}

@@ -261,6 +261,11 @@ class ItemOut(BaseModel):
             "next run, with the entry's name in `periodic`; else null."
         ),
     )
+    collapsed: Optional[dict[str, Any]] = Field(
+        default=None,
+        description="A debounced or throttled item's mode, key and the schedules its pending run collapsed "
+        "(`calls`); else null.",
+    )
 
 
 class ItemsOut(BaseModel):
