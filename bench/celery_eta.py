@@ -35,17 +35,13 @@ from typing import Any, Optional
 
 import redis
 from kombu import Connection
+from lib.brokers import AMQP_URL, amqp_problem
+from lib.celery_run import CeleryRun
+from lib.report import RESULTS_PATH, code_digest, distribution, fmt_dist, log, write_results
+from lib.waiting import wait_for
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR.parent))  # the tests' worker harness and app
-
-from core import RESULTS_PATH, code_digest, distribution, fmt_dist, log, write_results  # noqa: E402
-
-from delayq_backends.celery import forget_store  # noqa: E402
-from delayq_backends.embedded import EmbeddedServer  # noqa: E402
-from tests.conftest import AMQP_URL  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
-from tests.test_celery.harness import CeleryEnv, delete_queue, new_env  # noqa: E402
+from delayq_backends.celery import forget_store
+from delayq_backends.embedded import EmbeddedServer
 
 HOURS = 3 * 3600
 WAYS = ("plugin", "native")
@@ -53,7 +49,7 @@ POLL = 0.05  # seconds between checks: reading the sink must not steal the CPU b
 
 
 @contextmanager
-def running(env: CeleryEnv, *, forwarder: bool) -> Iterator[CeleryEnv]:
+def running(env: CeleryRun, *, forwarder: bool) -> Iterator[CeleryRun]:
     """A worker (and for the plugin a forwarder) on ``env``, stopped and cleaned up after."""
     tmp = Path(tempfile.mkdtemp(prefix="dq-bench-"))
     try:
@@ -63,10 +59,10 @@ def running(env: CeleryEnv, *, forwarder: bool) -> Iterator[CeleryEnv]:
         yield env
     finally:
         env.stop()
-        delete_queue(env)
+        env.delete_queue()
 
 
-def purge(env: CeleryEnv) -> None:
+def purge(env: CeleryRun) -> None:
     """Empty the queue a no-worker measurement filled."""
     with Connection(env.broker) as conn:
         conn.default_channel.queue_purge(env.queue)
@@ -82,7 +78,7 @@ def apply_async_rates(kind: str, broker: str, valkey: EmbeddedServer, n: int, re
     native back to back (in alternating order), let each pair see the same load. The ratio is the
     median of the pairs' ratios; ``runs`` are the per-``n`` rates as before.
     """
-    env = new_env(kind, broker, valkey)
+    env = CeleryRun.on(kind, broker, valkey)
     plugin, native = env.app(), env.native_app()
     ways = {"plugin": plugin, "native": native}
     rates: dict[str, list[float]] = {"plugin": [], "native": []}
@@ -90,7 +86,7 @@ def apply_async_rates(kind: str, broker: str, valkey: EmbeddedServer, n: int, re
     pairs: list[float] = []
     try:
         for app in (plugin, native):  # warm up: connections, pools, scripts
-            app.send_task("dqt.record", args=["warm"], countdown=HOURS)
+            app.send_task("dqb.record", args=["warm"], countdown=HOURS)
         for rep in range(reps):
             spent = {"plugin": 0.0, "native": 0.0}
             for block in range(max(1, n // BLOCK)):
@@ -105,7 +101,7 @@ def apply_async_rates(kind: str, broker: str, valkey: EmbeddedServer, n: int, re
             purge(env)
     finally:
         forget_store(plugin)
-        delete_queue(env)
+        env.delete_queue()
     medians = {k: statistics.median(v) for k, v in rates.items()}
     return {
         "runs": rates,
@@ -125,7 +121,7 @@ def _block(app: Any, n: int) -> tuple[float, float]:
     load of the other processes sways it less than the wall time, which includes waiting."""
     started, cpu = time.perf_counter(), time.process_time()
     for i in range(n):
-        app.send_task("dqt.record", args=["tp", i], kwargs={"k": "v"}, countdown=HOURS)
+        app.send_task("dqb.record", args=["tp", i], kwargs={"k": "v"}, countdown=HOURS)
     return time.perf_counter() - started, time.process_time() - cpu
 
 
@@ -134,18 +130,18 @@ def _block(app: Any, n: int) -> tuple[float, float]:
 
 def lateness(kind: str, broker: str, valkey: EmbeddedServer, n: int, spread: float) -> dict[str, Any]:
     """Task start − eta for ``n`` tasks falling due over ``spread`` seconds, each way."""
-    out = {name: distribution(_lateness_run(name, new_env(kind, broker, valkey), n, spread)) for name in WAYS}
+    out = {name: distribution(_lateness_run(name, CeleryRun.on(kind, broker, valkey), n, spread)) for name in WAYS}
     for name in WAYS:
         log(f"{kind} lateness {name}: {fmt_dist(out[name])}")
     return out
 
 
-def _lateness_run(name: str, env: CeleryEnv, n: int, spread: float) -> list[float]:
+def _lateness_run(name: str, env: CeleryRun, n: int, spread: float) -> list[float]:
     with running(env, forwarder=name == "plugin"):
         app = env.app() if name == "plugin" else env.native_app()
         rng = random.Random(1)
         for i in range(n):
-            app.send_task("dqt.record", args=["late", i], countdown=1 + rng.uniform(0, spread))
+            app.send_task("dqb.record", args=["late", i], countdown=1 + rng.uniform(0, spread))
         wait_for(lambda: len(env.records()) >= n, 60 + spread, f"{n} {name} tasks to run", interval=POLL)
         forget_store(app)
         return [r["started_ms"] - _eta_ms(r) for r in env.records() if r["tag"] == "late"]
@@ -179,21 +175,21 @@ def worker_rss(broker: str, valkey: EmbeddedServer, sizes: list[int]) -> dict[st
     out: dict[str, Any] = {}
     for name in WAYS:
         for size in sizes:
-            out[f"{name}_{size}"] = _rss_run(name, new_env("redis", broker, valkey), size)
+            out[f"{name}_{size}"] = _rss_run(name, CeleryRun.on("redis", broker, valkey), size)
             log(f"rss {name} {size}: {out[f'{name}_{size}']}")
     return out
 
 
-def _rss_run(name: str, env: CeleryEnv, size: int) -> dict[str, Any]:
+def _rss_run(name: str, env: CeleryRun, size: int) -> dict[str, Any]:
     with running(env, forwarder=False):
         app = env.app() if name == "plugin" else env.native_app()
-        pid = env.processes[0].pid
+        pid = env.processes.procs[0].pid
         before = rss_mb(pid)
         for i in range(size):
-            app.send_task("dqt.record", args=["rss", i], countdown=HOURS)
+            app.send_task("dqb.record", args=["rss", i], countdown=HOURS)
         queue = redis.Redis.from_url(env.broker)
         wait_for(lambda: queue.llen(env.queue) == 0, 600, "the worker to take every native task", interval=POLL)
-        env.wait_ready(env.processes[0])  # the worker has caught up with its queue
+        env.wait_ready(env.processes.procs[0])  # the worker has caught up with its queue
         held = held_by_worker(app)
         forget_store(app)
         return {"before": before, "after": rss_mb(pid), "held_by_worker": held}
@@ -206,7 +202,7 @@ def duplicates(broker: str, valkey: EmbeddedServer, n: int, countdown: float, vi
     """Executions per task when countdowns outlast the Redis transport's visibility timeout."""
     out: dict[str, Any] = {}
     for name in WAYS:
-        env = new_env("redis", broker, valkey)
+        env = CeleryRun.on("redis", broker, valkey)
         # kombu scans for unacked messages every unacked_restore_interval (10 s) x throttle (10)
         # calls; a 1 s scan shows in seconds what its defaults show after ~100 s more.
         env.transport_options = {
@@ -220,10 +216,10 @@ def duplicates(broker: str, valkey: EmbeddedServer, n: int, countdown: float, vi
     return out
 
 
-def _duplicates_run(name: str, env: CeleryEnv, n: int, countdown: float, visibility: float) -> int:
+def _duplicates_run(name: str, env: CeleryRun, n: int, countdown: float, visibility: float) -> int:
     with running(env, forwarder=name == "plugin"):
         app = env.app() if name == "plugin" else env.native_app()
-        ids = {app.send_task("dqt.record", args=["dup", i], countdown=countdown).id for i in range(n)}
+        ids = {app.send_task("dqb.record", args=["dup", i], countdown=countdown).id for i in range(n)}
         wait_for(
             lambda: ids <= {r["id"] for r in env.records()}, countdown + 60, f"every {name} task once", interval=POLL
         )
@@ -304,12 +300,11 @@ def run(quick: bool, apply_async_only: bool = False) -> dict[str, Any]:
     }
     with EmbeddedServer() as valkey:
         brokers = {"redis": f"{valkey.url.rsplit('/', 1)[0]}/1"}
-        try:
-            with Connection(AMQP_URL, connect_timeout=2) as conn:
-                conn.ensure_connection(max_retries=1, interval_start=0, timeout=3)
+        problem = amqp_problem(AMQP_URL)
+        if problem is None:
             brokers["rabbitmq"] = AMQP_URL
-        except Exception as exc:
-            log(f"RabbitMQ not reachable ({exc}): Redis broker only")
+        else:
+            log(f"RabbitMQ not reachable ({problem}): Redis broker only")
         for kind, url in brokers.items():
             log(f"{kind}: apply_async throughput")
             res = {"apply_async": apply_async_rates(kind, url, valkey, 1000 if quick else 3000, 3 if quick else 5)}

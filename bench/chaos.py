@@ -3,7 +3,7 @@
 restarts (AOF) and network cuts, then a count of what was lost (must be 0) and duplicated.
 
 Run ``python bench/chaos.py`` (about 3 min) or ``--quick`` (about 40 s). It starts its own
-servers (``tests/chaos.py`` holds the run, shared with the test suite's short version), prints
+servers (``bench/lib/chaos.py`` holds the run, shared with the test suite's short version), prints
 JSON, and appends a reliability table to bench/RESULTS.md.
 """
 
@@ -15,15 +15,10 @@ import os
 import sys
 from dataclasses import replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Optional
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR.parent))  # the tests' chaos run and worker harness
-
-from core import RESULTS_PATH, code_digest, log, write_results  # noqa: E402
-
-from tests.chaos import ChaosPlan, ChaosReport, run_chaos  # noqa: E402
+from lib.chaos import ChaosPlan, ChaosReport, run_chaos
+from lib.report import RESULTS_PATH, code_digest, log, write_results
 
 FULL = ChaosPlan(
     tasks=8000,

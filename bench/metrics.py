@@ -21,21 +21,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from core import (
-    PREFIX,
-    RESULTS_PATH,
-    BenchServer,
-    Case,
-    Figure,
-    code_digest,
-    distribution,
-    envelope,
-    fmt_dist,
-    log,
-    measure_cases,
-    ms_now,
-    write_results,
-)
+from lib.items import envelope
+from lib.report import RESULTS_PATH, Figure, code_digest, distribution, fmt_dist, log, write_results
+from lib.server import PREFIX, BenchServer
+from lib.timing import Case, measure_cases, ms_now
 from prometheus_client import generate_latest
 
 from delayq_backends.forwarder import Forwarder

@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import redis
-
-BENCH_DIR = Path(__file__).resolve().parent
-ROOT = BENCH_DIR.parent
-AMQP_URL = os.environ.get("DELAYQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+from lib.brokers import AMQP_URL
+from lib.processes import Processes
+from lib.report import RESULTS_PATH, log, write_results
 
 
 def _app_from_env() -> Any:
@@ -78,42 +77,26 @@ app = _app_from_env() if "DQB_STORE" in os.environ else None
 # -- the run ------------------------------------------------------------------------------------
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 class Run:
     """The processes of one run and their logs."""
 
     def __init__(self, env: dict[str, str], tmp: Path) -> None:
         self.env, self.tmp = env, tmp
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.processes = Processes(grace=20)
+
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return self.processes.procs
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        with (self.tmp / f"{name}.log").open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "periodic", *args],
-                cwd=BENCH_DIR,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.procs.append(proc)
-        return proc
+        command = [sys.executable, "-m", "celery", "-A", "periodic", *args]
+        return self.processes.start(command, env=self.env, log=self.tmp / f"{name}.log")
 
     def forwarder(self, name: str, lease: float) -> subprocess.Popen[bytes]:
         return self.start(name, "delayq", "forward", "--poll", "0.2", "--lease", str(lease), "--log-every", "30")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        self.processes.stop()
 
 
 def _environment(url: str, broker: str, every: float) -> dict[str, str]:
@@ -123,7 +106,6 @@ def _environment(url: str, broker: str, every: float) -> dict[str, str]:
     tag = uuid.uuid4().hex[:8]
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(BENCH_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "DQB_BROKER": f"{base}/1" if broker == "redis" else AMQP_URL,
         "DQB_STORE": f"{base}/0",
         "DQB_PREFIX": f"dqb{tag}",
@@ -288,8 +270,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(json.dumps(report, indent=2))
     if not args.no_results:
         when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with (BENCH_DIR / "RESULTS.md").open("a") as fh:
-            fh.write("\n" + markdown(report, when))
+        write_results(RESULTS_PATH, markdown(report, when))
     return 0 if report["duplicates"] == 0 and report["missing"] == 0 else 1
 
 

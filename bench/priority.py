@@ -39,7 +39,9 @@ from typing import Any, Callable, Optional, Sequence
 
 BENCH_DIR = Path(__file__).resolve().parent
 
-from core import RESULTS_PATH, BenchServer, code_digest, distribution, envelope, log, write_results  # noqa: E402
+from lib.items import envelope  # noqa: E402
+from lib.report import RESULTS_PATH, code_digest, distribution, log, write_results  # noqa: E402
+from lib.server import BenchServer  # noqa: E402
 
 from delayq_backends import Config, DelayStore  # noqa: E402
 from delayq_backends.scripts import _INCLUDE  # noqa: E402

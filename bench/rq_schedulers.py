@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -36,7 +35,10 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 import rq  # noqa: E402
 import rq_scheduler  # noqa: E402
-from core import RESULTS_PATH, BenchServer, distribution, log, write_results  # noqa: E402
+from lib.processes import Processes  # noqa: E402
+from lib.report import RESULTS_PATH, distribution, log, write_results  # noqa: E402
+from lib.server import BenchServer  # noqa: E402
+from lib.waiting import wait_for  # noqa: E402
 from rq import Queue as RQQueue  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.registry import FinishedJobRegistry  # noqa: E402
@@ -165,38 +167,9 @@ def server_cpu_seconds(system: System) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-class Processes:
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, args: Sequence[str]) -> None:
-        self.procs.append(subprocess.Popen(list(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-
-    def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs = []
-
-
 def simple_worker(system: System, queue_name: str) -> list[str]:
     return [str(BIN / "rq"), "worker", "-u", system.server.url, "-q", "-w", "rq.worker.SimpleWorker",
             "--queue-class", system.queue_class, queue_name]  # fmt: skip
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Seconds until ``check`` held; raises when it did not within ``timeout``."""
-    start = time.perf_counter()
-    while not check():
-        if time.perf_counter() - start > timeout:
-            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-    return time.perf_counter() - start
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -257,7 +230,12 @@ def bench_lateness(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
             due[schedule(at)] = at
         registry = FinishedJobRegistry(name, connection=system.conn)
         try:
-            wait_until(lambda r=registry: r.count >= sizes.steady_jobs, sizes.steady_seconds + 30, f"{cls.name} jobs")
+            wait_for(
+                lambda r=registry: r.count >= sizes.steady_jobs,
+                sizes.steady_seconds + 30,
+                f"{cls.name} jobs",
+                interval=0.02,
+            )
         finally:
             procs.stop()
         jobs = [j for j in Job.fetch_many(list(due), connection=system.conn) if j is not None]
@@ -296,7 +274,7 @@ def bench_backlog(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
             return bool(queued >= sizes.backlog and s.pending(name) == 0)
 
         try:
-            moved_s = wait_until(done, 600, cls.name)
+            moved_s = wait_for(done, 600, cls.name, interval=0.02)
             mover_cpu, server_cpu = cpu_seconds(pid), server_cpu_seconds(system)
         finally:
             procs.stop()

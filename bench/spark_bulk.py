@@ -36,7 +36,7 @@ import redis
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from core import RESULTS_PATH, code_digest, distribution, log, write_results  # noqa: E402
+from lib.report import RESULTS_PATH, code_digest, distribution, log, write_results  # noqa: E402
 
 from delayq_backends import Config, DelayStore  # noqa: E402
 from delayq_backends.connection import connect  # noqa: E402

@@ -2,9 +2,10 @@
 
 Each role may touch only the keys of one prefix (patterns matching exactly the shapes of
 :mod:`~delayq_backends.keys`: ``<prefix>:{<prefix>:*}:*``, ``<prefix>:meta`` and the rate buckets
-``<prefix>:{<prefix>}:rate:*`` and ``<prefix>:{<prefix>}:keyrate:*``; a prefix holds no ``:`` or glob character, so no other prefix's
-keys match) and only its wake-up channel, with just the commands that role sends, directly or
-from our Lua scripts (Redis checks both against the user's ACL):
+``<prefix>:{<prefix>}:rate:*`` and ``<prefix>:{<prefix>}:keyrate:*``; a prefix holds no ``:`` or
+glob character, so no other prefix's keys match) and only its wake-up channel, with just the
+commands that role sends, directly or from our Lua scripts (Redis checks both against the user's
+ACL):
 
 - ``producer``: schedules, reschedules and cancels (the adapters' ``apply_async``/``enqueue_at``);
 - ``forwarder``: claims, acks, releases, fails, defers, takes rate-cap tokens, and sleeps on the

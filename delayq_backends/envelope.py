@@ -1,16 +1,28 @@
 """The stored form of a delayed item: a versioned, self-describing byte string. No pickle.
 
-Layout: ``b"DQ"``, a format version byte, a 4-byte big-endian header length, the header as
-UTF-8 JSON (``{"t": target, "d": destination, "m": meta}``), then the body bytes verbatim.
-The body is kept raw, not base64'd, so a Celery message is replayed byte for byte and costs
-no more than its own size.
+Every envelope starts with ``b"DQ"`` and a format version byte, so a reader tells the formats
+apart and a forwarder too old for an envelope says so instead of misreading it.
+
+Format 2 (written today)::
+
+    b"DQ" 0x02 | len target | target | len destination | destination
+              | len meta | meta (UTF-8 JSON object; empty for {}) | len details | details | body
+
+Lengths are unsigned LEB128 varints (one byte up to 127). ``details`` are bytes a target keeps
+beside the body, stored as they are: the Celery target keeps kombu's JSON of the message headers
+there, so it is not escaped again inside another JSON document. The body is kept raw too, so a
+message is replayed byte for byte and costs no more than its own size.
+
+Format 1 (written up to tag s3-start, still read)::
+
+    b"DQ" 0x01 | 4-byte big-endian header length | {"t": target, "d": destination, "m": meta} | body
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Mapping, Optional
 
@@ -22,9 +34,10 @@ __all__ = [
     "MAX_RATE_KEY",
     "RATE_KEY",
     "Envelope",
+    "READABLE_VERSIONS",
     "check_rate_key",
     "frame",
-    "header_of",
+    "head",
     "rate_key_of",
     "with_rate_key",
 ]
@@ -40,39 +53,71 @@ MAX_RATE_KEY = 200
 INVALID_RATE_KEY = "\x00invalid"
 
 MAGIC = b"DQ"
-FORMAT_VERSION = 1
-_PREFIX = struct.Struct(">2sBI")
+#: The format this code writes.
+FORMAT_VERSION = 2
+#: The formats this code reads.
+READABLE_VERSIONS = (1, 2)
+_V1_PREFIX = struct.Struct(">2sBI")
+_V2_PREFIX = MAGIC + bytes([FORMAT_VERSION])
 
 
-def _head(target: str, destination: str, meta: dict[str, Any]) -> bytes:
-    """Magic, version, length and JSON header: everything before the body."""
+def _varint(n: int) -> bytes:
+    """``n`` as an unsigned LEB128 varint: 7 bits a byte, low bits first."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _section(data: bytes, pos: int, what: str) -> tuple[bytes, int]:
+    """The length-prefixed section ``what`` at ``pos`` and the position after it."""
+    size = shift = 0
+    while True:
+        if pos >= len(data) or shift > 35:
+            raise EnvelopeError(f"envelope truncated: the length of its {what} is cut off")
+        byte = data[pos]
+        pos += 1
+        size |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            break
+    end = pos + size
+    if end > len(data):
+        raise EnvelopeError(f"envelope truncated: its {what} should be {size} bytes, {len(data) - pos} remain")
+    return data[pos:end], end
+
+
+def _meta_json(meta: Mapping[str, Any]) -> bytes:
     try:
-        header = json.dumps(
-            {"t": target, "d": destination, "m": meta}, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        ).encode("utf-8")
+        return json.dumps(dict(meta), separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise EnvelopeError(f"envelope meta is not JSON-serializable: {exc}") from exc
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header
 
 
-def frame(header: bytes, body: bytes) -> bytes:
-    """Encoded envelope bytes from a JSON header already encoded and the body.
+def head(target: str, destination: str, meta: Mapping[str, Any]) -> bytes:
+    """Everything of an encoded envelope before its details: for bulk writers that frame many
+    envelopes of one target, destination and meta with :func:`frame`."""
+    if not meta:  # bulk loads repeat one target and destination: encode that head once
+        return _bare_head(target, destination)
+    return _head(target, destination, _meta_json(meta))
 
-    For bulk writers that render the header from a template per row instead of building an
-    :class:`Envelope` each time; :meth:`Envelope.decode` reads the result like any other.
-    """
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + body
 
-
-def header_of(data: bytes) -> bytes:
-    """The JSON header of encoded envelope bytes (the inverse of :func:`frame`'s first part)."""
-    _, _, size = _PREFIX.unpack_from(data)
-    return data[_PREFIX.size : _PREFIX.size + size]
+def _head(target: str, destination: str, meta: bytes) -> bytes:
+    t, d = target.encode("utf-8"), destination.encode("utf-8")
+    return b"".join((_V2_PREFIX, _varint(len(t)), t, _varint(len(d)), d, _varint(len(meta)), meta))
 
 
 @lru_cache(maxsize=1024)
 def _bare_head(target: str, destination: str) -> bytes:
-    return _head(target, destination, {})
+    return _head(target, destination, b"")
+
+
+def frame(head_bytes: bytes, details: bytes, body: bytes) -> bytes:
+    """An encoded envelope from its :func:`head`, details and body; :meth:`Envelope.decode`
+    reads the result like any other."""
+    return b"".join((head_bytes, _varint(len(details)), details, body))
 
 
 @dataclass(frozen=True)
@@ -83,42 +128,67 @@ class Envelope:
         target: which kind of target delivers it (``"list"``, ``"celery"``, ``"rq"``).
         destination: where, in that target's terms (a list key, a queue name).
         body: the message itself, replayed as is.
-        meta: JSON-serializable details the target needs (headers, properties, ...).
+        meta: JSON-serializable details the target needs (RQ's queue class, ...).
+        details: bytes the target keeps beside the body, stored as they are (the Celery target's
+            kombu JSON of the message headers); empty in format 1 envelopes.
     """
 
     target: str
     destination: str
     body: bytes = b""
     meta: Mapping[str, Any] = field(default_factory=dict)
+    details: bytes = b""
 
     def encode(self) -> bytes:
-        """Serialize; raises :class:`EnvelopeError` when ``meta`` is not JSON-serializable."""
-        if not isinstance(self.body, (bytes, bytearray, memoryview)):
-            raise EnvelopeError(f"envelope body must be bytes, got {type(self.body).__name__}: encode it first")
-        if self.meta:
-            head = _head(self.target, self.destination, dict(self.meta))
-        else:  # bulk loads repeat one target and destination: encode that header once
-            head = _bare_head(self.target, self.destination)
-        return head + bytes(self.body)
+        """Serialize (format 2); raises :class:`EnvelopeError` when ``meta`` is not JSON-serializable."""
+        for name in ("body", "details"):
+            if not isinstance(getattr(self, name), (bytes, bytearray, memoryview)):
+                raise EnvelopeError(
+                    f"envelope {name} must be bytes, got {type(getattr(self, name)).__name__}: encode it first"
+                )
+        return frame(head(self.target, self.destination, self.meta), bytes(self.details), bytes(self.body))
 
     @classmethod
     def decode(cls, data: bytes) -> Envelope:
-        """Parse stored bytes; raises :class:`EnvelopeError` saying what is wrong with them."""
-        if len(data) < _PREFIX.size:
+        """Parse stored bytes of either format; raises :class:`EnvelopeError` saying what is wrong."""
+        if len(data) < 3:
             raise EnvelopeError(f"envelope truncated: {len(data)} bytes, shorter than its header")
-        magic, version, size = _PREFIX.unpack_from(data)
-        if magic != MAGIC:
+        if data[:2] != MAGIC:
             raise EnvelopeError(f"not a delayq envelope (starts with {data[:8]!r})")
-        if version != FORMAT_VERSION:
-            raise EnvelopeError(
-                f"envelope format version {version} is unknown to this delayq "
-                f"(knows {FORMAT_VERSION}): upgrade delayq_backends on this forwarder"
-            )
-        end = _PREFIX.size + size
-        if end > len(data):
-            raise EnvelopeError(f"envelope truncated: header says {size} bytes, {len(data) - _PREFIX.size} remain")
+        version = data[2]
+        if version == FORMAT_VERSION:
+            return cls._decode_v2(data)
+        if version == 1:
+            return cls._decode_v1(data)
+        raise EnvelopeError(
+            f"envelope format version {version} is unknown to this delayq "
+            f"(knows {', '.join(map(str, READABLE_VERSIONS))}): upgrade delayq_backends on this forwarder"
+        )
+
+    @classmethod
+    def _decode_v2(cls, data: bytes) -> Envelope:
+        target, pos = _section(data, 3, "target")
+        destination, pos = _section(data, pos, "destination")
+        meta_json, pos = _section(data, pos, "meta")
+        details, pos = _section(data, pos, "details")
         try:
-            header = json.loads(data[_PREFIX.size : end].decode("utf-8"))
+            meta = json.loads(meta_json.decode("utf-8")) if meta_json else {}
+            if not isinstance(meta, dict):
+                raise TypeError(f"meta is a {type(meta).__name__}, not an object")
+            return cls(target.decode("utf-8"), destination.decode("utf-8"), bytes(data[pos:]), meta, bytes(details))
+        except (UnicodeDecodeError, ValueError, TypeError) as exc:
+            raise EnvelopeError(f"envelope header is corrupt: {exc}") from exc
+
+    @classmethod
+    def _decode_v1(cls, data: bytes) -> Envelope:
+        if len(data) < _V1_PREFIX.size:
+            raise EnvelopeError(f"envelope truncated: {len(data)} bytes, shorter than its header")
+        _, _, size = _V1_PREFIX.unpack_from(data)
+        end = _V1_PREFIX.size + size
+        if end > len(data):
+            raise EnvelopeError(f"envelope truncated: header says {size} bytes, {len(data) - _V1_PREFIX.size} remain")
+        try:
+            header = json.loads(data[_V1_PREFIX.size : end].decode("utf-8"))
             if not isinstance(header["m"], dict):
                 raise TypeError(f"meta is a {type(header['m']).__name__}, not an object")
             return cls(target=str(header["t"]), destination=str(header["d"]), body=bytes(data[end:]), meta=header["m"])
@@ -143,9 +213,7 @@ def check_rate_key(key: Any) -> str:
 
 def with_rate_key(envelope: Envelope, key: str) -> Envelope:
     """``envelope`` carrying rate key ``key`` (checked with :func:`check_rate_key`)."""
-    return Envelope(
-        envelope.target, envelope.destination, envelope.body, {**envelope.meta, RATE_KEY: check_rate_key(key)}
-    )
+    return replace(envelope, meta={**envelope.meta, RATE_KEY: check_rate_key(key)})
 
 
 def rate_key_of(envelope: Envelope) -> Optional[str]:

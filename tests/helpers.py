@@ -1,24 +1,12 @@
-"""Small helpers shared by the tests."""
+"""Small helpers shared by the tests (``wait_for`` is the benches' too, from bench/lib)."""
 
 from __future__ import annotations
 
-import subprocess
-import time
 from datetime import datetime, timezone
-from typing import Callable, Iterable, Union
 
+from bench.lib.waiting import wait_for
 
-def wait_for(
-    check: Callable[[], bool], timeout: float, what: Union[str, Callable[[], str]], *, interval: float = 0.005
-) -> None:
-    """Poll ``check`` every ``interval`` s until it holds; fail saying ``what`` did not happen
-    within ``timeout`` s (``what`` may be a function, to describe the state at that moment).
-    Benchmarks poll less often, so the check does not steal the CPU they measure."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
-        time.sleep(interval)
+__all__ = ["ms_at_or_after", "wait_for"]
 
 
 def ms_at_or_after(when: datetime) -> int:
@@ -26,11 +14,3 @@ def ms_at_or_after(when: datetime) -> int:
     the nearest ms (which could be up to 0.5 ms early). Exact integer arithmetic, no float."""
     micros = (when - datetime(1970, 1, 1, tzinfo=timezone.utc)) // (datetime.resolution)
     return -(-micros // 1000)
-
-
-def kill_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
-    """SIGKILL and reap every process still running (test teardown)."""
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()

@@ -19,7 +19,7 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 from tests.helpers import wait_for
 
 ids = st.one_of(

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from bench.lib.celery_run import CeleryRun
+from bench.lib.chaos import ChaosPlan, _still_waiting, redis_task_ids, run_chaos
 from delayq_backends.celery import forget_store
 from delayq_backends.embedded import EmbeddedServer
-from tests.chaos import ChaosPlan, _still_waiting, redis_task_ids, run_chaos
-from tests.test_celery.harness import new_env
 
 
 @pytest.mark.slow
@@ -36,11 +36,11 @@ def test_nothing_is_lost_under_kills_restarts_and_cuts(broker: str, request: pyt
 def test_stragglers_are_found_in_the_store_and_the_broker(valkey_server: EmbeddedServer) -> None:
     """What a timed-out run counts as "still waiting", not lost: a task in the store, a message in
     the broker's queue; an id that is nowhere is lost."""
-    env = new_env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server)
+    env = CeleryRun.on("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server)
     app = env.app()
     try:
-        in_store = app.send_task("dqt.record", args=["x"], countdown=3600).id
-        in_broker = env.native_app().send_task("dqt.record", args=["y"]).id
+        in_store = app.send_task("dqb.record", args=["x"], countdown=3600).id
+        in_broker = env.native_app().send_task("dqb.record", args=["y"]).id
         found = _still_waiting({in_store, in_broker, "ghost"}, app, redis_task_ids(env.broker, env.queue))
         assert found == {in_store, in_broker}
     finally:

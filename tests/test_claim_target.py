@@ -10,7 +10,7 @@ import redis
 from delayq_backends import DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import ClaimTarget, Delivery, Lease, PublishReport, RedisListTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 
 
 class TransactionalListTarget(RedisListTarget):

@@ -7,8 +7,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from datetime import datetime, timezone
@@ -25,7 +23,7 @@ from delayq_backends.embedded import free_port
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import meta_key
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
+from tests.harness import Launcher, make_store
 from tests.helpers import wait_for
 
 PASSWORD = "s3cret-pw"
@@ -238,28 +236,18 @@ def test_demo_prints_the_server_without_the_password(secret_url: str) -> None:
 # -- forward, as a real process ---------------------------------------------------------------
 
 
-def test_forward_delivers_everything_and_exits_0_on_sigterm(secret_url: str, prefix: str, tmp_path: Path) -> None:
+def test_forward_delivers_everything_and_exits_0_on_sigterm(
+    secret_url: str, prefix: str, tmp_path: Path, procs: Launcher
+) -> None:
     store = make_store(secret_url, prefix, shards=4)
     key = f"{prefix}:out"
     store.schedule_many([(f"f{i}", time.time() - 1, envelope(key, str(i).encode())) for i in range(500)])
     log = tmp_path / "forward.log"
     env = {**os.environ, "DELAYQ_URL": secret_url, "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": "4"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "delayq_backends.cli", "forward", "--poll", "0.2"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_for(lambda: store.client.llen(key) >= 500 or proc.poll() is not None, 30, "500 items in the list")
-        assert proc.poll() is None, log.read_text()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0, log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc = procs.delayq("forward", "--poll", "0.2", env=env, log=log)
+    wait_for(lambda: store.client.llen(key) >= 500 or proc.poll() is not None, 30, "500 items in the list")
+    assert proc.poll() is None, log.read_text()
+    assert procs.stop(proc) == 0, log.read_text()
     text = log.read_text()
     assert store.client.llen(key) == 500
     assert sorted(int(b) for b in store.client.lrange(key, 0, -1)) == list(range(500))
@@ -273,7 +261,7 @@ def test_forward_delivers_everything_and_exits_0_on_sigterm(secret_url: str, pre
 
 
 def test_forward_reads_its_urls_from_files_and_ps_never_shows_the_password(
-    secret_url: str, prefix: str, tmp_path: Path
+    secret_url: str, prefix: str, tmp_path: Path, procs: Launcher
 ) -> None:
     store = make_store(secret_url, prefix, shards=4)
     key = f"{prefix}:out"
@@ -281,22 +269,12 @@ def test_forward_reads_its_urls_from_files_and_ps_never_shows_the_password(
     (tmp_path / "url").write_text(secret_url + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
     args = ["--url-file", str(tmp_path / "url"), "--list-redis-file", str(tmp_path / "url")]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "delayq_backends.cli", "forward", "--prefix", prefix, "--shards", "4", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_for(lambda: store.client.llen(key) >= 20 or proc.poll() is not None, 30, "20 items in the list")
-        assert proc.poll() is None
-        assert PASSWORD.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc = procs.delayq("forward", "--prefix", prefix, "--shards", "4", *args, env=env, capture=True)
+    wait_for(lambda: store.client.llen(key) >= 20 or proc.poll() is not None, 30, "20 items in the list")
+    assert proc.poll() is None
+    assert PASSWORD.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0 and PASSWORD.encode() not in out, out
     store.client.close()
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import redis
 from redis.crc import key_slot
 
+from bench.lib.proxy import TcpProxy
 from delayq_backends import Config, DelayStore
 from delayq_backends.dedupe import RunGuard, Verdict
 from delayq_backends.embedded import EmbeddedServer
-from tests.proxy import TcpProxy
 
 
 def test_first_start_runs_a_second_is_dropped_and_the_next_run_runs(valkey_url: str, prefix: str) -> None:

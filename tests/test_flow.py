@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import click
 import pytest
@@ -32,13 +31,12 @@ from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.rq import Queue
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget, TestingForwarder, testing_store
-from tests.conftest import make_store
-from tests.helpers import kill_all, wait_for
+from tests.harness import Launcher, make_store
+from tests.harness.fleet import Forwarders
+from tests.helpers import wait_for
 from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
-from tests.test_forwarder_processes import Forwarders, delivered
+from tests.test_forwarder_processes import delivered
 from tests.test_rq.jobs import runs_key
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def scheduled(store: DelayStore) -> int:
@@ -281,23 +279,8 @@ def test_celery_probe_on_rabbitmq_is_a_passive_declare(rabbitmq_url: str, prefix
 # -- real processes -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    kill_all(started)
-
-
-@pytest.fixture
-def fleets() -> Iterator[list[Forwarders]]:
-    made: list[Forwarders] = []
-    yield made
-    for f in made:
-        f.stop_all()
-
-
 def test_rq_queue_at_its_ceiling_waits_in_the_store_other_queue_flows_then_drains(
-    valkey_url: str, prefix: str, fleets: list[Forwarders], procs: list[subprocess.Popen[bytes]], tmp_path: Path
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path
 ) -> None:
     conn = redis.Redis.from_url(valkey_url)
     store = DelayStore(conn, make_store(valkey_url, prefix, shards=4).config)
@@ -308,8 +291,9 @@ def test_rq_queue_at_its_ceiling_waits_in_the_store_other_queue_flows_then_drain
     for queue, n in ((capped, 300), (other, 50)):
         for i in range(n):
             queue.enqueue_in(timedelta(milliseconds=200), "tests.test_rq.jobs.record", i)
-    fleet = Forwarders(valkey_url, prefix, 4, "--rq-redis", valkey_url, "--max-queue-depth", f"{capped.name}=100")
-    fleets.append(fleet)
+    fleet = Forwarders(
+        procs, valkey_url, prefix, 4, "--rq-redis", valkey_url, "--max-queue-depth", f"{capped.name}=100"
+    )
     fleet.start()
     wait_for(
         lambda: (capped.count, other.count, scheduled(store)) == (100, 50, 200),
@@ -318,9 +302,8 @@ def test_rq_queue_at_its_ceiling_waits_in_the_store_other_queue_flows_then_drain
     )
     held_back_past(store, store.server_time_ms(), "a recheck of the full queue")
     assert (capped.count, scheduled(store)) == (100, 200), "the ceiling held"
-    worker = [sys.executable, "-m", "rq.cli", "worker", "-u", valkey_url, "--queue-class", "delayq_backends.rq.Queue"]
-    with (tmp_path / "worker.log").open("wb") as log:
-        procs.append(subprocess.Popen([*worker, capped.name, other.name], cwd=ROOT, stdout=log, stderr=log))
+    worker = ["-m", "rq.cli", "worker", "-u", valkey_url, "--queue-class", "delayq_backends.rq.Queue"]
+    procs.python(*worker, capped.name, other.name, log=tmp_path / "worker.log")
     wait_for(
         lambda: conn.llen(runs_key(capped.name)) == 300 and conn.llen(runs_key(other.name)) == 50, 60, "all jobs run"
     )
@@ -361,11 +344,10 @@ def test_rabbitmq_queue_stops_at_its_ceiling_until_a_worker_drains_it(
         delete_queue(env)
 
 
-def test_rate_cap_is_shared_by_two_forwarder_processes(valkey_url: str, prefix: str, fleets: list[Forwarders]) -> None:
+def test_rate_cap_is_shared_by_two_forwarder_processes(valkey_url: str, prefix: str, procs: Launcher) -> None:
     store = make_store(valkey_url, prefix, shards=8)
     key = f"{{{prefix}}}:paced"
-    fleet = Forwarders(valkey_url, prefix, 8, "--rate", f"{key}=500/s")
-    fleets.append(fleet)
+    fleet = Forwarders(procs, valkey_url, prefix, 8, "--rate", f"{key}=500/s")
     fleet.start()
     fleet.start()
     now = store.server_time_ms()

@@ -17,7 +17,7 @@ from delayq_backends import DelayStore, Envelope
 from delayq_backends.embedded import free_port
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 from tests.helpers import wait_for
 
 

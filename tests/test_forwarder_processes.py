@@ -5,12 +5,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from typing import Iterator
 
 import pytest
 import redis
@@ -18,55 +14,11 @@ import redis
 from delayq_backends import DelayStore
 from delayq_backends.connection import connect
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
-from tests.helpers import kill_all, wait_for
+from tests.harness import Launcher, make_store
+from tests.harness.fleet import Forwarders
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-class Forwarders:
-    """Starts and kills `python -m delayq_backends.cli forward` processes for one store."""
-
-    def __init__(self, url: str, prefix: str, shards: int, *extra: str) -> None:
-        self.args = [
-            sys.executable,
-            "-m",
-            "delayq_backends.cli",
-            "forward",
-            "--url",
-            url,
-            "--prefix",
-            prefix,
-            "--shards",
-            str(shards),
-            "--log-level",
-            "warning",
-            *extra,
-        ]
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.procs.append(proc)
-        return proc
-
-    def kill_one(self, rng: random.Random) -> None:
-        alive = [p for p in self.procs if p.poll() is None]
-        victim = rng.choice(alive)
-        victim.kill()
-        victim.wait()
-        self.procs.remove(victim)
-
-    def stop_all(self) -> None:
-        kill_all(self.procs)
-
-
-@pytest.fixture
-def forwarders() -> Iterator[list[Forwarders]]:
-    made: list[Forwarders] = []
-    yield made
-    for f in made:
-        f.stop_all()
 
 
 def schedule_spread(store: DelayStore, key: str, n: int, start_s: float, spread_s: float) -> list[str]:
@@ -91,14 +43,11 @@ def remaining(store: DelayStore) -> int:
     return sum(s.scheduled for s in store.stats())
 
 
-def test_four_forwarders_deliver_every_item_exactly_once(
-    server_url: str, prefix: str, forwarders: list[Forwarders]
-) -> None:
+def test_four_forwarders_deliver_every_item_exactly_once(server_url: str, prefix: str, procs: Launcher) -> None:
     store = make_store(server_url, prefix, shards=16)
     key = f"{{{prefix}}}:out"
     ids = schedule_spread(store, key, 20_000, start_s=1.0, spread_s=3.0)
-    fleet = Forwarders(server_url, prefix, 16, "--batch", "200")
-    forwarders.append(fleet)
+    fleet = Forwarders(procs, server_url, prefix, 16, "--batch", "200")
     for _ in range(4):
         fleet.start()
     client = connect(server_url)
@@ -112,14 +61,13 @@ def test_four_forwarders_deliver_every_item_exactly_once(
 
 @pytest.mark.parametrize("server", ["valkey", pytest.param("cluster", marks=pytest.mark.cluster)])
 def test_kill_9_at_random_points_loses_nothing(
-    server: str, request: pytest.FixtureRequest, prefix: str, forwarders: list[Forwarders], record_property
+    server: str, request: pytest.FixtureRequest, prefix: str, procs: Launcher, record_property
 ) -> None:  # type: ignore[no-untyped-def]
     url = request.getfixturevalue("valkey_url") if server == "valkey" else request.getfixturevalue("redis_cluster").url
     store = make_store(url, prefix, shards=16, max_attempts=1000)
     key = f"{{{prefix}}}:out"
     ids = schedule_spread(store, key, 20_000, start_s=0.5, spread_s=12.0)
-    fleet = Forwarders(url, prefix, 16, "--batch", "100", "--lease", "1", "--max-attempts", "1000")
-    forwarders.append(fleet)
+    fleet = Forwarders(procs, url, prefix, 16, "--batch", "100", "--lease", "1", "--max-attempts", "1000")
     fleet.start()
     fleet.start()
     rng = random.Random(os.getpid())
@@ -145,17 +93,15 @@ def test_kill_9_at_random_points_loses_nothing(
     assert duplicates <= kills * 100, "more duplicates than kills x batch: re-delivery is not bounded by the lease"
 
 
-def test_sigterm_finishes_the_batch_and_exits_0(valkey_url: str, prefix: str, forwarders: list[Forwarders]) -> None:
+def test_sigterm_finishes_the_batch_and_exits_0(valkey_url: str, prefix: str, procs: Launcher) -> None:
     store = make_store(valkey_url, prefix, shards=16)
     key = f"{prefix}:out"
     ids = schedule_spread(store, key, 30_000, start_s=0, spread_s=0)
-    fleet = Forwarders(valkey_url, prefix, 16, "--batch", "500")
-    forwarders.append(fleet)
+    fleet = Forwarders(procs, valkey_url, prefix, 16, "--batch", "500")
     proc = fleet.start()
     client = redis.Redis.from_url(valkey_url)
     wait_for(lambda: client.llen(key) >= 1000, 30, "forwarding to start")
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(10) == 0, proc.stderr.read().decode() if proc.stderr else ""
+    assert procs.stop(proc) == 0, Launcher.output(proc)
     counts = delivered(client, key)
     assert max(counts.values()) == 1
     assert sum(s.leased for s in store.stats()) == 0, "a lease was left behind"

@@ -16,14 +16,10 @@ each with a deadline:
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
 import os
-import signal
-import subprocess
-import sys
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,8 +35,8 @@ from hypothesis import strategies as st
 from delayq_backends import DelayqError, DelayStore
 from delayq_backends.cli import main
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
-from tests.helpers import kill_all, wait_for
+from tests.harness import Launcher, Proc, make_store
+from tests.helpers import wait_for
 
 SHARDS = 2
 OUT = "out"
@@ -88,22 +84,12 @@ GARBAGE = st.one_of(
 
 
 @pytest.fixture
-def fleet(valkey_url: str, prefix: str, tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+def fleet(valkey_url: str, prefix: str, tmp_path: Path, procs: Launcher) -> Iterator[list[Proc]]:
     make_store(valkey_url, prefix, shards=SHARDS, lease_seconds=1, max_attempts=3)  # records the meta
-    args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", valkey_url, "--prefix", prefix]
-    args += ["--shards", str(SHARDS), "--lease", "1", "--max-attempts", "3", "--poll", "0.2"]
-    args += ["--log-level", "warning"]
-    procs = [
-        subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=(tmp_path / f"forwarder{n}.log").open("wb"))
-        for n in range(2)
-    ]
-    yield procs
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(10)
-    kill_all(procs)
+    args = ["forward", "--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS)]
+    args += ["--lease", "1", "--max-attempts", "3", "--poll", "0.2", "--log-level", "warning"]
+    yield [procs.delayq(*args, log=tmp_path / f"forwarder{n}.log") for n in range(2)]
+    procs.stop_all(grace=10)
 
 
 class Hostile:
@@ -251,9 +237,7 @@ EXPLICIT = [
 ]
 
 
-def test_garbage_never_stops_the_line(
-    valkey_url: str, prefix: str, fleet: list[subprocess.Popen[bytes]], tmp_path: Path
-) -> None:
+def test_garbage_never_stops_the_line(valkey_url: str, prefix: str, fleet: list[Proc], tmp_path: Path) -> None:
     store = make_store(valkey_url, prefix, shards=SHARDS, lease_seconds=1, max_attempts=3)
     client = redis.Redis.from_url(valkey_url)
     hostile = Hostile(store, client, f"{prefix}:{OUT}")

@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Iterator
 
 import click
 import pytest
@@ -23,9 +22,9 @@ from delayq_backends.flow import FlowControl
 from delayq_backends.keys import key_rate_key
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget, TestingForwarder, testing_store
-from tests.conftest import make_store
+from tests.harness import Launcher, make_store
+from tests.harness.fleet import Forwarders
 from tests.helpers import wait_for
-from tests.test_forwarder_processes import Forwarders
 
 
 def keyed(queue: str, key: str, body: bytes = b"x") -> Envelope:
@@ -126,14 +125,6 @@ def test_buckets_of_idle_keys_expire(valkey_url: str, prefix: str) -> None:
 # -- real forwarder processes -----------------------------------------------------------------
 
 
-@pytest.fixture
-def fleets() -> Iterator[list[Forwarders]]:
-    made: list[Forwarders] = []
-    yield made
-    for f in made:
-        f.stop_all()
-
-
 class Drain(threading.Thread):
     """A worker on a Redis list: pops everything, noting when each item arrived."""
 
@@ -155,12 +146,11 @@ class Drain(threading.Thread):
 
 
 def test_two_tenants_one_flooding_the_other_stays_on_time_across_two_forwarders(
-    valkey_url: str, prefix: str, fleets: list[Forwarders]
+    valkey_url: str, prefix: str, procs: Launcher
 ) -> None:
     store = make_store(valkey_url, prefix, shards=8)
     queue = f"{{{prefix}}}:tenants"
-    fleet = Forwarders(valkey_url, prefix, 8, "--key-rate", f"{queue}=20/s")
-    fleets.append(fleet)
+    fleet = Forwarders(procs, valkey_url, prefix, 8, "--key-rate", f"{queue}=20/s")
     fleet.start()
     fleet.start()
     drain = Drain(valkey_url, queue)

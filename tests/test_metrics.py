@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,8 +23,8 @@ from delayq_backends.embedded import EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.metrics import OTHER, UNATTRIBUTED, ForwarderMetrics, LabelBounds, attribute
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
-from tests.helpers import kill_all, wait_for
+from tests.harness import Launcher, Proc, make_store
+from tests.helpers import wait_for
 
 CORRUPT = b"DQ\x09garbage"  # starts like an envelope, so the store accepts it; no forwarder can read it
 FAR = 4_000_000_000  # epoch seconds in 2096: never due during a test
@@ -75,21 +73,11 @@ def assert_gauges_match(samples: list[Sample], store: DelayStore, prefix: str) -
             assert value(samples, gauge, **shard) == getattr(s, attr), (gauge, s)
 
 
-def delayq(*args: str) -> subprocess.Popen[bytes]:
-    """A `delayq` process of this checkout (PYTHONPATH is inherited)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "delayq_backends.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-
-
-def scraped_forwarder(
-    procs: list[subprocess.Popen[bytes]], args: list[str], acked: int, dead: int, timeout: float
-) -> list[Sample]:
+def scraped_forwarder(procs: Launcher, args: list[str], acked: int, dead: int, timeout: float) -> list[Sample]:
     """Run ``delayq forward ARGS --metrics-port P`` and scrape it until it has acked and
     dead-lettered at least that many items; the samples of that scrape."""
     port = free_port()
-    proc = delayq("forward", *args, "--metrics-port", str(port))
-    procs.append(proc)
+    proc = procs.delayq("forward", *args, "--metrics-port", str(port))
     listening(proc, port)
     samples: list[Sample] = []
 
@@ -101,7 +89,7 @@ def scraped_forwarder(
     return samples
 
 
-def listening(proc: subprocess.Popen[bytes], port: int) -> list[Sample]:
+def listening(proc: Proc, port: int) -> list[Sample]:
     """Wait for ``proc`` to serve its metrics; fail with its stderr if it died first."""
     found: list[list[Sample]] = []
 
@@ -116,24 +104,15 @@ def listening(proc: subprocess.Popen[bytes], port: int) -> list[Sample]:
     return found[-1]
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(10) == 0, proc.stderr.read().decode() if proc.stderr else ""
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    made: list[subprocess.Popen[bytes]] = []
-    yield made
-    kill_all(made)
+def stop(procs: Launcher, proc: Proc) -> None:
+    """SIGTERM: the process must exit cleanly."""
+    assert procs.stop(proc) == 0, Launcher.output(proc)
 
 
 # -- the forwarder's endpoint -----------------------------------------------------------------
 
 
-def test_forwarder_counters_after_a_known_run(
-    valkey_url: str, prefix: str, procs: list[subprocess.Popen[bytes]]
-) -> None:
+def test_forwarder_counters_after_a_known_run(valkey_url: str, prefix: str, procs: Launcher) -> None:
     store = make_store(valkey_url, prefix, shards=SHARDS)
     client = connect(valkey_url)
     list_a, list_b = f"{prefix}:a", f"{prefix}:b"
@@ -169,10 +148,10 @@ def test_forwarder_counters_after_a_known_run(
     assert client.llen(list_a) == 30 and client.llen(list_b) == 20
     assert_gauges_match(samples, store, prefix)
     assert sum(s.dead for s in store.stats()) == 8 and sum(s.scheduled for s in store.stats()) == 7
-    stop(procs[-1])
+    stop(procs, procs.procs[-1])
 
 
-def test_item_data_cannot_grow_the_series(valkey_url: str, prefix: str, procs: list[subprocess.Popen[bytes]]) -> None:
+def test_item_data_cannot_grow_the_series(valkey_url: str, prefix: str, procs: Launcher) -> None:
     """500 distinct queues written straight into the store: the forwarder's counters keep one
     series per configured queue plus "other", which holds the sum of the rest."""
     store = make_store(valkey_url, prefix, shards=SHARDS)
@@ -196,7 +175,7 @@ def test_item_data_cannot_grow_the_series(valkey_url: str, prefix: str, procs: l
     labelled = {(s.labels["target"], s.labels["queue"]) for s in samples if "queue" in s.labels}
     assert labelled <= {("list", OTHER), ("list", known), ("list", rated), (OTHER, known)}
     assert len(samples) < 200  # was one series per queue and metric: thousands
-    stop(procs[-1])
+    stop(procs, procs.procs[-1])
 
 
 def test_label_bounds() -> None:
@@ -233,7 +212,7 @@ def own_server() -> Iterator[EmbeddedServer]:
 
 
 def test_exporter_serves_the_gauges_and_outlives_its_store(
-    own_server: EmbeddedServer, prefix: str, procs: list[subprocess.Popen[bytes]]
+    own_server: EmbeddedServer, prefix: str, procs: Launcher
 ) -> None:
     url = own_server.url
     store = make_store(url, prefix, shards=SHARDS, max_attempts=1)
@@ -247,8 +226,7 @@ def test_exporter_serves_the_gauges_and_outlives_its_store(
     Forwarder(store, [], batch=1).deliver(store.claim(store.shard_of("bad-0"), limit=1))
     store.claim(store.shard_of("due-0"), limit=2)  # two leased, never acked
     port = free_port()
-    proc = delayq("exporter", "--url", url, "--prefix", prefix, "--shards", str(SHARDS), "--port", str(port))
-    procs.append(proc)
+    proc = procs.delayq("exporter", "--url", url, "--prefix", prefix, "--shards", str(SHARDS), "--port", str(port))
     samples = listening(proc, port)
     assert_gauges_match(samples, store, prefix)
     counts = store.stats()
@@ -278,7 +256,7 @@ def test_exporter_serves_the_gauges_and_outlives_its_store(
         assert value(down, "delayq_store_up", prefix=prefix) == 0
         assert value(down, "delayq_store_scrape_errors_total", prefix=prefix) == errors
         assert [s for s in down if s.name in GAUGES] == []
-    stop(proc)
+    stop(procs, proc)
 
 
 # -- in process -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.outages import is_transient
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 from tests.helpers import wait_for
 
 ITEMS = 30

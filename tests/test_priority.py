@@ -29,11 +29,11 @@ from delayq_backends.keys import MAX_RANK, RANK_SPAN
 from delayq_backends.models import Claim
 from delayq_backends.scripts import source
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
+from tests.harness import Launcher, make_store
+from tests.harness.fleet import Forwarders
 from tests.helpers import wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
-from tests.test_forwarder_processes import Forwarders
 
 ENV = RedisListTarget.envelope("out", b"x")
 T0 = 1_750_000_000_000  # ms: the ready times below lie just after it
@@ -207,7 +207,7 @@ def test_every_due_shard_is_claimed_in_a_pass_despite_one_huge_backlog(valkey_ur
 # -- end to end: a real forwarder process ------------------------------------------------------
 
 
-def test_forwarder_process_delivers_ranked_items_first(valkey_url: str, prefix: str) -> None:
+def test_forwarder_process_delivers_ranked_items_first(valkey_url: str, prefix: str, procs: Launcher) -> None:
     """2,000 low + 100 high due items on 4 shards, batch 100, one `delayq forward` process: in the
     list it fills, every shard's high items arrive before its low ones, all of them within the
     first pass (one batch per shard), and nothing is lost or doubled."""
@@ -220,12 +220,9 @@ def test_forwarder_process_delivers_ranked_items_first(valkey_url: str, prefix: 
         for i in range(100)
     ]
     s.schedule_many([*lows, *highs])
-    f = Forwarders(valkey_url, prefix, 4, "--batch", "100")
-    f.start()
-    try:
-        wait_for(lambda: s.client.llen(key) >= 2100, 60, lambda: f"2100 items in {key}, got {s.client.llen(key)}")
-    finally:
-        f.stop_all()
+    Forwarders(procs, valkey_url, prefix, 4, "--batch", "100").start()
+    wait_for(lambda: s.client.llen(key) >= 2100, 60, lambda: f"2100 items in {key}, got {s.client.llen(key)}")
+    procs.stop_all()
     arrived = [b.decode() for b in s.client.lrange(key, 0, -1)]
     assert sorted(arrived) == sorted(i for i, *_ in [*lows, *highs])
     position = {item_id: n for n, item_id in enumerate(arrived)}

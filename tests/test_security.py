@@ -28,6 +28,7 @@ from delayq_backends.functions import install_functions
 from delayq_backends.scripts import LIBRARY, SCRIPT_NAMES, Backend, Scripts, library_code, parse_script
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
+from tests.harness import Launcher
 from tests.helpers import wait_for
 
 
@@ -305,10 +306,11 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     run("x509", "-req", "-in", "srv.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "srv.crt",
         "-days", "1", "-extfile", "ext")  # fmt: skip
     port = free_port()
-    proc = subprocess.Popen(
+    launcher = Launcher()
+    proc = launcher.start(
         [binary, "--port", "0", "--tls-port", str(port), "--tls-cert-file", "srv.crt", "--tls-key-file", "srv.key",
          "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no", "--save", "", "--appendonly", "no"],
-        cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        cwd=d, log=d / "redis-server.log",
     )  # fmt: skip
     url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={d / 'ca.crt'}"
     try:
@@ -317,8 +319,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
             pytest.skip("this redis-server was built without TLS")
         yield port, d / "ca.crt", d / "other-ca.crt"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        launcher.stop_all(grace=10)
 
 
 def _answers(url: str) -> bool:

@@ -13,49 +13,34 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Iterator
 
-import pytest
 import redis
 
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
-from tests.helpers import kill_all, wait_for
+from tests.harness import Launcher, Proc, make_store
+from tests.helpers import wait_for
 
 ITEMS = 20
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.send_signal(signal.SIGCONT)
-    kill_all(started)
-
-
-def forwarder(url: str, prefix: str, list_url: str, log: Path) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", url, "--prefix", prefix]
+def forwarder(procs: Launcher, url: str, prefix: str, list_url: str, log: Path) -> Proc:
+    args = ["forward", "--url", url, "--prefix", prefix]
     args += ["--shards", "1", "--lease", "2", "--poll", "0.1", "--list-redis", list_url]
     args += ["--max-queue-depth", "out=1000000", "--log-level", "warning"]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    return procs.delayq(*args, log=log)
 
 
 def test_a_forwarder_stopped_past_its_lease_publishes_nothing_twice(
-    valkey_url: str, prefix: str, procs: list[subprocess.Popen[bytes]], tmp_path: Path
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path
 ) -> None:
     store = make_store(valkey_url, prefix, shards=1, lease_seconds=2)
     with EmbeddedServer() as target:
         out = redis.Redis.from_url(target.url)
         assert target.process is not None
         a_log = tmp_path / "a.log"
-        a = forwarder(valkey_url, prefix, target.url, a_log)
-        procs.append(a)
+        a = forwarder(procs, valkey_url, prefix, target.url, a_log)
         wait_for(lambda: store.client.pubsub_numsub(store.wake_channel)[0][1] >= 1, 20, "forwarder A started")
         os.kill(target.process.pid, signal.SIGSTOP)  # A will hang in its probe, before publishing
         try:
@@ -67,8 +52,7 @@ def test_a_forwarder_stopped_past_its_lease_publishes_nothing_twice(
             os.kill(a.pid, signal.SIGSTOP)
         finally:
             os.kill(target.process.pid, signal.SIGCONT)
-        b = forwarder(valkey_url, prefix, target.url, tmp_path / "b.log")
-        procs.append(b)
+        b = forwarder(procs, valkey_url, prefix, target.url, tmp_path / "b.log")
         wait_for(lambda: out.llen("out") >= ITEMS, 20, "B delivered the batch after A's lease ran out")
         wait_for(lambda: sum(s.scheduled for s in store.stats()) == 0, 10, "B acked the batch")
         os.kill(a.pid, signal.SIGCONT)

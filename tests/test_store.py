@@ -23,7 +23,7 @@ from delayq_backends import (
 from delayq_backends.keys import shard_tags
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.timeutil import to_ms
-from tests.conftest import make_store
+from tests.harness import make_store
 
 ENV = RedisListTarget.envelope("out", b"x")
 
@@ -154,10 +154,11 @@ def test_envelope_round_trip_and_corruption_messages() -> None:
         Envelope.decode(data[:2] + b"\x09" + data[3:])
     with pytest.raises(EnvelopeError, match="not a delayq envelope"):
         Envelope.decode(b"XX" + data[2:])
+    meta_at = data.index(b'{"headers"')
     with pytest.raises(EnvelopeError, match="header is corrupt"):
-        Envelope.decode(data[:7] + b"[" + data[8:])
+        Envelope.decode(data[:meta_at] + b"[" + data[meta_at + 1 :])
     with pytest.raises(EnvelopeError, match="header is corrupt"):
-        Envelope.decode(Envelope("list", "q").encode().replace(b"{}", b"[]"))
+        Envelope.decode(Envelope("list", "q", meta={"a": 1}).encode().replace(b'{"a":1}', b"[1,2,3]"))
 
 
 def test_list_and_stats_follow_time_order(store: DelayStore) -> None:

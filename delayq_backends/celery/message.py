@@ -9,6 +9,7 @@ that users put in custom headers.
 from __future__ import annotations
 
 import weakref
+from copy import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping, Optional
@@ -198,43 +199,86 @@ class StoredMessage:
     # -- the envelope -----------------------------------------------------------------------
 
     def to_envelope(self) -> Envelope:
-        """The envelope to store; raises :class:`EnvelopeError` for headers kombu cannot encode."""
-        try:
-            details = kombu_json_dumps({"h": self.headers, "p": self.properties, "q": self.declare})
-        except (TypeError, ValueError) as exc:
-            raise EnvelopeError(
-                f"task {self.headers.get('id')!r}: headers or properties cannot be stored ({exc}); "
-                "pass JSON-serializable values (str, numbers, lists, dicts, datetimes)"
-            ) from exc
-        meta = {
-            "task": self.task,
+        """The envelope to store; raises :class:`EnvelopeError` for headers kombu cannot encode.
+
+        Everything but the body goes into the envelope's ``details`` as one kombu JSON document
+        (kombu's, so datetimes, UUIDs and bytes in custom headers round-trip), compacted so it
+        costs less than the headers on the wire: copies of the task id (``root_id``,
+        ``correlation_id``) are written as null and flagged, protocol 2 headers and queue
+        declarations leave out their default values, and the task name is kept once, in its
+        header (docs/envelope.md).
+        """
+        task_id = self.headers.get("id")
+        headers, root_copy = _id_copy_nulled(self.headers, "root_id", task_id)
+        properties, correlation_copy = _id_copy_nulled(self.properties, "correlation_id", task_id)
+        destination = self.routing_key or self.exchange
+        details: dict[str, Any] = {
             "ct": self.content_type,
             "ce": self.content_encoding,
             "x": self.exchange,
             "rk": self.routing_key,
-            "k": details,
+            "s": _shaped(headers),
+            "h": headers,
+            "p": properties,
+            "q": [_compact_declaration(d) for d in self.declare],
+            "i": root_copy * _ROOT_ID_COPY | correlation_copy * _CORRELATION_ID_COPY,
         }
-        return Envelope(target=KIND, destination=self.routing_key or self.exchange, body=self.body, meta=meta)
+        details["h"] = _compact_headers(headers, details["s"])
+        if self.task != str(self.headers.get("task", "")):
+            details["task"] = self.task
+        details = _strip(details, _detail_defaults(destination))
+        try:
+            encoded = kombu_json_dumps(details, separators=(",", ":")).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise EnvelopeError(
+                f"task {task_id!r}: headers or properties cannot be stored ({exc}); "
+                "pass JSON-serializable values (str, numbers, lists, dicts, datetimes)"
+            ) from exc
+        return Envelope(target=KIND, destination=destination, body=self.body, details=encoded)
 
     @classmethod
     def from_envelope(cls, envelope: Envelope) -> StoredMessage:
-        """Parse a stored envelope; raises :class:`EnvelopeError` saying what is missing."""
-        meta = envelope.meta
+        """Parse a stored envelope (either format); raises :class:`EnvelopeError` saying what is missing."""
         try:
-            details = kombu_json_loads(meta["k"])
+            if not envelope.details:  # format 1: kombu's JSON as a string in the envelope's meta
+                return cls._from_v1(envelope)
+            stored = kombu_json_loads(envelope.details.decode("utf-8"))
+            details = {**_detail_defaults(envelope.destination), **stored}
+            copies, properties = int(details["i"]), _object(details, "p")
+            headers = _full_headers(_object(details, "h"), int(details["s"]))
+            if copies & _ROOT_ID_COPY:
+                headers["root_id"] = _copied_id(headers, "root_id")
+            if copies & _CORRELATION_ID_COPY:
+                properties["correlation_id"] = _copied_id(headers, "correlation_id")
             return cls(
-                task=str(meta.get("task", "")),
+                task=str(details.get("task", headers.get("task", ""))),
                 body=envelope.body,
-                content_type=str(meta["ct"]),
-                content_encoding=str(meta["ce"]),
-                headers=dict(details["h"]),
-                properties=dict(details["p"]),
-                exchange=str(meta["x"]),
-                routing_key=str(meta["rk"]),
-                declare=list(details["q"]),
+                content_type=str(details["ct"]),
+                content_encoding=str(details["ce"]),
+                headers=headers,
+                properties=properties,
+                exchange=str(details["x"]),
+                routing_key=str(details["rk"]),
+                declare=[_full_declaration(d) for d in details["q"]],
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise EnvelopeError(f"not a delayq Celery message: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _from_v1(cls, envelope: Envelope) -> StoredMessage:
+        meta = envelope.meta
+        details = kombu_json_loads(meta["k"])
+        return cls(
+            task=str(meta.get("task", "")),
+            body=envelope.body,
+            content_type=str(meta["ct"]),
+            content_encoding=str(meta["ce"]),
+            headers=dict(details["h"]),
+            properties=dict(details["p"]),
+            exchange=str(meta["x"]),
+            routing_key=str(meta["rk"]),
+            declare=list(details["q"]),
+        )
 
     # -- what a person reads ---------------------------------------------------------------
 
@@ -341,6 +385,130 @@ class TaskView:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+#: What ``Queue.as_dict(recurse=True)`` holds when a queue (and its exchange) sets nothing but
+#: its names: stored declarations leave these values out, and reading puts them back. Part of
+#: envelope format 2: changing a value here would change how stored envelopes read.
+_QUEUE_DEFAULTS: dict[str, Any] = {
+    "queue_arguments": None, "binding_arguments": None, "consumer_arguments": None, "durable": True,
+    "exclusive": False, "auto_delete": False, "no_ack": False, "alias": None, "bindings": [], "no_declare": None,
+    "expires": None, "message_ttl": None, "max_length": None, "max_length_bytes": None, "max_priority": None,
+}  # fmt: skip
+#: Details left out when they have these values (see also :func:`_detail_defaults`), and the
+#: ``i`` flags saying which headers were copies of the task id. Part of format 2.
+_DETAIL_DEFAULTS: dict[str, Any] = {"ct": "application/json", "ce": "utf-8", "x": "", "i": 0, "s": 0}
+_ROOT_ID_COPY, _CORRELATION_ID_COPY = 1, 2
+_EXCHANGE_DEFAULTS: dict[str, Any] = {
+    "type": "direct", "arguments": None, "durable": True, "passive": False, "auto_delete": False,
+    "delivery_mode": None, "no_declare": False,
+}  # fmt: skip
+
+
+#: Celery's protocol 2 headers in the order ``as_task_v2`` writes them (5.5 and later; earlier
+#: versions write a prefix of it), with the value a plain call gives each (``_NO_DEFAULT`` for
+#: those that vary). When a message's first ``s`` headers are the first ``s`` of these, stored
+#: details leave out the default values, and reading puts them back in this order. Part of format 2.
+_NO_DEFAULT = object()
+_HEADER_DEFAULTS: dict[str, Any] = {
+    "lang": "py", "task": _NO_DEFAULT, "id": _NO_DEFAULT, "shadow": None, "eta": _NO_DEFAULT, "expires": None,
+    "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": _NO_DEFAULT,
+    "parent_id": None, "argsrepr": _NO_DEFAULT, "kwargsrepr": _NO_DEFAULT, "origin": _NO_DEFAULT,
+    "ignore_result": None, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
+}  # fmt: skip
+_HEADER_ORDER = tuple(_HEADER_DEFAULTS)
+
+
+def _shaped(headers: dict[str, Any]) -> int:
+    """How many of the first headers are, in order, the first of :data:`_HEADER_ORDER`."""
+    count = 0
+    for key, expected in zip(headers, _HEADER_ORDER):
+        if key != expected:
+            break
+        count += 1
+    return count
+
+
+def _compact_headers(headers: dict[str, Any], shaped: int) -> dict[str, Any]:
+    """``headers`` without the default values of its first ``shaped`` (see :data:`_HEADER_DEFAULTS`)."""
+    compact = dict(headers)
+    for key in _HEADER_ORDER[:shaped]:
+        default = _HEADER_DEFAULTS[key]
+        if default is not _NO_DEFAULT and _is_default(compact[key], default):
+            del compact[key]  # the others keep their order
+    return compact
+
+
+def _full_headers(compact: dict[str, Any], shaped: int) -> dict[str, Any]:
+    leading = _HEADER_ORDER[:shaped]
+    headers: dict[str, Any] = {}
+    for key in leading:
+        if key in compact:
+            headers[key] = compact[key]
+        elif _HEADER_DEFAULTS[key] is _NO_DEFAULT:
+            raise KeyError(f"header {key!r} is missing")
+        else:
+            headers[key] = _fresh(_HEADER_DEFAULTS[key])
+    headers.update((k, v) for k, v in compact.items() if k not in leading)
+    return headers
+
+
+def _detail_defaults(destination: str) -> dict[str, Any]:
+    """:data:`_DETAIL_DEFAULTS`, and what Celery's routing gives a queue by default: the routing key
+    is the envelope's destination, and the one queue declared is named so, bound by that key to a
+    direct exchange of that name (``task_default_queue``, ``queue=`` options)."""
+    plain = {"name": destination, "exchange": {"name": destination}, "routing_key": destination}
+    return {**_DETAIL_DEFAULTS, "rk": destination, "q": [plain]}
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default  # True is not 1: both must match
+
+
+def _strip(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if not (k in defaults and _is_default(v, defaults[k]))}
+
+
+def _compact_declaration(declaration: dict[str, Any]) -> dict[str, Any]:
+    """A queue declaration without the values :func:`_full_declaration` puts back."""
+    compact = _strip(declaration, _QUEUE_DEFAULTS)
+    if isinstance(compact.get("exchange"), dict):
+        compact["exchange"] = _strip(compact["exchange"], _EXCHANGE_DEFAULTS)
+    return compact
+
+
+def _full_declaration(compact: dict[str, Any]) -> dict[str, Any]:
+    full = {**{k: _fresh(v) for k, v in _QUEUE_DEFAULTS.items()}, **compact}
+    if isinstance(full.get("exchange"), dict):
+        full["exchange"] = {**_EXCHANGE_DEFAULTS, **full["exchange"]}  # no containers among these
+    return full
+
+
+def _fresh(default: Any) -> Any:
+    """A copy of a default list or dict (none nests another), so a reader may change what it gets."""
+    return copy(default) if isinstance(default, (list, dict)) else default
+
+
+def _id_copy_nulled(values: dict[str, Any], key: str, task_id: Any) -> tuple[dict[str, Any], bool]:
+    """``values`` with ``values[key]`` nulled if it is a copy of the task id (the key keeps its
+    place, so the message is rebuilt header for header), and whether it was."""
+    if not isinstance(task_id, str) or type(values.get(key)) is not str or values[key] != task_id:
+        return values, False
+    return {**values, key: None}, True
+
+
+def _object(details: dict[str, Any], key: str) -> dict[str, Any]:
+    value = details[key]
+    if not isinstance(value, dict):
+        raise TypeError(f"{key!r} is a {type(value).__name__}, not an object")
+    return dict(value)
+
+
+def _copied_id(headers: dict[str, Any], key: str) -> str:
+    task_id = headers.get("id")
+    if not isinstance(task_id, str):
+        raise ValueError(f"{key} is stored as a copy of the task id, but there is no id header")
+    return task_id
 
 
 def _queue(declaration: dict[str, Any]) -> Queue:

@@ -157,7 +157,7 @@ class PeriodicState:
 
 def _envelope(message: StoredMessage, state: PeriodicState) -> Envelope:
     plain = message.to_envelope()
-    return Envelope(KIND, plain.destination, plain.body, {**plain.meta, META: state.to_json()})
+    return replace(plain, target=KIND, meta={**plain.meta, META: state.to_json()})
 
 
 def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
@@ -167,7 +167,7 @@ def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
         state = PeriodicState.from_json(meta.pop(META))
     except (KeyError, TypeError, ValueError) as exc:
         raise EnvelopeError(f"not a delayq periodic entry: {type(exc).__name__}: {exc}") from exc
-    message = StoredMessage.from_envelope(Envelope(CELERY_KIND, envelope.destination, envelope.body, meta))
+    message = StoredMessage.from_envelope(replace(envelope, target=CELERY_KIND, meta=meta))
     return message, state
 
 

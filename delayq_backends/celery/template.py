@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import replace
-from json.encoder import encode_basestring, encode_basestring_ascii
+from json.encoder import encode_basestring_ascii
 from typing import Any, Mapping, Optional, Sequence
 
 from celery import Celery
@@ -21,7 +20,7 @@ from celery.utils.saferepr import saferepr
 from kombu.compression import compress
 from kombu.serialization import dumps as serialize
 
-from ..envelope import frame, header_of
+from ..envelope import frame, head
 from ..errors import ConfigError
 from ..timeutil import from_ms
 from .message import StoredMessage
@@ -49,10 +48,9 @@ class Capture:
             self.body, self.kwargs, self._taken = body, kwargs, True
 
 
-def _nested_literal(value: str) -> str:
-    """``value`` as it appears inside the envelope's header: a JSON string (kombu's, ASCII-escaped)
-    nested in the envelope's JSON (not ASCII-escaped)."""
-    return encode_basestring(encode_basestring_ascii(value)[1:-1])[1:-1]
+def _literal(value: str) -> str:
+    """``value`` as it appears in the envelope's details: inside a JSON string (kombu's, ASCII-escaped)."""
+    return encode_basestring_ascii(value)[1:-1]
 
 
 def _plain(value: Any) -> bool:
@@ -116,8 +114,9 @@ class TaskTemplate:
         stored = StoredMessage.capture(
             b"", {**capture.kwargs, "content_type": "application/json", "content_encoding": "utf-8"}
         )
-        header = header_of(replace(stored, body=b"").to_envelope().encode()).decode("utf-8")
-        pieces = re.split(f"({'|'.join(marks)})", header)
+        plain = stored.to_envelope()
+        self._head = head(plain.target, plain.destination, plain.meta)
+        pieces = re.split(f"({'|'.join(marks)})", plain.details.decode("utf-8"))
         self._fixed = pieces[0::2]
         self._slots = [marks[m] for m in pieces[1::2]]
 
@@ -142,9 +141,8 @@ class TaskTemplate:
             "argsrepr": self._repr(args, self._repr_sizes[0]),
             "kwargsrepr": self._repr(kwargs, self._repr_sizes[1]),
         }
-        literals = {slot: _nested_literal(value) for slot, value in values.items()}
+        literals = {slot: _literal(value) for slot, value in values.items()}
         out = [self._fixed[0]]
         for slot, fixed in zip(self._slots, self._fixed[1:]):
             out += (literals[slot], fixed)
-        head = "".join(out).encode("utf-8")
-        return frame(head, self.body(args, kwargs))
+        return frame(self._head, "".join(out).encode("utf-8"), self.body(args, kwargs))

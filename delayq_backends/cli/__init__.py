@@ -34,7 +34,8 @@ def main() -> None:
     """delayq: delayed Celery/RQ jobs in sharded Redis sorted sets, forwarded at their time."""
 
 
-for command in (forward, periodic, stats, list_, cancel, dlq, rq_migrate, rq_upgrade, acl, functions_group, demo, capacity):
+COMMANDS = (forward, periodic, stats, list_, cancel, dlq, rq_migrate, rq_upgrade, acl, functions_group, demo, capacity)
+for command in COMMANDS:
     main.add_command(command)
 main.add_command(spark, "spark")
 main.add_command(exporter, "exporter")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from contextlib import suppress
 from contextvars import ContextVar
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Callable, Mapping, Optional
 
@@ -224,7 +225,7 @@ class Queue(UsesDelayStore, RQQueue):
             save(pipe)
             pipe.execute()
         envelope = self.envelope()
-        envelope = Envelope(envelope.target, envelope.destination, meta={**envelope.meta, JOB_KEY: job.id})
+        envelope = replace(envelope, meta={**envelope.meta, JOB_KEY: job.id})
         rate_key = (job.meta or {}).get(RATE_KEY_META)
         done = collapse.apply(self.delay_store, ready, envelope, rank=job_rank(job), rate_key=rate_key)
         dropped = [] if done.stored else [job.id]

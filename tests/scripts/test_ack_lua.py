@@ -5,9 +5,7 @@ from __future__ import annotations
 from delayq_backends import DelayStore
 from delayq_backends.models import RescheduleOutcome
 from delayq_backends.targets import RedisListTarget
-
-ENV = RedisListTarget.envelope("out", b"x")
-T = 1_800_000_000_000
+from tests.scripts import ENV, T
 
 
 def claim_a(store: DelayStore, now: int = T, lease_ms: int = 1000):  # type: ignore[no-untyped-def]

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from delayq_backends import DelayStore
 from delayq_backends.models import CancelOutcome, RescheduleOutcome
-from delayq_backends.targets import RedisListTarget
-
-ENV = RedisListTarget.envelope("out", b"x")
-T = 1_800_000_000_000
+from tests.scripts import ENV, T
 
 
 def test_cancel_removes_and_reports(store: DelayStore) -> None:

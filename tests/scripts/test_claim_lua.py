@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from delayq_backends import DelayStore
-from delayq_backends.targets import RedisListTarget
-
-ENV = RedisListTarget.envelope("out", b"x")
-T = 1_800_000_000_000
+from tests.scripts import ENV, T
 
 
 def one_shard(store: DelayStore, n: int) -> list[str]:
@@ -48,7 +45,7 @@ def test_leased_item_is_not_claimed_again_until_lease_expires(store: DelayStore)
 
 
 def test_item_over_max_attempts_goes_to_dead_letters(server_url: str, prefix: str) -> None:
-    from tests.conftest import make_store
+    from tests.harness import make_store
 
     store = make_store(server_url, prefix, shards=2, max_attempts=2)
     store.schedule("a", T / 1000, ENV)

@@ -4,10 +4,7 @@ ready time kept (flow control)."""
 from __future__ import annotations
 
 from delayq_backends import DelayStore
-from delayq_backends.targets import RedisListTarget
-
-ENV = RedisListTarget.envelope("out", b"x")
-T = 1_800_000_000_000
+from tests.scripts import ENV, T
 
 
 def test_defer_waits_until_not_before_and_keeps_ready_time_and_attempts(store: DelayStore) -> None:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from delayq_backends import DelayStore
-from delayq_backends.targets import RedisListTarget
-
-ENV = RedisListTarget.envelope("out", b"x")
-T = 1_800_000_000_000
+from tests.scripts import ENV, T
 
 
 def test_transient_failure_retries_at_given_time(store: DelayStore) -> None:
@@ -34,7 +31,7 @@ def test_permanent_failure_buries_with_error_and_envelope(store: DelayStore) -> 
 
 
 def test_failure_at_max_attempts_buries(server_url: str, prefix: str) -> None:
-    from tests.conftest import make_store
+    from tests.harness import make_store
 
     store = make_store(server_url, prefix, shards=1, max_attempts=2)
     store.schedule("a", T / 1000, ENV)

@@ -10,10 +10,7 @@ import pytest
 
 from delayq_backends import DelayStore
 from delayq_backends.keys import MAX_RANK, RANK_SPAN
-from delayq_backends.targets import RedisListTarget
-
-ENV = RedisListTarget.envelope("out", b"x")
-T = 1_800_000_000_000
+from tests.scripts import ENV, T
 
 
 def three_on_one_shard(store: DelayStore) -> tuple[int, list[str]]:
@@ -146,7 +143,7 @@ def test_defer_moves_the_ranked_entry_so_claims_skip_deferred_items(store: Delay
 
 
 def test_dead_letters_capped_per_shard(server_url: str, prefix: str) -> None:
-    from tests.conftest import make_store
+    from tests.harness import make_store
 
     s = make_store(server_url, prefix, shards=1, max_attempts=1, dead_letter_max=3)
     for n in range(5):

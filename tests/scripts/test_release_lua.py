@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from delayq_backends import DelayStore
-from delayq_backends.targets import RedisListTarget
-
-ENV = RedisListTarget.envelope("out", b"x")
-T = 1_800_000_000_000
+from tests.scripts import ENV, T
 
 
 def test_release_restores_original_ready_time_and_attempts(store: DelayStore) -> None:

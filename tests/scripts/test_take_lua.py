@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from delayq_backends import DelayStore
 from delayq_backends.keys import rate_key
-
-T = 1_800_000_000_000
+from tests.scripts import T
 
 
 def test_new_bucket_is_full_then_refuses_and_books_slots_at_the_rate(store: DelayStore) -> None:

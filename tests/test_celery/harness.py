@@ -4,8 +4,6 @@ real ``celery worker`` and forwarder subprocesses, and the execution records the
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -19,10 +17,9 @@ from celery import Celery
 from kombu import Connection
 
 from delayq_backends.embedded import EmbeddedServer
+from tests.harness import ROOT, Launcher, Proc, checkout_env
 from tests.helpers import wait_for
 from tests.test_celery.tasks import make_app
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -43,25 +40,21 @@ class CeleryEnv:
     dedupe: bool = False
     #: the module ``celery -A`` loads in worker and forwarder subprocesses
     app_module: str = "tests.test_celery.worker_app"
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    logs: list[Path] = field(default_factory=list)
+    launcher: Launcher = field(default_factory=Launcher)
 
     @property
     def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            # the tests' own path first, then the caller's (e.g. another Celery line under test)
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-            "DQT_BROKER": self.broker,
-            "DQT_STORE": self.store,
-            "DQT_PREFIX": self.prefix,
-            "DQT_QUEUE": self.queue,
-            "DQT_SINK": self.sink,
-            "DQT_BACKEND": self.backend,
-            "DQT_RECORDS": self.records_url,
-            "DQT_TRANSPORT_OPTIONS": json.dumps(self.transport_options),
-            "DQT_DEDUPE": "1" if self.dedupe else "0",
-        }
+        return checkout_env(
+            DQT_BROKER=self.broker,
+            DQT_STORE=self.store,
+            DQT_PREFIX=self.prefix,
+            DQT_QUEUE=self.queue,
+            DQT_SINK=self.sink,
+            DQT_BACKEND=self.backend,
+            DQT_RECORDS=self.records_url,
+            DQT_TRANSPORT_OPTIONS=json.dumps(self.transport_options),
+            DQT_DEDUPE="1" if self.dedupe else "0",
+        )
 
     def app(self) -> Celery:
         return make_app(
@@ -82,15 +75,10 @@ class CeleryEnv:
         app.conf.delayq_enabled = False
         return app
 
-    def start(self, args: list[str], name: str, tmp: Path) -> subprocess.Popen[bytes]:
-        log = tmp / f"{name}.log"
-        self.logs.append(log)
-        with log.open("wb") as out:
-            proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
-        self.processes.append(proc)
-        return proc
+    def start(self, args: list[str], name: str, tmp: Path) -> Proc:
+        return self.launcher.start(args, env=self.env, log=tmp / f"{name}.log")
 
-    def start_worker(self, tmp: Path, *, name: str = "worker", pool: str = "threads") -> subprocess.Popen[bytes]:
+    def start_worker(self, tmp: Path, *, name: str = "worker", pool: str = "threads") -> Proc:
         node = f"{name}-{uuid.uuid4().hex[:6]}@dqt"
         args = [sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
         args += ["-P", pool, "-c", "4", "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
@@ -99,7 +87,7 @@ class CeleryEnv:
         self.wait_ready(proc)
         return proc
 
-    def wait_ready(self, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    def wait_ready(self, proc: Proc, timeout: float = 60) -> None:
         """Send a ping task until the worker has run one: it is consuming."""
         sink = redis.Redis.from_url(self.records_url)
         app = self.app()
@@ -124,19 +112,10 @@ class CeleryEnv:
         return [json.loads(r) for r in sink.lrange(self.sink, 0, -1)]
 
     def tail(self) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}" for log in self.logs)
+        return self.launcher.tail()
 
     def stop(self) -> None:
-        for proc in self.processes:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.processes:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.processes.clear()
+        self.launcher.stop_all(grace=15)
 
 
 @contextmanager
@@ -180,9 +159,9 @@ def delete_queue(env: CeleryEnv) -> None:
 
 
 def delayq_cli(env: CeleryEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    """``celery -A tests.test_celery.worker_app delayq ARGS…`` in ``env``, its output captured."""
+    """``celery -A <env's app module> delayq ARGS…`` in ``env``, run to its end, output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.test_celery.worker_app", "delayq", *args],
+        [sys.executable, "-m", "celery", "-A", env.app_module, "delayq", *args],
         cwd=ROOT,
         env=env.env,
         capture_output=True,

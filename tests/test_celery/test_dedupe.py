@@ -66,7 +66,7 @@ def runs_of(env: CeleryEnv, task_id: str) -> list[dict[str, Any]]:
 
 
 def drop_logged(env: CeleryEnv, task_id: str) -> bool:
-    return any(f"[{task_id}] run 0 was started before" in log.read_text(errors="replace") for log in env.logs)
+    return any(f"[{task_id}] run 0 was started before" in log.read_text(errors="replace") for log in env.launcher.logs)
 
 
 def settle(env: CeleryEnv, task_id: str, dedupe: bool) -> list[dict[str, Any]]:
@@ -107,7 +107,7 @@ def test_a_store_out_of_reach_runs_the_task(valkey_server: EmbeddedServer, tmp_p
         env.start_worker(tmp_path)
         result = env.app().send_task("dqt.record", args=["unchecked"], queue=env.queue)
         wait_for(lambda: len(runs_of(env, result.id)) == 1, 60, "the task to run")
-        wait_for(lambda: "runs unchecked (at-least-once)" in env.logs[0].read_text(), 10, "the warning")
+        wait_for(lambda: "runs unchecked (at-least-once)" in env.launcher.logs[0].read_text(), 10, "the warning")
     finally:
         env.stop()
 
@@ -115,7 +115,7 @@ def test_a_store_out_of_reach_runs_the_task(valkey_server: EmbeddedServer, tmp_p
 def crash_between_publish_and_ack(env: CeleryEnv, tmp_path: Path) -> subprocess.CompletedProcess[bytes]:
     """Run the test-only forwarder that SIGKILLs itself after the broker confirmed its publish."""
     log = tmp_path / "crashing-forwarder.log"
-    env.logs.append(log)
+    env.launcher.logs.append(log)
     with log.open("wb") as out:
         return subprocess.run(
             [sys.executable, "-m", "tests.test_celery.crash_forwarder", env.store, env.prefix, env.broker],

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -23,7 +21,7 @@ from celery import Celery, chain, group
 from delayq_backends.celery import get, reschedule, store_for
 from delayq_backends.celery.message import parse_time
 from tests.helpers import wait_for
-from tests.test_celery.harness import ROOT, CeleryEnv
+from tests.test_celery.harness import CeleryEnv, delayq_cli
 
 
 def runs(env: CeleryEnv, tag: str) -> list[dict[str, Any]]:
@@ -174,7 +172,7 @@ def rss_kb(pid: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc (Linux)")
 def test_worker_holds_no_eta_tasks(celery_env: CeleryEnv, app: Celery) -> None:
-    worker = celery_env.processes[0]
+    worker = celery_env.launcher.procs[0]
     inspect = app.control.inspect(timeout=2)
     before = rss_kb(worker.pid)
     tag = uuid.uuid4().hex[:6]
@@ -198,13 +196,6 @@ def test_celery_delayq_stats_reads_the_apps_store(celery_env: CeleryEnv, app: Ce
     before = sum(s.scheduled for s in store_for(app).stats())
     for i in range(3):
         app.send_task("dqt.record", args=["stats", i], countdown=3600)
-    shown = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.test_celery.worker_app", "delayq", "stats", "--json"],
-        cwd=ROOT,
-        env=celery_env.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    shown = delayq_cli(celery_env, "stats", "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["totals"]["scheduled"] == before + 3

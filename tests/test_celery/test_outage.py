@@ -15,11 +15,11 @@ from urllib.parse import urlsplit
 import pytest
 from celery import Celery
 
+from bench.lib.proxy import TcpProxy
 from delayq_backends.celery import CeleryTarget, forget_store, store_for
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from tests.helpers import wait_for
-from tests.proxy import TcpProxy
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
 

@@ -21,7 +21,7 @@ from delayq_backends.celery.schedules import Slot, run_task_id
 from delayq_backends.embedded import EmbeddedServer
 from tests.helpers import wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
-from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
+from tests.test_celery.harness import CeleryEnv, delayq_cli, delete_queue, new_env
 
 EVERY_MS = 2000
 APP = "tests.test_celery.periodic_app"
@@ -98,8 +98,7 @@ def test_periodic_commands(valkey_server: EmbeddedServer, tmp_path: Path) -> Non
     env.app_module = APP
 
     def celery(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "celery", "-A", APP, "delayq", "periodic", *args]
-        return subprocess.run(command, env=env.env, capture_output=True, text=True, timeout=60, check=False)
+        return delayq_cli(env, "periodic", *args)
 
     synced = celery("sync")
     assert synced.returncode == 0, synced.stderr
@@ -121,8 +120,8 @@ def test_plain_delayq_forward_fires_periodic_entries(valkey_server: EmbeddedServ
     """`delayq forward --celery-broker` (no app loaded) fires entries a sync stored."""
     env = new_env("redis", broker_url_for("redis", None, valkey_server), valkey_server)  # type: ignore[arg-type]
     env.app_module = APP
-    sync = [sys.executable, "-m", "celery", "-A", APP, "delayq", "periodic", "sync"]
-    subprocess.run(sync, env=env.env, capture_output=True, timeout=60, check=True)
+    synced = delayq_cli(env, "periodic", "sync")
+    assert synced.returncode == 0, synced.stderr
     broker = redis.Redis.from_url(env.broker)
     try:
         env.start_forwarder(tmp_path)  # `delayq forward --celery-broker …`

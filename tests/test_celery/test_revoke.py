@@ -15,12 +15,12 @@ import pytest
 from celery import Celery
 from celery.exceptions import TaskRevokedError
 
+from bench.lib.proxy import TcpProxy
 from delayq_backends.celery import StoreUnavailableError, forget_store, get, install, store_for
 from delayq_backends.celery.scheduled import revoke_everywhere
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.models import CancelOutcome
 from tests.helpers import wait_for
-from tests.proxy import TcpProxy
 from tests.test_celery.harness import CeleryEnv, delayq_cli
 
 

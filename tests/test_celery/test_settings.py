@@ -13,13 +13,13 @@ import pytest
 import redis
 from celery import Celery, beat
 
+from bench.lib.proxy import TcpProxy
 from delayq_backends import ConfigError, DelayStore, EnvelopeError, PayloadTooLargeError, ShardMismatchError
 from delayq_backends.celery import AMQP, forget_store, get, install, reschedule, store_for
 from delayq_backends.celery.amqp import StoreUnavailableError
 from delayq_backends.config import Config
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedServer, free_port
-from tests.proxy import TcpProxy
 
 
 @pytest.fixture

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -21,10 +18,9 @@ import redis
 from delayq_backends import Config, DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
-from tests.helpers import kill_all
+from tests.harness import Launcher, Proc
 from tests.test_rq.jobs import runs_key
 
-ROOT = Path(__file__).resolve().parents[2]
 SHARDS = 4
 
 
@@ -41,20 +37,20 @@ def conn(valkey_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def store(conn: redis.Redis, prefix: str) -> DelayStore:
+def rq_store(conn: redis.Redis, prefix: str) -> DelayStore:
     """A delay store on RQ's own server: the exactly-once hand-off applies."""
     return DelayStore(conn, Config(prefix=prefix, shards=SHARDS))
 
 
 @pytest.fixture
-def queue(conn: redis.Redis, store: DelayStore, prefix: str) -> Queue:
-    return Queue(f"{prefix}-q", connection=conn, delay_store=store)
+def queue(conn: redis.Redis, rq_store: DelayStore, prefix: str) -> Queue:
+    return Queue(f"{prefix}-q", connection=conn, delay_store=rq_store)
 
 
 @pytest.fixture
-def forwarder(store: DelayStore, conn: redis.Redis) -> Forwarder:
+def forwarder(rq_store: DelayStore, conn: redis.Redis) -> Forwarder:
     """An in-process forwarder with the rq target; tests drive it with run_once()."""
-    return Forwarder(store, [RQTarget(conn)], retry_delay=0.05)
+    return Forwarder(rq_store, [RQTarget(conn)], retry_delay=0.05)
 
 
 def runs(conn: redis.Redis, queue_name: str) -> list[dict[str, Any]]:
@@ -63,26 +59,17 @@ def runs(conn: redis.Redis, queue_name: str) -> list[dict[str, Any]]:
 
 
 class Processes:
-    """Starts `rq worker` and `delayq forward` processes for one test; kills them at teardown."""
+    """Starts `rq worker` and `delayq forward` processes for one test through the launcher,
+    which kills them at teardown."""
 
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, launcher: Launcher, url: str, prefix: str) -> None:
+        self.launcher = launcher
         self.url = url
-        self.prefix = prefix
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "DELAYQ_PREFIX": prefix,
-            "DELAYQ_SHARDS": str(SHARDS),
-        }
+        self.env = {**os.environ, "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": str(SHARDS)}
         self.env.pop("DELAYQ_URL", None)  # the queue's own Redis holds the store
-        self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        self.procs.append(proc)
-        return proc
+    def start(self, *args: str) -> Proc:
+        return self.launcher.python(*args, env=self.env)
 
     def worker(
         self,
@@ -90,22 +77,18 @@ class Processes:
         burst: bool = False,
         queue_class: str = "delayq_backends.rq.Queue",
         extra: tuple[str, ...] = (),
-    ) -> Any:
+    ) -> Proc:
         flags = [*extra, "--burst"] if burst else list(extra)
         return self.start("-m", "rq.cli", "worker", "-u", self.url, "--queue-class", queue_class, "-q", *flags, *queues)
 
-    def forwarder(self, *extra: str) -> Any:
-        return self.start(
-            "-m", "delayq_backends.cli", "forward", "--url", self.url, "--rq-redis", self.url,
-            "--log-level", "warning", *extra,
-        )  # fmt: skip
+    def forwarder(self, *extra: str) -> Proc:
+        args = ["forward", "--url", self.url, "--rq-redis", self.url, "--log-level", "warning", *extra]
+        return self.launcher.delayq(*args, env=self.env)
 
     def stop_all(self) -> None:
-        kill_all(self.procs)
+        self.launcher.stop_all()
 
 
 @pytest.fixture
-def processes(valkey_url: str, prefix: str) -> Iterator[Processes]:
-    procs = Processes(valkey_url, prefix)
-    yield procs
-    procs.stop_all()
+def processes(valkey_url: str, prefix: str, procs: Launcher) -> Processes:
+    return Processes(procs, valkey_url, prefix)

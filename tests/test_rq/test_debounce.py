@@ -29,7 +29,7 @@ def exists(queue: Queue, job_id: str) -> bool:
 
 @pytest.mark.parametrize("mode, keep", [("debounce", "last"), ("debounce", "first"), ("throttle", "first")])
 def test_1000_schedules_of_one_key_run_once_at_the_right_time_with_the_chosen_args(
-    queue: Queue, store: DelayStore, processes: Processes, mode: str, keep: str
+    queue: Queue, rq_store: DelayStore, processes: Processes, mode: str, keep: str
 ) -> None:
     processes.forwarder()
     processes.worker(queue.name)
@@ -39,7 +39,7 @@ def test_1000_schedules_of_one_key_run_once_at_the_right_time_with_the_chosen_ar
     for i in range(1000):
         sent.append(time.time())
         jobs.append(queue.enqueue_in(timedelta(seconds=window), "tests.test_rq.jobs.record", i, delayq_debounce=option))
-    item = store.get(f"{mode}:report-7")
+    item = rq_store.get(f"{mode}:report-7")
     assert item is not None and item.calls == 1000
     kept = 999 if keep == "last" else 0
     assert Envelope.decode(item.envelope).meta["job"] == jobs[kept].id
@@ -52,7 +52,7 @@ def test_1000_schedules_of_one_key_run_once_at_the_right_time_with_the_chosen_ar
     [run] = runs(queue.connection, queue.name)
     assert (run["id"], run["tag"]) == (jobs[kept].id, kept)
     assert due - 0.05 <= run["at"] <= due + 2.0, run["at"] - due
-    assert store.get(f"{mode}:report-7") is None
+    assert rq_store.get(f"{mode}:report-7") is None
 
 
 def test_a_schedule_after_the_fire_runs_again_and_a_retry_is_not_collapsed(queue: Queue, forwarder: Forwarder) -> None:
@@ -65,22 +65,22 @@ def test_a_schedule_after_the_fire_runs_again_and_a_retry_is_not_collapsed(queue
     assert queue.delay_store.get(plain.id) is not None
 
 
-def test_bad_options_are_refused_and_nothing_is_saved(queue: Queue, store: DelayStore) -> None:
+def test_bad_options_are_refused_and_nothing_is_saved(queue: Queue, rq_store: DelayStore) -> None:
     for option in ({"key": "k", "keep": "all"}, {"mode": "throttle"}, 42):
         with pytest.raises(InvalidDebounceError):
             queue.enqueue_in(timedelta(seconds=5), "tests.test_rq.jobs.record", 1, delayq_debounce=option)
     with pytest.raises(InvalidDebounceError, match="pipeline"), queue.connection.pipeline() as pipe:
         queue.enqueue_in(timedelta(seconds=5), "tests.test_rq.jobs.record", 1, delayq_debounce="k", pipeline=pipe)
-    assert queue.scheduled_job_registry.get_job_ids() == [] and list(store.scan()) == []
+    assert queue.scheduled_job_registry.get_job_ids() == [] and list(rq_store.scan()) == []
 
 
-def test_rate_key_in_job_meta_is_stored_with_the_job(queue: Queue, store: DelayStore) -> None:
+def test_rate_key_in_job_meta_is_stored_with_the_job(queue: Queue, rq_store: DelayStore) -> None:
     job = queue.enqueue_in(timedelta(seconds=60), "tests.test_rq.jobs.record", 1, meta={"delayq_rate_key": "t-1"})
-    item = store.get(job.id)
+    item = rq_store.get(job.id)
     assert item is not None and rate_key_of(Envelope.decode(item.envelope)) == "t-1"
     debounced = queue.enqueue_in(
         timedelta(seconds=60), "tests.test_rq.jobs.record", 2, meta={"delayq_rate_key": "t-2"}, delayq_debounce="d"
     )
-    item = store.get("debounce:d")
+    item = rq_store.get("debounce:d")
     assert item is not None and rate_key_of(Envelope.decode(item.envelope)) == "t-2"
     assert Envelope.decode(item.envelope).meta["job"] == debounced.id

@@ -31,8 +31,8 @@ RECORD = "tests.test_rq.jobs.record"
 
 
 @pytest.fixture
-def scheduler(conn: redis.Redis, store: DelayStore, prefix: str) -> Scheduler:
-    return Scheduler(f"{prefix}-s", connection=conn, delay_store=store)
+def scheduler(conn: redis.Redis, rq_store: DelayStore, prefix: str) -> Scheduler:
+    return Scheduler(f"{prefix}-s", connection=conn, delay_store=rq_store)
 
 
 def ms(when: datetime) -> int:
@@ -42,7 +42,7 @@ def ms(when: datetime) -> int:
 # -- 1. waiting jobs in RQ's registry ------------------------------------------------------------
 
 
-def test_waiting_jobs_are_listed_by_rqs_registry_with_their_exact_times(queue: Queue, store: DelayStore) -> None:
+def test_waiting_jobs_are_listed_by_rqs_registry_with_their_exact_times(queue: Queue, rq_store: DelayStore) -> None:
     base = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=1)
     jobs = [queue.enqueue_at(base + timedelta(milliseconds=1234 * i), RECORD, i) for i in (2, 0, 1)]
     ours = queue.scheduled_job_registry
@@ -55,20 +55,20 @@ def test_waiting_jobs_are_listed_by_rqs_registry_with_their_exact_times(queue: Q
     # rescheduled through RQ's API: the store and the registry follow
     queue.schedule_job(jobs[0], base - timedelta(minutes=5))
     assert ours.get_job_ids()[0] == jobs[0].id
-    assert ms(ours.get_scheduled_time(jobs[0].id)) == store.get(jobs[0].id).ready_ms == ms(base) - 300_000  # type: ignore[union-attr]
+    assert ms(ours.get_scheduled_time(jobs[0].id)) == rq_store.get(jobs[0].id).ready_ms == ms(base) - 300_000  # type: ignore[union-attr]
     # cancelled and deleted through RQ: gone from the registry (the store's entries are skipped when due)
     jobs[1].cancel()
     jobs[2].delete()
     assert ours.get_job_ids() == [jobs[0].id] and ours.count == 1
     # removed through the registry: gone from the store too
     ours.remove(jobs[0])
-    assert ours.count == 0 and not store.exists(jobs[0].id)
+    assert ours.count == 0 and not rq_store.exists(jobs[0].id)
     with pytest.raises(NoSuchJobError):
         ours.get_scheduled_time(jobs[0].id)
 
 
 def test_a_moved_job_leaves_the_registry_in_the_same_transaction(
-    queue: Queue, store: DelayStore, forwarder: Forwarder
+    queue: Queue, rq_store: DelayStore, forwarder: Forwarder
 ) -> None:
     due = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, "due")
     later = queue.enqueue_in(timedelta(hours=1), RECORD, "later")
@@ -77,12 +77,12 @@ def test_a_moved_job_leaves_the_registry_in_the_same_transaction(
     assert queue.job_ids == [due.id] and queue.scheduled_job_registry.get_job_ids() == [later.id]
 
 
-def test_registry_schedule_puts_the_job_in_the_store(queue: Queue, store: DelayStore) -> None:
+def test_registry_schedule_puts_the_job_in_the_store(queue: Queue, rq_store: DelayStore) -> None:
     job = Job.create(RECORD, args=("r",), connection=queue.connection, origin=queue.name)
     job.save()
     when = datetime.now(timezone.utc) + timedelta(minutes=3, milliseconds=7)
     queue.scheduled_job_registry.schedule(job, when)
-    assert store.get(job.id).ready_ms == ms(when)  # type: ignore[union-attr]
+    assert rq_store.get(job.id).ready_ms == ms(when)  # type: ignore[union-attr]
     assert queue.scheduled_job_registry.get_job_ids() == [job.id]
 
 
@@ -162,25 +162,25 @@ def test_rq_scheduler_syntax_never_schedules_a_run_in_the_past_in_the_repeated_h
 
 
 def test_scheduler_cron_reads_rq_schedulers_syntax_by_default_and_standard_cron_on_request(
-    conn: redis.Redis, store: DelayStore, prefix: str
+    conn: redis.Redis, rq_store: DelayStore, prefix: str
 ) -> None:
     now = datetime(2026, 11, 2, 10, 0, 30, tzinfo=timezone.utc).timestamp()
-    scheduler = Scheduler(f"{prefix}-s", connection=conn, delay_store=store, clock=lambda: now)
+    scheduler = Scheduler(f"{prefix}-s", connection=conn, delay_store=rq_store, clock=lambda: now)
     hourly_at_5 = scheduler.cron("5 * * * * *", RECORD)  # 6th field: the year (any)
-    assert store.get(hourly_at_5.id).ready_ms == (now - 30 + 5 * 60) * 1000  # type: ignore[union-attr]
+    assert rq_store.get(hourly_at_5.id).ready_ms == (now - 30 + 5 * 60) * 1000  # type: ignore[union-attr]
     assert scheduler.cron("@hourly", RECORD) and scheduler.cron("@hourly", RECORD, cron_syntax="cron")
     mondays_the_first = scheduler.cron("0 0 1 * 1", RECORD)
-    assert store.get(mondays_the_first.id).ready_ms == datetime(2027, 2, 1, tzinfo=timezone.utc).timestamp() * 1000  # type: ignore[union-attr]
-    standard = Scheduler(f"{prefix}-c", connection=conn, delay_store=store, clock=lambda: now, cron_syntax="cron")
+    assert rq_store.get(mondays_the_first.id).ready_ms == datetime(2027, 2, 1, tzinfo=timezone.utc).timestamp() * 1000  # type: ignore[union-attr]
+    standard = Scheduler(f"{prefix}-c", connection=conn, delay_store=rq_store, clock=lambda: now, cron_syntax="cron")
     first_or_monday = standard.cron("0 0 1 * 1", RECORD)
-    assert store.get(first_or_monday.id).ready_ms == datetime(2026, 11, 9, tzinfo=timezone.utc).timestamp() * 1000  # type: ignore[union-attr]
+    assert rq_store.get(first_or_monday.id).ready_ms == datetime(2026, 11, 9, tzinfo=timezone.utc).timestamp() * 1000  # type: ignore[union-attr]
     with pytest.raises(InvalidScheduleError, match="cron_syntax"):
         Scheduler(f"{prefix}-x", connection=conn, cron_syntax="quartz")
     # the forwarder re-arms in the job's own syntax: the next run is an hour on, not a minute
-    forwarder = Forwarder(store, [RQTarget(conn, clock=lambda: now + 10**4)])
-    store.reschedule(hourly_at_5.id, 0)
+    forwarder = Forwarder(rq_store, [RQTarget(conn, clock=lambda: now + 10**4)])
+    rq_store.reschedule(hourly_at_5.id, 0)
     assert forwarder.run_once() >= 1
-    following = store.get(hourly_at_5.id)
+    following = rq_store.get(hourly_at_5.id)
     assert following is not None and (following.ready_ms / 1000 - 5 * 60) % 3600 == 0
     assert Envelope.decode(following.envelope).meta["schedule"]["cron_syntax"] == "rq-scheduler"
 
@@ -192,7 +192,7 @@ class OtherQueue(RQQueue):
     """A queue class named by path, as rq-scheduler's Scheduler(queue_class="...") takes it."""
 
 
-def test_enqueue_job_runs_a_job_now_and_rearms_a_periodic_one(scheduler: Scheduler, store: DelayStore) -> None:
+def test_enqueue_job_runs_a_job_now_and_rearms_a_periodic_one(scheduler: Scheduler, rq_store: DelayStore) -> None:
     later = datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(hours=1)
     once = scheduler.enqueue_at(later, RECORD, "once")
     periodic = scheduler.schedule(later, RECORD, args=["p"], interval=600, repeat=3)
@@ -203,17 +203,17 @@ def test_enqueue_job_runs_a_job_now_and_rearms_a_periodic_one(scheduler: Schedul
     before = time.time()
     scheduler.enqueue_job(periodic)
     assert queue.job_ids == [once.id, periodic.id] and periodic in scheduler
-    following = store.get(periodic.id)
+    following = rq_store.get(periodic.id)
     # the store rounds up to the ms
     assert following is not None and before + 600 <= following.ready_ms / 1000 <= time.time() + 600.001
     assert Envelope.decode(following.envelope).meta["schedule"]["repeat"] == 2
 
 
-def test_enqueue_job_rearms_by_the_schedule_of_the_job_it_is_given(scheduler: Scheduler, store: DelayStore) -> None:
+def test_enqueue_job_rearms_by_the_schedule_of_the_job_it_is_given(scheduler: Scheduler, rq_store: DelayStore) -> None:
     job = scheduler.cron("1 * * * *", RECORD)
     job.meta["cron_string"] = "2 * * * *"  # as rq-scheduler's own test does: the job given decides
     scheduler.enqueue_job(job)
-    following = store.get(job.id)
+    following = rq_store.get(job.id)
     assert following is not None and datetime.fromtimestamp(following.ready_ms / 1000).minute == 2
     assert Envelope.decode(following.envelope).meta["schedule"]["cron_string"] == "2 * * * *"
 
@@ -259,26 +259,26 @@ def test_forward_adopts_jobs_scheduled_without_the_queue_class(queue: Queue, pro
     assert b"adopted 1 job(s) from RQ's rq:scheduled:" in err and b"--queue-class" in err
 
 
-def test_adoption_can_be_turned_off(queue: Queue, store: DelayStore, processes: Processes) -> None:
+def test_adoption_can_be_turned_off(queue: Queue, rq_store: DelayStore, processes: Processes) -> None:
     plain = RQQueue(queue.name, connection=queue.connection)
     job = plain.enqueue_in(timedelta(seconds=1), RECORD, "left")
     processes.forwarder("--no-rq-adopt")
     time.sleep(2.5)  # nothing to wait for: the job must stay where RQ put it
-    assert not store.exists(job.id) and job.id in ScheduledJobRegistry(queue=plain)
+    assert not rq_store.exists(job.id) and job.id in ScheduledJobRegistry(queue=plain)
     assert job.get_status() == JobStatus.SCHEDULED
 
 
-def test_adopt_moves_registry_entries_without_reading_meta(queue: Queue, store: DelayStore) -> None:
+def test_adopt_moves_registry_entries_without_reading_meta(queue: Queue, rq_store: DelayStore) -> None:
     plain = RQQueue(queue.name, connection=queue.connection)
     when = datetime.now(timezone.utc) + timedelta(minutes=10)
     job = plain.enqueue_at(when, RECORD, "adopted")
     queue.connection.hset(job.key, "meta", b"\x80\x04not a pickle anyone should load")
-    report = adopt(queue.connection, store, [queue.name])
+    report = adopt(queue.connection, rq_store, [queue.name])
     assert report.total_moved == 1
-    assert store.get(job.id).ready_ms == int(when.timestamp()) * 1000  # type: ignore[union-attr]  # RQ keeps whole seconds
+    assert rq_store.get(job.id).ready_ms == int(when.timestamp()) * 1000  # type: ignore[union-attr]  # RQ keeps whole seconds
     registry = ScheduledJobRegistry(queue=plain)
     assert registry.get_job_ids() == [job.id] and registry.get_jobs_to_schedule(int(time.time()) + 10**9) == []
-    assert adopt(queue.connection, store, [queue.name]).total_moved == 0
+    assert adopt(queue.connection, rq_store, [queue.name]).total_moved == 0
 
 
 def test_rq_migrate_honours_rq_schedulers_queue_class_name_and_cron_syntax(valkey_url: str, prefix: str) -> None:

@@ -17,17 +17,17 @@ from tests.test_rq.conftest import Processes
 RECORD = "tests.test_rq.jobs.record"
 
 
-def test_at_front_jobs_get_a_rank(queue: Queue, store: DelayStore, conn: redis.Redis) -> None:
-    scheduler = Scheduler(queue.name, connection=conn, delay_store=store)
+def test_at_front_jobs_get_a_rank(queue: Queue, rq_store: DelayStore, conn: redis.Redis) -> None:
+    scheduler = Scheduler(queue.name, connection=conn, delay_store=rq_store)
     later = datetime.now(timezone.utc) + timedelta(hours=1)
     back = queue.enqueue_at(later, RECORD, "back")
     front = queue.enqueue_at(later, RECORD, "front", at_front=True)
     via_scheduler = scheduler.enqueue_at(later.replace(tzinfo=None), RECORD, "s", at_front=True)
-    assert [store.rank(job.id) for job in (back, front, via_scheduler)] == [0, AT_FRONT_RANK, AT_FRONT_RANK]
+    assert [rq_store.rank(job.id) for job in (back, front, via_scheduler)] == [0, AT_FRONT_RANK, AT_FRONT_RANK]
 
 
 def test_forwarder_process_moves_at_front_jobs_first(
-    queue: Queue, store: DelayStore, conn: redis.Redis, processes: Processes
+    queue: Queue, rq_store: DelayStore, conn: redis.Redis, processes: Processes
 ) -> None:
     """300 due jobs and 20 at_front ones, a real `delayq forward --rq-redis` with batch 10: every
     at_front job is enqueued before every other job of its shard, and all are enqueued."""
@@ -36,13 +36,13 @@ def test_forwarder_process_moves_at_front_jobs_first(
     front = [queue.enqueue_at(later, RECORD, "front", at_front=True).id for _ in range(20)]
     past = datetime.now(timezone.utc) - timedelta(seconds=10)
     for n, job_id in enumerate(back + front):
-        assert store.reschedule(job_id, past + timedelta(milliseconds=n))
+        assert rq_store.reschedule(job_id, past + timedelta(milliseconds=n))
     processes.forwarder("--batch", "10")
     wait_for(lambda: queue.count >= 320, 60, lambda: f"320 queued jobs, got {queue.count}")
     assert sorted(queue.job_ids[:20]) == sorted(front)  # at the front of the queue, as RQ puts them
     enqueued = {j.id: j.enqueued_at for j in Job.fetch_many(back + front, connection=conn) if j is not None}
     assert len(enqueued) == 320
     for shard in range(4):
-        fronts = [enqueued[j] for j in front if store.shard_of(j) == shard]
-        backs = [enqueued[j] for j in back if store.shard_of(j) == shard]
+        fronts = [enqueued[j] for j in front if rq_store.shard_of(j) == shard]
+        backs = [enqueued[j] for j in back if rq_store.shard_of(j) == shard]
         assert max(fronts) <= min(backs)

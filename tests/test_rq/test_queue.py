@@ -21,7 +21,7 @@ from tests.helpers import ms_at_or_after, wait_for
 from tests.test_rq.conftest import Processes, runs
 
 
-def test_schedule_job_saves_the_job_as_rq_does_and_its_id_in_the_store(queue: Queue, store: DelayStore) -> None:
+def test_schedule_job_saves_the_job_as_rq_does_and_its_id_in_the_store(queue: Queue, rq_store: DelayStore) -> None:
     when = datetime.now(timezone.utc) + timedelta(minutes=5)
     job = queue.enqueue_at(when, "tests.test_rq.jobs.record", "a", job_id="j-1", at_front=True)
     saved = Job.fetch("j-1", connection=queue.connection)
@@ -30,7 +30,7 @@ def test_schedule_job_saves_the_job_as_rq_does_and_its_id_in_the_store(queue: Qu
     registry = ScheduledJobRegistry(queue=queue)  # RQ's own: lists the job, and its scheduler never moves it
     assert job in registry and registry.get_jobs_to_schedule(int(when.timestamp()) + 10**9) == []
     assert queue.connection.sismember("rq:queues", queue.key)
-    item = store.get("j-1")
+    item = rq_store.get("j-1")
     assert item is not None and item.ready_ms == ms_at_or_after(when)
     envelope = Envelope.decode(item.envelope)
     assert (envelope.target, envelope.destination, envelope.body) == ("rq", queue.name, b"")
@@ -38,7 +38,7 @@ def test_schedule_job_saves_the_job_as_rq_does_and_its_id_in_the_store(queue: Qu
 
 
 def test_500_jobs_run_once_not_before_their_time_with_their_args_and_results(
-    queue: Queue, store: DelayStore, processes: Processes
+    queue: Queue, rq_store: DelayStore, processes: Processes
 ) -> None:
     rng = random.Random(4)
     due: dict[str, float] = {}
@@ -50,7 +50,7 @@ def test_500_jobs_run_once_not_before_their_time_with_their_args_and_results(
         else:
             at = datetime.fromtimestamp(start + delay, tz=timezone.utc)
             job = queue.enqueue_at(at, "tests.test_rq.jobs.record", i, times=i % 7)
-        item = store.get(job.id)
+        item = rq_store.get(job.id)
         assert item is not None
         due[job.id] = item.ready_ms / 1000
     processes.forwarder()
@@ -68,7 +68,7 @@ def test_500_jobs_run_once_not_before_their_time_with_their_args_and_results(
         assert job.args == (run["tag"],) and job.kwargs == {"times": run["tag"] % 7}
         wait_for(lambda j=job: j.get_status() == JobStatus.FINISHED, 10, f"job {job.id} finished")
         assert job.return_value() == f"{run['tag']}x{run['tag'] % 7}"
-    assert store.stats()[0].scheduled == 0 and sum(s.scheduled for s in store.stats()) == 0
+    assert rq_store.stats()[0].scheduled == 0 and sum(s.scheduled for s in rq_store.stats()) == 0
     late.sort()
     assert late[0] >= 0, f"a job was queued {-late[0]:.3f} s early"
     assert late[len(late) // 2] < 0.2, f"median forwarding lateness {late[len(late) // 2]:.3f} s"
@@ -97,13 +97,13 @@ def test_depends_on_is_not_checked_when_due_as_with_rqs_own_scheduler(queue: Que
 
 
 def test_retry_with_intervals_goes_through_the_delay_store(
-    queue: Queue, store: DelayStore, processes: Processes
+    queue: Queue, rq_store: DelayStore, processes: Processes
 ) -> None:
     job = queue.enqueue("tests.test_rq.jobs.always_fails", "r", retry=Retry(max=3, interval=[1, 2]))
     processes.forwarder()
     processes.worker(queue.name)
     wait_for(lambda: len(runs(queue.connection, queue.name)) == 1, 20, "the first run")
-    wait_for(lambda: store.exists(job.id), 5, "the first retry scheduled in the delay store")
+    wait_for(lambda: rq_store.exists(job.id), 5, "the first retry scheduled in the delay store")
     wait_for(
         lambda: job.get_status() == JobStatus.FAILED and len(runs(queue.connection, queue.name)) == 4, 30, "3 retries"
     )
@@ -113,10 +113,10 @@ def test_retry_with_intervals_goes_through_the_delay_store(
     for gap, interval in zip(gaps, [1, 1, 2]):
         assert interval <= gap < interval + 1.0, f"retry gaps {gaps}, RQ's intervals [1, 1, 2]"
     assert queue.connection.zcard(ScheduledJobRegistry(queue=queue).key) == 0
-    assert store.get(job.id) is None
+    assert rq_store.get(job.id) is None
 
 
-def test_cancelled_and_deleted_jobs_never_run(queue: Queue, store: DelayStore, processes: Processes) -> None:
+def test_cancelled_and_deleted_jobs_never_run(queue: Queue, rq_store: DelayStore, processes: Processes) -> None:
     soon = timedelta(milliseconds=300)
     cancelled = queue.enqueue_in(soon, "tests.test_rq.jobs.record", "cancelled")
     deleted = queue.enqueue_in(soon, "tests.test_rq.jobs.record", "deleted")
@@ -127,7 +127,7 @@ def test_cancelled_and_deleted_jobs_never_run(queue: Queue, store: DelayStore, p
     processes.worker(queue.name)
     wait_for(lambda: len(runs(queue.connection, queue.name)) == 1, 20, "the control job ran")
     assert [r["tag"] for r in runs(queue.connection, queue.name)] == ["control"]
-    assert not store.exists(cancelled.id) and not store.exists(deleted.id)  # skipped and acked
+    assert not rq_store.exists(cancelled.id) and not rq_store.exists(deleted.id)  # skipped and acked
     assert cancelled.get_status() == JobStatus.CANCELED and not Job.exists(deleted.id, connection=queue.connection)
 
 
@@ -149,13 +149,13 @@ def test_worker_queue_class_reads_the_store_settings_from_the_environment(
 
 @pytest.mark.skipif(not hasattr(rq, "Repeat"), reason="Repeat is new in RQ 2.x")
 def test_repeat_with_an_interval_goes_through_the_delay_store(
-    queue: Queue, store: DelayStore, processes: Processes
+    queue: Queue, rq_store: DelayStore, processes: Processes
 ) -> None:
     job = queue.enqueue("tests.test_rq.jobs.record", "again", repeat=rq.Repeat(times=2, interval=1))
     processes.forwarder()
     processes.worker(queue.name)
     wait_for(lambda: len(runs(queue.connection, queue.name)) == 1, 20, "the first run")
-    wait_for(lambda: store.exists(job.id), 5, "the repeat scheduled in the delay store")
+    wait_for(lambda: rq_store.exists(job.id), 5, "the repeat scheduled in the delay store")
     wait_for(lambda: len(runs(queue.connection, queue.name)) == 3, 20, "two repeats")
     at = [r["at"] for r in runs(queue.connection, queue.name)]
     assert all(0.9 <= b - a < 2 for a, b in zip(at, at[1:])), f"runs at {at}"
@@ -175,12 +175,12 @@ def test_rate_limited_jobs_move_as_rqs_own_scheduler_moves_them(queue: Queue, fo
 
 
 def test_rq_enqueue_schedule_in_on_the_command_line_goes_to_the_store(
-    queue: Queue, store: DelayStore, processes: Processes
+    queue: Queue, rq_store: DelayStore, processes: Processes
 ) -> None:
     args = ["-m", "rq.cli", "enqueue", "-u", processes.url, "--queue-class", "delayq_backends.rq.Queue",
             "-q", queue.name, "--job-id", "cli-1", "--schedule-in", "1h", "tests.test_rq.jobs.record", "x"]  # fmt: skip
     processes.start(*args).wait(30)
-    item = store.get("cli-1")
+    item = rq_store.get("cli-1")
     assert item is not None and abs(item.ready_ms / 1000 - (time.time() + 3600)) < 30
     assert Job.fetch("cli-1", connection=queue.connection).get_status() == JobStatus.SCHEDULED
     assert ScheduledJobRegistry(queue=queue).get_job_ids() == ["cli-1"]  # listed, as a mirror entry

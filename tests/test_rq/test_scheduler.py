@@ -28,8 +28,8 @@ RECORD = "tests.test_rq.jobs.record"
 
 
 @pytest.fixture
-def scheduler(conn: redis.Redis, store: DelayStore, prefix: str) -> Scheduler:
-    return Scheduler(f"{prefix}-s", connection=conn, delay_store=store)
+def scheduler(conn: redis.Redis, rq_store: DelayStore, prefix: str) -> Scheduler:
+    return Scheduler(f"{prefix}-s", connection=conn, delay_store=rq_store)
 
 
 def utc(*args: int) -> datetime:
@@ -169,7 +169,7 @@ def rq_scheduler_runs(conn: redis.Redis, repeat: int) -> int:
 
 
 def test_schedule_interval_repeat_runs_as_rq_scheduler_with_three_forwarders(
-    valkey_url: str, scheduler: Scheduler, store: DelayStore, processes: Processes
+    valkey_url: str, scheduler: Scheduler, rq_store: DelayStore, processes: Processes
 ) -> None:
     parity_db = redis.Redis.from_url(valkey_url.rsplit("/", 1)[0] + "/12")
     expected = rq_scheduler_runs(parity_db, repeat=3)
@@ -195,18 +195,18 @@ def test_schedule_interval_repeat_runs_as_rq_scheduler_with_three_forwarders(
 
 
 def test_cron_fires_once_per_minute_boundary_with_forwarders_racing(
-    conn: redis.Redis, store: DelayStore, prefix: str
+    conn: redis.Redis, rq_store: DelayStore, prefix: str
 ) -> None:
     """A fake clock an hour back makes every boundary due at once; three forwarders race through
     them. Each boundary is moved exactly once: pushes == boundaries the schedule advanced."""
     boundary = (int(time.time()) // 60 - 60) * 60
     clock = [boundary - 5.0]
     now: Callable[[], float] = lambda: clock[0]  # noqa: E731
-    scheduler = Scheduler(f"{prefix}-cron", connection=conn, delay_store=store, clock=now)
+    scheduler = Scheduler(f"{prefix}-cron", connection=conn, delay_store=rq_store, clock=now)
     job = scheduler.cron("*/1 * * * *", RECORD, args=["c"])
-    item = store.get(job.id)
+    item = rq_store.get(job.id)
     assert item is not None and item.ready_ms == boundary * 1000
-    forwarders = [Forwarder(store, [RQTarget(conn, clock=now)]) for _ in range(3)]
+    forwarders = [Forwarder(rq_store, [RQTarget(conn, clock=now)]) for _ in range(3)]
 
     def race() -> None:
         threads = [threading.Thread(target=lambda f=f: [f.run_once() for _ in range(8)]) for f in forwarders]
@@ -219,12 +219,12 @@ def test_cron_fires_once_per_minute_boundary_with_forwarders_racing(
     for _ in range(3):  # and then some, one after the other, so the chain surely advanced
         assert forwarders[0].run_once() == 1
     pushes = conn.llen(f"rq:queue:{prefix}-cron")
-    item = store.get(job.id)
+    item = rq_store.get(job.id)
     assert item is not None and pushes >= 4
     assert item.ready_ms == (boundary + 60 * pushes) * 1000, "a minute boundary was moved twice or skipped"
     clock[0] = boundary + 60 * 30 + 10.0  # the forwarders were down: boundaries passed meanwhile run once, not all
     wait_for(lambda: forwarders[0].run_once() == 1, 5, "the overdue cron run")
-    item = store.get(job.id)
+    item = rq_store.get(job.id)
     assert item is not None and item.ready_ms == (boundary + 60 * 31) * 1000
 
 
@@ -268,18 +268,18 @@ def test_cron_in_the_local_zone_is_dst_correct(paris: None) -> None:
 # -- the rest of the API ------------------------------------------------------------------------
 
 
-def test_cancel_means_it_never_runs(scheduler: Scheduler, store: DelayStore, conn: redis.Redis) -> None:
+def test_cancel_means_it_never_runs(scheduler: Scheduler, rq_store: DelayStore, conn: redis.Redis) -> None:
     gone = scheduler.enqueue_at(datetime(2020, 1, 1), RECORD, "gone")
     by_id = scheduler.enqueue_at(datetime(2020, 1, 1), RECORD, "by id")
     kept = scheduler.enqueue_at(datetime(2020, 1, 1), RECORD, "kept")
     scheduler.cancel(gone)
     scheduler.cancel(by_id.id)
     assert gone not in scheduler and by_id.id not in scheduler and kept in scheduler
-    assert Forwarder(store, [RQTarget(conn)]).run_once() == 1
+    assert Forwarder(rq_store, [RQTarget(conn)]).run_once() == 1
     assert conn.lrange(f"rq:queue:{scheduler.queue_name}", 0, -1) == [kept.id.encode()]
 
 
-def test_change_execution_time_count_and_get_jobs(scheduler: Scheduler, store: DelayStore) -> None:
+def test_change_execution_time_count_and_get_jobs(scheduler: Scheduler, rq_store: DelayStore) -> None:
     jobs = [scheduler.enqueue_at(utc(2031, 1, 1, h), RECORD, h) for h in range(5)]
     scheduler.change_execution_time(jobs[0], datetime(2031, 1, 1, 10))  # naive: UTC
     assert [j.id for j in scheduler.get_jobs()] == [j.id for j in jobs[1:] + jobs[:1]]
@@ -302,19 +302,19 @@ def test_change_execution_time_count_and_get_jobs(scheduler: Scheduler, store: D
 
 
 def test_depends_on_defers_until_the_dependency_finished_as_rq_scheduler_does(
-    scheduler: Scheduler, store: DelayStore, conn: redis.Redis, processes: Processes
+    scheduler: Scheduler, rq_store: DelayStore, conn: redis.Redis, processes: Processes
 ) -> None:
-    queue = Queue(scheduler.queue_name, connection=conn, delay_store=store)
+    queue = Queue(scheduler.queue_name, connection=conn, delay_store=rq_store)
     parent = queue.enqueue(RECORD, "parent")
     child = scheduler.enqueue_at(datetime(2020, 1, 1), RECORD, "child", depends_on=parent)
-    assert Forwarder(store, [RQTarget(conn)]).run_once() == 1
+    assert Forwarder(rq_store, [RQTarget(conn)]).run_once() == 1
     assert child.get_status() == JobStatus.DEFERRED and queue.job_ids == [parent.id]
     processes.worker(queue.name, burst=True).wait(30)
     assert [r["tag"] for r in runs(conn, queue.name)] == ["parent", "child"]
 
 
 def test_naive_times_follow_each_original(
-    scheduler: Scheduler, queue: Queue, store: DelayStore, monkeypatch: pytest.MonkeyPatch
+    scheduler: Scheduler, queue: Queue, rq_store: DelayStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TZ", "America/New_York")
     time.tzset()
@@ -325,11 +325,11 @@ def test_naive_times_follow_each_original(
     finally:
         monkeypatch.undo()
         time.tzset()
-    assert store.get(by_scheduler.id).ready_ms == utc(2031, 7, 1, 12).timestamp() * 1000  # type: ignore[union-attr]
-    assert store.get(by_queue.id).ready_ms == utc(2031, 7, 1, 16).timestamp() * 1000  # type: ignore[union-attr]
+    assert rq_store.get(by_scheduler.id).ready_ms == utc(2031, 7, 1, 12).timestamp() * 1000  # type: ignore[union-attr]
+    assert rq_store.get(by_queue.id).ready_ms == utc(2031, 7, 1, 16).timestamp() * 1000  # type: ignore[union-attr]
 
 
-def test_bad_input_is_refused_with_what_to_do(scheduler: Scheduler, queue: Queue, store: DelayStore) -> None:
+def test_bad_input_is_refused_with_what_to_do(scheduler: Scheduler, queue: Queue, rq_store: DelayStore) -> None:
     with pytest.raises(InvalidScheduleError, match="without interval"):
         scheduler.schedule(datetime(2031, 1, 1), RECORD, repeat=3)
     for interval in (float("nan"), float("inf"), 0, -5):
@@ -345,17 +345,17 @@ def test_bad_input_is_refused_with_what_to_do(scheduler: Scheduler, queue: Queue
         scheduler.enqueue_in(5, RECORD)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         Scheduler()
-    assert sum(s.scheduled for s in store.stats()) == 0  # nothing half-stored
+    assert sum(s.scheduled for s in rq_store.stats()) == 0  # nothing half-stored
 
 
 def test_get_jobs_pages_by_score_through_ties_and_other_targets(
-    scheduler: Scheduler, store: DelayStore, monkeypatch: pytest.MonkeyPatch
+    scheduler: Scheduler, rq_store: DelayStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(scheduler_module, "PAGE", 3)
     at = [utc(2031, 1, 1, 0, 0, s // 4) for s in range(14)]  # runs of 4 jobs on one millisecond
     jobs = [scheduler.enqueue_at(t, RECORD, i) for i, t in enumerate(at)]
     for i in range(5):  # items of another target interleaved: paged over, never returned
-        store.schedule(f"list-{i}", at[3 * i], RedisListTarget.envelope("elsewhere", b""))
+        rq_store.schedule(f"list-{i}", at[3 * i], RedisListTarget.envelope("elsewhere", b""))
     listed = [j.id for j in scheduler.get_jobs()]
     assert sorted(listed) == sorted(j.id for j in jobs) and len(listed) == len(set(listed))
     assert scheduler.count() == 14 and scheduler.count(until=at[7]) == 8

@@ -55,13 +55,13 @@ def counting_commands(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         yield sent
 
 
-def _move_all(conn: redis.Redis, store: DelayStore, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+def _move_all(conn: redis.Redis, rq_store: DelayStore, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     """(commands, round trips) of moving every claimed job, one claim per shard, claims excluded."""
-    claims = claim_all(store, limit=1000)
+    claims = claim_all(rq_store, limit=1000)
     target = RQTarget(conn)
     with counting_commands(monkeypatch) as sent:
         for claim in claims:
-            report = target.publish_claimed(deliveries(claim), Lease(store, claim))
+            report = target.publish_claimed(deliveries(claim), Lease(rq_store, claim))
             assert sorted(report.acked) == sorted(i.id for i in claim.items)
     return sum(sent), len(sent)
 
@@ -84,7 +84,7 @@ def test_a_batch_move_costs_the_same_commands_for_10_jobs_or_200(
 
 
 def test_a_job_key_of_another_type_is_a_dead_letter_and_the_rest_of_its_batch_moves(
-    conn: redis.Redis, store: DelayStore, queue: Queue, forwarder: Forwarder
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, forwarder: Forwarder
 ) -> None:
     jobs = [schedule_past(queue, i) for i in range(5)]
     bad = jobs[2]
@@ -92,7 +92,7 @@ def test_a_job_key_of_another_type_is_a_dead_letter_and_the_rest_of_its_batch_mo
     conn.rpush(bad.key, "not a hash")  # written by another tool
     assert forwarder.run_once() == 5
     assert sorted(queue.job_ids) == sorted(j.id for j in jobs if j is not bad)
-    (dead,) = store.dead_letters()
+    (dead,) = rq_store.dead_letters()
     assert dead.id == bad.id and "holds a list, not a hash" in dead.error
 
 
@@ -122,11 +122,11 @@ class MirroringQueue(Queue):
 
 
 def test_enqueue_at_sends_nothing_to_rqs_scheduled_registry_and_calls_the_hook_once(
-    conn: redis.Redis, store: DelayStore, prefix: str
+    conn: redis.Redis, rq_store: DelayStore, prefix: str
 ) -> None:
     """RQ's schedule_job wrote a ZADD to rq:scheduled:<queue> that the next command removed:
     two of the transaction's commands for nothing."""
-    queue = MirroringQueue(f"{prefix}-mirror", connection=conn, delay_store=store)
+    queue = MirroringQueue(f"{prefix}-mirror", connection=conn, delay_store=rq_store)
     when = datetime.now(timezone.utc) + timedelta(hours=1)
     job = queue.create_job("tests.test_rq.jobs.record", args=("x",))
     with conn.pipeline() as pipe:
@@ -141,11 +141,13 @@ def test_enqueue_at_sends_nothing_to_rqs_scheduled_registry_and_calls_the_hook_o
     assert MirroringQueue.mirrored == [(job.id, when)]
     # RQ 1.16 sets the status in enqueue_at, not in schedule_job
     assert conn.hget(job.key, "status") == (b"scheduled" if RQ_VERSION >= (2,) else b"queued")
-    assert store.exists(job.id)
+    assert rq_store.exists(job.id)
     assert conn.zcard(f"rq:scheduled:{queue.name}") == 0
 
 
-def test_a_unique_job_leaves_only_its_mirror_entry_in_rqs_scheduled_registry(queue: Queue, store: DelayStore) -> None:
+def test_a_unique_job_leaves_only_its_mirror_entry_in_rqs_scheduled_registry(
+    queue: Queue, rq_store: DelayStore
+) -> None:
     """rq 3's unique=True writes the registry in its own script, not through the pipeline: its
     real-time entry is removed, and only the mirror entry (which RQ's scheduler never moves) stays."""
     if "unique" not in RQQueue.schedule_job.__code__.co_varnames:
@@ -153,5 +155,5 @@ def test_a_unique_job_leaves_only_its_mirror_entry_in_rqs_scheduled_registry(que
     when = datetime.now(timezone.utc) + timedelta(hours=1)
     job = queue.enqueue_at(when, "tests.test_rq.jobs.record", "u", job_id=f"{queue.name}-u", unique=True)
     entries = queue.connection.zrange(f"rq:scheduled:{queue.name}", 0, -1, withscores=True)
-    assert store.exists(job.id) and [m for m, _ in entries] == [job.id.encode()]
+    assert rq_store.exists(job.id) and [m for m, _ in entries] == [job.id.encode()]
     assert all(is_mirror(score) for _, score in entries)

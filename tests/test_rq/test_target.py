@@ -34,15 +34,15 @@ def schedule_past(queue: Queue, tag: Any, **kwargs: Any) -> Job:
     return queue.enqueue_at(datetime.now(timezone.utc) + PAST, "tests.test_rq.jobs.record", tag, **kwargs)
 
 
-def claim_all(store: DelayStore, **kwargs: Any) -> list[Any]:
-    return [c for s in range(store.shards) if (c := store.claim(s, **kwargs)).items]
+def claim_all(rq_store: DelayStore, **kwargs: Any) -> list[Any]:
+    return [c for s in range(rq_store.shards) if (c := rq_store.claim(s, **kwargs)).items]
 
 
 def deliveries(claim: Any) -> list[Delivery]:
     return [Delivery(i.id, Envelope.decode(i.envelope), i.attempts, i.ready_ms) for i in claim.items]
 
 
-def test_enqueue_and_ack_commit_in_one_multi_exec(queue: Queue, store: DelayStore, forwarder: Forwarder) -> None:
+def test_enqueue_and_ack_commit_in_one_multi_exec(queue: Queue, rq_store: DelayStore, forwarder: Forwarder) -> None:
     job = schedule_past(queue, "one")
     seen: list[str] = []
     monitor = queue.connection.monitor()
@@ -66,14 +66,14 @@ def test_enqueue_and_ack_commit_in_one_multi_exec(queue: Queue, store: DelayStor
     assert any(c.startswith(f"RPUSH rq:queue:{queue.name} {job.id}") for c in transaction), transaction
     assert any(c.startswith("EVAL") and job.id in c and "Delete delivered items" in c for c in transaction)  # ack.lua
     assert transaction[-1].startswith("EXEC")
-    assert queue.job_ids == [job.id] and not store.exists(job.id)
+    assert queue.job_ids == [job.id] and not rq_store.exists(job.id)
 
 
 def test_a_crash_inside_the_transaction_publishes_nothing_and_acks_nothing(
-    queue: Queue, store: DelayStore, conn: redis.Redis, forwarder: Forwarder, monkeypatch: pytest.MonkeyPatch
+    queue: Queue, rq_store: DelayStore, conn: redis.Redis, forwarder: Forwarder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = schedule_past(queue, "crash")
-    (claim,) = claim_all(store, lease_ms=100)
+    (claim,) = claim_all(rq_store, lease_ms=100)
     real_ack_in = Lease.ack_in
 
     def ack_then_die(self: Lease, pipeline: Any, ids: Any) -> None:
@@ -82,29 +82,29 @@ def test_a_crash_inside_the_transaction_publishes_nothing_and_acks_nothing(
 
     monkeypatch.setattr(Lease, "ack_in", ack_then_die)
     with pytest.raises(KeyboardInterrupt):
-        RQTarget(conn).publish_claimed(deliveries(claim), Lease(store, claim))
+        RQTarget(conn).publish_claimed(deliveries(claim), Lease(rq_store, claim))
     assert queue.job_ids == [] and job.get_status() == JobStatus.SCHEDULED
-    assert store.get(job.id) is not None  # still leased: claimed again when the lease ends
+    assert rq_store.get(job.id) is not None  # still leased: claimed again when the lease ends
     monkeypatch.undo()
     wait_for(lambda: forwarder.run_once() == 1, 5, "the lease to expire and the job to move")
-    assert store.exists(job.id) is False and queue.job_ids == [job.id]
+    assert rq_store.exists(job.id) is False and queue.job_ids == [job.id]
 
 
-def test_a_lost_lease_moves_nothing(queue: Queue, store: DelayStore, conn: redis.Redis) -> None:
+def test_a_lost_lease_moves_nothing(queue: Queue, rq_store: DelayStore, conn: redis.Redis) -> None:
     """A forwarder that stalled past its lease, while another claimed the items, moves nothing."""
     job = schedule_past(queue, "stale")
-    (stale,) = claim_all(store, lease_ms=50)
+    (stale,) = claim_all(rq_store, lease_ms=50)
     fresh: list[Any] = []
-    wait_for(lambda: bool(fresh.extend(claim_all(store)) or fresh), 5, "a second claim")
-    report = RQTarget(conn).publish_claimed(deliveries(stale), Lease(store, stale))
+    wait_for(lambda: bool(fresh.extend(claim_all(rq_store)) or fresh), 5, "a second claim")
+    report = RQTarget(conn).publish_claimed(deliveries(stale), Lease(rq_store, stale))
     assert report.published == [] and queue.job_ids == []
-    report = RQTarget(conn).publish_claimed(deliveries(fresh[0]), Lease(store, fresh[0]))
-    assert report.acked == [job.id] and queue.job_ids == [job.id] and not store.exists(job.id)
+    report = RQTarget(conn).publish_claimed(deliveries(fresh[0]), Lease(rq_store, fresh[0]))
+    assert report.acked == [job.id] and queue.job_ids == [job.id] and not rq_store.exists(job.id)
 
 
 @pytest.mark.slow
 def test_forwarders_killed_at_random_points_enqueue_every_job_exactly_once(
-    queue: Queue, store: DelayStore, processes: Processes
+    queue: Queue, rq_store: DelayStore, processes: Processes
 ) -> None:
     ids = {schedule_past(queue, i).id for i in range(3000)}
     rng = random.Random(7)
@@ -112,7 +112,7 @@ def test_forwarders_killed_at_random_points_enqueue_every_job_exactly_once(
     deadline = time.monotonic() + 120
 
     def remaining() -> int:
-        return sum(s.scheduled for s in store.stats())
+        return sum(s.scheduled for s in rq_store.stats())
 
     while (left := remaining()) and time.monotonic() < deadline:
         proc = processes.forwarder("--lease", "0.5", "--batch", "50")
@@ -144,41 +144,41 @@ def test_a_store_on_another_server_is_acked_after_the_enqueue(conn: redis.Redis,
 
 
 def test_cancelled_or_deleted_meanwhile_are_skipped_and_acked(
-    queue: Queue, store: DelayStore, forwarder: Forwarder
+    queue: Queue, rq_store: DelayStore, forwarder: Forwarder
 ) -> None:
     cancelled, deleted, kept = (schedule_past(queue, t) for t in ("cancelled", "deleted", "kept"))
     cancelled.cancel()
     deleted.delete()
     assert forwarder.run_once() == 3
     assert queue.job_ids == [kept.id]
-    assert not any(store.exists(j.id) for j in (cancelled, deleted, kept))
+    assert not any(rq_store.exists(j.id) for j in (cancelled, deleted, kept))
     assert cancelled.get_status() == JobStatus.CANCELED and not Job.exists(deleted.id, connection=queue.connection)
 
 
 def test_an_unimportable_class_is_a_dead_letter_with_the_reason(
-    queue: Queue, store: DelayStore, forwarder: Forwarder
+    queue: Queue, rq_store: DelayStore, forwarder: Forwarder
 ) -> None:
     good = schedule_past(queue, "good")
     bad = schedule_past(queue, "bad")
-    store.schedule(bad.id, 0, EnvelopeType("rq", queue.name, meta={"job_class": "no_such_app.jobs.MyJob"}))
+    rq_store.schedule(bad.id, 0, EnvelopeType("rq", queue.name, meta={"job_class": "no_such_app.jobs.MyJob"}))
     allowed = ClassAllowlist.configured(["no_such_app"], env={})
-    forwarder = Forwarder(store, [RQTarget(queue.connection, allow_classes=allowed)], retry_delay=0.05)
+    forwarder = Forwarder(rq_store, [RQTarget(queue.connection, allow_classes=allowed)], retry_delay=0.05)
     assert forwarder.run_once() == 2
     assert queue.job_ids == [good.id]
-    (dead,) = store.dead_letters()
+    (dead,) = rq_store.dead_letters()
     assert dead.id == bad.id and "cannot import 'no_such_app.jobs.MyJob'" in dead.error
     assert "install the package" in dead.error
 
 
 def test_an_unreadable_job_hash_is_a_dead_letter_with_the_reason(
-    queue: Queue, store: DelayStore, forwarder: Forwarder
+    queue: Queue, rq_store: DelayStore, forwarder: Forwarder
 ) -> None:
     good = schedule_past(queue, "good")
     bad = schedule_past(queue, "bad")
     queue.connection.hset(bad.key, "ttl", "not a number")
     assert forwarder.run_once() == 2
     assert queue.job_ids == [good.id]
-    (dead,) = store.dead_letters()
+    (dead,) = rq_store.dead_letters()
     assert dead.id == bad.id and "cannot be moved: field 'ttl' is b'not a number'" in dead.error
 
 
@@ -207,13 +207,15 @@ def test_a_moved_job_matches_what_rqs_own_scheduler_makes(
 
 
 def test_the_job_class_and_serializer_the_queue_was_given_are_used(
-    conn: redis.Redis, store: DelayStore, prefix: str, processes: Processes
+    conn: redis.Redis, rq_store: DelayStore, prefix: str, processes: Processes
 ) -> None:
     allowed = ClassAllowlist.configured(["tests.test_rq.jobs"], env={})
-    forwarder = Forwarder(store, [RQTarget(conn, allow_classes=allowed)], retry_delay=0.05)
-    queue = Queue(f"{prefix}-json", connection=conn, delay_store=store, job_class=AuditedJob, serializer=JSONSerializer)
+    forwarder = Forwarder(rq_store, [RQTarget(conn, allow_classes=allowed)], retry_delay=0.05)
+    queue = Queue(
+        f"{prefix}-json", connection=conn, delay_store=rq_store, job_class=AuditedJob, serializer=JSONSerializer
+    )
     job = schedule_past(queue, "json")
-    assert Envelope.decode(store.get(job.id).envelope).meta == {  # type: ignore[union-attr]
+    assert Envelope.decode(rq_store.get(job.id).envelope).meta == {  # type: ignore[union-attr]
         "queue_class": "delayq_backends.rq.queue.Queue",
         "job_class": "tests.test_rq.jobs.AuditedJob",
         "serializer": "rq.serializers.JSONSerializer",

@@ -43,14 +43,14 @@ def planted(path: Path) -> bytes:
 
 
 def test_a_pickle_planted_in_a_job_hash_never_runs_in_the_forwarder(
-    conn: redis.Redis, store: DelayStore, queue: Queue, prefix: str, processes: Processes, tmp_path: Path
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, prefix: str, processes: Processes, tmp_path: Path
 ) -> None:
     past = datetime.now(timezone.utc) - timedelta(seconds=1)
     in_meta = queue.enqueue_at(past, RECORD, "meta", meta={"k": 1})
     conn.hset(in_meta.key, "meta", planted(tmp_path / "meta"))
     in_data = queue.enqueue_at(past, RECORD, "data")
     conn.hset(in_data.key, "data", zlib.compress(planted(tmp_path / "data")))
-    scheduler = Scheduler(queue.name, connection=conn, delay_store=store)
+    scheduler = Scheduler(queue.name, connection=conn, delay_store=rq_store)
     periodic = scheduler.schedule(past.replace(tzinfo=None), RECORD, args=["periodic"], interval=3600, repeat=2)
     conn.hset(periodic.key, "meta", planted(tmp_path / "periodic"))
     # a clean twin of a job moved by RQ's own scheduler, to compare the hashes with
@@ -72,7 +72,7 @@ def test_a_pickle_planted_in_a_job_hash_never_runs_in_the_forwarder(
         assert conn.hget(job.key, "status") == b"queued"
     assert conn.hget(in_meta.key, "meta") == planted(tmp_path / "meta")  # left as it was, byte for byte
     # the periodic job's next run is armed from its envelope, repeat counted down there
-    rearmed = store.get(periodic.id)
+    rearmed = rq_store.get(periodic.id)
     assert rearmed is not None
     assert Envelope.decode(rearmed.envelope).meta["schedule"] == {"interval": 3600, "repeat": 1}
 
@@ -97,7 +97,7 @@ PLANTED_PATHS = ["os.system", "builtins.eval", "tests.test_rq.planted_import.Job
 @pytest.mark.parametrize("key", ["job_class", "queue_class"])
 @pytest.mark.parametrize("path", PLANTED_PATHS)
 def test_a_class_path_off_the_allowlist_is_a_dead_letter_and_never_imported(
-    conn: redis.Redis, store: DelayStore, queue: Queue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     key: str, path: str,
 ) -> None:  # fmt: skip
     marker = tmp_path / "imported"
@@ -105,23 +105,23 @@ def test_a_class_path_off_the_allowlist_is_a_dead_letter_and_never_imported(
     monkeypatch.delenv("DELAYQ_RQ_ALLOW_CLASS", raising=False)
     good = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, "good")
     bad = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, "bad")
-    store.schedule(bad.id, 0, Envelope("rq", queue.name, meta={key: path}))
-    forwarder = Forwarder(store, [RQTarget(conn)], retry_delay=0.05)
+    rq_store.schedule(bad.id, 0, Envelope("rq", queue.name, meta={key: path}))
+    forwarder = Forwarder(rq_store, [RQTarget(conn)], retry_delay=0.05)
     assert forwarder.run_once() == 2
     assert queue.job_ids == [good.id]
-    (dead,) = store.dead_letters()
+    (dead,) = rq_store.dead_letters()
     assert dead.id == bad.id and "not on this forwarder's allowlist" in dead.error
     assert "--rq-allow-class" in dead.error and "DELAYQ_RQ_ALLOW_CLASS" in dead.error
     assert not marker.exists()
 
 
 def test_an_allowed_path_that_is_not_a_queue_or_job_class_is_refused(
-    conn: redis.Redis, store: DelayStore, queue: Queue
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue
 ) -> None:
     job = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, "x")
-    store.schedule(job.id, 0, Envelope("rq", queue.name, meta={"job_class": "rq.utils.import_attribute"}))
-    assert Forwarder(store, [RQTarget(conn)]).run_once() == 1
-    (dead,) = store.dead_letters()
+    rq_store.schedule(job.id, 0, Envelope("rq", queue.name, meta={"job_class": "rq.utils.import_attribute"}))
+    assert Forwarder(rq_store, [RQTarget(conn)]).run_once() == 1
+    (dead,) = rq_store.dead_letters()
     assert "is not a subclass of rq.job.Job" in dead.error and queue.job_ids == []
 
 
@@ -137,27 +137,27 @@ def test_allowlist_prefixes_match_whole_components() -> None:
 
 
 def test_the_forwarder_takes_rq_allow_class(
-    conn: redis.Redis, store: DelayStore, prefix: str, processes: Processes
+    conn: redis.Redis, rq_store: DelayStore, prefix: str, processes: Processes
 ) -> None:
     from tests.test_rq.jobs import AuditedJob
 
-    queue = Queue(f"{prefix}-custom", connection=conn, delay_store=store, job_class=AuditedJob)
+    queue = Queue(f"{prefix}-custom", connection=conn, delay_store=rq_store, job_class=AuditedJob)
     job = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, "custom")
     processes.forwarder("--rq-allow-class", "tests.test_rq.jobs")
     wait_for(lambda: queue.job_ids == [job.id], 20, "the custom job class to be allowed")
-    assert not store.dead_letters()
+    assert not rq_store.dead_letters()
     assert "DELAYQ_RQ_ALLOW_CLASS" not in os.environ
 
 
 def test_scheduler_jobs_stored_by_an_older_delayq_still_move(
-    conn: redis.Redis, store: DelayStore, queue: Queue, tmp_path: Path
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, tmp_path: Path
 ) -> None:
     """Envelopes written before the schedule moved into them say only ``{"scheduler": true}``:
     a job without meta moves once; one with JSON meta keeps repeating; one whose meta is a
     pickle is not unpickled but dead-lettered, naming `delayq rq-upgrade`."""
     from rq.serializers import JSONSerializer
 
-    scheduler = Scheduler(queue.name, connection=conn, delay_store=store)
+    scheduler = Scheduler(queue.name, connection=conn, delay_store=rq_store)
     past = datetime(2020, 1, 1)
     once = scheduler.enqueue_at(past, RECORD, "once")
     json_job = Job.create(RECORD, args=["json"], connection=conn, serializer=JSONSerializer, status=JobStatus.SCHEDULED)
@@ -168,12 +168,12 @@ def test_scheduler_jobs_stored_by_an_older_delayq_still_move(
     conn.hset(pickled.key, "meta", planted(tmp_path / "legacy"))
     old = Envelope("rq", queue.name, meta={"scheduler": True})  # what today's stores hold
     for job in (once, json_job, pickled):
-        store.schedule(job.id, 0, old)
-    assert Forwarder(store, [RQTarget(conn)]).run_once() == 3
+        rq_store.schedule(job.id, 0, old)
+    assert Forwarder(rq_store, [RQTarget(conn)]).run_once() == 3
     assert set(queue.job_ids) == {once.id, json_job.id}
-    assert not store.exists(once.id)
-    rearmed = store.get(json_job.id)
+    assert not rq_store.exists(once.id)
+    rearmed = rq_store.get(json_job.id)
     assert rearmed is not None and Envelope.decode(rearmed.envelope).meta["schedule"] == {"interval": 3600, "repeat": 2}
-    (dead,) = store.dead_letters()
+    (dead,) = rq_store.dead_letters()
     assert dead.id == pickled.id and "never unpickles" in dead.error and "delayq rq-upgrade" in dead.error
     assert not (tmp_path / "legacy").exists()

@@ -21,7 +21,7 @@ from delayq_backends.cli import main
 from delayq_backends.models import ScheduledItem
 from delayq_backends.rq import Queue, upgrade
 from delayq_backends.rq.target import job_rank
-from tests.conftest import make_store
+from tests.harness import make_store
 from tests.helpers import wait_for
 from tests.test_rq.conftest import SHARDS, Processes, runs
 
@@ -32,7 +32,7 @@ LEGACY_META = {"scheduler": True}
 
 def legacy_schedule(
     conn: redis.Redis,
-    store: DelayStore,
+    rq_store: DelayStore,
     queue_name: str,
     ready: datetime,
     tag: str,
@@ -51,20 +51,20 @@ def legacy_schedule(
     if at_front:
         job.enqueue_at_front = True
     job.save()
-    store.schedule(job.id, ready, Envelope("rq", queue_name, meta=LEGACY_META), rank=job_rank(job))
+    rq_store.schedule(job.id, ready, Envelope("rq", queue_name, meta=LEGACY_META), rank=job_rank(job))
     return job
 
 
-def cli(store: DelayStore, url: str, command: str, *args: str) -> str:
+def cli(rq_store: DelayStore, url: str, command: str, *args: str) -> str:
     """``delayq <command> <args>`` on the test's store; it must succeed."""
-    where = ["--url", url, "--prefix", store.config.prefix, "--shards", str(SHARDS)]
+    where = ["--url", url, "--prefix", rq_store.config.prefix, "--shards", str(SHARDS)]
     result = CliRunner().invoke(main, [*command.split(), *where, *args])
     assert result.exit_code == 0, result.output
     return result.output
 
 
-def schedule_in(store: DelayStore, item_id: str) -> Optional[dict[str, Any]]:
-    item = store.get(item_id)
+def schedule_in(rq_store: DelayStore, item_id: str) -> Optional[dict[str, Any]]:
+    item = rq_store.get(item_id)
     return None if item is None else Envelope.decode(item.envelope).meta.get("schedule")
 
 
@@ -74,89 +74,89 @@ def but_envelope(item: Optional[ScheduledItem]) -> tuple[Any, ...]:
 
 
 def test_upgraded_periodic_and_cron_jobs_keep_their_place_and_keep_running(
-    conn: redis.Redis, store: DelayStore, queue: Queue, valkey_url: str, processes: Processes
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, valkey_url: str, processes: Processes
 ) -> None:
     past = datetime.now(timezone.utc) - timedelta(seconds=5)
     later = datetime.now(timezone.utc) + timedelta(hours=1)
-    periodic = legacy_schedule(conn, store, queue.name, past, "p", {"interval": 3600, "repeat": 3})
+    periodic = legacy_schedule(conn, rq_store, queue.name, past, "p", {"interval": 3600, "repeat": 3})
     cron = legacy_schedule(
-        conn, store, queue.name, later, "c", {"cron_string": "0 3 * * *", "use_local_timezone": False}, at_front=True
+        conn, rq_store, queue.name, later, "c", {"cron_string": "0 3 * * *", "use_local_timezone": False}, at_front=True
     )
-    retried = legacy_schedule(conn, store, queue.name, past, "r", {"interval": 60})
-    claim = store.claim(store.shard_of(retried.id), limit=100)
-    store.release(claim, [i.id for i in claim.items if i.id != retried.id])
-    store.fail(claim, [(retried.id, int(later.timestamp() * 1000), "broker down")])  # attempts 1, due later
-    one_off = legacy_schedule(conn, store, queue.name, later, "o", {})
+    retried = legacy_schedule(conn, rq_store, queue.name, past, "r", {"interval": 60})
+    claim = rq_store.claim(rq_store.shard_of(retried.id), limit=100)
+    rq_store.release(claim, [i.id for i in claim.items if i.id != retried.id])
+    rq_store.fail(claim, [(retried.id, int(later.timestamp() * 1000), "broker down")])  # attempts 1, due later
+    one_off = legacy_schedule(conn, rq_store, queue.name, later, "o", {})
     ids = (periodic.id, cron.id, retried.id, one_off.id)
-    before = {i: store.get(i) for i in ids}
-    assert store.get(retried.id).attempts == 1 and store.get(cron.id).rank == 1  # type: ignore[union-attr]
+    before = {i: rq_store.get(i) for i in ids}
+    assert rq_store.get(retried.id).attempts == 1 and rq_store.get(cron.id).rank == 1  # type: ignore[union-attr]
 
-    output = cli(store, valkey_url, "rq-upgrade", "--rq-redis", valkey_url)
+    output = cli(rq_store, valkey_url, "rq-upgrade", "--rq-redis", valkey_url)
     assert "upgraded 4 scheduled item(s) and 0 dead letter(s)" in output
     assert f'upgraded scheduled {periodic.id}: schedule {{"interval": 3600, "repeat": 3}}' in output
     for item_id in ids:
-        assert but_envelope(store.get(item_id)) == but_envelope(before[item_id])  # id, time, rank, attempts
-    assert schedule_in(store, periodic.id) == {"interval": 3600, "repeat": 3}
-    assert schedule_in(store, cron.id) == {"cron_string": "0 3 * * *", "use_local_timezone": False}
-    assert schedule_in(store, retried.id) == {"interval": 60}
-    assert schedule_in(store, one_off.id) == {}
-    envelopes = {i: store.get(i).envelope for i in ids}  # type: ignore[union-attr]
-    again = cli(store, valkey_url, "rq-upgrade")  # idempotent: nothing left to upgrade
+        assert but_envelope(rq_store.get(item_id)) == but_envelope(before[item_id])  # id, time, rank, attempts
+    assert schedule_in(rq_store, periodic.id) == {"interval": 3600, "repeat": 3}
+    assert schedule_in(rq_store, cron.id) == {"cron_string": "0 3 * * *", "use_local_timezone": False}
+    assert schedule_in(rq_store, retried.id) == {"interval": 60}
+    assert schedule_in(rq_store, one_off.id) == {}
+    envelopes = {i: rq_store.get(i).envelope for i in ids}  # type: ignore[union-attr]
+    again = cli(rq_store, valkey_url, "rq-upgrade")  # idempotent: nothing left to upgrade
     assert "upgraded 0 scheduled item(s) and 0 dead letter(s)" in again
-    assert {i: store.get(i).envelope for i in ids} == envelopes  # type: ignore[union-attr]
+    assert {i: rq_store.get(i).envelope for i in ids} == envelopes  # type: ignore[union-attr]
 
     processes.forwarder()
     wait_for(lambda: queue.job_ids == [periodic.id], 20, "the forwarder to move the upgraded periodic job")
-    wait_for(lambda: schedule_in(store, periodic.id) == {"interval": 3600, "repeat": 2}, 20, "its next run")
-    rearmed = store.get(periodic.id)
+    wait_for(lambda: schedule_in(rq_store, periodic.id) == {"interval": 3600, "repeat": 2}, 20, "its next run")
+    rearmed = rq_store.get(periodic.id)
     assert rearmed is not None and rearmed.ready_ms >= (time.time() + 3500) * 1000
-    assert not store.dead_letters()
+    assert not rq_store.dead_letters()
     assert periodic.get_meta(refresh=True) == {"interval": 3600, "repeat": 3}  # the job hash is left alone
 
 
 def test_without_the_upgrade_a_dead_letter_names_it_and_after_it_the_job_runs(
-    conn: redis.Redis, store: DelayStore, queue: Queue, valkey_url: str, processes: Processes
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, valkey_url: str, processes: Processes
 ) -> None:
     past = datetime.now(timezone.utc) - timedelta(seconds=5)
-    job = legacy_schedule(conn, store, queue.name, past, "legacy", {"interval": 3600, "repeat": 2})
+    job = legacy_schedule(conn, rq_store, queue.name, past, "legacy", {"interval": 3600, "repeat": 2})
     processes.forwarder()
-    wait_for(lambda: bool(store.dead_letters()), 20, "the legacy job to be dead-lettered")
-    (dead,) = store.dead_letters()
+    wait_for(lambda: bool(rq_store.dead_letters()), 20, "the legacy job to be dead-lettered")
+    (dead,) = rq_store.dead_letters()
     assert "never unpickles" in dead.error
     assert "`delayq rq-upgrade " in dead.error and f"`delayq dlq requeue {job.id}`" in dead.error
     assert queue.job_ids == []
 
-    output = cli(store, valkey_url, "rq-upgrade", "--rq-redis", valkey_url)
+    output = cli(rq_store, valkey_url, "rq-upgrade", "--rq-redis", valkey_url)
     assert f'upgraded dead letter {job.id}: schedule {{"interval": 3600, "repeat": 2}}' in output
     assert f"delayq dlq requeue {job.id}" in output
-    assert "upgraded 0 scheduled item(s) and 0 dead letter(s)" in cli(store, valkey_url, "rq-upgrade")
-    cli(store, valkey_url, "dlq requeue", job.id)
+    assert "upgraded 0 scheduled item(s) and 0 dead letter(s)" in cli(rq_store, valkey_url, "rq-upgrade")
+    cli(rq_store, valkey_url, "dlq requeue", job.id)
 
     wait_for(lambda: queue.job_ids == [job.id], 20, "the requeued job to be moved")
-    wait_for(lambda: schedule_in(store, job.id) == {"interval": 3600, "repeat": 1}, 20, "its next run")
+    wait_for(lambda: schedule_in(rq_store, job.id) == {"interval": 3600, "repeat": 1}, 20, "its next run")
     processes.worker(queue.name, burst=True).wait(60)
     assert [r["tag"] for r in runs(conn, queue.name)] == ["legacy"]
-    assert not store.dead_letters()
+    assert not rq_store.dead_letters()
 
 
 def test_upgrade_reads_meta_with_the_serializer_and_reports_what_it_cannot_read(
-    conn: redis.Redis, store: DelayStore, queue: Queue
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue
 ) -> None:
     later = datetime.now(timezone.utc) + timedelta(hours=1)
-    as_json = legacy_schedule(conn, store, queue.name, later, "j", {"interval": 5}, serializer=JSONSerializer)
-    garbled = legacy_schedule(conn, store, queue.name, later, "g", {"interval": 5})
+    as_json = legacy_schedule(conn, rq_store, queue.name, later, "j", {"interval": 5}, serializer=JSONSerializer)
+    garbled = legacy_schedule(conn, rq_store, queue.name, later, "g", {"interval": 5})
     conn.hset(garbled.key, "meta", b"\x80not a pickle")
-    gone = legacy_schedule(conn, store, queue.name, later, "x", {"interval": 5})
+    gone = legacy_schedule(conn, rq_store, queue.name, later, "x", {"interval": 5})
     gone.delete()
 
-    report = upgrade(conn, store, serializer=JSONSerializer, dry_run=True)
+    report = upgrade(conn, rq_store, serializer=JSONSerializer, dry_run=True)
     assert report.upgraded == {as_json.id: {"interval": 5}} and report.gone == [gone.id]
     assert [i for i, _ in report.failed] == [garbled.id] and "cannot read its job.meta" in report.failed[0][1]
-    assert schedule_in(store, as_json.id) is None  # a dry run writes nothing
+    assert schedule_in(rq_store, as_json.id) is None  # a dry run writes nothing
 
-    report = upgrade(conn, store, serializer=JSONSerializer)
-    assert schedule_in(store, as_json.id) == {"interval": 5}
-    assert schedule_in(store, garbled.id) is None and store.exists(gone.id)  # left as they were
+    report = upgrade(conn, rq_store, serializer=JSONSerializer)
+    assert schedule_in(rq_store, as_json.id) == {"interval": 5}
+    assert schedule_in(rq_store, garbled.id) is None and rq_store.exists(gone.id)  # left as they were
 
 
 def test_replace_envelope_is_a_compare_and_set_that_keeps_the_rest(server_url: str, prefix: str) -> None:

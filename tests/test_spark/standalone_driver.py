@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from delayq_backends.spark import ListTarget, schedule_dataframe
 from delayq_backends.spark.audit import audit, snapshot_records
-from tests.conftest import make_store
+from tests.harness import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
 

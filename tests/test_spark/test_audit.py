@@ -16,7 +16,7 @@ from delayq_backends.cli import main
 from delayq_backends.spark.audit import audit, records_frame
 from delayq_backends.spark.report import X_LABEL, Y_LABEL, lateness_figure, write_report
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 
 pytestmark = pytest.mark.spark
 

@@ -15,7 +15,7 @@ from delayq_backends import DelayStore
 from delayq_backends.audit import AuditLog, AuditRecord, JsonLinesAudit, RedisStreamAudit, read_stream
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 
 pytestmark = pytest.mark.spark
 

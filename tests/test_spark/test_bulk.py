@@ -30,7 +30,7 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
 from delayq_backends.spark import CeleryTask, ListTarget, RQJob, schedule_dataframe
 from delayq_backends.timeutil import from_ms, now_ms
-from tests.conftest import make_store
+from tests.harness import make_store
 
 pytestmark = pytest.mark.spark
 

@@ -18,7 +18,7 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.spark import BulkResult, CeleryTask, schedule_dataframe
 from delayq_backends.spark.audit import audit, records_frame, snapshot_records
 from delayq_backends.timeutil import now_ms
-from tests.conftest import make_store
+from tests.harness import make_store
 from tests.helpers import wait_for
 from tests.test_celery.conftest import broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, running

@@ -17,13 +17,16 @@ from delayq_backends.audit import JsonLinesAudit
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
 from delayq_backends.spark.audit import audit
+from tests.harness import Launcher
 from tests.helpers import wait_for
 from tests.test_rq.conftest import Processes
 
 pytestmark = pytest.mark.spark
 
 
-def test_rq_job_is_forwarded_run_and_audited(spark: SparkSession, valkey_url: str, prefix: str, tmp_path: Path) -> None:
+def test_rq_job_is_forwarded_run_and_audited(
+    spark: SparkSession, valkey_url: str, prefix: str, tmp_path: Path, procs: Launcher
+) -> None:
     conn = redis.Redis.from_url(valkey_url)
     store = DelayStore(conn, Config(prefix=prefix, shards=4))
     queue = Queue(f"{prefix}-q", connection=conn, delay_store=store)
@@ -33,7 +36,7 @@ def test_rq_job_is_forwarded_run_and_audited(spark: SparkSession, valkey_url: st
     wait_for(lambda: forwarder.run_once() == 1, 10, "the job to fall due and be moved")
     assert log.flush(10)
 
-    processes = Processes(valkey_url, prefix)
+    processes = Processes(procs, valkey_url, prefix)
     processes.env["DELAYQ_AUDIT_DIR"] = str(tmp_path)
     worker = processes.start(
         "-m", "rq.cli", "worker", "-u", valkey_url, "--burst", "--queue-class", "delayq_backends.rq.Queue",

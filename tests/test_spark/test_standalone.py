@@ -25,7 +25,7 @@ from delayq_backends.audit import JsonLinesAudit
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
-from tests.conftest import make_store
+from tests.harness import make_store
 from tests.helpers import wait_for
 from tests.test_spark.standalone import SparkStandalone
 

@@ -8,9 +8,6 @@ the browser tests skip, unless ``DELAYQ_REQUIRE_BROWSER=1`` (CI), which makes th
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,12 +17,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from delayq_backends import DelayStore
+from delayq_backends.embedded import free_port
 from delayq_backends.web import create_app
-from tests.conftest import make_store
-from tests.helpers import kill_all, wait_for
+from tests.harness import ROOT, Launcher, make_store
+from tests.helpers import wait_for
 from tests.test_rq.conftest import processes  # noqa: F401 (a fixture: real `rq worker` processes)
 
-ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -65,28 +62,20 @@ def client(app: FastAPI) -> Iterator[TestClient]:
         yield c
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Dashboard:
-    """A ``delayq dashboard`` process on a free port, stopped at teardown."""
+    """A ``delayq dashboard`` process on a free port, stopped by the launcher at teardown."""
 
-    def __init__(self, url: str, prefix: str, tmp: Path, *extra: str) -> None:
+    def __init__(self, procs: Launcher, url: str, prefix: str, tmp: Path, *extra: str) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         token_file = tmp / "token"
         token_file.write_text(TOKEN + "\n")
         auth = [] if "--no-auth" in extra else ["--token-file", str(token_file)]
         self.log = tmp / "dashboard.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "delayq_backends.cli", "dashboard", "--url", url, "--prefix", prefix,
-                 "--shards", str(SHARDS), "--port", str(self.port), *auth, *extra],
-                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        self.proc = procs.delayq(
+            "dashboard", "--url", url, "--prefix", prefix, "--shards", str(SHARDS), "--port", str(self.port),
+            *auth, *extra, log=self.log,
+        )  # fmt: skip
         wait_for(
             self._up, 30, lambda: f"the dashboard to answer; its log: {self.log.read_text()[-2000:]}", interval=0.1
         )
@@ -99,21 +88,13 @@ class Dashboard:
         except httpx.HTTPError:
             return False
 
-    def stop(self) -> None:
-        kill_all([self.proc])
-
 
 @pytest.fixture
-def dashboard_factory(valkey_url: str, prefix: str, tmp_path: Path) -> Iterator[Any]:
-    started: list[Dashboard] = []
-
+def dashboard_factory(valkey_url: str, prefix: str, tmp_path: Path, procs: Launcher) -> Any:
     def start(*extra: str) -> Dashboard:
-        started.append(Dashboard(valkey_url, prefix, tmp_path, *extra))
-        return started[-1]
+        return Dashboard(procs, valkey_url, prefix, tmp_path, *extra)
 
-    yield start
-    for d in started:
-        d.stop()
+    return start
 
 
 @pytest.fixture(scope="session")

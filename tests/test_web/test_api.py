@@ -13,6 +13,7 @@ from celery import Celery
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from bench.lib.proxy import TcpProxy
 from delayq_backends import Config, DelayStore
 from delayq_backends.audit import FORWARDED, AuditRecord, RedisStreamAudit
 from delayq_backends.celery import CeleryTarget
@@ -22,7 +23,6 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import RQTarget
 from delayq_backends.web import create_app
 from tests.helpers import wait_for
-from tests.proxy import TcpProxy
 from tests.test_celery.test_replay import drain
 from tests.test_rq.conftest import Processes, runs
 from tests.test_web.conftest import AUTH, TOKEN

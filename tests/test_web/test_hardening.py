@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,12 +19,14 @@ from fastapi.testclient import TestClient
 
 from delayq_backends import DelayStore
 from delayq_backends.cli import main
+from delayq_backends.embedded import free_port
 from delayq_backends.envelope import Envelope
 from delayq_backends.web import create_app
 from delayq_backends.web.guard import Limits
 from delayq_backends.web.producers import FunctionAllowlist
+from tests.harness import Launcher
 from tests.helpers import wait_for
-from tests.test_web.conftest import AUTH, RQ_JOBS, TOKEN, free_port
+from tests.test_web.conftest import AUTH, RQ_JOBS, TOKEN
 from tests.test_web.test_api import ITEM, LOCAL, bury
 
 JSON = {"Content-Type": "application/json"}
@@ -182,11 +182,8 @@ class _static_site:
 
     def __init__(self, root: Path) -> None:
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1", "--directory", str(root)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.launcher = Launcher()
+        self.launcher.python("-m", "http.server", str(self.port), "--bind", "127.0.0.1", "--directory", str(root))
         wait_for(self._up, 15, "the attacker's site to answer", interval=0.05)
 
     def _up(self) -> bool:
@@ -199,8 +196,7 @@ class _static_site:
         return f"http://127.0.0.1:{self.port}/"
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        self.launcher.stop_all()
 
 
 # -- 3. the token and the body cap come before any parsing ---------------------------------------

@@ -1,4 +1,4 @@
-"""A loopback TCP proxy the tests can cut and restore, to stand for a network or broker outage."""
+"""A loopback TCP proxy that tests and benches cut and restore, to stand for a network or broker outage."""
 
 from __future__ import annotations
 

