@@ -318,23 +318,32 @@ class FlowGate:
                         "item %s of %r carries an invalid rate key: capped with the other such items", d.id, queue
                     )
                 by_key.setdefault(key, []).append(d)
+        if not by_key:
+            return out
+        wanted = {key: len(group) for key, group in by_key.items()}
+        taken = self.store.take_key_tokens(queue, wanted, rate=rate, burst=burst_of(rate))
         for key, group in by_key.items():
-            go, later = self._tokens(queue, group, rate, now_ms, key=key)
+            go, later = self._booked(f"{queue!r} key {key!r}", group, taken[key], rate, now_ms)
             out.go.extend(go)
             out.later.extend(later)
         return out
 
-    def _tokens(
-        self, queue: str, deliveries: list[Delivery], rate: float, now_ms: int, *, key: Optional[str] = None
-    ) -> Admission:
+    def _tokens(self, queue: str, deliveries: list[Delivery], rate: float, now_ms: int) -> Admission:
         """Rate cap: those with a token go; the rest wait for the slots booked for them."""
         try:
-            granted, first, _ = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate), key=key)
-        except (redis.ResponseError, StoreFullError) as exc:  # fail closed: the cap protects the workers
-            bucket = repr(queue) if key is None else f"{queue!r} key {key!r}"
-            log.error("rate bucket of %s failed (%s: %s); holding its items back", bucket, type(exc).__name__, exc)
+            taken: Any = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
+        except (redis.ResponseError, StoreFullError) as exc:
+            taken = exc
+        return self._booked(repr(queue), deliveries, taken, rate, now_ms)
+
+    def _booked(self, bucket: str, deliveries: list[Delivery], taken: Any, rate: float, now_ms: int) -> Admission:
+        """What a bucket's answer ((granted, first slot ms, now), or its error) lets go now; the
+        rest wait for their booked slots, or, when the bucket failed, a recheck."""
+        if isinstance(taken, Exception):  # fail closed: the cap protects the workers
+            log.error("rate bucket of %s failed (%s: %s); holding its items back", bucket, type(taken).__name__, taken)
             not_before = now_ms + int(self.control.recheck * 1000)
             return Admission([], [(d.id, not_before) for d in deliveries])
+        granted, first, _ = taken
         step, grid = 1000 / rate, slot_quantum_ms(rate)
         later = [(d.id, math.ceil((first + i * step) / grid) * grid) for i, d in enumerate(deliveries[granted:])]
         return Admission(deliveries[:granted], later)

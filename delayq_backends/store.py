@@ -12,7 +12,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from functools import partial
 from itertools import islice
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import redis
 
@@ -595,28 +595,41 @@ class DelayStore:
         return int(self._run(self.scripts.defer, claim.shard, args))
 
     def take_tokens(
-        self,
-        queue: str,
-        wanted: int,
-        *,
-        rate: float,
-        burst: int,
-        key: Optional[str] = None,
-        now: Optional[int] = None,
+        self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None
     ) -> Tuple[int, int, int]:
-        """Take up to ``wanted`` tokens from ``queue``'s rate bucket (or, with ``key``, from the
-        bucket of that rate key of ``queue``), shared by all forwarders.
+        """Take up to ``wanted`` tokens from ``queue``'s rate bucket, shared by all forwarders.
 
         Returns (granted, first slot ms, server now ms): the refused ``wanted - granted`` may go
         from the first slot on, one every ``1000 / rate`` ms (they hold those slots).
         """
-        prefix = self.config.prefix
-        bucket = rate_key(prefix, queue) if key is None else key_rate_key(prefix, queue, key)
         with _full_store_said_plainly():
             granted, first, server_now = self.scripts.take(
-                keys=[bucket], args=[repr(float(rate)), burst, wanted, now or 0]
+                keys=[rate_key(self.config.prefix, queue)], args=[repr(float(rate)), burst, wanted, now or 0]
             )
         return int(granted), int(first), int(server_now)
+
+    def take_key_tokens(
+        self, queue: str, wanted: Mapping[str, int], *, rate: float, burst: int, now: Optional[int] = None
+    ) -> dict[str, Union[Tuple[int, int, int], Exception]]:
+        """:meth:`take_tokens` from the bucket of each rate key of ``queue`` in ``wanted``
+        (key -> tokens wanted), in one round trip (one per key on a cluster, whose pipelines
+        cannot run scripts). A key whose bucket fails gets its error (a Redis error reply, or
+        :class:`StoreFullError`) instead of its (granted, first slot ms, server now ms)."""
+        calls = [
+            ([key_rate_key(self.config.prefix, queue, k)], [repr(float(rate)), burst, n, now or 0])
+            for k, n in wanted.items()
+        ]
+        if self.cluster or len(calls) == 1:
+            replies = [_reply_or_error(partial(self.scripts.take, keys=keys, args=args)) for keys, args in calls]
+        else:
+            with self.client.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    self.scripts.take(keys=keys, args=args, client=pipe)
+                replies = pipe.execute(raise_on_error=False)
+        return {
+            key: reply if isinstance(reply, Exception) else (int(reply[0]), int(reply[1]), int(reply[2]))
+            for key, reply in zip(wanted, replies)
+        }
 
     def fail(
         self, claim: Claim, failures: Iterable[Tuple[str, Optional[int], str]], *, now: Optional[int] = None

@@ -114,12 +114,29 @@ def test_garbage_rate_keys_share_one_capped_bucket_and_never_stop_the_forwarder(
     assert store.dead_letters() == []
 
 
-def test_buckets_of_idle_keys_expire(valkey_url: str, prefix: str) -> None:
-    store = make_store(valkey_url, prefix, shards=4)
-    for n in range(50):
-        store.take_tokens("q", 1, rate=10, burst=1, key=f"tenant-{n}")
+def test_buckets_of_idle_keys_expire(server_url: str, prefix: str) -> None:
+    store = make_store(server_url, prefix, shards=4)
+    taken = store.take_key_tokens("q", {f"tenant-{n}": 2 for n in range(50)}, rate=10, burst=1)
+    assert all(t == (1, t[1], t[2]) for t in taken.values())  # type: ignore[index]
     bucket = key_rate_key(prefix, "q", "tenant-7")
-    assert 0 < store.client.pttl(bucket) <= 2100  # refilled (0.1 s) plus a second, then gone
+    # a booked slot (0.1 s), the refill (0.1 s) plus a second, then gone
+    assert 0 < store.client.pttl(bucket) <= 1300
+
+
+def test_a_failing_key_bucket_holds_its_items_back_and_the_others_go(
+    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store(valkey_url, prefix, shards=4)
+    now = store.server_time_ms() / 1000 - 1
+    store.schedule_many([("a1", now, keyed("q", "A")), ("b1", now, keyed("q", "B"))])
+    store.client.set(key_rate_key(prefix, "q", "A"), "not a hash")
+    inbox = CollectingTarget("list")
+    forwarder = TestingForwarder(store, [inbox], clock=store.server_time_ms, flow=FlowControl(key_rates={"q": 10}))
+    with caplog.at_level(logging.ERROR, logger="delayq.flow"):
+        forwarder.run_once()
+    assert inbox.ids == ["b1"] and "rate bucket of 'q' key 'A' failed" in caplog.text
+    item = store.get("a1")
+    assert item is not None and item.attempts == 0 and item.leased_until_ms is not None  # deferred
 
 
 # -- real forwarder processes -----------------------------------------------------------------

@@ -111,7 +111,7 @@ def test_each_role_does_its_job_on_its_prefix_and_nothing_else(admin: Admin, pre
     claim = forwarder_store.claim(forwarder_store.shard_of("i2"))
     assert forwarder_store.fail(claim, [("i2", None, "boom")]) == (0, 1)
     assert forwarder_store.take_tokens("q", 2, rate=10, burst=5)[0] == 2
-    assert forwarder_store.take_tokens("q", 2, rate=10, burst=5, key="tenant-1")[0] == 2
+    assert forwarder_store.take_key_tokens("q", {"tenant-1": 2}, rate=10, burst=5)["tenant-1"][0] == 2  # type: ignore[index]
     for _ in range(2):
         producer.debounce("k", 4_000_000_000, RedisListTarget.envelope("out", b"x"))
     assert producer.throttle("k", 4_000_000_000, RedisListTarget.envelope("out", b"x")).calls == 1
@@ -211,7 +211,10 @@ def test_acl_command_prints_the_rules_of_a_role() -> None:
     shown = CliRunner().invoke(main, ["acl", "forwarder", "--prefix", "app", "--user", "fwd"])
     assert shown.exit_code == 0
     assert shown.stdout.startswith("ACL SETUSER fwd reset on '><password>' ")
-    assert "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '~app:{app}:keyrate:*' '~app:{app}:periodic' '&app:wake'" in shown.stdout
+    assert (
+        "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '~app:{app}:keyrate:*' '~app:{app}:periodic' '&app:wake'"
+        in shown.stdout
+    )
     assert "+fcall" in shown.stdout and "+eval" not in shown.stdout and "+subscribe" in shown.stdout
     assert "delayq functions install" in shown.stderr
     legacy = CliRunner().invoke(main, ["acl", "forwarder", "--prefix", "app", "--eval"])
