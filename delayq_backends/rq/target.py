@@ -196,9 +196,15 @@ def job_envelope(
 
 def job_id_of(delivery: Delivery) -> str:
     """The RQ job a delivery moves: its envelope's ``job``, else the item id (every job that is
-    not debounced or throttled)."""
-    job_id = delivery.envelope.meta.get(JOB_KEY)
-    return job_id if isinstance(job_id, str) and job_id else delivery.id
+    not debounced or throttled).
+
+    Raises:
+        ValueError: the envelope's ``job`` is no job id (written by another tool).
+    """
+    job_id = delivery.envelope.meta.get(JOB_KEY, delivery.id)
+    if not isinstance(job_id, str) or not job_id:
+        raise ValueError(f"its envelope's job id {str(job_id)[:40]!r} is not a job id (written by another tool)")
+    return job_id
 
 
 def enqueues_at_front(job: Job) -> bool:
@@ -444,6 +450,11 @@ class RQTarget:
         report = PublishReport()
         groups: dict[tuple[Any, ...], list[Delivery]] = {}
         for d in deliveries:  # the serializer is not needed: nothing is deserialized
+            try:
+                job_id_of(d)
+            except ValueError as exc:
+                report.failed.append((d.id, f"RQ item {d.id!r} cannot be moved: {exc}", True))
+                continue
             key = (d.envelope.destination, d.envelope.meta.get("queue_class"), d.envelope.meta.get("job_class"))
             groups.setdefault(key, []).append(d)
         for (name, queue_path, job_path), group in groups.items():

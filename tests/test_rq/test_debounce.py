@@ -5,6 +5,7 @@ moved by a real forwarder into a real ``rq worker``; the jobs that will not run 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -84,3 +85,13 @@ def test_rate_key_in_job_meta_is_stored_with_the_job(queue: Queue, rq_store: Del
     item = rq_store.get("debounce:d")
     assert item is not None and rate_key_of(Envelope.decode(item.envelope)) == "t-2"
     assert Envelope.decode(item.envelope).meta["job"] == debounced.id
+
+
+def test_a_garbage_job_id_in_the_envelope_is_buried_with_the_reason(
+    queue: Queue, rq_store: DelayStore, forwarder: Forwarder
+) -> None:
+    junk = replace(queue.envelope(), meta={**queue.envelope().meta, "job": 42})
+    rq_store.schedule("debounce:junk", 1.0, junk)
+    forwarder.run_once()
+    [dead] = rq_store.dead_letters()
+    assert dead.id == "debounce:junk" and "job id '42' is not a job id" in dead.error
