@@ -25,8 +25,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import redis
 
@@ -267,8 +268,8 @@ def validate(costs: Costs, n: int, rtt_us: float) -> list[dict[str, Any]]:
     cores = os.cpu_count() or 1
     with EmbeddedServer() as broker:
         for masters in (1, 3):
-            cluster: Optional[EmbeddedCluster] = None
-            single: Optional[EmbeddedServer] = None
+            cluster: EmbeddedCluster | None = None
+            single: EmbeddedServer | None = None
             if masters == 1:
                 single = EmbeddedServer().start()
                 url, nodes = single.url, [single]
@@ -326,7 +327,7 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, default=20_000, help="items per measurement")
     parser.add_argument("--results", action="store_true", help="append a section to bench/RESULTS.md")

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import redis
 from kombu import Connection
@@ -161,7 +161,7 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def held_by_worker(app: Any) -> Optional[int]:
+def held_by_worker(app: Any) -> int | None:
     """ETA tasks the worker holds in memory (its ``inspect scheduled`` list), None if it does not say."""
     try:
         return sum(len(v) for v in (app.control.inspect(timeout=10).scheduled() or {}).values())
@@ -325,7 +325,7 @@ def run(quick: bool, apply_async_only: bool = False) -> dict[str, Any]:
     return report
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes, about 2 minutes")
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")

@@ -15,7 +15,6 @@ import os
 import sys
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Optional
 
 from lib.chaos import ChaosPlan, ChaosReport, run_chaos
 from lib.report import RESULTS_PATH, code_digest, log, write_results
@@ -82,7 +81,7 @@ def markdown(report: ChaosReport, mode: str, load: tuple[float, float], broker: 
     )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="about 40 s, 26 faults")
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")

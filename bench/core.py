@@ -26,14 +26,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from itertools import islice
 from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import redis
 from lib.items import OUT_LIST, entries, envelope, in_an_hour, load
@@ -231,7 +231,7 @@ def ceiling_pipelined_case(server: BenchServer, sizes: Sizes, *, variadic: bool)
     return Case("ceiling_pipeline_per_item", "ceiling: pipelined ZADD+HSET per item, 500 items/execute", prepare)
 
 
-def bench_redis_benchmark(server: BenchServer, sizes: Sizes) -> Optional[Figure]:
+def bench_redis_benchmark(server: BenchServer, sizes: Sizes) -> Figure | None:
     """``redis-benchmark -c 1 -P 500`` ZADD and HSET (240-byte values) against our server.
 
     A C client cannot be the bottleneck, so this is the server's own ceiling for one
@@ -897,7 +897,7 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes, < 2 min (smoke test)")
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="markdown file to append to")

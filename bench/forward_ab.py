@@ -18,8 +18,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def summary(rates: list[float]) -> dict[str, float]:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, metavar="REV", help="git revision to compare with")
     parser.add_argument("--items", type=int, default=50_000)

@@ -19,11 +19,12 @@ import argparse
 import os
 import statistics
 import time
-from typing import Any, Callable, List
+from collections.abc import Callable
+from typing import Any
 
 import redis
 
-import delayq_backends.store as store_module
+import delayq_backends.store.reader as store_module
 from delayq_backends import Config, DelayStore
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedServer
@@ -38,12 +39,12 @@ def make(url: str, prefix: str) -> DelayStore:
     return DelayStore(connect(url, socket_timeout=600), Config(url=url, prefix=prefix, shards=1, lease_seconds=600))
 
 
-def spread(samples: List[float]) -> str:
+def spread(samples: list[float]) -> str:
     q = statistics.quantiles(samples, n=10)
     return f"p50 {statistics.median(samples):7.2f} ms  (p10 {q[0]:.2f}, p90 {q[-1]:.2f}, n={len(samples)})"
 
 
-def book_deferred(store: DelayStore, count: int) -> List[float]:
+def book_deferred(store: DelayStore, count: int) -> list[float]:
     """Schedule ``count`` due rank-5 items and give them all back an hour ahead, 200 per claim,
     as the forwarder's flow control does; returns each claim+defer's duration in ms."""
     now = store.server_time_ms()
@@ -61,12 +62,12 @@ def book_deferred(store: DelayStore, count: int) -> List[float]:
     return took
 
 
-def timed_claims(stores: List[DelayStore], claims: int) -> List[List[float]]:
+def timed_claims(stores: list[DelayStore], claims: int) -> list[list[float]]:
     """``claims`` claim(200)s of each store, interleaved; each claim is acked outside the timing."""
     now = stores[0].server_time_ms()
     for store in stores:
         store.schedule_many([(f"r{n}", (now - 1000) / 1000, BODY, RANK) for n in range(claims * 200)])
-    out: List[List[float]] = [[] for _ in stores]
+    out: list[list[float]] = [[] for _ in stores]
     for _ in range(claims):
         for k, store in enumerate(stores):
             start = time.perf_counter()
@@ -97,7 +98,7 @@ def longest_call(store: DelayStore, action: Callable[[], Any], admin: redis.Redi
     admin.config_set("slowlog-log-slower-than", 1000)
     admin.config_set("slowlog-max-len", 128)
     admin.slowlog_reset()
-    trips: List[float] = []
+    trips: list[float] = []
     real = store._write
 
     def timed(*args: Any) -> Any:

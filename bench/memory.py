@@ -22,9 +22,9 @@ import json
 import os
 import struct
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import redis
 from celery import Celery

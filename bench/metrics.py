@@ -15,11 +15,11 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from lib.items import envelope
 from lib.report import RESULTS_PATH, Figure, code_digest, distribution, fmt_dist, log, write_results
@@ -139,7 +139,7 @@ def markdown_section(r: dict[str, Any], quick: bool) -> str:
     )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes, < 1 min (smoke test)")
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="markdown file to append to")

@@ -29,7 +29,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import redis
 from lib.brokers import AMQP_URL
@@ -239,7 +239,7 @@ def markdown(report: dict[str, Any], when: str) -> str:
     )
 
 
-def _peer_markdown(peer: Optional[dict[str, Any]]) -> str:
+def _peer_markdown(peer: dict[str, Any] | None) -> str:
     if not peer:
         return ""
     return (
@@ -249,7 +249,7 @@ def _peer_markdown(peer: Optional[dict[str, Any]]) -> str:
     )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="30 s, 3 kills")
     parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")

@@ -32,10 +32,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -45,7 +46,7 @@ from lib.server import BenchServer  # noqa: E402
 
 from delayq_backends import Config, DelayStore  # noqa: E402
 from delayq_backends.scripts import _INCLUDE  # noqa: E402
-from delayq_backends.store import _schedule_args  # noqa: E402
+from delayq_backends.scripts.store import Schedule, ScheduleItem  # noqa: E402
 
 LIMIT = 200
 
@@ -123,36 +124,35 @@ def hold_ranked(store: DelayStore, sizes: Sizes) -> None:
         raise RuntimeError("the first claim should have taken exactly the ranked items")
 
 
-def schedule_rates(server: BenchServer, sizes: Sizes, before: Optional[str]) -> dict[str, float]:
+def schedule_rates(server: BenchServer, sizes: Sizes, before: str | None) -> dict[str, float]:
     """Items/s of schedule script calls (500 items each, arguments built untimed, as
     ``schedule_many`` builds them), rank 0 vs ranked (vs rank 0 with ``before``'s script), rounds
     alternating; median of rounds. Script calls only, so the old and new scripts compare alone."""
     # a store per case: rank-0 rows on a shard that holds ranked items pay a ZREM each
     plain, ranked = (DelayStore(server.connect(), Config(prefix=f"bench-prio-s{n}", shards=1)) for n in (0, 1))
-    cases: list[tuple[str, DelayStore, Callable[[list[Any]], list[Any]]]] = [
-        ("rank 0", plain, lambda items: _schedule_args([(*item, 0) for item in items])),
-        ("ranked", ranked, lambda items: _schedule_args([(*item, 2) for item in items])),
-    ]
-    if before:
-        old = with_scripts_of(DelayStore(server.connect(), Config(prefix="bench-prio-s2", shards=1)), before)
-        cases.append((f"rank 0, scripts of {before}", old, lambda items: [f for item in items for f in item]))
+    cases: list[tuple[str, DelayStore, int]] = [("rank 0", plain, 0), ("ranked", ranked, 2)]
+    if before:  # the old scripts took all eight shard keys; the typed calls send each only its own
+        log(f"--before {before}: not compared since the script layer sends each script only its keys")
     data = envelope("schedule", 0).encode()
     when = int(time.time() * 1000) + 3_600_000
     rates: dict[str, list[float]] = {label: [] for label, _, _ in cases}
     for r in range(sizes.schedule_rounds):
-        for n, (label, s, item_args) in enumerate(cases):
-            items = [(f"s{r}-{n}-{i}", when, data) for i in range(sizes.schedule_items)]
-            calls = [["replace", s.wake_channel, *item_args(items[k : k + 500])] for k in range(0, len(items), 500)]
+        for n, (label, s, rank) in enumerate(cases):
+            items = [ScheduleItem(f"s{r}-{n}-{i}", when, data, rank) for i in range(sizes.schedule_items)]
             s.check_meta()
-            keys = s.keys(0).all()
+            keys = s.keys(0)
+            calls = [
+                Schedule.call(keys, items[k : k + 500], keep=False, wake=s.wake_channel)
+                for k in range(0, len(items), 500)
+            ]
             t0 = time.perf_counter()
-            for args in calls:
-                s.scripts.schedule(keys=keys, args=args)
+            for call in calls:
+                s.scripts.run(call)
             rates[label].append(sizes.schedule_items / (time.perf_counter() - t0))
     return {label: round(statistics.median(values)) for label, values in rates.items()}
 
 
-def run_all(sizes: Sizes, before: Optional[str]) -> dict[str, Any]:
+def run_all(sizes: Sizes, before: str | None) -> dict[str, Any]:
     load_start = [round(x, 2) for x in os.getloadavg()]
     with BenchServer() as server:
         server.wipe()
@@ -216,7 +216,7 @@ median of rounds: {rates}.
 """
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="markdown file to append to")

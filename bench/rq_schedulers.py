@@ -25,11 +25,12 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -44,8 +45,8 @@ from rq.job import Job  # noqa: E402
 from rq.registry import FinishedJobRegistry  # noqa: E402
 
 from delayq_backends import Config, DelayStore  # noqa: E402
-from delayq_backends.functions import install_functions  # noqa: E402
 from delayq_backends.rq import Queue  # noqa: E402
+from delayq_backends.scripts import install_functions  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PREFIX = "bench"
@@ -382,7 +383,7 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
         return result
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="markdown file to append to")

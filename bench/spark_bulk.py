@@ -26,9 +26,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pyarrow.parquet as pq
 import redis
@@ -78,7 +79,7 @@ def spark_run(spark: Any, path: str, url: str, prefix: str, target: Target, mode
     return {"rows": rows, "seconds": round(seconds, 2), "rate": round(rows / seconds), "counts": result.counts.__dict__}
 
 
-def loop_run(path: str, url: str, prefix: str, target: Target, limit: Optional[int]) -> dict[str, Any]:
+def loop_run(path: str, url: str, prefix: str, target: Target, limit: int | None) -> dict[str, Any]:
     """The executors' per-row work in one Python process: the target's writer and ``schedule_many``."""
     table = pq.read_table(path)
     if limit is not None:
@@ -202,7 +203,7 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows in the Parquet file (Spark and list loop)")
     parser.add_argument("--loop-sample", type=int, default=200_000, help="rows of the Python loop to Celery")

@@ -23,8 +23,6 @@ without functions (Redis < 7).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .config import Config
 from .errors import ConfigError
 from .keys import meta_key, periodic_key, wake_channel
@@ -41,12 +39,12 @@ _FUNCTIONS = ("+fcall", "+fcall_ro")
 _SCRIPTS = ("+evalsha", "+eval", "+script|load", "+script|exists")
 #: The scripts' own commands, which Redis checks when the script calls them.
 _SCRIPT_WRITES = ("+zadd", "+zrem", "+hset", "+hdel", "+hincrby", "+publish")
-#: schedule_in/ack_in: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
+#: schedule/ack with pipeline=: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
 _TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zcard", "+zcount", "+exists")
 #: HSCAN: the periodic entries' registry (``periodic list``, a sync at forwarder start)
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
-#: schedule_in/ack_in: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
+#: schedule/ack with pipeline=: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
 _TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 
 ROLES: dict[str, tuple[str, ...]] = {
@@ -94,9 +92,7 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     return ["resetkeys", "resetchannels", "-@all", *ROLES[role], *scripts, *key_patterns(prefix), *channels]
 
 
-def acl_setuser(
-    user: str, prefix: str, role: str, *, password: Optional[str] = None, functions: bool = True
-) -> list[str]:
+def acl_setuser(user: str, prefix: str, role: str, *, password: str | None = None, functions: bool = True) -> list[str]:
     """The full ``ACL SETUSER`` command as arguments (``>password`` or a placeholder)."""
     secret = f">{password}" if password is not None else "><password>"
     return ["ACL", "SETUSER", user, "reset", "on", secret, *acl_rules(prefix, role, functions=functions)]

@@ -9,9 +9,10 @@ and the audit log are wired the same way everywhere. Interfaces parse their opti
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, cast
+from typing import Any, cast
 
 import redis
 
@@ -54,15 +55,15 @@ class ForwarderSettings:
     poll: float = 1.0
     log_every: float = 10.0
     flow: FlowControl = field(default_factory=FlowControl)
-    audit_dir: Optional[str] = None
-    audit_stream: Optional[str] = None
-    metrics_port: Optional[int] = None
+    audit_dir: str | None = None
+    audit_stream: str | None = None
+    metrics_port: int | None = None
     metrics_host: str = DEFAULT_METRICS_HOST
     metrics_queues: tuple[str, ...] = ()
     list_target: bool = True
-    list_redis: Optional[str] = None
-    celery_broker: Optional[str] = None
-    rq_redis: Optional[str] = None
+    list_redis: str | None = None
+    celery_broker: str | None = None
+    rq_redis: str | None = None
     rq_allow_classes: tuple[str, ...] = ()
     rq_adopt: bool = True
 
@@ -117,7 +118,7 @@ class AssembledForwarder:
 def build_forwarder(
     settings: ForwarderSettings,
     *,
-    store: Optional[DelayStore] = None,
+    store: DelayStore | None = None,
     targets: Sequence[DescribedTarget] = (),
 ) -> AssembledForwarder:
     """Open the store (unless given), build the targets the settings name plus ``targets``,

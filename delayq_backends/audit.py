@@ -20,9 +20,10 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol, Sequence, TextIO
+from typing import Any, Protocol, TextIO
 
 from .connection import connect
 from .errors import ConfigError
@@ -66,7 +67,7 @@ class AuditRecord:
     id: str
     target: str
     queue: str
-    ready_ms: Optional[int]
+    ready_ms: int | None
     at_ms: int
     attempt: int
     by: str
@@ -100,8 +101,8 @@ class AuditLog:
         self.dropped = 0
         self.failed = 0
         self._pid = -1
-        self._queue: queue.Queue[Optional[Sequence[AuditRecord]]] = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
+        self._queue: queue.Queue[Sequence[AuditRecord] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def record(self, records: Sequence[AuditRecord]) -> None:
@@ -191,7 +192,7 @@ class JsonLinesAudit(AuditLog):
         self.directory = Path(directory)
         self.stem = stem
         self.max_bytes = max_bytes
-        self._file: Optional[TextIO] = None
+        self._file: TextIO | None = None
         self._size = 0
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -280,8 +281,8 @@ def stream_record(raw: dict[bytes, bytes]) -> AuditRecord:
 
 
 def open_audit(
-    *, directory: Optional[str] = None, stream: Optional[str] = None, url: Optional[str] = None, stem: str = "audit"
-) -> Optional[AuditLog]:
+    *, directory: str | None = None, stream: str | None = None, url: str | None = None, stem: str = "audit"
+) -> AuditLog | None:
     """The audit log the options name: a directory of JSON lines, a stream on ``url``, or None.
 
     Raises:
@@ -298,7 +299,7 @@ def open_audit(
     return None
 
 
-def audit_from_env(*, stem: str, background: bool = True) -> Optional[AuditLog]:
+def audit_from_env(*, stem: str, background: bool = True) -> AuditLog | None:
     """The audit log of ``DELAYQ_AUDIT_DIR`` or ``DELAYQ_AUDIT_STREAM`` (on ``DELAYQ_AUDIT_URL``,
     else ``DELAYQ_URL``): how worker processes, which take no delayq options, are configured."""
     env = os.environ

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict
 
 from .errors import ConfigError
 
@@ -120,7 +119,7 @@ class Plan:
     """
 
     masters: int
-    masters_by: Dict[str, int]
+    masters_by: dict[str, int]
     binding: str
     shards: int
     forwarders: int

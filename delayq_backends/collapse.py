@@ -8,14 +8,16 @@ The forms: a key (text), meaning debounce and keep the last call's arguments, or
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from .envelope import Envelope
 from .errors import InvalidDebounceError
 from .keys import COLLAPSE_MODES
 from .models import Collapsed
-from .store import KEEP, DelayStore
+from .store import DelayStore
+from .store.producer import KEEP
 from .timeutil import When
 
 __all__ = ["Collapse"]
@@ -55,7 +57,7 @@ class Collapse:
         return cls(key, mode, keep)
 
     def apply(
-        self, store: DelayStore, when: When, envelope: Envelope, *, rank: int = 0, rate_key: Optional[str] = None
+        self, store: DelayStore, when: When, envelope: Envelope, *, rank: int = 0, rate_key: str | None = None
     ) -> Collapsed:
         """Schedule ``envelope`` at ``when`` under this key, collapsing with its pending run."""
         call = store.debounce if self.mode == "debounce" else store.throttle

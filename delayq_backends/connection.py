@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -11,11 +11,11 @@ from redis.cluster import RedisCluster
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .store import DelayStore
+    from .store.base import StoreCore
 
 __all__ = ["Client", "connect", "connect_rq", "is_cluster", "on_store_server", "redact_url", "same_server"]
 
-Client = Union[redis.Redis, RedisCluster]
+Client = redis.Redis | RedisCluster
 
 
 #: One URL's scheme; kombu takes several URLs joined by ";" (failover brokers).
@@ -94,13 +94,13 @@ def same_server(a: Any, b: Any) -> bool:
     return all(ka.get(f) == kb.get(f) for f in fields)
 
 
-def on_store_server(store: DelayStore, client: Any) -> bool:
+def on_store_server(store: StoreCore, client: Any) -> bool:
     """Whether ``client`` writes to the store's own (non-cluster) server and database, so its
     writes and the store's can commit in one MULTI/EXEC: the one rule every adapter asks."""
     return not store.cluster and same_server(store.client, client)
 
 
-def connect_rq(url: str, store: DelayStore) -> redis.Redis:
+def connect_rq(url: str, store: StoreCore) -> redis.Redis:
     """RQ's Redis at ``url``, reusing the store's own client when ``url`` is the store's and
     not a cluster, so a job hash and its store entry commit in one transaction.
 

@@ -23,7 +23,6 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
 
 from prometheus_client import Counter
 from redis.exceptions import RedisError
@@ -63,7 +62,7 @@ class Decision:
 
     verdict: Verdict
     key: str = ""
-    first: Optional[str] = None
+    first: str | None = None
 
     @property
     def run(self) -> bool:

@@ -15,7 +15,7 @@ import uuid
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Optional, cast
+from typing import cast
 
 import redis
 from rich.console import Console
@@ -64,9 +64,9 @@ class DemoResult:
     forwarded: int
     delivered: int
     duplicates: int
-    p50_ms: Optional[int]
-    p99_ms: Optional[int]
-    max_ms: Optional[int]
+    p50_ms: int | None
+    p99_ms: int | None
+    max_ms: int | None
     elapsed_s: float
 
     @property
@@ -79,7 +79,7 @@ class _Background:
 
     def __init__(self, forwarder: Forwarder) -> None:
         self.forwarder = forwarder
-        self.error: Optional[Exception] = None
+        self.error: Exception | None = None
         self.thread = threading.Thread(target=self._run, name="delayq-demo-forwarder", daemon=True)
         self.thread.start()
 
@@ -100,11 +100,11 @@ class _Background:
 
 def run_demo(
     *,
-    url: Optional[str] = None,
+    url: str | None = None,
     items: int = 3000,
     spread: float = 10.0,
     shards: int = 16,
-    console: Optional[Console] = None,
+    console: Console | None = None,
 ) -> DemoResult:
     """Schedule ``items`` list-target items over the next ``spread`` seconds, forward them with a
     :class:`Forwarder` in a background thread, and measure lateness and duplicates.
@@ -148,7 +148,7 @@ def run_demo(
         )
 
 
-def _server(stack: ExitStack, url: Optional[str]) -> tuple[str, bool]:
+def _server(stack: ExitStack, url: str | None) -> tuple[str, bool]:
     """The URL to use and whether it is embedded; an embedded server is stopped by ``stack``."""
     if url is not None:
         return url, False
@@ -170,7 +170,7 @@ def _schedule(store: DelayStore, list_key: str, items: int, spread: float) -> No
     store.schedule_many(entries)
 
 
-def _wait(background: _Background, items: int, timeout: float, console: Optional[Console]) -> None:
+def _wait(background: _Background, items: int, timeout: float, console: Console | None) -> None:
     """Show progress until every item was forwarded, the forwarder died, or ``timeout`` passed."""
     stats = background.forwarder.stats
     deadline = time.monotonic() + timeout

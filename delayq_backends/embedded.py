@@ -13,8 +13,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import redis
 
@@ -78,14 +78,14 @@ class EmbeddedServer:
         persist: keep an append-only file, so a restart finds the data again.
     """
 
-    def __init__(self, *, port: Optional[int] = None, args: Sequence[str] = (), persist: bool = False) -> None:
+    def __init__(self, *, port: int | None = None, args: Sequence[str] = (), persist: bool = False) -> None:
         self.binary = find_server_binary()
         self._chosen_port = port is not None
         self.port = port or free_port(bus="--cluster-enabled" in args)
         self.dir = Path(tempfile.mkdtemp(prefix="delayq-server-"))
         self.args = list(args)
         self.persist = persist
-        self.process: Optional[subprocess.Popen[bytes]] = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:

@@ -3,7 +3,8 @@ so a script written against one reads the other."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import redis
 
@@ -28,7 +29,7 @@ __all__ = [
 Row = TypeVar("Row")
 
 
-def iso(ms: Optional[int]) -> Optional[str]:
+def iso(ms: int | None) -> str | None:
     """UTC ISO-8601 to the millisecond, the one time format of every command's output."""
     return None if ms is None else from_ms(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -72,7 +73,7 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
     return entry
 
 
-def collapsed_entry(item: ScheduledItem) -> Optional[dict[str, Any]]:
+def collapsed_entry(item: ScheduledItem) -> dict[str, Any] | None:
     """A debounced or throttled item's mode, key and collapsed calls (for the listings), else None."""
     found = collapsed_key(item.id)
     if found is None:
@@ -81,7 +82,7 @@ def collapsed_entry(item: ScheduledItem) -> Optional[dict[str, Any]]:
     return {"mode": mode, "key": key, "calls": item.calls}
 
 
-def describe_collapsed(collapsed: Optional[dict[str, Any]]) -> str:
+def describe_collapsed(collapsed: dict[str, Any] | None) -> str:
     """``"debounced: 12 calls, key user-42"`` ("" for other items): how the listings show it."""
     if not collapsed:
         return ""
@@ -94,7 +95,7 @@ def describe_collapsed(collapsed: Optional[dict[str, Any]]) -> str:
 _CELERY_KINDS = ("celery", "celery-periodic")
 
 
-def _celery_task(envelope: Envelope) -> Optional[dict[str, Any]]:
+def _celery_task(envelope: Envelope) -> dict[str, Any] | None:
     """A Celery message's task name, arguments (JSON bodies only), eta, queue and priority; for a
     periodic entry, its next run and entry name."""
     if envelope.target not in _CELERY_KINDS:
@@ -124,10 +125,10 @@ def dead_entry(dead: DeadLetter) -> dict[str, Any]:
 
 def around_bad_shards(
     store: DelayStore,
-    shard: Optional[int],
+    shard: int | None,
     offset: int,
     limit: int,
-    read: Callable[[Optional[int], int], list[Row]],
+    read: Callable[[int | None, int], list[Row]],
     order: Callable[[Row], int],
 ) -> tuple[list[Row], list[str]]:
     """One page of a listing merged over the shards; when a shard's key holds another type

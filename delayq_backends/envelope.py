@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from .errors import EnvelopeError, InvalidRateKeyError
 
@@ -216,7 +217,7 @@ def with_rate_key(envelope: Envelope, key: str) -> Envelope:
     return replace(envelope, meta={**envelope.meta, RATE_KEY: check_rate_key(key)})
 
 
-def rate_key_of(envelope: Envelope) -> Optional[str]:
+def rate_key_of(envelope: Envelope) -> str | None:
     """The rate key an envelope carries, None without one; :data:`INVALID_RATE_KEY` when what is
     stored is no valid key, so such items share one capped bucket instead of stopping a forwarder."""
     key = envelope.meta.get(RATE_KEY)

@@ -6,7 +6,7 @@ catches ``ValueError`` around scheduling keeps working.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = [
     "BrokerUnavailable",

@@ -23,13 +23,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 import redis
 
 from .envelope import INVALID_RATE_KEY, rate_key_of
 from .errors import ConfigError, StoreFullError
+from .models import TokenGrant
 from .store import DelayStore
 from .targets import Delivery, DepthTarget, Target
 
@@ -145,7 +147,7 @@ class FlowControl:
         cls,
         depths: Mapping[str, Any],
         rates: Mapping[str, Any],
-        key_rates: Optional[Mapping[str, Any]] = None,
+        key_rates: Mapping[str, Any] | None = None,
         **settings: Any,
     ) -> FlowControl:
         """From configuration dicts such as ``{"q": 100}`` and ``{"q": "500/s"}``."""
@@ -200,7 +202,7 @@ class Admission(NamedTuple):
 
 @dataclass
 class _Depth:
-    value: Optional[int]  # None: unknown (probe failed or impossible), treated as flowing
+    value: int | None  # None: unknown (probe failed or impossible), treated as flowing
     read_at: float
 
 
@@ -278,14 +280,14 @@ class FlowGate:
             self._holds[queue] = (wait_ms, until)
         return until
 
-    def _depth(self, kind: str, queue: str) -> Optional[int]:
+    def _depth(self, kind: str, queue: str) -> int | None:
         """The broker queue's depth, read at most once per ``probe_ttl``; None when unknown."""
         cached = self._depths.get((kind, queue))
         now = self.clock()
         if cached is not None and now - cached.read_at < self.control.probe_ttl:
             return cached.value
         target = self.targets.get(kind)
-        value: Optional[int] = None
+        value: int | None = None
         if isinstance(target, DepthTarget):
             try:
                 value = target.queue_depth(queue)
@@ -330,20 +332,23 @@ class FlowGate:
 
     def _tokens(self, queue: str, deliveries: list[Delivery], rate: float, now_ms: int) -> Admission:
         """Rate cap: those with a token go; the rest wait for the slots booked for them."""
+        taken: TokenGrant | Exception
         try:
-            taken: Any = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
+            taken = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
         except (redis.ResponseError, StoreFullError) as exc:
             taken = exc
         return self._booked(repr(queue), deliveries, taken, rate, now_ms)
 
-    def _booked(self, bucket: str, deliveries: list[Delivery], taken: Any, rate: float, now_ms: int) -> Admission:
-        """What a bucket's answer ((granted, first slot ms, now), or its error) lets go now; the
-        rest wait for their booked slots, or, when the bucket failed, a recheck."""
+    def _booked(
+        self, bucket: str, deliveries: list[Delivery], taken: TokenGrant | Exception, rate: float, now_ms: int
+    ) -> Admission:
+        """What a bucket's answer (its grant, or its error) lets go now; the rest wait for their
+        booked slots, or, when the bucket failed, a recheck."""
         if isinstance(taken, Exception):  # fail closed: the cap protects the workers
             log.error("rate bucket of %s failed (%s: %s); holding its items back", bucket, type(taken).__name__, taken)
             not_before = now_ms + int(self.control.recheck * 1000)
             return Admission([], [(d.id, not_before) for d in deliveries])
-        granted, first, _ = taken
+        granted, first = taken.granted, taken.first_slot_ms
         step, grid = 1000 / rate, slot_quantum_ms(rate)
         later = [(d.id, math.ceil((first + i * step) / grid) * grid) for i, d in enumerate(deliveries[granted:])]
         return Admission(deliveries[:granted], later)

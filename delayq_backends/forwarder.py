@@ -19,9 +19,10 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -29,11 +30,11 @@ from .audit import FORWARDED, AuditRecord, AuditSink
 from .envelope import Envelope
 from .errors import ConfigError, EnvelopeError
 from .flow import FlowControl, FlowGate
-from .models import Claim
+from .models import Claim, DeliveryFailure, FailedDelivery
 from .outages import CONNECTION_ERRORS
 from .percentile import percentile
-from .store import DelayStore
-from .targets import ClaimTarget, Delivery, Lease, PublishReport, Target
+from .store import DelayStore, Lease
+from .targets import ClaimTarget, Delivery, PublishReport, Target
 
 if TYPE_CHECKING:
     from .metrics import ForwarderMetrics, Labels
@@ -58,10 +59,10 @@ _BAD_WAKE_LOG_EVERY_S = 10.0
 
 @dataclass
 class _Held:
-    """A claim being published: until when its items are ours (moved by extensions), and the
+    """A lease being published: until when its items are ours (moved by extensions), and the
     ids found no longer ours (acked, cancelled or claimed again after the lease ran out)."""
 
-    claim: Claim
+    lease: Lease
     deadline_ms: int
     lost: set[str] = field(default_factory=set)
 
@@ -82,7 +83,7 @@ class ForwarderStats:
     errors: int = 0
     lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000), repr=False)
 
-    def percentile(self, q: float) -> Optional[int]:
+    def percentile(self, q: float) -> int | None:
         """The lateness percentile ``q`` of the kept samples, in ms (None before any)."""
         return percentile(sorted(self.lateness_ms), q)
 
@@ -132,10 +133,10 @@ class Forwarder:
         retry_delay: float = 1.0,
         max_retry_delay: float = 300.0,
         max_outage_backoff: float = 10.0,
-        name: Optional[str] = None,
-        audit: Optional[AuditSink] = None,
-        metrics: Optional[ForwarderMetrics] = None,
-        flow: Optional[FlowControl] = None,
+        name: str | None = None,
+        audit: AuditSink | None = None,
+        metrics: ForwarderMetrics | None = None,
+        flow: FlowControl | None = None,
     ) -> None:
         if not isinstance(targets, Mapping):
             targets = {t.kind: t for t in targets}
@@ -159,13 +160,13 @@ class Forwarder:
         self._outage_backoff = 0.0
         #: server TIME at the last reading and time.monotonic() then, as one tuple: the lease
         #: heartbeat's thread reads the clock too
-        self._clock: Optional[tuple[int, float]] = None
+        self._clock: tuple[int, float] | None = None
         self._rng = random.Random()
         self._set_aside_until: dict[int, tuple[int, int]] = {}  # shard -> (server ms, back-off ms)
         lease_ms = store.config.lease_ms
         #: a batch is only published with at least this much of its lease left (else extended first)
         self.lease_margin_ms = max(100, lease_ms // 5)
-        self._heartbeat = _Heartbeat(store, lease_ms, self.server_now_ms)
+        self._heartbeat = _Heartbeat(lease_ms, self.server_now_ms)
         self._bad_wakes = 0
         self._bad_wake_logged = 0.0
 
@@ -178,7 +179,7 @@ class Forwarder:
         """
         return self._sweep(self._heads())
 
-    def _heads(self) -> list[Optional[int]]:
+    def _heads(self) -> list[int | None]:
         """The store's heads; if they cannot be read as numbers (a score written straight into
         Redis), every shard reads as due, so each is tried and a bad one is set aside alone."""
         try:
@@ -204,7 +205,7 @@ class Forwarder:
                 break
         return self.stats.since(before)
 
-    def _due(self, heads: list[Optional[int]]) -> list[int]:
+    def _due(self, heads: list[int | None]) -> list[int]:
         """The shards due now and not set aside, from a random one on, so no shard goes first always."""
         now = self.server_now_ms()
         due = [s for s, head in enumerate(heads) if head is not None and head <= now and not self._aside(s, now)]
@@ -212,7 +213,7 @@ class Forwarder:
         due.sort(key=lambda s: (s - start) % len(heads))
         return due
 
-    def _sweep(self, heads: list[Optional[int]]) -> int:
+    def _sweep(self, heads: list[int | None]) -> int:
         """:meth:`run_once` on heads already read, so the idle loop reads them once per wake."""
         due = self._due(heads)
         claimed = 0
@@ -229,7 +230,7 @@ class Forwarder:
         for shard in due:
             if self._stop.is_set():
                 break
-            claim: Optional[Claim] = None
+            claim: Claim | None = None
             try:
                 started = time.perf_counter()
                 claim = self.store.claim(shard, limit=self.batch)
@@ -248,7 +249,7 @@ class Forwarder:
                 still_due.append(shard)
         return claimed, still_due
 
-    def _set_aside(self, shard: int, exc: Exception, claim: Optional[Claim]) -> None:
+    def _set_aside(self, shard: int, exc: Exception, claim: Claim | None) -> None:
         """Set a shard aside after an error that retrying at once will not fix: a Redis error
         (a key of ours holding another type, the server at maxmemory, a missing ACL permission)
         or anything else raised while handling its data (a value that cannot be decoded, a
@@ -282,8 +283,9 @@ class Forwarder:
     def deliver(self, claim: Claim) -> None:
         """Publish a claim's items, then ack, fail or release each as its target reports."""
         started = time.perf_counter()
+        lease = Lease(self.store, claim)
         groups: dict[str, list[Delivery]] = defaultdict(list)
-        failures: list[tuple[str, Optional[int], str]] = []
+        failures: list[FailedDelivery] = []
         labels: dict[str, Labels] = {}  # of each decoded item, for the metrics
         decoded: dict[bytes, Envelope] = {}  # one queue's jobs often share an envelope: decoded once
         for item in claim.items:
@@ -291,15 +293,15 @@ class Forwarder:
                 envelope = decoded.get(item.envelope) or Envelope.decode(item.envelope)
                 decoded[item.envelope] = envelope
             except EnvelopeError as exc:
-                failures.append((item.id, None, f"corrupt envelope: {exc}"))
+                failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {exc}"))
                 continue
             except Exception as exc:  # whatever the bytes are, one item never fails the batch
-                failures.append((item.id, None, f"corrupt envelope: {type(exc).__name__}: {exc}"))
+                failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {type(exc).__name__}: {exc}"))
                 continue
             labels[item.id] = (envelope.target, envelope.destination)
             if envelope.target not in self.targets:
                 failures.append(
-                    (
+                    FailedDelivery(
                         item.id,
                         self._retry_at(item.attempts),
                         f"no {envelope.target!r} target in forwarder {self.name} "
@@ -310,18 +312,19 @@ class Forwarder:
             groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
         report = PublishReport()
         later: list[tuple[str, int]] = []
-        held = _Held(claim, claim.deadline_ms)
+        held = _Held(lease, claim.deadline_ms)
         # held until the acks are in: a pause between publish and ack must not hand the batch over
         with self._heartbeat.holding(held):
             for kind, deliveries in groups.items():
                 go = self._still_ours(held, self._admit(kind, deliveries, later), report)
                 if go:
-                    self._publish(self.targets[kind], go, report, Lease(self.store, claim))
+                    self._publish(self.targets[kind], go, report, lease)
             attempts = {item.id: item.attempts for item in claim.items}
             failures += [
-                (i, None if permanent else self._retry_at(attempts[i]), err) for i, err, permanent in report.failed
+                FailedDelivery(f.id, None if f.permanent else self._retry_at(attempts[f.id]), f.error)
+                for f in report.failed
             ]
-            self._settle(claim, report, failures, labels, later)
+            self._settle(lease, report, failures, labels, later)
         log.debug(
             "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
             claim.shard,
@@ -368,7 +371,7 @@ class Forwarder:
             except Exception as exc:
                 log.warning(
                     "shard %d: lease near its end and cannot be extended (%s: %s); giving back %d items",
-                    held.claim.shard,
+                    held.lease.shard,
                     type(exc).__name__,
                     exc,
                     len(deliveries),
@@ -379,7 +382,7 @@ class Forwarder:
         if lost:
             log.warning(
                 "shard %d: %d items were taken over after our lease ran out; not publishing them",
-                held.claim.shard,
+                held.lease.shard,
                 lost,
             )
         return [d for d in deliveries if d.id not in held.lost]
@@ -392,7 +395,7 @@ class Forwarder:
                 part = target.publish_many(deliveries)
         except Exception as exc:  # a target bug must not kill the forwarder; attempts bound it
             log.exception("target %r raised; %d items will be retried", target.kind, len(deliveries))
-            part = PublishReport(failed=[(d.id, f"{type(exc).__name__}: {exc}", False) for d in deliveries])
+            part = PublishReport(failed=[DeliveryFailure(d.id, f"{type(exc).__name__}: {exc}") for d in deliveries])
         self.flow.sent(target.kind, deliveries, part.published)
         now = self.server_now_ms()
         ready = {d.id: d.ready_ms for d in deliveries}
@@ -421,32 +424,33 @@ class Forwarder:
 
     def _settle(
         self,
-        claim: Claim,
+        lease: Lease,
         report: PublishReport,
-        failures: list[tuple[str, Optional[int], str]],
+        failures: list[FailedDelivery],
         labels: Mapping[str, Labels],
         later: list[tuple[str, int]],
     ) -> None:
         self.stats.batches += 1
         self.stats.forwarded += len(report.published)
         pre_acked = set(report.acked)
-        acked = self.store.ack(claim, [i for i in report.published if i not in pre_acked])
+        acked = lease.ack([i for i in report.published if i not in pre_acked])
         self.stats.acked += len(pre_acked) + acked
         retried = buried = released = 0
         if failures:
-            retried, buried = self.store.fail(claim, failures)
+            counts = lease.fail(failures)
+            retried, buried = counts.retried, counts.buried
             self.stats.retried += retried
             self.stats.dead += buried
-            for item_id, _, error in failures:
-                log.warning("item %r failed: %s", item_id, error)
-        deferred = self.store.defer(claim, later) if later else 0
+            for f in failures:
+                log.warning("item %r failed: %s", f.id, f.error)
+        deferred = lease.defer(later) if later else 0
         self.stats.deferred += deferred
         if report.unsent:
-            released = self.store.release(claim, report.unsent)
+            released = lease.release(report.unsent)
             self.stats.released += released
         if self.metrics is not None:
             self.metrics.observe_settled(
-                claim,
+                lease.claim,
                 labels,
                 report,
                 failures,
@@ -546,16 +550,14 @@ class Forwarder:
         if old is not None:
             old.close()
         try:
-            pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-            pubsub.subscribe(self.store.wake_channel)
-            return pubsub
+            return self.store.subscribe_wake()
         except CONNECTION_ERRORS as exc:
             log.warning(
                 "cannot subscribe to %s (%s); polling every %.1f s", self.store.wake_channel, exc, self.poll_interval
             )
             return None
 
-    def _sleep(self, pubsub: Any, heads: list[Optional[int]]) -> Any:
+    def _sleep(self, pubsub: Any, heads: list[int | None]) -> Any:
         """Wait until the earliest head is due, a wake-up says an earlier one is, or the poll.
 
         A schedule after ``heads`` were read is not missed: its wake-up waits in ``pubsub``.
@@ -628,14 +630,13 @@ class _Heartbeat:
     them gone (:meth:`Forwarder._still_ours`) and publishes nothing twice.
     """
 
-    def __init__(self, store: DelayStore, lease_ms: int, now_ms: Callable[[], int]) -> None:
-        self.store = store
+    def __init__(self, lease_ms: int, now_ms: Callable[[], int]) -> None:
         self.lease_ms = lease_ms
         self.now_ms = now_ms
         self.every = lease_ms / 6000
         self._closed = threading.Event()
-        self._held: Optional[_Held] = None
-        self._thread: Optional[threading.Thread] = None
+        self._held: _Held | None = None
+        self._thread: threading.Thread | None = None
 
     @contextmanager
     def holding(self, held: _Held) -> Iterator[None]:
@@ -651,8 +652,8 @@ class _Heartbeat:
 
     def extend(self, held: _Held) -> None:
         """Extend every item of ``held`` still ours; the others are added to ``held.lost``."""
-        extension = self.store.extend(held.claim, lease_ms=self.lease_ms)
-        held.lost.update({item.id for item in held.claim.items} - set(extension.held))
+        extension = held.lease.extend(lease_ms=self.lease_ms)
+        held.lost.update({item.id for item in held.lease.items} - set(extension.held))
         held.deadline_ms = extension.deadline_ms
 
     def close(self) -> None:
@@ -668,4 +669,4 @@ class _Heartbeat:
             try:
                 self.extend(held)
             except Exception as exc:  # the publish goes on; the pre-publish check gives back what is lost
-                log.warning("shard %d: cannot extend a lease (%s: %s)", held.claim.shard, type(exc).__name__, exc)
+                log.warning("shard %d: cannot extend a lease (%s: %s)", held.lease.shard, type(exc).__name__, exc)

@@ -12,7 +12,6 @@ import unicodedata
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Union
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -73,7 +72,7 @@ def _refuse_unprintable(item_id: str) -> None:
             )
 
 
-def normalize_id(item_id: Union[str, bytes]) -> str:
+def normalize_id(item_id: str | bytes) -> str:
     """Return ``item_id`` as text, refusing what cannot be an id.
 
     Refused: non-text, empty, over :data:`MAX_ID_BYTES`, unpaired surrogates, and any control,
@@ -183,7 +182,7 @@ def collapse_id(mode: str, key: str) -> str:
     return f"{mode}:{key}"
 
 
-def collapsed_key(item_id: str) -> Optional[tuple[str, str]]:
+def collapsed_key(item_id: str) -> tuple[str, str] | None:
     """(mode, key) of an item made by a debounce or throttle, else None."""
     mode, sep, key = item_id.partition(":")
     return (mode, key) if sep and key and mode in COLLAPSE_MODES else None
@@ -198,7 +197,7 @@ class ShardKeys:
 
     prefix: str
     shard: int
-    hashtag: Optional[str] = None
+    hashtag: str | None = None
 
     @property
     def tag(self) -> str:
@@ -265,5 +264,5 @@ class ShardKeys:
         return self._key(f"calls:{item_id}")
 
     def all(self) -> list[str]:
-        """Every key, in the order the scripts take them as KEYS."""
+        """Every key of the shard (each script names the ones it takes: scripts/store.py)."""
         return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked]

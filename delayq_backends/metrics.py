@@ -22,7 +22,8 @@ import threading
 import time
 from collections import Counter as Tally
 from collections import defaultdict
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Optional, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -34,7 +35,7 @@ from redis.exceptions import RedisClusterException
 from .errors import ConfigError, DelayqError
 
 if TYPE_CHECKING:
-    from .models import Claim
+    from .models import Claim, FailedDelivery
     from .store import DelayStore
     from .targets import Delivery, PublishReport
 
@@ -77,7 +78,7 @@ DEFAULT_MAX_TARGET_LABELS = 8
 class _Bound:
     """One label's allowed values: a fixed set, or (``allowed`` None) the first ``cap`` seen."""
 
-    def __init__(self, allowed: Optional[Iterable[str]], cap: int) -> None:
+    def __init__(self, allowed: Iterable[str] | None, cap: int) -> None:
         self.fixed = allowed is not None
         self.values: set[str] = set(allowed or ())
         self.cap = cap
@@ -106,8 +107,8 @@ class LabelBounds:
 
     def __init__(
         self,
-        queues: Optional[Iterable[str]] = None,
-        targets: Optional[Iterable[str]] = None,
+        queues: Iterable[str] | None = None,
+        targets: Iterable[str] | None = None,
         *,
         max_queues: int = DEFAULT_MAX_QUEUE_LABELS,
         max_targets: int = DEFAULT_MAX_TARGET_LABELS,
@@ -160,9 +161,9 @@ class ForwarderMetrics:
     def __init__(
         self,
         *,
-        store: Optional[DelayStore] = None,
-        registry: Optional[CollectorRegistry] = None,
-        bounds: Optional[LabelBounds] = None,
+        store: DelayStore | None = None,
+        registry: CollectorRegistry | None = None,
+        bounds: LabelBounds | None = None,
     ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self.bounds = LabelBounds() if bounds is None else bounds
@@ -237,7 +238,7 @@ class ForwarderMetrics:
         claim: Claim,
         labels: Mapping[str, Labels],
         report: PublishReport,
-        failures: Sequence[tuple[str, Optional[int], str]],
+        failures: Sequence[FailedDelivery],
         *,
         acked: int,
         retried: int,
@@ -251,7 +252,7 @@ class ForwarderMetrics:
 
         Args:
             labels: (target, queue) of each claimed id whose envelope decoded.
-            failures: as given to ``store.fail``: (id, retry-at or None if permanent, error).
+            failures: as given to ``store.fail``.
             acked: what ``store.ack`` returned for the published ids a target had not acked
                 itself (``report.acked``, counted here as acked).
             retried, buried: what ``store.fail`` returned.
@@ -269,9 +270,9 @@ class ForwarderMetrics:
         already = set(report.acked)
         self._add(self.acked, attribute(of(i for i in report.published if i not in already), acked))
         attempts = {item.id: item.attempts for item in claim.items}
-        doomed = {i for i, retry_at, _ in failures if retry_at is None or attempts[i] >= max_attempts}
-        self._add(self.dead_lettered, attribute(of(i for i, _, _ in failures if i in doomed), buried))
-        self._add(self.retried, attribute(of(i for i, _, _ in failures if i not in doomed), retried))
+        doomed = {f.id for f in failures if f.retry_at_ms is None or attempts[f.id] >= max_attempts}
+        self._add(self.dead_lettered, attribute(of(f.id for f in failures if f.id in doomed), buried))
+        self._add(self.retried, attribute(of(f.id for f in failures if f.id not in doomed), retried))
         self._add(self.released, attribute(of(report.unsent), released))
         self._add(self.deferred, attribute(of(deferred), deferred_count))
 

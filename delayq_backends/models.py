@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
 
 __all__ = [
     "CancelOutcome",
@@ -12,12 +11,18 @@ __all__ = [
     "ClaimedItem",
     "Collapsed",
     "DeadLetter",
+    "DeliveryFailure",
+    "FailCounts",
+    "FailedDelivery",
     "LeaseExtension",
     "RearmOutcome",
+    "RequeuePage",
     "RescheduleOutcome",
     "ScheduleCounts",
+    "ScheduleItem",
     "ScheduledItem",
     "ShardStats",
+    "TokenGrant",
 ]
 
 
@@ -93,6 +98,17 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class ScheduleItem:
+    """One item to schedule, checked: an id from ``keys.normalize_id``, ready time in integer ms,
+    envelope bytes from ``DelayStore.check_payload`` and a rank from ``store.check_rank``."""
+
+    id: str
+    ready_ms: int
+    envelope: bytes
+    rank: int = 0
+
+
+@dataclass(frozen=True)
 class ScheduledItem:
     """An item as it stands in the store."""
 
@@ -101,7 +117,7 @@ class ScheduledItem:
     ready_ms: int
     envelope: bytes
     attempts: int
-    leased_until_ms: Optional[int]
+    leased_until_ms: int | None
     rank: int = 0  # higher is claimed first in a backlog (see DelayStore.schedule)
     #: schedules collapsed into this pending run, for an item of DelayStore.debounce/throttle (else 0)
     calls: int = 0
@@ -125,7 +141,7 @@ class Collapsed:
     ready_ms: int
     calls: int
     stored: bool
-    superseded: Optional[bytes] = None
+    superseded: bytes | None = None
 
     @property
     def new_run(self) -> bool:
@@ -141,8 +157,8 @@ class DeadLetter:
     died_ms: int
     error: str
     attempts: int
-    ready_ms: Optional[int]
-    envelope: Optional[bytes]
+    ready_ms: int | None
+    envelope: bytes | None
 
 
 @dataclass(frozen=True)
@@ -158,9 +174,9 @@ class ShardStats:
     due: int
     leased: int
     dead: int
-    next_ready_ms: Optional[int]
+    next_ready_ms: int | None
     now_ms: int
-    error: Optional[str] = None
+    error: str | None = None
 
     @property
     def oldest_overdue_ms(self) -> int:
@@ -196,3 +212,51 @@ class LeaseExtension:
 
     deadline_ms: int
     held: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DeliveryFailure:
+    """An item a target could not deliver, and why. A permanent failure goes to the dead letters
+    at once; others are retried with back-off."""
+
+    id: str
+    error: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class FailedDelivery:
+    """A failed delivery as the store records it (:meth:`DelayStore.fail`): retried at
+    ``retry_at_ms``, or buried at once when that is None (a permanent error)."""
+
+    id: str
+    retry_at_ms: int | None
+    error: str
+
+
+@dataclass(frozen=True)
+class FailCounts:
+    """What :meth:`DelayStore.fail` did: failed items to be retried, and items buried."""
+
+    retried: int = 0
+    buried: int = 0
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    """Tokens taken from a queue's rate bucket: the refused rest may go from ``first_slot_ms``
+    on, one every ``1000 / rate`` ms (they hold those slots). ``now_ms`` is the server's clock."""
+
+    granted: int
+    first_slot_ms: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class RequeuePage:
+    """One requeue.lua call: letters requeued, letters kept (no envelope, or the id is scheduled
+    again), and letters of the page seen."""
+
+    requeued: int
+    skipped: int
+    seen: int

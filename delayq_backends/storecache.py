@@ -7,7 +7,8 @@ asks its server about cluster mode; so each adapter opens a store once per app o
 from __future__ import annotations
 
 import threading
-from typing import Callable, Generic, MutableMapping, Optional, TypeVar
+from collections.abc import Callable, MutableMapping
+from typing import Generic, TypeVar
 from weakref import WeakKeyDictionary
 
 from .store import DelayStore
@@ -41,7 +42,7 @@ class StoreCache(Generic[K]):
                 store = self._stores[key] = open_store()
         return store
 
-    def peek(self, key: K) -> Optional[DelayStore]:
+    def peek(self, key: K) -> DelayStore | None:
         """The cached store, or None; opens nothing."""
         return self._stores.get(key)
 
@@ -49,7 +50,7 @@ class StoreCache(Generic[K]):
         with self.lock:
             self._stores[key] = store
 
-    def pop(self, key: K) -> Optional[DelayStore]:
+    def pop(self, key: K) -> DelayStore | None:
         """Forget ``key``'s store and return it (the caller closes it), or None."""
         with self.lock:
             return self._stores.pop(key, None)

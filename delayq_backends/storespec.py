@@ -4,7 +4,7 @@ take it, and how to open it checked."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from .config import DEFAULT_URL, Config
 from .connection import connect
@@ -30,7 +30,7 @@ class StoreSpec:
         """
         return Config(url=self.url, prefix=self.prefix, shards=self.shards, **settings)
 
-    def open(self, *, writes: bool, socket_timeout: Optional[float] = None, **settings: Any) -> DelayStore:
+    def open(self, *, writes: bool, socket_timeout: float | None = None, **settings: Any) -> DelayStore:
         """Connect and check the shard layout before anything is read or written; the caller
         closes ``store.client``.
 
@@ -46,7 +46,7 @@ class StoreSpec:
         return open_store(self.config(**settings), writes=writes, socket_timeout=socket_timeout)
 
 
-def open_store(config: Config, *, writes: bool, socket_timeout: Optional[float] = None) -> DelayStore:
+def open_store(config: Config, *, writes: bool, socket_timeout: float | None = None) -> DelayStore:
     """:meth:`StoreSpec.open` for a whole :class:`Config`; the caller closes ``store.client``."""
     store = DelayStore(connect(config.url, socket_timeout=socket_timeout), config)
     try:

@@ -5,7 +5,7 @@ outage; it reports the items it could not send (``unsent``) so the forwarder rel
 without burning an attempt. Celery and RQ targets live with their adapters.
 
 A target may also implement :class:`ClaimTarget`: the forwarder then hands it the batch's
-:class:`Lease`, so a target whose broker is the delay store's own Redis can commit its publish
+:class:`~delayq_backends.store.Lease`, so a target whose broker is the delay store's own Redis can commit its publish
 and the ack in one MULTI/EXEC (an exactly-once hand-off), and a target can write follow-ups
 (the next run of a periodic job) to the store.
 """
@@ -13,21 +13,20 @@ and the ack in one MULTI/EXEC (an exactly-once hand-off), and a target can write
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import redis
 
-from .connection import on_store_server
 from .envelope import Envelope
-from .models import Claim, RearmOutcome
+from .models import DeliveryFailure
 from .outages import is_transient
-from .timeutil import When
 
 if TYPE_CHECKING:
-    from .store import DelayStore
+    from .store.lease import Lease
 
-__all__ = ["ClaimTarget", "Delivery", "DepthTarget", "Lease", "PublishReport", "RedisListTarget", "Target"]
+__all__ = ["ClaimTarget", "Delivery", "DepthTarget", "PublishReport", "RedisListTarget", "Target"]
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,8 @@ class PublishReport:
 
     Attributes:
         published: ids the broker accepted; the forwarder acks them.
-        failed: (id, error, permanent) for items this target cannot deliver; a permanent
-            failure goes to the dead letters at once, others are retried with back-off.
+        failed: items this target cannot deliver; a permanent failure goes to the dead
+            letters at once, others are retried with back-off.
         unsent: ids not sent because the broker is unreachable; released, attempt not counted.
         broker_error: the outage behind ``unsent``, if any; the forwarder backs off.
         acked: ids of ``published`` that a :class:`ClaimTarget` already acked inside its own
@@ -55,9 +54,9 @@ class PublishReport:
     """
 
     published: list[str] = field(default_factory=list)
-    failed: list[tuple[str, str, bool]] = field(default_factory=list)
+    failed: list[DeliveryFailure] = field(default_factory=list)
     unsent: list[str] = field(default_factory=list)
-    broker_error: Optional[BaseException] = None
+    broker_error: BaseException | None = None
     acked: list[str] = field(default_factory=list)
 
 
@@ -70,41 +69,6 @@ class Target(Protocol):
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport: ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Lease:
-    """The lease under which a forwarder holds a batch, offered to a :class:`ClaimTarget`.
-
-    To hand items over exactly once, a target on the store's own server WATCHes
-    :attr:`watch_key` (with its own keys), reads :meth:`held` on the watching connection,
-    queues its publish, then :meth:`ack_in`, and runs EXEC: a lease lost or changed after the
-    read aborts the transaction, and a crash before EXEC leaves nothing published and nothing
-    acked.
-    """
-
-    store: DelayStore
-    claim: Claim
-
-    def shares_server(self, client: Any) -> bool:
-        """Whether ``client`` talks to the store's own (non-cluster) server and database."""
-        return on_store_server(self.store, client)
-
-    @property
-    def watch_key(self) -> str:
-        return self.store.lease_key(self.claim)
-
-    def held(self, client: Any, ids: Sequence[str]) -> list[str]:
-        return self.store.held(self.claim, ids, client=client)
-
-    def ack_in(self, pipeline: Any, ids: Sequence[str]) -> None:
-        self.store.ack_in(pipeline, self.claim, ids)
-
-    def rearm(self, item_id: str, when: When, envelope: Envelope, *, rank: int = 0) -> RearmOutcome:
-        """Ack ``item_id`` and schedule it again in one step, if still under this lease (a
-        periodic entry's next run; see :meth:`DelayStore.rearm`). For targets whose broker is
-        not the store's server: publish first, then rearm; report the id in ``acked``."""
-        return self.store.rearm(self.claim, item_id, when, envelope, rank=rank)
 
 
 @runtime_checkable
@@ -162,7 +126,7 @@ class RedisListTarget:
                 report.broker_error = result
             elif isinstance(result, Exception):
                 # WRONGTYPE: the destination key holds something else; retrying won't help.
-                report.failed += [(i, f"RPUSH {key!r} failed: {result}", True) for i in ids]
+                report.failed += [DeliveryFailure(i, f"RPUSH {key!r} failed: {result}", permanent=True) for i in ids]
             else:
                 report.published += ids
         return report

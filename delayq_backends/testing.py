@@ -27,19 +27,20 @@ Needs the ``testing`` extra: ``pip install "delayq_backends[testing]"``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from importlib import import_module
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from .config import Config
 from .envelope import Envelope
 from .errors import EnvelopeError
 from .forwarder import Forwarder
-from .models import Claim
-from .store import DelayStore
-from .targets import ClaimTarget, Delivery, Lease, PublishReport, Target
+from .models import Claim, DeliveryFailure, FailCounts, FailedDelivery, TokenGrant
+from .store import DelayStore, Lease
+from .targets import ClaimTarget, Delivery, PublishReport, Target
 from .timeutil import Clock, from_ms, now_ms, to_ms
 
 __all__ = [
@@ -59,7 +60,7 @@ INSTALL_HINT = 'delayq_backends.testing runs the store on fakeredis with Lua: pi
 
 #: What :func:`run_due` delivers through: targets keyed by kind (or a sequence of them, or one
 #: target), or a plain callable that receives every due :class:`Delivery` whatever its kind.
-Targets = Union[Mapping[str, Target], Sequence[Target], Target, Callable[[Delivery], object]]
+Targets = Mapping[str, Target] | Sequence[Target] | Target | Callable[[Delivery], object]
 
 
 class FakeClock:
@@ -74,7 +75,7 @@ class FakeClock:
         start: aware ``datetime`` or epoch seconds; the real current time by default.
     """
 
-    def __init__(self, start: Optional[Union[datetime, int, float]] = None) -> None:
+    def __init__(self, start: datetime | int | float | None = None) -> None:
         self._ms = now_ms()
         if start is not None:
             self.set(start)
@@ -94,7 +95,7 @@ class FakeClock:
         """Now, as an aware UTC ``datetime``."""
         return from_ms(self._ms)
 
-    def advance(self, delta: Union[timedelta, int, float]) -> int:
+    def advance(self, delta: timedelta | int | float) -> int:
         """Move forward by ``delta`` (a ``timedelta`` or seconds); returns the new ms.
 
         Raises:
@@ -106,7 +107,7 @@ class FakeClock:
         self._ms += int(round(ms))
         return self._ms
 
-    def set(self, when: Union[datetime, int, float]) -> int:
+    def set(self, when: datetime | int | float) -> int:
         """Jump to ``when`` (aware ``datetime`` or epoch seconds), back or forth; returns the new ms.
 
         Raises:
@@ -155,9 +156,7 @@ class TestingStore(DelayStore):
 
     clock: FakeClock
 
-    def __init__(
-        self, config: Optional[Config] = None, *, clock: Optional[FakeClock] = None, server: Any = None
-    ) -> None:
+    def __init__(self, config: Config | None = None, *, clock: FakeClock | None = None, server: Any = None) -> None:
         client_class = _fake_client_class()
         if server is None:
             import fakeredis
@@ -166,27 +165,21 @@ class TestingStore(DelayStore):
         self.server = server
         super().__init__(client_class(server=server), config, clock=clock if clock is not None else FakeClock())
 
-    def claim(
-        self, shard: int, *, limit: int = 200, lease_ms: Optional[int] = None, now: Optional[int] = None
-    ) -> Claim:
+    def claim(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Claim:
         """:meth:`DelayStore.claim` at the fake clock's now unless ``now`` is given."""
         return super().claim(shard, limit=limit, lease_ms=lease_ms, now=self.clock() if now is None else now)
 
-    def fail(
-        self, claim: Claim, failures: Iterable[Tuple[str, Optional[int], str]], *, now: Optional[int] = None
-    ) -> Tuple[int, int]:
+    def fail(self, claim: Claim, failures: Iterable[FailedDelivery], *, now: int | None = None) -> FailCounts:
         """:meth:`DelayStore.fail`, dating dead letters by the fake clock unless ``now`` is given."""
         return super().fail(claim, failures, now=self.clock() if now is None else now)
 
-    def take_tokens(
-        self, queue: str, wanted: int, *, rate: float, burst: int, now: Optional[int] = None
-    ) -> Tuple[int, int, int]:
+    def take_tokens(self, queue: str, wanted: int, *, rate: float, burst: int, now: int | None = None) -> TokenGrant:
         """:meth:`DelayStore.take_tokens` (rate caps) on the fake clock unless ``now`` is given."""
         return super().take_tokens(queue, wanted, rate=rate, burst=burst, now=self.clock() if now is None else now)
 
     def take_key_tokens(
-        self, queue: str, wanted: Mapping[str, int], *, rate: float, burst: int, now: Optional[int] = None
-    ) -> dict[str, Union[Tuple[int, int, int], Exception]]:
+        self, queue: str, wanted: Mapping[str, int], *, rate: float, burst: int, now: int | None = None
+    ) -> dict[str, TokenGrant | Exception]:
         """:meth:`DelayStore.take_key_tokens` (per-key caps) on the fake clock unless ``now`` is given."""
         now = self.clock() if now is None else now
         return super().take_key_tokens(queue, wanted, rate=rate, burst=burst, now=now)
@@ -197,7 +190,7 @@ class TestingStore(DelayStore):
 
 
 def testing_store(
-    prefix: str = "delayq", shards: int = 16, clock: Optional[FakeClock] = None, **settings: Any
+    prefix: str = "delayq", shards: int = 16, clock: FakeClock | None = None, **settings: Any
 ) -> TestingStore:
     """A fresh :class:`TestingStore`; ``settings`` are further :class:`Config` fields
     (``max_attempts``, ``lease_seconds``, ``max_payload_bytes``).
@@ -229,9 +222,9 @@ class TestingForwarder(Forwarder):
     def __init__(
         self,
         store: DelayStore,
-        targets: Union[Mapping[str, Target], Sequence[Target]],
+        targets: Mapping[str, Target] | Sequence[Target],
         *,
-        clock: Optional[Clock] = None,
+        clock: Clock | None = None,
         **options: Any,
     ) -> None:
         options.setdefault("max_outage_backoff", 0.0)  # an outage pause would be real seconds
@@ -252,7 +245,7 @@ class CollectingTarget:
         delivered: every :class:`Delivery` accepted, in delivery order.
     """
 
-    def __init__(self, kind: str, callback: Optional[Callable[[Delivery], object]] = None) -> None:
+    def __init__(self, kind: str, callback: Callable[[Delivery], object] | None = None) -> None:
         self.kind = kind
         self.callback = callback
         self.delivered: list[Delivery] = []
@@ -271,7 +264,7 @@ class CollectingTarget:
                 if self.callback is not None:
                     self.callback(d)
             except Exception as exc:  # the application's code failed: a retryable delivery failure
-                report.failed.append((d.id, f"{type(exc).__name__}: {exc}", False))
+                report.failed.append(DeliveryFailure(d.id, f"{type(exc).__name__}: {exc}"))
                 continue
             self.delivered.append(d)
             report.published.append(d.id)
@@ -310,7 +303,7 @@ class _Recorder:
         self.target.close()
 
 
-class _EveryKind(Dict[str, Target]):
+class _EveryKind(dict[str, Target]):
     """Targets of a callback: every kind is known, each a :class:`CollectingTarget` made on first use."""
 
     def __init__(self, callback: Callable[[Delivery], object], sink: list[Delivery]) -> None:
@@ -338,12 +331,10 @@ class ScheduledEntry:
     envelope: Envelope
     ready_ms: int
     attempts: int
-    leased_until: Optional[datetime]
+    leased_until: datetime | None
 
 
-def scheduled(
-    store: DelayStore, *, target: Optional[str] = None, destination: Optional[str] = None
-) -> list[ScheduledEntry]:
+def scheduled(store: DelayStore, *, target: str | None = None, destination: str | None = None) -> list[ScheduledEntry]:
     """Every scheduled item (leased ones included), earliest ready time first, optionally only
     those for one target kind and/or destination.
 
@@ -354,7 +345,7 @@ def scheduled(
     out = []
     page, offset = 1000, 0
     while True:
-        items = store.list(offset=offset, count=page)
+        items = store.scheduled(offset=offset, count=page)
         for item in items:
             try:
                 envelope = Envelope.decode(item.envelope)
@@ -377,7 +368,7 @@ def run_due(
     store: DelayStore,
     targets: Targets,
     *,
-    clock: Optional[Clock] = None,
+    clock: Clock | None = None,
     batch: int = 500,
     retry_delay: float = 1.0,
     max_retry_delay: float = 300.0,
@@ -415,10 +406,10 @@ def run_due(
 
 def advance_and_run(
     store: DelayStore,
-    delta: Union[timedelta, int, float],
+    delta: timedelta | int | float,
     targets: Targets,
     *,
-    clock: Optional[FakeClock] = None,
+    clock: FakeClock | None = None,
     **options: Any,
 ) -> list[Delivery]:
     """Advance the fake clock by ``delta`` (``timedelta`` or seconds), then :func:`run_due`.
@@ -436,7 +427,7 @@ def advance_and_run(
     return run_due(store, targets, clock=fake, **options)
 
 
-def _callback_of(targets: Targets) -> Optional[Callable[[Delivery], object]]:
+def _callback_of(targets: Targets) -> Callable[[Delivery], object] | None:
     if isinstance(targets, (Mapping, Target)) or not callable(targets):
         return None
     return targets

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from numbers import Real
-from typing import Callable, Optional, Union
 
 from .errors import InvalidTimeError
 
@@ -19,7 +19,7 @@ __all__ = ["MAX_MS", "Clock", "ServerClock", "When", "from_ms", "now_ms", "parse
 #: 9999-12-31T23:59:59Z: past this a value is a unit mistake, not a schedule.
 MAX_MS = 253_402_300_799_000
 
-When = Union[datetime, timedelta, int, float]
+When = datetime | timedelta | int | float
 Clock = Callable[[], int]
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -39,7 +39,7 @@ class ServerClock:
 
     def __init__(self, read: Callable[[], int]) -> None:
         self._read = read
-        self._base: Optional[tuple[int, float]] = None
+        self._base: tuple[int, float] | None = None
 
     def __call__(self) -> int:
         if self._base is None:
@@ -48,7 +48,7 @@ class ServerClock:
         return server_ms + math.ceil((time.monotonic() - at) * 1000)
 
 
-def score_ms(score: Union[float, int, bytes, str, None]) -> int:
+def score_ms(score: float | int | bytes | str | None) -> int:
     """A sorted-set score or stored time as integer ms, for *reading* what may be hand-written.
 
     Never raises: a value that is no number or not finite reads as 0 (``-inf``, NaN, garbage)

@@ -3,8 +3,8 @@ forwards what is due now and returns: on a real server, and on the testing store
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
-from typing import Iterator, Sequence
 
 import pytest
 import redis
@@ -37,7 +37,7 @@ def test_built_forwarder_forwards_what_is_due_and_returns(settings: ForwarderSet
 
         assert (stats.forwarded, stats.acked) == (5, 5)
         assert sorted(store.client.lrange(lists, 0, -1)) == [f"b{i}".encode() for i in range(5)]
-        assert [item.id for item in store.list()] == ["later"]
+        assert [item.id for item in store.scheduled()] == ["later"]
         assert assembled.run_until_idle().forwarded == 0  # the call's own stats, not running totals
         assert f"prefix {prefix!r}, 4 shards" in assembled.describe() and "list -> " in assembled.describe()
 
@@ -68,7 +68,7 @@ def test_burst_ends_when_the_broker_takes_nothing() -> None:
         store.schedule(f"i{i}", timedelta(0), Envelope("list", "q"))
     stats = TestingForwarder(store, [_Down()], batch=2).run_until_idle()
     assert stats.forwarded == 0 and stats.released >= 1
-    assert len(store.list()) == 7 and all(item.attempts == 0 for item in store.list())
+    assert len(store.scheduled()) == 7 and all(item.attempts == 0 for item in store.scheduled())
 
 
 def test_no_library_module_imports_the_cli() -> None:

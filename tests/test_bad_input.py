@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis

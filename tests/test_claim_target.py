@@ -3,13 +3,15 @@ forwarder prefers publish_claimed, and ids the target acked itself are not acked
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import redis
 
 from delayq_backends import DelayStore
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.targets import ClaimTarget, Delivery, Lease, PublishReport, RedisListTarget
+from delayq_backends.store import Lease
+from delayq_backends.targets import ClaimTarget, Delivery, PublishReport, RedisListTarget
 from tests.harness import make_store
 
 
@@ -30,7 +32,7 @@ class TransactionalListTarget(RedisListTarget):
             for d in deliveries:
                 if d.id in held:
                     pipe.rpush(d.envelope.destination, d.envelope.body)
-            lease.ack_in(pipe, held)
+            lease.ack(held, pipeline=pipe)
             pipe.execute()
         return PublishReport(published=held, acked=held)
 
@@ -44,7 +46,13 @@ def test_the_forwarder_prefers_publish_claimed_and_does_not_ack_twice(valkey_url
     forwarder = Forwarder(store, [target])
     acks: list[Any] = []
     real_ack = store.ack
-    store.ack = lambda claim, ids=None: acks.append(list(ids or [])) or real_ack(claim, ids)  # type: ignore[method-assign]
+
+    def ack(claim: Any, ids: Any = None, *, pipeline: Any = None) -> int:
+        if pipeline is None:  # the forwarder's own ack, not the target's inside its transaction
+            acks.append(list(ids or []))
+        return real_ack(claim, ids, pipeline=pipeline)
+
+    store.ack = ack  # type: ignore[method-assign]
     assert forwarder.run_once() == 10
     assert client.llen(f"{prefix}:out") == 10 and sum(s.scheduled for s in store.stats()) == 0
     assert forwarder.stats.acked == 10 and forwarder.stats.forwarded == 10

@@ -9,9 +9,9 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 import pytest
 import redis
@@ -52,7 +52,7 @@ def cli(valkey_url: str, prefix: str) -> Invoke:
     """Run ``delayq`` in process, configured through the DELAYQ_* env vars like a deployment."""
     env = {"DELAYQ_URL": valkey_url, "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": "4"}
 
-    def invoke(*args: str, input: Optional[str] = None) -> Result:
+    def invoke(*args: str, input: str | None = None) -> Result:
         return CliRunner().invoke(main, list(args), env=env, input=input)
 
     return invoke

@@ -8,8 +8,9 @@ Scheduler job with a non-default queue class, and a list item with a binary body
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -16,6 +16,7 @@ from redis.retry import Retry
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.embedded import free_port
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.models import DeliveryFailure
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from tests.harness import make_store
 from tests.helpers import wait_for
@@ -96,7 +97,8 @@ class PartlyFailingTarget:
 
     def publish_many(self, deliveries: list[Delivery]) -> PublishReport:  # type: ignore[override]
         report = self.inner.publish_many([d for d in deliveries if d.id not in self.reject])
-        report.failed += [(d.id, "rejected by test", True) for d in deliveries if d.id in self.reject]
+        rejected = [d for d in deliveries if d.id in self.reject]
+        report.failed += [DeliveryFailure(d.id, "rejected by test", permanent=True) for d in rejected]
         return report
 
     def close(self) -> None:

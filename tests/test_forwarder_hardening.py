@@ -7,7 +7,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -110,11 +111,11 @@ def test_an_error_in_one_shard_sets_it_aside_and_the_others_flow(
     real_ack = store.ack
     raised: list[int] = []
 
-    def ack(claim: Any, ids: Any = None) -> int:
+    def ack(claim: Any, ids: Any = None, *, pipeline: Any = None) -> int:
         if claim.shard == bad_shard and not raised:
             raised.append(claim.shard)
             raise ValueError("a bug met in this shard")
-        return real_ack(claim, ids)
+        return real_ack(claim, ids, pipeline=pipeline)
 
     store.ack = ack  # type: ignore[method-assign]
     store.schedule("poison", 0, RedisListTarget.envelope(key, body("poison")))

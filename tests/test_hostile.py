@@ -22,9 +22,9 @@ import math
 import os
 import zlib
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
 
 import pytest
 import redis
@@ -43,7 +43,7 @@ OUT = "out"
 #: a bad item must be resolved within this: lease 1 s, 3 attempts, shard back-off up to 10 s
 RESOLVE_S = 40.0
 
-Raw = Union[str, bytes, float, int]
+Raw = str | bytes | float | int
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class Hostile:
     def delivered(self) -> Counter[str]:
         return Counter(json.loads(b)["tag"] for b in self.client.lrange(self.key, 0, -1))
 
-    def dead_reason(self, item_id: bytes) -> Optional[str]:
+    def dead_reason(self, item_id: bytes) -> str | None:
         raw = self.client.hget(self.store.keys(raw_shard(item_id)).dead_info, item_id)
         if raw is None:
             return None

@@ -53,7 +53,7 @@ def test_refused_before_anything_is_stored(valkey_url: str, prefix: str) -> None
     store = DelayStore(connect(valkey_url), Config(prefix=prefix, shards=2))
     with pytest.raises(InvalidIdError):
         store.schedule("job\x1b[31m", 0, RedisListTarget.envelope("out", b"x"))
-    assert store.list() == []
+    assert store.scheduled() == []
     with pytest.raises(InvalidIdError):
         store.schedule(b"a\xe2\x80\xaeb", 0, RedisListTarget.envelope("out", b"x"))  # RLO as bytes
 

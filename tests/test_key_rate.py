@@ -20,6 +20,7 @@ from delayq_backends.cli.forward import ForwardOptions, forward_options
 from delayq_backends.envelope import RATE_KEY, rate_key_of, with_rate_key
 from delayq_backends.flow import FlowControl
 from delayq_backends.keys import key_rate_key
+from delayq_backends.models import TokenGrant
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget, TestingForwarder, testing_store
 from tests.harness import Launcher, make_store
@@ -117,7 +118,7 @@ def test_garbage_rate_keys_share_one_capped_bucket_and_never_stop_the_forwarder(
 def test_buckets_of_idle_keys_expire(server_url: str, prefix: str) -> None:
     store = make_store(server_url, prefix, shards=4)
     taken = store.take_key_tokens("q", {f"tenant-{n}": 2 for n in range(50)}, rate=10, burst=1)
-    assert all(t == (1, t[1], t[2]) for t in taken.values())  # type: ignore[index]
+    assert all(isinstance(t, TokenGrant) and t.granted == 1 for t in taken.values())
     bucket = key_rate_key(prefix, "q", "tenant-7")
     # a booked slot (0.1 s), the refill (0.1 s) plus a second, then gone
     assert 0 < store.client.pttl(bucket) <= 1300

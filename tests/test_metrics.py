@@ -8,7 +8,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -40,7 +40,7 @@ GAUGES = {
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def scrape(port: int, timeout: float = 5) -> Optional[list[Sample]]:
+def scrape(port: int, timeout: float = 5) -> list[Sample] | None:
     """Every sample at the endpoint, or None while nothing listens there yet."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
@@ -50,7 +50,7 @@ def scrape(port: int, timeout: float = 5) -> Optional[list[Sample]]:
     return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-def value(samples: list[Sample], name: str, **labels: str) -> Optional[float]:
+def value(samples: list[Sample], name: str, **labels: str) -> float | None:
     """The one sample named ``name`` whose labels are exactly ``labels``."""
     found = [s.value for s in samples if s.name == name and s.labels == labels]
     assert len(found) <= 1, f"{name}{labels} appears {len(found)} times"

@@ -27,8 +27,9 @@ which protocol paths the run exercised (the ``event`` lines).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -47,6 +48,7 @@ from hypothesis.stateful import (
 from delayq_backends import Claim, Config, DelayStore, Envelope
 from delayq_backends.connection import connect
 from delayq_backends.keys import shard_of
+from delayq_backends.models import FailCounts, FailedDelivery
 from delayq_backends.testing import TestingStore
 
 IDS = ["a", "b", "c", "d", "e", "f"]
@@ -75,7 +77,7 @@ class Item:
     rank: int = 0
     indexed: int = 0  # the ready time of its ranked index entry (rank > 0)
     attempts: int = 0
-    lease: Optional[Lease] = None  # kept after expiry until the item is claimed again
+    lease: Lease | None = None  # kept after expiry until the item is claimed again
 
     @property
     def score(self) -> int:
@@ -85,7 +87,7 @@ class Item:
 
 @dataclass
 class Dead:
-    envelope: Optional[bytes]
+    envelope: bytes | None
     attempts: int
     error: str
     died: int
@@ -117,9 +119,9 @@ class Model:
     def shard(self, item_id: str) -> int:
         return shard_of(item_id, self.shards)
 
-    def heads(self) -> list[Optional[int]]:
+    def heads(self) -> list[int | None]:
         """Each shard's earliest score, None when empty."""
-        heads: list[Optional[int]] = [None] * self.shards
+        heads: list[int | None] = [None] * self.shards
         for item_id, item in self.items.items():
             k = self.shard(item_id)
             head = heads[k]
@@ -176,11 +178,11 @@ class Model:
             item.lease = Lease(self.tokens, self.deadlines[self.tokens])
             out.append((item_id, item.envelope, item.attempts, item.ready))
 
-    def bury(self, item_id: str, envelope: Optional[bytes], attempts: int, error: str, ready: int) -> None:
+    def bury(self, item_id: str, envelope: bytes | None, attempts: int, error: str, ready: int) -> None:
         rank = self.items.pop(item_id).rank
         self.dead[item_id] = Dead(envelope, attempts, error, self.now, ready, rank)
 
-    def held_by(self, item_id: str, token: int, op: str) -> Optional[Item]:
+    def held_by(self, item_id: str, token: int, op: str) -> Item | None:
         """The item if claim ``token`` still holds it; notes why not, for the statistics."""
         item = self.items.get(item_id)
         if item is None:
@@ -203,10 +205,10 @@ class DelayStoreModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.store: Optional[DelayStore] = None
+        self.store: DelayStore | None = None
         self.model = Model(1, 1)
         self.serial = 0
-        self.latest: Optional[ClaimRecord] = None
+        self.latest: ClaimRecord | None = None
         self.wakes: Any = None
         self.expected_wakes: list[int] = []
 
@@ -389,13 +391,14 @@ class DelayStoreModel(RuleBasedStateMachine):
                 event("fail: retried later")
                 item.ready, item.lease = retry, None  # the attempt stays counted
                 retried += 1
-        assert self.s.fail(record.claim, failures, now=m.now) == (retried, buried)
+        failed = [FailedDelivery(*f) for f in failures]
+        assert self.s.fail(record.claim, failed, now=m.now) == FailCounts(retried, buried)
 
     @staticmethod
-    def _all(record: ClaimRecord, ids: Optional[list[str]]) -> list[str]:
+    def _all(record: ClaimRecord, ids: list[str] | None) -> list[str]:
         return [item.id for item in record.claim.items] if ids is None else ids
 
-    def _ids(self, data: st.DataObject, record: ClaimRecord) -> Optional[list[str]]:
+    def _ids(self, data: st.DataObject, record: ClaimRecord) -> list[str] | None:
         """None (all of the claim's ids, the store's default) or a drawn list, repeats allowed."""
         if data.draw(st.booleans(), label="all ids"):
             return None
@@ -404,7 +407,7 @@ class DelayStoreModel(RuleBasedStateMachine):
     # -- dead letters -------------------------------------------------------------------------
 
     @rule(ids=st.one_of(st.none(), st.lists(st.sampled_from(IDS), max_size=3)), offset=OFFSETS)
-    def requeue_dead(self, ids: Optional[list[str]], offset: int) -> None:
+    def requeue_dead(self, ids: list[str] | None, offset: int) -> None:
         self._requeue(ids, offset)
 
     @precondition(lambda self: self.model.dead)
@@ -412,7 +415,7 @@ class DelayStoreModel(RuleBasedStateMachine):
     def requeue_a_dead_letter(self, data: st.DataObject, offset: int) -> None:
         self._requeue([data.draw(st.sampled_from(sorted(self.model.dead)), label="id")], offset)
 
-    def _requeue(self, ids: Optional[list[str]], offset: int) -> None:
+    def _requeue(self, ids: list[str] | None, offset: int) -> None:
         m = self.model
         ready, requeued, before = m.now + offset, 0, m.heads()
         for item_id in sorted(set(m.dead if ids is None else ids)):
@@ -430,7 +433,7 @@ class DelayStoreModel(RuleBasedStateMachine):
         self.expect_wakes(before)
 
     @rule(ids=st.one_of(st.none(), st.lists(st.sampled_from(IDS), max_size=3)))
-    def purge_dead(self, ids: Optional[list[str]]) -> None:
+    def purge_dead(self, ids: list[str] | None) -> None:
         m = self.model
         purged = [i for i in (list(m.dead) if ids is None else sorted(set(ids))) if i in m.dead]
         for item_id in purged:
@@ -467,7 +470,7 @@ class DelayStoreModel(RuleBasedStateMachine):
         assert sum(s.dead for s in stats) == len(m.dead)
         assert self.s.heads() == m.heads()
         order = sorted((item.score, m.shard(i), i) for i, item in m.items.items())
-        assert [i.id for i in self.s.list(count=len(IDS))] == [i for _, _, i in order]
+        assert [i.id for i in self.s.scheduled(count=len(IDS))] == [i for _, _, i in order]
 
     @invariant()
     def dead_letters_match(self) -> None:
@@ -484,7 +487,7 @@ class DelayStoreModel(RuleBasedStateMachine):
             else:
                 assert d.error == m.dead[d.id].error
 
-    def expect_wakes(self, before: list[Optional[int]]) -> None:
+    def expect_wakes(self, before: list[int | None]) -> None:
         """A schedule, reschedule, release or requeue that makes a shard's head earlier
         publishes the new head, once per script call. Nothing else publishes."""
         for old, new in zip(before, self.model.heads()):
@@ -560,7 +563,7 @@ def test_a_stale_claim_never_acts_on_a_later_claims_item(void_first: str, leases
     second = store.claim(0, lease_ms=second_lease, now=T0 + later)
     assert first.deadline_ms == second.deadline_ms and [i.id for i in second.items] == ["x"]
     assert store.ack(first) == 0
-    assert store.fail(first, [("x", None, "stale")], now=T0 + later) == (0, 0)
+    assert store.fail(first, [FailedDelivery("x", None, "stale")], now=T0 + later) == FailCounts(0, 0)
     assert store.release(first) == 0
     assert store.release(second) == 1  # the second claim still holds it
 
@@ -570,7 +573,7 @@ def test_purging_the_dead_letter_named_star_purges_only_it() -> None:
     store = TestingStore(Config(prefix="star", shards=1))
     for item_id in ("*", "a"):
         store.schedule(item_id, T0 / 1000, Envelope("list", "out", b"x"))
-        store.fail(store.claim(0, now=T0), [(item_id, None, "boom")], now=T0)
+        store.fail(store.claim(0, now=T0), [FailedDelivery(item_id, None, "boom")], now=T0)
     assert sorted(d.id for d in store.dead_letters()) == ["*", "a"]
     assert store.purge_dead(["*"]) == 1
     assert [d.id for d in store.dead_letters()] == ["a"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -57,7 +57,8 @@ def check_delivered_once(store: DelayStore, client: redis.Redis, key: str, ids: 
     wait_for(lambda: client.llen(key) >= ITEMS, 20, lambda: f"{ITEMS} delivered (have {client.llen(key)})")
     assert sorted(json.loads(b)["id"] for b in client.lrange(key, 0, -1)) == sorted(ids)
     assert store.dead_letters() == []
-    assert sum(s.scheduled for s in store.stats()) == 0
+    # the forwarder acks right after the publish the wait above saw: wait for the ack too
+    wait_for(lambda: sum(s.scheduled for s in store.stats()) == 0, 10, "the delivered items acked")
 
 
 def released_then_delivered(store: DelayStore, client: redis.Redis, heal: Callable[[], object]) -> None:

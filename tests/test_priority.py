@@ -12,9 +12,10 @@ import random
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -26,7 +27,7 @@ from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import MAX_RANK, RANK_SPAN
-from delayq_backends.models import Claim
+from delayq_backends.models import Claim, FailCounts, FailedDelivery
 from delayq_backends.scripts import source
 from delayq_backends.targets import RedisListTarget
 from tests.harness import Launcher, make_store
@@ -104,7 +105,7 @@ def test_stale_index_entries_are_harmless_and_cleaned(one_shard: DelayStore) -> 
     released = s.claim(0, limit=1, now=NOW)  # h5
     failed = s.claim(0, limit=1, now=NOW)  # h6
     assert ids(released.items) == ["h5"] and ids(failed.items) == ["h6"]
-    assert s.fail(failed, [("h6", NOW + 200, "boom")], now=NOW) == (1, 0)
+    assert s.fail(failed, [FailedDelivery("h6", NOW + 200, "boom")], now=NOW) == FailCounts(1, 0)
     # h5 is leased: the next claim steps over it without spending the batch on it
     assert ids(s.claim(0, limit=3, now=NOW).items) == ["h7", "h8", "h9"]
     assert s.release(released) == 1
@@ -148,7 +149,7 @@ def test_get_list_and_scan_show_each_items_rank(store: DelayStore) -> None:
     store.schedule_many([("plain", t, ENV), ("top", t + 1, ENV, MAX_RANK), ("mid", t + 2, ENV, 9)])
     expected = {"plain": 0, "top": MAX_RANK, "mid": 9}
     assert {i: store.get(i).rank for i in expected} == expected  # type: ignore[union-attr]
-    assert {item.id: item.rank for item in store.list()} == expected
+    assert {item.id: item.rank for item in store.scheduled()} == expected
     assert {item.id: item.rank for item in store.scan()} == expected
     store.schedule("mid", t + 2, ENV)  # re-scheduled without a rank: back to 0
     assert store.get("mid").rank == 0  # type: ignore[union-attr]

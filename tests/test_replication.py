@@ -7,7 +7,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis

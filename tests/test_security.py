@@ -8,9 +8,9 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import redis
@@ -24,8 +24,16 @@ from delayq_backends.cli import main
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.functions import install_functions
-from delayq_backends.scripts import LIBRARY, SCRIPT_NAMES, Backend, Scripts, library_code, parse_script
+from delayq_backends.models import FailCounts, FailedDelivery
+from delayq_backends.scripts import (
+    LIBRARY,
+    SCRIPT_NAMES,
+    Backend,
+    ScriptRunner,
+    install_functions,
+    library_code,
+    parse_script,
+)
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.harness import Launcher
@@ -96,9 +104,9 @@ def test_each_role_does_its_job_on_its_prefix_and_nothing_else(admin: Admin, pre
     producer.schedule_many((f"i{n}", 1, RedisListTarget.envelope("out", b"x"), n % 2) for n in range(50))
     assert producer.cancel("i0") and producer.reschedule("i1", 4_000_000_000)
     with producer.client.pipeline(transaction=True) as pipe:  # an adapter's MULTI/EXEC (the RQ queue)
-        producer.schedule_in(pipe, "in-multi", 1, RedisListTarget.envelope("out", b"x"))
+        producer.schedule("in-multi", 1, RedisListTarget.envelope("out", b"x"), pipeline=pipe)
         pipe.execute()
-    assert sum(s.scheduled for s in reader.stats()) == 50 and len(reader.list(count=100)) == 50
+    assert sum(s.scheduled for s in reader.stats()) == 50 and len(reader.scheduled(count=100)) == 50
 
     inbox = CollectingTarget("list")
     forwarder = Forwarder(forwarder_store, [inbox])
@@ -109,9 +117,9 @@ def test_each_role_does_its_job_on_its_prefix_and_nothing_else(admin: Admin, pre
     claim = forwarder_store.claim(forwarder_store.shard_of("i2"))
     assert forwarder_store.defer(claim, [("i2", 1)]) == 1
     claim = forwarder_store.claim(forwarder_store.shard_of("i2"))
-    assert forwarder_store.fail(claim, [("i2", None, "boom")]) == (0, 1)
-    assert forwarder_store.take_tokens("q", 2, rate=10, burst=5)[0] == 2
-    assert forwarder_store.take_key_tokens("q", {"tenant-1": 2}, rate=10, burst=5)["tenant-1"][0] == 2  # type: ignore[index]
+    assert forwarder_store.fail(claim, [FailedDelivery("i2", None, "boom")]) == FailCounts(0, 1)
+    assert forwarder_store.take_tokens("q", 2, rate=10, burst=5).granted == 2
+    assert forwarder_store.take_key_tokens("q", {"tenant-1": 2}, rate=10, burst=5)["tenant-1"].granted == 2  # type: ignore[union-attr]
     for _ in range(2):
         producer.debounce("k", 4_000_000_000, RedisListTarget.envelope("out", b"x"))
     assert producer.throttle("k", 4_000_000_000, RedisListTarget.envelope("out", b"x")).calls == 1
@@ -391,8 +399,9 @@ def test_a_shebang_becomes_the_functions_flags_and_leaves_the_body() -> None:
 
 def test_without_the_library_scripts_fall_back_to_eval_in_the_form_the_server_reads(valkey_url: str) -> None:
     fakeredis = pytest.importorskip("fakeredis")
-    assert Scripts(redis.Redis.from_url(valkey_url)).backend() in (Backend(functions=False), Backend(functions=True))
-    fake = Scripts(fakeredis.FakeRedis())  # no #!lua lines there: the bodies go alone
+    found = ScriptRunner(redis.Redis.from_url(valkey_url)).backend()
+    assert found in (Backend(functions=False), Backend(functions=True))
+    fake = ScriptRunner(fakeredis.FakeRedis())  # no #!lua lines there: the bodies go alone
     assert fake.backend() == Backend(functions=False, shebang=False)
     install_functions(fake.client)
-    assert Scripts(fake.client).backend() == Backend(functions=True)
+    assert ScriptRunner(fake.client).backend() == Backend(functions=True)

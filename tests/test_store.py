@@ -164,9 +164,9 @@ def test_envelope_round_trip_and_corruption_messages() -> None:
 def test_list_and_stats_follow_time_order(store: DelayStore) -> None:
     base = 1_800_000_000
     store.schedule_many([(f"i{n}", base + n, ENV) for n in range(30)])
-    page = store.list(offset=5, count=10)
+    page = store.scheduled(offset=5, count=10)
     assert [i.id for i in page] == [f"i{n}" for n in range(5, 15)]
-    window = store.list(start=base + 10, end=base + 12)
+    window = store.scheduled(start=base + 10, end=base + 12)
     assert [i.id for i in window] == ["i10", "i11", "i12"]
     stats = store.stats()
     assert sum(s.scheduled for s in stats) == 30 and sum(s.due for s in stats) == 0

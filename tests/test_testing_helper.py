@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from kombu import Connection
 
@@ -12,7 +11,7 @@ __all__ = ["AMQP_URL", "amqp_problem"]
 AMQP_URL = os.environ.get("DELAYQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
-def amqp_problem(url: str) -> Optional[str]:
+def amqp_problem(url: str) -> str | None:
     """Why the broker at ``url`` cannot be used, or None when it answers."""
     try:
         with Connection(url, connect_timeout=2) as conn:

@@ -19,9 +19,10 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -210,7 +211,7 @@ def run_chaos(plan: ChaosPlan, *, log: Callable[[str], None] = lambda _: None) -
             records_url=records.url,
             transport_options=dict(broker.transport_options),
         )
-        forwarders: Optional[_Forwarders] = None
+        forwarders: _Forwarders | None = None
         app = env.app()
         ids: set[str] = set()
         done: dict[str, int] = {}
@@ -325,7 +326,7 @@ def _inflict(
     rng: random.Random,
     forwarders: _Forwarders,
     store: EmbeddedServer,
-    broker: Union[_RedisBroker, _RabbitBroker],
+    broker: _RedisBroker | _RabbitBroker,
     store_proxy: TcpProxy,
     broker_proxy: TcpProxy,
     log: Callable[[str], None],

@@ -4,7 +4,8 @@ envelopes for the Redis-list target, and untimed bulk loads of them."""
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.targets import RedisListTarget

@@ -10,7 +10,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Optional
 
 from .report import BENCH_DIR
 
@@ -19,7 +18,7 @@ __all__ = ["ROOT", "Processes", "checkout_env"]
 ROOT = BENCH_DIR.parent
 
 
-def checkout_env(base: Optional[Mapping[str, str]] = None, **extra: str) -> dict[str, str]:
+def checkout_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
     """``base`` (default: this environment) plus ``extra``, with ``bench/`` and this checkout
     first on ``PYTHONPATH`` so a subprocess runs the code being measured."""
     env = dict(os.environ if base is None else base)
@@ -35,7 +34,7 @@ class Processes:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, args: Sequence[str], *, env: Optional[Mapping[str, str]] = None, log: Optional[Path] = None
+        self, args: Sequence[str], *, env: Mapping[str, str] | None = None, log: Path | None = None
     ) -> subprocess.Popen[bytes]:
         """Start ``args``; its stdout and stderr go to ``log``, or nowhere."""
         command, full_env = list(args), checkout_env(env)
@@ -69,6 +68,6 @@ class Processes:
         return self
 
     def __exit__(
-        self, kind: Optional[type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()

@@ -12,9 +12,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import delayq_backends
+from delayq_backends.percentile import percentile as nearest_rank
 
 __all__ = [
     "BENCH_DIR",
@@ -42,11 +43,9 @@ def log(message: str) -> None:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1): always an observed value, never interpolated."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+    """The package's nearest-rank percentile (q in 0..1) of unsorted values; NaN when none."""
+    found = nearest_rank(sorted(values), q)
+    return math.nan if found is None else found
 
 
 def distribution(values: Sequence[float]) -> dict[str, float]:
@@ -90,12 +89,12 @@ class Figure:
     label: str
     value: float
     unit: str
-    target: Optional[str] = None
-    met: Optional[bool] = None
+    target: str | None = None
+    met: bool | None = None
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def figure(key: str, label: str, value: float, unit: str, target: Optional[Target] = None, **detail: Any) -> Figure:
+def figure(key: str, label: str, value: float, unit: str, target: Target | None = None, **detail: Any) -> Figure:
     """Build a figure and judge it against its target in one place."""
     return Figure(
         key,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import redis
 
@@ -54,7 +53,7 @@ class BenchServer:
         """A fresh client (its own connection pool, like a real producer or forwarder)."""
         return redis.Redis.from_url(self.url)
 
-    def store(self, *, shards: int = 16, client: Optional[redis.Redis] = None) -> DelayStore:
+    def store(self, *, shards: int = 16, client: redis.Redis | None = None) -> DelayStore:
         """A store with the benchmark's prefix, on ``client`` or a fresh one."""
         return DelayStore(client or self.connect(), Config(prefix=PREFIX, shards=shards))
 
@@ -71,7 +70,7 @@ class BenchServer:
             **{str(k): str(v) for k, v in config.items()},
         }
 
-    def cpu_seconds(self) -> Optional[float]:
+    def cpu_seconds(self) -> float | None:
         """User+system CPU of the server process (Linux /proc), to split wall time by side."""
         process = self.embedded.process
         try:

@@ -7,10 +7,10 @@ import cProfile
 import pstats
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .report import Figure, Target, figure, log
 from .server import BenchServer
@@ -30,7 +30,7 @@ class Run:
     items: int
     wall_s: float
     client_cpu_s: float
-    server_cpu_s: Optional[float]
+    server_cpu_s: float | None
     server_cmd_s: float
 
     @property
@@ -53,10 +53,10 @@ def timed_run(server: BenchServer, work: Callable[[], int]) -> Run:
     return Run(items, wall, pcpu, server_cpu, server.command_seconds() - cmd0)
 
 
-def rate_figure(key: str, label: str, runs: list[Run], target: Optional[Target] = None, **detail: Any) -> Figure:
+def rate_figure(key: str, label: str, runs: list[Run], target: Target | None = None, **detail: Any) -> Figure:
     """Median rate over runs, with per-item CPU split (µs/item) as evidence of the limit."""
 
-    def per_item_us(seconds: Callable[[Run], Optional[float]]) -> Optional[float]:
+    def per_item_us(seconds: Callable[[Run], float | None]) -> float | None:
         values = [s / r.items * 1e6 for r in runs if (s := seconds(r)) is not None]
         return round(statistics.median(values), 2) if values else None
 
@@ -99,7 +99,7 @@ class Case:
     key: str
     label: str
     prepare: Callable[[], Callable[[], int]]
-    target: Optional[Target] = None
+    target: Target | None = None
 
 
 def measure_cases(server: BenchServer, reps: int, cases: Sequence[Case]) -> list[Figure]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Union
+from collections.abc import Callable
 
 __all__ = ["wait_for"]
 
 
 def wait_for(
-    check: Callable[[], bool], timeout: float, what: Union[str, Callable[[], str]], *, interval: float = 0.005
+    check: Callable[[], bool], timeout: float, what: str | Callable[[], str], *, interval: float = 0.005
 ) -> float:
     """Poll ``check`` every ``interval`` s until it holds and return the seconds that took; fail
     saying ``what`` did not happen within ``timeout`` s (``what`` may be a function, to describe

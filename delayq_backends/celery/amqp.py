@@ -18,9 +18,10 @@ who the task is for, so forwarders with a per-key rate cap for its queue pace th
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from celery import Celery
 from celery.app.amqp import AMQP as CeleryAMQP
@@ -84,7 +85,7 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
         return send_task_message
 
 
-def _collapse_of(headers: Mapping[str, Any], eta: Optional[datetime]) -> Optional[Collapse]:
+def _collapse_of(headers: Mapping[str, Any], eta: datetime | None) -> Collapse | None:
     """The send's debounce/throttle, from its ``delayq_debounce`` header; None without one.
 
     Raises:
@@ -122,7 +123,7 @@ class _StoringProducer:
         task_id: str,
         eta: datetime,
         duplicate_id: str,
-        collapse: Optional[Collapse] = None,
+        collapse: Collapse | None = None,
     ) -> None:
         self._producer = producer
         self._store = store

@@ -9,7 +9,8 @@ Call :func:`record_executions` where the workers load the app (next to ``install
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from celery.signals import task_prerun
 
@@ -19,7 +20,7 @@ from .message import KIND, parse_time
 __all__ = ["record_executions"]
 
 
-def record_executions(sink: Optional[AuditSink] = None) -> Optional[Callable[[], None]]:
+def record_executions(sink: AuditSink | None = None) -> Callable[[], None] | None:
     """Log an ``executed`` record as each task starts in this process's workers.
 
     Args:
@@ -32,7 +33,7 @@ def record_executions(sink: Optional[AuditSink] = None) -> Optional[Callable[[],
     if audit is None:
         return None
 
-    def on_prerun(sender: Any = None, task_id: Optional[str] = None, task: Any = None, **_: Any) -> None:
+    def on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
         request = getattr(task, "request", None)
         if request is None or task_id is None:
             return

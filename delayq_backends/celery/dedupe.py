@@ -28,7 +28,7 @@ Celery's at-least-once, and a worker crash mid-task may still run a task twice.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from celery import Celery, Task
@@ -44,7 +44,7 @@ __all__ = ["DedupeTask", "guard_for", "should_run", "use_dedupe"]
 
 log = logging.getLogger("delayq.celery.dedupe")
 
-_guards: WeakKeyDictionary[Celery, Optional[RunGuard]] = WeakKeyDictionary()
+_guards: WeakKeyDictionary[Celery, RunGuard | None] = WeakKeyDictionary()
 
 
 class DedupeTask(Task):  # type: ignore[misc]  # Celery ships no type hints
@@ -56,7 +56,7 @@ class DedupeTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             raise Ignore()
 
 
-def guard_for(app: Celery) -> Optional[RunGuard]:
+def guard_for(app: Celery) -> RunGuard | None:
     """The app's :class:`RunGuard`, or None when ``delayq_dedupe`` is off.
 
     Raises:

@@ -9,10 +9,11 @@ that users put in custom headers.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from copy import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
@@ -82,7 +83,7 @@ def priority_rank(priority: Any, driver_type: str) -> int:
     return 0
 
 
-def parse_time(value: Any) -> Optional[datetime]:
+def parse_time(value: Any) -> datetime | None:
     """An aware datetime from a Celery ``eta``/``expires`` header (ISO text or datetime).
 
     A naive value is read as UTC, as Celery's worker reads it (``maybe_make_aware``).
@@ -189,11 +190,11 @@ class StoredMessage:
         return str(self.headers["id"])
 
     @property
-    def eta(self) -> Optional[datetime]:
+    def eta(self) -> datetime | None:
         return parse_time(self.headers.get("eta"))
 
     @property
-    def expires(self) -> Optional[datetime]:
+    def expires(self) -> datetime | None:
         return parse_time(self.headers.get("expires"))
 
     # -- the envelope -----------------------------------------------------------------------
@@ -322,7 +323,7 @@ class StoredMessage:
 
     # -- replay -----------------------------------------------------------------------------
 
-    def publish_kwargs(self, *, ready_ms: int, now: Optional[datetime] = None) -> dict[str, Any]:
+    def publish_kwargs(self, *, ready_ms: int, now: datetime | None = None) -> dict[str, Any]:
         """Arguments of ``Producer.publish(**kwargs)`` to send this message at ``ready_ms``.
 
         - ``eta`` is set to the time the store released it (``ready_ms``) when that differs from
@@ -355,7 +356,7 @@ class StoredMessage:
         return kwargs
 
 
-def _text(value: Any) -> Optional[str]:
+def _text(value: Any) -> str | None:
     if value is None:
         return None
     return value.isoformat() if isinstance(value, datetime) else str(value)
@@ -372,16 +373,16 @@ class TaskView:
     task: str
     args: Any
     kwargs: Any
-    argsrepr: Optional[str]
-    kwargsrepr: Optional[str]
-    eta: Optional[str]
-    expires: Optional[str]
+    argsrepr: str | None
+    kwargsrepr: str | None
+    eta: str | None
+    expires: str | None
     queue: str
-    priority: Optional[int]
+    priority: int | None
     retries: int
     content_type: str
-    note: Optional[str]
-    periodic: Optional[str] = None
+    note: str | None
+    periodic: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

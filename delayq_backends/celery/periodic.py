@@ -25,10 +25,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from numbers import Real
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 from celery import Celery
 from kombu.utils.json import dumps as kombu_json_dumps
@@ -36,9 +37,10 @@ from kombu.utils.json import dumps as kombu_json_dumps
 from ..envelope import Envelope
 from ..errors import DelayqError, EnvelopeError
 from ..keys import normalize_id, periodic_key
-from ..models import CancelOutcome, RearmOutcome
+from ..models import CancelOutcome, DeliveryFailure, RearmOutcome
 from ..store import DelayStore
-from ..targets import Delivery, Lease, PublishReport, Target
+from ..store.lease import Lease
+from ..targets import Delivery, PublishReport, Target
 from ..timeutil import Clock, from_ms
 from .message import KIND as CELERY_KIND
 from .message import StoredMessage, TaskView, priority_rank
@@ -99,7 +101,7 @@ class LastRun:
         return {"key": self.key, "at": self.at_ms, "sent": self.sent_ms, "missed": self.missed}
 
     @classmethod
-    def from_json(cls, data: Optional[Mapping[str, Any]]) -> Optional[LastRun]:
+    def from_json(cls, data: Mapping[str, Any] | None) -> LastRun | None:
         if not data:
             return None
         return cls(str(data["key"]), int(data["at"]), int(data["sent"]), int(data.get("missed", 0)))
@@ -115,8 +117,8 @@ class PeriodicState:
     fingerprint: str
     slot: Slot
     rank: int = 0
-    expires: Optional[float] = None  # seconds after each send, when the entry's ``expires`` is relative
-    last: Optional[LastRun] = None
+    expires: float | None = None  # seconds after each send, when the entry's ``expires`` is relative
+    last: LastRun | None = None
     runs: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -171,7 +173,7 @@ def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
     return message, state
 
 
-def _run_message(message: StoredMessage, task_id: str, expires: Optional[float], now_ms: int) -> StoredMessage:
+def _run_message(message: StoredMessage, task_id: str, expires: float | None, now_ms: int) -> StoredMessage:
     """The message of one run: its own task id, and ``expires`` counted from this send."""
     headers = {**message.headers, "id": task_id}
     if expires is not None:
@@ -192,13 +194,13 @@ class PeriodicEntry:
     misfire: Misfire
     fingerprint: str
     rank: int
-    expires: Optional[float]
+    expires: float | None
 
     @property
     def item_id(self) -> str:
         return item_id(self.name)
 
-    def state(self, slot: Slot, last: Optional[LastRun] = None, runs: int = 0) -> PeriodicState:
+    def state(self, slot: Slot, last: LastRun | None = None, runs: int = 0) -> PeriodicState:
         return PeriodicState(
             self.name, self.schedule, self.misfire, self.fingerprint, slot, self.rank, self.expires, last, runs
         )
@@ -259,7 +261,7 @@ def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
 
 def _message(
     app: Celery, task: str, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any]
-) -> tuple[StoredMessage, Optional[float]]:
+) -> tuple[StoredMessage, float | None]:
     """The task message as ``celery beat`` would send it (``app.send_task``, with the task's own
     options when it is registered here), captured from Celery's sender; and a relative
     ``expires`` in seconds, which each run counts from its own send."""
@@ -293,9 +295,7 @@ _VOLATILE_HEADERS = {"id", "origin", "root_id", "parent_id"}
 _VOLATILE_PROPERTIES = {"correlation_id", "reply_to"}
 
 
-def _fingerprint(
-    message: StoredMessage, schedule: Schedule, misfire: Misfire, expires: Optional[float], rank: int
-) -> str:
+def _fingerprint(message: StoredMessage, schedule: Schedule, misfire: Misfire, expires: float | None, rank: int) -> str:
     """A hash of everything that makes the entry's runs, so a sync can tell "unchanged"."""
     headers = {k: v for k, v in message.headers.items() if k not in _VOLATILE_HEADERS}
     if expires is not None:
@@ -335,7 +335,7 @@ class SyncReport:
         return ", ".join(parts) + (f", {len(self.errors)} refused" if self.errors else "")
 
 
-def sync(app: Celery, store: Optional[DelayStore] = None, *, wait: Optional[float] = None) -> SyncReport:
+def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = None) -> SyncReport:
     """Make the store's periodic entries those of ``app.conf.beat_schedule``.
 
     Idempotent, by entry name: new entries get their first period after now; a changed entry
@@ -431,9 +431,9 @@ class PeriodicStatus:
     task: str = ""
     schedule: str = ""
     misfire: str = ""
-    next_run_ms: Optional[int] = None
-    last_run_ms: Optional[int] = None
-    last_sent_ms: Optional[int] = None
+    next_run_ms: int | None = None
+    last_run_ms: int | None = None
+    last_sent_ms: int | None = None
     last_missed: int = 0
     runs: int = 0
 
@@ -474,7 +474,7 @@ def statuses(store: DelayStore) -> list[PeriodicStatus]:
     return out
 
 
-def task_view(envelope: Envelope) -> Optional[TaskView]:
+def task_view(envelope: Envelope) -> TaskView | None:
     """What a waiting Celery item will send, for ``delayq list|get`` and the dashboard's item view:
     a plain task as stored; a periodic entry as its next run (that run's task id, the entry's
     name in ``periodic``); None for items of other kinds.
@@ -505,7 +505,7 @@ class PeriodicTarget:
 
     kind = KIND
 
-    def __init__(self, inner: Target, *, clock: Optional[Clock] = None) -> None:
+    def __init__(self, inner: Target, *, clock: Clock | None = None) -> None:
         if inner.kind != CELERY_KIND:
             raise ValueError(f"PeriodicTarget publishes through a {CELERY_KIND!r} target, not {inner.kind!r}")
         self.inner = inner
@@ -514,11 +514,11 @@ class PeriodicTarget:
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Without a lease the next run could not be scheduled safely: nothing is sent."""
         why = "a periodic entry is fired only under a claim's lease (Forwarder calls publish_claimed)"
-        return PublishReport(failed=[(d.id, why, False) for d in deliveries])
+        return PublishReport(failed=[DeliveryFailure(d.id, why) for d in deliveries])
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()
-        now = (self.clock or lease.store.clock)()
+        now = self.clock() if self.clock is not None else lease.now_ms()
         fired: list[tuple[Delivery, StoredMessage, PeriodicState, Plan, list[str]]] = []
         runs: list[Delivery] = []
         for d in deliveries:
@@ -526,7 +526,7 @@ class PeriodicTarget:
                 message, state = _decode(d.envelope)
                 plan = state.misfire.plan(state.schedule, state.slot, now)
             except (EnvelopeError, ValueError, TypeError, KeyError, OverflowError) as exc:
-                report.failed.append((d.id, f"cannot fire this periodic entry: {exc}", True))
+                report.failed.append(DeliveryFailure(d.id, f"cannot fire this periodic entry: {exc}", permanent=True))
                 continue
             ids = []
             for slot in plan.runs:
@@ -538,7 +538,7 @@ class PeriodicTarget:
         sent = self.inner.publish_many(runs) if runs else PublishReport()
         report.broker_error = sent.broker_error
         published, unsent = set(sent.published), set(sent.unsent)
-        failed = {i: (error, permanent) for i, error, permanent in sent.failed}
+        failed = {f.id: f for f in sent.failed}
         for d, message, state, plan, ids in fired:
             if all(i in published for i in ids):
                 self._rearm(lease, d, message, state, plan, now)
@@ -547,8 +547,9 @@ class PeriodicTarget:
             elif any(i in unsent for i in ids):  # given back: its runs go again, all of them
                 report.unsent.append(d.id)
             else:
-                errors = [failed[i] for i in ids if i in failed] or [("not published", False)]
-                report.failed.append((d.id, "; ".join(e for e, _ in errors), all(p for _, p in errors)))
+                errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(d.id, "not published")]
+                error, permanent = "; ".join(e.error for e in errors), all(e.permanent for e in errors)
+                report.failed.append(DeliveryFailure(d.id, error, permanent=permanent))
         return report
 
     @staticmethod

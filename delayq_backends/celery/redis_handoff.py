@@ -18,13 +18,16 @@ publishes, then acks (at-least-once), as on any other broker.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import redis
 from kombu.messaging import Producer
 
-from ..targets import Lease, PublishReport
+from ..models import DeliveryFailure
+from ..store.lease import Lease
+from ..targets import PublishReport
 
 __all__ = ["Command", "RedisHandOff"]
 
@@ -68,7 +71,7 @@ class RedisHandOff:
     Made by :meth:`for_channel`, which returns None where this cannot apply (not kombu's Redis
     transport, or a kombu without the publish hook). :meth:`applies` then says, per lease,
     whether the broker is the store's own server and database (the rule of
-    :meth:`~delayq_backends.targets.Lease.shares_server`, which the RQ target uses too).
+    :meth:`~delayq_backends.store.Lease.shares_server`, which the RQ target uses too).
     """
 
     def __init__(self, channel: Any, *, max_watch_retries: int = 20) -> None:
@@ -78,11 +81,11 @@ class RedisHandOff:
         self.max_watch_retries = max_watch_retries
         self._recording = _RecordingChannel(channel)
         self._producer = Producer(self._recording, auto_declare=False)
-        prefix: Optional[Callable[[list[Any]], list[Any]]] = getattr(channel.client, "_prefix_args", None)
+        prefix: Callable[[list[Any]], list[Any]] | None = getattr(channel.client, "_prefix_args", None)
         self._prefix = prefix
 
     @classmethod
-    def for_channel(cls, channel: Any, **kwargs: Any) -> Optional[RedisHandOff]:
+    def for_channel(cls, channel: Any, **kwargs: Any) -> RedisHandOff | None:
         """A hand-off for ``channel`` if it is kombu's Redis transport with the publish hook."""
         try:
             from kombu.transport.redis import Channel as RedisChannel
@@ -131,16 +134,15 @@ class RedisHandOff:
                     for item_id in held:
                         for command in messages[item_id]:
                             pipe.execute_command(command.name, *command.args)
-                    lease.ack_in(pipe, held)
+                    lease.ack(held, pipeline=pipe)
                     if held:
                         pipe.execute()
                     break
                 except redis.WatchError:
                     pipe.reset()
             else:
-                report.failed += [
-                    (i, f"the lease changed {self.max_watch_retries} times while being handed off", False) for i in ids
-                ]
+                why = f"the lease changed {self.max_watch_retries} times while being handed off"
+                report.failed += [DeliveryFailure(i, why) for i in ids]
                 return
         report.published += held
         report.acked += held

@@ -7,9 +7,10 @@ raw ``ConnectionError``: the caller of a revoke must know whether the task may s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable, Optional, TypeVar, Union
+from typing import Any, TypeVar
 
 from celery import Celery, states
 from celery.app.control import Control as CeleryControl
@@ -95,8 +96,8 @@ class StoreRevoke:
     """
 
     task_id: str
-    outcome: Optional[CancelOutcome]
-    error: Optional[str] = None
+    outcome: CancelOutcome | None
+    error: str | None = None
 
     @property
     def may_still_run(self) -> bool:
@@ -125,7 +126,7 @@ class RevokeReport:
     """A revoke everywhere: the broadcast's reply (Celery's), its error, and the store's outcomes."""
 
     reply: Any = None
-    broadcast_error: Optional[BaseException] = None
+    broadcast_error: BaseException | None = None
     store: list[StoreRevoke] = field(default_factory=list)
 
     @property
@@ -159,9 +160,9 @@ def revoke_everywhere(app: Celery, task_ids: Iterable[str], **broadcast: Any) ->
 def reschedule(
     app: Celery,
     task_id: str,
-    eta: Union[When, str, None] = None,
+    eta: When | str | None = None,
     *,
-    countdown: Optional[float] = None,
+    countdown: float | None = None,
 ) -> RescheduleOutcome:
     """Move a waiting task to ``eta`` or ``countdown`` seconds from now, as ``apply_async`` takes them.
 
@@ -189,7 +190,7 @@ def _when(eta: Any) -> When:
     return when
 
 
-def get(app: Celery, task_id: str) -> Optional[ScheduledItem]:
+def get(app: Celery, task_id: str) -> ScheduledItem | None:
     """The waiting task ``task_id`` (ready time, attempts, raw envelope), or None.
 
     :func:`delayq_backends.celery.periodic.task_view` shows its name, arguments, queue and priority.

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import Any, Mapping, Optional, Union
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -172,7 +173,7 @@ class Cron:
         return f"crontab {self.expression} ({self.zone})"
 
 
-Schedule = Union[Every, Cron]
+Schedule = Every | Cron
 
 
 def schedule_from_json(data: Mapping[str, Any]) -> Schedule:
@@ -253,7 +254,7 @@ def from_celery(value: Any, *, zone: str, relative: bool = False) -> Schedule:
     )
 
 
-def _every(value: Union[float, timedelta], aligned: bool) -> Every:
+def _every(value: float | timedelta, aligned: bool) -> Every:
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     if not math.isfinite(seconds) or seconds < 0.001:
         raise ConfigError(f"interval {value!r}: use at least 1 ms (a number of seconds or a timedelta)")
@@ -344,7 +345,7 @@ class Misfire:
         return Plan(due, count - len(due), nxt)
 
 
-def describe_time(ms: Optional[int], zone: Optional[tzinfo] = None) -> str:
+def describe_time(ms: int | None, zone: tzinfo | None = None) -> str:
     """An ISO time for listings (UTC unless ``zone``), or ``-``."""
     if ms is None:
         return "-"

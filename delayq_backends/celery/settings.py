@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 from weakref import WeakKeyDictionary
 
 from celery import Celery
@@ -223,12 +222,12 @@ def detach_store(app: Celery) -> None:
     app.amqp.__dict__.pop("delayq_settings", None)
 
 
-def attached_store(app: Celery) -> Optional[DelayStore]:
+def attached_store(app: Celery) -> DelayStore | None:
     """The store :func:`attach_store` gave ``app``, or None."""
     return _attached.get(app)
 
 
-def store_for(app: Celery, settings: Optional[CelerySettings] = None) -> DelayStore:
+def store_for(app: Celery, settings: CelerySettings | None = None) -> DelayStore:
     """The app's delay store, opened and checked on first use and shared afterwards.
 
     Raises:

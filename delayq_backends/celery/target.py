@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import inspect
 import logging
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timezone
-from typing import Any, Callable, ContextManager, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 from amqp.exceptions import MessageNacked
 from kombu import exceptions as kombu_errors
@@ -28,8 +29,10 @@ from kombu.messaging import Producer
 
 from ..connection import redact_url
 from ..errors import EnvelopeError
+from ..models import DeliveryFailure
 from ..outages import is_transient
-from ..targets import Delivery, Lease, PublishReport
+from ..store.lease import Lease
+from ..targets import Delivery, PublishReport
 from .message import KIND, StoredMessage
 from .redis_handoff import Command, RedisHandOff
 
@@ -75,13 +78,13 @@ class CeleryTarget:
         self._connect = connect
         self.confirm_timeout = confirm_timeout
         self.max_watch_retries = max_watch_retries
-        self._connection: Optional[Connection] = None
-        self._producer: Optional[Producer] = None
-        self._handoff: Optional[RedisHandOff] = None
-        self._probe: Optional[Connection] = None  # its own, so a probe error never drops a publish
+        self._connection: Connection | None = None
+        self._producer: Producer | None = None
+        self._handoff: RedisHandOff | None = None
+        self._probe: Connection | None = None  # its own, so a probe error never drops a publish
 
     @classmethod
-    def from_url(cls, url: str, *, transport_options: Optional[dict[str, Any]] = None, **kwargs: Any) -> CeleryTarget:
+    def from_url(cls, url: str, *, transport_options: dict[str, Any] | None = None, **kwargs: Any) -> CeleryTarget:
         """A target for a broker URL (``amqp://``, ``redis://``, ...), as Celery's ``broker_url``."""
 
         def connect() -> Connection:
@@ -141,7 +144,7 @@ class CeleryTarget:
                 except self._channel_errors() as exc:
                     if is_transient(exc):
                         raise
-                    report.failed.append((p.id, f"broker refused {p.task} {p.id}: {exc}", False))
+                    report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
             if messages:
                 handoff.send(messages, lease, report)
         except Exception as exc:  # nothing was published or acked: release
@@ -157,7 +160,7 @@ class CeleryTarget:
                 message = StoredMessage.from_envelope(d.envelope)
                 ready.append(_Prepared(d.id, message.task, message.publish_kwargs(ready_ms=d.ready_ms, now=now)))
             except (EnvelopeError, ValueError, TypeError, OverflowError) as exc:
-                report.failed.append((d.id, f"cannot replay this Celery message: {exc}", True))
+                report.failed.append(DeliveryFailure(d.id, f"cannot replay this Celery message: {exc}", permanent=True))
         return ready
 
     def _released(self, exc: Exception, ready: list[_Prepared], report: PublishReport) -> None:
@@ -165,7 +168,7 @@ class CeleryTarget:
         if not self._is_outage(exc):
             raise exc
         self._reset()
-        done = set(report.published) | {i for i, _, _ in report.failed}
+        done = set(report.published) | {f.id for f in report.failed}
         report.unsent = [p.id for p in ready if p.id not in done]
         report.broker_error = exc
 
@@ -184,7 +187,7 @@ class CeleryTarget:
         """
         batched = hasattr(producer, "batch") and getattr(producer.channel, "supports_batch_publish", False)
         pending: list[str] = []
-        context: ContextManager[Any] = producer.batch(max_size=len(ready)) if batched else nullcontext()
+        context: AbstractContextManager[Any] = producer.batch(max_size=len(ready)) if batched else nullcontext()
         with context:
             for p in ready:
                 try:
@@ -192,7 +195,7 @@ class CeleryTarget:
                 except self._channel_errors() as exc:  # the broker refused this one message
                     if is_transient(exc):  # ... for now (resource locked, a resource alarm): an outage
                         raise
-                    report.failed.append((p.id, f"broker refused {p.task} {p.id}: {exc}", False))
+                    report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
                     if not batched:
                         self._producer = None  # the channel is closed after a channel error
                         producer = self._producer_or_new()
@@ -238,7 +241,7 @@ class CeleryTarget:
             self._producer = Producer(conn.channel(), auto_declare=False)
         return self._producer
 
-    def _handoff_or_new(self) -> Optional[RedisHandOff]:
+    def _handoff_or_new(self) -> RedisHandOff | None:
         """The exactly-once hand-off on this target's channel, or None if the broker is not
         kombu's Redis transport (with kombu >= 5.7's publish hook)."""
         if self._handoff is None:
@@ -285,7 +288,7 @@ def _not_found(exc: BaseException) -> bool:
     return getattr(exc, "code", None) == 404 or "404" in getattr(exc, "args", ())
 
 
-def _confirming(url: str, options: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _confirming(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     """Transport options with publisher confirms on AMQP (a no-op setting elsewhere)."""
     options = dict(options or {})
     if url.split("://", 1)[0].split("+")[0] in ("amqp", "amqps", "pyamqp"):

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring_ascii
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from celery import Celery
 from celery.utils.saferepr import saferepr
@@ -61,7 +62,7 @@ def _plain(value: Any) -> bool:
     )
 
 
-def _flat_repr(value: Any, limit: int) -> Optional[str]:
+def _flat_repr(value: Any, limit: int) -> str | None:
     """``repr(value)`` where it provably equals Celery's ``saferepr`` (a short flat list, tuple or
     dict of ints, bools, None and plain ASCII text), else None. saferepr costs ~7 µs a call."""
     if type(value) in (list, tuple):
@@ -106,7 +107,7 @@ class TaskTemplate:
                 f"task {task!r} is serialized with {serializer!r}: bulk scheduling builds JSON bodies; "
                 "set task_serializer='json' (or the serializer='json' option) for these calls"
             )
-        self.compression: Optional[str] = capture.kwargs.get("compression")
+        self.compression: str | None = capture.kwargs.get("compression")
         maxlevels = app.conf.get("task_repr_maxlevels")  # Celery >= 5.6 passes it to saferepr
         self._repr_args: dict[str, Any] = {} if maxlevels is None else {"maxlevels": maxlevels}
         self._repr_sizes = app.amqp.argsrepr_maxsize, app.amqp.kwargsrepr_maxsize

@@ -30,10 +30,11 @@ Needs the ``testing`` extra (fakeredis with Lua).
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any
 
 from celery import Celery, states
 from celery.app.trace import trace_task
@@ -65,12 +66,12 @@ class ScheduledTask:
     name: str
     args: Any
     kwargs: Any
-    argsrepr: Optional[str]
-    kwargsrepr: Optional[str]
-    eta: Optional[datetime]
+    argsrepr: str | None
+    kwargsrepr: str | None
+    eta: datetime | None
     ready: datetime
     queue: str
-    priority: Optional[int]
+    priority: int | None
     message: StoredMessage
 
 
@@ -92,7 +93,7 @@ class DelayedTasks:
         self.store = store
         self.clock: FakeClock = store.clock
 
-    def scheduled(self, name: Optional[str] = None) -> list[ScheduledTask]:
+    def scheduled(self, name: str | None = None) -> list[ScheduledTask]:
         """Tasks waiting, earliest first; only those named ``name`` if given."""
         tasks = [_scheduled_task(e.id, e.envelope, e.ready) for e in scheduled(self.store, target=KIND)]
         return [t for t in tasks if name is None or t.name == name]
@@ -107,7 +108,7 @@ class DelayedTasks:
         run_due(self.store, run)
         return ran
 
-    def advance(self, delta: Union[timedelta, int, float]) -> list[RanTask]:
+    def advance(self, delta: timedelta | int | float) -> list[RanTask]:
         """Move the fake clock by ``delta`` (timedelta or seconds), then :meth:`run_due`."""
         self.clock.advance(delta)
         return self.run_due()
@@ -170,7 +171,7 @@ def _scheduled_task(item_id: str, envelope: Envelope, ready: datetime) -> Schedu
 
 @contextmanager
 def delayed_tasks(
-    app: Celery, *, clock: Optional[FakeClock] = None, store: Optional[TestingStore] = None
+    app: Celery, *, clock: FakeClock | None = None, store: TestingStore | None = None
 ) -> Iterator[DelayedTasks]:
     """Attach an in-process store (on ``clock``, a fresh :class:`FakeClock` by default) to ``app``
     for the block; installs the plugin if needed. The app's own settings come back after."""

@@ -4,16 +4,15 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import click
 from redis.cluster import RedisCluster
 
 from ..acl import ROLES, acl_setuser
 from ..connection import connect, redact_url
-from ..functions import NodeFunctions, functions_status, install_functions
-from ..scripts import LIBRARY
+from ..scripts import LIBRARY, NodeFunctions, functions_status, install_functions
 from .options import closing, read_secret, url_option
 
 __all__ = ["acl", "functions_group"]
@@ -44,7 +43,7 @@ __all__ = ["acl", "functions_group"]
 )
 @url_option
 def acl(
-    role: str, prefix: str, user: Optional[str], functions: bool, password_file: Optional[Path], apply: bool, url: str
+    role: str, prefix: str, user: str | None, functions: bool, password_file: Path | None, apply: bool, url: str
 ) -> None:
     """Print (or --apply) the least-privilege ACL SETUSER command for a ROLE on a prefix.
 

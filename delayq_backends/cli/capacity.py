@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, fields, replace
-from typing import Optional
 
 import click
 
@@ -46,7 +45,7 @@ def _amount(ctx: click.Context, param: click.Parameter, value: str) -> float:
         raise click.BadParameter(str(exc), ctx, param) from exc
 
 
-def _costs(path: Optional[str]) -> Costs:
+def _costs(path: str | None) -> Costs:
     """Costs from a ``bench/capacity.py`` JSON report (its ``costs`` object), else the defaults."""
     if path is None:
         return Costs()
@@ -118,7 +117,7 @@ def capacity(
     schedule_rate: float,
     fire_rate: float,
     backlog: float,
-    costs_path: Optional[str],
+    costs_path: str | None,
     master_memory: float,
     max_block_us: float,
     batch: int,

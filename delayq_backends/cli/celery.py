@@ -8,7 +8,7 @@ broker SSL and transport options and ``delayq_*`` settings are used as the app h
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import click
 from celery import Celery
@@ -148,7 +148,7 @@ def stats_(ctx: click.Context, as_json: bool) -> None:
 @click.option("--terminate", is_flag=True, help="Also terminate the task if a worker is running it.")
 @click.option("--signal", default=None, help="Signal for --terminate (default TERM).")
 @click.pass_context
-def revoke_(ctx: click.Context, task_ids: tuple[str, ...], terminate: bool, signal: Optional[str]) -> None:
+def revoke_(ctx: click.Context, task_ids: tuple[str, ...], terminate: bool, signal: str | None) -> None:
     """Revoke tasks everywhere: the broadcast to workers first, then the delay store.
 
     Use this rather than ``celery control revoke``, which only broadcasts: a task still waiting
@@ -171,12 +171,12 @@ def revoke_(ctx: click.Context, task_ids: tuple[str, ...], terminate: bool, sign
 @click.option("--task", "task_name", default=None, help="Only tasks of this name (on this page).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table (for scripts).")
 @click.pass_context
-def list_(ctx: click.Context, offset: int, limit: int, task_name: Optional[str], as_json: bool) -> None:
+def list_(ctx: click.Context, offset: int, limit: int, task_name: str | None, as_json: bool) -> None:
     """Tasks waiting in the store, earliest first: name, args, kwargs, eta, queue, priority.
 
     Arguments are decoded from JSON bodies only; other serializers show Celery's argsrepr.
     """
-    items = store_for(ctx.find_root().obj.app).list(offset=offset, count=limit)
+    items = store_for(ctx.find_root().obj.app).scheduled(offset=offset, count=limit)
     rows = [row for row in map(_task_row, items) if row is not None]
     if task_name is not None:  # of this page
         rows = [row for row in rows if row["task"] == task_name]
@@ -210,7 +210,7 @@ def get_(ctx: click.Context, task_id: str, as_json: bool) -> None:
 _COLUMNS = [Column("id"), Column("task"), Column("ready"), Column("queue"), Column("priority", "right"), Column("args")]
 
 
-def _task_row(item: ScheduledItem) -> Optional[dict[str, Any]]:
+def _task_row(item: ScheduledItem) -> dict[str, Any] | None:
     """A waiting Celery task (or periodic entry, as its next run) as JSON-ready values; None for an
     item of another kind."""
     row: dict[str, Any] = {"id": item.id, "ready": iso(item.ready_ms), "attempts": item.attempts}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import click
 
@@ -35,7 +35,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def resolve_token(token: Optional[str], token_file: Optional[Path], no_auth: bool, host: str) -> Optional[str]:
+def resolve_token(token: str | None, token_file: Path | None, no_auth: bool, host: str) -> str | None:
     """The token the API will require, or None when auth is off (loopback only).
 
     Raises:
@@ -135,12 +135,12 @@ def dashboard(
     spec: StoreSpec,
     host: str,
     port: int,
-    token: Optional[str],
-    token_file: Optional[Path],
+    token: str | None,
+    token_file: Path | None,
     no_auth: bool,
-    celery_broker: Optional[str],
-    rq_redis: Optional[str],
-    audit_stream: Optional[str],
+    celery_broker: str | None,
+    rq_redis: str | None,
+    audit_stream: str | None,
     rq_allow: tuple[str, ...],
     max_body_bytes: int,
     max_connections: int,

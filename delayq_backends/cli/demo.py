@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import click
 from rich.console import Console
 
@@ -29,7 +27,7 @@ __all__ = ["demo"]
     help="Ready times are spread uniformly over this many seconds from now.",
 )
 @click.option("--shards", type=int, default=16, show_default=True, help="Shards of the demo store.")
-def demo(url: Optional[str], items: int, spread: float, shards: int) -> None:
+def demo(url: str | None, items: int, spread: float, shards: int) -> None:
     """Schedule items, forward them at their time, and report how late they arrived.
 
     Exit code 1 if items were still missing SPREAD + 30 seconds after scheduling.

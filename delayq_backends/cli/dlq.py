@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import click
 
@@ -34,7 +34,7 @@ DEAD_COLUMNS = [
 @shard_option
 @page_options
 @json_option
-def dlq_list(spec: StoreSpec, shard: Optional[int], offset: int, limit: int, as_json: bool) -> None:
+def dlq_list(spec: StoreSpec, shard: int | None, offset: int, limit: int, as_json: bool) -> None:
     """Dead letters, most recent first, with the error that killed each."""
     check_shard(spec, shard)
     store = open_store(spec, writes=False)
@@ -49,14 +49,14 @@ def dlq_list(spec: StoreSpec, shard: Optional[int], offset: int, limit: int, as_
     print_table("dead letters", DEAD_COLUMNS, (list(e.values()) for e in entries))
 
 
-def _selection(ids: Sequence[str], all_: bool, verb: str) -> Optional[list[str]]:
+def _selection(ids: Sequence[str], all_: bool, verb: str) -> list[str] | None:
     """The ids to act on, or None for all; refuses to guess when given neither or both."""
     if bool(ids) == all_:
         raise click.UsageError(f"give the ids to {verb}, or --all (not both)")
     return None if all_ else list(dict.fromkeys(ids))
 
 
-def _report(done: int, ids: Optional[list[str]], verb: str) -> None:
+def _report(done: int, ids: list[str] | None, verb: str) -> None:
     """Say what was done; exit 1 when named ids were not all dead letters."""
     click.echo(f"{verb} {done} dead letter(s)")
     if ids is not None and done < len(ids):

@@ -4,8 +4,9 @@ from the options; ``celery -A proj delayq forward`` shares the options and the r
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import click
 
@@ -36,9 +37,9 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         poll: float,
         log_level: str,
         log_every: float,
-        audit_dir: Optional[str],
-        audit_stream: Optional[str],
-        metrics_port: Optional[int],
+        audit_dir: str | None,
+        audit_stream: str | None,
+        metrics_port: int | None,
         metrics_host: str,
         metrics_queue: tuple[str, ...],
         max_queue_depth: dict[str, int],
@@ -204,9 +205,9 @@ class ForwardOptions:
     poll: float
     log_level: str
     log_every: float
-    audit_dir: Optional[str] = None
-    audit_stream: Optional[str] = None
-    metrics_port: Optional[int] = None
+    audit_dir: str | None = None
+    audit_stream: str | None = None
+    metrics_port: int | None = None
     metrics_host: str = DEFAULT_METRICS_HOST
     flow: FlowControl = field(default_factory=FlowControl)
     metrics_queues: tuple[str, ...] = ()
@@ -227,7 +228,7 @@ def run_forwarder(
     settings: ForwarderSettings,
     *,
     log_level: str,
-    store: Optional[DelayStore] = None,
+    store: DelayStore | None = None,
     targets: Sequence[DescribedTarget] = (),
 ) -> None:
     """Configure logging, build the forwarder, say what it forwards where, and forward until
@@ -266,9 +267,9 @@ def run_forwarder(
 def forward(
     spec: StoreSpec,
     run: ForwardOptions,
-    list_redis: Optional[str],
-    celery_broker: Optional[str],
-    rq_redis: Optional[str],
+    list_redis: str | None,
+    celery_broker: str | None,
+    rq_redis: str | None,
     rq_allow_class: tuple[str, ...],
     rq_adopt: bool,
 ) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -143,9 +144,9 @@ ITEM_COLUMNS = [
 @json_option
 def list_(
     spec: StoreSpec,
-    shard: Optional[int],
-    start: Optional[str],
-    end: Optional[str],
+    shard: int | None,
+    start: str | None,
+    end: str | None,
     offset: int,
     limit: int,
     as_json: bool,
@@ -159,7 +160,7 @@ def list_(
         shard,
         offset,
         limit,
-        lambda s, n: store.list(shard=s, start=low, end=high, count=n),
+        lambda s, n: store.scheduled(shard=s, start=low, end=high, count=n),
         listed_at,
     )
     entries = [item_entry(item) for item in items]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import click
 import redis
@@ -42,7 +43,7 @@ def secret_option(
     *,
     envvar: str,
     help: str,
-    default: Optional[str] = None,
+    default: str | None = None,
     required: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--NAME URL`` (env ENVVAR) and ``--NAME-file PATH`` (env ENVVAR_FILE), reaching the command
@@ -164,7 +165,7 @@ def page_options(command: Callable[..., None]) -> Callable[..., None]:
     )
 
 
-def when_option(value: Optional[str], option: str) -> Optional[When]:
+def when_option(value: str | None, option: str) -> When | None:
     """Read ``--from``/``--to``: ISO-8601 with a zone, or epoch seconds. A time without a zone is
     refused, because the store cannot guess which zone was meant."""
     if value is None:
@@ -188,13 +189,13 @@ def _iso(text: str, option: str) -> When:
         raise click.BadParameter(f"{exc}, or epoch seconds", param_hint=option) from exc
 
 
-def check_shard(spec: StoreSpec, shard: Optional[int]) -> None:
+def check_shard(spec: StoreSpec, shard: int | None) -> None:
     """Refuse a ``--shard`` outside the layout with a usage error instead of a traceback."""
     if shard is not None and not 0 <= shard < spec.shards:
         raise click.BadParameter(f"shard {shard} does not exist: use 0..{spec.shards - 1}", param_hint="--shard")
 
 
-def open_store(spec: StoreSpec, *, writes: bool, socket_timeout: Optional[float] = None) -> DelayStore:
+def open_store(spec: StoreSpec, *, writes: bool, socket_timeout: float | None = None) -> DelayStore:
     """:meth:`StoreSpec.open`, its client closed when the command ends."""
     store = spec.open(writes=writes, socket_timeout=socket_timeout)
     closing(store.client)

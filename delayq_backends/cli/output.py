@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, NamedTuple, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 import click
 from rich.console import Console, JustifyMethod
@@ -36,7 +37,7 @@ def duration(ms: int) -> str:
 
 
 def print_table(
-    title: str, columns: Sequence[Column], rows: Iterable[Sequence[Any]], totals: Optional[Sequence[Any]] = None
+    title: str, columns: Sequence[Column], rows: Iterable[Sequence[Any]], totals: Sequence[Any] | None = None
 ) -> None:
     """Print a rich table; None cells show as "-" so empty never looks like zero.
 

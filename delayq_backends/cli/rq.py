@@ -4,7 +4,7 @@ older versions, into the store. RQ is imported when they run, so ``delayq`` star
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, cast
+from typing import Any, cast
 
 import click
 import redis
@@ -26,9 +26,9 @@ __all__ = ["rq_migrate", "rq_upgrade"]
 def rq_migrate(
     spec: StoreSpec,
     rq_redis: str,
-    queue_class: Optional[str],
-    job_class: Optional[str],
-    serializer: Optional[str],
+    queue_class: str | None,
+    job_class: str | None,
+    serializer: str | None,
     dry_run: bool,
 ) -> None:
     """Move jobs waiting in RQ's rq:scheduled:* registries and rq-scheduler's set into the store.
@@ -69,7 +69,7 @@ def rq_migrate(
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be upgraded; change nothing.")
 def rq_upgrade(
-    spec: StoreSpec, rq_redis: Optional[str], serializer: Optional[str], rq_allow_class: tuple[str, ...], dry_run: bool
+    spec: StoreSpec, rq_redis: str | None, serializer: str | None, rq_allow_class: tuple[str, ...], dry_run: bool
 ) -> None:
     """Put the schedule of Scheduler jobs stored by delayq_backends 0.1 into their envelopes.
 

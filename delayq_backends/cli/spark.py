@@ -6,8 +6,9 @@ pyspark is imported when a command runs, so ``delayq`` itself starts without it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 import click
 
@@ -55,8 +56,8 @@ def _write_jsonl(records: Iterable[AuditRecord], out: str) -> int:
 @click.option("--rank-col", help="Column of store ranks (0..255, higher forwarded first under a backlog).")
 @click.option("--rejects", metavar="DIR", help="Write the rejected rows, with their reasons, as Parquet here.")
 @click.option("--master", default="local[2]", show_default=True, help="Spark master.")
-def schedule(spec: StoreSpec, source: str, id_col: str, ready_col: str, mode: str, rank_col: Optional[str],
-             rejects: Optional[str], master: str, **choice: Any) -> None:  # fmt: skip
+def schedule(spec: StoreSpec, source: str, id_col: str, ready_col: str, mode: str, rank_col: str | None,
+             rejects: str | None, master: str, **choice: Any) -> None:  # fmt: skip
     """Schedule one delayed Celery task, RQ job or list item per row of a Parquet dataset."""
     from ..spark.bulk import schedule_dataframe
     from ..spark.session import local_session
@@ -78,15 +79,15 @@ def schedule(spec: StoreSpec, source: str, id_col: str, ready_col: str, mode: st
 
 
 def _target(
-    celery_task: Optional[str],
-    celery_broker: Optional[str],
-    rq_func: Optional[str],
-    rq_redis: Optional[str],
-    list_key: Optional[str],
-    body_col: Optional[str],
-    queue: Optional[str],
-    args_col: Optional[str],
-    kwargs_col: Optional[str],
+    celery_task: str | None,
+    celery_broker: str | None,
+    rq_func: str | None,
+    rq_redis: str | None,
+    list_key: str | None,
+    body_col: str | None,
+    queue: str | None,
+    args_col: str | None,
+    kwargs_col: str | None,
 ) -> Any:
     """The one target the options name; a usage error says what is missing."""
     from ..spark.targets import CeleryTask, ListTarget, RQJob
@@ -115,7 +116,7 @@ def _target(
     metavar="KEY",
     help="Export this audit stream (delayq forward --audit-stream) instead of the scheduled items.",
 )
-def export(spec: StoreSpec, out: str, stream: Optional[str]) -> None:
+def export(spec: StoreSpec, out: str, stream: str | None) -> None:
     """Write the store's scheduled items (or an audit stream) as audit records, for `delayq spark audit`.
 
     Take the snapshot before the items fall due: forwarded items leave the store.
@@ -159,7 +160,7 @@ def audit_(
     forwarded: Sequence[str],
     executed: Sequence[str],
     out: str,
-    as_of: Optional[str],
+    as_of: str | None,
     grace: float,
     late: float,
     master: str,

@@ -9,7 +9,7 @@ Run workers with the audit worker class and an audit log in the environment::
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 from rq import Worker
 from rq.job import Job
@@ -28,7 +28,7 @@ class AuditWorker(Worker):
     a plain worker.
     """
 
-    audit: Optional[AuditSink] = None
+    audit: AuditSink | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

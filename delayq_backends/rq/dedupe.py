@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional
+from typing import Any
 
 from redis.exceptions import RedisError
 from rq import SimpleWorker, Worker
@@ -43,7 +43,7 @@ DEDUPE_TTL_ENV = "DELAYQ_DEDUPE_TTL"
 _DEFAULT_TTL = 86400
 
 
-def job_run(job: Job) -> Optional[int]:
+def job_run(job: Job) -> int | None:
     """The run of ``job`` as the dedupe record names it, or None for a job that repeats."""
     meta = job.meta or {}
     if getattr(job, "repeats_left", None) is not None or meta.get("interval") or meta.get("cron_string"):
@@ -72,7 +72,7 @@ class _Dedupe:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._ttl_ms = _ttl_ms()  # a bad setting stops the worker at start, not each job
-        self._guard: Optional[RunGuard] = None
+        self._guard: RunGuard | None = None
         super().__init__(*args, **kwargs)
 
     def execute_job(self, job: Job, queue: Any) -> Any:

@@ -19,8 +19,9 @@ A job from ``rq:scheduled:<queue>`` stays listed there as a mirror entry (see
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, cast
+from typing import Any, cast
 
 import redis
 from rq import Queue as RQQueue
@@ -58,7 +59,7 @@ def migrate(
     connection: redis.Redis,
     store: DelayStore,
     *,
-    queue_class: Optional[type] = None,
+    queue_class: type | None = None,
     job_class: type[Job] = Job,
     serializer: Any = None,
     dry_run: bool = False,
@@ -78,14 +79,14 @@ def migrate(
         queue_name = key[len(prefix) :]
         envelope = job_envelope(queue_name, queue_class=queue_class, job_class=job_class, serializer=serializer)
 
-        def registry_envelope(_origin: str, _meta: Optional[bytes], envelope: Envelope = envelope) -> Envelope:
+        def registry_envelope(_origin: str, _meta: bytes | None, envelope: Envelope = envelope) -> Envelope:
             return envelope
 
         _move(connection, store, key, registry_envelope, job_class, report, dry_run, mirror_queue=queue_name)
 
     loads = resolve_serializer(serializer).loads
 
-    def scheduler_envelope(origin: str, meta: Optional[bytes]) -> Envelope:
+    def scheduler_envelope(origin: str, meta: bytes | None) -> Envelope:
         job_meta = loads(meta) if meta else {}
         schedule = schedule_of(job_meta)
         if "cron_string" in schedule:
@@ -104,7 +105,7 @@ def migrate(
     return report
 
 
-def adopt(connection: redis.Redis, store: DelayStore, queue_names: Optional[list[str]] = None) -> MigrationReport:
+def adopt(connection: redis.Redis, store: DelayStore, queue_names: list[str] | None = None) -> MigrationReport:
     """Move jobs that a plain ``rq.Queue`` scheduled into ``rq:scheduled:<queue>`` into the store.
 
     A worker or ``rq enqueue --schedule-in`` run without ``--queue-class delayq_backends.rq.Queue``
@@ -122,7 +123,7 @@ def adopt(connection: redis.Redis, store: DelayStore, queue_names: Optional[list
     for name in queue_names:
         envelope = job_envelope(name)
 
-        def registry_envelope(_origin: str, _meta: Optional[bytes], envelope: Envelope = envelope) -> Envelope:
+        def registry_envelope(_origin: str, _meta: bytes | None, envelope: Envelope = envelope) -> Envelope:
             return envelope
 
         key = ScheduledJobRegistry.key_template.format(name)
@@ -134,12 +135,12 @@ def _move(
     connection: redis.Redis,
     store: DelayStore,
     key: str,
-    envelope_for: Callable[[str, Optional[bytes]], Envelope],
+    envelope_for: Callable[[str, bytes | None], Envelope],
     job_class: type[Job],
     report: MigrationReport,
     dry_run: bool,
     *,
-    mirror_queue: Optional[str] = None,
+    mirror_queue: str | None = None,
     read_meta: bool = False,
 ) -> None:
     """Move one sorted set, a page at a time, into the store; see the module docstring.

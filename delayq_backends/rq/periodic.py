@@ -21,8 +21,9 @@ Cron strings are read in one of two syntaxes (the envelope's schedule names it a
 from __future__ import annotations
 
 import math
+from collections.abc import MutableMapping
 from datetime import datetime, timezone, tzinfo
-from typing import Any, MutableMapping, Optional
+from typing import Any
 
 import crontab
 from croniter import croniter
@@ -136,7 +137,7 @@ def next_cron_time(
             return following
 
 
-def advance(meta: MutableMapping[str, Any], *, now: float) -> Optional[float]:
+def advance(meta: MutableMapping[str, Any], *, now: float) -> float | None:
     """Count one run down and return when the next is due (epoch seconds), or None if none is.
 
     rq-scheduler's rules: ``repeat`` counts the runs left, this one included (``repeat=3``

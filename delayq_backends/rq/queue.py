@@ -14,11 +14,12 @@ run, and a job's ``meta["delayq_rate_key"]`` names who it is for (per-key rate c
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from contextvars import ContextVar
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import redis
 from rq import Queue as RQQueue
@@ -44,7 +45,7 @@ DEBOUNCE_OPTION = "delayq_debounce"
 RATE_KEY_META = "delayq_rate_key"
 #: The collapse of the ``enqueue_at`` running in this context: RQ's enqueue_at builds the job and
 #: calls ``schedule_job`` itself, and a retry's ``schedule_job`` must not inherit it.
-_collapsing: ContextVar[Optional[Collapse]] = ContextVar("delayq_collapsing", default=None)
+_collapsing: ContextVar[Collapse | None] = ContextVar("delayq_collapsing", default=None)
 
 _stores: StoreCache[tuple[Any, ...]] = StoreCache()
 
@@ -100,7 +101,7 @@ class UsesDelayStore:
     """The ``delay_store`` of a Queue or Scheduler: the one given, else :func:`store_of_connection`."""
 
     connection: redis.Redis
-    _delay_store: Optional[DelayStore]
+    _delay_store: DelayStore | None
 
     @property
     def delay_store(self) -> DelayStore:
@@ -118,10 +119,10 @@ class Queue(UsesDelayStore, RQQueue):
         *args, **kwargs: as ``rq.Queue``.
     """
 
-    def __init__(self, *args: Any, delay_store: Optional[DelayStore] = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, delay_store: DelayStore | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._delay_store = delay_store
-        self._envelope_bytes: Optional[bytes] = None
+        self._envelope_bytes: bytes | None = None
 
     def envelope(self) -> Envelope:
         """What the store keeps beside a job id of this queue."""
@@ -161,9 +162,7 @@ class Queue(UsesDelayStore, RQQueue):
         finally:
             _collapsing.reset(token)
 
-    def schedule_job(
-        self, job: Job, datetime: datetime, pipeline: Optional[Any] = None, *args: Any, **kwargs: Any
-    ) -> Job:
+    def schedule_job(self, job: Job, datetime: datetime, pipeline: Any | None = None, *args: Any, **kwargs: Any) -> Job:
         """Save the job as RQ does (status ``scheduled``) and schedule its id in the delay store.
 
         RQ's own ``schedule_job`` writes the job hash, so the saved job matches each RQ version
@@ -184,12 +183,12 @@ class Queue(UsesDelayStore, RQQueue):
 
         return self._schedule(job, datetime, pipeline, save)
 
-    def schedule_id(self, job: Job, datetime: datetime, pipeline: Optional[Any] = None) -> Job:
+    def schedule_id(self, job: Job, datetime: datetime, pipeline: Any | None = None) -> Job:
         """Schedule an already saved job in the delay store (and its mirror entry), as
         ``ScheduledJobRegistry.schedule`` does for RQ."""
         return self._schedule(job, datetime, pipeline, lambda pipe: self.registry_write(pipe, job, datetime))
 
-    def _schedule(self, job: Job, when: datetime, pipeline: Optional[Any], save: Callable[[Any], None]) -> Job:
+    def _schedule(self, job: Job, when: datetime, pipeline: Any | None, save: Callable[[Any], None]) -> Job:
         """Queue ``save`` (the job hash and its mirror entry) and the store's entry on one
         transaction when the store shares this queue's Redis."""
         ready = ready_at(when)
@@ -204,7 +203,7 @@ class Queue(UsesDelayStore, RQQueue):
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         save(pipe)
         if shared:
-            store.schedule_in(pipe, job.id, ready, envelope, rank=job_rank(job))
+            store.schedule(job.id, ready, envelope, rank=job_rank(job), pipeline=pipe)
         if pipeline is None:
             pipe.execute()
         if not shared:

@@ -19,8 +19,9 @@ forwarder: see :mod:`.adopt`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timezone
-from typing import Any, Iterable, Optional, Union
+from typing import Any
 
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
@@ -79,7 +80,7 @@ class ScheduledJobRegistry(RQScheduledJobRegistry):
             else Queue(self.name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
         )
 
-    def get_scheduled_time(self, job_or_id: Union[Job, str]) -> datetime:
+    def get_scheduled_time(self, job_or_id: Job | str) -> datetime:
         """When the job is due (aware, UTC), to the millisecond.
 
         Raises:
@@ -101,7 +102,7 @@ class ScheduledJobRegistry(RQScheduledJobRegistry):
             score = int(score - MIRROR_OFFSET_S)
         return datetime.fromtimestamp(score, timezone.utc)  # type: ignore[arg-type]
 
-    def schedule(self, job: Job, scheduled_datetime: datetime, pipeline: Optional[Any] = None) -> Any:
+    def schedule(self, job: Job, scheduled_datetime: datetime, pipeline: Any | None = None) -> Any:
         """Put ``job`` (already saved) in the store at ``scheduled_datetime`` (naive: local time, as RQ).
 
         Unlike RQ's, this marks the job ``scheduled``: the forwarder moves only jobs still
@@ -113,7 +114,7 @@ class ScheduledJobRegistry(RQScheduledJobRegistry):
         if pipeline is None:
             pipe.execute()
 
-    def remove(self, job: Union[Job, str], pipeline: Optional[Any] = None, delete_job: bool = False) -> Any:
+    def remove(self, job: Job | str, pipeline: Any | None = None, delete_job: bool = False) -> Any:
         """Unschedule ``job`` here and in the store (and delete it with ``delete_job``)."""
         job_id = job.id if isinstance(job, Job) else job
         self.delayq_queue.delay_store.cancel(job_id)

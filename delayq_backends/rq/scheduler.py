@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from itertools import islice
-from typing import Any, Callable, Iterator, Optional, Union, cast
+from typing import Any, cast
 
 import redis
 from rq import Queue as RQQueue
@@ -57,7 +58,7 @@ _JOB_KWARGS = {
     "on_failure": "on_failure",
 }
 
-Until = Union[None, datetime, timedelta, int, float]
+Until = datetime | timedelta | int | float | None
 
 #: Items read per store call by ``get_jobs`` and ``count``.
 PAGE = 500
@@ -91,7 +92,7 @@ def _is_rq(data: bytes) -> bool:
         return False
 
 
-def _resolve(value: Union[str, type, None], default: type) -> type:
+def _resolve(value: str | type | None, default: type) -> type:
     if value is None:
         return default
     if isinstance(value, str):
@@ -127,14 +128,14 @@ class Scheduler(UsesDelayStore):
     def __init__(
         self,
         queue_name: str = "default",
-        queue: Optional[RQQueue] = None,
+        queue: RQQueue | None = None,
         interval: float = 60,
-        connection: Optional[redis.Redis] = None,
-        job_class: Union[str, type[Job], None] = None,
-        queue_class: Union[str, type[RQQueue], None] = None,
-        name: Optional[str] = None,
+        connection: redis.Redis | None = None,
+        job_class: str | type[Job] | None = None,
+        queue_class: str | type[RQQueue] | None = None,
+        name: str | None = None,
         *,
-        delay_store: Optional[DelayStore] = None,
+        delay_store: DelayStore | None = None,
         cron_syntax: str = RQ_SCHEDULER,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -178,19 +179,19 @@ class Scheduler(UsesDelayStore):
         func: Any,
         args: Any = None,
         kwargs: Any = None,
-        interval: Optional[float] = None,
-        repeat: Optional[int] = None,
-        result_ttl: Optional[int] = None,
-        ttl: Optional[int] = None,
+        interval: float | None = None,
+        repeat: int | None = None,
+        result_ttl: int | None = None,
+        ttl: int | None = None,
         timeout: Any = None,
-        id: Optional[str] = None,
-        description: Optional[str] = None,
-        queue_name: Optional[str] = None,
-        meta: Optional[dict[str, Any]] = None,
+        id: str | None = None,
+        description: str | None = None,
+        queue_name: str | None = None,
+        meta: dict[str, Any] | None = None,
         depends_on: Any = None,
         on_success: Any = None,
         on_failure: Any = None,
-        at_front: Optional[bool] = None,
+        at_front: bool | None = None,
     ) -> Job:
         """Run ``func`` at ``scheduled_time``, then every ``interval`` seconds, ``repeat`` runs in
         all (None: forever). A periodic job keeps its result (``result_ttl=-1``) unless told
@@ -219,20 +220,20 @@ class Scheduler(UsesDelayStore):
         func: Any,
         args: Any = None,
         kwargs: Any = None,
-        repeat: Optional[int] = None,
-        queue_name: Optional[str] = None,
+        repeat: int | None = None,
+        queue_name: str | None = None,
         result_ttl: int = -1,
-        ttl: Optional[int] = None,
-        id: Optional[str] = None,
+        ttl: int | None = None,
+        id: str | None = None,
         timeout: Any = None,
-        description: Optional[str] = None,
-        meta: Optional[dict[str, Any]] = None,
+        description: str | None = None,
+        meta: dict[str, Any] | None = None,
         use_local_timezone: bool = False,
         depends_on: Any = None,
         on_success: Any = None,
         on_failure: Any = None,
         at_front: bool = False,
-        cron_syntax: Optional[str] = None,
+        cron_syntax: str | None = None,
     ) -> Job:
         """Run ``func`` whenever ``cron_string`` matches, ``repeat`` runs in all (None: forever).
 
@@ -256,7 +257,7 @@ class Scheduler(UsesDelayStore):
             job.meta["repeat"] = int(repeat)
         return self._schedule(job, ready, at_front=at_front, syntax=syntax)
 
-    def _create_job(self, func: Any, *, queue_name: Optional[str] = None, **options: Any) -> Job:
+    def _create_job(self, func: Any, *, queue_name: str | None = None, **options: Any) -> Job:
         options["args"] = options.get("args") or ()
         options["kwargs"] = options.get("kwargs") or {}
         job = self.job_class.create(func, connection=self.connection, status=JobStatus.SCHEDULED, **options)
@@ -265,7 +266,7 @@ class Scheduler(UsesDelayStore):
             job.meta["queue_class_name"] = self.queue_class_name
         return job
 
-    def _schedule(self, job: Job, ready_ms: int, *, at_front: bool, syntax: Optional[str] = None) -> Job:
+    def _schedule(self, job: Job, ready_ms: int, *, at_front: bool, syntax: str | None = None) -> Job:
         """Save the job hash and schedule its id; one transaction when the store shares RQ's Redis.
 
         The hash is written first otherwise: an id due at once must not reach a forwarder
@@ -283,7 +284,7 @@ class Scheduler(UsesDelayStore):
         if on_store_server(store, self.connection):
             with self.connection.pipeline() as pipe:
                 job.save(pipeline=pipe)
-                store.schedule_in(pipe, job.id, seconds(ready_ms), envelope, rank=job_rank(job))
+                store.schedule(job.id, seconds(ready_ms), envelope, rank=job_rank(job), pipeline=pipe)
                 pipe.execute()
         else:
             job.save()
@@ -292,11 +293,11 @@ class Scheduler(UsesDelayStore):
 
     # -- inspecting and changing --------------------------------------------------------------
 
-    def cancel(self, job: Union[Job, str]) -> None:
+    def cancel(self, job: Job | str) -> None:
         """Unschedule ``job`` (a Job or an id); the job hash stays, as with rq-scheduler."""
         self.delay_store.cancel(job.id if isinstance(job, Job) else job)
 
-    def __contains__(self, item: Union[Job, str]) -> bool:
+    def __contains__(self, item: Job | str) -> bool:
         return self.delay_store.exists(item.id if isinstance(item, Job) else item)
 
     def change_execution_time(self, job: Job, date_time: datetime) -> None:
@@ -315,7 +316,7 @@ class Scheduler(UsesDelayStore):
         return sum(1 for _ in self._scheduled(until))
 
     def get_jobs(
-        self, until: Until = None, with_times: bool = False, offset: Optional[int] = None, length: Optional[int] = None
+        self, until: Until = None, with_times: bool = False, offset: int | None = None, length: int | None = None
     ) -> Iterator[Any]:
         """Scheduled jobs in time order up to ``until``; with ``with_times``, (job, naive UTC time).
 
@@ -394,10 +395,10 @@ class Scheduler(UsesDelayStore):
         not by offset, so reading N items costs O(N), not O(N^2 / page).
         """
         end = self._until_ms(until)
-        low: Optional[int] = None
+        low: int | None = None
         skip = 0
         while True:
-            items = self.delay_store.list(
+            items = self.delay_store.scheduled(
                 start=None if low is None else seconds(low),
                 end=None if end is None else seconds(end),
                 offset=skip,
@@ -413,7 +414,7 @@ class Scheduler(UsesDelayStore):
             skip = skip + at_last if last == low else at_last
             low = last
 
-    def _until_ms(self, until: Until) -> Optional[int]:
+    def _until_ms(self, until: Until) -> int | None:
         if until is None:
             return None
         if isinstance(until, timedelta):

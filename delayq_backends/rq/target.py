@@ -16,7 +16,7 @@ the forwarder imports from an envelope is a queue or job class on its allowlist
 A batch is moved in one MULTI/EXEC on RQ's Redis, with every job key (and each dependency's)
 WATCHed, so a job cancelled or deleted while it is being moved is never resurrected. When RQ's
 Redis is the delay store's own server, the store's ack joins that transaction (see
-:class:`~delayq_backends.targets.Lease`): the enqueue and the ack commit together, an
+:class:`~delayq_backends.store.Lease`): the enqueue and the ack commit together, an
 exactly-once hand-off.
 """
 
@@ -26,11 +26,12 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
 from types import ModuleType
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import redis
 from rq import Queue as RQQueue
@@ -41,9 +42,11 @@ from rq.utils import import_attribute, utcformat
 
 from ..envelope import Envelope
 from ..errors import DelayqError
+from ..models import DeliveryFailure
 from ..outages import is_transient
-from ..scripts import Scripts
-from ..targets import Delivery, Lease, PublishReport
+from ..scripts import RqEnqueue, RqFields, ScriptRunner
+from ..store.lease import Lease
+from ..targets import Delivery, PublishReport
 from .periodic import advance
 from .registry import forget_scheduled
 
@@ -120,7 +123,7 @@ class ClassAllowlist:
     prefixes: tuple[str, ...] = DEFAULT_ALLOWED_CLASSES
 
     @classmethod
-    def configured(cls, extra: Iterable[str] = (), env: Optional[Mapping[str, str]] = None) -> ClassAllowlist:
+    def configured(cls, extra: Iterable[str] = (), env: Mapping[str, str] | None = None) -> ClassAllowlist:
         """The defaults, plus ``extra`` (``--rq-allow-class``) and :data:`ALLOW_CLASS_ENV`."""
         from_env = (os.environ if env is None else env).get(ALLOW_CLASS_ENV, "").replace(",", " ").split()
         added = [p.strip().strip(".") for p in (*extra, *from_env) if p.strip().strip(".")]
@@ -132,7 +135,7 @@ class ClassAllowlist:
             return False
         return any(parts[: len(q)] == q for q in (p.split(".") for p in self.prefixes))
 
-    def load(self, what: str, path: Any, base: Optional[type] = None) -> Any:
+    def load(self, what: str, path: Any, base: type | None = None) -> Any:
         """What an envelope's ``what`` (``queue_class``, ...) names, imported if allowed; with
         ``base``, it must be a subclass of it (``base`` itself when ``path`` is None).
 
@@ -153,7 +156,7 @@ class ClassAllowlist:
         return found
 
 
-def dotted_path(obj: Union[type, ModuleType, object]) -> str:
+def dotted_path(obj: type | ModuleType | object) -> str:
     """The import path of a class or module, as ``rq worker --job-class`` takes it."""
     if isinstance(obj, ModuleType):
         return obj.__name__
@@ -175,11 +178,11 @@ def is_legacy_scheduler(envelope: Envelope) -> bool:
 def job_envelope(
     queue_name: str,
     *,
-    queue_class: Optional[type] = None,
-    job_class: Optional[type] = None,
+    queue_class: type | None = None,
+    job_class: type | None = None,
     serializer: Any = None,
     scheduler: bool = False,
-    schedule: Optional[Mapping[str, Any]] = None,
+    schedule: Mapping[str, Any] | None = None,
 ) -> Envelope:
     """What the delay store keeps for one RQ job: its queue, the classes to move it with and,
     for a Scheduler's job, its schedule (``{}`` when it runs once)."""
@@ -217,11 +220,11 @@ def job_rank(job: Job) -> int:
     return AT_FRONT_RANK if enqueues_at_front(job) else 0
 
 
-def _text(raw: Optional[bytes]) -> Optional[str]:
+def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace")
 
 
-def _flag(raw: Optional[bytes]) -> bool:
+def _flag(raw: bytes | None) -> bool:
     return bool(int(raw)) if raw else False
 
 
@@ -234,16 +237,16 @@ class JobFields:
     """
 
     status: str
-    timeout: Optional[bytes]
-    ttl: Optional[int]
+    timeout: bytes | None
+    ttl: int | None
     at_front: bool
     dependency_ids: tuple[str, ...]
     allow_dependency_failures: bool
-    rate_limit_key: Optional[str]
-    rate_limit_concurrency: Optional[int]
+    rate_limit_key: str | None
+    rate_limit_concurrency: int | None
 
     @classmethod
-    def parse(cls, values: Sequence[Optional[bytes]]) -> Optional[JobFields]:
+    def parse(cls, values: Sequence[bytes | None]) -> JobFields | None:
         """From HMGET of :data:`_FIELDS`; None when the hash is gone. Raises ValueError naming a bad field.
 
         The usual job (a Queue's, with no TTL, dependency or rate limit) takes a short path: this
@@ -266,7 +269,7 @@ class JobFields:
         return cls._parse_checked(values)
 
     @classmethod
-    def _parse_checked(cls, values: Sequence[Optional[bytes]]) -> Optional[JobFields]:
+    def _parse_checked(cls, values: Sequence[bytes | None]) -> JobFields | None:
         raw = dict(zip(_FIELDS, values))
         if all(v is None for v in values):
             return None
@@ -421,13 +424,13 @@ class RQTarget:
         *,
         clock: Callable[[], float] = time.time,
         max_watch_retries: int = 20,
-        allow_classes: Optional[ClassAllowlist] = None,
+        allow_classes: ClassAllowlist | None = None,
     ) -> None:
         self.connection = connection
         self.clock = clock
         self.max_watch_retries = max_watch_retries
         self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
-        self.scripts = Scripts.register(connection)
+        self.scripts = ScriptRunner(connection)
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Move jobs with no lease at hand: acked by the caller, periodic jobs are not re-armed."""
@@ -446,14 +449,14 @@ class RQTarget:
 
     # -- one batch ----------------------------------------------------------------------------
 
-    def _publish(self, deliveries: Sequence[Delivery], lease: Optional[Lease]) -> PublishReport:
+    def _publish(self, deliveries: Sequence[Delivery], lease: Lease | None) -> PublishReport:
         report = PublishReport()
         groups: dict[tuple[Any, ...], list[Delivery]] = {}
         for d in deliveries:  # the serializer is not needed: nothing is deserialized
             try:
                 job_id_of(d)
             except ValueError as exc:
-                report.failed.append((d.id, f"RQ item {d.id!r} cannot be moved: {exc}", True))
+                report.failed.append(DeliveryFailure(d.id, f"RQ item {d.id!r} cannot be moved: {exc}", permanent=True))
                 continue
             key = (d.envelope.destination, d.envelope.meta.get("queue_class"), d.envelope.meta.get("job_class"))
             groups.setdefault(key, []).append(d)
@@ -463,14 +466,14 @@ class RQTarget:
                     name, self._class("queue_class", queue_path, RQQueue), self._class("job_class", job_path, Job)
                 )
             except ClassImportError as exc:
-                report.failed += [(d.id, str(exc), True) for d in group]
+                report.failed += [DeliveryFailure(d.id, str(exc), permanent=True) for d in group]
                 continue
             try:
                 self._move(_Batch(keys, {job_id_of(d): d for d in group}), lease, report)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                done = set(report.published) | {i for i, *_ in report.failed}
+                done = set(report.published) | {f.id for f in report.failed}
                 report.unsent += [d.id for d in group if d.id not in done]
                 report.broker_error = exc
         return report
@@ -478,7 +481,7 @@ class RQTarget:
     def _class(self, what: str, path: Any, base: type) -> Any:
         return self.allow_classes.load(what, path, base)
 
-    def _move(self, batch: _Batch, lease: Optional[Lease], report: PublishReport) -> None:
+    def _move(self, batch: _Batch, lease: Lease | None, report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""
         shared = lease if lease is not None and lease.shares_server(self.connection) else None
         job_keys = list(batch.job_keys.values())
@@ -495,19 +498,22 @@ class RQTarget:
                     pipe.reset()
             else:
                 report.failed += [
-                    (i, f"job keys or lease changed {self.max_watch_retries} times while being enqueued", False)
-                    for i in batch.items(batch.ids)
+                    DeliveryFailure(
+                        batch.deliveries[i].id,
+                        f"job keys or lease changed {self.max_watch_retries} times while being enqueued",
+                    )
+                    for i in batch.ids
                 ]
                 return
         moved = list(batch.jobs)
         if shared is None:
             self._rearm(batch, moved, None, lease)
         report.published += batch.items(batch.skipped + moved)
-        report.failed += [(batch.deliveries[i].id, error, True) for i, error in batch.broken]
+        report.failed += [DeliveryFailure(batch.deliveries[i].id, error, permanent=True) for i, error in batch.broken]
         if shared is not None:
             report.acked += batch.items(batch.skipped + moved)
 
-    def _read(self, batch: _Batch, pipe: Any, shared: Optional[Lease]) -> None:
+    def _read(self, batch: _Batch, pipe: Any, shared: Lease | None) -> None:
         """After WATCH: which items are still ours, their jobs' fields, whether a Scheduler job's
         dependencies are met (their keys WATCHed too), and the next run of periodic ones."""
         if shared:
@@ -517,7 +523,7 @@ class RQTarget:
             batch.held = batch.ids
         batch.jobs, batch.deferred, batch.skipped, batch.broken, batch.following = {}, set(), [], [], {}
         legacy = [i for i in batch.held if is_legacy_scheduler(batch.deliveries[i].envelope)]
-        old_meta: dict[str, Optional[bytes]] = {}
+        old_meta: dict[str, bytes | None] = {}
         if legacy:
             with self.connection.pipeline(transaction=False) as reads:
                 for job_id in legacy:
@@ -525,7 +531,8 @@ class RQTarget:
                 # a key that is not a hash: rq_fields below names its type
                 old_meta = {i: None if isinstance(m, Exception) else m
                             for i, m in zip(legacy, reads.execute(raise_on_error=False))}  # fmt: skip
-        results = self.scripts.rq_fields([batch.job_keys[i] for i in batch.held], _FIELDS) if batch.held else []
+        job_keys = [batch.job_keys[i] for i in batch.held]
+        results = self.scripts.run(RqFields.call(job_keys, _FIELDS)) if batch.held else []
         waiting: dict[str, tuple[str, ...]] = {}
         for job_id, values in zip(batch.held, results):
             try:
@@ -555,9 +562,7 @@ class RQTarget:
     def _meta(batch: _Batch, job_id: str) -> Mapping[str, Any]:
         return batch.deliveries[job_id].envelope.meta
 
-    def _schedule(
-        self, batch: _Batch, job_id: str, old_meta: Mapping[str, Optional[bytes]]
-    ) -> Optional[dict[str, Any]]:
+    def _schedule(self, batch: _Batch, job_id: str, old_meta: Mapping[str, bytes | None]) -> dict[str, Any] | None:
         """A Scheduler job's schedule: from its envelope, or (scheduled by delayq 0.1) from a JSON
         ``job.meta``, upgraded as it moves (the re-armed run carries it). A pickled ``meta`` is
         never loaded: ValueError names the operator's command that upgrades it."""
@@ -624,7 +629,7 @@ class RQTarget:
             return False
         return True
 
-    def _queue_writes(self, batch: _Batch, pipe: Any, shared: Optional[Lease]) -> None:
+    def _queue_writes(self, batch: _Batch, pipe: Any, shared: Lease | None) -> None:
         """Queue the enqueues (and, when shared, the ack and re-arms) on the MULTI."""
         keys = batch.keys
         pipe.sadd(keys.queue_class.redis_queues_keys, keys.queue)
@@ -646,7 +651,7 @@ class RQTarget:
         forget_scheduled(pipe, keys.name, [*batch.jobs, *batch.skipped])  # the registry's mirror entries
         if shared is not None:
             moved = list(batch.jobs)
-            shared.ack_in(pipe, batch.items(batch.skipped + moved))
+            shared.ack(batch.items(batch.skipped + moved), pipeline=pipe)
             self._rearm(batch, moved, pipe, shared)
 
     def _enqueue(
@@ -660,8 +665,15 @@ class RQTarget:
             return
         enqueued_at = utcformat(datetime.now(timezone.utc))
         mask = "".join("1" if job.timeout is None else "0" for _, job in jobs)
-        args = [JobStatus.QUEUED.value, keys.name, enqueued_at, str(keys.default_timeout), mask]
-        self.scripts.rq_enqueue.queue(pipe, [job_keys[job_id] for job_id, _ in jobs], args)
+        call = RqEnqueue.call(
+            [job_keys[job_id] for job_id, _ in jobs],
+            status=JobStatus.QUEUED.value,
+            origin=keys.name,
+            enqueued_at=enqueued_at,
+            timeout=str(keys.default_timeout),
+            mask=mask,
+        )
+        self.scripts.queue(call, pipe)
 
     def _enqueue_extra(self, pipe: Any, keys: _Keys, job_id: str, job: JobFields) -> None:
         """The rest of ``Queue._enqueue_job`` for the jobs that need it: out of the deferred
@@ -700,13 +712,13 @@ class RQTarget:
         registry.acquire_and_enqueue(job.rate_limit_concurrency, pipeline=pipe)
 
     @staticmethod
-    def _expire(pipe: Any, keys: _Keys, job_id: str, ttl: Optional[int]) -> None:
+    def _expire(pipe: Any, keys: _Keys, job_id: str, ttl: int | None) -> None:
         """``Job.cleanup(ttl)`` as the enqueue calls it: a positive TTL expires the job's keys."""
         if ttl is not None and ttl > 0:
             for key in (keys.job(job_id), keys.dependents(job_id), keys.dependencies(job_id)):
                 pipe.expire(key, ttl)
 
-    def _rearm(self, batch: _Batch, ids: list[str], pipe: Any, lease: Optional[Lease]) -> None:
+    def _rearm(self, batch: _Batch, ids: list[str], pipe: Any, lease: Lease | None) -> None:
         """Schedule the next run of periodic and cron jobs under the same id.
 
         Re-scheduling drops the lease, so the forwarder's ack (in this transaction or after it)
@@ -719,10 +731,8 @@ class RQTarget:
             rank = AT_FRONT_RANK if batch.jobs[job_id].at_front else 0
             if lease is None:
                 log.warning("periodic job %s moved without a lease: its next run is not scheduled", job_id)
-            elif pipe is not None:
-                lease.store.schedule_in(pipe, job_id, following, envelope, rank=rank)
             else:
-                lease.store.schedule(job_id, following, envelope, rank=rank)
+                lease.schedule(job_id, following, envelope, rank=rank, pipeline=pipe)
 
 
 def _module_of(path: Any) -> str:

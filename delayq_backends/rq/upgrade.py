@@ -13,9 +13,10 @@ upgraded envelope is no longer legacy, so a second run changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import redis
 from rq.job import Job
@@ -64,7 +65,7 @@ def upgrade(
     store: DelayStore,
     *,
     serializer: Any = None,
-    allow_classes: Optional[ClassAllowlist] = None,
+    allow_classes: ClassAllowlist | None = None,
     dry_run: bool = False,
 ) -> UpgradeReport:
     """Put the schedule of every legacy Scheduler job of ``store`` (scheduled or dead) into its envelope.
@@ -85,7 +86,7 @@ def upgrade(
     return report
 
 
-def _legacy(item_id: str, data: Optional[bytes], dead: bool) -> Optional[LegacyItem]:
+def _legacy(item_id: str, data: bytes | None, dead: bool) -> LegacyItem | None:
     if data is None:
         return None
     try:
@@ -147,7 +148,7 @@ def _upgrade_page(
         (report.upgraded_dead if item.dead else report.upgraded)[item.id] = schedule
 
 
-def _schedule(item: LegacyItem, meta: Optional[bytes], serializer: Any, allowed: ClassAllowlist) -> dict[str, Any]:
+def _schedule(item: LegacyItem, meta: bytes | None, serializer: Any, allowed: ClassAllowlist) -> dict[str, Any]:
     """The schedule in a job's ``meta``, loaded as the 0.1 forwarder loaded it: with the serializer
     its envelope names (if allowed), else the one given, else RQ's default."""
     if not meta:

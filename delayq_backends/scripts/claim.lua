@@ -2,7 +2,8 @@
 --[[ Lease up to ARGV[1] due items of one shard: ranked items first (highest rank first, then
 earliest), then the rest earliest first.
 Input:
-  KEYS[1..8] the shard's keys (see includes/common.lua)
+  KEYS[1] due, KEYS[2] items, KEYS[3] tries, KEYS[4] leased, KEYS[5] dead, KEYS[6] dead_items,
+  KEYS[7] dead_info, KEYS[8] ranked (see includes/lease.lua, bury.lua, ranks.lua)
   ARGV[1] limit, at most MAX_CLAIM (a caller's bigger number is cut to it: any user allowed to
           call this script could otherwise hold the server for as long as the shard is big)
   ARGV[2] lease ms
@@ -13,7 +14,7 @@ Input:
   ARGV[6] most dead letters kept per shard (0: no cap), ARGV[7] dead-letter expiry ms (0: none)
 Output: {deadline, id, envelope, attempts, ready ms, id, envelope, ...}
 A leased item's score becomes its deadline: if it is not acked by then, it is due again.
-An item whose stored values are unusable (see defect() in includes/common.lua) is buried with
+An item whose stored values are unusable (see defect() in includes/checks.lua) is buried with
 the reason instead of leased; the rest of the batch is claimed as usual. allow-oom: a store at
 maxmemory must still drain, and a claim adds next to nothing.
 
@@ -24,10 +25,15 @@ while its item is leased (at most the shard's in-flight ranked items), where it 
 release or an expired lease finds it again at its ready time. A deferred item is not leased:
 its entry moves to its not-before time (defer.lua does so itself; entries written before it
 did are moved here, once each), so deferred items cost a claim nothing. ]]
---- @include "common"
+--- @include "checks"
+--- @include "bury"
+local k = {
+  due = KEYS[1], items = KEYS[2], tries = KEYS[3], leased = KEYS[4],
+  dead = KEYS[5], dead_items = KEYS[6], dead_info = KEYS[7], ranked = KEYS[8],
+}
 -- Must match forwarder.MAX_BATCH.
 local MAX_CLAIM = 10000
-local bad_types = check_types()
+local bad_types = check_types(k)
 if bad_types then return bad_types end
 local now = now_ms(ARGV[4])
 local deadline = ms(now + tonumber(ARGV[2]))
@@ -39,29 +45,29 @@ local out = {deadline}
 -- Lease one due id (or bury it), spending one unit of the budget.
 local function take(id)
   budget = budget - 1
-  local envelope = rcall('HGET', KEYS[2], id)
-  local held = rcall('HGET', KEYS[4], id)
-  local ready = held and string.match(held, ':(%-?%d+)$') or rcall('ZSCORE', KEYS[1], id)
+  local envelope = rcall('HGET', k.items, id)
+  local held = rcall('HGET', k.leased, id)
+  local ready = held and string.match(held, ':(%-?%d+)$') or rcall('ZSCORE', k.due, id)
   local wrong = defect(id, envelope, held, nil, ready)
   -- The attempt is counted by HINCRBY, which writes nothing when the stored count is no integer:
   -- that item is buried with the reason (one command per item instead of a read and a write).
-  local attempts = not wrong and redis.pcall('HINCRBY', KEYS[3], id, 1)
+  local attempts = not wrong and redis.pcall('HINCRBY', k.tries, id, 1)
   if type(attempts) == 'table' then
-    local tries = rcall('HGET', KEYS[3], id)
+    local tries = rcall('HGET', k.tries, id)
     wrong = tries_defect(tries)
     attempts = nil
   end
   if wrong then
-    bury(id, envelope, ready, whole(rcall('HGET', KEYS[3], id)) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
+    bury(k, id, envelope, ready, whole(rcall('HGET', k.tries, id)) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
     return
   end
   ready = ms(finite(ready))
   if attempts > max_attempts then
-    bury(id, envelope, ready, attempts,
+    bury(k, id, envelope, ready, attempts,
       'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
   else
-    rcall('ZADD', KEYS[1], 'XX', deadline, id)
-    rcall('HSET', KEYS[4], id, lease .. ':' .. ready)
+    rcall('ZADD', k.due, 'XX', deadline, id)
+    rcall('HSET', k.leased, id, lease .. ':' .. ready)
     out[#out + 1] = id
     out[#out + 1] = envelope
     out[#out + 1] = attempts
@@ -75,21 +81,21 @@ end
 local function claim_band(low)
   local kept = 0
   while budget > 0 do
-    local ids = rcall('ZRANGEBYSCORE', KEYS[8], ms(low), ms(low + now), 'LIMIT', kept, budget)
+    local ids = rcall('ZRANGEBYSCORE', k.ranked, ms(low), ms(low + now), 'LIMIT', kept, budget)
     if #ids == 0 then return end
     for _, id in ipairs(ids) do
-      local score = rcall('ZSCORE', KEYS[1], id)
-      local held = score and rcall('HGET', KEYS[4], id)
+      local score = rcall('ZSCORE', k.due, id)
+      local held = score and rcall('HGET', k.leased, id)
       if not score then
-        rcall('ZREM', KEYS[8], id)  -- the item is gone (acked, cancelled, buried)
+        rcall('ZREM', k.ranked, id)  -- the item is gone (acked, cancelled, buried)
       elseif tonumber(score) <= now then
         take(id)
-        if rcall('ZSCORE', KEYS[8], id) then kept = kept + 1 end  -- leased, not buried
+        if rcall('ZSCORE', k.ranked, id) then kept = kept + 1 end  -- leased, not buried
       elseif held and not string.find(held, ':deferred:', 1, true) then
         kept = kept + 1  -- leased: back at its ready time if released or the lease expires
       else
         -- not due yet (a deferred item: its not-before time): moved later
-        rcall('ZADD', KEYS[8], ms(low + math.min(tonumber(score), RANK_SPAN - 1)), id)
+        rcall('ZADD', k.ranked, ms(low + math.min(tonumber(score), RANK_SPAN - 1)), id)
       end
     end
   end
@@ -99,11 +105,11 @@ end
 -- pass through ms(): a Lua number given to redis.call prints with 14 digits only.
 local low = 0
 while budget > 0 do
-  local first = rcall('ZRANGEBYSCORE', KEYS[8], ms(low), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local first = rcall('ZRANGEBYSCORE', k.ranked, ms(low), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if #first == 0 then break end
   local score = finite(first[2])
   if not score or score >= band_of(0) then
-    rcall('ZREM', KEYS[8], first[1])  -- a hand-written entry outside every band: not an index entry
+    rcall('ZREM', k.ranked, first[1])  -- a hand-written entry outside every band: not an index entry
   else
     low = math.floor(score / RANK_SPAN) * RANK_SPAN
     claim_band(low)
@@ -112,6 +118,6 @@ while budget > 0 do
 end
 
 if budget > 0 then
-  for _, id in ipairs(rcall('ZRANGEBYSCORE', KEYS[1], '-inf', ms(now), 'LIMIT', 0, budget)) do take(id) end
+  for _, id in ipairs(rcall('ZRANGEBYSCORE', k.due, '-inf', ms(now), 'LIMIT', 0, budget)) do take(id) end
 end
 return out

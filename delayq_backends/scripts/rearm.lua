@@ -4,7 +4,7 @@ For periodic entries: a forwarder that fired an entry schedules its next run und
 it fired it with (the ack and the next schedule are this one call), and a sync changes an
 entry only while no forwarder is firing it.
 Input:
-  KEYS[1..8] the shard's keys (see includes/common.lua)
+  KEYS[1] due, KEYS[2] items, KEYS[3] tries, KEYS[4] leased, KEYS[5] ranked
   ARGV[1] lease "<deadline>:<token>" the item must still be held under; or "" : it must not be
           held by a live lease (a deferred item, or a lease past its deadline, is not held)
   ARGV[2] the envelope the item must still have, or "" for any
@@ -16,22 +16,25 @@ when none was given); 3 its envelope is not the one expected.
 A replaced item's attempts start again and its lease is dropped, so a late ack or a second
 rearm under the same lease finds nothing of its own. allow-oom: it swaps one envelope for
 another of about its size, and a refused rearm would fire the entry again after every lease. ]]
---- @include "common"
+--- @include "lease"
+--- @include "ranks"
+--- @include "wake"
+local k = {due = KEYS[1], items = KEYS[2], tries = KEYS[3], leased = KEYS[4], ranked = KEYS[5]}
 local id = ARGV[5]
-if rcall('HEXISTS', KEYS[2], id) == 0 then return 0 end
-local held = rcall('HGET', KEYS[4], id)
+if rcall('HEXISTS', k.items, id) == 0 then return 0 end
+local held = rcall('HGET', k.leased, id)
 if ARGV[1] ~= '' then
-  if not our_lease(id, ARGV[1]) then return 2 end
+  if not our_lease(k.leased, id, ARGV[1]) then return 2 end
 elseif held and not string.find(held, ':deferred:', 1, true) then
   local deadline = finite(string.match(held, '^(%d+):'))
   if not deadline or deadline > now_ms(ARGV[3]) then return 2 end
 end
-if ARGV[2] ~= '' and rcall('HGET', KEYS[2], id) ~= ARGV[2] then return 3 end
-local before = head_score()
-rcall('ZADD', KEYS[1], ARGV[6], id)
-rcall('HSET', KEYS[2], id, ARGV[7])
-rcall('HDEL', KEYS[3], id)
-rcall('HDEL', KEYS[4], id)
-set_rank(id, tonumber(ARGV[8]) or 0, ARGV[6])
-wake_if_earlier(ARGV[4], before)
+if ARGV[2] ~= '' and rcall('HGET', k.items, id) ~= ARGV[2] then return 3 end
+local before = head_score(k.due)
+rcall('ZADD', k.due, ARGV[6], id)
+rcall('HSET', k.items, id, ARGV[7])
+rcall('HDEL', k.tries, id)
+rcall('HDEL', k.leased, id)
+set_rank(k.ranked, id, tonumber(ARGV[8]) or 0, ARGV[6])
+wake_if_earlier(k.due, ARGV[4], before)
 return 1

@@ -1,6 +1,6 @@
 --[[ Move dead letters back into the schedule with fresh attempts.
 Input:
-  KEYS[1..8] the shard's keys (see includes/common.lua)
+  KEYS[1] due, KEYS[2] items, KEYS[3] dead, KEYS[4] dead_items, KEYS[5] dead_info, KEYS[6] ranked
   ARGV[1] ready ms
   ARGV[2] wake channel
   ARGV[3] "all" (a page of the shard's dead letters, oldest first: ARGV[4] offset, ARGV[5] count)
@@ -10,29 +10,33 @@ Output: {requeued, skipped, seen}: skipped = no envelope kept, or the id is sche
 already (it stays a dead letter); seen = dead letters of the page. The caller pages through
 "all" (store.requeue_dead), so no call holds the server for long whatever the count.
 An item keeps the rank it died with (recorded in dead_info; letters buried before ranks: 0). ]]
---- @include "common"
+--- @include "ranks"
+--- @include "wake"
+local k = {
+  due = KEYS[1], items = KEYS[2], dead = KEYS[3], dead_items = KEYS[4], dead_info = KEYS[5], ranked = KEYS[6],
+}
 local ids = {}
 for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
 if ARGV[3] == 'all' then
   local offset = tonumber(ARGV[4])
-  ids = rcall('ZRANGE', KEYS[5], offset, offset + tonumber(ARGV[5]) - 1)
+  ids = rcall('ZRANGE', k.dead, offset, offset + tonumber(ARGV[5]) - 1)
 end
-local before = head_score()
+local before = head_score(k.due)
 local requeued, skipped = 0, 0
 for _, id in ipairs(ids) do
-  local envelope = rcall('HGET', KEYS[6], id)
-  if envelope and rcall('HEXISTS', KEYS[2], id) == 0 then
-    rcall('ZADD', KEYS[1], ARGV[1], id)
-    rcall('HSET', KEYS[2], id, envelope)
-    local ok, info = pcall(cjson.decode, rcall('HGET', KEYS[7], id) or '{}')
-    set_rank(id, ok and type(info) == 'table' and tonumber(info.rank) or 0, ARGV[1])
-    rcall('ZREM', KEYS[5], id)
-    rcall('HDEL', KEYS[6], id)
-    rcall('HDEL', KEYS[7], id)
+  local envelope = rcall('HGET', k.dead_items, id)
+  if envelope and rcall('HEXISTS', k.items, id) == 0 then
+    rcall('ZADD', k.due, ARGV[1], id)
+    rcall('HSET', k.items, id, envelope)
+    local ok, info = pcall(cjson.decode, rcall('HGET', k.dead_info, id) or '{}')
+    set_rank(k.ranked, id, ok and type(info) == 'table' and tonumber(info.rank) or 0, ARGV[1])
+    rcall('ZREM', k.dead, id)
+    rcall('HDEL', k.dead_items, id)
+    rcall('HDEL', k.dead_info, id)
     requeued = requeued + 1
-  elseif rcall('ZSCORE', KEYS[5], id) then
+  elseif rcall('ZSCORE', k.dead, id) then
     skipped = skipped + 1
   end
 end
-wake_if_earlier(ARGV[2], before)
+wake_if_earlier(k.due, ARGV[2], before)
 return {requeued, skipped, #ids}

@@ -11,9 +11,9 @@ Input:
 Output: {granted, first slot ms, now ms}. The wanted - granted refused items may go from the
 first slot on, one every 1000/rate ms: the horizon moves past them, so refusals of all
 forwarders together book slots at the rate instead of all retrying at once.
-A new or expired bucket starts full. The shard helpers of common.lua are not used here.
+A new or expired bucket starts full.
 allow-oom: rate-capped queues must drain a full store too (the bucket is a few bytes). ]]
---- @include "common"
+--- @include "numbers"
 local rate, burst, wanted = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms(ARGV[4])
 local state = rcall('HMGET', KEYS[1], 'tokens', 'at', 'horizon')

@@ -15,8 +15,8 @@ queue and hour, and one table per kind of anomaly:
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import astuple, dataclass, fields
-from typing import Iterable, Iterator, Optional, Sequence, Union
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -38,7 +38,7 @@ RECORD_SCHEMA = (
 #: Quantiles of the lateness tables, and their column names.
 QUANTILES = {"p50_ms": 0.5, "p90_ms": 0.9, "p99_ms": 0.99}
 
-Records = Union[DataFrame, str, Sequence[str]]
+Records = DataFrame | str | Sequence[str]
 
 
 @dataclass(frozen=True)
@@ -108,9 +108,9 @@ def audit(
     spark: SparkSession,
     *,
     forwarded: Records,
-    scheduled: Optional[Records] = None,
-    executed: Optional[Records] = None,
-    as_of_ms: Optional[int] = None,
+    scheduled: Records | None = None,
+    executed: Records | None = None,
+    as_of_ms: int | None = None,
     grace_ms: int = 60_000,
     late_ms: int = 30_000,
 ) -> AuditResult:

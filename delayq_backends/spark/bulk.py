@@ -10,8 +10,9 @@ failure, or a retried Spark task) stores each id once, keeping (``keep``) or mov
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -22,7 +23,7 @@ from ..config import Config
 from ..connection import connect
 from ..errors import ConfigError, DelayqError, InvalidTimeError
 from ..keys import normalize_id
-from ..models import ScheduleCounts
+from ..models import ScheduleCounts, ScheduleItem
 from ..store import DelayStore, check_rank
 from ..timeutil import When, parse_iso, to_ms
 from .targets import Accepted, RowWriter, Target
@@ -78,7 +79,7 @@ def schedule_dataframe(
     shards: int = 16,
     mode: str = "keep",
     batch: int = DEFAULT_BATCH,
-    rank_col: Optional[str] = None,
+    rank_col: str | None = None,
 ) -> BulkResult:
     """Schedule one delayed job per row of ``df``, from the executors.
 
@@ -139,7 +140,7 @@ def _target_columns(df: DataFrame, target: Target) -> list[Any]:
     return [F.col(c) if c is not None else F.lit(None).alias(f"_unused_{i}") for i, c in enumerate(target.columns)]
 
 
-def _field(df: DataFrame, name: Optional[str]) -> Any:
+def _field(df: DataFrame, name: str | None) -> Any:
     if name is None:
         return None
     for f in df.schema.fields:
@@ -209,10 +210,11 @@ class _Loader:
         if not self.pending:
             return
         self.writer.flush(self.pending)
-        entries = [
-            (item_id, ready_ms, data, rank) for (item_id, ready_ms, data, _), rank in zip(self.pending, self.ranks)
+        items = [
+            ScheduleItem(item_id, ready_ms, data, rank)
+            for (item_id, ready_ms, data, _), rank in zip(self.pending, self.ranks)
         ]
-        self.counts += self.store.schedule_checked(entries, mode=self.mode)
+        self.counts += self.store.schedule_checked(items, mode=self.mode)
         self.pending, self.ranks = [], []
 
 

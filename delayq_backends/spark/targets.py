@@ -9,8 +9,9 @@ Nothing here imports pyspark.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Protocol
 
 from ..errors import DelayqError
 from ..store import DelayStore
@@ -19,7 +20,7 @@ __all__ = ["CeleryTask", "ListTarget", "RQJob", "RowError", "RowWriter", "Target
 
 #: One accepted row on its way to the store: id, ready ms, envelope bytes, and what the writer
 #: keeps for :meth:`RowWriter.flush` (an RQ job), else None.
-Accepted = Tuple[str, int, bytes, Any]
+Accepted = tuple[str, int, bytes, Any]
 
 
 class RowError(DelayqError, ValueError):
@@ -45,14 +46,14 @@ class Target(Protocol):
     """A picklable description of where rows go; see :class:`CeleryTask`, :class:`RQJob`, :class:`ListTarget`."""
 
     @property
-    def columns(self) -> list[Optional[str]]:
+    def columns(self) -> list[str | None]:
         """The row columns the writer reads, in order (None: not used)."""
         ...
 
     def open(self, store: DelayStore) -> RowWriter: ...
 
 
-def as_args(value: Any, column: Optional[str]) -> list[Any]:
+def as_args(value: Any, column: str | None) -> list[Any]:
     """Positional arguments from an array column or a JSON text column; null means none."""
     if value is None:
         return []
@@ -63,7 +64,7 @@ def as_args(value: Any, column: Optional[str]) -> list[Any]:
     raise RowError(f"column {column!r} holds {type(value).__name__} {value!r}: positional arguments must be a list")
 
 
-def as_kwargs(value: Any, column: Optional[str]) -> dict[str, Any]:
+def as_kwargs(value: Any, column: str | None) -> dict[str, Any]:
     """Keyword arguments from a struct, a map (Arrow gives key-value pairs) or a JSON text column."""
     if value is None:
         return {}
@@ -76,7 +77,7 @@ def as_kwargs(value: Any, column: Optional[str]) -> dict[str, Any]:
     raise RowError(f"column {column!r} holds {type(value).__name__} {value!r}: keyword arguments must be an object")
 
 
-def _json(text: str, column: Optional[str]) -> Any:
+def _json(text: str, column: str | None) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -87,7 +88,7 @@ def _pick(values: Sequence[Any], index: int) -> Any:
     return values[index] if index < len(values) else None
 
 
-def _destination(value: Any, default: Optional[str], what: str) -> str:
+def _destination(value: Any, default: str | None, what: str) -> str:
     chosen = value if value is not None else default
     if not isinstance(chosen, str) or not chosen:
         raise RowError(f"no {what} for this row: set the target's {what} or fill its column")
@@ -115,15 +116,15 @@ class CeleryTask:
 
     name: str
     broker_url: str
-    args_col: Optional[str] = None
-    kwargs_col: Optional[str] = None
-    queue: Optional[str] = None
-    queue_col: Optional[str] = None
+    args_col: str | None = None
+    kwargs_col: str | None = None
+    queue: str | None = None
+    queue_col: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     config: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def columns(self) -> list[Optional[str]]:
+    def columns(self) -> list[str | None]:
         return [self.args_col, self.kwargs_col, self.queue_col]
 
     def open(self, store: DelayStore) -> RowWriter:
@@ -140,7 +141,7 @@ class _CeleryWriter:
         self.app = Celery("delayq-bulk", set_as_current=False)
         self.app.conf.update(broker_url=spec.broker_url, **spec.config)
         self.template_class = TaskTemplate  # imported here: Celery is optional for the other targets
-        self.templates: dict[Optional[str], Any] = {}  # one per queue: Celery's sender runs once each
+        self.templates: dict[str | None, Any] = {}  # one per queue: Celery's sender runs once each
 
     def prepare(self, item_id: str, ready_ms: int, values: Sequence[Any]) -> tuple[bytes, Any]:
         queue = _pick(values, 2) or self.spec.queue
@@ -178,13 +179,13 @@ class RQJob:
     func: str
     redis_url: str
     queue: str = "default"
-    queue_col: Optional[str] = None
-    args_col: Optional[str] = None
-    kwargs_col: Optional[str] = None
+    queue_col: str | None = None
+    args_col: str | None = None
+    kwargs_col: str | None = None
     job_options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def columns(self) -> list[Optional[str]]:
+    def columns(self) -> list[str | None]:
         return [self.args_col, self.kwargs_col, self.queue_col]
 
     def open(self, store: DelayStore) -> RowWriter:
@@ -250,11 +251,11 @@ class ListTarget:
     """
 
     body_col: str
-    list_key: Optional[str] = None
-    list_col: Optional[str] = None
+    list_key: str | None = None
+    list_col: str | None = None
 
     @property
-    def columns(self) -> list[Optional[str]]:
+    def columns(self) -> list[str | None]:
         return [self.body_col, self.list_col]
 
     def open(self, store: DelayStore) -> RowWriter:

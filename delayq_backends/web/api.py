@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any, Iterator, Literal, Optional, Union, cast
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -48,9 +49,9 @@ class Services:
     """What the routes work with; :func:`~delayq_backends.web.app.create_app` builds it."""
 
     store: DelayStore
-    celery: Union[CeleryProducer, ProducerUnavailable]
-    rq: Union[RQProducer, ProducerUnavailable]
-    audit_stream: Optional[str]
+    celery: CeleryProducer | ProducerUnavailable
+    rq: RQProducer | ProducerUnavailable
+    audit_stream: str | None
 
 
 class UnreadableData(DelayqError):
@@ -158,12 +159,12 @@ class When(BaseModel):
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["eta"]}, {"required": ["countdown"]}]})
 
-    eta: Union[Annotated[AwareDatetime, JsonTime], SkipJsonSchema[None]] = Field(
+    eta: Annotated[AwareDatetime, JsonTime] | SkipJsonSchema[None] = Field(
         None, description="When it is due, ISO-8601 with an offset: 2030-01-31T12:00:00Z."
     )
-    countdown: Union[
-        Annotated[float, Field(ge=0, le=MAX_COUNTDOWN, allow_inf_nan=False), JsonNumber], SkipJsonSchema[None]
-    ] = Field(None, description="Seconds from now; instead of eta.")
+    countdown: (
+        Annotated[float, Field(ge=0, le=MAX_COUNTDOWN, allow_inf_nan=False), JsonNumber] | SkipJsonSchema[None]
+    ) = Field(None, description="Seconds from now; instead of eta.")
 
     @field_validator("eta", "countdown", mode="before")
     @classmethod
@@ -192,7 +193,7 @@ class CallIn(When):
 
     args: list[Any] = Field(default_factory=list, description="Positional arguments (JSON values).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments (JSON values).")
-    id: Optional[str] = Field(None, min_length=1, max_length=200, description="The task/job id; a UUID by default.")
+    id: str | None = Field(None, min_length=1, max_length=200, description="The task/job id; a UUID by default.")
 
     @field_validator("args", "kwargs")
     @classmethod
@@ -207,10 +208,10 @@ class CallIn(When):
 
 class CeleryIn(CallIn):
     task: Name = Field(description="The task name, as the workers register it.")
-    queue: Optional[Name] = Field(None, description="The queue; by default Celery's routing decides.")
-    routing_key: Optional[Name] = None
-    exchange: Optional[Name] = None
-    priority: Optional[Annotated[int, Field(ge=0, le=255), JsonNumber]] = None
+    queue: Name | None = Field(None, description="The queue; by default Celery's routing decides.")
+    routing_key: Name | None = None
+    exchange: Name | None = None
+    priority: Annotated[int, Field(ge=0, le=255), JsonNumber] | None = None
     mode: Literal["replace", "keep"] = Field("replace", description="An existing id: replace it, or keep it as it is.")
 
 
@@ -221,19 +222,19 @@ class RQIn(CallIn):
         description="The job function's import path, module.function; imported by the worker only.",
     )
     queue: str = Field("default", min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
-    timeout: Optional[Annotated[int, Field(ge=-1, le=10**9), JsonNumber]] = Field(
+    timeout: Annotated[int, Field(ge=-1, le=10**9), JsonNumber] | None = Field(
         None, description="Seconds the job may run (-1: no limit)."
     )
-    result_ttl: Optional[Annotated[int, Field(ge=-1, le=10**9), JsonNumber]] = Field(
+    result_ttl: Annotated[int, Field(ge=-1, le=10**9), JsonNumber] | None = Field(
         None, description="Seconds its result is kept (-1: for ever)."
     )
-    ttl: Optional[Annotated[int, Field(ge=1, le=10**9), JsonNumber]] = Field(
+    ttl: Annotated[int, Field(ge=1, le=10**9), JsonNumber] | None = Field(
         None, description="Seconds it may wait in its queue."
     )
-    failure_ttl: Optional[Annotated[int, Field(ge=-1, le=10**9), JsonNumber]] = Field(
+    failure_ttl: Annotated[int, Field(ge=-1, le=10**9), JsonNumber] | None = Field(
         None, description="Seconds a failure is kept (-1: for ever)."
     )
-    description: Optional[str] = Field(None, max_length=1000)
+    description: str | None = Field(None, max_length=1000)
 
 
 class ScheduledOut(BaseModel):
@@ -248,20 +249,20 @@ class ItemOut(BaseModel):
     shard: int
     ready: str
     attempts: int
-    leased_until: Optional[str]
+    leased_until: str | None
     rank: int = Field(description="Backlog priority: higher ranks are forwarded first (0..255).")
-    target: Optional[str]
-    destination: Optional[str]
-    corrupt: Optional[str] = Field(description="Why the stored envelope cannot be read, else null.")
+    target: str | None
+    destination: str | None
+    corrupt: str | None = Field(description="Why the stored envelope cannot be read, else null.")
     size: int
-    task: Optional[dict[str, Any]] = Field(
+    task: dict[str, Any] | None = Field(
         default=None,
         description=(
             "A Celery message's task, args/kwargs (JSON bodies only), eta, queue and priority; a periodic entry's "
             "next run, with the entry's name in `periodic`; else null."
         ),
     )
-    collapsed: Optional[dict[str, Any]] = Field(
+    collapsed: dict[str, Any] | None = Field(
         default=None,
         description="A debounced or throttled item's mode, key and the schedules its pending run collapsed "
         "(`calls`); else null.",
@@ -279,14 +280,14 @@ class CancelledOut(BaseModel):
 
 
 class ShardOut(BaseModel):
-    shard: Union[int, Literal["total"]]
+    shard: int | Literal["total"]
     scheduled: int
     due: int
     leased: int
     dead: int
-    next_due: Optional[str]
+    next_due: str | None
     oldest_overdue_ms: int
-    problem: Optional[str] = Field(
+    problem: str | None = Field(
         description="Why the counts are incomplete (the shards that cannot be read), else null."
     )
 
@@ -311,7 +312,7 @@ class DeadOut(BaseModel):
     died_at: str
     attempts: int
     error: str
-    ready: Optional[str]
+    ready: str | None
 
 
 class DeadListOut(BaseModel):
@@ -324,10 +325,10 @@ class DeadActionIn(BaseModel):
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["ids"]}, {"required": ["all"]}]})
 
-    ids: Union[Annotated[list[str], Field(min_length=1, max_length=MAX_PAGE)], SkipJsonSchema[None]] = Field(
+    ids: Annotated[list[str], Field(min_length=1, max_length=MAX_PAGE)] | SkipJsonSchema[None] = Field(
         None, description="These dead letters..."
     )
-    all: Union[Literal[True], SkipJsonSchema[None]] = Field(None, description="...or every one.")
+    all: Literal[True] | SkipJsonSchema[None] = Field(None, description="...or every one.")
 
     @field_validator("ids", mode="before")
     @classmethod
@@ -363,12 +364,12 @@ class LateOut(BaseModel):
 
 
 class LatenessOut(BaseModel):
-    source: Optional[str] = Field(description="The audit stream read, or null when none is configured.")
-    hint: Optional[str] = Field(description="What to configure when there is nothing to show.")
+    source: str | None = Field(description="The audit stream read, or null when none is configured.")
+    hint: str | None = Field(description="What to configure when there is nothing to show.")
     count: int
-    p50_ms: Optional[int]
-    p95_ms: Optional[int]
-    max_ms: Optional[int]
+    p50_ms: int | None
+    p95_ms: int | None
+    max_ms: int | None
     records: list[LateOut] = Field(description="The most recent forwards, latest first.")
 
 
@@ -379,16 +380,16 @@ class PeriodicOut(BaseModel):
     task: str
     schedule: str
     misfire: str
-    last_run: Optional[str] = Field(description="The period the last firing ran (UTC).")
-    last_sent: Optional[str] = Field(description="When that firing sent it.")
+    last_run: str | None = Field(description="The period the last firing ran (UTC).")
+    last_sent: str | None = Field(description="When that firing sent it.")
     last_missed: int = Field(description="Periods the last firing skipped or collapsed (misfire policy).")
-    next_run: Optional[str]
+    next_run: str | None
     runs: int
 
 
 class PeriodicListOut(BaseModel):
     entries: list[PeriodicOut]
-    hint: Optional[str] = Field(default=None, description="Why there is nothing to show, and what to do.")
+    hint: str | None = Field(default=None, description="Why there is nothing to show, and what to do.")
 
 
 # -- routes -----------------------------------------------------------------------------------
@@ -409,17 +410,15 @@ router = APIRouter(
 )
 
 ItemId = Annotated[str, Path(min_length=1, max_length=200, description="The item (task/job) id.")]
-NOT_FOUND: dict[Union[int, str], dict[str, Any]] = {
-    404: {"model": ErrorOut, "description": "No such item is scheduled."}
-}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "No such item is scheduled."}}
 #: Cancel and reschedule also say when a forwarder holds the item.
-IN_FLIGHT: dict[Union[int, str], dict[str, Any]] = {
+IN_FLIGHT: dict[int | str, dict[str, Any]] = {
     **NOT_FOUND,
     409: {"model": ErrorOut, "description": "The item is in flight: detail says what happened to it."},
 }
 
 
-def _available(producer: Union[CeleryProducer, RQProducer, ProducerUnavailable]) -> Any:
+def _available(producer: CeleryProducer | RQProducer | ProducerUnavailable) -> Any:
     if isinstance(producer, ProducerUnavailable):
         raise ProducerUnavailable(str(producer))  # a fresh one: the stored one would pile up tracebacks
     return producer
@@ -498,7 +497,7 @@ def _reschedule(svc: Services, item_id: str, body: When) -> ItemOut:
 
 #: A shard filter; null is not in the schema (leaving it out means every shard).
 Shard = Annotated[
-    Union[Annotated[int, Field(ge=0, le=65535)], SkipJsonSchema[None]], Query(description="Only this shard."), Digits
+    Annotated[int, Field(ge=0, le=65535)] | SkipJsonSchema[None], Query(description="Only this shard."), Digits
 ]
 
 
@@ -506,7 +505,7 @@ Shard = Annotated[
 def list_items(svc: Svc, offset: Offset = 0, limit: Limit = 50, shard: Shard = None) -> ItemsOut:
     with reading("the upcoming items"):
         items, problems = around_bad_shards(
-            svc.store, shard, offset, limit, lambda s, n: svc.store.list(shard=s, count=n), listed_at
+            svc.store, shard, offset, limit, lambda s, n: svc.store.scheduled(shard=s, count=n), listed_at
         )
         return ItemsOut(items=[ItemOut(**item_entry(i)) for i in items], problems=problems)
 
@@ -551,7 +550,7 @@ def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
     return _reschedule(svc, item_id, body)
 
 
-def _shard_out(label: Union[int, Literal["total"]], group: list[ShardStats]) -> ShardOut:
+def _shard_out(label: int | Literal["total"], group: list[ShardStats]) -> ShardOut:
     """A shard's (or the totals') counts; ``problem`` names the shards that could not be read."""
     problems = [s.error for s in group if s.error]
     return ShardOut(**stats_entry(label, group), problem="; ".join(problems) or None)

@@ -6,9 +6,10 @@ store that cannot be reached or refuses a write, each saying what to do; see :fu
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
+from typing import Any
 
 import redis
 from fastapi import Depends, FastAPI, Request, Response, status
@@ -63,12 +64,12 @@ SECURITY_HEADERS = {
 def create_app(
     store: DelayStore,
     *,
-    token: Optional[str],
-    celery_broker: Optional[str] = None,
-    rq_connection: Optional[redis.Redis] = None,
-    audit_stream: Optional[str] = None,
+    token: str | None,
+    celery_broker: str | None = None,
+    rq_connection: redis.Redis | None = None,
+    audit_stream: str | None = None,
     rq_allow: Sequence[str] = (),
-    limits: Optional[Limits] = None,
+    limits: Limits | None = None,
 ) -> FastAPI:
     """The dashboard and API of ``store``.
 

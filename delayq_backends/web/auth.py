@@ -9,7 +9,8 @@ the scheme in the OpenAPI schema and guards a route should the app be mounted wi
 
 from __future__ import annotations
 
-from typing import Annotated, Callable, Optional
+from collections.abc import Callable
+from typing import Annotated
 
 from fastapi import Depends, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -21,14 +22,14 @@ __all__ = ["require_token"]
 _bearer = HTTPBearer(auto_error=False, description="The dashboard token (--token, DELAYQ_API_TOKEN or --token-file).")
 
 
-def require_token(token: Optional[str]) -> Callable[..., None]:
+def require_token(token: str | None) -> Callable[..., None]:
     """A dependency that accepts only ``Authorization: Bearer <token>`` (anything when ``token`` is None).
 
     No header is 401; a wrong token is 403 (see :func:`~delayq_backends.web.guard.check_bearer`).
     """
     expected = None if token is None else token.encode("utf-8")
 
-    def check(credentials: Annotated[Optional[HTTPAuthorizationCredentials], Depends(_bearer)]) -> None:
+    def check(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
         if expected is None:
             return
         header = None if credentials is None else f"{credentials.scheme} {credentials.credentials}"

@@ -27,7 +27,6 @@ import asyncio
 import hmac
 import json
 from dataclasses import dataclass
-from typing import Optional
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
@@ -60,7 +59,7 @@ class Refusal:
     www_authenticate: bool = False
 
 
-def check_bearer(authorization: Optional[str], expected: bytes) -> Optional[Refusal]:
+def check_bearer(authorization: str | None, expected: bytes) -> Refusal | None:
     """None when ``authorization`` is ``Bearer <expected>``; compared in constant time
     (``hmac.compare_digest``), so response times leak nothing about how much of a guess was right."""
     scheme, _, credentials = (authorization or "").partition(" ")
@@ -75,7 +74,7 @@ def check_bearer(authorization: Optional[str], expected: bytes) -> Optional[Refu
     return None
 
 
-def cross_site(headers: Headers) -> Optional[Refusal]:
+def cross_site(headers: Headers) -> Refusal | None:
     """A refusal when a browser says the request comes from another site's page.
 
     The ``Origin`` is compared with the ``Host`` the request was sent to (scheme aside, so a TLS
@@ -104,7 +103,7 @@ def cross_site(headers: Headers) -> Optional[Refusal]:
     return None
 
 
-def is_json(content_type: Optional[str]) -> bool:
+def is_json(content_type: str | None) -> bool:
     """``application/json`` or a ``+json`` type, parameters aside."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -113,7 +112,7 @@ def is_json(content_type: Optional[str]) -> bool:
 class Guard:
     """The outermost ASGI layer: cross-site, token, content type and size checks (see the module)."""
 
-    def __init__(self, app: ASGIApp, *, token: Optional[str], limits: Limits) -> None:
+    def __init__(self, app: ASGIApp, *, token: str | None, limits: Limits) -> None:
         self.app = app
         self.expected = None if token is None else token.encode("utf-8")
         self.limits = limits
@@ -143,7 +142,7 @@ class Guard:
             return
         await self.app(scope, _replay(body, receive), send)
 
-    def _refusal(self, scope: Scope, headers: Headers, writes: bool) -> Optional[Refusal]:
+    def _refusal(self, scope: Scope, headers: Headers, writes: bool) -> Refusal | None:
         path: str = scope["path"]
         if writes:
             refusal = cross_site(headers)
@@ -174,7 +173,7 @@ class Guard:
             "(delayq dashboard --max-body-bytes): schedule large batches in several requests",
         )
 
-    async def _read_body(self, receive: Receive) -> Optional[bytes]:
+    async def _read_body(self, receive: Receive) -> bytes | None:
         """The whole body, counting as it streams in; at most the cap is ever held."""
         body = bytearray()
         while True:

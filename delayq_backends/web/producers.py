@@ -13,13 +13,15 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, Optional, Sequence
+from typing import Any, Literal
 
 import redis
 
 from ..errors import ConfigError, DelayqError
 from ..keys import normalize_id
+from ..models import ScheduleItem
 from ..store import DelayStore
 from ..timeutil import from_ms
 
@@ -126,7 +128,7 @@ class CeleryProducer:
         ProducerUnavailable: Celery is not installed.
     """
 
-    def __init__(self, store: DelayStore, broker_url: Optional[str] = None) -> None:
+    def __init__(self, store: DelayStore, broker_url: str | None = None) -> None:
         try:
             from celery import Celery
 
@@ -177,7 +179,7 @@ class CeleryProducer:
         chosen = {k: v for k, v in options.items() if v is not None}
         envelope = self._template(task, chosen).envelope(item_id, ready_ms, list(args), dict(kwargs))
         counts = self.store.schedule_checked(
-            [(item_id, ready_ms, self.store.check_payload(item_id, envelope))], mode=mode
+            [ScheduleItem(item_id, ready_ms, self.store.check_payload(item_id, envelope))], mode=mode
         )
         return "added" if counts.added else "replaced" if counts.replaced else "kept"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -40,14 +40,14 @@ class HeadTimeoutH11(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head_timer: Optional[asyncio.TimerHandle] = None
+        self._head_timer: asyncio.TimerHandle | None = None
         self._arm()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._arm()  # the next request's head has the same deadline
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
         super().connection_lost(exc)

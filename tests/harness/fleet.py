@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Optional
 
 from tests.harness.launch import Launcher, Proc
 
@@ -21,7 +20,7 @@ class Forwarders:
         self.args += ["--log-level", "warning", *extra]
         self.procs: list[Proc] = []
 
-    def start(self, log: Optional[Path] = None) -> Proc:
+    def start(self, log: Path | None = None) -> Proc:
         """One more forwarder; its stderr is kept in a pipe unless ``log`` is given."""
         proc = self.launcher.delayq(*self.args, log=log)
         self.procs.append(proc)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Optional, Union
+from typing import IO
 
 __all__ = ["ROOT", "Launcher", "Proc", "checkout_env"]
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 Proc = subprocess.Popen[bytes]
 
 
-def checkout_env(base: Optional[Mapping[str, str]] = None, **extra: str) -> dict[str, str]:
+def checkout_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
     """``base`` (default: this process's environment) plus ``extra``, with this checkout first on
     ``PYTHONPATH`` and the caller's path after it (e.g. another Celery line under test)."""
     env = dict(os.environ if base is None else base)
@@ -45,14 +45,14 @@ class Launcher:
         self,
         args: Sequence[str],
         *,
-        env: Optional[Mapping[str, str]] = None,
-        log: Optional[Path] = None,
+        env: Mapping[str, str] | None = None,
+        log: Path | None = None,
         capture: bool = False,
         cwd: Path = ROOT,
     ) -> Proc:
         """Start ``args`` in ``env`` (see :func:`checkout_env`). ``capture`` pipes stdout and
         stderr together, for a test that reads all of it with ``communicate``."""
-        stdout: Union[int, IO[bytes]]
+        stdout: int | IO[bytes]
         if log is not None:
             self.logs.append(log)
             with log.open("wb") as out:  # the child keeps its own descriptor

@@ -13,6 +13,7 @@ from delayq_backends import DelayStore
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from tests.harness.launch import Launcher
+from tests.harness.rq import Processes
 from tests.harness.servers import AMQP_URL, SYSTEM_REDIS, amqp_problem, delete_prefix, make_store, reachable
 
 BACKENDS = ["valkey", "redis", pytest.param("cluster", marks=pytest.mark.cluster)]
@@ -99,3 +100,9 @@ def procs() -> Iterator[Launcher]:
     launcher = Launcher()
     yield launcher
     launcher.stop_all()
+
+
+@pytest.fixture
+def processes(valkey_url: str, prefix: str, procs: Launcher) -> Processes:
+    """Real `rq worker` and `delayq forward` processes on the embedded Valkey, stopped at teardown."""
+    return Processes(procs, valkey_url, prefix)

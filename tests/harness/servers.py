@@ -9,7 +9,6 @@ Every test gets its own key prefix instead of a FLUSHALL, so tests never see eac
 from __future__ import annotations
 
 import os
-from typing import Union
 
 import redis
 
@@ -33,7 +32,7 @@ def make_store(url: str, prefix: str, **settings: object) -> DelayStore:
     return DelayStore(connect(url), Config(url=url, prefix=prefix, **settings))  # type: ignore[arg-type]
 
 
-def delete_prefix(client: Union[redis.Redis, redis.RedisCluster], prefix: str) -> int:
+def delete_prefix(client: redis.Redis | redis.RedisCluster, prefix: str) -> int:
     """Delete every key holding ``prefix`` (unique per test), one key per call so a cluster
     needs no cross-slot command; the number deleted."""
     keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))

@@ -10,6 +10,7 @@ import pytest
 
 from delayq_backends import DelayStore
 from delayq_backends.keys import MAX_RANK, RANK_SPAN
+from delayq_backends.models import FailedDelivery
 from tests.scripts import ENV, T
 
 
@@ -38,7 +39,7 @@ def test_a_bad_value_buries_its_item_and_the_batch_is_claimed(
 ) -> None:
     shard, (a, b, c) = three_on_one_shard(store)
     store.client.hset(getattr(store.keys(shard), key), b, value)
-    assert store.get(b) is not None and [i.id for i in store.list()] == [a, b, c]  # readable meanwhile
+    assert store.get(b) is not None and [i.id for i in store.scheduled()] == [a, b, c]  # readable meanwhile
     claim = store.claim(shard, now=T + 10)
     assert [i.id for i in claim.items] == [a, c]
     reason = dead_reasons(store)[b]
@@ -53,7 +54,7 @@ def test_a_non_finite_score_never_stops_a_reader_and_is_buried_when_claimed(stor
     store.client.zadd(store.keys(shard).due, {b: float(score)})
     heads = store.heads()  # OverflowError before
     assert heads[shard] is not None and all(h is None or h >= 0 for h in heads)
-    assert {i.id for i in store.list()} == {a, b, c} and store.get(b) is not None
+    assert {i.id for i in store.scheduled()} == {a, b, c} and store.get(b) is not None
     assert {i.id for i in store.scan()} == {a, b, c}
     assert store.stats()[shard].scheduled == 3
     claim = store.claim(shard, now=T + 10)
@@ -71,7 +72,7 @@ def test_an_id_that_is_not_utf8_is_buried_not_leased(store: DelayStore) -> None:
     raw = b"\xff\xfe-bad"
     store.client.zadd(k.due, {raw: T + 1})
     store.client.hset(k.items, raw, store.check_payload("x", ENV))
-    assert len(store.list()) == 4 and len(list(store.scan())) == 4  # readers show it escaped
+    assert len(store.scheduled()) == 4 and len(list(store.scan())) == 4  # readers show it escaped
     claim = store.claim(shard, now=T + 10)  # decoding failed here, after the lease was taken
     assert [i.id for i in claim.items] == [a, b, c]
     (dead,) = store.dead_letters()
@@ -149,13 +150,13 @@ def test_dead_letters_capped_per_shard(server_url: str, prefix: str) -> None:
     for n in range(5):
         s.schedule(f"x{n}", (T + n) / 1000, ENV)
         claim = s.claim(0, limit=1, now=T + 10 + n)
-        s.fail(claim, [(f"x{n}", None, "boom")], now=T + 10 + n)
+        s.fail(claim, [FailedDelivery(f"x{n}", None, "boom")], now=T + 10 + n)
     assert sorted(d.id for d in s.dead_letters()) == ["x2", "x3", "x4"]
     assert s.client.hlen(s.keys(0).dead_info) == 3
 
 
 def test_requeue_and_purge_of_all_run_in_chunks(store: DelayStore, monkeypatch: Any) -> None:
-    import delayq_backends.store as store_module
+    import delayq_backends.store.reader as store_module
 
     monkeypatch.setattr(store_module, "DEAD_CHUNK", 3)
     k = store.keys(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from delayq_backends import DelayStore
+from delayq_backends.models import FailedDelivery
 from tests.scripts import ENV, T
 
 
@@ -10,7 +11,7 @@ def bury(store: DelayStore, *ids: str) -> None:
     for item_id in ids:
         store.schedule(item_id, T / 1000, ENV)
         claim = store.claim(store.shard_of(item_id), now=T)
-        store.fail(claim, [(item_id, None, "boom")], now=T)
+        store.fail(claim, [FailedDelivery(item_id, None, "boom")], now=T)
 
 
 def test_requeue_selected_dead_letter(store: DelayStore) -> None:

@@ -7,7 +7,7 @@ skip when it is down, and fail instead when ``DELAYQ_REQUIRE_RABBITMQ=1`` (CI se
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from celery import Celery

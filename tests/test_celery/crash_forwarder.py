@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from delayq_backends.celery.target import CeleryTarget
 from delayq_backends.forwarder import Forwarder

@@ -7,10 +7,11 @@ import json
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import redis
 from celery import Celery
@@ -98,7 +99,7 @@ class CeleryEnv:
         if proc.poll() is not None:
             raise AssertionError(f"worker exited with {proc.returncode}:\n{self.tail()}")
 
-    def start_forwarder(self, tmp: Path, *, via_celery: bool = False, broker: Optional[str] = None) -> None:
+    def start_forwarder(self, tmp: Path, *, via_celery: bool = False, broker: str | None = None) -> None:
         common = ["--poll", "0.5", "--log-every", "2", "--lease", "10"]
         if via_celery:  # the celery.commands entry point: settings come from the app
             args = [sys.executable, "-m", "celery", "-A", self.app_module, "delayq", "forward"]

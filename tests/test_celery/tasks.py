@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 import redis
 from celery import Celery
@@ -28,7 +28,7 @@ def make_app(
     sink: str,
     backend: str,
     records: str,
-    transport_options: Optional[dict[str, Any]] = None,
+    transport_options: dict[str, Any] | None = None,
     dedupe: bool = False,
 ) -> Celery:
     """An app with the plugin installed; every task records to the list ``sink`` on the Redis at

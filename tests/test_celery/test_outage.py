@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest

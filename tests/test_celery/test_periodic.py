@@ -8,7 +8,7 @@ forwarder is a real Forwarder on that clock; runs are collected instead of sent 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any, Optional
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from celery import Celery
@@ -19,7 +19,7 @@ from delayq_backends.celery.periodic import KIND, PeriodicTarget, item_id, remov
 from delayq_backends.celery.schedules import run_task_id
 from delayq_backends.envelope import Envelope
 from delayq_backends.models import RearmOutcome
-from delayq_backends.targets import Lease
+from delayq_backends.store import Lease
 from delayq_backends.testing import CollectingTarget, FakeClock, TestingForwarder, TestingStore, testing_store
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -36,7 +36,7 @@ class Harness:
         self.sent = CollectingTarget("celery")
         self.forwarder = TestingForwarder(self.store, [self.sent, PeriodicTarget(self.sent)])
 
-    def sync(self, schedule: Optional[dict[str, Any]] = None) -> Any:
+    def sync(self, schedule: dict[str, Any] | None = None) -> Any:
         if schedule is not None:
             self.app.conf.beat_schedule = schedule
         return sync(self.app, self.store)

@@ -14,9 +14,10 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import pytest
 import redis
@@ -30,7 +31,8 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.models import Claim
-from delayq_backends.targets import Delivery, Lease
+from delayq_backends.store import Lease
+from delayq_backends.targets import Delivery
 from tests.helpers import wait_for
 from tests.test_celery.harness import CeleryEnv, new_env
 
@@ -42,7 +44,7 @@ OPTIONS = {
 }
 
 
-def single_redis(valkey: EmbeddedServer, transport_options: Optional[dict[str, Any]] = None) -> CeleryEnv:
+def single_redis(valkey: EmbeddedServer, transport_options: dict[str, Any] | None = None) -> CeleryEnv:
     """A Celery setup whose broker is the store's own server and database."""
     env = new_env("redis", "", valkey)
     env.broker = env.store
@@ -97,9 +99,10 @@ def no_ack_outside(store: DelayStore, monkeypatch: pytest.MonkeyPatch) -> list[l
     acks: list[list[str]] = []
     real = store.ack
 
-    def ack(claim: Claim, ids: Optional[list[str]] = None) -> int:
-        acks.append(list(ids or []))
-        return real(claim, ids)
+    def ack(claim: Claim, ids: list[str] | None = None, *, pipeline: Any = None) -> int:
+        if pipeline is None:  # queued inside the target's transaction: not the forwarder's own
+            acks.append(list(ids or []))
+        return real(claim, ids, pipeline=pipeline)
 
     monkeypatch.setattr(store, "ack", ack)
     return acks
@@ -214,13 +217,13 @@ def test_a_crash_before_exec_publishes_nothing(app: Celery, env: CeleryEnv, monk
     make_due(app, task_id)
     client = redis.Redis.from_url(env.broker)
     (claim,) = claim_all(store, lease_ms=300)
-    real_ack_in = Lease.ack_in
+    real_ack = Lease.ack
 
-    def ack_then_die(self: Lease, pipeline: Any, ids: Any) -> None:
-        real_ack_in(self, pipeline, ids)
+    def ack_then_die(self: Lease, ids: Any = None, *, pipeline: Any = None) -> int:
+        real_ack(self, ids, pipeline=pipeline)
         raise KeyboardInterrupt("killed before EXEC")
 
-    monkeypatch.setattr(Lease, "ack_in", ack_then_die)
+    monkeypatch.setattr(Lease, "ack", ack_then_die)
     target = CeleryTarget.from_url(env.broker)
     with pytest.raises(KeyboardInterrupt):
         target.publish_claimed(deliveries(claim), Lease(store, claim))
@@ -302,7 +305,7 @@ def test_a_lease_change_before_exec_retries_then_gives_up(
     monkeypatch.setattr(Lease, "held", held_then_touched)
     report = CeleryTarget.from_url(env.broker, max_watch_retries=3).publish_claimed(deliveries(claim), lease)
     assert reads == 3 and report.published == [] and client.llen(env.queue) == 0
-    assert [(i, permanent) for i, _, permanent in report.failed] == [(task_id, False)], "retried later"
+    assert [(f.id, f.permanent) for f in report.failed] == [(task_id, False)], "retried later"
     monkeypatch.undo()
     report = CeleryTarget.from_url(env.broker).publish_claimed(deliveries(claim), lease)
     assert report.acked == [task_id] and client.llen(env.queue) == 1

@@ -6,9 +6,10 @@ broker) and compare them field by field with Celery's own publish of the same ta
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from celery import Celery

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from celery import Celery

@@ -6,8 +6,9 @@ Real servers: the embedded Valkey as delay store and as Redis broker (no worker 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -158,7 +159,7 @@ def test_beat_entry_with_a_countdown_waits_in_the_store(make: Any) -> None:
     scheduler = beat.Scheduler(app=app, lazy=True)
     scheduler.setup_schedule()
     scheduler.apply_async(scheduler.schedule["later"], advance=False)
-    (item,) = store_for(app).list()
+    (item,) = store_for(app).scheduled()
     assert 590_000 < item.ready_ms - store_for(app).server_time_ms() <= 600_000
     assert queued(app) == 0
 
@@ -168,12 +169,12 @@ def test_same_task_id_twice_replaces_by_default_on_a_real_store(make: Any) -> No
     app = make()
     app.send_task("t.far", args=[1], task_id="dup", countdown=60)
     app.send_task("t.far", args=[2], task_id="dup", countdown=120)
-    (item,) = store_for(app).list()
+    (item,) = store_for(app).scheduled()
     assert 110_000 < item.ready_ms - store_for(app).server_time_ms() <= 120_000
     kept = make(delayq_duplicate_id="keep")
     kept.send_task("t.far", args=[1], task_id="dup", countdown=60)
     kept.send_task("t.far", args=[2], task_id="dup", countdown=120)
-    (item,) = store_for(kept).list()
+    (item,) = store_for(kept).scheduled()
     assert item.ready_ms - store_for(kept).server_time_ms() <= 60_000
 
 

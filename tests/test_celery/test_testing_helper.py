@@ -5,8 +5,9 @@ Tasks run through the real message path: the stored bytes, decoded as a worker d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from celery import Celery

@@ -8,9 +8,7 @@ Valkey, which is ours to flush.
 
 from __future__ import annotations
 
-import json
-import os
-from typing import Any, Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -18,10 +16,7 @@ import redis
 from delayq_backends import Config, DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
-from tests.harness import Launcher, Proc
-from tests.test_rq.jobs import runs_key
-
-SHARDS = 4
+from tests.harness.rq import SHARDS
 
 
 def client(url: str) -> redis.Redis:
@@ -53,42 +48,3 @@ def forwarder(rq_store: DelayStore, conn: redis.Redis) -> Forwarder:
     return Forwarder(rq_store, [RQTarget(conn)], retry_delay=0.05)
 
 
-def runs(conn: redis.Redis, queue_name: str) -> list[dict[str, Any]]:
-    """Every recorded run of jobs of ``queue_name``, in order."""
-    return [json.loads(r) for r in conn.lrange(runs_key(queue_name), 0, -1)]
-
-
-class Processes:
-    """Starts `rq worker` and `delayq forward` processes for one test through the launcher,
-    which kills them at teardown."""
-
-    def __init__(self, launcher: Launcher, url: str, prefix: str) -> None:
-        self.launcher = launcher
-        self.url = url
-        self.env = {**os.environ, "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": str(SHARDS)}
-        self.env.pop("DELAYQ_URL", None)  # the queue's own Redis holds the store
-
-    def start(self, *args: str) -> Proc:
-        return self.launcher.python(*args, env=self.env)
-
-    def worker(
-        self,
-        *queues: str,
-        burst: bool = False,
-        queue_class: str = "delayq_backends.rq.Queue",
-        extra: tuple[str, ...] = (),
-    ) -> Proc:
-        flags = [*extra, "--burst"] if burst else list(extra)
-        return self.start("-m", "rq.cli", "worker", "-u", self.url, "--queue-class", queue_class, "-q", *flags, *queues)
-
-    def forwarder(self, *extra: str) -> Proc:
-        args = ["forward", "--url", self.url, "--rq-redis", self.url, "--log-level", "warning", *extra]
-        return self.launcher.delayq(*args, env=self.env)
-
-    def stop_all(self) -> None:
-        self.launcher.stop_all()
-
-
-@pytest.fixture
-def processes(valkey_url: str, prefix: str, procs: Launcher) -> Processes:
-    return Processes(procs, valkey_url, prefix)

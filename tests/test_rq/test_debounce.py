@@ -16,8 +16,8 @@ from delayq_backends import DelayStore, Envelope, InvalidDebounceError
 from delayq_backends.envelope import rate_key_of
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue
+from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.conftest import Processes, runs
 
 
 def exists(queue: Queue, job_id: str) -> bool:

@@ -8,7 +8,7 @@ import redis
 from rq import Retry
 
 from delayq_backends.rq import Queue
-from tests.test_rq.conftest import Processes, runs
+from tests.harness.rq import Processes, runs
 from tests.test_rq.jobs import always_fails, record
 
 WORKERS = {

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Iterator
 
 import pytest
 import redis
@@ -20,8 +20,8 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
 from delayq_backends.rq.migrate import RQ_SCHEDULER_KEY
 from delayq_backends.rq.target import AT_FRONT_RANK
+from tests.harness.rq import SHARDS, Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.conftest import SHARDS, Processes, runs
 
 RECORD = "tests.test_rq.jobs.record"
 

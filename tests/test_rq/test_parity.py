@@ -5,8 +5,8 @@ plain ``rq.Queue`` schedules."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Iterator
 
 import pytest
 import redis
@@ -24,8 +24,8 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import InvalidScheduleError, Queue, RQTarget, Scheduler, adopt
 from delayq_backends.rq.periodic import next_cron_time
 from delayq_backends.timeutil import to_ms
+from tests.harness.rq import SHARDS, Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.conftest import SHARDS, Processes, runs
 
 RECORD = "tests.test_rq.jobs.record"
 

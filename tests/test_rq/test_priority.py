@@ -11,8 +11,8 @@ from rq.job import Job
 from delayq_backends import DelayStore
 from delayq_backends.rq import Queue, Scheduler
 from delayq_backends.rq.target import AT_FRONT_RANK
+from tests.harness.rq import Processes
 from tests.helpers import wait_for
-from tests.test_rq.conftest import Processes
 
 RECORD = "tests.test_rq.jobs.record"
 

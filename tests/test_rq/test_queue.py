@@ -17,8 +17,8 @@ from rq.registry import ScheduledJobRegistry
 from delayq_backends import ConfigError, DelayStore, Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue
+from tests.harness.rq import Processes, runs
 from tests.helpers import ms_at_or_after, wait_for
-from tests.test_rq.conftest import Processes, runs
 
 
 def test_schedule_job_saves_the_job_as_rq_does_and_its_id_in_the_store(queue: Queue, rq_store: DelayStore) -> None:

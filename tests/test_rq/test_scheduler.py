@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -21,8 +22,8 @@ from delayq_backends.rq import InvalidScheduleError, JobNotScheduledError, Queue
 from delayq_backends.rq import scheduler as scheduler_module
 from delayq_backends.rq.periodic import next_cron_time
 from delayq_backends.targets import RedisListTarget
+from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.conftest import Processes, runs
 
 RECORD = "tests.test_rq.jobs.record"
 

@@ -20,7 +20,7 @@ from delayq_backends import Config, DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
 from delayq_backends.rq.registry import is_mirror
-from delayq_backends.targets import Lease
+from delayq_backends.store import Lease
 from tests.test_rq.test_target import claim_all, deliveries, schedule_past
 
 

@@ -22,9 +22,10 @@ from delayq_backends.envelope import Envelope as EnvelopeType
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
 from delayq_backends.rq.target import ClassAllowlist
-from delayq_backends.targets import Delivery, Lease
+from delayq_backends.store import Lease
+from delayq_backends.targets import Delivery
+from tests.harness.rq import SHARDS, Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.conftest import SHARDS, Processes, runs
 from tests.test_rq.jobs import AuditedJob
 
 PAST = timedelta(seconds=-1)
@@ -74,13 +75,13 @@ def test_a_crash_inside_the_transaction_publishes_nothing_and_acks_nothing(
 ) -> None:
     job = schedule_past(queue, "crash")
     (claim,) = claim_all(rq_store, lease_ms=100)
-    real_ack_in = Lease.ack_in
+    real_ack = Lease.ack
 
-    def ack_then_die(self: Lease, pipeline: Any, ids: Any) -> None:
-        real_ack_in(self, pipeline, ids)
+    def ack_then_die(self: Lease, ids: Any = None, *, pipeline: Any = None) -> int:
+        real_ack(self, ids, pipeline=pipeline)
         raise KeyboardInterrupt("killed before EXEC")
 
-    monkeypatch.setattr(Lease, "ack_in", ack_then_die)
+    monkeypatch.setattr(Lease, "ack", ack_then_die)
     with pytest.raises(KeyboardInterrupt):
         RQTarget(conn).publish_claimed(deliveries(claim), Lease(rq_store, claim))
     assert queue.job_ids == [] and job.get_status() == JobStatus.SCHEDULED

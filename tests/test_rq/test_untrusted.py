@@ -22,8 +22,8 @@ from delayq_backends import DelayStore, Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget, Scheduler
 from delayq_backends.rq.target import ClassAllowlist
+from tests.harness.rq import Processes
 from tests.helpers import wait_for
-from tests.test_rq.conftest import Processes
 
 RECORD = "tests.test_rq.jobs.record"
 

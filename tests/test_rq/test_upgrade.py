@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any, Optional
+from typing import Any
 
 import redis
 from click.testing import CliRunner
@@ -18,12 +18,12 @@ from rq.serializers import JSONSerializer
 
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.cli import main
-from delayq_backends.models import ScheduledItem
+from delayq_backends.models import FailedDelivery, ScheduledItem
 from delayq_backends.rq import Queue, upgrade
 from delayq_backends.rq.target import job_rank
 from tests.harness import make_store
+from tests.harness.rq import SHARDS, Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.conftest import SHARDS, Processes, runs
 
 RECORD = "tests.test_rq.jobs.record"
 #: What 0.1's ``job_envelope(origin, queue_class=Queue, job_class=Job, scheduler=True)`` stored.
@@ -63,12 +63,12 @@ def cli(rq_store: DelayStore, url: str, command: str, *args: str) -> str:
     return result.output
 
 
-def schedule_in(rq_store: DelayStore, item_id: str) -> Optional[dict[str, Any]]:
+def schedule_in(rq_store: DelayStore, item_id: str) -> dict[str, Any] | None:
     item = rq_store.get(item_id)
     return None if item is None else Envelope.decode(item.envelope).meta.get("schedule")
 
 
-def but_envelope(item: Optional[ScheduledItem]) -> tuple[Any, ...]:
+def but_envelope(item: ScheduledItem | None) -> tuple[Any, ...]:
     assert item is not None
     return (item.id, item.ready_ms, item.rank, item.attempts, item.leased_until_ms)
 
@@ -85,7 +85,8 @@ def test_upgraded_periodic_and_cron_jobs_keep_their_place_and_keep_running(
     retried = legacy_schedule(conn, rq_store, queue.name, past, "r", {"interval": 60})
     claim = rq_store.claim(rq_store.shard_of(retried.id), limit=100)
     rq_store.release(claim, [i.id for i in claim.items if i.id != retried.id])
-    rq_store.fail(claim, [(retried.id, int(later.timestamp() * 1000), "broker down")])  # attempts 1, due later
+    retry_at = int(later.timestamp() * 1000)
+    rq_store.fail(claim, [FailedDelivery(retried.id, retry_at, "broker down")])  # attempts 1, due later
     one_off = legacy_schedule(conn, rq_store, queue.name, later, "o", {})
     ids = (periodic.id, cron.id, retried.id, one_off.id)
     before = {i: rq_store.get(i) for i in ids}
@@ -182,7 +183,7 @@ def test_replace_envelope_is_a_compare_and_set_that_keeps_the_rest(server_url: s
 
         store.schedule("c", 0, old)
         claim = store.claim(store.shard_of("c"))
-        store.fail(claim, [("c", None, "legacy")])
+        store.fail(claim, [FailedDelivery("c", None, "legacy")])
         assert store.replace_envelope("c", old, Envelope("rq", "q3"), dead=True)
         (dead,) = store.dead_letters()
         assert Envelope.decode(dead.envelope or b"").destination == "q3" and dead.error == "legacy"

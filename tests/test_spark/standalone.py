@@ -16,7 +16,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pyspark
 
@@ -91,7 +91,7 @@ class SparkStandalone:
         self._wait_alive(timeout)
         return self
 
-    def state(self) -> Optional[dict[str, Any]]:
+    def state(self) -> dict[str, Any] | None:
         """The master's JSON status page, or None while it does not answer."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as response:

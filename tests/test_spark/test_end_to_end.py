@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from pyspark.sql import SparkSession

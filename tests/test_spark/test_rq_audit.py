@@ -18,8 +18,8 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
 from delayq_backends.spark.audit import audit
 from tests.harness import Launcher
+from tests.harness.rq import Processes
 from tests.helpers import wait_for
-from tests.test_rq.conftest import Processes
 
 pytestmark = pytest.mark.spark
 

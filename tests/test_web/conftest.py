@@ -8,8 +8,9 @@ the browser tests skip, unless ``DELAYQ_REQUIRE_BROWSER=1`` (CI), which makes th
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +22,6 @@ from delayq_backends.embedded import free_port
 from delayq_backends.web import create_app
 from tests.harness import ROOT, Launcher, make_store
 from tests.helpers import wait_for
-from tests.test_rq.conftest import processes  # noqa: F401 (a fixture: real `rq worker` processes)
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")

@@ -20,11 +20,12 @@ from delayq_backends.celery import CeleryTarget
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.models import FailedDelivery
 from delayq_backends.rq import RQTarget
 from delayq_backends.web import create_app
+from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
 from tests.test_celery.test_replay import drain
-from tests.test_rq.conftest import Processes, runs
 from tests.test_web.conftest import AUTH, TOKEN
 
 ITEM = Envelope("list", "somewhere", b"x")
@@ -131,7 +132,7 @@ def bury(store: DelayStore, ids: list[str]) -> None:
     store.schedule_many([(i, 1.0, ITEM) for i in ids])
     for shard in range(store.shards):
         claim = store.claim(shard)
-        store.fail(claim, [(item.id, None, "broken on purpose") for item in claim.items])
+        store.fail(claim, [FailedDelivery(item.id, None, "broken on purpose") for item in claim.items])
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@ only on loopback; the running command serves the page and enforces its token."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest

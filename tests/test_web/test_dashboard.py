@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from typing import Any
 
 from celery import Celery
 from celery.schedules import crontab

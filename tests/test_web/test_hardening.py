@@ -7,9 +7,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest

@@ -1,0 +1,370 @@
+"""Loading the ``.lua`` scripts and running them, as a Function library or as EVAL scripts.
+
+The one place that loads scripts; :mod:`delayq_backends.scripts.store` and
+:mod:`delayq_backends.scripts.rq` hold the typed calls built on it.
+
+A line ``--- @include "name"`` pulls in ``includes/name.lua`` (BullMQ's convention), so helpers
+shared by several scripts are written once; an include may include others, and each is pulled in
+once per script. A first line ``#!lua flags=allow-oom,...`` gives the script Redis 7 flags (in
+EVAL mode, and as the function's flags in the library).
+
+Two ways to run them, chosen once per client on first use (:meth:`ScriptRunner.backend`):
+
+- **Functions** (Redis/Valkey 7+): an admin installs the library once (:func:`install_functions`,
+  ``delayq functions install``, on every primary of a cluster); the store then calls ``FCALL``.
+  Role users need only ``+fcall``, not ``EVAL``: a user that may send EVAL may also send a looping
+  script that keeps the server answering BUSY until ``SHUTDOWN NOSAVE``. The library's name holds
+  a hash of every script (``delayq_<sha8>``), so two package versions run side by side during a
+  rolling upgrade. Functions are kept in RDB/AOF and replicated, but a server started empty (no
+  persistence) needs the install again; until then stores fall back to EVAL, which FCALL-only
+  users may not send.
+- **EVAL** (the fallback: no library installed, Redis < 7, fakeredis): redis-py ``Script``
+  objects, which run EVALSHA and reload the source on NOSCRIPT (after a restart or failover).
+  Servers that do not read ``#!lua`` lines (Redis < 7, fakeredis) get the scripts without them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Generic, TypeVar
+
+import redis
+from redis.cluster import RedisCluster
+
+from ..errors import ConfigError
+
+__all__ = [
+    "LIBRARY",
+    "SCRIPT_NAMES",
+    "Backend",
+    "LuaScript",
+    "NodeFunctions",
+    "ScriptCall",
+    "ScriptRunner",
+    "function_name",
+    "functions_status",
+    "install_functions",
+    "library_code",
+    "parse_script",
+    "script",
+    "source",
+]
+
+R = TypeVar("R")
+
+_INCLUDE = re.compile(r'^--- @include "([a-z_]+)"$', re.MULTILINE)
+_SHEBANG = re.compile(r"\A#!lua(?P<options>[^\n]*)\n")
+_FLAG = re.compile(r"^[a-z-]+$")
+
+#: Every ``<name>.lua`` of this package; ``includes/`` holds shared helpers, not scripts.
+SCRIPT_NAMES = tuple(
+    sorted(p.name[: -len(".lua")] for p in resources.files(__package__).iterdir() if p.name.endswith(".lua"))
+)
+
+
+@dataclass(frozen=True)
+class LuaScript:
+    """One script: its Redis 7 flags (from a ``#!lua flags=`` first line) and its body."""
+
+    name: str
+    flags: tuple[str, ...]
+    body: str  # includes expanded, no shebang line
+
+    @property
+    def source(self) -> str:
+        """The EVAL text for servers that read shebang lines: the flags line, then the body."""
+        return f"#!lua flags={','.join(self.flags)}\n{self.body}" if self.flags else self.body
+
+
+@cache
+def script(name: str) -> LuaScript:
+    """Script ``name`` with its includes expanded (each once) and its shebang parsed."""
+    here = resources.files(__package__)
+    return parse_script(name, _expand((here / f"{name}.lua").read_text(encoding="utf-8"), set()))
+
+
+def _expand(text: str, seen: set[str]) -> str:
+    """``text`` with each ``--- @include`` line replaced by the include, itself expanded; an
+    include already pulled in (``seen``) is left out, so its locals are defined once."""
+    includes = resources.files(__package__) / "includes"
+
+    def include(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        return _expand((includes / f"{name}.lua").read_text(encoding="utf-8"), seen)
+
+    return _INCLUDE.sub(include, text)
+
+
+def parse_script(name: str, text: str) -> LuaScript:
+    """Split a ``#!lua flags=a,b`` first line (if any) from the body of script ``name``.
+
+    Raises:
+        ValueError: the shebang holds something other than ``flags=a,b``.
+    """
+    flags: tuple[str, ...] = ()
+    shebang = _SHEBANG.match(text)
+    if shebang:
+        for option in shebang["options"].split():
+            key, _, value = option.partition("=")
+            if key != "flags" or not all(_FLAG.match(f) for f in value.split(",") if f):
+                raise ValueError(f"{name}.lua: shebang option {option!r}: only flags=a,b is understood")
+            flags += tuple(f for f in value.split(",") if f)
+        text = text[shebang.end() :]
+    return LuaScript(name, flags, text)
+
+
+def source(name: str) -> str:
+    """The EVAL source of script ``name`` (shebang included, when it has flags)."""
+    return script(name).source
+
+
+@cache
+def _library() -> tuple[str, str]:
+    """(library name, FUNCTION LOAD code). The name hashes every script, so any change to one
+    makes a new library instead of replacing the one older clients call."""
+    scripts = [script(name) for name in SCRIPT_NAMES]
+    digest = hashlib.sha1()
+    for s in scripts:
+        digest.update(f"{s.name}\0{','.join(s.flags)}\0{s.body}\0".encode())
+    name = f"delayq_{digest.hexdigest()[:8]}"
+    parts = [f"#!lua name={name}\n"]
+    for s in scripts:
+        flags = ", ".join(f"'{f}'" for f in s.flags)
+        # the body keeps its own KEYS/ARGV names, top-level locals and final return
+        parts.append(
+            f"redis.register_function{{function_name='{name}_{s.name}', flags={{{flags}}}, "
+            f"callback=function(KEYS, ARGV)\n{s.body}\nend}}\n"
+        )
+    # read-only and keyless: tells a client the library is there without touching any data
+    parts.append(f"redis.register_function{{function_name='{name}_version', flags={{'no-writes'}}, ")
+    parts.append(f"callback=function() return '{name}' end}}\n")
+    return name, "".join(parts)
+
+
+#: The name of this package version's Function library.
+LIBRARY = _library()[0]
+
+
+def library_code() -> str:
+    """The ``FUNCTION LOAD`` code of the library named :data:`LIBRARY`."""
+    return _library()[1]
+
+
+def function_name(name: str) -> str:
+    """The library's function that runs script ``name``."""
+    return f"{LIBRARY}_{name}"
+
+
+@dataclass(frozen=True)
+class ScriptCall(Generic[R]):
+    """One call of one script, ready to run: the keys it touches, its arguments, and how to read
+    its reply. Built by the typed script objects (:mod:`delayq_backends.scripts.store`), run by a
+    :class:`ScriptRunner`.
+
+    Attributes:
+        name: the script (its ``.lua`` file).
+        keys: the keys it touches, in its ``KEYS`` order.
+        args: its ``ARGV``.
+        parse: turns the raw reply into a typed record.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+    parse: Callable[[Any], R]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How one client runs the scripts.
+
+    Attributes:
+        functions: FCALL the installed library (else EVALSHA/EVAL).
+        shebang: in EVAL mode, the server reads ``#!lua flags=`` lines (Redis/Valkey 7+).
+    """
+
+    functions: bool
+    shebang: bool = True
+
+
+class ScriptRunner:
+    """Runs :class:`ScriptCall` s on one client: now (:meth:`run`), or queued on a caller's
+    pipeline or transaction (:meth:`queue`)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._backend: Backend | None = None
+        self._eval: dict[tuple[str, bool], Any] = {}
+        self._lock = threading.Lock()
+
+    def run(self, call: ScriptCall[R], *, client: Any = None) -> R:
+        """Run ``call`` on ``client`` (default: the runner's own) and parse its reply."""
+        backend = self.backend()
+        target = self.client if client is None else client
+        if backend.functions:
+            try:
+                return call.parse(target.fcall(function_name(call.name), len(call.keys), *call.keys, *call.args))
+            except redis.ResponseError as exc:
+                if not _function_missing(exc):
+                    raise
+                # deleted, or missing on this node of a cluster: run the script itself
+                backend = self.fall_back()
+        raw = self._eval_script(call.name, backend)(keys=list(call.keys), args=list(call.args), client=target)
+        return call.parse(raw)
+
+    def queue(self, call: ScriptCall[Any], pipeline: Any) -> None:
+        """Queue ``call`` on ``pipeline`` (its reply comes from ``execute()``: read it with
+        ``call.parse``): FCALL, or EVAL of its source.
+
+        Not EVALSHA: a script missing from the server's cache (after a restart) would fail alone
+        inside a caller's MULTI while the caller's other writes commit; and redis-py's
+        ``Script`` would add a SCRIPT EXISTS round trip to every pipeline. The server caches
+        the compiled script by its SHA, so EVAL costs only the bytes of the source.
+        """
+        backend = self.backend()
+        if backend.functions:
+            pipeline.fcall(function_name(call.name), len(call.keys), *call.keys, *call.args)
+        else:
+            pipeline.eval(_eval_text(call.name, backend), len(call.keys), *call.keys, *call.args)
+
+    def backend(self) -> Backend:
+        """How this client runs the scripts, asked of the server once (one or two round trips)."""
+        if self._backend is None:
+            with self._lock:
+                if self._backend is None:
+                    self._backend = self._detect()
+        return self._backend
+
+    def fall_back(self) -> Backend:
+        """Use EVAL from now on: the library went away (or is missing on this node of a cluster)."""
+        with self._lock:
+            self._backend = self._eval_backend(library_missing=True)
+            return self._backend
+
+    def _eval_script(self, name: str, backend: Backend) -> Any:
+        """The redis-py ``Script`` of ``name`` in the form ``backend``'s server reads."""
+        key = (name, backend.shebang)
+        if key not in self._eval:
+            self._eval[key] = self.client.register_script(_eval_text(name, backend))
+        return self._eval[key]
+
+    def _detect(self) -> Backend:
+        try:
+            found = self.client.fcall_ro(function_name("version"), 0)
+        except redis.exceptions.NoPermissionError:
+            # a user without FCALL: the older EVAL rules (or a reader, who runs no script)
+            return self._eval_backend(library_missing=False)
+        except redis.ResponseError as exc:
+            # "Function not found" (not installed), "unknown command" (Redis < 7)
+            return self._eval_backend(library_missing=_function_missing(exc))
+        return Backend(functions=_text(found) == LIBRARY)
+
+    def _eval_backend(self, *, library_missing: bool) -> Backend:
+        """EVAL, in the form the server reads: a compile error near '#' says it does not read
+        ``#!lua`` lines.
+
+        Raises:
+            ConfigError: the library is missing and this user may not send EVAL (an FCALL-only
+                role): nothing can run until an admin installs it. Not remembered, so a client
+                started before the install works once it is done.
+        """
+        try:
+            self.client.eval("#!lua flags=no-writes\nreturn 1", 0)
+        except redis.exceptions.NoPermissionError as exc:
+            if library_missing:
+                raise ConfigError(
+                    f"the delayq function library {LIBRARY} is not installed on this server, and this user "
+                    f"may not run scripts itself ({exc}): run `delayq functions install --url <admin URL>`"
+                ) from exc
+            return Backend(functions=False)  # cannot tell; such a user cannot run scripts at all
+        except redis.ResponseError:
+            return Backend(functions=False, shebang=False)
+        return Backend(functions=False)
+
+
+def _eval_text(name: str, backend: Backend) -> str:
+    s = script(name)
+    return s.source if backend.shebang else s.body
+
+
+def _function_missing(exc: redis.ResponseError) -> bool:
+    text = str(exc).lower()
+    return "function not found" in text or "unknown command" in text
+
+
+# -- installing the library, for an admin ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeFunctions:
+    """The delayq libraries found on one server.
+
+    Attributes:
+        node: ``host:port`` of the server (of each primary, on a cluster).
+        libraries: names of the ``delayq_*`` libraries loaded there, sorted.
+    """
+
+    node: str
+    libraries: tuple[str, ...]
+
+    @property
+    def current(self) -> bool:
+        """Whether this package version's library is there."""
+        return LIBRARY in self.libraries
+
+
+def install_functions(client: Any) -> list[NodeFunctions]:
+    """Load this version's library (``FUNCTION LOAD REPLACE``) on the server, or on every primary
+    of a cluster; libraries of other versions are left for the clients still using them.
+
+    Returns what each server holds afterwards.
+    """
+    for node in _primaries(client):
+        node.redis_connection.function_load(library_code(), replace=True)
+    return functions_status(client)
+
+
+def functions_status(client: Any) -> list[NodeFunctions]:
+    """The delayq libraries on the server, or on each primary of a cluster."""
+    out = []
+    for node in _primaries(client):
+        found = node.redis_connection.function_list(library="delayq_*")
+        names = sorted(_text(_field(lib, "library_name")) for lib in found)
+        out.append(NodeFunctions(node.name, tuple(names)))
+    return out
+
+
+class _Single:
+    """A plain client dressed as a cluster node, so both kinds go through one loop."""
+
+    def __init__(self, client: Any) -> None:
+        self.redis_connection = client
+        kwargs = client.connection_pool.connection_kwargs
+        self.name = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+
+
+def _primaries(client: Any) -> list[Any]:
+    if isinstance(client, RedisCluster):
+        return list(client.get_primaries())
+    return [_Single(client)]
+
+
+def _field(library: Any, name: str) -> Any:
+    """A field of one FUNCTION LIST entry (a dict under RESP3, a flat list under RESP2)."""
+    if isinstance(library, dict):
+        return library.get(name, library.get(name.encode()))
+    pairs = dict(zip(library[::2], library[1::2]))
+    return pairs.get(name, pairs.get(name.encode()))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

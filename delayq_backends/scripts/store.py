@@ -1,0 +1,320 @@
+"""The store's scripts as typed calls: one class per ``.lua`` file, which names the keys the
+script touches (in its ``KEYS`` order), puts the arguments in its ``ARGV`` order, and reads the
+reply into a record of :mod:`delayq_backends.models`.
+
+Each ``call(...)`` returns a :class:`~delayq_backends.scripts.library.ScriptCall`: run it with
+``ScriptRunner.run`` or queue it on a pipeline with ``ScriptRunner.queue``. A new script is a
+``.lua`` file plus one class here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from ..keys import ShardKeys
+from ..models import (
+    CancelOutcome,
+    Claim,
+    ClaimedItem,
+    Collapsed,
+    FailCounts,
+    FailedDelivery,
+    LeaseExtension,
+    RearmOutcome,
+    RequeuePage,
+    RescheduleOutcome,
+    ScheduleCounts,
+    ScheduleItem,
+    TokenGrant,
+)
+from .library import ScriptCall
+
+__all__ = [
+    "Ack",
+    "Cancel",
+    "ClaimScript",
+    "Debounce",
+    "DeadLimits",
+    "Defer",
+    "Extend",
+    "Fail",
+    "Purge",
+    "Rearm",
+    "Release",
+    "Requeue",
+    "Reschedule",
+    "Schedule",
+    "ShardScript",
+    "Take",
+]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class DeadLimits:
+    """What the scripts that bury keep of a shard's dead letters (0: no limit)."""
+
+    max_letters: int = 0
+    ttl_ms: int = 0
+
+
+class ShardScript:
+    """A script on the keys of one shard. Subclasses name the script and its keys (attributes of
+    :class:`~delayq_backends.keys.ShardKeys`, in the script's ``KEYS`` order)."""
+
+    name: ClassVar[str]
+    key_names: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def keys_of(cls, keys: ShardKeys) -> tuple[str, ...]:
+        return tuple(getattr(keys, name) for name in cls.key_names)
+
+    @classmethod
+    def _call(cls, keys: ShardKeys, args: Iterable[Any], parse: Callable[[Any], R]) -> ScriptCall[R]:
+        return ScriptCall(cls.name, cls.keys_of(keys), tuple(args), parse)
+
+
+class Schedule(ShardScript):
+    name = "schedule"
+    key_names = ("due", "items", "tries", "leased", "ranked")
+
+    @classmethod
+    def call(
+        cls, keys: ShardKeys, items: Sequence[ScheduleItem], *, keep: bool, wake: str
+    ) -> ScriptCall[ScheduleCounts]:
+        """Schedule ``items``; with ``keep``, an existing id stays as it is. Ranks are sent only
+        when one is not 0 (most batches have none, and an argument per item costs the script time)."""
+        if any(item.rank for item in items):
+            fields: list[Any] = [4, *(f for i in items for f in (i.id, i.ready_ms, i.envelope, i.rank))]
+        else:
+            fields = [3, *(f for i in items for f in (i.id, i.ready_ms, i.envelope))]
+        return cls._call(keys, ["keep" if keep else "replace", wake, *fields], lambda r: ScheduleCounts(*map(int, r)))
+
+
+class Reschedule(ShardScript):
+    name = "reschedule"
+    key_names = ("due", "items", "tries", "leased", "ranked")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, item_id: str, ready_ms: int, *, wake: str) -> ScriptCall[RescheduleOutcome]:
+        return cls._call(keys, [item_id, ready_ms, wake], lambda r: _RESCHEDULED[int(r)])
+
+
+class Cancel(ShardScript):
+    name = "cancel"
+    key_names = ("due", "items", "tries", "leased")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, item_id: str) -> ScriptCall[CancelOutcome]:
+        return cls._call(keys, [item_id], lambda r: _CANCELLED[int(r)])
+
+
+class ClaimScript(ShardScript):
+    """claim.lua (named so beside the :class:`~delayq_backends.models.Claim` it returns)."""
+
+    name = "claim"
+    key_names = ("due", "items", "tries", "leased", "dead", "dead_items", "dead_info", "ranked")
+
+    @classmethod
+    def call(
+        cls,
+        keys: ShardKeys,
+        *,
+        shard: int,
+        token: str,
+        limit: int,
+        lease_ms: int,
+        max_attempts: int,
+        now: int,
+        dead: DeadLimits,
+    ) -> ScriptCall[Claim]:
+        def parse(reply: Any) -> Claim:
+            items = [
+                ClaimedItem(
+                    id=reply[i].decode(),  # UTF-8: claim.lua buries any other id before leasing it
+                    envelope=reply[i + 1],
+                    attempts=int(reply[i + 2]),
+                    ready_ms=int(float(reply[i + 3])),
+                )
+                for i in range(1, len(reply), 4)
+            ]
+            return Claim(shard=shard, deadline_ms=int(reply[0]), token=token, items=items)
+
+        args = [limit, lease_ms, max_attempts, now, token, dead.max_letters, dead.ttl_ms]
+        return cls._call(keys, args, parse)
+
+
+class Ack(ShardScript):
+    name = "ack"
+    key_names = ("due", "items", "tries", "leased")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, lease: str, ids: Sequence[str]) -> ScriptCall[int]:
+        return cls._call(keys, [lease, *ids], int)
+
+
+class Release(ShardScript):
+    name = "release"
+    key_names = ("due", "tries", "leased")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, lease: str, ids: Sequence[str], *, wake: str) -> ScriptCall[int]:
+        return cls._call(keys, [lease, wake, *ids], int)
+
+
+class Defer(ShardScript):
+    name = "defer"
+    key_names = ("due", "tries", "leased", "ranked")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, lease: str, later: Iterable[tuple[str, int]]) -> ScriptCall[int]:
+        """Give back ``later``'s (id, not-before ms) under ``lease``."""
+        return cls._call(keys, [lease, *(f for pair in later for f in pair)], int)
+
+
+class Fail(ShardScript):
+    name = "fail"
+    key_names = ("due", "items", "tries", "leased", "dead", "dead_items", "dead_info", "ranked")
+
+    @classmethod
+    def call(
+        cls,
+        keys: ShardKeys,
+        lease: str,
+        failures: Iterable[FailedDelivery],
+        *,
+        max_attempts: int,
+        now: int,
+        dead: DeadLimits,
+    ) -> ScriptCall[FailCounts]:
+        args: list[Any] = [lease, max_attempts, now, dead.max_letters, dead.ttl_ms]
+        for f in failures:
+            args += (f.id, "" if f.retry_at_ms is None else f.retry_at_ms, f.error)
+        return cls._call(keys, args, lambda r: FailCounts(int(r[0]), int(r[1])))
+
+
+class Extend(ShardScript):
+    name = "extend"
+    key_names = ("due", "leased")
+
+    @classmethod
+    def call(
+        cls, keys: ShardKeys, lease: str, ids: Sequence[str], *, lease_ms: int, now: int
+    ) -> ScriptCall[LeaseExtension]:
+        return cls._call(
+            keys,
+            [lease, lease_ms, now, *ids],
+            lambda r: LeaseExtension(deadline_ms=int(r[0]), held=[i.decode() for i in r[1:]]),
+        )
+
+
+class Debounce(ShardScript):
+    """debounce.lua: one call of a debounced or throttled key. Besides the shard's keys it takes
+    the item's call counter, ``ShardKeys.calls(id)`` (a key per item, so not an attribute)."""
+
+    name = "debounce"
+    key_names = ("due", "items", "tries", "leased", "ranked", "calls")
+
+    @classmethod
+    def call(
+        cls, keys: ShardKeys, item: ScheduleItem, *, mode: str, keep: str, calls_ttl_ms: int, wake: str
+    ) -> ScriptCall[Collapsed]:
+        def parse(reply: Any) -> Collapsed:
+            calls, ready_ms, stored, superseded = reply
+            return Collapsed(item.id, int(ready_ms), int(calls), bool(int(stored)), superseded or None)
+
+        shard_keys = tuple(getattr(keys, name) for name in cls.key_names[:-1])
+        args = (mode, keep, wake, item.id, item.ready_ms, item.envelope, item.rank, calls_ttl_ms)
+        return ScriptCall(cls.name, (*shard_keys, keys.calls(item.id)), args, parse)
+
+
+class Rearm(ShardScript):
+    name = "rearm"
+    key_names = ("due", "items", "tries", "leased", "ranked")
+
+    @classmethod
+    def call(
+        cls, keys: ShardKeys, item: ScheduleItem, *, lease: str, expected: bytes, now: int, wake: str
+    ) -> ScriptCall[RearmOutcome]:
+        """Replace ``item`` if held under ``lease`` (or, with ``lease=""``, under no live lease)
+        and its envelope is still ``expected`` (``b""``: any)."""
+        args = [lease, expected, now, wake, item.id, item.ready_ms, item.envelope, item.rank]
+        return cls._call(keys, args, lambda r: _REARMED[int(r)])
+
+
+class Requeue(ShardScript):
+    name = "requeue"
+    key_names = ("due", "items", "dead", "dead_items", "dead_info", "ranked")
+
+    @classmethod
+    def ids(cls, keys: ShardKeys, ids: Sequence[str], *, ready_ms: int, wake: str) -> ScriptCall[RequeuePage]:
+        """Requeue the dead letters ``ids``."""
+        return cls._call(keys, [ready_ms, wake, "ids", *ids], _requeue_page)
+
+    @classmethod
+    def page(cls, keys: ShardKeys, offset: int, count: int, *, ready_ms: int, wake: str) -> ScriptCall[RequeuePage]:
+        """Requeue ``count`` dead letters from ``offset``, oldest first."""
+        return cls._call(keys, [ready_ms, wake, "all", offset, count], _requeue_page)
+
+
+class Purge(ShardScript):
+    name = "purge"
+    key_names = ("dead", "dead_items", "dead_info")
+
+    @classmethod
+    def ids(cls, keys: ShardKeys, ids: Sequence[str]) -> ScriptCall[int]:
+        """Delete the dead letters ``ids``."""
+        return cls._call(keys, ["ids", *ids], int)
+
+    @classmethod
+    def oldest(cls, keys: ShardKeys, count: int) -> ScriptCall[int]:
+        """Delete the shard's ``count`` oldest dead letters."""
+        return cls._call(keys, ["all", count], int)
+
+
+class Take:
+    """take.lua: tokens from a queue's rate bucket (one key, not a shard's)."""
+
+    name = "take"
+
+    @classmethod
+    def call(cls, bucket: str, wanted: int, *, rate: float, burst: int, now: int) -> ScriptCall[TokenGrant]:
+        return ScriptCall(
+            cls.name,
+            (bucket,),
+            (repr(float(rate)), burst, wanted, now),
+            lambda r: TokenGrant(granted=int(r[0]), first_slot_ms=int(r[1]), now_ms=int(r[2])),
+        )
+
+
+def _requeue_page(reply: Any) -> RequeuePage:
+    return RequeuePage(requeued=int(reply[0]), skipped=int(reply[1]), seen=int(reply[2]))
+
+
+#: The scripts' small-integer replies (0 not there, 1 done, 2 leased, 3 changed) as outcomes.
+_CANCELLED = (CancelOutcome.NOT_FOUND, CancelOutcome.CANCELLED, CancelOutcome.IN_FLIGHT)
+_RESCHEDULED = (RescheduleOutcome.NOT_FOUND, RescheduleOutcome.RESCHEDULED, RescheduleOutcome.IN_FLIGHT)
+_REARMED = (RearmOutcome.NOT_FOUND, RearmOutcome.REPLACED, RearmOutcome.HELD, RearmOutcome.CHANGED)
+
+#: Every shard script, by script name (a test checks each against its .lua header).
+SHARD_SCRIPTS: dict[str, type[ShardScript]] = {
+    s.name: s
+    for s in (
+        Schedule,
+        Reschedule,
+        Cancel,
+        ClaimScript,
+        Ack,
+        Release,
+        Defer,
+        Fail,
+        Extend,
+        Rearm,
+        Requeue,
+        Purge,
+        Debounce,
+    )
+}

@@ -1,0 +1,37 @@
+"""The delay store: sharded sorted sets in Redis, changed only through the Lua scripts.
+
+One API per role, as the ACL roles are: :class:`Producer` (schedule, reschedule, cancel),
+:class:`Forwarding` (claim under a :class:`Lease`, then ack, release, defer, fail, extend) and
+:class:`Reader` (get, list, stats, histogram, dead letters). :class:`DelayStore` is all three.
+See ``docs/architecture.md`` for the key layout and the lease protocol.
+"""
+
+from __future__ import annotations
+
+from .base import Payload, StoreCore, check_rank
+from .lease import Forwarding, Lease
+from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
+from .reader import DEAD_CHUNK, Reader
+
+__all__ = [
+    "DEAD_CHUNK",
+    "SCHEDULE_CHUNK",
+    "DelayStore",
+    "Forwarding",
+    "Lease",
+    "Payload",
+    "Producer",
+    "Reader",
+    "ScheduleEntry",
+    "StoreCore",
+    "check_rank",
+]
+
+
+class DelayStore(Producer, Forwarding, Reader):
+    """Schedule, claim and acknowledge delayed items: every role's API on one client.
+
+    Built like each role alone (see :class:`~.base.StoreCore` for the arguments); users' code
+    that does everything with one store uses this, the forwarder and the roles' ACL users the
+    role they need.
+    """

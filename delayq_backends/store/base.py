@@ -1,0 +1,300 @@
+"""What every role of the store shares: the client, the key layout recorded for the prefix, and
+running script calls (pipelined, on a caller's pipeline, or durably with WAIT)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from itertools import islice
+from typing import Any, TypeVar
+
+import redis
+
+from ..config import Config
+from ..connection import Client, connect, is_cluster
+from ..envelope import FORMAT_VERSION, MAGIC, Envelope
+from ..errors import (
+    ConfigError,
+    EnvelopeError,
+    InvalidRankError,
+    NotDurableError,
+    PayloadTooLargeError,
+    ShardMismatchError,
+    StoreFullError,
+)
+from ..keys import LAYOUT, MAX_RANK, ShardKeys, meta_key, normalize_id, shard_of, shard_tags, wake_channel
+from ..models import ScheduleItem
+from ..scripts.library import ScriptCall, ScriptRunner
+from ..timeutil import Clock, ServerClock, When, to_ms
+
+__all__ = ["Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
+
+Payload = Envelope | bytes
+
+R = TypeVar("R")
+S = TypeVar("S", bound="StoreCore")
+
+
+def check_rank(rank: int) -> int:
+    """``rank`` if it is an integer in 0..MAX_RANK.
+
+    Raises:
+        InvalidRankError: anything else; nothing was stored.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_RANK:
+        raise InvalidRankError(
+            f"rank={rank!r}: pass an int in 0..{MAX_RANK} (0, the default, for most items; higher is claimed "
+            "first when more is due than the forwarders can take at once)"
+        )
+    return rank
+
+
+class StoreCore:
+    """The store's connection and layout, shared by its roles (:class:`~.producer.Producer`,
+    :class:`~.lease.Forwarding`, :class:`~.reader.Reader`); each role is usable alone.
+
+    Items are spread over ``shards`` sorted sets by ``crc32(id)``; each call touches one
+    shard, so the store runs unchanged on Redis Cluster. The store never starts a server.
+
+    Args:
+        client: a ``redis.Redis`` or ``RedisCluster`` created with ``decode_responses=False``.
+        config: prefix, shard count and limits; ``config.url`` is not used here.
+        clock: "now" for ``timedelta`` ready times; tests may pass a fake one. By default the
+            server's clock (read once, advanced with a monotonic clock), the one every claim uses,
+            so a producer whose wall clock is off schedules neither early nor late.
+    """
+
+    def __init__(self, client: Client, config: Config | None = None, *, clock: Clock | None = None) -> None:
+        self.client = client
+        self.config = config or Config()
+        self.clock: Clock = clock if clock is not None else ServerClock(self.server_time_ms)
+        self.scripts = ScriptRunner(client)
+        self.cluster = is_cluster(client)
+        self._shard_keys: list[ShardKeys] | None = None
+        self._wake = wake_channel(self.config.prefix)
+        self._meta_checked = False
+
+    @classmethod
+    def from_url(cls: type[S], url: str, **settings: Any) -> S:
+        """Connect to ``url`` and build a store with ``settings`` as :class:`Config` fields."""
+        config = Config.from_mapping({"url": url, **settings})
+        return cls(connect(url), config)
+
+    # -- layout -----------------------------------------------------------------------------
+
+    @property
+    def shards(self) -> int:
+        return self.config.shards
+
+    @property
+    def wake_channel(self) -> str:
+        return self._wake
+
+    @property
+    def _keys(self) -> list[ShardKeys]:
+        """Every shard's keys, in the layout recorded for the prefix (read once)."""
+        if self._shard_keys is None:
+            layout, shards = self.client.hmget(meta_key(self.config.prefix), "layout", "shards")
+            # a prefix that records shards but no layout was made before layouts were recorded
+            found = int(layout) if layout is not None else 1 if shards is not None else LAYOUT
+            tags = shard_tags(self.config.prefix, self.config.shards, found)
+            self._shard_keys = [ShardKeys(self.config.prefix, k, tags[k]) for k in range(self.config.shards)]
+        return self._shard_keys
+
+    def shard_of(self, item_id: str | bytes) -> int:
+        """The shard holding ``item_id``."""
+        return shard_of(normalize_id(item_id), self.config.shards)
+
+    def keys(self, shard: int) -> ShardKeys:
+        return self._keys[shard]
+
+    def check_meta(self, *, record: bool = True) -> None:
+        """Refuse a shard count that differs from the one recorded in Redis.
+
+        Writers (``record=True``) record the count on first use; readers only compare, so a
+        mistyped count in a read-only tool never fixes the layout of an empty prefix.
+
+        Raises:
+            ShardMismatchError: another shard count was recorded for this prefix.
+        """
+        if self._meta_checked:
+            return
+        key = meta_key(self.config.prefix)
+        if record:
+            if self.client.hget(key, "shards") is None:
+                # a new prefix: its layout goes in first, so shards without a layout means "made before"
+                self.client.hsetnx(key, "layout", LAYOUT)
+                self._shard_keys = None  # read the layout again: another writer may have been first
+            self.client.hsetnx(key, "shards", self.config.shards)
+            self.client.hsetnx(key, "format", FORMAT_VERSION)
+        stored = self.client.hget(key, "shards")
+        if stored is None:
+            return
+        recorded = int(stored)
+        if recorded != self.config.shards:
+            raise ShardMismatchError(
+                f"prefix {self.config.prefix!r} holds {recorded} shards in Redis but this client is "
+                f"configured with {self.config.shards}: set shards={recorded} (DELAYQ_SHARDS / "
+                f"--shards / delayq_shards), or use a new prefix for a different layout"
+            )
+        self._meta_checked = True
+
+    def _select(self, shard: int | None) -> list[int]:
+        if shard is None:
+            return list(range(self.config.shards))
+        if not 0 <= shard < self.config.shards:
+            raise ConfigError(f"shard {shard} does not exist: this store has shards 0..{self.config.shards - 1}")
+        return [shard]
+
+    def server_time_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    # -- running scripts --------------------------------------------------------------------
+
+    def _run(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int) -> R:
+        """Run the script call ``call`` builds from ``shard``'s keys, now."""
+        self.check_meta()
+        with full_store_said_plainly():
+            return self.scripts.run(call(self._keys[shard]))
+
+    def _queue(self, call: Callable[[ShardKeys], ScriptCall[Any]], shard: int, pipeline: Any) -> None:
+        """Queue the script call ``call`` builds from ``shard``'s keys on a caller's pipeline or
+        MULTI/EXEC: it commits with the caller's writes (see :meth:`ScriptRunner.queue`)."""
+        self.check_meta()
+        self.scripts.queue(call(self._keys[shard]), pipeline)
+
+    def _write(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int) -> R:
+        """Run a producer's write script; with ``durable_replicas``, wait for the replicas too."""
+        if not self.config.durable_replicas:
+            return self._run(call, shard)
+        return self._durable(call(self._keys[shard]), shard)
+
+    def _write_calls(self, calls: Sequence[tuple[int, ScriptCall[R]]]) -> Iterator[R | Exception]:
+        """Run each (shard, call), pipelined where the client allows it (durably, one by one, with
+        ``durable_replicas``).
+
+        Yields each call's parsed reply, or its error (a Redis error reply, or
+        :class:`StoreFullError`), so a caller can tell which calls of a bulk write were stored.
+        """
+        if not calls:
+            return
+        self.check_meta()
+        # One call needs no pipeline, and redis-py cannot pipeline scripts across cluster slots.
+        if self.config.durable_replicas or self.cluster or len(calls) == 1:
+            for shard, call in calls:
+                yield _reply_or_error(partial(self._run_one, call, shard))
+            return
+        it = iter(calls)
+        while batch := list(islice(it, 64)):
+            with self.client.pipeline(transaction=False) as pipe:
+                for _, call in batch:
+                    self.scripts.queue(call, pipe)
+                replies = pipe.execute(raise_on_error=False)
+            for (_, call), reply in zip(batch, replies):
+                yield _reply_or_error(partial(_parsed, call, reply))
+
+    def _run_one(self, call: ScriptCall[R], shard: int) -> R:
+        return self._durable(call, shard) if self.config.durable_replicas else self.scripts.run(call)
+
+    def _durable(self, call: ScriptCall[R], shard: int) -> R:
+        """The script and a WAIT in one pipeline on the connection of the shard's node.
+
+        WAIT counts the replicas that have the writes made *on its own connection*, so both must
+        travel together. On a cluster whose layout just changed (a failover), the cluster client
+        refreshes its slot map and the call is tried once more.
+        """
+        wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
+        for attempt in (1, 2):
+            try:
+                with self._node_client(shard).pipeline(transaction=False) as pipe:
+                    self.scripts.queue(call, pipe)
+                    pipe.execute_command("WAIT", wanted, timeout)
+                    with full_store_said_plainly():
+                        result, acked = pipe.execute()
+                break
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+                if not self.cluster or attempt == 2 or isinstance(exc, redis.OutOfMemoryError):
+                    raise
+                self.client.nodes_manager.initialize()  # type: ignore[union-attr]
+        if int(acked) < wanted:
+            raise NotDurableError(
+                f"shard {shard}: written to the primary but confirmed by {acked} of {wanted} replicas within "
+                f"{timeout} ms, so a failover now could lose it; retry (scheduling is idempotent by id) "
+                "or check the replicas"
+            )
+        return call.parse(result)
+
+    def _write_or_queue(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int, pipeline: Any) -> R | None:
+        """Run ``call`` as a producer's write, or queue it on the caller's ``pipeline``."""
+        if pipeline is not None:
+            self._queue(call, shard, pipeline)
+            return None
+        return self._write(call, shard)
+
+    def check_payload(self, item_id: str, envelope: Payload) -> bytes:
+        """The envelope's bytes, refused when they are no envelope or over ``max_payload_bytes``.
+
+        Raises:
+            EnvelopeError, PayloadTooLargeError: nothing may be stored.
+        """
+        data = envelope.encode() if isinstance(envelope, Envelope) else envelope
+        if not isinstance(data, (bytes, bytearray)) or not data.startswith(MAGIC):
+            raise EnvelopeError(
+                f"envelope for {item_id!r} must be an Envelope or its encoded bytes, got "
+                f"{type(data).__name__} {bytes(data[:16]) if isinstance(data, (bytes, bytearray)) else ''!r}: "
+                "build one with Envelope(target, destination, body).encode()"
+            )
+        if len(data) > self.config.max_payload_bytes:
+            raise PayloadTooLargeError(
+                f"item {item_id!r} is {len(data)} bytes, over max_payload_bytes="
+                f"{self.config.max_payload_bytes}: store large data elsewhere and schedule a reference "
+                "to it, or raise the limit"
+            )
+        return bytes(data)
+
+    def check_item(self, item_id: str | bytes, when: When, envelope: Payload, rank: int) -> ScheduleItem:
+        """One item, checked: every bad input raises before anything is sent."""
+        checked_id = normalize_id(item_id)
+        ready = to_ms(when, clock=self.clock)
+        return ScheduleItem(checked_id, ready, self.check_payload(checked_id, envelope), check_rank(rank))
+
+    def _node_client(self, shard: int) -> redis.Redis:
+        """A client of the one server that holds ``shard`` (the store's own when not a cluster)."""
+        if not self.cluster:
+            return self.client  # type: ignore[return-value]
+        node = self.client.get_node_from_key(self._keys[shard].due)  # type: ignore[union-attr]
+        return node.redis_connection  # type: ignore[no-any-return]
+
+
+def _parsed(call: ScriptCall[R], reply: Any) -> R:
+    """A pipelined reply, parsed; an error reply raised."""
+    if isinstance(reply, Exception):
+        raise reply
+    return call.parse(reply)
+
+
+def _reply_or_error(call: Callable[[], R]) -> R | Exception:
+    """``call()``'s reply, or the Redis error it raised (OOM as :class:`StoreFullError`)."""
+    try:
+        with full_store_said_plainly():
+            return call()
+    except (StoreFullError, redis.ResponseError) as exc:
+        return exc
+
+
+@contextmanager
+def full_store_said_plainly() -> Iterator[None]:
+    """Turn Redis's OOM refusal into a :class:`StoreFullError` that says what to do.
+
+    Every script writes, and Redis refuses writing scripts at ``maxmemory`` before they run, so
+    nothing of the refused call was stored.
+    """
+    try:
+        yield
+    except redis.OutOfMemoryError as exc:
+        raise StoreFullError(
+            f"the delay store is at its maxmemory, so nothing was written ({exc}); free memory or raise "
+            "maxmemory, and keep maxmemory-policy noeviction so Redis never evicts scheduled items"
+        ) from exc

@@ -1,0 +1,295 @@
+"""The forwarder's API: claim due items under a lease, then settle them through the
+:class:`Lease` (ack, release, defer, fail, extend, rearm), and the shared rate buckets."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import redis
+
+from ..connection import on_store_server
+from ..keys import key_rate_key, rate_key
+from ..models import (
+    Claim,
+    ClaimedItem,
+    FailCounts,
+    FailedDelivery,
+    LeaseExtension,
+    RearmOutcome,
+    TokenGrant,
+)
+from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Rearm, Release, Schedule, Take
+from ..timeutil import When, score_ms
+from .base import Payload, StoreCore, _parsed, _reply_or_error, full_store_said_plainly
+
+__all__ = ["Forwarding", "Lease"]
+
+
+class Forwarding(StoreCore):
+    """The forwarder role (ACL role ``forwarder``): claims and what settles them.
+
+    The methods taking a :class:`~delayq_backends.models.Claim` are what a :class:`Lease` calls;
+    a forwarder takes a :class:`Lease` from :meth:`lease` and settles through it.
+    """
+
+    def claim(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Claim:
+        """Lease up to ``limit`` due items of ``shard``: ranked ones first (highest rank, then
+        earliest), then the rest earliest first.
+
+        ``now`` overrides the server clock (tests and the in-process testing store only).
+        """
+        lease = self.config.lease_ms if lease_ms is None else lease_ms
+        token = secrets.token_hex(8)
+        return self._run(
+            lambda k: ClaimScript.call(
+                k,
+                shard=shard,
+                token=token,
+                limit=limit,
+                lease_ms=lease,
+                max_attempts=self.config.max_attempts,
+                now=now or 0,
+                dead=self._dead_limits,
+            ),
+            shard,
+        )
+
+    def lease(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Lease:
+        """:meth:`claim`, as a :class:`Lease` to settle the items through."""
+        return Lease(self, self.claim(shard, limit=limit, lease_ms=lease_ms, now=now))
+
+    def ack(self, claim: Claim, ids: Iterable[str] | None = None, *, pipeline: Any = None) -> int:
+        """Delete delivered items of ``claim`` (all by default) still under its lease.
+
+        With ``pipeline`` (a transaction on the store's own server), the ack is queued there, so a
+        target commits its publish and the ack in one MULTI/EXEC; returns 0 then.
+        """
+        chosen = _ids(claim, ids)
+        if not chosen:
+            return 0
+        if pipeline is not None:
+            self._queue(lambda k: Ack.call(k, claim.lease, chosen), claim.shard, pipeline)
+            return 0
+        return self._run(lambda k: Ack.call(k, claim.lease, chosen), claim.shard)
+
+    def release(self, claim: Claim, ids: Iterable[str] | None = None) -> int:
+        """Put unpublished items of ``claim`` back at their ready time, attempt not counted."""
+        chosen = _ids(claim, ids)
+        if not chosen:
+            return 0
+        return self._run(lambda k: Release.call(k, claim.lease, chosen, wake=self._wake), claim.shard)
+
+    def defer(self, claim: Claim, later: Iterable[tuple[str, int]]) -> int:
+        """Give back items of ``claim`` as ``(id, not_before_ms)``, attempt not counted.
+
+        For flow control: the items wait in the store until then, keeping their original ready
+        time (lateness stays truthful). Returns how many were still under the lease.
+        """
+        pairs = list(later)
+        if not pairs:
+            return 0
+        return self._run(lambda k: Defer.call(k, claim.lease, pairs), claim.shard)
+
+    def fail(self, claim: Claim, failures: Iterable[FailedDelivery], *, now: int | None = None) -> FailCounts:
+        """Record failed deliveries: retried at their ``retry_at_ms``, or buried when that is None
+        (a permanent error) or the item is out of attempts."""
+        chosen = list(failures)
+        if not chosen:
+            return FailCounts()
+        return self._run(
+            lambda k: Fail.call(
+                k, claim.lease, chosen, max_attempts=self.config.max_attempts, now=now or 0, dead=self._dead_limits
+            ),
+            claim.shard,
+        )
+
+    def extend(
+        self,
+        claim: Claim,
+        ids: Iterable[str] | None = None,
+        *,
+        lease_ms: int | None = None,
+        now: int | None = None,
+    ) -> LeaseExtension:
+        """Hold ``claim``'s items (all by default) ``lease_ms`` more from the server's now.
+
+        For a publish that runs long: only the items' deadlines move, the claim's lease (what
+        ack, release, fail and defer present) stays the same. Items no longer under the lease
+        (acked, cancelled, claimed again after it ran out) are left alone and not returned.
+        """
+        chosen = _ids(claim, ids)
+        lease = self.config.lease_ms if lease_ms is None else lease_ms
+        return self._run(lambda k: Extend.call(k, claim.lease, chosen, lease_ms=lease, now=now or 0), claim.shard)
+
+    def rearm(self, claim: Claim, item_id: str, when: When, envelope: Payload, *, rank: int = 0) -> RearmOutcome:
+        """Ack a claimed item and schedule it again (new ready time, envelope and rank) in one
+        step, only while it is still under ``claim``'s lease: the next run of a periodic entry.
+
+        A forwarder killed before this call leaves the item leased (it is claimed again when
+        the lease runs out); after it, the next run stands. Either way exactly one next run.
+        Returns REPLACED, HELD (no longer ours: nothing changed) or NOT_FOUND (cancelled).
+        """
+        item = self.check_item(item_id, when, envelope, rank)
+        return self._run(
+            lambda k: Rearm.call(k, item, lease=claim.lease, expected=b"", now=0, wake=self._wake),
+            self.shard_of(item.id),
+        )
+
+    def held(self, claim: Claim, ids: Sequence[str], *, client: Any = None) -> list[str]:
+        """The ``ids`` still under ``claim``'s lease, read through ``client`` (default: the store's).
+
+        A target that WATCHes :meth:`lease_key` first and reads this through the same connection
+        knows its transaction will abort if any of these leases changes before EXEC.
+        """
+        if not ids:
+            return []
+        held = (self.client if client is None else client).hmget(self._keys[claim.shard].leased, list(ids))
+        mark = f"{claim.lease}:".encode()
+        return [item_id for item_id, lease in zip(ids, held) if lease is not None and lease.startswith(mark)]
+
+    def lease_key(self, claim: Claim) -> str:
+        """The key every change to a lease of ``claim``'s shard writes: WATCH it to guard a hand-off."""
+        return self._keys[claim.shard].leased
+
+    def take_tokens(self, queue: str, wanted: int, *, rate: float, burst: int, now: int | None = None) -> TokenGrant:
+        """Take up to ``wanted`` tokens from ``queue``'s rate bucket, shared by all forwarders.
+
+        The refused ``wanted - granted`` may go from the grant's first slot on, one every
+        ``1000 / rate`` ms (they hold those slots).
+        """
+        call = Take.call(rate_key(self.config.prefix, queue), wanted, rate=rate, burst=burst, now=now or 0)
+        with full_store_said_plainly():
+            return self.scripts.run(call)
+
+    def take_key_tokens(
+        self, queue: str, wanted: Mapping[str, int], *, rate: float, burst: int, now: int | None = None
+    ) -> dict[str, TokenGrant | Exception]:
+        """:meth:`take_tokens` from the bucket of each rate key of ``queue`` in ``wanted``
+        (key -> tokens wanted), in one round trip (one per key on a cluster, whose pipelines
+        cannot run scripts). A key whose bucket fails gets its error (a Redis error reply, or
+        :class:`StoreFullError`) instead of its grant."""
+        prefix = self.config.prefix
+        calls = [
+            Take.call(key_rate_key(prefix, queue, key), n, rate=rate, burst=burst, now=now or 0)
+            for key, n in wanted.items()
+        ]
+        replies: list[TokenGrant | Exception]
+        if self.cluster or len(calls) == 1:
+            replies = [_reply_or_error(partial(self.scripts.run, call)) for call in calls]
+        else:
+            with self.client.pipeline(transaction=False) as pipe:
+                for call in calls:
+                    self.scripts.queue(call, pipe)
+                raw = pipe.execute(raise_on_error=False)
+            replies = [_reply_or_error(partial(_parsed, call, reply)) for call, reply in zip(calls, raw)]
+        return dict(zip(wanted, replies))
+
+    def heads(self) -> list[int | None]:
+        """Each shard's earliest score (ready time, or lease deadline), None when empty.
+
+        A shard whose index cannot be read (a key of ours holding another type, say) reads as
+        due at 0, so a forwarder tries it and reports the error, while the other shards go on.
+        """
+        self.check_meta(record=False)
+        with self.client.pipeline(transaction=False) as pipe:
+            for k in self._keys:
+                pipe.zrange(k.due, 0, 0, withscores=True)
+            replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
+                raise reply  # an outage, not one bad shard: the caller backs off
+        return [0 if isinstance(r, Exception) else score_ms(r[0][1]) if r else None for r in replies]
+
+    def subscribe_wake(self) -> Any:
+        """A pub/sub connection subscribed to the wake channel: scripts publish there when a
+        change makes a shard's head earlier, so a sleeping forwarder wakes for it."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub.subscribe(self._wake)
+        return pubsub
+
+    @property
+    def _dead_limits(self) -> DeadLimits:
+        """What the scripts that bury keep (Config.dead_letter_max / dead_letter_ttl_seconds)."""
+        return DeadLimits(self.config.dead_letter_max, self.config.dead_letter_ttl_seconds * 1000)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One claim held by a forwarder, and everything it may do with the claimed items.
+
+    To hand items over exactly once, a target on the store's own server WATCHes
+    :attr:`watch_key` (with its own keys), reads :meth:`held` on the watching connection,
+    queues its publish, then :meth:`ack` with ``pipeline=``, and runs EXEC: a lease lost or
+    changed after the read aborts the transaction, and a crash before EXEC leaves nothing
+    published and nothing acked.
+    """
+
+    store: Forwarding
+    claim: Claim
+
+    @property
+    def shard(self) -> int:
+        return self.claim.shard
+
+    @property
+    def items(self) -> list[ClaimedItem]:
+        return self.claim.items
+
+    @property
+    def deadline_ms(self) -> int:
+        return self.claim.deadline_ms
+
+    def now_ms(self) -> int:
+        """The store's clock (the server's, unless a test store runs a fake one)."""
+        return self.store.clock()
+
+    def shares_server(self, client: Any) -> bool:
+        """Whether ``client`` talks to the store's own (non-cluster) server and database."""
+        return on_store_server(self.store, client)
+
+    @property
+    def watch_key(self) -> str:
+        return self.store.lease_key(self.claim)
+
+    def held(self, client: Any, ids: Sequence[str]) -> list[str]:
+        """The ``ids`` still under this lease, read through ``client`` (see :meth:`Forwarding.held`)."""
+        return self.store.held(self.claim, ids, client=client)
+
+    def ack(self, ids: Iterable[str] | None = None, *, pipeline: Any = None) -> int:
+        """Delete delivered items (all by default) still under this lease; see :meth:`Forwarding.ack`."""
+        return self.store.ack(self.claim, ids, pipeline=pipeline)
+
+    def release(self, ids: Iterable[str] | None = None) -> int:
+        return self.store.release(self.claim, ids)
+
+    def defer(self, later: Iterable[tuple[str, int]]) -> int:
+        return self.store.defer(self.claim, later)
+
+    def fail(self, failures: Iterable[FailedDelivery], *, now: int | None = None) -> FailCounts:
+        return self.store.fail(self.claim, failures, now=now)
+
+    def extend(self, ids: Iterable[str] | None = None, *, lease_ms: int | None = None) -> LeaseExtension:
+        return self.store.extend(self.claim, ids, lease_ms=lease_ms)
+
+    def rearm(self, item_id: str, when: When, envelope: Payload, *, rank: int = 0) -> RearmOutcome:
+        """Ack ``item_id`` and schedule it again in one step, if still under this lease (a
+        periodic entry's next run; see :meth:`Forwarding.rearm`). For targets whose broker is
+        not the store's server: publish first, then rearm; report the id in ``acked``."""
+        return self.store.rearm(self.claim, item_id, when, envelope, rank=rank)
+
+    def schedule(self, item_id: str, when: When, envelope: Payload, *, rank: int = 0, pipeline: Any = None) -> None:
+        """Schedule a follow-up (a periodic job's next run), replacing the item of that id: on the
+        caller's ``pipeline`` (its MULTI/EXEC) or at once. Dropping the lease with it, so a late
+        ack cannot delete the next run."""
+        item = self.store.check_item(item_id, when, envelope, rank)
+        shard = self.store.shard_of(item.id)
+        wake = self.store.wake_channel
+        self.store._write_or_queue(lambda k: Schedule.call(k, [item], keep=False, wake=wake), shard, pipeline)
+
+
+def _ids(claim: Claim, ids: Iterable[str] | None) -> list[str]:
+    return [item.id for item in claim.items] if ids is None else list(ids)

@@ -1,0 +1,283 @@
+"""The producer's API: schedule, reschedule and cancel items, durably on request, each alone or
+inside a caller's pipeline (``pipeline=``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, TypeVar, overload
+
+import redis
+
+from ..envelope import Envelope, with_rate_key
+from ..errors import ConfigError, InvalidIdError, StoreFullError
+from ..keys import collapse_id, normalize_id, shard_of
+from ..models import CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
+from ..scripts.store import Cancel, Debounce, Rearm, Reschedule, Schedule
+from ..timeutil import When, to_ms
+from .base import Payload, StoreCore
+
+__all__ = ["CALLS_TTL_MS", "KEEP", "SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
+
+#: (id, when, envelope) or (id, when, envelope, rank).
+ScheduleEntry = tuple[str | bytes, When, Payload] | tuple[str | bytes, When, Payload, int]
+
+#: Items per schedule script call: big enough to amortize the round trip, small enough not
+#: to block Redis for long (a call of 500 runs in about a millisecond).
+SCHEDULE_CHUNK = 500
+
+#: How long a debounced item's call counter outlives its run's ready time: it only feeds
+#: ``delayq list`` and the dashboard, so it goes away with keys that are not called again.
+CALLS_TTL_MS = 86_400_000
+#: Whose arguments a collapsed run keeps.
+KEEP = ("first", "last")
+
+R = TypeVar("R")
+
+
+def _keyed(envelope: Payload, rate_key: str | None) -> Payload:
+    """``envelope`` carrying ``rate_key`` (unchanged without one)."""
+    if rate_key is None:
+        return envelope
+    return with_rate_key(envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope), rate_key)
+
+
+def _keep(mode: str) -> bool:
+    if mode not in ("replace", "keep"):
+        raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
+    return mode == "keep"
+
+
+class Producer(StoreCore):
+    """Writes of the producer role (ACL role ``producer``)."""
+
+    @overload
+    def schedule(
+        self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
+        rate_key: str | None = ...,
+    ) -> str: ...  # fmt: skip
+
+    @overload
+    def schedule(
+        self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
+        rate_key: str | None = ..., pipeline: Any,
+    ) -> None: ...  # fmt: skip
+
+    def schedule(
+        self,
+        item_id: str | bytes,
+        when: When,
+        envelope: Payload,
+        *,
+        mode: str = "replace",
+        rank: int = 0,
+        rate_key: str | None = None,
+        pipeline: Any = None,
+    ) -> str | None:
+        """Schedule one item; returns ``"added"``, ``"replaced"`` or ``"kept"``.
+
+        Args:
+            item_id: unique id (a task or job id); scheduling an existing id again replaces it
+                (``mode="replace"``) or leaves it (``mode="keep"``).
+            when: aware ``datetime``, ``timedelta`` from now, or epoch seconds.
+            envelope: what to deliver, as an :class:`Envelope` or its encoded bytes.
+            rank: 0..MAX_RANK; when more is due than can be forwarded at once, higher ranks are
+                claimed first (then earliest first). Rank 0, the default, costs nothing extra.
+            rate_key: who the item is for (a tenant, a customer): forwarders with ``--key-rate``
+                for its queue forward each key's items at most at that rate. Stored in the envelope.
+            pipeline: a caller's pipeline or MULTI/EXEC on the store's own server (not a
+                cluster): the schedule is queued there (returns None) and is stored if and only
+                if the caller's EXEC runs. Input is checked now, so bad input raises before
+                anything is queued.
+
+        Raises:
+            InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError,
+            PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
+        """
+        keep = _keep(mode)
+        item = self.check_item(item_id, when, _keyed(envelope, rate_key), rank)
+        shard = shard_of(item.id, self.config.shards)
+        # one script call, without the bulk path's grouping: this is every apply_async's cost
+        counts = self._write_or_queue(lambda k: Schedule.call(k, [item], keep=keep, wake=self._wake), shard, pipeline)
+        if counts is None:
+            return None
+        return "added" if counts.added else "replaced" if counts.replaced else "kept"
+
+    def debounce(
+        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0, rate_key: str | None = None
+    ) -> Collapsed:
+        """Schedule ``key``'s one run at ``when``; calls while it is pending move it there too,
+        so it fires once, at the LAST call's time (a ``timedelta`` is the quiet window).
+
+        All calls of a key go to one item, ``"debounce:<key>"``, in one script call on its shard.
+        A call made once a forwarder holds the run (it may be out already) starts the next run.
+
+        Args:
+            key: what collapses (a user id, a document id): text, as an item id.
+            when: this call's ready time: aware ``datetime``, ``timedelta`` from now, epoch seconds.
+            envelope: what this call would deliver.
+            keep: ``"last"`` (default): the run delivers the latest call's envelope and rank;
+                ``"first"``: the envelope of the call that started the run.
+            rank, rate_key: as in :meth:`schedule`.
+
+        Raises:
+            ConfigError: ``keep`` is not "first" or "last". InvalidIdError, InvalidTimeError,
+            InvalidRankError, InvalidRateKeyError, PayloadTooLargeError, EnvelopeError: bad
+            input; nothing was stored.
+        """
+        return self._collapse("debounce", key, when, _keyed(envelope, rate_key), keep, rank)
+
+    def throttle(
+        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0, rate_key: str | None = None
+    ) -> Collapsed:
+        """Schedule ``key``'s one run at ``when`` unless one is pending: then the call joins it,
+        and the run keeps the FIRST call's time. Same arguments as :meth:`debounce`; the item
+        is ``"throttle:<key>"``, so a key's debounce and throttle are separate runs."""
+        return self._collapse("throttle", key, when, _keyed(envelope, rate_key), keep, rank)
+
+    def _collapse(self, mode: str, key: str, when: When, envelope: Payload, keep: str, rank: int) -> Collapsed:
+        if keep not in KEEP:
+            raise ConfigError(f"keep={keep!r}: use 'first' (the first call's arguments) or 'last' (the latest's)")
+        if not isinstance(key, str) or not key:
+            raise InvalidIdError(f"{mode} key {key!r}: pass non-empty text, e.g. a user or document id")
+        item = self.check_item(collapse_id(mode, key), when, envelope, rank)
+        return self._write(
+            lambda k: Debounce.call(k, item, mode=mode, keep=keep, calls_ttl_ms=CALLS_TTL_MS, wake=self._wake),
+            shard_of(item.id, self.config.shards),
+        )
+
+    def schedule_many(self, entries: Iterable[ScheduleEntry], *, mode: str = "replace") -> ScheduleCounts:
+        """Schedule many items with one script call per shard and chunk, pipelined.
+
+        An entry is ``(id, when, envelope)`` or ``(id, when, envelope, rank)``. Every entry is
+        validated before anything is sent, so bad input stores nothing.
+        """
+        checked = [self.check_item(*entry) if len(entry) == 4 else self.check_item(*entry, 0) for entry in entries]
+        return self.schedule_checked(checked, mode=mode)
+
+    def schedule_checked(self, items: Iterable[ScheduleItem], *, mode: str = "replace") -> ScheduleCounts:
+        """:meth:`schedule_many` of items already checked: ids from :func:`~delayq_backends.keys.normalize_id`,
+        ready times in integer ms from :func:`~delayq_backends.timeutil.to_ms`, envelopes from
+        :meth:`check_payload`, ranks from :func:`check_rank` (or :meth:`check_item`, all four).
+
+        Bulk loaders check each row themselves, to set bad rows aside with their reason instead of
+        failing a whole batch, and then skip checking them twice.
+        """
+        keep = _keep(mode)
+        by_shard: dict[int, list[ScheduleItem]] = defaultdict(list)
+        for item in items:
+            by_shard[shard_of(item.id, self.config.shards)].append(item)
+        chunks = [
+            (shard, items[i : i + SCHEDULE_CHUNK])
+            for shard, items in by_shard.items()
+            for i in range(0, len(items), SCHEDULE_CHUNK)
+        ]
+        calls = [
+            (shard, Schedule.call(self._keys[shard], chunk, keep=keep, wake=self._wake)) for shard, chunk in chunks
+        ]
+        counts = ScheduleCounts()
+        refused: list[str] = []
+        first_error: Exception | None = None
+        replies = self._write_calls(calls)
+        for (_, chunk), reply in zip(chunks, replies):
+            if isinstance(reply, Exception):
+                first_error = first_error or reply
+                refused += [item.id for item in chunk]
+            else:
+                counts += reply
+        if isinstance(first_error, StoreFullError) and counts.total:
+            raise StoreFullError(
+                f"the delay store reached its maxmemory during a bulk schedule: {counts.total} items were "
+                f"stored, {len(refused)} were not (StoreFullError.not_stored lists them); free memory or "
+                "raise maxmemory, then schedule those again (scheduling is idempotent by id)",
+                stored=counts.total,
+                not_stored=refused,
+            ) from first_error
+        if first_error is not None:
+            raise first_error
+        return counts
+
+    @overload
+    def reschedule(self, item_id: str | bytes, when: When) -> RescheduleOutcome: ...
+
+    @overload
+    def reschedule(self, item_id: str | bytes, when: When, *, pipeline: Any) -> None: ...
+
+    def reschedule(self, item_id: str | bytes, when: When, *, pipeline: Any = None) -> RescheduleOutcome | None:
+        """Move an existing item to ``when``; starts its attempts again.
+
+        Returns RESCHEDULED (truthy), NOT_FOUND, or IN_FLIGHT when a forwarder holds it leased:
+        it may be published already, so it is left alone instead of being delivered now and
+        again at ``when``. Both others are falsy, so ``if store.reschedule(...)`` means "moved".
+        With ``pipeline``, queued there (returns None).
+        """
+        item_id = normalize_id(item_id)
+        ready = to_ms(when, clock=self.clock)
+        return self._write_or_queue(
+            lambda k: Reschedule.call(k, item_id, ready, wake=self._wake), self.shard_of(item_id), pipeline
+        )
+
+    @overload
+    def cancel(self, item_id: str | bytes) -> CancelOutcome: ...
+
+    @overload
+    def cancel(self, item_id: str | bytes, *, pipeline: Any) -> None: ...
+
+    def cancel(self, item_id: str | bytes, *, pipeline: Any = None) -> CancelOutcome | None:
+        """Remove a scheduled item (O(log N)).
+
+        Returns CANCELLED (truthy), NOT_FOUND, or IN_FLIGHT when a forwarder held it leased: it is
+        removed, but may have been published already, so it may still run once. With
+        ``pipeline``, queued there (returns None).
+        """
+        item_id = normalize_id(item_id)
+        return self._write_or_queue(lambda k: Cancel.call(k, item_id), self.shard_of(item_id), pipeline)
+
+    def replace_if(
+        self,
+        item_id: str,
+        expected: bytes,
+        when: When,
+        envelope: Payload,
+        *,
+        rank: int = 0,
+        now: int | None = None,
+    ) -> RearmOutcome:
+        """Give an item a new ready time, envelope and rank if its envelope is still ``expected``
+        and no forwarder holds it under a live lease (a compare-and-set, for a periodic sync).
+
+        Returns REPLACED, CHANGED (its envelope changed since it was read: read it again),
+        HELD (being forwarded now: try again shortly) or NOT_FOUND. ``now`` overrides the
+        server clock for "a lease past its deadline" (tests).
+        """
+        item = self.check_item(item_id, when, envelope, rank)
+        return self._run(
+            lambda k: Rearm.call(k, item, lease="", expected=expected, now=now or 0, wake=self._wake),
+            shard_of(item.id, self.config.shards),
+        )
+
+    def replace_envelope(self, item_id: str | bytes, old: bytes, new: Payload, *, dead: bool = False) -> bool:
+        """Swap a scheduled item's (or, with ``dead``, a dead letter's) envelope for ``new`` if it
+        still is ``old``; its ready time, rank, attempts and lease stay as they are.
+
+        For operators' format upgrades (``delayq rq-upgrade``): a compare-and-set, so an item
+        forwarded, cancelled or scheduled again meanwhile is left alone (False; read it again).
+        """
+        self.check_meta()
+        item_id = normalize_id(item_id)
+        data = self.check_payload(item_id, new)
+        shard = self.shard_of(item_id)
+        key = self._keys[shard].dead_items if dead else self._keys[shard].items
+        with self._node_client(shard).pipeline() as pipe:
+            for _ in range(20):  # WATCH covers the whole hash: retry while other items change
+                try:
+                    pipe.watch(key)
+                    if pipe.hget(key, item_id) != old:
+                        return False
+                    pipe.multi()
+                    pipe.hset(key, item_id, data)
+                    pipe.execute()
+                    return True
+                except redis.WatchError:
+                    continue
+        return False
