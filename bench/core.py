@@ -41,7 +41,7 @@ from lib.report import (
     BENCH_DIR,
     RESULTS_PATH,
     Figure,
-    Target,
+    Goal,
     code_digest,
     distribution,
     figure,
@@ -176,7 +176,7 @@ def schedule_many_case(server: BenchServer, sizes: Sizes, *, encoded: bool) -> C
 
     if encoded:
         return Case("schedule_many_bytes", "store.schedule_many() of pre-encoded bytes", prepare)
-    return Case("schedule_many", "store.schedule_many() of Envelopes", prepare, Target(100_000, True, "items/s"))
+    return Case("schedule_many", "store.schedule_many() of Envelopes", prepare, Goal(100_000, True, "items/s"))
 
 
 def ceiling_pipelined_case(server: BenchServer, sizes: Sizes, *, variadic: bool) -> Case:
@@ -312,7 +312,7 @@ def forward_case(server: BenchServer, sizes: Sizes, batch: int) -> Case:
 
         return work
 
-    return Case(f"forward_b{batch}", f"forward, one forwarder, batch {batch}", prepare, Target(20_000, True, "items/s"))
+    return Case(f"forward_b{batch}", f"forward, one forwarder, batch {batch}", prepare, Goal(20_000, True, "items/s"))
 
 
 def naive_move(client: redis.Redis, store: DelayStore, now_ms: int, batch: int = PIPE_ITEMS) -> int:
@@ -375,7 +375,7 @@ def bench_forwarding(server: BenchServer, sizes: Sizes) -> list[Figure]:
         f"one forwarder (batch {max(sizes.batches)}) / naive mover, same run",
         statistics.median(per_round),
         "x",
-        Target(0.5, True, "x"),
+        Goal(0.5, True, "x"),
         per_round=median_spread(per_round),
         forwarder_items_per_s=round(forwarder.value),
         mover_items_per_s=round(mover.value),
@@ -552,7 +552,7 @@ def bench_steady_lateness(server: BenchServer, sizes: Sizes) -> list[Figure]:
                 f"lateness p99 at {sizes.steady_rate}/s, {label}",
                 p99,
                 "ms",
-                Target(20, False, "ms"),
+                Goal(20, False, "ms"),
                 p50=statistics.median(d["p50"] for d in per_run),
                 max=max(d["max"] for d in per_run),
                 per_run=per_run,
@@ -644,7 +644,7 @@ def bench_claim_latency(server: BenchServer, sizes: Sizes, shards: int, limit: i
         f"claim({limit})+ack median, {sizes.claim_large:_} vs {sizes.claim_small:_} items, {shards} shard(s)",
         d_large["p50"] / d_small["p50"],
         "x",
-        Target(2, False, "x"),
+        Goal(2, False, "x"),
         small=d_small,
         large=d_large,
         p99_ratio=round(d_large["p99"] / d_small["p99"], 3),

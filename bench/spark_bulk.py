@@ -44,8 +44,8 @@ from delayq_backends.connection import connect  # noqa: E402
 from delayq_backends.embedded import EmbeddedServer  # noqa: E402
 from delayq_backends.models import ScheduleCounts  # noqa: E402
 from delayq_backends.spark import CeleryTask, ListTarget, schedule_dataframe  # noqa: E402
+from delayq_backends.spark.rows import RowKind  # noqa: E402
 from delayq_backends.spark.session import local_session  # noqa: E402
-from delayq_backends.spark.targets import Target  # noqa: E402
 from delayq_backends.timeutil import now_ms  # noqa: E402
 
 SHARDS = 16
@@ -68,7 +68,7 @@ def write_rows(spark: Any, rows: int, path: str) -> int:
     return start
 
 
-def spark_run(spark: Any, path: str, url: str, prefix: str, target: Target, mode: str = "keep") -> dict[str, Any]:
+def spark_run(spark: Any, path: str, url: str, prefix: str, target: RowKind, mode: str = "keep") -> dict[str, Any]:
     df = spark.read.parquet(path)
     started = time.perf_counter()
     result = schedule_dataframe(
@@ -79,7 +79,7 @@ def spark_run(spark: Any, path: str, url: str, prefix: str, target: Target, mode
     return {"rows": rows, "seconds": round(seconds, 2), "rate": round(rows / seconds), "counts": result.counts.__dict__}
 
 
-def loop_run(path: str, url: str, prefix: str, target: Target, limit: int | None) -> dict[str, Any]:
+def loop_run(path: str, url: str, prefix: str, target: RowKind, limit: int | None) -> dict[str, Any]:
     """The executors' per-row work in one Python process: the target's writer and ``schedule_many``."""
     table = pq.read_table(path)
     if limit is not None:

@@ -21,7 +21,7 @@ __all__ = [
     "BENCH_DIR",
     "RESULTS_PATH",
     "Figure",
-    "Target",
+    "Goal",
     "code_digest",
     "distribution",
     "figure",
@@ -66,7 +66,7 @@ def fmt_dist(d: dict[str, float], unit: str = "ms") -> str:
 
 
 @dataclass
-class Target:
+class Goal:
     """A goal for one figure: ``value >= bound`` (at_least) or ``value <= bound``."""
 
     bound: float
@@ -94,7 +94,7 @@ class Figure:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def figure(key: str, label: str, value: float, unit: str, target: Target | None = None, **detail: Any) -> Figure:
+def figure(key: str, label: str, value: float, unit: str, target: Goal | None = None, **detail: Any) -> Figure:
     """Build a figure and judge it against its target in one place."""
     return Figure(
         key,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report import Figure, Target, figure, log
+from .report import Figure, Goal, figure, log
 from .server import BenchServer
 
 __all__ = ["Case", "Run", "measure_cases", "ms_now", "profile_top", "rate_figure", "timed_run"]
@@ -53,7 +53,7 @@ def timed_run(server: BenchServer, work: Callable[[], int]) -> Run:
     return Run(items, wall, pcpu, server_cpu, server.command_seconds() - cmd0)
 
 
-def rate_figure(key: str, label: str, runs: list[Run], target: Target | None = None, **detail: Any) -> Figure:
+def rate_figure(key: str, label: str, runs: list[Run], target: Goal | None = None, **detail: Any) -> Figure:
     """Median rate over runs, with per-item CPU split (µs/item) as evidence of the limit."""
 
     def per_item_us(seconds: Callable[[Run], float | None]) -> float | None:
@@ -99,7 +99,7 @@ class Case:
     key: str
     label: str
     prepare: Callable[[], Callable[[], int]]
-    target: Target | None = None
+    target: Goal | None = None
 
 
 def measure_cases(server: BenchServer, reps: int, cases: Sequence[Case]) -> list[Figure]:

@@ -90,7 +90,7 @@ def _target(
     kwargs_col: str | None,
 ) -> Any:
     """The one target the options name; a usage error says what is missing."""
-    from ..spark.targets import CeleryTask, ListTarget, RQJob
+    from ..spark.rows import CeleryTask, ListTarget, RQJob
 
     chosen = [name for name, value in (("--celery-task", celery_task), ("--rq-func", rq_func),
                                        ("--list-key", list_key)) if value]  # fmt: skip

@@ -17,8 +17,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from .audit import AuditResult, audit, read_records, records_frame, snapshot_records
 from .bulk import BulkResult, schedule_dataframe
+from .rows import CeleryTask, ListTarget, RowError, RQJob
 from .session import local_session
-from .targets import CeleryTask, ListTarget, RowError, RQJob
 
 # the report (matplotlib) is imported where it is used: delayq_backends.spark.report.write_report
 __all__ = [

@@ -26,7 +26,7 @@ from ..keys import normalize_id
 from ..models import ScheduleCounts, ScheduleItem
 from ..store import DelayStore, check_rank
 from ..timeutil import When, parse_iso, to_ms
-from .targets import Accepted, RowWriter, Target
+from .rows import Accepted, RowKind, RowWriter
 
 __all__ = ["BulkResult", "schedule_dataframe"]
 
@@ -72,7 +72,7 @@ def schedule_dataframe(
     df: DataFrame,
     *,
     url: str,
-    target: Target,
+    target: RowKind,
     id_col: str,
     ready_at_col: str,
     prefix: str = "delayq",
@@ -134,7 +134,7 @@ def _ready_column(df: DataFrame, name: str) -> Any:
     return F.col(name)
 
 
-def _target_columns(df: DataFrame, target: Target) -> list[Any]:
+def _target_columns(df: DataFrame, target: RowKind) -> list[Any]:
     for name in target.columns:
         _field(df, name)
     return [F.col(c) if c is not None else F.lit(None).alias(f"_unused_{i}") for i, c in enumerate(target.columns)]
@@ -150,7 +150,7 @@ def _field(df: DataFrame, name: str | None) -> Any:
 
 
 def _partition_runner(
-    config: Config, target: Target, mode: str, batch: int
+    config: Config, target: RowKind, mode: str, batch: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function each partition runs (shipped to executors: it closes over plain values only)."""
 

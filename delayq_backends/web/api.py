@@ -150,7 +150,7 @@ def _not_null(value: Any) -> Any:
     return value
 
 
-class When(BaseModel):
+class DueTime(BaseModel):
     """A ready time: ``eta`` (ISO-8601 with an offset) or ``countdown`` (seconds from now).
 
     Neither field takes null, and the schema says "exactly one" (``oneOf``), so generated clients
@@ -172,7 +172,7 @@ class When(BaseModel):
         return _not_null(value)
 
     @model_validator(mode="after")
-    def one_of(self) -> When:
+    def one_of(self) -> DueTime:
         if (self.eta is None) == (self.countdown is None):
             raise ValueError("give exactly one of eta (ISO-8601 with an offset) or countdown (seconds from now)")
         return self
@@ -188,7 +188,7 @@ class When(BaseModel):
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
-class CallIn(When):
+class CallIn(DueTime):
     """What every scheduled call has: a ready time, arguments and an optional id."""
 
     args: list[Any] = Field(default_factory=list, description="Positional arguments (JSON values).")
@@ -481,7 +481,7 @@ def _cancel(svc: Services, item_id: str) -> CancelledOut:
     return CancelledOut(id=item_id, cancelled=True)
 
 
-def _reschedule(svc: Services, item_id: str, body: When) -> ItemOut:
+def _reschedule(svc: Services, item_id: str, body: DueTime) -> ItemOut:
     # epoch seconds, the store's numeric form: ms / 1000 comes back to the same integer ms
     outcome = svc.store.reschedule(item_id, body.ready_ms(svc.store) / 1000)
     if outcome is RescheduleOutcome.NOT_FOUND:
@@ -526,7 +526,7 @@ def cancel_item_by_query(item_id: QueryId, svc: Svc) -> CancelledOut:
 
 
 @router.post("/item/reschedule", response_model=ItemOut, responses=IN_FLIGHT, summary="Move an item, by ?id=")
-def reschedule_item_by_query(body: When, item_id: QueryId, svc: Svc) -> ItemOut:
+def reschedule_item_by_query(body: DueTime, item_id: QueryId, svc: Svc) -> ItemOut:
     """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped."""
     return _reschedule(svc, item_id, body)
 
@@ -544,7 +544,7 @@ def cancel_item(item_id: ItemId, svc: Svc) -> CancelledOut:
 
 
 @router.post("/items/{item_id:path}/reschedule", response_model=ItemOut, responses=IN_FLIGHT, summary="Move an item")
-def reschedule_item(body: When, item_id: ItemId, svc: Svc) -> ItemOut:
+def reschedule_item(body: DueTime, item_id: ItemId, svc: Svc) -> ItemOut:
     """Move a scheduled item to a new time; its attempts start again and any lease on it is dropped.
     ``POST /item/reschedule?id=`` reaches every id."""
     return _reschedule(svc, item_id, body)

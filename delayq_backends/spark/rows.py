@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from ..errors import DelayqError
 from ..store import DelayStore
 
-__all__ = ["CeleryTask", "ListTarget", "RQJob", "RowError", "RowWriter", "Target"]
+__all__ = ["CeleryTask", "ListTarget", "RQJob", "RowError", "RowWriter", "RowKind"]
 
 #: One accepted row on its way to the store: id, ready ms, envelope bytes, and what the writer
 #: keeps for :meth:`RowWriter.flush` (an RQ job), else None.
@@ -28,10 +28,10 @@ class RowError(DelayqError, ValueError):
 
 
 class RowWriter(Protocol):
-    """Turns rows of one partition into envelopes; made by :meth:`Target.open` on an executor."""
+    """Turns rows of one partition into envelopes; made by :meth:`RowKind.open` on an executor."""
 
     def prepare(self, item_id: str, ready_ms: int, values: Sequence[Any]) -> tuple[bytes, Any]:
-        """The envelope of one row (``values`` in :attr:`Target.columns` order) and what
+        """The envelope of one row (``values`` in :attr:`RowKind.columns` order) and what
         :meth:`flush` needs of it. Raises a :class:`DelayqError` for a row to reject."""
         ...
 
@@ -42,7 +42,7 @@ class RowWriter(Protocol):
     def close(self) -> None: ...
 
 
-class Target(Protocol):
+class RowKind(Protocol):
     """A picklable description of where rows go; see :class:`CeleryTask`, :class:`RQJob`, :class:`ListTarget`."""
 
     @property
