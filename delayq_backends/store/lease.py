@@ -36,7 +36,9 @@ class Forwarding(StoreCore):
     a forwarder takes a :class:`Lease` from :meth:`lease` and settles through it.
     """
 
-    def claim(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Claim:
+    def claim(
+        self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
+    ) -> Claim:
         """Lease up to ``limit`` due items of ``shard``: ranked ones first (highest rank, then
         earliest), then the rest earliest first.
 
@@ -58,7 +60,9 @@ class Forwarding(StoreCore):
             shard,
         )
 
-    def lease(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Lease:
+    def lease(
+        self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
+    ) -> Lease:
         """:meth:`claim`, as a :class:`Lease` to settle the items through."""
         return Lease(self, self.claim(shard, limit=limit, lease_ms=lease_ms, now=now))
 
