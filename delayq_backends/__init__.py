@@ -11,15 +11,17 @@ from .errors import (
     ConfigError,
     DelayqError,
     EnvelopeError,
+    InvalidDebounceError,
     InvalidIdError,
     InvalidRankError,
+    InvalidRateKeyError,
     InvalidTimeError,
     NotDurableError,
     PayloadTooLargeError,
     ShardMismatchError,
     StoreFullError,
 )
-from .models import Claim, ClaimedItem, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
+from .models import Claim, ClaimedItem, Collapsed, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .store import DelayStore
 
 __version__ = "0.1.0"
@@ -28,6 +30,7 @@ __all__ = [
     "BrokerUnavailable",
     "Claim",
     "ClaimedItem",
+    "Collapsed",
     "Config",
     "ConfigError",
     "DeadLetter",
@@ -35,8 +38,10 @@ __all__ = [
     "DelayqError",
     "Envelope",
     "EnvelopeError",
+    "InvalidDebounceError",
     "InvalidIdError",
     "InvalidRankError",
+    "InvalidRateKeyError",
     "InvalidTimeError",
     "NotDurableError",
     "PayloadTooLargeError",

@@ -2,9 +2,10 @@
 
 Each role may touch only the keys of one prefix (patterns matching exactly the shapes of
 :mod:`~delayq_backends.keys`: ``<prefix>:{<prefix>:*}:*``, ``<prefix>:meta`` and the rate buckets
-``<prefix>:{<prefix>}:rate:*``; a prefix holds no ``:`` or glob character, so no other prefix's
-keys match) and only its wake-up channel, with just the commands that role sends, directly or
-from our Lua scripts (Redis checks both against the user's ACL):
+``<prefix>:{<prefix>}:rate:*`` and ``<prefix>:{<prefix>}:keyrate:*``; a prefix holds no ``:`` or
+glob character, so no other prefix's keys match) and only its wake-up channel, with just the
+commands that role sends, directly or from our Lua scripts (Redis checks both against the user's
+ACL):
 
 - ``producer``: schedules, reschedules and cancels (the adapters' ``apply_async``/``enqueue_at``);
 - ``forwarder``: claims, acks, releases, fails, defers, takes rate-cap tokens, and sleeps on the
@@ -47,7 +48,8 @@ _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 _TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 
 ROLES: dict[str, tuple[str, ...]] = {
-    "producer": (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx"),
+    # PEXPIREAT: debounce.lua lets a collapsed run's call counter expire
+    "producer": (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+pexpireat"),
     # PEXPIRE: take.lua lets an idle rate-cap bucket expire
     "forwarder": (
         *_CONNECTION,
@@ -71,6 +73,7 @@ def key_patterns(prefix: str) -> list[str]:
         f"~{prefix}:{{{prefix}:*}}:*",
         f"~{meta_key(prefix)}",
         f"~{prefix}:{{{prefix}}}:rate:*",
+        f"~{prefix}:{{{prefix}}}:keyrate:*",
         f"~{periodic_key(prefix)}",
     ]
 

@@ -144,7 +144,8 @@ def build_forwarder(
         built = _targets(settings, store, resources) + list(targets)
         metrics = None
         if settings.metrics_port is not None:
-            queues = {*settings.metrics_queues, *settings.flow.max_depth, *settings.flow.rates}
+            flow = settings.flow
+            queues = {*settings.metrics_queues, *flow.max_depth, *flow.rates, *flow.key_rates}
             bounds = LabelBounds(queues, [t.target.kind for t in built])
             metrics = ForwarderMetrics(store=store, bounds=bounds)
             serve_metrics(metrics.registry, settings.metrics_host, settings.metrics_port)

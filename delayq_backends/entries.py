@@ -10,11 +10,21 @@ import redis
 
 from .envelope import Envelope
 from .errors import EnvelopeError
+from .keys import collapsed_key
 from .models import DeadLetter, ScheduledItem, ShardStats
 from .store import DelayStore
 from .timeutil import from_ms
 
-__all__ = ["around_bad_shards", "listed_at", "dead_entry", "iso", "item_entry", "stats_entry"]
+__all__ = [
+    "around_bad_shards",
+    "collapsed_entry",
+    "dead_entry",
+    "describe_collapsed",
+    "iso",
+    "item_entry",
+    "listed_at",
+    "stats_entry",
+]
 
 Row = TypeVar("Row")
 
@@ -53,6 +63,7 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
         "corrupt": None,
         "size": len(item.envelope),
         "task": None,
+        "collapsed": collapsed_entry(item),
     }
     try:
         envelope = Envelope.decode(item.envelope)
@@ -61,6 +72,23 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
     else:
         entry.update(target=envelope.target, destination=envelope.destination, task=_celery_task(envelope))
     return entry
+
+
+def collapsed_entry(item: ScheduledItem) -> dict[str, Any] | None:
+    """A debounced or throttled item's mode, key and collapsed calls (for the listings), else None."""
+    found = collapsed_key(item.id)
+    if found is None:
+        return None
+    mode, key = found
+    return {"mode": mode, "key": key, "calls": item.calls}
+
+
+def describe_collapsed(collapsed: dict[str, Any] | None) -> str:
+    """``"debounced: 12 calls, key user-42"`` ("" for other items): how the listings show it."""
+    if not collapsed:
+        return ""
+    calls = collapsed["calls"]
+    return f"{collapsed['mode']}d: {calls} call{'s' if calls != 1 else ''}, key {collapsed['key']}"
 
 
 #: the kinds of ``celery.message.KIND`` and ``celery.periodic.KIND``, named here so items of

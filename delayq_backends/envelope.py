@@ -23,13 +23,35 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from .errors import EnvelopeError
+from .errors import EnvelopeError, InvalidRateKeyError
 
-__all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "Envelope", "frame", "head"]
+__all__ = [
+    "FORMAT_VERSION",
+    "INVALID_RATE_KEY",
+    "MAX_RATE_KEY",
+    "RATE_KEY",
+    "Envelope",
+    "READABLE_VERSIONS",
+    "check_rate_key",
+    "frame",
+    "head",
+    "rate_key_of",
+    "with_rate_key",
+]
+
+#: The envelope meta field holding an item's rate key (a tenant, a customer id): the forwarder
+#: caps each key of a queue configured with ``--key-rate`` at its own rate.
+RATE_KEY = "rate_key"
+#: Longest rate key, in characters: a key is a name, and each active one is a bucket in Redis.
+MAX_RATE_KEY = 200
+#: The one bucket of a queue shared by items whose stored rate key is not a valid one (written by
+#: another tool or an older writer): capped together at the key rate, never stuck, never lost.
+#: A control character, so no valid key names it.
+INVALID_RATE_KEY = "\x00invalid"
 
 MAGIC = b"DQ"
 #: The format this code writes.
@@ -173,3 +195,35 @@ class Envelope:
             return cls(target=str(header["t"]), destination=str(header["d"]), body=bytes(data[end:]), meta=header["m"])
         except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
             raise EnvelopeError(f"envelope header is corrupt: {exc}") from exc
+
+
+def check_rate_key(key: Any) -> str:
+    """``key`` if it is a rate key: non-empty printable text of at most :data:`MAX_RATE_KEY` characters.
+
+    Raises:
+        InvalidRateKeyError: anything else, saying what to pass; nothing was stored.
+    """
+    if not isinstance(key, str) or not key or len(key) > MAX_RATE_KEY or not key.isprintable():
+        shown = repr(key)[:60]
+        raise InvalidRateKeyError(
+            f"rate key {shown}: pass printable text of 1..{MAX_RATE_KEY} characters naming who the item is "
+            "for (a tenant or customer id), e.g. 'tenant-42'"
+        )
+    return key
+
+
+def with_rate_key(envelope: Envelope, key: str) -> Envelope:
+    """``envelope`` carrying rate key ``key`` (checked with :func:`check_rate_key`)."""
+    return replace(envelope, meta={**envelope.meta, RATE_KEY: check_rate_key(key)})
+
+
+def rate_key_of(envelope: Envelope) -> str | None:
+    """The rate key an envelope carries, None without one; :data:`INVALID_RATE_KEY` when what is
+    stored is no valid key, so such items share one capped bucket instead of stopping a forwarder."""
+    key = envelope.meta.get(RATE_KEY)
+    if key is None:
+        return None
+    try:
+        return check_rate_key(key)
+    except InvalidRateKeyError:
+        return INVALID_RATE_KEY

@@ -13,8 +13,10 @@ __all__ = [
     "ConfigError",
     "DelayqError",
     "EnvelopeError",
+    "InvalidDebounceError",
     "InvalidIdError",
     "InvalidRankError",
+    "InvalidRateKeyError",
     "InvalidTimeError",
     "PayloadTooLargeError",
     "ServerNotFoundError",
@@ -51,6 +53,14 @@ class InvalidIdError(DelayqError, ValueError):
 
 class InvalidRankError(DelayqError, ValueError):
     """A rank that is not an integer in 0..MAX_RANK."""
+
+
+class InvalidDebounceError(DelayqError, ValueError):
+    """A debounce/throttle option that is not a key or a {key, mode, keep} dict."""
+
+
+class InvalidRateKeyError(DelayqError, ValueError):
+    """A rate key (tenant, customer) that is not short printable text."""
 
 
 class PayloadTooLargeError(DelayqError, ValueError):

@@ -9,6 +9,11 @@ bucket kept in Redis (``take.lua``). Items that get no token book the next free 
 million jobs due at midnight reach the workers at the rate, and the backlog is not claimed
 again on every pass.
 
+*Per-key rate caps*: a queue may also cap each *rate key* (a tenant, a customer: the envelope's
+``rate_key``, see :func:`~delayq_backends.envelope.rate_key_of`) at its own rate, one bucket per
+key of that queue, with the same booked slots: one key's midnight burst waits at its cap while
+the other keys' items go. Buckets expire when idle, so many keys cost memory only while active.
+
 Held-back items go back to the store with ``defer.lua``: not before a time, no attempt
 counted, original ready time kept.
 """
@@ -24,7 +29,9 @@ from typing import Any, NamedTuple
 
 import redis
 
+from .envelope import INVALID_RATE_KEY, rate_key_of
 from .errors import ConfigError, StoreFullError
+from .models import TokenGrant
 from .store import DelayStore
 from .targets import Delivery, DepthTarget, Target
 
@@ -100,6 +107,8 @@ class FlowControl:
     Attributes:
         max_depth: queue -> most messages its broker queue may hold before forwarding pauses.
         rates: queue -> most items per second forwarded to it, by all forwarders together.
+        key_rates: queue -> most items per second of each one rate key forwarded to it, by all
+            forwarders together; items without a rate key are not held by it.
         recheck: seconds a paused queue's items wait before the forwarder looks again; doubles
             while the queue stays full, up to ``max_recheck``.
         max_recheck: cap of that wait.
@@ -109,6 +118,7 @@ class FlowControl:
 
     max_depth: Mapping[str, int] = field(default_factory=dict)
     rates: Mapping[str, float] = field(default_factory=dict)
+    key_rates: Mapping[str, float] = field(default_factory=dict)
     recheck: float = 0.5
     max_recheck: float = 5.0
     probe_ttl: float = 0.5
@@ -116,7 +126,7 @@ class FlowControl:
     def __post_init__(self) -> None:
         for queue, depth in self.max_depth.items():
             check_depth(queue, depth)
-        for queue, rate in self.rates.items():
+        for queue, rate in (*self.rates.items(), *self.key_rates.items()):
             check_rate(queue, rate)
         if not 0 < self.recheck <= self.max_recheck:
             raise ConfigError(f"recheck={self.recheck}, max_recheck={self.max_recheck}: use 0 < recheck <= max_recheck")
@@ -124,33 +134,51 @@ class FlowControl:
             raise ConfigError(f"probe_ttl={self.probe_ttl}: use seconds >= 0")
 
     @classmethod
-    def from_specs(cls, depths: Iterable[str] = (), rates: Iterable[str] = (), **settings: Any) -> FlowControl:
-        """From texts: ``QUEUE=N`` depths and ``QUEUE=N/s`` rates (a later one wins)."""
-        return cls(dict(map(parse_depth, depths)), dict(map(parse_rate, rates)), **settings)
+    def from_specs(
+        cls, depths: Iterable[str] = (), rates: Iterable[str] = (), key_rates: Iterable[str] = (), **settings: Any
+    ) -> FlowControl:
+        """From texts: ``QUEUE=N`` depths, ``QUEUE=N/s`` rates and per-key rates (a later one wins)."""
+        return cls(
+            dict(map(parse_depth, depths)), dict(map(parse_rate, rates)), dict(map(parse_rate, key_rates)), **settings
+        )
 
     @classmethod
-    def from_mappings(cls, depths: Mapping[str, Any], rates: Mapping[str, Any], **settings: Any) -> FlowControl:
+    def from_mappings(
+        cls,
+        depths: Mapping[str, Any],
+        rates: Mapping[str, Any],
+        key_rates: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> FlowControl:
         """From configuration dicts such as ``{"q": 100}`` and ``{"q": "500/s"}``."""
-        for name, value in (("max queue depth", depths), ("rate limits", rates)):
+        key_rates = {} if key_rates is None else key_rates
+        for name, value in (("max queue depth", depths), ("rate limits", rates), ("key rate limits", key_rates)):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{name} {value!r}: use a dict of queue name -> value")
         return cls(
             {str(q): check_depth(str(q), v) for q, v in depths.items()},
             {str(q): check_rate(str(q), v) for q, v in rates.items()},
+            {str(q): check_rate(str(q), v) for q, v in key_rates.items()},
             **settings,
         )
 
     def merged(self, override: FlowControl) -> FlowControl:
         """These settings with ``override``'s queues on top (a process's own settings over an app's)."""
-        return replace(self, max_depth={**self.max_depth, **override.max_depth}, rates={**self.rates, **override.rates})
+        return replace(
+            self,
+            max_depth={**self.max_depth, **override.max_depth},
+            rates={**self.rates, **override.rates},
+            key_rates={**self.key_rates, **override.key_rates},
+        )
 
     @property
     def active(self) -> bool:
-        return bool(self.max_depth or self.rates)
+        return bool(self.max_depth or self.rates or self.key_rates)
 
     def describe(self) -> str:
         parts = [f"{q} depth<={n}" for q, n in sorted(self.max_depth.items())]
         parts += [f"{q} {r:g}/s" for q, r in sorted(self.rates.items())]
+        parts += [f"{q} {r:g}/s per key" for q, r in sorted(self.key_rates.items())]
         return ", ".join(parts) or "off"
 
 
@@ -204,6 +232,10 @@ class FlowGate:
     def admit(self, kind: str, queue: str, deliveries: Sequence[Delivery], now_ms: int) -> Admission:
         """Split one queue's deliveries into what goes now and what waits in the store."""
         go, later = self._room(kind, queue, list(deliveries), now_ms)
+        key_rate = self.control.key_rates.get(queue)
+        if key_rate is not None and go:
+            go, booked = self._key_tokens(queue, go, key_rate, now_ms)
+            later += booked
         rate = self.control.rates.get(queue)
         if rate is not None and go:
             go, booked = self._tokens(queue, go, rate, now_ms)
@@ -272,15 +304,51 @@ class FlowGate:
         self._depths[(kind, queue)] = _Depth(value, now)
         return value
 
+    def _key_tokens(self, queue: str, deliveries: list[Delivery], rate: float, now_ms: int) -> Admission:
+        """Per-key rate cap: each rate key's items take tokens from that key's bucket, in
+        ready-time order within the key; items without a key go. Runs before the queue's own
+        cap, so an item that gets a key token and no queue token spends that key token."""
+        by_key: dict[str, list[Delivery]] = {}
+        out = Admission([], [])
+        for d in deliveries:
+            key = rate_key_of(d.envelope)
+            if key is None:
+                out.go.append(d)
+            else:
+                if key == INVALID_RATE_KEY:
+                    log.warning(
+                        "item %s of %r carries an invalid rate key: capped with the other such items", d.id, queue
+                    )
+                by_key.setdefault(key, []).append(d)
+        if not by_key:
+            return out
+        wanted = {key: len(group) for key, group in by_key.items()}
+        taken = self.store.take_key_tokens(queue, wanted, rate=rate, burst=burst_of(rate))
+        for key, group in by_key.items():
+            go, later = self._booked(f"{queue!r} key {key!r}", group, taken[key], rate, now_ms)
+            out.go.extend(go)
+            out.later.extend(later)
+        return out
+
     def _tokens(self, queue: str, deliveries: list[Delivery], rate: float, now_ms: int) -> Admission:
         """Rate cap: those with a token go; the rest wait for the slots booked for them."""
+        taken: TokenGrant | Exception
         try:
-            grant = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
-            granted, first = grant.granted, grant.first_slot_ms
-        except (redis.ResponseError, StoreFullError) as exc:  # fail closed: the cap protects the workers
-            log.error("rate bucket of %r failed (%s: %s); holding its items back", queue, type(exc).__name__, exc)
+            taken = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
+        except (redis.ResponseError, StoreFullError) as exc:
+            taken = exc
+        return self._booked(repr(queue), deliveries, taken, rate, now_ms)
+
+    def _booked(
+        self, bucket: str, deliveries: list[Delivery], taken: TokenGrant | Exception, rate: float, now_ms: int
+    ) -> Admission:
+        """What a bucket's answer (its grant, or its error) lets go now; the rest wait for their
+        booked slots, or, when the bucket failed, a recheck."""
+        if isinstance(taken, Exception):  # fail closed: the cap protects the workers
+            log.error("rate bucket of %s failed (%s: %s); holding its items back", bucket, type(taken).__name__, taken)
             not_before = now_ms + int(self.control.recheck * 1000)
             return Admission([], [(d.id, not_before) for d in deliveries])
+        granted, first = taken.granted, taken.first_slot_ms
         step, grid = 1000 / rate, slot_quantum_ms(rate)
         later = [(d.id, math.ceil((first + i * step) / grid) * grid) for i, d in enumerate(deliveries[granted:])]
         return Admission(deliveries[:granted], later)

@@ -19,11 +19,15 @@ from .errors import InvalidIdError
 
 __all__ = [
     "BALANCED_MAX_SHARDS",
+    "COLLAPSE_MODES",
     "LAYOUT",
     "MAX_ID_BYTES",
     "MAX_RANK",
     "RANK_SPAN",
     "ShardKeys",
+    "collapse_id",
+    "collapsed_key",
+    "key_rate_key",
     "meta_key",
     "normalize_id",
     "periodic_key",
@@ -159,6 +163,31 @@ def rate_key(prefix: str, queue: str) -> str:
     return f"{prefix}:{{{prefix}}}:rate:{queue}"
 
 
+def key_rate_key(prefix: str, queue: str, key: str) -> str:
+    """HASH of the token bucket of one rate key (a tenant, a customer) of ``queue``.
+
+    Beside the queue buckets, in the prefix's slot. The queue's length comes first, so no pair
+    of a queue and a key can spell another pair's bucket.
+    """
+    return f"{prefix}:{{{prefix}}}:keyrate:{len(queue)}:{queue}:{key}"
+
+
+#: The ways schedules of one key collapse into one run (see ``DelayStore.debounce``).
+COLLAPSE_MODES = ("debounce", "throttle")
+
+
+def collapse_id(mode: str, key: str) -> str:
+    """The item id of the one pending run of ``key`` in ``mode``: a pure function of both, so
+    every call of a key lands on one shard. Debounce and throttle of one key are two runs."""
+    return f"{mode}:{key}"
+
+
+def collapsed_key(item_id: str) -> tuple[str, str] | None:
+    """(mode, key) of an item made by a debounce or throttle, else None."""
+    mode, sep, key = item_id.partition(":")
+    return (mode, key) if sep and key and mode in COLLAPSE_MODES else None
+
+
 @dataclass(frozen=True)
 class ShardKeys:
     """The keys of one shard, all in one cluster slot.
@@ -227,6 +256,12 @@ class ShardKeys:
         in the item's shard slot, so a forwarder's script can read it beside the item. Not in
         :meth:`all`: no shard script takes it."""
         return self._key(f"started:{run}:{item_id}")
+
+    def calls(self, item_id: str) -> str:
+        """HASH {calls: N} of a debounced or throttled item: how many schedules its pending run
+        collapsed. Expires a day after the run's ready time (debounce.lua), so keys that are
+        never called again cost nothing for long. Not in :meth:`all`."""
+        return self._key(f"calls:{item_id}")
 
     def all(self) -> list[str]:
         """Every key of the shard (each script names the ones it takes: scripts/store.py)."""

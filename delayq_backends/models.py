@@ -9,6 +9,7 @@ __all__ = [
     "CancelOutcome",
     "Claim",
     "ClaimedItem",
+    "Collapsed",
     "DeadLetter",
     "DeliveryFailure",
     "FailCounts",
@@ -119,6 +120,8 @@ class ScheduledItem:
     attempts: int
     leased_until_ms: int | None
     rank: int = 0  # higher is claimed first in a backlog (see DelayStore.schedule)
+    #: schedules collapsed into this pending run, for an item of DelayStore.debounce/throttle (else 0)
+    calls: int = 0
     #: published in lossless mode and kept until a worker reports its start; ``leased_until_ms``
     #: is then when a forwarder looks again (and publishes it again if it has not started)
     awaiting_start: bool = False
@@ -131,6 +134,31 @@ class RunRef:
 
     id: str
     run: int
+
+
+@dataclass(frozen=True)
+class Collapsed:
+    """What :meth:`DelayStore.debounce` / :meth:`DelayStore.throttle` did.
+
+    Attributes:
+        id: the item id of the key's run (``"debounce:<key>"`` or ``"throttle:<key>"``).
+        ready_ms: when that run fires, as it stands after this call.
+        calls: schedules collapsed into the pending run, this one included; 1 when this call
+            started a new run (none was pending, or the last one was already with a forwarder).
+        stored: this call's envelope is the one the run will deliver (``keep="last"``, or a new run).
+        superseded: the envelope this call replaced before it was ever delivered (``keep="last"``
+            on a pending run), so an adapter can clean up what it refers to; None otherwise.
+    """
+
+    id: str
+    ready_ms: int
+    calls: int
+    stored: bool
+    superseded: bytes | None = None
+
+    @property
+    def new_run(self) -> bool:
+        return self.calls == 1
 
 
 @dataclass(frozen=True)

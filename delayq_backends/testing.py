@@ -181,6 +181,13 @@ class TestingStore(DelayStore):
         """:meth:`DelayStore.take_tokens` (rate caps) on the fake clock unless ``now`` is given."""
         return super().take_tokens(queue, wanted, rate=rate, burst=burst, now=self.clock() if now is None else now)
 
+    def take_key_tokens(
+        self, queue: str, wanted: Mapping[str, int], *, rate: float, burst: int, now: int | None = None
+    ) -> dict[str, TokenGrant | Exception]:
+        """:meth:`DelayStore.take_key_tokens` (per-key caps) on the fake clock unless ``now`` is given."""
+        now = self.clock() if now is None else now
+        return super().take_key_tokens(queue, wanted, rate=rate, burst=burst, now=now)
+
     def server_time_ms(self) -> int:
         """The fake clock: a forwarder or ``stats()`` must see the same "now" as the claims."""
         return self.clock()

@@ -327,3 +327,18 @@ def test_functions_install_and_status(tmp_path: Path) -> None:
         store = make_store(server.url, "fn", shards=2)
         store.schedule("a", 1, envelope())
         assert store.scripts.backend().functions and [i.id for i in store.claim(store.shard_of("a")).items] == ["a"]
+
+
+def test_list_shows_collapsed_calls_of_debounced_and_throttled_items(cli: Invoke, vstore: DelayStore) -> None:
+    for _ in range(3):
+        vstore.debounce("user-42", FAR, envelope())
+    vstore.throttle("feed", FAR + 1, envelope())
+    vstore.schedule("plain", FAR + 2, envelope())
+    entries = {e["id"]: e["collapsed"] for e in json.loads(expect(cli("list", "--json")))}
+    assert entries == {
+        "debounce:user-42": {"mode": "debounce", "key": "user-42", "calls": 3},
+        "throttle:feed": {"mode": "throttle", "key": "feed", "calls": 1},
+        "plain": None,
+    }
+    table = expect(cli("list"))
+    assert "debounced: 3 calls, key user-42" in table and "throttled: 1 call, key feed" in table

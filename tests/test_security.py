@@ -119,6 +119,11 @@ def test_each_role_does_its_job_on_its_prefix_and_nothing_else(admin: Admin, pre
     claim = forwarder_store.claim(forwarder_store.shard_of("i2"))
     assert forwarder_store.fail(claim, [FailedDelivery("i2", None, "boom")]) == FailCounts(0, 1)
     assert forwarder_store.take_tokens("q", 2, rate=10, burst=5).granted == 2
+    assert forwarder_store.take_key_tokens("q", {"tenant-1": 2}, rate=10, burst=5)["tenant-1"].granted == 2  # type: ignore[union-attr]
+    for _ in range(2):
+        producer.debounce("k", 4_000_000_000, RedisListTarget.envelope("out", b"x"))
+    assert producer.throttle("k", 4_000_000_000, RedisListTarget.envelope("out", b"x")).calls == 1
+    assert reader.get("debounce:k").calls == 2  # type: ignore[union-attr]
     assert [d.id for d in reader.dead_letters()] == ["i2"]
     pubsub = forwarder_store.client.pubsub()  # the forwarder may listen for wake-ups
     pubsub.subscribe(forwarder_store.wake_channel)
@@ -214,7 +219,10 @@ def test_acl_command_prints_the_rules_of_a_role() -> None:
     shown = CliRunner().invoke(main, ["acl", "forwarder", "--prefix", "app", "--user", "fwd"])
     assert shown.exit_code == 0
     assert shown.stdout.startswith("ACL SETUSER fwd reset on '><password>' ")
-    assert "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '~app:{app}:periodic' '&app:wake'" in shown.stdout
+    assert (
+        "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '~app:{app}:keyrate:*' '~app:{app}:periodic' '&app:wake'"
+        in shown.stdout
+    )
     assert "+fcall" in shown.stdout and "+eval" not in shown.stdout and "+subscribe" in shown.stdout
     assert "delayq functions install" in shown.stderr
     legacy = CliRunner().invoke(main, ["acl", "forwarder", "--prefix", "app", "--eval"])

@@ -8,12 +8,17 @@ the message in the delay store instead of publishing it. Everything Celery decid
 and any other publish (a task-sent event, a task without eta) goes through untouched. This
 catches ``apply_async(eta=/countdown=)``, ``send_task``, ``Task.retry(countdown=)``, canvas
 primitives and beat alike, because all of them end in this sender.
+
+Two headers of the caller's (``apply_async(..., headers={...})``) change what is stored:
+``delayq_debounce`` (a key, or ``{"key", "mode", "keep"}``: see :class:`~delayq_backends.collapse.Collapse`)
+collapses the sends of one key into one run, whatever their eta; ``delayq_rate_key`` names
+who the task is for, so forwarders with a per-key rate cap for its queue pace that key alone.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
@@ -23,19 +28,24 @@ from celery.app.amqp import AMQP as CeleryAMQP
 from celery.app.control import Control as CeleryControl
 from kombu.entity import Exchange
 
-from ..errors import DelayqError
+from ..collapse import Collapse
+from ..errors import DelayqError, InvalidDebounceError
 from ..store import DelayStore
 from .message import StoredMessage, parse_time, priority_rank
 from .scheduled import revoke_everywhere
 from .settings import CelerySettings, DuplicateTaskIdError, StoreUnavailableError, store_for
 
-__all__ = ["AMQP", "Control", "StoreUnavailableError", "use_plugin_control"]
+__all__ = ["AMQP", "DEBOUNCE_HEADER", "RATE_KEY_HEADER", "Control", "StoreUnavailableError", "use_plugin_control"]
 
 log = logging.getLogger("delayq.celery")
 
 #: Celery >= 5.5 routes countdowns on quorum queues through RabbitMQ's own delayed delivery
 #: (``celery_delayed_27`` topic exchange): those never wait in a worker, so we leave them be.
 NATIVE_DELAYED_EXCHANGE = "celery_delayed_27"
+#: The header that debounces or throttles a send by key (``apply_async(countdown=30, headers={...})``).
+DEBOUNCE_HEADER = "delayq_debounce"
+#: The header naming the task's rate key (a tenant) for per-key rate caps at forwarding.
+RATE_KEY_HEADER = "delayq_rate_key"
 
 
 class AMQP(CeleryAMQP):  # type: ignore[misc]
@@ -59,14 +69,39 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
 
         def send_task_message(producer: Any, name: str, message: Any, **kwargs: Any) -> Any:
             settings = self.delayq_settings
-            eta = parse_time(message.headers.get("eta")) if settings.enabled else None
-            if eta is None or (eta - self.delayq_now()).total_seconds() <= settings.min_delay:
+            if not settings.enabled:
+                return send(producer, name, message, **kwargs)
+            # the caller's own headers reach message.headers only inside Celery's sender
+            headers = {**message.headers, **(kwargs.get("headers") or {})}
+            eta = parse_time(headers.get("eta"))
+            collapse = _collapse_of(headers, eta)
+            # a collapse always has an eta (_collapse_of refuses one without) and is always stored
+            if eta is None or (collapse is None and (eta - self.delayq_now()).total_seconds() <= settings.min_delay):
                 return send(producer, name, message, **kwargs)
             store = store_for(self.app, settings)
-            storing = _StoringProducer(producer, store, message.headers["id"], eta, settings.duplicate_id)
+            storing = _StoringProducer(producer, store, headers["id"], eta, settings.duplicate_id, collapse)
             return send(storing, name, message, **kwargs)
 
         return send_task_message
+
+
+def _collapse_of(headers: Mapping[str, Any], eta: datetime | None) -> Collapse | None:
+    """The send's debounce/throttle, from its ``delayq_debounce`` header; None without one.
+
+    Raises:
+        InvalidDebounceError: the header is malformed, or the send has no eta (the window).
+    """
+    value = headers.get(DEBOUNCE_HEADER)
+    if value is None:
+        return None
+    collapse = Collapse.parse(value, f"header {DEBOUNCE_HEADER}")
+    if eta is None:
+        raise InvalidDebounceError(
+            f"task {headers.get('id')} ({headers.get('task')}) was NOT sent: header {DEBOUNCE_HEADER} needs "
+            "countdown= or eta= (the window: a debounce runs that long after the last send, a throttle after "
+            "the first)"
+        )
+    return collapse
 
 
 def utc_now() -> datetime:
@@ -81,12 +116,21 @@ class _StoringProducer:
     with the producer, such as the ``task-sent`` event, goes to the real producer.
     """
 
-    def __init__(self, producer: Any, store: DelayStore, task_id: str, eta: datetime, duplicate_id: str) -> None:
+    def __init__(
+        self,
+        producer: Any,
+        store: DelayStore,
+        task_id: str,
+        eta: datetime,
+        duplicate_id: str,
+        collapse: Collapse | None = None,
+    ) -> None:
         self._producer = producer
         self._store = store
         self._task_id = task_id
         self._eta = eta
         self._duplicate_id = duplicate_id
+        self._collapse = collapse
         self._stored = False
 
     def publish(self, body: Any, **kwargs: Any) -> Any:
@@ -98,8 +142,13 @@ class _StoringProducer:
         message = StoredMessage.capture(body, kwargs)
         rank = priority_rank(message.properties.get("priority"), self._broker_driver())
         mode = "replace" if self._duplicate_id == "replace" else "keep"
+        envelope, rate_key = message.to_envelope(), headers.get(RATE_KEY_HEADER)
         try:
-            done = self._store.schedule(self._task_id, self._eta, message.to_envelope(), mode=mode, rank=rank)
+            if self._collapse is not None:
+                self._collapse.apply(self._store, self._eta, envelope, rank=rank, rate_key=rate_key)
+                self._stored = True
+                return None
+            done = self._store.schedule(self._task_id, self._eta, envelope, mode=mode, rank=rank, rate_key=rate_key)
         except DelayqError:
             raise  # bad input: the error already says what to fix
         except Exception as exc:

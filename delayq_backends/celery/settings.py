@@ -10,6 +10,7 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_max_payload_bytes = 1024 * 1024   # a bigger task message is refused
     app.conf.delayq_max_queue_depth = {"celery": 10_000}  # forwarding pauses at this broker depth
     app.conf.delayq_rate_limits = {"celery": "500/s"}    # all forwarders together (N/s, N/m, N/h)
+    app.conf.delayq_key_rate_limits = {"celery": "20/s"}  # each delayq_rate_key of the queue
     app.conf.delayq_durable_replicas = 0  # > 0: each delayed send waits (WAIT) until replicas have it
     app.conf.delayq_durable_timeout_ms = 1000
     app.conf.delayq_duplicate_id = "replace"  # a second send of a waiting task id: replace|keep|error
@@ -31,8 +32,9 @@ refuses the second send with :class:`DuplicateTaskIdError` and keeps the first.
 ``delayq_lossless`` and ``delayq_lossless_window`` are read by ``celery -A proj delayq forward``
 (its ``--lossless`` / ``--lossless-window`` options win): lossless mode, see the README.
 
-``delayq_max_queue_depth`` and ``delayq_rate_limits`` are read by ``celery -A proj delayq
-forward``; its ``--max-queue-depth`` and ``--rate`` options win for the queues they name.
+``delayq_max_queue_depth``, ``delayq_rate_limits`` and ``delayq_key_rate_limits`` are read by
+``celery -A proj delayq forward``; its ``--max-queue-depth``, ``--rate`` and ``--key-rate``
+options win for the queues they name.
 
 A wrong value fails loudly at first use, naming the setting: a silent fallback would bring
 back worker-side ETAs, the very thing the plugin removes.
@@ -85,6 +87,7 @@ _KNOWN = {
     "delayq_max_payload_bytes",
     "delayq_max_queue_depth",
     "delayq_rate_limits",
+    "delayq_key_rate_limits",
     "delayq_durable_replicas",
     "delayq_durable_timeout_ms",
     "delayq_duplicate_id",
@@ -171,10 +174,14 @@ class CelerySettings:
             raise ConfigError(f"Celery setting delayq_*: {exc}") from exc
         try:
             flow = FlowControl.from_mappings(
-                conf.get("delayq_max_queue_depth") or {}, conf.get("delayq_rate_limits") or {}
+                conf.get("delayq_max_queue_depth") or {},
+                conf.get("delayq_rate_limits") or {},
+                conf.get("delayq_key_rate_limits") or {},
             )
         except ConfigError as exc:
-            raise ConfigError(f"Celery setting delayq_max_queue_depth / delayq_rate_limits: {exc}") from exc
+            raise ConfigError(
+                f"Celery setting delayq_max_queue_depth / delayq_rate_limits / delayq_key_rate_limits: {exc}"
+            ) from exc
         return cls(
             config=config,
             min_delay=float(min_delay),

@@ -45,11 +45,12 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         metrics_queue: tuple[str, ...],
         max_queue_depth: dict[str, int],
         rate: dict[str, float],
+        key_rate: dict[str, float],
         lossless: bool | None,
         lossless_window: float | None,
         **kwargs: Any,
     ) -> None:
-        flow = FlowControl(max_queue_depth, rate)
+        flow = FlowControl(max_queue_depth, rate, key_rate)
         run = ForwardOptions(
             batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
             metrics_port, metrics_host, flow, metrics_queue, lossless, lossless_window,
@@ -144,7 +145,8 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             show_envvar=True,
             multiple=True,
             metavar="QUEUE",
-            help="Label metrics with this queue's name (queues of --rate/--max-queue-depth are too); every other "
+            help="Label metrics with this queue's name (queues of --rate/--key-rate/--max-queue-depth are too); "
+            "every other "
             "queue counts as 'other', so item data cannot grow the series. Repeatable (env: space-separated).",
         ),
         click.option(
@@ -166,6 +168,17 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             callback=_specs(parse_rate),
             help="Forward at most N items per second (or N/m, N/h) to QUEUE, all forwarders together. "
             "Repeatable (env: space-separated).",
+        ),
+        click.option(
+            "--key-rate",
+            envvar="DELAYQ_KEY_RATE",
+            show_envvar=True,
+            multiple=True,
+            metavar="QUEUE=N/s",
+            callback=_specs(parse_rate),
+            help="Forward at most N items per second (or N/m, N/h) of each rate key (a tenant: Celery header "
+            "delayq_rate_key, RQ meta delayq_rate_key) to QUEUE, all forwarders together; items without a key "
+            "are not held. Repeatable (env: space-separated).",
         ),
         click.option(
             "--lossless/--no-lossless",

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..assemble import adapter
-from ..entries import around_bad_shards, iso, item_entry, listed_at, stats_entry
+from ..entries import around_bad_shards, describe_collapsed, iso, item_entry, listed_at, stats_entry
 from ..store import DelayStore
 from ..storespec import StoreSpec
 from .options import check_shard, json_option, open_store, page_options, shard_option, store_options, when_option
@@ -112,6 +112,7 @@ def _item_cells(entry: dict[str, Any]) -> list[Any]:
         entry["rank"],
         where,
         entry["size"],
+        describe_collapsed(entry["collapsed"]),
     ]
 
 
@@ -124,6 +125,7 @@ ITEM_COLUMNS = [
     Column("rank", "right"),
     Column("target/destination"),
     Column("size", "right"),
+    Column("collapsed"),
 ]
 
 

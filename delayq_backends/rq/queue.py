@@ -5,30 +5,47 @@
 them all. Run workers with ``rq worker --queue-class delayq_backends.rq.Queue`` so the worker's
 own retries and repeats go through it too; then no ``--with-scheduler`` is needed, because
 ``delayq forward --rq-redis …`` moves due jobs into their queues.
+
+``enqueue_in``/``enqueue_at`` take ``delayq_debounce=`` (a key, or ``{"key", "mode", "keep"}``:
+see :class:`~delayq_backends.collapse.Collapse`) to collapse the schedules of one key into one
+run, and a job's ``meta["delayq_rate_key"]`` names who it is for (per-key rate caps).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from contextlib import suppress
+from contextvars import ContextVar
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 import redis
 from rq import Queue as RQQueue
+from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
+from ..collapse import Collapse
 from ..config import Config
 from ..connection import connect, on_store_server
-from ..envelope import Envelope
-from ..errors import ConfigError, InvalidTimeError
+from ..envelope import Envelope, with_rate_key
+from ..errors import ConfigError, InvalidDebounceError, InvalidTimeError
 from ..store import DelayStore
 from ..storecache import StoreCache
 from ..timeutil import to_ms
 from .registry import ScheduledJobRegistry, mirror_scheduled
-from .target import job_envelope, job_rank
+from .target import JOB_KEY, job_envelope, job_rank
 
-__all__ = ["Queue", "UsesDelayStore", "store_of_connection"]
+__all__ = ["DEBOUNCE_OPTION", "RATE_KEY_META", "Queue", "UsesDelayStore", "store_of_connection"]
+
+#: The ``enqueue_in``/``enqueue_at`` keyword that debounces or throttles the job by a key.
+DEBOUNCE_OPTION = "delayq_debounce"
+#: The ``job.meta`` field naming the job's rate key (a tenant) for per-key rate caps.
+RATE_KEY_META = "delayq_rate_key"
+#: The collapse of the ``enqueue_at`` running in this context: RQ's enqueue_at builds the job and
+#: calls ``schedule_job`` itself, and a retry's ``schedule_job`` must not inherit it.
+_collapsing: ContextVar[Collapse | None] = ContextVar("delayq_collapsing", default=None)
 
 _stores: StoreCache[tuple[Any, ...]] = StoreCache()
 
@@ -123,6 +140,28 @@ class Queue(UsesDelayStore, RQQueue):
             self._envelope_bytes = self.envelope().encode()
         return self._envelope_bytes
 
+    def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job:
+        """RQ's ``enqueue_at`` (``enqueue_in`` calls it), with ``delayq_debounce=``: all schedules
+        of its key collapse into one run (see :meth:`DelayStore.debounce`). The job returned is
+        the one this call saved; whether it or an earlier one runs follows the option's ``keep``,
+        and the job not kept is deleted.
+
+        Raises:
+            InvalidDebounceError: a malformed option, or one with ``pipeline=`` (the collapse
+                must see the saved job first); nothing was saved.
+        """
+        option = kwargs.pop(DEBOUNCE_OPTION, None)
+        if option is None:
+            return super().enqueue_at(datetime, f, *args, **kwargs)  # type: ignore[no-any-return]
+        collapse = Collapse.parse(option, DEBOUNCE_OPTION)
+        if kwargs.get("pipeline") is not None:
+            raise InvalidDebounceError(f"{DEBOUNCE_OPTION} cannot join a caller's pipeline: enqueue without one")
+        token = _collapsing.set(collapse)
+        try:
+            return super().enqueue_at(datetime, f, *args, **kwargs)  # type: ignore[no-any-return]
+        finally:
+            _collapsing.reset(token)
+
     def schedule_job(
         self, job: Job, datetime: datetime, pipeline: Any | None = None, *args: Any, **kwargs: Any
     ) -> Job:
@@ -155,8 +194,13 @@ class Queue(UsesDelayStore, RQQueue):
         """Queue ``save`` (the job hash and its mirror entry) and the store's entry on one
         transaction when the store shares this queue's Redis."""
         ready = ready_at(when)
+        collapse = _collapsing.get()
+        if collapse is not None:
+            _collapsing.set(None)  # this job only: not the dependents or retries it schedules
+            return self._collapse(job, ready, save, collapse)
         store = self.delay_store
-        envelope = self.envelope_bytes()
+        rate_key = (job.meta or {}).get(RATE_KEY_META)
+        envelope = self.envelope_bytes() if rate_key is None else with_rate_key(self.envelope(), rate_key).encode()
         shared = on_store_server(store, self.connection)
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         save(pipe)
@@ -168,6 +212,29 @@ class Queue(UsesDelayStore, RQQueue):
             # The job hash is saved first (or with the caller's pipeline): an id due at once must
             # not reach the forwarder before its job exists.
             store.schedule(job.id, ready, envelope, rank=job_rank(job))
+        return job
+
+    def _collapse(self, job: Job, ready: datetime, save: Callable[[Any], None], collapse: Collapse) -> Job:
+        """Save the job, then collapse it into its key's run; delete the job that will not run
+        (this one with ``keep="first"`` on a pending run, the one it replaced with ``"last"``).
+
+        Not one transaction with the save, as a plain schedule is: the script's answer decides
+        what to delete. A crash in between leaves a saved job that never runs (status
+        ``scheduled``), never a run without its job.
+        """
+        with self.connection.pipeline() as pipe:
+            save(pipe)
+            pipe.execute()
+        envelope = self.envelope()
+        envelope = replace(envelope, meta={**envelope.meta, JOB_KEY: job.id})
+        rate_key = (job.meta or {}).get(RATE_KEY_META)
+        done = collapse.apply(self.delay_store, ready, envelope, rank=job_rank(job), rate_key=rate_key)
+        dropped = [] if done.stored else [job.id]
+        if done.superseded is not None:
+            dropped.append(str(Envelope.decode(done.superseded).meta.get(JOB_KEY, "")))
+        for job_id in filter(None, dropped):
+            with suppress(NoSuchJobError):  # deleted meanwhile: nothing to clean up
+                self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer).delete()
         return job
 
     def save_scheduled(self, job: Job, datetime: datetime, pipeline: Any, *args: Any, **kwargs: Any) -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "ALLOW_CLASS_ENV",
     "AT_FRONT_RANK",
     "DEFAULT_ALLOWED_CLASSES",
+    "JOB_KEY",
     "KIND",
     "ClassAllowlist",
     "ClassImportError",
@@ -62,6 +63,7 @@ __all__ = [
     "dotted_path",
     "is_legacy_scheduler",
     "job_envelope",
+    "job_id_of",
     "job_rank",
     "schedule_of",
 ]
@@ -70,6 +72,9 @@ log = logging.getLogger("delayq.rq")
 
 KIND = "rq"
 
+#: Envelope meta key of the job id when the store item has another id: a debounced or throttled
+#: job is item ``debounce:<key>`` (``throttle:<key>``), and each run of it is a job of its own.
+JOB_KEY = "job"
 #: Envelope meta keys naming the classes a job was scheduled with (omitted when RQ's default).
 _CLASS_KEYS = ("queue_class", "job_class", "serializer")
 #: Envelope meta flag: the job came from :class:`~delayq_backends.rq.Scheduler` (rq-scheduler
@@ -190,6 +195,19 @@ def job_envelope(
         meta[SCHEDULER_FLAG] = True
         meta[SCHEDULE_KEY] = dict(schedule or {})
     return Envelope(target=KIND, destination=queue_name, meta=meta)
+
+
+def job_id_of(delivery: Delivery) -> str:
+    """The RQ job a delivery moves: its envelope's ``job``, else the item id (every job that is
+    not debounced or throttled).
+
+    Raises:
+        ValueError: the envelope's ``job`` is no job id (written by another tool).
+    """
+    job_id = delivery.envelope.meta.get(JOB_KEY, delivery.id)
+    if not isinstance(job_id, str) or not job_id:
+        raise ValueError(f"its envelope's job id {str(job_id)[:40]!r} is not a job id (written by another tool)")
+    return job_id
 
 
 def enqueues_at_front(job: Job) -> bool:
@@ -357,6 +375,7 @@ class _Batch:
     """One queue's share of a claimed batch, sorted into what to do with each job."""
 
     keys: _Keys
+    #: by job id (see :func:`job_id_of`); the store knows them by ``deliveries[job_id].id``
     deliveries: dict[str, Delivery]
     held: list[str] = field(default_factory=list)
     jobs: dict[str, JobFields] = field(default_factory=dict)
@@ -373,6 +392,10 @@ class _Batch:
     @property
     def ids(self) -> list[str]:
         return list(self.deliveries)
+
+    def items(self, job_ids: Iterable[str]) -> list[str]:
+        """The store's item ids of ``job_ids``."""
+        return [self.deliveries[j].id for j in job_ids]
 
     def from_scheduler(self, job_id: str) -> bool:
         return bool(self.deliveries[job_id].envelope.meta.get(SCHEDULER_FLAG))
@@ -430,6 +453,11 @@ class RQTarget:
         report = PublishReport()
         groups: dict[tuple[Any, ...], list[Delivery]] = {}
         for d in deliveries:  # the serializer is not needed: nothing is deserialized
+            try:
+                job_id_of(d)
+            except ValueError as exc:
+                report.failed.append(DeliveryFailure(d.id, f"RQ item {d.id!r} cannot be moved: {exc}", permanent=True))
+                continue
             key = (d.envelope.destination, d.envelope.meta.get("queue_class"), d.envelope.meta.get("job_class"))
             groups.setdefault(key, []).append(d)
         for (name, queue_path, job_path), group in groups.items():
@@ -441,7 +469,7 @@ class RQTarget:
                 report.failed += [DeliveryFailure(d.id, str(exc), permanent=True) for d in group]
                 continue
             try:
-                self._move(_Batch(keys, {d.id: d for d in group}), lease, report)
+                self._move(_Batch(keys, {job_id_of(d): d for d in group}), lease, report)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -470,22 +498,29 @@ class RQTarget:
                     pipe.reset()
             else:
                 report.failed += [
-                    DeliveryFailure(i, f"job keys or lease changed {self.max_watch_retries} times while being enqueued")
+                    DeliveryFailure(
+                        batch.deliveries[i].id,
+                        f"job keys or lease changed {self.max_watch_retries} times while being enqueued",
+                    )
                     for i in batch.ids
                 ]
                 return
         moved = list(batch.jobs)
         if shared is None:
             self._rearm(batch, moved, None, lease)
-        report.published += batch.skipped + moved
-        report.failed += [DeliveryFailure(i, error, permanent=True) for i, error in batch.broken]
+        report.published += batch.items(batch.skipped + moved)
+        report.failed += [DeliveryFailure(batch.deliveries[i].id, error, permanent=True) for i, error in batch.broken]
         if shared is not None:
-            report.acked += batch.skipped + moved
+            report.acked += batch.items(batch.skipped + moved)
 
     def _read(self, batch: _Batch, pipe: Any, shared: Lease | None) -> None:
         """After WATCH: which items are still ours, their jobs' fields, whether a Scheduler job's
         dependencies are met (their keys WATCHed too), and the next run of periodic ones."""
-        batch.held = shared.held(pipe, batch.ids) if shared else batch.ids
+        if shared:
+            held = set(shared.held(pipe, batch.items(batch.ids)))
+            batch.held = [j for j in batch.ids if batch.deliveries[j].id in held]
+        else:
+            batch.held = batch.ids
         batch.jobs, batch.deferred, batch.skipped, batch.broken, batch.following = {}, set(), [], [], {}
         legacy = [i for i in batch.held if is_legacy_scheduler(batch.deliveries[i].envelope)]
         old_meta: dict[str, bytes | None] = {}
@@ -618,7 +653,7 @@ class RQTarget:
         forget_scheduled(pipe, keys.name, [*batch.jobs, *batch.skipped])  # the registry's mirror entries
         if shared is not None:
             moved = list(batch.jobs)
-            shared.ack(batch.skipped + moved, pipeline=pipe)
+            shared.ack(batch.items(batch.skipped + moved), pipeline=pipe)
             self._rearm(batch, moved, pipe, shared)
 
     def _enqueue(

@@ -18,6 +18,7 @@ from ..models import (
     CancelOutcome,
     Claim,
     ClaimedItem,
+    Collapsed,
     FailCounts,
     FailedDelivery,
     LeaseExtension,
@@ -34,6 +35,7 @@ __all__ = [
     "Ack",
     "Cancel",
     "ClaimScript",
+    "Debounce",
     "DeadLimits",
     "Defer",
     "Extend",
@@ -222,6 +224,26 @@ class Extend(ShardScript):
         )
 
 
+class Debounce(ShardScript):
+    """debounce.lua: one call of a debounced or throttled key. Besides the shard's keys it takes
+    the item's call counter, ``ShardKeys.calls(id)`` (a key per item, so not an attribute)."""
+
+    name = "debounce"
+    key_names = ("due", "items", "tries", "leased", "ranked", "calls")
+
+    @classmethod
+    def call(
+        cls, keys: ShardKeys, item: ScheduleItem, *, mode: str, keep: str, calls_ttl_ms: int, wake: str
+    ) -> ScriptCall[Collapsed]:
+        def parse(reply: Any) -> Collapsed:
+            calls, ready_ms, stored, superseded = reply
+            return Collapsed(item.id, int(ready_ms), int(calls), bool(int(stored)), superseded or None)
+
+        shard_keys = tuple(getattr(keys, name) for name in cls.key_names[:-1])
+        args = (mode, keep, wake, item.id, item.ready_ms, item.envelope, item.rank, calls_ttl_ms)
+        return ScriptCall(cls.name, (*shard_keys, keys.calls(item.id)), args, parse)
+
+
 class Rearm(ShardScript):
     name = "rearm"
     key_names = ("due", "items", "tries", "leased", "ranked")
@@ -293,5 +315,20 @@ _REARMED = (RearmOutcome.NOT_FOUND, RearmOutcome.REPLACED, RearmOutcome.HELD, Re
 #: Every shard script, by script name (a test checks each against its .lua header).
 SHARD_SCRIPTS: dict[str, type[ShardScript]] = {
     s.name: s
-    for s in (Schedule, Reschedule, Cancel, ClaimScript, Ack, Release, Defer, Keep, Fail, Extend, Rearm, Requeue, Purge)
+    for s in (
+        Schedule,
+        Reschedule,
+        Cancel,
+        ClaimScript,
+        Ack,
+        Release,
+        Defer,
+        Keep,
+        Fail,
+        Extend,
+        Rearm,
+        Requeue,
+        Purge,
+        Debounce,
+    )
 }

@@ -6,12 +6,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import redis
 
 from ..connection import on_store_server
-from ..keys import rate_key
+from ..keys import key_rate_key, rate_key
 from ..models import (
     Claim,
     ClaimedItem,
@@ -24,7 +25,7 @@ from ..models import (
 )
 from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Keep, Rearm, Release, Schedule, Take
 from ..timeutil import When, score_ms
-from .base import Payload, StoreCore, full_store_said_plainly
+from .base import Payload, StoreCore, _parsed, _reply_or_error, full_store_said_plainly
 
 __all__ = ["Forwarding", "Lease"]
 
@@ -197,6 +198,29 @@ class Forwarding(StoreCore):
         call = Take.call(rate_key(self.config.prefix, queue), wanted, rate=rate, burst=burst, now=now or 0)
         with full_store_said_plainly():
             return self.scripts.run(call)
+
+    def take_key_tokens(
+        self, queue: str, wanted: Mapping[str, int], *, rate: float, burst: int, now: int | None = None
+    ) -> dict[str, TokenGrant | Exception]:
+        """:meth:`take_tokens` from the bucket of each rate key of ``queue`` in ``wanted``
+        (key -> tokens wanted), in one round trip (one per key on a cluster, whose pipelines
+        cannot run scripts). A key whose bucket fails gets its error (a Redis error reply, or
+        :class:`StoreFullError`) instead of its grant."""
+        prefix = self.config.prefix
+        calls = [
+            Take.call(key_rate_key(prefix, queue, key), n, rate=rate, burst=burst, now=now or 0)
+            for key, n in wanted.items()
+        ]
+        replies: list[TokenGrant | Exception]
+        if self.cluster or len(calls) == 1:
+            replies = [_reply_or_error(partial(self.scripts.run, call)) for call in calls]
+        else:
+            with self.client.pipeline(transaction=False) as pipe:
+                for call in calls:
+                    self.scripts.queue(call, pipe)
+                raw = pipe.execute(raise_on_error=False)
+            replies = [_reply_or_error(partial(_parsed, call, reply)) for call, reply in zip(calls, raw)]
+        return dict(zip(wanted, replies))
 
     def heads(self) -> list[int | None]:
         """Each shard's earliest score (ready time, or lease deadline), None when empty.

@@ -9,14 +9,15 @@ from typing import Any, TypeVar, overload
 
 import redis
 
-from ..errors import ConfigError, StoreFullError
-from ..keys import normalize_id, shard_of
-from ..models import CancelOutcome, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
-from ..scripts.store import Cancel, Rearm, Reschedule, Schedule
+from ..envelope import Envelope, with_rate_key
+from ..errors import ConfigError, InvalidIdError, StoreFullError
+from ..keys import collapse_id, normalize_id, shard_of
+from ..models import CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
+from ..scripts.store import Cancel, Debounce, Rearm, Reschedule, Schedule
 from ..timeutil import When, to_ms
 from .base import Payload, StoreCore
 
-__all__ = ["SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
+__all__ = ["CALLS_TTL_MS", "KEEP", "SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
 
 #: (id, when, envelope) or (id, when, envelope, rank).
 ScheduleEntry = tuple[str | bytes, When, Payload] | tuple[str | bytes, When, Payload, int]
@@ -25,7 +26,20 @@ ScheduleEntry = tuple[str | bytes, When, Payload] | tuple[str | bytes, When, Pay
 #: to block Redis for long (a call of 500 runs in about a millisecond).
 SCHEDULE_CHUNK = 500
 
+#: How long a debounced item's call counter outlives its run's ready time: it only feeds
+#: ``delayq list`` and the dashboard, so it goes away with keys that are not called again.
+CALLS_TTL_MS = 86_400_000
+#: Whose arguments a collapsed run keeps.
+KEEP = ("first", "last")
+
 R = TypeVar("R")
+
+
+def _keyed(envelope: Payload, rate_key: str | None) -> Payload:
+    """``envelope`` carrying ``rate_key`` (unchanged without one)."""
+    if rate_key is None:
+        return envelope
+    return with_rate_key(envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope), rate_key)
 
 
 def _keep(mode: str) -> bool:
@@ -39,13 +53,14 @@ class Producer(StoreCore):
 
     @overload
     def schedule(
-        self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...
-    ) -> str: ...
+        self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
+        rate_key: str | None = ...,
+    ) -> str: ...  # fmt: skip
 
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        pipeline: Any,
+        rate_key: str | None = ..., pipeline: Any,
     ) -> None: ...  # fmt: skip
 
     def schedule(
@@ -56,6 +71,7 @@ class Producer(StoreCore):
         *,
         mode: str = "replace",
         rank: int = 0,
+        rate_key: str | None = None,
         pipeline: Any = None,
     ) -> str | None:
         """Schedule one item; returns ``"added"``, ``"replaced"`` or ``"kept"``.
@@ -67,23 +83,68 @@ class Producer(StoreCore):
             envelope: what to deliver, as an :class:`Envelope` or its encoded bytes.
             rank: 0..MAX_RANK; when more is due than can be forwarded at once, higher ranks are
                 claimed first (then earliest first). Rank 0, the default, costs nothing extra.
+            rate_key: who the item is for (a tenant, a customer): forwarders with ``--key-rate``
+                for its queue forward each key's items at most at that rate. Stored in the envelope.
             pipeline: a caller's pipeline or MULTI/EXEC on the store's own server (not a
                 cluster): the schedule is queued there (returns None) and is stored if and only
                 if the caller's EXEC runs. Input is checked now, so bad input raises before
                 anything is queued.
 
         Raises:
-            InvalidTimeError, InvalidIdError, InvalidRankError, PayloadTooLargeError,
-            EnvelopeError: bad input; nothing was stored.
+            InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError,
+            PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
         """
         keep = _keep(mode)
-        item = self.check_item(item_id, when, envelope, rank)
+        item = self.check_item(item_id, when, _keyed(envelope, rate_key), rank)
         shard = shard_of(item.id, self.config.shards)
         # one script call, without the bulk path's grouping: this is every apply_async's cost
         counts = self._write_or_queue(lambda k: Schedule.call(k, [item], keep=keep, wake=self._wake), shard, pipeline)
         if counts is None:
             return None
         return "added" if counts.added else "replaced" if counts.replaced else "kept"
+
+    def debounce(
+        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0, rate_key: str | None = None
+    ) -> Collapsed:
+        """Schedule ``key``'s one run at ``when``; calls while it is pending move it there too,
+        so it fires once, at the LAST call's time (a ``timedelta`` is the quiet window).
+
+        All calls of a key go to one item, ``"debounce:<key>"``, in one script call on its shard.
+        A call made once a forwarder holds the run (it may be out already) starts the next run.
+
+        Args:
+            key: what collapses (a user id, a document id): text, as an item id.
+            when: this call's ready time: aware ``datetime``, ``timedelta`` from now, epoch seconds.
+            envelope: what this call would deliver.
+            keep: ``"last"`` (default): the run delivers the latest call's envelope and rank;
+                ``"first"``: the envelope of the call that started the run.
+            rank, rate_key: as in :meth:`schedule`.
+
+        Raises:
+            ConfigError: ``keep`` is not "first" or "last". InvalidIdError, InvalidTimeError,
+            InvalidRankError, InvalidRateKeyError, PayloadTooLargeError, EnvelopeError: bad
+            input; nothing was stored.
+        """
+        return self._collapse("debounce", key, when, _keyed(envelope, rate_key), keep, rank)
+
+    def throttle(
+        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0, rate_key: str | None = None
+    ) -> Collapsed:
+        """Schedule ``key``'s one run at ``when`` unless one is pending: then the call joins it,
+        and the run keeps the FIRST call's time. Same arguments as :meth:`debounce`; the item
+        is ``"throttle:<key>"``, so a key's debounce and throttle are separate runs."""
+        return self._collapse("throttle", key, when, _keyed(envelope, rate_key), keep, rank)
+
+    def _collapse(self, mode: str, key: str, when: When, envelope: Payload, keep: str, rank: int) -> Collapsed:
+        if keep not in KEEP:
+            raise ConfigError(f"keep={keep!r}: use 'first' (the first call's arguments) or 'last' (the latest's)")
+        if not isinstance(key, str) or not key:
+            raise InvalidIdError(f"{mode} key {key!r}: pass non-empty text, e.g. a user or document id")
+        item = self.check_item(collapse_id(mode, key), when, envelope, rank)
+        return self._write(
+            lambda k: Debounce.call(k, item, mode=mode, keep=keep, calls_ttl_ms=CALLS_TTL_MS, wake=self._wake),
+            shard_of(item.id, self.config.shards),
+        )
 
     def schedule_many(self, entries: Iterable[ScheduleEntry], *, mode: str = "replace") -> ScheduleCounts:
         """Schedule many items with one script call per shard and chunk, pipelined.

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from ..errors import ConfigError
-from ..keys import MAX_RANK, RANK_SPAN, normalize_id, shard_of
+from ..keys import MAX_RANK, RANK_SPAN, collapsed_key, normalize_id, shard_of
 from ..models import DeadLetter, ScheduledItem, ShardStats
 from ..scripts.store import Purge, Requeue
 from ..timeutil import When, score_ms, to_ms
@@ -46,7 +46,18 @@ class Reader(StoreCore):
         if score is None or envelope is None:
             return None
         deadline, ready = _parse_lease(lease, score)
-        return ScheduledItem(item_id, shard, ready, envelope, _count(tries), deadline, _rank(ranked), _awaiting(lease))
+        calls = self._calls([(shard, item_id)]).get(item_id, 0)
+        return ScheduledItem(
+            item_id,
+            shard,
+            ready,
+            envelope,
+            _count(tries),
+            deadline,
+            _rank(ranked),
+            calls,
+            awaiting_start=_awaiting(lease),
+        )
 
     def scan(self, *, batch: int = 1000) -> Iterator[ScheduledItem]:
         """Every scheduled item, shard by shard, in no particular order (``ZSCAN``).
@@ -77,7 +88,7 @@ class Reader(StoreCore):
                             _count(tried),
                             deadline,
                             _rank(ranked),
-                            _awaiting(lease),
+                            awaiting_start=_awaiting(lease),
                         )
 
     def rank(self, item_id: str | bytes) -> int | None:
@@ -185,16 +196,36 @@ class Reader(StoreCore):
                 pipe.zscore(k.ranked, member)
             details = pipe.execute()
         out = []
+        calls = self._calls([(s, _id_text(member)) for _, s, member in page])
         for n, (score, s, member) in enumerate(page):
             item_id = _id_text(member)
             envelope, tries, lease, ranked = details[4 * n : 4 * n + 4]
             deadline, ready = _parse_lease(lease, score)
             out.append(
                 ScheduledItem(
-                    item_id, s, ready, envelope or b"", _count(tries), deadline, _rank(ranked), _awaiting(lease)
+                    item_id,
+                    s,
+                    ready,
+                    envelope or b"",
+                    _count(tries),
+                    deadline,
+                    _rank(ranked),
+                    calls.get(item_id, 0),
+                    awaiting_start=_awaiting(lease),
                 )
             )
         return out
+
+    def _calls(self, items: list[tuple[int, str]]) -> dict[str, int]:
+        """Call counts of the debounced and throttled ones of ``items`` (shard, id), one round trip."""
+        collapsed = [(s, i) for s, i in items if collapsed_key(i)]
+        if not collapsed:
+            return {}
+        with self.client.pipeline(transaction=False) as pipe:
+            for s, item_id in collapsed:
+                pipe.hget(self._keys[s].calls(item_id), "calls")
+            counts = pipe.execute(raise_on_error=False)
+        return {i: _count(None if isinstance(n, Exception) else n) for (_, i), n in zip(collapsed, counts)}
 
     # -- dead letters -----------------------------------------------------------------------
 

@@ -267,6 +267,11 @@ class ItemOut(BaseModel):
             "next run, with the entry's name in `periodic`; else null."
         ),
     )
+    collapsed: dict[str, Any] | None = Field(
+        default=None,
+        description="A debounced or throttled item's mode, key and the schedules its pending run collapsed "
+        "(`calls`); else null.",
+    )
 
 
 class ItemsOut(BaseModel):

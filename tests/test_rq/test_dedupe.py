@@ -23,7 +23,7 @@ def burst(processes: Processes, queue: Queue, worker_class: str) -> str:
     proc = processes.worker(queue.name, burst=True, extra=("--worker-class", worker_class))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode(errors="replace")
-    processes.procs.remove(proc)
+    processes.launcher.procs.remove(proc)
     return err.decode(errors="replace")
 
 

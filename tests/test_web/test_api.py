@@ -107,6 +107,14 @@ def test_stats_due_and_listing(client: TestClient, web_store: DelayStore) -> Non
     assert due["overdue"] == 1 and len(due["counts"]) == 6 and sum(due["counts"]) == 30
     listed = client.get("/api/v1/items?limit=3", headers=AUTH).json()["items"]
     assert [i["id"] for i in listed] == ["late", "i0", "i1"]
+    for _ in range(4):
+        web_store.debounce("doc-9", 2.0, ITEM)
+    listed = client.get("/api/v1/items?limit=2", headers=AUTH).json()["items"]
+    assert [(i["id"], i["collapsed"]) for i in listed] == [
+        ("late", None),
+        ("debounce:doc-9", {"mode": "debounce", "key": "doc-9", "calls": 4}),
+    ]
+    assert client.get("/api/v1/item?id=debounce:doc-9", headers=AUTH).json()["collapsed"]["calls"] == 4
 
 
 def test_dead_letters_list_requeue_and_purge(client: TestClient, web_store: DelayStore) -> None:

@@ -163,3 +163,6 @@ def test_the_page_refreshes_live(page: Any, dashboard_factory: Callable[..., Any
     web_store.schedule("arrives-later", timedelta(hours=2), Envelope("list", "k", b""))
     expect(page.locator("#count-scheduled")).to_have_text("1")
     expect(page.locator("#upcoming")).to_contain_text("arrives-later")
+    for _ in range(3):
+        web_store.debounce("user-7", timedelta(hours=1), Envelope("list", "k", b""))
+    expect(page.locator("#upcoming")).to_contain_text("debounced: 3 calls, key user-7")

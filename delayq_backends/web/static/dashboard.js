@@ -152,15 +152,21 @@
     $("chart-legend").textContent = `${count(total)} falling due in 24 h · ${count(due.overdue)} already due (not yet forwarded)`;
   }
 
+  // "debounced: 12 calls, key user-42" (as `delayq list` shows it), "" for other items
+  function collapsed(c) {
+    return c ? `${c.mode}d: ${c.calls} call${c.calls === 1 ? "" : "s"}, key ${c.key}` : "";
+  }
+
   function showUpcoming(items) {
     fillTable($("upcoming"),
-      [["id"], ["ready"], ["target / destination"], ["attempts", 1], ["leased until"]],
+      [["id"], ["ready"], ["target / destination"], ["attempts", 1], ["leased until"], ["collapsed"]],
       items.items.map((it) => [
         el("a", { href: "#", class: "mono", onclick: (e) => { e.preventDefault(); find(it.id); } }, it.id),
         `${fmtTime(it.ready)} (${relative(it.ready)})`,
         it.corrupt ? `corrupt: ${it.corrupt}` : `${it.target} / ${it.destination}`,
         it.attempts,
         it.leased_until ? fmtTime(it.leased_until) : "–",
+        collapsed(it.collapsed),
       ]),
       "nothing scheduled");
     return items.problems.join("; "); // shards that could not be read
@@ -252,6 +258,7 @@
       ["target", item.corrupt ? `corrupt: ${item.corrupt}` : `${item.target} / ${item.destination}`],
       ["rank", item.rank], ["attempts", item.attempts],
       ["leased until", item.leased_until ? fmtTime(item.leased_until) : "–"], ["size", `${item.size} B`]];
+    if (item.collapsed) rows.push(["collapsed", collapsed(item.collapsed)]);
     if (item.task) {  // a Celery message: what will run, as the worker will get it
       const t = item.task;
       rows.push(["task", t.task], ["args", t.args === null ? (t.argsrepr ?? "–") : JSON.stringify(t.args)],
