@@ -10,8 +10,11 @@ code in its own process (``PYTHONPATH`` set to that tree), on a fresh prefix eac
 - ``forward``: one in-process ``Forwarder`` draining them to a Redis list at ``--batch``.
 
 The trees take turns in a rotating order, so load from elsewhere on a shared machine falls on
-all alike. It prints each tree's median items/s per figure with its spread, each tree's ratio to
-the first ``--before`` and the load average, as JSON. Only APIs every revision since the first
+all alike. Besides items/s, each figure has its CPU µs per item in the client process and in the
+server (``INFO cpu``), which a loaded machine disturbs far less than wall time. It prints each
+tree's medians with their spread, each tree's ratio to the first ``--before`` (for the µs
+figures, above 1 means more CPU per item) and the load
+average, as JSON. Only APIs every revision since the first
 release has are used, so old trees run unchanged.
 """
 
@@ -28,7 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-FIGURES = ("schedule", "schedule_many", "forward")
+RATES = ("schedule", "schedule_many", "forward")
+#: per rate: items/s, and CPU µs per item in the producing/forwarding process and in the server
+FIGURES = tuple(f"{r}{part}" for r in RATES for part in ("", "_client_us", "_server_us"))
 
 #: Run inside each tree's process: prints {figure: items/s} as JSON.
 WORK = """
@@ -43,18 +48,31 @@ client = connect(url)
 store = DelayStore(client, Config(prefix=prefix, shards=16))
 envelope = RedisListTarget.envelope(prefix + ":out", b"x" * 200)
 out = {}
-started = time.perf_counter()
-for n in range(single):
-    store.schedule(f"s{n}", 0, envelope)
-out["schedule"] = single / (time.perf_counter() - started)
-started = time.perf_counter()
-store.schedule_many((f"i{n}", 0, envelope) for n in range(items))
-out["schedule_many"] = items / (time.perf_counter() - started)
-forwarder = Forwarder(store, [RedisListTarget(connect(url))], batch=batch)
-started, moved = time.perf_counter(), 0
-while moved < items + single:
-    moved += forwarder.run_once()
-out["forward"] = (items + single) / (time.perf_counter() - started)
+
+def server_cpu():
+    info = client.info("cpu")
+    return info["used_cpu_user"] + info["used_cpu_sys"]
+
+def measure(name, n, work):
+    wall, cpu, server = time.perf_counter(), time.process_time(), server_cpu()
+    work()
+    out[name] = n / (time.perf_counter() - wall)
+    out[name + "_client_us"] = (time.process_time() - cpu) / n * 1e6
+    out[name + "_server_us"] = (server_cpu() - server) / n * 1e6
+
+def schedule_each():
+    for n in range(single):
+        store.schedule(f"s{n}", 0, envelope)
+
+def forward():
+    forwarder = Forwarder(store, [RedisListTarget(connect(url))], batch=batch)
+    moved = 0
+    while moved < items + single:
+        moved += forwarder.run_once()
+
+measure("schedule", single, schedule_each)
+measure("schedule_many", items, lambda: store.schedule_many((f"i{n}", 0, envelope) for n in range(items)))
+measure("forward", items + single, forward)
 client.delete(prefix + ":out")
 print(json.dumps(out))
 """
@@ -73,7 +91,7 @@ def rates(tree: Path, url: str, items: int, single: int, batch: int) -> dict[str
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values)), "min": round(min(values)), "max": round(max(values))}
+    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1), "max": round(max(values), 1)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,8 +62,14 @@ _V1_PREFIX = struct.Struct(">2sBI")
 _V2_PREFIX = MAGIC + bytes([FORMAT_VERSION])
 
 
+#: one-byte varints, looked up: every section of a typical envelope is shorter than 128 bytes
+_SHORT = [bytes((n,)) for n in range(0x80)]
+
+
 def _varint(n: int) -> bytes:
     """``n`` as an unsigned LEB128 varint: 7 bits a byte, low bits first."""
+    if n < 0x80:
+        return _SHORT[n]
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -142,6 +148,8 @@ class Envelope:
 
     def encode(self) -> bytes:
         """Serialize (format 2); raises :class:`EnvelopeError` when ``meta`` is not JSON-serializable."""
+        if type(self.body) is bytes and type(self.details) is bytes:  # the common case, checked cheaply
+            return frame(head(self.target, self.destination, self.meta), self.details, self.body)
         for name in ("body", "details"):
             if not isinstance(getattr(self, name), (bytes, bytearray, memoryview)):
                 raise EnvelopeError(
