@@ -14,7 +14,7 @@ import sys
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence, Union
 
 import pytest
 import redis
@@ -178,9 +178,9 @@ class _Recording(DelayStore):
 
     claimed: list[int]
 
-    def claim(self, shard: int, **kwargs: Any) -> Claim:
-        self.claimed.append(shard)
-        return super().claim(shard, **kwargs)
+    def claim_many(self, shards: Sequence[int], **kwargs: Any) -> list[Union[Claim, Exception]]:
+        self.claimed += shards
+        return super().claim_many(shards, **kwargs)
 
 
 def test_every_due_shard_is_claimed_in_a_pass_despite_one_huge_backlog(valkey_url: str, prefix: str) -> None:

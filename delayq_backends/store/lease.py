@@ -48,7 +48,7 @@ class Forwarding(StoreCore):
         return self._run(self._claim_call(shard, limit, lease_ms, now), shard)
 
     def claim_many(
-        self, shards: Sequence[int], *, limit: int = 200, lease_ms: Optional[int] = None
+        self, shards: Sequence[int], *, limit: int = 200, lease_ms: Optional[int] = None, now: Optional[int] = None
     ) -> list[Union[Claim, Exception]]:
         """:meth:`claim` on each of ``shards``, in one round trip: each shard's claim, or the
         error it raised (a key of another type, the server at maxmemory), so one bad shard does
@@ -60,7 +60,7 @@ class Forwarding(StoreCore):
             redis.ConnectionError, redis.TimeoutError: the store is unreachable, not one shard.
         """
         self.check_meta()
-        calls = [self._claim_call(shard, limit, lease_ms, None)(self._keys[shard]) for shard in shards]
+        calls = [self._claim_call(shard, limit, lease_ms, now)(self._keys[shard]) for shard in shards]
         if self.cluster or len(calls) == 1:
             return [_claimed(partial(self.scripts.run, call)) for call in calls]
         with self.client.pipeline(transaction=False) as pipe:
