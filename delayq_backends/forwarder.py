@@ -22,7 +22,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
@@ -179,6 +179,9 @@ class Forwarder:
         self.metrics = metrics
         self.stats = ForwarderStats()
         self.flow = FlowGate(flow or FlowControl(), store, self.targets)
+        #: the targets that take the batch's lease (ClaimTarget), found once: an isinstance of a
+        #: runtime-checkable protocol inspects every member of it
+        self._lease_takers = {kind for kind, target in self.targets.items() if isinstance(target, ClaimTarget)}
         self._stop = threading.Event()
         self._outage_backoff = 0.0
         #: server TIME at the last reading and time.monotonic() then, as one tuple: the lease
@@ -246,19 +249,24 @@ class Forwarder:
         return claimed
 
     def _pass(self, due: list[int]) -> tuple[int, list[int]]:
-        """One batch from each shard of ``due``: the items claimed, and the shards whose batch
-        came back full (more may be due there)."""
+        """One batch from each shard of ``due``, all claimed in one round trip, then delivered
+        shard by shard: the items claimed, and the shards whose batch came back full (more may
+        be due there).
+
+        Every batch claimed is delivered, even after :meth:`stop`: they are in flight. A batch
+        delivered late in the pass keeps its items ours by the lease check before its publish
+        (:meth:`_still_ours` extends a lease near its end)."""
+        started = time.perf_counter()
+        claims = self.store.claim_many(due, limit=self.batch)  # an outage raises: the loop backs off
+        if self.metrics is not None:
+            self.metrics.observe_claim(time.perf_counter() - started)
         claimed = 0
         still_due = []
-        for shard in due:
-            if self._stop.is_set():
-                break
-            claim: Claim | None = None
+        for shard, claim in zip(due, claims):
+            if isinstance(claim, Exception):  # a key of another type, the server at maxmemory
+                self._set_aside(shard, claim, None)
+                continue
             try:
-                started = time.perf_counter()
-                claim = self.store.claim(shard, limit=self.batch)
-                if self.metrics is not None:
-                    self.metrics.observe_claim(time.perf_counter() - started)
                 if claim.items:
                     self.deliver(claim)
             except CONNECTION_ERRORS:
@@ -308,19 +316,21 @@ class Forwarder:
         started = time.perf_counter()
         groups: dict[str, list[Delivery]] = defaultdict(list)
         failures: list[FailedDelivery] = []
-        labels: dict[str, Labels] = {}  # of each decoded item, for the metrics
+        labels: dict[str, Labels] = {}  # of each decoded item, for the metrics (only kept with metrics)
         decoded: dict[bytes, Envelope] = {}  # one queue's jobs often share an envelope: decoded once
         for item in claim.items:
-            try:
-                envelope = decoded.get(item.envelope) or Envelope.decode(item.envelope)
-                decoded[item.envelope] = envelope
-            except EnvelopeError as exc:
-                failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {exc}"))
-                continue
-            except Exception as exc:  # whatever the bytes are, one item never fails the batch
-                failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {type(exc).__name__}: {exc}"))
-                continue
-            labels[item.id] = (envelope.target, envelope.destination)
+            envelope = decoded.get(item.envelope)
+            if envelope is None:
+                try:
+                    envelope = decoded[item.envelope] = Envelope.decode(item.envelope)
+                except EnvelopeError as exc:
+                    failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {exc}"))
+                    continue
+                except Exception as exc:  # whatever the bytes are, one item never fails the batch
+                    failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {type(exc).__name__}: {exc}"))
+                    continue
+            if self.metrics is not None:
+                labels[item.id] = (envelope.target, envelope.destination)
             if envelope.target not in self.targets:
                 failures.append(
                     FailedDelivery(
@@ -347,12 +357,13 @@ class Forwarder:
             for kind, deliveries in groups.items():
                 go = self._still_ours(held, self._admit(kind, deliveries, later), report)
                 if go:
-                    self._publish(self.targets[kind], go, report, lease)
-            attempts = {item.id: item.attempts for item in claim.items}
-            failures += [
-                FailedDelivery(f.id, None if f.permanent else self._retry_at(attempts[f.id]), f.error)
-                for f in report.failed
-            ]
+                    self._publish(kind, go, report, lease)
+            if report.failed:
+                attempts = {item.id: item.attempts for item in claim.items}
+                failures += [
+                    FailedDelivery(f.id, None if f.permanent else self._retry_at(attempts[f.id]), f.error)
+                    for f in report.failed
+                ]
             self._settle(lease, report, failures, labels, later, ran)
         log.debug(
             "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
@@ -445,6 +456,8 @@ class Forwarder:
                 )
                 report.unsent += [d.id for d in deliveries]
                 return []
+        if not held.lost:  # the usual case: nothing taken over, no look-up per item
+            return deliveries
         lost = sum(d.id in held.lost for d in deliveries)
         if lost:
             log.warning(
@@ -454,10 +467,11 @@ class Forwarder:
             )
         return [d for d in deliveries if d.id not in held.lost]
 
-    def _publish(self, target: Target, deliveries: list[Delivery], report: PublishReport, lease: Lease) -> None:
+    def _publish(self, kind: str, deliveries: list[Delivery], report: PublishReport, lease: Lease) -> None:
+        target = self.targets[kind]
         try:
-            if isinstance(target, ClaimTarget):  # it may ack inside its own transaction
-                part = target.publish_claimed(deliveries, lease)
+            if kind in self._lease_takers:  # it may ack inside its own transaction
+                part = cast(ClaimTarget, target).publish_claimed(deliveries, lease)
             else:
                 part = target.publish_many(deliveries)
         except Exception as exc:  # a target bug must not kill the forwarder; attempts bound it
@@ -465,8 +479,11 @@ class Forwarder:
             part = PublishReport(failed=[DeliveryFailure(d.id, f"{type(exc).__name__}: {exc}") for d in deliveries])
         self.flow.sent(target.kind, deliveries, part.published)
         now = self.server_now_ms()
-        ready = {d.id: d.ready_ms for d in deliveries}
-        self.stats.lateness_ms.extend(now - ready[i] for i in part.published)
+        if len(part.published) == len(deliveries):  # all of them (almost always): no lookup per item
+            self.stats.lateness_ms.extend(now - d.ready_ms for d in deliveries)
+        else:
+            ready = {d.id: d.ready_ms for d in deliveries}
+            self.stats.lateness_ms.extend(now - ready[i] for i in part.published)
         if self.metrics is not None:
             self.metrics.observe_published(deliveries, part.published, now)
         if self.audit is not None and part.published:

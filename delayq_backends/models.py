@@ -69,10 +69,13 @@ class RearmOutcome(Enum):
         return self is RearmOutcome.REPLACED
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ClaimedItem:
     """An item leased to a forwarder. ``envelope`` is raw: decoding may fail, and that is
-    the forwarder's to report."""
+    the forwarder's to report.
+
+    Not frozen: one is made per claimed item, and a frozen dataclass's ``__init__`` (through
+    ``object.__setattr__``) costs several times a plain one's. Treat it as read-only."""
 
     id: str
     envelope: bytes

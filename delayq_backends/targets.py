@@ -29,9 +29,10 @@ if TYPE_CHECKING:
 __all__ = ["ClaimTarget", "Delivery", "DepthTarget", "PublishReport", "RedisListTarget", "RunTarget", "Target"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Delivery:
-    """A due item, decoded, on its way to a target."""
+    """A due item, decoded, on its way to a target. Read-only by convention, not frozen: one is
+    made per forwarded item, and a frozen dataclass's ``__init__`` costs several times more."""
 
     id: str
     envelope: Envelope

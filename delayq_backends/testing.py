@@ -173,6 +173,12 @@ class TestingStore(DelayStore):
         """:meth:`DelayStore.claim` at the fake clock's now unless ``now`` is given."""
         return super().claim(shard, limit=limit, lease_ms=lease_ms, now=self.clock() if now is None else now)
 
+    def claim_many(
+        self, shards: Sequence[int], *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
+    ) -> list[Claim | Exception]:
+        """:meth:`DelayStore.claim_many` at the fake clock's now unless ``now`` is given."""
+        return super().claim_many(shards, limit=limit, lease_ms=lease_ms, now=self.clock() if now is None else now)
+
     def fail(self, claim: Claim, failures: Iterable[FailedDelivery], *, now: int | None = None) -> FailCounts:
         """:meth:`DelayStore.fail`, dating dead letters by the fake clock unless ``now`` is given."""
         return super().fail(claim, failures, now=self.clock() if now is None else now)

@@ -12,7 +12,7 @@ import random
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -179,9 +179,9 @@ class _Recording(DelayStore):
 
     claimed: list[int]
 
-    def claim(self, shard: int, **kwargs: Any) -> Claim:
-        self.claimed.append(shard)
-        return super().claim(shard, **kwargs)
+    def claim_many(self, shards: Sequence[int], **kwargs: Any) -> list[Claim | Exception]:
+        self.claimed += shards
+        return super().claim_many(shards, **kwargs)
 
 
 def test_every_due_shard_is_claimed_in_a_pass_despite_one_huge_backlog(valkey_url: str, prefix: str) -> None:

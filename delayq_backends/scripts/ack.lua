@@ -5,14 +5,24 @@ Input:
   ARGV[1] our lease, "<deadline>:<token>" of the claim
   ARGV[2..] ids
 Output: how many were deleted. An id cancelled, rescheduled or re-claimed since our claim
-no longer carries our lease and is left alone. allow-oom: acks are how a full store drains. ]]
---- @include "lease"
+no longer carries our lease and is left alone. allow-oom: acks are how a full store drains.
+Cost: one HMGET of the leases, then one ZREM and three HDELs for the whole batch. ]]
+--- @include "batch"
 local k = {due = KEYS[1], items = KEYS[2], tries = KEYS[3], leased = KEYS[4]}
-local n = 0
-for i = 2, #ARGV do
-  if our_lease(k.leased, ARGV[i], ARGV[1]) then
-    forget(k, ARGV[i])
-    n = n + 1
+local mark = ARGV[1] .. ':'
+local ids = {}
+for i = 2, #ARGV do ids[i - 1] = ARGV[i] end
+local helds = hmget(k.leased, ids)
+local ours, seen = {}, {}
+for i, id in ipairs(ids) do
+  local held = helds[i]
+  if held and not seen[id] and string.sub(held, 1, #mark) == mark then
+    seen[id] = true
+    ours[#ours + 1] = id
   end
 end
-return n
+variadic('ZREM', k.due, ours)
+variadic('HDEL', k.items, ours)
+variadic('HDEL', k.tries, ours)
+variadic('HDEL', k.leased, ours)
+return #ours

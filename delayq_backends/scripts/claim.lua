@@ -18,7 +18,8 @@ An item whose stored values are unusable (see defect() in includes/checks.lua) i
 the reason instead of leased; the rest of the batch is claimed as usual. allow-oom: a store at
 maxmemory must still drain, and a claim adds next to nothing.
 
-Cost: O((R + 1) log N + limit + S) for R ranks present in the shard's index and S stale index
+Cost: O((R + 1) log N + limit + S), in a few commands per batch: the plain due ids are read
+with one ZRANGEBYSCORE and one HMGET per hash, and leased with one ZADD XX and two HSETs. for R ranks present in the shard's index and S stale index
 entries met. With no ranked item, the index is one lookup of a missing key. A stale entry is met
 once (its item is gone: removed; or not due and not leased: moved to the item's score), except
 while its item is leased (at most the shard's in-flight ranked items), where it stays so a
@@ -27,6 +28,7 @@ its entry moves to its not-before time (defer.lua does so itself; entries writte
 did are moved here, once each), so deferred items cost a claim nothing. ]]
 --- @include "checks"
 --- @include "bury"
+--- @include "batch"
 local k = {
   due = KEYS[1], items = KEYS[2], tries = KEYS[3], leased = KEYS[4],
   dead = KEYS[5], dead_items = KEYS[6], dead_info = KEYS[7], ranked = KEYS[8],
@@ -42,37 +44,39 @@ local max_attempts = tonumber(ARGV[3])
 local budget = math.min(tonumber(ARGV[1]) or 0, MAX_CLAIM)
 local out = {deadline}
 
--- Lease one due id (or bury it), spending one unit of the budget.
-local function take(id)
-  budget = budget - 1
-  local envelope = rcall('HGET', k.items, id)
-  local held = rcall('HGET', k.leased, id)
-  local ready = held and string.match(held, ':(%-?%d+)$') or rcall('ZSCORE', k.due, id)
-  local wrong = defect(id, envelope, held, nil, ready)
-  -- The attempt is counted by HINCRBY, which writes nothing when the stored count is no integer:
-  -- that item is buried with the reason (one command per item instead of a read and a write).
-  local attempts = not wrong and redis.pcall('HINCRBY', k.tries, id, 1)
-  if type(attempts) == 'table' then
-    local tries = rcall('HGET', k.tries, id)
-    wrong = tries_defect(tries)
-    attempts = nil
+-- Lease the due ids (or bury them), spending one unit of the budget each. scores holds each
+-- id's score in `due` (its ready time unless it sat under an expired lease). The whole batch is
+-- read with one HMGET per hash and written with one variadic command per key; an item whose
+-- stored values are unusable, or that is out of attempts, is buried alone with the reason.
+local function take(ids, scores)
+  local n = #ids
+  if n == 0 then return end
+  budget = budget - n
+  local envelopes, helds, tries = hmget(k.items, ids), hmget(k.leased, ids), hmget(k.tries, ids)
+  local deadlines, leases, counts = {}, {}, {}
+  for i = 1, n do
+    local id, envelope, held = ids[i], envelopes[i], helds[i]
+    local ready = held and string.match(held, ':(%-?%d+)$') or scores[i]
+    local wrong = defect(id, envelope, held, tries[i], ready)
+    local attempts = (whole(tries[i]) or 0) + 1
+    if wrong then
+      bury(k, id, envelope, ready, whole(tries[i]) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
+    elseif attempts > max_attempts then
+      bury(k, id, envelope, ready, attempts,
+        'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
+    else
+      ready = ms(finite(ready))
+      local at = #deadlines
+      deadlines[at + 1], deadlines[at + 2] = deadline, id
+      leases[at + 1], leases[at + 2] = id, lease .. ':' .. ready
+      counts[at + 1], counts[at + 2] = id, ms(attempts)
+      local o = #out
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, envelope, attempts, ready
+    end
   end
-  if wrong then
-    bury(k, id, envelope, ready, whole(rcall('HGET', k.tries, id)) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
-    return
-  end
-  ready = ms(finite(ready))
-  if attempts > max_attempts then
-    bury(k, id, envelope, ready, attempts,
-      'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
-  else
-    rcall('ZADD', k.due, 'XX', deadline, id)
-    rcall('HSET', k.leased, id, lease .. ':' .. ready)
-    out[#out + 1] = id
-    out[#out + 1] = envelope
-    out[#out + 1] = attempts
-    out[#out + 1] = ready
-  end
+  variadic('ZADD', k.due, deadlines, 'XX')
+  variadic('HSET', k.leased, leases)
+  variadic('HSET', k.tries, counts)
 end
 
 -- Claim the due entries of one rank's band, in index order; returns when the band has no more
@@ -89,7 +93,7 @@ local function claim_band(low)
       if not score then
         rcall('ZREM', k.ranked, id)  -- the item is gone (acked, cancelled, buried)
       elseif tonumber(score) <= now then
-        take(id)
+        take({id}, {score})
         if rcall('ZSCORE', k.ranked, id) then kept = kept + 1 end  -- leased, not buried
       elseif held and not string.find(held, ':deferred:', 1, true) then
         kept = kept + 1  -- leased: back at its ready time if released or the lease expires
@@ -118,6 +122,11 @@ while budget > 0 do
 end
 
 if budget > 0 then
-  for _, id in ipairs(rcall('ZRANGEBYSCORE', k.due, '-inf', ms(now), 'LIMIT', 0, budget)) do take(id) end
+  local ids, scores = {}, {}
+  local due = rcall('ZRANGEBYSCORE', k.due, '-inf', ms(now), 'WITHSCORES', 'LIMIT', 0, budget)
+  for i = 1, #due, 2 do
+    ids[#ids + 1], scores[#scores + 1] = due[i], due[i + 1]
+  end
+  take(ids, scores)
 end
 return out

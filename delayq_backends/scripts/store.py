@@ -133,16 +133,15 @@ class ClaimScript(ShardScript):
         dead: DeadLimits,
     ) -> ScriptCall[Claim]:
         def parse(reply: Any) -> Claim:
+            # one pass over the flat reply, positionally: this runs once per claimed item.
+            # Ids are UTF-8 (claim.lua buries any other before leasing it), ready times "%d".
+            fields = iter(reply)
+            deadline = int(next(fields))
             items = [
-                ClaimedItem(
-                    id=reply[i].decode(),  # UTF-8: claim.lua buries any other id before leasing it
-                    envelope=reply[i + 1],
-                    attempts=int(reply[i + 2]),
-                    ready_ms=int(float(reply[i + 3])),
-                )
-                for i in range(1, len(reply), 4)
+                ClaimedItem(item_id.decode(), envelope, int(attempts), int(ready))
+                for item_id, envelope, attempts, ready in zip(fields, fields, fields, fields)
             ]
-            return Claim(shard=shard, deadline_ms=int(reply[0]), token=token, items=items)
+            return Claim(shard=shard, deadline_ms=deadline, token=token, items=items)
 
         args = [limit, lease_ms, max_attempts, now, token, dead.max_letters, dead.ttl_ms]
         return cls._call(keys, args, parse)

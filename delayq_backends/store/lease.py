@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 import redis
 
 from ..connection import on_store_server
-from ..keys import key_rate_key, rate_key
+from ..keys import ShardKeys, key_rate_key, rate_key
 from ..models import (
     Claim,
     ClaimedItem,
@@ -23,6 +23,8 @@ from ..models import (
     RunRef,
     TokenGrant,
 )
+from ..outages import CONNECTION_ERRORS
+from ..scripts.library import ScriptCall
 from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Keep, Rearm, Release, Schedule, Take
 from ..timeutil import When, score_ms
 from .base import Payload, StoreCore, _parsed, _reply_or_error, full_store_said_plainly
@@ -43,20 +45,44 @@ class Forwarding(StoreCore):
 
         ``now`` overrides the server clock (tests and the in-process testing store only).
         """
+        return self._run(self._claim_call(shard, limit, lease_ms, now), shard)
+
+    def claim_many(
+        self, shards: Sequence[int], *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
+    ) -> list[Claim | Exception]:
+        """:meth:`claim` on each of ``shards``, in one round trip: each shard's claim, or the
+        error it raised (a key of another type, the server at maxmemory), so one bad shard does
+        not cost the others their batch.
+
+        On a cluster, one call per shard (redis-py runs no script in a cluster pipeline).
+
+        Raises:
+            redis.ConnectionError, redis.TimeoutError: the store is unreachable, not one shard.
+        """
+        self.check_meta()
+        calls = [self._claim_call(shard, limit, lease_ms, now)(self._keys[shard]) for shard in shards]
+        if self.cluster or len(calls) == 1:
+            return [_claimed(partial(self.scripts.run, call)) for call in calls]
+        with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                self.scripts.queue(call, pipe)
+            replies = pipe.execute(raise_on_error=False)
+        return [_claimed(partial(_parsed, call, reply)) for call, reply in zip(calls, replies)]
+
+    def _claim_call(
+        self, shard: int, limit: int, lease_ms: int | None, now: int | None
+    ) -> Callable[[ShardKeys], ScriptCall[Claim]]:
         lease = self.config.lease_ms if lease_ms is None else lease_ms
         token = secrets.token_hex(8)
-        return self._run(
-            lambda k: ClaimScript.call(
-                k,
-                shard=shard,
-                token=token,
-                limit=limit,
-                lease_ms=lease,
-                max_attempts=self.config.max_attempts,
-                now=now or 0,
-                dead=self._dead_limits,
-            ),
-            shard,
+        return lambda k: ClaimScript.call(
+            k,
+            shard=shard,
+            token=token,
+            limit=limit,
+            lease_ms=lease,
+            max_attempts=self.config.max_attempts,
+            now=now or 0,
+            dead=self._dead_limits,
         )
 
     def lease(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Lease:
@@ -336,6 +362,17 @@ class Lease:
         shard = self.store.shard_of(item.id)
         wake = self.store.wake_channel
         self.store._write_or_queue(lambda k: Schedule.call(k, [item], keep=False, wake=wake), shard, pipeline)
+
+
+def _claimed(claim: Callable[[], Claim]) -> Claim | Exception:
+    """``claim()``'s claim, or the error it raised; an outage is raised (it is not one shard's)."""
+    try:
+        with full_store_said_plainly():
+            return claim()
+    except CONNECTION_ERRORS:
+        raise
+    except Exception as exc:  # a Redis error reply, or a reply that cannot be read
+        return exc
 
 
 def _ids(claim: Claim, ids: Iterable[str] | None) -> list[str]:

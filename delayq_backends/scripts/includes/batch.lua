@@ -1,0 +1,32 @@
+--[[ Variadic commands over a whole batch, cut into calls of at most CHUNK values: Lua's unpack()
+cannot pass more than about 8,000 values (LUAI_MAXCSTACK), and a claim may hold 10,000 items.
+Keyless: each takes the key it reads or writes. ]]
+--- @include "numbers"
+
+-- Values per call: even, so (field, value) and (score, member) pairs never straddle two calls.
+local CHUNK = 1000
+
+-- HMGET of every id in ids: one list, false where a field is missing.
+local function hmget(key, ids)
+  local out = {}
+  for i = 1, #ids, CHUNK do
+    local values = rcall('HMGET', key, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+    for j = 1, #values do out[#out + 1] = values[j] end  -- not ipairs: it stops at the first false
+  end
+  return out
+end
+
+-- cmd key [option] values..., cut into chunks; returns the sum of the integer replies (ZREM, HDEL
+-- and HSET count what they removed or added). option is nil or a flag such as 'XX'.
+local function variadic(cmd, key, values, option)
+  local total = 0
+  for i = 1, #values, CHUNK do
+    local last = math.min(i + CHUNK - 1, #values)
+    if option then
+      total = total + rcall(cmd, key, option, unpack(values, i, last))
+    else
+      total = total + rcall(cmd, key, unpack(values, i, last))
+    end
+  end
+  return total
+end
