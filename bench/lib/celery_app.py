@@ -18,4 +18,5 @@ app = make_app(
     backend=env["DQB_BACKEND"],
     records=env["DQB_RECORDS"],
     transport_options=json.loads(env.get("DQB_TRANSPORT_OPTIONS", "{}")),
+    dedupe=env.get("DQB_DEDUPE") == "1",
 )

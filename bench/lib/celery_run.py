@@ -40,6 +40,7 @@ def make_app(
     backend: str,
     records: str,
     transport_options: dict[str, Any],
+    dedupe: bool = False,
 ) -> Celery:
     """An app with the plugin installed whose tasks record their runs on the list ``sink`` on the
     Redis at ``records`` (apart from the store and the broker, which the chaos run restarts)."""
@@ -55,6 +56,7 @@ def make_app(
         worker_hijack_root_logger=False,
         result_expires=600,
         broker_transport_options=transport_options,
+        delayq_dedupe=dedupe,
         # Celery's prefetch reduction after a reconnect can leave a worker connected but idle
         # when the broker restarts with a task in flight (celery#9512 and kin); the chaos run
         # restarts brokers, and a stalled worker is Celery's fault, not a lost job
@@ -91,6 +93,8 @@ class CeleryRun:
     backend: str
     records_url: str
     transport_options: dict[str, Any] = field(default_factory=dict)
+    #: workers drop a second delivery of a started run (``delayq_dedupe``)
+    dedupe: bool = False
     processes: Processes = field(default_factory=lambda: Processes(grace=15))
 
     @classmethod
@@ -112,6 +116,7 @@ class CeleryRun:
             "DQB_BACKEND": self.backend,
             "DQB_RECORDS": self.records_url,
             "DQB_TRANSPORT_OPTIONS": json.dumps(self.transport_options),
+            "DQB_DEDUPE": "1" if self.dedupe else "0",
         }
 
     def app(self) -> Celery:
@@ -124,6 +129,7 @@ class CeleryRun:
             backend=self.backend,
             records=self.records_url,
             transport_options=self.transport_options,
+            dedupe=self.dedupe,
         )
 
     def native_app(self) -> Celery:
