@@ -32,19 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from lib.celery_run import CeleryRun
+from lib.report import RESULTS_PATH, code_digest, log, write_results
+from lib.waiting import wait_for
+
+from delayq_backends import Config, DelayStore
+from delayq_backends.dedupe import RunGuard
+from delayq_backends.embedded import EmbeddedServer
 
 BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR.parent))  # the tests' worker harness and app
-
-from core import RESULTS_PATH, code_digest, log, write_results  # noqa: E402
-
-from delayq_backends import Config, DelayStore  # noqa: E402
-from delayq_backends.dedupe import RunGuard  # noqa: E402
-from delayq_backends.embedded import EmbeddedServer  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
-from tests.test_celery.harness import new_env  # noqa: E402
-
-ROOT = BENCH_DIR.parent
 
 
 def guard_rate(server: EmbeddedServer, n: int) -> dict[str, float]:
@@ -71,17 +67,17 @@ def guard_rate(server: EmbeddedServer, n: int) -> dict[str, float]:
 
 def celery_round(server: EmbeddedServer, n: int, dedupe: bool) -> float:
     """Tasks/s of one worker draining ``n`` queued no-op tasks."""
-    env = new_env("redis", f"{server.url.rsplit('/', 1)[0]}/1", server)
+    env = CeleryRun.on("redis", f"{server.url.rsplit('/', 1)[0]}/1", server)
     env.dedupe = dedupe
     tmp = Path(tempfile.mkdtemp(prefix="dq-bench-dedupe-"))
     try:
         proc = env.start_worker(tmp)
-        env.app().send_task("dqt.ping", queue=env.queue)  # warm the store connection
+        env.app().send_task("dqb.ping", queue=env.queue)  # warm the store connection
         app = env.app()
         sink = redis.Redis.from_url(env.records_url)
         with app.connection_for_write() as conn, conn.Producer() as producer:
             for i in range(n):
-                app.send_task("dqt.record", args=[f"b{i}"], queue=env.queue, producer=producer)
+                app.send_task("dqb.record", args=[f"b{i}"], queue=env.queue, producer=producer)
         wait_for(lambda: proc.poll() is not None or sink.llen(env.sink) >= n, 600, "the worker to drain", interval=0.2)
         starts = [json.loads(r)["started_ms"] for r in sink.lrange(env.sink, 0, -1)]
         return n / max(1e-3, (max(starts) - min(starts)) / 1000)
@@ -91,9 +87,8 @@ def celery_round(server: EmbeddedServer, n: int, dedupe: bool) -> float:
 
 def rq_round(server: EmbeddedServer, n: int, worker_class: str) -> float:
     """Jobs/s of one burst SimpleWorker draining ``n`` queued jobs."""
+    from lib.rq_jobs import record, runs_key
     from rq import Queue
-
-    from tests.test_rq.jobs import record, runs_key
 
     conn = redis.Redis.from_url(server.url)
     prefix = f"bq{uuid.uuid4().hex[:8]}"
@@ -102,9 +97,10 @@ def rq_round(server: EmbeddedServer, n: int, worker_class: str) -> float:
         for i in range(n):
             queue.enqueue(record, i, pipeline=pipe)
         pipe.execute()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": "16"}
+    path = os.pathsep.join([str(BENCH_DIR.parent), str(BENCH_DIR)])  # this checkout, and lib.rq_jobs
+    env = {**os.environ, "PYTHONPATH": path, "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": "16"}
     args = [sys.executable, "-m", "rq.cli", "worker", "-u", server.url, "--burst", "-q"]
-    subprocess.run([*args, "--worker-class", worker_class, queue.name], cwd=ROOT, env=env, check=True, timeout=600)
+    subprocess.run([*args, "--worker-class", worker_class, queue.name], cwd=BENCH_DIR, env=env, check=True, timeout=600)
     starts = [json.loads(r)["at"] for r in conn.lrange(runs_key(queue.name), 0, -1)]
     return n / max(1e-3, max(starts) - min(starts))
 

@@ -56,6 +56,7 @@ def make_app(
         worker_hijack_root_logger=False,
         result_expires=600,
         broker_transport_options=transport_options,
+        delayq_dedupe=dedupe,
         # Celery's prefetch reduction after a reconnect can leave a worker connected but idle
         # when the broker restarts with a task in flight (celery#9512 and kin); the chaos run
         # restarts brokers, and a stalled worker is Celery's fault, not a lost job
