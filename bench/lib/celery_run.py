@@ -62,8 +62,6 @@ def make_app(
         # restarts brokers, and a stalled worker is Celery's fault, not a lost job
         worker_enable_prefetch_count_reduction=False,
     )
-    if dedupe:  # before install(): it makes DedupeTask the base of the tasks defined below
-        app.conf.delayq_dedupe = True
     install(app)
     out = redis.Redis.from_url(records)
 
