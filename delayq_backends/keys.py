@@ -79,6 +79,8 @@ def normalize_id(item_id: str | bytes) -> str:
     format (bidi) or line-separator character. ``.`` and ``..`` are ids like any other (the API
     reaches every id by ``?id=``).
     """
+    if type(item_id) is str and item_id.isascii() and item_id.isprintable() and 0 < len(item_id) <= MAX_ID_BYTES:
+        return item_id  # the usual id (a UUID, a ULID): printable ASCII, one byte a character
     if isinstance(item_id, bytes):
         try:
             item_id = item_id.decode("utf-8")

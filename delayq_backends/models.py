@@ -101,10 +101,13 @@ class Claim:
         return f"{self.deadline_ms}:{self.token}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScheduleItem:
     """One item to schedule, checked: an id from ``keys.normalize_id``, ready time in integer ms,
-    envelope bytes from ``DelayStore.check_payload`` and a rank from ``store.check_rank``."""
+    envelope bytes from ``DelayStore.check_payload`` and a rank from ``store.check_rank``.
+
+    Slotted, not frozen: one is made per item scheduled, and a frozen dataclass costs several
+    times more to build."""
 
     id: str
     ready_ms: int

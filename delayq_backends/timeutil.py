@@ -103,7 +103,7 @@ def to_ms(when: When, *, clock: Clock = now_ms) -> int:
             past year 9999 (often epoch milliseconds passed as seconds).
     """
     if isinstance(when, (int, float)) and not isinstance(when, bool):  # the bulk path, first
-        return _checked_ms(when * 1000, what=f"epoch seconds {when!r}")
+        return _checked_ms(when * 1000, "epoch seconds", when)
     if isinstance(when, datetime):
         if when.tzinfo is None or when.utcoffset() is None:
             raise InvalidTimeError(
@@ -111,7 +111,7 @@ def to_ms(when: When, *, clock: Clock = now_ms) -> int:
                 "e.g. datetime.now(timezone.utc) + timedelta(minutes=5), "
                 "or when.replace(tzinfo=ZoneInfo('Europe/Paris'))"
             )
-        _checked_ms(when.timestamp() * 1000, what=f"datetime {when.isoformat()}")
+        _checked_ms(when.timestamp() * 1000, "datetime", when)
         micros = (when - _EPOCH) // timedelta(microseconds=1)  # exact: no float on this path
         ms = -(-micros // 1000)
     elif isinstance(when, timedelta):
@@ -121,10 +121,10 @@ def to_ms(when: When, *, clock: Clock = now_ms) -> int:
                 "for an item that is due at once"
             )
         now = clock()
-        _checked_ms(now + when / timedelta(milliseconds=1), what=f"delay {when}")
+        _checked_ms(now + when / timedelta(milliseconds=1), "delay", when)
         ms = now + -(-(when // timedelta(microseconds=1)) // 1000)
     elif isinstance(when, Real) and not isinstance(when, bool):
-        ms = _checked_ms(float(when) * 1000, what=f"epoch seconds {when!r}")
+        ms = _checked_ms(float(when) * 1000, "epoch seconds", when)
     else:
         raise InvalidTimeError(
             f"cannot schedule at {when!r} ({type(when).__name__}): pass an aware datetime, "
@@ -133,14 +133,26 @@ def to_ms(when: When, *, clock: Clock = now_ms) -> int:
     return ms
 
 
-def _checked_ms(value: float, *, what: str) -> int:
+def _checked_ms(value: float, kind: str, given: object) -> int:
+    """``value`` ms as an int, rounded up; ``kind`` and ``given`` name the input in an error (its
+    message is built only then: this runs once per scheduled item)."""
+    if 0 <= value <= MAX_MS:  # the usual case: finite and in range
+        # round to the microsecond first, so float noise (0.3 s * 1000 = 300.00000000000006)
+        # does not make an exact time a millisecond late
+        return math.ceil(round(value, 3))
+    what = _what(kind, given)
     if math.isnan(value) or math.isinf(value):
         raise InvalidTimeError(f"{what} is not a finite time: pass a real date or delay")
     if value < 0:
         raise InvalidTimeError(f"{what} is before 1970: pass a time after the Unix epoch")
-    if value > MAX_MS:
-        hint = " (epoch milliseconds passed as seconds? divide by 1000)" if value < MAX_MS * 1000 * 10 else ""
-        raise InvalidTimeError(f"{what} lies after year 9999{hint}: pass epoch seconds")
-    # round to the microsecond first, so float noise (0.3 s * 1000 = 300.00000000000006) does
-    # not make an exact time a millisecond late
-    return math.ceil(round(value, 3))
+    hint = " (epoch milliseconds passed as seconds? divide by 1000)" if value < MAX_MS * 1000 * 10 else ""
+    raise InvalidTimeError(f"{what} lies after year 9999{hint}: pass epoch seconds")
+
+
+def _what(kind: str, given: object) -> str:
+    """How an error names the time it refuses, as the caller wrote it."""
+    if isinstance(given, datetime):
+        return f"{kind} {given.isoformat()}"
+    if isinstance(given, timedelta):
+        return f"{kind} {given}"
+    return f"{kind} {given!r}"

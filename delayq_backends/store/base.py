@@ -42,6 +42,8 @@ def check_rank(rank: int) -> int:
     Raises:
         InvalidRankError: anything else; nothing was stored.
     """
+    if type(rank) is int and 0 <= rank <= MAX_RANK:  # the usual case, checked first (bool is no int here)
+        return rank
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_RANK:
         raise InvalidRankError(
             f"rank={rank!r}: pass an int in 0..{MAX_RANK} (0, the default, for most items; higher is claimed "
