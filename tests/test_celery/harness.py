@@ -123,17 +123,26 @@ class CeleryEnv:
 
 
 @contextmanager
-def running(env: CeleryEnv, tmp: Path, *, via_celery: bool = False) -> Iterator[CeleryEnv]:
-    """``env`` with a worker and a forwarder running; their logs are printed if the block fails."""
+def watched(env: CeleryEnv) -> Iterator[CeleryEnv]:
+    """``env`` for one block: its processes' logs printed if the block fails, the processes
+    stopped and a RabbitMQ queue deleted at its end."""
     try:
-        env.start_worker(tmp)
-        env.start_forwarder(tmp, via_celery=via_celery)
         yield env
     except BaseException:
         print(env.tail())
         raise
     finally:
         env.stop()
+        delete_queue(env)
+
+
+@contextmanager
+def running(env: CeleryEnv, tmp: Path, *, via_celery: bool = False) -> Iterator[CeleryEnv]:
+    """``env`` with a worker and a forwarder running; their logs are printed if the block fails."""
+    with watched(env):
+        env.start_worker(tmp)
+        env.start_forwarder(tmp, via_celery=via_celery)
+        yield env
 
 
 def new_env(kind: str, broker: str, valkey: EmbeddedServer) -> CeleryEnv:

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 
 from delayq_backends.embedded import EmbeddedServer
 from tests.helpers import wait_for
-from tests.test_celery.harness import ROOT, CeleryEnv, delete_queue, new_env
+from tests.test_celery.harness import ROOT, CeleryEnv, new_env, watched
 from tests.test_celery.tasks import make_app
 
 
@@ -33,33 +34,34 @@ def _env(kind: str, broker: str, valkey: EmbeddedServer, dedupe: bool) -> Celery
     return env
 
 
+def in_memory_app(valkey_server: EmbeddedServer, prefix: str) -> Celery:
+    """An app with dedupe on, its broker and results in memory, its store on the Valkey."""
+    return make_app(
+        broker="memory://",
+        store=valkey_server.url,
+        prefix=prefix,
+        queue="q",
+        sink="s",
+        backend="cache+memory://",
+        records=valkey_server.url,
+        dedupe=True,
+    )
+
+
 @pytest.fixture
 def redis_env(valkey_server: EmbeddedServer, tmp_path: Path, dedupe: bool) -> Iterator[CeleryEnv]:
     """A worker on a Redis broker (the embedded Valkey's db 1), no forwarder."""
-    env = _env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server, dedupe)
-    try:
+    with watched(_env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server, dedupe)) as env:
         env.start_worker(tmp_path)
         yield env
-    except BaseException:
-        print(env.tail())
-        raise
-    finally:
-        env.stop()
 
 
 @pytest.fixture
 def rabbit_env(valkey_server: EmbeddedServer, rabbitmq_url: str, tmp_path: Path, dedupe: bool) -> Iterator[CeleryEnv]:
     """A worker on RabbitMQ; the test starts the forwarders."""
-    env = _env("rabbitmq", rabbitmq_url, valkey_server, dedupe)
-    try:
+    with watched(_env("rabbitmq", rabbitmq_url, valkey_server, dedupe)) as env:
         env.start_worker(tmp_path)
         yield env
-    except BaseException:
-        print(env.tail())
-        raise
-    finally:
-        env.stop()
-        delete_queue(env)
 
 
 def runs_of(env: CeleryEnv, task_id: str) -> list[dict[str, Any]]:
@@ -169,7 +171,6 @@ def test_dedupe_task_becomes_the_base_of_later_tasks(valkey_server: EmbeddedServ
     ("name", "value"), [("delayq_dedupe", "yes"), ("delayq_dedupe_ttl", 0), ("delayq_dedupe_ttl", True)]
 )
 def test_a_bad_dedupe_setting_is_refused_by_name(name: str, value: Any) -> None:
-    from celery import Celery
 
     from delayq_backends.celery import CelerySettings
     from delayq_backends.errors import ConfigError
@@ -191,16 +192,7 @@ def test_should_run_decides_by_run_and_lets_a_broker_redelivery_through(
     from delayq_backends.celery import forget_store
     from delayq_backends.celery.dedupe import guard_for, should_run
 
-    app = make_app(
-        broker="memory://",
-        store=valkey_server.url,
-        prefix=prefix,
-        queue="q",
-        sink="s",
-        backend="cache+memory://",
-        records=valkey_server.url,
-        dedupe=True,
-    )
+    app = in_memory_app(valkey_server, prefix)
     task_id = str(uuid.uuid4())
 
     def request(retries: int, redelivered: bool = False) -> SimpleNamespace:
@@ -231,16 +223,7 @@ def test_eager_runs_and_uncovered_tasks_are_named_at_worker_start(
 
     from delayq_backends.celery.dedupe import _check_tasks
 
-    app = make_app(
-        broker="memory://",
-        store=valkey_server.url,
-        prefix=prefix,
-        queue="q",
-        sink="s",
-        backend="cache+memory://",
-        records=valkey_server.url,
-        dedupe=True,
-    )
+    app = in_memory_app(valkey_server, prefix)
 
     @app.task(base=Task, name="dqt.own_base", shared=False)
     def own_base() -> str:
@@ -257,8 +240,6 @@ def test_eager_runs_and_uncovered_tasks_are_named_at_worker_start(
 
 def test_a_bad_dedupe_setting_is_logged_at_worker_start(caplog: pytest.LogCaptureFixture) -> None:
     from types import SimpleNamespace
-
-    from celery import Celery
 
     from delayq_backends.celery.dedupe import _check_tasks
 

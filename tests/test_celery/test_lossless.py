@@ -20,7 +20,7 @@ from kombu import Connection
 from delayq_backends import DelayStore
 from delayq_backends.embedded import EmbeddedServer
 from tests.helpers import wait_for
-from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
+from tests.test_celery.harness import CeleryEnv, new_env, watched
 from tests.test_celery.test_dedupe import crash_between_publish_and_ack, drop_logged, runs_of
 
 WINDOW = ["--lossless", "--lossless-window", "3"]
@@ -36,14 +36,8 @@ def env(request: pytest.FixtureRequest, valkey_server: EmbeddedServer) -> Iterat
         broker = f"{valkey_server.url.rsplit('/', 1)[0]}/0"
     env = new_env(request.param, broker, valkey_server)
     env.dedupe = True
-    try:
+    with watched(env):
         yield env
-    except BaseException:
-        print(env.tail())
-        raise
-    finally:
-        env.stop()
-        delete_queue(env)
 
 
 def store_of(env: CeleryEnv) -> DelayStore:
