@@ -80,8 +80,11 @@ print(json.dumps(out))
 
 def rates(tree: Path, url: str, items: int, single: int, batch: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    # cwd=tree: ``python -c`` puts the working directory first on sys.path, so run from
+    # elsewhere every tree would import the caller's checkout.
     done = subprocess.run(
         [sys.executable, "-c", WORK, url, str(items), str(single), str(batch)],
+        cwd=tree,
         env=env,
         check=True,
         capture_output=True,
