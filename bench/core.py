@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from itertools import islice
 from multiprocessing.synchronize import Event as MpEvent
@@ -80,8 +80,10 @@ class Sizes:
     steady_rate: int  # items/s of the steady producer
     steady_seconds: float
     steady_runs: int
-    claim_small: int
-    claim_large: int
+    due_rate: int  # items/s falling due in the falling-due run (scheduled ahead, all at once)
+    due_seconds: float
+    due_runs: int
+    claim_sizes: tuple[int, ...]  # backlogs timed side by side; each is compared with the first
     claim_samples: int  # claim+ack pairs timed per backlog size
     wake_reps: int
 
@@ -96,23 +98,25 @@ FULL = Sizes(
     steady_rate=1000,
     steady_seconds=20.0,
     steady_runs=3,
-    claim_small=10_000,
-    claim_large=1_000_000,
+    due_rate=20_000,
+    due_seconds=5.0,  # 100k items: what ForwarderStats keeps of lateness samples
+    due_runs=3,
+    claim_sizes=(10_000, 1_000_000, 10_000_000),
     claim_samples=400,
     wake_reps=50,
 )
-QUICK = Sizes(
-    "quick",
+QUICK = replace(
+    FULL,
+    name="quick",
     reps=3,
     single_items=2_000,
     bulk_items=100_000,
     forward_items=30_000,
-    batches=(100, 200, 500),
-    steady_rate=1000,
     steady_seconds=5.0,
     steady_runs=1,
-    claim_small=10_000,
-    claim_large=200_000,
+    due_seconds=3.0,
+    due_runs=1,
+    claim_sizes=(10_000, 200_000),
     claim_samples=100,
     wake_reps=10,
 )
@@ -411,18 +415,25 @@ def _forwarder_main(url: str, batch: int, stop: MpEvent, results: Any) -> None:
 
 
 def _consumer_main(url: str, list_key: str, stop: MpEvent, received: Any, results: Any) -> None:
-    """Child process: BLPOP the list and record receive time − ready time (from the body)."""
+    """Child process: pop the list and record receive time − ready time (from the body).
+
+    Pops up to 500 at a time (one BLPOP when the list is empty): one round trip per item could
+    not keep up with 20,000 items/s, and the lateness would be the consumer's own."""
     client = redis.Redis.from_url(url)
     lateness: list[float] = []
     while True:
-        reply = client.blpop([list_key], timeout=0.2)
-        if reply is None:
-            if stop.is_set():
-                break
-            continue
-        lateness.append(ms_now() - json.loads(reply[1])["ready_ms"])
+        bodies = client.lpop(list_key, 500)
+        if not bodies:
+            reply = client.blpop([list_key], timeout=0.2)
+            if reply is None:
+                if stop.is_set():
+                    break
+                continue
+            bodies = [reply[1]]
+        now = ms_now()
+        lateness.extend(now - json.loads(b)["ready_ms"] for b in bodies)
         with received.get_lock():
-            received.value += 1
+            received.value += len(bodies)
     results.put(lateness)
 
 
@@ -481,11 +492,17 @@ def finish(pipeline: Pipeline) -> tuple[dict[str, Any], list[float]]:
     return fwd, con
 
 
-def produce_steady(store: DelayStore, run: int, sizes: Sizes, list_key: str) -> list[float]:
-    """Schedule ``steady_rate`` items/s, each 50–500 ms ahead, with one schedule() per item.
+@dataclass
+class Produced:
+    """What a lateness run's producer scheduled."""
 
-    Paced against absolute times (no drift); returns each schedule call's latency in ms.
-    """
+    count: int
+    call_ms: list[float]  # each schedule() call's latency (none for one bulk call)
+
+
+def produce_steady(store: DelayStore, run: int, sizes: Sizes, list_key: str) -> Produced:
+    """Schedule ``steady_rate`` items/s, each 50–500 ms ahead, with one schedule() per item,
+    paced against absolute times (no drift)."""
     rng = random.Random(run)
     count = int(sizes.steady_rate * sizes.steady_seconds)
     call_ms: list[float] = []
@@ -499,32 +516,55 @@ def produce_steady(store: DelayStore, run: int, sizes: Sizes, list_key: str) -> 
         t0 = time.perf_counter()
         store.schedule(item_id, ready / 1000, envelope(item_id, ready, list_key))
         call_ms.append((time.perf_counter() - t0) * 1000)
-    return call_ms
+    return Produced(count, call_ms)
 
 
-def steady_run(server: BenchServer, sizes: Sizes, run: int) -> dict[str, Any]:
-    """One steady-load run: produce, wait for every item to arrive, collect both sides."""
+def produce_falling_due(store: DelayStore, run: int, sizes: Sizes, list_key: str) -> Produced:
+    """Schedule ``due_rate × due_seconds`` items ahead with schedule_many, their ready times
+    spread evenly at ``due_rate`` items/s from a start 1–4 s away: what the forwarder meets is
+    that rate falling due, and no producer competes for the cores while it does.
+
+    Raises if loading ran past the first ready time.
+    """
+    count = int(sizes.due_rate * sizes.due_seconds)
+    start_ms = int(ms_now()) + 1000 + count // 30  # ~33 µs per item to build and load, with room
+    rows = []
+    for i in range(count):
+        item_id, ready = f"due{run}-{i}", start_ms + i * 1000 // sizes.due_rate
+        rows.append((item_id, ready / 1000, envelope(item_id, ready, list_key)))
+    store.schedule_many(rows)
+    if ms_now() >= start_ms:
+        raise RuntimeError(f"loading {count} items ran past their first ready time: raise the lead time")
+    return Produced(count, [])
+
+
+def lateness_run(
+    server: BenchServer, sizes: Sizes, run: int, produce: Callable[[DelayStore, int, Sizes, str], Produced]
+) -> dict[str, Any]:
+    """One lateness run: ``produce`` schedules, then wait for every item to arrive and collect
+    both sides, and the CPU share of each process and of the server."""
     server.wipe()
-    list_key = f"bench:steady{run}"
+    list_key = f"bench:{produce.__name__}{run}"
     store = server.store()
     with forwarding_processes(server, list_key) as pipeline:
         t0, cpu0, server0 = time.perf_counter(), time.process_time(), server.cpu_seconds()
-        call_ms = produce_steady(store, run, sizes, list_key)
+        produced = produce(store, run, sizes, list_key)
+        produced_s = time.perf_counter() - t0
+        deadline = time.monotonic() + 30
+        while pipeline.received.value < produced.count and time.monotonic() < deadline:
+            time.sleep(0.05)
         wall = time.perf_counter() - t0
         producer_cpu = (time.process_time() - cpu0) / wall
         server1 = server.cpu_seconds()
         server_cpu = (server1 - server0) / wall if server0 is not None and server1 is not None else None
-        deadline = time.monotonic() + 10
-        while pipeline.received.value < len(call_ms) and time.monotonic() < deadline:
-            time.sleep(0.05)
         fwd, consumer_ms = finish(pipeline)
     return {
-        "produced": len(call_ms),
-        "achieved_rate": round(len(call_ms) / wall, 1),
+        "produced": produced.count,
+        "achieved_rate": round(produced.count / produced_s, 1),
         "received": len(consumer_ms),
         "forwarder_ms": [float(x) for x in fwd["lateness_ms"]],
         "consumer_ms": consumer_ms,
-        "schedule_call_ms": call_ms,
+        "schedule_call_ms": produced.call_ms,
         "items_per_batch": round(fwd["forwarded"] / max(1, fwd["batches"]), 2),
         "cpu_fraction": {
             "forwarder": round(fwd["cpu_fraction"], 2),
@@ -535,24 +575,19 @@ def steady_run(server: BenchServer, sizes: Sizes, run: int) -> dict[str, Any]:
     }
 
 
-def bench_steady_lateness(server: BenchServer, sizes: Sizes) -> list[Figure]:
-    """Lateness at a steady 1,000 items/s: forwarder side (server time at publish − ready) and
-    consumer side (BLPOP receive − ready). Reports the median over runs of each percentile."""
-    runs = []
-    for run in range(sizes.steady_runs):
-        log(f"  steady run {run + 1}/{sizes.steady_runs}: {sizes.steady_rate}/s for {sizes.steady_seconds:.0f} s")
-        runs.append(steady_run(server, sizes, run))
+def lateness_figures(runs: list[dict[str, Any]], key: str, what: str, goal_ms: float) -> list[Figure]:
+    """p99 lateness, forwarder side (server time at publish − ready) and consumer side (pop −
+    ready): the median over runs of each run's percentiles."""
     figures = []
     for side, label in (("forwarder_ms", "forwarder side"), ("consumer_ms", "consumer side")):
         per_run = [distribution(r[side]) for r in runs]
-        p99 = statistics.median(d["p99"] for d in per_run)
         figures.append(
             figure(
-                f"lateness_{side.split('_')[0]}_p99",
-                f"lateness p99 at {sizes.steady_rate}/s, {label}",
-                p99,
+                f"{key}_{side.split('_')[0]}_p99",
+                f"lateness p99 {what}, {label}",
+                statistics.median(d["p99"] for d in per_run),
                 "ms",
-                Goal(20, False, "ms"),
+                Goal(goal_ms, False, "ms"),
                 p50=statistics.median(d["p50"] for d in per_run),
                 max=max(d["max"] for d in per_run),
                 per_run=per_run,
@@ -569,6 +604,24 @@ def bench_steady_lateness(server: BenchServer, sizes: Sizes) -> list[Figure]:
         schedule_call_ms=distribution([x for r in runs for x in r["schedule_call_ms"]]),
     )
     return figures
+
+
+def bench_steady_lateness(server: BenchServer, sizes: Sizes) -> list[Figure]:
+    """Lateness at a steady 1,000 items/s scheduled one call each, 50–500 ms ahead."""
+    runs = []
+    for run in range(sizes.steady_runs):
+        log(f"  steady run {run + 1}/{sizes.steady_runs}: {sizes.steady_rate}/s for {sizes.steady_seconds:.0f} s")
+        runs.append(lateness_run(server, sizes, run, produce_steady))
+    return lateness_figures(runs, "lateness", f"at {sizes.steady_rate}/s", 20)
+
+
+def bench_falling_due(server: BenchServer, sizes: Sizes) -> list[Figure]:
+    """Lateness while ``due_rate`` items/s fall due for ``due_seconds``, one forwarder."""
+    runs = []
+    for run in range(sizes.due_runs):
+        log(f"  falling-due run {run + 1}/{sizes.due_runs}: {sizes.due_rate}/s for {sizes.due_seconds:.0f} s")
+        runs.append(lateness_run(server, sizes, run, produce_falling_due))
+    return lateness_figures(runs, "due_lateness", f"with {sizes.due_rate}/s falling due", 50)
 
 
 # -- 5. claim latency vs backlog size -----------------------------------------------------------
@@ -624,34 +677,41 @@ def claim_probe(server: BenchServer, shards: int, backlog: int) -> ClaimProbe:
     return ClaimProbe(store, ids_on_shard(store, 0, 200, "due"))
 
 
-def bench_claim_latency(server: BenchServer, sizes: Sizes, shards: int, limit: int = 200) -> Figure:
-    """claim(200)+ack latency with a small vs a large backlog in the future.
+def bench_claim_latency(server: BenchServer, sizes: Sizes, shards: int, limit: int = 200) -> list[Figure]:
+    """claim(200)+ack latency with a small vs larger backlogs in the future.
 
     A claim is ZRANGEBYSCORE … LIMIT plus O(1) hash work per item, so it should not care how
-    many items wait behind the head; the target is large within 2x of small. Both backlogs
-    live side by side (two prefixes) and samples alternate between them, so machine noise
-    hits both alike instead of skewing the ratio.
+    many items wait behind the head; the target is each larger backlog within 1.2x of the
+    smallest. All backlogs live side by side (a prefix each) and samples go round them, so
+    machine noise hits them alike instead of skewing the ratio.
     """
     server.wipe()
-    small, large = (claim_probe(server, shards, n) for n in (sizes.claim_small, sizes.claim_large))
+    probes = [claim_probe(server, shards, n) for n in sizes.claim_sizes]
     data = envelope("claim", 0).encode()
     for _ in range(sizes.claim_samples):
-        small.sample(data, limit)
-        large.sample(data, limit)
-    d_small, d_large = distribution(small.total_ms), distribution(large.total_ms)
-    return figure(
-        f"claim_ratio_{shards}shards",
-        f"claim({limit})+ack median, {sizes.claim_large:_} vs {sizes.claim_small:_} items, {shards} shard(s)",
-        d_large["p50"] / d_small["p50"],
-        "x",
-        Goal(2, False, "x"),
-        small=d_small,
-        large=d_large,
-        p99_ratio=round(d_large["p99"] / d_small["p99"], 3),
-        claim_only_small=distribution(small.claim_ms),
-        claim_only_large=distribution(large.claim_ms),
-        items_per_shard_large=sizes.claim_large // shards,
-    )
+        for probe in probes:
+            probe.sample(data, limit)
+    small, d_small = sizes.claim_sizes[0], distribution(probes[0].total_ms)
+    figures = []
+    for backlog, probe in zip(sizes.claim_sizes[1:], probes[1:]):
+        d_large = distribution(probe.total_ms)
+        figures.append(
+            figure(
+                f"claim_ratio_{shards}shards_{backlog}",
+                f"claim({limit})+ack median, {backlog:_} vs {small:_} items, {shards} shard(s)",
+                d_large["p50"] / d_small["p50"],
+                "x",
+                Goal(1.2, False, "x"),
+                small=d_small,
+                large=d_large,
+                p99_ratio=round(d_large["p99"] / d_small["p99"], 3),
+                claim_only_small=distribution(probes[0].claim_ms),
+                claim_only_large=distribution(probe.claim_ms),
+                items_per_shard_large=backlog // shards,
+            )
+        )
+    server.wipe()
+    return figures
 
 
 # -- wake-up precision --------------------------------------------------------------------------
@@ -825,8 +885,9 @@ def _detail_text(f: dict[str, Any]) -> str:
             text += (
                 f"; produced {d['produced']} at {d['achieved_rate']}/s, received {d['received']}; "
                 f"{d['items_per_batch']} items per forwarder batch; CPU (share of one core) "
-                f"{d['cpu_fraction']}; schedule() call {fmt_dist(d['schedule_call_ms'])}; "
-                f"load {d['loadavg_1m']}"
+                f"{d['cpu_fraction']}; "
+                + (f"schedule() call {fmt_dist(d['schedule_call_ms'])}; " if d["schedule_call_ms"]["n"] else "")
+                + f"load {d['loadavg_1m']}"
             )
         return text
     return json.dumps(d)
@@ -869,6 +930,7 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
                 lambda: bench_forwarding(server, sizes),
             ),
             ("steady lateness", lambda: bench_steady_lateness(server, sizes)),
+            ("falling due", lambda: bench_falling_due(server, sizes)),
             ("claim latency 16 shards", lambda: bench_claim_latency(server, sizes, 16)),
             ("claim latency 1 shard", lambda: bench_claim_latency(server, sizes, 1)),
             ("wake-up", lambda: bench_wakeup(server, sizes)),
