@@ -75,8 +75,8 @@ local function take(ids, scores)
     end
   end
   variadic('ZADD', k.due, deadlines, 'XX')
-  variadic('HSET', k.leased, leases)
-  variadic('HSET', k.tries, counts)
+  hset_many(k.leased, leases)
+  hset_many(k.tries, counts)
 end
 
 -- Claim the due entries of one rank's band, in index order; returns when the band has no more
