@@ -40,6 +40,7 @@ if bad_types then return bad_types end
 local now = now_ms(ARGV[4])
 local deadline = ms(now + tonumber(ARGV[2]))
 local lease = deadline .. ':' .. ARGV[5]
+local held_by = lease .. ':'  -- a lease entry: held_by .. ready
 local max_attempts = tonumber(ARGV[3])
 local budget = math.min(tonumber(ARGV[1]) or 0, MAX_CLAIM)
 local out = {deadline}
@@ -54,24 +55,26 @@ local function take(ids, scores)
   budget = budget - n
   local envelopes, helds, tries = hmget(k.items, ids), hmget(k.leased, ids), hmget(k.tries, ids)
   local deadlines, leases, counts = {}, {}, {}
+  local m, o = 0, #out  -- counters, not #t: a length is a search on each read
   for i = 1, n do
-    local id, envelope, held = ids[i], envelopes[i], helds[i]
+    local id, envelope, held, count = ids[i], envelopes[i], helds[i], tries[i]
     local ready = held and string.match(held, ':(%-?%d+)$') or scores[i]
-    local wrong = defect(id, envelope, held, tries[i], ready)
-    local attempts = (whole(tries[i]) or 0) + 1
+    local wrong = defect(id, envelope, held, count, ready)
     if wrong then
-      bury(k, id, envelope, ready, whole(tries[i]) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
-    elseif attempts > max_attempts then
-      bury(k, id, envelope, ready, attempts,
-        'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
+      bury(k, id, envelope, ready, whole(count) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
     else
-      ready = ms(finite(ready))
-      local at = #deadlines
-      deadlines[at + 1], deadlines[at + 2] = deadline, id
-      leases[at + 1], leases[at + 2] = id, lease .. ':' .. ready
-      counts[at + 1], counts[at + 2] = id, ms(attempts)
-      local o = #out
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, envelope, attempts, ready
+      local attempts = count and whole(count) + 1 or 1  -- defect() found a tries entry whole
+      if attempts > max_attempts then
+        bury(k, id, envelope, ready, attempts,
+          'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
+      else
+        ready = ms(finite(ready))
+        deadlines[m + 1], deadlines[m + 2] = deadline, id
+        leases[m + 1], leases[m + 2] = id, held_by .. ready
+        counts[m + 1], counts[m + 2] = id, attempts == 1 and '1' or ms(attempts)  -- 1: no format
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, envelope, attempts, ready
+        m, o = m + 2, o + 4
+      end
     end
   end
   variadic('ZADD', k.due, deadlines, 'XX')
@@ -125,7 +128,8 @@ if budget > 0 then
   local ids, scores = {}, {}
   local due = rcall('ZRANGEBYSCORE', k.due, '-inf', ms(now), 'WITHSCORES', 'LIMIT', 0, budget)
   for i = 1, #due, 2 do
-    ids[#ids + 1], scores[#scores + 1] = due[i], due[i + 1]
+    local j = (i + 1) / 2
+    ids[j], scores[j] = due[i], due[i + 1]
   end
   take(ids, scores)
 end
