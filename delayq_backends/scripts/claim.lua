@@ -35,8 +35,11 @@ local k = {
 }
 -- Must match forwarder.MAX_BATCH.
 local MAX_CLAIM = 10000
-local bad_types = check_types(k)
+local bad_types, sizes = check_types(k)
 if bad_types then return bad_types end
+-- leased and tries while they are still empty (no forwarder holds an item of the shard, and this
+-- claim has written none yet): take() reads nothing from them instead of a false per id.
+local empty = {[k.leased] = sizes.leased == 0, [k.tries] = sizes.tries == 0}
 local now = now_ms(ARGV[4])
 local deadline = ms(now + tonumber(ARGV[2]))
 local lease = deadline .. ':' .. ARGV[5]
@@ -53,7 +56,9 @@ local function take(ids, scores)
   local n = #ids
   if n == 0 then return end
   budget = budget - n
-  local envelopes, helds, tries = hmget(k.items, ids), hmget(k.leased, ids), hmget(k.tries, ids)
+  local envelopes = hmget(k.items, ids)
+  local helds = empty[k.leased] and {} or hmget(k.leased, ids)
+  local tries = empty[k.tries] and {} or hmget(k.tries, ids)
   local deadlines, leases, counts = {}, {}, {}
   local m, o = 0, #out  -- counters, not #t: a length is a search on each read
   for i = 1, n do
@@ -80,6 +85,7 @@ local function take(ids, scores)
   variadic('ZADD', k.due, deadlines, 'XX')
   hset_many(k.leased, leases)
   hset_many(k.tries, counts)
+  empty[k.leased], empty[k.tries] = false, false
 end
 
 -- Claim the due entries of one rank's band, in index order; returns when the band has no more

@@ -133,3 +133,16 @@ def test_a_big_claim_writes_its_leases_into_hashtables_a_small_one_into_listpack
     assert set(store.client.hvals(k.tries)) == {b"1"}
     assert store.ack(big) == 32
     assert store.client.exists(k.leased, k.tries) == 0
+
+
+def test_counts_are_read_when_only_the_tries_hash_holds_entries(store: DelayStore) -> None:
+    """claim.lua skips reading `leased` or `tries` while it is empty; one of them empty does not
+    make it skip the other."""
+    ids = on_shard(store, 1, 3, tag="count")
+    store.schedule_many([(item_id, T / 1000, ENV) for item_id in ids])
+    k = store.keys(1)
+    store.client.hset(k.tries, ids[1], b"2")
+    assert store.client.exists(k.leased) == 0
+    claim = store.claim(1, lease_ms=1000, now=T)
+    assert {i.id: i.attempts for i in claim.items} == {ids[0]: 1, ids[1]: 3, ids[2]: 1}
+    assert store.client.hget(k.tries, ids[1]) == b"3"
