@@ -18,9 +18,10 @@ An item whose stored values are unusable (see defect() in includes/checks.lua) i
 the reason instead of leased; the rest of the batch is claimed as usual. allow-oom: a store at
 maxmemory must still drain, and a claim adds next to nothing.
 
-Cost: O((R + 1) log N + limit + S), in a few commands per batch: the plain due ids are read
-with one ZRANGEBYSCORE and one HMGET per hash, and leased with one ZADD XX and two HSETs. for R ranks present in the shard's index and S stale index
-entries met. With no ranked item, the index is one lookup of a missing key. A stale entry is met
+Cost: O((R + 1) log N + limit + S) for R ranks present in the shard's index and S stale index
+entries met, in a few commands per batch: the plain due ids are read with one ZRANGEBYSCORE and
+one HMGET per hash (none of leased or tries while they are empty), and leased with one ZADD XX
+and two HSETs (into hashtables from 32 items on: see hset_many in includes/batch.lua). With no ranked item, the index is one lookup of a missing key. A stale entry is met
 once (its item is gone: removed; or not due and not leased: moved to the item's score), except
 while its item is leased (at most the shard's in-flight ranked items), where it stays so a
 release or an expired lease finds it again at its ready time. A deferred item is not leased:
