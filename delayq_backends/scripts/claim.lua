@@ -18,9 +18,10 @@ An item whose stored values are unusable (see defect() in includes/checks.lua) i
 the reason instead of leased; the rest of the batch is claimed as usual. allow-oom: a store at
 maxmemory must still drain, and a claim adds next to nothing.
 
-Cost: O((R + 1) log N + limit + S), in a few commands per batch: the plain due ids are read
-with one ZRANGEBYSCORE and one HMGET per hash, and leased with one ZADD XX and two HSETs. for R ranks present in the shard's index and S stale index
-entries met. With no ranked item, the index is one lookup of a missing key. A stale entry is met
+Cost: O((R + 1) log N + limit + S) for R ranks present in the shard's index and S stale index
+entries met, in a few commands per batch: the plain due ids are read with one ZRANGEBYSCORE and
+one HMGET per hash (none of leased or tries while they are empty), and leased with one ZADD XX
+and two HSETs (into hashtables from 32 items on: see hset_many in includes/batch.lua). With no ranked item, the index is one lookup of a missing key. A stale entry is met
 once (its item is gone: removed; or not due and not leased: moved to the item's score), except
 while its item is leased (at most the shard's in-flight ranked items), where it stays so a
 release or an expired lease finds it again at its ready time. A deferred item is not leased:
@@ -35,11 +36,15 @@ local k = {
 }
 -- Must match forwarder.MAX_BATCH.
 local MAX_CLAIM = 10000
-local bad_types = check_types(k)
+local bad_types, sizes = check_types(k)
 if bad_types then return bad_types end
+-- leased and tries while they are still empty (no forwarder holds an item of the shard, and this
+-- claim has written none yet): take() reads nothing from them instead of a false per id.
+local empty = {[k.leased] = sizes.leased == 0, [k.tries] = sizes.tries == 0}
 local now = now_ms(ARGV[4])
 local deadline = ms(now + tonumber(ARGV[2]))
 local lease = deadline .. ':' .. ARGV[5]
+local held_by = lease .. ':'  -- a lease entry: held_by .. ready
 local max_attempts = tonumber(ARGV[3])
 local budget = math.min(tonumber(ARGV[1]) or 0, MAX_CLAIM)
 local out = {deadline}
@@ -52,31 +57,36 @@ local function take(ids, scores)
   local n = #ids
   if n == 0 then return end
   budget = budget - n
-  local envelopes, helds, tries = hmget(k.items, ids), hmget(k.leased, ids), hmget(k.tries, ids)
+  local envelopes = hmget(k.items, ids)
+  local helds = empty[k.leased] and {} or hmget(k.leased, ids)
+  local tries = empty[k.tries] and {} or hmget(k.tries, ids)
   local deadlines, leases, counts = {}, {}, {}
+  local m, o = 0, #out  -- counters, not #t: a length is a search on each read
   for i = 1, n do
-    local id, envelope, held = ids[i], envelopes[i], helds[i]
+    local id, envelope, held, count = ids[i], envelopes[i], helds[i], tries[i]
     local ready = held and string.match(held, ':(%-?%d+)$') or scores[i]
-    local wrong = defect(id, envelope, held, tries[i], ready)
-    local attempts = (whole(tries[i]) or 0) + 1
+    local wrong = defect(id, envelope, held, count, ready)
     if wrong then
-      bury(k, id, envelope, ready, whole(tries[i]) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
-    elseif attempts > max_attempts then
-      bury(k, id, envelope, ready, attempts,
-        'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
+      bury(k, id, envelope, ready, whole(count) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
     else
-      ready = ms(finite(ready))
-      local at = #deadlines
-      deadlines[at + 1], deadlines[at + 2] = deadline, id
-      leases[at + 1], leases[at + 2] = id, lease .. ':' .. ready
-      counts[at + 1], counts[at + 2] = id, ms(attempts)
-      local o = #out
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, envelope, attempts, ready
+      local attempts = count and whole(count) + 1 or 1  -- defect() found a tries entry whole
+      if attempts > max_attempts then
+        bury(k, id, envelope, ready, attempts,
+          'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
+      else
+        ready = ms(finite(ready))
+        deadlines[m + 1], deadlines[m + 2] = deadline, id
+        leases[m + 1], leases[m + 2] = id, held_by .. ready
+        counts[m + 1], counts[m + 2] = id, attempts == 1 and '1' or ms(attempts)  -- 1: no format
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, envelope, attempts, ready
+        m, o = m + 2, o + 4
+      end
     end
   end
   variadic('ZADD', k.due, deadlines, 'XX')
-  variadic('HSET', k.leased, leases)
-  variadic('HSET', k.tries, counts)
+  hset_many(k.leased, leases)
+  hset_many(k.tries, counts)
+  empty[k.leased], empty[k.tries] = false, false
 end
 
 -- Claim the due entries of one rank's band, in index order; returns when the band has no more
@@ -125,7 +135,8 @@ if budget > 0 then
   local ids, scores = {}, {}
   local due = rcall('ZRANGEBYSCORE', k.due, '-inf', ms(now), 'WITHSCORES', 'LIMIT', 0, budget)
   for i = 1, #due, 2 do
-    ids[#ids + 1], scores[#scores + 1] = due[i], due[i + 1]
+    local j = (i + 1) / 2
+    ids[j], scores[j] = due[i], due[i + 1]
   end
   take(ids, scores)
 end

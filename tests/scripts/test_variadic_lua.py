@@ -112,3 +112,37 @@ def test_schedule_of_a_long_batch_with_ranks(store: DelayStore) -> None:
     claim = store.claim(0, limit=5, now=T + 1)
     top = sorted(i for n, i in enumerate(ids) if n % 3 == 2)  # highest rank; equal times go by id
     assert [i.id for i in claim.items] == top[:5]
+
+
+def test_a_big_claim_writes_its_leases_into_hashtables_a_small_one_into_listpacks(store: DelayStore) -> None:
+    """includes/batch.lua's hset_many(): a listpack hash finds each field by a linear scan, so
+    from WIDE_FROM (32) leases on the claim converts `leased` and `tries` first; what it leaves
+    are the leases and counts alone."""
+    ids = on_shard(store, 3, 40, tag="wide")
+    store.schedule_many([(item_id, T / 1000, ENV) for item_id in ids])
+    k = store.keys(3)
+    small = store.claim(3, limit=8, lease_ms=1000, now=T)
+    assert {store.client.object("encoding", key) for key in (k.leased, k.tries)} == {b"listpack"}
+    store.ack(small)
+    big = store.claim(3, limit=32, lease_ms=1000, now=T)
+    assert len(big.items) == 32
+    assert {store.client.object("encoding", key) for key in (k.leased, k.tries)} == {b"hashtable"}
+    leased = store.client.hgetall(k.leased)
+    assert set(leased) == {i.id.encode() for i in big.items}
+    assert all(v == f"{big.lease}:{T}".encode() for v in leased.values())
+    assert set(store.client.hvals(k.tries)) == {b"1"}
+    assert store.ack(big) == 32
+    assert store.client.exists(k.leased, k.tries) == 0
+
+
+def test_counts_are_read_when_only_the_tries_hash_holds_entries(store: DelayStore) -> None:
+    """claim.lua skips reading `leased` or `tries` while it is empty; one of them empty does not
+    make it skip the other."""
+    ids = on_shard(store, 1, 3, tag="count")
+    store.schedule_many([(item_id, T / 1000, ENV) for item_id in ids])
+    k = store.keys(1)
+    store.client.hset(k.tries, ids[1], b"2")
+    assert store.client.exists(k.leased) == 0
+    claim = store.claim(1, lease_ms=1000, now=T)
+    assert {i.id: i.attempts for i in claim.items} == {ids[0]: 1, ids[1]: 3, ids[2]: 1}
+    assert store.client.hget(k.tries, ids[1]) == b"3"

@@ -30,12 +30,14 @@ end
 
 -- Refuse, before anything is written, a shard whose keys hold another type than ours (a hand
 -- write): every later command on them would fail midway. The error names the key.
--- ZCARD/HLEN rather than TYPE: the roles' ACLs grant those already.
+-- ZCARD/HLEN rather than TYPE: the roles' ACLs grant those already. Returns the error, or nil and
+-- what was read: each key's size by name.
 local KEY_TYPES = {
   {'due', 'zset'}, {'items', 'hash'}, {'tries', 'hash'}, {'leased', 'hash'},
   {'dead', 'zset'}, {'dead_items', 'hash'}, {'dead_info', 'hash'}, {'ranked', 'zset'},
 }
 local function check_types(k)
+  local sizes = {}
   for _, pair in ipairs(KEY_TYPES) do
     local key, want = k[pair[1]], pair[2]
     local reply = redis.pcall(want == 'zset' and 'ZCARD' or 'HLEN', key)
@@ -43,8 +45,9 @@ local function check_types(k)
       return redis.error_reply('WRONGTYPE delayq key ' .. key .. ' is not a ' .. want ..
         ': it was written by another tool; move it away (RENAME) so the shard can run again')
     end
+    sizes[pair[1]] = reply
   end
-  return nil
+  return nil, sizes
 end
 
 -- Why a claimed id cannot be delivered as stored, or nil: checked before anything is written.
