@@ -710,7 +710,6 @@ def bench_claim_latency(server: BenchServer, sizes: Sizes, shards: int, limit: i
                 items_per_shard_large=backlog // shards,
             )
         )
-    server.wipe()
     return figures
 
 

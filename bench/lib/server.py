@@ -24,7 +24,8 @@ class BenchServer:
 
     def __enter__(self) -> BenchServer:
         self.embedded.start()
-        self.client = redis.Redis.from_url(self.embedded.url)
+        # no 5 s default timeout: FLUSHALL SYNC of a 10M-item backlog takes longer
+        self.client = redis.Redis.from_url(self.embedded.url, socket_timeout=600)
         return self
 
     def __exit__(self, *exc: object) -> None:
