@@ -47,6 +47,7 @@ __all__ = [
     "NodeFunctions",
     "ScriptCall",
     "ScriptRunner",
+    "function_missing",
     "function_name",
     "functions_status",
     "install_functions",
@@ -214,7 +215,7 @@ class ScriptRunner:
             try:
                 return call.parse(target.fcall(function_name(call.name), len(call.keys), *call.keys, *call.args))
             except redis.ResponseError as exc:
-                if not _function_missing(exc):
+                if not function_missing(exc):
                     raise
                 # deleted, or missing on this node of a cluster: run the script itself
                 backend = self.fall_back()
@@ -230,11 +231,14 @@ class ScriptRunner:
         ``Script`` would add a SCRIPT EXISTS round trip to every pipeline. The server caches
         the compiled script by its SHA, so EVAL costs only the bytes of the source.
         """
+        pipeline.execute_command(*self.command(call))
+
+    def command(self, call: ScriptCall[Any]) -> tuple[Any, ...]:
+        """The command that runs ``call``, as :meth:`queue` sends it: FCALL, or EVAL of its source."""
         backend = self.backend()
         if backend.functions:
-            pipeline.fcall(function_name(call.name), len(call.keys), *call.keys, *call.args)
-        else:
-            pipeline.eval(_eval_text(call.name, backend), len(call.keys), *call.keys, *call.args)
+            return ("FCALL", function_name(call.name), len(call.keys), *call.keys, *call.args)
+        return ("EVAL", _eval_text(call.name, backend), len(call.keys), *call.keys, *call.args)
 
     def backend(self) -> Backend:
         """How this client runs the scripts, asked of the server once (one or two round trips)."""
@@ -265,7 +269,7 @@ class ScriptRunner:
             return self._eval_backend(library_missing=False)
         except redis.ResponseError as exc:
             # "Function not found" (not installed), "unknown command" (Redis < 7)
-            return self._eval_backend(library_missing=_function_missing(exc))
+            return self._eval_backend(library_missing=function_missing(exc))
         return Backend(functions=_text(found) == LIBRARY)
 
     def _eval_backend(self, *, library_missing: bool) -> Backend:
@@ -296,7 +300,8 @@ def _eval_text(name: str, backend: Backend) -> str:
     return s.source if backend.shebang else s.body
 
 
-def _function_missing(exc: redis.ResponseError) -> bool:
+def function_missing(exc: redis.ResponseError) -> bool:
+    """Whether ``exc`` says the server lacks the function library (or FCALL itself)."""
     text = str(exc).lower()
     return "function not found" in text or "unknown command" in text
 

@@ -3,10 +3,9 @@ running script calls (pipelined, on a caller's pipeline, or durably with WAIT)."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from itertools import islice
 from typing import Any, TypeVar
 
 import redis
@@ -25,7 +24,7 @@ from ..errors import (
 )
 from ..keys import LAYOUT, MAX_RANK, ShardKeys, meta_key, normalize_id, shard_of, shard_tags, wake_channel
 from ..models import ScheduleItem
-from ..scripts.library import ScriptCall, ScriptRunner
+from ..scripts.library import ScriptCall, ScriptRunner, function_missing
 from ..timeutil import Clock, ServerClock, When, to_ms
 
 __all__ = ["Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
@@ -173,32 +172,44 @@ class StoreCore:
             return self._run(call, shard)
         return self._durable(call(self._keys[shard]), shard)
 
-    def _write_calls(self, calls: Sequence[tuple[int, ScriptCall[R]]]) -> Iterator[R | Exception]:
-        """Run each (shard, call), pipelined where the client allows it (durably, one by one, with
+    def _write_calls(self, calls: Iterable[tuple[int, ScriptCall[R]]]) -> list[R | Exception]:
+        """Run each (shard, call) with small replies, streamed (durably, one by one, with
         ``durable_replicas``).
 
-        Yields each call's parsed reply, or its error (a Redis error reply, or
-        :class:`StoreFullError`), so a caller can tell which calls of a bulk write were stored.
+        Returns each call's parsed reply, or its error (a Redis error reply, or
+        :class:`StoreFullError`), in order, so a caller can tell which calls of a bulk write were
+        stored. ``calls`` is consumed lazily: each call is built and sent while the server runs
+        the ones before it (a pipeline would build them all first, leaving the server idle).
         """
-        if not calls:
-            return
         self.check_meta()
-        # One call needs no pipeline, and redis-py cannot pipeline scripts across cluster slots.
-        if self.config.durable_replicas or self.cluster or len(calls) == 1:
+        if self.config.durable_replicas:
+            return [_reply_or_error(partial(self._durable, call, shard)) for shard, call in calls]
+        streams: dict[int, tuple[Any, Any]] = {}  # id(node client) -> (its pool, a connection of it)
+        pending: list[tuple[int, ScriptCall[R], Any]] = []
+        try:
             for shard, call in calls:
-                yield _reply_or_error(partial(self._run_one, call, shard))
-            return
-        it = iter(calls)
-        while batch := list(islice(it, 64)):
-            with self.client.pipeline(transaction=False) as pipe:
-                for _, call in batch:
-                    self.scripts.queue(call, pipe)
-                replies = pipe.execute(raise_on_error=False)
-            for (_, call), reply in zip(batch, replies):
-                yield _reply_or_error(partial(_parsed, call, reply))
-
-    def _run_one(self, call: ScriptCall[R], shard: int) -> R:
-        return self._durable(call, shard) if self.config.durable_replicas else self.scripts.run(call)
+                node = self._node_client(shard)  # each primary of a cluster gets its own stream
+                if id(node) not in streams:
+                    pool = node.connection_pool
+                    streams[id(node)] = (pool, pool.get_connection())
+                connection = streams[id(node)][1]
+                connection.send_packed_command(connection.pack_command(*self.scripts.command(call)))
+                pending.append((shard, call, connection))
+            # replies are read after the last send: they are a few bytes each, so none waits on another
+            replies = [_reply_or_error(partial(_read, call, connection)) for _, call, connection in pending]
+        except BaseException:
+            for _, connection in streams.values():
+                connection.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            for pool, connection in streams.values():
+                pool.release(connection)
+        # refused where it was sent (a cluster slot that moved, a node without the function
+        # library): run it again through the client, which follows the slot or falls back to EVAL
+        return [
+            _reply_or_error(partial(self.scripts.run, call)) if _misdirected(reply) else reply
+            for (_, call, _), reply in zip(pending, replies)
+        ]
 
     def _durable(self, call: ScriptCall[R], shard: int) -> R:
         """The script and a WAIT in one pipeline on the connection of the shard's node.
@@ -275,6 +286,18 @@ def _parsed(call: ScriptCall[R], reply: Any) -> R:
     if isinstance(reply, Exception):
         raise reply
     return call.parse(reply)
+
+
+def _read(call: ScriptCall[R], connection: Any) -> R:
+    """The next reply on ``connection``, parsed; an error reply raised."""
+    return call.parse(connection.read_response())
+
+
+def _misdirected(reply: object) -> bool:
+    """Whether ``reply`` is an error of where the call went rather than of the call itself."""
+    return isinstance(
+        reply, (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError)
+    ) or (isinstance(reply, redis.ResponseError) and function_missing(reply))
 
 
 def _reply_or_error(call: Callable[[], R]) -> R | Exception:
