@@ -86,13 +86,18 @@ class Schedule(ShardScript):
     def call(
         cls, keys: ShardKeys, items: Sequence[ScheduleItem], *, keep: bool, wake: str
     ) -> ScriptCall[ScheduleCounts]:
-        """Schedule ``items``; with ``keep``, an existing id stays as it is. Ranks are sent only
-        when one is not 0 (most batches have none, and an argument per item costs the script time)."""
-        if any(item.rank for item in items):
-            fields: list[Any] = [4, *(f for i in items for f in (i.id, i.ready_ms, i.envelope, i.rank))]
-        else:
-            fields = [3, *(f for i in items for f in (i.id, i.ready_ms, i.envelope))]
-        return cls._call(keys, ["keep" if keep else "replace", wake, *fields], lambda r: ScheduleCounts(*map(int, r)))
+        """Schedule ``items``; with ``keep``, an existing id stays as it is.
+
+        The items go as columns in the order ZADD and HSET take them, which the script passes
+        on without a loop: (ready, id) pairs, (id, envelope) pairs, and ranks only when one is
+        not 0 (most batches have none, and an argument per item costs the script time)."""
+        ranked = any(item.rank for item in items)
+        args: list[Any] = ["keep" if keep else "replace", wake, int(ranked), min(i.ready_ms for i in items)]
+        args += [f for i in items for f in (i.ready_ms, i.id)]
+        args += [f for i in items for f in (i.id, i.envelope)]
+        if ranked:
+            args += [i.rank for i in items]
+        return cls._call(keys, args, lambda r: ScheduleCounts(*map(int, r)))
 
 
 class Reschedule(ShardScript):
