@@ -34,6 +34,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
+import hiredis
 import redis
 from redis.cluster import RedisCluster
 
@@ -239,6 +240,14 @@ class ScriptRunner:
         if backend.functions:
             return ("FCALL", function_name(call.name), len(call.keys), *call.keys, *call.args)
         return ("EVAL", _eval_text(call.name, backend), len(call.keys), *call.keys, *call.args)
+
+    def packed(self, call: ScriptCall[Any]) -> bytes:
+        """:meth:`command` in the wire protocol, for a connection's ``send_packed_command``.
+
+        hiredis packs it straight from the arguments: redis-py's ``pack_command`` first copies
+        them one by one in Python, which costs as much again for a bulk call's thousands.
+        """
+        return bytes(hiredis.pack_command(self.command(call)))
 
     def backend(self) -> Backend:
         """How this client runs the scripts, asked of the server once (one or two round trips)."""

@@ -91,10 +91,12 @@ class Schedule(ShardScript):
         The items go as columns in the order ZADD and HSET take them, which the script passes
         on without a loop: (ready, id) pairs, (id, envelope) pairs, and ranks only when one is
         not 0 (most batches have none, and an argument per item costs the script time)."""
-        ranked = any(item.rank for item in items)
-        args: list[Any] = ["keep" if keep else "replace", wake, int(ranked), min(i.ready_ms for i in items)]
-        args += [f for i in items for f in (i.ready_ms, i.id)]
-        args += [f for i in items for f in (i.id, i.envelope)]
+        n, ranked = len(items), any(item.rank for item in items)
+        ids, readies = [i.id for i in items], [i.ready_ms for i in items]
+        args: list[Any] = [None] * (4 + 4 * n)  # filled by slices: a loop per item costs more
+        args[:4] = ["keep" if keep else "replace", wake, int(ranked), min(readies)]
+        args[4 : 4 + 2 * n : 2], args[5 : 4 + 2 * n : 2] = readies, ids
+        args[4 + 2 * n :: 2], args[5 + 2 * n :: 2] = ids, [i.envelope for i in items]
         if ranked:
             args += [i.rank for i in items]
         return cls._call(keys, args, lambda r: ScheduleCounts(*map(int, r)))

@@ -193,7 +193,7 @@ class StoreCore:
                     pool = node.connection_pool
                     streams[id(node)] = (pool, pool.get_connection())
                 connection = streams[id(node)][1]
-                connection.send_packed_command(connection.pack_command(*self.scripts.command(call)))
+                connection.send_packed_command([self.scripts.packed(call)])
                 pending.append((shard, call, connection))
             # replies are read after the last send: they are a few bytes each, so none waits on another
             replies = [_reply_or_error(partial(_read, call, connection)) for _, call, connection in pending]
