@@ -220,7 +220,11 @@ class ScriptRunner:
                     raise
                 # deleted, or missing on this node of a cluster: run the script itself
                 backend = self.fall_back()
-        raw = self._eval_script(call.name, backend)(keys=list(call.keys), args=list(call.args), client=target)
+        script = self._eval_script(call.name, backend)
+        try:  # EVALSHA itself: redis-py's Script would copy the arguments twice more on every call
+            raw = target.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+        except redis.exceptions.NoScriptError:  # not cached there (a restart, a failover): Script loads it
+            raw = script(keys=list(call.keys), args=list(call.args), client=target)
         return call.parse(raw)
 
     def queue(self, call: ScriptCall[Any], pipeline: Any) -> None:
