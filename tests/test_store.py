@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
@@ -70,6 +71,19 @@ def test_naive_datetime_message_says_what_to_pass() -> None:
 )
 def test_accepted_ready_times(when: object, expected: int) -> None:
     assert to_ms(when, clock=lambda: 1_000_000_000) == expected  # type: ignore[arg-type]
+
+
+def test_epoch_seconds_round_to_the_microsecond_then_up_to_the_ms() -> None:
+    """to_ms decides most float times by their fraction; it must agree with ceil(round(ms, 3))
+    everywhere, near the half microsecond and at float noise on either side of a whole ms."""
+    rng = random.Random(7)
+    seconds = [rng.uniform(0, 4e9) for _ in range(20_000)] + [rng.randint(0, 2**41) / 1000 for _ in range(20_000)]
+    for base in (0, 1, 300, 1_893_456_000_000):
+        for fraction in (0.0, 1e-9, 0.0004, 0.000499999, 0.0005, 0.000500001, 0.0006, 0.5, 0.9995, 0.999999):
+            seconds.append((base + fraction) / 1000)
+    seconds += [0.3, 1_893_456_000.0015, 1_893_456_000.0005, 1.0000004999]
+    for when in seconds:
+        assert to_ms(when) == math.ceil(round(when * 1000, 3)), when
 
 
 @pytest.mark.parametrize(
