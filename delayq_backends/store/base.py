@@ -185,18 +185,28 @@ class StoreCore:
         if self.config.durable_replicas:
             return [_reply_or_error(partial(self._durable, call, shard)) for shard, call in calls]
         streams: dict[int, tuple[Any, Any]] = {}  # id(node client) -> (its pool, a connection of it)
-        pending: list[tuple[int, ScriptCall[R], Any]] = []
+        sent: list[tuple[ScriptCall[R], Any]] = []
+        replies: list[R | Exception] = []
+        again: list[ScriptCall[R]] = []
+        unsent = iter(calls)
         try:
-            for shard, call in calls:
+            for shard, call in unsent:
                 node = self._node_client(shard)  # each primary of a cluster gets its own stream
                 if id(node) not in streams:
                     pool = node.connection_pool
                     streams[id(node)] = (pool, pool.get_connection())
                 connection = streams[id(node)][1]
+                sent.append((call, connection))
                 connection.send_packed_command([self.scripts.packed(call)])
-                pending.append((shard, call, connection))
             # replies are read after the last send: they are a few bytes each, so none waits on another
-            replies = [_reply_or_error(partial(_read, call, connection)) for _, call, connection in pending]
+            for call, connection in sent:
+                replies.append(_reply_or_error(partial(_read, call, connection)))
+        except (redis.ConnectionError, redis.TimeoutError):
+            # lost mid-stream: whether the unanswered calls ran is unknown, so they and the unsent
+            # run again one by one, with the client's retries (scheduling is idempotent by id)
+            again = [call for call, _ in sent[len(replies) :]] + [call for _, call in unsent]
+            for _, connection in streams.values():
+                connection.disconnect()
         except BaseException:
             for _, connection in streams.values():
                 connection.disconnect()  # replies may be left unread on it
@@ -204,11 +214,13 @@ class StoreCore:
         finally:
             for pool, connection in streams.values():
                 pool.release(connection)
+        ran = [call for call, _ in sent[: len(replies)]] + again
+        replies += [_reply_or_error(partial(self.scripts.run, call)) for call in again]
         # refused where it was sent (a cluster slot that moved, a node without the function
         # library): run it again through the client, which follows the slot or falls back to EVAL
         return [
             _reply_or_error(partial(self.scripts.run, call)) if _misdirected(reply) else reply
-            for (_, call, _), reply in zip(pending, replies)
+            for call, reply in zip(ran, replies)
         ]
 
     def _durable(self, call: ScriptCall[R], shard: int) -> R:
