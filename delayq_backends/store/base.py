@@ -1,5 +1,5 @@
 """What every role of the store shares: the client, the key layout recorded for the prefix, and
-running script calls (pipelined, on a caller's pipeline, or durably with WAIT)."""
+running script calls (streamed, on a caller's pipeline, or durably with WAIT)."""
 
 from __future__ import annotations
 

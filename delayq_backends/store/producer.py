@@ -147,7 +147,7 @@ class Producer(StoreCore):
         )
 
     def schedule_many(self, entries: Iterable[ScheduleEntry], *, mode: str = "replace") -> ScheduleCounts:
-        """Schedule many items with one script call per shard and chunk, pipelined.
+        """Schedule many items with one script call per shard and chunk, streamed.
 
         An entry is ``(id, when, envelope)`` or ``(id, when, envelope, rank)``. Every entry is
         validated before anything is sent, so bad input stores nothing.
