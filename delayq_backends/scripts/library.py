@@ -166,11 +166,12 @@ def function_name(name: str) -> str:
     return f"{LIBRARY}_{name}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScriptCall(Generic[R]):
     """One call of one script, ready to run: the keys it touches, its arguments, and how to read
     its reply. Built by the typed script objects (:mod:`delayq_backends.scripts.store`), run by a
-    :class:`ScriptRunner`.
+    :class:`ScriptRunner`. Slotted, not frozen: one is made per call, every ``schedule()`` among
+    them, and a frozen dataclass costs several times more to build.
 
     Attributes:
         name: the script (its ``.lua`` file).

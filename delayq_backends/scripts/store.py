@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, ClassVar, TypeVar
 
 from ..keys import ShardKeys
@@ -68,10 +69,17 @@ class ShardScript:
 
     name: ClassVar[str]
     key_names: ClassVar[tuple[str, ...]]
+    _keys_of: ClassVar[Callable[[ShardKeys], tuple[str, ...]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "key_names" in cls.__dict__:  # read in one C call: this runs on every script call
+            get: Callable[[ShardKeys], Any] = attrgetter(*cls.key_names)
+            cls._keys_of = get if len(cls.key_names) > 1 else lambda keys: (get(keys),)
 
     @classmethod
     def keys_of(cls, keys: ShardKeys) -> tuple[str, ...]:
-        return tuple(getattr(keys, name) for name in cls.key_names)
+        return cls._keys_of(keys)
 
     @classmethod
     def _call(cls, keys: ShardKeys, args: Iterable[Any], parse: Callable[[Any], R]) -> ScriptCall[R]:
