@@ -11,7 +11,7 @@ from __future__ import annotations
 import unicodedata
 import zlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -195,55 +195,56 @@ class ShardKeys:
     """The keys of one shard, all in one cluster slot.
 
     ``hashtag`` comes from :func:`shard_tags`; without it the shard has layout 1's plain tag.
+    Each key is built once and kept: every script call names several.
     """
 
     prefix: str
     shard: int
     hashtag: str | None = None
 
-    @property
+    @cached_property
     def tag(self) -> str:
         return f"{{{self.hashtag or f'{self.prefix}:{self.shard}'}}}"
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}:{self.tag}:{name}"
 
-    @property
+    @cached_property
     def due(self) -> str:
         """ZSET id -> ready ms (or lease deadline ms while leased)."""
         return self._key("due")
 
-    @property
+    @cached_property
     def items(self) -> str:
         """HASH id -> envelope bytes."""
         return self._key("items")
 
-    @property
+    @cached_property
     def tries(self) -> str:
         """HASH id -> delivery attempts so far (absent while 0)."""
         return self._key("tries")
 
-    @property
+    @cached_property
     def leased(self) -> str:
         """HASH id -> "<deadline ms>:<claim token>:<ready ms>" while a forwarder holds the item."""
         return self._key("leased")
 
-    @property
+    @cached_property
     def dead(self) -> str:
         """ZSET id -> time of death ms."""
         return self._key("dead")
 
-    @property
+    @cached_property
     def dead_items(self) -> str:
         """HASH id -> envelope of a dead letter."""
         return self._key("dead_items")
 
-    @property
+    @cached_property
     def dead_info(self) -> str:
         """HASH id -> JSON {error, attempts, ready_ms} of a dead letter."""
         return self._key("dead_info")
 
-    @property
+    @cached_property
     def ranked(self) -> str:
         """ZSET id -> rank band + ready ms, for items of rank > 0 only (claimed first).
 

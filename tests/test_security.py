@@ -181,6 +181,22 @@ def test_an_fcall_role_without_the_library_is_told_to_install_it(prefix: str) ->
             producer.cancel("a")
 
 
+def test_a_bulk_schedule_streamed_after_the_library_went_away_is_run_again_by_eval(prefix: str) -> None:
+    """schedule_many sends its FCALLs before reading a reply: each one refused for the missing
+    library is run again through the runner, which falls back to EVAL, so every item is stored."""
+    with EmbeddedServer() as server:
+        client = redis.Redis.from_url(server.url)
+        install_functions(client)
+        store = open_store(server.url, prefix)
+        assert store.schedule("first", 1, RedisListTarget.envelope("out", b"x")) == "added"
+        assert store.scripts.backend().functions
+        client.function_delete(LIBRARY)
+        counts = store.schedule_many((f"i{n}", 1, RedisListTarget.envelope("out", b"x")) for n in range(1200))
+        assert (counts.added, counts.replaced, counts.kept) == (1200, 0, 0)
+        assert not store.scripts.backend().functions
+        assert sum(s.scheduled for s in store.stats()) == 1201
+
+
 def test_a_user_of_one_prefix_cannot_touch_another(admin: Admin, prefix: str) -> None:
     admin.install_functions()
     other = f"{prefix}other"  # starts with the user's prefix

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from redis.crc import key_slot
@@ -21,6 +23,7 @@ from delayq_backends import (
     ShardMismatchError,
 )
 from delayq_backends.keys import shard_tags
+from delayq_backends.store import base
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.timeutil import to_ms
 from tests.harness import make_store
@@ -70,6 +73,19 @@ def test_naive_datetime_message_says_what_to_pass() -> None:
 )
 def test_accepted_ready_times(when: object, expected: int) -> None:
     assert to_ms(when, clock=lambda: 1_000_000_000) == expected  # type: ignore[arg-type]
+
+
+def test_epoch_seconds_round_to_the_microsecond_then_up_to_the_ms() -> None:
+    """to_ms decides most float times by their fraction; it must agree with ceil(round(ms, 3))
+    everywhere, near the half microsecond and at float noise on either side of a whole ms."""
+    rng = random.Random(7)
+    seconds = [rng.uniform(0, 4e9) for _ in range(20_000)] + [rng.randint(0, 2**41) / 1000 for _ in range(20_000)]
+    for whole in (0, 1, 300, 1_893_456_000_000):
+        for fraction in (0.0, 1e-9, 0.0004, 0.000499999, 0.0005, 0.000500001, 0.0006, 0.5, 0.9995, 0.999999):
+            seconds.append((whole + fraction) / 1000)
+    seconds += [0.3, 1_893_456_000.0015, 1_893_456_000.0005, 1.0000004999]
+    for when in seconds:
+        assert to_ms(when) == math.ceil(round(when * 1000, 3)), when
 
 
 @pytest.mark.parametrize(
@@ -207,3 +223,25 @@ def test_a_new_prefix_records_layout_2_and_an_old_one_keeps_its_keys(valkey_url:
     shard = before.shard_of("b")
     assert new.client.zscore(f"{old}:{{{old}:{shard}}}:due", "b") is not None, "layout 1 keys, as before"
     assert new.client.hget(f"{old}:meta", "layout") is None
+
+
+def test_a_bulk_schedule_that_loses_its_connection_mid_stream_runs_the_rest_again(
+    valkey_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """schedule_many sends every call before reading a reply; a connection lost among the
+    replies leaves unknown which calls ran, so those run again (scheduling is idempotent)."""
+    store = make_store(valkey_url, prefix, shards=4)
+    read = base._read
+    seen: list[int] = []
+
+    def losing(call: Any, connection: Any) -> Any:
+        seen.append(1)
+        if len(seen) == 3:
+            connection.disconnect()  # as a server restart or a network cut would
+        return read(call, connection)
+
+    monkeypatch.setattr(base, "_read", losing)
+    counts = store.schedule_many((f"i{n}", 1, ENV) for n in range(4000))  # 8+ calls of 500
+    assert len(seen) == 3  # the third read failed: the calls from there on ran again, not read
+    assert counts.total == 4000 and counts.added >= 1000  # the first two calls' replies were read
+    assert sum(s.scheduled for s in store.stats()) == 4000

@@ -34,6 +34,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
+import hiredis
 import redis
 from redis.cluster import RedisCluster
 
@@ -47,6 +48,7 @@ __all__ = [
     "NodeFunctions",
     "ScriptCall",
     "ScriptRunner",
+    "function_missing",
     "function_name",
     "functions_status",
     "install_functions",
@@ -164,11 +166,12 @@ def function_name(name: str) -> str:
     return f"{LIBRARY}_{name}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScriptCall(Generic[R]):
     """One call of one script, ready to run: the keys it touches, its arguments, and how to read
     its reply. Built by the typed script objects (:mod:`delayq_backends.scripts.store`), run by a
-    :class:`ScriptRunner`.
+    :class:`ScriptRunner`. Slotted, not frozen: one is made per call, every ``schedule()`` among
+    them, and a frozen dataclass costs several times more to build.
 
     Attributes:
         name: the script (its ``.lua`` file).
@@ -214,11 +217,15 @@ class ScriptRunner:
             try:
                 return call.parse(target.fcall(function_name(call.name), len(call.keys), *call.keys, *call.args))
             except redis.ResponseError as exc:
-                if not _function_missing(exc):
+                if not function_missing(exc):
                     raise
                 # deleted, or missing on this node of a cluster: run the script itself
                 backend = self.fall_back()
-        raw = self._eval_script(call.name, backend)(keys=list(call.keys), args=list(call.args), client=target)
+        script = self._eval_script(call.name, backend)
+        try:  # EVALSHA itself: redis-py's Script would copy the arguments twice more on every call
+            raw = target.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+        except redis.exceptions.NoScriptError:  # not cached there (a restart, a failover): Script loads it
+            raw = script(keys=list(call.keys), args=list(call.args), client=target)
         return call.parse(raw)
 
     def queue(self, call: ScriptCall[Any], pipeline: Any) -> None:
@@ -230,11 +237,22 @@ class ScriptRunner:
         ``Script`` would add a SCRIPT EXISTS round trip to every pipeline. The server caches
         the compiled script by its SHA, so EVAL costs only the bytes of the source.
         """
+        pipeline.execute_command(*self.command(call))
+
+    def command(self, call: ScriptCall[Any]) -> tuple[Any, ...]:
+        """The command that runs ``call``, as :meth:`queue` sends it: FCALL, or EVAL of its source."""
         backend = self.backend()
         if backend.functions:
-            pipeline.fcall(function_name(call.name), len(call.keys), *call.keys, *call.args)
-        else:
-            pipeline.eval(_eval_text(call.name, backend), len(call.keys), *call.keys, *call.args)
+            return ("FCALL", function_name(call.name), len(call.keys), *call.keys, *call.args)
+        return ("EVAL", _eval_text(call.name, backend), len(call.keys), *call.keys, *call.args)
+
+    def packed(self, call: ScriptCall[Any]) -> bytes:
+        """:meth:`command` in the wire protocol, for a connection's ``send_packed_command``.
+
+        hiredis packs it straight from the arguments: redis-py's ``pack_command`` first copies
+        them one by one in Python, which costs as much again for a bulk call's thousands.
+        """
+        return bytes(hiredis.pack_command(self.command(call)))
 
     def backend(self) -> Backend:
         """How this client runs the scripts, asked of the server once (one or two round trips)."""
@@ -265,7 +283,7 @@ class ScriptRunner:
             return self._eval_backend(library_missing=False)
         except redis.ResponseError as exc:
             # "Function not found" (not installed), "unknown command" (Redis < 7)
-            return self._eval_backend(library_missing=_function_missing(exc))
+            return self._eval_backend(library_missing=function_missing(exc))
         return Backend(functions=_text(found) == LIBRARY)
 
     def _eval_backend(self, *, library_missing: bool) -> Backend:
@@ -296,7 +314,8 @@ def _eval_text(name: str, backend: Backend) -> str:
     return s.source if backend.shebang else s.body
 
 
-def _function_missing(exc: redis.ResponseError) -> bool:
+def function_missing(exc: redis.ResponseError) -> bool:
+    """Whether ``exc`` says the server lacks the function library (or FCALL itself)."""
     text = str(exc).lower()
     return "function not found" in text or "unknown command" in text
 

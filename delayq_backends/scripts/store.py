@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, ClassVar, TypeVar
 
 from ..keys import ShardKeys
@@ -68,10 +69,17 @@ class ShardScript:
 
     name: ClassVar[str]
     key_names: ClassVar[tuple[str, ...]]
+    _keys_of: ClassVar[Callable[[ShardKeys], tuple[str, ...]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "key_names" in cls.__dict__:  # read in one C call: this runs on every script call
+            get: Callable[[ShardKeys], Any] = attrgetter(*cls.key_names)
+            cls._keys_of = get if len(cls.key_names) > 1 else lambda keys: (get(keys),)
 
     @classmethod
     def keys_of(cls, keys: ShardKeys) -> tuple[str, ...]:
-        return tuple(getattr(keys, name) for name in cls.key_names)
+        return cls._keys_of(keys)
 
     @classmethod
     def _call(cls, keys: ShardKeys, args: Iterable[Any], parse: Callable[[Any], R]) -> ScriptCall[R]:
@@ -86,13 +94,20 @@ class Schedule(ShardScript):
     def call(
         cls, keys: ShardKeys, items: Sequence[ScheduleItem], *, keep: bool, wake: str
     ) -> ScriptCall[ScheduleCounts]:
-        """Schedule ``items``; with ``keep``, an existing id stays as it is. Ranks are sent only
-        when one is not 0 (most batches have none, and an argument per item costs the script time)."""
-        if any(item.rank for item in items):
-            fields: list[Any] = [4, *(f for i in items for f in (i.id, i.ready_ms, i.envelope, i.rank))]
-        else:
-            fields = [3, *(f for i in items for f in (i.id, i.ready_ms, i.envelope))]
-        return cls._call(keys, ["keep" if keep else "replace", wake, *fields], lambda r: ScheduleCounts(*map(int, r)))
+        """Schedule ``items``; with ``keep``, an existing id stays as it is.
+
+        The items go as columns in the order ZADD and HSET take them, which the script passes
+        on without a loop: (ready, id) pairs, (id, envelope) pairs, and ranks only when one is
+        not 0 (most batches have none, and an argument per item costs the script time)."""
+        n, ranked = len(items), any(item.rank for item in items)
+        ids, readies = [i.id for i in items], [i.ready_ms for i in items]
+        args: list[Any] = [None] * (4 + 4 * n)  # filled by slices: a loop per item costs more
+        args[:4] = ["keep" if keep else "replace", wake, int(ranked), min(readies)]
+        args[4 : 4 + 2 * n : 2], args[5 : 4 + 2 * n : 2] = readies, ids
+        args[4 + 2 * n :: 2], args[5 + 2 * n :: 2] = ids, [i.envelope for i in items]
+        if ranked:
+            args += [i.rank for i in items]
+        return cls._call(keys, args, lambda r: ScheduleCounts(*map(int, r)))
 
 
 class Reschedule(ShardScript):

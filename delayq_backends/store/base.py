@@ -1,12 +1,11 @@
 """What every role of the store shares: the client, the key layout recorded for the prefix, and
-running script calls (pipelined, on a caller's pipeline, or durably with WAIT)."""
+running script calls (streamed, on a caller's pipeline, or durably with WAIT)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from functools import partial
-from itertools import islice
+from types import TracebackType
 from typing import Any, TypeVar
 
 import redis
@@ -25,7 +24,7 @@ from ..errors import (
 )
 from ..keys import LAYOUT, MAX_RANK, ShardKeys, meta_key, normalize_id, shard_of, shard_tags, wake_channel
 from ..models import ScheduleItem
-from ..scripts.library import ScriptCall, ScriptRunner
+from ..scripts.library import ScriptCall, ScriptRunner, function_missing
 from ..timeutil import Clock, ServerClock, When, to_ms
 
 __all__ = ["Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
@@ -173,32 +172,56 @@ class StoreCore:
             return self._run(call, shard)
         return self._durable(call(self._keys[shard]), shard)
 
-    def _write_calls(self, calls: Sequence[tuple[int, ScriptCall[R]]]) -> Iterator[R | Exception]:
-        """Run each (shard, call), pipelined where the client allows it (durably, one by one, with
+    def _write_calls(self, calls: Iterable[tuple[int, ScriptCall[R]]]) -> list[R | Exception]:
+        """Run each (shard, call) with small replies, streamed (durably, one by one, with
         ``durable_replicas``).
 
-        Yields each call's parsed reply, or its error (a Redis error reply, or
-        :class:`StoreFullError`), so a caller can tell which calls of a bulk write were stored.
+        Returns each call's parsed reply, or its error (a Redis error reply, or
+        :class:`StoreFullError`), in order, so a caller can tell which calls of a bulk write were
+        stored. ``calls`` is consumed lazily: each call is built and sent while the server runs
+        the ones before it (a pipeline would build them all first, leaving the server idle).
         """
-        if not calls:
-            return
         self.check_meta()
-        # One call needs no pipeline, and redis-py cannot pipeline scripts across cluster slots.
-        if self.config.durable_replicas or self.cluster or len(calls) == 1:
-            for shard, call in calls:
-                yield _reply_or_error(partial(self._run_one, call, shard))
-            return
-        it = iter(calls)
-        while batch := list(islice(it, 64)):
-            with self.client.pipeline(transaction=False) as pipe:
-                for _, call in batch:
-                    self.scripts.queue(call, pipe)
-                replies = pipe.execute(raise_on_error=False)
-            for (_, call), reply in zip(batch, replies):
-                yield _reply_or_error(partial(_parsed, call, reply))
-
-    def _run_one(self, call: ScriptCall[R], shard: int) -> R:
-        return self._durable(call, shard) if self.config.durable_replicas else self.scripts.run(call)
+        if self.config.durable_replicas:
+            return [_reply_or_error(partial(self._durable, call, shard)) for shard, call in calls]
+        streams: dict[int, tuple[Any, Any]] = {}  # id(node client) -> (its pool, a connection of it)
+        sent: list[tuple[ScriptCall[R], Any]] = []
+        replies: list[R | Exception] = []
+        again: list[ScriptCall[R]] = []
+        unsent = iter(calls)
+        try:
+            for shard, call in unsent:
+                node = self._node_client(shard)  # each primary of a cluster gets its own stream
+                if id(node) not in streams:
+                    pool = node.connection_pool
+                    streams[id(node)] = (pool, pool.get_connection())
+                connection = streams[id(node)][1]
+                sent.append((call, connection))
+                connection.send_packed_command([self.scripts.packed(call)])
+            # replies are read after the last send: they are a few bytes each, so none waits on another
+            for call, connection in sent:
+                replies.append(_reply_or_error(partial(_read, call, connection)))
+        except (redis.ConnectionError, redis.TimeoutError):
+            # lost mid-stream: whether the unanswered calls ran is unknown, so they and the unsent
+            # run again one by one, with the client's retries (scheduling is idempotent by id)
+            again = [call for call, _ in sent[len(replies) :]] + [call for _, call in unsent]
+            for _, connection in streams.values():
+                connection.disconnect()
+        except BaseException:
+            for _, connection in streams.values():
+                connection.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            for pool, connection in streams.values():
+                pool.release(connection)
+        ran = [call for call, _ in sent[: len(replies)]] + again
+        replies += [_reply_or_error(partial(self.scripts.run, call)) for call in again]
+        # refused where it was sent (a cluster slot that moved, a node without the function
+        # library): run it again through the client, which follows the slot or falls back to EVAL
+        return [
+            _reply_or_error(partial(self.scripts.run, call)) if _misdirected(reply) else reply
+            for call, reply in zip(ran, replies)
+        ]
 
     def _durable(self, call: ScriptCall[R], shard: int) -> R:
         """The script and a WAIT in one pipeline on the connection of the shard's node.
@@ -277,6 +300,18 @@ def _parsed(call: ScriptCall[R], reply: Any) -> R:
     return call.parse(reply)
 
 
+def _read(call: ScriptCall[R], connection: Any) -> R:
+    """The next reply on ``connection``, parsed; an error reply raised."""
+    return call.parse(connection.read_response())
+
+
+def _misdirected(reply: object) -> bool:
+    """Whether ``reply`` is an error of where the call went rather than of the call itself."""
+    return isinstance(
+        reply, (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError)
+    ) or (isinstance(reply, redis.ResponseError) and function_missing(reply))
+
+
 def _reply_or_error(call: Callable[[], R]) -> R | Exception:
     """``call()``'s reply, or the Redis error it raised (OOM as :class:`StoreFullError`)."""
     try:
@@ -286,17 +321,28 @@ def _reply_or_error(call: Callable[[], R]) -> R | Exception:
         return exc
 
 
-@contextmanager
-def full_store_said_plainly() -> Iterator[None]:
+def full_store_said_plainly() -> _FullStoreSaidPlainly:
     """Turn Redis's OOM refusal into a :class:`StoreFullError` that says what to do.
 
     Every script writes, and Redis refuses writing scripts at ``maxmemory`` before they run, so
     nothing of the refused call was stored.
     """
-    try:
-        yield
-    except redis.OutOfMemoryError as exc:
-        raise StoreFullError(
-            f"the delay store is at its maxmemory, so nothing was written ({exc}); free memory or raise "
-            "maxmemory, and keep maxmemory-policy noeviction so Redis never evicts scheduled items"
-        ) from exc
+    return _PLAINLY
+
+
+class _FullStoreSaidPlainly:
+    """The context of :func:`full_store_said_plainly`: a class, not a ``@contextmanager``
+    generator, which would cost a microsecond more on every single ``schedule()``."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if isinstance(exc, redis.OutOfMemoryError):
+            raise StoreFullError(
+                f"the delay store is at its maxmemory, so nothing was written ({exc}); free memory or raise "
+                "maxmemory, and keep maxmemory-policy noeviction so Redis never evicts scheduled items"
+            ) from exc
+
+
+_PLAINLY = _FullStoreSaidPlainly()

@@ -147,7 +147,7 @@ class Producer(StoreCore):
         )
 
     def schedule_many(self, entries: Iterable[ScheduleEntry], *, mode: str = "replace") -> ScheduleCounts:
-        """Schedule many items with one script call per shard and chunk, pipelined.
+        """Schedule many items with one script call per shard and chunk, streamed.
 
         An entry is ``(id, when, envelope)`` or ``(id, when, envelope, rank)``. Every entry is
         validated before anything is sent, so bad input stores nothing.
@@ -172,9 +172,10 @@ class Producer(StoreCore):
             for shard, items in by_shard.items()
             for i in range(0, len(items), SCHEDULE_CHUNK)
         ]
-        calls = [
+        # built as they are sent, so the server runs one chunk while the next is built
+        calls = (
             (shard, Schedule.call(self._keys[shard], chunk, keep=keep, wake=self._wake)) for shard, chunk in chunks
-        ]
+        )
         counts = ScheduleCounts()
         refused: list[str] = []
         first_error: Exception | None = None

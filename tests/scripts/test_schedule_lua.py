@@ -63,3 +63,19 @@ def test_new_head_publishes_wake_up_once(store: DelayStore) -> None:
             messages.append(int(m["data"]))
     assert messages == [1_900_000_000_000, 1_800_000_000_000]
     pubsub.close()
+
+
+def test_replace_counts_repeated_ids_and_drops_leases_of_replaced_items(store: DelayStore) -> None:
+    # replace mode reads nothing per id: HSET's count of new fields splits added from replaced
+    store.schedule("a", 1_000, ENV)
+    claim = store.claim(store.shard_of("a"), lease_ms=60_000, now=2_000_000)
+    assert [i.id for i in claim.items] == ["a"]
+    shard_ids = [f"n{i}" for i in range(400) if store.shard_of(f"n{i}") == store.shard_of("a")][:2]
+    rows = [("a", 1_800_000_000, ENV), (shard_ids[0], 1_800_000_000, ENV), (shard_ids[0], 1_800_000_001, ENV)]
+    counts = store.schedule_many([*rows, (shard_ids[1], 1_800_000_000, ENV)])
+    assert (counts.added, counts.replaced, counts.kept) == (2, 2, 0)  # a, and shard_ids[0]'s second row
+    item = store.get("a")
+    assert item is not None and (item.attempts, item.leased_until_ms) == (0, None)
+    assert store.get(shard_ids[0]).ready_ms == 1_800_000_001_000  # type: ignore[union-attr]
+    assert store.ack(claim) == 0  # the late ack leaves the new schedule of "a"
+    assert store.get("a") is not None

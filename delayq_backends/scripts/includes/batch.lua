@@ -23,11 +23,12 @@ local function hmget(key, ids)
 end
 
 -- cmd key [option] values..., cut into chunks; returns the sum of the integer replies (ZREM, HDEL
--- and HSET count what they removed or added). option is nil or a flag such as 'XX'.
-local function variadic(cmd, key, values, option)
-  local total = 0
-  for i = 1, #values, CHUNK do
-    local last = math.min(i + CHUNK - 1, #values)
+-- and HSET count what they removed or added). option is nil or a flag such as 'XX'; first and
+-- last, when given, pass only values[first..last] (a range of ARGV, sent in the command's order).
+local function variadic(cmd, key, values, option, first, last)
+  local total, stop = 0, last or #values
+  for i = first or 1, stop, CHUNK do
+    local last = math.min(i + CHUNK - 1, stop)
     if option then
       total = total + rcall(cmd, key, option, unpack(values, i, last))
     else
