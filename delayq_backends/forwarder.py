@@ -87,6 +87,8 @@ class _Published:
     later: list[tuple[str, int]]
     ran: set[str]
     started: float
+    #: the deliveries to publish, per target kind
+    groups: dict[str, list[Delivery]] = field(default_factory=dict)
 
     @property
     def lease(self) -> Lease:
@@ -290,18 +292,23 @@ class Forwarder:
         if self.metrics is not None:
             self.metrics.observe_claim(time.perf_counter() - started)
         done: list[Claim] = []
-        published: list[_Published] = []
+        prepared: list[_Published] = []
         with self._heartbeat.holding() as held:
             for shard, claim in zip(due, claims):
                 if isinstance(claim, Exception):  # a key of another type, the server at maxmemory
                     self._set_aside(shard, claim, None)
                 elif not claim.items:
                     done.append(claim)
-                elif isinstance(p := _shard_step(partial(self._publish_claim, claim, held)), Exception):
+                elif isinstance(p := _shard_step(partial(self._prepare, claim, held)), Exception):
                     self._set_aside(shard, p, claim)
                 else:
-                    published.append(p)
+                    prepared.append(p)
+            errors = self._publish_all(prepared)
+            published = [p for p in prepared if id(p) not in errors]
             settled = self._settle_all(published)
+        for p in prepared:
+            if id(p) in errors:
+                self._set_aside(p.lease.shard, errors[id(p)], p.lease.claim)
         for p, error in zip(published, settled):
             if error is None:
                 done.append(p.lease.claim)
@@ -348,12 +355,16 @@ class Forwarder:
 
         Raises what handling the claim raised (a pass sets the shard aside for it)."""
         with self._heartbeat.holding() as held:
-            (error,) = self._settle_all([self._publish_claim(claim, held)])
+            p = self._prepare(claim, held)
+            error = self._publish_all([p]).get(id(p))
+            if error is None:
+                (error,) = self._settle_all([p])
         if error is not None:
             raise error
 
-    def _publish_claim(self, claim: Claim, held_list: list[_Held]) -> _Published:
-        """Publish a claim's items; its lease joins ``held_list`` (the heartbeat's) until settled."""
+    def _prepare(self, claim: Claim, held_list: list[_Held]) -> _Published:
+        """A claim's items decoded and checked (lossless mode), ready to publish; its lease joins
+        ``held_list`` (the heartbeat's) until settled."""
         started = time.perf_counter()
         groups: dict[str, list[Delivery]] = defaultdict(list)
         failures: list[FailedDelivery] = []
@@ -395,17 +406,30 @@ class Forwarder:
         held = _Held(lease, claim.deadline_ms)
         # held until the acks are in: a pause between publish and ack must not hand the batch over
         held_list.append(held)
-        for kind, deliveries in groups.items():
-            go = self._still_ours(held, self._admit(kind, deliveries, later), report)
-            if go:
-                self._publish(kind, go, report, lease)
-        if report.failed:
-            attempts = {item.id: item.attempts for item in claim.items}
-            failures += [
-                FailedDelivery(f.id, None if f.permanent else self._retry_at(attempts[f.id]), f.error)
-                for f in report.failed
-            ]
-        return _Published(held, report, failures, labels, later, ran, started)
+        return _Published(held, report, failures, labels, later, ran, started, dict(groups))
+
+    def _publish_all(self, prepared: list[_Published]) -> dict[int, Exception]:
+        """Publish the prepared claims' items with one call per target (a round trip each, not
+        one per shard), and hand each claim its part of the reports. One call per claim instead
+        to a :class:`ClaimTarget` (it takes one lease) and under flow control (a queue's room
+        counts the publishes before). Returns the errors raised, by ``id()`` of the claim (a
+        call's error counts for every claim in it: their shards are set aside)."""
+        errors: dict[int, Exception] = {}
+        for kind in dict.fromkeys(kind for p in prepared for kind in p.groups):
+            claims = [p for p in prepared if kind in p.groups and id(p) not in errors]
+            together = kind not in self._lease_takers and not self.flow.control.active
+            for call in [claims] if together else [[p] for p in claims]:
+                error = _shard_step(partial(self._publish_call, kind, call))
+                if isinstance(error, Exception):
+                    errors.update((id(p), error) for p in call)
+        for p in prepared:
+            if p.report.failed:
+                attempts = {item.id: item.attempts for item in p.lease.items}
+                p.failures += [
+                    FailedDelivery(f.id, None if f.permanent else self._retry_at(attempts[f.id]), f.error)
+                    for f in p.report.failed
+                ]
+        return errors
 
     def _window_ms(self, attempts: int) -> int:
         """Lossless mode's window for an item published on its ``attempts``-th claim: the window,
@@ -498,11 +522,26 @@ class Forwarder:
             )
         return [d for d in deliveries if d.id not in held.lost]
 
-    def _publish(self, kind: str, deliveries: list[Delivery], report: PublishReport, lease: Lease) -> None:
+    def _publish_call(self, kind: str, claims: list[_Published]) -> None:
+        """One publish call to target ``kind`` for ``claims``, each one's deliveries admitted
+        (flow control) and checked still ours just before it: items taken over after our lease
+        ran out are not published again."""
+        call = [
+            (p, go)
+            for p in claims
+            if (go := self._still_ours(p.held, self._admit(kind, p.groups[kind], p.later), p.report))
+        ]
+        if call:
+            self._publish(kind, call)
+
+    def _publish(self, kind: str, call: list[tuple[_Published, list[Delivery]]]) -> None:
+        """One publish call to target ``kind`` of the deliveries of one or more claims (one for a
+        :class:`ClaimTarget`), its report split back to the claims."""
         target = self.targets[kind]
+        deliveries = [d for _, ds in call for d in ds]
         try:
             if kind in self._lease_takers:  # it may ack inside its own transaction
-                part = cast(ClaimTarget, target).publish_claimed(deliveries, lease)
+                part = cast(ClaimTarget, target).publish_claimed(deliveries, call[0][0].lease)
             else:
                 part = target.publish_many(deliveries)
         except Exception as exc:  # a target bug must not kill the forwarder; attempts bound it
@@ -519,11 +558,7 @@ class Forwarder:
             self.metrics.observe_published(deliveries, part.published, now)
         if self.audit is not None and part.published:
             self._audit(self.audit, deliveries, part.published, now)
-        report.published += part.published
-        report.failed += part.failed
-        report.unsent += part.unsent
-        report.acked += part.acked
-        report.broker_error = report.broker_error or part.broker_error
+        _split(part, call)
 
     def _audit(self, audit: AuditSink, deliveries: list[Delivery], published: list[str], now: int) -> None:
         sent, by = set(published), self.name
@@ -773,6 +808,23 @@ class Forwarder:
             s.percentile(0.5),
             s.percentile(0.99),
         )
+
+
+def _split(part: PublishReport, call: list[tuple[_Published, list[Delivery]]]) -> None:
+    """Add each id of ``part`` (one publish call's report) to the report of the claim it came
+    from in ``call``; a broker error to each claim of the call."""
+    owner = {d.id: p.report for p, ds in call for d in ds}
+    for i in part.published:
+        owner[i].published.append(i)
+    for f in part.failed:
+        owner[f.id].failed.append(f)
+    for i in part.unsent:
+        owner[i].unsent.append(i)
+    for i in part.acked:
+        owner[i].acked.append(i)
+    if part.broker_error is not None:
+        for p, _ in call:
+            p.report.broker_error = p.report.broker_error or part.broker_error
 
 
 def _shard_step(step: Callable[[], T]) -> T | Exception:

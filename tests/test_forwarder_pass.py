@@ -14,7 +14,7 @@ import redis
 
 from delayq_backends import DelayStore
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.models import Claim
+from delayq_backends.models import Claim, DeliveryFailure
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from tests.harness import make_store
 from tests.helpers import wait_for
@@ -157,8 +157,8 @@ def test_a_forwarder_killed_between_publishes_and_acks_loses_nothing(
 def test_batches_published_early_in_a_pass_stay_ours_until_its_acks(
     valkey_url: str, prefix: str, out: redis.Redis
 ) -> None:
-    """A pass whose second publish stalls past the lease: the first shard's batch, published
-    and not yet acked, is extended by the heartbeat, so another forwarder cannot take it."""
+    """A pass that stalls past the lease after its first publish: the batches published and
+    not yet acked are extended by the heartbeat, so another forwarder cannot take them."""
     store = make_store(valkey_url, prefix, shards=2, lease_seconds=0.6)
     key = f"{prefix}:out"
     ids = [f"i{n}" for n in range(20)]
@@ -166,7 +166,7 @@ def test_batches_published_early_in_a_pass_stay_ours_until_its_acks(
     taken: list[int] = []
 
     def stall_then_compete(call: int, _: Sequence[Delivery]) -> None:
-        if call == 2:
+        if call == 1:
             time.sleep(1.0)
             taken.append(Forwarder(store, [RedisListTarget(out)]).run_once())
 
@@ -174,3 +174,41 @@ def test_batches_published_early_in_a_pass_stay_ours_until_its_acks(
     assert forwarder.run_once() == 20
     assert taken == [0], "a batch of the pass was taken over before its ack"
     assert sorted(delivered(out, key)) == sorted(ids) and forwarder.stats.acked == 20
+
+
+class Picky(RedisListTarget):
+    """Fails ids ending in 7 for good, leaves those ending in 3 unsent, publishes the rest;
+    counts its calls."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__(client)
+        self.calls: list[int] = []
+
+    def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
+        self.calls.append(len(deliveries))
+        report = super().publish_many([d for d in deliveries if d.id[-1] not in "37"])
+        report.failed += [DeliveryFailure(d.id, "no", permanent=True) for d in deliveries if d.id.endswith("7")]
+        report.unsent += [d.id for d in deliveries if d.id.endswith("3")]
+        return report
+
+
+def test_one_publish_per_target_per_pass_split_back_to_each_shard(
+    valkey_url: str, prefix: str, out: redis.Redis
+) -> None:
+    """All shards' items go to a target in one call; what it reports reaches each claim: the
+    published acked, the failed dead-lettered, the unsent released, on every shard."""
+    store = make_store(valkey_url, prefix, shards=8)
+    key = f"{prefix}:out"
+    ids = [f"i{n}" for n in range(80)]
+    schedule(store, key, ids)
+    target = Picky(out)
+    forwarder = Forwarder(store, [target])
+    assert forwarder.run_once() == 80
+    assert target.calls == [80]
+    published = [i for i in ids if i[-1] not in "37"]
+    assert sorted(delivered(out, key)) == sorted(published)
+    assert not any(store.exists(i) for i in published)
+    assert sorted(d.id for d in store.dead_letters()) == sorted(i for i in ids if i.endswith("7"))
+    assert all(store.exists(i) for i in ids if i.endswith("3"))
+    assert (forwarder.stats.acked, forwarder.stats.dead, forwarder.stats.released) == (64, 8, 8)
+    assert len({store.shard_of(i) for i in ids if i.endswith("7")}) > 1  # the split crossed shards
