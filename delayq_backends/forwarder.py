@@ -77,8 +77,9 @@ class _Held:
 
 @dataclass
 class _Published:
-    """A claim whose publishes are done, waiting for its settle: its acks go in one round trip
-    with those of the pass's other claims (:meth:`Forwarder._settle_all`)."""
+    """A claim of a pass, prepared to publish, then published and waiting for its settle: its
+    publishes share a call per target and its acks a round trip with the pass's other claims
+    (:meth:`Forwarder._publish_all`, :meth:`Forwarder._settle_all`)."""
 
     held: _Held
     report: PublishReport
@@ -278,12 +279,12 @@ class Forwarder:
         return claimed
 
     def _pass(self, due: list[int]) -> tuple[int, list[int]]:
-        """One batch from each shard of ``due``, all claimed in one round trip, published shard
-        by shard, then all acked in one round trip: the items claimed, and the shards whose
-        batch came back full (more may be due there).
+        """One batch from each shard of ``due``, all claimed in one round trip, published with one
+        call per target, then all acked in one round trip: the items claimed, and the shards
+        whose batch came back full (more may be due there).
 
-        A round trip per shard per step made a pass over 16 shards cost ~7 ms, most of the
-        lateness at a high rate. Every batch claimed is delivered, even after :meth:`stop`: they
+        A publish and an ack round trip per shard made a pass over 16 shards cost ~7 ms, most of
+        the lateness at a high rate. Every batch claimed is delivered, even after :meth:`stop`: they
         are in flight. A batch published late in the pass keeps its items ours by the lease
         check before its publish (:meth:`_still_ours` extends a lease near its end), and every
         batch published is held by the heartbeat until the pass's acks are in."""
@@ -585,11 +586,24 @@ class Forwarder:
             self.stats.batches += 1
             self.stats.forwarded += len(p.report.published)
             errors.append(acked if isinstance(acked, Exception) else _shard_step(partial(self._settle, p, acked)))
+        self._back_off_if_broker_down(published)
         return errors
+
+    def _back_off_if_broker_down(self, published: list[_Published]) -> None:
+        """One pause per pass whose publishes met an unreachable broker, after every claim of
+        it is settled (its unsent items released): one publish call carries many claims, and a
+        pause per claim would hold the others' leases through each."""
+        down = [p.report for p in published if p.report.broker_error is not None]
+        if not down:
+            self._outage_backoff = 0.0
+            return
+        self.stats.outages += 1
+        released = sum(len(r.unsent) for r in down)
+        self._outage(f"broker unreachable ({down[0].broker_error}); released {released} items")
 
     def _settle(self, p: _Published, acked: int) -> None:
         """The rest of a claim's settle once its acks are in: lossless keeps, failures,
-        deferrals, releases, metrics, and a pause if its broker was unreachable."""
+        deferrals, releases, metrics."""
         lease, report, failures, labels, later = p.lease, p.report, p.failures, p.labels, p.later
         acked_report = self._keep(p, acked)
         retried = buried = released = 0
@@ -619,11 +633,6 @@ class Forwarder:
                 deferred_count=deferred,
                 max_attempts=self.store.config.max_attempts,
             )
-        if report.broker_error is not None:
-            self.stats.outages += 1
-            self._outage(f"broker unreachable ({report.broker_error}); released {len(report.unsent)} items")
-        else:
-            self._outage_backoff = 0.0
         log.debug(
             "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
             lease.shard,
