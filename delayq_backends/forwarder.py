@@ -22,7 +22,8 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 
@@ -61,6 +62,8 @@ _STORE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, redis.Redi
 #: PUBLISH there could otherwise flood the log).
 _BAD_WAKE_LOG_EVERY_S = 10.0
 
+T = TypeVar("T")
+
 
 @dataclass
 class _Held:
@@ -70,6 +73,33 @@ class _Held:
     lease: Lease
     deadline_ms: int
     lost: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Published:
+    """A claim of a pass, prepared to publish, then published and waiting for its settle: its
+    publishes share a call per target and its acks a round trip with the pass's other claims
+    (:meth:`Forwarder._publish_all`, :meth:`Forwarder._settle_all`)."""
+
+    held: _Held
+    report: PublishReport
+    failures: list[FailedDelivery]
+    labels: dict[str, Labels]
+    later: list[tuple[str, int]]
+    ran: set[str]
+    started: float
+    #: the deliveries to publish, per target kind
+    groups: dict[str, list[Delivery]] = field(default_factory=dict)
+
+    @property
+    def lease(self) -> Lease:
+        return self.held.lease
+
+    def to_ack(self) -> list[str]:
+        """The published ids to delete: not acked by a ClaimTarget in its transaction already,
+        nor kept awaiting their start (lossless mode)."""
+        pre_acked, keep = set(self.report.acked), self.lease.keep_windows
+        return [i for i in self.report.published if i not in pre_acked and i not in keep]
 
 
 @dataclass
@@ -249,36 +279,46 @@ class Forwarder:
         return claimed
 
     def _pass(self, due: list[int]) -> tuple[int, list[int]]:
-        """One batch from each shard of ``due``, all claimed in one round trip, then delivered
-        shard by shard: the items claimed, and the shards whose batch came back full (more may
-        be due there).
+        """One batch from each shard of ``due``, all claimed in one round trip, published with one
+        call per target, then all acked in one round trip: the items claimed, and the shards
+        whose batch came back full (more may be due there).
 
-        Every batch claimed is delivered, even after :meth:`stop`: they are in flight. A batch
-        delivered late in the pass keeps its items ours by the lease check before its publish
-        (:meth:`_still_ours` extends a lease near its end)."""
+        A publish and an ack round trip per shard made a pass over 16 shards cost ~7 ms, most of
+        the lateness at a high rate. Every batch claimed is delivered, even after :meth:`stop`: they
+        are in flight. A batch published late in the pass keeps its items ours by the lease
+        check before its publish (:meth:`_still_ours` extends a lease near its end), and every
+        batch published is held by the heartbeat until the pass's acks are in."""
         started = time.perf_counter()
         claims = self.store.claim_many(due, limit=self.batch)  # an outage raises: the loop backs off
         if self.metrics is not None:
             self.metrics.observe_claim(time.perf_counter() - started)
-        claimed = 0
-        still_due = []
-        for shard, claim in zip(due, claims):
-            if isinstance(claim, Exception):  # a key of another type, the server at maxmemory
-                self._set_aside(shard, claim, None)
-                continue
-            try:
-                if claim.items:
-                    self.deliver(claim)
-            except CONNECTION_ERRORS:
-                raise  # the store is unreachable, not this shard: the loop backs off
-            except Exception as exc:  # anything from data (a bad value, a script error, a bug)
-                self._set_aside(shard, exc, claim)
-                continue
-            self._set_aside_until.pop(shard, None)
-            claimed += len(claim.items)
-            if len(claim.items) == self.batch:
-                still_due.append(shard)
-        return claimed, still_due
+        done: list[Claim] = []
+        prepared: list[_Published] = []
+        with self._heartbeat.holding() as held:
+            for shard, claim in zip(due, claims):
+                if isinstance(claim, Exception):  # a key of another type, the server at maxmemory
+                    self._set_aside(shard, claim, None)
+                elif not claim.items:
+                    done.append(claim)
+                elif isinstance(p := _shard_step(partial(self._prepare, claim, held)), Exception):
+                    self._set_aside(shard, p, claim)
+                else:
+                    prepared.append(p)
+            errors = self._publish_all(prepared)
+            published = [p for p in prepared if id(p) not in errors]
+            settled = self._settle_all(published)
+        for p in prepared:
+            if id(p) in errors:
+                self._set_aside(p.lease.shard, errors[id(p)], p.lease.claim)
+        for p, error in zip(published, settled):
+            if error is None:
+                done.append(p.lease.claim)
+            else:
+                self._set_aside(p.lease.shard, error, p.lease.claim)
+        for claim in done:
+            self._set_aside_until.pop(claim.shard, None)
+        still_due = [c.shard for c in done if len(c.items) == self.batch]
+        return sum(len(c.items) for c in done), still_due
 
     def _set_aside(self, shard: int, exc: Exception, claim: Claim | None) -> None:
         """Set a shard aside after an error that retrying at once will not fix: a Redis error
@@ -312,7 +352,20 @@ class Forwarder:
         return self._set_aside_until.get(shard, (0, 0))[0] > now
 
     def deliver(self, claim: Claim) -> None:
-        """Publish a claim's items, then ack, fail or release each as its target reports."""
+        """Publish a claim's items, then ack, fail or release each as its target reports.
+
+        Raises what handling the claim raised (a pass sets the shard aside for it)."""
+        with self._heartbeat.holding() as held:
+            p = self._prepare(claim, held)
+            error = self._publish_all([p]).get(id(p))
+            if error is None:
+                (error,) = self._settle_all([p])
+        if error is not None:
+            raise error
+
+    def _prepare(self, claim: Claim, held_list: list[_Held]) -> _Published:
+        """A claim's items decoded and checked (lossless mode), ready to publish; its lease joins
+        ``held_list`` (the heartbeat's) until settled."""
         started = time.perf_counter()
         groups: dict[str, list[Delivery]] = defaultdict(list)
         failures: list[FailedDelivery] = []
@@ -353,28 +406,31 @@ class Forwarder:
         later: list[tuple[str, int]] = []
         held = _Held(lease, claim.deadline_ms)
         # held until the acks are in: a pause between publish and ack must not hand the batch over
-        with self._heartbeat.holding(held):
-            for kind, deliveries in groups.items():
-                go = self._still_ours(held, self._admit(kind, deliveries, later), report)
-                if go:
-                    self._publish(kind, go, report, lease)
-            if report.failed:
-                attempts = {item.id: item.attempts for item in claim.items}
-                failures += [
+        held_list.append(held)
+        return _Published(held, report, failures, labels, later, ran, started, dict(groups))
+
+    def _publish_all(self, prepared: list[_Published]) -> dict[int, Exception]:
+        """Publish the prepared claims' items with one call per target (a round trip each, not
+        one per shard), and hand each claim its part of the reports. One call per claim instead
+        to a :class:`ClaimTarget` (it takes one lease) and under flow control (a queue's room
+        counts the publishes before). Returns the errors raised, by ``id()`` of the claim (a
+        call's error counts for every claim in it: their shards are set aside)."""
+        errors: dict[int, Exception] = {}
+        for kind in dict.fromkeys(kind for p in prepared for kind in p.groups):
+            claims = [p for p in prepared if kind in p.groups and id(p) not in errors]
+            together = kind not in self._lease_takers and not self.flow.control.active
+            for call in [claims] if together else [[p] for p in claims]:
+                error = _shard_step(partial(self._publish_call, kind, call))
+                if isinstance(error, Exception):
+                    errors.update((id(p), error) for p in call)
+        for p in prepared:
+            if p.report.failed:
+                attempts = {item.id: item.attempts for item in p.lease.items}
+                p.failures += [
                     FailedDelivery(f.id, None if f.permanent else self._retry_at(attempts[f.id]), f.error)
-                    for f in report.failed
+                    for f in p.report.failed
                 ]
-            self._settle(lease, report, failures, labels, later, ran)
-        log.debug(
-            "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
-            claim.shard,
-            len(claim.items),
-            len(report.published),
-            len(failures),
-            len(report.unsent),
-            len(later),
-            (time.perf_counter() - started) * 1000,
-        )
+        return errors
 
     def _window_ms(self, attempts: int) -> int:
         """Lossless mode's window for an item published on its ``attempts``-th claim: the window,
@@ -467,11 +523,26 @@ class Forwarder:
             )
         return [d for d in deliveries if d.id not in held.lost]
 
-    def _publish(self, kind: str, deliveries: list[Delivery], report: PublishReport, lease: Lease) -> None:
+    def _publish_call(self, kind: str, claims: list[_Published]) -> None:
+        """One publish call to target ``kind`` for ``claims``, each one's deliveries admitted
+        (flow control) and checked still ours just before it: items taken over after our lease
+        ran out are not published again."""
+        call = [
+            (p, go)
+            for p in claims
+            if (go := self._still_ours(p.held, self._admit(kind, p.groups[kind], p.later), p.report))
+        ]
+        if call:
+            self._publish(kind, call)
+
+    def _publish(self, kind: str, call: list[tuple[_Published, list[Delivery]]]) -> None:
+        """One publish call to target ``kind`` of the deliveries of one or more claims (one for a
+        :class:`ClaimTarget`), its report split back to the claims."""
         target = self.targets[kind]
+        deliveries = [d for _, ds in call for d in ds]
         try:
             if kind in self._lease_takers:  # it may ack inside its own transaction
-                part = cast(ClaimTarget, target).publish_claimed(deliveries, lease)
+                part = cast(ClaimTarget, target).publish_claimed(deliveries, call[0][0].lease)
             else:
                 part = target.publish_many(deliveries)
         except Exception as exc:  # a target bug must not kill the forwarder; attempts bound it
@@ -488,11 +559,7 @@ class Forwarder:
             self.metrics.observe_published(deliveries, part.published, now)
         if self.audit is not None and part.published:
             self._audit(self.audit, deliveries, part.published, now)
-        report.published += part.published
-        report.failed += part.failed
-        report.unsent += part.unsent
-        report.acked += part.acked
-        report.broker_error = report.broker_error or part.broker_error
+        _split(part, call)
 
     def _audit(self, audit: AuditSink, deliveries: list[Delivery], published: list[str], now: int) -> None:
         sent, by = set(published), self.name
@@ -506,18 +573,39 @@ class Forwarder:
         except Exception:  # an audit sink must never stop forwarding
             log.exception("audit sink %r failed; forwarding goes on", audit)
 
-    def _settle(
-        self,
-        lease: Lease,
-        report: PublishReport,
-        failures: list[FailedDelivery],
-        labels: Mapping[str, Labels],
-        later: list[tuple[str, int]],
-        ran: set[str],
-    ) -> None:
-        self.stats.batches += 1
-        self.stats.forwarded += len(report.published)
-        acked_report, acked = self._ack_or_keep(lease, report, ran, labels)
+    def _settle_all(self, published: list[_Published]) -> list[Exception | None]:
+        """Settle published claims: the acks of all in one round trip (the usual, only step),
+        then the rest claim by claim. Returns each claim's error (its shard's), or None.
+
+        Raises:
+            redis.ConnectionError, redis.TimeoutError: the store is unreachable.
+        """
+        acks = self.store.ack_many([(p.lease.claim, p.to_ack()) for p in published])
+        errors: list[Exception | None] = []
+        for p, acked in zip(published, acks):
+            self.stats.batches += 1
+            self.stats.forwarded += len(p.report.published)
+            errors.append(acked if isinstance(acked, Exception) else _shard_step(partial(self._settle, p, acked)))
+        self._back_off_if_broker_down(published)
+        return errors
+
+    def _back_off_if_broker_down(self, published: list[_Published]) -> None:
+        """One pause per pass whose publishes met an unreachable broker, after every claim of
+        it is settled (its unsent items released): one publish call carries many claims, and a
+        pause per claim would hold the others' leases through each."""
+        down = [p.report for p in published if p.report.broker_error is not None]
+        if not down:
+            self._outage_backoff = 0.0
+            return
+        self.stats.outages += 1
+        released = sum(len(r.unsent) for r in down)
+        self._outage(f"broker unreachable ({down[0].broker_error}); released {released} items")
+
+    def _settle(self, p: _Published, acked: int) -> None:
+        """The rest of a claim's settle once its acks are in: lossless keeps, failures,
+        deferrals, releases, metrics."""
+        lease, report, failures, labels, later = p.lease, p.report, p.failures, p.labels, p.later
+        acked_report = self._keep(p, acked)
         retried = buried = released = 0
         if failures:
             counts = lease.fail(failures)
@@ -545,40 +633,42 @@ class Forwarder:
                 deferred_count=deferred,
                 max_attempts=self.store.config.max_attempts,
             )
-        if report.broker_error is not None:
-            self.stats.outages += 1
-            self._outage(f"broker unreachable ({report.broker_error}); released {len(report.unsent)} items")
-        else:
-            self._outage_backoff = 0.0
+        log.debug(
+            "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
+            lease.shard,
+            len(lease.items),
+            len(report.published),
+            len(failures),
+            len(report.unsent),
+            len(later),
+            (time.perf_counter() - p.started) * 1000,
+        )
 
-    def _ack_or_keep(
-        self, lease: Lease, report: PublishReport, ran: set[str], labels: Mapping[str, Labels]
-    ) -> tuple[PublishReport, int]:
-        """Ack the published items, or keep them (lossless mode: those in the lease's
-        ``keep_windows``), and delete those found started (``ran``).
+    def _keep(self, p: _Published, acked: int) -> PublishReport:
+        """Count the ``acked`` published items (:meth:`_Published.to_ack`), keep the others
+        (lossless mode: those in the lease's ``keep_windows``), and delete those found started
+        (``ran``).
 
-        Returns ``report`` without the kept ids (what the metrics count as acked) and how many
-        published items were deleted.
+        Returns the report without the kept ids (what the metrics count as acked).
         """
+        lease, report, ran = p.lease, p.report, p.ran
         keep = lease.keep_windows
         pre_acked = set(report.acked)  # a ClaimTarget acked (or kept) these in its transaction
-        settle = [i for i in report.published if i not in pre_acked]
-        acked = lease.ack([i for i in settle if i not in keep])
         kept = [i for i in report.published if i in keep]
-        n_kept = lease.keep({i: keep[i] for i in settle if i in keep}) + len(pre_acked & keep.keys())
+        n_kept = lease.keep({i: keep[i] for i in kept if i not in pre_acked}) + len(pre_acked & keep.keys())
         confirmed = lease.ack(sorted(ran)) if ran else 0
         self.stats.acked += len(pre_acked - keep.keys()) + acked + confirmed
         self.stats.kept += n_kept
         self.stats.confirmed += confirmed
         if self.metrics is not None and (kept or ran):
-            self.metrics.observe_lossless(labels, kept=kept, found_started=sorted(ran))
+            self.metrics.observe_lossless(p.labels, kept=kept, found_started=sorted(ran))
         if not kept:
-            return report, acked
+            return report
         return replace(
             report,
             published=[i for i in report.published if i not in keep],
             acked=[i for i in report.acked if i not in keep],
-        ), acked
+        )
 
     def _retry_at(self, attempts: int) -> int:
         delay = min(self.max_retry_delay_ms, self.retry_delay_ms << min(30, max(0, attempts - 1)))
@@ -729,11 +819,39 @@ class Forwarder:
         )
 
 
+def _split(part: PublishReport, call: list[tuple[_Published, list[Delivery]]]) -> None:
+    """Add each id of ``part`` (one publish call's report) to the report of the claim it came
+    from in ``call``; a broker error to each claim of the call."""
+    owner = {d.id: p.report for p, ds in call for d in ds}
+    for i in part.published:
+        owner[i].published.append(i)
+    for f in part.failed:
+        owner[f.id].failed.append(f)
+    for i in part.unsent:
+        owner[i].unsent.append(i)
+    for i in part.acked:
+        owner[i].acked.append(i)
+    if part.broker_error is not None:
+        for p, _ in call:
+            p.report.broker_error = p.report.broker_error or part.broker_error
+
+
+def _shard_step(step: Callable[[], T]) -> T | Exception:
+    """``step()``'s result, or what it raised: an error of one shard's data (a bad value, a
+    script error, a bug); an outage is raised, it is not one shard's."""
+    try:
+        return step()
+    except CONNECTION_ERRORS:
+        raise  # the store is unreachable, not this shard: the loop backs off
+    except Exception as exc:  # anything from data (a bad value, a script error, a bug)
+        return exc
+
+
 class _Heartbeat:
-    """Keeps a batch's items ours from publish to ack: a thread of the forwarder looks at the
-    batch in hand every sixth of the lease, and extends its lease (``extend.lua``) once less
-    than half of it is left. A batch acked sooner (almost all) costs nothing: no lock and no
-    wake-up per batch.
+    """Keeps batches' items ours from publish to ack: a thread of the forwarder looks at the
+    batches in hand (a pass's, acked together at its end) every sixth of the lease, and extends
+    a lease (``extend.lua``) once less than half of it is left. A batch acked sooner (almost
+    all) costs nothing: no lock and no wake-up per batch.
 
     Why extend rather than give the batch back: a publish that runs long (a RabbitMQ memory
     alarm blocking confirms, a slow broker) has often reached the broker already; giving the
@@ -748,20 +866,21 @@ class _Heartbeat:
         self.now_ms = now_ms
         self.every = lease_ms / 6000
         self._closed = threading.Event()
-        self._held: _Held | None = None
+        self._held: list[_Held] = []
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def holding(self, held: _Held) -> Iterator[None]:
-        """Extend ``held`` while the block runs (if it runs long)."""
+    def holding(self) -> Iterator[list[_Held]]:
+        """Extend each lease added to the list yielded while the block runs (if it runs long)."""
         if self._thread is None and not self._closed.is_set():
             self._thread = threading.Thread(target=self._run, name="delayq-lease-heartbeat", daemon=True)
             self._thread.start()
+        held: list[_Held] = []
         self._held = held
         try:
-            yield
+            yield held
         finally:
-            self._held = None
+            self._held = []
 
     def extend(self, held: _Held) -> None:
         """Extend every item of ``held`` still ours; the others are added to ``held.lost``."""
@@ -776,10 +895,10 @@ class _Heartbeat:
 
     def _run(self) -> None:
         while not self._closed.wait(self.every):
-            held = self._held
-            if held is None or held.deadline_ms - self.now_ms() > self.lease_ms // 2:
-                continue
-            try:
-                self.extend(held)
-            except Exception as exc:  # the publish goes on; the pre-publish check gives back what is lost
-                log.warning("shard %d: cannot extend a lease (%s: %s)", held.lease.shard, type(exc).__name__, exc)
+            for held in list(self._held):  # a copy: the forwarder appends to it meanwhile
+                if held.deadline_ms - self.now_ms() > self.lease_ms // 2:
+                    continue
+                try:
+                    self.extend(held)
+                except Exception as exc:  # the publish goes on; the pre-publish check gives back what is lost
+                    log.warning("shard %d: cannot extend a lease (%s: %s)", held.lease.shard, type(exc).__name__, exc)

@@ -45,18 +45,17 @@ def test_the_forwarder_prefers_publish_claimed_and_does_not_ack_twice(valkey_url
     store.schedule_many([(f"i{n}", 1, RedisListTarget.envelope(f"{prefix}:out", b"x")) for n in range(10)])
     forwarder = Forwarder(store, [target])
     acks: list[Any] = []
-    real_ack = store.ack
+    real_ack_many = store.ack_many
 
-    def ack(claim: Any, ids: Any = None, *, pipeline: Any = None) -> int:
-        if pipeline is None:  # the forwarder's own ack, not the target's inside its transaction
-            acks.append(list(ids or []))
-        return real_ack(claim, ids, pipeline=pipeline)
+    def ack_many(pairs: Any) -> list[int | Exception]:
+        acks.extend(list(ids) for _, ids in pairs)  # the forwarder's own acks, not the target's
+        return real_ack_many(pairs)
 
-    store.ack = ack  # type: ignore[method-assign]
+    store.ack_many = ack_many  # type: ignore[method-assign]
     assert forwarder.run_once() == 10
     assert client.llen(f"{prefix}:out") == 10 and sum(s.scheduled for s in store.stats()) == 0
     assert forwarder.stats.acked == 10 and forwarder.stats.forwarded == 10
-    assert all(not ids for ids in acks)  # nothing left for the forwarder's own ack
+    assert acks and all(not ids for ids in acks)  # nothing left for the forwarder's own ack
     assert {lease.claim.shard for lease in target.leases} <= {0, 1} and all(
         lease.store is store for lease in target.leases
     )

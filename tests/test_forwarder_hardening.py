@@ -108,16 +108,17 @@ def test_an_error_in_one_shard_sets_it_aside_and_the_others_flow(
     store = make_store(valkey_url, prefix, shards=4, lease_seconds=0.5)
     key = f"{prefix}:out"
     bad_shard = store.shard_of("poison")
-    real_ack = store.ack
+    real_ack_many = store.ack_many
     raised: list[int] = []
 
-    def ack(claim: Any, ids: Any = None, *, pipeline: Any = None) -> int:
-        if claim.shard == bad_shard and not raised:
-            raised.append(claim.shard)
-            raise ValueError("a bug met in this shard")
-        return real_ack(claim, ids, pipeline=pipeline)
+    def ack_many(acks: Any) -> list[int | Exception]:
+        """The bad shard's ack fails once (not sent); the others go."""
+        bad = [n for n, (claim, _) in enumerate(acks) if claim.shard == bad_shard and not raised]
+        replies = real_ack_many([(claim, [] if n in bad else ids) for n, (claim, ids) in enumerate(acks)])
+        raised.extend(bad)
+        return [ValueError("a bug met in this shard") if n in bad else r for n, r in enumerate(replies)]
 
-    store.ack = ack  # type: ignore[method-assign]
+    store.ack_many = ack_many  # type: ignore[method-assign]
     store.schedule("poison", 0, RedisListTarget.envelope(key, body("poison")))
     others = [i for i in (f"ok{n}" for n in range(40)) if store.shard_of(i) != bad_shard][:10]
     store.schedule_many([(i, 0, RedisListTarget.envelope(key, body(i))) for i in others])

@@ -27,7 +27,7 @@ from ..outages import CONNECTION_ERRORS
 from ..scripts.library import ScriptCall
 from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Keep, Rearm, Release, Schedule, Take
 from ..timeutil import When, score_ms
-from .base import Payload, StoreCore, _parsed, _reply_or_error, full_store_said_plainly
+from .base import Payload, R, StoreCore, _parsed, _reply_or_error, full_store_said_plainly
 
 __all__ = ["Forwarding", "Lease"]
 
@@ -61,13 +61,23 @@ class Forwarding(StoreCore):
         """
         self.check_meta()
         calls = [self._claim_call(shard, limit, lease_ms, now)(self._keys[shard]) for shard in shards]
+        return self._run_per_shard(calls)
+
+    def _run_per_shard(self, calls: Sequence[ScriptCall[R]]) -> list[R | Exception]:
+        """Run ``calls`` (each on one shard's keys) in one round trip: each call's reply, or the
+        error it raised, so one bad shard does not cost the others theirs. On a cluster, one
+        call at a time (redis-py runs no script in a cluster pipeline).
+
+        Raises:
+            redis.ConnectionError, redis.TimeoutError: the store is unreachable, not one shard.
+        """
         if self.cluster or len(calls) == 1:
-            return [_claimed(partial(self.scripts.run, call)) for call in calls]
+            return [_shard_reply(partial(self.scripts.run, call)) for call in calls]
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 self.scripts.queue(call, pipe)
             replies = pipe.execute(raise_on_error=False)
-        return [_claimed(partial(_parsed, call, reply)) for call, reply in zip(calls, replies)]
+        return [_shard_reply(partial(_parsed, call, reply)) for call, reply in zip(calls, replies)]
 
     def _claim_call(
         self, shard: int, limit: int, lease_ms: int | None, now: int | None
@@ -102,6 +112,20 @@ class Forwarding(StoreCore):
             self._queue(lambda k: Ack.call(k, claim.lease, chosen), claim.shard, pipeline)
             return 0
         return self._run(lambda k: Ack.call(k, claim.lease, chosen), claim.shard)
+
+    def ack_many(self, acks: Sequence[tuple[Claim, Sequence[str]]]) -> list[int | Exception]:
+        """:meth:`ack` for each ``(claim, ids)`` of ``acks``, in one round trip (a forwarder's
+        pass settles a claim per shard): each ack's count, or the error its shard raised.
+
+        Raises:
+            redis.ConnectionError, redis.TimeoutError: the store is unreachable, not one shard.
+        """
+        self.check_meta()
+        todo = [n for n, (_, ids) in enumerate(acks) if ids]
+        calls = [Ack.call(self._keys[acks[n][0].shard], acks[n][0].lease, acks[n][1]) for n in todo]
+        replies = self._run_per_shard(calls)
+        by_index = dict(zip(todo, replies))
+        return [by_index.get(n, 0) for n in range(len(acks))]
 
     def release(self, claim: Claim, ids: Iterable[str] | None = None) -> int:
         """Put unpublished items of ``claim`` back at their ready time, attempt not counted."""
@@ -364,11 +388,11 @@ class Lease:
         self.store._write_or_queue(lambda k: Schedule.call(k, [item], keep=False, wake=wake), shard, pipeline)
 
 
-def _claimed(claim: Callable[[], Claim]) -> Claim | Exception:
-    """``claim()``'s claim, or the error it raised; an outage is raised (it is not one shard's)."""
+def _shard_reply(call: Callable[[], R]) -> R | Exception:
+    """``call()``'s reply, or the error it raised; an outage is raised (it is not one shard's)."""
     try:
         with full_store_said_plainly():
-            return claim()
+            return call()
     except CONNECTION_ERRORS:
         raise
     except Exception as exc:  # a Redis error reply, or a reply that cannot be read

@@ -97,14 +97,13 @@ def deliveries(claim: Claim) -> list[Delivery]:
 def no_ack_outside(store: DelayStore, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """Records the ids of every ack the forwarder itself makes (not inside the target's EXEC)."""
     acks: list[list[str]] = []
-    real = store.ack
+    real = store.ack_many
 
-    def ack(claim: Claim, ids: list[str] | None = None, *, pipeline: Any = None) -> int:
-        if pipeline is None:  # queued inside the target's transaction: not the forwarder's own
-            acks.append(list(ids or []))
-        return real(claim, ids, pipeline=pipeline)
+    def ack_many(pairs: list[tuple[Claim, list[str]]]) -> list[int | Exception]:
+        acks.extend(list(ids) for _, ids in pairs)  # the target's, inside its EXEC, go through ack
+        return real(pairs)
 
-    monkeypatch.setattr(store, "ack", ack)
+    monkeypatch.setattr(store, "ack_many", ack_many)
     return acks
 
 
