@@ -49,15 +49,15 @@ class Costs:
     (``docs/capacity.md``); pass your own measurements for your hardware.
     """
 
-    schedule_us: float = 5.5  # server CPU per item of schedule_many (500 items per call)
-    claim_us: float = 8.9  # server CPU per claimed item, beyond the call's fixed cost
-    ack_us: float = 6.6  # server CPU per acked item, beyond the call's fixed cost
-    publish_us: float = 0.5  # server CPU per item RPUSHed into a Redis list (on the broker)
-    claim_call_us: float = 71.0  # server CPU per claim call, whatever its size
-    ack_call_us: float = 27.0  # server CPU per ack call
-    forwarder_us: float = 10.8  # forwarder Python CPU per item (claim, decode, publish, ack)
-    bytes_per_item: float = 304.0  # server memory per waiting item (100 B list body)
-    wire_bytes_per_item: float = 196.0  # bytes on the wire per item, each way
+    schedule_us: float = 1.9  # server CPU per item of schedule_many (500 items per call)
+    claim_us: float = 3.3  # server CPU per claimed item, beyond the call's fixed cost
+    ack_us: float = 1.7  # server CPU per acked item, beyond the call's fixed cost
+    publish_us: float = 0.3  # server CPU per item RPUSHed into a Redis list (on the broker)
+    claim_call_us: float = 73.0  # server CPU per claim call, whatever its size
+    ack_call_us: float = 51.0  # server CPU per ack call
+    forwarder_us: float = 2.3  # forwarder Python CPU per item (claim, decode, publish, ack)
+    bytes_per_item: float = 259.0  # server memory per waiting item (100 B list body)
+    wire_bytes_per_item: float = 205.0  # bytes on the wire per item, each way
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -76,7 +76,9 @@ class Limits:
     max_block_us: float = 5_000.0  # longest a claim script may block its master
     batch: int = 200  # forwarder batch, cut to fit max_block_us
     rtt_us: float = 200.0  # one round trip between a forwarder and a master (LAN)
-    round_trips_per_batch: float = 3.0  # heads, claim, ack+publish
+    # a pass's four (heads, claims, publishes, acks) shared by the batches of the shards due in
+    # it: 1 is four shards due; a backlog on 16 shards is 0.25
+    round_trips_per_batch: float = 1.0
     min_shards: int = 16
 
     def __post_init__(self) -> None:
@@ -150,7 +152,9 @@ def store_us_per_forwarded(costs: Costs, batch: int) -> float:
     return costs.claim_us + costs.ack_us + (costs.claim_call_us + costs.ack_call_us) / batch
 
 
-def predict_forward_rate(costs: Costs, batch: int, *, rtt_us: float, round_trips_per_batch: float = 3.0) -> float:
+def predict_forward_rate(
+    costs: Costs, batch: int, *, rtt_us: float, round_trips_per_batch: float = Limits.round_trips_per_batch
+) -> float:
     """Items/s of one forwarder with a server to itself: it waits for each script and for the
     broker, so its Python time, the servers' time and the round trips add up."""
     per_item = (
