@@ -538,9 +538,11 @@ def produce_falling_due(store: DelayStore, run: int, sizes: Sizes, list_key: str
     return Produced(count, [])
 
 
-def lateness_run(
-    server: BenchServer, sizes: Sizes, run: int, produce: Callable[[DelayStore, int, Sizes, str], Produced]
-) -> dict[str, Any]:
+#: schedules a lateness run's items: (store, run, sizes, list key) -> what it scheduled
+Producer = Callable[[DelayStore, int, Sizes, str], Produced]
+
+
+def lateness_run(server: BenchServer, sizes: Sizes, run: int, produce: Producer) -> dict[str, Any]:
     """One lateness run: ``produce`` schedules, then wait for every item to arrive and collect
     both sides, and the CPU share of each process and of the server."""
     server.wipe()
@@ -606,21 +608,26 @@ def lateness_figures(runs: list[dict[str, Any]], key: str, what: str, goal_ms: f
     return figures
 
 
+def lateness_runs(server: BenchServer, sizes: Sizes, produce: Producer, runs: int, what: str) -> list[dict[str, Any]]:
+    """``runs`` lateness runs of ``produce``, each logged with ``what`` it does."""
+    out = []
+    for run in range(runs):
+        log(f"  run {run + 1}/{runs}: {what}")
+        out.append(lateness_run(server, sizes, run, produce))
+    return out
+
+
 def bench_steady_lateness(server: BenchServer, sizes: Sizes) -> list[Figure]:
     """Lateness at a steady 1,000 items/s scheduled one call each, 50–500 ms ahead."""
-    runs = []
-    for run in range(sizes.steady_runs):
-        log(f"  steady run {run + 1}/{sizes.steady_runs}: {sizes.steady_rate}/s for {sizes.steady_seconds:.0f} s")
-        runs.append(lateness_run(server, sizes, run, produce_steady))
+    what = f"{sizes.steady_rate}/s for {sizes.steady_seconds:.0f} s, one schedule() each"
+    runs = lateness_runs(server, sizes, produce_steady, sizes.steady_runs, what)
     return lateness_figures(runs, "lateness", f"at {sizes.steady_rate}/s", 20)
 
 
 def bench_falling_due(server: BenchServer, sizes: Sizes) -> list[Figure]:
     """Lateness while ``due_rate`` items/s fall due for ``due_seconds``, one forwarder."""
-    runs = []
-    for run in range(sizes.due_runs):
-        log(f"  falling-due run {run + 1}/{sizes.due_runs}: {sizes.due_rate}/s for {sizes.due_seconds:.0f} s")
-        runs.append(lateness_run(server, sizes, run, produce_falling_due))
+    what = f"{sizes.due_rate}/s falling due for {sizes.due_seconds:.0f} s"
+    runs = lateness_runs(server, sizes, produce_falling_due, sizes.due_runs, what)
     return lateness_figures(runs, "due_lateness", f"with {sizes.due_rate}/s falling due", 50)
 
 
