@@ -105,7 +105,8 @@ def test_forwarder_logs_one_record_per_forwarded_item(store: DelayStore, prefix:
 @pytest.mark.parametrize("sink", [Broken(), Raising(), Slow(max_pending=1)], ids=["failing", "raising", "slow"])
 def test_a_failing_or_slow_audit_never_touches_forwarding(store: DelayStore, prefix: str, sink: object) -> None:
     schedule_due(store, 300, f"{prefix}:out")
-    forwarder = Forwarder(store, [RedisListTarget(store.client)], batch=50, audit=sink)  # type: ignore[arg-type]
+    # batch 10: a pass (4 shards) makes one audit call, so 8 calls, more than a slow sink holds
+    forwarder = Forwarder(store, [RedisListTarget(store.client)], batch=10, audit=sink)  # type: ignore[arg-type]
     started = time.monotonic()
     assert forwarder.run_once() == 300
     assert time.monotonic() - started < 1.5, "the 2 s writes happen off the forwarding thread"
