@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Core benchmark of delayq_backends: schedule, forward, lateness, claim latency, wake-up.
 
-Run ``python bench/core.py`` (full, < 15 min) or ``python bench/core.py --quick`` (smoke
+Run ``python bench/core.py`` (full, about 7 min) or ``python bench/core.py --quick`` (smoke
 test, < 2 min). JSON goes to stdout, progress to stderr, and a dated section is appended to
 ``bench/RESULTS.md`` (``--no-results`` skips that). Every figure is measured against a Valkey
 server this script starts itself (``EmbeddedServer``), so the only data it ever wipes is its
