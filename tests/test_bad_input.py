@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from delayq_backends import DelayqError, DelayStore, Envelope, StoreFullError
-from delayq_backends.embedded import EmbeddedServer
 from delayq_backends import forwarder as forwarder_module
+from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.targets import RedisListTarget
