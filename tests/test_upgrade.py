@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from delayq_backends import DelayStore
+from delayq_backends import DelayStore, Envelope
+from delayq_backends.celery import StoredMessage
 from tests.harness import ROOT, Launcher, Proc, make_store
 from tests.helpers import wait_for
+from tests.test_envelope import CELERY_V1, LIST_V1, RQ_V1
 
 #: The previous release: main before this release's work (no tag marks it).
 PREVIOUS = "0af431c"
@@ -37,7 +39,8 @@ SPREAD_S = 3.0
 #: run by either release's interpreter.
 PRODUCER = """
 import sys, time
-from delayq_backends import DelayStore
+from delayq_backends import DelayStore, Envelope
+from delayq_backends.celery import StoredMessage
 from delayq_backends.targets import RedisListTarget
 url, prefix, shards, tag, count, spread, out = sys.argv[1:]
 store = DelayStore.from_url(url, prefix=prefix, shards=int(shards))
@@ -57,8 +60,8 @@ class Release:
     python: Path
     home: Path
 
-    def start(self, launcher: Launcher, *args: str, log: Path | None = None) -> Proc:
-        return launcher.start([str(self.python), *args], cwd=self.home, code=None, log=log)
+    def start(self, launcher: Launcher, *args: str, log: Path | None = None, capture: bool = False) -> Proc:
+        return launcher.start([str(self.python), *args], cwd=self.home, code=None, log=log, capture=capture)
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +105,11 @@ def store(valkey_url: str, prefix: str) -> Iterator[DelayStore]:
 Which = Release | None
 
 
-def run(which: Which, launcher: Launcher, *args: str, log: Path | None = None) -> Proc:
+def run(which: Which, launcher: Launcher, *args: str, log: Path | None = None, capture: bool = False) -> Proc:
     """``python ARGS…`` of the previous release or of this checkout."""
-    return launcher.python(*args, log=log) if which is None else which.start(launcher, *args, log=log)
+    if which is None:
+        return launcher.python(*args, log=log, capture=capture)
+    return which.start(launcher, *args, log=log, capture=capture)
 
 
 def forward(which: Which, launcher: Launcher, store: DelayStore, log: Path) -> Proc:
@@ -119,6 +124,29 @@ def produce(which: Which, launcher: Launcher, store: DelayStore, tag: str, out: 
     proc = run(which, launcher, "-c", PRODUCER, *args)
     assert proc.wait(60) == 0, launcher.output(proc)
     return {f"{tag}{i}".encode() for i in range(ITEMS)}
+
+
+#: Prints what a release reads in each envelope given (hex); for a Celery message also the
+#: arguments its target publishes with and the bytes the release writes for it: the tables that
+#: compact a message are part of the format, so two releases writing format 2 write it alike.
+READER = """
+import json, sys
+from datetime import datetime, timezone
+from delayq_backends import Envelope
+from delayq_backends.celery import StoredMessage
+read = []
+for data in sys.argv[1:]:
+    env = Envelope.decode(bytes.fromhex(data))
+    shown = {"kind": env.target, "to": env.destination, "meta": env.meta, "details": env.details.hex()}
+    shown["body"] = env.body.hex()
+    if env.target == "celery":
+        now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        message = StoredMessage.from_envelope(env)
+        shown["publish"] = repr(sorted(message.publish_kwargs(ready_ms=1, now=now).items()))
+        shown["written"] = message.to_envelope().encode().hex()
+    read.append(shown)
+print(json.dumps(read, sort_keys=True))
+"""
 
 
 def forwarded(log: Path) -> int:
@@ -177,3 +205,21 @@ def test_both_releases_forward_side_by_side(
     counts = run_mixed(procs, store, tmp_path, forwarders=both, producers={"o": previous, "n": None})
     assert sum(counts.values()) == 2 * ITEMS
     assert all(counts.values()), f"both forwarders took part: {counts}"
+
+
+def test_the_previous_release_reads_this_releases_envelopes_as_this_one_does(
+    procs: Launcher, previous: Release
+) -> None:
+    """What this release writes for a Celery message, an RQ job and a list item reads the same in
+    the previous release, down to the Celery publish: a changed table would republish wrongly."""
+    celery = StoredMessage.from_envelope(Envelope.decode(CELERY_V1)).to_envelope()
+    written = [celery, Envelope.decode(RQ_V1), Envelope.decode(LIST_V1)]
+    encoded = [e.encode() for e in written]
+    assert {e[:3] for e in encoded} == {b"DQ\x02"}, "this release writes format 2"
+    reads = []
+    for which in (previous, None):
+        proc = run(which, procs, "-c", READER, *(e.hex() for e in encoded), capture=True)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out.decode(errors="replace")
+        reads.append(out.decode())
+    assert reads[0] == reads[1]
