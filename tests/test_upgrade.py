@@ -10,11 +10,9 @@ install takes well under a second and no network.
 
 from __future__ import annotations
 
-import io
 import re
 import subprocess
 import sysconfig
-import tarfile
 import venv
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,25 +66,19 @@ class Release:
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Release:
     if not (ROOT / ".git").exists():
         pytest.skip("needs this project's git checkout (the previous release comes from its history)")
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS, "delayq_backends"], capture_output=True
-    )
-    if archive.returncode != 0:
-        pytest.fail(
-            f"git archive {PREVIOUS} failed ({archive.stderr.decode().strip()}): a shallow clone? git fetch --unshallow"
-        )
     home = tmp_path_factory.mktemp("previous-release")
+    archive = home / "previous.tar"
+    made = subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), PREVIOUS, "delayq_backends"])
+    if made.returncode != 0:
+        pytest.fail(f"git archive {PREVIOUS} failed: a shallow clone? `git fetch --unshallow` and run again")
     venv.create(home / "venv", with_pip=False)
     python = home / "venv" / "bin" / "python"
-    site = Path(
-        subprocess.check_output(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
-        ).strip()
-    )
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.check_output([python, "-c", where], text=True).strip())
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(site)], check=True)
+    # its dependencies are this interpreter's: the two releases need the same ones
     ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     (site / "dependencies.pth").write_text("".join(f"{path}\n" for path in ours))
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(site, filter="data")
     where = subprocess.check_output(
         [python, "-c", "import delayq_backends; print(delayq_backends.__file__)"], cwd=home, text=True
     )
