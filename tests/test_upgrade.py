@@ -156,6 +156,11 @@ def run_mixed(
     out = f"{store.config.prefix}:out"
     logs = {name: tmp_path / f"{name}.log" for name in forwarders}
     started = {name: forward(which, procs, store, logs[name]) for name, which in forwarders.items()}
+
+    def up() -> bool:  # every forwarder claims from the first item on
+        return all(" started: " in log.read_text(errors="replace") for log in logs.values())
+
+    wait_for(up, 30, lambda: f"every forwarder started\n{procs.tail()}", interval=0.05)
     expected: set[bytes] = set()
     for tag, which in producers.items():
         expected |= produce(which, procs, store, tag, out)
@@ -164,7 +169,7 @@ def run_mixed(
         stats = store.stats()
         return sum(s.scheduled for s in stats) == 0 or any(s.dead for s in stats)
 
-    wait_for(settled, 60, f"{len(expected)} items forwarded\n{procs.tail()}")
+    wait_for(settled, 60, lambda: f"{len(expected)} items forwarded\n{procs.tail()}", interval=0.05)
     for name, proc in started.items():
         assert procs.stop(proc) == 0, f"{name} exits cleanly\n{procs.tail()}"
     assert store.dead_letters() == [], procs.tail()
