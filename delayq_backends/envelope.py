@@ -1,7 +1,14 @@
 """The stored form of a delayed item: a versioned, self-describing byte string. No pickle.
 
 Every envelope starts with ``b"DQ"`` and a format version byte, so a reader tells the formats
-apart and a forwarder too old for an envelope says so instead of misreading it.
+apart and a forwarder too old for an envelope says so instead of misreading it: decoding a format
+newer than :data:`FORMAT_VERSION` raises :class:`NewerFormatError`, and the forwarder leaves that
+item for a newer forwarder (deferred, never dead-lettered).
+
+Producers write the oldest format that carries what the item needs, so a forwarder of the
+previous release reads everything a producer of this one writes unless the item uses a feature
+that needs a newer format: format 2 carries every item today. A release that adds a format keeps
+writing the older one for items that do not use what it adds (README, "Upgrading").
 
 Format 2 (written today)::
 
@@ -27,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from .errors import EnvelopeError, InvalidRateKeyError
+from .errors import EnvelopeError, InvalidRateKeyError, NewerFormatError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -54,7 +61,7 @@ MAX_RATE_KEY = 200
 INVALID_RATE_KEY = "\x00invalid"
 
 MAGIC = b"DQ"
-#: The format this code writes.
+#: The newest format this code reads and the one it writes (the oldest that carries every item).
 FORMAT_VERSION = 2
 #: The formats this code reads.
 READABLE_VERSIONS = (1, 2)
@@ -169,10 +176,14 @@ class Envelope:
             return cls._decode_v2(data)
         if version == 1:
             return cls._decode_v1(data)
-        raise EnvelopeError(
-            f"envelope format version {version} is unknown to this delayq "
-            f"(knows {', '.join(map(str, READABLE_VERSIONS))}): upgrade delayq_backends on this forwarder"
-        )
+        known = ", ".join(map(str, READABLE_VERSIONS))
+        if version > FORMAT_VERSION:
+            raise NewerFormatError(
+                f"envelope format version {version} is newer than this delayq reads ({known}): "
+                "written by a newer delayq_backends; upgrade this one",
+                version,
+            )
+        raise EnvelopeError(f"envelope format version {version} does not exist (formats are {known})")
 
     @classmethod
     def _decode_v2(cls, data: bytes) -> Envelope:

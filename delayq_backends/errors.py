@@ -18,6 +18,7 @@ __all__ = [
     "InvalidRankError",
     "InvalidRateKeyError",
     "InvalidTimeError",
+    "NewerFormatError",
     "PayloadTooLargeError",
     "ServerNotFoundError",
     "ServerStartError",
@@ -69,6 +70,19 @@ class PayloadTooLargeError(DelayqError, ValueError):
 
 class EnvelopeError(DelayqError, ValueError):
     """Stored bytes that are not a delayq envelope (corrupt, truncated, unknown version)."""
+
+
+class NewerFormatError(EnvelopeError):
+    """An envelope of a format newer than this delayq reads: written by a newer release, not
+    corrupt. A forwarder leaves such an item for a newer forwarder instead of dead-lettering it.
+
+    Attributes:
+        version: the envelope's format version.
+    """
+
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version
 
 
 class BrokerUnavailable(DelayqError):

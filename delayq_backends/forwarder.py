@@ -29,7 +29,7 @@ import redis
 
 from .audit import FORWARDED, AuditRecord, AuditSink
 from .envelope import Envelope
-from .errors import ConfigError, EnvelopeError
+from .errors import ConfigError, EnvelopeError, NewerFormatError
 from .flow import FlowControl, FlowGate
 from .models import Claim, DeliveryFailure, FailedDelivery, RunRef
 from .outages import CONNECTION_ERRORS
@@ -56,6 +56,11 @@ CLOCK_RESAMPLE_S = 60.0
 DEFAULT_LOSSLESS_WINDOW = 60.0
 #: Lossless mode doubles the window per claim of an item, at most this often (64 windows).
 MAX_WINDOW_DOUBLINGS = 6
+#: How long an item of an envelope format newer than this forwarder reads waits before it is
+#: claimed again (by any forwarder): a newer forwarder running beside this one delivers it, and an
+#: older one alone looks at it this often, not in a busy loop. Not an attempt: it never ends in the
+#: dead letters for the forwarder's age.
+NEWER_FORMAT_DELAY_MS = 5_000
 #: Errors that mean the store is unreachable or failing as a whole: the loop backs off.
 _STORE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, redis.RedisError)
 #: Shortest gap between two log lines about garbage on the wake channel (anyone allowed to
@@ -113,8 +118,11 @@ class ForwarderStats:
     #: lossless mode: kept items found started when they came due again, deleted unpublished
     confirmed: int = 0
     released: int = 0
-    #: items held back by flow control (a full or rate-capped queue), given back to the store
+    #: items held back by flow control (a full or rate-capped queue) or of a newer envelope
+    #: format, given back to the store
     deferred: int = 0
+    #: of ``deferred``: items of an envelope format newer than this forwarder reads
+    newer_format: int = 0
     retried: int = 0
     dead: int = 0
     batches: int = 0
@@ -225,6 +233,8 @@ class Forwarder:
         self._heartbeat = _Heartbeat(lease_ms, self.server_now_ms)
         self._bad_wakes = 0
         self._bad_wake_logged = 0.0
+        #: envelope formats met that are newer than this forwarder reads: each is logged once
+        self._newer_formats: set[int] = set()
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -371,11 +381,15 @@ class Forwarder:
         failures: list[FailedDelivery] = []
         labels: dict[str, Labels] = {}  # of each decoded item, for the metrics (only kept with metrics)
         decoded: dict[bytes, Envelope] = {}  # one queue's jobs often share an envelope: decoded once
+        later: list[tuple[str, int]] = []
         for item in claim.items:
             envelope = decoded.get(item.envelope)
             if envelope is None:
                 try:
                     envelope = decoded[item.envelope] = Envelope.decode(item.envelope)
+                except NewerFormatError as exc:
+                    later.append(self._leave_for_newer(item.id, exc, labels))
+                    continue
                 except EnvelopeError as exc:
                     failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {exc}"))
                     continue
@@ -403,11 +417,28 @@ class Forwarder:
             groups = {kind: [d for d in ds if d.id not in ran and d.id not in spent] for kind, ds in groups.items()}
         keep = {i.id: self._window_ms(i.attempts) for i in claim.items if i.id in runs and i.id not in ran | spent}
         lease = Lease(self.store, claim, keep)
-        later: list[tuple[str, int]] = []
         held = _Held(lease, claim.deadline_ms)
         # held until the acks are in: a pause between publish and ack must not hand the batch over
         held_list.append(held)
         return _Published(held, report, failures, labels, later, ran, started, dict(groups))
+
+    def _leave_for_newer(self, item_id: str, exc: NewerFormatError, labels: dict[str, Labels]) -> tuple[str, int]:
+        """An item written by a newer delayq (a rolling upgrade, producers first): deferred
+        (attempt not counted) for a newer forwarder, as ``(id, not-before ms)``; counted, and
+        logged once per format. Dead-lettering it would lose it for the forwarder's age."""
+        self.stats.newer_format += 1
+        if self.metrics is not None:
+            labels[item_id] = self.metrics.observe_newer_format(exc.version)
+        if exc.version not in self._newer_formats:
+            self._newer_formats.add(exc.version)
+            log.warning(
+                "item %r: %s; such items are left for a newer forwarder (deferred %g s per claim, not an "
+                "attempt; logged once per format)",
+                item_id,
+                exc,
+                NEWER_FORMAT_DELAY_MS / 1000,
+            )
+        return item_id, self.server_now_ms() + NEWER_FORMAT_DELAY_MS
 
     def _publish_all(self, prepared: list[_Published]) -> dict[int, Exception]:
         """Publish the prepared claims' items with one call per target (a round trip each, not
@@ -804,11 +835,12 @@ class Forwarder:
     def _log_summary(self) -> None:
         s = self.stats
         log.info(
-            "forwarded %d, released %d, deferred %d, retried %d, dead %d, outages %d, errors %d%s; "
+            "forwarded %d, released %d, deferred %d%s, retried %d, dead %d, outages %d, errors %d%s; "
             "lateness p50 %s ms p99 %s ms",
             s.forwarded,
             s.released,
             s.deferred,
+            f" (newer envelope format {s.newer_format})" if s.newer_format else "",
             s.retried,
             s.dead,
             s.outages,

@@ -62,6 +62,8 @@ Labels = tuple[str, str]
 
 #: Labels of an item whose envelope could not be decoded, so it has no target or queue.
 CORRUPT: Labels = ("(corrupt)", "(corrupt)")
+#: Labels of an item whose envelope format is newer than the forwarder reads (left for a newer one).
+NEWER_FORMAT: Labels = ("(newer format)", "(newer format)")
 #: Labels of outcomes the store counted but the forwarder cannot pin on one (target, queue): a
 #: batch of several queues where some items lost their lease mid-batch (the store's scripts
 #: return counts, not ids). Rare; the totals over all labels stay exact.
@@ -117,7 +119,7 @@ class LabelBounds:
         self.target = _Bound(targets, max_targets)
 
     def __call__(self, labels: Labels) -> Labels:
-        if labels in (CORRUPT, UNATTRIBUTED):
+        if labels in (CORRUPT, NEWER_FORMAT, UNATTRIBUTED):
             return labels
         return (self.target(labels[0]), self.queue(labels[1]))
 
@@ -189,6 +191,13 @@ class ForwarderMetrics:
         self.dead_lettered = counter(
             "delayq_dead_lettered", "Items this forwarder moved to the dead letters (out of attempts or permanent)."
         )
+        self.newer_format = Counter(
+            "delayq_newer_format",
+            "Claims of items whose envelope format is newer than this forwarder reads: deferred for a newer "
+            "forwarder, not an attempt (upgrade this forwarder).",
+            ("format",),
+            registry=self.registry,
+        )
         self.lateness = Histogram(
             "delayq_lateness_seconds",
             "Forwarded time (store clock) minus ready time.",
@@ -218,6 +227,12 @@ class ForwarderMetrics:
         has no series until then, which reads as "not paused" in a ``max by`` alert.
         """
         self.backpressure.labels(*self.bounds((target, queue))).set(1 if paused else 0)
+
+    def observe_newer_format(self, version: int) -> Labels:
+        """Count a claimed item of envelope format ``version`` (newer than this forwarder reads);
+        returns the labels its deferral counts under. ``version`` is one byte: a bounded label."""
+        self.newer_format.labels(str(version)).inc()
+        return NEWER_FORMAT
 
     def observe_claim(self, seconds: float) -> None:
         self.claim_seconds.observe(seconds)

@@ -3,6 +3,7 @@ reason; the forwarder never dies or spins, and nothing else is lost. Real server
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -16,8 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from delayq_backends import DelayqError, DelayStore, Envelope, StoreFullError
+from delayq_backends import forwarder as forwarder_module
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.harness import make_store
@@ -124,17 +127,41 @@ def test_a_full_store_refuses_schedules_clearly_and_the_forwarder_drains_it(
             admin.close()
 
 
-def test_an_envelope_from_a_newer_delayq_is_dead_lettered_with_the_fix(
-    running: tuple[DelayStore, Forwarder, Any],
+def test_an_envelope_from_a_newer_delayq_waits_for_a_newer_forwarder(
+    valkey_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store, forwarder, inbox = running
+    """A rolling upgrade with producers first: an item of a format this forwarder does not read
+    is deferred for a newer forwarder, never dead-lettered, no attempt counted, claimed again
+    only after the delay (no busy loop), logged once per format and counted by a metric."""
+    monkeypatch.setattr(forwarder_module, "NEWER_FORMAT_DELAY_MS", 300)
+    store = make_store(valkey_url, prefix, shards=4)
     newer = bytearray(Envelope("list", "out", b"x").encode())
     newer[2] = 99  # format version byte
     store.schedule("future-format", 1, bytes(newer))
     store.schedule("fine", 1, RedisListTarget.envelope("out", b"x"))
-    wait_for(lambda: bool(store.dead_letters()) and inbox.ids == ["fine"], 10, "one dead letter, one delivery")
-    (dead,) = store.dead_letters()
-    assert dead.id == "future-format" and "upgrade delayq_backends" in dead.error
+    inbox = CollectingTarget("list")
+    metrics = ForwarderMetrics()
+    forwarder = Forwarder(store, [inbox], poll_interval=0.1, metrics=metrics)
+    thread = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="delayq.forwarder"):
+        thread.start()
+        try:
+            wait_for(lambda: forwarder.stats.newer_format >= 3, 15, "the newer item claimed and deferred 3 times")
+        finally:
+            forwarder.stop()
+            thread.join(10)
+    elapsed = time.monotonic() - started
+    assert inbox.ids == ["fine"] and store.dead_letters() == []
+    assert forwarder.stats.newer_format <= elapsed / 0.3 + 2, "claimed again only after the delay"
+    item = store.get("future-format")
+    assert item is not None and item.envelope == bytes(newer) and item.attempts == 0 and item.ready_ms == 1000
+    said = [r.getMessage() for r in caplog.records if "newer than this delayq reads" in r.getMessage()]
+    assert len(said) == 1 and "upgrade" in said[0], caplog.text
+    claims = forwarder.stats.newer_format
+    assert metrics.registry.get_sample_value("delayq_newer_format_total", {"format": "99"}) == claims
+    labels = {"target": "(newer format)", "queue": "(newer format)"}
+    assert metrics.registry.get_sample_value("delayq_deferred_total", labels) == claims
 
 
 def test_an_expired_back_off_does_not_keep_an_idle_forwarder_awake(valkey_url: str, prefix: str) -> None:

@@ -27,7 +27,7 @@ from tests.harness import Launcher, make_store
 from tests.helpers import wait_for
 
 PASSWORD = "s3cret-pw"
-CORRUPT = b"DQ\x09garbage"  # starts like an envelope, so the store accepts it; no forwarder can read it
+CORRUPT = b"DQ\x00garbage"  # starts like an envelope, so the store accepts it; no format 0 exists
 FAR = 4_000_000_000  # epoch seconds in 2096: never due during a test
 
 Invoke = Callable[..., Result]
@@ -152,9 +152,9 @@ def test_list_shows_destination_and_flags_corrupt_envelopes(cli: Invoke, vstore:
     good, bad = json.loads(expect(cli("list", "--json")))
     assert (good["target"], good["destination"], good["corrupt"], good["attempts"]) == ("list", "q:out", None, 0)
     assert good["ready"] == "2096-10-02T07:06:40.000Z" and good["size"] == len(envelope("q:out"))
-    assert bad["target"] is None and "format version 9" in bad["corrupt"]
+    assert bad["target"] is None and "format version 0" in bad["corrupt"]
     table = expect(cli("list"))
-    assert "list/q:out" in table and "<corrupt: envelope format version 9" in table
+    assert "list/q:out" in table and "<corrupt: envelope format version 0" in table
 
 
 def test_list_shows_an_item_awaiting_its_start(cli: Invoke, vstore: DelayStore) -> None:

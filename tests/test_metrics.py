@@ -26,7 +26,7 @@ from delayq_backends.targets import RedisListTarget
 from tests.harness import Launcher, Proc, make_store
 from tests.helpers import wait_for
 
-CORRUPT = b"DQ\x09garbage"  # starts like an envelope, so the store accepts it; no forwarder can read it
+CORRUPT = b"DQ\x00garbage"  # starts like an envelope, so the store accepts it; no format 0 exists
 FAR = 4_000_000_000  # epoch seconds in 2096: never due during a test
 SHARDS = 4
 GAUGES = {

@@ -22,11 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 Proc = subprocess.Popen[bytes]
 
 
-def checkout_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
-    """``base`` (default: this process's environment) plus ``extra``, with this checkout first on
-    ``PYTHONPATH`` and the caller's path after it (e.g. another Celery line under test)."""
+def checkout_env(base: Mapping[str, str] | None = None, *, code: Path | None = ROOT, **extra: str) -> dict[str, str]:
+    """``base`` (default: this process's environment) plus ``extra``, with ``code`` (this
+    checkout) first on ``PYTHONPATH`` and the caller's path after it (e.g. another Celery line
+    under test); ``code=None`` adds nothing, for an interpreter that has its own delayq installed."""
     env = dict(os.environ if base is None else base)
-    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(code or ""), env.get("PYTHONPATH", "")) if p)
     return {**env, "PYTHONPATH": path, **extra}
 
 
@@ -49,20 +50,21 @@ class Launcher:
         log: Path | None = None,
         capture: bool = False,
         cwd: Path = ROOT,
+        code: Path | None = ROOT,
     ) -> Proc:
-        """Start ``args`` in ``env`` (see :func:`checkout_env`). ``capture`` pipes stdout and
-        stderr together, for a test that reads all of it with ``communicate``."""
+        """Start ``args`` in ``env`` (see :func:`checkout_env`, which puts ``code`` first on the
+        path). ``capture`` pipes stdout and stderr together, for a test that reads all of it
+        with ``communicate``."""
+        env = checkout_env(env, code=code)
         stdout: int | IO[bytes]
         if log is not None:
             self.logs.append(log)
             with log.open("wb") as out:  # the child keeps its own descriptor
-                proc = subprocess.Popen(
-                    list(args), cwd=cwd, env=checkout_env(env), stdout=out, stderr=subprocess.STDOUT
-                )
+                proc = subprocess.Popen(list(args), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
         else:
             stdout = subprocess.PIPE if capture else subprocess.DEVNULL
             stderr = subprocess.STDOUT if capture else subprocess.PIPE
-            proc = subprocess.Popen(list(args), cwd=cwd, env=checkout_env(env), stdout=stdout, stderr=stderr)
+            proc = subprocess.Popen(list(args), cwd=cwd, env=env, stdout=stdout, stderr=stderr)
         self.procs.append(proc)
         return proc
 
