@@ -365,7 +365,9 @@ def test_get_jobs_pages_by_score_through_ties_and_other_targets(
 # -- first contact: freezegun and rq-scheduler's daemon methods ----------------------------------
 
 
-def test_scheduler_reads_the_clock_when_called_so_freezegun_moves_it(scheduler: Scheduler, rq_store: DelayStore) -> None:
+def test_scheduler_reads_the_clock_when_called_so_freezegun_moves_it(
+    scheduler: Scheduler, rq_store: DelayStore
+) -> None:
     """rq-scheduler's ``enqueue_in`` and ``cron`` follow ``freeze_time``; so do ours."""
     freezegun = pytest.importorskip("freezegun")
     theirs = rq_scheduler.Scheduler(connection=scheduler.connection)
