@@ -161,6 +161,51 @@ def test_rq_scheduler_syntax_never_schedules_a_run_in_the_past_in_the_repeated_h
         time.tzset()
 
 
+def test_a_cron_time_skipped_by_the_spring_jump_runs_once_where_rq_scheduler_runs_it_every_poll(
+    conn: redis.Redis, rq_store: DelayStore, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New York, 2026-03-08: 02:30 does not exist (02:00 EST jumps to 03:00 EDT). rq-scheduler
+    schedules "30 2 * * *" at 01:30 EST, then computes 01:30 EST again on each poll until the
+    jump, so the job runs every minute until the jump; the forwarder runs it once, then on
+    the 9th at 02:30 EDT."""
+    freezegun = pytest.importorskip("freezegun")
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        first = datetime(2026, 3, 8, 6, 30, tzinfo=timezone.utc)  # 01:30 EST
+        # rq-scheduler's daemon, polling each minute from 01:00 EST to 04:00 EDT
+        theirs, due = [], first
+        for minute in range(0, 150):
+            poll = datetime(2026, 3, 8, 6, 0, tzinfo=timezone.utc) + timedelta(minutes=minute)
+            if due <= poll:
+                theirs.append(poll)
+                offset = datetime.fromtimestamp(poll.timestamp()).astimezone().utcoffset()
+                with freezegun.freeze_time(poll, tz_offset=offset):
+                    due = get_next_scheduled_time("30 2 * * *")
+        # every minute from 01:30 EST up to the jump (03:00 EDT): 31 runs
+        assert theirs == [first + timedelta(minutes=m) for m in range(31)]
+
+        # ours: scheduled the day before, then moved and re-armed by a forwarder, run by run
+        day_before = datetime(2026, 3, 7, 12, tzinfo=timezone.utc).timestamp()
+        scheduler = Scheduler(f"{prefix}-s", connection=conn, delay_store=rq_store, clock=lambda: day_before)
+        job = scheduler.cron("30 2 * * *", RECORD)
+        forwarder = Forwarder(rq_store, [RQTarget(conn, clock=lambda: 0)])
+        ours = []
+        for _ in range(3):
+            item = rq_store.get(job.id)
+            assert item is not None
+            ours.append(datetime.fromtimestamp(item.ready_ms / 1000, timezone.utc))
+            assert forwarder.run_once() == 1  # long past: due at once
+        assert ours == [
+            first,
+            datetime(2026, 3, 9, 6, 30, tzinfo=timezone.utc),
+            datetime(2026, 3, 10, 6, 30, tzinfo=timezone.utc),
+        ]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_scheduler_cron_reads_rq_schedulers_syntax_by_default_and_standard_cron_on_request(
     conn: redis.Redis, rq_store: DelayStore, prefix: str
 ) -> None:
