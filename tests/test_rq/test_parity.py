@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 
 import pytest
 import redis
@@ -204,6 +204,28 @@ def test_a_cron_time_skipped_by_the_spring_jump_runs_once_where_rq_scheduler_run
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+@pytest.mark.parametrize("cron", ["0 0 1 * 1", "0 9 * * 1-5", "*/15 * * * *", "30 2 * * *", "@daily"])
+def test_rqs_own_cron_reads_strings_as_cron_syntax_cron_with_the_local_zone(
+    conn: redis.Redis, rq_store: DelayStore, prefix: str, host_zone: str, cron: str
+) -> None:
+    """What the README tells an `rq cron` user (RQ >= 2.4): RQ's CronJob reads a string with
+    croniter on the host's clock, as ``cron(..., cron_syntax="cron", use_local_timezone=True)``;
+    the default (rq-scheduler's syntax) differs: "0 0 1 * 1" on 2026-11-26 runs 2027-02-01
+    (a Monday the 1st), where RQ's runs 2026-11-30 (a Monday, or the 1st)."""
+    rq_cron = pytest.importorskip("rq.cron")
+    now = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
+    theirs_job = rq_cron.CronJob(f"{prefix}-c", func_name=RECORD, cron=cron)
+    theirs_job.latest_enqueue_time = now  # its next run is computed from here
+    theirs = theirs_job.get_next_enqueue_time()
+    scheduler = Scheduler(f"{prefix}-c", connection=conn, delay_store=rq_store, clock=now.timestamp)
+    ours = scheduler.cron(cron, RECORD, cron_syntax="cron", use_local_timezone=True)
+    default = scheduler.cron(cron, RECORD)
+    assert rq_store.get(ours.id).ready_ms == theirs.timestamp() * 1000, f"{cron!r} on a {host_zone} host"  # type: ignore[union-attr]
+    if cron == "0 0 1 * 1":
+        local = datetime.fromtimestamp(rq_store.get(default.id).ready_ms / 1000)  # type: ignore[union-attr]
+        assert (local.date(), theirs.astimezone().date()) == (date(2027, 2, 1), date(2026, 11, 30))
 
 
 def test_scheduler_cron_reads_rq_schedulers_syntax_by_default_and_standard_cron_on_request(
