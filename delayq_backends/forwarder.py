@@ -836,8 +836,12 @@ class Forwarder:
 
 def _split(part: PublishReport, call: list[tuple[_Published, list[Delivery]]]) -> None:
     """Add each id of ``part`` (one publish call's report) to the report of the claim it came
-    from in ``call``; a broker error to each claim of the call."""
+    from in ``call`` (its deferrals to the claim's); a broker error to each claim of the call."""
     owner = {d.id: p.report for p, ds in call for d in ds}
+    if part.later:
+        claim_of = {d.id: p for p, ds in call for d in ds}
+        for i, not_before in part.later:
+            claim_of[i].later.append((i, not_before))
     for i in part.published:
         owner[i].published.append(i)
     for f in part.failed:

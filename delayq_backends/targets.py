@@ -62,6 +62,8 @@ class PublishReport:
         broker_error: the outage behind ``unsent``, if any; the forwarder backs off.
         acked: ids of ``published`` that a :class:`ClaimTarget` already acked inside its own
             transaction; the forwarder does not ack them again.
+        later: (id, not-before epoch ms) of items this target will not send until an operator
+            acts (an RQ class off the allowlist); they wait in the store, attempt not counted.
     """
 
     published: list[str] = field(default_factory=list)
@@ -69,6 +71,7 @@ class PublishReport:
     unsent: list[str] = field(default_factory=list)
     broker_error: BaseException | None = None
     acked: list[str] = field(default_factory=list)
+    later: list[tuple[str, int]] = field(default_factory=list)
 
 
 @runtime_checkable

@@ -60,6 +60,7 @@ __all__ = [
     "KIND",
     "ClassAllowlist",
     "ClassImportError",
+    "ClassNotAllowedError",
     "RQTarget",
     "UPGRADE_COMMAND",
     "dotted_path",
@@ -113,6 +114,16 @@ class ClassImportError(DelayqError):
     """A queue or job class named in an envelope is not allowed or cannot be imported here."""
 
 
+class ClassNotAllowedError(ClassImportError):
+    """A queue or job class named in an envelope is off the forwarder's allowlist: its jobs wait
+    (:data:`NOT_ALLOWED_WAIT_S`) rather than die, since the usual cause is a user's own
+    ``Queue``/``Job`` subclass and a forwarder started without ``--rq-allow-class``."""
+
+
+#: How long jobs naming a class off the allowlist wait before the forwarder looks again.
+NOT_ALLOWED_WAIT_S = 30
+
+
 @dataclass(frozen=True)
 class ClassAllowlist:
     """Dotted-path prefixes the forwarder may import a queue or job class from.
@@ -147,7 +158,7 @@ class ClassAllowlist:
         if path is None and base is not None:
             return base
         if not isinstance(path, str) or not self.allows(path):
-            raise ClassImportError(
+            raise ClassNotAllowedError(
                 f"{what} {path!r} is not on this forwarder's allowlist ({', '.join(self.prefixes)}): "
                 f"if you trust it, start `delayq forward` with --rq-allow-class {_module_of(path)} "
                 f"(or {ALLOW_CLASS_ENV}); an envelope cannot make the forwarder import anything else"
@@ -438,6 +449,8 @@ class RQTarget:
         self.max_watch_retries = max_watch_retries
         self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
         self.scripts = ScriptRunner(connection)
+        #: the allowlist refusals already logged (one warning each)
+        self._warned: set[str] = set()
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Move jobs with no lease at hand: acked by the caller, periodic jobs are not re-armed."""
@@ -492,6 +505,9 @@ class RQTarget:
                 keys = _Keys(
                     name, self._class("queue_class", queue_path, RQQueue), self._class("job_class", job_path, Job)
                 )
+            except ClassNotAllowedError as exc:
+                self._wait_for_allowlist(exc, group, report)
+                continue
             except ClassImportError as exc:
                 report.failed += [DeliveryFailure(d.id, str(exc), permanent=True) for d in group]
                 continue
@@ -504,6 +520,16 @@ class RQTarget:
                 report.unsent += [d.id for d in group if d.id not in done]
                 report.broker_error = exc
         return report
+
+    def _wait_for_allowlist(self, exc: ClassNotAllowedError, group: list[Delivery], report: PublishReport) -> None:
+        """Jobs naming a class off the allowlist wait in the store (not imported, not
+        dead-lettered), with one warning per class per forwarder: a user's own subclass moves
+        once the forwarder is restarted with the ``--rq-allow-class`` the warning names."""
+        if str(exc) not in self._warned:
+            self._warned.add(str(exc))
+            log.warning("RQ jobs wait, not moved (retried every %d s): %s", NOT_ALLOWED_WAIT_S, exc)
+        not_before = int((self.clock() + NOT_ALLOWED_WAIT_S) * 1000)
+        report.later += [(d.id, not_before) for d in group]
 
     def _class(self, what: str, path: Any, base: type) -> Any:
         return self.allow_classes.load(what, path, base)
