@@ -228,6 +228,18 @@ def test_rqs_own_cron_reads_strings_as_cron_syntax_cron_with_the_local_zone(
         assert (local.date(), theirs.astimezone().date()) == (date(2027, 2, 1), date(2026, 11, 30))
 
 
+def test_moving_from_rq_cron_as_docs_rq_md_shows_and_running_it_again_adds_nothing(
+    conn: redis.Redis, rq_store: DelayStore, prefix: str
+) -> None:
+    scheduler = Scheduler(f"{prefix}-q", connection=conn, delay_store=rq_store, cron_syntax="cron")
+    for _ in range(2):  # a second deploy replaces the jobs
+        scheduler.cron("0 0 1 * 1", RECORD, args=["m"], id=f"{prefix}-monthly-report", use_local_timezone=True)
+        scheduler.schedule(datetime.now(timezone.utc), RECORD, interval=60, id=f"{prefix}-heartbeat")
+    assert sorted(j.id for j in scheduler.get_jobs()) == [f"{prefix}-heartbeat", f"{prefix}-monthly-report"]
+    monthly = Envelope.decode(rq_store.get(f"{prefix}-monthly-report").envelope)  # type: ignore[union-attr]
+    assert monthly.meta["schedule"]["cron_syntax"] == "cron"
+
+
 def test_scheduler_cron_reads_rq_schedulers_syntax_by_default_and_standard_cron_on_request(
     conn: redis.Redis, rq_store: DelayStore, prefix: str
 ) -> None:
