@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -21,13 +22,23 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget, Scheduler
 from delayq_backends.rq.failed import MARK
 from delayq_backends.rq.registry import registry_key
-from delayq_backends.rq.target import ClassAllowlist
+from delayq_backends.rq.target import ClassAllowlist, _import
 from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
 
 RECORD = "tests.test_rq.jobs.record"
 #: a job class module the first forwarder may import but cannot find; the second one can
 MODULE = "delayq_first_contact_jobs"
+
+
+@pytest.fixture(autouse=True)
+def class_not_imported_yet() -> Iterator[None]:
+    """Each test starts with the job class's module unknown to this process (tests import it
+    from their own tmp_path) and forgets it afterwards."""
+    _import.cache_clear()
+    yield
+    sys.modules.pop(MODULE, None)
+    _import.cache_clear()
 
 
 def past() -> datetime:
@@ -150,3 +161,26 @@ def test_only_jobs_still_waiting_are_failed_and_a_periodic_one_resumes_its_sched
     assert queue.job_ids == [periodic.id] and failed(queue).get_job_ids() == []
     rearmed = rq_store.get(periodic.id)
     assert rearmed is not None and rearmed.ready_ms > (datetime.now(timezone.utc).timestamp() + 3000) * 1000
+
+
+def test_a_scheduler_job_requeued_by_rq_is_not_moved_again_by_delayq_dlq_requeue(
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A Scheduler job moves whatever its status (its last run's), so the outdated mark alone
+    keeps `delayq dlq requeue` from enqueueing it a second time after `rq requeue`."""
+    monkeypatch.delenv("DELAYQ_RQ_ALLOW_CLASS", raising=False)
+    scheduler = Scheduler(queue.name, connection=conn, delay_store=rq_store)
+    job = scheduler.enqueue_at(past().replace(tzinfo=None), RECORD, "once")
+    envelope = Envelope.decode(rq_store.get(job.id).envelope)  # type: ignore[union-attr]
+    rq_store.schedule(job.id, 0, Envelope("rq", queue.name, meta={**envelope.meta, "job_class": f"{MODULE}.Job"}))
+    target = RQTarget(conn, allow_classes=ClassAllowlist.configured([MODULE]))
+    assert Forwarder(rq_store, [target], retry_delay=0.05).run_once() == 1
+    failed(queue).requeue(job.id)
+    assert queue.job_ids == [job.id]
+
+    write_the_class(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rq_store.requeue_dead([job.id])
+    assert Forwarder(rq_store, [target], retry_delay=0.05).run_once() == 1
+    assert queue.job_ids == [job.id], "enqueued twice"
+    assert rq_store.get(job.id) is None and rq_store.dead_letters() == []
