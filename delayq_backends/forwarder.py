@@ -35,7 +35,7 @@ from .models import Claim, DeliveryFailure, FailedDelivery, RunRef
 from .outages import CONNECTION_ERRORS
 from .percentile import percentile
 from .store import DelayStore, Lease
-from .targets import ClaimTarget, Delivery, PublishReport, RunTarget, Target
+from .targets import Buried, BuryTarget, ClaimTarget, Delivery, PublishReport, RunTarget, Target
 
 if TYPE_CHECKING:
     from .metrics import ForwarderMetrics, Labels
@@ -220,6 +220,7 @@ class Forwarder:
         #: the targets that take the batch's lease (ClaimTarget), found once: an isinstance of a
         #: runtime-checkable protocol inspects every member of it
         self._lease_takers = {kind for kind, target in self.targets.items() if isinstance(target, ClaimTarget)}
+        self._buriers = {kind for kind, target in self.targets.items() if isinstance(target, BuryTarget)}
         self._stop = threading.Event()
         self._outage_backoff = 0.0
         #: server TIME at the last reading and time.monotonic() then, as one tuple: the lease
@@ -620,6 +621,18 @@ class Forwarder:
         self._back_off_if_broker_down(published)
         return errors
 
+    def _tell_buried(self, p: _Published, ids: tuple[str, ...]) -> None:
+        """Tell each :class:`BuryTarget` which of its deliveries the store just dead-lettered."""
+        dead, errors = set(ids), {f.id: f.error for f in p.failures}
+        for kind in self._buriers & p.groups.keys():
+            letters = [Buried(d, errors[d.id]) for d in p.groups[kind] if d.id in dead]
+            if not letters:
+                continue
+            try:
+                cast(BuryTarget, self.targets[kind]).buried(letters)
+            except Exception:  # the dead letters are kept: this only mirrors them
+                log.exception("target %r could not record %d dead letters on its side", kind, len(letters))
+
     def _back_off_if_broker_down(self, published: list[_Published]) -> None:
         """One pause per pass whose publishes met an unreachable broker, after every claim of
         it is settled (its unsent items released): one publish call carries many claims, and a
@@ -645,6 +658,8 @@ class Forwarder:
             self.stats.dead += buried
             for f in failures:
                 log.warning("item %r failed: %s", f.id, f.error)
+            if counts.buried_ids and self._buriers:
+                self._tell_buried(p, counts.buried_ids)
         deferred = lease.defer(later) if later else 0
         self.stats.deferred += deferred
         if report.unsent:
@@ -853,8 +868,12 @@ class Forwarder:
 
 def _split(part: PublishReport, call: list[tuple[_Published, list[Delivery]]]) -> None:
     """Add each id of ``part`` (one publish call's report) to the report of the claim it came
-    from in ``call``; a broker error to each claim of the call."""
+    from in ``call`` (its deferrals to the claim's); a broker error to each claim of the call."""
     owner = {d.id: p.report for p, ds in call for d in ds}
+    if part.later:
+        claim_of = {d.id: p for p, ds in call for d in ds}
+        for i, not_before in part.later:
+            claim_of[i].later.append((i, not_before))
     for i in part.published:
         owner[i].published.append(i)
     for f in part.failed:

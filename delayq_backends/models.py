@@ -255,10 +255,12 @@ class FailedDelivery:
 
 @dataclass(frozen=True)
 class FailCounts:
-    """What :meth:`DelayStore.fail` did: failed items to be retried, and items buried."""
+    """What :meth:`DelayStore.fail` did: failed items to be retried, and items buried (their ids
+    in ``buried_ids``, for the targets that mirror dead letters: see ``targets.BuryTarget``)."""
 
     retried: int = 0
     buried: int = 0
+    buried_ids: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

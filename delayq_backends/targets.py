@@ -26,7 +26,17 @@ from .outages import is_transient
 if TYPE_CHECKING:
     from .store.lease import Lease
 
-__all__ = ["ClaimTarget", "Delivery", "DepthTarget", "PublishReport", "RedisListTarget", "RunTarget", "Target"]
+__all__ = [
+    "BuryTarget",
+    "Buried",
+    "ClaimTarget",
+    "Delivery",
+    "DepthTarget",
+    "PublishReport",
+    "RedisListTarget",
+    "RunTarget",
+    "Target",
+]
 
 
 @dataclass(slots=True)
@@ -52,6 +62,8 @@ class PublishReport:
         broker_error: the outage behind ``unsent``, if any; the forwarder backs off.
         acked: ids of ``published`` that a :class:`ClaimTarget` already acked inside its own
             transaction; the forwarder does not ack them again.
+        later: (id, not-before epoch ms) of items this target will not send until an operator
+            acts (an RQ class off the allowlist); they wait in the store, attempt not counted.
     """
 
     published: list[str] = field(default_factory=list)
@@ -59,6 +71,7 @@ class PublishReport:
     unsent: list[str] = field(default_factory=list)
     broker_error: BaseException | None = None
     acked: list[str] = field(default_factory=list)
+    later: list[tuple[str, int]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -90,6 +103,24 @@ class RunTarget(Target, Protocol):
     """
 
     def run_of(self, delivery: Delivery) -> RunRef | None: ...
+
+
+@dataclass(frozen=True)
+class Buried:
+    """A delivery the store has just moved to its dead letters, and why."""
+
+    delivery: Delivery
+    error: str
+
+
+@runtime_checkable
+class BuryTarget(Target, Protocol):
+    """A target whose broker has its own idea of a failed job, told of each delivery of its
+    that was dead-lettered after a failed publish (RQ's FailedJobRegistry), so its users find it
+    where they look. Called after the store commits the burial; it may raise (the forwarder
+    logs it and goes on: the dead letter is kept either way)."""
+
+    def buried(self, letters: Sequence[Buried]) -> None: ...
 
 
 @runtime_checkable

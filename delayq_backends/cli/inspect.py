@@ -8,10 +8,22 @@ from typing import Any
 import click
 
 from ..assemble import adapter
+from ..connection import connect
 from ..entries import around_bad_shards, describe_collapsed, iso, item_entry, listed_at, stats_entry
+from ..models import ScheduledItem
 from ..store import DelayStore
 from ..storespec import StoreSpec
-from .options import check_shard, json_option, open_store, page_options, shard_option, store_options, when_option
+from .options import (
+    check_shard,
+    closing,
+    json_option,
+    open_store,
+    page_options,
+    rq_redis_option,
+    shard_option,
+    store_options,
+    when_option,
+)
 from .output import Column, duration, echo_json, print_table, warn
 
 __all__ = ["cancel", "list_", "periodic", "show_periodic", "stats"]
@@ -113,7 +125,21 @@ def _item_cells(entry: dict[str, Any]) -> list[Any]:
         where,
         entry["size"],
         describe_collapsed(entry["collapsed"]),
+        _runs(entry),
     ]
+
+
+def _runs(entry: dict[str, Any]) -> str:
+    """What the item runs: an RQ job's function and args (its description), a Celery task's name."""
+    if entry.get("job"):
+        job = entry["job"]
+        what = job["description"] if job["description"] is not None else f"<job {job['id']} is gone>"
+        return what if len(what) <= RUNS_WIDTH else what[: RUNS_WIDTH - 1] + "…"
+    return str((entry["task"] or {}).get("task") or "")
+
+
+#: The widest "runs" cell; ``--json`` has the whole description.
+RUNS_WIDTH = 60
 
 
 ITEM_COLUMNS = [
@@ -126,6 +152,7 @@ ITEM_COLUMNS = [
     Column("target/destination"),
     Column("size", "right"),
     Column("collapsed"),
+    Column("runs"),
 ]
 
 
@@ -141,6 +168,7 @@ ITEM_COLUMNS = [
 )
 @click.option("--to", "end", metavar="TIME", default=None, help="Latest ready time, same forms as --from.")
 @page_options
+@rq_redis_option("Redis of the RQ jobs, to show what each runs (may equal --url). [default: --url, unless a cluster]")
 @json_option
 def list_(
     spec: StoreSpec,
@@ -149,9 +177,11 @@ def list_(
     end: str | None,
     offset: int,
     limit: int,
+    rq_redis: str | None,
     as_json: bool,
 ) -> None:
-    """Scheduled items in ready-time order, one page at a time."""
+    """Scheduled items in ready-time order, one page at a time; for RQ jobs, the function and
+    args (from the job's description, never unpickled)."""
     check_shard(spec, shard)
     low, high = when_option(start, "--from"), when_option(end, "--to")
     store = open_store(spec, writes=False)
@@ -164,6 +194,7 @@ def list_(
         listed_at,
     )
     entries = [item_entry(item) for item in items]
+    _add_rq_jobs(store, rq_redis, items, entries)
     warn(problems)
     if as_json:
         echo_json(entries)
@@ -172,6 +203,26 @@ def list_(
     print_table(title, ITEM_COLUMNS, map(_item_cells, entries))
     if len(entries) == limit:
         click.echo(f"more may follow: --offset {offset + limit}")
+
+
+def _add_rq_jobs(
+    store: DelayStore, rq_redis: str | None, items: Sequence[ScheduledItem], entries: list[dict[str, Any]]
+) -> None:
+    """Set ``job`` (id, description, status) on the entries of RQ items, read from RQ's Redis."""
+    if not any(e["target"] == "rq" for e in entries):
+        return
+    if rq_redis is None and store.cluster:
+        click.echo("note: RQ jobs' functions are not shown: pass --rq-redis (the store is a cluster)", err=True)
+        return
+    try:
+        from ..rq.describe import describe_jobs  # RQ is an optional extra
+    except ImportError:
+        return
+    client = closing(connect(rq_redis)) if rq_redis else store.client
+    views = describe_jobs(client, items)
+    for entry in entries:
+        if entry["id"] in views:
+            entry["job"] = views[entry["id"]].to_json()
 
 
 @click.command()

@@ -26,7 +26,7 @@ from .migrate import MigrationReport, adopt, migrate
 from .periodic import InvalidScheduleError
 from .queue import Queue
 from .registry import ScheduledJobRegistry
-from .scheduler import JobNotScheduledError, Scheduler
+from .scheduler import JobNotScheduledError, NoSchedulerProcessError, Scheduler
 from .target import ClassAllowlist, RQTarget
 from .upgrade import UpgradeReport, upgrade
 
@@ -37,6 +37,7 @@ __all__ = [
     "InvalidScheduleError",
     "JobNotScheduledError",
     "MigrationReport",
+    "NoSchedulerProcessError",
     "Queue",
     "RQTarget",
     "RegistryAdopter",

@@ -120,12 +120,7 @@ def next_cron_time(
     hour repeated when clocks go back (jobs whose hour field is a wildcard run every real hour).
     """
     if syntax == RQ_SCHEDULER:
-        wall = datetime.fromtimestamp(after)  # naive host-local, as rq-scheduler's datetime.now()
-        following_wall = crontab.CronTab(cron_string).next(now=wall, default_utc=False, return_datetime=True)
-        following = float(following_wall.astimezone().timestamp())
-        if following <= after:  # a wall time of the hour repeated in autumn, read as its first pass
-            following = float(following_wall.replace(fold=1).astimezone().timestamp())
-        return following
+        return _rq_scheduler_next(crontab.CronTab(cron_string), after)
     zone_ = zone(use_local_timezone)
     start = datetime.fromtimestamp(after, tz=zone_)
     walls_back = not _MACROS.get(cron_string.strip(), cron_string).split()[1].startswith("*")
@@ -135,6 +130,27 @@ def next_cron_time(
         wall = datetime.fromtimestamp(following, tz=zone_).replace(tzinfo=None)
         if not (walls_back and wall <= start.replace(tzinfo=None)):
             return following
+
+
+def _rq_scheduler_next(cron: crontab.CronTab, after: float) -> float:
+    """rq-scheduler's next run: the next matching wall time of this host after ``after``, read
+    back as local time, with two fixes for the wall times DST makes odd, where rq-scheduler
+    computes a time already past and so re-enqueues the job on every poll:
+
+    - in the hour repeated in autumn, a wall time whose first pass is over is its second pass;
+    - a wall time skipped by the spring jump (02:30 in New York) runs once, at the instant
+      rq-scheduler first computes (its wall read with the offset before the jump: 01:30 EST);
+      the next run is the next day's, not 03:30 after the jump too.
+    """
+    wall = datetime.fromtimestamp(after)  # naive host-local, as rq-scheduler's datetime.now()
+    while True:
+        following_wall = cron.next(now=wall, default_utc=False, return_datetime=True)
+        following = float(following_wall.astimezone().timestamp())
+        if following > after:
+            return following
+        if datetime.fromtimestamp(following) == following_wall:  # exists: autumn's repeated hour
+            return float(following_wall.replace(fold=1).astimezone().timestamp())
+        wall = following_wall  # skipped in spring, and its one run is over
 
 
 def advance(meta: MutableMapping[str, Any], *, now: float) -> float | None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from itertools import islice
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import redis
 from rq import Queue as RQQueue
@@ -42,7 +42,7 @@ from .queue import UsesDelayStore
 from .registry import forget_scheduled
 from .target import KIND, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
 
-__all__ = ["JobNotScheduledError", "Scheduler"]
+__all__ = ["JobNotScheduledError", "NoSchedulerProcessError", "Scheduler"]
 
 #: The kwargs of ``enqueue_at``/``enqueue_in`` meant for the job, not the function (rq-scheduler's list).
 _JOB_KWARGS = {
@@ -66,6 +66,15 @@ PAGE = 500
 
 class JobNotScheduledError(DelayqError, ValueError):
     """``change_execution_time`` on a job that is not scheduled (rq-scheduler raises ValueError)."""
+
+
+class NoSchedulerProcessError(DelayqError, NotImplementedError):
+    """An rq-scheduler daemon method (``run``, ``acquire_lock``, ...) called on the Scheduler,
+    which has no daemon: ``delayq forward`` does its work."""
+
+
+#: What replaces ``rqscheduler`` / ``Scheduler.run()``, for the daemon methods' error.
+FORWARD_COMMAND = "delayq forward --url <store's Redis> --rq-redis <RQ's Redis>"
 
 
 def utc_ms(when: Any) -> int:
@@ -92,6 +101,12 @@ def _is_rq(data: bytes) -> bool:
         return False
 
 
+def _wall_clock() -> float:
+    """``time.time()`` looked up at each call: a default bound at import would miss freezegun,
+    which patches ``time.time`` while a test runs."""
+    return time.time()
+
+
 def _resolve(value: str | type | None, default: type) -> type:
     if value is None:
         return default
@@ -116,7 +131,9 @@ class Scheduler(UsesDelayStore):
         cron_syntax: how :meth:`cron` reads its strings: ``"rq-scheduler"`` (the default:
             rq-scheduler 0.14's ``crontab`` parser, host-local time) or ``"cron"`` (standard
             cron with croniter, UTC or ``use_local_timezone``); see :mod:`.periodic`.
-        clock: "now" in epoch seconds (tests pass a fake one).
+        clock: "now" in epoch seconds (tests pass a fake one). By default ``time.time`` as it
+            is when called, so freezegun's ``freeze_time`` moves this Scheduler's "now" too, as it
+            moves rq-scheduler's.
 
     Raises:
         InvalidScheduleError: neither ``connection`` nor ``queue`` given.
@@ -137,7 +154,7 @@ class Scheduler(UsesDelayStore):
         *,
         delay_store: DelayStore | None = None,
         cron_syntax: str = RQ_SCHEDULER,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if connection is None and queue is None:
             raise InvalidScheduleError("Scheduler needs connection=Redis(...) (or queue=Queue(...))")
@@ -149,7 +166,7 @@ class Scheduler(UsesDelayStore):
         self.queue_class_name = queue_class if isinstance(queue_class, str) else None
         self.cron_syntax = check_syntax(cron_syntax)
         self.name = name
-        self.clock = clock
+        self.clock: Callable[[], float] = clock or _wall_clock
         self._delay_store = delay_store
 
     # -- scheduling ---------------------------------------------------------------------------
@@ -290,6 +307,35 @@ class Scheduler(UsesDelayStore):
             job.save()
             store.schedule(job.id, seconds(ready_ms), envelope, rank=job_rank(job))
         return job
+
+    # -- rq-scheduler's daemon: replaced by `delayq forward` -----------------------------------
+
+    def run(self, burst: bool = False) -> None:
+        self._no_daemon("run")
+
+    def register_birth(self) -> None:
+        self._no_daemon("register_birth")
+
+    def register_death(self) -> None:
+        self._no_daemon("register_death")
+
+    def acquire_lock(self) -> bool:
+        self._no_daemon("acquire_lock")
+
+    def remove_lock(self) -> None:
+        self._no_daemon("remove_lock")
+
+    def heartbeat(self) -> None:
+        self._no_daemon("heartbeat")
+
+    @staticmethod
+    def _no_daemon(method: str) -> NoReturn:
+        """The daemon methods exist so a ported ``rqscheduler`` script fails with the fix, not
+        a bare AttributeError."""
+        raise NoSchedulerProcessError(
+            f"Scheduler.{method}(): delayq_backends.rq.Scheduler has no scheduler process; run "
+            f"`{FORWARD_COMMAND}` instead of rqscheduler (it moves due jobs and re-arms periodic ones)"
+        )
 
     # -- inspecting and changing --------------------------------------------------------------
 

@@ -22,6 +22,7 @@ exactly-once hand-off.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -46,7 +47,8 @@ from ..models import DeliveryFailure
 from ..outages import is_transient
 from ..scripts import RqEnqueue, RqFields, ScriptRunner
 from ..store.lease import Lease
-from ..targets import Delivery, PublishReport
+from ..targets import Buried, Delivery, PublishReport
+from .failed import MARK, DeadJob, failed_key, record_failed
 from .periodic import advance
 from .registry import forget_scheduled
 
@@ -58,6 +60,7 @@ __all__ = [
     "KIND",
     "ClassAllowlist",
     "ClassImportError",
+    "ClassNotAllowedError",
     "RQTarget",
     "UPGRADE_COMMAND",
     "dotted_path",
@@ -100,7 +103,7 @@ ALLOW_CLASS_ENV = "DELAYQ_RQ_ALLOW_CLASS"
 #: The job hash fields the move reads: text and integers only, never ``data``, ``meta`` or ``result``.
 _FIELDS = (
     "status", "created_at", "timeout", "ttl", "enqueue_at_front", "enqueue_at_front_on_retry", "ended_at",
-    "dependency_ids", "dependency_id", "allow_dependency_failures", "rate_limit_key", "rate_limit_concurrency",
+    "dependency_ids", "dependency_id", "allow_dependency_failures", "rate_limit_key", "rate_limit_concurrency", MARK,
 )  # fmt: skip
 
 
@@ -109,6 +112,16 @@ _SCHEDULED, _CANCELED, _DEFERRED = JobStatus.SCHEDULED.value, JobStatus.CANCELED
 
 class ClassImportError(DelayqError):
     """A queue or job class named in an envelope is not allowed or cannot be imported here."""
+
+
+class ClassNotAllowedError(ClassImportError):
+    """A queue or job class named in an envelope is off the forwarder's allowlist: its jobs wait
+    (:data:`NOT_ALLOWED_WAIT_S`) rather than die, since the usual cause is a user's own
+    ``Queue``/``Job`` subclass and a forwarder started without ``--rq-allow-class``."""
+
+
+#: How long jobs naming a class off the allowlist wait before the forwarder looks again.
+NOT_ALLOWED_WAIT_S = 30
 
 
 @dataclass(frozen=True)
@@ -145,7 +158,7 @@ class ClassAllowlist:
         if path is None and base is not None:
             return base
         if not isinstance(path, str) or not self.allows(path):
-            raise ClassImportError(
+            raise ClassNotAllowedError(
                 f"{what} {path!r} is not on this forwarder's allowlist ({', '.join(self.prefixes)}): "
                 f"if you trust it, start `delayq forward` with --rq-allow-class {_module_of(path)} "
                 f"(or {ALLOW_CLASS_ENV}); an envelope cannot make the forwarder import anything else"
@@ -244,6 +257,9 @@ class JobFields:
     allow_dependency_failures: bool
     rate_limit_key: str | None
     rate_limit_concurrency: int | None
+    #: failed by a forwarder that dead-lettered it (see :mod:`.failed`): True while it is as that
+    #: left it (``delayq dlq requeue`` moves it), False once RQ's requeue has run it; None: never
+    dead_letter: bool | None = None
 
     @classmethod
     def parse(cls, values: Sequence[bytes | None]) -> JobFields | None:
@@ -251,8 +267,9 @@ class JobFields:
 
         The usual job (a Queue's, with no TTL, dependency or rate limit) takes a short path: this
         runs once per job moved, so it is a visible part of a forwarder's time."""
-        status, _, timeout, ttl, front, front_retry, ended, dep_ids, dep_id, allow, limit_key, limit = values
-        if ttl is None and front_retry is None and dep_ids is None and dep_id is None and limit_key is None:
+        status, _, timeout, ttl, front, front_retry, ended, dep_ids, dep_id, allow, limit_key, limit, mark = values
+        rare = (ttl, front_retry, dep_ids, dep_id, limit_key, mark)
+        if all(v is None for v in rare):
             if status is None and front is None and timeout is None and _ is None and all(v is None for v in values):
                 return None
             if front in (None, b"0", b"1") and allow in (None, b"0", b"1") and limit in (None, b""):
@@ -300,6 +317,7 @@ class JobFields:
             allow_dependency_failures=allow,
             rate_limit_key=_text(raw["rate_limit_key"]),
             rate_limit_concurrency=concurrency,
+            dead_letter=None if raw[MARK] is None else raw["status"] == b"failed" and raw[MARK] == raw["ended_at"],
         )
 
 
@@ -431,6 +449,8 @@ class RQTarget:
         self.max_watch_retries = max_watch_retries
         self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
         self.scripts = ScriptRunner(connection)
+        #: the allowlist refusals already logged (one warning each)
+        self._warned: set[str] = set()
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Move jobs with no lease at hand: acked by the caller, periodic jobs are not re-armed."""
@@ -439,6 +459,26 @@ class RQTarget:
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         """Move a claimed batch; on the store's own server the ack commits with the enqueue."""
         return self._publish(deliveries, lease)
+
+    def buried(self, letters: Sequence[Buried]) -> None:
+        """Put the jobs of dead-lettered items into RQ's FailedJobRegistry (see :mod:`.failed`).
+
+        A job class off the allowlist is not imported for its key prefix: RQ's default is used."""
+        by_queue: dict[tuple[str, Any], list[DeadJob]] = {}
+        for letter in letters:
+            d = letter.delivery
+            try:
+                job = DeadJob(d.id, job_id_of(d), letter.error, bool(d.envelope.meta.get(SCHEDULER_FLAG)))
+            except ValueError:  # no job id to fail
+                continue
+            by_queue.setdefault((d.envelope.destination, d.envelope.meta.get("job_class")), []).append(job)
+        for (queue_name, job_path), jobs in by_queue.items():
+            job_class = Job
+            if isinstance(job_path, str) and self.allow_classes.allows(job_path):
+                with contextlib.suppress(ClassImportError):
+                    job_class = self._class("job_class", job_path, Job)
+            moved = record_failed(self.scripts, queue_name, job_class.key_for, jobs)
+            log.info("%d of %d dead-lettered jobs of %r put in RQ's FailedJobRegistry", moved, len(jobs), queue_name)
 
     def queue_depth(self, queue: str) -> int:
         """Jobs waiting in RQ queue ``queue``: LLEN of its list (what ``Queue.count`` reads)."""
@@ -465,6 +505,9 @@ class RQTarget:
                 keys = _Keys(
                     name, self._class("queue_class", queue_path, RQQueue), self._class("job_class", job_path, Job)
                 )
+            except ClassNotAllowedError as exc:
+                self._wait_for_allowlist(exc, group, report)
+                continue
             except ClassImportError as exc:
                 report.failed += [DeliveryFailure(d.id, str(exc), permanent=True) for d in group]
                 continue
@@ -477,6 +520,16 @@ class RQTarget:
                 report.unsent += [d.id for d in group if d.id not in done]
                 report.broker_error = exc
         return report
+
+    def _wait_for_allowlist(self, exc: ClassNotAllowedError, group: list[Delivery], report: PublishReport) -> None:
+        """Jobs naming a class off the allowlist wait in the store (not imported, not
+        dead-lettered), with one warning per class per forwarder: a user's own subclass moves
+        once the forwarder is restarted with the ``--rq-allow-class`` the warning names."""
+        if str(exc) not in self._warned:
+            self._warned.add(str(exc))
+            log.warning("RQ jobs wait, not moved (retried every %d s): %s", NOT_ALLOWED_WAIT_S, exc)
+        not_before = int((self.clock() + NOT_ALLOWED_WAIT_S) * 1000)
+        report.later += [(d.id, not_before) for d in group]
 
     def _class(self, what: str, path: Any, base: type) -> Any:
         return self.allow_classes.load(what, path, base)
@@ -562,9 +615,7 @@ class RQTarget:
     def _meta(batch: _Batch, job_id: str) -> Mapping[str, Any]:
         return batch.deliveries[job_id].envelope.meta
 
-    def _schedule(
-        self, batch: _Batch, job_id: str, old_meta: Mapping[str, bytes | None]
-    ) -> dict[str, Any] | None:
+    def _schedule(self, batch: _Batch, job_id: str, old_meta: Mapping[str, bytes | None]) -> dict[str, Any] | None:
         """A Scheduler job's schedule: from its envelope, or (scheduled by delayq 0.1) from a JSON
         ``job.meta``, upgraded as it moves (the re-armed run carries it). A pickled ``meta`` is
         never loaded: ValueError names the operator's command that upgrades it."""
@@ -625,8 +676,15 @@ class RQTarget:
         """Whether the job still waits for this run: not cancelled, and (for a Queue's job) still
         ``scheduled``: any other status means it was cancelled or moved already (a re-delivery
         after a crash, or RQ's own scheduler during a migration), so it is not queued twice.
-        A Scheduler's periodic job keeps the status of its last run, as with rq-scheduler."""
-        if job.status == _CANCELED or (not from_scheduler and job.status != _SCHEDULED):
+        A Scheduler's periodic job keeps the status of its last run, as with rq-scheduler. A job
+        a forwarder failed when it dead-lettered it moves if still so (``delayq dlq requeue``),
+        not once RQ's requeue has run it (see :mod:`.failed`)."""
+        if job.status == _SCHEDULED or job.dead_letter:
+            return True
+        if job.dead_letter is False:
+            log.info("job %s is %s since it was dead-lettered (RQ requeued it): skipped", job_id, job.status)
+            return False
+        if job.status == _CANCELED or not from_scheduler:
             log.info("job %s is %s, no longer scheduled: skipped", job_id, job.status)
             return False
         return True
@@ -638,6 +696,10 @@ class RQTarget:
         pushes = _Pushes(keys.queue)
         plain: list[tuple[str, JobFields]] = []  # their hash writes go in one script call
         for job_id, job in batch.jobs.items():
+            if job.dead_letter:  # off RQ's Failed registry: RQ's requeue then finds it gone
+                pipe.zrem(failed_key(keys.name), job_id)
+            if job.dead_letter is not None:  # spent: a later schedule of this id moves as usual
+                pipe.hdel(batch.job_keys[job_id], MARK)
             if job_id in batch.deferred:
                 self._defer(pipe, keys, job_id, job)
             elif job.rate_limit_key and job.rate_limit_concurrency:

@@ -9,7 +9,7 @@ Input:
   ARGV[3] clock override ms ("0": server TIME)
   ARGV[4] most dead letters kept per shard (0: no cap), ARGV[5] dead-letter expiry ms (0: none)
   ARGV[6..] triples: id, retry-at ms ("" for a permanent error), error text
-Output: {retried, buried}
+Output: {retried, buried, the buried ids...} (the forwarder tells their targets: see targets.BuryTarget)
 No wake-up: the retry time lies ahead, and the failing forwarder re-reads the heads anyway.
 allow-oom: a full store must be able to settle failed deliveries. ]]
 --- @include "bury"
@@ -20,6 +20,7 @@ local k = {
 local now = now_ms(ARGV[3])
 local max_attempts = tonumber(ARGV[2])
 local retried, buried = 0, 0
+local out = {0, 0}
 for i = 6, #ARGV, 3 do
   local id, retry_at, err = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local ready = our_lease(k.leased, id, ARGV[1])
@@ -28,6 +29,7 @@ for i = 6, #ARGV, 3 do
     if retry_at == '' or attempts >= max_attempts then
       bury(k, id, rcall('HGET', k.items, id), ready, attempts, err, now, ARGV[4], ARGV[5])
       buried = buried + 1
+      out[buried + 2] = id
     else
       rcall('ZADD', k.due, retry_at, id)
       rcall('HDEL', k.leased, id)
@@ -35,4 +37,5 @@ for i = 6, #ARGV, 3 do
     end
   end
 end
-return {retried, buried}
+out[1], out[2] = retried, buried
+return out

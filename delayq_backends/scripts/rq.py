@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .library import ScriptCall
 
-__all__ = ["RqEnqueue", "RqFields"]
+__all__ = ["RqEnqueue", "RqFail", "RqFailed", "RqFields"]
 
 #: Per job hash: its values (None when absent), or the key's type when it is no hash.
 JobValues = list[bytes | None] | bytes
@@ -34,6 +35,37 @@ class RqEnqueue:
     ) -> ScriptCall[int]:
         """``mask`` has one character per key: "1" writes the queue's ``timeout`` too."""
         return ScriptCall(cls.name, tuple(job_keys), (status, origin, enqueued_at, timeout, mask), int)
+
+
+@dataclass(frozen=True)
+class RqFailed:
+    """One job for :class:`RqFail`: its keys, and what RQ shows as its failure."""
+
+    job_id: str
+    job_key: str
+    results_key: str
+    #: a Scheduler job (it may wait with its last run's status)
+    scheduler: bool
+    #: the reason as RQ keeps it in the job hash (zlib) and in a failed Result (base64 of zlib)
+    exc_info: bytes
+    exc_string: str
+
+
+class RqFail:
+    """rq_fail.lua: dead-lettered jobs of one queue into its FailedJobRegistry."""
+
+    name = "rq_fail"
+
+    @classmethod
+    def call(
+        cls, failed_key: str, scheduled_key: str, jobs: Sequence[RqFailed], *, now: float, ended_at: str, ttl: int
+    ) -> ScriptCall[int]:
+        keys: list[str] = [failed_key, scheduled_key]
+        args: list[Any] = [now, ended_at, ttl]
+        for job in jobs:
+            keys += (job.job_key, job.results_key)
+            args += (job.job_id, "1" if job.scheduler else "0", job.exc_info, job.exc_string)
+        return ScriptCall(cls.name, tuple(keys), tuple(args), int)
 
 
 def _job_values(reply: Any) -> list[JobValues]:

@@ -220,7 +220,7 @@ class Fail(ShardScript):
         args: list[Any] = [lease, max_attempts, now, dead.max_letters, dead.ttl_ms]
         for f in failures:
             args += (f.id, "" if f.retry_at_ms is None else f.retry_at_ms, f.error)
-        return cls._call(keys, args, lambda r: FailCounts(int(r[0]), int(r[1])))
+        return cls._call(keys, args, lambda r: FailCounts(int(r[0]), int(r[1]), tuple(i.decode() for i in r[2:])))
 
 
 class Extend(ShardScript):

@@ -13,6 +13,8 @@ from typing import Any
 from rq import get_current_job
 from rq.job import Job
 
+from delayq_backends.rq import Queue as DelayqQueue
+
 
 def runs_key(queue_name: str) -> str:
     return f"{queue_name}:runs"
@@ -34,3 +36,7 @@ def always_fails(tag: Any) -> None:
 
 class AuditedJob(Job):
     """A custom job class, as `rq worker --job-class` takes it."""
+
+
+class MyQueue(DelayqQueue):
+    """A user's own subclass of delayq's Queue, in the user's package (first contact: issue 22)."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
+import zlib
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 import redis
@@ -136,3 +139,27 @@ def test_an_unknown_function_fails_in_the_worker_with_rqs_error_and_forwarding_g
     assert bad.id in queue.failed_job_registry
     assert "no_such_module.func" in (bad.latest_result().exc_string or "")  # type: ignore[union-attr]
     assert [r["id"] for r in runs(queue.connection, queue.name)] == [good.id]
+
+
+def test_delayq_list_shows_what_rq_jobs_run_without_unpickling_them(
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, valkey_url: str, prefix: str, tmp_path: Path
+) -> None:
+    from tests.test_rq.test_untrusted import planted
+
+    later = timedelta(hours=1)
+    job = queue.enqueue_in(later, "tests.test_rq.jobs.record", "x", times=2)
+    described = queue.enqueue_in(later * 2, "tests.test_rq.jobs.record", "y", description="nightly report")
+    conn.hset(described.key, "data", zlib.compress(planted(tmp_path / "data")))
+    rq_store.schedule("other", time.time() + 3 * 3600, Envelope("list", "q:out"))
+    env = {"DELAYQ_URL": valkey_url, "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": str(SHARDS)}
+    listed = CliRunner().invoke(main, ["list", "--json"], env=env)
+    assert listed.exit_code == 0, listed.output
+    jobs = {e["id"]: e.get("job") for e in json.loads(listed.output)}
+    assert jobs == {
+        job.id: {"id": job.id, "description": "tests.test_rq.jobs.record('x', times=2)", "status": "scheduled"},
+        described.id: {"id": described.id, "description": "nightly report", "status": "scheduled"},
+        "other": None,
+    }
+    table = CliRunner().invoke(main, ["list"], env=env).output
+    assert "tests.test_rq.jobs.record('x', times=2)" in table and "nightly report" in table
+    assert not (tmp_path / "data").exists(), "unpickled by delayq list"

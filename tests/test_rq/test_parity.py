@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 
 import pytest
 import redis
@@ -159,6 +159,85 @@ def test_rq_scheduler_syntax_never_schedules_a_run_in_the_past_in_the_repeated_h
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_a_cron_time_skipped_by_the_spring_jump_runs_once_where_rq_scheduler_runs_it_every_poll(
+    conn: redis.Redis, rq_store: DelayStore, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New York, 2026-03-08: 02:30 does not exist (02:00 EST jumps to 03:00 EDT). rq-scheduler
+    schedules "30 2 * * *" at 01:30 EST, then computes 01:30 EST again on each poll until the
+    jump, so the job runs every minute until the jump; the forwarder runs it once, then on
+    the 9th at 02:30 EDT."""
+    freezegun = pytest.importorskip("freezegun")
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        first = datetime(2026, 3, 8, 6, 30, tzinfo=timezone.utc)  # 01:30 EST
+        # rq-scheduler's daemon, polling each minute from 01:00 EST to 04:00 EDT
+        theirs, due = [], first
+        for minute in range(0, 150):
+            poll = datetime(2026, 3, 8, 6, 0, tzinfo=timezone.utc) + timedelta(minutes=minute)
+            if due <= poll:
+                theirs.append(poll)
+                offset = datetime.fromtimestamp(poll.timestamp()).astimezone().utcoffset()
+                with freezegun.freeze_time(poll, tz_offset=offset):
+                    due = get_next_scheduled_time("30 2 * * *")
+        # every minute from 01:30 EST up to the jump (03:00 EDT): 31 runs
+        assert theirs == [first + timedelta(minutes=m) for m in range(31)]
+
+        # ours: scheduled the day before, then moved and re-armed by a forwarder, run by run
+        day_before = datetime(2026, 3, 7, 12, tzinfo=timezone.utc).timestamp()
+        scheduler = Scheduler(f"{prefix}-s", connection=conn, delay_store=rq_store, clock=lambda: day_before)
+        job = scheduler.cron("30 2 * * *", RECORD)
+        forwarder = Forwarder(rq_store, [RQTarget(conn, clock=lambda: 0)])
+        ours = []
+        for _ in range(3):
+            item = rq_store.get(job.id)
+            assert item is not None
+            ours.append(datetime.fromtimestamp(item.ready_ms / 1000, timezone.utc))
+            assert forwarder.run_once() == 1  # long past: due at once
+        assert ours == [
+            first,
+            datetime(2026, 3, 9, 6, 30, tzinfo=timezone.utc),
+            datetime(2026, 3, 10, 6, 30, tzinfo=timezone.utc),
+        ]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+@pytest.mark.parametrize("cron", ["0 0 1 * 1", "0 9 * * 1-5", "*/15 * * * *", "30 2 * * *", "@daily"])
+def test_rqs_own_cron_reads_strings_as_cron_syntax_cron_with_the_local_zone(
+    conn: redis.Redis, rq_store: DelayStore, prefix: str, host_zone: str, cron: str
+) -> None:
+    """What the README tells an `rq cron` user (RQ >= 2.4): RQ's CronJob reads a string with
+    croniter on the host's clock, as ``cron(..., cron_syntax="cron", use_local_timezone=True)``;
+    the default (rq-scheduler's syntax) differs: "0 0 1 * 1" on 2026-11-26 runs 2027-02-01
+    (a Monday the 1st), where RQ's runs 2026-11-30 (a Monday, or the 1st)."""
+    rq_cron = pytest.importorskip("rq.cron")
+    now = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
+    theirs_job = rq_cron.CronJob(f"{prefix}-c", func_name=RECORD, cron=cron)
+    theirs_job.latest_enqueue_time = now  # its next run is computed from here
+    theirs = theirs_job.get_next_enqueue_time()
+    scheduler = Scheduler(f"{prefix}-c", connection=conn, delay_store=rq_store, clock=now.timestamp)
+    ours = scheduler.cron(cron, RECORD, cron_syntax="cron", use_local_timezone=True)
+    default = scheduler.cron(cron, RECORD)
+    assert rq_store.get(ours.id).ready_ms == theirs.timestamp() * 1000, f"{cron!r} on a {host_zone} host"  # type: ignore[union-attr]
+    if cron == "0 0 1 * 1":
+        local = datetime.fromtimestamp(rq_store.get(default.id).ready_ms / 1000)  # type: ignore[union-attr]
+        assert (local.date(), theirs.astimezone().date()) == (date(2027, 2, 1), date(2026, 11, 30))
+
+
+def test_moving_from_rq_cron_as_docs_rq_md_shows_and_running_it_again_adds_nothing(
+    conn: redis.Redis, rq_store: DelayStore, prefix: str
+) -> None:
+    scheduler = Scheduler(f"{prefix}-q", connection=conn, delay_store=rq_store, cron_syntax="cron")
+    for _ in range(2):  # a second deploy replaces the jobs
+        scheduler.cron("0 0 1 * 1", RECORD, args=["m"], id=f"{prefix}-monthly-report", use_local_timezone=True)
+        scheduler.schedule(datetime.now(timezone.utc), RECORD, interval=60, id=f"{prefix}-heartbeat")
+    assert sorted(j.id for j in scheduler.get_jobs()) == [f"{prefix}-heartbeat", f"{prefix}-monthly-report"]
+    monthly = Envelope.decode(rq_store.get(f"{prefix}-monthly-report").envelope)  # type: ignore[union-attr]
+    assert monthly.meta["schedule"]["cron_syntax"] == "cron"
 
 
 def test_scheduler_cron_reads_rq_schedulers_syntax_by_default_and_standard_cron_on_request(

@@ -360,3 +360,36 @@ def test_get_jobs_pages_by_score_through_ties_and_other_targets(
     listed = [j.id for j in scheduler.get_jobs()]
     assert sorted(listed) == sorted(j.id for j in jobs) and len(listed) == len(set(listed))
     assert scheduler.count() == 14 and scheduler.count(until=at[7]) == 8
+
+
+# -- first contact: freezegun and rq-scheduler's daemon methods ----------------------------------
+
+
+def test_scheduler_reads_the_clock_when_called_so_freezegun_moves_it(
+    scheduler: Scheduler, rq_store: DelayStore
+) -> None:
+    """rq-scheduler's ``enqueue_in`` and ``cron`` follow ``freeze_time``; so do ours."""
+    freezegun = pytest.importorskip("freezegun")
+    theirs = rq_scheduler.Scheduler(connection=scheduler.connection)
+    with freezegun.freeze_time("2030-01-01 00:00:00"):
+        job = scheduler.enqueue_in(timedelta(minutes=5), RECORD, "in")
+        cron = scheduler.cron("0 12 * * *", RECORD, args=["cron"], cron_syntax="cron")
+        assert [t for _, t in scheduler.get_jobs(with_times=True)] == [datetime(2030, 1, 1, 0, 5),
+                                                                        datetime(2030, 1, 1, 12, 0)]  # fmt: skip
+        theirs_job = theirs.enqueue_in(timedelta(minutes=5), RECORD, "theirs")
+    try:
+        assert rq_store.get(job.id).ready_ms == int(utc(2030, 1, 1, 0, 5).timestamp() * 1000)  # type: ignore[union-attr]
+        assert rq_store.get(cron.id).ready_ms == int(utc(2030, 1, 1, 12).timestamp() * 1000)  # type: ignore[union-attr]
+        assert theirs.connection.zscore(theirs.scheduled_jobs_key, theirs_job.id) == utc(2030, 1, 1, 0, 5).timestamp()
+    finally:
+        theirs.cancel(theirs_job)
+
+
+@pytest.mark.parametrize("method", ["run", "acquire_lock", "register_birth", "register_death", "remove_lock",
+                                    "heartbeat"])  # fmt: skip
+def test_rq_scheduler_daemon_methods_say_delayq_forward_replaces_them(scheduler: Scheduler, method: str) -> None:
+    with pytest.raises(scheduler_module.NoSchedulerProcessError) as caught:
+        getattr(scheduler, method)()
+    message = str(caught.value)
+    assert "\n" not in message and f"Scheduler.{method}()" in message
+    assert "delayq forward" in message and "--rq-redis" in message and "instead of rqscheduler" in message

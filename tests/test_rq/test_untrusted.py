@@ -96,22 +96,28 @@ PLANTED_PATHS = ["os.system", "builtins.eval", "tests.test_rq.planted_import.Job
 
 @pytest.mark.parametrize("key", ["job_class", "queue_class"])
 @pytest.mark.parametrize("path", PLANTED_PATHS)
-def test_a_class_path_off_the_allowlist_is_a_dead_letter_and_never_imported(
+def test_a_class_path_off_the_allowlist_waits_is_named_once_and_is_never_imported(
     conn: redis.Redis, rq_store: DelayStore, queue: Queue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    key: str, path: str,
+    caplog: pytest.LogCaptureFixture, key: str, path: str,
 ) -> None:  # fmt: skip
+    """Not dead-lettered: the usual cause is the user's own subclass and a forwarder started
+    without --rq-allow-class, so its jobs wait in the store, named in one warning."""
     marker = tmp_path / "imported"
     monkeypatch.setenv("DELAYQ_TEST_IMPORT_MARKER", str(marker))
     monkeypatch.delenv("DELAYQ_RQ_ALLOW_CLASS", raising=False)
     good = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, "good")
     bad = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, "bad")
     rq_store.schedule(bad.id, 0, Envelope("rq", queue.name, meta={key: path}))
-    forwarder = Forwarder(rq_store, [RQTarget(conn)], retry_delay=0.05)
-    assert forwarder.run_once() == 2
-    assert queue.job_ids == [good.id]
-    (dead,) = rq_store.dead_letters()
-    assert dead.id == bad.id and "not on this forwarder's allowlist" in dead.error
-    assert "--rq-allow-class" in dead.error and "DELAYQ_RQ_ALLOW_CLASS" in dead.error
+    past = [0.0]  # the target's clock: its "look again" times are due at once
+    forwarder = Forwarder(rq_store, [RQTarget(conn, clock=lambda: past[0])], retry_delay=0.05)
+    with caplog.at_level("WARNING", logger="delayq.rq"):
+        assert forwarder.run_once() == 2
+        assert forwarder.run_once() == 1  # looked at again: still waits, no second warning
+    assert queue.job_ids == [good.id] and rq_store.dead_letters() == []
+    assert rq_store.get(bad.id) is not None and conn.hget(bad.key, "status") == b"scheduled"
+    (warning,) = [r.getMessage() for r in caplog.records if "allowlist" in r.getMessage()]
+    assert "RQ jobs wait" in warning and f"{key} {path!r} is not on this forwarder's allowlist" in warning
+    assert "--rq-allow-class" in warning and "DELAYQ_RQ_ALLOW_CLASS" in warning
     assert not marker.exists()
 
 
@@ -177,3 +183,30 @@ def test_scheduler_jobs_stored_by_an_older_delayq_still_move(
     (dead,) = rq_store.dead_letters()
     assert dead.id == pickled.id and "never unpickles" in dead.error and "delayq rq-upgrade" in dead.error
     assert not (tmp_path / "legacy").exists()
+
+
+def test_a_users_own_queue_subclass_waits_named_in_one_warning_until_allowed(
+    conn: redis.Redis, rq_store: DelayStore, prefix: str, processes: Processes, tmp_path: Path
+) -> None:
+    """First contact: `MyQueue(delayq_backends.rq.Queue)` in the user's package, a forwarder
+    started without --rq-allow-class. Its jobs are not dead-lettered: they wait, one warning
+    names the flag, and they move once the forwarder runs with it."""
+    from tests.test_rq.jobs import MyQueue
+
+    queue = MyQueue(f"{prefix}-mine", connection=conn, delay_store=rq_store)
+    jobs = [queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, i) for i in range(3)]
+    log = tmp_path / "forward.log"
+    env = {**processes.env, "DELAYQ_RQ_ALLOW_CLASS": ""}
+    first = processes.launcher.delayq(
+        "forward", "--url", processes.url, "--rq-redis", processes.url, "--log-level", "warning", env=env, log=log
+    )
+    wait_for(lambda: "RQ jobs wait" in log.read_text(), 20, "the forwarder's warning")
+    processes.launcher.stop(first)
+    assert log.read_text().count("RQ jobs wait") == 1
+    assert "--rq-allow-class tests.test_rq.jobs" in log.read_text()
+    assert rq_store.dead_letters() == [] and queue.job_ids == []
+    assert all(rq_store.get(j.id) is not None for j in jobs)
+
+    processes.forwarder("--rq-allow-class", "tests.test_rq.jobs")
+    wait_for(lambda: sorted(queue.job_ids) == sorted(j.id for j in jobs), 60, "the jobs to move once allowed")
+    assert rq_store.dead_letters() == []
