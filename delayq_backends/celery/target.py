@@ -30,7 +30,7 @@ from kombu.messaging import Producer
 from ..connection import redact_url
 from ..errors import EnvelopeError
 from ..models import DeliveryFailure, RunRef
-from ..outages import is_transient
+from ..outages import gives_back
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport
 from .message import KIND, StoredMessage
@@ -104,8 +104,16 @@ class CeleryTarget:
         return cls(connect, **kwargs)
 
     def describe(self) -> str:
-        """The broker URL, password hidden, for logs and banners."""
-        return redact_url(self._connection_or_new().as_uri())
+        """The broker URL, password hidden, for logs and banners; the error when no connection
+        can be made (a missing transport module: the start check says what to do)."""
+        try:
+            return redact_url(self._connection_or_new().as_uri())
+        except Exception as exc:
+            return f"a broker this forwarder cannot use ({type(exc).__name__}: {exc})"
+
+    def check(self) -> None:
+        """Connect and authenticate to the broker (a channel opened), as before a publish."""
+        self._producer_or_new()
 
     # -- publishing -------------------------------------------------------------------------
 
@@ -142,7 +150,7 @@ class CeleryTarget:
                 try:
                     messages[p.id] = handoff.commands(p.kwargs)
                 except self._channel_errors() as exc:
-                    if is_transient(exc):
+                    if gives_back(exc):
                         raise
                     report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
             if messages:
@@ -161,6 +169,9 @@ class CeleryTarget:
                 ready.append(_Prepared(d.id, message.task, message.publish_kwargs(ready_ms=d.ready_ms, now=now)))
             except (EnvelopeError, ValueError, TypeError, OverflowError) as exc:
                 report.failed.append(DeliveryFailure(d.id, f"cannot replay this Celery message: {exc}", permanent=True))
+            except Exception as exc:  # whatever else one message raises, it fails alone
+                why = f"cannot replay this Celery message: {type(exc).__name__}: {exc}"
+                report.failed.append(DeliveryFailure(d.id, why, permanent=True))
         return ready
 
     def _released(self, exc: Exception, ready: list[_Prepared], report: PublishReport) -> None:
@@ -193,7 +204,7 @@ class CeleryTarget:
                 try:
                     producer.publish(**self._confirm, **p.kwargs)
                 except self._channel_errors() as exc:  # the broker refused this one message
-                    if is_transient(exc):  # ... for now (resource locked, a resource alarm): an outage
+                    if gives_back(exc):  # ... for now (a resource alarm), or refused us (no write access)
                         raise
                     report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
                     if not batched:
@@ -261,8 +272,10 @@ class CeleryTarget:
         return self._handoff
 
     def _is_outage(self, exc: BaseException) -> bool:
-        """A broker out of reach or refusing for now (overload, a memory alarm): release, not fail."""
-        return isinstance(exc, self._connection_errors()) or is_transient(exc)
+        """A broker out of reach or refusing for now (overload, a memory alarm), or a configuration
+        error (a refused login, a missing transport module): release, not fail. Asked before the
+        connection's own error classes, which a missing transport module cannot give."""
+        return gives_back(exc) or isinstance(exc, self._connection_errors())
 
     def _connection_errors(self) -> tuple[type[BaseException], ...]:
         conn = self._connection_or_new()

@@ -108,8 +108,9 @@ def check_interval(interval: Any) -> None:
 
 def next_cron_time(
     cron_string: str, after: float, *, use_local_timezone: bool = False, syntax: str = STANDARD_CRON
-) -> float:
-    """The first time strictly after ``after`` (epoch seconds) that ``cron_string`` matches.
+) -> float | None:
+    """The first time strictly after ``after`` (epoch seconds) that ``cron_string`` matches;
+    None when there is none (rq-scheduler's year field, all of whose years have passed).
 
     In the rq-scheduler syntax, as rq-scheduler 0.14 computes it: the wall clock of this host
     (whatever ``use_local_timezone`` says), the naive result read back as local time.
@@ -122,6 +123,8 @@ def next_cron_time(
     if syntax == RQ_SCHEDULER:
         wall = datetime.fromtimestamp(after)  # naive host-local, as rq-scheduler's datetime.now()
         following_wall = crontab.CronTab(cron_string).next(now=wall, default_utc=False, return_datetime=True)
+        if following_wall is None:
+            return None
         following = float(following_wall.astimezone().timestamp())
         if following <= after:  # a wall time of the hour repeated in autumn, read as its first pass
             following = float(following_wall.replace(fold=1).astimezone().timestamp())
@@ -138,7 +141,8 @@ def next_cron_time(
 
 
 def advance(meta: MutableMapping[str, Any], *, now: float) -> float | None:
-    """Count one run down and return when the next is due (epoch seconds), or None if none is.
+    """Count one run down and return when the next is due (epoch seconds), or None if none is
+    (``repeat`` used up, or a cron string with no later match).
 
     rq-scheduler's rules: ``repeat`` counts the runs left, this one included (``repeat=3``
     runs three times; ``None`` forever), and an ``interval`` runs again ``interval`` seconds
