@@ -905,8 +905,8 @@ class Forwarder:
             s.percentile(0.5),
             s.percentile(0.99),
         )
-        if paused := self.pauses.describe():
-            log.error("%s", paused)
+        if paused := self.pauses.describe():  # a pause is logged once; this says it still holds
+            log.warning("%s", paused)
 
 
 def _split(part: PublishReport, call: list[tuple[_Published, list[Delivery]]]) -> None:

@@ -112,7 +112,7 @@ def config_fix(exc: BaseException) -> str:
         return f"the broker refused the vhost ({said}): create it or fix the vhost in the broker URL"
     if isinstance(exc, redis.exceptions.NoPermissionError) or said.upper().startswith("NOPERM"):
         return f"the server refused a command to this user ({said}): grant the user the permission (ACL SETUSER)"
-    return f"the server refused the login ({said}): fix the user and password in the URL"
+    return f"the server refused the login ({said}): fix the user and password in the URL of this target"
 
 
 def gives_back(exc: BaseException) -> bool:

@@ -55,11 +55,12 @@ class TargetPauses:
         """Pause ``kind`` after the configuration error ``error``; returns when the pause ends.
 
         Logged when the target was working (or the error changed), so a pause that lasts an
-        hour is one line, not one per probe."""
+        hour is one line, not one per probe; not again for a second target paused by the same
+        error (Celery's periodic entries share the Celery target's broker)."""
         fix = config_fix(error)
         previous = self._paused.get(kind)
         pause_ms = FIRST_PAUSE_MS if previous is None else min(self.max_pause_ms, previous.pause_ms * 2)
-        if previous is None or previous.fix != fix:
+        if (previous is None or previous.fix != fix) and all(p.fix != fix for p in self._paused.values()):
             log.error(
                 "target %r paused by a configuration error: %s; its items wait in the store (no attempt counted) "
                 "and it is tried again every %.0f s at most",
@@ -81,4 +82,4 @@ class TargetPauses:
 
     def describe(self) -> str:
         """The paused targets and why, for the summary line ("" when none is)."""
-        return "; ".join(f"target {kind!r} PAUSED: {p.fix}" for kind, p in sorted(self._paused.items()))
+        return "; ".join(f"target {kind!r} still paused: {p.fix}" for kind, p in sorted(self._paused.items()))
