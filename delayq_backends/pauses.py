@@ -82,4 +82,7 @@ class TargetPauses:
 
     def describe(self) -> str:
         """The paused targets and why, for the summary line ("" when none is)."""
-        return "; ".join(f"target {kind!r} still paused: {p.fix}" for kind, p in sorted(self._paused.items()))
+        by_fix: dict[str, list[str]] = {}
+        for kind, pause in sorted(self._paused.items()):
+            by_fix.setdefault(pause.fix, []).append(repr(kind))
+        return "; ".join(f"still paused: target {', '.join(kinds)}: {fix}" for fix, kinds in by_fix.items())
