@@ -86,9 +86,10 @@ def test_a_target_refused_by_its_server_is_paused_and_burns_no_attempt(
 
     admin.acl_setuser("lister", enabled=True, commands=["+rpush"])
     wait_for(lambda: forwarder.run_once() >= 0 and admin.llen(out) == 30, 15, "the items to flow once granted")
-    assert store.dead_letters() == [] and metrics.registry.get_sample_value(
-        "delayq_target_paused", {"target": "list"}
-    ) == 0
+    assert (
+        store.dead_letters() == []
+        and metrics.registry.get_sample_value("delayq_target_paused", {"target": "list"}) == 0
+    )
 
     forwarder.check_targets()  # it logs in: the start goes on
     refused = Forwarder(store, [RedisListTarget(redis.Redis(port=acl_server.port, username="lister", password="no"))])

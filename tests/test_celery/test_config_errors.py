@@ -82,7 +82,9 @@ class RedisUser(Credentials):
     def __init__(self, server: EmbeddedServer) -> None:
         self.server = server
         self.admin = redis.Redis(port=server.port)
-        self.admin.acl_setuser("fwd", enabled=True, passwords=["+right"], keys=["*"], channels=["*"], commands=["+@all"])
+        self.admin.acl_setuser(
+            "fwd", enabled=True, passwords=["+right"], keys=["*"], channels=["*"], commands=["+@all"]
+        )
 
     def url(self, password: str) -> str:
         return f"redis://fwd:{password}@127.0.0.1:{self.server.port}/1"
