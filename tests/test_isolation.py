@@ -15,6 +15,7 @@ from celery import Celery
 from delayq_backends import DelayStore
 from delayq_backends.celery.periodic import PeriodicTarget, item_id, sync
 from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.envelope import Envelope
 from delayq_backends.errors import ConfigError
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.metrics import ForwarderMetrics
@@ -73,10 +74,13 @@ def test_a_target_refused_by_its_server_is_paused_and_burns_no_attempt(
     out = f"{prefix}:out"
     for i in range(30):
         store.schedule(f"i-{i}", 0, RedisListTarget.envelope(out, b"x"))
+    store.schedule("elsewhere", 0, Envelope(target="other", destination="q"))
     metrics = ForwarderMetrics()
-    forwarder = Forwarder(store, [RedisListTarget(lister)], max_outage_backoff=0.5, metrics=metrics)
+    other = CollectingTarget("other")
+    forwarder = Forwarder(store, [RedisListTarget(lister), other], max_outage_backoff=0.5, metrics=metrics)
 
-    assert forwarder.run_once() == 30
+    assert forwarder.run_once() == 31
+    assert other.ids == ["elsewhere"], "the other target keeps flowing"
     assert forwarder.stats.deferred == 30 and forwarder.stats.retried == forwarder.stats.dead == 0
     assert [item.attempts for item in store.scan()] == [0] * 30
     assert store.dead_letters() == []

@@ -29,7 +29,7 @@ from delayq_backends.celery.periodic import item_id, sync
 from delayq_backends.embedded import EmbeddedServer
 from tests.harness import ROOT, checkout_env
 from tests.helpers import wait_for
-from tests.test_celery.harness import CeleryEnv, new_env, watched
+from tests.test_celery.harness import CeleryEnv, delayq_cli, new_env, watched
 
 
 class Credentials:
@@ -130,6 +130,14 @@ def test_a_wrong_password_refuses_the_start_in_one_line(credentials: Credentials
     line = refused(forward(valkey_url, "--celery-broker", credentials.url("wrong")))
     assert "target 'celery'" in line and "refused the login" in line and "fix the user and password" in line
     assert "wrong" not in line, "no password in the message"
+
+
+def test_celery_delayq_forward_refuses_the_start_in_one_line_too(
+    credentials: Credentials, valkey_server: EmbeddedServer
+) -> None:
+    env = new_env(credentials.kind, credentials.url("wrong"), valkey_server)
+    line = refused(delayq_cli(env, "forward", "--no-periodic-sync"))
+    assert "target 'celery'" in line and "refused the login" in line
 
 
 def test_an_unknown_vhost_refuses_the_start_in_one_line(rabbitmq_url: str, valkey_url: str) -> None:
