@@ -203,11 +203,11 @@ class CeleryTarget:
             for p in ready:
                 try:
                     producer.publish(**self._confirm, **p.kwargs)
-                except self._channel_errors() as exc:  # the broker refused this one message
-                    if gives_back(exc):  # ... for now (a resource alarm), or refused us (no write access)
+                except Exception as exc:  # the broker refused this one message, or it cannot be encoded
+                    if self._is_outage(exc):  # for now (a resource alarm), or refused us (no write access)
                         raise
-                    report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
-                    if not batched:
+                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
+                    if not batched and isinstance(exc, self._channel_errors()):
                         self._producer = None  # the channel is closed after a channel error
                         producer = self._producer_or_new()
                     continue
@@ -297,6 +297,14 @@ class CeleryTarget:
         probe, self._probe = self._probe, None
         if probe is not None:
             _release(probe)
+
+
+def _refusal(p: _Prepared, exc: BaseException, channel_errors: tuple[type[BaseException], ...]) -> str:
+    """Why one message was not published: the broker's words, or what raised while encoding it
+    (an AMQP header past 64 bits raises ``struct.error``)."""
+    if isinstance(exc, channel_errors):
+        return f"broker refused {p.task} {p.id}: {exc}"
+    return f"cannot publish {p.task} {p.id}: {type(exc).__name__}: {exc}"
 
 
 def _release(conn: Connection) -> None:
