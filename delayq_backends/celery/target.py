@@ -149,10 +149,10 @@ class CeleryTarget:
             for p in ready:  # routed by kombu, written by nobody yet
                 try:
                     messages[p.id] = handoff.commands(p.kwargs)
-                except self._channel_errors() as exc:
-                    if gives_back(exc):
+                except Exception as exc:  # refused or cannot be encoded: this message alone
+                    if self._is_outage(exc):
                         raise
-                    report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
+                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
             if messages:
                 handoff.send(messages, lease, report)
         except Exception as exc:  # nothing was published or acked: release
