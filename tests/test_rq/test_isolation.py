@@ -8,10 +8,12 @@ from datetime import datetime, timedelta
 import pytest
 import redis
 
-from delayq_backends import DelayStore
+from delayq_backends import Config, DelayStore
+from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import InvalidScheduleError, Queue, RQTarget, Scheduler
+from tests.helpers import wait_for
 
 RECORD = "tests.test_rq.jobs.record"
 
@@ -66,3 +68,29 @@ def test_cron_with_no_run_ahead_is_refused_naming_the_string(scheduler: Schedule
 @pytest.fixture
 def scheduler(conn: redis.Redis, rq_store: DelayStore, prefix: str) -> Scheduler:
     return Scheduler(f"{prefix}-s", connection=conn, delay_store=rq_store)
+
+
+def test_a_password_changed_under_the_rq_target_pauses_it_and_burns_no_attempt(
+    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RQ's Redis with an ACL user whose password changes while jobs fall due: they wait in the
+    store with no attempt counted and move once the password is right again."""
+    with EmbeddedServer() as server:
+        admin = redis.Redis(port=server.port)
+        admin.acl_setuser("rq", enabled=True, passwords=["+right"], keys=["*"], channels=["*"], commands=["+@all"])
+        rq_conn = redis.Redis(port=server.port, username="rq", password="right")
+        store = DelayStore(redis.Redis.from_url(valkey_url), Config(prefix=prefix, shards=2))
+        queue = Queue(f"{prefix}-q", connection=rq_conn, delay_store=store)
+        jobs = [queue.enqueue_in(timedelta(0), RECORD, "late", i) for i in range(10)]
+        forwarder = Forwarder(store, [RQTarget(rq_conn)], max_outage_backoff=0.5)
+
+        admin.acl_setuser("rq", enabled=True, reset_passwords=True, passwords=["+changed"])
+        admin.client_kill_filter(user="rq")
+        assert forwarder.run_once() == 10
+        assert forwarder.stats.deferred == 10 and forwarder.stats.retried == forwarder.stats.dead == 0
+        assert [store.get(j.id).attempts for j in jobs] == [0] * 10  # type: ignore[union-attr]
+        assert caplog.text.count("paused by a configuration error") == 1
+
+        admin.acl_setuser("rq", enabled=True, reset_passwords=True, passwords=["+right"])
+        wait_for(lambda: forwarder.run_once() >= 0 and admin.llen(f"rq:queue:{queue.name}") == 10, 15, "the jobs")
+        assert store.dead_letters() == [] and "works again" in caplog.text
