@@ -32,10 +32,11 @@ from .envelope import Envelope
 from .errors import ConfigError, EnvelopeError, NewerFormatError
 from .flow import FlowControl, FlowGate
 from .models import Claim, DeliveryFailure, FailedDelivery, RunRef
-from .outages import CONNECTION_ERRORS
+from .outages import CONNECTION_ERRORS, config_error, config_fix, gives_back
+from .pauses import TargetPauses
 from .percentile import percentile
 from .store import DelayStore, Lease
-from .targets import Buried, BuryTarget, ClaimTarget, Delivery, PublishReport, RunTarget, Target
+from .targets import Buried, BuryTarget, CheckedTarget, ClaimTarget, Delivery, PublishReport, RunTarget, Target
 
 if TYPE_CHECKING:
     from .metrics import ForwarderMetrics, Labels
@@ -217,6 +218,8 @@ class Forwarder:
         self.metrics = metrics
         self.stats = ForwarderStats()
         self.flow = FlowGate(flow or FlowControl(), store, self.targets)
+        #: targets paused by a configuration error (a refused login, a missing module)
+        self.pauses = TargetPauses(int(max_outage_backoff * 1000), None if metrics is None else metrics.observe_pause)
         #: the targets that take the batch's lease (ClaimTarget), found once: an isinstance of a
         #: runtime-checkable protocol inspects every member of it
         self._lease_takers = {kind for kind, target in self.targets.items() if isinstance(target, ClaimTarget)}
@@ -461,8 +464,26 @@ class Forwarder:
                 p.failures += [
                     FailedDelivery(f.id, None if f.permanent else self._retry_at(attempts[f.id]), f.error)
                     for f in p.report.failed
+                    if not f.waits
                 ]
+                p.later += self._waiting(p, [f for f in p.report.failed if f.waits])
         return errors
+
+    def _waiting(self, p: _Published, failures: list[DeliveryFailure]) -> list[tuple[str, int]]:
+        """Failures that wait (a periodic entry whose run was refused), as (id, not-before ms):
+        given back with no attempt counted, to be tried again after as long as the item has
+        waited so far (between the retry delay and its cap: a back-off that doubles with no
+        count kept), each logged."""
+        if not failures:
+            return []
+        now, ready = self.server_now_ms(), {item.id: item.ready_ms for item in p.lease.items}
+        later = []
+        for f in failures:
+            delay = min(self.max_retry_delay_ms, max(self.retry_delay_ms, now - ready[f.id]))
+            log.error("periodic item %r could not be fired (%s); it waits %.0f s, no attempt counted", f.id, f.error,
+                      delay / 1000)  # fmt: skip
+            later.append((f.id, now + delay))
+        return later
 
     def _window_ms(self, attempts: int) -> int:
         """Lossless mode's window for an item published on its ``attempts``-th claim: the window,
@@ -558,7 +579,13 @@ class Forwarder:
     def _publish_call(self, kind: str, claims: list[_Published]) -> None:
         """One publish call to target ``kind`` for ``claims``, each one's deliveries admitted
         (flow control) and checked still ours just before it: items taken over after our lease
-        ran out are not published again."""
+        ran out are not published again. While ``kind`` is paused (a configuration error), its
+        items wait in the store until the pause ends, no attempt counted."""
+        until = self.pauses.until(kind, self.server_now_ms())
+        if until is not None:
+            for p in claims:
+                p.later += [(d.id, until) for d in p.groups[kind]]
+            return
         call = [
             (p, go)
             for p in claims
@@ -572,16 +599,17 @@ class Forwarder:
         :class:`ClaimTarget`), its report split back to the claims."""
         target = self.targets[kind]
         deliveries = [d for _, ds in call for d in ds]
-        try:
-            if kind in self._lease_takers:  # it may ack inside its own transaction
-                part = cast(ClaimTarget, target).publish_claimed(deliveries, call[0][0].lease)
-            else:
-                part = target.publish_many(deliveries)
-        except Exception as exc:  # a target bug must not kill the forwarder; attempts bound it
-            log.exception("target %r raised; %d items will be retried", target.kind, len(deliveries))
-            part = PublishReport(failed=[DeliveryFailure(d.id, f"{type(exc).__name__}: {exc}") for d in deliveries])
+        part = self._isolated(kind, deliveries, call[0][0].lease)
         self.flow.sent(target.kind, deliveries, part.published)
         now = self.server_now_ms()
+        cause = None if part.broker_error is None else config_error(part.broker_error)
+        if cause is not None:  # not an outage: pause the target, its items wait in the store
+            until, unsent = self.pauses.pause(kind, cause, now), set(part.unsent)
+            for p, ds in call:
+                p.later += [(d.id, until) for d in ds if d.id in unsent]
+            part = replace(part, unsent=[], broker_error=None)
+        elif part.broker_error is None and (part.published or part.failed):
+            self.pauses.worked(kind)
         if len(part.published) == len(deliveries):  # all of them (almost always): no lookup per item
             self.stats.lateness_ms.extend(now - d.ready_ms for d in deliveries)
         else:
@@ -592,6 +620,44 @@ class Forwarder:
         if self.audit is not None and part.published:
             self._audit(self.audit, deliveries, part.published, now)
         _split(part, call)
+
+    def _isolated(self, kind: str, deliveries: list[Delivery], lease: Lease) -> PublishReport:
+        """One call to target ``kind``; if it raises, each half again, down to single items, so
+        an item whose handling raises (a target's bug, a value it did not foresee) fails alone
+        with the error as its reason and the rest of the call is published. An outage or a
+        configuration error raised is reported as such (``unsent``), not split.
+
+        Items a target published before raising may be published again (at-least-once, same id)."""
+        target = self.targets[kind]
+        try:
+            if kind in self._lease_takers:  # it may ack inside its own transaction
+                return cast(ClaimTarget, target).publish_claimed(deliveries, lease)
+            return target.publish_many(deliveries)
+        except Exception as exc:
+            if gives_back(exc):
+                return PublishReport(unsent=[d.id for d in deliveries], broker_error=exc)
+            if len(deliveries) == 1:
+                log.error("target %r raised on item %r: %s: %s", kind, deliveries[0].id, type(exc).__name__, exc)
+                why = f"target {kind!r} raised {type(exc).__name__}: {exc}"
+                return PublishReport(failed=[DeliveryFailure(deliveries[0].id, why)])
+            log.warning(
+                "target %r raised on a call of %d items (%s: %s); calling again in halves to fail only the items "
+                "that raise",
+                kind,
+                len(deliveries),
+                type(exc).__name__,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+        half = len(deliveries) // 2
+        first, second = (self._isolated(kind, part, lease) for part in (deliveries[:half], deliveries[half:]))
+        return PublishReport(
+            published=first.published + second.published,
+            failed=first.failed + second.failed,
+            unsent=first.unsent + second.unsent,
+            broker_error=first.broker_error or second.broker_error,
+            acked=first.acked + second.acked,
+        )
 
     def _audit(self, audit: AuditSink, deliveries: list[Delivery], published: list[str], now: int) -> None:
         sent, by = set(published), self.name
@@ -761,6 +827,7 @@ class Forwarder:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
         self.store.check_meta()  # a forwarder with the wrong shard count refuses to start
+        self.check_targets()
         pubsub = self._subscribe()
         last_log = time.monotonic()
         log.info(
@@ -793,6 +860,27 @@ class Forwarder:
             if pubsub is not None:
                 pubsub.close()
         return self.stats
+
+    def check_targets(self) -> None:
+        """Connect and authenticate to every target that can (:class:`CheckedTarget`) before
+        claiming anything.
+
+        Raises:
+            ConfigError: a target's configuration is wrong (a refused login or permission, an
+                unknown vhost, a missing module): one line saying what to fix. A broker that is
+                only unreachable is logged; its items wait in the store until it answers.
+        """
+        for kind, target in self.targets.items():
+            if not isinstance(target, CheckedTarget):
+                continue
+            try:
+                target.check()
+            except Exception as exc:
+                cause = config_error(exc)
+                if cause is not None:
+                    raise ConfigError(f"cannot forward to target {kind!r}: {config_fix(cause)}") from exc
+                log.warning("target %r cannot be reached yet (%s: %s); forwarding starts", kind, type(exc).__name__,
+                            exc)  # fmt: skip
 
     def _subscribe(self, old: Any = None) -> Any:
         if old is not None:
@@ -864,6 +952,8 @@ class Forwarder:
             s.percentile(0.5),
             s.percentile(0.99),
         )
+        if paused := self.pauses.describe():  # a pause is logged once; this says it still holds
+            log.warning("%s", paused)
 
 
 def _split(part: PublishReport, call: list[tuple[_Published, list[Delivery]]]) -> None:

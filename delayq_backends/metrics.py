@@ -217,8 +217,28 @@ class ForwarderMetrics:
             labels,
             registry=self.registry,
         )
+        self.config_errors = Counter(
+            "delayq_config_errors",
+            "Calls to a target that met a configuration error (a refused login or permission, a missing "
+            "module): the target is paused, its items wait in the store, no attempt counted.",
+            ("target",),
+            registry=self.registry,
+        )
+        self.target_paused = Gauge(
+            "delayq_target_paused",
+            "1 while this target is paused by a configuration error, else 0.",
+            ("target",),
+            registry=self.registry,
+        )
         if store is not None:
             self.registry.register(StoreCollector(store))
+
+    def observe_pause(self, target: str, paused: bool) -> None:
+        """A target paused by a configuration error (counted), or working again."""
+        label = self.bounds.target(target)
+        if paused:
+            self.config_errors.labels(label).inc()
+        self.target_paused.labels(label).set(1 if paused else 0)
 
     def set_backpressure(self, target: str, queue: str, paused: bool) -> None:
         """Show whether back-pressure holds deliveries to ``target``/``queue`` back.

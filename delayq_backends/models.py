@@ -236,11 +236,14 @@ class LeaseExtension:
 @dataclass(frozen=True)
 class DeliveryFailure:
     """An item a target could not deliver, and why. A permanent failure goes to the dead letters
-    at once; others are retried with back-off."""
+    at once; others are retried with back-off. One that ``waits`` (a periodic entry whose run
+    the broker refused) is retried with back-off and no attempt counted: a schedule must not
+    end in the dead letters because its broker or its configuration failed for a while."""
 
     id: str
     error: str
     permanent: bool = False
+    waits: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import redis
 
 from .envelope import Envelope
 from .models import DeliveryFailure, RunRef
-from .outages import is_transient
+from .outages import gives_back
 
 if TYPE_CHECKING:
     from .store.lease import Lease
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BuryTarget",
     "Buried",
+    "CheckedTarget",
     "ClaimTarget",
     "Delivery",
     "DepthTarget",
@@ -131,6 +132,16 @@ class DepthTarget(Target, Protocol):
     def queue_depth(self, queue: str) -> int: ...
 
 
+@runtime_checkable
+class CheckedTarget(Target, Protocol):
+    """A target that can connect and authenticate to its broker before the forwarder claims
+    anything: :meth:`check` raises what connecting raised. A forwarder refuses to start on a
+    configuration error (:func:`~delayq_backends.outages.config_error`), and starts anyway when
+    the broker is only unreachable (its items wait in the store until it answers)."""
+
+    def check(self) -> None: ...
+
+
 class RedisListTarget:
     """RPUSH each item's body onto the Redis list named by its envelope's destination.
 
@@ -158,14 +169,14 @@ class RedisListTarget:
                     pipe.rpush(key, *(d.envelope.body for d in group))
                 results = pipe.execute(raise_on_error=False)
         except Exception as exc:
-            if not is_transient(exc):
+            if not gives_back(exc):
                 raise
             report.unsent = [d.id for d in deliveries]
             report.broker_error = exc
             return report
         for (key, group), result in zip(by_list.items(), results):
             ids = [d.id for d in group]
-            if isinstance(result, Exception) and is_transient(result):  # OOM, READONLY, ...: later
+            if isinstance(result, Exception) and gives_back(result):  # OOM, READONLY, NOPERM...: later
                 report.unsent += ids
                 report.broker_error = result
             elif isinstance(result, Exception):
@@ -174,6 +185,10 @@ class RedisListTarget:
             else:
                 report.published += ids
         return report
+
+    def check(self) -> None:
+        """PING: connects and authenticates."""
+        self.client.ping()
 
     def queue_depth(self, queue: str) -> int:
         """LLEN of the list ``queue``."""

@@ -173,6 +173,13 @@ def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
     return message, state
 
 
+def _run_delivery(d: Delivery, message: StoredMessage, state: PeriodicState, slot: Slot, now: int) -> Delivery:
+    """The delivery of one period's run of entry item ``d``: id ``<item>#<task id>``."""
+    task_id = run_task_id(state.name, slot)
+    run = _run_message(message, task_id, state.expires, now)
+    return Delivery(f"{d.id}#{task_id}", run.to_envelope(), d.attempts, slot.at_ms)
+
+
 def _run_message(message: StoredMessage, task_id: str, expires: float | None, now_ms: int) -> StoredMessage:
     """The message of one run: its own task id, and ``expires`` counted from this send."""
     headers = {**message.headers, "id": task_id}
@@ -524,19 +531,16 @@ class PeriodicTarget:
         fired: list[tuple[Delivery, StoredMessage, PeriodicState, Plan, list[str]]] = []
         runs: list[Delivery] = []
         for d in deliveries:
-            try:
+            try:  # one entry that cannot be decoded, planned or encoded fails alone
                 message, state = _decode(d.envelope)
                 plan = state.misfire.plan(state.schedule, state.slot, now)
-            except (EnvelopeError, ValueError, TypeError, KeyError, OverflowError) as exc:
-                report.failed.append(DeliveryFailure(d.id, f"cannot fire this periodic entry: {exc}", permanent=True))
+                mine = [_run_delivery(d, message, state, slot, now) for slot in plan.runs]
+            except Exception as exc:
+                why = f"cannot fire this periodic entry: {type(exc).__name__}: {exc}"
+                report.failed.append(DeliveryFailure(d.id, why, permanent=True))
                 continue
-            ids = []
-            for slot in plan.runs:
-                task_id = run_task_id(state.name, slot)
-                run = _run_message(message, task_id, state.expires, now)
-                ids.append(f"{d.id}#{task_id}")
-                runs.append(Delivery(ids[-1], run.to_envelope(), d.attempts, slot.at_ms))
-            fired.append((d, message, state, plan, ids))
+            runs += mine
+            fired.append((d, message, state, plan, [run.id for run in mine]))
         sent = self.inner.publish_many(runs) if runs else PublishReport()
         report.broker_error = sent.broker_error
         published, unsent = set(sent.published), set(sent.unsent)
@@ -549,9 +553,10 @@ class PeriodicTarget:
             elif any(i in unsent for i in ids):  # given back: its runs go again, all of them
                 report.unsent.append(d.id)
             else:
+                # the broker refused a run: the entry waits (no attempt counted), never a dead letter
                 errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(d.id, "not published")]
                 error, permanent = "; ".join(e.error for e in errors), all(e.permanent for e in errors)
-                report.failed.append(DeliveryFailure(d.id, error, permanent=permanent))
+                report.failed.append(DeliveryFailure(d.id, error, permanent=permanent, waits=not permanent))
         return report
 
     @staticmethod

@@ -30,7 +30,7 @@ from kombu.messaging import Producer
 from ..connection import redact_url
 from ..errors import EnvelopeError
 from ..models import DeliveryFailure, RunRef
-from ..outages import is_transient
+from ..outages import gives_back
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport
 from .message import KIND, StoredMessage
@@ -104,8 +104,16 @@ class CeleryTarget:
         return cls(connect, **kwargs)
 
     def describe(self) -> str:
-        """The broker URL, password hidden, for logs and banners."""
-        return redact_url(self._connection_or_new().as_uri())
+        """The broker URL, password hidden, for logs and banners; the error when no connection
+        can be made (a missing transport module: the start check says what to do)."""
+        try:
+            return redact_url(self._connection_or_new().as_uri())
+        except Exception as exc:
+            return f"a broker this forwarder cannot use ({type(exc).__name__}: {exc})"
+
+    def check(self) -> None:
+        """Connect and authenticate to the broker (a channel opened), as before a publish."""
+        self._producer_or_new()
 
     # -- publishing -------------------------------------------------------------------------
 
@@ -141,10 +149,10 @@ class CeleryTarget:
             for p in ready:  # routed by kombu, written by nobody yet
                 try:
                     messages[p.id] = handoff.commands(p.kwargs)
-                except self._channel_errors() as exc:
-                    if is_transient(exc):
+                except Exception as exc:  # refused or cannot be encoded: this message alone
+                    if self._is_outage(exc):
                         raise
-                    report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
+                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
             if messages:
                 handoff.send(messages, lease, report)
         except Exception as exc:  # nothing was published or acked: release
@@ -161,6 +169,9 @@ class CeleryTarget:
                 ready.append(_Prepared(d.id, message.task, message.publish_kwargs(ready_ms=d.ready_ms, now=now)))
             except (EnvelopeError, ValueError, TypeError, OverflowError) as exc:
                 report.failed.append(DeliveryFailure(d.id, f"cannot replay this Celery message: {exc}", permanent=True))
+            except Exception as exc:  # whatever else one message raises, it fails alone
+                why = f"cannot replay this Celery message: {type(exc).__name__}: {exc}"
+                report.failed.append(DeliveryFailure(d.id, why, permanent=True))
         return ready
 
     def _released(self, exc: Exception, ready: list[_Prepared], report: PublishReport) -> None:
@@ -192,11 +203,11 @@ class CeleryTarget:
             for p in ready:
                 try:
                     producer.publish(**self._confirm, **p.kwargs)
-                except self._channel_errors() as exc:  # the broker refused this one message
-                    if is_transient(exc):  # ... for now (resource locked, a resource alarm): an outage
+                except Exception as exc:  # the broker refused this one message, or it cannot be encoded
+                    if self._is_outage(exc):  # for now (a resource alarm), or refused us (no write access)
                         raise
-                    report.failed.append(DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: {exc}"))
-                    if not batched:
+                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
+                    if not batched and isinstance(exc, self._channel_errors()):
                         self._producer = None  # the channel is closed after a channel error
                         producer = self._producer_or_new()
                     continue
@@ -261,8 +272,10 @@ class CeleryTarget:
         return self._handoff
 
     def _is_outage(self, exc: BaseException) -> bool:
-        """A broker out of reach or refusing for now (overload, a memory alarm): release, not fail."""
-        return isinstance(exc, self._connection_errors()) or is_transient(exc)
+        """A broker out of reach or refusing for now (overload, a memory alarm), or a configuration
+        error (a refused login, a missing transport module): release, not fail. Asked before the
+        connection's own error classes, which a missing transport module cannot give."""
+        return gives_back(exc) or isinstance(exc, self._connection_errors())
 
     def _connection_errors(self) -> tuple[type[BaseException], ...]:
         conn = self._connection_or_new()
@@ -284,6 +297,14 @@ class CeleryTarget:
         probe, self._probe = self._probe, None
         if probe is not None:
             _release(probe)
+
+
+def _refusal(p: _Prepared, exc: BaseException, channel_errors: tuple[type[BaseException], ...]) -> str:
+    """Why one message was not published: the broker's words, or what raised while encoding it
+    (an AMQP header past 64 bits raises ``struct.error``)."""
+    if isinstance(exc, channel_errors):
+        return f"broker refused {p.task} {p.id}: {exc}"
+    return f"cannot publish {p.task} {p.id}: {type(exc).__name__}: {exc}"
 
 
 def _release(conn: Connection) -> None:

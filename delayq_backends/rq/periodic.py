@@ -108,8 +108,9 @@ def check_interval(interval: Any) -> None:
 
 def next_cron_time(
     cron_string: str, after: float, *, use_local_timezone: bool = False, syntax: str = STANDARD_CRON
-) -> float:
-    """The first time strictly after ``after`` (epoch seconds) that ``cron_string`` matches.
+) -> float | None:
+    """The first time strictly after ``after`` (epoch seconds) that ``cron_string`` matches;
+    None when there is none (rq-scheduler's year field, all of whose years have passed).
 
     In the rq-scheduler syntax, as rq-scheduler 0.14 computes it: the wall clock of this host
     (whatever ``use_local_timezone`` says), the naive result read back as local time.
@@ -132,7 +133,7 @@ def next_cron_time(
             return following
 
 
-def _rq_scheduler_next(cron: crontab.CronTab, after: float) -> float:
+def _rq_scheduler_next(cron: crontab.CronTab, after: float) -> float | None:
     """rq-scheduler's next run: the next matching wall time of this host after ``after``, read
     back as local time, with two fixes for the wall times DST makes odd, where rq-scheduler
     computes a time already past and so re-enqueues the job on every poll:
@@ -145,6 +146,8 @@ def _rq_scheduler_next(cron: crontab.CronTab, after: float) -> float:
     wall = datetime.fromtimestamp(after)  # naive host-local, as rq-scheduler's datetime.now()
     while True:
         following_wall = cron.next(now=wall, default_utc=False, return_datetime=True)
+        if following_wall is None:  # no later match (a year field in the past)
+            return None
         following = float(following_wall.astimezone().timestamp())
         if following > after:
             return following
@@ -154,7 +157,8 @@ def _rq_scheduler_next(cron: crontab.CronTab, after: float) -> float:
 
 
 def advance(meta: MutableMapping[str, Any], *, now: float) -> float | None:
-    """Count one run down and return when the next is due (epoch seconds), or None if none is.
+    """Count one run down and return when the next is due (epoch seconds), or None if none is
+    (``repeat`` used up, or a cron string with no later match).
 
     rq-scheduler's rules: ``repeat`` counts the runs left, this one included (``repeat=3``
     runs three times; ``None`` forever), and an ``interval`` runs again ``interval`` seconds

@@ -260,9 +260,13 @@ class Scheduler(UsesDelayStore):
         """
         syntax = check_syntax(cron_syntax or self.cron_syntax)
         check_cron(cron_string, syntax)
-        ready = int(
-            next_cron_time(cron_string, self.clock(), use_local_timezone=use_local_timezone, syntax=syntax) * 1000
-        )
+        first = next_cron_time(cron_string, self.clock(), use_local_timezone=use_local_timezone, syntax=syntax)
+        if first is None:
+            raise InvalidScheduleError(
+                f"cron string {cron_string!r} never matches again (its year field lies in the past): "
+                "fix the year, or drop the sixth field to repeat every year"
+            )
+        ready = int(first * 1000)
         job = self._create_job(
             func, args=args, kwargs=kwargs, result_ttl=result_ttl, ttl=ttl, id=id, queue_name=queue_name,
             description=description, timeout=timeout, meta=meta, depends_on=depends_on,

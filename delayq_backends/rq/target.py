@@ -44,7 +44,7 @@ from rq.utils import import_attribute, utcformat
 from ..envelope import Envelope
 from ..errors import DelayqError
 from ..models import DeliveryFailure
-from ..outages import is_transient
+from ..outages import gives_back
 from ..scripts import RqEnqueue, RqFields, ScriptRunner
 from ..store.lease import Lease
 from ..targets import Buried, Delivery, PublishReport
@@ -480,6 +480,10 @@ class RQTarget:
             moved = record_failed(self.scripts, queue_name, job_class.key_for, jobs)
             log.info("%d of %d dead-lettered jobs of %r put in RQ's FailedJobRegistry", moved, len(jobs), queue_name)
 
+    def check(self) -> None:
+        """PING RQ's Redis: connects and authenticates."""
+        self.connection.ping()
+
     def queue_depth(self, queue: str) -> int:
         """Jobs waiting in RQ queue ``queue``: LLEN of its list (what ``Queue.count`` reads)."""
         return int(self.connection.llen(RQQueue.redis_queue_namespace_prefix + queue))
@@ -514,7 +518,7 @@ class RQTarget:
             try:
                 self._move(_Batch(keys, {job_id_of(d): d for d in group}), lease, report)
             except Exception as exc:
-                if not is_transient(exc):
+                if not gives_back(exc):
                     raise
                 done = set(report.published) | {f.id for f in report.failed}
                 report.unsent += [d.id for d in group if d.id not in done]
@@ -554,6 +558,7 @@ class RQTarget:
                     DeliveryFailure(
                         batch.deliveries[i].id,
                         f"job keys or lease changed {self.max_watch_retries} times while being enqueued",
+                        waits=_periodic(batch.deliveries[i]),
                     )
                     for i in batch.ids
                 ]
@@ -588,28 +593,42 @@ class RQTarget:
         results = self.scripts.run(RqFields.call(job_keys, _FIELDS)) if batch.held else []
         waiting: dict[str, tuple[str, ...]] = {}
         for job_id, values in zip(batch.held, results):
-            try:
-                if not isinstance(values, list):
-                    raise ValueError(f"its key holds a {_text(values)}, not a hash (written by another tool)")
-                job = JobFields.parse(values)
-                schedule = self._schedule(batch, job_id, old_meta) if job is not None else None
-            except ValueError as exc:
-                batch.broken.append((job_id, f"RQ job hash {job_id!r} cannot be moved: {exc}"))
-                continue
-            scheduler = batch.from_scheduler(job_id)
-            if job is None:
-                log.info("job %s was deleted while scheduled: skipped", job_id)
-                batch.skipped.append(job_id)
-            elif not self._due(job_id, job, scheduler):
-                batch.skipped.append(job_id)
-            else:
-                batch.jobs[job_id] = job
-                if scheduler and job.dependency_ids:
-                    waiting[job_id] = job.dependency_ids
-                if schedule is not None:
-                    self._plan_next(batch, job_id, schedule)
+            try:  # whatever one job's fields or schedule raise, it fails alone
+                self._sort(batch, job_id, values, old_meta, waiting)
+            except Exception as exc:
+                batch.jobs.pop(job_id, None)
+                waiting.pop(job_id, None)
+                why = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+                batch.broken.append((job_id, f"RQ job hash {job_id!r} cannot be moved: {why}"))
         if waiting:
             batch.deferred = self._unmet(batch, pipe, waiting)
+
+    def _sort(
+        self,
+        batch: _Batch,
+        job_id: str,
+        values: Any,
+        old_meta: Mapping[str, bytes | None],
+        waiting: dict[str, tuple[str, ...]],
+    ) -> None:
+        """Sort one job into the batch: skipped, to move (its dependencies into ``waiting``), and
+        its next run planned. Raises ValueError naming what cannot be read."""
+        if not isinstance(values, list):
+            raise ValueError(f"its key holds a {_text(values)}, not a hash (written by another tool)")
+        job = JobFields.parse(values)
+        schedule = self._schedule(batch, job_id, old_meta) if job is not None else None
+        scheduler = batch.from_scheduler(job_id)
+        if job is None:
+            log.info("job %s was deleted while scheduled: skipped", job_id)
+            batch.skipped.append(job_id)
+        elif not self._due(job_id, job, scheduler):
+            batch.skipped.append(job_id)
+        else:
+            if schedule is not None:
+                self._plan_next(batch, job_id, schedule)
+            batch.jobs[job_id] = job
+            if scheduler and job.dependency_ids:
+                waiting[job_id] = job.dependency_ids
 
     @staticmethod
     def _meta(batch: _Batch, job_id: str) -> Mapping[str, Any]:
@@ -651,6 +670,12 @@ class RQTarget:
         if following is not None:
             meta = {**delivery.envelope.meta, SCHEDULE_KEY: schedule}
             batch.following[job_id] = (following, Envelope(KIND, delivery.envelope.destination, meta=meta))
+        elif schedule.get("cron_string") and schedule.get("repeat") != 0:
+            log.warning(
+                "cron job %s: %r has no later match; this is its last run and its schedule ends",
+                job_id,
+                schedule["cron_string"],
+            )
 
     def _unmet(self, batch: _Batch, pipe: Any, waiting: Mapping[str, tuple[str, ...]]) -> set[str]:
         """Jobs whose dependencies are not all finished (or failed, when allowed), as RQ's
@@ -797,6 +822,12 @@ class RQTarget:
                 log.warning("periodic job %s moved without a lease: its next run is not scheduled", job_id)
             else:
                 lease.schedule(job_id, following, envelope, rank=rank, pipeline=pipe)
+
+
+def _periodic(delivery: Delivery) -> bool:
+    """Whether ``delivery`` is a Scheduler job with a next run (an interval or a cron string)."""
+    schedule = delivery.envelope.meta.get(SCHEDULE_KEY)
+    return isinstance(schedule, dict) and bool(schedule.get("interval") or schedule.get("cron_string"))
 
 
 def _module_of(path: Any) -> str:
