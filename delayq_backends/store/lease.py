@@ -93,6 +93,7 @@ class Forwarding(StoreCore):
             max_attempts=self.config.max_attempts,
             now=self.script_now(now),
             dead=self._dead_limits,
+            max_payload_bytes=self.config.max_payload_bytes,
         )
 
     def lease(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Lease:
