@@ -27,7 +27,7 @@ Needs the ``testing`` extra: ``pip install "delayq_backends[testing]"``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -38,7 +38,7 @@ from .config import Config
 from .envelope import Envelope
 from .errors import EnvelopeError
 from .forwarder import Forwarder
-from .models import Claim, DeliveryFailure, FailCounts, FailedDelivery, TokenGrant
+from .models import DeliveryFailure
 from .store import DelayStore, Lease
 from .targets import ClaimTarget, Delivery, PublishReport, Target
 from .timeutil import Clock, from_ms, now_ms, to_ms
@@ -139,8 +139,9 @@ class TestingStore(DelayStore):
     """A :class:`DelayStore` on an in-process fakeredis server, on a :class:`FakeClock`.
 
     The behaviour is the production store's (same class, same scripts); only "now" differs:
-    claims and failures use the fake clock unless given ``now=``, and ``server_time_ms`` (hence
-    ``stats()``) reads it too.
+    every call that reads the time (claims, keeps, failures, lease extensions, re-arms, rate
+    tokens) uses the fake clock unless given ``now=``, and ``server_time_ms`` (hence ``stats()``)
+    reads it too.
 
     Args:
         config: prefix, shards, limits; ``config.url`` is ignored.
@@ -167,32 +168,10 @@ class TestingStore(DelayStore):
         self.server = server
         super().__init__(client_class(server=server), config, clock=clock if clock is not None else FakeClock())
 
-    def claim(
-        self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
-    ) -> Claim:
-        """:meth:`DelayStore.claim` at the fake clock's now unless ``now`` is given."""
-        return super().claim(shard, limit=limit, lease_ms=lease_ms, now=self.clock() if now is None else now)
-
-    def claim_many(
-        self, shards: Sequence[int], *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
-    ) -> list[Claim | Exception]:
-        """:meth:`DelayStore.claim_many` at the fake clock's now unless ``now`` is given."""
-        return super().claim_many(shards, limit=limit, lease_ms=lease_ms, now=self.clock() if now is None else now)
-
-    def fail(self, claim: Claim, failures: Iterable[FailedDelivery], *, now: int | None = None) -> FailCounts:
-        """:meth:`DelayStore.fail`, dating dead letters by the fake clock unless ``now`` is given."""
-        return super().fail(claim, failures, now=self.clock() if now is None else now)
-
-    def take_tokens(self, queue: str, wanted: int, *, rate: float, burst: int, now: int | None = None) -> TokenGrant:
-        """:meth:`DelayStore.take_tokens` (rate caps) on the fake clock unless ``now`` is given."""
-        return super().take_tokens(queue, wanted, rate=rate, burst=burst, now=self.clock() if now is None else now)
-
-    def take_key_tokens(
-        self, queue: str, wanted: Mapping[str, int], *, rate: float, burst: int, now: int | None = None
-    ) -> dict[str, TokenGrant | Exception]:
-        """:meth:`DelayStore.take_key_tokens` (per-key caps) on the fake clock unless ``now`` is given."""
-        now = self.clock() if now is None else now
-        return super().take_key_tokens(queue, wanted, rate=rate, burst=burst, now=now)
+    def script_now(self, now: int | None) -> int:
+        """The fake clock unless ``now`` is given: every role's script that reads the time (claim,
+        keep, fail, extend, rearm, rate tokens) asks here, so none of them falls back to the server's."""
+        return self.clock() if now is None else now
 
     def server_time_ms(self) -> int:
         """The fake clock: a forwarder or ``stats()`` must see the same "now" as the claims."""

@@ -7,6 +7,7 @@ import os
 import random
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import redis
@@ -107,3 +108,30 @@ def test_sigterm_finishes_the_batch_and_exits_0(valkey_url: str, prefix: str, pr
     assert sum(s.leased for s in store.stats()) == 0, "a lease was left behind"
     assert len(counts) + remaining(store) == len(ids), "an item was lost"
     assert remaining(store) > 0, "SIGTERM came too late to test draining"
+
+
+def test_oversized_envelopes_are_dead_lettered_at_claim_unread(
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path
+) -> None:
+    """5 envelopes of 30 MB written past the producer's check: a real forwarder buries each with
+    its size (the claim never returns them, so its RSS stays bounded) and the good items flow."""
+    store = make_store(valkey_url, prefix, shards=4)
+    key = f"{{{prefix}}}:out"
+    ids = schedule_spread(store, key, 200, start_s=0.5, spread_s=1.0)
+    past = store.server_time_ms() - 1000
+    for n in range(5):
+        big = f"big-{n}"
+        keys = store._keys[store.shard_of(big)]
+        store.client.hset(keys.items, big, RedisListTarget.envelope(key, b"x" * 30 * 1024 * 1024).encode())
+        store.client.zadd(keys.due, {big: past})
+    fleet = Forwarders(procs, valkey_url, prefix, 4, "--batch", "200")
+    proc = fleet.start(log=tmp_path / "forwarder.log")
+    client = connect(valkey_url)
+    wait_for(lambda: client.llen(key) >= 200 and len(store.dead_letters()) == 5, 60, "200 delivered, 5 buried")
+    assert set(delivered(client, key)) == set(ids)
+    for dead in store.dead_letters():
+        assert dead.id.startswith("big-") and "over max_payload_bytes=1048576" in dead.error, dead.error
+    status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+    peak_kb = int(next(line for line in status if line.startswith("VmHWM")).split()[1])
+    assert peak_kb < 200 * 1024, f"the forwarder's peak RSS was {peak_kb // 1024} MiB"
+    print(f"forwarder peak RSS with 5 x 30 MB planted envelopes: {peak_kb // 1024} MiB")

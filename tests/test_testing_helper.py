@@ -9,11 +9,14 @@ import socket
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import delayq_backends.scripts
 from delayq_backends import Envelope, InvalidTimeError
+from delayq_backends.models import FailedDelivery, RearmOutcome
 from delayq_backends.targets import Delivery, PublishReport
 from delayq_backends.testing import (
     CollectingTarget,
@@ -309,3 +312,65 @@ def test_an_rq_periodic_job_gets_its_next_run_under_the_helper(store: TestingSto
     assert connection.llen("rq:queue:reports") == 1
     [entry] = scheduled(store, target="rq")
     assert (entry.id, entry.ready) == (job.id, clock.now() + timedelta(seconds=60))
+
+
+# -- every script that reads the time follows the fake clock ---------------------------------
+
+SCRIPTS_DIR = Path(delayq_backends.scripts.__file__).parent
+FAR = datetime(2031, 6, 1, tzinfo=timezone.utc)  # years from the real clock: the server's TIME is never near it
+
+
+def _claimed(store: TestingStore, clock: FakeClock) -> Any:
+    store.schedule("a", clock.now(), Envelope(target="mail", destination="q", body=b"x"))
+    lease = store.lease(store.shard_of("a"))
+    assert [i.id for i in lease.items] == ["a"]
+    return lease
+
+
+def _claim(store: TestingStore, clock: FakeClock) -> None:
+    _claimed(store, clock)  # due at the fake now, which the server's clock has not reached
+
+
+def _keep(store: TestingStore, clock: FakeClock) -> None:
+    _claimed(store, clock).keep({"a": 60_000})
+    assert store.get("a").leased_until_ms == clock.ms + 60_000  # due again a window after the fake now
+
+
+def _extend(store: TestingStore, clock: FakeClock) -> None:
+    assert _claimed(store, clock).extend(lease_ms=60_000).deadline_ms == clock.ms + 60_000
+
+
+def _fail(store: TestingStore, clock: FakeClock) -> None:
+    _claimed(store, clock).fail([FailedDelivery("a", None, "no such list")])
+    [dead] = store.dead_letters()
+    assert dead.died_ms == clock.ms
+
+
+def _rearm(store: TestingStore, clock: FakeClock) -> None:
+    lease = _claimed(store, clock)
+    clock.advance(timedelta(seconds=store.config.lease_seconds + 1))  # the lease ran out on the fake clock
+    envelope = Envelope(target="mail", destination="q", body=b"y")
+    outcome = store.replace_if("a", lease.items[0].envelope, clock.now(), envelope)
+    assert outcome is RearmOutcome.REPLACED
+
+
+def _take(store: TestingStore, clock: FakeClock) -> None:
+    assert store.take_tokens("q", 1, rate=10, burst=1).now_ms == clock.ms
+
+
+#: One check per script whose "now" a caller may choose (``now_ms(ARGV[..])``: the server's TIME
+#: when given 0). debounce.lua reads TIME only for its counter's expiry, a server-side TTL.
+TIME_READERS = {"claim": _claim, "keep": _keep, "extend": _extend, "fail": _fail, "rearm": _rearm, "take": _take}
+
+
+def test_every_script_that_reads_the_time_has_a_fake_clock_check() -> None:
+    """A new script reading TIME needs an entry above, so the testing store cannot silently run it
+    on the real clock (as ``keep`` and ``extend`` once did)."""
+    readers = {p.stem for p in SCRIPTS_DIR.glob("*.lua") if "'TIME'" in p.read_text() or "now_ms(ARGV" in p.read_text()}
+    assert readers == set(TIME_READERS)
+
+
+@pytest.mark.parametrize("name", sorted(TIME_READERS))
+def test_each_script_that_reads_the_time_follows_the_fake_clock(name: str) -> None:
+    clock = FakeClock(FAR)
+    TIME_READERS[name](testing_store(shards=2, clock=clock), clock)

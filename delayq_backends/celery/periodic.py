@@ -360,9 +360,9 @@ def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = N
     entries, errors = entries_of(app)
     report = SyncReport(errors=dict(errors))
     deadline = time.monotonic() + (store.config.lease_seconds + 1 if wait is None else wait)
-    registry = periodic_key(store.config.prefix)
+    key = periodic_key(store.config.prefix)
     for entry in entries:
-        store.client.hset(registry, entry.name, entry.item_id)  # first: a stored entry is always listed
+        store.client.hset(key, entry.name, entry.item_id)  # first: a stored entry is always listed
         try:
             outcome = _upsert(store, entry, deadline)
         except DelayqError as exc:
@@ -370,7 +370,9 @@ def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = N
             continue
         getattr(report, outcome).append(entry.name)
     keep = {e.name for e in entries} | set(errors)
-    report.removed = remove(store, [name for name in _registered(store) if name not in keep])
+    registry_now = _registry(store)
+    report.errors.update(registry_now.unreadable)
+    report.removed = remove(store, [name for name in registry_now.names if name not in keep])
     return report
 
 
@@ -409,10 +411,37 @@ def _upsert(store: DelayStore, entry: PeriodicEntry, deadline: float) -> str:
             time.sleep(0.05)
 
 
-def _registered(store: DelayStore) -> list[str]:
-    """Entry names in the registry."""
-    names = store.client.hscan_iter(periodic_key(store.config.prefix))
-    return sorted(n.decode() if isinstance(n, bytes) else str(n) for n, _ in names)
+@dataclass(frozen=True)
+class Registry:
+    """The registry's fields: entry names, and fields that are not UTF-8, hence no entry's name
+    (a hand write or a damaged key). Those are reported with the fix and skipped, so one cannot
+    stop the rest from listing or syncing (nor removed entries from being removed)."""
+
+    names: list[str]
+    unreadable: dict[str, str]  # the field as redis-cli takes it (hex escapes) -> what is wrong and the fix
+
+
+def _registry(store: DelayStore) -> Registry:
+    """The registry's fields, read names and unreadable ones apart."""
+    key = periodic_key(store.config.prefix)
+    names, unreadable = [], {}
+    for field_name, _ in store.client.hscan_iter(key):
+        raw = field_name if isinstance(field_name, bytes) else str(field_name).encode()
+        try:
+            names.append(raw.decode())
+        except UnicodeDecodeError:
+            shown = _redis_cli_quoted(raw)
+            unreadable[shown] = (
+                f"registry field {shown} of {key} is not UTF-8, so no entry's name; skipped: remove it with "
+                f"`redis-cli HDEL {key} {shown}`"
+            )
+    return Registry(sorted(names), unreadable)
+
+
+def _redis_cli_quoted(raw: bytes) -> str:
+    r"""``raw`` as a redis-cli double-quoted argument (non-printable bytes as ``\xHH``)."""
+    body = "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\x{b:02x}" for b in raw)
+    return f'"{body}"'
 
 
 def remove(store: DelayStore, names: Iterable[str]) -> list[str]:
@@ -452,8 +481,9 @@ class PeriodicStatus:
 
 def statuses(store: DelayStore) -> list[PeriodicStatus]:
     """Every registered entry, with its schedule, last run and next run."""
-    out = []
-    for name in _registered(store):
+    registry = _registry(store)
+    out = [PeriodicStatus(shown, "", f"unreadable: {fix}") for shown, fix in sorted(registry.unreadable.items())]
+    for name in registry.names:
         ident = item_id(name)
         item = store.get(ident)
         if item is None:

@@ -122,7 +122,7 @@ def _web() -> Any:
     type=click.IntRange(1),
     default=100,
     show_default=True,
-    help="Open connections plus running requests; more get 503.",
+    help="Connections waiting for a request head (a new one drops the oldest), and running requests (more get 503).",
 )
 @click.option(
     "--request-timeout",

@@ -48,12 +48,13 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         key_rate: dict[str, float],
         lossless: bool | None,
         lossless_window: float | None,
+        max_payload_bytes: int | None,
         **kwargs: Any,
     ) -> None:
         flow = FlowControl(max_queue_depth, rate, key_rate)
         run = ForwardOptions(
             batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
-            metrics_port, metrics_host, flow, metrics_queue, lossless, lossless_window,
+            metrics_port, metrics_host, flow, metrics_queue, lossless, lossless_window, max_payload_bytes,
         )  # fmt: skip
         command(*args, run=run, **kwargs)
 
@@ -79,6 +80,15 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             default=10,
             show_default=True,
             help="Claims of one item before it goes to the dead letters.",
+        ),
+        click.option(
+            "--max-payload-bytes",
+            type=click.IntRange(64, 512 * 1024 * 1024),
+            default=None,
+            envvar="DELAYQ_MAX_PAYLOAD_BYTES",
+            show_envvar=True,
+            help="Bigger envelopes are dead-lettered at claim, never read into the forwarder; set it as on "
+            "the producers [default: the app's delayq_max_payload_bytes, else 1048576].",
         ),
         click.option(
             "--poll",
@@ -237,6 +247,8 @@ class ForwardOptions:
     #: None: not given (the Celery command then takes the app's setting)
     lossless: bool | None = None
     lossless_window: float | None = None
+    #: None: not given (the store's, the Celery app's setting for its command)
+    max_payload_bytes: int | None = None
 
     def lossless_seconds(self, default: float | None = None) -> float | None:
         """Lossless mode's window in seconds, or None when off; ``default`` is the app's when
@@ -249,7 +261,10 @@ class ForwardOptions:
         """The :class:`ForwarderSettings` of these options for ``store``; ``overrides`` set the
         targets (and may replace any other field)."""
         settings = ForwarderSettings(
-            store=replace(store, lease_seconds=self.lease, max_attempts=self.max_attempts),
+            store=replace(
+                store, lease_seconds=self.lease, max_attempts=self.max_attempts,
+                max_payload_bytes=self.max_payload_bytes or store.max_payload_bytes,
+            ),
             batch=self.batch, poll=self.poll, log_every=self.log_every, flow=self.flow,
             audit_dir=self.audit_dir, audit_stream=self.audit_stream, metrics_port=self.metrics_port,
             metrics_host=self.metrics_host, metrics_queues=self.metrics_queues,

@@ -12,6 +12,8 @@ Input:
   ARGV[5] claim token, unique per claim: the lease is "<deadline>:<token>", so two claims
           that happen to share a deadline (different lease lengths) never share a lease
   ARGV[6] most dead letters kept per shard (0: no cap), ARGV[7] dead-letter expiry ms (0: none)
+  ARGV[8] max_payload_bytes: a bigger envelope (a producer that skipped the check, or a hand
+          write) is buried with its size instead of sent to the forwarder ("0" or absent: no cap)
 Output: {deadline, id, envelope, attempts, ready ms, id, envelope, ...}
 A leased item's score becomes its deadline: if it is not acked by then, it is due again.
 An item whose stored values are unusable (see defect() in includes/checks.lua) is buried with
@@ -47,6 +49,7 @@ local lease = deadline .. ':' .. ARGV[5]
 local held_by = lease .. ':'  -- a lease entry: held_by .. ready
 local max_attempts = tonumber(ARGV[3])
 local budget = math.min(tonumber(ARGV[1]) or 0, MAX_CLAIM)
+local max_bytes = tonumber(ARGV[8]) or 0
 local out = {deadline}
 
 -- Lease the due ids (or bury them), spending one unit of the budget each. scores holds each
@@ -66,6 +69,10 @@ local function take(ids, scores)
     local id, envelope, held, count = ids[i], envelopes[i], helds[i], tries[i]
     local ready = held and string.match(held, ':(%-?%d+)$') or scores[i]
     local wrong = defect(id, envelope, held, count, ready)
+    if not wrong and max_bytes > 0 and #envelope > max_bytes then  -- #: the length Lua keeps, O(1)
+      wrong = 'its envelope is ' .. #envelope .. ' bytes, over max_payload_bytes=' .. max_bytes ..
+        ': store large data elsewhere and schedule a reference to it'
+    end
     if wrong then
       bury(k, id, envelope, ready, whole(count) or 0, 'not delivered: ' .. wrong, now, ARGV[6], ARGV[7])
     else

@@ -146,6 +146,7 @@ class ClaimScript(ShardScript):
         max_attempts: int,
         now: int,
         dead: DeadLimits,
+        max_payload_bytes: int = 0,
     ) -> ScriptCall[Claim]:
         def parse(reply: Any) -> Claim:
             # one pass over the flat reply, positionally: this runs once per claimed item.
@@ -158,7 +159,7 @@ class ClaimScript(ShardScript):
             ]
             return Claim(shard=shard, deadline_ms=deadline, token=token, items=items)
 
-        args = [limit, lease_ms, max_attempts, now, token, dead.max_letters, dead.ttl_ms]
+        args = [limit, lease_ms, max_attempts, now, token, dead.max_letters, dead.ttl_ms, max_payload_bytes]
         return cls._call(keys, args, parse)
 
 

@@ -152,6 +152,15 @@ class StoreCore:
         seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
+    def script_now(self, now: int | None) -> int:
+        """The "now" a script that reads the time is given: ``now`` if the caller chose one, else 0,
+        which the script reads as the server's ``TIME``.
+
+        Every role passes its time through here, so a store on a fake clock (the testing store)
+        overrides this one method and each script that reads the time follows that clock.
+        """
+        return now or 0
+
     # -- running scripts --------------------------------------------------------------------
 
     def _run(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int) -> R:

@@ -91,8 +91,9 @@ class Forwarding(StoreCore):
             limit=limit,
             lease_ms=lease,
             max_attempts=self.config.max_attempts,
-            now=now or 0,
+            now=self.script_now(now),
             dead=self._dead_limits,
+            max_payload_bytes=self.config.max_payload_bytes,
         )
 
     def lease(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Lease:
@@ -157,7 +158,7 @@ class Forwarding(StoreCore):
         if not windows:
             return 0
         chosen = dict(windows)
-        call = lambda k: Keep.call(k, claim.lease, chosen, now=now or 0)  # noqa: E731
+        call = lambda k: Keep.call(k, claim.lease, chosen, now=self.script_now(now))  # noqa: E731
         if pipeline is not None:
             self._queue(call, claim.shard, pipeline)
             return 0
@@ -184,11 +185,9 @@ class Forwarding(StoreCore):
         chosen = list(failures)
         if not chosen:
             return FailCounts()
+        at, tries = self.script_now(now), self.config.max_attempts
         return self._run(
-            lambda k: Fail.call(
-                k, claim.lease, chosen, max_attempts=self.config.max_attempts, now=now or 0, dead=self._dead_limits
-            ),
-            claim.shard,
+            lambda k: Fail.call(k, claim.lease, chosen, max_attempts=tries, now=at, dead=self._dead_limits), claim.shard
         )
 
     def extend(
@@ -207,7 +206,8 @@ class Forwarding(StoreCore):
         """
         chosen = _ids(claim, ids)
         lease = self.config.lease_ms if lease_ms is None else lease_ms
-        return self._run(lambda k: Extend.call(k, claim.lease, chosen, lease_ms=lease, now=now or 0), claim.shard)
+        at = self.script_now(now)
+        return self._run(lambda k: Extend.call(k, claim.lease, chosen, lease_ms=lease, now=at), claim.shard)
 
     def rearm(self, claim: Claim, item_id: str, when: When, envelope: Payload, *, rank: int = 0) -> RearmOutcome:
         """Ack a claimed item and schedule it again (new ready time, envelope and rank) in one
@@ -219,7 +219,7 @@ class Forwarding(StoreCore):
         """
         item = self.check_item(item_id, when, envelope, rank)
         return self._run(
-            lambda k: Rearm.call(k, item, lease=claim.lease, expected=b"", now=0, wake=self._wake),
+            lambda k: Rearm.call(k, item, lease=claim.lease, expected=b"", now=self.script_now(None), wake=self._wake),
             self.shard_of(item.id),
         )
 
@@ -245,7 +245,7 @@ class Forwarding(StoreCore):
         The refused ``wanted - granted`` may go from the grant's first slot on, one every
         ``1000 / rate`` ms (they hold those slots).
         """
-        call = Take.call(rate_key(self.config.prefix, queue), wanted, rate=rate, burst=burst, now=now or 0)
+        call = Take.call(rate_key(self.config.prefix, queue), wanted, rate=rate, burst=burst, now=self.script_now(now))
         with full_store_said_plainly():
             return self.scripts.run(call)
 
@@ -258,7 +258,7 @@ class Forwarding(StoreCore):
         :class:`StoreFullError`) instead of its grant."""
         prefix = self.config.prefix
         calls = [
-            Take.call(key_rate_key(prefix, queue, key), n, rate=rate, burst=burst, now=now or 0)
+            Take.call(key_rate_key(prefix, queue, key), n, rate=rate, burst=burst, now=self.script_now(now))
             for key, n in wanted.items()
         ]
         replies: list[TokenGrant | Exception]

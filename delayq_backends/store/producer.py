@@ -255,7 +255,7 @@ class Producer(StoreCore):
         """
         item = self.check_item(item_id, when, envelope, rank)
         return self._run(
-            lambda k: Rearm.call(k, item, lease="", expected=expected, now=now or 0, wake=self._wake),
+            lambda k: Rearm.call(k, item, lease="", expected=expected, now=self.script_now(now), wake=self._wake),
             shard_of(item.id, self.config.shards),
         )
 

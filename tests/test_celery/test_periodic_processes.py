@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 
 from delayq_backends.celery import forget_store, store_for
-from delayq_backends.celery.periodic import item_id, statuses
+from delayq_backends.celery.periodic import item_id, statuses, sync
 from delayq_backends.celery.schedules import Slot, run_task_id
 from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.keys import periodic_key
 from tests.helpers import wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, delayq_cli, delete_queue, new_env
@@ -131,3 +133,32 @@ def test_plain_delayq_forward_fires_periodic_entries(valkey_server: EmbeddedServ
         raise
     finally:
         env.stop()
+
+
+def test_a_garbage_registry_field_is_named_and_skipped_by_sync_and_list(
+    valkey_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """A non-UTF-8 registry field (a hand write) no longer breaks `periodic list` nor the sync a
+    forwarder runs at start: it is named with the HDEL that removes it, and an entry removed from
+    beat_schedule is still removed."""
+    env = new_env("redis", broker_url_for("redis", None, valkey_server), valkey_server)  # type: ignore[arg-type]
+    env.app_module = APP
+    app = env.app()
+    try:
+        stale = Celery("stale", broker="memory://", set_as_current=False)
+        stale.conf.beat_schedule = {"gone": {"task": "dqt.record", "schedule": 3600}}
+        store = store_for(app)
+        assert sync(stale, store).added == ["gone"]
+        registry = periodic_key(env.prefix)
+        store.client.hset(registry, b"\xff\xfebad", b"x")
+        synced = delayq_cli(env, "periodic", "sync")  # exits 1: something is left to fix
+        assert synced.returncode == 1 and "1 added" in synced.stderr, synced.stderr
+        assert "removed: gone" in synced.stdout and store.get(item_id("gone")) is None
+        assert f'redis-cli HDEL {registry} "\\xff\\xfebad"' in synced.stderr
+        listed = delayq_cli(env, "periodic", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        entries = {e["name"]: e["state"] for e in json.loads(listed.stdout)}
+        assert entries["tick"] == "scheduled" and "HDEL" in entries['"\\xff\\xfebad"']
+        assert len(entries) == 2
+    finally:
+        forget_store(app)

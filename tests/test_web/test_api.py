@@ -298,3 +298,18 @@ def test_the_item_view_decodes_a_periodic_entry_as_its_next_run(client: TestClie
     assert task["id"] != "00000000-0000-0000-0000-000000000000"  # the next run's own task id
     plain = client.get("/api/v1/items", headers=AUTH).json()["items"]
     assert [i["task"]["periodic"] for i in plain] == ["tick"]
+
+
+def test_a_garbage_periodic_registry_field_is_listed_with_its_fix(client: TestClient, web_store: DelayStore) -> None:
+    """A non-UTF-8 registry field is one row naming the HDEL that removes it, not a 503."""
+    from delayq_backends.celery.periodic import sync
+    from delayq_backends.keys import periodic_key
+
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {"tick": {"task": "t.tick", "schedule": 30.0}}
+    sync(app, web_store)
+    web_store.client.hset(periodic_key(web_store.config.prefix), b"\xff", b"x")
+    response = client.get("/api/v1/periodic", headers=AUTH)
+    assert response.status_code == 200, response.text
+    states = {e["name"]: e["state"] for e in response.json()["entries"]}
+    assert states["tick"] == "scheduled" and "HDEL" in states['"\\xff"']

@@ -293,6 +293,32 @@ def test_half_open_connections_are_dropped_and_the_api_still_answers(dashboard_f
     assert httpx.get(f"{dashboard.base}/api/v1/stats", headers=AUTH).status_code == 200
 
 
+def test_refreshed_half_open_connections_do_not_starve_authenticated_calls(
+    dashboard_factory: Callable[..., Any],
+) -> None:
+    """100 unauthenticated connections that never finish their head, one reopened for each the
+    server drops, beside 112 authenticated calls (a new connection each): none is refused."""
+    dashboard = dashboard_factory("--request-timeout", "60")  # no help from the head timeout
+
+    def half_open() -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", dashboard.port), timeout=5)
+        s.sendall(b"GET /api/v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        return s
+
+    socks = [half_open() for _ in range(100)]
+    refused = []
+    try:
+        for _ in range(112):
+            response = httpx.get(f"{dashboard.base}/api/v1/stats", headers=AUTH, timeout=10)
+            if response.status_code != 200:
+                refused.append(response.status_code)
+            socks.append(half_open())  # the attacker keeps its 100 coming
+    finally:
+        for s in socks:
+            s.close()
+    assert refused == [], f"{len(refused)} of 112 authenticated calls refused: {refused[:5]}"
+
+
 def test_a_deep_offset_is_refused_with_the_way_out(client: TestClient, web_store: DelayStore) -> None:
     web_store.schedule_many([(f"i{n}", 2_000_000_000.0 + n, ITEM) for n in range(20)])
     for route in ("items", "dead"):
