@@ -100,6 +100,9 @@ def test_each_role_does_its_job_on_its_prefix_and_nothing_else(admin: Admin, pre
     producer = open_store(user_url(admin, prefix, "producer", functions=functions), prefix)
     forwarder_store = open_store(user_url(admin, prefix, "forwarder", functions=functions), prefix)
     reader = open_store(user_url(admin, prefix, "reader", functions=functions), prefix)
+    with pytest.raises(ConfigError, match="start a forwarder on the prefix first"):
+        producer.schedule("early", 1, RedisListTarget.envelope("out", b"x"))  # may not write the metadata
+    forwarder_store.check_meta()  # a forwarder's start records it
 
     producer.schedule_many((f"i{n}", 1, RedisListTarget.envelope("out", b"x"), n % 2) for n in range(50))
     assert producer.cancel("i0") and producer.reschedule("i1", 4_000_000_000)
@@ -171,6 +174,7 @@ def test_an_fcall_role_without_the_library_is_told_to_install_it(prefix: str) ->
     with EmbeddedServer() as server:
         client = redis.Redis.from_url(server.url)
         found = Admin(client, server.url, server.port)
+        open_store(server.url, prefix).check_meta()  # recorded, as a forwarder's start does
         producer = open_store(user_url(found, prefix, "producer"), prefix)
         with pytest.raises(ConfigError, match="delayq functions install"):
             producer.schedule("a", 1, RedisListTarget.envelope("out", b"x"))
@@ -384,6 +388,7 @@ def test_fcall_roles_work_on_a_cluster_once_installed_on_every_primary(
             admin.execute_command(*acl_setuser(name, prefix, role, password="pw"), target_nodes=RedisCluster.ALL_NODES)
         url = {role: redis_cluster.url.replace("redis://", f"redis://{name}:pw@") for role, name in users.items()}
         producer, forwarder = open_store(url["producer"], prefix), open_store(url["forwarder"], prefix)
+        forwarder.check_meta()  # a forwarder's start records the metadata, which a producer may only read
         producer.schedule_many((f"c{n}", 1, RedisListTarget.envelope("out", b"x")) for n in range(40))
         inbox = CollectingTarget("list")
         assert Forwarder(forwarder, [inbox]).run_once() == 40 and len(inbox.ids) == 40

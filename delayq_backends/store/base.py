@@ -123,12 +123,7 @@ class StoreCore:
             return
         key = meta_key(self.config.prefix)
         if record:
-            if self.client.hget(key, "shards") is None:
-                # a new prefix: its layout goes in first, so shards without a layout means "made before"
-                self.client.hsetnx(key, "layout", LAYOUT)
-                self._shard_keys = None  # read the layout again: another writer may have been first
-            self.client.hsetnx(key, "shards", self.config.shards)
-            self.client.hsetnx(key, "format", FORMAT_VERSION)
+            self._record_meta(key)
         stored = self.client.hget(key, "shards")
         if stored is None:
             return
@@ -140,6 +135,27 @@ class StoreCore:
                 f"--shards / delayq_shards), or use a new prefix for a different layout"
             )
         self._meta_checked = True
+
+    def _record_meta(self, key: str) -> None:
+        """Record the layout, shard count and format the prefix lacks; writes nothing when all are
+        there, so a producer role (which may only read the metadata) passes once a forwarder has
+        recorded them."""
+        shards, envelope_format = self.client.hmget(key, "shards", "format")
+        if shards is None:
+            try:  # a new prefix: its layout goes in first, so shards without a layout means "made before"
+                self.client.hsetnx(key, "layout", LAYOUT)
+            except redis.exceptions.NoPermissionError as exc:
+                raise ConfigError(
+                    f"prefix {self.config.prefix!r} has no metadata yet and this user may not write it "
+                    f"(a producer role): start a forwarder on the prefix first, which records it ({exc})"
+                ) from exc
+            self._shard_keys = None  # read the layout again: another writer may have been first
+            self.client.hsetnx(key, "shards", self.config.shards)
+        if envelope_format is None:
+            try:
+                self.client.hsetnx(key, "format", FORMAT_VERSION)
+            except redis.exceptions.NoPermissionError:
+                pass  # a producer role; the next forwarder records it
 
     def _select(self, shard: int | None) -> list[int]:
         if shard is None:
