@@ -12,8 +12,9 @@ Lua scripts (Redis checks both against the user's ACL):
   (``%R~``), and may PEXPIREAT only debounce counters (a selector).
 - ``forwarder``: claims, acks, releases, fails, defers, takes rate-cap tokens, sleeps on the
   wake-up channel, and runs the operators' ``delayq dlq`` purge and requeue.
-- ``worker``: a Celery or RQ worker with dedupe (or a lossless forwarder's workers): writes and
-  reads the start records (``SET NX PX``, ``GET``; ``WAIT`` when durable), reads the metadata.
+- ``worker``: a Celery or RQ worker with dedupe (a lossless forwarder's workers): a producer (a
+  task's retries and delayed children go through the store) that may also write and read the
+  runs' start records (``SET NX PX``, ``GET``).
 - ``reader``: ``delayq stats``/``list``/``dlq list`` and dashboards, read-only.
 
 A target's own keys (an RQ queue, a Redis list) are not covered: grant them separately.
@@ -55,9 +56,11 @@ _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 #: The scripts a producer runs: its writes, and the periodic sync's compare-and-set (rearm).
 PRODUCER_FUNCTIONS = ("schedule", "cancel", "reschedule", "debounce", "rearm")
 
+#: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
+_PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")
+
 ROLES: dict[str, tuple[str, ...]] = {
-    # WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
-    "producer": (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait"),
+    "producer": _PRODUCER,
     # PEXPIRE: take.lua lets an idle rate-cap bucket expire
     "forwarder": (
         *_CONNECTION,
@@ -70,12 +73,15 @@ ROLES: dict[str, tuple[str, ...]] = {
         "+pexpire",
         "+wait",
     ),
-    # SET NX PX / GET: a run's start record (dedupe.RunGuard); HMGET/HGET: the layout in the metadata
-    "worker": (*_CONNECTION, *_HASH_READS, "+set", "+get", "+wait"),
+    # a producer (a task's retry or delayed child goes through the store); SET NX PX and GET of a
+    # run's start record (dedupe.RunGuard) only in a selector of those records (acl_rules)
+    "worker": _PRODUCER,
     "reader": (*_CONNECTION, *_READS, *_HASH_READS),
 }
 #: The roles that run scripts.
-_RUNS_SCRIPTS = ("producer", "forwarder")
+_RUNS_SCRIPTS = ("producer", "forwarder", "worker")
+#: The roles limited to a producer's functions and keys.
+_PRODUCES = ("producer", "worker")
 
 
 def key_patterns(prefix: str) -> list[str]:
@@ -96,12 +102,10 @@ def _shard_key(prefix: str, name: str) -> str:
 
 def _role_keys(prefix: str, role: str) -> list[str]:
     """The key rules of ``role``: read and write (``~``) or read only (``%R~``)."""
-    if role == "producer":
-        writes = [_shard_key(prefix, name) for name in ("due", "items", "tries", "leased", "ranked", "calls:*")]
+    if role in _PRODUCES:
+        writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", "calls:*")]
         reads = [_shard_key(prefix, "dead*"), meta_key(prefix)]
         return [*(f"~{k}" for k in writes), f"~{periodic_key(prefix)}", *(f"%R~{k}" for k in reads)]
-    if role == "worker":
-        return [f"~{_shard_key(prefix, 'started:*')}", f"%R~{meta_key(prefix)}"]
     return key_patterns(prefix)
 
 
@@ -111,7 +115,7 @@ def _scripts(role: str, functions: bool) -> tuple[str, ...]:
         return ()
     if not functions:
         return _SCRIPTS
-    if role == "producer":
+    if role in _PRODUCES:
         return (*(f"+fcall|{function_name(n)}" for n in PRODUCER_FUNCTIONS), f"+fcall_ro|{function_name('version')}")
     return _FUNCTIONS
 
@@ -128,8 +132,10 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     channels = [f"&{wake_channel(prefix)}"] if role in _RUNS_SCRIPTS else []
     rules = ["resetkeys", "resetchannels", "-@all", *ROLES[role], *_scripts(role, functions)]
     rules += [*_role_keys(prefix, role), *channels]
-    if role == "producer":  # debounce.lua lets a collapsed run's call counter expire: that key only
+    if role in _PRODUCES:  # debounce.lua lets a collapsed run's call counter expire: that key only
         rules.append(f"(+pexpireat ~{_shard_key(prefix, 'calls:*')})")
+    if role == "worker":  # a SET on any other key could replace a shard's whole schedule
+        rules.append(f"(+set +get ~{_shard_key(prefix, 'started:*')})")
     return rules
 
 

@@ -19,17 +19,19 @@ from redis.cluster import RedisCluster
 
 import delayq_backends
 from delayq_backends import Config, ConfigError, DelayStore
-from delayq_backends.acl import acl_setuser
+from delayq_backends.acl import PRODUCER_FUNCTIONS, acl_setuser
 from delayq_backends.cli import main
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.keys import meta_key
 from delayq_backends.models import FailCounts, FailedDelivery
 from delayq_backends.scripts import (
     LIBRARY,
     SCRIPT_NAMES,
     Backend,
     ScriptRunner,
+    function_name,
     install_functions,
     library_code,
     parse_script,
@@ -38,6 +40,8 @@ from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.harness import Launcher
 from tests.helpers import wait_for
+from tests.test_celery.harness import CeleryEnv, new_env, watched
+from tests.test_celery.test_dedupe import runs_of
 
 
 @dataclass
@@ -143,6 +147,54 @@ def test_each_role_does_its_job_on_its_prefix_and_nothing_else(admin: Admin, pre
         producer.client.set(f"{prefix}:x", "in the prefix's name space but no key of ours")
     with pytest.raises(redis.exceptions.NoPermissionError):
         producer.client.execute_command("FLUSHALL")
+
+
+def test_a_producer_cannot_lease_settle_purge_or_expire_items(admin: Admin, prefix: str) -> None:
+    """Issue 21, finding 7: with a producer's credentials, every forwarder function sent as FCALL
+    (a claim with a far clock and a huge lease, an ack, a purge of 1e9...), a direct expiry or
+    deletion of the shard's keys, and a write to the metadata, the dead letters or a rate bucket
+    are refused; nothing is claimed, lost or changed."""
+    admin.install_functions()
+    forwarder = open_store(user_url(admin, prefix, "forwarder"), prefix)  # the users' database
+    forwarder.check_meta()
+    producer = open_store(user_url(admin, prefix, "producer"), prefix)
+    producer.schedule_many((f"i{n}", 4_000_000_000, RedisListTarget.envelope("out", b"x")) for n in range(200))
+    keys = producer.keys(0)
+    shard_keys = keys.all()
+    forwarders = sorted(set(SCRIPT_NAMES) - set(PRODUCER_FUNCTIONS) - {"version"})
+    assert {"claim", "ack", "release", "extend", "keep", "fail", "purge", "requeue", "take"} <= set(forwarders)
+    for name in forwarders:
+        for command in ("FCALL", "FCALL_RO"):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                producer.client.execute_command(command, function_name(name), len(shard_keys), *shard_keys, 1, 2)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        producer.claim(0, limit=10_000, lease_ms=10**14, now=4_000_000_000_000 + 7_200_000)
+    forwarder.schedule("dead", 1, RedisListTarget.envelope("out", b"x"))
+    forwarder.fail(forwarder.claim(forwarder.shard_of("dead")), [FailedDelivery("dead", None, "boom")])
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        producer.purge_dead()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        producer.requeue_dead()
+    hostile = [
+        *(("PEXPIREAT", key, 1) for key in (keys.due, keys.items, keys.leased)),
+        *((verb, keys.due) for verb in ("DEL", "UNLINK", "PERSIST")),
+        ("PEXPIRE", keys.items, 1),
+        ("EXPIRE", keys.items, 1),
+        ("RENAME", keys.items, keys.dead_items),
+        ("HSET", meta_key(prefix), "layout", "1"),
+        ("HDEL", meta_key(prefix), "shards"),
+        ("HSET", keys.dead_items, "x", "y"),
+        ("ZADD", keys.dead, 1, "x"),
+        ("HSET", f"{prefix}:{{{prefix}}}:rate:out", "tokens", "-9007199254740000"),
+        ("SET", keys.started("i1", 0), "x"),
+    ]
+    for command in hostile:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            producer.client.execute_command(*command)
+    stats = forwarder.stats()
+    assert sum(s.scheduled for s in stats) == 200 and sum(s.leased for s in stats) == 0
+    assert sum(s.dead for s in stats) == 1
+    assert forwarder.client.hget(meta_key(prefix), "shards") == b"4"
 
 
 #: A script that holds the server BUSY until SHUTDOWN NOSAVE once it has written.
@@ -426,3 +478,37 @@ def test_without_the_library_scripts_fall_back_to_eval_in_the_form_the_server_re
     assert fake.backend() == Backend(functions=False, shebang=False)
     install_functions(fake.client)
     assert ScriptRunner(fake.client).backend() == Backend(functions=True)
+
+
+def test_celery_workers_on_the_worker_role_record_starts_for_a_lossless_forwarder(
+    valkey_server: EmbeddedServer, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    """Issue 21, finding 6: workers with dedupe, on the ``worker`` role, record each run's start
+    (no NOPERM, no run left unchecked), and a lossless forwarder on the ``forwarder`` role finds
+    them started: each task runs once. The test's own sends go through the worker role too."""
+    client = redis.Redis.from_url(valkey_server.url)
+    admin = Admin(client, valkey_server.url, valkey_server.port)
+    admin.install_functions()
+    env = new_env("rabbitmq", rabbitmq_url, valkey_server)
+    env.dedupe = True
+    try:
+        with watched(env):
+            env.store = user_url(admin, env.prefix, "forwarder")
+            env.start_forwarder(tmp_path, extra=["--lossless", "--lossless-window", "1"])
+            wait_for(lambda: client.exists(meta_key(env.prefix)), 30, "the forwarder to record the metadata")
+            env.store = user_url(admin, env.prefix, "worker")
+            env.start_worker(tmp_path)
+            app = env.app()
+            ids = [app.send_task("dqt.record", args=[n], countdown=0.5, queue=env.queue).id for n in range(5)]
+            store = DelayStore.from_url(valkey_server.url, prefix=env.prefix, shards=4)
+            wait_for(lambda: all(store.get(i) is None for i in ids), 90, "the forwarder to find every run started")
+            assert all(len(runs_of(env, i)) == 1 for i in ids)
+            wait_for(lambda: "found started" in _logs(env), 30, "the forwarder to count the runs found started")
+            logs = _logs(env)
+            assert "NOPERM" not in logs and "no permissions" not in logs.lower() and "unchecked" not in logs
+    finally:
+        admin.clean_up()
+
+
+def _logs(env: CeleryEnv) -> str:
+    return "".join(log.read_text(errors="replace") for log in env.launcher.logs)

@@ -3,6 +3,7 @@ running script calls (streamed, on a caller's pipeline, or durably with WAIT).""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from functools import partial
 from types import TracebackType
@@ -152,10 +153,8 @@ class StoreCore:
             self._shard_keys = None  # read the layout again: another writer may have been first
             self.client.hsetnx(key, "shards", self.config.shards)
         if envelope_format is None:
-            try:
+            with contextlib.suppress(redis.exceptions.NoPermissionError):  # a producer role: a forwarder will
                 self.client.hsetnx(key, "format", FORMAT_VERSION)
-            except redis.exceptions.NoPermissionError:
-                pass  # a producer role; the next forwarder records it
 
     def _select(self, shard: int | None) -> list[int]:
         if shard is None:
