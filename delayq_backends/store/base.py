@@ -28,11 +28,15 @@ from ..models import ScheduleItem
 from ..scripts.library import ScriptCall, ScriptRunner, function_missing
 from ..timeutil import Clock, ServerClock, When, to_ms
 
-__all__ = ["Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
+__all__ = ["NO_EARLIER_WAKE", "Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
 
 Payload = Envelope | bytes
 
 R = TypeVar("R")
+
+#: A wake-up that announces no earlier ready time (the largest ms a forwarder reads): sent only
+#: to move this connection's replication offset before a WAIT (:meth:`StoreCore.confirm_durable`).
+NO_EARLIER_WAKE = str(2**63 - 1)
 S = TypeVar("S", bound="StoreCore")
 
 
@@ -258,13 +262,33 @@ class StoreCore:
                 if not self.cluster or attempt == 2 or isinstance(exc, redis.OutOfMemoryError):
                     raise
                 self.client.nodes_manager.initialize()  # type: ignore[union-attr]
-        if int(acked) < wanted:
-            raise NotDurableError(
-                f"shard {shard}: written to the primary but confirmed by {acked} of {wanted} replicas within "
-                f"{timeout} ms, so a failover now could lose it; retry (scheduling is idempotent by id) "
-                "or check the replicas"
-            )
+        _check_acked(int(acked), wanted, timeout, f"shard {shard}")
         return call.parse(result)
+
+    def confirm_durable(self) -> None:
+        """With ``durable_replicas``, wait until that many replicas have every write this process
+        made before the call: for writes queued on a caller's pipeline (``pipeline=``), after
+        its EXEC. A no-op without the option.
+
+        WAIT counts only writes of its own connection, and the caller's EXEC ran on another; but
+        replication is one ordered stream, so a write sent after the EXEC returned and confirmed
+        by WAIT on its connection confirms the EXEC too. That write is a wake-up announcing no
+        earlier time (forwarders ignore it), which every producer role may send. Not on a
+        cluster, where PUBLISH does not enter the replication stream (pipelines are for the
+        store's own server anyway).
+
+        Raises:
+            NotDurableError: fewer replicas confirmed within ``durable_timeout_ms``; the writes
+                are on the primary, so retrying them is safe.
+        """
+        wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
+        if not wanted:
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.publish(self.wake_channel, NO_EARLIER_WAKE)
+            pipe.execute_command("WAIT", wanted, timeout)
+            _, acked = pipe.execute()
+        _check_acked(int(acked), wanted, timeout, "a caller's transaction")
 
     def _write_or_queue(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int, pipeline: Any) -> R | None:
         """Run ``call`` as a producer's write, or queue it on the caller's ``pipeline``."""
@@ -361,3 +385,13 @@ class _FullStoreSaidPlainly:
 
 
 _PLAINLY = _FullStoreSaidPlainly()
+
+
+def _check_acked(acked: int, wanted: int, timeout: int, where: str) -> None:
+    """Refuse a write that fewer than ``wanted`` replicas confirmed."""
+    if acked < wanted:
+        raise NotDurableError(
+            f"{where}: written to the primary but confirmed by {acked} of {wanted} replicas within "
+            f"{timeout} ms, so a failover now could lose it; retry (scheduling is idempotent by id) "
+            "or check the replicas"
+        )
