@@ -55,6 +55,16 @@ def test_durable_writes_wait_for_the_replica(primary_and_replica: tuple[Embedded
         store.schedule("lonely", 60, RedisListTarget.envelope("out", b"x"))
     assert time.monotonic() - started < 3
     assert store.exists("lonely"), "it is on the primary: retrying is safe, scheduling is idempotent by id"
+    envelope = RedisListTarget.envelope("out", b"x")
+    item = store.get("i2")
+    assert item is not None
+    for write in (  # every other producer path waits too (issue 21, finding 5)
+        lambda: store.debounce("k", 60, envelope),
+        lambda: store.replace_if("i2", item.envelope, 90, envelope),  # a periodic sync
+        lambda: store.schedule_many([("bulk", 60, envelope)]),  # the Spark loader's path
+    ):
+        with pytest.raises(NotDurableError):
+            write()
     plain = DelayStore(connect(primary.url), Config(prefix=prefix, shards=4))
     plain.schedule("fast", 60, RedisListTarget.envelope("out", b"x"))  # without the option, no waiting
 

@@ -197,6 +197,20 @@ def test_a_producer_cannot_lease_settle_purge_or_expire_items(admin: Admin, pref
     assert forwarder.client.hget(meta_key(prefix), "shards") == b"4"
 
 
+def test_a_worker_may_set_start_records_and_no_other_key(admin: Admin, prefix: str) -> None:
+    admin.install_functions()
+    open_store(user_url(admin, prefix, "forwarder"), prefix).check_meta()
+    worker = open_store(user_url(admin, prefix, "worker"), prefix)
+    record = worker.keys(0).started("i1", 0)
+    assert worker.client.set(record, "me", nx=True, px=60_000) and worker.client.get(record) == b"me"
+    assert worker.schedule("retry", 1, RedisListTarget.envelope("out", b"x")) == "added"  # a task's retry
+    for key in (worker.keys(0).due, worker.keys(0).items, meta_key(prefix), f"{prefix}:{{{prefix}}}:rate:q"):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            worker.client.set(key, "x")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.claim(0)
+
+
 #: A script that holds the server BUSY until SHUTDOWN NOSAVE once it has written.
 LOOP = "redis.call('SET', KEYS[1], 'x') while true do end"
 
