@@ -211,6 +211,22 @@ def test_a_worker_may_set_start_records_and_no_other_key(admin: Admin, prefix: s
         worker.claim(0)
 
 
+def test_a_durable_producer_without_wait_is_refused_before_it_writes(admin: Admin, prefix: str) -> None:
+    """Rules of an older ``delayq acl`` lacked +wait: the durable write is refused up front, and
+    nothing is stored (not stored, then refused at its WAIT)."""
+    admin.install_functions()
+    open_store(user_url(admin, prefix, "forwarder"), prefix).check_meta()
+    name, password = f"old-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rules = [rule for rule in acl_setuser(name, prefix, "producer", password=password) if rule != "+wait"]
+    admin.client.execute_command(*rules)
+    admin.users.append(name)
+    url = f"redis://{name}:{password}@127.0.0.1:{admin.port}/0"
+    store = DelayStore(connect(url), Config(prefix=prefix, shards=4, durable_replicas=1, durable_timeout_ms=50))
+    with pytest.raises(ConfigError, match=r"grants \+wait"):
+        store.schedule("a", 1, RedisListTarget.envelope("out", b"x"))
+    assert not open_store(user_url(admin, prefix, "reader"), prefix).exists("a")
+
+
 #: A script that holds the server BUSY until SHUTDOWN NOSAVE once it has written.
 LOOP = "redis.call('SET', KEYS[1], 'x') while true do end"
 

@@ -80,6 +80,7 @@ class StoreCore:
         self._shard_keys: list[ShardKeys] | None = None
         self._wake = wake_channel(self.config.prefix)
         self._meta_checked = False
+        self._wait_allowed = False
 
     @classmethod
     def from_url(cls: type[S], url: str, **settings: Any) -> S:
@@ -249,6 +250,7 @@ class StoreCore:
         travel together. On a cluster whose layout just changed (a failover), the cluster client
         refreshes its slot map and the call is tried once more.
         """
+        self._check_wait_allowed(self._node_client(shard))
         wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
         for attempt in (1, 2):
             try:
@@ -264,6 +266,25 @@ class StoreCore:
                 self.client.nodes_manager.initialize()  # type: ignore[union-attr]
         _check_acked(int(acked), wanted, timeout, f"shard {shard}")
         return call.parse(result)
+
+    def _check_wait_allowed(self, client: Any) -> None:
+        """Before the first durable write, that this user may send WAIT (``WAIT 0 0`` answers at
+        once): refused after the write, the caller would see an error for a write that was stored.
+
+        Raises:
+            ConfigError: the user's ACL lacks ``+wait`` (rules from an older ``delayq acl``).
+        """
+        if self._wait_allowed:
+            return
+        try:
+            client.execute_command("WAIT", 0, 0)
+        except redis.exceptions.NoPermissionError as exc:
+            raise ConfigError(
+                f"durable_replicas={self.config.durable_replicas} needs WAIT, which this Redis user may not send "
+                f"({exc}); nothing was written: apply this version's `delayq acl <role>` (it grants +wait) "
+                "or set durable_replicas=0"
+            ) from exc
+        self._wait_allowed = True
 
     def confirm_durable(self) -> None:
         """With ``durable_replicas``, wait until that many replicas have every write this process
@@ -284,6 +305,7 @@ class StoreCore:
         wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
         if not wanted:
             return
+        self._check_wait_allowed(self.client)
         with self.client.pipeline(transaction=False) as pipe:
             pipe.publish(self.wake_channel, NO_EARLIER_WAKE)
             pipe.execute_command("WAIT", wanted, timeout)
