@@ -1,15 +1,20 @@
 """Least-privilege Redis ACL rules for the roles that use a delay store.
 
 Each role may touch only the keys of one prefix (patterns matching exactly the shapes of
-:mod:`~delayq_backends.keys`: ``<prefix>:{<prefix>:*}:*``, ``<prefix>:meta`` and the rate buckets
-``<prefix>:{<prefix>}:rate:*`` and ``<prefix>:{<prefix>}:keyrate:*``; a prefix holds no ``:`` or
-glob character, so no other prefix's keys match) and only its wake-up channel, with just the
-commands that role sends, directly or from our Lua scripts (Redis checks both against the user's
-ACL):
+:mod:`~delayq_backends.keys`; a prefix holds no ``:`` or glob character, so no other prefix's keys
+match) and only its wake-up channel, with just the commands that role sends, directly or from our
+Lua scripts (Redis checks both against the user's ACL):
 
-- ``producer``: schedules, reschedules and cancels (the adapters' ``apply_async``/``enqueue_at``);
-- ``forwarder``: claims, acks, releases, fails, defers, takes rate-cap tokens, and sleeps on the
-  wake-up channel;
+- ``producer``: schedules, reschedules, cancels and debounces (the adapters' ``apply_async``/
+  ``enqueue_at``), durably (``WAIT``). It may call only those functions of the library
+  (``+fcall|<function>``), so a claim, ack, release, extend, purge or requeue sent as FCALL is
+  refused; it may not write the dead letters, the metadata, the rate buckets or the start records
+  (``%R~``), and may PEXPIREAT only debounce counters (a selector).
+- ``forwarder``: claims, acks, releases, fails, defers, takes rate-cap tokens, sleeps on the
+  wake-up channel, and runs the operators' ``delayq dlq`` purge and requeue.
+- ``worker``: a Celery or RQ worker with dedupe (a lossless forwarder's workers): a producer (a
+  task's retries and delayed children go through the store) that may also write and read the
+  runs' start records (``SET NX PX``, ``GET``).
 - ``reader``: ``delayq stats``/``list``/``dlq list`` and dashboards, read-only.
 
 A target's own keys (an RQ queue, a Redis list) are not covered: grant them separately.
@@ -17,8 +22,10 @@ A target's own keys (an RQ queue, a Redis list) are not covered: grant them sepa
 With ``functions=True`` (the default) the producer and forwarder may run the scripts only as
 the installed Function library (``+fcall``, ``+fcall_ro``; ``delayq functions install`` first),
 never ``EVAL``/``SCRIPT LOAD``: a user that may send its own Lua may also send a loop that holds
-the server BUSY until ``SHUTDOWN NOSAVE``. ``functions=False`` gives the EVAL rules, for servers
-without functions (Redis < 7).
+the server BUSY until ``SHUTDOWN NOSAVE``. The producer's functions are named with the library's
+version hash, so a new package version needs its ``delayq acl`` applied before its producers
+start. ``functions=False`` gives the EVAL rules, for servers without functions (Redis < 7): there
+a producer may run any script, forwarders' included (see the README's Security section).
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ from __future__ import annotations
 from .config import Config
 from .errors import ConfigError
 from .keys import meta_key, periodic_key, wake_channel
+from .scripts.library import function_name
 
-__all__ = ["ROLES", "acl_rules", "acl_setuser", "key_patterns"]
+__all__ = ["PRODUCER_FUNCTIONS", "ROLES", "acl_rules", "acl_setuser", "key_patterns"]
 
 #: Sent by redis-py on connect and by the store's checks (INFO cluster detects cluster mode).
 #: Not CLIENT SETINFO: Redis 7.0 does not know it (ACL SETUSER would fail), and redis-py ignores
@@ -44,12 +52,15 @@ _TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
 _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zcard", "+zcount", "+exists")
 #: HSCAN: the periodic entries' registry (``periodic list``, a sync at forwarder start)
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
-#: schedule/ack with pipeline=: an adapter commits its own writes and ours in one MULTI/EXEC (WATCHing a lease).
-_TRANSACTIONS = ("+multi", "+exec", "+discard", "+watch", "+unwatch")
+
+#: The scripts a producer runs: its writes, and the periodic sync's compare-and-set (rearm).
+PRODUCER_FUNCTIONS = ("schedule", "cancel", "reschedule", "debounce", "rearm")
+
+#: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
+_PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")
 
 ROLES: dict[str, tuple[str, ...]] = {
-    # PEXPIREAT: debounce.lua lets a collapsed run's call counter expire
-    "producer": (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+pexpireat"),
+    "producer": _PRODUCER,
     # PEXPIRE: take.lua lets an idle rate-cap bucket expire
     "forwarder": (
         *_CONNECTION,
@@ -60,22 +71,53 @@ ROLES: dict[str, tuple[str, ...]] = {
         "+hsetnx",
         "+subscribe",
         "+pexpire",
+        "+wait",
     ),
+    # a producer (a task's retry or delayed child goes through the store); SET NX PX and GET of a
+    # run's start record (dedupe.RunGuard) only in a selector of those records (acl_rules)
+    "worker": _PRODUCER,
     "reader": (*_CONNECTION, *_READS, *_HASH_READS),
 }
 #: The roles that run scripts.
-_RUNS_SCRIPTS = ("producer", "forwarder")
+_RUNS_SCRIPTS = ("producer", "forwarder", "worker")
+#: The roles limited to a producer's functions and keys.
+_PRODUCES = ("producer", "worker")
 
 
 def key_patterns(prefix: str) -> list[str]:
     """ACL key patterns covering exactly the keys of ``prefix`` (see :mod:`~delayq_backends.keys`)."""
     return [
-        f"~{prefix}:{{{prefix}:*}}:*",
+        f"~{_shard_key(prefix, '*')}",
         f"~{meta_key(prefix)}",
         f"~{prefix}:{{{prefix}}}:rate:*",
         f"~{prefix}:{{{prefix}}}:keyrate:*",
         f"~{periodic_key(prefix)}",
     ]
+
+
+def _shard_key(prefix: str, name: str) -> str:
+    """The pattern of key ``name`` of every shard (``ShardKeys``: ``<prefix>:{<tag>}:<name>``)."""
+    return f"{prefix}:{{{prefix}:*}}:{name}"
+
+
+def _role_keys(prefix: str, role: str) -> list[str]:
+    """The key rules of ``role``: read and write (``~``) or read only (``%R~``)."""
+    if role in _PRODUCES:
+        writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", "calls:*")]
+        reads = [_shard_key(prefix, "dead*"), meta_key(prefix)]
+        return [*(f"~{k}" for k in writes), f"~{periodic_key(prefix)}", *(f"%R~{k}" for k in reads)]
+    return key_patterns(prefix)
+
+
+def _scripts(role: str, functions: bool) -> tuple[str, ...]:
+    """How ``role`` may run the scripts: the producer only its own functions."""
+    if role not in _RUNS_SCRIPTS:
+        return ()
+    if not functions:
+        return _SCRIPTS
+    if role in _PRODUCES:
+        return (*(f"+fcall|{function_name(n)}" for n in PRODUCER_FUNCTIONS), f"+fcall_ro|{function_name('version')}")
+    return _FUNCTIONS
 
 
 def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
@@ -87,9 +129,14 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     if role not in ROLES:
         raise ConfigError(f"unknown role {role!r}: use one of {sorted(ROLES)}")
     Config(prefix=prefix)  # a prefix with glob characters or ':' would cover other prefixes
-    scripts = (_FUNCTIONS if functions else _SCRIPTS) if role in _RUNS_SCRIPTS else ()
-    channels = [f"&{wake_channel(prefix)}"] if role != "reader" else []
-    return ["resetkeys", "resetchannels", "-@all", *ROLES[role], *scripts, *key_patterns(prefix), *channels]
+    channels = [f"&{wake_channel(prefix)}"] if role in _RUNS_SCRIPTS else []
+    rules = ["resetkeys", "resetchannels", "-@all", *ROLES[role], *_scripts(role, functions)]
+    rules += [*_role_keys(prefix, role), *channels]
+    if role in _PRODUCES:  # debounce.lua lets a collapsed run's call counter expire: that key only
+        rules.append(f"(+pexpireat ~{_shard_key(prefix, 'calls:*')})")
+    if role == "worker":  # a SET on any other key could replace a shard's whole schedule
+        rules.append(f"(+set +get ~{_shard_key(prefix, 'started:*')})")
+    return rules
 
 
 def acl_setuser(

@@ -7,7 +7,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 import redis
@@ -53,6 +55,16 @@ def test_durable_writes_wait_for_the_replica(primary_and_replica: tuple[Embedded
         store.schedule("lonely", 60, RedisListTarget.envelope("out", b"x"))
     assert time.monotonic() - started < 3
     assert store.exists("lonely"), "it is on the primary: retrying is safe, scheduling is idempotent by id"
+    envelope = RedisListTarget.envelope("out", b"x")
+    item = store.get("i2")
+    assert item is not None
+    for write in (  # every other producer path waits too (issue 21, finding 5)
+        lambda: store.debounce("k", 60, envelope),
+        lambda: store.replace_if("i2", item.envelope, 90, envelope),  # a periodic sync
+        lambda: store.schedule_many([("bulk", 60, envelope)]),  # the Spark loader's path
+    ):
+        with pytest.raises(NotDurableError):
+            write()
     plain = DelayStore(connect(primary.url), Config(prefix=prefix, shards=4))
     plain.schedule("fast", 60, RedisListTarget.envelope("out", b"x"))  # without the option, no waiting
 
@@ -181,3 +193,83 @@ def test_sixteen_shards_spread_five_five_six(redis_cluster: EmbeddedCluster) -> 
     store = DelayStore(connect(redis_cluster.url), Config(prefix=f"s{uuid.uuid4().hex[:8]}", shards=16))
     owners = Counter(store.client.get_node_from_key(store.keys(k).due).name for k in range(16))  # type: ignore[union-attr]
     assert sorted(owners.values()) == [5, 5, 6]
+
+
+#: Each producer path: a function that schedules one item id (due in a minute) durably on the
+#: primary at ``url`` and returns the id, and the store config it wrote with.
+Writer = Callable[[str], str]
+
+
+def _core_writer(url: str, prefix: str) -> tuple[Writer, Config]:
+    store = DelayStore(connect(url), Config(prefix=prefix, shards=4, durable_replicas=1, durable_timeout_ms=200))
+
+    def write(item_id: str) -> str:
+        store.schedule(item_id, 60, RedisListTarget.envelope("out", b"x"))
+        return item_id
+
+    return write, store.config
+
+
+def _pipeline_writer(url: str, prefix: str) -> tuple[Writer, Config]:
+    store = DelayStore(connect(url), Config(prefix=prefix, shards=4, durable_replicas=1, durable_timeout_ms=200))
+
+    def write(item_id: str) -> str:
+        with store.client.pipeline(transaction=True) as pipe:  # an adapter's own transaction
+            pipe.set(f"{prefix}-job:{item_id}", "x")
+            store.schedule(item_id, 60, RedisListTarget.envelope("out", b"x"), pipeline=pipe)
+            pipe.execute()
+        store.confirm_durable()
+        return item_id
+
+    return write, store.config
+
+
+def _rq_writer(url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Writer, Config]:
+    """RQ on the store's own Redis: its enqueue_in writes the job and our entry in one transaction."""
+    from delayq_backends.rq import Queue
+
+    for name, value in {"DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": "4", "DELAYQ_DURABLE_REPLICAS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DELAYQ_DURABLE_TIMEOUT_MS", "200")
+    monkeypatch.delenv("DELAYQ_URL", raising=False)
+    queue = Queue(f"{prefix}-q", connection=redis.Redis.from_url(url))
+    assert queue.delay_store.config.durable_replicas == 1
+    return (lambda _: queue.enqueue_in(timedelta(minutes=1), "builtins.print").id), queue.delay_store.config
+
+
+def _celery_writer(url: str, prefix: str) -> tuple[Writer, Config]:
+    app = Celery("durable", broker=f"{url.rsplit('/', 1)[0]}/1")
+    app.conf.update(delayq_url=url, delayq_prefix=prefix, delayq_durable_replicas=1, delayq_durable_timeout_ms=200)
+    install(app)
+    return (lambda _: app.send_task("t.later", countdown=60).id), store_for(app).config
+
+
+@pytest.mark.parametrize("path", ["core", "pipeline", "rq", "celery"])
+def test_a_failover_to_a_replica_cut_off_mid_run_loses_no_acknowledged_write(
+    primary_and_replica: tuple[EmbeddedServer, EmbeddedServer], path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21, finding 5: with durable_replicas=1, on every producer path, a write either
+    returns once the replica has it or raises. The replica is cut off after 30 writes
+    (REPLICAOF NO ONE: it keeps what it had, and later writes reach only the primary) and then
+    taken as the new primary: every write acknowledged is on it."""
+    primary, replica = primary_and_replica
+    prefix = f"v{uuid.uuid4().hex[:8]}"
+    if path == "rq":
+        write, config = _rq_writer(primary.url, prefix, monkeypatch)
+    else:
+        write, config = {"core": _core_writer, "pipeline": _pipeline_writer, "celery": _celery_writer}[path](
+            primary.url, prefix
+        )
+    acknowledged, refused = [], 0
+    for n in range(60):
+        if n == 30:
+            redis.Redis(port=replica.port).replicaof("NO", "ONE")  # cut off: the failover's new primary
+        try:
+            acknowledged.append(write(f"w{n}"))
+        except NotDurableError:
+            refused += 1
+    primary.kill()
+    promoted = DelayStore(connect(replica.url), replace(config, url=replica.url))
+    lost = [item_id for item_id in acknowledged if not promoted.exists(item_id)]
+    assert lost == [], f"{len(lost)} of {len(acknowledged)} acknowledged writes lost"
+    assert len(acknowledged) >= 30 and refused >= 25, (len(acknowledged), refused)  # the cut was real

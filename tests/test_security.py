@@ -19,17 +19,19 @@ from redis.cluster import RedisCluster
 
 import delayq_backends
 from delayq_backends import Config, ConfigError, DelayStore
-from delayq_backends.acl import acl_setuser
+from delayq_backends.acl import PRODUCER_FUNCTIONS, acl_setuser
 from delayq_backends.cli import main
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.keys import meta_key
 from delayq_backends.models import FailCounts, FailedDelivery
 from delayq_backends.scripts import (
     LIBRARY,
     SCRIPT_NAMES,
     Backend,
     ScriptRunner,
+    function_name,
     install_functions,
     library_code,
     parse_script,
@@ -38,6 +40,8 @@ from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.harness import Launcher
 from tests.helpers import wait_for
+from tests.test_celery.harness import CeleryEnv, new_env, watched
+from tests.test_celery.test_dedupe import runs_of
 
 
 @dataclass
@@ -100,6 +104,9 @@ def test_each_role_does_its_job_on_its_prefix_and_nothing_else(admin: Admin, pre
     producer = open_store(user_url(admin, prefix, "producer", functions=functions), prefix)
     forwarder_store = open_store(user_url(admin, prefix, "forwarder", functions=functions), prefix)
     reader = open_store(user_url(admin, prefix, "reader", functions=functions), prefix)
+    with pytest.raises(ConfigError, match="start a forwarder on the prefix first"):
+        producer.schedule("early", 1, RedisListTarget.envelope("out", b"x"))  # may not write the metadata
+    forwarder_store.check_meta()  # a forwarder's start records it
 
     producer.schedule_many((f"i{n}", 1, RedisListTarget.envelope("out", b"x"), n % 2) for n in range(50))
     assert producer.cancel("i0") and producer.reschedule("i1", 4_000_000_000)
@@ -142,6 +149,84 @@ def test_each_role_does_its_job_on_its_prefix_and_nothing_else(admin: Admin, pre
         producer.client.execute_command("FLUSHALL")
 
 
+def test_a_producer_cannot_lease_settle_purge_or_expire_items(admin: Admin, prefix: str) -> None:
+    """Issue 21, finding 7: with a producer's credentials, every forwarder function sent as FCALL
+    (a claim with a far clock and a huge lease, an ack, a purge of 1e9...), a direct expiry or
+    deletion of the shard's keys, and a write to the metadata, the dead letters or a rate bucket
+    are refused; nothing is claimed, lost or changed."""
+    admin.install_functions()
+    forwarder = open_store(user_url(admin, prefix, "forwarder"), prefix)  # the users' database
+    forwarder.check_meta()
+    producer = open_store(user_url(admin, prefix, "producer"), prefix)
+    producer.schedule_many((f"i{n}", 4_000_000_000, RedisListTarget.envelope("out", b"x")) for n in range(200))
+    keys = producer.keys(0)
+    shard_keys = keys.all()
+    forwarders = sorted(set(SCRIPT_NAMES) - set(PRODUCER_FUNCTIONS) - {"version"})
+    assert {"claim", "ack", "release", "extend", "keep", "fail", "purge", "requeue", "take"} <= set(forwarders)
+    for name in forwarders:
+        for command in ("FCALL", "FCALL_RO"):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                producer.client.execute_command(command, function_name(name), len(shard_keys), *shard_keys, 1, 2)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        producer.claim(0, limit=10_000, lease_ms=10**14, now=4_000_000_000_000 + 7_200_000)
+    forwarder.schedule("dead", 1, RedisListTarget.envelope("out", b"x"))
+    forwarder.fail(forwarder.claim(forwarder.shard_of("dead")), [FailedDelivery("dead", None, "boom")])
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        producer.purge_dead()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        producer.requeue_dead()
+    hostile = [
+        *(("PEXPIREAT", key, 1) for key in (keys.due, keys.items, keys.leased)),
+        *((verb, keys.due) for verb in ("DEL", "UNLINK", "PERSIST")),
+        ("PEXPIRE", keys.items, 1),
+        ("EXPIRE", keys.items, 1),
+        ("RENAME", keys.items, keys.dead_items),
+        ("HSET", meta_key(prefix), "layout", "1"),
+        ("HDEL", meta_key(prefix), "shards"),
+        ("HSET", keys.dead_items, "x", "y"),
+        ("ZADD", keys.dead, 1, "x"),
+        ("HSET", f"{prefix}:{{{prefix}}}:rate:out", "tokens", "-9007199254740000"),
+        ("SET", keys.started("i1", 0), "x"),
+    ]
+    for command in hostile:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            producer.client.execute_command(*command)
+    stats = forwarder.stats()
+    assert sum(s.scheduled for s in stats) == 200 and sum(s.leased for s in stats) == 0
+    assert sum(s.dead for s in stats) == 1
+    assert forwarder.client.hget(meta_key(prefix), "shards") == b"4"
+
+
+def test_a_worker_may_set_start_records_and_no_other_key(admin: Admin, prefix: str) -> None:
+    admin.install_functions()
+    open_store(user_url(admin, prefix, "forwarder"), prefix).check_meta()
+    worker = open_store(user_url(admin, prefix, "worker"), prefix)
+    record = worker.keys(0).started("i1", 0)
+    assert worker.client.set(record, "me", nx=True, px=60_000) and worker.client.get(record) == b"me"
+    assert worker.schedule("retry", 1, RedisListTarget.envelope("out", b"x")) == "added"  # a task's retry
+    for key in (worker.keys(0).due, worker.keys(0).items, meta_key(prefix), f"{prefix}:{{{prefix}}}:rate:q"):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            worker.client.set(key, "x")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.claim(0)
+
+
+def test_a_durable_producer_without_wait_is_refused_before_it_writes(admin: Admin, prefix: str) -> None:
+    """Rules of an older ``delayq acl`` lacked +wait: the durable write is refused up front, and
+    nothing is stored (not stored, then refused at its WAIT)."""
+    admin.install_functions()
+    open_store(user_url(admin, prefix, "forwarder"), prefix).check_meta()
+    name, password = f"old-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rules = [rule for rule in acl_setuser(name, prefix, "producer", password=password) if rule != "+wait"]
+    admin.client.execute_command(*rules)
+    admin.users.append(name)
+    url = f"redis://{name}:{password}@127.0.0.1:{admin.port}/0"
+    store = DelayStore(connect(url), Config(prefix=prefix, shards=4, durable_replicas=1, durable_timeout_ms=50))
+    with pytest.raises(ConfigError, match=r"grants \+wait"):
+        store.schedule("a", 1, RedisListTarget.envelope("out", b"x"))
+    assert not open_store(user_url(admin, prefix, "reader"), prefix).exists("a")
+
+
 #: A script that holds the server BUSY until SHUTDOWN NOSAVE once it has written.
 LOOP = "redis.call('SET', KEYS[1], 'x') while true do end"
 
@@ -171,6 +256,7 @@ def test_an_fcall_role_without_the_library_is_told_to_install_it(prefix: str) ->
     with EmbeddedServer() as server:
         client = redis.Redis.from_url(server.url)
         found = Admin(client, server.url, server.port)
+        open_store(server.url, prefix).check_meta()  # recorded, as a forwarder's start does
         producer = open_store(user_url(found, prefix, "producer"), prefix)
         with pytest.raises(ConfigError, match="delayq functions install"):
             producer.schedule("a", 1, RedisListTarget.envelope("out", b"x"))
@@ -384,6 +470,7 @@ def test_fcall_roles_work_on_a_cluster_once_installed_on_every_primary(
             admin.execute_command(*acl_setuser(name, prefix, role, password="pw"), target_nodes=RedisCluster.ALL_NODES)
         url = {role: redis_cluster.url.replace("redis://", f"redis://{name}:pw@") for role, name in users.items()}
         producer, forwarder = open_store(url["producer"], prefix), open_store(url["forwarder"], prefix)
+        forwarder.check_meta()  # a forwarder's start records the metadata, which a producer may only read
         producer.schedule_many((f"c{n}", 1, RedisListTarget.envelope("out", b"x")) for n in range(40))
         inbox = CollectingTarget("list")
         assert Forwarder(forwarder, [inbox]).run_once() == 40 and len(inbox.ids) == 40
@@ -421,3 +508,37 @@ def test_without_the_library_scripts_fall_back_to_eval_in_the_form_the_server_re
     assert fake.backend() == Backend(functions=False, shebang=False)
     install_functions(fake.client)
     assert ScriptRunner(fake.client).backend() == Backend(functions=True)
+
+
+def test_celery_workers_on_the_worker_role_record_starts_for_a_lossless_forwarder(
+    valkey_server: EmbeddedServer, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    """Issue 21, finding 6: workers with dedupe, on the ``worker`` role, record each run's start
+    (no NOPERM, no run left unchecked), and a lossless forwarder on the ``forwarder`` role finds
+    them started: each task runs once. The test's own sends go through the worker role too."""
+    client = redis.Redis.from_url(valkey_server.url)
+    admin = Admin(client, valkey_server.url, valkey_server.port)
+    admin.install_functions()
+    env = new_env("rabbitmq", rabbitmq_url, valkey_server)
+    env.dedupe = True
+    try:
+        with watched(env):
+            env.store = user_url(admin, env.prefix, "forwarder")
+            env.start_forwarder(tmp_path, extra=["--lossless", "--lossless-window", "1"])
+            wait_for(lambda: client.exists(meta_key(env.prefix)), 30, "the forwarder to record the metadata")
+            env.store = user_url(admin, env.prefix, "worker")
+            env.start_worker(tmp_path)
+            app = env.app()
+            ids = [app.send_task("dqt.record", args=[n], countdown=0.5, queue=env.queue).id for n in range(5)]
+            store = DelayStore.from_url(valkey_server.url, prefix=env.prefix, shards=4)
+            wait_for(lambda: all(store.get(i) is None for i in ids), 90, "the forwarder to find every run started")
+            assert all(len(runs_of(env, i)) == 1 for i in ids)
+            wait_for(lambda: "found started" in _logs(env), 30, "the forwarder to count the runs found started")
+            logs = _logs(env)
+            assert "NOPERM" not in logs and "no permissions" not in logs.lower() and "unchecked" not in logs
+    finally:
+        admin.clean_up()
+
+
+def _logs(env: CeleryEnv) -> str:
+    return "".join(log.read_text(errors="replace") for log in env.launcher.logs)

@@ -51,7 +51,8 @@ _stores: StoreCache[tuple[Any, ...]] = StoreCache()
 
 
 def store_of_connection(connection: redis.Redis) -> DelayStore:
-    """The delay store for queues on ``connection``, from ``DELAYQ_URL``/``DELAYQ_PREFIX``/``DELAYQ_SHARDS``.
+    """The delay store for queues on ``connection``, from ``DELAYQ_URL``/``DELAYQ_PREFIX``/``DELAYQ_SHARDS``
+    and ``DELAYQ_DURABLE_REPLICAS``/``DELAYQ_DURABLE_TIMEOUT_MS`` (each schedule WAITs for replicas).
 
     Without ``DELAYQ_URL`` the store lives on the queue's own Redis, which makes scheduling and
     forwarding atomic with RQ's writes. Env vars are the one channel that reaches queues that
@@ -63,22 +64,29 @@ def store_of_connection(connection: redis.Redis) -> DelayStore:
     """
     url = os.environ.get("DELAYQ_URL") or None
     prefix = os.environ.get("DELAYQ_PREFIX") or "delayq"
-    shards_text = os.environ.get("DELAYQ_SHARDS") or "16"
-    try:
-        shards = int(shards_text)
-    except ValueError:
-        raise ConfigError(f"DELAYQ_SHARDS={shards_text!r}: use a whole number, the store's shard count") from None
-    key = (url, prefix, shards) if url else (id(connection), prefix, shards)
+    shards = _env_int("DELAYQ_SHARDS", "16", "the store's shard count")
+    durable = _env_int("DELAYQ_DURABLE_REPLICAS", "0", "how many replicas must confirm each schedule")
+    timeout = _env_int("DELAYQ_DURABLE_TIMEOUT_MS", str(Config.durable_timeout_ms), "ms to wait for them")
+    key = (url, prefix, shards, durable, timeout) if url else (id(connection), prefix, shards, durable, timeout)
+
+    def build() -> DelayStore:
+        config = Config(prefix=prefix, shards=shards, durable_replicas=durable, durable_timeout_ms=timeout)
+        return DelayStore(connect(url), replace(config, url=url)) if url else DelayStore(connection, config)
+
     return _stores.get(
         key,
-        lambda: (
-            DelayStore(connect(url), Config(url=url, prefix=prefix, shards=shards))
-            if url
-            else DelayStore(connection, Config(prefix=prefix, shards=shards))
-        ),
+        build,
         # an id may be reused by a later connection: the store must be on this one
         valid=lambda store: url is not None or store.client is connection,
     )
+
+
+def _env_int(name: str, default: str, meaning: str) -> int:
+    text = os.environ.get(name) or default
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: use a whole number, {meaning}") from None
 
 
 def ready_at(when: Any) -> datetime:
@@ -208,6 +216,8 @@ class Queue(UsesDelayStore, RQQueue):
             store.schedule(job.id, ready, envelope, rank=job_rank(job), pipeline=pipe)
         if pipeline is None:
             pipe.execute()
+            if shared:
+                store.confirm_durable()  # RQ's transaction held our write: WAIT after its EXEC
         if not shared:
             # The job hash is saved first (or with the caller's pipeline): an id due at once must
             # not reach the forwarder before its job exists.

@@ -307,6 +307,7 @@ class Scheduler(UsesDelayStore):
                 job.save(pipeline=pipe)
                 store.schedule(job.id, seconds(ready_ms), envelope, rank=job_rank(job), pipeline=pipe)
                 pipe.execute()
+            store.confirm_durable()
         else:
             job.save()
             store.schedule(job.id, seconds(ready_ms), envelope, rank=job_rank(job))

@@ -8,18 +8,21 @@ Input:
   ARGV[4..] ids
 Output: {requeued, skipped, seen}: skipped = no envelope kept, or the id is scheduled again
 already (it stays a dead letter); seen = dead letters of the page. The caller pages through
-"all" (store.requeue_dead), so no call holds the server for long whatever the count.
+"all" (store.requeue_dead, DEAD_CHUNK a call); at most MAX_DEAD letters per call whatever the
+caller asks (ids past it are left), so no call, a caller's own FCALL included, holds the server long.
 An item keeps the rank it died with (recorded in dead_info; letters buried before ranks: 0). ]]
 --- @include "ranks"
 --- @include "wake"
 local k = {
   due = KEYS[1], items = KEYS[2], dead = KEYS[3], dead_items = KEYS[4], dead_info = KEYS[5], ranked = KEYS[6],
 }
+-- Must be >= reader.DEAD_CHUNK.
+local MAX_DEAD = 1000
 local ids = {}
-for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+for i = 4, math.min(#ARGV, MAX_DEAD + 3) do ids[#ids + 1] = ARGV[i] end
 if ARGV[3] == 'all' then
-  local offset = tonumber(ARGV[4])
-  ids = rcall('ZRANGE', k.dead, offset, offset + tonumber(ARGV[5]) - 1)
+  local offset, count = math.max(tonumber(ARGV[4]) or 0, 0), math.min(tonumber(ARGV[5]) or 0, MAX_DEAD)
+  ids = count >= 1 and rcall('ZRANGE', k.dead, offset, offset + count - 1) or {}
 end
 local before = head_score(k.due)
 local requeued, skipped = 0, 0

@@ -3,6 +3,7 @@ running script calls (streamed, on a caller's pipeline, or durably with WAIT).""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from functools import partial
 from types import TracebackType
@@ -27,11 +28,15 @@ from ..models import ScheduleItem
 from ..scripts.library import ScriptCall, ScriptRunner, function_missing
 from ..timeutil import Clock, ServerClock, When, to_ms
 
-__all__ = ["Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
+__all__ = ["NO_EARLIER_WAKE", "Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
 
 Payload = Envelope | bytes
 
 R = TypeVar("R")
+
+#: A wake-up that announces no earlier ready time (the largest ms a forwarder reads): sent only
+#: to move this connection's replication offset before a WAIT (:meth:`StoreCore.confirm_durable`).
+NO_EARLIER_WAKE = str(2**63 - 1)
 S = TypeVar("S", bound="StoreCore")
 
 
@@ -75,6 +80,7 @@ class StoreCore:
         self._shard_keys: list[ShardKeys] | None = None
         self._wake = wake_channel(self.config.prefix)
         self._meta_checked = False
+        self._wait_allowed = False
 
     @classmethod
     def from_url(cls: type[S], url: str, **settings: Any) -> S:
@@ -123,12 +129,7 @@ class StoreCore:
             return
         key = meta_key(self.config.prefix)
         if record:
-            if self.client.hget(key, "shards") is None:
-                # a new prefix: its layout goes in first, so shards without a layout means "made before"
-                self.client.hsetnx(key, "layout", LAYOUT)
-                self._shard_keys = None  # read the layout again: another writer may have been first
-            self.client.hsetnx(key, "shards", self.config.shards)
-            self.client.hsetnx(key, "format", FORMAT_VERSION)
+            self._record_meta(key)
         stored = self.client.hget(key, "shards")
         if stored is None:
             return
@@ -140,6 +141,25 @@ class StoreCore:
                 f"--shards / delayq_shards), or use a new prefix for a different layout"
             )
         self._meta_checked = True
+
+    def _record_meta(self, key: str) -> None:
+        """Record the layout, shard count and format the prefix lacks; writes nothing when all are
+        there, so a producer role (which may only read the metadata) passes once a forwarder has
+        recorded them."""
+        shards, envelope_format = self.client.hmget(key, "shards", "format")
+        if shards is None:
+            try:  # a new prefix: its layout goes in first, so shards without a layout means "made before"
+                self.client.hsetnx(key, "layout", LAYOUT)
+            except redis.exceptions.NoPermissionError as exc:
+                raise ConfigError(
+                    f"prefix {self.config.prefix!r} has no metadata yet and this user may not write it "
+                    f"(a producer role): start a forwarder on the prefix first, which records it ({exc})"
+                ) from exc
+            self._shard_keys = None  # read the layout again: another writer may have been first
+            self.client.hsetnx(key, "shards", self.config.shards)
+        if envelope_format is None:
+            with contextlib.suppress(redis.exceptions.NoPermissionError):  # a producer role: a forwarder will
+                self.client.hsetnx(key, "format", FORMAT_VERSION)
 
     def _select(self, shard: int | None) -> list[int]:
         if shard is None:
@@ -239,6 +259,7 @@ class StoreCore:
         travel together. On a cluster whose layout just changed (a failover), the cluster client
         refreshes its slot map and the call is tried once more.
         """
+        self._check_wait_allowed(self._node_client(shard))
         wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
         for attempt in (1, 2):
             try:
@@ -252,13 +273,53 @@ class StoreCore:
                 if not self.cluster or attempt == 2 or isinstance(exc, redis.OutOfMemoryError):
                     raise
                 self.client.nodes_manager.initialize()  # type: ignore[union-attr]
-        if int(acked) < wanted:
-            raise NotDurableError(
-                f"shard {shard}: written to the primary but confirmed by {acked} of {wanted} replicas within "
-                f"{timeout} ms, so a failover now could lose it; retry (scheduling is idempotent by id) "
-                "or check the replicas"
-            )
+        _check_acked(int(acked), wanted, timeout, f"shard {shard}")
         return call.parse(result)
+
+    def _check_wait_allowed(self, client: Any) -> None:
+        """Before the first durable write, that this user may send WAIT (``WAIT 0 0`` answers at
+        once): refused after the write, the caller would see an error for a write that was stored.
+
+        Raises:
+            ConfigError: the user's ACL lacks ``+wait`` (rules from an older ``delayq acl``).
+        """
+        if self._wait_allowed:
+            return
+        try:
+            client.execute_command("WAIT", 0, 0)
+        except redis.exceptions.NoPermissionError as exc:
+            raise ConfigError(
+                f"durable_replicas={self.config.durable_replicas} needs WAIT, which this Redis user may not send "
+                f"({exc}); nothing was written: apply this version's `delayq acl <role>` (it grants +wait) "
+                "or set durable_replicas=0"
+            ) from exc
+        self._wait_allowed = True
+
+    def confirm_durable(self) -> None:
+        """With ``durable_replicas``, wait until that many replicas have every write this process
+        made before the call: for writes queued on a caller's pipeline (``pipeline=``), after
+        its EXEC. A no-op without the option.
+
+        WAIT counts only writes of its own connection, and the caller's EXEC ran on another; but
+        replication is one ordered stream, so a write sent after the EXEC returned and confirmed
+        by WAIT on its connection confirms the EXEC too. That write is a wake-up announcing no
+        earlier time (forwarders ignore it), which every producer role may send. Not on a
+        cluster, where PUBLISH does not enter the replication stream (pipelines are for the
+        store's own server anyway).
+
+        Raises:
+            NotDurableError: fewer replicas confirmed within ``durable_timeout_ms``; the writes
+                are on the primary, so retrying them is safe.
+        """
+        wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
+        if not wanted:
+            return
+        self._check_wait_allowed(self.client)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.publish(self.wake_channel, NO_EARLIER_WAKE)
+            pipe.execute_command("WAIT", wanted, timeout)
+            _, acked = pipe.execute()
+        _check_acked(int(acked), wanted, timeout, "a caller's transaction")
 
     def _write_or_queue(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int, pipeline: Any) -> R | None:
         """Run ``call`` as a producer's write, or queue it on the caller's ``pipeline``."""
@@ -355,3 +416,13 @@ class _FullStoreSaidPlainly:
 
 
 _PLAINLY = _FullStoreSaidPlainly()
+
+
+def _check_acked(acked: int, wanted: int, timeout: int, where: str) -> None:
+    """Refuse a write that fewer than ``wanted`` replicas confirmed."""
+    if acked < wanted:
+        raise NotDurableError(
+            f"{where}: written to the primary but confirmed by {acked} of {wanted} replicas within "
+            f"{timeout} ms, so a failover now could lose it; retry (scheduling is idempotent by id) "
+            "or check the replicas"
+        )

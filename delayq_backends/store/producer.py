@@ -88,7 +88,8 @@ class Producer(StoreCore):
             pipeline: a caller's pipeline or MULTI/EXEC on the store's own server (not a
                 cluster): the schedule is queued there (returns None) and is stored if and only
                 if the caller's EXEC runs. Input is checked now, so bad input raises before
-                anything is queued.
+                anything is queued. With ``durable_replicas``, call :meth:`confirm_durable`
+                after the EXEC (the RQ queue does): WAIT cannot run inside it.
 
         Raises:
             InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError,
@@ -254,7 +255,7 @@ class Producer(StoreCore):
         server clock for "a lease past its deadline" (tests).
         """
         item = self.check_item(item_id, when, envelope, rank)
-        return self._run(
+        return self._write(
             lambda k: Rearm.call(k, item, lease="", expected=expected, now=self.script_now(now), wake=self._wake),
             shard_of(item.id, self.config.shards),
         )
