@@ -189,6 +189,11 @@ class ForwarderMetrics:
         self.dead_lettered = counter(
             "delayq_dead_lettered", "Items this forwarder moved to the dead letters (out of attempts or permanent)."
         )
+        self.meta_alarms = Counter(
+            "delayq_meta_alarms",
+            "Checks that found the store's metadata (<prefix>:meta) changed under this forwarder.",
+            registry=self.registry,
+        )
         self.lateness = Histogram(
             "delayq_lateness_seconds",
             "Forwarded time (store clock) minus ready time.",
