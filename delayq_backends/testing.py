@@ -156,9 +156,7 @@ class TestingStore(DelayStore):
 
     clock: FakeClock
 
-    def __init__(
-        self, config: Config | None = None, *, clock: FakeClock | None = None, server: Any = None
-    ) -> None:
+    def __init__(self, config: Config | None = None, *, clock: FakeClock | None = None, server: Any = None) -> None:
         client_class = _fake_client_class()
         if server is None:
             import fakeredis
@@ -167,9 +165,7 @@ class TestingStore(DelayStore):
         self.server = server
         super().__init__(client_class(server=server), config, clock=clock if clock is not None else FakeClock())
 
-    def claim(
-        self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
-    ) -> Claim:
+    def claim(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Claim:
         """:meth:`DelayStore.claim` at the fake clock's now unless ``now`` is given."""
         return super().claim(shard, limit=limit, lease_ms=lease_ms, now=self.clock() if now is None else now)
 
@@ -344,9 +340,7 @@ class ScheduledEntry:
     leased_until: datetime | None
 
 
-def scheduled(
-    store: DelayStore, *, target: str | None = None, destination: str | None = None
-) -> list[ScheduledEntry]:
+def scheduled(store: DelayStore, *, target: str | None = None, destination: str | None = None) -> list[ScheduledEntry]:
     """Every scheduled item (leased ones included), earliest ready time first, optionally only
     those for one target kind and/or destination.
 

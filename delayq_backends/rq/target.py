@@ -562,9 +562,7 @@ class RQTarget:
     def _meta(batch: _Batch, job_id: str) -> Mapping[str, Any]:
         return batch.deliveries[job_id].envelope.meta
 
-    def _schedule(
-        self, batch: _Batch, job_id: str, old_meta: Mapping[str, bytes | None]
-    ) -> dict[str, Any] | None:
+    def _schedule(self, batch: _Batch, job_id: str, old_meta: Mapping[str, bytes | None]) -> dict[str, Any] | None:
         """A Scheduler job's schedule: from its envelope, or (scheduled by delayq 0.1) from a JSON
         ``job.meta``, upgraded as it moves (the re-armed run carries it). A pickled ``meta`` is
         never loaded: ValueError names the operator's command that upgrades it."""

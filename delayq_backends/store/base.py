@@ -27,7 +27,7 @@ from ..keys import LAYOUT, MAX_RANK, ShardKeys, meta_key, normalize_id, shard_of
 from ..models import ScheduleItem
 from ..scripts.library import ScriptCall, ScriptRunner, function_missing
 from ..timeutil import Clock, ServerClock, When, to_ms
-from .layout import check_recorded, layout_in_use, recorded_layout
+from .layout import check_recorded, check_shards, layout_in_use, read_meta, recorded_layout
 
 __all__ = ["Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
 
@@ -108,7 +108,7 @@ class StoreCore:
             StoreMetaError: the recorded layout is garbage or not the one the shard keys use.
         """
         prefix, shards = self.config.prefix, self.config.shards
-        recorded = recorded_layout(prefix, *self.client.hmget(meta_key(prefix), "layout", "shards"))
+        recorded = recorded_layout(prefix, *read_meta(self.client, prefix))
         if recorded is None:  # a new prefix, or its meta deleted: the shard keys tell
             found = layout_in_use(self.client, prefix, shards) or LAYOUT
         else:
@@ -154,6 +154,7 @@ class StoreCore:
             return
         recorded = int(stored)
         if recorded != self.config.shards:
+            check_shards(self.client, self.config.prefix, self.config.shards, recorded)
             raise ShardMismatchError(
                 f"prefix {self.config.prefix!r} holds {recorded} shards in Redis but this client is "
                 f"configured with {self.config.shards}: set shards={recorded} (DELAYQ_SHARDS / "
@@ -169,8 +170,8 @@ class StoreCore:
             return None
         prefix, shards = self.config.prefix, self.config.shards
         key = meta_key(prefix)
-        layout, stored = self.client.hmget(key, "layout", "shards")
         try:
+            layout, stored = read_meta(self.client, prefix)
             recorded = recorded_layout(prefix, layout, stored)
         except StoreMetaError as exc:
             why = str(exc)

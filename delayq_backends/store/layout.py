@@ -9,11 +9,13 @@ keys exist is the one in use, whatever the hash says.
 
 from __future__ import annotations
 
+import redis
+
 from ..connection import Client
 from ..errors import StoreMetaError
 from ..keys import BALANCED_MAX_SHARDS, LAYOUT, ShardKeys, meta_key, shard_tags
 
-__all__ = ["LAYOUTS", "check_recorded", "layout_in_use", "recorded_layout"]
+__all__ = ["LAYOUTS", "check_recorded", "check_shards", "layout_in_use", "read_meta", "recorded_layout"]
 
 #: The layouts this release knows (keys.shard_tags).
 LAYOUTS = (1, 2)
@@ -24,6 +26,25 @@ def _fix(prefix: str, field: str, value: object) -> str:
         f"restore it with `HSET {meta_key(prefix)} {field} {value}`; only delayq writes this key "
         "(give producers the `delayq acl` producer role)"
     )
+
+
+def read_meta(client: Client, prefix: str) -> tuple[bytes | None, bytes | None]:
+    """The ``layout`` and ``shards`` fields of the prefix's meta hash.
+
+    Raises:
+        StoreMetaError: the key is not a hash.
+    """
+    key = meta_key(prefix)
+    try:
+        layout, shards = client.hmget(key, "layout", "shards")  # bytes: the store's clients never decode
+    except redis.ResponseError as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise
+        raise StoreMetaError(
+            f"{key} is not a hash: delete it (`DEL {key}`) and start a forwarder, which records it again from "
+            "the shard keys; only delayq writes this key (give producers the `delayq acl` producer role)"
+        ) from exc
+    return layout, shards  # type: ignore[return-value]
 
 
 def recorded_layout(prefix: str, layout: bytes | None, shards: bytes | None) -> int | None:
@@ -48,18 +69,25 @@ def recorded_layout(prefix: str, layout: bytes | None, shards: bytes | None) -> 
 
 def layout_in_use(client: Client, prefix: str, shards: int) -> int | None:
     """The one layout whose shard keys exist in Redis; None when neither or both do (an empty
-    store, or more shards than layout 2 balances, where both layouts name the same keys)."""
+    store, or more shards than layout 2 balances, where both layouts name the same keys).
+
+    Only the shards whose tags differ between the layouts tell them apart (layout 2 keeps a
+    plain tag whose slot already lies where it should).
+    """
     if shards > BALANCED_MAX_SHARDS:
         return None
-    found = []
-    for layout in LAYOUTS:
-        shard_keys = [ShardKeys(prefix, n, tag) for n, tag in enumerate(shard_tags(prefix, shards, layout))]
-        with client.pipeline(transaction=False) as pipe:
-            for k in shard_keys:
-                pipe.exists(k.due, k.items, k.dead)
-            if any(pipe.execute()):
-                found.append(layout)
-    return found[0] if len(found) == 1 else None
+    tags = {layout: shard_tags(prefix, shards, layout) for layout in LAYOUTS}
+    telling = [
+        (layout, ShardKeys(prefix, n, tags[layout][n]))
+        for n in range(shards)
+        for layout in LAYOUTS
+        if tags[1][n] != tags[2][n]
+    ]
+    with client.pipeline(transaction=False) as pipe:
+        for _, k in telling:
+            pipe.exists(k.due, k.items, k.dead)
+        found = {layout for (layout, _), n in zip(telling, pipe.execute()) if n}
+    return found.pop() if len(found) == 1 else None
 
 
 def check_recorded(client: Client, prefix: str, shards: int, recorded: int) -> None:
@@ -73,4 +101,18 @@ def check_recorded(client: Client, prefix: str, shards: int, recorded: int) -> N
         raise StoreMetaError(
             f"{meta_key(prefix)} records layout {recorded} but the shard keys in Redis use layout {in_use}: "
             f"items would be stranded unseen; {_fix(prefix, 'layout', in_use)}"
+        )
+
+
+def check_shards(client: Client, prefix: str, configured: int, recorded: int) -> None:
+    """Refuse a recorded shard count none of whose shard keys exist while the configured
+    count's do (told apart in layout 2 only: layout 1 names shard k alike for every count).
+
+    Raises:
+        StoreMetaError: names the meta key and the command that restores it.
+    """
+    if layout_in_use(client, prefix, recorded) is None and layout_in_use(client, prefix, configured) is not None:
+        raise StoreMetaError(
+            f"{meta_key(prefix)} records {recorded} shards but the shard keys in Redis are those of {configured}: "
+            f"{_fix(prefix, 'shards', configured)}"
         )
