@@ -13,6 +13,7 @@ named test. The outcome of a hostile write is one of two, never "forwarded 0, er
 from __future__ import annotations
 
 import re
+import threading
 import types
 from collections.abc import Callable
 from functools import cached_property
@@ -23,8 +24,11 @@ import redis
 
 from delayq_backends import DelayStore, keys
 from delayq_backends.envelope import with_rate_key
+from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import ShardKeys, key_rate_key, meta_key, rate_key
+from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.targets import RedisListTarget
+from delayq_backends.testing import CollectingTarget
 from tests.harness import Launcher, Proc, make_store
 from tests.helpers import wait_for
 
@@ -220,3 +224,23 @@ def test_garbage_in_rate_buckets_is_reset_and_the_queue_flows(
         lines = [f"({bucket}) held out-of-range values" for bucket in buckets]
         wait_for(lambda: all(line in log.read_text() for line in lines), 10, lambda: procs.tail())
     assert proc.poll() is None
+
+
+def test_a_meta_change_under_a_running_forwarder_is_counted(valkey_url: str, prefix: str) -> None:
+    """The alarm is a metric too, and the forwarder keeps forwarding with its checked layout."""
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    metrics = ForwarderMetrics()
+    inbox = CollectingTarget("list")
+    forwarder = Forwarder(store, [inbox], metrics=metrics, poll_interval=0.1)
+    runner = threading.Thread(target=forwarder.run, kwargs={"install_signals": False})
+    runner.start()
+    try:
+        wait_for(lambda: store.layout is not None, 10, "the forwarder to read the layout")
+        store.client.hset(meta_key(prefix), "layout", "1")
+        alarms = lambda: metrics.registry.get_sample_value("delayq_meta_alarms_total") or 0  # noqa: E731
+        wait_for(lambda: alarms() >= 1, 20, "delayq_meta_alarms to count the change")
+        schedule(store, 5)
+        wait_for(lambda: len(inbox.ids) == 5, 20, lambda: f"{inbox.ids} delivered")
+    finally:
+        forwarder.stop()
+        runner.join(10)
