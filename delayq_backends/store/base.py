@@ -108,7 +108,7 @@ class StoreCore:
             StoreMetaError: the recorded layout is garbage or not the one the shard keys use.
         """
         prefix, shards = self.config.prefix, self.config.shards
-        recorded = recorded_layout(prefix, *read_meta(self.client, prefix))
+        recorded = recorded_layout(prefix, *read_meta(self.client, prefix), shards)
         if recorded is None:  # a new prefix, or its meta deleted: the shard keys tell
             found = layout_in_use(self.client, prefix, shards) or LAYOUT
         else:
@@ -172,7 +172,7 @@ class StoreCore:
         key = meta_key(prefix)
         try:
             layout, stored = read_meta(self.client, prefix)
-            recorded = recorded_layout(prefix, layout, stored)
+            recorded = recorded_layout(prefix, layout, stored, shards)
         except StoreMetaError as exc:
             why = str(exc)
         else:

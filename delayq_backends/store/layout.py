@@ -47,16 +47,20 @@ def read_meta(client: Client, prefix: str) -> tuple[bytes | None, bytes | None]:
     return layout, shards  # type: ignore[return-value]
 
 
-def recorded_layout(prefix: str, layout: bytes | None, shards: bytes | None) -> int | None:
+def recorded_layout(prefix: str, layout: bytes | None, shards: bytes | None, configured: int) -> int | None:
     """The layout the meta hash records (its ``layout`` and ``shards`` fields): None for a new
     prefix (no shards yet), 1 for a prefix made before layouts were recorded (shards, no layout).
+    ``configured`` is this client's shard count, offered in the fix for a garbage count.
 
     Raises:
         StoreMetaError: ``layout`` or ``shards`` is not a value this release wrote.
     """
     key = meta_key(prefix)
     if shards is not None and not (shards.isdigit() and int(shards) > 0):
-        raise StoreMetaError(f"{key} field shards is {shards[:40]!r}, not a shard count: {_fix(prefix, 'shards', 'N')}")
+        raise StoreMetaError(
+            f"{key} field shards is {shards[:40]!r}, not a shard count: if its items were scheduled with "
+            f"{configured} shards (this client's setting), {_fix(prefix, 'shards', configured)}"
+        )
     if layout is None:
         return None if shards is None else 1
     if layout not in {str(n).encode() for n in LAYOUTS}:
