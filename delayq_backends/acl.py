@@ -139,9 +139,7 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     return rules
 
 
-def acl_setuser(
-    user: str, prefix: str, role: str, *, password: str | None = None, functions: bool = True
-) -> list[str]:
+def acl_setuser(user: str, prefix: str, role: str, *, password: str | None = None, functions: bool = True) -> list[str]:
     """The full ``ACL SETUSER`` command as arguments (``>password`` or a placeholder)."""
     secret = f">{password}" if password is not None else "><password>"
     return ["ACL", "SETUSER", user, "reset", "on", secret, *acl_rules(prefix, role, functions=functions)]

@@ -25,6 +25,7 @@ __all__ = [
     "NotDurableError",
     "ShardMismatchError",
     "StoreFullError",
+    "StoreMetaError",
 ]
 
 
@@ -42,6 +43,11 @@ class ShardMismatchError(ConfigError):
     Routing by ``crc32(id) % shards`` with the wrong count would look items up in the wrong
     shard, so this is refused instead of silently misrouting.
     """
+
+
+class StoreMetaError(ShardMismatchError):
+    """The store's metadata (``<prefix>:meta``) holds garbage or disagrees with the shard keys
+    in Redis: the message names the key and the command that restores it."""
 
 
 class InvalidTimeError(DelayqError, ValueError):

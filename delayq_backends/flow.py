@@ -31,6 +31,7 @@ import redis
 
 from .envelope import INVALID_RATE_KEY, rate_key_of
 from .errors import ConfigError, StoreFullError
+from .keys import key_rate_key, rate_key
 from .models import TokenGrant
 from .store import DelayStore
 from .targets import Delivery, DepthTarget, Target
@@ -325,7 +326,8 @@ class FlowGate:
         wanted = {key: len(group) for key, group in by_key.items()}
         taken = self.store.take_key_tokens(queue, wanted, rate=rate, burst=burst_of(rate))
         for key, group in by_key.items():
-            go, later = self._booked(f"{queue!r} key {key!r}", group, taken[key], rate, now_ms)
+            bucket = f"{queue!r} key {key!r} ({key_rate_key(self.store.config.prefix, queue, key)})"
+            go, later = self._booked(bucket, group, taken[key], rate, now_ms)
             out.go.extend(go)
             out.later.extend(later)
         return out
@@ -337,7 +339,8 @@ class FlowGate:
             taken = self.store.take_tokens(queue, len(deliveries), rate=rate, burst=burst_of(rate))
         except (redis.ResponseError, StoreFullError) as exc:
             taken = exc
-        return self._booked(repr(queue), deliveries, taken, rate, now_ms)
+        bucket = f"{queue!r} ({rate_key(self.store.config.prefix, queue)})"
+        return self._booked(bucket, deliveries, taken, rate, now_ms)
 
     def _booked(
         self, bucket: str, deliveries: list[Delivery], taken: TokenGrant | Exception, rate: float, now_ms: int
@@ -348,6 +351,13 @@ class FlowGate:
             log.error("rate bucket of %s failed (%s: %s); holding its items back", bucket, type(taken).__name__, taken)
             not_before = now_ms + int(self.control.recheck * 1000)
             return Admission([], [(d.id, not_before) for d in deliveries])
+        if taken.reset:  # hand-written garbage: the script reset it, so the queue flows on
+            log.warning(
+                "rate bucket of %s held out-of-range values (%r): reset to a new bucket's; "
+                "only forwarders write it (check what else writes the store's keys)",
+                bucket,
+                taken.reset,
+            )
         granted, first = taken.granted, taken.first_slot_ms
         step, grid = 1000 / rate, slot_quantum_ms(rate)
         later = [(d.id, math.ceil((first + i * step) / grid) * grid) for i, d in enumerate(deliveries[granted:])]

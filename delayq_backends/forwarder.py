@@ -67,6 +67,8 @@ _STORE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, redis.Redi
 #: Shortest gap between two log lines about garbage on the wake channel (anyone allowed to
 #: PUBLISH there could otherwise flood the log).
 _BAD_WAKE_LOG_EVERY_S = 10.0
+#: How often a running forwarder re-reads the store's metadata to see it was not changed under it.
+_META_WATCH_S = 5.0
 
 T = TypeVar("T")
 
@@ -129,6 +131,8 @@ class ForwarderStats:
     batches: int = 0
     outages: int = 0
     errors: int = 0
+    #: checks that found the store's metadata changed under this forwarder (it kept its layout)
+    meta_alarms: int = 0
     lateness_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000), repr=False)
 
     def percentile(self, q: float) -> int | None:
@@ -829,7 +833,7 @@ class Forwarder:
         self.store.check_meta()  # a forwarder with the wrong shard count refuses to start
         self.check_targets()
         pubsub = self._subscribe()
-        last_log = time.monotonic()
+        last_log = last_watch = time.monotonic()
         log.info(
             "forwarder %s started: %d shards, batch %d, targets %s",
             self.name,
@@ -851,6 +855,9 @@ class Forwarder:
                     self.stats.errors += 1
                     log.exception("forwarder loop failed; going on in %.1f s", self.poll_interval)
                     self._stop.wait(self.poll_interval)
+                if time.monotonic() - last_watch >= _META_WATCH_S:
+                    last_watch = time.monotonic()
+                    self._watch_meta()
                 if time.monotonic() - last_log >= log_every:
                     last_log = time.monotonic()
                     self._log_summary()
@@ -881,6 +888,19 @@ class Forwarder:
                     raise ConfigError(f"cannot forward to target {kind!r}: {config_fix(cause)}") from exc
                 log.warning("target %r cannot be reached yet (%s: %s); forwarding starts", kind, type(exc).__name__,
                             exc)  # fmt: skip
+
+    def _watch_meta(self) -> None:
+        """Say loudly (an error line, a metric) when the store's metadata changed under this
+        forwarder; it goes on with the layout it checked at start against the shard keys."""
+        try:
+            drift = self.store.meta_drift()
+        except _STORE_ERRORS:
+            return  # an outage: the loop reports it
+        if drift is not None:
+            self.stats.meta_alarms += 1
+            if self.metrics is not None:
+                self.metrics.meta_alarms.inc()
+            log.error("store metadata changed: %s", drift)
 
     def _subscribe(self, old: Any = None) -> Any:
         if old is not None:

@@ -198,6 +198,11 @@ class ForwarderMetrics:
             ("format",),
             registry=self.registry,
         )
+        self.meta_alarms = Counter(
+            "delayq_meta_alarms",
+            "Checks that found the store's metadata (<prefix>:meta) changed under this forwarder.",
+            registry=self.registry,
+        )
         self.lateness = Histogram(
             "delayq_lateness_seconds",
             "Forwarded time (store clock) minus ready time.",

@@ -269,11 +269,13 @@ class FailCounts:
 @dataclass(frozen=True)
 class TokenGrant:
     """Tokens taken from a queue's rate bucket: the refused rest may go from ``first_slot_ms``
-    on, one every ``1000 / rate`` ms (they hold those slots). ``now_ms`` is the server's clock."""
+    on, one every ``1000 / rate`` ms (they hold those slots). ``now_ms`` is the server's clock.
+    ``reset`` names the bucket's fields that held garbage and were reset ("" when none)."""
 
     granted: int
     first_slot_ms: int
     now_ms: int
+    reset: str = ""
 
 
 @dataclass(frozen=True)

@@ -157,9 +157,7 @@ class TestingStore(DelayStore):
 
     clock: FakeClock
 
-    def __init__(
-        self, config: Config | None = None, *, clock: FakeClock | None = None, server: Any = None
-    ) -> None:
+    def __init__(self, config: Config | None = None, *, clock: FakeClock | None = None, server: Any = None) -> None:
         client_class = _fake_client_class()
         if server is None:
             import fakeredis
@@ -323,9 +321,7 @@ class ScheduledEntry:
     leased_until: datetime | None
 
 
-def scheduled(
-    store: DelayStore, *, target: str | None = None, destination: str | None = None
-) -> list[ScheduledEntry]:
+def scheduled(store: DelayStore, *, target: str | None = None, destination: str | None = None) -> list[ScheduledEntry]:
     """Every scheduled item (leased ones included), earliest ready time first, optionally only
     those for one target kind and/or destination.
 

@@ -125,17 +125,23 @@ def test_buckets_of_idle_keys_expire(server_url: str, prefix: str) -> None:
 
 
 def test_a_failing_key_bucket_holds_its_items_back_and_the_others_go(
-    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = make_store(valkey_url, prefix, shards=4)
     now = store.server_time_ms() / 1000 - 1
     store.schedule_many([("a1", now, keyed("q", "A")), ("b1", now, keyed("q", "B"))])
-    store.client.set(key_rate_key(prefix, "q", "A"), "not a hash")
+    take = store.take_key_tokens
+
+    def failing_a(queue: str, wanted: dict[str, int], **kw: object) -> dict[str, TokenGrant | Exception]:
+        taken = take(queue, wanted, **kw)  # type: ignore[arg-type]
+        return {**taken, "A": redis.ResponseError("NOPERM this user has no permissions to access the key")}
+
+    monkeypatch.setattr(store, "take_key_tokens", failing_a)
     inbox = CollectingTarget("list")
     forwarder = TestingForwarder(store, [inbox], clock=store.server_time_ms, flow=FlowControl(key_rates={"q": 10}))
     with caplog.at_level(logging.ERROR, logger="delayq.flow"):
         forwarder.run_once()
-    assert inbox.ids == ["b1"] and "rate bucket of 'q' key 'A' failed" in caplog.text
+    assert inbox.ids == ["b1"] and "rate bucket of 'q' key 'A'" in caplog.text and "failed" in caplog.text
     item = store.get("a1")
     assert item is not None and item.attempts == 0 and item.leased_until_ms is not None  # deferred
 

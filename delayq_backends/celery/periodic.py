@@ -302,9 +302,7 @@ _VOLATILE_HEADERS = {"id", "origin", "root_id", "parent_id"}
 _VOLATILE_PROPERTIES = {"correlation_id", "reply_to"}
 
 
-def _fingerprint(
-    message: StoredMessage, schedule: Schedule, misfire: Misfire, expires: float | None, rank: int
-) -> str:
+def _fingerprint(message: StoredMessage, schedule: Schedule, misfire: Misfire, expires: float | None, rank: int) -> str:
     """A hash of everything that makes the entry's runs, so a sync can tell "unchanged"."""
     headers = {k: v for k, v in message.headers.items() if k not in _VOLATILE_HEADERS}
     if expires is not None:

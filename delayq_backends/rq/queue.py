@@ -170,9 +170,7 @@ class Queue(UsesDelayStore, RQQueue):
         finally:
             _collapsing.reset(token)
 
-    def schedule_job(
-        self, job: Job, datetime: datetime, pipeline: Any | None = None, *args: Any, **kwargs: Any
-    ) -> Job:
+    def schedule_job(self, job: Job, datetime: datetime, pipeline: Any | None = None, *args: Any, **kwargs: Any) -> Job:
         """Save the job as RQ does (status ``scheduled``) and schedule its id in the delay store.
 
         RQ's own ``schedule_job`` writes the job hash, so the saved job matches each RQ version

@@ -314,8 +314,13 @@ class Take:
             cls.name,
             (bucket,),
             (repr(float(rate)), burst, wanted, now),
-            lambda r: TokenGrant(granted=int(r[0]), first_slot_ms=int(r[1]), now_ms=int(r[2])),
+            lambda r: TokenGrant(granted=int(r[0]), first_slot_ms=int(r[1]), now_ms=int(r[2]), reset=_text(r[3])),
         )
+
+
+def _text(reply: Any) -> str:
+    """A script's string reply as text (garbage bytes it echoes stay readable)."""
+    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
 
 
 def _requeue_page(reply: Any) -> RequeuePage:

@@ -22,11 +22,13 @@ from ..errors import (
     PayloadTooLargeError,
     ShardMismatchError,
     StoreFullError,
+    StoreMetaError,
 )
 from ..keys import LAYOUT, MAX_RANK, ShardKeys, meta_key, normalize_id, shard_of, shard_tags, wake_channel
 from ..models import ScheduleItem
 from ..scripts.library import ScriptCall, ScriptRunner, function_missing
 from ..timeutil import Clock, ServerClock, When, to_ms
+from .layout import check_recorded, check_shards, layout_in_use, read_meta, recorded_layout
 
 __all__ = ["NO_EARLIER_WAKE", "Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
 
@@ -81,6 +83,8 @@ class StoreCore:
         self._wake = wake_channel(self.config.prefix)
         self._meta_checked = False
         self._wait_allowed = False
+        #: the key layout in use (keys.shard_tags), known once the shard keys are
+        self.layout: int | None = None
 
     @classmethod
     def from_url(cls: type[S], url: str, **settings: Any) -> S:
@@ -100,13 +104,25 @@ class StoreCore:
 
     @property
     def _keys(self) -> list[ShardKeys]:
-        """Every shard's keys, in the layout recorded for the prefix (read once)."""
-        if self._shard_keys is None:
-            layout, shards = self.client.hmget(meta_key(self.config.prefix), "layout", "shards")
-            # a prefix that records shards but no layout was made before layouts were recorded
-            found = int(layout) if layout is not None else 1 if shards is not None else LAYOUT
-            tags = shard_tags(self.config.prefix, self.config.shards, found)
-            self._shard_keys = [ShardKeys(self.config.prefix, k, tags[k]) for k in range(self.config.shards)]
+        """Every shard's keys, in the layout recorded for the prefix (read and checked once)."""
+        return self._load_keys() if self._shard_keys is None else self._shard_keys
+
+    def _load_keys(self) -> list[ShardKeys]:
+        """Read and check the recorded layout, then build every shard's keys in it.
+
+        Raises:
+            StoreMetaError: the recorded layout is garbage or not the one the shard keys use.
+        """
+        prefix, shards = self.config.prefix, self.config.shards
+        recorded = recorded_layout(prefix, *read_meta(self.client, prefix), shards)
+        if recorded is None:  # a new prefix, or its meta deleted: the shard keys tell
+            found = layout_in_use(self.client, prefix, shards) or LAYOUT
+        else:
+            check_recorded(self.client, prefix, shards, recorded)
+            found = recorded
+        tags = shard_tags(prefix, shards, found)
+        self._shard_keys = [ShardKeys(prefix, k, tags[k]) for k in range(shards)]
+        self.layout = found
         return self._shard_keys
 
     def shard_of(self, item_id: str | bytes) -> int:
@@ -131,10 +147,13 @@ class StoreCore:
         if record:
             self._record_meta(key)
         stored = self.client.hget(key, "shards")
+        if self._shard_keys is None:
+            self._load_keys()  # checks the recorded layout (and the shards field) before any use
         if stored is None:
             return
         recorded = int(stored)
         if recorded != self.config.shards:
+            check_shards(self.client, self.config.prefix, self.config.shards, recorded)
             raise ShardMismatchError(
                 f"prefix {self.config.prefix!r} holds {recorded} shards in Redis but this client is "
                 f"configured with {self.config.shards}: set shards={recorded} (DELAYQ_SHARDS / "
@@ -148,8 +167,10 @@ class StoreCore:
         recorded them."""
         shards, envelope_format = self.client.hmget(key, "shards", "format")
         if shards is None:
-            try:  # a new prefix: its layout goes in first, so shards without a layout means "made before"
-                self.client.hsetnx(key, "layout", LAYOUT)
+            try:  # a new prefix (or its meta deleted: the shard keys tell): its layout goes in first,
+                # so shards without a layout means "made before"
+                layout = layout_in_use(self.client, self.config.prefix, self.config.shards) or LAYOUT
+                self.client.hsetnx(key, "layout", layout)
             except redis.exceptions.NoPermissionError as exc:
                 raise ConfigError(
                     f"prefix {self.config.prefix!r} has no metadata yet and this user may not write it "
@@ -160,6 +181,30 @@ class StoreCore:
         if envelope_format is None:
             with contextlib.suppress(redis.exceptions.NoPermissionError):  # a producer role: a forwarder will
                 self.client.hsetnx(key, "format", FORMAT_VERSION)
+
+    def meta_drift(self) -> str | None:
+        """What ``<prefix>:meta`` says now that differs from the layout and shard count this
+        store checked and uses, with the command that restores it; None when it agrees (or
+        before the layout was read). The store goes on with its checked layout either way."""
+        if self.layout is None:
+            return None
+        prefix, shards = self.config.prefix, self.config.shards
+        key = meta_key(prefix)
+        try:
+            layout, stored = read_meta(self.client, prefix)
+            recorded = recorded_layout(prefix, layout, stored, shards)
+        except StoreMetaError as exc:
+            why = str(exc)
+        else:
+            if recorded == self.layout and stored == str(shards).encode():
+                return None
+            why = f"{key} now records layout {recorded}, shards {stored!r}"
+        return (
+            f"{why}; this process keeps layout {self.layout} and {shards} shards, which the shard keys use, "
+            f"but clients started now would refuse or miss the items: restore it with "
+            f"`HSET {key} layout {self.layout} shards {shards}` and find what wrote it (only delayq "
+            "writes this key: give producers the `delayq acl` producer role)"
+        )
 
     def _select(self, shard: int | None) -> list[int]:
         if shard is None:

@@ -205,9 +205,7 @@ class Producer(StoreCore):
     @overload
     def reschedule(self, item_id: str | bytes, when: When, *, pipeline: Any) -> None: ...
 
-    def reschedule(
-        self, item_id: str | bytes, when: When, *, pipeline: Any = None
-    ) -> RescheduleOutcome | None:
+    def reschedule(self, item_id: str | bytes, when: When, *, pipeline: Any = None) -> RescheduleOutcome | None:
         """Move an existing item to ``when``; starts its attempts again.
 
         Returns RESCHEDULED (truthy), NOT_FOUND, or IN_FLIGHT when a forwarder holds it leased:
