@@ -174,8 +174,9 @@ def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
 
 
 def _run_message(message: StoredMessage, task_id: str, expires: float | None, now_ms: int) -> StoredMessage:
-    """The message of one run: its own task id, and ``expires`` counted from this send."""
-    headers = {**message.headers, "id": task_id}
+    """The message of one run: its own task id (and root id: a run starts its own workflow, as a
+    beat send does), and ``expires`` counted from this send."""
+    headers = {**message.headers, "id": task_id, "root_id": task_id}
     if expires is not None:
         headers["expires"] = (from_ms(now_ms) + timedelta(seconds=expires)).isoformat()
     return replace(message, headers=headers, properties={**message.properties, "correlation_id": task_id})

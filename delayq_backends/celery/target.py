@@ -104,8 +104,9 @@ class CeleryTarget:
         return cls(connect, **kwargs)
 
     def describe(self) -> str:
-        """The broker URL, password hidden, for logs and banners."""
-        return redact_url(self._connection_or_new().as_uri())
+        """The broker URL, password hidden, for logs and banners (``***`` only where there is one:
+        kombu's own ``as_uri()`` writes ``:**@`` into a URL without a password)."""
+        return redact_url(self._connection_or_new().as_uri(include_password=True))
 
     # -- publishing -------------------------------------------------------------------------
 
