@@ -495,6 +495,19 @@ def task_view(envelope: Envelope) -> TaskView | None:
 
 # -- the forwarder's side ----------------------------------------------------------------------
 
+#: the shortest lease an entry is fired under: a broker's publish confirm must fit in it
+MIN_ENTRY_LEASE_MS = 1000
+
+
+def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
+    """How long a forwarder firing ``state``'s entry holds it: half its period (at least
+    :data:`MIN_ENTRY_LEASE_MS`), at most the store's lease. A forwarder killed while firing it
+    delays the entry by that much: under ``run_once`` a lease longer than the period would
+    collapse the periods it covers into one run."""
+    period = state.schedule.following(state.slot).at_ms - state.slot.at_ms
+    return min(lease_ms, max(MIN_ENTRY_LEASE_MS, period // 2))
+
+
 
 class PeriodicTarget:
     """Fires ``celery-periodic`` items: publishes each due period's run through ``inner`` (the
@@ -524,6 +537,7 @@ class PeriodicTarget:
         now = self.clock() if self.clock is not None else lease.now_ms()
         fired: list[tuple[Delivery, StoredMessage, PeriodicState, Plan, list[str]]] = []
         runs: list[Delivery] = []
+        shorter: dict[int, list[str]] = {}
         for d in deliveries:
             try:
                 message, state = _decode(d.envelope)
@@ -531,6 +545,9 @@ class PeriodicTarget:
             except (EnvelopeError, ValueError, TypeError, KeyError, OverflowError) as exc:
                 report.failed.append(DeliveryFailure(d.id, f"cannot fire this periodic entry: {exc}", permanent=True))
                 continue
+            fit = entry_lease_ms(state, lease.store.config.lease_ms)
+            if fit < lease.store.config.lease_ms:
+                shorter.setdefault(fit, []).append(d.id)
             ids = []
             for slot in plan.runs:
                 task_id = run_task_id(state.name, slot)
@@ -538,6 +555,8 @@ class PeriodicTarget:
                 ids.append(f"{d.id}#{task_id}")
                 runs.append(Delivery(ids[-1], run.to_envelope(), d.attempts, slot.at_ms))
             fired.append((d, message, state, plan, ids))
+        for fit, ids in shorter.items():  # before the publish: a kill from here on costs one short lease
+            lease.extend(ids, lease_ms=fit)
         sent = self.inner.publish_many(runs) if runs else PublishReport()
         report.broker_error = sent.broker_error
         published, unsent = set(sent.published), set(sent.unsent)
