@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import time
 from typing import Any
 
 from delayq_backends.celery import CeleryTarget, store_for
 from delayq_backends.celery.periodic import PeriodicTarget, sync
 from delayq_backends.forwarder import Forwarder
+from tests.test_celery.crash_forwarder import forward_until_killed
 from tests.test_celery.periodic_app import app
 
 
@@ -29,12 +28,7 @@ def main() -> None:
     store = store_for(app)
     sync(app, store)
     target = CeleryTarget.from_app(app)
-    forwarder = Forwarder(store, [target, CrashAfterFiring(target)])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        forwarder.run_once()
-        time.sleep(0.05)
-    sys.exit("the entry did not come due within 60 s")
+    forward_until_killed(Forwarder(store, [target, CrashAfterFiring(target)]))
 
 
 if __name__ == "__main__":
