@@ -39,8 +39,8 @@ def _redact_one(url: str) -> str:
     head, rest = (url[: scheme.end()], url[scheme.end() :]) if scheme else ("", url)
     user_info, at, tail = rest.rpartition("@")
     if at:
-        user, colon, _ = user_info.partition(":")
-        rest = f"{user}:***@{tail}" if colon else rest
+        user, colon, password = user_info.partition(":")
+        rest = f"{user}:***@{tail}" if password else rest
     return head + _QUERY_PASSWORD.sub(r"\1***", rest)
 
 

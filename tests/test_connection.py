@@ -41,6 +41,12 @@ def test_redact_url_hides_every_password(url: str, shown: str) -> None:
     assert "s3" not in redact_url(url) and "cret" not in redact_url(url)
 
 
+@pytest.mark.parametrize("url", ["redis://localhost:6379/1", "redis://:@localhost:6379/1", "amqp://guest@h//"])
+def test_a_url_without_a_password_is_shown_without_stars(url: str) -> None:
+    """Issue 22: banners showed ``redis://:***@…`` for a URL that has no password."""
+    assert "***" not in redact_url(url)
+
+
 @pytest.mark.parametrize("url", ["redis://:s3cret/x@host:6379/0", "redis://u:s3cret@host:notaport/0"])
 def test_a_malformed_url_is_refused_without_quoting_the_password(url: str) -> None:
     with pytest.raises(ConfigError) as refused:

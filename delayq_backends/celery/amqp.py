@@ -190,13 +190,7 @@ class Control(CeleryControl):  # type: ignore[misc]
         """
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
         report = revoke_everywhere(self.app, ids, destination=destination, terminate=terminate, **kwargs)
-        for one in report.store:
-            if one.outcome is not None and one.may_still_run:
-                log.warning("revoke %s", one.describe())
-        if report.broadcast_error is not None:
-            raise report.broadcast_error
-        if report.store_failures:
-            raise StoreUnavailableError("; ".join(r.describe() for r in report.store_failures))
+        report.raise_errors()
         return report.reply
 
 

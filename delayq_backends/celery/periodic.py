@@ -181,8 +181,9 @@ def _run_delivery(d: Delivery, message: StoredMessage, state: PeriodicState, slo
 
 
 def _run_message(message: StoredMessage, task_id: str, expires: float | None, now_ms: int) -> StoredMessage:
-    """The message of one run: its own task id, and ``expires`` counted from this send."""
-    headers = {**message.headers, "id": task_id}
+    """The message of one run: its own task id (and root id: a run starts its own workflow, as a
+    beat send does), and ``expires`` counted from this send."""
+    headers = {**message.headers, "id": task_id, "root_id": task_id}
     if expires is not None:
         headers["expires"] = (from_ms(now_ms) + timedelta(seconds=expires)).isoformat()
     return replace(message, headers=headers, properties={**message.properties, "correlation_id": task_id})
@@ -529,6 +530,19 @@ def task_view(envelope: Envelope) -> TaskView | None:
 
 # -- the forwarder's side ----------------------------------------------------------------------
 
+#: the shortest lease an entry is fired under: a broker's publish confirm must fit in it
+MIN_ENTRY_LEASE_MS = 1000
+
+
+def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
+    """How long a forwarder firing ``state``'s entry holds it: half its period (at least
+    :data:`MIN_ENTRY_LEASE_MS`), at most the store's lease. A forwarder killed while firing it
+    delays the entry by that much: under ``run_once`` a lease longer than the period would
+    collapse the periods it covers into one run."""
+    period = state.schedule.following(state.slot).at_ms - state.slot.at_ms
+    return min(lease_ms, max(MIN_ENTRY_LEASE_MS, period // 2))
+
+
 
 class PeriodicTarget:
     """Fires ``celery-periodic`` items: publishes each due period's run through ``inner`` (the
@@ -558,17 +572,23 @@ class PeriodicTarget:
         now = self.clock() if self.clock is not None else lease.now_ms()
         fired: list[tuple[Delivery, StoredMessage, PeriodicState, Plan, list[str]]] = []
         runs: list[Delivery] = []
+        shorter: dict[int, list[str]] = {}
         for d in deliveries:
             try:  # one entry that cannot be decoded, planned or encoded fails alone
                 message, state = _decode(d.envelope)
                 plan = state.misfire.plan(state.schedule, state.slot, now)
                 mine = [_run_delivery(d, message, state, slot, now) for slot in plan.runs]
+                fit = entry_lease_ms(state, lease.store.config.lease_ms)
             except Exception as exc:
                 why = f"cannot fire this periodic entry: {type(exc).__name__}: {exc}"
                 report.failed.append(DeliveryFailure(d.id, why, permanent=True))
                 continue
             runs += mine
             fired.append((d, message, state, plan, [run.id for run in mine]))
+            if fit < lease.store.config.lease_ms:
+                shorter.setdefault(fit, []).append(d.id)
+        for fit, ids in shorter.items():  # before the publish: a kill from here on costs one short lease
+            lease.extend(ids, lease_ms=fit)
         sent = self.inner.publish_many(runs) if runs else PublishReport()
         report.broker_error = sent.broker_error
         published, unsent = set(sent.published), set(sent.unsent)

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any, TypeVar
 
 from celery import Celery, states
@@ -22,7 +23,16 @@ from ..timeutil import When
 from .message import parse_time
 from .settings import StoreUnavailableError, attached_store, store_for
 
-__all__ = ["RevokeReport", "StoreRevoke", "get", "reschedule", "revoke", "revoke_everywhere", "uses_store"]
+__all__ = [
+    "ResultMark",
+    "RevokeReport",
+    "StoreRevoke",
+    "get",
+    "reschedule",
+    "revoke",
+    "revoke_everywhere",
+    "uses_store",
+]
 
 log = logging.getLogger("delayq.celery")
 
@@ -54,38 +64,62 @@ def _reaching_store(doing: str, call: Callable[[], T]) -> T:
         ) from exc
 
 
-def revoke(app: Celery, task_id: str) -> CancelOutcome:
-    """Remove a task that has not reached a worker yet, and mark it REVOKED in the result backend.
+def revoke(app: Celery, task_id: str, **broadcast: Any) -> CancelOutcome:
+    """Revoke ``task_id`` as ``app.control.revoke`` does (the broadcast to workers first, then the
+    store), and return what the store said, which ``AsyncResult.revoke()`` cannot (it returns None).
 
-    Returns CANCELLED (truthy) if it was waiting in the store, NOT_FOUND, or IN_FLIGHT: a
-    forwarder was publishing it, so a worker may still get it (the broadcast of
-    ``app.control.revoke`` stops workers already running). It does not broadcast: use
-    ``app.control.revoke`` (store and broadcast) unless you know the task is still waiting.
+    Returns CANCELLED (truthy) if it was waiting in the store (then marked REVOKED in the result
+    backend, if there is one), NOT_FOUND (never delayed, already forwarded: the broadcast reaches
+    the worker holding it; always NOT_FOUND under ``task_always_eager``, where no store is
+    touched), or IN_FLIGHT: a forwarder was publishing it, so a worker started after the
+    broadcast may still run it once. ``broadcast`` takes ``Control.revoke``'s options
+    (``terminate``, ``signal``, ``destination``).
 
-    The REVOKED state is written as Celery's worker writes it (``mark_as_revoked``), so
-    ``AsyncResult.get()`` raises ``TaskRevokedError``; Celery 5.3 to 5.6.0 workers do not do it
-    for a task they never received, which left such a task PENDING forever.
+    Raises:
+        StoreUnavailableError: the broadcast went out, but the store could not be reached.
+        Exception: the broadcast failed (Celery's error); the store was still looked at.
+    """
+    report = revoke_everywhere(app, [task_id], **broadcast)
+    report.raise_errors()
+    return report.store[0].outcome if report.store and report.store[0].outcome else CancelOutcome.NOT_FOUND
+
+
+class ResultMark(Enum):
+    """What a revoke of a task waiting in the store did to its state in the result backend."""
+
+    MARKED = "marked REVOKED"
+    NO_BACKEND = "no result backend is configured, so its state stays PENDING"
+    HAS_RESULT = "its result was already stored and is kept"
+    FAILED = "marking it REVOKED in the result backend failed (logged)"
+
+
+def _remove_waiting(app: Celery, task_id: str) -> StoreRevoke:
+    """Remove ``task_id`` from the store; mark it REVOKED as Celery's worker would
+    (``mark_as_revoked``), so ``AsyncResult.get()`` raises ``TaskRevokedError``: Celery 5.3 to
+    5.6.0 workers do not do it for a task they never received, which left it PENDING forever.
 
     Raises:
         StoreUnavailableError: the store could not be reached; nothing was removed.
     """
     outcome = _reaching_store(f"removing task {task_id} from the delay store", lambda: store_for(app).cancel(task_id))
-    if outcome is CancelOutcome.CANCELLED:
-        mark_revoked(app, task_id)
-    return outcome
+    if outcome is not CancelOutcome.CANCELLED:
+        return StoreRevoke(task_id, outcome)
+    return StoreRevoke(task_id, outcome, mark=mark_revoked(app, task_id))
 
 
-def mark_revoked(app: Celery, task_id: str) -> None:
+def mark_revoked(app: Celery, task_id: str) -> ResultMark:
     """Store REVOKED for ``task_id`` as a Celery worker does on a revoke, unless it has a result."""
     backend = app.backend
     if isinstance(backend, DisabledBackend):
-        return
+        return ResultMark.NO_BACKEND
     try:
         if backend.get_state(task_id) in states.READY_STATES:
-            return  # a result (or a failure stored on its behalf) is never overwritten
+            return ResultMark.HAS_RESULT  # a result (or a failure stored on its behalf) is never overwritten
         backend.mark_as_revoked(task_id, reason="revoked", store_result=True)
     except Exception as exc:  # the task will not run; only its state could not be written
         log.warning("task %s was revoked, but marking it REVOKED in the result backend failed: %s", task_id, exc)
+        return ResultMark.FAILED
+    return ResultMark.MARKED
 
 
 @dataclass(frozen=True)
@@ -98,6 +132,8 @@ class StoreRevoke:
     task_id: str
     outcome: CancelOutcome | None
     error: str | None = None
+    #: for a task removed from the store: what became of its state in the result backend
+    mark: ResultMark | None = None
 
     @property
     def may_still_run(self) -> bool:
@@ -106,7 +142,8 @@ class StoreRevoke:
     def describe(self) -> str:
         """One line saying what happened to the task, for logs and the command line."""
         if self.outcome is CancelOutcome.CANCELLED:
-            return f"{self.task_id}: removed from the delay store and marked REVOKED; it will not run"
+            mark = (self.mark or ResultMark.MARKED).value
+            return f"{self.task_id}: removed from the delay store; it will not run; {mark}"
         if self.outcome is CancelOutcome.NOT_FOUND:
             return f"{self.task_id}: not waiting in the delay store (the broadcast covers workers holding it)"
         if self.outcome is CancelOutcome.IN_FLIGHT:
@@ -133,6 +170,16 @@ class RevokeReport:
     def store_failures(self) -> list[StoreRevoke]:
         return [r for r in self.store if r.outcome is None]
 
+    def raise_errors(self) -> None:
+        """Log the ids that may still run once; raise the broadcast's error, else the store's."""
+        for one in self.store:
+            if one.outcome is not None and one.may_still_run:
+                log.warning("revoke %s", one.describe())
+        if self.broadcast_error is not None:
+            raise self.broadcast_error
+        if self.store_failures:
+            raise StoreUnavailableError("; ".join(r.describe() for r in self.store_failures))
+
 
 def revoke_everywhere(app: Celery, task_ids: Iterable[str], **broadcast: Any) -> RevokeReport:
     """Broadcast the revoke first, whatever the store's state, then remove the tasks from the store.
@@ -151,7 +198,7 @@ def revoke_everywhere(app: Celery, task_ids: Iterable[str], **broadcast: Any) ->
         return report
     for task_id in ids:
         try:
-            report.store.append(StoreRevoke(task_id, revoke(app, task_id)))
+            report.store.append(_remove_waiting(app, task_id))
         except DelayqError as exc:  # unreachable, or a store that cannot be opened: said per id
             report.store.append(StoreRevoke(task_id, None, str(exc.__cause__ or exc)))
     return report

@@ -43,6 +43,7 @@ __all__ = [
     "describe_time",
     "from_celery",
     "run_task_id",
+    "crontab_zone",
     "schedule_from_json",
     "zone_named",
 ]
@@ -242,8 +243,9 @@ def from_celery(value: Any, *, zone: str, relative: bool = False) -> Schedule:
             _field(value.month_of_year, _FULL["month_of_year"]),
         ]
         fields.append(_field(value.day_of_week, range(7)))
-        zone_named(zone)
-        return Cron(" ".join(fields), zone)
+        own = crontab_zone(value)
+        zone_named(own or zone)
+        return Cron(" ".join(fields), own or zone)
     if type(value) is schedule:  # noqa: E721 - a subclass (solar, custom) means other rules
         return _every(value.run_every, relative or bool(value.relative))
     if isinstance(value, (int, float, timedelta)) and not isinstance(value, bool):
@@ -251,6 +253,53 @@ def from_celery(value: Any, *, zone: str, relative: bool = False) -> Schedule:
     raise ConfigError(
         f"schedule {value!r} ({type(value).__name__}) is not supported: use a number of seconds, a timedelta, "
         "celery.schedules.schedule(run_every=...) or celery.schedules.crontab(...)"
+    )
+
+
+def crontab_zone(value: Any) -> str | None:
+    """The time zone a crontab names for itself, or None (it follows the app's).
+
+    Celery reads a crontab in its ``tz``: the app's, unless a subclass or the instance sets its
+    own (django-celery-beat's ``TzAwareCrontab``), and before 5.7 in the zone of its ``nowfun``'s
+    "now". Both are honoured when their zone has a name, so its DST rules are known; they must
+    agree.
+
+    Raises:
+        ConfigError: a zone without a name (a fixed offset, a naive ``nowfun``), or two that differ.
+    """
+    from celery.schedules import BaseSchedule
+
+    named: dict[str, str] = {}
+    if type(value).tz is not BaseSchedule.tz or "tz" in vars(value):  # set, not the app's
+        named["the crontab's tz"] = _zone_name("the crontab's tz", value.tz)
+    if value.nowfun is not None:
+        now = value.nowfun()
+        if not isinstance(now, datetime) or now.tzinfo is None:
+            raise ConfigError(
+                f"the crontab's nowfun returned {now!r}, a time without a zone: return an aware datetime, e.g. "
+                "datetime.now(ZoneInfo('America/New_York')), or drop nowfun to follow the app's timezone"
+            )
+        named["the crontab's nowfun"] = _zone_name("the crontab's nowfun", now.tzinfo)
+    if len(set(named.values())) > 1:
+        raise ConfigError(f"the crontab names two time zones ({named}): make them one")
+    return next(iter(named.values()), None)
+
+
+def _zone_name(where: str, zone: Any) -> str:
+    """The IANA name (or ``UTC``, ``local``) of ``zone``, which :func:`zone_named` reads back."""
+    if isinstance(zone, str):
+        zone_named(zone)
+        return zone
+    name = getattr(zone, "key", None) or getattr(zone, "zone", None)  # zoneinfo, pytz
+    if isinstance(name, str):
+        return name
+    if isinstance(zone, tz.tzlocal):
+        return "local"
+    if zone is timezone.utc or isinstance(zone, tz.tzutc):
+        return "UTC"
+    raise ConfigError(
+        f"{where} is in time zone {zone!r}, which has no IANA name, so its DST rules cannot be known: use "
+        "zoneinfo.ZoneInfo('Region/City') (a fixed UTC offset never follows DST)"
     )
 
 

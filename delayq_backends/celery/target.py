@@ -104,10 +104,11 @@ class CeleryTarget:
         return cls(connect, **kwargs)
 
     def describe(self) -> str:
-        """The broker URL, password hidden, for logs and banners; the error when no connection
-        can be made (a missing transport module: the start check says what to do)."""
+        """The broker URL, password hidden, for logs and banners (``***`` only where there is one:
+        kombu's own ``as_uri()`` writes ``:**@`` into a URL without a password); the error when no
+        connection can be made (a missing transport module: the start check says what to do)."""
         try:
-            return redact_url(self._connection_or_new().as_uri())
+            return redact_url(self._connection_or_new().as_uri(include_password=True))
         except Exception as exc:
             return f"a broker this forwarder cannot use ({type(exc).__name__}: {exc})"
 

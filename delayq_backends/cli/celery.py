@@ -8,6 +8,9 @@ broker SSL and transport options and ``delayq_*`` settings are used as the app h
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from itertools import islice
 from typing import Any
 
 import click
@@ -173,7 +176,9 @@ def revoke_(ctx: click.Context, task_ids: tuple[str, ...], terminate: bool, sign
 
 @delayq.command("list")
 @page_options
-@click.option("--task", "task_name", default=None, help="Only tasks of this name (on this page).")
+@click.option(
+    "--task", "task_name", default=None, help="Only tasks of this name (--offset/--limit count those; reads the store)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table (for scripts).")
 @click.pass_context
 def list_(ctx: click.Context, offset: int, limit: int, task_name: str | None, as_json: bool) -> None:
@@ -181,16 +186,20 @@ def list_(ctx: click.Context, offset: int, limit: int, task_name: str | None, as
 
     Arguments are decoded from JSON bodies only; other serializers show Celery's argsrepr.
     """
-    items = store_for(ctx.find_root().obj.app).scheduled(offset=offset, count=limit)
-    rows = [row for row in map(_task_row, items) if row is not None]
-    if task_name is not None:  # of this page
-        rows = [row for row in rows if row["task"] == task_name]
+    store = store_for(ctx.find_root().obj.app)
+    if task_name is None:
+        items = store.scheduled(offset=offset, count=limit)
+        rows, more = [row for row in map(_task_row, items) if row is not None], len(items) == limit
+    else:  # one more than the page says whether more follow
+        named = (row for row in _all_task_rows(store) if row["task"] == task_name)
+        rows = list(islice(named, offset, offset + limit + 1))
+        rows, more = rows[:limit], len(rows) > limit
     if as_json:
         click.echo(json.dumps(json.loads(kombu_json_dumps(rows)), indent=2, ensure_ascii=False))
         return
     title = f"waiting tasks {offset + 1}-{offset + limit}" if rows else "no waiting tasks here"
     print_table(title, _COLUMNS, (_cells(row) for row in rows))
-    if len(items) == limit:
+    if more:
         click.echo(f"more may follow: --offset {offset + limit}", err=True)
 
 
@@ -212,7 +221,26 @@ def get_(ctx: click.Context, task_id: str, as_json: bool) -> None:
             click.echo(f"{key:>12}: {value}")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _COLUMNS = [Column("id"), Column("task"), Column("ready"), Column("queue"), Column("priority", "right"), Column("args")]
+
+
+def _all_task_rows(store: DelayStore, page: int = 1000) -> Iterator[dict[str, Any]]:
+    """Every waiting Celery task, earliest first, read a page at a time. Each page starts at
+    the last one's score (past the ids already read there), so a page costs the same however
+    deep it lies."""
+    score, at_score = None, 0
+    while True:
+        start = None if score is None else _EPOCH + timedelta(milliseconds=score)
+        items = store.scheduled(start=start, offset=at_score, count=page)
+        for item in items:
+            item_score = item.leased_until_ms if item.leased_until_ms is not None else item.ready_ms
+            score, at_score = item_score, at_score + 1 if item_score == score else 1
+            row = _task_row(item)
+            if row is not None:
+                yield row
+        if len(items) < page:
+            return
 
 
 def _task_row(item: ScheduledItem) -> dict[str, Any] | None:

@@ -34,7 +34,11 @@ class CrashAfterPublish(CeleryTarget):
 
 def main(store_url: str, prefix: str, broker_url: str) -> None:
     store = DelayStore.from_url(store_url, prefix=prefix, shards=4, lease_seconds=LEASE_SECONDS)
-    forwarder = Forwarder(store, [CrashAfterPublish.from_url(broker_url)])
+    forward_until_killed(Forwarder(store, [CrashAfterPublish.from_url(broker_url)]))
+
+
+def forward_until_killed(forwarder: Forwarder) -> None:
+    """Run ``forwarder`` until its target kills the process; exit 1 if nothing came due in 60 s."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         forwarder.run_once()

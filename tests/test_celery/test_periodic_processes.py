@@ -162,3 +162,41 @@ def test_a_garbage_registry_field_is_named_and_skipped_by_sync_and_list(
         assert len(entries) == 2
     finally:
         forget_store(app)
+
+
+def test_a_forwarder_killed_while_firing_costs_the_entry_one_short_lease(
+    env: CeleryEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22: with the default 30 s lease, a forwarder SIGKILLed while firing an entry held it
+    for 30 s, and ``run_once`` then collapsed the periods due meanwhile into one run. The entry's
+    lease is half its period now (4 s of 8 s): the next forwarder fires it again before its next
+    period, and no period is lost."""
+    every_ms = 8000
+    monkeypatch.setenv("DQT_EVERY", str(every_ms / 1000))
+    monkeypatch.setenv("DQT_MISFIRE", "run_once")
+    app = env.app()
+    try:
+        env.start_worker(tmp_path)
+        store = store_for(app)
+        crash = env.start([sys.executable, "-m", "tests.test_celery.crash_periodic_forwarder"], "crashing", tmp_path)
+        assert crash.wait(timeout=60) == -signal.SIGKILL, "it fires the entry (and dies)"
+        forwarder = env.start(
+            [sys.executable, "-m", "celery", "-A", APP, "delayq", "forward", "--poll", "0.2"], "f", tmp_path
+        )
+        wait_for(lambda: statuses(store)[0].runs >= 2, 25, lambda: f"two runs after the kill: {statuses(store)}")
+        forwarder.send_signal(signal.SIGTERM)
+        forwarder.wait(timeout=30)
+        [status] = statuses(store)
+        current = store.get(item_id("tick"))
+        assert current is not None
+        slots = [Slot(str(at), at) for at in range(current.ready_ms - every_ms * 20, current.ready_ms, every_ms)]
+        by_id = {run_task_id("tick", s): s.at_ms for s in slots}
+        wait_for(lambda: len({r["id"] for r in env.records() if r["tag"] == "tick"}) >= status.runs, 30, "the runs")
+        periods = sorted({by_id[str(r["id"])] for r in env.records() if r["tag"] == "tick"})
+        # the killed forwarder's period, then each one: none collapsed while its lease ran out
+        assert periods == list(range(periods[0], periods[-1] + every_ms, every_ms)) and len(periods) >= 2, periods
+    except BaseException:
+        print(env.tail())
+        raise
+    finally:
+        forget_store(app)

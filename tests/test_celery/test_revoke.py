@@ -17,7 +17,8 @@ from celery.exceptions import TaskRevokedError
 
 from bench.lib.proxy import TcpProxy
 from delayq_backends.celery import StoreUnavailableError, forget_store, get, install, store_for
-from delayq_backends.celery.scheduled import revoke_everywhere
+from delayq_backends.celery import revoke as delayq_revoke
+from delayq_backends.celery.scheduled import ResultMark, revoke_everywhere
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.models import CancelOutcome
 from tests.helpers import wait_for
@@ -136,3 +137,38 @@ def test_revoke_reaches_the_worker_and_the_store_in_one_call(celery_env: CeleryE
     assert doomed.state == "REVOKED"
     wait_for(lambda: any(r["tag"] == f"{tag}-sentinel" for r in celery_env.records()), 30, "the sentinel to run")
     assert not any(r["tag"] == f"{tag}-doomed" for r in celery_env.records())
+
+
+def test_revoke_function_reaches_a_worker_already_holding_the_task(celery_env: CeleryEnv, app: Celery) -> None:
+    """Issue 22: ``revoke(app, id)`` changed only the store. A task sent with Celery's own eta
+    (nearer than ``delayq_min_delay``, or from an app without the plugin) waits in the worker."""
+    tag = uuid.uuid4().hex[:6]
+    native = celery_env.native_app()
+    held = native.send_task("dqt.record", args=[f"{tag}-held"], countdown=4)
+    native.send_task("dqt.record", args=[f"{tag}-sentinel"], countdown=5)
+
+    def holding() -> bool:
+        scheduled = app.control.inspect(timeout=2).scheduled() or {}
+        return any(t["request"]["id"] == held.id for tasks in scheduled.values() for t in tasks)
+
+    wait_for(holding, 20, "the worker to hold the eta task")
+    assert delayq_revoke(app, held.id) is CancelOutcome.NOT_FOUND  # not in the store: the broadcast
+    wait_for(lambda: any(r["tag"] == f"{tag}-sentinel" for r in celery_env.records()), 30, "the sentinel to run")
+    assert not any(r["tag"] == f"{tag}-held" for r in celery_env.records()), "the worker ran a revoked task"
+
+
+def test_revoke_function_under_eager_touches_no_store() -> None:
+    """Issue 22: with ``task_always_eager`` it opened the store (ConfigError on a store that is down)."""
+    app = Celery("eager-revoke", broker="memory://")
+    app.conf.update(task_always_eager=True, delayq_url="redis://127.0.0.1:1/0")
+    install(app)
+    assert delayq_revoke(app, "some-id") is CancelOutcome.NOT_FOUND
+
+
+def test_revoke_without_a_result_backend_says_the_state_stays_pending(lone_app: Celery) -> None:
+    """Issue 22: ``delayq revoke`` said "marked REVOKED" when no result backend could hold it."""
+    lone_app.conf.result_backend = None
+    waiting = lone_app.send_task("t.later", countdown=3600)
+    (one,) = revoke_everywhere(lone_app, [waiting.id]).store
+    assert one.outcome is CancelOutcome.CANCELLED and one.mark is ResultMark.NO_BACKEND
+    assert "marked REVOKED" not in one.describe() and "no result backend" in one.describe()

@@ -16,7 +16,7 @@ from celery import Celery, beat
 
 from bench.lib.proxy import TcpProxy
 from delayq_backends import ConfigError, DelayStore, EnvelopeError, PayloadTooLargeError, ShardMismatchError
-from delayq_backends.celery import AMQP, forget_store, get, install, reschedule, store_for
+from delayq_backends.celery import AMQP, CeleryTarget, forget_store, get, install, reschedule, store_for
 from delayq_backends.celery.amqp import StoreUnavailableError
 from delayq_backends.config import Config
 from delayq_backends.connection import connect
@@ -206,3 +206,16 @@ def test_reschedule_accepts_what_apply_async_accepts(make: Any) -> None:
     assert item is not None and 29_000 < item.ready_ms - store_for(app).server_time_ms() <= 30_050
     with pytest.raises(ValueError, match="eta= or countdown="):
         reschedule(app, task_id)
+
+
+def test_the_forward_banner_shows_no_password_stars_for_a_broker_without_one() -> None:
+    """Issue 22: kombu's ``as_uri()`` writes ``:**@`` into a URL that has no password."""
+    for url, shown in [
+        ("redis://localhost:6379/1", "redis://localhost:6379/1"),
+        ("amqp://u:pw@h//", "amqp://u:***@h:5672//"),
+    ]:
+        target = CeleryTarget.from_app(Celery("banner", broker=url, set_as_current=False))
+        try:
+            assert target.describe() == shown
+        finally:
+            target.close()

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 
 from celery import Celery
 from fastapi.testclient import TestClient
 
 from delayq_backends.celery import StoredMessage, forget_store, store_for
 from delayq_backends.celery.periodic import item_id, remove, sync
+from delayq_backends.cli.celery import _all_task_rows
 from delayq_backends.envelope import Envelope
 from delayq_backends.web import create_app
 from tests.test_celery.harness import CeleryEnv, delayq_cli
@@ -88,3 +90,23 @@ def sent_eta(app: Celery, task_id: str) -> str:
     item = store_for(app).get(task_id)
     assert item is not None
     return str(StoredMessage.from_envelope(Envelope.decode(item.envelope)).headers["eta"])
+
+
+def test_list_task_filters_the_whole_store_and_pages_through_its_matches(celery_env: CeleryEnv, app: Celery) -> None:
+    """Issue 22: --task filtered only the page read, so tasks behind others were never listed."""
+    tag = uuid.uuid4().hex[:6]
+    name = f"dqt.listed-{tag}"
+    eta = datetime.now(timezone.utc) + timedelta(hours=2)
+    for n in range(5):  # earlier than ours: they fill the first page of the store
+        app.send_task("dqt.record", args=[f"{tag}-{n}"], countdown=3000)
+    ours = [app.send_task(name, args=[n], eta=eta).id for n in range(3)]  # one eta: ties in score
+    first = delayq_cli(celery_env, "list", "--task", name, "--limit", "2", "--json")
+    assert first.returncode == 0, first.stderr
+    rest = delayq_cli(celery_env, "list", "--task", name, "--limit", "2", "--offset", "2", "--json")
+    shown = [row["id"] for row in json.loads(first.stdout) + json.loads(rest.stdout)]
+    assert sorted(shown) == sorted(ours) and len(set(shown)) == 3
+    table = delayq_cli(celery_env, "list", "--task", name, "--limit", "2")
+    assert table.returncode == 0 and "more may follow: --offset 2" in table.stderr
+    assert ours[0][:8] in table.stdout or ours[1][:8] in table.stdout
+    walked = [row["id"] for row in _all_task_rows(store_for(app), page=2) if row["task"] == name]
+    assert sorted(walked) == sorted(ours) and len(walked) == 3, "small pages lose or repeat no tie"
