@@ -18,6 +18,7 @@ __all__ = [
     "InvalidRankError",
     "InvalidRateKeyError",
     "InvalidTimeError",
+    "MissingExtraError",
     "PayloadTooLargeError",
     "ServerNotFoundError",
     "ServerStartError",
@@ -41,6 +42,18 @@ class ShardMismatchError(ConfigError):
     Routing by ``crc32(id) % shards`` with the wrong count would look items up in the wrong
     shard, so this is refused instead of silently misrouting.
     """
+
+
+class MissingExtraError(DelayqError, ImportError):
+    """An optional dependency is not installed: the message names the extra that brings it.
+
+    An ``ImportError`` still, so ``except ImportError`` around an optional import keeps working;
+    a ``DelayqError`` too, so the CLI prints it as one line instead of a traceback.
+    """
+
+    def __init__(self, needs: str, extra: str) -> None:
+        super().__init__(f'{needs}: pip install "delayq_backends[{extra}]"')
+        self.extra = extra
 
 
 class InvalidTimeError(DelayqError, ValueError):
