@@ -49,20 +49,23 @@ class Launcher:
         log: Path | None = None,
         capture: bool = False,
         cwd: Path = ROOT,
+        checkout: bool = True,
     ) -> Proc:
-        """Start ``args`` in ``env`` (see :func:`checkout_env`). ``capture`` pipes stdout and
-        stderr together, for a test that reads all of it with ``communicate``."""
+        """Start ``args`` in ``env`` (see :func:`checkout_env`; ``checkout=False``: ``env`` as it
+        is, for a program of another venv that must import its own install). ``capture`` pipes
+        stdout and stderr together, for a test that reads all of it with ``communicate``."""
+        run_env = checkout_env(env) if checkout else dict(env or {})
         stdout: int | IO[bytes]
         if log is not None:
             self.logs.append(log)
             with log.open("wb") as out:  # the child keeps its own descriptor
                 proc = subprocess.Popen(
-                    list(args), cwd=cwd, env=checkout_env(env), stdout=out, stderr=subprocess.STDOUT
+                    list(args), cwd=cwd, env=run_env, stdout=out, stderr=subprocess.STDOUT
                 )
         else:
             stdout = subprocess.PIPE if capture else subprocess.DEVNULL
             stderr = subprocess.STDOUT if capture else subprocess.PIPE
-            proc = subprocess.Popen(list(args), cwd=cwd, env=checkout_env(env), stdout=stdout, stderr=stderr)
+            proc = subprocess.Popen(list(args), cwd=cwd, env=run_env, stdout=stdout, stderr=stderr)
         self.procs.append(proc)
         return proc
 

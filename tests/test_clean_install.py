@@ -1,0 +1,96 @@
+"""An extra installed into a fresh venv (``pip install "<checkout>[celery]"``, no site packages, so
+only what the extra declares), then the README's snippets run from that venv as a user runs
+them: a real ``celery worker`` and ``celery -A proj delayq forward`` (issue 22: with a Redis broker
+the celery extra could not start, and the README's app discarded its periodic task).
+
+The snippets are read from README.md and changed only where a test must: the URLs (the test's
+servers), a queue and key prefix of the test's own, the heartbeat's 30 s period (2 s), and
+``-l INFO`` on the worker so its log shows each task it ran. One venv per extra, shared by its
+tests; pip's cache makes a rebuild fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kombu import Connection
+
+from tests.harness.launch import ROOT, Launcher
+from tests.helpers import wait_for
+from tests.readme import snippet
+
+
+def make_venv(root: Path, extra: str) -> Path:
+    """A venv at ``root`` with ``delayq_backends[extra]`` installed from this checkout; its bin/."""
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
+    install = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", f"{ROOT}[{extra}]"]
+    done = subprocess.run(install, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root / "bin"
+
+
+@pytest.fixture(scope="module")
+def celery_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_venv(tmp_path_factory.mktemp("venv") / "celery", "celery")
+
+
+def write_proj(where: Path, *, broker: str, store: str, queue: str) -> Path:
+    """The README's ``proj`` package, pointed at the test's servers, queue and prefix."""
+    proj = where / "proj"
+    proj.mkdir()
+    (proj / "__init__.py").write_text("")
+    app = snippet("# proj/celery.py")
+    app = app.replace("amqp://guest:guest@localhost//", broker).replace("redis://localhost:6379/0", store)
+    app = app.replace('"schedule": 30.0', '"schedule": 2.0')
+    app += f"app.conf.task_default_queue = {queue!r}\napp.conf.delayq_prefix = {queue!r}\n"
+    (proj / "celery.py").write_text(app)
+    (proj / "tasks.py").write_text(snippet("# proj/tasks.py"))
+    return where
+
+
+@pytest.fixture
+def amqp_queue(rabbitmq_url: str, prefix: str) -> Iterator[str]:
+    """The test's RabbitMQ queue, deleted afterwards."""
+    yield prefix
+    with Connection(rabbitmq_url) as conn:
+        conn.default_channel.queue_delete(prefix)
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_celery(
+    broker: str, celery_bin: Path, valkey_url: str, prefix: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    broker_url = valkey_url if broker == "redis" else request.getfixturevalue("rabbitmq_url")
+    if broker == "rabbitmq":
+        request.getfixturevalue("amqp_queue")
+    cwd = write_proj(tmp_path, broker=broker_url, store=valkey_url, queue=prefix)
+    env = {"PATH": f"{celery_bin}:{os.environ['PATH']}", "PYTHONPATH": str(cwd), "HOME": os.environ["HOME"]}
+    procs = Launcher()
+    worker_log, forward_log = tmp_path / "worker.log", tmp_path / "forward.log"
+    log = lambda: worker_log.read_text(errors="replace")  # noqa: E731
+    try:
+        commands = snippet("celery -A proj delayq periodic list").splitlines()
+        worker, forward, listing = (line.split("#")[0].split() for line in commands[:3])
+        procs.start([*worker, "-l", "INFO"], env=env, log=worker_log, cwd=cwd, checkout=False)
+        procs.start(forward, env=env, log=forward_log, cwd=cwd, checkout=False)
+        synced = lambda: "heartbeat" in _run(listing, env, cwd)  # noqa: E731
+        wait_for(synced, 60, "the forwarder to sync the beat_schedule", interval=1)
+        caller = [str(celery_bin / "python"), "-c", snippet("add.apply_async((2, 2), countdown=10)")]
+        called = subprocess.run(caller, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+        assert called.returncode == 0, called.stderr
+        ran = lambda task, result: re.search(rf"proj\.tasks\.{task}\[\S+\] succeeded in \S+: {result}", log())  # noqa: E731
+        wait_for(lambda: ran("ping", "'pong'"), 60, lambda: f"a heartbeat: {procs.tail()}", interval=0.5)
+        wait_for(lambda: ran("add", "4"), 60, lambda: f"the countdown task: {procs.tail()}", interval=0.5)
+        assert "unregistered task" not in log() and "Traceback" not in log(), log()
+    finally:
+        procs.stop_all(grace=10)
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> str:
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=60).stdout
