@@ -80,7 +80,7 @@ def test_celery(
         procs.start([*worker, "-l", "INFO"], env=env, log=worker_log, cwd=cwd, checkout=False)
         procs.start(forward, env=env, log=forward_log, cwd=cwd, checkout=False)
         synced = lambda: "heartbeat" in _run(listing, env, cwd)  # noqa: E731
-        wait_for(synced, 60, "the forwarder to sync the beat_schedule", interval=1)
+        wait_for(synced, 60, lambda: f"the forwarder to sync the beat_schedule: {procs.tail()}", interval=1)
         caller = [str(celery_bin / "python"), "-c", snippet("add.apply_async((2, 2), countdown=10)")]
         called = subprocess.run(caller, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
         assert called.returncode == 0, called.stderr
