@@ -66,8 +66,9 @@ CHECKS: dict[str, Check] = {
     "add.apply_async((2, 2), countdown=10)": Check(by=f"{CLEAN}::test_celery"),
     "with delayed_tasks(app, clock=": Check(by="tests/test_readme.py::test_testing_examples_run"),
     # 30 seconds with RQ
-    'queue = Queue("default", connection=Redis())': Check(skip="not yet run from a clean venv (issue 22)"),
-    "rq worker --queue-class delayq_backends.rq.Queue default": Check(skip="not yet run from a clean venv (issue 22)"),
+    'queue = Queue("default", connection=Redis())': Check(by=f"{CLEAN}::test_rq"),
+    "# app/tasks.py": Check(by=f"{CLEAN}::test_rq"),
+    "rq worker --queue-class delayq_backends.rq.Queue default": Check(by=f"{CLEAN}::test_rq (each command)"),
     # the core API
     'store = DelayStore.from_url("redis://127.0.0.1:6379/0")': Check(by="tests/test_readme.py::test_core_api_runs"),
     "delayq forward --url redis://127.0.0.1:6379/0 ": Check(skip=FOREVER + "each command: tests/test_cli.py"),

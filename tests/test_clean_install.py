@@ -19,9 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from kombu import Connection
 
 from tests.harness.launch import ROOT, Launcher
+from tests.harness.servers import delete_prefix
 from tests.helpers import wait_for
 from tests.readme import snippet
 
@@ -75,8 +77,8 @@ def test_celery(
     worker_log, forward_log = tmp_path / "worker.log", tmp_path / "forward.log"
     log = lambda: worker_log.read_text(errors="replace")  # noqa: E731
     try:
-        commands = snippet("celery -A proj delayq periodic list").splitlines()
-        worker, forward, listing = (line.split("#")[0].split() for line in commands[:3])
+        commands = commands_of("celery -A proj delayq periodic")
+        worker, forward, listing = (line.split("#")[0].split() for line in commands)
         procs.start([*worker, "-l", "INFO"], env=env, log=worker_log, cwd=cwd, checkout=False)
         procs.start(forward, env=env, log=forward_log, cwd=cwd, checkout=False)
         synced = lambda: "heartbeat" in _run(listing, env, cwd)  # noqa: E731
@@ -92,5 +94,55 @@ def test_celery(
         procs.stop_all(grace=10)
 
 
+def commands_of(marker: str) -> list[str]:
+    """The command lines of a bash snippet (a line that is only a comment is not one)."""
+    return [line for line in snippet(marker).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
 def _run(args: list[str], env: dict[str, str], cwd: Path) -> str:
     return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=60).stdout
+
+
+@pytest.fixture(scope="module")
+def rq_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_venv(tmp_path_factory.mktemp("venv") / "rq", "rq")
+
+
+@pytest.fixture
+def default_prefix(valkey_url: str) -> Iterator[None]:
+    """The README's RQ snippets use the store's default prefix, ``delayq``: deleted afterwards."""
+    yield
+    with redis.Redis.from_url(valkey_url) as client:
+        delete_prefix(client, "delayq:")
+
+
+@pytest.mark.usefixtures("default_prefix")
+def test_rq(rq_bin: Path, valkey_url: str, prefix: str, tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__init__.py").write_text("")
+    (tmp_path / "app" / "tasks.py").write_text(snippet("# app/tasks.py"))
+
+    def ours(text: str) -> str:  # the test's Redis and a queue of its own
+        text = text.replace("redis://localhost:6379/0", valkey_url)
+        text = text.replace("Redis()", f"Redis.from_url({valkey_url!r})")
+        return text.replace('"default"', repr(prefix)).replace(" default ", f" {prefix} ")
+
+    env = {"PATH": f"{rq_bin}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path), "HOME": os.environ["HOME"]}
+    env["RQ_REDIS_URL"] = valkey_url  # `rq worker` as written connects to localhost:6379/0
+    procs = Launcher()
+    worker_log = tmp_path / "worker.log"
+    log = lambda: worker_log.read_text(errors="replace")  # noqa: E731
+    try:
+        worker, forward, migrate = (ours(line).split("#")[0].split() for line in commands_of("rq worker --queue-class"))
+        procs.start(worker, env=env, log=worker_log, cwd=tmp_path, checkout=False)
+        procs.start(forward, env=env, log=tmp_path / "forward.log", cwd=tmp_path, checkout=False)
+        code = ours(snippet('queue = Queue("default", connection=Redis())'))
+        called = subprocess.run([str(rq_bin / "python"), "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60)  # fmt: skip
+        assert called.returncode == 0, called.stderr
+        moved = subprocess.run(migrate, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        wait_for(lambda: "reminding user 42" in log(), 60, lambda: f"the reminder: {procs.tail()}", interval=0.5)
+        assert "Traceback" not in log(), log()
+    finally:
+        procs.stop_all(grace=10)
