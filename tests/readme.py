@@ -85,6 +85,6 @@ CHECKS: dict[str, Check] = {
     "--key-rate celery=20/s": Check(skip=FOREVER + "tests/test_key_rate.py"),
     'headers={"delayq_rate_key": f"tenant-{tenant}"}': Check(skip=FRAGMENT),
     "--metrics-port 9477": Check(skip=FOREVER + "tests/test_metrics.py"),
-    'pip install "delayq_backends[web]"': Check(skip="not yet run from a clean venv (issue 22); tests/test_web"),
-    "curl -X POST http://127.0.0.1:8765/api/v1/celery": Check(skip="needs the dashboard above; tests/test_web"),
+    'pip install "delayq_backends[web,celery]"': Check(by=f"{CLEAN}::test_web (each command)"),
+    "curl -X POST http://127.0.0.1:8765/api/v1/celery": Check(by=f"{CLEAN}::test_web"),
 }

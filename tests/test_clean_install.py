@@ -11,8 +11,10 @@ tests; pip's cache makes a rebuild fast.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ import pytest
 import redis
 from kombu import Connection
 
+from delayq_backends.embedded import free_port
 from tests.harness.launch import ROOT, Launcher
 from tests.harness.servers import delete_prefix
 from tests.helpers import wait_for
@@ -146,3 +149,36 @@ def test_rq(rq_bin: Path, valkey_url: str, prefix: str, tmp_path: Path) -> None:
         assert "Traceback" not in log(), log()
     finally:
         procs.stop_all(grace=10)
+
+
+@pytest.fixture(scope="module")
+def web_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_venv(tmp_path_factory.mktemp("venv") / "web", "web,celery")
+
+
+@pytest.mark.usefixtures("default_prefix")
+def test_web(web_bin: Path, valkey_url: str, tmp_path: Path) -> None:
+    port = str(free_port())
+    env = {"PATH": f"{web_bin}:{os.environ['PATH']}", "HOME": os.environ["HOME"]}
+    install, export, serve = commands_of('pip install "delayq_backends[web,celery]"')
+    assert install.split("#")[0].split() == ["pip", "install", '"delayq_backends[web,celery]"']  # what make_venv did
+    token = subprocess.run(["bash", "-c", f"{export} && echo $DELAYQ_API_TOKEN"], env=env, capture_output=True,
+                           text=True, timeout=30, check=True).stdout.strip()  # fmt: skip
+    env["DELAYQ_API_TOKEN"] = token
+    serve = serve.replace("redis://localhost:6379/0", valkey_url).replace("8765", port)
+    procs = Launcher()
+    try:
+        procs.start(serve.split(), env=env, log=tmp_path / "dashboard.log", cwd=tmp_path, checkout=False)
+        wait_for(lambda: reachable_port(int(port)), 60, lambda: f"the dashboard: {procs.tail()}", interval=0.2)
+        curl = snippet("curl -X POST http://127.0.0.1:8765/api/v1/celery").strip().replace("8765", port)
+        posted = subprocess.run(["bash", "-c", f"{curl} -sS -w '\\n%{{http_code}}'"], env=env, capture_output=True,
+                                text=True, timeout=30)  # fmt: skip
+        body, _, status = posted.stdout.rpartition("\n")
+        assert status == "201" and json.loads(body)["result"] == "added", f"{status} {body} {posted.stderr}"
+    finally:
+        procs.stop_all(grace=10)
+
+
+def reachable_port(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
