@@ -194,3 +194,13 @@ def test_core(tmp_path: Path) -> None:
                           env={"PATH": os.environ["PATH"], "HOME": os.environ["HOME"]}, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert demo.returncode == 0 and "p99" in demo.stdout, demo.stdout + demo.stderr
+
+
+@pytest.mark.spark
+def test_spark_export(tmp_path: Path, valkey_url: str, prefix: str) -> None:
+    """The spark extra alone brings what ``delayq spark export`` imports (the README's audit steps)."""
+    bin_dir = make_venv(tmp_path / "venv", "spark")
+    [export] = [line for line in commands_of("delayq spark export --out scheduled.jsonl") if "spark export" in line]
+    args = [str(bin_dir / "delayq"), *export.split("#")[0].split()[1:], "--url", valkey_url, "--prefix", prefix]
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "wrote 0 records" in done.stdout, done.stdout + done.stderr
