@@ -19,7 +19,7 @@ import redis
 from .audit import open_audit
 from .config import Config
 from .connection import connect, connect_rq, redact_url
-from .errors import ConfigError
+from .errors import ConfigError, MissingExtraError
 from .flow import FlowControl
 from .forwarder import Forwarder, ForwarderStats
 from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, LabelBounds, serve_metrics
@@ -205,9 +205,12 @@ def _targets(settings: ForwarderSettings, store: DelayStore, resources: ExitStac
 
 
 def adapter(name: str) -> Any:
-    """An adapter package (``celery``, ``rq``, ``spark``...), or a ConfigError naming its extra."""
+    """An adapter package (``celery``, ``rq``, ``spark``...), or an error naming its extra (once:
+    a package whose own import names it raises :class:`MissingExtraError`, passed on as it is)."""
     try:
         return importlib.import_module(f"delayq_backends.{name}")
+    except MissingExtraError:
+        raise
     except ImportError as exc:
         extra = name.split(".")[0]
         raise ConfigError(f'{exc}: install the extra, pip install "delayq_backends[{extra}]"') from exc

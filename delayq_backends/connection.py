@@ -18,6 +18,9 @@ __all__ = ["Client", "connect", "connect_rq", "is_cluster", "on_store_server", "
 Client = redis.Redis | RedisCluster
 
 
+#: The schemes redis-py opens (``unix://`` is a socket path).
+STORE_SCHEMES = ("redis", "rediss", "unix")
+
 #: One URL's scheme; kombu takes several URLs joined by ";" (failover brokers).
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 _NEXT_URL = re.compile(r";(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
@@ -54,22 +57,68 @@ def connect(url: str, **kwargs: Any) -> Client:
         ConfigError: the URL is malformed or the server cannot be reached.
     """
     kwargs.setdefault("socket_connect_timeout", 5)
+    client = _parse(url, kwargs)
+    _check_database(url, client)
     try:
-        client = redis.Redis.from_url(url, **kwargs)
+        cluster = is_cluster(client)
+    except (ValueError, redis.RedisError) as exc:
+        client.close()
+        raise ConfigError(f"cannot use Redis at {redact_url(url)}: {exc}") from exc
+    if not cluster:
+        return client
+    client.close()
+    return RedisCluster.from_url(url, **kwargs)
+
+
+def _parse(url: str, kwargs: dict[str, Any]) -> redis.Redis:
+    """A client for ``url`` (not connected yet), or a ConfigError that says what is wrong with it."""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in STORE_SCHEMES:
+        raise ConfigError(
+            f"cannot use Redis at {redact_url(url)}: a Redis/Valkey URL starts with "
+            + ", ".join(f"{s}://" for s in STORE_SCHEMES)
+            + " (e.g. redis://localhost:6379/0); an AMQP URL is a Celery broker, not a Redis"
+        )
+    try:
+        return redis.Redis.from_url(url, **kwargs)
     except ValueError:
         # redis-py's message may quote part of a password that broke the parse
         raise ConfigError(
             f"cannot use Redis at {redact_url(url)}: the URL is malformed; percent-encode special characters "
             "in the password (# %23, / %2F, ? %3F, @ %40, : %3A, % %25)"
         ) from None
+
+
+def _check_database(url: str, client: redis.Redis) -> None:
+    """Refuse a database the server does not have, naming the URL and the server's count.
+
+    redis-py selects the database when it connects; a PING makes that happen here, where the
+    URL is known (``is_cluster`` reads a refused INFO as "not a cluster" and would hide it).
+    """
+    db = int(client.connection_pool.connection_kwargs.get("db") or 0)
+    if not db:
+        return
     try:
-        cluster = is_cluster(client)
-    except (ValueError, redis.RedisError) as exc:
-        raise ConfigError(f"cannot use Redis at {redact_url(url)}: {exc}") from exc
-    if not cluster:
-        return client
-    client.close()
-    return RedisCluster.from_url(url, **kwargs)
+        client.ping()
+    except redis.ResponseError as exc:
+        client.close()
+        raise ConfigError(
+            f"cannot use Redis at {redact_url(url)}: database {db}: {exc}{_databases(client.connection_pool)}"
+        ) from exc
+    except redis.RedisError:
+        return  # unreachable or refused: is_cluster's call says so
+
+
+def _databases(pool: redis.ConnectionPool) -> str:
+    """``"; the server has N databases …"``, or nothing where CONFIG GET is not allowed."""
+    db0 = redis.ConnectionPool(connection_class=pool.connection_class, **{**pool.connection_kwargs, "db": 0})
+    try:
+        count = int(redis.Redis(connection_pool=db0).config_get("databases").get("databases") or "")
+    except (redis.RedisError, KeyError, ValueError):
+        return ""
+    finally:
+        db0.disconnect()
+    return f"; the server has {count} databases (0..{count - 1}): pick one of those"
 
 
 def is_cluster(client: Any) -> bool:

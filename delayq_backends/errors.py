@@ -18,6 +18,7 @@ __all__ = [
     "InvalidRankError",
     "InvalidRateKeyError",
     "InvalidTimeError",
+    "MissingExtraError",
     "NewerFormatError",
     "PayloadTooLargeError",
     "ServerNotFoundError",
@@ -48,6 +49,18 @@ class ShardMismatchError(ConfigError):
 class StoreMetaError(ShardMismatchError):
     """The store's metadata (``<prefix>:meta``) holds garbage or disagrees with the shard keys
     in Redis: the message names the key and the command that restores it."""
+
+
+class MissingExtraError(DelayqError, ImportError):
+    """An optional dependency is not installed: the message names the extra that brings it.
+
+    An ``ImportError`` still, so ``except ImportError`` around an optional import keeps working;
+    a ``DelayqError`` too, so the CLI prints it as one line instead of a traceback.
+    """
+
+    def __init__(self, needs: str, extra: str) -> None:
+        super().__init__(f'{needs}: pip install "delayq_backends[{extra}]"')
+        self.extra = extra
 
 
 class InvalidTimeError(DelayqError, ValueError):

@@ -1,16 +1,51 @@
-"""The README's testing examples (core and Celery) run as written."""
+"""The README's snippets run as written: each Python or bash block has a test that runs it, or an
+entry in ``tests/readme.py`` that says why none does; a new block with neither fails here."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
+from collections.abc import Iterator
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+import pytest
+import redis
+
+from delayq_backends import DelayStore
+from tests.harness.servers import delete_prefix
+from tests.readme import CHECKS, snippet, snippets
 
 
-def test_testing_helper_examples_run() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
-    examples = [b for b in blocks if "delayq_backends.testing" in b]
-    assert len(examples) == 2, "the core and the Celery testing examples"
-    for example in examples:
-        exec(compile(example, str(README), "exec"), {})
+def test_every_snippet_has_a_check() -> None:
+    unchecked = []
+    for block in snippets():
+        matched = [marker for marker in CHECKS if marker in block.text]
+        if len(matched) != 1:
+            unchecked.append(f"README.md:{block.line} ({block.lang}) matches {matched or 'no entry'}")
+    assert not unchecked, "give each block one entry in tests/readme.py CHECKS: " + "; ".join(unchecked)
+
+
+def test_every_check_names_a_block_and_says_how() -> None:
+    for marker, check in CHECKS.items():
+        assert len([b for b in snippets() if marker in b.text]) == 1, f"{marker!r} matches no block, or several"
+        assert bool(check.by) != bool(check.skip), f"{marker!r}: a test that runs it, or a reason, not both"
+
+
+def test_testing_examples_run() -> None:
+    for marker in ("with delayed_tasks(app, clock=", "def sign_up(store, user_id):"):
+        exec(compile(snippet(marker), "README.md", "exec"), {})
+
+
+@pytest.fixture
+def readme_store(valkey_url: str) -> Iterator[str]:
+    """The embedded Valkey for the snippet's ``redis://127.0.0.1:6379/0`` (never the system Redis's
+    db 0); the snippet's default prefix ``delayq`` is deleted afterwards."""
+    yield valkey_url
+    with redis.Redis.from_url(valkey_url) as client:
+        delete_prefix(client, "delayq:")
+
+
+def test_core_api_runs(readme_store: str) -> None:
+    code = snippet('store = DelayStore.from_url("redis://127.0.0.1:6379/0")')
+    scope: dict[str, object] = {}
+    exec(compile(code.replace("redis://127.0.0.1:6379/0", readme_store), "README.md", "exec"), scope)
+    store = scope["store"]
+    assert isinstance(store, DelayStore)
+    assert store.get("reminder-42") is None and store.get("r99999") is not None

@@ -11,10 +11,12 @@ beside the workers. See the README's Celery section for the settings.
 
 from __future__ import annotations
 
+from ..errors import MissingExtraError
+
 try:
     from celery import Celery
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("delayq_backends.celery needs Celery: pip install 'delayq_backends[celery]'") from exc
+    raise MissingExtraError(f"delayq_backends.celery needs Celery ({exc})", "celery") from exc
 
 from .amqp import AMQP, Control, StoreUnavailableError, use_plugin_control
 from .dedupe import DedupeTask, use_dedupe

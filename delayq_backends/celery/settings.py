@@ -42,6 +42,7 @@ back worker-side ETAs, the very thing the plugin removes.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -128,7 +129,7 @@ class CelerySettings:
         conf = app.conf
         unknown = sorted(k for k in conf if isinstance(k, str) and k.startswith("delayq_") and k not in _KNOWN)
         if unknown:
-            raise ConfigError(f"unknown Celery setting(s) {unknown}: the delayq settings are {sorted(_KNOWN)}")
+            raise ConfigError(_unknown_settings(unknown))
         if conf.get("task_protocol", 2) != 2:
             raise ConfigError(
                 f"task_protocol={conf.get('task_protocol')}: delayq needs Celery's message protocol 2 "
@@ -192,6 +193,18 @@ class CelerySettings:
             dedupe_ttl_ms=int(dedupe_ttl * 1000),
             lossless_window=lossless_window,
         )
+
+
+def _unknown_settings(unknown: list[str]) -> str:
+    """Name each unknown ``delayq_*`` setting with its likeliest meant name (a typo is the usual
+    cause); the whole list only when no name is close."""
+    # compared without the shared "delayq_", which would make every name look close
+    known = {name.removeprefix("delayq_"): name for name in _KNOWN}
+    guesses = {name: difflib.get_close_matches(name.removeprefix("delayq_"), known, n=1) for name in unknown}
+    named = ", ".join(f"{n} (did you mean {known[g[0]]}?)" if g else n for n, g in guesses.items())
+    if all(guesses.values()):
+        return f"unknown Celery setting(s): {named}"
+    return f"unknown Celery setting(s): {named}; the delayq settings are {sorted(_KNOWN)}"
 
 
 def _lossless_window(conf: Any, dedupe: bool, dedupe_ttl: float) -> float | None:

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..connection import connect_rq, redact_url
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingExtraError
 from ..storespec import StoreSpec
 from .options import celery_broker_option, closing, open_store, rq_redis_option, store_options
 
@@ -68,12 +68,14 @@ def resolve_token(token: str | None, token_file: Path | None, no_auth: bool, hos
 
 
 def _web() -> Any:
-    """The web extra, or a usage error naming it."""
+    """The web extra, or a :class:`MissingExtraError` naming it (once)."""
     try:
         from ..web import create_app
         from ..web.server import serve
+    except MissingExtraError:
+        raise
     except ImportError as exc:
-        raise click.UsageError(f'{exc}: pip install "delayq_backends[web]"') from exc
+        raise MissingExtraError(f"delayq dashboard needs the web extra ({exc})", "web") from exc
     return serve, create_app
 
 
@@ -147,8 +149,8 @@ def dashboard(
     request_timeout: float,
 ) -> None:
     """Serve the dashboard (/) and the HTTP API (/api/v1, schema at /api/v1/openapi.json)."""
+    serve, create_app = _web()  # a missing extra first: no token asked for a command that cannot run
     required = resolve_token(token, token_file, no_auth, host)
-    serve, create_app = _web()
     from ..web.guard import Limits
     from ..web.producers import FunctionAllowlist
     from ..web.server import ServerLimits

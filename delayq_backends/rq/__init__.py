@@ -13,12 +13,12 @@
   envelopes (``delayq rq-upgrade``).
 """
 
+from ..errors import MissingExtraError
+
 try:
     import rq  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        'delayq_backends.rq needs RQ: install the extra with `pip install "delayq_backends[rq]"`'
-    ) from exc
+    raise MissingExtraError(f"delayq_backends.rq needs RQ ({exc})", "rq") from exc
 
 from .adopt import RegistryAdopter
 from .dedupe import DedupeSimpleWorker, DedupeWorker

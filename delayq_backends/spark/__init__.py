@@ -9,11 +9,13 @@ and run.
 Install with ``pip install "delayq_backends[spark]"``.
 """
 
+from ..errors import MissingExtraError
+
 try:
     import pyarrow  # noqa: F401
     import pyspark  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError('delayq_backends.spark needs pyspark and pyarrow: pip install "delayq_backends[spark]"') from exc
+    raise MissingExtraError(f"delayq_backends.spark needs pyspark and pyarrow ({exc})", "spark") from exc
 
 from .audit import AuditResult, audit, read_records, records_frame, snapshot_records
 from .bulk import BulkResult, schedule_dataframe

@@ -7,10 +7,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from ..errors import MissingExtraError
+
 try:
     import matplotlib
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError('the audit report needs matplotlib: pip install "delayq_backends[spark]"') from exc
+    raise MissingExtraError(f"the audit report needs matplotlib ({exc})", "spark") from exc
 
 matplotlib.use("Agg")  # no display: reports are written on servers and in CI
 

@@ -7,6 +7,8 @@ imported from them until :func:`create_app` is used, so the ``delayq`` command, 
 
 from typing import Any
 
+from ..errors import MissingExtraError
+
 __all__ = ["create_app"]
 
 
@@ -16,7 +18,5 @@ def __getattr__(name: str) -> Any:
     try:
         from .app import create_app
     except ImportError as exc:
-        raise ImportError(
-            f'delayq_backends.web needs the web extra ({exc}): pip install "delayq_backends[web]"'
-        ) from exc
+        raise MissingExtraError(f"delayq_backends.web needs FastAPI, uvicorn and Jinja2 ({exc})", "web") from exc
     return create_app

@@ -1,0 +1,92 @@
+"""The README's code blocks, and how each Python or bash block is checked.
+
+Every ```python and ```bash block of README.md must match exactly one entry of :data:`CHECKS`
+(``tests/test_readme.py`` fails otherwise): either the test that runs it, or why no test does. To
+add a snippet, add a line here: a substring only that block contains, and its check.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CHECKS", "README", "Check", "Snippet", "snippet", "snippets"]
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """One fenced block: its language, its text and the README line it starts on."""
+
+    lang: str
+    text: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Check:
+    """How a block is checked: ``by`` names the test that runs it; ``skip`` says why none does."""
+
+    by: str = ""
+    skip: str = ""
+
+
+def snippets(lang: tuple[str, ...] = ("python", "bash")) -> list[Snippet]:
+    text = README.read_text(encoding="utf-8")
+    return [
+        Snippet(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
+        for m in _BLOCK.finditer(text)
+        if m.group(1) in lang
+    ]
+
+
+def snippet(marker: str) -> str:
+    """The text of the one block that contains ``marker``."""
+    [found] = [s.text for s in snippets() if marker in s.text]
+    return found
+
+
+CLEAN = "tests/test_clean_install.py"
+FRAGMENT = "a fragment: uses names (tasks, a queue, an envelope) from the snippets above"
+FOREVER = "runs until SIGTERM; "
+
+#: marker (a substring of exactly one block) -> its check
+CHECKS: dict[str, Check] = {
+    # Two commands
+    ".venv/bin/delayq demo": Check(by=f"{CLEAN}::test_core (pip install . && delayq demo)"),
+    'pip install -e ".[dev]"': Check(skip="the test command itself (runs this suite)"),
+    # 30 seconds with Celery
+    "# proj/celery.py": Check(by=f"{CLEAN}::test_celery"),
+    "# proj/tasks.py": Check(by=f"{CLEAN}::test_celery"),
+    "celery -A proj delayq periodic list": Check(by=f"{CLEAN}::test_celery (each command)"),
+    "add.apply_async((2, 2), countdown=10)": Check(by=f"{CLEAN}::test_celery"),
+    "with delayed_tasks(app, clock=": Check(by="tests/test_readme.py::test_testing_examples_run"),
+    # 30 seconds with RQ
+    'queue = Queue("default", connection=Redis())': Check(by=f"{CLEAN}::test_rq"),
+    "# app/tasks.py": Check(by=f"{CLEAN}::test_rq"),
+    "rq worker --queue-class delayq_backends.rq.Queue default": Check(by=f"{CLEAN}::test_rq (each command)"),
+    # the core API
+    'store = DelayStore.from_url("redis://127.0.0.1:6379/0")': Check(by="tests/test_readme.py::test_core_api_runs"),
+    "delayq forward --url redis://127.0.0.1:6379/0 ": Check(skip=FOREVER + "each command: tests/test_cli.py"),
+    "with build_forwarder(settings) as forwarder:": Check(skip=FOREVER + "build_forwarder: tests/test_assemble.py"),
+    'store.debounce("doc-7"': Check(skip=FRAGMENT),
+    # Spark
+    "result = schedule_dataframe(": Check(skip="reads reminders.parquet, which the README does not make"),
+    "delayq spark export --out scheduled.jsonl": Check(
+        by=f"{CLEAN}::test_spark_export (its export line; the others run until SIGTERM or need logs: tests/test_spark)"
+    ),
+    # Testing without Redis
+    "def sign_up(store, user_id):": Check(by="tests/test_readme.py::test_testing_examples_run"),
+    # In production
+    "--max-queue-depth celery=10000 --rate celery=500/s": Check(skip=FOREVER + "tests/test_flow.py"),
+    "app.conf.delayq_max_queue_depth =": Check(skip=FRAGMENT),
+    "--key-rate celery=20/s": Check(skip=FOREVER + "tests/test_key_rate.py"),
+    'headers={"delayq_rate_key": f"tenant-{tenant}"}': Check(skip=FRAGMENT),
+    "--metrics-port 9477": Check(skip=FOREVER + "tests/test_metrics.py"),
+    'pip install "delayq_backends[web,celery]"': Check(by=f"{CLEAN}::test_web (each command)"),
+    "curl -X POST http://127.0.0.1:8765/api/v1/celery": Check(by=f"{CLEAN}::test_web"),
+}
