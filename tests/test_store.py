@@ -22,6 +22,7 @@ from delayq_backends import (
     PayloadTooLargeError,
     ShardMismatchError,
 )
+from delayq_backends.errors import NewerFormatError
 from delayq_backends.keys import shard_tags
 from delayq_backends.store import base
 from delayq_backends.targets import RedisListTarget
@@ -166,7 +167,7 @@ def test_envelope_round_trip_and_corruption_messages() -> None:
     data = env.encode()
     with pytest.raises(EnvelopeError, match="truncated"):
         Envelope.decode(data[:10])
-    with pytest.raises(EnvelopeError, match="version 9 is unknown"):
+    with pytest.raises(NewerFormatError, match="version 9 is newer than this delayq reads"):
         Envelope.decode(data[:2] + b"\x09" + data[3:])
     with pytest.raises(EnvelopeError, match="not a delayq envelope"):
         Envelope.decode(b"XX" + data[2:])
