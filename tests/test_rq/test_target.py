@@ -103,7 +103,6 @@ def test_a_lost_lease_moves_nothing(queue: Queue, rq_store: DelayStore, conn: re
     assert report.acked == [job.id] and queue.job_ids == [job.id] and not rq_store.exists(job.id)
 
 
-@pytest.mark.slow
 def test_forwarders_killed_at_random_points_enqueue_every_job_exactly_once(
     queue: Queue, rq_store: DelayStore, processes: Processes
 ) -> None:
