@@ -56,7 +56,7 @@ from lib.report import (
 from lib.server import PREFIX, BenchServer
 from lib.timing import Case, measure_cases, ms_now
 
-from delayq_backends import Config, DelayStore, Envelope
+from delayq_backends import Config, DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
 

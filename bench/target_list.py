@@ -52,12 +52,12 @@ def cases(server: BenchServer, sizes: Sizes) -> list[Case]:
         return naive_move(client, server.store(client=client), int(ms_now()))
 
     return [
-        Case("naive mover", fill, lambda: in_process(naive, sizes.items)),
-        Case("delayq forward", fill, lambda: process_drain(cli_forward(server), delivered, sizes.items)),
+        Case("naive mover", fill, lambda: in_process(server, naive, sizes.items)),
+        Case("delayq forward", fill, lambda: process_drain(server, cli_forward(server), delivered, sizes.items)),
         Case(
             "delayq forward --batch 500",
             fill,
-            lambda: process_drain(cli_forward(server, "--batch", "500"), delivered, sizes.items),
+            lambda: process_drain(server, cli_forward(server, "--batch", "500"), delivered, sizes.items),
         ),
     ]
 

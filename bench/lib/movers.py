@@ -8,11 +8,13 @@ its write loses or doubles a batch. It is the floor the forwarder is measured ag
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -25,7 +27,10 @@ from .report import loadavg, log
 from .server import PREFIX, BenchServer
 from .waiting import wait_for
 
-__all__ = ["PIPE_ITEMS", "Case", "Round", "cli_forward", "naive_move", "naive_rq_move", "rounds", "table"]
+__all__ = [
+    "PIPE_ITEMS", "Case", "Results", "Round", "cli_forward", "cpu_seconds", "in_process", "load_line", "naive_move",
+    "naive_rq_move", "process_drain", "rounds", "summary", "table",
+]  # fmt: skip
 
 #: items per read and per pipeline of the naive movers
 PIPE_ITEMS = 500
@@ -85,10 +90,23 @@ def cli_forward(server: BenchServer, *extra: str) -> list[str]:
 @dataclass(frozen=True)
 class Round:
     """One timed move: items per second from the first item delivered to the last (a
-    process's start-up excluded), and including the start-up."""
+    process's start-up excluded), and including the start-up; the mover's and the server's
+    CPU per item over the timed part (None where it could not be read)."""
 
     rate: float
     with_startup: float
+    mover_us: float | None = None
+    server_us: float | None = None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _per_item_us(before: float | None, after: float | None, items: int) -> float | None:
+    return None if before is None or after is None else (after - before) / max(items, 1) * 1e6
 
 
 @dataclass(frozen=True)
@@ -101,36 +119,42 @@ class Case:
     run: Callable[[], Round]
 
 
-def in_process(move: Callable[[], int], total: int) -> Round:
+def in_process(server: BenchServer, move: Callable[[], int], total: int) -> Round:
     """Time ``move`` (it returns how many it moved) in this process."""
-    start = time.perf_counter()
+    server0, cpu0, start = server.cpu_seconds(), time.process_time(), time.perf_counter()
     moved = move()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu, server1 = time.perf_counter() - start, time.process_time() - cpu0, server.cpu_seconds()
     if moved != total:
         raise RuntimeError(f"moved {moved} of {total}")
-    return Round(total / elapsed, total / elapsed)
+    return Round(total / elapsed, total / elapsed, cpu / total * 1e6, _per_item_us(server0, server1, total))
 
 
-def process_drain(args: Sequence[str], delivered: Callable[[], int], total: int, *, delayq: bool = True) -> Round:
+def process_drain(
+    server: BenchServer, args: Sequence[str], delivered: Callable[[], int], total: int, *, delayq: bool = True
+) -> Round:
     """Start ``args`` (a ``delayq`` command, or any command) and time it until ``delivered()``
     reaches ``total``: from its first delivery, and from its start."""
     with Processes() as procs:
         started = time.monotonic()
         proc = procs.delayq(*args) if delayq else procs.start(args)
-        first: list[tuple[float, int]] = []
+        first: list[tuple[float, int, float, float | None]] = []
 
         def done() -> bool:
             count = delivered()
             if count and not first:
-                first.append((time.monotonic(), count))
+                first.append((time.monotonic(), count, cpu_seconds(proc.pid), server.cpu_seconds()))
             if proc.poll() is not None:
                 raise RuntimeError(f"{args[0]} exited with {proc.returncode}")
             return count >= total
 
         wait_for(done, 600, f"{total} delivered by {args[0]}", interval=0.01)
-        end = time.monotonic()
-    at, count = first[0]
-    return Round((total - count) / max(end - at, 1e-6), total / (end - started))
+        end, cpu, server_cpu = time.monotonic(), cpu_seconds(proc.pid), server.cpu_seconds()
+    at, count, cpu0, server0 = first[0]
+    timed = total - count
+    return Round(
+        timed / max(end - at, 1e-6), total / (end - started), (cpu - cpu0) / max(timed, 1) * 1e6,
+        _per_item_us(server0, server_cpu, timed),
+    )  # fmt: skip
 
 
 @dataclass
@@ -161,18 +185,24 @@ def _cell(values: Sequence[float], fmt: str = ",.0f") -> str:
 def table(results: Results, ours: str, reference: str, goal: float | None, unit: str = "items/s") -> list[str]:
     """Markdown rows: each case's median (min–max) with and without start-up, then ``ours`` over
     ``reference`` per round (median, min–max) against ``goal``."""
-    rows = [f"| case | {unit}, median (min–max) | with process start-up | ratio to {reference} |", "|---|---:|---:|---:|"]
+    rows = [
+        f"| case | {unit}, median (min–max) | with process start-up | ratio to {reference} | "
+        "mover / server CPU per item (µs) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     ref = [r.rate for r in results.rates[reference]]
     for name, runs in results.rates.items():
         ratios = [r.rate / x for r, x in zip(runs, ref)]
+        cpu = [statistics.median(v) if (v := [x for x in xs if x is not None]) else None
+               for xs in ([r.mover_us for r in runs], [r.server_us for r in runs])]  # fmt: skip
         rows.append(
             f"| {name} | {_cell([r.rate for r in runs])} | {_cell([r.with_startup for r in runs])} | "
-            f"{_cell(ratios, '.2f')} |"
+            f"{_cell(ratios, '.2f')} | {' / '.join('—' if c is None else f'{c:.1f}' for c in cpu)} |"
         )
     if goal is not None:
         ratios = [r.rate / x for r, x in zip(results.rates[ours], ref)]
         met = "met" if statistics.median(ratios) >= goal else "NOT met"
-        rows.append(f"| **{ours} / {reference}** (goal ≥ {goal:g}) | **{_cell(ratios, '.2f')}** {met} | | |")
+        rows.append(f"| **{ours} / {reference}** (goal ≥ {goal:g}) | **{_cell(ratios, '.2f')}** {met} | | | |")
     return rows
 
 
