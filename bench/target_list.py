@@ -17,14 +17,24 @@ Prints a markdown table (medians, min–max, the ratio per round, the load avera
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lib.items import OUT_LIST, load
-from lib.movers import Case, cli_forward, in_process, load_line, naive_move, process_drain, rounds, summary, table
+from lib.movers import (
+    Case,
+    cli_forward,
+    in_process,
+    load_line,
+    naive_move,
+    options,
+    process_drain,
+    rounds,
+    summary,
+    table,
+)
 from lib.server import BenchServer
 from lib.timing import ms_now
 
@@ -63,10 +73,7 @@ def cases(server: BenchServer, sizes: Sizes) -> list[Case]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smaller backlog, fewer rounds")
-    parser.add_argument("--json", action="store_true", help="print the rates as JSON too")
-    args = parser.parse_args(argv)
+    args = options(__doc__, argv)
     sizes = QUICK if args.quick else FULL
     with BenchServer() as server:
         results = rounds(server, cases(server, sizes), sizes.rounds)

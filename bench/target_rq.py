@@ -22,14 +22,24 @@ RQ ≥ 25k jobs/s moved by one forwarder; ``enqueue_at`` ≥ 0.9× plain RQ.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from lib.movers import Case, cli_forward, in_process, load_line, naive_rq_move, process_drain, rounds, summary, table
+from lib.movers import (
+    Case,
+    cli_forward,
+    in_process,
+    load_line,
+    naive_rq_move,
+    options,
+    process_drain,
+    rounds,
+    summary,
+    table,
+)
 from lib.server import BenchServer
 from lib.timing import ms_now
 from rq import Queue as RQQueue
@@ -117,10 +127,7 @@ def cases(server: BenchServer, sizes: Sizes) -> list[Case]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer jobs, fewer rounds")
-    parser.add_argument("--json", action="store_true", help="print the rates as JSON too")
-    args = parser.parse_args(argv)
+    args = options(__doc__, argv)
     sizes = QUICK if args.quick else FULL
     with BenchServer() as server:
         moved = rounds(server, cases(server, sizes), sizes.rounds)

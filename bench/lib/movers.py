@@ -8,6 +8,7 @@ its write loses or doubles a batch. It is the floor the forwarder is measured ag
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -29,7 +30,7 @@ from .waiting import wait_for
 
 __all__ = [
     "PIPE_ITEMS", "Case", "Results", "Round", "cli_forward", "cpu_seconds", "in_process", "load_line", "naive_move",
-    "naive_rq_move", "process_drain", "rounds", "summary", "table",
+    "naive_rq_move", "options", "process_drain", "rounds", "summary", "table",
 ]  # fmt: skip
 
 #: items per read and per pipeline of the naive movers
@@ -80,6 +81,14 @@ def naive_rq_move(client: redis.Redis, store: DelayStore, queue: str, now_ms: in
                 pipe.execute()
             moved += len(ids)
     return moved
+
+
+def options(doc: str | None, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The per-target benches' options: ``--quick`` (smaller sizes) and ``--json``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
+    parser.add_argument("--quick", action="store_true", help="smaller backlog, fewer rounds")
+    parser.add_argument("--json", action="store_true", help="print the rates as JSON too")
+    return parser.parse_args(argv)
 
 
 def cli_forward(server: BenchServer, *extra: str) -> list[str]:
