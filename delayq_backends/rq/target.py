@@ -13,11 +13,14 @@ calls ``Job.fetch``, ``Job.restore``, ``Job.save`` or a serializer, so a pickle 
 the forwarder imports from an envelope is a queue or job class on its allowlist
 (:class:`ClassAllowlist`), and only to read its key prefixes.
 
-A batch is moved in one MULTI/EXEC on RQ's Redis, with every job key (and each dependency's)
-WATCHed, so a job cancelled or deleted while it is being moved is never resurrected. When RQ's
-Redis is the delay store's own server, the store's ack joins that transaction (see
-:class:`~delayq_backends.store.Lease`): the enqueue and the ack commit together, an
-exactly-once hand-off.
+The usual job (a Queue's, status ``scheduled``, no TTL, dependency, rate limit or dead-letter
+mark) moves by one ``rq_move`` script call per batch, which reads, writes and pushes in one
+atomic step; when RQ's Redis is the delay store's own server the script also checks the claim's
+lease and acks (an exactly-once hand-off). From the first job it cannot take on, the rest of the
+batch moves in one MULTI/EXEC on RQ's Redis, with every job key (and each dependency's)
+WATCHed, so a job cancelled or deleted while it is being moved is never resurrected; on the
+store's own server the store's ack joins that transaction (see
+:class:`~delayq_backends.store.Lease`).
 """
 
 from __future__ import annotations
