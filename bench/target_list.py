@@ -7,6 +7,8 @@ moves it into one list, once by each case, back to back:
 
 - **naive mover**: ZRANGEBYSCORE + HMGET, then RPUSH + ZREM + HDEL pipelined, in this process
   (``lib.movers.naive_move``; no lease, no ack);
+- **forwarder in process**: ``Forwarder.run_once()`` with the CLI's default settings, in this
+  process, to tell the forwarder's own cost from the process's;
 - **delayq forward**: the CLI process users run (default settings, and ``--batch 500``, the
   naive mover's batch), timed from its first item in the list to the last (its start-up is
   shown beside it).
@@ -38,6 +40,9 @@ from lib.movers import (
 from lib.server import BenchServer
 from lib.timing import ms_now
 
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.targets import RedisListTarget
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -61,8 +66,13 @@ def cases(server: BenchServer, sizes: Sizes) -> list[Case]:
         client = server.connect()
         return naive_move(client, server.store(client=client), int(ms_now()))
 
+    def forwarder() -> int:
+        client = server.connect()
+        return Forwarder(server.store(client=client), [RedisListTarget(client)]).run_once()
+
     return [
         Case("naive mover", fill, lambda: in_process(server, naive, sizes.items)),
+        Case("forwarder in process", fill, lambda: in_process(server, forwarder, sizes.items)),
         Case("delayq forward", fill, lambda: process_drain(server, cli_forward(server), delivered, sizes.items)),
         Case(
             "delayq forward --batch 500",
