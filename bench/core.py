@@ -37,6 +37,7 @@ from typing import Any
 
 import redis
 from lib.items import OUT_LIST, entries, envelope, in_an_hour, load
+from lib.movers import PIPE_ITEMS, naive_move
 from lib.report import (
     BENCH_DIR,
     RESULTS_PATH,
@@ -55,13 +56,12 @@ from lib.report import (
 from lib.server import PREFIX, BenchServer
 from lib.timing import Case, measure_cases, ms_now
 
-from delayq_backends import Config, DelayStore, Envelope
+from delayq_backends import Config, DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
 
 #: Items per pipeline execute in the ceiling runs: schedule_many sends 500 items per script
 #: call (SCHEDULE_CHUNK), so the ceiling uses pipelines of the same depth.
-PIPE_ITEMS = 500
 
 
 # -- sizes ------------------------------------------------------------------------------------
@@ -317,29 +317,6 @@ def forward_case(server: BenchServer, sizes: Sizes, batch: int) -> Case:
         return work
 
     return Case(f"forward_b{batch}", f"forward, one forwarder, batch {batch}", prepare, Goal(20_000, True, "items/s"))
-
-
-def naive_move(client: redis.Redis, store: DelayStore, now_ms: int, batch: int = PIPE_ITEMS) -> int:
-    """The reference mover of issue 16: what "move due items to their list" costs with no
-    reliability at all. Per shard: ZRANGEBYSCORE … LIMIT ``batch`` and HMGET, then RPUSH +
-    ZREM + HDEL in one pipeline. No lease and no ack: two movers move the same items twice,
-    and a crash between the read and the pipeline's end loses or doubles the batch."""
-    moved = 0
-    for shard in range(store.shards):
-        keys = store.keys(shard)
-        while ids := client.zrangebyscore(keys.due, "-inf", now_ms, start=0, num=batch):
-            by_list: dict[str, list[bytes]] = {}
-            for data in client.hmget(keys.items, ids):
-                env = Envelope.decode(data)
-                by_list.setdefault(env.destination, []).append(env.body)
-            with client.pipeline(transaction=False) as pipe:
-                for key, bodies in by_list.items():
-                    pipe.rpush(key, *bodies)
-                pipe.zrem(keys.due, *ids)
-                pipe.hdel(keys.items, *ids)
-                pipe.execute()
-            moved += len(ids)
-    return moved
 
 
 def naive_mover_case(server: BenchServer, sizes: Sizes) -> Case:
