@@ -102,7 +102,8 @@ class RedisHandOff:
         """What kombu's ``Producer.publish(**publish_kwargs)`` would send, not sent.
 
         Declarations in ``declare`` do run (on the real channel, as kombu's publish runs them):
-        they only write kombu's binding table, and must exist before the message can be routed.
+        they only write kombu's binding table, and must exist before the message can be routed
+        (the target declares a batch's queues once, before, and passes none here).
         """
         self._recording.recorder = _Recorder()
         self._producer.publish(**publish_kwargs)

@@ -53,16 +53,14 @@ _UNCERTAIN: tuple[type[BaseException], ...] = tuple(
 
 
 class _Prepared(NamedTuple):
-    """A due message, checked and turned into ``Producer.publish`` arguments (its queue
-    declarations apart: on AMQP a batch declares each queue once, before any publish)."""
+    """A due message, checked and turned into ``Producer.publish`` arguments, its queue
+    declarations apart: a batch declares each of its queues once, before any publish (kombu's
+    publish would check, and copy, each message's declarations again)."""
 
     id: str
     task: str
     kwargs: dict[str, Any]
     declare: list[Any]
-
-    def publish(self, producer: Producer) -> None:
-        producer.publish(declare=self.declare, **self.kwargs)
 
 
 class CeleryTarget:
@@ -134,6 +132,7 @@ class CeleryTarget:
             return report
         try:
             producer = self._producer_or_new()
+            ready = self._declared(ready, report)
             if self._confirms is not None:
                 self._stream(ready, report)
             else:
@@ -156,10 +155,11 @@ class CeleryTarget:
         report = PublishReport()
         ready = self._prepare(deliveries, report)
         try:
+            ready = self._declared(ready, report)  # kombu's binding table, read to route
             messages: dict[str, list[Command]] = {}
             for p in ready:  # routed by kombu, written by nobody yet
                 try:
-                    messages[p.id] = handoff.commands({**p.kwargs, "declare": p.declare})
+                    messages[p.id] = handoff.commands(p.kwargs)
                 except Exception as exc:  # refused or cannot be encoded: this message alone
                     if self._is_outage(exc):
                         raise
@@ -208,7 +208,7 @@ class CeleryTarget:
         with context:
             for p in ready:
                 try:
-                    p.publish(producer)
+                    producer.publish(**p.kwargs)
                 except Exception as exc:  # the broker refused this one message, or it cannot be encoded
                     if self._is_outage(exc):  # for now (a resource alarm), or refused us (no write access)
                         raise
@@ -223,13 +223,12 @@ class CeleryTarget:
     def _stream(self, ready: list[_Prepared], report: PublishReport) -> None:
         """Publish a batch on the confirm-mode AMQP channel, then collect its confirms.
 
-        The queues are declared first, each once (a declaration is a round trip the broker
-        answers, so its refusal is that declaration's messages' alone). A channel error during
+        The queues were declared first (:meth:`_declared`: a declaration is a round trip the
+        broker answers, so its refusal is that declaration's messages' alone). A channel error during
         the stream (the broker closes the channel: an exchange that does not exist, a message
         over its size limit) cannot be told apart per message: the unconfirmed ones are then
         published again one at a time, each waiting for its confirm, so the culprit fails alone.
         """
-        ready = self._declared(ready, report)
         confirms, producer = self._confirms, self._producer
         assert confirms is not None and producer is not None
         done = 0  # how many of ready were published or failed
@@ -273,7 +272,7 @@ class CeleryTarget:
                 self._settled(confirms, report)
 
     def _declared(self, ready: list[_Prepared], report: PublishReport) -> list[_Prepared]:
-        """Declare the batch's queues (each once, kombu caching them per connection); the
+        """Declare the batch's queues, each once (kombu caches them per connection); the
         messages whose declaration the broker refused fail, the others are returned."""
         refused: dict[int, BaseException] = {}
         for entity in {hash(e): e for p in ready for e in p.declare}.values():
@@ -357,7 +356,7 @@ class CeleryTarget:
         """Drop the producer's channel after a channel error; the next publish opens another on
         the same connection. (py-amqp reopens a channel the broker closed, without confirm mode.)"""
         channel = None if self._producer is None else self._producer.channel
-        self._producer = self._confirms = None
+        self._producer, self._confirms, self._handoff = None, None, None
         try:
             if channel is not None:
                 channel.close()
