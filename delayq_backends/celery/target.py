@@ -87,6 +87,7 @@ class CeleryTarget:
         self._connection: Connection | None = None
         self._producer: Producer | None = None
         self._confirms: Confirms[_Prepared] | None = None  # on AMQP: the producer's channel
+        self._exchanges: set[str] = set()  # on AMQP: found on this connection
         self._handoff: RedisHandOff | None = None
         self._probe: Connection | None = None  # its own, so a probe error never drops a publish
 
@@ -223,14 +224,18 @@ class CeleryTarget:
     def _stream(self, ready: list[_Prepared], report: PublishReport) -> None:
         """Publish a batch on the confirm-mode AMQP channel, then collect its confirms.
 
-        The queues were declared first (:meth:`_declared`: a declaration is a round trip the
-        broker answers, so its refusal is that declaration's messages' alone). A channel error during
-        the stream (the broker closes the channel: an exchange that does not exist, a message
-        over its size limit) cannot be told apart per message: the unconfirmed ones are then
-        published again one at a time, each waiting for its confirm, so the culprit fails alone.
+        The queues were declared first and the exchanges are checked (:meth:`_declared`,
+        :meth:`_exchanges_found`: round trips the broker answers, so a refusal there is those
+        messages' alone). A channel error during the stream (the broker closes the channel: a
+        ``user_id`` that is not the connection's, a message over the size limit, an exchange
+        deleted since it was checked) cannot be told apart per message: the unconfirmed ones
+        are then published again one at a time, each waiting for its confirm, so the culprit
+        fails alone. One the broker took before the error but had not confirmed yet is then
+        published twice (at-least-once, as after a lost connection).
         """
-        confirms, producer = self._confirms, self._producer
-        assert confirms is not None and producer is not None
+        ready = self._exchanges_found(ready, report)
+        producer, confirms = self._producer_or_new(), self._confirms
+        assert confirms is not None
         done = 0  # how many of ready were published or failed
         try:
             for p in ready:
@@ -274,20 +279,50 @@ class CeleryTarget:
     def _declared(self, ready: list[_Prepared], report: PublishReport) -> list[_Prepared]:
         """Declare the batch's queues, each once (kombu caches them per connection); the
         messages whose declaration the broker refused fail, the others are returned."""
-        refused: dict[int, BaseException] = {}
-        for entity in {hash(e): e for p in ready for e in p.declare}.values():
+
+        def declare(entity: Any) -> None:
+            maybe_declare(entity, self._producer_or_new().channel)
+
+        return self._checked(ready, report, lambda p: {hash(e): e for e in p.declare}, declare)
+
+    def _exchanges_found(self, ready: list[_Prepared], report: PublishReport) -> list[_Prepared]:
+        """On AMQP, check once per connection that each exchange the batch publishes to exists
+        (a passive declare, answered): a publish to a missing one would close the channel
+        after the publishes behind it were written, refusing them all."""
+
+        def check(name: str) -> None:
+            self._producer_or_new().channel.exchange_declare(name, "direct", passive=True)
+            self._exchanges.add(name)
+
+        def needs(p: _Prepared) -> dict[Any, Any]:
+            name = p.kwargs["exchange"]
+            return {} if not name or name in self._exchanges else {name: name}
+
+        return self._checked(ready, report, needs, check)
+
+    def _checked(
+        self,
+        ready: list[_Prepared],
+        report: PublishReport,
+        needs: Callable[[_Prepared], dict[Any, Any]],
+        check: Callable[[Any], None],
+    ) -> list[_Prepared]:
+        """Run ``check`` once for each distinct thing (by key) the messages of ``ready`` need; the
+        messages needing one the broker refused (a channel error) fail, the others are returned."""
+        refused: dict[Any, BaseException] = {}
+        for key, thing in {k: t for p in ready for k, t in needs(p).items()}.items():
             try:
-                maybe_declare(entity, self._producer_or_new().channel)
+                check(thing)
             except Exception as exc:
                 if self._is_outage(exc) or not isinstance(exc, self._channel_errors()):
                     raise
-                refused[hash(entity)] = exc
+                refused[key] = exc
                 self._new_channel()  # the broker closed the channel
         if not refused:
             return ready
         kept = []
         for p in ready:
-            why = next((refused[hash(e)] for e in p.declare if hash(e) in refused), None)
+            why = next((refused[k] for k in needs(p) if k in refused), None)
             if why is None:
                 kept.append(p)
             else:
@@ -389,7 +424,7 @@ class CeleryTarget:
     def _reset(self) -> None:
         """Drop the connection after an outage; the next batch connects afresh."""
         conn, self._connection, self._producer, self._handoff = self._connection, None, None, None
-        self._confirms = None
+        self._confirms, self._exchanges = None, set()
         if conn is not None:
             _release(conn)
 
