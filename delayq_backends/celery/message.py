@@ -8,6 +8,7 @@ that users put in custom headers.
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Mapping
 from copy import copy
@@ -243,7 +244,7 @@ class StoredMessage:
         try:
             if not envelope.details:  # format 1: kombu's JSON as a string in the envelope's meta
                 return cls._from_v1(envelope)
-            stored = kombu_json_loads(envelope.details.decode("utf-8"))
+            stored = _json_loads(envelope.details)
             details = {**_detail_defaults(envelope.destination), **stored}
             copies, properties = int(details["i"]), _object(details, "p")
             headers = _full_headers(_object(details, "h"), int(details["s"]))
@@ -354,6 +355,12 @@ class StoredMessage:
             retry=False,  # the forwarder handles outages: release, back off, try again
         )
         return kwargs
+
+
+def _json_loads(data: bytes) -> Any:
+    """kombu's JSON decoding; plain ``json.loads`` (no Python hook per object: a third of a
+    replay's cost) when no kombu-typed value (``"__type__"``: a datetime, a UUID, bytes) is in it."""
+    return kombu_json_loads(data) if b'"__type__"' in data else json.loads(data)
 
 
 def _text(value: Any) -> str | None:
