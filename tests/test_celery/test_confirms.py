@@ -157,3 +157,26 @@ def test_a_connection_lost_mid_batch_leaves_the_unconfirmed_unsent_and_loses_non
     landed = in_queue(rabbitmq_url, queue)
     assert set(report.published) <= set(landed), "a message reported published is in the queue"
     assert all(landed[i] == 1 for i in report.published)
+
+
+def test_confirms_later_than_confirm_timeout_leave_the_batch_unsent(rabbitmq_url: str, queue: str) -> None:
+    """A link holding each chunk 1 s and ``confirm_timeout=0.3``: no confirm comes in time, so
+    nothing counts as published and nothing as failed; the batch is released, the broker error
+    says why, and the next batch starts on a fresh connection."""
+    declare(rabbitmq_url, queue)
+    upstream = urlsplit(rabbitmq_url)
+    proxy = TcpProxy(upstream.hostname or "127.0.0.1", upstream.port or 5672)
+    ids = [f"m{n}" for n in range(20)]
+    try:
+        target = CeleryTarget.from_url(via(proxy, rabbitmq_url), confirm_timeout=0.3)
+        target.check()
+        proxy.delay = 1.0
+        report = target.publish_many([delivery(i, queue) for i in ids])
+        proxy.delay = 0.0
+        again = target.publish_many([delivery("after", queue)])
+        target.close()
+    finally:
+        proxy.close()
+    assert report.published == [] and report.failed == [] and sorted(report.unsent) == sorted(ids)
+    assert "not confirmed within 0.3 s" in str(report.broker_error)
+    assert again.published == ["after"]
