@@ -36,6 +36,10 @@ class Confirms(Generic[T]):
     """
 
     def __init__(self, channel: Any) -> None:
+        # a connection with ``confirm_publish`` (a user's own connect, broker_transport_options)
+        # makes py-amqp wait for each publish's confirm itself, taking the broker's frames from
+        # these callbacks: this channel publishes without waiting, as its class does
+        getattr(channel, "__dict__", {}).pop("basic_publish", None)
         channel.confirm_select()
         self.channel = channel
         self._next = 1  # the delivery tag of the next publish

@@ -180,3 +180,17 @@ def test_confirms_later_than_confirm_timeout_leave_the_batch_unsent(rabbitmq_url
     assert report.published == [] and report.failed == [] and sorted(report.unsent) == sorted(ids)
     assert "not confirmed within 0.3 s" in str(report.broker_error)
     assert again.published == ["after"]
+
+
+def test_a_connection_with_confirm_publish_streams_too(rabbitmq_url: str, queue: str) -> None:
+    """A connection made with ``confirm_publish=True`` (a user's own ``connect``) would have
+    py-amqp wait for each confirm itself and swallow the frames the stream counts on."""
+    declare(rabbitmq_url, queue)
+    target = CeleryTarget(lambda: Connection(rabbitmq_url, transport_options={"confirm_publish": True}))
+    ids = [f"m{n}" for n in range(50)]
+    try:
+        report = target.publish_many([delivery(i, queue) for i in ids])
+    finally:
+        target.close()
+    assert report.published == ids and report.unsent == [] and report.failed == []
+    assert in_queue(rabbitmq_url, queue) == Counter(ids)
