@@ -4,13 +4,13 @@ It needs only the broker URL (or an app's connection settings), never the user's
 On AMQP the channel uses publisher confirms, so an ack in the delay store only follows a
 publish the broker accepted: a batch is published without waiting, then its confirms are
 collected per message (:mod:`.confirms`). A message counts as published only once its own
-confirm arrived; a nack fails that message alone; a connection lost (or no confirm within
-``confirm_timeout``) leaves the unconfirmed ones ``unsent``, released and sent again
-(at-least-once, as any publish whose confirm was lost). A broker that cannot be reached is reported as ``unsent`` (the
-forwarder releases the batch without burning attempts), and so is a broker that refuses for
-now (a resource alarm, a locked resource: see :mod:`delayq_backends.outages`); a message the broker refuses (a
-channel error such as PRECONDITION_FAILED, or a nack) is a per-item failure, retried with
-back-off and dead-lettered with the broker's words if it never succeeds.
+confirm arrived; a connection lost (or no confirm within ``confirm_timeout``) leaves the
+unconfirmed ones ``unsent``, released and sent again (at-least-once, as any publish whose
+confirm was lost). A broker that cannot be reached is reported as ``unsent`` (the forwarder
+releases the batch without burning attempts), and so is a broker that refuses for now (a
+resource alarm, a locked resource: see :mod:`delayq_backends.outages`); a message the broker
+refuses (a channel error such as PRECONDITION_FAILED, or a nack) is a per-item failure, retried
+with back-off and dead-lettered with the broker's words if it never succeeds.
 
 When the broker is kombu's Redis transport on the delay store's own server and database, a
 claimed batch is published and acked in one MULTI/EXEC (:mod:`.redis_handoff`): exactly once.
@@ -157,6 +157,7 @@ class CeleryTarget:
         ready = self._prepare(deliveries, report)
         try:
             ready = self._declared(ready, report)  # kombu's binding table, read to route
+            handoff = self._handoff_or_new() or handoff  # on a new channel if a declaration was refused
             messages: dict[str, list[Command]] = {}
             for p in ready:  # routed by kombu, written by nobody yet
                 try:
@@ -214,6 +215,9 @@ class CeleryTarget:
                     if self._is_outage(exc):  # for now (a resource alarm), or refused us (no write access)
                         raise
                     report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
+                    if not batched and isinstance(exc, self._channel_errors()):
+                        self._new_channel()  # the channel is closed after a channel error
+                        producer = self._producer_or_new()
                     continue
                 if batched:
                     sent.append(p.id)
