@@ -37,6 +37,7 @@ from ..models import DeliveryFailure, RunRef
 from ..outages import gives_back
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport
+from . import wire
 from .confirms import Confirms
 from .message import KIND, StoredMessage
 from .redis_handoff import Command, RedisHandOff
@@ -244,7 +245,7 @@ class CeleryTarget:
         try:
             for p in ready:
                 try:
-                    producer.publish(**p.kwargs)
+                    _send(producer, p)
                 except Exception as exc:
                     if self._is_outage(exc) or isinstance(exc, self._channel_errors()):
                         raise
@@ -268,7 +269,7 @@ class CeleryTarget:
             producer, confirms = self._producer_or_new(), self._confirms
             assert confirms is not None
             try:
-                producer.publish(**p.kwargs)
+                _send(producer, p)
                 confirms.sent(p)
                 confirms.wait(self.confirm_timeout)
             except Exception as exc:
@@ -437,6 +438,12 @@ class CeleryTarget:
         probe, self._probe = self._probe, None
         if probe is not None:
             _release(probe)
+
+
+def _send(producer: Producer, p: _Prepared) -> None:
+    """Publish on AMQP: the message kombu would send, framed without kombu (:mod:`.wire`)."""
+    if not wire.publish(producer.channel, p.kwargs):
+        producer.publish(**p.kwargs)
 
 
 def _refusal(p: _Prepared, exc: BaseException, channel_errors: tuple[type[BaseException], ...]) -> str:

@@ -16,10 +16,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from kombu import Connection, Consumer, Producer, Queue
+from kombu import Connection, Consumer, Queue
 
 from bench.lib.proxy import TcpProxy
-from delayq_backends.celery import CeleryTarget, StoredMessage
+from delayq_backends.celery import CeleryTarget, StoredMessage, wire
 from delayq_backends.targets import Delivery, PublishReport
 from tests.test_celery.harness import via
 
@@ -132,21 +132,21 @@ def test_a_connection_lost_mid_batch_leaves_the_unconfirmed_unsent_and_loses_non
     declare(rabbitmq_url, queue)
     upstream = urlsplit(rabbitmq_url)
     proxy = TcpProxy(upstream.hostname or "127.0.0.1", upstream.port or 5672)
-    real_publish, written = Producer.publish, 0
+    real_publish, written = wire.publish, 0
 
-    def publish_then_cut(self: Producer, *args: Any, **kwargs: Any) -> Any:
+    def publish_then_cut(channel: Any, kwargs: dict[str, Any]) -> bool:
         nonlocal written
         written += 1
         if written == 1500:
             proxy.cut()
-        return real_publish(self, *args, **kwargs)
+        return real_publish(channel, kwargs)
 
     ids = [f"m{n}" for n in range(2000)]
     try:
         target = CeleryTarget.from_url(via(proxy, rabbitmq_url))
         target.check()  # connected before the link turns slow
         proxy.delay = 0.02
-        monkeypatch.setattr(Producer, "publish", publish_then_cut)
+        monkeypatch.setattr(wire, "publish", publish_then_cut)
         report = target.publish_many([delivery(i, queue) for i in ids])
         target.close()
     finally:
