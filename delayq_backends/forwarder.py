@@ -451,13 +451,13 @@ class Forwarder:
     def _publish_all(self, prepared: list[_Published]) -> dict[int, Exception]:
         """Publish the prepared claims' items with one call per target (a round trip each, not
         one per shard), and hand each claim its part of the reports. One call per claim instead
-        to a :class:`ClaimTarget` (it takes one lease) and under flow control (a queue's room
-        counts the publishes before). Returns the errors raised, by ``id()`` of the claim (a
+        to a :class:`ClaimTarget` that takes the lease (see :meth:`_takes_leases`) and under flow
+        control (a queue's room counts the publishes before). Returns the errors raised, by ``id()`` of the claim (a
         call's error counts for every claim in it: their shards are set aside)."""
         errors: dict[int, Exception] = {}
         for kind in dict.fromkeys(kind for p in prepared for kind in p.groups):
             claims = [p for p in prepared if kind in p.groups and id(p) not in errors]
-            together = kind not in self._lease_takers and not self.flow.control.active
+            together = not self._takes_leases(kind) and not self.flow.control.active
             for call in [claims] if together else [[p] for p in claims]:
                 error = _shard_step(partial(self._publish_call, kind, call))
                 if isinstance(error, Exception):
@@ -472,6 +472,12 @@ class Forwarder:
                 ]
                 p.later += self._waiting(p, [f for f in p.report.failed if f.waits])
         return errors
+
+    def _takes_leases(self, kind: str) -> bool:
+        """Whether target ``kind`` is called per claim, with its lease: a :class:`ClaimTarget`,
+        unless it says its broker makes no use of the lease (``takes_leases`` False: the Celery
+        target on RabbitMQ, whose every call waits for the broker's confirms once)."""
+        return kind in self._lease_takers and bool(getattr(self.targets[kind], "takes_leases", True))
 
     def _waiting(self, p: _Published, failures: list[DeliveryFailure]) -> list[tuple[str, int]]:
         """Failures that wait (a periodic entry whose run was refused), as (id, not-before ms):
@@ -634,7 +640,7 @@ class Forwarder:
         Items a target published before raising may be published again (at-least-once, same id)."""
         target = self.targets[kind]
         try:
-            if kind in self._lease_takers:  # it may ack inside its own transaction
+            if self._takes_leases(kind):  # it may ack inside its own transaction
                 return cast(ClaimTarget, target).publish_claimed(deliveries, lease)
             return target.publish_many(deliveries)
         except Exception as exc:

@@ -89,7 +89,12 @@ class Target(Protocol):
 @runtime_checkable
 class ClaimTarget(Target, Protocol):
     """A target the forwarder calls with the batch's :class:`Lease` (preferred over
-    :meth:`Target.publish_many` when present)."""
+    :meth:`Target.publish_many` when present), one call per claim.
+
+    One whose broker makes no use of the lease may say so with a ``takes_leases`` attribute
+    (or property) that is False: the forwarder then calls :meth:`Target.publish_many` once
+    with every claim of the pass, as for any other target.
+    """
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport: ...
 

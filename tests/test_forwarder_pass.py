@@ -212,3 +212,40 @@ def test_one_publish_per_target_per_pass_split_back_to_each_shard(
     assert all(store.exists(i) for i in ids if i.endswith("3"))
     assert (forwarder.stats.acked, forwarder.stats.dead, forwarder.stats.released) == (64, 8, 8)
     assert len({store.shard_of(i) for i in ids if i.endswith("7")}) > 1  # the split crossed shards
+
+
+class Claiming(RedisListTarget):
+    """A list target with ``publish_claimed`` (a :class:`ClaimTarget`) that counts the calls of each kind."""
+
+    def __init__(self, client: redis.Redis, takes_leases: bool) -> None:
+        super().__init__(client)
+        self.takes_leases = takes_leases
+        self.claimed_calls: list[int] = []
+        self.many_calls: list[int] = []
+
+    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Any) -> PublishReport:
+        self.claimed_calls.append(len(deliveries))
+        return super().publish_many(deliveries)
+
+    def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
+        self.many_calls.append(len(deliveries))
+        return super().publish_many(deliveries)
+
+
+@pytest.mark.parametrize("takes_leases", [True, False])
+def test_a_claim_target_that_takes_no_lease_gets_the_pass_in_one_call(
+    valkey_url: str, prefix: str, out: redis.Redis, takes_leases: bool
+) -> None:
+    """The Celery target on RabbitMQ takes no lease (``takes_leases`` False): a pass over 4
+    shards is one publish call, one wait for the broker's confirms, not one per shard."""
+    store = make_store(valkey_url, prefix, shards=4)
+    key = f"{prefix}:out"
+    ids = [f"i{n}" for n in range(40)]
+    schedule(store, key, ids)
+    target = Claiming(out, takes_leases)
+    assert Forwarder(store, [target]).run_once() == 40
+    if takes_leases:
+        assert target.many_calls == [] and len(target.claimed_calls) == 4, "one call per claim, with its lease"
+    else:
+        assert target.claimed_calls == [] and target.many_calls == [40], "the pass in one call"
+    assert sorted(delivered(out, key)) == sorted(ids)

@@ -121,6 +121,17 @@ class CeleryTarget:
         except Exception as exc:
             return f"a broker this forwarder cannot use ({type(exc).__name__}: {exc})"
 
+    @property
+    def takes_leases(self) -> bool:
+        """Whether :meth:`publish_claimed` may use the claim's lease (the Redis hand-off); not
+        on AMQP, so the forwarder publishes a pass's claims in one call, which waits for the
+        broker's confirms once, not once per claim (a wait of several ms each). Known without
+        connecting: the transport is named by the broker URL."""
+        try:
+            return bool(self._connection_or_new().transport.driver_type != "amqp")
+        except Exception:  # no transport module: publish_claimed reports it, as before
+            return True
+
     def check(self) -> None:
         """Connect and authenticate to the broker (a channel opened), as before a publish."""
         self._producer_or_new()
@@ -133,8 +144,8 @@ class CeleryTarget:
         if not ready:
             return report
         try:
-            producer = self._producer_or_new()
             ready = self._declared(ready, report)
+            producer = self._producer_or_new()  # after the declarations: on a new channel if one was refused
             if self._confirms is not None:
                 self._stream(ready, report)
             else:

@@ -92,6 +92,35 @@ def test_a_refused_message_fails_alone_and_the_rest_are_published_once(rabbitmq_
     assert in_queue(rabbitmq_url, queue) == Counter(good), "each good message once, none lost"
 
 
+def test_a_declaration_refused_after_another_was_accepted_fails_its_message_alone(
+    rabbitmq_url: str, queue: str
+) -> None:
+    """The batch's queues are declared in turn; the last one's declaration is refused (it exists
+    with other arguments) and the broker closes the channel. The messages for the queue declared
+    before it are published on a new channel, not released as if the broker were down (the
+    stream once used the closed channel). A pass publishing several shards in one call meets this."""
+    clash = f"{queue}-clash"
+    declare(rabbitmq_url, clash, **{"x-max-priority": 3})
+    declared = [{"name": name, "exchange": {"name": ""}, "routing_key": name} for name in (queue, clash)]
+
+    def to(item_id: str, n: int) -> Delivery:
+        message = StoredMessage(
+            "t.add", b"[]", "application/json", "utf-8", {"id": item_id}, {}, "", declared[n]["name"],
+            [{**declared[n], "queue_arguments": {"x-max-priority": 10} if n else None}],
+        )  # fmt: skip
+        return Delivery(item_id, message.to_envelope(), 0, 0)
+
+    good = [f"ok{n}" for n in range(3)]
+    try:
+        report = publish(rabbitmq_url, [to(i, 0) for i in good] + [to("clash", 1)])
+    finally:
+        with Connection(rabbitmq_url) as conn:
+            conn.default_channel.queue_delete(clash)
+    assert [f.id for f in report.failed] == ["clash"] and "PRECONDITION_FAILED" in report.failed[0].error
+    assert report.published == good and report.unsent == [] and report.broker_error is None
+    assert in_queue(rabbitmq_url, queue) == Counter(good)
+
+
 def test_a_refusal_that_closes_the_channel_midstream_fails_that_message_alone(rabbitmq_url: str, queue: str) -> None:
     """A ``user_id`` that is not the connection's user: RabbitMQ closes the channel when it
     reaches that publish, dropping the ones written behind it, and names no message. That one

@@ -19,7 +19,7 @@ from kombu import Connection, Producer
 from kombu.common import maybe_declare
 
 from delayq_backends import Envelope
-from delayq_backends.celery import StoredMessage, forget_store, store_for, wire
+from delayq_backends.celery import CeleryTarget, StoredMessage, forget_store, store_for, wire
 from delayq_backends.embedded import EmbeddedServer
 from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
 
@@ -134,3 +134,13 @@ def test_what_only_kombu_handles_is_left_to_kombu() -> None:
     for extra in ({"compression": "zlib"}, {"serializer": "json"}, {"retry": True}, {"content_type": ""}):
         assert wire.message_properties({**kwargs, **extra}) is None, extra
     assert wire.message_properties({**kwargs, "body": "text"}) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "takes"), [("amqp://guest:guest@127.0.0.1:1//", False), ("redis://127.0.0.1:1/0", True)]
+)
+def test_the_target_takes_no_lease_on_amqp_known_without_connecting(url: str, takes: bool) -> None:
+    """On AMQP the lease is of no use (no hand-off): the forwarder publishes a pass in one call."""
+    target = CeleryTarget.from_url(url)
+    assert target.takes_leases is takes
+    target.close()
