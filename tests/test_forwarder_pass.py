@@ -125,7 +125,7 @@ def test_one_shards_failing_ack_sets_only_it_aside(valkey_url: str, prefix: str,
     forwarder = Forwarder(store, [Hooked(out, break_bad_shard)])
     bad = [i for i in ids if store.shard_of(i) == bad_shard]
     assert forwarder.run_once() == 40 - len(bad)
-    assert forwarder.stats.errors == 1 and forwarder._aside(bad_shard, forwarder.server_now_ms())
+    assert forwarder.stats.errors == 1 and forwarder.shards.aside(bad_shard, forwarder.server_now_ms())
     assert sorted(delivered(out, key)) == sorted(ids)  # published once each, the bad shard's too
     assert all(store.exists(i) for i in bad), "the bad shard's items were not acked: kept for later"
     assert not any(store.exists(i) for i in ids if i not in bad)

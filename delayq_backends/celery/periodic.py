@@ -543,7 +543,6 @@ def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
     return min(lease_ms, max(MIN_ENTRY_LEASE_MS, period // 2))
 
 
-
 class PeriodicTarget:
     """Fires ``celery-periodic`` items: publishes each due period's run through ``inner`` (the
     forwarder's Celery target), then acks the item and schedules its next period in one step
