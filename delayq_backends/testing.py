@@ -377,14 +377,14 @@ def run_due(
     callback = _callback_of(targets)
     forwarder = TestingForwarder(
         store,
-        {} if callback is not None else {k: _Recorder(t, delivered) for k, t in _targets_by_kind(targets).items()},
+        _EveryKind(callback, delivered)
+        if callback is not None
+        else {k: _Recorder(t, delivered) for k, t in _targets_by_kind(targets).items()},
         clock=clock,
         batch=batch,
         retry_delay=retry_delay,
         max_retry_delay=max_retry_delay,
     )
-    if callback is not None:
-        forwarder.targets = _EveryKind(callback, delivered)
     forwarder.run_until_idle()
     return delivered
 

@@ -79,7 +79,9 @@ class Forwarder:
             targets = {t.kind: t for t in targets}
         self.settings = settings
         self.store = store
-        self.targets = dict(targets)
+        self.targets = (
+            targets if isinstance(targets, dict) else dict(targets)
+        )  # a dict as given: a test's knows every kind
         self.batch = settings.batch
         self.name = settings.name or f"{socket.gethostname()}:{os.getpid()}"
         self.audit = audit
