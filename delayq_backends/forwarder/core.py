@@ -27,6 +27,7 @@ from ..store import DelayStore
 from ..targets import Target
 from .backoff import OutageBackoff, ShardBackoff
 from .clock import Clock
+from .context import Context
 from .heartbeat import Heartbeat
 from .hooks import FlowHook, LosslessHook, PassHook, PeriodicHook
 from .loop import Loop, check_targets
@@ -101,17 +102,10 @@ class Forwarder:
         hooks: list[PassHook] = [PeriodicHook(retry_ms, max_retry_ms), FlowHook(self.flow, metrics)]
         if settings.keep_ms:
             hooks.append(LosslessHook(settings.keep_ms, store, self.targets, self.stats, metrics))
-
-        def retry_at(attempts: int) -> int:
-            return self.clock.now_ms() + min(max_retry_ms, retry_ms << min(30, max(0, attempts - 1)))
-
-        stages = (
-            Preparer(store, self.targets, hooks, self.clock, self.stats, metrics, self.name, retry_at),
-            Publisher(self.targets, hooks, self.clock, self.heartbeat, self.pauses, self.stats, metrics, audit,
-                      self.name, max(100, lease_ms // 5), retry_at),
-            Settler(store, self.targets, hooks, self.stats, metrics),
-        )  # fmt: skip
-        self.pass_ = Pass(store, settings.batch, self.heartbeat, stages, self.shards, self.outages, self.stats, metrics)
+        ctx = Context(store, self.targets, hooks, self.clock, self.stats, metrics, self.name, retry_ms, max_retry_ms)
+        publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5))
+        stages = (Preparer(ctx), publisher, Settler(ctx))
+        self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages)
         self.sweeper = Sweeper(self.pass_, self._stop, settings.overlap)
         self.loop = Loop(store, self._sweep, self.clock, self.shards, self.outages, self.stats, metrics, self.pauses,
                          settings.poll_interval, self._stop)  # fmt: skip

@@ -9,17 +9,16 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ..models import Claim
-from ..store import DelayStore
 from .backoff import OutageBackoff, ShardBackoff
+from .context import Context
 from .heartbeat import Heartbeat, HeldLease
 from .prepare import Preparer
 from .publish import Publisher, shard_step
 from .records import Prepared, Published
 from .settle import Settler
-from .stats import ForwarderStats
 
 if TYPE_CHECKING:
-    from ..metrics import ForwarderMetrics
+    pass
 
 __all__ = ["Claimed", "Pass"]
 
@@ -52,23 +51,20 @@ class Pass:
 
     def __init__(
         self,
-        store: DelayStore,
+        ctx: Context,
         batch: int,
         heartbeat: Heartbeat,
         stages: tuple[Preparer, Publisher, Settler],
         shards: ShardBackoff,
         outages: OutageBackoff,
-        stats: ForwarderStats,
-        metrics: ForwarderMetrics | None,
     ) -> None:
-        self.store = store
+        self.ctx = ctx
+        self.store = ctx.store
         self.batch = batch
         self.heartbeat = heartbeat
         self.preparer, self.publisher, self.settler = stages
         self.shards = shards
         self.outages = outages
-        self.stats = stats
-        self.metrics = metrics
 
     def run(self, due: list[int]) -> tuple[int, list[int]]:
         """The items claimed from ``due``, and the shards whose batch came back full (more may be due)."""
@@ -78,8 +74,8 @@ class Pass:
         """Claim a batch of each shard of ``due`` in one round trip (an outage raises)."""
         started = time.perf_counter()
         claims = self.store.claim_many(list(due), limit=self.batch)
-        if self.metrics is not None:
-            self.metrics.observe_claim(time.perf_counter() - started)
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.observe_claim(time.perf_counter() - started)
         held = self.heartbeat.hold()
         held += [HeldLease(self.store, c) for c in claims if isinstance(c, Claim) and c.items]
         return Claimed(list(zip(due, claims)), held, self.batch)
@@ -145,7 +141,7 @@ class Pass:
         if not down:
             self.outages.reset()
         else:
-            self.stats.outages += 1
+            self.ctx.stats.outages += 1
             released = sum(len(r.unsent) for r in down)
             self.outages.pause(f"broker unreachable ({down[0].broker_error}); released {released} items")
         return errors

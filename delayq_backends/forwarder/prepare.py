@@ -5,22 +5,19 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..envelope import Envelope
 from ..errors import EnvelopeError, NewerFormatError
 from ..models import FailedDelivery
-from ..store import DelayStore, Lease
-from ..targets import Delivery, Target
-from .clock import Clock
+from ..store import Lease
+from ..targets import Delivery
+from .context import Context
 from .heartbeat import HeldLease
-from .hooks import PassHook
 from .records import Prepared
-from .stats import ForwarderStats
 
 if TYPE_CHECKING:
-    from ..metrics import ForwarderMetrics, Labels
+    from ..metrics import Labels
 
 __all__ = ["NEWER_FORMAT_DELAY_MS", "Preparer"]
 
@@ -38,25 +35,8 @@ class Preparer:
     an item that cannot be decoded or has no target here failed alone, one of a newer format
     deferred, then each hook's :meth:`~.hooks.PassHook.prepare` applied."""
 
-    def __init__(
-        self,
-        store: DelayStore,
-        targets: Mapping[str, Target],
-        hooks: Sequence[PassHook],
-        clock: Clock,
-        stats: ForwarderStats,
-        metrics: ForwarderMetrics | None,
-        name: str,
-        retry_at: Callable[[int], int],
-    ) -> None:
-        self.store = store
-        self.targets = targets
-        self.hooks = hooks
-        self.clock = clock
-        self.stats = stats
-        self.metrics = metrics
-        self.name = name
-        self.retry_at = retry_at
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
         #: envelope formats met that are newer than this forwarder reads: each is logged once
         self._newer_formats: set[int] = set()
 
@@ -82,22 +62,22 @@ class Preparer:
                 except Exception as exc:  # whatever the bytes are, one item never fails the batch
                     failures.append(FailedDelivery(item.id, None, f"corrupt envelope: {type(exc).__name__}: {exc}"))
                     continue
-            if self.metrics is not None:
+            if self.ctx.metrics is not None:
                 labels[item.id] = (envelope.target, envelope.destination)
-            if envelope.target not in self.targets:
+            if envelope.target not in self.ctx.targets:
                 failures.append(
                     FailedDelivery(
                         item.id,
-                        self.retry_at(item.attempts),
-                        f"no {envelope.target!r} target in forwarder {self.name} "
-                        f"(it has {sorted(self.targets)}): start one with that target",
+                        self.ctx.retry_at(item.attempts),
+                        f"no {envelope.target!r} target in forwarder {self.ctx.name} "
+                        f"(it has {sorted(self.ctx.targets)}): start one with that target",
                     )
                 )
                 continue
             groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
         skip: set[str] = set()
         keep: dict[str, int] = {}
-        for hook in self.hooks:
+        for hook in self.ctx.hooks:
             verdict = hook.prepare(claim, groups)
             skip |= verdict.skip
             failures += verdict.failures
@@ -107,7 +87,7 @@ class Preparer:
             if gone:
                 groups = defaultdict(list, {kind: [d for d in ds if d.id not in gone] for kind, ds in groups.items()})
         return Prepared(
-            held, Lease(self.store, claim, keep), dict(groups), tuple(failures), tuple(later), labels,
+            held, Lease(self.ctx.store, claim, keep), dict(groups), tuple(failures), tuple(later), labels,
             frozenset(skip), started,
         )  # fmt: skip
 
@@ -115,9 +95,9 @@ class Preparer:
         """An item written by a newer delayq (a rolling upgrade, producers first): deferred
         (attempt not counted) for a newer forwarder, as ``(id, not-before ms)``; counted, and
         logged once per format. Dead-lettering it would lose it for the forwarder's age."""
-        self.stats.newer_format += 1
-        if self.metrics is not None:
-            labels[item_id] = self.metrics.observe_newer_format(exc.version)
+        self.ctx.stats.newer_format += 1
+        if self.ctx.metrics is not None:
+            labels[item_id] = self.ctx.metrics.observe_newer_format(exc.version)
         if exc.version not in self._newer_formats:
             self._newer_formats.add(exc.version)
             log.warning(
@@ -127,4 +107,4 @@ class Preparer:
                 exc,
                 NEWER_FORMAT_DELAY_MS / 1000,
             )
-        return item_id, self.clock.now_ms() + NEWER_FORMAT_DELAY_MS
+        return item_id, self.ctx.clock.now_ms() + NEWER_FORMAT_DELAY_MS

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar, cast
@@ -13,15 +13,13 @@ from ..models import DeliveryFailure, FailedDelivery
 from ..outages import CONNECTION_ERRORS, config_error, gives_back
 from ..pauses import TargetPauses
 from ..store import Lease
-from ..targets import ClaimTarget, Delivery, PublishReport, Target
-from .clock import Clock
+from ..targets import ClaimTarget, Delivery, PublishReport
+from .context import Context
 from .heartbeat import Heartbeat, HeldLease
-from .hooks import PassHook
 from .records import Prepared, Published
-from .stats import ForwarderStats
 
 if TYPE_CHECKING:
-    from ..metrics import ForwarderMetrics
+    pass
 
 __all__ = ["Publisher", "shard_step"]
 
@@ -49,41 +47,24 @@ class Publisher:
     """
 
     def __init__(
-        self,
-        targets: Mapping[str, Target],
-        hooks: Sequence[PassHook],
-        clock: Clock,
-        heartbeat: Heartbeat,
-        pauses: TargetPauses,
-        stats: ForwarderStats,
-        metrics: ForwarderMetrics | None,
-        audit: AuditSink | None,
-        name: str,
-        lease_margin_ms: int,
-        retry_at: Callable[[int], int],
+        self, ctx: Context, heartbeat: Heartbeat, pauses: TargetPauses, audit: AuditSink | None, lease_margin_ms: int
     ) -> None:
-        self.targets = targets
-        self.hooks = hooks
-        self.clock = clock
+        self.ctx = ctx
         self.heartbeat = heartbeat
         self.pauses = pauses
-        self.stats = stats
-        self.metrics = metrics
         self.audit = audit
-        self.name = name
         #: a batch is only published with at least this much of its lease left (else extended first)
         self.lease_margin_ms = lease_margin_ms
-        self.retry_at = retry_at
         #: the targets that take the batch's lease, found once: an isinstance of a
         #: runtime-checkable protocol inspects every member of it
-        self._lease_takers = {kind for kind, target in targets.items() if isinstance(target, ClaimTarget)}
+        self._lease_takers = {kind for kind, target in ctx.targets.items() if isinstance(target, ClaimTarget)}
 
     def publish_all(self, prepared: Sequence[Prepared]) -> tuple[list[Published], dict[int, Exception]]:
         """The claims published, and the errors raised by index in ``prepared`` (a call's error
         counts for every claim in it: their shards are set aside)."""
         sending = [_Sending(p) for p in prepared]
         errors: dict[int, Exception] = {}
-        one_by_one = any(hook.admits for hook in self.hooks)
+        one_by_one = any(hook.admits for hook in self.ctx.hooks)
         for kind in dict.fromkeys(kind for p in prepared for kind in p.groups):
             claims = [n for n, p in enumerate(prepared) if kind in p.groups and n not in errors]
             together = kind not in self._lease_takers and not one_by_one
@@ -100,14 +81,14 @@ class Publisher:
         taken: set[str] = set()
         later = list(s.prepared.later) + s.later
         if failed:
-            now = self.clock.now_ms()
-            for hook in self.hooks:
+            now = self.ctx.clock.now_ms()
+            for hook in self.ctx.hooks:
                 verdict = hook.failed(s.prepared, failed, now)
                 later += verdict.later
                 taken |= {i for i, _ in verdict.later}
         attempts = {item.id: item.attempts for item in s.prepared.lease.items} if failed else {}
         failures = s.prepared.failures + tuple(
-            FailedDelivery(f.id, None if f.permanent else self.retry_at(attempts[f.id]), f.error)
+            FailedDelivery(f.id, None if f.permanent else self.ctx.retry_at(attempts[f.id]), f.error)
             for f in failed
             if f.id not in taken
         )
@@ -116,7 +97,7 @@ class Publisher:
     def _call(self, kind: str, claims: list[_Sending]) -> None:
         """One publish call to target ``kind`` for ``claims``, each one's deliveries admitted by
         the hooks and checked still ours just before it."""
-        until = self.pauses.until(kind, self.clock.now_ms())
+        until = self.pauses.until(kind, self.ctx.clock.now_ms())
         if until is not None:
             for s in claims:
                 s.later += [(d.id, until) for d in s.prepared.groups[kind]]
@@ -127,9 +108,9 @@ class Publisher:
 
     def _admit(self, kind: str, s: _Sending) -> list[Delivery]:
         go = s.prepared.groups[kind]
-        for hook in self.hooks:
+        for hook in self.ctx.hooks:
             if hook.admits and go:
-                admitted = hook.admit(kind, go, self.clock.now_ms())
+                admitted = hook.admit(kind, go, self.ctx.clock.now_ms())
                 go = admitted.go
                 s.later += admitted.later
         return go
@@ -146,7 +127,7 @@ class Publisher:
         held: HeldLease = s.prepared.held
         if not deliveries:
             return deliveries
-        if held.deadline_ms - self.lease_margin_ms <= self.clock.now_ms():
+        if held.deadline_ms - self.lease_margin_ms <= self.ctx.clock.now_ms():
             try:
                 self.heartbeat.extend(held)
             except Exception as exc:
@@ -172,9 +153,9 @@ class Publisher:
         :class:`ClaimTarget`), its report split back to the claims."""
         deliveries = [d for _, ds in call for d in ds]
         part = self._isolated(kind, deliveries, call[0][0].prepared.lease)
-        for hook in self.hooks:
+        for hook in self.ctx.hooks:
             hook.sent(kind, deliveries, part.published)
-        now = self.clock.now_ms()
+        now = self.ctx.clock.now_ms()
         cause = None if part.broker_error is None else config_error(part.broker_error)
         if cause is not None:  # not an outage: pause the target, its items wait in the store
             until, unsent = self.pauses.pause(kind, cause, now), set(part.unsent)
@@ -184,12 +165,12 @@ class Publisher:
         elif part.broker_error is None and (part.published or part.failed):
             self.pauses.worked(kind)
         if len(part.published) == len(deliveries):  # all of them (almost always): no lookup per item
-            self.stats.lateness_ms.extend(now - d.ready_ms for d in deliveries)
+            self.ctx.stats.lateness_ms.extend(now - d.ready_ms for d in deliveries)
         else:
             ready = {d.id: d.ready_ms for d in deliveries}
-            self.stats.lateness_ms.extend(now - ready[i] for i in part.published)
-        if self.metrics is not None:
-            self.metrics.observe_published(deliveries, part.published, now)
+            self.ctx.stats.lateness_ms.extend(now - ready[i] for i in part.published)
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.observe_published(deliveries, part.published, now)
         if self.audit is not None and part.published:
             self._audit(self.audit, deliveries, part.published, now)
         _split(part, call)
@@ -201,7 +182,7 @@ class Publisher:
         configuration error raised is reported as such (``unsent``), not split.
 
         Items a target published before raising may be published again (at-least-once, same id)."""
-        target = self.targets[kind]
+        target = self.ctx.targets[kind]
         try:
             if kind in self._lease_takers:  # it may ack inside its own transaction
                 return cast(ClaimTarget, target).publish_claimed(deliveries, lease)
@@ -233,7 +214,7 @@ class Publisher:
         )
 
     def _audit(self, audit: AuditSink, deliveries: list[Delivery], published: list[str], now: int) -> None:
-        sent, by = set(published), self.name
+        sent, by = set(published), self.ctx.name
         records = [
             AuditRecord(FORWARDED, d.id, d.envelope.target, d.envelope.destination, d.ready_ms, now, d.attempts, by)
             for d in deliveries

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
-from ..store import DelayStore
-from ..targets import Buried, BuryTarget, Target
-from .hooks import PassHook, without_kept
+from ..targets import Buried, BuryTarget
+from .context import Context
+from .hooks import without_kept
 from .publish import shard_step
 from .records import Published
-from .stats import ForwarderStats
 
 if TYPE_CHECKING:
-    from ..metrics import ForwarderMetrics
+    pass
 
 __all__ = ["Settler"]
 
@@ -27,20 +26,9 @@ class Settler:
     """Settles published claims: the acks of all in one round trip (the usual, only step), then
     the rest claim by claim (hooks, failures, deferrals, releases, metrics)."""
 
-    def __init__(
-        self,
-        store: DelayStore,
-        targets: Mapping[str, Target],
-        hooks: Sequence[PassHook],
-        stats: ForwarderStats,
-        metrics: ForwarderMetrics | None,
-    ) -> None:
-        self.store = store
-        self.targets = targets
-        self.hooks = hooks
-        self.stats = stats
-        self.metrics = metrics
-        self._buriers = {kind for kind, target in targets.items() if isinstance(target, BuryTarget)}
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._buriers = {kind for kind, target in ctx.targets.items() if isinstance(target, BuryTarget)}
 
     def settle_all(self, published: Sequence[Published]) -> list[Exception | None]:
         """Each claim's error (its shard's), or None.
@@ -48,11 +36,11 @@ class Settler:
         Raises:
             redis.ConnectionError, redis.TimeoutError: the store is unreachable.
         """
-        acks = self.store.ack_many([(p.lease.claim, p.to_ack()) for p in published])
+        acks = self.ctx.store.ack_many([(p.lease.claim, p.to_ack()) for p in published])
         errors: list[Exception | None] = []
         for p, acked in zip(published, acks):
-            self.stats.batches += 1
-            self.stats.forwarded += len(p.report.published)
+            self.ctx.stats.batches += 1
+            self.ctx.stats.forwarded += len(p.report.published)
             errors.append(acked if isinstance(acked, Exception) else shard_step(partial(self._settle, p, acked)))
         return errors
 
@@ -60,26 +48,26 @@ class Settler:
         """The rest of a claim's settle once its acks are in."""
         lease, report = p.lease, p.report
         keep = lease.keep_windows
-        self.stats.acked += len(set(report.acked) - keep.keys()) + acked
-        for hook in self.hooks:
+        self.ctx.stats.acked += len(set(report.acked) - keep.keys()) + acked
+        for hook in self.ctx.hooks:
             hook.settled(p)
         retried = buried = released = 0
         if p.failures:
             counts = lease.fail(p.failures)
             retried, buried = counts.retried, counts.buried
-            self.stats.retried += retried
-            self.stats.dead += buried
+            self.ctx.stats.retried += retried
+            self.ctx.stats.dead += buried
             for f in p.failures:
                 log.warning("item %r failed: %s", f.id, f.error)
             if counts.buried_ids and self._buriers:
                 self._tell_buried(p, counts.buried_ids)
         deferred = lease.defer(p.later) if p.later else 0
-        self.stats.deferred += deferred
+        self.ctx.stats.deferred += deferred
         if report.unsent:
             released = lease.release(report.unsent)
-            self.stats.released += released
-        if self.metrics is not None:
-            self.metrics.observe_settled(
+            self.ctx.stats.released += released
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.observe_settled(
                 lease.claim,
                 p.prepared.labels,
                 without_kept(report, keep),
@@ -90,7 +78,7 @@ class Settler:
                 released=released,
                 deferred=[i for i, _ in p.later],
                 deferred_count=deferred,
-                max_attempts=self.store.config.max_attempts,
+                max_attempts=self.ctx.store.config.max_attempts,
             )
         log.debug(
             "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
@@ -111,6 +99,6 @@ class Settler:
             if not letters:
                 continue
             try:
-                cast(BuryTarget, self.targets[kind]).buried(letters)
+                cast(BuryTarget, self.ctx.targets[kind]).buried(letters)
             except Exception:  # the dead letters are kept: this only mirrors them
                 log.exception("target %r could not record %d dead letters on its side", kind, len(letters))
