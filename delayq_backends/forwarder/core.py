@@ -80,9 +80,8 @@ class Forwarder:
             targets = {t.kind: t for t in targets}
         self.settings = settings
         self.store = store
-        self.targets = (
-            targets if isinstance(targets, dict) else dict(targets)
-        )  # a dict as given: a test's knows every kind
+        # a dict as given, not copied: the testing helper's knows every kind
+        self.targets = targets if isinstance(targets, dict) else dict(targets)
         self.batch = settings.batch
         self.name = settings.name or f"{socket.gethostname()}:{os.getpid()}"
         self.audit = audit
