@@ -224,7 +224,7 @@ def test_overlapped_claims_keep_each_shards_order(valkey_url: str, prefix: str, 
             for n, i in enumerate(ids)]  # fmt: skip
     store.schedule_many(rows)
     claims = spy_claims(store)
-    forwarder = Forwarder(store, [RedisListTarget(out)], batch=100)
+    forwarder = Forwarder(store, [RedisListTarget(out)], batch=100, overlap=True)
     assert forwarder.run_once() == 1000
     assert delivered(out, "ordered") == ids
     assert len(claims) == 11  # 10 full batches, then the empty claim that ends the sweep
@@ -245,7 +245,7 @@ def test_a_pass_that_fails_gives_back_the_claim_made_ahead_of_it(
         raise redis.ConnectionError("store gone")
 
     store.ack_many = failing  # type: ignore[method-assign]
-    forwarder = Forwarder(store, [RedisListTarget(out)], batch=100)
+    forwarder = Forwarder(store, [RedisListTarget(out)], batch=100, overlap=True)
     with pytest.raises(redis.ConnectionError):
         forwarder.run_once()
     store.ack_many = real  # type: ignore[method-assign]

@@ -67,8 +67,11 @@ class ForwarderSettings:
         flow: back-pressure and rate caps per target queue (off by default).
         lossless_window: lossless mode (None: off; needs workers with dedupe on): seconds a
             published item is kept awaiting its start (see :mod:`.hooks`).
-        overlap: claim the next batch while the current one is published (:mod:`.overlap`), so
-            one forwarder's throughput approaches the slower of client and server, not their sum.
+        overlap: claim the next pass while the current one is published (:mod:`.overlap`), so
+            one forwarder's throughput approaches the slower of client and server, not their
+            sum. Off by default: with the store and a list target on one server, both stages
+            wait on that server and the client's GIL, and the overlapped forwarder measured
+            0.8-0.9x the serial one (``bench/core.py --quick --only forwarding``).
     """
 
     batch: int = BATCH.default
@@ -79,7 +82,7 @@ class ForwarderSettings:
     name: str | None = None
     flow: FlowControl = field(default_factory=FlowControl)
     lossless_window: float | None = None
-    overlap: bool = True
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         BATCH.check("batch", self.batch)
