@@ -106,8 +106,8 @@ class Forwarder:
         stages = (Preparer(ctx), publisher, Settler(ctx))
         self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages)
         self.sweeper = Sweeper(self.pass_, self._stop, settings.overlap)
-        self.loop = Loop(store, self._sweep, self.clock, self.shards, self.outages, self.stats, metrics, self.pauses,
-                         settings.poll_interval, self._stop)  # fmt: skip
+        backoffs = (self.shards, self.outages)
+        self.loop = Loop(ctx, self._sweep, backoffs, self.pauses, settings.poll_interval, self._stop)
 
     def server_now_ms(self) -> int:
         """The store's clock (:class:`Clock`)."""

@@ -7,21 +7,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
 from ..errors import ConfigError
 from ..outages import CONNECTION_ERRORS, config_error, config_fix
 from ..pauses import TargetPauses
-from ..store import DelayStore
 from ..targets import CheckedTarget, Target
 from .backoff import OutageBackoff, ShardBackoff
-from .clock import Clock
-from .stats import ForwarderStats
-
-if TYPE_CHECKING:
-    from ..metrics import ForwarderMetrics
+from .context import Context
 
 __all__ = ["Loop"]
 
@@ -44,24 +39,17 @@ class Loop:
 
     def __init__(
         self,
-        store: DelayStore,
+        ctx: Context,
         sweep: Callable[[list[int | None]], int],
-        clock: Clock,
-        shards: ShardBackoff,
-        outages: OutageBackoff,
-        stats: ForwarderStats,
-        metrics: ForwarderMetrics | None,
+        backoffs: tuple[ShardBackoff, OutageBackoff],
         pauses: TargetPauses,
         poll_interval: float,
         stop: threading.Event,
     ) -> None:
-        self.store = store
+        self.ctx = ctx
+        self.store = ctx.store
         self.sweep = sweep
-        self.clock = clock
-        self.shards = shards
-        self.outages = outages
-        self.stats = stats
-        self.metrics = metrics
+        self.shards, self.outages = backoffs
         self.pauses = pauses
         self.poll_interval = poll_interval
         self.stop = stop
@@ -93,11 +81,11 @@ class Loop:
                     if self.sweep(heads) == 0:  # nothing was claimed, so these heads still hold
                         pubsub = self.sleep(pubsub, heads)
                 except STORE_ERRORS as exc:  # never die of the store: back off, retry
-                    self.stats.outages += 1
+                    self.ctx.stats.outages += 1
                     self.outages.pause(f"delay store unreachable or failing ({type(exc).__name__}: {exc})")
                     pubsub = self.subscribe(pubsub)
                 except Exception:  # a bug or a value no check foresaw: say so once, pause, go on
-                    self.stats.errors += 1
+                    self.ctx.stats.errors += 1
                     log.exception("forwarder loop failed; going on in %.1f s", self.poll_interval)
                     self.stop.wait(self.poll_interval)
                 if time.monotonic() - last_watch >= _META_WATCH_S:
@@ -118,9 +106,9 @@ class Loop:
         except STORE_ERRORS:
             return  # an outage: the loop reports it
         if drift is not None:
-            self.stats.meta_alarms += 1
-            if self.metrics is not None:
-                self.metrics.meta_alarms.inc()
+            self.ctx.stats.meta_alarms += 1
+            if self.ctx.metrics is not None:
+                self.ctx.metrics.meta_alarms.inc()
             log.error("store metadata changed: %s", drift)
 
     def subscribe(self, old: Any = None) -> Any:
@@ -139,11 +127,11 @@ class Loop:
 
         A schedule after ``heads`` were read is not missed: its wake-up waits in ``pubsub``.
         """
-        now = self.clock.now_ms()
+        now = self.ctx.clock.now_ms()
         waiting = (h for s, h in enumerate(heads) if h is not None and not self.shards.aside(s, now))
         wake_at = min([now + int(self.poll_interval * 1000), *waiting, *self.shards.ends_after(now)])
         while not self.stop.is_set():
-            remaining = (wake_at - self.clock.now_ms()) / 1000
+            remaining = (wake_at - self.ctx.clock.now_ms()) / 1000
             if remaining <= 0:
                 break
             if pubsub is None:
@@ -176,7 +164,7 @@ class Loop:
         return default
 
     def log_summary(self, lossless: bool) -> None:
-        s = self.stats
+        s = self.ctx.stats
         log.info(
             "forwarded %d, released %d, deferred %d%s, retried %d, dead %d, outages %d, errors %d%s; "
             "lateness p50 %s ms p99 %s ms",
