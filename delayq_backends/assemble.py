@@ -22,6 +22,7 @@ from .connection import connect, connect_rq, redact_url
 from .errors import ConfigError, MissingExtraError
 from .flow import FlowControl
 from .forwarder import Forwarder, ForwarderStats
+from .forwarder import settings as forwarding
 from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, LabelBounds, serve_metrics
 from .store import DelayStore
 from .storespec import open_store
@@ -54,8 +55,8 @@ class ForwarderSettings:
     """
 
     store: Config
-    batch: int = 200
-    poll: float = 1.0
+    batch: int = forwarding.BATCH.default
+    poll: float = forwarding.POLL.default
     log_every: float = 10.0
     flow: FlowControl = field(default_factory=FlowControl)
     audit_dir: str | None = None
@@ -70,6 +71,12 @@ class ForwarderSettings:
     rq_allow_classes: tuple[str, ...] = ()
     rq_adopt: bool = True
     lossless_window: float | None = None
+
+    def forwarding(self) -> forwarding.ForwarderSettings:
+        """The settings of the :class:`Forwarder` itself (checked there)."""
+        return forwarding.ForwarderSettings(
+            batch=self.batch, poll_interval=self.poll, flow=self.flow, lossless_window=self.lossless_window
+        )
 
 
 @dataclass(frozen=True)
@@ -157,12 +164,9 @@ def build_forwarder(
         forwarder = Forwarder(
             store,
             [t.target for t in built],
-            batch=settings.batch,
-            poll_interval=settings.poll,
+            settings.forwarding(),
             audit=audit,
             metrics=metrics,
-            flow=settings.flow,
-            lossless_window=settings.lossless_window,
         )
     except BaseException:
         resources.close()
