@@ -3,7 +3,7 @@
 ``delayq forward``, ``celery -A proj delayq forward`` and any application that runs a
 forwarder in its own process build it here, so the store, the targets, flow control, metrics
 and the audit log are wired the same way everywhere. Interfaces parse their options into a
-:class:`ForwarderSettings`; nothing here knows a command-line flag.
+:class:`ProcessSettings`; nothing here knows a command-line flag.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from .store import DelayStore
 from .storespec import open_store
 from .targets import RedisListTarget, Target
 
-__all__ = ["AssembledForwarder", "DescribedTarget", "ForwarderSettings", "build_forwarder"]
+__all__ = ["AssembledForwarder", "DescribedTarget", "ForwarderSettings", "ProcessSettings", "build_forwarder"]
 
 
 @dataclass(frozen=True)
-class ForwarderSettings:
+class ProcessSettings:
     """Everything a forwarder process is configured with.
 
     Attributes:
@@ -79,6 +79,11 @@ class ForwarderSettings:
         )
 
 
+#: The name :class:`ProcessSettings` had before the forwarder got settings of its own
+#: (:class:`~delayq_backends.forwarder.ForwarderSettings`); kept so code written for 0.1 runs.
+ForwarderSettings = ProcessSettings
+
+
 @dataclass(frozen=True)
 class DescribedTarget:
     """A target with the line the banner shows for it (where it delivers, password hidden)."""
@@ -92,7 +97,7 @@ class AssembledForwarder:
     """A built forwarder and what it opened; :meth:`close` (or ``with``) releases all of it."""
 
     forwarder: Forwarder
-    settings: ForwarderSettings
+    settings: ProcessSettings
     targets: list[DescribedTarget]
     audit: Any
     resources: ExitStack
@@ -128,7 +133,7 @@ class AssembledForwarder:
 
 
 def build_forwarder(
-    settings: ForwarderSettings,
+    settings: ProcessSettings,
     *,
     store: DelayStore | None = None,
     targets: Sequence[DescribedTarget] = (),
@@ -174,7 +179,7 @@ def build_forwarder(
     return AssembledForwarder(forwarder, settings, built, audit, resources)
 
 
-def _targets(settings: ForwarderSettings, store: DelayStore, resources: ExitStack) -> list[DescribedTarget]:
+def _targets(settings: ProcessSettings, store: DelayStore, resources: ExitStack) -> list[DescribedTarget]:
     """The list, celery and rq targets the settings name; clients they open go on ``resources``."""
     built: list[DescribedTarget] = []
     if settings.list_target:

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ..assemble import DescribedTarget, ForwarderSettings, build_forwarder
+from ..assemble import DescribedTarget, ProcessSettings, build_forwarder
 from ..config import Config
 from ..errors import ConfigError
 from ..flow import FlowControl, parse_depth, parse_rate
@@ -256,10 +256,10 @@ class ForwardOptions:
             return None if default is None else (self.lossless_window or default)
         return (self.lossless_window or LOSSLESS_WINDOW.default) if self.lossless else None
 
-    def settings(self, store: Config, **overrides: Any) -> ForwarderSettings:
-        """The :class:`ForwarderSettings` of these options for ``store``; ``overrides`` set the
+    def settings(self, store: Config, **overrides: Any) -> ProcessSettings:
+        """The :class:`ProcessSettings` of these options for ``store``; ``overrides`` set the
         targets (and may replace any other field)."""
-        settings = ForwarderSettings(
+        settings = ProcessSettings(
             store=replace(
                 store, lease_seconds=self.lease, max_attempts=self.max_attempts,
                 max_payload_bytes=self.max_payload_bytes or store.max_payload_bytes,
@@ -273,7 +273,7 @@ class ForwardOptions:
 
 
 def run_forwarder(
-    settings: ForwarderSettings,
+    settings: ProcessSettings,
     *,
     log_level: str,
     store: DelayStore | None = None,
