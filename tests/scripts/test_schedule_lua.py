@@ -115,7 +115,8 @@ def test_a_single_schedule_writes_what_a_batch_of_one_writes(store: DelayStore, 
         write(s, [("a", 1_000, 0), ("r", 1_800_000_000, 5), ("x", 1_900_000_000, 0)])
         claim = s.claim(s.shard_of("a"), lease_ms=60_000, now=2_000_000)
         assert [i.id for i in claim.items] == ["a"] and s.client.hlen(s.keys(s.shard_of("a")).leased) == 1
-        write(s, [("a", 1_700_000_000, 0), ("r", 1_600_000_000, 0), ("x", 1_950_000_000, 3), ("x", 1_500_000_000, 0), ("s", 9e9, 7)])
+        again = [("a", 1_700_000_000, 0), ("r", 1_600_000_000, 0), ("x", 1_950_000_000, 3), ("x", 1_500_000_000, 0)]
+        write(s, [*again, ("s", 9e9, 7)])
         assert s.ack(claim) == 0  # the late ack leaves the new schedule of "a"
         states.append(_shard_state(s))
         received: list[bytes] = []
