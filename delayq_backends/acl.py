@@ -54,7 +54,7 @@ _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zc
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 
 #: The scripts a producer runs: its writes, and the periodic sync's compare-and-set (rearm).
-PRODUCER_FUNCTIONS = ("schedule", "cancel", "reschedule", "debounce", "rearm")
+PRODUCER_FUNCTIONS = ("schedule", "schedule_one", "cancel", "reschedule", "debounce", "rearm")
 
 #: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
 _PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")

@@ -25,7 +25,7 @@ from ..models import (
 )
 from ..outages import CONNECTION_ERRORS
 from ..scripts.library import ScriptCall
-from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Keep, Rearm, Release, Schedule, Take
+from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Keep, Rearm, Release, ScheduleOne, Take
 from ..timeutil import When, score_ms
 from .base import Payload, R, StoreCore, _parsed, _reply_or_error, full_store_said_plainly
 
@@ -385,7 +385,7 @@ class Lease:
         item = self.store.check_item(item_id, when, envelope, rank)
         shard = self.store.shard_of(item.id)
         wake = self.store.wake_channel
-        self.store._write_or_queue(lambda k: Schedule.call(k, [item], keep=False, wake=wake), shard, pipeline)
+        self.store._write_or_queue(lambda k: ScheduleOne.call(k, item, wake=wake), shard, pipeline)
 
 
 def _shard_reply(call: Callable[[], R]) -> R | Exception:
