@@ -126,6 +126,8 @@ class ForwarderStats:
     deferred: int = 0
     #: of ``deferred``: items of an envelope format newer than this forwarder reads
     newer_format: int = 0
+    #: of ``deferred``: items of a kind this forwarder has no target for
+    no_target: int = 0
     retried: int = 0
     dead: int = 0
     batches: int = 0
@@ -243,6 +245,8 @@ class Forwarder:
         self._bad_wake_logged = 0.0
         #: envelope formats met that are newer than this forwarder reads: each is logged once
         self._newer_formats: set[int] = set()
+        #: item kinds met with no target here: each is logged once
+        self._missing_targets: set[str] = set()
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -407,14 +411,7 @@ class Forwarder:
             if self.metrics is not None:
                 labels[item.id] = (envelope.target, envelope.destination)
             if envelope.target not in self.targets:
-                failures.append(
-                    FailedDelivery(
-                        item.id,
-                        self._retry_at(item.attempts),
-                        f"no {envelope.target!r} target in forwarder {self.name} "
-                        f"(it has {sorted(self.targets)}): start one with that target",
-                    )
-                )
+                later.append(self._leave_for_target(item.id, envelope.target))
                 continue
             groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
         report = PublishReport()
@@ -446,6 +443,22 @@ class Forwarder:
                 exc,
                 NEWER_FORMAT_DELAY_MS / 1000,
             )
+        return item_id, self.server_now_ms() + NEWER_FORMAT_DELAY_MS
+
+    def _leave_for_target(self, item_id: str, kind: str) -> tuple[str, int]:
+        """An item of a kind this forwarder has no target for (a Celery periodic entry claimed by
+        one started without ``--celery-broker``): deferred like a newer format's, for a forwarder
+        that has the target; counted, logged once per kind. A configuration, not an attempt."""
+        self.stats.no_target += 1
+        if self.metrics is not None:
+            self.metrics.observe_no_target(kind)
+        if kind not in self._missing_targets:
+            self._missing_targets.add(kind)
+            log.warning(
+                "item %r: no %r target in forwarder %s (it has %s); such items are left for a forwarder with "
+                "that target (deferred %g s per claim, not an attempt; logged once per kind): start one with it",
+                item_id, kind, self.name, sorted(self.targets), NEWER_FORMAT_DELAY_MS / 1000,
+            )  # fmt: skip
         return item_id, self.server_now_ms() + NEWER_FORMAT_DELAY_MS
 
     def _publish_all(self, prepared: list[_Published]) -> dict[int, Exception]:
