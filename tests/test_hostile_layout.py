@@ -51,11 +51,14 @@ COVERED = {
     "ShardKeys.dead": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.dead_items": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.dead_info": "tests/test_hostile.py::test_garbage_never_stops_the_line",
-    "ShardKeys.calls": (
-        "tests/scripts/test_debounce_lua.py::test_a_hand_written_counter_of_another_type_is_refused_before_any_write"
-    ),
+    "ShardKeys.calls": "here: test_garbage_in_call_counters_never_stops_the_line",
     "ShardKeys.started": "tests/scripts/test_keep_lua.py::test_started_finds_the_runs_workers_recorded",
+    "rq mirror": "here: test_garbage_in_the_rq_mirror_never_stops_the_line",
+    "audit stream": "here: test_garbage_in_the_audit_stream_never_stops_the_line",
 }
+#: Key kinds the project writes that keys.py does not build: RQ's own ``rq:scheduled:<queue>``
+#: (the mirror, :mod:`delayq_backends.rq.registry`) and the user-named ``--audit-stream``.
+EXTRA_KINDS = {"rq mirror", "audit stream"}
 #: Names in keys.py that end like a key builder but build none.
 NOT_KEYS = {"collapsed_key": "parses an item id into (mode, key)"}
 
@@ -81,7 +84,7 @@ def key_kinds() -> set[str]:
 def test_every_key_kind_has_a_hostile_write_case() -> None:
     kinds = key_kinds()
     assert kinds - COVERED.keys() == set(), "a key kind without a hostile-write case: add one to COVERED"
-    assert COVERED.keys() - kinds == set(), "COVERED names a key kind keys.py no longer has"
+    assert COVERED.keys() - kinds - EXTRA_KINDS == set(), "COVERED names a key kind keys.py no longer has"
     root = Path(__file__).parent.parent
     for where in COVERED.values():
         if where.startswith("tests/") and "::" in where:
@@ -244,3 +247,137 @@ def test_a_meta_change_under_a_running_forwarder_is_counted(valkey_url: str, pre
     finally:
         forwarder.stop()
         runner.join(10)
+
+
+def test_extra_kinds_are_the_keys_written_outside_keys_py() -> None:
+    """The kinds keys.py does not build (RQ's own key, a user-named stream) are listed too."""
+    assert EXTRA_KINDS <= COVERED.keys()
+    assert all(COVERED[kind].startswith("here: ") for kind in EXTRA_KINDS)
+
+
+#: Hostile writes to the audit stream (``--audit-stream``): the forwarder only appends to it.
+AUDIT_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: c.set(k, "junk"),
+    "garbage bytes": lambda c, k: c.xadd(k, {b"\xff\x00": b"\x1b[2J", "at_ms": "nan"}),
+    "largest id": lambda c, k: (
+        c.delete(k),
+        c.xadd(k, {"at_ms": "1e400"}, id="18446744073709551615-18446744073709551615"),
+    ),
+    "deleted": lambda c, k: c.delete(k),
+}
+
+
+@pytest.mark.parametrize("garbage", AUDIT_GARBAGE)
+def test_garbage_in_the_audit_stream_never_stops_the_line(
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path, garbage: str
+) -> None:
+    """Garbage in the audit stream, before and under a running forwarder: every item is
+    delivered; records that cannot be written are dropped with a warning naming the stream."""
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    client, stream = store.client, f"{prefix}:audit"
+    client.delete(OUT)
+    AUDIT_GARBAGE[garbage](client, stream)
+    first = schedule(store, ITEMS // 2)
+    log = tmp_path / "forwarder.log"
+    proc = forward(procs, valkey_url, prefix, log, "--audit-stream", stream)
+    wait_for(lambda: delivered(client) == first, 30, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}")
+    AUDIT_GARBAGE[garbage](client, stream)
+    ids = {f"late-{k}" for k in range(ITEMS // 2)}
+    store.schedule_many([(i, 0, RedisListTarget.envelope(OUT, i.encode())) for i in ids])
+    wait_for(
+        lambda: delivered(client) == first | ids, 30, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}"
+    )
+    if garbage != "deleted":
+        wait_for(lambda: f"stream={stream!r}" in log.read_text(), 10, lambda: procs.tail())
+    assert proc.poll() is None
+
+
+def _rq_jobs(client: redis.Redis, store: DelayStore, queue_name: str, n: int, delay: float) -> set[str]:
+    from datetime import timedelta
+
+    from delayq_backends.rq import Queue
+
+    queue = Queue(queue_name, connection=client, delay_store=store)
+    return {queue.enqueue_in(timedelta(seconds=delay), "builtins.print", k).id for k in range(n)}
+
+
+#: Hostile writes to RQ's ``rq:scheduled:<queue>`` (the mirror rq-dashboard reads, and where the
+#: forwarder adopts jobs a plain rq.Queue scheduled).
+MIRROR_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: (c.delete(k), c.set(k, "junk")),
+    "garbage members": lambda c, k: c.zadd(k, {b"\xff\xfe": 0, "no-such-job": 1, "x" * 600: 2}),
+    "extreme scores": lambda c, k: c.zadd(k, {"inf-job": "inf", "-inf-job": "-inf", "big": 1e308, "neg": -1e308}),
+    "deleted": lambda c, k: c.delete(k),
+}
+
+
+@pytest.mark.parametrize("garbage", MIRROR_GARBAGE)
+def test_garbage_in_the_rq_mirror_never_stops_the_line(
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path, garbage: str
+) -> None:
+    """Garbage in rq:scheduled:<queue>, before and under a real RQ-target forwarder (adopting
+    stray entries every second): every job reaches its RQ queue; garbage entries are skipped
+    with a line naming the key."""
+    from delayq_backends.rq.registry import registry_key
+
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    client, queue_name = store.client, f"{prefix}-q"
+    key = registry_key(queue_name)
+    jobs = _rq_jobs(client, store, queue_name, ITEMS // 2, 1)
+    MIRROR_GARBAGE[garbage](client, key)
+    log = tmp_path / "forwarder.log"
+    proc = forward(procs, valkey_url, prefix, log, "--rq-redis", valkey_url)
+    queued = lambda: {b.decode() for b in client.lrange(f"rq:queue:{queue_name}", 0, -1)}  # noqa: E731
+    wait_for(lambda: queued() >= jobs, 30, lambda: f"{len(queued())} queued\n{procs.tail()}")
+    client.delete(key)  # producers met no garbage: what they write is another matter (README Security)
+    more = _rq_jobs(client, store, queue_name, ITEMS // 2, 2)
+    MIRROR_GARBAGE[garbage](client, key)  # under a running forwarder, before they are due
+    wait_for(lambda: queued() >= jobs | more, 30, lambda: f"{len(queued())} queued\n{procs.tail()}")
+    if garbage in ("wrong type", "garbage members"):
+        wait_for(lambda: key in log.read_text(), 10, lambda: procs.tail())
+    assert proc.poll() is None
+
+
+def _debounced(store: DelayStore, n: int, delay: float) -> set[str]:
+    now = store.server_time_ms() / 1000
+    for k in range(n):
+        store.debounce(f"k{k}", now + delay, RedisListTarget.envelope(OUT, f"debounce:k{k}".encode()))
+    return {f"debounce:k{k}" for k in range(n)}
+
+
+#: Hostile writes to a debounced item's call counter (``ShardKeys.calls``).
+CALLS_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: (c.delete(k), c.set(k, "junk")),
+    "garbage bytes": lambda c, k: c.hset(k, mapping={"calls": b"\xff\x00", b"\x1b[2J": b"x"}),
+    "extreme numbers": lambda c, k: c.hset(k, "calls", "1e400"),
+    "negative": lambda c, k: c.hset(k, "calls", "-9223372036854775808"),
+    "deleted": lambda c, k: c.delete(k),
+}
+
+
+@pytest.mark.parametrize("garbage", CALLS_GARBAGE)
+def test_garbage_in_call_counters_never_stops_the_line(
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path, garbage: str
+) -> None:
+    """Garbage in debounced items' call counters under a running forwarder: every run is
+    delivered, listing works; a call on a counter of another type is refused naming the key."""
+    from delayq_backends.errors import DelayqError
+
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    client = store.client
+    client.delete(OUT)
+    ids = _debounced(store, ITEMS, 2)
+    for item_id in ids:
+        CALLS_GARBAGE[garbage](client, store.keys(store.shard_of(item_id)).calls(item_id))
+    log = tmp_path / "forwarder.log"
+    proc = forward(procs, valkey_url, prefix, log)
+    assert len(store.scheduled(count=ITEMS)) == ITEMS  # `delayq list` reads the counters
+    if garbage == "wrong type":
+        with pytest.raises(
+            redis.ResponseError, match=re.escape(store.keys(store.shard_of("debounce:k0")).calls("debounce:k0"))
+        ):
+            _debounced(store, 1, 2)
+    else:
+        _debounced(store, ITEMS, 2)  # a call on the garbage counter
+    wait_for(lambda: delivered(client) == ids, 30, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}")
+    assert proc.poll() is None
