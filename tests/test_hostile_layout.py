@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 import threading
 import types
-from datetime import timedelta
 from collections.abc import Callable
+from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
 
