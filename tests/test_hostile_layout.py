@@ -24,16 +24,20 @@ import pytest
 import redis
 
 from delayq_backends import DelayStore, keys
+from delayq_backends.celery import store_for
+from delayq_backends.celery.periodic import sync
+from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import with_rate_key
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.keys import ShardKeys, key_rate_key, meta_key, rate_key
+from delayq_backends.keys import ShardKeys, key_rate_key, meta_key, periodic_key, rate_key
 from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.rq import Queue
 from delayq_backends.rq.registry import registry_key
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
-from tests.harness import Launcher, Proc, make_store
+from tests.harness import Launcher, Proc, delete_prefix, make_store
 from tests.helpers import wait_for
+from tests.test_celery.harness import new_env
 
 SHARDS = 4
 ITEMS = 40
@@ -45,7 +49,7 @@ COVERED = {
     "rate_key": "here: test_garbage_in_rate_buckets_is_reset_and_the_queue_flows",
     "key_rate_key": "here: test_garbage_in_rate_buckets_is_reset_and_the_queue_flows",
     "wake_channel": "tests/test_hostile.py::test_garbage_never_stops_the_line",
-    "periodic_key": "tests/test_celery/test_periodic.py (registry; non-UTF-8 fields: issue 21 item 8, misc)",
+    "periodic_key": "here: test_garbage_in_the_periodic_registry_never_stops_the_line",
     "ShardKeys.due": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.items": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.tries": "tests/test_hostile.py::test_garbage_never_stops_the_line",
@@ -377,3 +381,45 @@ def test_garbage_in_call_counters_never_stops_the_line(
         _debounced(store, ITEMS, 2)  # a call on the garbage counter
     wait_for(lambda: delivered(client) == ids, 30, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}")
     assert proc.poll() is None
+
+
+#: Hostile writes to the periodic registry (entry name -> item id), read by each sync.
+PERIODIC_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: (c.delete(k), c.set(k, "junk")),
+    "garbage bytes": lambda c, k: c.hset(k, mapping={b"\xff\xfe": b"\x00", "tick": b"\xff\x1b[2J"}),
+    "extreme numbers": lambda c, k: c.hset(k, mapping={"1e400": "-inf", "tick": "nan"}),
+    "deleted": lambda c, k: c.delete(k),
+}
+
+
+@pytest.mark.parametrize("garbage", PERIODIC_GARBAGE)
+def test_garbage_in_the_periodic_registry_never_stops_the_line(
+    valkey_server: EmbeddedServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    garbage: str,
+) -> None:
+    """Garbage in the registry, then `celery -A app delayq forward` (which syncs at start) on a
+    Redis broker: the entry keeps firing; what sync cannot read is said, naming the key."""
+    monkeypatch.setenv("DQT_EVERY", "1")
+    env = new_env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server)
+    env.app_module = "tests.test_celery.periodic_app"
+    broker = redis.Redis.from_url(env.broker)
+    try:
+        app = env.app()
+        app.conf.beat_schedule = {"tick": {"task": "dqt.record", "schedule": 1.0, "args": ["tick"]}}
+        store = store_for(app)
+        sync(app, store)
+        key = periodic_key(env.prefix)
+        PERIODIC_GARBAGE[garbage](store.client, key)
+        env.start_forwarder(tmp_path, via_celery=True)
+        wait_for(lambda: broker.llen(env.queue) >= 3, 30, lambda: f"{broker.llen(env.queue)} runs\n{env.tail()}")
+        if garbage == "extreme numbers":  # a name not in the config: removed by the sync, as any
+            assert store.client.hkeys(key) == [b"tick"] and "1 removed" in env.tail()
+        elif garbage != "deleted":
+            wait_for(lambda: key in env.tail(), 10, env.tail)
+        assert env.launcher.procs[-1].poll() is None
+    finally:
+        env.stop()
+        broker.delete(env.queue)
+        delete_prefix(redis.Redis.from_url(env.store), env.prefix)

@@ -360,6 +360,7 @@ def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = N
     report = SyncReport(errors=dict(errors))
     deadline = time.monotonic() + (store.config.lease_seconds + 1 if wait is None else wait)
     key = periodic_key(store.config.prefix)
+    _check_registry(store, key)
     for entry in entries:
         store.client.hset(key, entry.name, entry.item_id)  # first: a stored entry is always listed
         try:
@@ -373,6 +374,18 @@ def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = N
     report.errors.update(registry_now.unreadable)
     report.removed = remove(store, [name for name in registry_now.names if name not in keep])
     return report
+
+
+def _check_registry(store: DelayStore, key: str) -> None:
+    """Refuse a registry of another type (a hand write) before changing anything: its entries
+    are unknown, so a sync cannot tell which stored entries left the config."""
+    kind = store.client.type(key)
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    if kind not in ("hash", "none"):
+        raise PeriodicError(
+            f"the periodic registry {key} is a {kind}, not a hash (written by another tool): nothing synced; "
+            f"move it away (`redis-cli RENAME {key} {key}:bad`) and sync again"
+        )
 
 
 def _upsert(store: DelayStore, entry: PeriodicEntry, deadline: float) -> str:
@@ -423,6 +436,7 @@ class Registry:
 def _registry(store: DelayStore) -> Registry:
     """The registry's fields, read names and unreadable ones apart."""
     key = periodic_key(store.config.prefix)
+    _check_registry(store, key)
     names, unreadable = [], {}
     for field_name, _ in store.client.hscan_iter(key):
         raw = field_name if isinstance(field_name, bytes) else str(field_name).encode()
@@ -541,7 +555,6 @@ def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
     collapse the periods it covers into one run."""
     period = state.schedule.following(state.slot).at_ms - state.slot.at_ms
     return min(lease_ms, max(MIN_ENTRY_LEASE_MS, period // 2))
-
 
 
 class PeriodicTarget:
