@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import threading
 import types
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from functools import cached_property
@@ -59,7 +60,7 @@ COVERED = {
     "ShardKeys.dead_items": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.dead_info": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.calls": "here: test_garbage_in_call_counters_never_stops_the_line",
-    "ShardKeys.started": "tests/scripts/test_keep_lua.py::test_started_finds_the_runs_workers_recorded",
+    "ShardKeys.started": "here: test_garbage_start_records_never_stop_the_line",
     "rq mirror": "here: test_garbage_in_the_rq_mirror_never_stops_the_line",
     "audit stream": "here: test_garbage_in_the_audit_stream_never_stops_the_line",
 }
@@ -422,4 +423,41 @@ def test_garbage_in_the_periodic_registry_never_stops_the_line(
     finally:
         env.stop()
         broker.delete(env.queue)
+        delete_prefix(redis.Redis.from_url(env.store), env.prefix)
+
+
+#: Hostile writes to the start records of tasks waiting in the store (``ShardKeys.started``):
+#: none is a worker's record, so each task still runs, once.
+STARTED_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: c.hset(k, "x", "y"),
+    "garbage bytes": lambda c, k: c.set(k, b"\xff\x00\x1b[2J"),
+    "extreme numbers": lambda c, k: c.set(k, "host:1 1e400 -9223372036854775809"),
+    "empty": lambda c, k: c.set(k, ""),
+}
+
+
+@pytest.mark.parametrize("garbage", STARTED_GARBAGE)
+def test_garbage_start_records_never_stop_the_line(valkey_server: EmbeddedServer, tmp_path: Path, garbage: str) -> None:
+    """Garbage planted as the start records of waiting tasks, under a lossless forwarder and a
+    worker with dedupe on (kombu's Redis transport): every task runs once; the worker names
+    each replaced key. (A deleted record is what a task that never started has.)"""
+    env = new_env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server)
+    env.dedupe = True
+    try:
+        store = DelayStore.from_url(env.store, prefix=env.prefix, shards=4)
+        env.start_worker(tmp_path)
+        env.start_forwarder(tmp_path, extra=["--lossless", "--lossless-window", "2"])
+        app = env.app()
+        ids = [app.send_task("dqt.record", args=[f"t{k}"], countdown=2, queue=env.queue).id for k in range(10)]
+        keys_ = [store.keys(store.shard_of(i)).started(i, 0) for i in ids]
+        for key in keys_:
+            STARTED_GARBAGE[garbage](store.client, key)
+        ran = lambda: Counter(r["id"] for r in env.records() if r["tag"].startswith("t"))  # noqa: E731
+        wait_for(lambda: set(ran()) == set(ids), 60, lambda: f"{len(ran())} ran\n{env.tail()}")
+        wait_for(lambda: all(store.get(i) is None for i in ids), 30, "the forwarder to find them started")
+        assert set(ran().values()) == {1}, ran()
+        logs = "".join(log.read_text(errors="replace") for log in env.launcher.logs)
+        assert all(key in logs for key in keys_), env.tail()
+    finally:
+        env.stop()
         delete_prefix(redis.Redis.from_url(env.store), env.prefix)
