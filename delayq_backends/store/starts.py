@@ -17,8 +17,9 @@ from .base import StoreCore, _check_acked
 
 __all__ = ["Starts", "is_start_record"]
 
-#: What :meth:`~delayq_backends.dedupe.RunGuard.start` writes: ``<host:pid> <epoch ms> <n>``.
-_START_RECORD = re.compile(rb"\S+ \d+ \d+")
+#: What :meth:`~delayq_backends.dedupe.RunGuard.start` writes: ``<host:pid> <epoch ms> <n>``
+#: (earlier releases: without ``<n>``).
+_START_RECORD = re.compile(rb"\S+ \d+( \d+)?")
 
 
 def is_start_record(value: bytes) -> bool:
