@@ -19,6 +19,7 @@ from redis.exceptions import RedisClusterException
 from delayq_backends import Config, DelayqError, DelayStore, NotDurableError
 from delayq_backends.celery import forget_store, install, store_for
 from delayq_backends.connection import connect
+from delayq_backends.dedupe import RunGuard, Verdict
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
@@ -67,6 +68,24 @@ def test_durable_writes_wait_for_the_replica(primary_and_replica: tuple[Embedded
             write()
     plain = DelayStore(connect(primary.url), Config(prefix=prefix, shards=4))
     plain.schedule("fast", 60, RedisListTarget.envelope("out", b"x"))  # without the option, no waiting
+
+
+def test_a_start_record_waits_for_the_replica(primary_and_replica: tuple[EmbeddedServer, EmbeddedServer]) -> None:
+    """Dedupe's start record under durable_replicas: written on the shard's node with a WAIT, so
+    a run counted as started is on the replica; with the replica gone it is unchecked (runs,
+    at-least-once), not falsely confirmed."""
+    primary, replica = primary_and_replica
+    prefix = f"d{uuid.uuid4().hex[:8]}"
+    config = Config(prefix=prefix, shards=4, durable_replicas=1, durable_timeout_ms=300)
+    guard = RunGuard(DelayStore(connect(primary.url), config), ttl_ms=60_000, wait_ms=800)
+    on_replica = redis.Redis.from_url(replica.url)
+    for n in range(20):
+        decision = guard.start(f"task-{n}", 0)
+        assert decision.verdict is Verdict.FIRST and on_replica.exists(decision.key), "started means replicated"
+    replica.kill()
+    started = time.monotonic()
+    assert guard.start("lonely", 0).verdict is Verdict.UNCHECKED
+    assert 0.7 < time.monotonic() - started < 5
 
 
 def test_a_celery_app_asks_for_durable_writes_through_its_settings(
