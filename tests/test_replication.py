@@ -88,6 +88,32 @@ def test_a_start_record_waits_for_the_replica(primary_and_replica: tuple[Embedde
     assert 0.7 < time.monotonic() - started < 5
 
 
+def test_an_rq_workers_retry_waits_for_the_replica(
+    primary_and_replica: tuple[EmbeddedServer, EmbeddedServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job failing with Retry(interval=…) is scheduled on the pipeline RQ's worker executes:
+    with durable_replicas a WAIT follows that EXEC (RQ's own SimpleWorker, its retry path)."""
+    from rq import Retry, SimpleWorker
+
+    from delayq_backends.rq import Queue
+
+    primary, replica = primary_and_replica
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    for name, value in {"DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": "4", "DELAYQ_DURABLE_REPLICAS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DELAYQ_URL", raising=False)
+    conn = redis.Redis.from_url(primary.url)
+    queue = Queue(f"{prefix}-q", connection=conn)
+    job = queue.enqueue("tests.test_rq.jobs.always_fails", "x", retry=Retry(max=1, interval=600))
+    waits = lambda: int(conn.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))  # noqa: E731
+    before = waits()
+    SimpleWorker([queue], connection=conn, queue_class=Queue).work(burst=True)
+    assert queue.delay_store.get(job.id) is not None, "the retry waits in the store"
+    assert waits() > before, "a WAIT followed the worker's EXEC"
+    on_replica = DelayStore(connect(replica.url), Config(prefix=prefix, shards=4))
+    assert on_replica.get(job.id) is not None
+
+
 def test_a_celery_app_asks_for_durable_writes_through_its_settings(
     primary_and_replica: tuple[EmbeddedServer, EmbeddedServer],
 ) -> None:
