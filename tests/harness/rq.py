@@ -50,5 +50,3 @@ class Processes:
 
     def stop_all(self) -> None:
         self.launcher.stop_all()
-
-

@@ -48,7 +48,6 @@ def test_an_id_that_looks_like_a_wildcard_is_just_an_id(store: DelayStore) -> No
     assert store.exists("*") and [d.id for d in store.dead_letters()] == ["a"]
 
 
-
 def bury_many(store: DelayStore, shard: int, count: int, tag: str) -> list[str]:
     """``count`` dead letters on ``shard``, buried by one claim and one fail."""
     ids = [f"{tag}{k}" for k in range(60 * count) if store.shard_of(f"{tag}{k}") == shard][:count]

@@ -46,5 +46,3 @@ def queue(conn: redis.Redis, rq_store: DelayStore, prefix: str) -> Queue:
 def forwarder(rq_store: DelayStore, conn: redis.Redis) -> Forwarder:
     """An in-process forwarder with the rq target; tests drive it with run_once()."""
     return Forwarder(rq_store, [RQTarget(conn)], retry_delay=0.05)
-
-
