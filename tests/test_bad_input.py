@@ -7,7 +7,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -127,6 +127,17 @@ def test_a_full_store_refuses_schedules_clearly_and_the_forwarder_drains_it(
             admin.close()
 
 
+def run_until(forwarder: Forwarder, done: Callable[[], bool], what: str) -> None:
+    """Run ``forwarder`` in a thread until ``done()`` (at most 15 s), then stop it."""
+    thread = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        wait_for(done, 15, what)
+    finally:
+        forwarder.stop()
+        thread.join(10)
+
+
 def test_an_envelope_from_a_newer_delayq_waits_for_a_newer_forwarder(
     valkey_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -142,15 +153,9 @@ def test_an_envelope_from_a_newer_delayq_waits_for_a_newer_forwarder(
     inbox = CollectingTarget("list")
     metrics = ForwarderMetrics()
     forwarder = Forwarder(store, [inbox], poll_interval=0.1, metrics=metrics)
-    thread = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="delayq.forwarder"):
-        thread.start()
-        try:
-            wait_for(lambda: forwarder.stats.newer_format >= 3, 15, "the newer item claimed and deferred 3 times")
-        finally:
-            forwarder.stop()
-            thread.join(10)
+    caplog.set_level(logging.WARNING, logger="delayq.forwarder")
+    run_until(forwarder, lambda: forwarder.stats.newer_format >= 3, "the newer item claimed and deferred 3 times")
     elapsed = time.monotonic() - started
     assert inbox.ids == ["fine"] and store.dead_letters() == []
     assert forwarder.stats.newer_format <= elapsed / 0.3 + 2, "claimed again only after the delay"
@@ -177,14 +182,8 @@ def test_an_item_without_a_target_here_waits_for_a_forwarder_that_has_one(
     store.schedule("fine", 1, RedisListTarget.envelope("out", b"x"))
     inbox, metrics = CollectingTarget("list"), ForwarderMetrics()
     forwarder = Forwarder(store, [inbox], poll_interval=0.1, metrics=metrics)
-    thread = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
-    with caplog.at_level(logging.WARNING, logger="delayq.forwarder"):
-        thread.start()
-        try:
-            wait_for(lambda: forwarder.stats.no_target >= 12, 15, "each celery item claimed 4 times (> max_attempts)")
-        finally:
-            forwarder.stop()
-            thread.join(10)
+    caplog.set_level(logging.WARNING, logger="delayq.forwarder")
+    run_until(forwarder, lambda: forwarder.stats.no_target >= 12, "each celery item claimed 4 times (> max_attempts)")
     assert inbox.ids == ["fine"] and store.dead_letters() == [] and forwarder.stats.dead == 0
     assert all((item := store.get(f"c{i}")) is not None and item.attempts == 0 for i in range(3))
     said = [r.getMessage() for r in caplog.records if "no 'celery' target" in r.getMessage()]
