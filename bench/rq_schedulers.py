@@ -12,9 +12,9 @@ starts (``BenchServer`` from ``bench/core.py``), with its own real processes:
 
 Figures: scheduling throughput (one ``enqueue_at`` call per job, median of rounds run
 round-robin); lateness at a steady rate (job start in a ``SimpleWorker`` minus the scheduled
-time, and the enqueue into the queue minus the scheduled time); and moving a backlog of due
-jobs into the queue (workers suspended, so only the mover is timed). The machine is small and
-shared: quote medians and ratios, not single numbers.
+time, and the enqueue into the queue minus the scheduled time). Moving a backlog of due jobs
+into the queue is ``bench/target_rq.py``'s (RQ's scheduler, a naive mover and the ``delayq
+forward`` process). The machine is small and shared: quote medians and ratios, not single numbers.
 """
 
 from __future__ import annotations
@@ -60,11 +60,10 @@ class Sizes:
     rounds: int
     steady_jobs: int  # jobs spread over steady_seconds
     steady_seconds: float
-    backlog: int  # due jobs moved into the queue
 
 
-FULL = Sizes("full", schedule_jobs=600, rounds=15, steady_jobs=1000, steady_seconds=10.0, backlog=100_000)
-QUICK = Sizes("quick", schedule_jobs=500, rounds=1, steady_jobs=200, steady_seconds=4.0, backlog=2000)
+FULL = Sizes("full", schedule_jobs=600, rounds=15, steady_jobs=1000, steady_seconds=10.0)
+QUICK = Sizes("quick", schedule_jobs=500, rounds=1, steady_jobs=200, steady_seconds=4.0)
 
 
 # -- the three systems --------------------------------------------------------------------------
@@ -124,12 +123,6 @@ class RQBuiltin(System):
         return [str(BIN / "rq"), "worker", "-u", self.server.url, "--with-scheduler", "-q",
                 "-w", "rq.worker.SimpleWorker", queue_name]  # fmt: skip
 
-    def scheduler_alone(self, queue_name: str) -> list[str]:
-        """The scheduler component that ``--with-scheduler`` forks, without a worker taking jobs."""
-        code = ("import sys; from redis import Redis; from rq.scheduler import RQScheduler; "
-                "RQScheduler([sys.argv[2]], connection=Redis.from_url(sys.argv[1])).work()")  # fmt: skip
-        return [sys.executable, "-c", code, self.server.url, queue_name]
-
     def pending(self, queue_name: str) -> int:
         return int(self.conn.zcard(f"rq:scheduled:{queue_name}"))
 
@@ -157,17 +150,6 @@ SYSTEMS = (Delayq, RQBuiltin, RQScheduler)
 # -- processes ---------------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU a process has used so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def server_cpu_seconds(system: System) -> float:
-    info = system.conn.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
 def simple_worker(system: System, queue_name: str) -> list[str]:
     return [str(BIN / "rq"), "worker", "-u", system.server.url, "-q", "-w", "rq.worker.SimpleWorker",
             "--queue-class", system.queue_class, queue_name]  # fmt: skip
@@ -176,14 +158,15 @@ def simple_worker(system: System, queue_name: str) -> list[str]:
 # -- measurements ------------------------------------------------------------------------------
 
 
-def bench_scheduling(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
-    """enqueue_at calls per second, one call per job, a round of each system in turn.
+def bench_scheduling(server: BenchServer, sizes: Sizes, systems: Sequence[type[System]] = SYSTEMS) -> dict[str, Any]:
+    """enqueue_at calls per second, one call per job, a round of each system in turn (the first
+    is delayq, the others its peers).
 
     Many short rounds rather than a few long ones: on a shared machine the load changes within
     seconds, and each round's ratio compares systems measured a second apart."""
-    rates: dict[str, list[float]] = {cls.name: [] for cls in SYSTEMS}
+    rates: dict[str, list[float]] = {cls.name: [] for cls in systems}
     for r in range(sizes.rounds):
-        for cls in SYSTEMS:
+        for cls in systems:
             server.wipe()
             system = cls(server)
             schedule = system.schedule(f"sched-{r}")
@@ -197,9 +180,9 @@ def bench_scheduling(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
         name: {"median": round(statistics.median(v)), "runs": [round(x) for x in v]} for name, v in rates.items()
     }
     # each round runs the systems back to back, so a round's ratio shares that moment's load
-    for peer in names_of(SYSTEMS)[1:]:
-        paired = [ours / theirs for ours, theirs in zip(rates[SYSTEMS[0].name], rates[peer])]
-        out[SYSTEMS[0].name][f"ratio_to_{peer}"] = {
+    for peer in names_of(systems)[1:]:
+        paired = [ours / theirs for ours, theirs in zip(rates[systems[0].name], rates[peer])]
+        out[systems[0].name][f"ratio_to_{peer}"] = {
             "median": round(statistics.median(paired), 3),
             "min": round(min(paired), 3),
             "max": round(max(paired), 3),
@@ -248,53 +231,11 @@ def bench_lateness(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
     return out
 
 
-def bench_backlog(server: BenchServer, sizes: Sizes) -> dict[str, Any]:
-    """A backlog of due jobs: how fast the mover alone puts them into the queue (no worker)."""
-    out: dict[str, Any] = {}
-    name = "backlog"
-    for cls in SYSTEMS:
-        server.wipe()
-        system = cls(server)
-        schedule = system.schedule(name)
-        past = time.time() - 60
-        load_start = time.perf_counter()
-        for i in range(sizes.backlog):
-            schedule(past + i / 1_000_000)
-        load_s = time.perf_counter() - load_start
-        procs = Processes()
-        procs.start(system.scheduler_alone(name) if isinstance(system, RQBuiltin) else system.mover(name))
-        pid = procs.procs[0].pid
-        queue_key = f"rq:queue:{name}"
-        # CPU per job, from the first job in the queue (the mover's start-up excluded) to the last
-        first: list[tuple[int, float, float]] = []
-
-        def done(s: System = system, key: str = queue_key, first: list[Any] = first, pid: int = pid) -> bool:
-            queued = int(s.conn.llen(key))
-            if queued and not first:
-                first.append((queued, cpu_seconds(pid), server_cpu_seconds(s)))
-            return bool(queued >= sizes.backlog and s.pending(name) == 0)
-
-        try:
-            moved_s = wait_for(done, 600, cls.name, interval=0.02)
-            mover_cpu, server_cpu = cpu_seconds(pid), server_cpu_seconds(system)
-        finally:
-            procs.stop()
-        queued0, mover0, server0 = first[0]
-        jobs = max(1, sizes.backlog - queued0)
-        duplicates = sizes.backlog - len(set(system.conn.lrange(queue_key, 0, -1)))
-        out[cls.name] = {"jobs_per_s": round(sizes.backlog / moved_s), "seconds": round(moved_s, 2),
-                         "load_s": round(load_s, 2), "duplicates": duplicates,
-                         "mover_cpu_us_per_job": round((mover_cpu - mover0) / jobs * 1e6, 1),
-                         "server_cpu_us_per_job": round((server_cpu - server0) / jobs * 1e6, 1)}  # fmt: skip
-        log(f"backlog {cls.name}: {out[cls.name]}")
-    return out
-
-
 # -- report ------------------------------------------------------------------------------------
 
 
 def section(result: dict[str, Any], sizes: Sizes) -> str:
-    sched, late, backlog = result["scheduling"], result["lateness"], result["backlog"]
+    sched, late = result["scheduling"], result["lateness"]
     names = [cls.name for cls in SYSTEMS]
     rows = [
         "| figure | " + " | ".join(names) + " | delayq / rq builtin | delayq / rq-scheduler |",
@@ -314,16 +255,6 @@ def section(result: dict[str, Any], sizes: Sizes) -> str:
     values = [late[n]["queued_ms"]["p99"] for n in names]
     rows.append(row("lateness p99, put in the queue − scheduled (ms)", values, ".1f", False))
     rows.append("| jobs started *before* their time | " + " | ".join(str(late[n]["early"]) for n in names) + " | | |")
-    rows.append(
-        row(
-            f"move {sizes.backlog:,} due jobs into the queue, jobs/s",
-            [backlog[n]["jobs_per_s"] for n in names],
-            ",.0f",
-            True,
-        )
-    )  # noqa: E501
-    for key, label in (("mover_cpu_us_per_job", "mover"), ("server_cpu_us_per_job", "server")):
-        rows.append(row(f"moving: {label} CPU per job (µs)", [backlog[n][key] for n in names], ".1f", False))
     spread = ", ".join(f"{n} {min(sched[n]['runs']):,}–{max(sched[n]['runs']):,}" for n in names)
     paired = "; ".join(
         f"delayq / {n} median {r['median']:.2f} (min {r['min']:.2f}, max {r['max']:.2f})"
@@ -339,10 +270,7 @@ def section(result: dict[str, Any], sizes: Sizes) -> str:
         "built-in scheduler (`rq worker --with-scheduler`) and rq-scheduler (`rqscheduler -i 1`), side by side in one",
         "run on one embedded Valkey. Ratios > 1 favour delayq (throughput: delayq/peer; lateness: peer/delayq).",
         f"Lateness: {sizes.steady_jobs:,} no-op jobs spread over {sizes.steady_seconds:g} s, run by a SimpleWorker",
-        "(the builtin scheduler's own worker for RQ builtin). Backlog: no worker; the mover alone is timed (for",
-        "RQ builtin, the `RQScheduler` process that `--with-scheduler` forks).",
-        f"The backlog is {sizes.backlog:,} jobs, loaded through each system's own enqueue_at before its mover starts;",
-        "CPU per job counts from the first job in the queue to the last (the mover's start-up excluded).",
+        "(the builtin scheduler's own worker for RQ builtin). Moving a backlog: `bench/target_rq.py`.",
         "delayq runs its scripts as the installed Function library (FCALL), as `delayq functions install` sets up.",
         f"enqueue_at rounds (jobs/s, min–max of {sizes.rounds}): {spread}. Load average (1 min): "
         f"{result['load']:.2f} at start, {result['load_end']:.2f} at end.",
@@ -377,8 +305,6 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
         result["scheduling"] = bench_scheduling(server, sizes)
         log("lateness at a steady rate")
         result["lateness"] = bench_lateness(server, sizes)
-        log(f"moving a backlog of {sizes.backlog} due jobs")
-        result["backlog"] = bench_backlog(server, sizes)
         result["load_end"] = os.getloadavg()[0]
         return result
 

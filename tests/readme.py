@@ -77,7 +77,8 @@ CHECKS: dict[str, Check] = {
     # Spark
     "result = schedule_dataframe(": Check(skip="reads reminders.parquet, which the README does not make"),
     "delayq spark export --out scheduled.jsonl": Check(
-        by=f"{CLEAN}::test_spark_export (its export line; the others run until SIGTERM or need logs: tests/test_spark)"
+        by=f"{CLEAN}::test_spark_export (slow: its export line from a clean venv; in the default run "
+        f"tests/test_spark/test_audit.py::test_cli_exports_a_snapshot_and_audits_files)"
     ),
     # Testing without Redis
     "def sign_up(store, user_id):": Check(by="tests/test_readme.py::test_testing_examples_run"),

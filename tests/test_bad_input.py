@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from delayq_backends import DelayqError, DelayStore, Envelope, StoreFullError
-from delayq_backends import forwarder as forwarder_module
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.forwarder import prepare as prepare_module
 from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
@@ -144,7 +144,7 @@ def test_an_envelope_from_a_newer_delayq_waits_for_a_newer_forwarder(
     """A rolling upgrade with producers first: an item of a format this forwarder does not read
     is deferred for a newer forwarder, never dead-lettered, no attempt counted, claimed again
     only after the delay (no busy loop), logged once per format and counted by a metric."""
-    monkeypatch.setattr(forwarder_module, "NEWER_FORMAT_DELAY_MS", 300)
+    monkeypatch.setattr(prepare_module, "NEWER_FORMAT_DELAY_MS", 300)
     store = make_store(valkey_url, prefix, shards=4)
     newer = bytearray(Envelope("list", "out", b"x").encode())
     newer[2] = 99  # format version byte
@@ -176,7 +176,7 @@ def test_an_item_without_a_target_here_waits_for_a_forwarder_that_has_one(
     --celery-broker: a configuration, not the item's fault. Deferred like a newer format's (no
     attempt, never dead, past max_attempts), logged once per kind, counted; a forwarder with the
     target delivers it."""
-    monkeypatch.setattr(forwarder_module, "NEWER_FORMAT_DELAY_MS", 200)
+    monkeypatch.setattr(prepare_module, "NEWER_FORMAT_DELAY_MS", 200)
     store = make_store(valkey_url, prefix, shards=4, max_attempts=2)
     store.schedule_many([(f"c{i}", 1, Envelope("celery", "default", b"{}")) for i in range(3)])
     store.schedule("fine", 1, RedisListTarget.envelope("out", b"x"))
@@ -190,7 +190,7 @@ def test_an_item_without_a_target_here_waits_for_a_forwarder_that_has_one(
     assert len(said) == 1 and "not an attempt" in said[0], caplog.text
     claims = forwarder.stats.no_target
     assert metrics.registry.get_sample_value("delayq_no_target_total", {"target": "celery"}) == claims
-    monkeypatch.setattr(forwarder_module, "NEWER_FORMAT_DELAY_MS", 0)
+    monkeypatch.setattr(prepare_module, "NEWER_FORMAT_DELAY_MS", 0)
     celery = CollectingTarget("celery")
     wait_for(lambda: Forwarder(store, [celery]).run_once() == 0 and len(celery.ids) == 3, 10, "the celery items")
 
@@ -200,9 +200,9 @@ def test_an_expired_back_off_does_not_keep_an_idle_forwarder_awake(valkey_url: s
     once, again and again: an idle forwarder sleeps until its poll."""
     store = make_store(valkey_url, prefix, shards=4)
     forwarder = Forwarder(store, [CollectingTarget("list")], poll_interval=0.3)
-    forwarder._set_aside_until[0] = (forwarder.server_now_ms() - 5_000, 1_000)  # ended 5 s ago
+    forwarder.shards.until[0] = (forwarder.server_now_ms() - 5_000, 1_000)  # ended 5 s ago
     started = time.monotonic()
-    forwarder._sleep(None, store.heads())  # nothing scheduled: only the poll should end the sleep
+    forwarder.loop.sleep(None, store.heads())  # nothing scheduled: only the poll should end the sleep
     assert time.monotonic() - started >= 0.25
 
 

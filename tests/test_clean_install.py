@@ -68,7 +68,7 @@ def amqp_queue(rabbitmq_url: str, prefix: str) -> Iterator[str]:
         conn.default_channel.queue_delete(prefix)
 
 
-@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker", ["redis", pytest.param("rabbitmq", marks=pytest.mark.slow)])
 def test_celery(
     broker: str, celery_bin: Path, valkey_url: str, prefix: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -197,6 +197,7 @@ def test_core(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_spark_export(tmp_path: Path, valkey_url: str, prefix: str) -> None:
     """The spark extra alone brings what ``delayq spark export`` imports (the README's audit steps)."""
     bin_dir = make_venv(tmp_path / "venv", "spark")

@@ -19,8 +19,6 @@ from tests.harness import Launcher, make_store
 from tests.harness.fleet import Forwarders
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.slow
-
 
 def schedule_spread(store: DelayStore, key: str, n: int, start_s: float, spread_s: float) -> list[str]:
     now = store.server_time_ms()

@@ -527,7 +527,7 @@ def machine_on(make: StoreFactory) -> type[DelayStoreModel]:
     return Machine
 
 
-FAST = settings(max_examples=100, stateful_step_count=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=50, stateful_step_count=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 REAL = settings(max_examples=40, stateful_step_count=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

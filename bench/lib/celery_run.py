@@ -165,6 +165,12 @@ class CeleryRun:
         args += ["--celery-broker", self.broker, "--poll", "0.5", "--log-every", "2", "--lease", "10"]
         return self.processes.delayq(*args, env=self.env, log=tmp / "forwarder.log")
 
+    def start_celery_forwarder(self, log: Path, *extra: str) -> Any:
+        """``celery -A lib.celery_app delayq forward``: the forwarder as a Celery user runs it,
+        with the app's broker and ``delayq_*`` settings."""
+        args = [sys.executable, "-m", "celery", "-A", "lib.celery_app", "delayq", "forward", "--log-every", "5"]
+        return self.processes.start([*args, *extra], env=self.env, log=log)
+
     def records(self) -> list[dict[str, Any]]:
         sink = redis.Redis.from_url(self.records_url)
         return [json.loads(r) for r in sink.lrange(self.sink, 0, -1)]

@@ -8,6 +8,7 @@ that users put in custom headers.
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Mapping
 from copy import copy
@@ -243,7 +244,7 @@ class StoredMessage:
         try:
             if not envelope.details:  # format 1: kombu's JSON as a string in the envelope's meta
                 return cls._from_v1(envelope)
-            stored = kombu_json_loads(envelope.details.decode("utf-8"))
+            stored = _json_loads(envelope.details)
             details = {**_detail_defaults(envelope.destination), **stored}
             copies, properties = int(details["i"]), _object(details, "p")
             headers = _full_headers(_object(details, "h"), int(details["s"]))
@@ -356,6 +357,12 @@ class StoredMessage:
         return kwargs
 
 
+def _json_loads(data: bytes) -> Any:
+    """kombu's JSON decoding; plain ``json.loads`` (no Python hook per object: a third of a
+    replay's cost) when no kombu-typed value (``"__type__"``: a datetime, a UUID, bytes) is in it."""
+    return kombu_json_loads(data) if b'"__type__"' in data else json.loads(data)
+
+
 def _text(value: Any) -> str | None:
     if value is None:
         return None
@@ -418,6 +425,9 @@ _HEADER_DEFAULTS: dict[str, Any] = {
     "ignore_result": None, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
 }  # fmt: skip
 _HEADER_ORDER = tuple(_HEADER_DEFAULTS)
+#: the defaults a reader gets a copy of (see :func:`_fresh`)
+_HEADER_CONTAINERS = frozenset(k for k, v in _HEADER_DEFAULTS.items() if isinstance(v, (list, dict)))
+_QUEUE_CONTAINERS = frozenset(k for k, v in _QUEUE_DEFAULTS.items() if isinstance(v, (list, dict)))
 
 
 def _shaped(headers: dict[str, Any]) -> int:
@@ -449,7 +459,8 @@ def _full_headers(compact: dict[str, Any], shaped: int) -> dict[str, Any]:
         elif _HEADER_DEFAULTS[key] is _NO_DEFAULT:
             raise KeyError(f"header {key!r} is missing")
         else:
-            headers[key] = _fresh(_HEADER_DEFAULTS[key])
+            default = _HEADER_DEFAULTS[key]
+            headers[key] = _fresh(default) if key in _HEADER_CONTAINERS else default
     headers.update((k, v) for k, v in compact.items() if k not in leading)
     return headers
 
@@ -479,7 +490,9 @@ def _compact_declaration(declaration: dict[str, Any]) -> dict[str, Any]:
 
 
 def _full_declaration(compact: dict[str, Any]) -> dict[str, Any]:
-    full = {**{k: _fresh(v) for k, v in _QUEUE_DEFAULTS.items()}, **compact}
+    full = {**_QUEUE_DEFAULTS, **compact}
+    for key in _QUEUE_CONTAINERS.difference(compact):
+        full[key] = _fresh(full[key])
     if isinstance(full.get("exchange"), dict):
         full["exchange"] = {**_EXCHANGE_DEFAULTS, **full["exchange"]}  # no containers among these
     return full
@@ -512,8 +525,24 @@ def _copied_id(headers: dict[str, Any], key: str) -> str:
     return task_id
 
 
+#: kombu Queues by their declaration's ``repr``: a replayed batch declares the same few queues
+#: over and over, and building a Queue and its Exchange costs more than the rest of a replay.
+#: Shared as Celery shares its app's Queue objects between publishes.
+_queues: dict[str, Queue] = {}
+
+
 def _queue(declaration: dict[str, Any]) -> Queue:
     """A kombu Queue from ``Queue.as_dict(recurse=True)``."""
+    key = repr(declaration)
+    found = _queues.get(key)
+    if found is None:
+        if len(_queues) > 1000:  # queues named per task: no cache to grow
+            _queues.clear()
+        found = _queues[key] = _new_queue(declaration)
+    return found
+
+
+def _new_queue(declaration: dict[str, Any]) -> Queue:
     d = dict(declaration)
     exchange = d.pop("exchange", None)
     bindings = d.pop("bindings", None) or []

@@ -18,7 +18,7 @@ publishes, then acks (at-least-once), as on any other broker.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -102,7 +102,8 @@ class RedisHandOff:
         """What kombu's ``Producer.publish(**publish_kwargs)`` would send, not sent.
 
         Declarations in ``declare`` do run (on the real channel, as kombu's publish runs them):
-        they only write kombu's binding table, and must exist before the message can be routed.
+        they only write kombu's binding table, and must exist before the message can be routed
+        (the target declares a batch's queues once, before, and passes none here).
         """
         self._recording.recorder = _Recorder()
         self._producer.publish(**publish_kwargs)
@@ -131,9 +132,8 @@ class RedisHandOff:
                     pipe.watch(lease.watch_key)
                     held = lease.held(pipe, ids)
                     pipe.multi()
-                    for item_id in held:
-                        for command in messages[item_id]:
-                            pipe.execute_command(command.name, *command.args)
+                    for command in _coalesced(c for item_id in held for c in messages[item_id]):
+                        pipe.execute_command(command.name, *command.args)
                     lease.ack(held, pipeline=pipe)
                     if held:
                         pipe.execute()
@@ -146,3 +146,24 @@ class RedisHandOff:
                 return
         report.published += held
         report.acked += held
+
+
+def _coalesced(commands: Iterable[Command]) -> Iterator[Command]:
+    """``commands`` with each run of LPUSHes onto one list as one LPUSH of all their values
+    (the same list, in the same order: LPUSH pushes its values one after the other), so a
+    batch for one queue costs Redis one command and the client one reply to read."""
+    key: Any = None
+    values: list[Any] = []
+    for command in commands:
+        if command.name == "LPUSH" and values and command.args[0] == key:
+            values += command.args[1:]
+            continue
+        if values:
+            yield Command("LPUSH", (key, *values))
+            values = []
+        if command.name == "LPUSH":
+            key, values = command.args[0], list(command.args[1:])
+        else:
+            yield command
+    if values:
+        yield Command("LPUSH", (key, *values))

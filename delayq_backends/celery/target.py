@@ -2,11 +2,15 @@
 
 It needs only the broker URL (or an app's connection settings), never the user's task code.
 On AMQP the channel uses publisher confirms, so an ack in the delay store only follows a
-publish the broker accepted. A broker that cannot be reached is reported as ``unsent`` (the
-forwarder releases the batch without burning attempts), and so is a broker that refuses for
-now (a resource alarm, a locked resource: see :mod:`delayq_backends.outages`); a message the broker refuses (a
-channel error such as PRECONDITION_FAILED, or a nack) is a per-item failure, retried with
-back-off and dead-lettered with the broker's words if it never succeeds.
+publish the broker accepted: a batch is published without waiting, then its confirms are
+collected per message (:mod:`.confirms`). A message counts as published only once its own
+confirm arrived; a connection lost (or no confirm within ``confirm_timeout``) leaves the
+unconfirmed ones ``unsent``, released and sent again (at-least-once, as any publish whose
+confirm was lost). A broker that cannot be reached is reported as ``unsent`` (the forwarder
+releases the batch without burning attempts), and so is a broker that refuses for now (a
+resource alarm, a locked resource: see :mod:`delayq_backends.outages`); a message the broker
+refuses (a channel error such as PRECONDITION_FAILED, or a nack) is a per-item failure, retried
+with back-off and dead-lettered with the broker's words if it never succeeds.
 
 When the broker is kombu's Redis transport on the delay store's own server and database, a
 claimed batch is published and acked in one MULTI/EXEC (:mod:`.redis_handoff`): exactly once.
@@ -14,15 +18,15 @@ claimed batch is published and acked in one MULTI/EXEC (:mod:`.redis_handoff`): 
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from amqp.exceptions import MessageNacked
+from amqp import Channel as AmqpChannel
 from kombu import exceptions as kombu_errors
+from kombu.common import maybe_declare
 from kombu.connection import Connection
 from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
@@ -33,6 +37,7 @@ from ..models import DeliveryFailure, RunRef
 from ..outages import gives_back
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport
+from .confirms import Confirms
 from .message import KIND, StoredMessage
 from .redis_handoff import Command, RedisHandOff
 
@@ -47,15 +52,15 @@ _UNCERTAIN: tuple[type[BaseException], ...] = tuple(
 )
 
 
-_TAKES_CONFIRM_TIMEOUT = "confirm_timeout" in inspect.signature(Producer.publish).parameters
-
-
 class _Prepared(NamedTuple):
-    """A due message, checked and turned into ``Producer.publish`` arguments."""
+    """A due message, checked and turned into ``Producer.publish`` arguments, its queue
+    declarations apart: a batch declares each of its queues once, before any publish (kombu's
+    publish would check, and copy, each message's declarations again)."""
 
     id: str
     task: str
     kwargs: dict[str, Any]
+    declare: list[Any]
 
 
 class CeleryTarget:
@@ -64,7 +69,8 @@ class CeleryTarget:
     Args:
         connect: makes a kombu :class:`~kombu.Connection` to the broker; called again after an
             outage. Use :meth:`from_url` or :meth:`from_app` rather than passing one.
-        confirm_timeout: seconds to wait for a publisher confirm on AMQP.
+        confirm_timeout: seconds to wait for a batch's publisher confirms on AMQP; the messages
+            not confirmed by then are released (``unsent``), as after an outage.
         max_watch_retries: for the exactly-once hand-off on the store's server, how often a
             batch is tried again when its shard's leases change under it (another forwarder's
             claim) before its items are retried later instead.
@@ -80,6 +86,8 @@ class CeleryTarget:
         self.max_watch_retries = max_watch_retries
         self._connection: Connection | None = None
         self._producer: Producer | None = None
+        self._confirms: Confirms[_Prepared] | None = None  # on AMQP: the producer's channel
+        self._exchanges: set[str] = set()  # on AMQP: found on this connection
         self._handoff: RedisHandOff | None = None
         self._probe: Connection | None = None  # its own, so a probe error never drops a publish
 
@@ -88,7 +96,7 @@ class CeleryTarget:
         """A target for a broker URL (``amqp://``, ``redis://``, ...), as Celery's ``broker_url``."""
 
         def connect() -> Connection:
-            return Connection(url, connect_timeout=4, transport_options=_confirming(url, transport_options))
+            return Connection(url, connect_timeout=4, transport_options=_streaming(url, transport_options))
 
         return cls(connect, **kwargs)
 
@@ -98,7 +106,7 @@ class CeleryTarget:
 
         def connect() -> Connection:
             url = app.conf.broker_write_url or app.conf.broker_url or "amqp://"
-            conn: Connection = app.connection_for_write(transport_options=_confirming(url, None))
+            conn: Connection = app.connection_for_write(transport_options=_streaming(url, None))
             return conn
 
         return cls(connect, **kwargs)
@@ -125,11 +133,13 @@ class CeleryTarget:
             return report
         try:
             producer = self._producer_or_new()
-            sent = self._publish(producer, ready, report)
+            ready = self._declared(ready, report)
+            if self._confirms is not None:
+                self._stream(ready, report)
+            else:
+                report.published += self._publish(producer, ready, report)
         except Exception as exc:  # an outage or overload (a memory alarm) releases what is left
             self._released(exc, ready, report)
-            return report
-        report.published += sent
         return report
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
@@ -146,6 +156,8 @@ class CeleryTarget:
         report = PublishReport()
         ready = self._prepare(deliveries, report)
         try:
+            ready = self._declared(ready, report)  # kombu's binding table, read to route
+            handoff = self._handoff_or_new() or handoff  # on a new channel if a declaration was refused
             messages: dict[str, list[Command]] = {}
             for p in ready:  # routed by kombu, written by nobody yet
                 try:
@@ -167,7 +179,8 @@ class CeleryTarget:
         for d in deliveries:
             try:
                 message = StoredMessage.from_envelope(d.envelope)
-                ready.append(_Prepared(d.id, message.task, message.publish_kwargs(ready_ms=d.ready_ms, now=now)))
+                kwargs = message.publish_kwargs(ready_ms=d.ready_ms, now=now)
+                ready.append(_Prepared(d.id, message.task, kwargs, kwargs.pop("declare")))
             except (EnvelopeError, ValueError, TypeError, OverflowError) as exc:
                 report.failed.append(DeliveryFailure(d.id, f"cannot replay this Celery message: {exc}", permanent=True))
             except Exception as exc:  # whatever else one message raises, it fails alone
@@ -184,36 +197,148 @@ class CeleryTarget:
         report.unsent = [p.id for p in ready if p.id not in done]
         report.broker_error = exc
 
-    @property
-    def _confirm(self) -> dict[str, Any]:
-        """``confirm_timeout`` where kombu's publish takes it (>= 5.4); older kombu would send it
-        as a message property, which the native message does not have."""
-        return {"confirm_timeout": self.confirm_timeout} if _TAKES_CONFIRM_TIMEOUT else {}
-
     def _publish(self, producer: Producer, ready: list[_Prepared], report: PublishReport) -> list[str]:
-        """Publish each message; returns the ids whose publish (or batch flush) succeeded.
+        """Publish each message on a broker without confirms (kombu's Redis transport, ...);
+        returns the ids whose publish (or batch flush) succeeded.
 
-        Ids confirmed one by one go straight into ``report.published``, so an outage midway
-        releases only what was not sent. In a kombu batch (Redis transport, kombu >= 5.7) nothing
-        is sent before the flush, so the batch's ids count only once it has flushed.
+        In a kombu batch (Redis transport, kombu >= 5.7) nothing is sent before the flush, so the
+        batch's ids count only once it has flushed.
         """
         batched = hasattr(producer, "batch") and getattr(producer.channel, "supports_batch_publish", False)
-        pending: list[str] = []
+        sent: list[str] = []
         context: AbstractContextManager[Any] = producer.batch(max_size=len(ready)) if batched else nullcontext()
         with context:
             for p in ready:
                 try:
-                    producer.publish(**self._confirm, **p.kwargs)
+                    producer.publish(**p.kwargs)
                 except Exception as exc:  # the broker refused this one message, or it cannot be encoded
                     if self._is_outage(exc):  # for now (a resource alarm), or refused us (no write access)
                         raise
                     report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
                     if not batched and isinstance(exc, self._channel_errors()):
-                        self._producer = None  # the channel is closed after a channel error
+                        self._new_channel()  # the channel is closed after a channel error
                         producer = self._producer_or_new()
                     continue
-                (pending if batched else report.published).append(p.id)
-        return pending
+                if batched:
+                    sent.append(p.id)
+                else:
+                    report.published.append(p.id)
+        return sent
+
+    def _stream(self, ready: list[_Prepared], report: PublishReport) -> None:
+        """Publish a batch on the confirm-mode AMQP channel, then collect its confirms.
+
+        The queues were declared first and the exchanges are checked (:meth:`_declared`,
+        :meth:`_exchanges_found`: round trips the broker answers, so a refusal there is those
+        messages' alone). A channel error during the stream (the broker closes the channel: a
+        ``user_id`` that is not the connection's, a message over the size limit, an exchange
+        deleted since it was checked) cannot be told apart per message: the unconfirmed ones
+        are then published again one at a time, each waiting for its confirm, so the culprit
+        fails alone. One the broker took before the error but had not confirmed yet is then
+        published twice (at-least-once, as after a lost connection).
+        """
+        ready = self._exchanges_found(ready, report)
+        producer, confirms = self._producer_or_new(), self._confirms
+        assert confirms is not None
+        done = 0  # how many of ready were published or failed
+        try:
+            for p in ready:
+                try:
+                    producer.publish(**p.kwargs)
+                except Exception as exc:
+                    if self._is_outage(exc) or isinstance(exc, self._channel_errors()):
+                        raise
+                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
+                else:
+                    confirms.sent(p)
+                done += 1
+            confirms.wait(self.confirm_timeout)
+        except Exception as exc:
+            if self._is_outage(exc) or not isinstance(exc, self._channel_errors()):
+                raise
+            self._settled(confirms, report)
+            self._one_by_one([*confirms.waiting, *ready[done:]], report)
+        finally:
+            self._settled(confirms, report)
+
+    def _one_by_one(self, uncertain: list[_Prepared], report: PublishReport) -> None:
+        """Publish each message and wait for its own confirm, on a fresh channel after a refusal."""
+        self._new_channel()
+        for p in uncertain:
+            producer, confirms = self._producer_or_new(), self._confirms
+            assert confirms is not None
+            try:
+                producer.publish(**p.kwargs)
+                confirms.sent(p)
+                confirms.wait(self.confirm_timeout)
+            except Exception as exc:
+                if self._is_outage(exc):
+                    raise
+                report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
+                if isinstance(exc, self._channel_errors()):
+                    self._new_channel()  # the broker closed the channel
+            finally:
+                self._settled(confirms, report)
+
+    def _declared(self, ready: list[_Prepared], report: PublishReport) -> list[_Prepared]:
+        """Declare the batch's queues, each once (kombu caches them per connection); the
+        messages whose declaration the broker refused fail, the others are returned."""
+
+        def declare(entity: Any) -> None:
+            maybe_declare(entity, self._producer_or_new().channel)
+
+        return self._checked(ready, report, lambda p: {hash(e): e for e in p.declare}, declare)
+
+    def _exchanges_found(self, ready: list[_Prepared], report: PublishReport) -> list[_Prepared]:
+        """On AMQP, check once per connection that each exchange the batch publishes to exists
+        (a passive declare, answered): a publish to a missing one would close the channel
+        after the publishes behind it were written, refusing them all."""
+
+        def check(name: str) -> None:
+            self._producer_or_new().channel.exchange_declare(name, "direct", passive=True)
+            self._exchanges.add(name)
+
+        def needs(p: _Prepared) -> dict[Any, Any]:
+            name = p.kwargs["exchange"]
+            return {} if not name or name in self._exchanges else {name: name}
+
+        return self._checked(ready, report, needs, check)
+
+    def _checked(
+        self,
+        ready: list[_Prepared],
+        report: PublishReport,
+        needs: Callable[[_Prepared], dict[Any, Any]],
+        check: Callable[[Any], None],
+    ) -> list[_Prepared]:
+        """Run ``check`` once for each distinct thing (by key) the messages of ``ready`` need; the
+        messages needing one the broker refused (a channel error) fail, the others are returned."""
+        refused: dict[Any, BaseException] = {}
+        for key, thing in {k: t for p in ready for k, t in needs(p).items()}.items():
+            try:
+                check(thing)
+            except Exception as exc:
+                if self._is_outage(exc) or not isinstance(exc, self._channel_errors()):
+                    raise
+                refused[key] = exc
+                self._new_channel()  # the broker closed the channel
+        if not refused:
+            return ready
+        kept = []
+        for p in ready:
+            why = next((refused[k] for k in needs(p) if k in refused), None)
+            if why is None:
+                kept.append(p)
+            else:
+                report.failed.append(DeliveryFailure(p.id, _refusal(p, why, self._channel_errors())))
+        return kept
+
+    @staticmethod
+    def _settled(confirms: Confirms[_Prepared], report: PublishReport) -> None:
+        """Move the confirms received so far into ``report``."""
+        acked, nacked = confirms.take()
+        report.published += [p.id for p in acked]
+        report.failed += [DeliveryFailure(p.id, f"broker refused {p.task} {p.id}: nacked") for p in nacked]
 
     def run_of(self, delivery: Delivery) -> RunRef | None:
         """The run a worker with dedupe records for this message: its task id and ``retries``
@@ -261,8 +386,21 @@ class CeleryTarget:
             conn = self._connection_or_new()
             # fail fast: the forwarder backs off and releases, it must not sit in kombu's retries
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
-            self._producer = Producer(conn.channel(), auto_declare=False)
+            channel = conn.channel()
+            self._producer = Producer(channel, auto_declare=False)
+            self._confirms = Confirms(channel) if isinstance(channel, AmqpChannel) else None
         return self._producer
+
+    def _new_channel(self) -> None:
+        """Drop the producer's channel after a channel error; the next publish opens another on
+        the same connection. (py-amqp reopens a channel the broker closed, without confirm mode.)"""
+        channel = None if self._producer is None else self._producer.channel
+        self._producer, self._confirms, self._handoff = None, None, None
+        try:
+            if channel is not None:
+                channel.close()
+        except Exception:  # the connection broke too: the next publish finds out
+            log.debug("closing a refused channel failed", exc_info=True)
 
     def _handoff_or_new(self) -> RedisHandOff | None:
         """The exactly-once hand-off on this target's channel, or None if the broker is not
@@ -284,12 +422,13 @@ class CeleryTarget:
 
     def _channel_errors(self) -> tuple[type[BaseException], ...]:
         conn = self._connection_or_new()
-        refused = (*conn.channel_errors, MessageNacked)
+        refused = tuple(conn.channel_errors)
         return tuple(e for e in refused if not issubclass(e, self._connection_errors()))
 
     def _reset(self) -> None:
         """Drop the connection after an outage; the next batch connects afresh."""
         conn, self._connection, self._producer, self._handoff = self._connection, None, None, None
+        self._confirms, self._exchanges = None, set()
         if conn is not None:
             _release(conn)
 
@@ -321,9 +460,11 @@ def _not_found(exc: BaseException) -> bool:
     return getattr(exc, "code", None) == 404 or "404" in getattr(exc, "args", ())
 
 
-def _confirming(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """Transport options with publisher confirms on AMQP (a no-op setting elsewhere)."""
+def _streaming(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Transport options without py-amqp's confirm per publish on AMQP (``confirm_publish``
+    makes every publish wait for its confirm): the target selects confirm mode on its own
+    channel and collects the confirms per batch (:mod:`.confirms`)."""
     options = dict(options or {})
     if url.split("://", 1)[0].split("+")[0] in ("amqp", "amqps", "pyamqp"):
-        options.setdefault("confirm_publish", True)
+        options["confirm_publish"] = False
     return options

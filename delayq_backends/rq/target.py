@@ -13,11 +13,14 @@ calls ``Job.fetch``, ``Job.restore``, ``Job.save`` or a serializer, so a pickle 
 the forwarder imports from an envelope is a queue or job class on its allowlist
 (:class:`ClassAllowlist`), and only to read its key prefixes.
 
-A batch is moved in one MULTI/EXEC on RQ's Redis, with every job key (and each dependency's)
-WATCHed, so a job cancelled or deleted while it is being moved is never resurrected. When RQ's
-Redis is the delay store's own server, the store's ack joins that transaction (see
-:class:`~delayq_backends.store.Lease`): the enqueue and the ack commit together, an
-exactly-once hand-off.
+The usual job (a Queue's, status ``scheduled``, no TTL, dependency, rate limit or dead-letter
+mark) moves by one ``rq_move`` script call per batch, which reads, writes and pushes in one
+atomic step; when RQ's Redis is the delay store's own server the script also checks the claim's
+lease and acks (an exactly-once hand-off). From the first job it cannot take on, the rest of the
+batch moves in one MULTI/EXEC on RQ's Redis, with every job key (and each dependency's)
+WATCHed, so a job cancelled or deleted while it is being moved is never resurrected; on the
+store's own server the store's ack joins that transaction (see
+:class:`~delayq_backends.store.Lease`).
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ from ..envelope import Envelope
 from ..errors import DelayqError
 from ..models import DeliveryFailure
 from ..outages import gives_back
-from ..scripts import RqEnqueue, RqFields, ScriptRunner
+from ..scripts import RqEnqueue, RqFields, RqMove, RqMoved, ScriptRunner
+from ..scripts.store import Ack
 from ..store.lease import Lease
 from ..targets import Buried, Delivery, PublishReport
 from .failed import MARK, DeadJob, failed_key, record_failed
 from .periodic import advance
-from .registry import forget_scheduled
+from .registry import forget_scheduled, registry_key
 
 __all__ = [
     "ALLOW_CLASS_ENV",
@@ -516,7 +520,9 @@ class RQTarget:
                 report.failed += [DeliveryFailure(d.id, str(exc), permanent=True) for d in group]
                 continue
             try:
-                self._move(_Batch(keys, {job_id_of(d): d for d in group}), lease, report)
+                rest = self._move_usual(_Batch(keys, {job_id_of(d): d for d in group}), lease, report)
+                if rest is not None:
+                    self._move(rest, lease, report)
             except Exception as exc:
                 if not gives_back(exc):
                     raise
@@ -537,6 +543,51 @@ class RQTarget:
 
     def _class(self, what: str, path: Any, base: type) -> Any:
         return self.allow_classes.load(what, path, base)
+
+    def _move_usual(self, batch: _Batch, lease: Lease | None, report: PublishReport) -> _Batch | None:
+        """Move the batch's leading Queue jobs in one ``rq_move`` call (with the store's ack on
+        its own server), as long as each is a usual scheduled job; returns the batch of the jobs
+        left (None: none), which :meth:`_move` takes in order after them.
+
+        A Scheduler job (periodic, dependencies checked when due) and any job with a TTL,
+        dependencies, a rate limit or a dead-letter mark take the general path: reading and
+        writing those is what the WATCHed transaction is for. A lease in lossless mode does too
+        (its ack keeps items, which the script does not)."""
+        ids = batch.ids
+        lead = next((n for n, job_id in enumerate(ids) if batch.from_scheduler(job_id)), len(ids))
+        if lead == 0:
+            return batch
+        shared = lease if lease is not None and lease.shares_server(self.connection) else None
+        if shared is not None and shared.keep_windows:
+            return batch
+        keys, store_keys = batch.keys, ()
+        if shared is not None:
+            shard_keys = shared.store.keys(shared.shard)
+            store_keys = tuple(getattr(shard_keys, name) for name in Ack.key_names)
+        call = RqMove.call(
+            (keys.queue_class.redis_queues_keys, keys.queue, registry_key(keys.name)),
+            store_keys,
+            [(batch.deliveries[j].id, j, batch.job_keys[j]) for j in ids[:lead]],
+            lease="" if shared is None else shared.claim.lease,
+            origin=keys.name,
+            enqueued_at=utcformat(datetime.now(timezone.utc)),
+            timeout=str(keys.default_timeout),
+        )
+        outcomes = self.scripts.run(call).outcomes
+        settled = []
+        for job_id, outcome in zip(ids, outcomes):
+            if outcome == RqMoved.NOT_HELD:
+                continue
+            if outcome == RqMoved.GONE:
+                log.info("job %s was deleted while scheduled: skipped", job_id)
+            elif outcome != RqMoved.MOVED:
+                log.info("job %s is %s, no longer scheduled: skipped", job_id, outcome)
+            settled.append(job_id)
+        report.published += batch.items(settled)
+        if shared is not None:
+            report.acked += batch.items(settled)
+        rest = ids[len(outcomes) :]
+        return _Batch(keys, {j: batch.deliveries[j] for j in rest}) if rest else None
 
     def _move(self, batch: _Batch, lease: Lease | None, report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""

@@ -9,6 +9,6 @@ from __future__ import annotations
 
 from . import library
 from .library import *  # noqa: F403  (the loader's names: LIBRARY, ScriptRunner, install_functions, ...)
-from .rq import RqEnqueue, RqFail, RqFailed, RqFields
+from .rq import RqEnqueue, RqFail, RqFailed, RqFields, RqMove, RqMoved
 
-__all__ = [*library.__all__, "RqEnqueue", "RqFail", "RqFailed", "RqFields"]
+__all__ = [*library.__all__, "RqEnqueue", "RqFail", "RqFailed", "RqFields", "RqMove", "RqMoved"]

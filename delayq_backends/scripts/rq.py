@@ -8,7 +8,7 @@ from typing import Any
 
 from .library import ScriptCall
 
-__all__ = ["RqEnqueue", "RqFail", "RqFailed", "RqFields"]
+__all__ = ["RqEnqueue", "RqFail", "RqFailed", "RqFields", "RqMove", "RqMoved"]
 
 #: Per job hash: its values (None when absent), or the key's type when it is no hash.
 JobValues = list[bytes | None] | bytes
@@ -35,6 +35,46 @@ class RqEnqueue:
     ) -> ScriptCall[int]:
         """``mask`` has one character per key: "1" writes the queue's ``timeout`` too."""
         return ScriptCall(cls.name, tuple(job_keys), (status, origin, enqueued_at, timeout, mask), int)
+
+
+@dataclass(frozen=True)
+class RqMoved:
+    """What :class:`RqMove` did with the first ``len(outcomes)`` jobs of its call (the rest are
+    the caller's): per job, ``MOVED``, ``GONE``, ``NOT_HELD`` or the status it had instead."""
+
+    MOVED = "="
+    GONE = "-"
+    NOT_HELD = "~"
+
+    outcomes: list[str]
+
+
+class RqMove:
+    """rq_move.lua: a batch of usual due jobs of one queue moved (and acked) in one call."""
+
+    name = "rq_move"
+
+    @classmethod
+    def call(
+        cls,
+        rq_keys: tuple[str, str, str],
+        store_keys: Sequence[str],
+        jobs: Sequence[tuple[str, str, str]],
+        *,
+        lease: str,
+        origin: str,
+        enqueued_at: str,
+        timeout: str,
+    ) -> ScriptCall[RqMoved]:
+        """``rq_keys``: rq:queues, the queue, its scheduled registry; ``store_keys``: the
+        shard's due, items, tries, leased with ``lease``, or none (``lease`` ""); ``jobs``:
+        (item id, job id, job key) each."""
+        keys = [*rq_keys, *store_keys]
+        args = [lease, origin, enqueued_at, timeout]
+        for item_id, job_id, job_key in jobs:
+            keys.append(job_key)
+            args += (item_id, job_id)
+        return ScriptCall(cls.name, tuple(keys), tuple(args), _moved)
 
 
 @dataclass(frozen=True)
@@ -70,3 +110,9 @@ class RqFail:
 
 def _job_values(reply: Any) -> list[JobValues]:
     return list(reply)
+
+
+def _moved(reply: Any) -> RqMoved:
+    handled, *outcomes = reply
+    assert int(handled) == len(outcomes), reply
+    return RqMoved([o.decode("utf-8", "replace") if isinstance(o, bytes) else str(o) for o in outcomes])

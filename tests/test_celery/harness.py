@@ -12,11 +12,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from celery import Celery
 from kombu import Connection
 
+from bench.lib.proxy import TcpProxy
 from delayq_backends.embedded import EmbeddedServer
 from tests.harness import ROOT, Launcher, Proc, checkout_env
 from tests.helpers import wait_for
@@ -181,3 +183,10 @@ def delayq_cli(env: CeleryEnv, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+def via(proxy: TcpProxy, url: str) -> str:
+    """``url`` with its host and port replaced by the loopback ``proxy``'s."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{proxy.port}")
+    return parts._replace(netloc=netloc).geturl()

@@ -165,6 +165,29 @@ def test_the_handoff_pushes_what_kombus_own_publish_pushes(
     assert our_tag != their_tag, "kombu draws a new delivery tag per publish"
 
 
+def test_a_batch_for_one_queue_is_one_lpush_in_due_order(app: Celery, env: CeleryEnv) -> None:
+    """30 tasks of one queue claimed together: the hand-off's MULTI/EXEC holds one LPUSH of all
+    30 (not 30 commands and 30 replies), and a worker popping the list gets them in due order."""
+    app.conf.delayq_shards = 1  # one claim takes the whole batch
+    ids = [stored(app) for _ in range(30)]
+    for n, task_id in enumerate(ids):
+        assert store_for(app).reschedule(task_id, datetime.now(timezone.utc) - timedelta(seconds=10 - n / 100))
+    client = redis.Redis.from_url(env.store)
+
+    def calls(command: str) -> int:
+        return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    before = calls("lpush")
+    try:
+        assert Forwarder(store_for(app), [CeleryTarget.from_url(env.broker)]).run_once() == 30
+        assert calls("lpush") - before == 1
+        popped = [json.loads(raw)["headers"]["id"] for raw in reversed(client.lrange(env.queue, 0, -1))]
+        assert popped == ids, "the worker's BRPOP order is the due order"
+    finally:
+        client.delete(env.queue)
+        client.close()
+
+
 def test_a_broker_elsewhere_keeps_publish_then_ack(
     app: Celery, env: CeleryEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -353,7 +376,6 @@ def test_a_full_server_releases_the_batch_then_delivers_it_once() -> None:
 # -- real forwarders SIGKILLed, a real worker --------------------------------------------------
 
 
-@pytest.mark.slow
 def test_forwarders_killed_at_random_points_run_every_task_once(env: CeleryEnv, app: Celery, tmp_path: Path) -> None:
     count = 600
     at = datetime.now(timezone.utc) + timedelta(seconds=2)

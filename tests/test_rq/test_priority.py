@@ -42,7 +42,11 @@ def test_forwarder_process_moves_at_front_jobs_first(
     assert sorted(queue.job_ids[:20]) == sorted(front)  # at the front of the queue, as RQ puts them
     enqueued = {j.id: j.enqueued_at for j in Job.fetch_many(back + front, connection=conn) if j is not None}
     assert len(enqueued) == 320
-    for shard in range(4):
+    compared = 0
+    for shard in range(4):  # 20 random ids may leave a shard with no at_front job
         fronts = [enqueued[j] for j in front if rq_store.shard_of(j) == shard]
         backs = [enqueued[j] for j in back if rq_store.shard_of(j) == shard]
-        assert max(fronts) <= min(backs)
+        if fronts and backs:
+            assert max(fronts) <= min(backs)
+            compared += 1
+    assert compared >= 2

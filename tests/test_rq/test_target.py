@@ -1,4 +1,4 @@
-"""The rq target: RQ's own enqueue in one transaction, the exactly-once hand-off with the store's
+"""The rq target: RQ's own enqueue in one script call or transaction, the exactly-once hand-off with the store's
 ack on a shared server, and what happens to jobs that cannot be moved."""
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def deliveries(claim: Any) -> list[Delivery]:
 
 
 def test_enqueue_and_ack_commit_in_one_multi_exec(queue: Queue, rq_store: DelayStore, forwarder: Forwarder) -> None:
-    job = schedule_past(queue, "one")
+    """A job the general path moves (a TTL: see test_move.py for the usual job's one script call)."""
+    job = schedule_past(queue, "one", ttl=600)
     seen: list[str] = []
     monitor = queue.connection.monitor()
     ready = threading.Event()
@@ -73,7 +74,7 @@ def test_enqueue_and_ack_commit_in_one_multi_exec(queue: Queue, rq_store: DelayS
 def test_a_crash_inside_the_transaction_publishes_nothing_and_acks_nothing(
     queue: Queue, rq_store: DelayStore, conn: redis.Redis, forwarder: Forwarder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job = schedule_past(queue, "crash")
+    job = schedule_past(queue, "crash", ttl=600)  # the general path: the usual job's script is atomic
     (claim,) = claim_all(rq_store, lease_ms=100)
     real_ack = Lease.ack
 
@@ -103,7 +104,6 @@ def test_a_lost_lease_moves_nothing(queue: Queue, rq_store: DelayStore, conn: re
     assert report.acked == [job.id] and queue.job_ids == [job.id] and not rq_store.exists(job.id)
 
 
-@pytest.mark.slow
 def test_forwarders_killed_at_random_points_enqueue_every_job_exactly_once(
     queue: Queue, rq_store: DelayStore, processes: Processes
 ) -> None:

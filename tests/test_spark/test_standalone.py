@@ -30,7 +30,7 @@ from tests.harness import make_store
 from tests.helpers import wait_for
 from tests.test_spark.standalone import SparkStandalone
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow]
 
 N = 1_000
 SHARDS = 6  # two per master: key layout 2 spreads a multiple of the masters exactly
