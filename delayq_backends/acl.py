@@ -71,9 +71,10 @@ ROLES: dict[str, tuple[str, ...]] = {
         "+hsetnx",
         "+subscribe",
         "+pexpire",
+        "+get",  # a start record's value, told from a hand write (lossless mode)
         "+wait",
     ),
-    # a producer (a task's retry or delayed child goes through the store); SET NX PX and GET of a
+    # a producer (a task's retry or delayed child goes through the store); the commands of a
     # run's start record (dedupe.RunGuard) only in a selector of those records (acl_rules)
     "worker": _PRODUCER,
     "reader": (*_CONNECTION, *_READS, *_HASH_READS),
@@ -135,7 +136,9 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     if role in _PRODUCES:  # debounce.lua lets a collapsed run's call counter expire: that key only
         rules.append(f"(+pexpireat ~{_shard_key(prefix, 'calls:*')})")
     if role == "worker":  # a SET on any other key could replace a shard's whole schedule
-        rules.append(f"(+set +get ~{_shard_key(prefix, 'started:*')})")
+        # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
+        # record is written again for durable_replicas' WAIT
+        rules.append(f"(+set +get +type +watch +del +pexpire ~{_shard_key(prefix, 'started:*')})")
     return rules
 
 

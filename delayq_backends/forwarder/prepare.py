@@ -39,6 +39,8 @@ class Preparer:
         self.ctx = ctx
         #: envelope formats met that are newer than this forwarder reads: each is logged once
         self._newer_formats: set[int] = set()
+        #: item kinds met with no target here: each is logged once
+        self._missing_targets: set[str] = set()
 
     def prepare(self, held: HeldLease) -> Prepared:
         started = time.perf_counter()
@@ -65,14 +67,7 @@ class Preparer:
             if self.ctx.metrics is not None:
                 labels[item.id] = (envelope.target, envelope.destination)
             if envelope.target not in self.ctx.targets:
-                failures.append(
-                    FailedDelivery(
-                        item.id,
-                        self.ctx.retry_at(item.attempts),
-                        f"no {envelope.target!r} target in forwarder {self.ctx.name} "
-                        f"(it has {sorted(self.ctx.targets)}): start one with that target",
-                    )
-                )
+                later.append(self._leave_for_target(item.id, envelope.target))
                 continue
             groups[envelope.target].append(Delivery(item.id, envelope, item.attempts, item.ready_ms))
         skip: set[str] = set()
@@ -107,4 +102,20 @@ class Preparer:
                 exc,
                 NEWER_FORMAT_DELAY_MS / 1000,
             )
+        return item_id, self.ctx.clock.now_ms() + NEWER_FORMAT_DELAY_MS
+
+    def _leave_for_target(self, item_id: str, kind: str) -> tuple[str, int]:
+        """An item of a kind this forwarder has no target for (a Celery periodic entry claimed by
+        one started without ``--celery-broker``): deferred like a newer format's, for a forwarder
+        that has the target; counted, logged once per kind. A configuration, not an attempt."""
+        self.ctx.stats.no_target += 1
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.observe_no_target(kind)
+        if kind not in self._missing_targets:
+            self._missing_targets.add(kind)
+            log.warning(
+                "item %r: no %r target in forwarder %s (it has %s); such items are left for a forwarder with "
+                "that target (deferred %g s per claim, not an attempt; logged once per kind): start one with it",
+                item_id, kind, self.ctx.name, sorted(self.ctx.targets), NEWER_FORMAT_DELAY_MS / 1000,
+            )  # fmt: skip
         return item_id, self.ctx.clock.now_ms() + NEWER_FORMAT_DELAY_MS

@@ -26,6 +26,8 @@ class ForwarderStats:
     deferred: int = 0
     #: of ``deferred``: items of an envelope format newer than this forwarder reads
     newer_format: int = 0
+    #: of ``deferred``: items of a kind this forwarder has no target for
+    no_target: int = 0
     retried: int = 0
     dead: int = 0
     batches: int = 0

@@ -217,6 +217,8 @@ class Queue(UsesDelayStore, RQQueue):
             pipe.execute()
             if shared:
                 store.confirm_durable()  # RQ's transaction held our write: WAIT after its EXEC
+        elif shared and store.config.durable_replicas:
+            _confirm_after_execute(pipe, store)
         if not shared:
             # The job hash is saved first (or with the caller's pipeline): an id due at once must
             # not reach the forwarder before its job exists.
@@ -270,6 +272,25 @@ class Queue(UsesDelayStore, RQQueue):
         ``datetime`` is one RQ took (a naive one is local time, as ``timestamp()`` reads it):
         checked by the caller, not again here."""
         mirror_scheduled(pipeline, self.name, {job.id: datetime.timestamp()})
+
+
+def _confirm_after_execute(pipeline: Any, store: DelayStore) -> None:
+    """Have ``pipeline``'s ``execute`` WAIT for the replicas (``store.confirm_durable``) once its
+    EXEC has run. For RQ's own pipelines: a worker retrying a failed job with
+    ``Retry(interval=…)`` schedules it on the pipeline ``handle_job_failure`` makes and executes,
+    and RQ offers no hook after that EXEC. A ``NotDurableError`` reaches the worker, which logs
+    that the failure may not be persisted; the write is on the primary."""
+    execute = pipeline.execute
+    if getattr(execute, "delayq_confirms", False):
+        return  # one WAIT per EXEC, however many jobs it schedules
+
+    def confirmed(*args: Any, **kwargs: Any) -> Any:
+        replies = execute(*args, **kwargs)
+        store.confirm_durable()
+        return replies
+
+    confirmed.delayq_confirms = True  # type: ignore[attr-defined]
+    pipeline.execute = confirmed
 
 
 class _RegistryDropped:
