@@ -296,8 +296,9 @@ def bench_redis_benchmark(server: BenchServer, sizes: Sizes) -> Figure | None:
 # -- 3. forwarding throughput -----------------------------------------------------------------
 
 
-def forward_case(server: BenchServer, sizes: Sizes, batch: int) -> Case:
-    """One forwarder's ``run_once()`` draining a backlog of due items into a Redis list."""
+def forward_case(server: BenchServer, sizes: Sizes, batch: int, *, overlap: bool = False) -> Case:
+    """One forwarder's ``run_once()`` draining a backlog of due items into a Redis list; with
+    ``overlap``, each pass after the first is claimed while the one before it publishes."""
 
     def prepare() -> Callable[[], int]:
         server.wipe()
@@ -305,7 +306,7 @@ def forward_case(server: BenchServer, sizes: Sizes, batch: int) -> Case:
         store = server.store(client=client)
         due = int(ms_now()) - 1000
         load(store, "fwd", sizes.forward_items, lambda i: due - i % 1000)
-        forwarder = Forwarder(store, [RedisListTarget(client)], batch=batch)
+        forwarder = Forwarder(store, [RedisListTarget(client)], batch=batch, overlap=overlap)
 
         def work() -> int:
             claimed = forwarder.run_once()
@@ -316,7 +317,8 @@ def forward_case(server: BenchServer, sizes: Sizes, batch: int) -> Case:
 
         return work
 
-    return Case(f"forward_b{batch}", f"forward, one forwarder, batch {batch}", prepare, Goal(20_000, True, "items/s"))
+    key, what = (f"forward_b{batch}_overlap", ", claims overlapped") if overlap else (f"forward_b{batch}", "")
+    return Case(key, f"forward, one forwarder, batch {batch}{what}", prepare, Goal(20_000, True, "items/s"))
 
 
 def naive_mover_case(server: BenchServer, sizes: Sizes) -> Case:
@@ -345,9 +347,9 @@ def bench_forwarding(server: BenchServer, sizes: Sizes) -> list[Figure]:
     """One forwarder at each batch size and the naive mover, round-robin in one run, then the
     forwarder (batch 500, the mover's batch) as a fraction of the mover: per round, so load
     that drifts between rounds cancels out, with the spread over rounds."""
-    figures = measure_cases(
-        server, sizes.reps, [*(forward_case(server, sizes, b) for b in sizes.batches), naive_mover_case(server, sizes)]
-    )
+    cases = [*(forward_case(server, sizes, b) for b in sizes.batches)]
+    cases += [forward_case(server, sizes, max(sizes.batches), overlap=True), naive_mover_case(server, sizes)]
+    figures = measure_cases(server, sizes.reps, cases)
     by_key = {f.key: f for f in figures}
     forwarder, mover = by_key[f"forward_b{max(sizes.batches)}"], by_key["naive_mover"]
     per_round = [f / m for f, m in zip(forwarder.detail["runs"], mover.detail["runs"])]
@@ -879,8 +881,9 @@ def _detail_text(f: dict[str, Any]) -> str:
 # -- main -----------------------------------------------------------------------------------------
 
 
-def run_all(sizes: Sizes) -> dict[str, Any]:
-    """Every measurement against one server we start, in a fixed order."""
+def run_all(sizes: Sizes, only: str | None = None) -> dict[str, Any]:
+    """Every measurement (or those whose name contains ``only``) against one server we start,
+    in a fixed order."""
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
     figures: list[Figure] = []
@@ -919,6 +922,8 @@ def run_all(sizes: Sizes) -> dict[str, Any]:
             ("wake-up", lambda: bench_wakeup(server, sizes)),
         ]
         for name, step in steps:
+            if only is not None and only not in name:
+                continue
             log(f"{name} ...")
             result = step()
             for fig in result if isinstance(result, list) else [result] if result else []:
@@ -947,8 +952,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, < 2 min (smoke test)")
     parser.add_argument("--results", type=Path, default=RESULTS_PATH, help="markdown file to append to")
     parser.add_argument("--no-results", action="store_true", help="print JSON only, do not touch RESULTS.md")
+    parser.add_argument("--only", metavar="TEXT", help="run only the steps whose name contains TEXT (e.g. forwarding)")
     args = parser.parse_args(argv)
-    report = run_all(QUICK if args.quick else FULL)
+    report = run_all(QUICK if args.quick else FULL, args.only)
     json.dump(report, sys.stdout, indent=2)
     print()
     if not args.no_results:

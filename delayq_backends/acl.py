@@ -54,7 +54,7 @@ _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zc
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 
 #: The scripts a producer runs: its writes, and the periodic sync's compare-and-set (rearm).
-PRODUCER_FUNCTIONS = ("schedule", "cancel", "reschedule", "debounce", "rearm")
+PRODUCER_FUNCTIONS = ("schedule", "schedule_one", "cancel", "reschedule", "debounce", "rearm")
 
 #: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
 _PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")
@@ -71,9 +71,10 @@ ROLES: dict[str, tuple[str, ...]] = {
         "+hsetnx",
         "+subscribe",
         "+pexpire",
+        "+get",  # a start record's value, told from a hand write (lossless mode)
         "+wait",
     ),
-    # a producer (a task's retry or delayed child goes through the store); SET NX PX and GET of a
+    # a producer (a task's retry or delayed child goes through the store); the commands of a
     # run's start record (dedupe.RunGuard) only in a selector of those records (acl_rules)
     "worker": _PRODUCER,
     "reader": (*_CONNECTION, *_READS, *_HASH_READS),
@@ -135,7 +136,9 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     if role in _PRODUCES:  # debounce.lua lets a collapsed run's call counter expire: that key only
         rules.append(f"(+pexpireat ~{_shard_key(prefix, 'calls:*')})")
     if role == "worker":  # a SET on any other key could replace a shard's whole schedule
-        rules.append(f"(+set +get ~{_shard_key(prefix, 'started:*')})")
+        # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
+        # record is written again for durable_replicas' WAIT
+        rules.append(f"(+set +get +type +watch +del +pexpire ~{_shard_key(prefix, 'started:*')})")
     return rules
 
 

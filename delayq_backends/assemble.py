@@ -3,7 +3,7 @@
 ``delayq forward``, ``celery -A proj delayq forward`` and any application that runs a
 forwarder in its own process build it here, so the store, the targets, flow control, metrics
 and the audit log are wired the same way everywhere. Interfaces parse their options into a
-:class:`ForwarderSettings`; nothing here knows a command-line flag.
+:class:`ProcessSettings`; nothing here knows a command-line flag.
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ from .connection import connect, connect_rq, redact_url
 from .errors import ConfigError, MissingExtraError
 from .flow import FlowControl
 from .forwarder import Forwarder, ForwarderStats
+from .forwarder import settings as forwarding
 from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, LabelBounds, serve_metrics
 from .store import DelayStore
 from .storespec import open_store
 from .targets import RedisListTarget, Target
 
-__all__ = ["AssembledForwarder", "DescribedTarget", "ForwarderSettings", "build_forwarder"]
+__all__ = ["AssembledForwarder", "DescribedTarget", "ForwarderSettings", "ProcessSettings", "build_forwarder"]
 
 
 @dataclass(frozen=True)
-class ForwarderSettings:
+class ProcessSettings:
     """Everything a forwarder process is configured with.
 
     Attributes:
@@ -54,8 +55,8 @@ class ForwarderSettings:
     """
 
     store: Config
-    batch: int = 200
-    poll: float = 1.0
+    batch: int = forwarding.BATCH.default
+    poll: float = forwarding.POLL.default
     log_every: float = 10.0
     flow: FlowControl = field(default_factory=FlowControl)
     audit_dir: str | None = None
@@ -71,6 +72,17 @@ class ForwarderSettings:
     rq_adopt: bool = True
     lossless_window: float | None = None
 
+    def forwarding(self) -> forwarding.ForwarderSettings:
+        """The settings of the :class:`Forwarder` itself (checked there)."""
+        return forwarding.ForwarderSettings(
+            batch=self.batch, poll_interval=self.poll, flow=self.flow, lossless_window=self.lossless_window
+        )
+
+
+#: The name :class:`ProcessSettings` had before the forwarder got settings of its own
+#: (:class:`~delayq_backends.forwarder.ForwarderSettings`); kept so code written for 0.1 runs.
+ForwarderSettings = ProcessSettings
+
 
 @dataclass(frozen=True)
 class DescribedTarget:
@@ -85,7 +97,7 @@ class AssembledForwarder:
     """A built forwarder and what it opened; :meth:`close` (or ``with``) releases all of it."""
 
     forwarder: Forwarder
-    settings: ForwarderSettings
+    settings: ProcessSettings
     targets: list[DescribedTarget]
     audit: Any
     resources: ExitStack
@@ -121,7 +133,7 @@ class AssembledForwarder:
 
 
 def build_forwarder(
-    settings: ForwarderSettings,
+    settings: ProcessSettings,
     *,
     store: DelayStore | None = None,
     targets: Sequence[DescribedTarget] = (),
@@ -157,12 +169,9 @@ def build_forwarder(
         forwarder = Forwarder(
             store,
             [t.target for t in built],
-            batch=settings.batch,
-            poll_interval=settings.poll,
+            settings.forwarding(),
             audit=audit,
             metrics=metrics,
-            flow=settings.flow,
-            lossless_window=settings.lossless_window,
         )
     except BaseException:
         resources.close()
@@ -170,7 +179,7 @@ def build_forwarder(
     return AssembledForwarder(forwarder, settings, built, audit, resources)
 
 
-def _targets(settings: ForwarderSettings, store: DelayStore, resources: ExitStack) -> list[DescribedTarget]:
+def _targets(settings: ProcessSettings, store: DelayStore, resources: ExitStack) -> list[DescribedTarget]:
     """The list, celery and rq targets the settings name; clients they open go on ``resources``."""
     built: list[DescribedTarget] = []
     if settings.list_target:

@@ -127,8 +127,12 @@ def is_cluster(client: Any) -> bool:
         return True
     try:
         return bool(client.info("cluster").get("cluster_enabled"))
-    except redis.ResponseError:  # INFO renamed or disabled, or an in-process fake: not a cluster
+    except redis.exceptions.NoPermissionError:  # a user who may not send INFO: taken as a plain server
         return False
+    except redis.ResponseError as exc:  # INFO renamed or disabled, or an in-process fake: not a cluster
+        if "unknown command" in str(exc).lower():
+            return False
+        raise  # any other refusal (a server still loading, …) says nothing about cluster mode
 
 
 def same_server(a: Any, b: Any) -> bool:

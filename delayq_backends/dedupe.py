@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from .errors import DelayqError
-from .store import DelayStore
+from .store import NOT_A_STRING, DelayStore, is_start_record
 
 __all__ = ["DEDUPE_OUTCOMES", "DEFAULT_WAIT_MS", "Decision", "RunGuard", "Verdict", "holder_name"]
 
@@ -122,14 +122,18 @@ class RunGuard:
         # cut) reads back as ours on the next try, not as an earlier start
         value = f"{self._holder} {time.time_ns() // 1_000_000} {next(self._starts)}"
         deadline, pause = time.monotonic() + self.wait_ms / 1000, 0.05
+        shard = self.store.shard_of(item_id)
         while True:
             try:
                 key = self.key(item_id, run)
-                if self.store.client.set(key, value, nx=True, px=self.ttl_ms):
-                    return self._count(Decision(Verdict.FIRST, key))
-                first = self.store.client.get(key)
+                first = self.store.record_start(shard, key, value, px=self.ttl_ms)  # waits when durable
                 if first == value.encode():
                     return self._count(Decision(Verdict.FIRST, key))
+                if first is None:
+                    continue  # the earlier record expired between SET and GET
+                if not is_start_record(first):
+                    self._replace_garbage(shard, key, first, value)
+                    continue  # recorded again: its write waits for the replicas
                 break
             except (RedisError, DelayqError, OSError) as exc:
                 if time.monotonic() + pause < deadline:
@@ -148,6 +152,16 @@ class RunGuard:
                 return self._count(Decision(Verdict.UNCHECKED))
         started = first.decode("utf-8", "replace") if isinstance(first, bytes) else "(record expired since)"
         return self._count(Decision(Verdict.DUPLICATE, key, started))
+
+    def _replace_garbage(self, shard: int, key: str, held: bytes, value: str) -> None:
+        """``key`` holds no start record (a hand write, another type): no run started, so it is
+        replaced (once, among racing workers) and this run goes ahead; said with the key."""
+        if self.store.replace_garbage(shard, key, value, px=self.ttl_ms):
+            log.warning(
+                "dedupe: %s held %s, no start record (written by another tool); replaced, the run goes ahead",
+                key,
+                "a value of another type" if held == NOT_A_STRING else repr(held[:40]),
+            )
 
     def pending(self) -> int:
         """Records of unchecked runs still waiting for the store."""

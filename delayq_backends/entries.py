@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import redis
 
 from .envelope import Envelope
-from .errors import EnvelopeError
+from .errors import EnvelopeError, NewerFormatError
 from .keys import collapsed_key
 from .models import DeadLetter, ScheduledItem, ShardStats
 from .store import DelayStore
@@ -61,12 +61,15 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
         "target": None,
         "destination": None,
         "corrupt": None,
+        "newer_format": None,
         "size": len(item.envelope),
         "task": None,
         "collapsed": collapsed_entry(item),
     }
     try:
         envelope = Envelope.decode(item.envelope)
+    except NewerFormatError as exc:  # a newer release's item: fine, only not readable here
+        entry["newer_format"] = exc.version
     except EnvelopeError as exc:
         entry["corrupt"] = str(exc)
     else:

@@ -198,6 +198,13 @@ class ForwarderMetrics:
             ("format",),
             registry=self.registry,
         )
+        self.no_target = Counter(
+            "delayq_no_target",
+            "Claims of items of a kind this forwarder has no target for: deferred for a forwarder that has it, "
+            "not an attempt (start one with that target).",
+            ("target",),
+            registry=self.registry,
+        )
         self.meta_alarms = Counter(
             "delayq_meta_alarms",
             "Checks that found the store's metadata (<prefix>:meta) changed under this forwarder.",
@@ -258,6 +265,10 @@ class ForwarderMetrics:
         returns the labels its deferral counts under. ``version`` is one byte: a bounded label."""
         self.newer_format.labels(str(version)).inc()
         return NEWER_FORMAT
+
+    def observe_no_target(self, kind: str) -> None:
+        """Count a claimed item of kind ``kind`` that this forwarder has no target for."""
+        self.no_target.labels(self.bounds.target(kind)).inc()
 
     def observe_claim(self, seconds: float) -> None:
         self.claim_seconds.observe(seconds)

@@ -38,6 +38,7 @@ from .config import Config
 from .envelope import Envelope
 from .errors import EnvelopeError
 from .forwarder import Forwarder
+from .forwarder.clock import Clock as ServerClock
 from .models import DeliveryFailure
 from .store import DelayStore, Lease
 from .targets import ClaimTarget, Delivery, PublishReport, Target
@@ -215,11 +216,8 @@ class TestingForwarder(Forwarder):
         **options: Any,
     ) -> None:
         options.setdefault("max_outage_backoff", 0.0)  # an outage pause would be real seconds
-        super().__init__(store, targets, **options)
-        self.clock: Clock = clock if clock is not None else store.clock
-
-    def server_now_ms(self) -> int:
-        return self.clock()
+        now = clock if clock is not None else store.clock
+        super().__init__(store, targets, clock=ServerClock(now, read_each_time=True), **options)
 
 
 class CollectingTarget:
@@ -379,14 +377,14 @@ def run_due(
     callback = _callback_of(targets)
     forwarder = TestingForwarder(
         store,
-        {} if callback is not None else {k: _Recorder(t, delivered) for k, t in _targets_by_kind(targets).items()},
+        _EveryKind(callback, delivered)
+        if callback is not None
+        else {k: _Recorder(t, delivered) for k, t in _targets_by_kind(targets).items()},
         clock=clock,
         batch=batch,
         retry_delay=retry_delay,
         max_retry_delay=max_retry_delay,
     )
-    if callback is not None:
-        forwarder.targets = _EveryKind(callback, delivered)
     forwarder.run_until_idle()
     return delivered
 

@@ -21,6 +21,7 @@ MAX_MS = 253_402_300_799_000
 
 When = datetime | timedelta | int | float
 Clock = Callable[[], int]
+_MICROSECOND = timedelta(microseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -111,8 +112,9 @@ def to_ms(when: When, *, clock: Clock = now_ms) -> int:
                 "e.g. datetime.now(timezone.utc) + timedelta(minutes=5), "
                 "or when.replace(tzinfo=ZoneInfo('Europe/Paris'))"
             )
-        _checked_ms(when.timestamp() * 1000, "datetime", when)
-        micros = (when - _EPOCH) // timedelta(microseconds=1)  # exact: no float on this path
+        micros = (when - _EPOCH) // _MICROSECOND  # exact: no float on this path
+        if not 0 <= micros <= MAX_MS * 1000:
+            _checked_ms(when.timestamp() * 1000, "datetime", when)  # raises, naming the time
         ms = -(-micros // 1000)
     elif isinstance(when, timedelta):
         if when < timedelta(0):

@@ -10,15 +10,15 @@ import pytest
 import redis
 
 from delayq_backends import Config, DelayStore, Envelope
-from delayq_backends.assemble import ForwarderSettings, build_forwarder
+from delayq_backends.assemble import ProcessSettings, build_forwarder
 from delayq_backends.errors import ConfigError
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from delayq_backends.testing import FakeClock, TestingForwarder, testing_store
 
 
 @pytest.fixture
-def settings(valkey_url: str, prefix: str) -> Iterator[ForwarderSettings]:
-    yield ForwarderSettings(store=Config(url=valkey_url, prefix=prefix, shards=4), batch=2)
+def settings(valkey_url: str, prefix: str) -> Iterator[ProcessSettings]:
+    yield ProcessSettings(store=Config(url=valkey_url, prefix=prefix, shards=4), batch=2)
     client = redis.Redis.from_url(valkey_url)
     keys = list(client.scan_iter(f"*{prefix}*"))
     if keys:
@@ -26,7 +26,7 @@ def settings(valkey_url: str, prefix: str) -> Iterator[ForwarderSettings]:
     client.close()
 
 
-def test_built_forwarder_forwards_what_is_due_and_returns(settings: ForwarderSettings, prefix: str) -> None:
+def test_built_forwarder_forwards_what_is_due_and_returns(settings: ProcessSettings, prefix: str) -> None:
     with build_forwarder(settings) as assembled:
         store, lists = assembled.forwarder.store, f"{prefix}:out"
         for i in range(5):
@@ -42,9 +42,9 @@ def test_built_forwarder_forwards_what_is_due_and_returns(settings: ForwarderSet
         assert f"prefix {prefix!r}, 4 shards" in assembled.describe() and "list -> " in assembled.describe()
 
 
-def test_a_bad_setting_closes_what_was_opened(settings: ForwarderSettings, valkey_url: str) -> None:
+def test_a_bad_setting_closes_what_was_opened(settings: ProcessSettings, valkey_url: str) -> None:
     store = DelayStore(redis.Redis.from_url(valkey_url), settings.store)
-    bad = ForwarderSettings(store=settings.store, audit_dir="/tmp/x", audit_stream="s")
+    bad = ProcessSettings(store=settings.store, audit_dir="/tmp/x", audit_stream="s")
     with pytest.raises(ConfigError, match="not both"):
         build_forwarder(bad, store=store)
     store.client.ping()  # a store passed in stays the caller's
@@ -85,3 +85,10 @@ def test_no_library_module_imports_the_cli() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "[]"], out
+
+
+def test_the_name_of_0_1_still_builds_a_forwarder() -> None:
+    """Code written for 0.1 imports ``assemble.ForwarderSettings``: the same record, renamed."""
+    from delayq_backends.assemble import ForwarderSettings as Old
+
+    assert Old is ProcessSettings

@@ -7,7 +7,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from delayq_backends import DelayqError, DelayStore, Envelope, StoreFullError
-from delayq_backends import forwarder as forwarder_module
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.forwarder import prepare as prepare_module
 from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
@@ -127,13 +127,24 @@ def test_a_full_store_refuses_schedules_clearly_and_the_forwarder_drains_it(
             admin.close()
 
 
+def run_until(forwarder: Forwarder, done: Callable[[], bool], what: str) -> None:
+    """Run ``forwarder`` in a thread until ``done()`` (at most 15 s), then stop it."""
+    thread = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        wait_for(done, 15, what)
+    finally:
+        forwarder.stop()
+        thread.join(10)
+
+
 def test_an_envelope_from_a_newer_delayq_waits_for_a_newer_forwarder(
     valkey_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A rolling upgrade with producers first: an item of a format this forwarder does not read
     is deferred for a newer forwarder, never dead-lettered, no attempt counted, claimed again
     only after the delay (no busy loop), logged once per format and counted by a metric."""
-    monkeypatch.setattr(forwarder_module, "NEWER_FORMAT_DELAY_MS", 300)
+    monkeypatch.setattr(prepare_module, "NEWER_FORMAT_DELAY_MS", 300)
     store = make_store(valkey_url, prefix, shards=4)
     newer = bytearray(Envelope("list", "out", b"x").encode())
     newer[2] = 99  # format version byte
@@ -142,15 +153,9 @@ def test_an_envelope_from_a_newer_delayq_waits_for_a_newer_forwarder(
     inbox = CollectingTarget("list")
     metrics = ForwarderMetrics()
     forwarder = Forwarder(store, [inbox], poll_interval=0.1, metrics=metrics)
-    thread = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="delayq.forwarder"):
-        thread.start()
-        try:
-            wait_for(lambda: forwarder.stats.newer_format >= 3, 15, "the newer item claimed and deferred 3 times")
-        finally:
-            forwarder.stop()
-            thread.join(10)
+    caplog.set_level(logging.WARNING, logger="delayq.forwarder")
+    run_until(forwarder, lambda: forwarder.stats.newer_format >= 3, "the newer item claimed and deferred 3 times")
     elapsed = time.monotonic() - started
     assert inbox.ids == ["fine"] and store.dead_letters() == []
     assert forwarder.stats.newer_format <= elapsed / 0.3 + 2, "claimed again only after the delay"
@@ -164,14 +169,40 @@ def test_an_envelope_from_a_newer_delayq_waits_for_a_newer_forwarder(
     assert metrics.registry.get_sample_value("delayq_deferred_total", labels) == claims
 
 
+def test_an_item_without_a_target_here_waits_for_a_forwarder_that_has_one(
+    valkey_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Celery item (a periodic entry, say) claimed by a forwarder started without
+    --celery-broker: a configuration, not the item's fault. Deferred like a newer format's (no
+    attempt, never dead, past max_attempts), logged once per kind, counted; a forwarder with the
+    target delivers it."""
+    monkeypatch.setattr(prepare_module, "NEWER_FORMAT_DELAY_MS", 200)
+    store = make_store(valkey_url, prefix, shards=4, max_attempts=2)
+    store.schedule_many([(f"c{i}", 1, Envelope("celery", "default", b"{}")) for i in range(3)])
+    store.schedule("fine", 1, RedisListTarget.envelope("out", b"x"))
+    inbox, metrics = CollectingTarget("list"), ForwarderMetrics()
+    forwarder = Forwarder(store, [inbox], poll_interval=0.1, metrics=metrics)
+    caplog.set_level(logging.WARNING, logger="delayq.forwarder")
+    run_until(forwarder, lambda: forwarder.stats.no_target >= 12, "each celery item claimed 4 times (> max_attempts)")
+    assert inbox.ids == ["fine"] and store.dead_letters() == [] and forwarder.stats.dead == 0
+    assert all((item := store.get(f"c{i}")) is not None and item.attempts == 0 for i in range(3))
+    said = [r.getMessage() for r in caplog.records if "no 'celery' target" in r.getMessage()]
+    assert len(said) == 1 and "not an attempt" in said[0], caplog.text
+    claims = forwarder.stats.no_target
+    assert metrics.registry.get_sample_value("delayq_no_target_total", {"target": "celery"}) == claims
+    monkeypatch.setattr(prepare_module, "NEWER_FORMAT_DELAY_MS", 0)
+    celery = CollectingTarget("celery")
+    wait_for(lambda: Forwarder(store, [celery]).run_once() == 0 and len(celery.ids) == 3, 10, "the celery items")
+
+
 def test_an_expired_back_off_does_not_keep_an_idle_forwarder_awake(valkey_url: str, prefix: str) -> None:
     """A shard set aside that is empty once its back-off ends must not wake the forwarder at
     once, again and again: an idle forwarder sleeps until its poll."""
     store = make_store(valkey_url, prefix, shards=4)
     forwarder = Forwarder(store, [CollectingTarget("list")], poll_interval=0.3)
-    forwarder._set_aside_until[0] = (forwarder.server_now_ms() - 5_000, 1_000)  # ended 5 s ago
+    forwarder.shards.until[0] = (forwarder.server_now_ms() - 5_000, 1_000)  # ended 5 s ago
     started = time.monotonic()
-    forwarder._sleep(None, store.heads())  # nothing scheduled: only the poll should end the sleep
+    forwarder.loop.sleep(None, store.heads())  # nothing scheduled: only the poll should end the sleep
     assert time.monotonic() - started >= 0.25
 
 

@@ -157,6 +157,17 @@ def test_list_shows_destination_and_flags_corrupt_envelopes(cli: Invoke, vstore:
     assert "list/q:out" in table and "<corrupt: envelope format version 0" in table
 
 
+def test_list_names_a_newer_format_as_newer_not_corrupt(cli: Invoke, vstore: DelayStore) -> None:
+    """A newer release's item (a rolling upgrade) is fine, only not readable by this reader."""
+    newer = bytearray(envelope("q:out"))
+    newer[2] = 99  # format version byte
+    vstore.schedule("newer", FAR, bytes(newer))
+    [entry] = json.loads(expect(cli("list", "--json")))
+    assert entry["corrupt"] is None and entry["newer_format"] == 99
+    table = expect(cli("list"))
+    assert "<newer format 99: upgrade this reader>" in table and "corrupt" not in table
+
+
 def test_list_shows_an_item_awaiting_its_start(cli: Invoke, vstore: DelayStore) -> None:
     """Lossless mode: a published item kept until a worker records its start says so."""
     vstore.schedule("kept", 1.0, envelope("q:out"))  # long due

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
 
-from delayq_backends.connection import connect, redact_url
+from delayq_backends.connection import connect, is_cluster, redact_url
 from delayq_backends.embedded import EmbeddedCluster
 from delayq_backends.errors import ConfigError
 
@@ -62,3 +63,23 @@ def test_cluster_mode_is_detected_from_any_node(redis_cluster: EmbeddedCluster) 
 
 def test_standalone_server_gets_a_plain_client(valkey_url: str) -> None:
     assert not isinstance(connect(valkey_url), RedisCluster)
+
+
+class _Refusing:
+    """A client whose INFO fails with ``error`` (no server refuses it so on demand)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def info(self, section: str) -> dict[str, object]:
+        raise self.error
+
+
+def test_only_a_missing_or_forbidden_info_means_not_a_cluster(valkey_url: str) -> None:
+    """INFO renamed away or forbidden by ACL: a plain server. Any other error is no answer
+    about cluster mode and is raised, not taken for "not a cluster"."""
+    assert not is_cluster(_Refusing(redis.ResponseError("unknown command 'INFO', with args beginning with:")))
+    assert not is_cluster(_Refusing(redis.exceptions.NoPermissionError("NOPERM this user has no permissions")))
+    with pytest.raises(redis.ResponseError, match="MASTERDOWN"):
+        is_cluster(_Refusing(redis.ResponseError("MASTERDOWN Link with MASTER is down")))
+    assert not is_cluster(redis.Redis.from_url(valkey_url))

@@ -12,6 +12,7 @@ from bench.lib.proxy import TcpProxy
 from delayq_backends import Config, DelayStore
 from delayq_backends.dedupe import RunGuard, Verdict
 from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.models import RunRef
 from tests.helpers import wait_for
 
 
@@ -26,6 +27,20 @@ def test_first_start_runs_a_second_is_dropped_and_the_next_run_runs(valkey_url: 
     assert guard.start("job-1", 1).verdict is Verdict.FIRST  # a retry is a new run
     assert 0 < client.pttl(first.key) <= 5000
     assert guard.counts() == {Verdict.FIRST: 2, Verdict.DUPLICATE: 1, Verdict.UNCHECKED: 0}
+
+
+def test_starts_on_each_server_kind_and_garbage_is_replaced(store: DelayStore) -> None:
+    """On a cluster too (the record goes to the shard's node); a record that is no worker's (a
+    hand write, another type) is replaced once and the run goes ahead; a real one drops it."""
+    guard = RunGuard(store, ttl_ms=5000)
+    for n, plant in enumerate([lambda k: store.client.set(k, "junk"), lambda k: store.client.hset(k, "a", "b")]):
+        key = guard.key(f"g{n}", 0)
+        plant(key)
+        assert guard.start(f"g{n}", 0).verdict is Verdict.FIRST
+        assert guard.start(f"g{n}", 0).verdict is Verdict.DUPLICATE
+        assert store.started(store.shard_of(f"g{n}"), [RunRef(f"g{n}", 0)]) == {f"g{n}"}
+    store.client.set(guard.key("h", 0), "junk")
+    assert store.started(store.shard_of("h"), [RunRef("h", 0)]) == set(), "a hand write is no start"
 
 
 def test_the_record_lives_in_the_items_shard_slot_and_derives_from_id_and_run(valkey_url: str, prefix: str) -> None:

@@ -60,20 +60,6 @@ def test_corrupt_envelope_is_dead_lettered_and_the_rest_delivered(
     assert fwd.stats.dead == 1
 
 
-def test_unknown_target_is_retried_with_backoff_then_dead(server_url: str, prefix: str, out: redis.Redis) -> None:
-    store = make_store(server_url, prefix, shards=2, max_attempts=2)
-    store.schedule("c1", 1, Envelope("celery", "default", b"{}"))
-    fwd = Forwarder(store, [RedisListTarget(out)], retry_delay=60)
-    fwd.run_once()
-    item = store.get("c1")
-    assert item is not None and item.attempts == 1 and item.leased_until_ms is None
-    assert item.ready_ms >= store.server_time_ms() + 55_000  # backed off, not spinning
-    store.client.zadd(store.keys(store.shard_of("c1")).due, {"c1": 1}, xx=True)  # skip the back-off
-    fwd.run_once()
-    (dead,) = store.dead_letters()
-    assert "no 'celery' target" in dead.error and dead.attempts == 2
-
-
 def test_broker_outage_releases_without_burning_attempts(store: DelayStore, prefix: str, out: redis.Redis) -> None:
     key = f"{prefix}:out"
     store.schedule_many([(f"x{i}", 1, envelope(f"x{i}", key=key)) for i in range(50)])

@@ -125,7 +125,7 @@ def test_one_shards_failing_ack_sets_only_it_aside(valkey_url: str, prefix: str,
     forwarder = Forwarder(store, [Hooked(out, break_bad_shard)])
     bad = [i for i in ids if store.shard_of(i) == bad_shard]
     assert forwarder.run_once() == 40 - len(bad)
-    assert forwarder.stats.errors == 1 and forwarder._aside(bad_shard, forwarder.server_now_ms())
+    assert forwarder.stats.errors == 1 and forwarder.shards.aside(bad_shard, forwarder.server_now_ms())
     assert sorted(delivered(out, key)) == sorted(ids)  # published once each, the bad shard's too
     assert all(store.exists(i) for i in bad), "the bad shard's items were not acked: kept for later"
     assert not any(store.exists(i) for i in ids if i not in bad)
@@ -212,6 +212,58 @@ def test_one_publish_per_target_per_pass_split_back_to_each_shard(
     assert all(store.exists(i) for i in ids if i.endswith("3"))
     assert (forwarder.stats.acked, forwarder.stats.dead, forwarder.stats.released) == (64, 8, 8)
     assert len({store.shard_of(i) for i in ids if i.endswith("7")}) > 1  # the split crossed shards
+
+
+def test_overlapped_claims_keep_each_shards_order(valkey_url: str, prefix: str, out: redis.Redis) -> None:
+    """The next pass is claimed while the current one publishes: every item still arrives once,
+    and each shard's items in their ready order (one shard: the list is the store's order)."""
+    store = make_store(valkey_url, prefix, shards=1)
+    now = store.server_time_ms() / 1000
+    ids = [f"o{n:04d}" for n in range(1000)]
+    rows = [(i, now - 10 + n / 1000, RedisListTarget.envelope("ordered", json.dumps({"id": i}).encode()))
+            for n, i in enumerate(ids)]  # fmt: skip
+    store.schedule_many(rows)
+    claims = spy_claims(store)
+    forwarder = Forwarder(store, [RedisListTarget(out)], batch=100, overlap=True)
+    assert forwarder.run_once() == 1000
+    assert delivered(out, "ordered") == ids
+    assert len(claims) == 11  # 10 full batches, then the empty claim that ends the sweep
+
+
+def test_a_pass_that_fails_gives_back_the_claim_made_ahead_of_it(
+    valkey_url: str, prefix: str, out: redis.Redis
+) -> None:
+    """If a pass raises (the store fails its acks), the batch claimed ahead of it is released at
+    once, not left leased until its lease runs out; the failed pass's own batch waits for its
+    lease (published, not acked: at-least-once)."""
+    store = make_store(valkey_url, prefix, shards=1, lease_seconds=30)
+    schedule(store, "ahead", [f"a{n}" for n in range(300)])
+    real = store.ack_many
+
+    def failing(acks: Sequence[tuple[Claim, Sequence[str]]]) -> list[int | Exception]:
+        time.sleep(0.2)  # the claim ahead has landed
+        raise redis.ConnectionError("store gone")
+
+    store.ack_many = failing  # type: ignore[method-assign]
+    forwarder = Forwarder(store, [RedisListTarget(out)], batch=100, overlap=True)
+    with pytest.raises(redis.ConnectionError):
+        forwarder.run_once()
+    store.ack_many = real  # type: ignore[method-assign]
+    (shard,) = store.stats()
+    assert shard.leased == 100 and shard.due == 200  # only the failed pass's batch is held
+
+
+def spy_claims(store: DelayStore) -> list[list[int]]:
+    """The shards of each ``claim_many`` call."""
+    calls: list[list[int]] = []
+    real = store.claim_many
+
+    def claim_many(shards: Sequence[int], **kwargs: Any) -> list[Claim | Exception]:
+        calls.append(list(shards))
+        return real(shards, **kwargs)
+
+    store.claim_many = claim_many  # type: ignore[method-assign]
+    return calls
 
 
 class Claiming(RedisListTarget):

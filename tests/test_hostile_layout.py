@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 import threading
 import types
+from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
 
@@ -23,14 +25,20 @@ import pytest
 import redis
 
 from delayq_backends import DelayStore, keys
+from delayq_backends.celery import store_for
+from delayq_backends.celery.periodic import sync
+from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import with_rate_key
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.keys import ShardKeys, key_rate_key, meta_key, rate_key
+from delayq_backends.keys import ShardKeys, key_rate_key, meta_key, periodic_key, rate_key
 from delayq_backends.metrics import ForwarderMetrics
+from delayq_backends.rq import Queue
+from delayq_backends.rq.registry import registry_key
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
-from tests.harness import Launcher, Proc, make_store
+from tests.harness import Launcher, Proc, delete_prefix, make_store
 from tests.helpers import wait_for
+from tests.test_celery.harness import new_env
 
 SHARDS = 4
 ITEMS = 40
@@ -42,7 +50,7 @@ COVERED = {
     "rate_key": "here: test_garbage_in_rate_buckets_is_reset_and_the_queue_flows",
     "key_rate_key": "here: test_garbage_in_rate_buckets_is_reset_and_the_queue_flows",
     "wake_channel": "tests/test_hostile.py::test_garbage_never_stops_the_line",
-    "periodic_key": "tests/test_celery/test_periodic.py (registry; non-UTF-8 fields: issue 21 item 8, misc)",
+    "periodic_key": "here: test_garbage_in_the_periodic_registry_never_stops_the_line",
     "ShardKeys.due": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.items": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.tries": "tests/test_hostile.py::test_garbage_never_stops_the_line",
@@ -51,11 +59,14 @@ COVERED = {
     "ShardKeys.dead": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.dead_items": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.dead_info": "tests/test_hostile.py::test_garbage_never_stops_the_line",
-    "ShardKeys.calls": (
-        "tests/scripts/test_debounce_lua.py::test_a_hand_written_counter_of_another_type_is_refused_before_any_write"
-    ),
-    "ShardKeys.started": "tests/scripts/test_keep_lua.py::test_started_finds_the_runs_workers_recorded",
+    "ShardKeys.calls": "here: test_garbage_in_call_counters_never_stops_the_line",
+    "ShardKeys.started": "here: test_garbage_start_records_never_stop_the_line",
+    "rq mirror": "here: test_garbage_in_the_rq_mirror_never_stops_the_line",
+    "audit stream": "here: test_garbage_in_the_audit_stream_never_stops_the_line",
 }
+#: Key kinds the project writes that keys.py does not build: RQ's own ``rq:scheduled:<queue>``
+#: (the mirror, :mod:`delayq_backends.rq.registry`) and the user-named ``--audit-stream``.
+EXTRA_KINDS = {"rq mirror", "audit stream"}
 #: Names in keys.py that end like a key builder but build none.
 NOT_KEYS = {"collapsed_key": "parses an item id into (mode, key)"}
 
@@ -81,12 +92,21 @@ def key_kinds() -> set[str]:
 def test_every_key_kind_has_a_hostile_write_case() -> None:
     kinds = key_kinds()
     assert kinds - COVERED.keys() == set(), "a key kind without a hostile-write case: add one to COVERED"
-    assert COVERED.keys() - kinds == set(), "COVERED names a key kind keys.py no longer has"
+    assert COVERED.keys() - kinds - EXTRA_KINDS == set(), "COVERED names a key kind keys.py no longer has"
     root = Path(__file__).parent.parent
     for where in COVERED.values():
         if where.startswith("tests/") and "::" in where:
             path, test = where.split("::")
             assert f"def {test}(" in (root / path).read_text(), f"{where} does not exist"
+
+
+@pytest.fixture(autouse=True)
+def empty_out(valkey_url: str) -> None:
+    """Every test delivers the same bodies to the same list: one left from an earlier test would
+    pass the next without its forwarder delivering anything (the meta cases once did)."""
+    client = redis.Redis.from_url(valkey_url)
+    client.delete(OUT)
+    client.close()
 
 
 def body(tag: str) -> bytes:
@@ -244,3 +264,207 @@ def test_a_meta_change_under_a_running_forwarder_is_counted(valkey_url: str, pre
     finally:
         forwarder.stop()
         runner.join(10)
+
+
+def test_extra_kinds_are_the_keys_written_outside_keys_py() -> None:
+    """The kinds keys.py does not build (RQ's own key, a user-named stream) are listed too."""
+    assert COVERED.keys() >= EXTRA_KINDS
+    assert all(COVERED[kind].startswith("here: ") for kind in EXTRA_KINDS)
+
+
+#: Hostile writes to the audit stream (``--audit-stream``): the forwarder only appends to it.
+AUDIT_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: c.set(k, "junk"),
+    "garbage bytes": lambda c, k: c.xadd(k, {b"\xff\x00": b"\x1b[2J", "at_ms": "nan"}),
+    "largest id": lambda c, k: (
+        c.delete(k),
+        c.xadd(k, {"at_ms": "1e400"}, id="18446744073709551615-18446744073709551615"),
+    ),
+    "deleted": lambda c, k: c.delete(k),
+}
+
+
+@pytest.mark.parametrize("garbage", AUDIT_GARBAGE)
+def test_garbage_in_the_audit_stream_never_stops_the_line(
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path, garbage: str
+) -> None:
+    """Garbage in the audit stream, before and under a running forwarder: every item is
+    delivered; records that cannot be written are dropped with a warning naming the stream."""
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    client, stream = store.client, f"{prefix}:audit"
+    AUDIT_GARBAGE[garbage](client, stream)
+    first = schedule(store, ITEMS // 2)
+    log = tmp_path / "forwarder.log"
+    proc = forward(procs, valkey_url, prefix, log, "--audit-stream", stream)
+    wait_for(lambda: delivered(client) == first, 30, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}")
+    AUDIT_GARBAGE[garbage](client, stream)
+    ids = {f"late-{k}" for k in range(ITEMS // 2)}
+    store.schedule_many([(i, 0, RedisListTarget.envelope(OUT, i.encode())) for i in ids])
+    wait_for(
+        lambda: delivered(client) == first | ids, 30, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}"
+    )
+    if garbage != "deleted":
+        wait_for(lambda: f"stream={stream!r}" in log.read_text(), 10, lambda: procs.tail())
+    assert proc.poll() is None
+
+
+def _rq_jobs(client: redis.Redis, store: DelayStore, queue_name: str, n: int, delay: float) -> set[str]:
+    queue = Queue(queue_name, connection=client, delay_store=store)
+    return {queue.enqueue_in(timedelta(seconds=delay), "builtins.print", k).id for k in range(n)}
+
+
+#: Hostile writes to RQ's ``rq:scheduled:<queue>`` (the mirror rq-dashboard reads, and where the
+#: forwarder adopts jobs a plain rq.Queue scheduled).
+MIRROR_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: (c.delete(k), c.set(k, "junk")),
+    "garbage members": lambda c, k: c.zadd(k, {b"\xff\xfe": 0, "no-such-job": 1, "x" * 600: 2}),
+    "extreme scores": lambda c, k: c.zadd(k, {"inf-job": "inf", "-inf-job": "-inf", "big": 1e308, "neg": -1e308}),
+    "deleted": lambda c, k: c.delete(k),
+}
+
+
+@pytest.mark.parametrize("garbage", MIRROR_GARBAGE)
+def test_garbage_in_the_rq_mirror_never_stops_the_line(
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path, garbage: str
+) -> None:
+    """Garbage in rq:scheduled:<queue>, before and under a real RQ-target forwarder (adopting
+    stray entries every second): every job reaches its RQ queue; garbage entries are skipped
+    with a line naming the key."""
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    client, queue_name = store.client, f"{prefix}-q"
+    key = registry_key(queue_name)
+    jobs = _rq_jobs(client, store, queue_name, ITEMS // 2, 1)
+    MIRROR_GARBAGE[garbage](client, key)
+    log = tmp_path / "forwarder.log"
+    proc = forward(procs, valkey_url, prefix, log, "--rq-redis", valkey_url)
+    queued = lambda: {b.decode() for b in client.lrange(f"rq:queue:{queue_name}", 0, -1)}  # noqa: E731
+    wait_for(lambda: queued() >= jobs, 30, lambda: f"{len(queued())} queued\n{procs.tail()}")
+    client.delete(key)  # producers met no garbage: what they write is another matter (README Security)
+    more = _rq_jobs(client, store, queue_name, ITEMS // 2, 2)
+    MIRROR_GARBAGE[garbage](client, key)  # under a running forwarder, before they are due
+    wait_for(lambda: queued() >= jobs | more, 30, lambda: f"{len(queued())} queued\n{procs.tail()}")
+    if garbage in ("wrong type", "garbage members"):
+        wait_for(lambda: key in log.read_text(), 10, lambda: procs.tail())
+    assert proc.poll() is None
+
+
+def _debounced(store: DelayStore, n: int, delay: float) -> set[str]:
+    now = store.server_time_ms() / 1000
+    for k in range(n):
+        store.debounce(f"k{k}", now + delay, RedisListTarget.envelope(OUT, f"debounce:k{k}".encode()))
+    return {f"debounce:k{k}" for k in range(n)}
+
+
+#: Hostile writes to a debounced item's call counter (``ShardKeys.calls``).
+CALLS_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: (c.delete(k), c.set(k, "junk")),
+    "garbage bytes": lambda c, k: c.hset(k, mapping={"calls": b"\xff\x00", b"\x1b[2J": b"x"}),
+    "extreme numbers": lambda c, k: c.hset(k, "calls", "1e400"),
+    "negative": lambda c, k: c.hset(k, "calls", "-9223372036854775808"),
+    "deleted": lambda c, k: c.delete(k),
+}
+
+
+@pytest.mark.parametrize("garbage", CALLS_GARBAGE)
+def test_garbage_in_call_counters_never_stops_the_line(
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path, garbage: str
+) -> None:
+    """Garbage in debounced items' call counters under a running forwarder: every run is
+    delivered, listing works; a call on a counter of another type is refused naming the key."""
+
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    client = store.client
+    ids = _debounced(store, ITEMS, 2)
+    for item_id in ids:
+        CALLS_GARBAGE[garbage](client, store.keys(store.shard_of(item_id)).calls(item_id))
+    log = tmp_path / "forwarder.log"
+    proc = forward(procs, valkey_url, prefix, log)
+    assert len(store.scheduled(count=ITEMS)) == ITEMS  # `delayq list` reads the counters
+    if garbage == "wrong type":
+        with pytest.raises(
+            redis.ResponseError, match=re.escape(store.keys(store.shard_of("debounce:k0")).calls("debounce:k0"))
+        ):
+            _debounced(store, 1, 2)
+    else:
+        _debounced(store, ITEMS, 2)  # a call on the garbage counter
+    wait_for(lambda: delivered(client) == ids, 30, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}")
+    assert proc.poll() is None
+
+
+#: Hostile writes to the periodic registry (entry name -> item id), read by each sync.
+PERIODIC_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: (c.delete(k), c.set(k, "junk")),
+    "garbage bytes": lambda c, k: c.hset(k, mapping={b"\xff\xfe": b"\x00", "tick": b"\xff\x1b[2J"}),
+    "extreme numbers": lambda c, k: c.hset(k, mapping={"1e400": "-inf", "tick": "nan"}),
+    "deleted": lambda c, k: c.delete(k),
+}
+
+
+@pytest.mark.parametrize("garbage", PERIODIC_GARBAGE)
+def test_garbage_in_the_periodic_registry_never_stops_the_line(
+    valkey_server: EmbeddedServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    garbage: str,
+) -> None:
+    """Garbage in the registry, then `celery -A app delayq forward` (which syncs at start) on a
+    Redis broker: the entry keeps firing; what sync cannot read is said, naming the key."""
+    monkeypatch.setenv("DQT_EVERY", "1")
+    env = new_env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server)
+    env.app_module = "tests.test_celery.periodic_app"
+    broker = redis.Redis.from_url(env.broker)
+    try:
+        app = env.app()
+        app.conf.beat_schedule = {"tick": {"task": "dqt.record", "schedule": 1.0, "args": ["tick"]}}
+        store = store_for(app)
+        sync(app, store)
+        key = periodic_key(env.prefix)
+        PERIODIC_GARBAGE[garbage](store.client, key)
+        env.start_forwarder(tmp_path, via_celery=True)
+        wait_for(lambda: broker.llen(env.queue) >= 3, 30, lambda: f"{broker.llen(env.queue)} runs\n{env.tail()}")
+        if garbage == "extreme numbers":  # a name not in the config: removed by the sync, as any
+            assert store.client.hkeys(key) == [b"tick"] and "1 removed" in env.tail()
+        elif garbage != "deleted":
+            wait_for(lambda: key in env.tail(), 10, env.tail)
+        assert env.launcher.procs[-1].poll() is None
+    finally:
+        env.stop()
+        broker.delete(env.queue)
+        delete_prefix(redis.Redis.from_url(env.store), env.prefix)
+
+
+#: Hostile writes to the start records of tasks waiting in the store (``ShardKeys.started``):
+#: none is a worker's record, so each task still runs, once.
+STARTED_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: c.hset(k, "x", "y"),
+    "garbage bytes": lambda c, k: c.set(k, b"\xff\x00\x1b[2J"),
+    "extreme numbers": lambda c, k: c.set(k, "host:1 1e400 -9223372036854775809"),
+    "empty": lambda c, k: c.set(k, ""),
+}
+
+
+@pytest.mark.parametrize("garbage", STARTED_GARBAGE)
+def test_garbage_start_records_never_stop_the_line(valkey_server: EmbeddedServer, tmp_path: Path, garbage: str) -> None:
+    """Garbage planted as the start records of waiting tasks, under a lossless forwarder and a
+    worker with dedupe on (kombu's Redis transport): every task runs once; the worker names
+    each replaced key. (A deleted record is what a task that never started has.)"""
+    env = new_env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server)
+    env.dedupe = True
+    try:
+        store = DelayStore.from_url(env.store, prefix=env.prefix, shards=4)
+        env.start_worker(tmp_path)
+        env.start_forwarder(tmp_path, extra=["--lossless", "--lossless-window", "2"])
+        app = env.app()
+        ids = [app.send_task("dqt.record", args=[f"t{k}"], countdown=2, queue=env.queue).id for k in range(10)]
+        keys_ = [store.keys(store.shard_of(i)).started(i, 0) for i in ids]
+        for key in keys_:
+            STARTED_GARBAGE[garbage](store.client, key)
+        ran = lambda: Counter(r["id"] for r in env.records() if r["tag"].startswith("t"))  # noqa: E731
+        wait_for(lambda: set(ran()) == set(ids), 60, lambda: f"{len(ran())} ran\n{env.tail()}")
+        wait_for(lambda: all(store.get(i) is None for i in ids), 30, "the forwarder to find them started")
+        assert set(ran().values()) == {1}, ran()
+        logs = "".join(log.read_text(errors="replace") for log in env.launcher.logs)
+        assert all(key in logs for key in keys_), env.tail()
+    finally:
+        env.stop()
+        delete_prefix(redis.Redis.from_url(env.store), env.prefix)

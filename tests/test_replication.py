@@ -19,6 +19,7 @@ from redis.exceptions import RedisClusterException
 from delayq_backends import Config, DelayqError, DelayStore, NotDurableError
 from delayq_backends.celery import forget_store, install, store_for
 from delayq_backends.connection import connect
+from delayq_backends.dedupe import RunGuard, Verdict
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
@@ -67,6 +68,50 @@ def test_durable_writes_wait_for_the_replica(primary_and_replica: tuple[Embedded
             write()
     plain = DelayStore(connect(primary.url), Config(prefix=prefix, shards=4))
     plain.schedule("fast", 60, RedisListTarget.envelope("out", b"x"))  # without the option, no waiting
+
+
+def test_a_start_record_waits_for_the_replica(primary_and_replica: tuple[EmbeddedServer, EmbeddedServer]) -> None:
+    """Dedupe's start record under durable_replicas: written on the shard's node with a WAIT, so
+    a run counted as started is on the replica; with the replica gone it is unchecked (runs,
+    at-least-once), not falsely confirmed."""
+    primary, replica = primary_and_replica
+    prefix = f"d{uuid.uuid4().hex[:8]}"
+    config = Config(prefix=prefix, shards=4, durable_replicas=1, durable_timeout_ms=300)
+    guard = RunGuard(DelayStore(connect(primary.url), config), ttl_ms=60_000, wait_ms=800)
+    on_replica = redis.Redis.from_url(replica.url)
+    for n in range(20):
+        decision = guard.start(f"task-{n}", 0)
+        assert decision.verdict is Verdict.FIRST and on_replica.exists(decision.key), "started means replicated"
+    replica.kill()
+    started = time.monotonic()
+    assert guard.start("lonely", 0).verdict is Verdict.UNCHECKED
+    assert 0.7 < time.monotonic() - started < 5
+
+
+def test_an_rq_workers_retry_waits_for_the_replica(
+    primary_and_replica: tuple[EmbeddedServer, EmbeddedServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job failing with Retry(interval=…) is scheduled on the pipeline RQ's worker executes:
+    with durable_replicas a WAIT follows that EXEC (RQ's own SimpleWorker, its retry path)."""
+    from rq import Retry, SimpleWorker
+
+    from delayq_backends.rq import Queue
+
+    primary, replica = primary_and_replica
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    for name, value in {"DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": "4", "DELAYQ_DURABLE_REPLICAS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DELAYQ_URL", raising=False)
+    conn = redis.Redis.from_url(primary.url)
+    queue = Queue(f"{prefix}-q", connection=conn)
+    job = queue.enqueue("tests.test_rq.jobs.always_fails", "x", retry=Retry(max=1, interval=600))
+    waits = lambda: int(conn.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))  # noqa: E731
+    before = waits()
+    SimpleWorker([queue], connection=conn, queue_class=Queue).work(burst=True)
+    assert queue.delay_store.get(job.id) is not None, "the retry waits in the store"
+    assert waits() > before, "a WAIT followed the worker's EXEC"
+    on_replica = DelayStore(connect(replica.url), Config(prefix=prefix, shards=4))
+    assert on_replica.get(job.id) is not None
 
 
 def test_a_celery_app_asks_for_durable_writes_through_its_settings(

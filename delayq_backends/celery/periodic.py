@@ -35,7 +35,7 @@ from celery import Celery
 from kombu.utils.json import dumps as kombu_json_dumps
 
 from ..envelope import Envelope
-from ..errors import DelayqError, EnvelopeError
+from ..errors import DelayqError, EnvelopeError, NewerFormatError
 from ..keys import normalize_id, periodic_key
 from ..models import CancelOutcome, DeliveryFailure, RearmOutcome
 from ..store import DelayStore
@@ -337,10 +337,16 @@ class SyncReport:
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    #: entries a newer release stored (a newer envelope format): left as they are
+    newer: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         parts = [f"{len(getattr(self, k))} {k}" for k in ("added", "changed", "unchanged", "removed")]
-        return ", ".join(parts) + (f", {len(self.errors)} refused" if self.errors else "")
+        return (
+            ", ".join(parts)
+            + (f", {len(self.newer)} left to a newer release" if self.newer else "")
+            + (f", {len(self.errors)} refused" if self.errors else "")
+        )
 
 
 def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = None) -> SyncReport:
@@ -360,6 +366,7 @@ def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = N
     report = SyncReport(errors=dict(errors))
     deadline = time.monotonic() + (store.config.lease_seconds + 1 if wait is None else wait)
     key = periodic_key(store.config.prefix)
+    _check_registry(store, key)
     for entry in entries:
         store.client.hset(key, entry.name, entry.item_id)  # first: a stored entry is always listed
         try:
@@ -375,6 +382,18 @@ def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = N
     return report
 
 
+def _check_registry(store: DelayStore, key: str) -> None:
+    """Refuse a registry of another type (a hand write) before changing anything: its entries
+    are unknown, so a sync cannot tell which stored entries left the config."""
+    kind = store.client.type(key)
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    if kind not in ("hash", "none"):
+        raise PeriodicError(
+            f"the periodic registry {key} is a {kind}, not a hash (written by another tool): nothing synced; "
+            f"move it away (`redis-cli RENAME {key} {key}:bad`) and sync again"
+        )
+
+
 def _upsert(store: DelayStore, entry: PeriodicEntry, deadline: float) -> str:
     """Add or update one entry; returns ``added``, ``changed`` or ``unchanged``."""
     while True:
@@ -388,6 +407,13 @@ def _upsert(store: DelayStore, entry: PeriodicEntry, deadline: float) -> str:
             continue  # another sync added it meanwhile: compare with that one
         try:
             _, old = _decode(Envelope.decode(item.envelope))
+        except NewerFormatError as exc:
+            log.warning(
+                "periodic entry %r: its store item %r was written by a newer release (%s); skipped, it keeps "
+                "that release's settings: sync from the newer release",
+                entry.name, entry.item_id, exc,
+            )  # fmt: skip
+            return "newer"
         except EnvelopeError as exc:
             raise PeriodicError(
                 f"store item {entry.item_id!r} is not a periodic entry ({exc}): it was scheduled by something "
@@ -423,6 +449,7 @@ class Registry:
 def _registry(store: DelayStore) -> Registry:
     """The registry's fields, read names and unreadable ones apart."""
     key = periodic_key(store.config.prefix)
+    _check_registry(store, key)
     names, unreadable = [], {}
     for field_name, _ in store.client.hscan_iter(key):
         raw = field_name if isinstance(field_name, bytes) else str(field_name).encode()
@@ -490,6 +517,9 @@ def statuses(store: DelayStore) -> list[PeriodicStatus]:
             continue
         try:
             message, state = _decode(Envelope.decode(item.envelope))
+        except NewerFormatError as exc:
+            out.append(PeriodicStatus(name, ident, f"newer format {exc.version}: upgrade this reader"))
+            continue
         except EnvelopeError as exc:
             out.append(PeriodicStatus(name, ident, f"unreadable: {exc}"))
             continue

@@ -54,7 +54,7 @@ from ..config import Config
 from ..connection import connect, redact_url
 from ..errors import ConfigError, DelayqError
 from ..flow import FlowControl
-from ..forwarder import DEFAULT_LOSSLESS_WINDOW
+from ..forwarder.settings import LOSSLESS_WINDOW
 from ..store import DelayStore
 from ..storecache import StoreCache
 
@@ -212,9 +212,11 @@ def _lossless_window(conf: Any, dedupe: bool, dedupe_ttl: float) -> float | None
     lossless = conf.get("delayq_lossless", False)
     if not isinstance(lossless, bool):
         raise ConfigError(f"delayq_lossless={lossless!r}: use True or False")
-    window = conf.get("delayq_lossless_window", DEFAULT_LOSSLESS_WINDOW)
-    if isinstance(window, bool) or not isinstance(window, (int, float)) or not 1 <= window <= 86400:
-        raise ConfigError(f"delayq_lossless_window={window!r}: use seconds from 1 to 86400")
+    window = conf.get("delayq_lossless_window", LOSSLESS_WINDOW.default)
+    if isinstance(window, bool) or not isinstance(window, (int, float)):
+        raise ConfigError(f"delayq_lossless_window={window!r}: use seconds from {LOSSLESS_WINDOW.low:g} to "
+                          f"{LOSSLESS_WINDOW.high:g}")  # fmt: skip
+    LOSSLESS_WINDOW.check("delayq_lossless_window", window)
     if not lossless:
         return None
     if not dedupe:

@@ -10,11 +10,11 @@ from typing import Any
 
 import click
 
-from ..assemble import DescribedTarget, ForwarderSettings, build_forwarder
+from ..assemble import DescribedTarget, ProcessSettings, build_forwarder
 from ..config import Config
 from ..errors import ConfigError
 from ..flow import FlowControl, parse_depth, parse_rate
-from ..forwarder import DEFAULT_LOSSLESS_WINDOW
+from ..forwarder.settings import BATCH, LOSSLESS_WINDOW, POLL
 from ..metrics import DEFAULT_METRICS_HOST
 from ..store import DelayStore
 from ..storespec import StoreSpec
@@ -61,10 +61,10 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
     options = [
         click.option(
             "--batch",
-            type=click.IntRange(1, 10_000),
-            default=200,
+            type=click.IntRange(BATCH.low, BATCH.high),
+            default=BATCH.default,
             show_default=True,
-            help="Items per claim; a claim blocks Redis while it runs, so keep it modest (100-500).",
+            help=BATCH.help,
         ),
         click.option(
             "--lease",
@@ -92,11 +92,11 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         ),
         click.option(
             "--poll",
-            type=click.FloatRange(min=0.01),
-            default=1.0,
+            type=click.FloatRange(min=POLL.low),
+            default=POLL.default,
             show_default=True,
             metavar="SECONDS",
-            help="Longest sleep, so a lost wake-up never strands an item.",
+            help=POLL.help,
         ),
         click.option(
             "--log-level",
@@ -203,11 +203,10 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             "--lossless-window",
             envvar="DELAYQ_LOSSLESS_WINDOW",
             show_envvar=True,
-            type=click.FloatRange(1, 86400),
+            type=click.FloatRange(LOSSLESS_WINDOW.low, LOSSLESS_WINDOW.high),
             default=None,
             metavar="SECONDS",
-            help="Lossless mode: how long a published task may wait for its start before it is published again; "
-            "above the broker queue's wait, below the workers' dedupe TTL. [default: 60; celery: the app's "
+            help=f"{LOSSLESS_WINDOW.help} [default: {LOSSLESS_WINDOW.default:g}; celery: the app's "
             "delayq_lossless_window]",
         ),
     ]
@@ -255,12 +254,12 @@ class ForwardOptions:
         ``--lossless`` was not given."""
         if self.lossless is None:
             return None if default is None else (self.lossless_window or default)
-        return (self.lossless_window or DEFAULT_LOSSLESS_WINDOW) if self.lossless else None
+        return (self.lossless_window or LOSSLESS_WINDOW.default) if self.lossless else None
 
-    def settings(self, store: Config, **overrides: Any) -> ForwarderSettings:
-        """The :class:`ForwarderSettings` of these options for ``store``; ``overrides`` set the
+    def settings(self, store: Config, **overrides: Any) -> ProcessSettings:
+        """The :class:`ProcessSettings` of these options for ``store``; ``overrides`` set the
         targets (and may replace any other field)."""
-        settings = ForwarderSettings(
+        settings = ProcessSettings(
             store=replace(
                 store, lease_seconds=self.lease, max_attempts=self.max_attempts,
                 max_payload_bytes=self.max_payload_bytes or store.max_payload_bytes,
@@ -274,7 +273,7 @@ class ForwardOptions:
 
 
 def run_forwarder(
-    settings: ForwarderSettings,
+    settings: ProcessSettings,
     *,
     log_level: str,
     store: DelayStore | None = None,

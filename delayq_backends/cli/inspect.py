@@ -114,7 +114,11 @@ def stats(spec: StoreSpec, as_json: bool) -> None:
 
 
 def _item_cells(entry: dict[str, Any]) -> list[Any]:
-    where = f"<corrupt: {entry['corrupt']}>" if entry["corrupt"] else f"{entry['target']}/{entry['destination']}"
+    where = f"{entry['target']}/{entry['destination']}"
+    if entry["newer_format"] is not None:
+        where = f"<newer format {entry['newer_format']}: upgrade this reader>"
+    elif entry["corrupt"]:
+        where = f"<corrupt: {entry['corrupt']}>"
     return [
         entry["id"],
         entry["shard"],

@@ -35,6 +35,7 @@ class RegistryAdopter:
         self.store = store
         self.interval = interval
         self._closed = threading.Event()
+        self._skipped: set[str] = set()  # keys of another type, each said once
         self._thread = threading.Thread(target=self._run, name="delayq-rq-adopt", daemon=True)
 
     def start(self) -> RegistryAdopter:
@@ -51,6 +52,15 @@ class RegistryAdopter:
                 count,
                 key,
             )
+        for key, members in report.garbage.items():
+            log.warning(
+                "removed %d entr%s from RQ's %s that are no job id (%s): written by another tool",
+                len(members), "y" if len(members) == 1 else "ies", key, ", ".join(repr(m[:40]) for m in members[:3]),
+            )  # fmt: skip
+        for key, why in report.skipped.items():
+            if key not in self._skipped:
+                self._skipped.add(key)
+                log.error("skipped RQ's %s: %s", key, why)
         return report.total_moved
 
     def close(self) -> None:

@@ -30,6 +30,8 @@ from rq.registry import ScheduledJobRegistry
 from rq.serializers import resolve_serializer
 
 from ..envelope import Envelope
+from ..errors import InvalidIdError
+from ..keys import normalize_id
 from ..store import DelayStore, ScheduleEntry
 from .periodic import RQ_SCHEDULER, SYNTAX_KEY
 from .registry import MIRROR_OFFSET_S, mirror_scheduled
@@ -44,11 +46,16 @@ PAGE = 500
 
 @dataclass
 class MigrationReport:
-    """Per source key: ids moved into the store, ids the store already had, ids whose job is gone."""
+    """Per source key: ids moved into the store, ids the store already had, ids whose job is gone
+    (or that are no id: removed, see ``garbage``); keys left alone, with why and the fix."""
 
     moved: dict[str, int] = field(default_factory=dict)
     already: dict[str, int] = field(default_factory=dict)
     missing: dict[str, int] = field(default_factory=dict)
+    #: key -> the members removed from it because they are no job id (not UTF-8, refused by the store)
+    garbage: dict[str, list[bytes]] = field(default_factory=dict)
+    #: key -> why it was skipped and the fix (a key of another type)
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_moved(self) -> int:
@@ -127,8 +134,28 @@ def adopt(connection: redis.Redis, store: DelayStore, queue_names: list[str] | N
             return envelope
 
         key = ScheduledJobRegistry.key_template.format(name)
-        _move(connection, store, key, registry_envelope, Job, report, False, mirror_queue=name)
+        try:
+            _move(connection, store, key, registry_envelope, Job, report, False, mirror_queue=name)
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            report.skipped[key] = (
+                f"{key} is a {connection.type(key)!r} not a sorted set, so no RQ tool can read it and no job "
+                f"scheduled there by a plain rq.Queue is adopted: move it away (`RENAME {key} {key}:bad`)"
+            )
     return report
+
+
+def _job_ids(key: str, members: list[bytes], report: MigrationReport) -> list[str | None]:
+    """Each member as a job id, or None for one that is none (recorded in ``report.garbage``)."""
+    ids: list[str | None] = []
+    for member in members:
+        try:
+            ids.append(normalize_id(member))
+        except InvalidIdError:
+            ids.append(None)
+            report.garbage.setdefault(key, []).append(member)
+    return ids
 
 
 def _move(
@@ -157,7 +184,10 @@ def _move(
         )
         if not page:
             break
-        ids = [member.decode() for member, _ in page]
+        named = _job_ids(key, [member for member, _ in page], report)
+        garbage = [m for (m, _), i in zip(page, named) if i is None]
+        page = [p for p, i in zip(page, named) if i is not None]
+        ids = [i for i in named if i is not None]
         wanted = ("origin", "enqueue_at_front", "meta") if read_meta else ("origin", "enqueue_at_front")
         with connection.pipeline(transaction=False) as pipe:
             for job_id in ids:
@@ -179,8 +209,11 @@ def _move(
         already += counts.kept
         # after the copy: a crash in between only copies again
         with connection.pipeline() as pipe:
+            if garbage:  # no job's id: nothing of RQ's can use it either
+                pipe.zrem(key, *garbage)
             if mirror_queue is None:
-                pipe.zrem(key, *ids)
+                if ids:
+                    pipe.zrem(key, *ids)
             else:
                 found = {e[0] for e in entries}
                 gone = [i for i in ids if i not in found]

@@ -184,22 +184,23 @@ class Queue(UsesDelayStore, RQQueue):
         Raises:
             InvalidTimeError: ``datetime`` is not a datetime; nothing was saved.
         """
-        ready_at(datetime)
+        ready = ready_at(datetime)
 
         def save(pipe: Any) -> None:
-            self.save_scheduled(job, datetime, pipe, *args, **kwargs)
+            self.save_scheduled(job, ready, pipe, *args, **kwargs)
 
-        return self._schedule(job, datetime, pipeline, save)
+        return self._schedule(job, ready, pipeline, save)
 
     def schedule_id(self, job: Job, datetime: datetime, pipeline: Any | None = None) -> Job:
         """Schedule an already saved job in the delay store (and its mirror entry), as
         ``ScheduledJobRegistry.schedule`` does for RQ."""
-        return self._schedule(job, datetime, pipeline, lambda pipe: self.registry_write(pipe, job, datetime))
+        ready = ready_at(datetime)
+        return self._schedule(job, ready, pipeline, lambda pipe: self.registry_write(pipe, job, ready))
 
-    def _schedule(self, job: Job, when: datetime, pipeline: Any | None, save: Callable[[Any], None]) -> Job:
+    def _schedule(self, job: Job, ready: datetime, pipeline: Any | None, save: Callable[[Any], None]) -> Job:
         """Queue ``save`` (the job hash and its mirror entry) and the store's entry on one
-        transaction when the store shares this queue's Redis."""
-        ready = ready_at(when)
+        transaction when the store shares this queue's Redis. ``ready`` is checked
+        (:func:`ready_at`): once per call, as every step here reads it."""
         collapse = _collapsing.get()
         if collapse is not None:
             _collapsing.set(None)  # this job only: not the dependents or retries it schedules
@@ -216,6 +217,8 @@ class Queue(UsesDelayStore, RQQueue):
             pipe.execute()
             if shared:
                 store.confirm_durable()  # RQ's transaction held our write: WAIT after its EXEC
+        elif shared and store.config.durable_replicas:
+            _confirm_after_execute(pipe, store)
         if not shared:
             # The job hash is saved first (or with the caller's pipeline): an id due at once must
             # not reach the forwarder before its job exists.
@@ -264,8 +267,30 @@ class Queue(UsesDelayStore, RQQueue):
 
     def registry_write(self, pipeline: Any, job: Job, datetime: datetime) -> None:
         """Queue the job's ``rq:scheduled:<queue>`` entry as a mirror (see :mod:`.registry`):
-        listed where RQ and rq-dashboard look, scored where RQ's scheduler never moves it."""
-        mirror_scheduled(pipeline, self.name, {job.id: ready_at(datetime).timestamp()})
+        listed where RQ and rq-dashboard look, scored where RQ's scheduler never moves it.
+
+        ``datetime`` is one RQ took (a naive one is local time, as ``timestamp()`` reads it):
+        checked by the caller, not again here."""
+        mirror_scheduled(pipeline, self.name, {job.id: datetime.timestamp()})
+
+
+def _confirm_after_execute(pipeline: Any, store: DelayStore) -> None:
+    """Have ``pipeline``'s ``execute`` WAIT for the replicas (``store.confirm_durable``) once its
+    EXEC has run. For RQ's own pipelines: a worker retrying a failed job with
+    ``Retry(interval=…)`` schedules it on the pipeline ``handle_job_failure`` makes and executes,
+    and RQ offers no hook after that EXEC. A ``NotDurableError`` reaches the worker, which logs
+    that the failure may not be persisted; the write is on the primary."""
+    execute = pipeline.execute
+    if getattr(execute, "delayq_confirms", False):
+        return  # one WAIT per EXEC, however many jobs it schedules
+
+    def confirmed(*args: Any, **kwargs: Any) -> Any:
+        replies = execute(*args, **kwargs)
+        store.confirm_durable()
+        return replies
+
+    confirmed.delayq_confirms = True  # type: ignore[attr-defined]
+    pipeline.execute = confirmed
 
 
 class _RegistryDropped:

@@ -30,7 +30,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
@@ -78,10 +78,27 @@ class LuaScript:
     flags: tuple[str, ...]
     body: str  # includes expanded, no shebang line
 
+    @cached_property
+    def code(self) -> str:
+        """The body as the server gets it: comments blanked, so an EVAL queued on a caller's
+        transaction (which carries the whole text on every call, for the server to hash) is a
+        quarter of the bytes; line numbers in a Lua error stay those of the file."""
+        return _compact(self.body)
+
     @property
     def source(self) -> str:
-        """The EVAL text for servers that read shebang lines: the flags line, then the body."""
-        return f"#!lua flags={','.join(self.flags)}\n{self.body}" if self.flags else self.body
+        """The EVAL text for servers that read shebang lines: the flags line, then the code."""
+        return f"#!lua flags={','.join(self.flags)}\n{self.code}" if self.flags else self.code
+
+
+#: a comment block at the start of a line (to the first ``]]``, as Lua reads it), or a line of
+#: comment; comments after code stay (telling them from a string holding "--" needs a lexer)
+_COMMENT = re.compile(r"^--\[\[.*?\]\]|^[ \t]*--[^\n]*", re.MULTILINE | re.DOTALL)
+
+
+def _compact(body: str) -> str:
+    """``body`` with its comment blocks and comment lines blanked, each newline kept."""
+    return _COMMENT.sub(lambda m: "\n" * m.group().count("\n"), body)
 
 
 @cache
@@ -144,7 +161,7 @@ def _library() -> tuple[str, str]:
         # the body keeps its own KEYS/ARGV names, top-level locals and final return
         parts.append(
             f"redis.register_function{{function_name='{name}_{s.name}', flags={{{flags}}}, "
-            f"callback=function(KEYS, ARGV)\n{s.body}\nend}}\n"
+            f"callback=function(KEYS, ARGV)\n{s.code}\nend}}\n"
         )
     # read-only and keyless: tells a client the library is there without touching any data
     parts.append(f"redis.register_function{{function_name='{name}_version', flags={{'no-writes'}}, ")
@@ -311,7 +328,7 @@ class ScriptRunner:
 
 def _eval_text(name: str, backend: Backend) -> str:
     s = script(name)
-    return s.source if backend.shebang else s.body
+    return s.source if backend.shebang else s.code
 
 
 def function_missing(exc: redis.ResponseError) -> bool:

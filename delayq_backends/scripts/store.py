@@ -48,6 +48,7 @@ __all__ = [
     "Requeue",
     "Reschedule",
     "Schedule",
+    "ScheduleOne",
     "ShardScript",
     "Take",
 ]
@@ -107,7 +108,22 @@ class Schedule(ShardScript):
         args[4 + 2 * n :: 2], args[5 + 2 * n :: 2] = ids, [i.envelope for i in items]
         if ranked:
             args += [i.rank for i in items]
-        return cls._call(keys, args, lambda r: ScheduleCounts(*map(int, r)))
+        return cls._call(keys, args, _counts)
+
+
+class ScheduleOne(ShardScript):
+    """schedule_one.lua: one item in replace mode, the call behind every single ``schedule()``."""
+
+    name = "schedule_one"
+    key_names = Schedule.key_names
+
+    @classmethod
+    def call(cls, keys: ShardKeys, item: ScheduleItem, *, wake: str) -> ScriptCall[ScheduleCounts]:
+        return cls._call(keys, (item.id, item.ready_ms, item.envelope, item.rank, wake), _counts)
+
+
+def _counts(reply: Any) -> ScheduleCounts:
+    return ScheduleCounts(*map(int, reply))
 
 
 class Reschedule(ShardScript):
@@ -337,6 +353,7 @@ SHARD_SCRIPTS: dict[str, type[ShardScript]] = {
     s.name: s
     for s in (
         Schedule,
+        ScheduleOne,
         Reschedule,
         Cancel,
         ClaimScript,

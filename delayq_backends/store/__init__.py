@@ -2,7 +2,8 @@
 
 One API per role, as the ACL roles are: :class:`Producer` (schedule, reschedule, cancel),
 :class:`Forwarding` (claim under a :class:`Lease`, then ack, release, defer, fail, extend) and
-:class:`Reader` (get, list, stats, histogram, dead letters). :class:`DelayStore` is all three.
+:class:`Reader` (get, list, stats, histogram, dead letters); :class:`Starts` (workers' start records).
+:class:`DelayStore` is all four.
 See ``docs/architecture.md`` for the key layout and the lease protocol.
 """
 
@@ -12,10 +13,12 @@ from .base import Payload, StoreCore, check_rank
 from .lease import Forwarding, Lease
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
+from .starts import NOT_A_STRING, Starts, is_start_record
 
 __all__ = [
     "DEAD_CHUNK",
     "SCHEDULE_CHUNK",
+    "NOT_A_STRING",
     "DelayStore",
     "Forwarding",
     "Lease",
@@ -23,12 +26,14 @@ __all__ = [
     "Producer",
     "Reader",
     "ScheduleEntry",
+    "Starts",
     "StoreCore",
     "check_rank",
+    "is_start_record",
 ]
 
 
-class DelayStore(Producer, Forwarding, Reader):
+class DelayStore(Producer, Forwarding, Reader, Starts):
     """Schedule, claim and acknowledge delayed items: every role's API on one client.
 
     Built like each role alone (see :class:`~.base.StoreCore` for the arguments); users' code

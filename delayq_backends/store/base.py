@@ -140,10 +140,12 @@ class StoreCore:
 
         Raises:
             ShardMismatchError: another shard count was recorded for this prefix.
+            StoreMetaError: the metadata is not a hash.
         """
         if self._meta_checked:
             return
         key = meta_key(self.config.prefix)
+        read_meta(self.client, self.config.prefix)  # a key of another type: the error names it and the fix
         if record:
             self._record_meta(key)
         stored = self.client.hget(key, "shards")

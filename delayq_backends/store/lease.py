@@ -25,9 +25,10 @@ from ..models import (
 )
 from ..outages import CONNECTION_ERRORS
 from ..scripts.library import ScriptCall
-from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Keep, Rearm, Release, Schedule, Take
+from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Keep, Rearm, Release, ScheduleOne, Take
 from ..timeutil import When, score_ms
 from .base import Payload, R, StoreCore, _parsed, _reply_or_error, full_store_said_plainly
+from .starts import is_start_record
 
 __all__ = ["Forwarding", "Lease"]
 
@@ -167,17 +168,19 @@ class Forwarding(StoreCore):
     def started(self, shard: int, runs: Sequence[RunRef]) -> set[str]:
         """The ids among ``runs`` whose run a worker has started (its dedupe record exists).
 
-        One pipelined ``EXISTS`` per run, on the one server that holds ``shard``: each record
-        lives in its item's shard slot (:meth:`~delayq_backends.keys.ShardKeys.started`).
+        One pipelined ``GET`` per run, on the one server that holds ``shard``: each record
+        lives in its item's shard slot (:meth:`~delayq_backends.keys.ShardKeys.started`). A
+        value that is no start record (a hand write, another type) is none: the run is
+        published again, and its worker replaces it (:meth:`Starts.record_start`).
         """
         if not runs:
             return set()
         keys = self._keys[shard]
         with self._node_client(shard).pipeline(transaction=False) as pipe:
             for ref in runs:
-                pipe.exists(keys.started(ref.id, ref.run))
-            found = pipe.execute()
-        return {ref.id for ref, n in zip(runs, found) if n}
+                pipe.get(keys.started(ref.id, ref.run))
+            found = pipe.execute(raise_on_error=False)
+        return {ref.id for ref, v in zip(runs, found) if isinstance(v, bytes) and is_start_record(v)}
 
     def fail(self, claim: Claim, failures: Iterable[FailedDelivery], *, now: int | None = None) -> FailCounts:
         """Record failed deliveries: retried at their ``retry_at_ms``, or buried when that is None
@@ -385,7 +388,7 @@ class Lease:
         item = self.store.check_item(item_id, when, envelope, rank)
         shard = self.store.shard_of(item.id)
         wake = self.store.wake_channel
-        self.store._write_or_queue(lambda k: Schedule.call(k, [item], keep=False, wake=wake), shard, pipeline)
+        self.store._write_or_queue(lambda k: ScheduleOne.call(k, item, wake=wake), shard, pipeline)
 
 
 def _shard_reply(call: Callable[[], R]) -> R | Exception:

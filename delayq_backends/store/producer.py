@@ -13,7 +13,7 @@ from ..envelope import Envelope, with_rate_key
 from ..errors import ConfigError, InvalidIdError, StoreFullError
 from ..keys import collapse_id, normalize_id, shard_of
 from ..models import CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
-from ..scripts.store import Cancel, Debounce, Rearm, Reschedule, Schedule
+from ..scripts.store import Cancel, Debounce, Rearm, Reschedule, Schedule, ScheduleOne
 from ..timeutil import When, to_ms
 from .base import Payload, StoreCore
 
@@ -99,7 +99,11 @@ class Producer(StoreCore):
         item = self.check_item(item_id, when, _keyed(envelope, rate_key), rank)
         shard = shard_of(item.id, self.config.shards)
         # one script call, without the bulk path's grouping: this is every apply_async's cost
-        counts = self._write_or_queue(lambda k: Schedule.call(k, [item], keep=keep, wake=self._wake), shard, pipeline)
+        if keep:
+            call = lambda k: Schedule.call(k, [item], keep=True, wake=self._wake)  # noqa: E731
+        else:  # the usual case, in the script for one item
+            call = lambda k: ScheduleOne.call(k, item, wake=self._wake)  # noqa: E731
+        counts = self._write_or_queue(call, shard, pipeline)
         if counts is None:
             return None
         return "added" if counts.added else "replaced" if counts.replaced else "kept"

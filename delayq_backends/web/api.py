@@ -259,6 +259,11 @@ class ItemOut(BaseModel):
     target: str | None
     destination: str | None
     corrupt: str | None = Field(description="Why the stored envelope cannot be read, else null.")
+    newer_format: int | None = Field(
+        default=None,
+        description="The envelope's format when a newer delayq wrote it (not corrupt: upgrade this reader to "
+        "read it; forwarders of that release deliver it), else null.",
+    )
     size: int
     task: dict[str, Any] | None = Field(
         default=None,

@@ -6,6 +6,7 @@ import time
 
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.targets import RedisListTarget
+from tests.harness import make_store
 
 ENV = RedisListTarget.envelope("out", b"one")
 
@@ -79,3 +80,53 @@ def test_replace_counts_repeated_ids_and_drops_leases_of_replaced_items(store: D
     assert store.get(shard_ids[0]).ready_ms == 1_800_000_001_000  # type: ignore[union-attr]
     assert store.ack(claim) == 0  # the late ack leaves the new schedule of "a"
     assert store.get("a") is not None
+
+
+def _one_by_one(store: DelayStore, rows: list[tuple[str, float, int]]) -> None:
+    for item_id, when, rank in rows:
+        store.schedule(item_id, when, ENV, rank=rank)  # schedule_one.lua
+
+
+def _as_batches_of_one(store: DelayStore, rows: list[tuple[str, float, int]]) -> None:
+    for item_id, when, rank in rows:
+        store.schedule_many([(item_id, when, ENV, rank)])  # schedule.lua
+
+
+def _shard_state(store: DelayStore) -> list[object]:
+    """Every key a schedule writes, per shard, and the wake-ups it published."""
+    c = store.client
+    out: list[object] = []
+    for shard in range(store.config.shards):
+        k = store.keys(shard)
+        out += [c.zrange(k.due, 0, -1, withscores=True), c.zrange(k.ranked, 0, -1, withscores=True)]
+        out += [c.hgetall(k.items), c.hgetall(k.tries), c.hgetall(k.leased)]
+    return out
+
+
+def test_a_single_schedule_writes_what_a_batch_of_one_writes(store: DelayStore, server_url: str, prefix: str) -> None:
+    # schedule() runs schedule_one.lua, schedule_many() schedule.lua: the same rows must leave
+    # the same keys and wake-ups, leases and attempts of replaced items dropped, ranks set and cleared
+    twin = make_store(server_url, f"{prefix}b", shards=4)
+    states, wakes = [], []
+    for s, write in ((store, _one_by_one), (twin, _as_batches_of_one)):
+        pubsub = s.client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(s.wake_channel)
+        pubsub.get_message(timeout=1)
+        write(s, [("a", 1_000, 0), ("r", 1_800_000_000, 5), ("x", 1_900_000_000, 0)])
+        claim = s.claim(s.shard_of("a"), lease_ms=60_000, now=2_000_000)
+        assert [i.id for i in claim.items] == ["a"] and s.client.hlen(s.keys(s.shard_of("a")).leased) == 1
+        again = [("a", 1_700_000_000, 0), ("r", 1_600_000_000, 0), ("x", 1_950_000_000, 3), ("x", 1_500_000_000, 0)]
+        write(s, [*again, ("s", 9e9, 7)])
+        assert s.ack(claim) == 0  # the late ack leaves the new schedule of "a"
+        states.append(_shard_state(s))
+        received: list[bytes] = []
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline:
+            m = pubsub.get_message(timeout=0.1)
+            if m:
+                received.append(m["data"])
+        wakes.append(received)
+        pubsub.close()
+    twin.client.close()
+    assert states[0] == states[1]
+    assert sorted(wakes[0]) == sorted(wakes[1]) and wakes[0]  # a cluster relays shards in any order

@@ -203,6 +203,24 @@ def test_resync_adds_changes_and_removes_and_is_idempotent() -> None:
     assert remove(h.store, ["c", "nope"]) == ["c"]
 
 
+def test_sync_leaves_an_entry_a_newer_release_stored(caplog: Any) -> None:
+    """A rolling upgrade: the entry's item has a newer envelope format. Sync skips it with a
+    warning naming it (never "cancel it"), and syncs the others."""
+    h = Harness(datetime(2026, 5, 4, 12, tzinfo=timezone.utc), {"a": {"task": "t.a", "schedule": 60.0}})
+    h.sync()
+    keys = h.store.keys(h.store.shard_of(item_id("a")))
+    newer = bytearray(h.store.client.hget(keys.items, item_id("a")))
+    newer[2] = 99  # format version byte
+    h.store.client.hset(keys.items, item_id("a"), bytes(newer))
+    with caplog.at_level("WARNING", logger="delayq.celery.periodic"):
+        report = h.sync({"a": {"task": "t.a", "schedule": 30.0}, "b": {"task": "t.b", "schedule": 5.0}})
+    assert (report.newer, report.added, report.errors) == (["a"], ["b"], {})
+    assert "1 left to a newer release" in report.describe()
+    assert h.store.client.hget(keys.items, item_id("a")) == bytes(newer), "left as the newer release stored it"
+    assert "periodic entry 'a'" in caplog.text and "newer release" in caplog.text
+    assert {s.name: s.state for s in statuses(h.store)}["a"] == "newer format 99: upgrade this reader"
+
+
 def test_sync_waits_for_a_forwarder_firing_the_entry_and_never_undoes_its_run() -> None:
     start = datetime(2026, 5, 4, 12, tzinfo=timezone.utc)
     h = Harness(start, {"a": {"task": "t.a", "schedule": 60.0}})

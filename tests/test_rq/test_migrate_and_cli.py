@@ -116,10 +116,11 @@ def test_a_copy_left_by_an_interrupted_run_is_not_duplicated(own_db: str, prefix
 def test_forward_has_an_rq_target_only_when_asked(conn: redis.Redis, queue: Queue, rq_store: DelayStore) -> None:
     job = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, 1)
     without = Forwarder(rq_store, [])
-    assert without.run_once() == 1 and queue.job_ids == []  # no rq target: retried later, not lost
+    assert without.run_once() == 1 and queue.job_ids == []  # no rq target: left for one, not lost
     item = rq_store.get(job.id)
-    assert item is not None and item.attempts == 1 and item.ready_ms > time.time() * 1000
-    assert Forwarder(rq_store, [RQTarget(conn)]).run_once() == 0  # waits for its retry time
+    assert item is not None and item.attempts == 0  # a configuration, not an attempt
+    assert item.leased_until_ms is not None and item.leased_until_ms > time.time() * 1000  # deferred
+    assert Forwarder(rq_store, [RQTarget(conn)]).run_once() == 0  # waits for its not-before time
     help_text = CliRunner().invoke(main, ["forward", "--help"]).output
     assert "--rq-redis" in help_text and "no rq target" in help_text
 

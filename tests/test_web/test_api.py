@@ -79,6 +79,14 @@ def test_without_auth_calls_go_through_for_loopback_names_only(web_store: DelayS
         assert rebound.status_code == 400, "a DNS-rebound page must not reach an API without a token"
 
 
+def test_a_newer_format_item_is_named_newer_not_corrupt(client: TestClient, web_store: DelayStore) -> None:
+    newer = bytearray(ITEM.encode() if isinstance(ITEM, Envelope) else ITEM)
+    newer[2] = 99  # format version byte: a newer release's producer wrote it
+    web_store.schedule("newer", timedelta(hours=1), bytes(newer))
+    item = client.get("/api/v1/items/newer", headers=AUTH).json()
+    assert item["corrupt"] is None and item["newer_format"] == 99
+
+
 def test_get_cancel_reschedule_by_id(client: TestClient, web_store: DelayStore) -> None:
     web_store.schedule("a/b c", timedelta(hours=1), ITEM, rank=7)
     item = client.get("/api/v1/items/a%2Fb%20c", headers=AUTH).json()

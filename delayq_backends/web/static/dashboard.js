@@ -153,6 +153,11 @@
   }
 
   // "debounced: 12 calls, key user-42" (as `delayq list` shows it), "" for other items
+  function where(it) {
+    if (it.newer_format !== null && it.newer_format !== undefined) return `newer format ${it.newer_format}: upgrade this reader`;
+    return it.corrupt ? `corrupt: ${it.corrupt}` : `${it.target} / ${it.destination}`;
+  }
+
   function collapsed(c) {
     return c ? `${c.mode}d: ${c.calls} call${c.calls === 1 ? "" : "s"}, key ${c.key}` : "";
   }
@@ -163,7 +168,7 @@
       items.items.map((it) => [
         el("a", { href: "#", class: "mono", onclick: (e) => { e.preventDefault(); find(it.id); } }, it.id),
         `${fmtTime(it.ready)} (${relative(it.ready)})`,
-        it.corrupt ? `corrupt: ${it.corrupt}` : `${it.target} / ${it.destination}`,
+        where(it),
         it.attempts,
         it.leased_until ? fmtTime(it.leased_until) : "–",
         collapsed(it.collapsed),
@@ -255,7 +260,7 @@
       return;
     }
     const rows = [["id", item.id], ["shard", item.shard], ["ready", `${fmtTime(item.ready)} (${relative(item.ready)})`],
-      ["target", item.corrupt ? `corrupt: ${item.corrupt}` : `${item.target} / ${item.destination}`],
+      ["target", where(item)],
       ["rank", item.rank], ["attempts", item.attempts],
       ["leased until", item.leased_until ? fmtTime(item.leased_until) : "–"], ["size", `${item.size} B`]];
     if (item.collapsed) rows.push(["collapsed", collapsed(item.collapsed)]);
