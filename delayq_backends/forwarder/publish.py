@@ -43,7 +43,8 @@ class Publisher:
     One call per claim instead to a :class:`~delayq_backends.targets.ClaimTarget` (it takes one
     lease, unless its ``takes_leases`` is False) and when a hook admits (a queue's room counts
     the publishes before). Each delivery is checked still ours just before its call: items
-    taken over after our lease ran out are not published again. While a target is paused (a configuration error), its items wait in the store.
+    taken over after our lease ran out are not published again. While a target is paused (a
+    configuration error), its items wait in the store.
     """
 
     def __init__(
