@@ -177,14 +177,20 @@ def _long_long(value: Any) -> bytes:
 def _table(table: Any) -> bytes:
     if type(table) is not dict:
         raise _Unknown
-    names = _NAMES
+    names, string, writers = _NAMES, _STRING, _ITEM_WRITERS
     parts = []
     for key, value in table.items():
         name = names.get(key)
         if name is None:
             name = _name(key)
-        parts.append(name)
-        parts.append(_ITEM_WRITERS[type(value)](value))
+        kind = type(value)
+        if kind is str:  # most of a Celery message's headers, inline: a call less each
+            encoded = value.encode("utf-8", "surrogatepass")
+            parts += (name, string(b"S", len(encoded)), encoded)
+        elif value is None:
+            parts += (name, b"V")
+        else:
+            parts += (name, writers[kind](value))
     data = b"".join(parts)
     return _LONG(len(data)) + data
 
