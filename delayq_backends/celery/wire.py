@@ -178,7 +178,7 @@ def _table(table: Any) -> bytes:
     if type(table) is not dict:
         raise _Unknown
     names, string, writers = _NAMES, _STRING, _ITEM_WRITERS
-    parts = []
+    parts: list[bytes] = []
     for key, value in table.items():
         name = names.get(key)
         if name is None:
