@@ -49,6 +49,8 @@ class ProcessSettings:
         rq_redis: deliver ``rq`` envelopes to the RQ queues of this Redis.
         rq_allow_classes: module prefixes RQ envelopes may name classes under.
         rq_adopt: move jobs a plain ``rq.Queue`` put in ``rq:scheduled:*`` into the store.
+        overlap: claim the next pass while this one is published (see
+            :class:`~delayq_backends.forwarder.ForwarderSettings`).
         lossless_window: lossless mode (None: off): seconds a published Celery task is kept
             until a worker with dedupe reports its start, then published again (see
             :class:`~delayq_backends.forwarder.Forwarder`).
@@ -71,11 +73,16 @@ class ProcessSettings:
     rq_allow_classes: tuple[str, ...] = ()
     rq_adopt: bool = True
     lossless_window: float | None = None
+    overlap: bool = forwarding.OVERLAP_DEFAULT
 
     def forwarding(self) -> forwarding.ForwarderSettings:
         """The settings of the :class:`Forwarder` itself (checked there)."""
         return forwarding.ForwarderSettings(
-            batch=self.batch, poll_interval=self.poll, flow=self.flow, lossless_window=self.lossless_window
+            batch=self.batch,
+            poll_interval=self.poll,
+            flow=self.flow,
+            lossless_window=self.lossless_window,
+            overlap=self.overlap,
         )
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
+import click
 import pytest
 import redis
+from click.testing import CliRunner
 
 from delayq_backends import Config, DelayStore, Envelope
 from delayq_backends.assemble import ProcessSettings, build_forwarder
+from delayq_backends.cli.forward import ForwardOptions, forward_options
 from delayq_backends.errors import ConfigError
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from delayq_backends.testing import FakeClock, TestingForwarder, testing_store
@@ -92,3 +95,21 @@ def test_the_name_of_0_1_still_builds_a_forwarder() -> None:
     from delayq_backends.assemble import ForwarderSettings as Old
 
     assert Old is ProcessSettings
+
+
+@pytest.mark.parametrize("args, overlap", [((), False), (("--overlap",), True)])
+def test_the_overlap_option_reaches_the_forwarder(
+    settings: ProcessSettings, prefix: str, args: tuple[str, ...], overlap: bool
+) -> None:
+    """``--overlap`` (off by default) turns on claims ahead of publishes in the built forwarder,
+    which then forwards as before."""
+    seen: list[ForwardOptions] = []
+    command = click.command()(forward_options(lambda run: seen.append(run)))
+    assert CliRunner().invoke(command, list(args)).exit_code == 0
+    built = seen[0].settings(settings.store)
+    with build_forwarder(built) as assembled:
+        assert assembled.forwarder.sweeper.overlap is overlap
+        lists = f"{prefix}:out"
+        for i in range(7):
+            assembled.forwarder.store.schedule(f"d{i}", timedelta(0), RedisListTarget.envelope(lists, b"x"))
+        assert assembled.run_until_idle().forwarded == 7

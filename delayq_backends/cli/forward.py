@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import click
@@ -14,11 +14,14 @@ from ..assemble import DescribedTarget, ProcessSettings, build_forwarder
 from ..config import Config
 from ..errors import ConfigError
 from ..flow import FlowControl, parse_depth, parse_rate
-from ..forwarder.settings import BATCH, LOSSLESS_WINDOW, POLL
+from ..forwarder.settings import BATCH, LOSSLESS_WINDOW, OVERLAP_DEFAULT, OVERLAP_HELP, POLL
 from ..metrics import DEFAULT_METRICS_HOST
 from ..store import DelayStore
 from ..storespec import StoreSpec
 from .options import celery_broker_option, configure_logging, rq_redis_option, secret_option, store_options
+
+#: the store's own defaults (lease, attempts), shown by the options that override them
+_STORE_DEFAULTS = {f.name: f.default for f in fields(Config)}
 
 __all__ = ["ForwardOptions", "forward", "forward_options", "run_forwarder"]
 
@@ -49,12 +52,13 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         lossless: bool | None,
         lossless_window: float | None,
         max_payload_bytes: int | None,
+        overlap: bool,
         **kwargs: Any,
     ) -> None:
         flow = FlowControl(max_queue_depth, rate, key_rate)
         run = ForwardOptions(
             batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
-            metrics_port, metrics_host, flow, metrics_queue, lossless, lossless_window, max_payload_bytes,
+            metrics_port, metrics_host, flow, metrics_queue, lossless, lossless_window, max_payload_bytes, overlap,
         )  # fmt: skip
         command(*args, run=run, **kwargs)
 
@@ -69,7 +73,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--lease",
             type=float,
-            default=30.0,
+            default=_STORE_DEFAULTS["lease_seconds"],
             show_default=True,
             metavar="SECONDS",
             help="How long claimed items stay ours before another forwarder may take them.",
@@ -77,7 +81,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--max-attempts",
             type=int,
-            default=10,
+            default=_STORE_DEFAULTS["max_attempts"],
             show_default=True,
             help="Claims of one item before it goes to the dead letters.",
         ),
@@ -98,6 +102,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             metavar="SECONDS",
             help=POLL.help,
         ),
+        click.option("--overlap/--no-overlap", default=OVERLAP_DEFAULT, show_default=True, help=OVERLAP_HELP),
         click.option(
             "--log-level",
             envvar="DELAYQ_LOG_LEVEL",
@@ -248,6 +253,7 @@ class ForwardOptions:
     lossless_window: float | None = None
     #: None: not given (the store's, the Celery app's setting for its command)
     max_payload_bytes: int | None = None
+    overlap: bool = OVERLAP_DEFAULT
 
     def lossless_seconds(self, default: float | None = None) -> float | None:
         """Lossless mode's window in seconds, or None when off; ``default`` is the app's when
@@ -267,7 +273,7 @@ class ForwardOptions:
             batch=self.batch, poll=self.poll, log_every=self.log_every, flow=self.flow,
             audit_dir=self.audit_dir, audit_stream=self.audit_stream, metrics_port=self.metrics_port,
             metrics_host=self.metrics_host, metrics_queues=self.metrics_queues,
-            lossless_window=self.lossless_seconds(),
+            lossless_window=self.lossless_seconds(), overlap=self.overlap,
         )  # fmt: skip
         return replace(settings, **overrides)
 

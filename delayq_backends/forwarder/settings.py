@@ -12,7 +12,16 @@ from typing import Generic, TypeVar
 from ..errors import ConfigError
 from ..flow import FlowControl
 
-__all__ = ["BATCH", "LOSSLESS_WINDOW", "MAX_BATCH", "POLL", "ForwarderSettings", "Setting"]
+__all__ = [
+    "BATCH",
+    "LOSSLESS_WINDOW",
+    "MAX_BATCH",
+    "OVERLAP_DEFAULT",
+    "OVERLAP_HELP",
+    "POLL",
+    "ForwarderSettings",
+    "Setting",
+]
 
 N = TypeVar("N", int, float)
 
@@ -53,6 +62,13 @@ LOSSLESS_WINDOW = Setting(
     "broker queue's wait, below the workers' dedupe TTL.",
 )
 
+#: claims overlap publishes: off by default (see :attr:`ForwarderSettings.overlap`)
+OVERLAP_DEFAULT = False
+OVERLAP_HELP = (
+    "Claim the next pass while this one is published. It helps when the broker waits on its own (RabbitMQ's "
+    "confirms); with the store and the target on one server it measured 0.8-0.9x."
+)
+
 
 @dataclass(frozen=True)
 class ForwarderSettings:
@@ -82,7 +98,7 @@ class ForwarderSettings:
     name: str | None = None
     flow: FlowControl = field(default_factory=FlowControl)
     lossless_window: float | None = None
-    overlap: bool = False
+    overlap: bool = OVERLAP_DEFAULT
 
     def __post_init__(self) -> None:
         BATCH.check("batch", self.batch)
