@@ -91,7 +91,7 @@ def main() -> None:
         native = benches[OTHER_DB]
         publish = publisher(native.run.broker, native.envelope)
         for bench in benches.values():
-            bench.start_forwarder()
+            bench.start_forwarder(*args.forward_arg)
         for n in range(args.rounds):
             log(f"round {n + 1} of {args.rounds}")
             rates.add(NATIVE, native.timed(args.items, publish))

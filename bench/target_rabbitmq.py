@@ -107,7 +107,7 @@ def main() -> None:
             NATIVE: publisher(AMQP_URL, bench.envelope, confirms=False),
             STREAMED: publisher(AMQP_URL, bench.envelope, confirms=True),
         }
-        bench.start_forwarder()
+        bench.start_forwarder(*args.forward_arg)
         for n in range(args.rounds):
             log(f"round {n + 1} of {args.rounds}")
             for way, publish in ways.items():

@@ -38,6 +38,12 @@ def sizes(description: str) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="rounds, each way (default 5; 3 quick)")
     parser.add_argument("--late-seconds", type=float, help="how long tasks fall due in the lateness step")
     parser.add_argument("--queue-prefix", default="dqb-target-", help="broker queue names start with this")
+    parser.add_argument(
+        "--forward-arg",
+        action="append",
+        default=[],
+        help="a forwarder option (--forward-arg=--overlap)",
+    )
     args = parser.parse_args()
     args.items = args.items or (3_000 if args.quick else 20_000)
     args.rounds = args.rounds or (3 if args.quick else 5)
@@ -101,10 +107,10 @@ class Bench:
         forget_store(app)
         return item.envelope
 
-    def start_forwarder(self) -> None:
-        """``celery -A lib.celery_app delayq forward``, returned once it has started."""
+    def start_forwarder(self, *extra: str) -> None:
+        """``celery -A lib.celery_app delayq forward`` with options ``extra``, returned once it has started."""
         log_path = Path(tempfile.mkdtemp(prefix="dq-target-")) / "forwarder.log"
-        self.run.start_celery_forwarder(log_path)
+        self.run.start_celery_forwarder(log_path, *extra)
         wait_for(lambda: "started" in log_path.read_text(errors="replace"), 60, "the forwarder to start")
 
     def schedule(self, ready: list[float]) -> None:
