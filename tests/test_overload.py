@@ -149,13 +149,14 @@ def test_a_celery_broker_refusing_for_now_is_an_outage(
     from kombu import Connection
     from kombu.messaging import Producer
 
-    from delayq_backends.celery import CeleryTarget, StoredMessage
+    from delayq_backends.celery import CeleryTarget, StoredMessage, wire
     from delayq_backends.targets import Delivery
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise alarm
 
     monkeypatch.setattr(Producer, "publish", refuse)
+    monkeypatch.setattr(wire, "publish", refuse)  # AMQP's own framing of stored messages
     message = StoredMessage("t.add", b"[]", "application/json", "utf-8", {"id": "a"}, {}, "", "celery")
     target = CeleryTarget(lambda: Connection(rabbitmq_url))
     deliveries = [Delivery(i, message.to_envelope(), 0, 0) for i in ("a", "b")]

@@ -193,13 +193,15 @@ def test_always_failing_ends_in_the_dead_letters(clock: FakeClock) -> None:
     assert [d.id for d in run_due(store, CollectingTarget("mail"))] == ["r"]
 
 
-def test_an_unknown_kind_is_not_delivered_and_retried_later(
+def test_an_unknown_kind_is_not_delivered_and_waits_without_an_attempt(
     store: TestingStore, clock: FakeClock, mail: CollectingTarget
 ) -> None:
+    """As a forwarder without that target does: the item waits 5 s for one that has it."""
     store.schedule("s", timedelta(0), Envelope("sms", "x"))
     assert run_due(store, mail) == []
     [entry] = scheduled(store)
-    assert entry.attempts == 1 and entry.ready_ms == clock() + 1000
+    assert entry.attempts == 0 and entry.ready_ms == clock()
+    assert entry.leased_until is not None and entry.leased_until.timestamp() * 1000 == clock() + 5000
 
 
 def test_unsent_items_are_released_without_counting_an_attempt(store: TestingStore) -> None:
