@@ -163,7 +163,7 @@ def test_only_jobs_still_waiting_are_failed_and_a_periodic_one_resumes_its_sched
 
     write_the_class(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    rq_store.requeue_dead([periodic.id])
+    rq_store.requeue_dead([periodic.id], when=past())  # "now" rounds up: a claim in the same ms would wait
     assert Forwarder(rq_store, [target], retry_delay=0.05).run_once() == 1
     assert queue.job_ids == [periodic.id] and failed(queue).get_job_ids() == []
     rearmed = rq_store.get(periodic.id)
@@ -187,7 +187,7 @@ def test_a_scheduler_job_requeued_by_rq_is_not_moved_again_by_delayq_dlq_requeue
 
     write_the_class(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    rq_store.requeue_dead([job.id])
+    rq_store.requeue_dead([job.id], when=past())
     assert Forwarder(rq_store, [target], retry_delay=0.05).run_once() == 1
     assert queue.job_ids == [job.id], "enqueued twice"
     assert rq_store.get(job.id) is None and rq_store.dead_letters() == []
