@@ -252,11 +252,12 @@ class CeleryTarget:
         ready = self._exchanges_found(ready, report)
         producer, confirms = self._producer_or_new(), self._confirms
         assert confirms is not None
+        frames = wire.Frames(producer.channel)
         done = 0  # how many of ready were published or failed
         try:
             for p in ready:
                 try:
-                    _send(producer, p)
+                    _send(producer, frames, p)
                 except Exception as exc:
                     if self._is_outage(exc) or isinstance(exc, self._channel_errors()):
                         raise
@@ -264,6 +265,7 @@ class CeleryTarget:
                 else:
                     confirms.sent(p)
                 done += 1
+            frames.flush()
             confirms.wait(self.confirm_timeout)
         except Exception as exc:
             if self._is_outage(exc) or not isinstance(exc, self._channel_errors()):
@@ -280,7 +282,9 @@ class CeleryTarget:
             producer, confirms = self._producer_or_new(), self._confirms
             assert confirms is not None
             try:
-                _send(producer, p)
+                frames = wire.Frames(producer.channel)
+                _send(producer, frames, p)
+                frames.flush()
                 confirms.sent(p)
                 confirms.wait(self.confirm_timeout)
             except Exception as exc:
@@ -451,9 +455,11 @@ class CeleryTarget:
             _release(probe)
 
 
-def _send(producer: Producer, p: _Prepared) -> None:
-    """Publish on AMQP: the message kombu would send, framed without kombu (:mod:`.wire`)."""
-    if not wire.publish(producer.channel, p.kwargs):
+def _send(producer: Producer, frames: wire.Frames, p: _Prepared) -> None:
+    """Publish on AMQP: the message kombu would send, framed without kombu (:mod:`.wire`) into
+    ``frames``; what only kombu handles goes through kombu after the frames before it."""
+    if not frames.add(p.kwargs):
+        frames.flush()
         producer.publish(**p.kwargs)
 
 

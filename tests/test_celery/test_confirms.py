@@ -161,21 +161,21 @@ def test_a_connection_lost_mid_batch_leaves_the_unconfirmed_unsent_and_loses_non
     declare(rabbitmq_url, queue)
     upstream = urlsplit(rabbitmq_url)
     proxy = TcpProxy(upstream.hostname or "127.0.0.1", upstream.port or 5672)
-    real_publish, written = wire.publish, 0
+    real_add, written = wire.Frames.add, 0
 
-    def publish_then_cut(channel: Any, kwargs: dict[str, Any]) -> bool:
+    def add_then_cut(frames: wire.Frames, kwargs: dict[str, Any]) -> bool:
         nonlocal written
         written += 1
         if written == 1500:
             proxy.cut()
-        return real_publish(channel, kwargs)
+        return real_add(frames, kwargs)
 
     ids = [f"m{n}" for n in range(2000)]
     try:
         target = CeleryTarget.from_url(via(proxy, rabbitmq_url))
         target.check()  # connected before the link turns slow
         proxy.delay = 0.02
-        monkeypatch.setattr(wire, "publish", publish_then_cut)
+        monkeypatch.setattr(wire.Frames, "add", add_then_cut)
         report = target.publish_many([delivery(i, queue) for i in ids])
         target.close()
     finally:

@@ -14,7 +14,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from amqp import Message
+from amqp import Message, spec
+from amqp.exceptions import RecoverableConnectionError
+from amqp.method_framing import frame_writer
+from amqp.serialization import dumps
 from kombu import Connection, Producer
 from kombu.common import maybe_declare
 
@@ -48,6 +51,84 @@ HEADERS: dict[str, Any] = {
 )  # fmt: skip
 def test_properties_are_encoded_as_py_amqp_encodes_them(properties: dict[str, Any]) -> None:
     assert wire.encode_properties(properties) == Message(b"", **properties)._serialize_properties()
+
+
+class _Transport:
+    """A socket's writes, as bytes."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.writes = 0
+
+    def write(self, data: Any) -> None:
+        self.written += data
+        self.writes += 1
+
+
+class _Connection:
+    def __init__(self) -> None:
+        self.frame_max = 131072
+        self.transport = _Transport()
+        self.bytes_sent = 0
+        self.frame_writer = frame_writer(self, self.transport)
+
+
+class _Channel:
+    def __init__(self) -> None:
+        self.channel_id = 3
+        self.connection = _Connection()
+
+
+def _publish_kwargs(body: bytes, routing_key: str = "q", **headers: Any) -> dict[str, Any]:
+    return {"body": body, "exchange": "", "routing_key": routing_key, "content_type": "application/json",
+            "content_encoding": "utf-8", "headers": {**HEADERS, **headers}, "priority": 3}  # fmt: skip
+
+
+def test_a_batch_is_framed_as_py_amqp_frames_each_publish_and_written_at_once() -> None:
+    """The bytes a batch writes are py-amqp's frames of each publish, in the order added: a
+    small message framed by :class:`wire.Frames`, an empty body (no body frame), a body over
+    one frame and a header py-amqp encodes itself (both through py-amqp's writer, after the
+    frames before them); the small ones go out in one write, and py-amqp's count of writes
+    (its heartbeat's "sent anything") grows by one a publish."""
+    batch = [
+        _publish_kwargs(b"[[1], {}, {}]"),
+        _publish_kwargs(b""),
+        _publish_kwargs(b"x" * 300_000, routing_key="big"),
+        _publish_kwargs(b"[]", when=datetime(2030, 1, 2, tzinfo=timezone.utc)),
+        _publish_kwargs('[["ü"], {}, {}]'.encode(), routing_key="other"),
+    ]
+    expected = _Channel()
+    for kwargs in batch:
+        properties = wire.message_properties(kwargs)
+        assert properties is not None
+        method = dumps("Bssbb", (0, kwargs["exchange"], kwargs["routing_key"], False, False))
+        expected.connection.frame_writer(1, 3, spec.Basic.Publish, method, Message(kwargs["body"], **properties))
+    channel = _Channel()
+    frames = wire.Frames(channel)
+    assert all(frames.add(kwargs) for kwargs in batch[:2])
+    assert channel.connection.transport.writes == 0, "nothing written before the batch ends"
+    assert all(frames.add(kwargs) for kwargs in batch[2:])
+    frames.flush()
+    assert bytes(channel.connection.transport.written) == bytes(expected.connection.transport.written)
+    assert channel.connection.bytes_sent == len(batch)
+    assert channel.connection.transport.writes < expected.connection.transport.writes
+
+
+def test_a_full_buffer_is_written_before_the_batch_ends() -> None:
+    channel = _Channel()
+    frames = wire.Frames(channel)
+    body = b"y" * 1000
+    for _ in range(wire.FLUSH_BYTES // len(body) + 10):
+        assert frames.add(_publish_kwargs(body))
+    assert channel.connection.transport.writes == 1
+    assert len(channel.connection.transport.written) >= wire.FLUSH_BYTES
+
+
+def test_a_closed_connection_is_an_outage_and_nothing_is_added() -> None:
+    channel = _Channel()
+    channel.connection.transport = None  # type: ignore[assignment]
+    with pytest.raises(RecoverableConnectionError):
+        wire.Frames(channel).add(_publish_kwargs(b"[]"))
 
 
 @pytest.mark.parametrize(
