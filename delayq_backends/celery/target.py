@@ -170,10 +170,10 @@ class CeleryTarget:
         try:
             ready = self._declared(ready, report)  # kombu's binding table, read to route
             handoff = self._handoff_or_new() or handoff  # on a new channel if a declaration was refused
-            messages: dict[str, list[Command]] = {}
+            encoder, messages = handoff.encoder(), dict[str, list[Command]]()
             for p in ready:  # routed by kombu, written by nobody yet
                 try:
-                    messages[p.id] = handoff.commands(p.kwargs)
+                    messages[p.id] = encoder.commands(p.kwargs)
                 except Exception as exc:  # refused or cannot be encoded: this message alone
                     if self._is_outage(exc):
                         raise
