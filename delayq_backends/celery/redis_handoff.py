@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import redis
+from kombu import exceptions as kombu_errors
 from kombu.messaging import Producer
 from kombu.utils.json import dumps as kombu_json_dumps
 
@@ -137,6 +138,19 @@ class RedisHandOff:
             return command
         name, *args = self._prefix([command.name, *command.args])
         return Command(name, tuple(args))
+
+    def push(self, messages: Iterable[list[Command]]) -> None:
+        """Send each message's commands as kombu's publish batch sends them, for a broker that is
+        not the store's server (no lease to commit with): one pipeline without MULTI, LPUSHes
+        onto one list coalesced. A failure raises kombu's ``BatchPublishError`` as its batch does:
+        delivery is uncertain, so the batch is released and sent again (at-least-once)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for command in _coalesced(c for commands in messages for c in commands):
+                pipe.execute_command(command.name, *command.args)
+            try:
+                pipe.execute()
+            except Exception as exc:
+                raise kombu_errors.BatchPublishError("Redis publish batch failed; delivery is uncertain") from exc
 
     def send(self, messages: dict[str, list[Command]], lease: Lease, report: PublishReport) -> None:
         """Publish ``messages`` (id -> commands) and ack them in one MULTI/EXEC.
