@@ -52,6 +52,7 @@ def make(base: str) -> Iterator[Any]:
     for app in apps:
         forget_store(app)
 
+
 #: a ready time is rounded up to the next ms, so it can end 1 ms past now + the countdown
 ROUNDING = 1
 
