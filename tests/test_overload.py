@@ -156,7 +156,7 @@ def test_a_celery_broker_refusing_for_now_is_an_outage(
         raise alarm
 
     monkeypatch.setattr(Producer, "publish", refuse)
-    monkeypatch.setattr(wire, "publish", refuse)  # AMQP's own framing of stored messages
+    monkeypatch.setattr(wire.Frames, "flush", refuse)  # AMQP's own framing of stored messages
     message = StoredMessage("t.add", b"[]", "application/json", "utf-8", {"id": "a"}, {}, "", "celery")
     target = CeleryTarget(lambda: Connection(rabbitmq_url))
     deliveries = [Delivery(i, message.to_envelope(), 0, 0) for i in ("a", "b")]

@@ -33,7 +33,6 @@ __all__ = [
     "PublishProperties",
     "encode_properties",
     "message_properties",
-    "publish",
     "publish_properties",
 ]
 
@@ -110,16 +109,6 @@ class _Encoded(Message):  # type: ignore[misc]
 
     def _serialize_properties(self) -> bytes:
         return self.encoded
-
-
-def publish(channel: Any, kwargs: dict[str, Any]) -> bool:
-    """Publish one message now (a :class:`Frames` of one, written at once); False, nothing sent,
-    when ``kwargs`` hold what only kombu's publish handles."""
-    frames = Frames(channel)
-    if not frames.add(kwargs):
-        return False
-    frames.flush()
-    return True
 
 
 class Frames:

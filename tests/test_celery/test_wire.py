@@ -3,7 +3,7 @@
 The properties are encoded byte for byte as py-amqp encodes them (compared with py-amqp's
 own encoder, values of every kind a table holds), and a real RabbitMQ queue holds the same
 message, properties and headers included, whether a stored task went out through
-:func:`delayq_backends.celery.wire.publish` or through kombu's publish.
+:class:`delayq_backends.celery.wire.Frames` or through kombu's publish.
 """
 
 from __future__ import annotations
@@ -198,7 +198,9 @@ def test_rabbitmq_holds_the_same_message_as_after_kombus_publish(env: CeleryEnv,
         for queue in kwargs.pop("declare"):  # as the target declares them, once per batch
             maybe_declare(queue, channel)
         Producer(channel, auto_declare=False).publish(**kwargs)
-        assert wire.publish(channel, kwargs), "the target's own publish applies"
+        frames = wire.Frames(channel)
+        assert frames.add(kwargs), "the target's own publish applies"
+        frames.flush()
         native, replayed = basic_get(channel, env.queue), basic_get(channel, env.queue)
     assert replayed.body == native.body
     assert replayed.properties == native.properties, "every property, the headers table included"
