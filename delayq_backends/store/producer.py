@@ -4,12 +4,12 @@ inside a caller's pipeline (``pipeline=``)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar, overload
 
 import redis
 
-from ..envelope import Envelope, with_rate_key
+from ..envelope import Envelope, Slot, with_rate_key, with_slot
 from ..errors import ConfigError, InvalidIdError, StoreFullError
 from ..keys import collapse_id, normalize_id, shard_of
 from ..models import CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
@@ -42,6 +42,14 @@ def _keyed(envelope: Payload, rate_key: str | None) -> Payload:
     return with_rate_key(envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope), rate_key)
 
 
+def _slotted(envelope: Payload, slot: Slot | str | Mapping[str, Any] | None, rank: int) -> Payload:
+    """``envelope`` carrying concurrency ``slot`` (unchanged without one)."""
+    if slot is None:
+        return envelope
+    decoded = envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope)
+    return with_slot(decoded, Slot.parse(slot), rank)
+
+
 def _keep(mode: str) -> bool:
     if mode not in ("replace", "keep"):
         raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
@@ -54,13 +62,13 @@ class Producer(StoreCore):
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ...,
+        rate_key: str | None = ..., slot: Slot | str | Mapping[str, Any] | None = ...,
     ) -> str: ...  # fmt: skip
 
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ..., pipeline: Any,
+        rate_key: str | None = ..., slot: Slot | str | Mapping[str, Any] | None = ..., pipeline: Any,
     ) -> None: ...  # fmt: skip
 
     def schedule(
@@ -72,6 +80,7 @@ class Producer(StoreCore):
         mode: str = "replace",
         rank: int = 0,
         rate_key: str | None = None,
+        slot: Slot | str | Mapping[str, Any] | None = None,
         pipeline: Any = None,
     ) -> str | None:
         """Schedule one item; returns ``"added"``, ``"replaced"`` or ``"kept"``.
@@ -85,6 +94,9 @@ class Producer(StoreCore):
                 claimed first (then earliest first). Rank 0, the default, costs nothing extra.
             rate_key: who the item is for (a tenant, a customer): forwarders with ``--key-rate``
                 for its queue forward each key's items at most at that rate. Stored in the envelope.
+            slot: a concurrency slot, a key or ``{"key": ..., "limit": N}``: forwarders release
+                the item only while fewer than the key's limit of its items run (see
+                :mod:`delayq_backends.slots`). Stored in the envelope.
             pipeline: a caller's pipeline or MULTI/EXEC on the store's own server (not a
                 cluster): the schedule is queued there (returns None) and is stored if and only
                 if the caller's EXEC runs. Input is checked now, so bad input raises before
@@ -92,11 +104,11 @@ class Producer(StoreCore):
                 after the EXEC (the RQ queue does): WAIT cannot run inside it.
 
         Raises:
-            InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError,
+            InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError, InvalidSlotError,
             PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
         """
         keep = _keep(mode)
-        item = self.check_item(item_id, when, _keyed(envelope, rate_key), rank)
+        item = self.check_item(item_id, when, _slotted(_keyed(envelope, rate_key), slot, rank), rank)
         shard = shard_of(item.id, self.config.shards)
         # one script call, without the bulk path's grouping: this is every apply_async's cost
         if keep:
