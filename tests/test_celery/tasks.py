@@ -102,6 +102,14 @@ def make_app(
             raise self.retry(countdown=countdown)
         return tag
 
+    @app.task(bind=True, shared=False, name="dqt.hold")
+    def hold(self: Any, tag: str, seconds: float) -> str:
+        # the task's own start-end interval: the slot tests compute the overlap of these
+        began = time.time_ns() // 1_000_000
+        time.sleep(seconds)
+        record(self.request, tag, began_ms=began, ended_ms=time.time_ns() // 1_000_000)
+        return tag
+
     @app.task(bind=True, shared=False, name="dqt.ping")
     def ping(self: Any) -> str:
         out.rpush(f"{sink}:ready", "ok")

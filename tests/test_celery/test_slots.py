@@ -1,0 +1,70 @@
+"""Concurrency slots with real ``celery worker`` (prefork, 4 processes) and ``delayq forward``
+processes on both brokers: the tasks of a key with limit 2 never run more than 2 at once, by
+the start-end intervals the tasks record themselves, and every task runs once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delayq_backends.celery import forget_store, store_for
+from delayq_backends.embedded import EmbeddedServer
+from tests.helpers import wait_for
+from tests.test_celery.conftest import BROKERS, broker_url_for
+from tests.test_celery.harness import CeleryEnv, new_env, watched
+
+LIMITED = 10
+TASK_SECONDS = 0.6
+
+
+@pytest.fixture(params=BROKERS)
+def env(request: pytest.FixtureRequest, valkey_server: EmbeddedServer, tmp_path: Path) -> Iterator[CeleryEnv]:
+    kind = request.param
+    with watched(new_env(kind, broker_url_for(kind, request, valkey_server), valkey_server)) as env:
+        env.start_worker(tmp_path, pool="prefork")
+        env.start_forwarder(tmp_path)
+        yield env
+
+
+def max_overlap(intervals: list[tuple[int, int]]) -> int:
+    """Most intervals open at one moment (an end before a start at the same ms)."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = running = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_a_key_with_limit_2_never_runs_more_than_2_and_every_task_runs(env: CeleryEnv) -> None:
+    app = env.app()
+    try:
+        slot = {"key": "customer-42", "limit": 2}
+        limited = [
+            app.send_task("dqt.hold", args=[f"k{i}", TASK_SECONDS], headers={"delayq_slot": slot}).id
+            for i in range(LIMITED)
+        ]  # no eta: slotted tasks wait in the store all the same
+        others = [
+            app.send_task("dqt.hold", args=[f"o{i}", TASK_SECONDS], headers={"delayq_slot": "other"}).id
+            for i in range(3)
+        ]
+        done = lambda: {r["id"] for r in env.records()}  # noqa: E731
+        wait_for(lambda: done() >= set(limited + others), 90, lambda: f"{len(done())} tasks done")
+        records = env.records()
+        by_tag: dict[str, list[dict[str, Any]]] = {}
+        for r in records:
+            by_tag.setdefault(r["tag"], []).append(r)
+        assert all(len(runs) == 1 for runs in by_tag.values()), "a task ran twice"
+        spans = {r["id"]: (r["began_ms"], r["ended_ms"]) for r in records}
+        assert max_overlap([spans[i] for i in limited]) == 2  # 4 worker processes, 2 at once: the limit
+        # the other key was not held up behind customer-42's line: it ran beside its first tasks
+        last_other_start = max(spans[i][0] for i in others)
+        assert last_other_start < sorted(end for _, end in (spans[i] for i in limited))[LIMITED // 2]
+        store = store_for(app)
+        wait_for(lambda: store.slot_status("customer-42").running == 0, 10, "every slot given back")
+        assert store.slot_status("customer-42").waiting == 0
+    finally:
+        forget_store(app)
