@@ -156,7 +156,8 @@ def test_a_free_slot_waits_for_the_head_of_the_line(valkey_url: str, prefix: str
     assert take("second", 20, 1_801).places == (-1,)  # third's place lapsed at 1_800
 
 
-#: Hostile writes to a slot key's keys: each must leave the line flowing.
+#: Hostile writes to a slot key's keys (every kind of keys.py's slot_*_key): each must leave the
+#: line flowing. Those the take reports are logged, naming the key or what was dropped (SAID).
 GARBAGE: dict[str, Callable[[redis.Redis, str, str], object]] = {
     "holds of another type": lambda c, p, k: c.set(slot_holds_key(p, k), "junk"),
     "holds far ahead": lambda c, p, k: c.zadd(slot_holds_key(p, k), {"ghost-1": 1e15, "ghost-2": float("inf")}),
@@ -173,8 +174,21 @@ GARBAGE: dict[str, Callable[[redis.Redis, str, str], object]] = {
 }
 
 
+SAID = {
+    "holds of another type": ":holds type=string",
+    "waiting of another type": ":waiting type=hash",
+    "waiting entries without a wait": "waiting entry=g",
+    "waits of another type": ":waits type=list",
+    "limit not a number": "limit=",
+    "limit 0": "limit=0",
+    "limit of another type": ":limit type=set",
+}
+
+
 @pytest.mark.parametrize("garbage", GARBAGE)
-def test_garbage_in_slot_keys_never_stops_the_line(running: Running, garbage: str) -> None:
+def test_garbage_in_slot_keys_never_stops_the_line(
+    running: Running, garbage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Whatever a producer writes into a slot key's keys, every item of the key is released
     (at most the limit at once), with a warning naming what was dropped."""
     store = running.forwarder.store
@@ -186,6 +200,8 @@ def test_garbage_in_slot_keys_never_stops_the_line(running: Running, garbage: st
         assert store.slot_status("a").running <= 2
         store.hold_slots({"a": [running.of("a")[n]]}, "end", hold_ms=0)
     assert sorted(running.of("a")) == a
+    if garbage in SAID:
+        assert any("slot 'a' held" in r.message and SAID[garbage] in r.message for r in caplog.records)
 
 
 def test_a_slot_travels_in_the_envelope_with_the_rank(valkey_url: str, prefix: str) -> None:

@@ -22,5 +22,12 @@ for _, m in ipairs(members) do
   args[#args + 1] = until_ms
   args[#args + 1] = m
 end
-if mode == 'beat' then return rcall('ZADD', KEYS[1], 'XX', 'CH', unpack(args)) end
+if mode == 'beat' then
+  local held = 0
+  for _, m in ipairs(members) do
+    if rcall('ZSCORE', KEYS[1], m) then held = held + 1 end
+  end
+  rcall('ZADD', KEYS[1], 'XX', unpack(args))
+  return held
+end
 return #members - rcall('ZADD', KEYS[1], unpack(args))
