@@ -12,7 +12,7 @@ import pytest
 
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.embedded import EmbeddedServer
-from tests.helpers import wait_for
+from tests.helpers import max_overlap, wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, watched
 
@@ -27,16 +27,6 @@ def env(request: pytest.FixtureRequest, valkey_server: EmbeddedServer, tmp_path:
         env.start_worker(tmp_path, pool="prefork")
         env.start_forwarder(tmp_path)
         yield env
-
-
-def max_overlap(intervals: list[tuple[int, int]]) -> int:
-    """Most intervals open at one moment (an end before a start at the same ms)."""
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    most = running = 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
-    return most
 
 
 def test_a_key_with_limit_2_never_runs_more_than_2_and_every_task_runs(env: CeleryEnv) -> None:

@@ -28,6 +28,16 @@ def record(tag: Any, *, times: int = 1) -> str:
     return f"{tag}x{times}"
 
 
+def hold(tag: Any, seconds: float) -> None:
+    """Run for ``seconds``; record this run with its own start and end (the slot tests' intervals)."""
+    job = get_current_job()
+    assert job is not None
+    began = time.time()
+    time.sleep(seconds)
+    entry = {"id": job.id, "tag": tag, "at": began, "ended": time.time()}
+    job.connection.rpush(runs_key(job.origin), json.dumps(entry))
+
+
 def always_fails(tag: Any) -> None:
     """Record this run, then fail (for retries)."""
     record(tag)

@@ -1,0 +1,38 @@
+"""Concurrency slots with real `rq worker --worker-class delayq_backends.rq.SlotWorker` processes
+(4 of them) and a real `delayq forward --rq-redis`: the jobs of a key with limit 2 never run
+more than 2 at once, by the intervals the jobs record themselves, and every job runs once."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import redis
+
+from delayq_backends import DelayStore
+from delayq_backends.rq import Queue
+from tests.harness.rq import Processes, runs
+from tests.helpers import max_overlap, wait_for
+from tests.test_rq.jobs import hold
+
+SECONDS = 0.5
+
+
+def test_a_key_with_limit_2_never_runs_more_than_2_and_every_job_runs(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore, processes: Processes
+) -> None:
+    slot = {"key": "customer-42", "limit": 2}
+    limited = [queue.enqueue(hold, f"k{i}", SECONDS, delayq_slot=slot).id for i in range(6)]  # no delay
+    limited += [
+        queue.enqueue_in(timedelta(milliseconds=200), hold, f"d{i}", SECONDS, delayq_slot=slot).id for i in range(2)
+    ]
+    others = [queue.enqueue(hold, f"o{i}", SECONDS, delayq_slot="other").id for i in range(2)]
+    for _ in range(4):
+        processes.worker(queue.name, extra=("--worker-class", "delayq_backends.rq.SlotWorker"))
+    processes.forwarder("--poll", "0.2")
+    done = lambda: {r["id"] for r in runs(conn, queue.name)}  # noqa: E731
+    wait_for(lambda: done() >= set(limited + others), 120, lambda: f"{len(done())} jobs done")
+    records = runs(conn, queue.name)
+    assert sorted(r["id"] for r in records) == sorted(limited + others), "a job ran twice"
+    spans = {r["id"]: (r["at"], r["ended"]) for r in records}
+    assert max_overlap([spans[i] for i in limited]) == 2  # 4 workers, 2 at once: the limit
+    wait_for(lambda: rq_store.slot_status("customer-42").running == 0, 10, "every slot given back")
