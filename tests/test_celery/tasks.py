@@ -97,7 +97,7 @@ def make_app(
 
     @app.task(bind=True, shared=False, name="dqt.flaky", max_retries=5)
     def flaky(self: Any, tag: str, failures: int, countdown: float) -> str:
-        record(self.request, tag)
+        record(self.request, tag, slot=getattr(self.request, "delayq_slot", None))
         if self.request.retries < failures:
             raise self.retry(countdown=countdown)
         return tag

@@ -58,3 +58,20 @@ def test_a_key_with_limit_2_never_runs_more_than_2_and_every_task_runs(env: Cele
         assert store.slot_status("customer-42").waiting == 0
     finally:
         forget_store(app)
+
+
+def test_a_retry_keeps_its_slot_and_every_slot_comes_back(env: CeleryEnv) -> None:
+    """A task that fails twice and retries runs three times, each run under the slot (the retry
+    is sent with the task's headers), and the key's slot is free again at the end."""
+    app = env.app()
+    try:
+        slot = {"key": "flaky", "limit": 1}
+        task_id = app.send_task("dqt.flaky", args=["f", 2, 0.2], headers={"delayq_slot": slot}).id
+        runs = lambda: [r for r in env.records() if r["id"] == task_id]  # noqa: E731
+        wait_for(lambda: len(runs()) == 3, 60, lambda: f"{len(runs())} runs")
+        assert [r["retries"] for r in runs()] == [0, 1, 2]
+        assert all(r["slot"] == slot for r in runs())
+        store = store_for(app)
+        wait_for(lambda: store.slot_status("flaky").running == 0, 10, "the slot given back")
+    finally:
+        forget_store(app)
