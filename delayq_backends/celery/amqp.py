@@ -80,7 +80,7 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
             headers = {**message.headers, **(kwargs.get("headers") or {})}
             eta = parse_time(headers.get("eta"))
             collapse = _collapse_of(headers, eta)
-            slot = None if headers.get(SLOT_HEADER) is None else Slot.parse(headers[SLOT_HEADER])
+            slot = None if headers.get(SLOT_HEADER) is None else settings.slot(headers[SLOT_HEADER])
             # a collapse always has an eta (_collapse_of refuses one without) and is always stored;
             # so is a slotted task, which waits in the store for its slot
             now = self.delayq_now()

@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
-from delayq_backends.celery import forget_store, store_for
+from delayq_backends.celery import CelerySettings, forget_store, store_for
 from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.envelope import Envelope, Slot, slot_of
+from delayq_backends.errors import ConfigError, InvalidSlotError
 from tests.helpers import max_overlap, wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, watched
+from tests.test_celery.tasks import make_app
 
 LIMITED = 10
 TASK_SECONDS = 0.6
@@ -73,5 +76,30 @@ def test_a_retry_keeps_its_slot_and_every_slot_comes_back(env: CeleryEnv) -> Non
         assert all(r["slot"] == slot for r in runs())
         store = store_for(app)
         wait_for(lambda: store.slot_status("flaky").running == 0, 10, "the slot given back")
+    finally:
+        forget_store(app)
+
+
+def test_a_slot_header_without_a_limit_takes_its_patterns_and_is_stored_without_eta(
+    valkey_url: str, prefix: str
+) -> None:
+    app = make_app(
+        broker="memory://", store=valkey_url, prefix=prefix, queue="q", sink="s", backend="cache+memory://",
+        records=valkey_url,
+    )  # fmt: skip
+    app.conf.delayq_slot_limits = {"customer-*": 2, "*": 9}
+    try:
+        settings = CelerySettings.of(app)
+        assert settings.slot("customer-7") == Slot("customer-7", 2)
+        assert settings.slot({"key": "customer-7", "limit": 5}) == Slot("customer-7", 5)  # its own wins
+        assert settings.slot("other") == Slot("other", 9)
+        sent = app.send_task("dqt.record", args=["x"], headers={"delayq_slot": "customer-7"})
+        stored = store_for(app).get(sent.id)  # no eta, stored all the same: it waits for its slot
+        assert stored is not None and slot_of(Envelope.decode(stored.envelope)) == (Slot("customer-7", 2), 0)
+        with pytest.raises(InvalidSlotError):
+            app.send_task("dqt.record", args=["x"], headers={"delayq_slot": {"key": "k", "limit": 0}})
+        app.conf.delayq_slot_limits = {"k": "two"}
+        with pytest.raises(ConfigError, match="delayq_slot_limits"):
+            CelerySettings.of(app)
     finally:
         forget_store(app)
