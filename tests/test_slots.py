@@ -3,14 +3,17 @@ most a key's limit of its items, in their order, while other keys flow."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from delayq_backends import DelayStore
+from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope, Slot, slot_of
 from delayq_backends.errors import InvalidSlotError
 from delayq_backends.forwarder import Forwarder
@@ -211,3 +214,21 @@ def test_a_slot_travels_in_the_envelope_with_the_rank(valkey_url: str, prefix: s
     assert stored is not None
     assert slot_of(Envelope.decode(stored.envelope)) == (Slot("k", 4), 7)
     assert slot_of(Delivery("y", RedisListTarget.envelope(OUT, b""), 0, 0).envelope) is None
+
+
+def test_delayq_slots_lists_the_keys_and_sets_their_limits(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix, shards=4)
+    store.check_meta()
+    store.take_slots({"k}odd": SlotAsk(1, [("a", 0), ("b", 1), ("c", 2)])}, hold_ms=60_000, wait_ms=60_000)
+    options = ["--url", valkey_url, "--prefix", prefix, "--shards", "4"]
+    run = lambda *args: CliRunner().invoke(main, ["slots", *args, *options])  # noqa: E731
+    assert run("set", "other", "3").exit_code == 0
+    listed = run("list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.output) == [
+        {"key": "k}odd", "limit": None, "running": 1, "waiting": 2},  # a brace in the key is no trouble
+        {"key": "other", "limit": 3, "running": 0, "waiting": 0},
+    ]
+    assert "limit removed" in run("set", "other", "none").output and store.slot_status("other").limit is None
+    refused = run("set", "other", "0")
+    assert refused.exit_code != 0 and "1 <= N" in refused.output

@@ -109,6 +109,19 @@ class Slots(StoreCore):
         else:
             self.client.set(slot_limit_key(self.config.prefix, key), str(limit))
 
+    def slot_keys_in_use(self) -> list[str]:
+        """Every slot key with holds, a line or a limit, sorted (a SCAN of the prefix's slot
+        keys, every primary's on a cluster: for ``delayq slots``, not a hot path)."""
+        start = f"{self.config.prefix}:{{{self.config.prefix}:slot:"
+        names = ("holds", "waiting", "waits", "limit")
+        found: set[str] = set()
+        for raw in self.client.scan_iter(match=f"{_glob_escaped(start)}*", count=1000):
+            name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            key, sep, kind = name[len(start) :].rpartition("}:")
+            if sep and kind in names:
+                found.add(key)
+        return sorted(found)
+
     def slot_status(self, key: str) -> SlotStatus:
         """Slot ``key``'s runtime limit, holds not lapsed and items waiting (read-only)."""
         holds, waiting, _, limit_key = self.slot_keys(key)
@@ -121,6 +134,11 @@ class Slots(StoreCore):
         text = raw_limit.decode("ascii", "replace") if isinstance(raw_limit, bytes) else ""
         limit = int(text) if text.isdigit() and 1 <= int(text) <= MAX_SLOT_LIMIT else None
         return SlotStatus(key, limit, _count(running), _count(queued))
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` matched literally by a SCAN pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def _count(reply: object) -> int:
