@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 
@@ -18,6 +19,7 @@ from delayq_backends.envelope import Envelope, Slot, slot_of
 from delayq_backends.errors import InvalidSlotError
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
+from delayq_backends.slots import SlotGuard
 from delayq_backends.store import SlotAsk
 from delayq_backends.targets import Delivery, RedisListTarget
 from delayq_backends.testing import CollectingTarget
@@ -232,3 +234,31 @@ def test_delayq_slots_lists_the_keys_and_sets_their_limits(valkey_url: str, pref
     assert "limit removed" in run("set", "other", "none").output and store.slot_status("other").limit is None
     refused = run("set", "other", "0")
     assert refused.exit_code != 0 and "1 <= N" in refused.output
+
+
+def test_a_heartbeat_keeps_a_long_task_and_a_dead_worker_lets_go(valkey_url: str, prefix: str) -> None:
+    """A worker's hold outlives many hold periods while it beats; once the worker stops beating
+    (it died), the hold lapses and the next in line gets the slot."""
+    store = make_store(valkey_url, prefix)
+
+    def take(member: str) -> tuple[int, ...]:
+        grant = store.take_slots({"k": SlotAsk(1, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000)["k"]
+        assert not isinstance(grant, Exception)
+        return grant.places
+
+    assert take("long") == (-1,)
+    guard = SlotGuard(store, hold_ms=300)
+    guard.start("k", "long")
+    deadline = time.monotonic() + 1.5  # five hold periods
+    while time.monotonic() < deadline:
+        assert take("next") == (0,), "the long task's slot was given away while it ran"
+        time.sleep(0.05)
+    guard.close()  # the worker dies: no more beats, no end
+    wait_for(lambda: take("next") == (-1,), 5, "the dead worker's hold to lapse")
+    assert guard.held() == {"k": ["long"]}
+
+
+def test_a_slot_in_an_envelope_that_is_none_runs_unlimited() -> None:
+    for meta in ({"slot": 5}, {"slot": {"key": ""}}, {"slot": {"key": "k", "limit": -1}}, {"slot": {"limit": 2}}):
+        assert slot_of(Envelope("list", OUT, meta=meta)) is None
+    assert slot_of(Envelope("list", OUT, meta={"slot": {"key": "k", "limit": 2, "rank": "x"}})) == (Slot("k", 2), 0)
