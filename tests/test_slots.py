@@ -146,8 +146,8 @@ def test_a_free_slot_waits_for_the_head_of_the_line(valkey_url: str, prefix: str
     """An item behind another that waits (deferred, not asking now) does not jump it; once the
     head's wait lapses (cancelled while it waited), the next one gets the slot."""
     store = make_store(valkey_url, prefix)
-    take = lambda member, order, now, join=False: store.take_slots(  # noqa: E731
-        {"k": SlotAsk(1, [(member, order)])}, hold_ms=60_000, wait_ms=500, now=now, join=join
+    take = lambda member, order, now, mode="take": store.take_slots(  # noqa: E731
+        {"k": SlotAsk(1, [(member, order)])}, hold_ms=60_000, wait_ms=500, now=now, mode=mode
     )["k"]
     assert take("run", 0, 1_000).places == (-1,)
     assert take("first", 10, 1_010).places == (0,)
@@ -156,9 +156,22 @@ def test_a_free_slot_waits_for_the_head_of_the_line(valkey_url: str, prefix: str
     assert take("second", 20, 1_100).places == (1,)  # the slot is first's
     assert take("first", 10, 1_200).places == (-1,)
     store.hold_slots({"k": ["first"]}, "end", hold_ms=0)
-    assert take("third", 5, 1_300, join=True).places == (0,)  # in line ahead of second, then never asks
+    assert take("third", 5, 1_300, "join").places == (0,)  # in line ahead of second, then never asks
     assert take("second", 20, 1_700).places == (1,)
     assert take("second", 20, 1_801).places == (-1,)  # third's place lapsed at 1_800
+
+
+def test_an_item_that_will_not_be_published_gives_up_its_place(valkey_url: str, prefix: str) -> None:
+    """An item that joined the line but is not published (lossless mode found it started) leaves
+    it, so the free slot goes to the next at once instead of after the place lapses."""
+    store = make_store(valkey_url, prefix)
+    ask = lambda member, order, mode: store.take_slots(  # noqa: E731
+        {"k": SlotAsk(1, [(member, order)])}, hold_ms=60_000, wait_ms=60_000, mode=mode
+    )["k"]
+    assert ask("skipped", 0, "join").places == (0,)
+    assert ask("next", 1, "take").places == (1,)  # the free slot is kept for the head of the line
+    ask("skipped", 0, "leave")
+    assert ask("next", 1, "take").places == (-1,)
 
 
 #: Hostile writes to a slot key's keys (every kind of keys.py's slot_*_key): each must leave the

@@ -25,7 +25,7 @@ from ..models import Claim, SlotGrant
 from ..store import START_HOLD_MS, WAIT_MS, DelayStore, SlotAsk, slot_member
 from ..targets import Delivery, RunTarget, Target
 from .hooks import PassHook
-from .records import Verdict
+from .records import Published, Verdict
 
 __all__ = ["MAX_RECHECK_MS", "RECHECK_MS", "SlotHook"]
 
@@ -69,7 +69,7 @@ class SlotHook(PassHook):
             self._slotted(kind, deliveries, by_key)
         if by_key:
             self.admits = True
-            for key, reply in self._take(by_key, join=True).items():
+            for key, reply in self._take(by_key, "join").items():
                 if isinstance(reply, Exception):  # admit meets it again, and holds the items back
                     log.debug("slot %r: could not join the line (%s)", key, reply)
         return _NOTHING
@@ -94,11 +94,11 @@ class SlotHook(PassHook):
             asking.items.append((d, self.member(kind, d), (MAX_RANK - rank) * RANK_SPAN + d.ready_ms))
         return others
 
-    def _take(self, by_key: Mapping[str, _Asking], *, join: bool = False) -> dict[str, SlotGrant | Exception]:
-        """Slots for ``by_key``'s items (or, with ``join``, their places in line): a slot taken
-        is held until its worker starts the item, a place kept while its item asks again."""
+    def _take(self, by_key: Mapping[str, _Asking], mode: str = "take") -> dict[str, SlotGrant | Exception]:
+        """Slots for ``by_key``'s items (or in ``mode`` "join"/"leave" their places in line): a
+        slot taken is held until its worker starts the item, a place kept while its item asks again."""
         asks = {key: SlotAsk(a.limit, [(m, order) for _, m, order in a.items]) for key, a in by_key.items()}
-        return self.store.take_slots(asks, hold_ms=START_HOLD_MS, wait_ms=WAIT_MS, join=join)
+        return self.store.take_slots(asks, hold_ms=START_HOLD_MS, wait_ms=WAIT_MS, mode=mode)
 
     def admit(self, kind: str, deliveries: list[Delivery], now_ms: int) -> Admission:
         by_key: dict[str, _Asking] = {}
@@ -126,6 +126,22 @@ class SlotHook(PassHook):
                 else:
                     later.append((d.id, now_ms + recheck_ms(place, grant.limit)))
         return Admission(go, later)
+
+    def settled(self, published: Published) -> None:
+        """The items of the claim that will not be published (found started by lossless mode,
+        failed before their publish) give up the places they took in ``prepare``: a place at
+        the head of a line would keep a free slot for them until it lapses."""
+        prepared = published.prepared
+        gone = prepared.skipped | {f.id for f in prepared.failures}
+        if not gone:
+            return
+        by_key: dict[str, _Asking] = {}
+        for kind, deliveries in prepared.groups.items():
+            self._slotted(kind, [d for d in deliveries if d.id in gone], by_key)
+        if by_key:
+            for key, reply in self._take(by_key, "leave").items():
+                if isinstance(reply, Exception):  # the places lapse by themselves
+                    log.warning("slot %r: could not give up %d places in line (%s)", key, len(by_key[key].items), reply)
 
     def sent(self, kind: str, deliveries: Sequence[Delivery], published: Sequence[str]) -> None:
         """Give back the slots of the deliveries the target did not take (failed, unsent)."""

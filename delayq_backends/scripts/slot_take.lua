@@ -9,9 +9,10 @@ Input:
   ARGV[2] hold ms: how long a granted slot is held before the worker starts its item
   ARGV[3] wait ms: how long a waiting entry lasts unless its item asks again
   ARGV[4] clock override ms ("0": server TIME, one clock for every forwarder)
-  ARGV[5] "take", or "join": the items only take their places in the line (a forwarder's pass
+  ARGV[5] "take"; "join": the items only take their places in the line (a forwarder's pass
           puts all its claims' items in line before it takes slots for any, so the slots go in
-          the key's order across shards)
+          the key's order across shards); "leave": they give up their places (not to be
+          published: found started by lossless mode, or failed)
   ARGV[6..] member, order: the asking items
 Output: {limit (0: none), holds after the call, reset, then per asking item -1 (granted: its
 hold is taken) or its place in the line (0: next)}. reset: "" or what was found out of place and
@@ -45,6 +46,14 @@ end
 if #reset > 0 then  -- gone in a ms: the items ask again after a short wait
   for i = 1, n do places[i] = 0 end
   return {0, 0, table.concat(reset, ' '), unpack(places)}
+end
+if ARGV[5] == 'leave' then
+  for i = 1, n do
+    rcall('ZREM', waiting, ARGV[4 + 2 * i])
+    rcall('ZREM', waits, ARGV[4 + 2 * i])
+    places[i] = -1
+  end
+  return {0, 0, '', unpack(places)}
 end
 local limit = whole(ARGV[1]) or 0
 local set = rcall('GET', KEYS[4])

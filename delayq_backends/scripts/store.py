@@ -341,6 +341,7 @@ class SlotTake:
     """slot_take.lua: slots of one slot key (its four keys, one hash tag: not a shard's)."""
 
     name = "slot_take"
+    MODES = ("take", "join", "leave")
 
     @classmethod
     def call(
@@ -352,11 +353,14 @@ class SlotTake:
         hold_ms: int,
         wait_ms: int,
         now: int,
-        join: bool = False,
+        mode: str = "take",
     ) -> ScriptCall[SlotGrant]:
         """``asking``: (member, order) of each item, in its order; ``limit`` 0: the items carry
-        none; ``join``: the items only take their places in the line."""
-        args: list[Any] = [limit, hold_ms, wait_ms, now, "join" if join else "take"]
+        none; ``mode``: "take", "join" (the items only take their places in the line) or
+        "leave" (they give them up)."""
+        if mode not in cls.MODES:
+            raise ValueError(f"mode={mode!r}: use one of {cls.MODES}")
+        args: list[Any] = [limit, hold_ms, wait_ms, now, mode]
         for member, order in asking:
             args += (member, order)
         return ScriptCall(

@@ -66,15 +66,15 @@ class Slots(StoreCore):
         hold_ms: int,
         wait_ms: int,
         now: int | None = None,
-        join: bool = False,
+        mode: str = "take",
     ) -> dict[str, SlotGrant | Exception]:
         """Take slots for the items of each key of ``asks``, in one round trip; each key's
-        grant, or the error its keys raised. With ``join``, the items only take their places in
-        their keys' lines (granted none)."""
+        grant, or the error its keys raised. ``mode`` "join": the items only take their places in
+        their keys' lines (granted none); "leave": they give them up."""
         at = self.script_now(now)
         calls = [
             SlotTake.call(
-                self.slot_keys(key), a.asking, limit=a.limit, hold_ms=hold_ms, wait_ms=wait_ms, now=at, join=join
+                self.slot_keys(key), a.asking, limit=a.limit, hold_ms=hold_ms, wait_ms=wait_ms, now=at, mode=mode
             )
             for key, a in asks.items()
         ]
