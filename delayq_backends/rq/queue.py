@@ -49,7 +49,9 @@ __all__ = [
     "SLOT_OPTION",
     "Queue",
     "UsesDelayStore",
+    "slot_meta",
     "store_of_connection",
+    "with_job_slot",
 ]
 
 #: The ``enqueue_in``/``enqueue_at`` keyword that debounces or throttles the job by a key.
@@ -166,7 +168,7 @@ class Queue(UsesDelayStore, RQQueue):
         if rate_key is None and slot is None:
             return self.envelope_bytes()
         envelope = self.envelope() if rate_key is None else with_rate_key(self.envelope(), rate_key)
-        return _with_job_slot(envelope, job).encode()
+        return with_job_slot(envelope, job).encode()
 
     def envelope_bytes(self) -> bytes:
         """:meth:`envelope`, encoded once: it is the same for every job of this queue, and
@@ -195,8 +197,7 @@ class Queue(UsesDelayStore, RQQueue):
         """
         slot = kwargs.pop(SLOT_OPTION, None)
         if slot is not None:  # in the job's meta: saved with it, kept by its retries, read by the worker
-            parsed = Slot.parse(slot)
-            kwargs["meta"] = {**(kwargs.get("meta") or {}), SLOT_META: {"key": parsed.key, "limit": parsed.limit}}
+            kwargs["meta"] = {**(kwargs.get("meta") or {}), **slot_meta(slot)}
         option = kwargs.pop(DEBOUNCE_OPTION, None)
         if option is None:
             return super().enqueue_at(datetime, f, *args, **kwargs)  # type: ignore[no-any-return]
@@ -274,7 +275,7 @@ class Queue(UsesDelayStore, RQQueue):
         with self.connection.pipeline() as pipe:
             save(pipe)
             pipe.execute()
-        envelope = _with_job_slot(self.envelope(), job)
+        envelope = with_job_slot(self.envelope(), job)
         envelope = replace(envelope, meta={**envelope.meta, JOB_KEY: job.id})
         rate_key = (job.meta or {}).get(RATE_KEY_META)
         done = collapse.apply(self.delay_store, ready, envelope, rank=job_rank(job), rate_key=rate_key)
@@ -312,7 +313,17 @@ class Queue(UsesDelayStore, RQQueue):
         mirror_scheduled(pipeline, self.name, {job.id: datetime.timestamp()})
 
 
-def _with_job_slot(envelope: Envelope, job: Job) -> Envelope:
+def slot_meta(value: Any) -> dict[str, Any]:
+    """The job meta of a ``delayq_slot=`` option (a key, or ``{"key", "limit"}``).
+
+    Raises:
+        InvalidSlotError: it is no slot; nothing was saved.
+    """
+    slot = Slot.parse(value)
+    return {SLOT_META: {"key": slot.key, "limit": slot.limit}}
+
+
+def with_job_slot(envelope: Envelope, job: Job) -> Envelope:
     """``envelope`` with the slot of ``job``'s meta (and its rank), if it has one."""
     slot = (job.meta or {}).get(SLOT_META)
     return envelope if slot is None else with_slot(envelope, Slot.parse(slot), job_rank(job))

@@ -9,7 +9,8 @@ from datetime import timedelta
 import redis
 
 from delayq_backends import DelayStore
-from delayq_backends.rq import Queue
+from delayq_backends.envelope import Envelope, Slot, slot_of
+from delayq_backends.rq import Queue, Scheduler
 from tests.harness.rq import Processes, runs
 from tests.helpers import max_overlap, wait_for
 from tests.test_rq.jobs import hold
@@ -36,3 +37,22 @@ def test_a_key_with_limit_2_never_runs_more_than_2_and_every_job_runs(
     spans = {r["id"]: (r["at"], r["ended"]) for r in records}
     assert max_overlap([spans[i] for i in limited]) == 2  # 4 workers, 2 at once: the limit
     wait_for(lambda: rq_store.slot_status("customer-42").running == 0, 10, "every slot given back")
+
+
+def test_the_slot_is_stored_with_the_job_by_queue_and_scheduler(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore, prefix: str
+) -> None:
+    """``delayq_slot=`` lands in the job's meta (the worker reads it there, a retry keeps it) and
+    in the stored envelope (the forwarder reads it there), with the job's rank."""
+    scheduler = Scheduler(f"{prefix}-s", connection=conn, delay_store=rq_store)
+    jobs = [
+        queue.enqueue(hold, "now", 0, delayq_slot="k"),
+        queue.enqueue_in(timedelta(seconds=60), hold, "in", 0, delayq_slot={"key": "k", "limit": 3}, at_front=True),
+        scheduler.enqueue_in(timedelta(seconds=60), hold, "scheduler", 0, delayq_slot={"key": "k", "limit": 2}),
+    ]
+    expected = [(Slot("k"), 0), (Slot("k", 3), 1), (Slot("k", 2), 0)]
+    for job, slot in zip(jobs, expected):
+        stored = rq_store.get(job.id)
+        assert stored is not None and slot_of(Envelope.decode(stored.envelope)) == slot
+        assert job.meta["delayq_slot"] == {"key": slot[0].key, "limit": slot[0].limit}
+    assert queue.enqueue(hold, "plain", 0).get_status() == "queued"  # no slot: RQ's own enqueue
