@@ -44,6 +44,7 @@ __all__ = [
     "RATE_KEY",
     "SLOT",
     "Slot",
+    "SlotSpec",
     "Envelope",
     "READABLE_VERSIONS",
     "check_rate_key",
@@ -291,6 +292,10 @@ class Slot:
                 f"'customer-42') or {{'key': KEY, 'limit': N}} with 1 <= N <= {MAX_SLOT_LIMIT}"
             )
         return cls(str(key), limit)
+
+
+#: What a user may pass as a slot (see :meth:`Slot.parse`).
+SlotSpec = Slot | str | Mapping[str, Any]
 
 
 def with_slot(envelope: Envelope, slot: Slot, rank: int = 0) -> Envelope:

@@ -124,6 +124,22 @@ def ready_at(when: Any) -> datetime:
     return aware
 
 
+def slot_meta(value: Any) -> dict[str, Any]:
+    """The job meta of a ``delayq_slot=`` option (a key, or ``{"key", "limit"}``).
+
+    Raises:
+        InvalidSlotError: it is no slot; nothing was saved.
+    """
+    slot = Slot.parse(value)
+    return {SLOT_META: {"key": slot.key, "limit": slot.limit}}
+
+
+def with_job_slot(envelope: Envelope, job: Job) -> Envelope:
+    """``envelope`` with the slot of ``job``'s meta (and its rank), if it has one."""
+    slot = (job.meta or {}).get(SLOT_META)
+    return envelope if slot is None else with_slot(envelope, Slot.parse(slot), job_rank(job))
+
+
 class UsesDelayStore:
     """The ``delay_store`` of a Queue or Scheduler: the one given, else :func:`store_of_connection`."""
 
@@ -311,22 +327,6 @@ class Queue(UsesDelayStore, RQQueue):
         ``datetime`` is one RQ took (a naive one is local time, as ``timestamp()`` reads it):
         checked by the caller, not again here."""
         mirror_scheduled(pipeline, self.name, {job.id: datetime.timestamp()})
-
-
-def slot_meta(value: Any) -> dict[str, Any]:
-    """The job meta of a ``delayq_slot=`` option (a key, or ``{"key", "limit"}``).
-
-    Raises:
-        InvalidSlotError: it is no slot; nothing was saved.
-    """
-    slot = Slot.parse(value)
-    return {SLOT_META: {"key": slot.key, "limit": slot.limit}}
-
-
-def with_job_slot(envelope: Envelope, job: Job) -> Envelope:
-    """``envelope`` with the slot of ``job``'s meta (and its rank), if it has one."""
-    slot = (job.meta or {}).get(SLOT_META)
-    return envelope if slot is None else with_slot(envelope, Slot.parse(slot), job_rank(job))
 
 
 def _confirm_after_execute(pipeline: Any, store: DelayStore) -> None:

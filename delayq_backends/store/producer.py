@@ -4,12 +4,12 @@ inside a caller's pipeline (``pipeline=``)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, TypeVar, overload
 
 import redis
 
-from ..envelope import Envelope, Slot, with_rate_key, with_slot
+from ..envelope import Envelope, Slot, SlotSpec, with_rate_key, with_slot
 from ..errors import ConfigError, InvalidIdError, StoreFullError
 from ..keys import collapse_id, normalize_id, shard_of
 from ..models import CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
@@ -42,18 +42,18 @@ def _keyed(envelope: Payload, rate_key: str | None) -> Payload:
     return with_rate_key(envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope), rate_key)
 
 
-def _slotted(envelope: Payload, slot: Slot | str | Mapping[str, Any] | None, rank: int) -> Payload:
+def _keep(mode: str) -> bool:
+    if mode not in ("replace", "keep"):
+        raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
+    return mode == "keep"
+
+
+def _slotted(envelope: Payload, slot: SlotSpec | None, rank: int) -> Payload:
     """``envelope`` carrying concurrency ``slot`` (unchanged without one)."""
     if slot is None:
         return envelope
     decoded = envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope)
     return with_slot(decoded, Slot.parse(slot), rank)
-
-
-def _keep(mode: str) -> bool:
-    if mode not in ("replace", "keep"):
-        raise ConfigError(f"mode={mode!r}: use 'replace' or 'keep'")
-    return mode == "keep"
 
 
 class Producer(StoreCore):
@@ -62,13 +62,13 @@ class Producer(StoreCore):
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ..., slot: Slot | str | Mapping[str, Any] | None = ...,
+        rate_key: str | None = ..., slot: SlotSpec | None = ...,
     ) -> str: ...  # fmt: skip
 
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ..., slot: Slot | str | Mapping[str, Any] | None = ..., pipeline: Any,
+        rate_key: str | None = ..., slot: SlotSpec | None = ..., pipeline: Any,
     ) -> None: ...  # fmt: skip
 
     def schedule(
@@ -80,7 +80,7 @@ class Producer(StoreCore):
         mode: str = "replace",
         rank: int = 0,
         rate_key: str | None = None,
-        slot: Slot | str | Mapping[str, Any] | None = None,
+        slot: SlotSpec | None = None,
         pipeline: Any = None,
     ) -> str | None:
         """Schedule one item; returns ``"added"``, ``"replaced"`` or ``"kept"``.
