@@ -7,6 +7,7 @@ every run, its job id and its start time (the worker's clock, the same machine's
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -36,6 +37,15 @@ def hold(tag: Any, seconds: float) -> None:
     time.sleep(seconds)
     entry = {"id": job.id, "tag": tag, "at": began, "ended": time.time()}
     job.connection.rpush(runs_key(job.origin), json.dumps(entry))
+
+
+def started(tag: Any, seconds: float) -> None:
+    """Record the start with the pids of this work horse and its worker, then run ``seconds``."""
+    job = get_current_job()
+    assert job is not None
+    entry = {"id": job.id, "tag": tag, "at": time.time(), "pids": [os.getpid(), os.getppid()]}
+    job.connection.rpush(runs_key(job.origin), json.dumps(entry))
+    time.sleep(seconds)
 
 
 def always_fails(tag: Any) -> None:

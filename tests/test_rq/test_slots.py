@@ -4,6 +4,9 @@ more than 2 at once, by the intervals the jobs record themselves, and every job 
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from datetime import timedelta
 
 import redis
@@ -13,7 +16,7 @@ from delayq_backends.envelope import Envelope, Slot, slot_of
 from delayq_backends.rq import Queue, Scheduler
 from tests.harness.rq import Processes, runs
 from tests.helpers import max_overlap, wait_for
-from tests.test_rq.jobs import hold
+from tests.test_rq.jobs import hold, started
 
 SECONDS = 0.5
 
@@ -56,3 +59,29 @@ def test_the_slot_is_stored_with_the_job_by_queue_and_scheduler(
         assert stored is not None and slot_of(Envelope.decode(stored.envelope)) == slot
         assert job.meta["delayq_slot"] == {"key": slot[0].key, "limit": slot[0].limit}
     assert queue.enqueue(hold, "plain", 0).get_status() == "queued"  # no slot: RQ's own enqueue
+
+
+def test_a_killed_worker_gives_its_slot_back_when_its_hold_lapses(
+    conn: redis.Redis, queue: Queue, processes: Processes
+) -> None:
+    """Limit 1: while a long job runs, the next waits; SIGKILL its worker (and work horse) and the
+    next starts once the dead worker's hold lapses (DELAYQ_SLOT_HOLD=2 s), not before the kill."""
+    processes.env["DELAYQ_SLOT_HOLD"] = "2"
+    slot = {"key": "k", "limit": 1}
+    queue.enqueue(started, "long", 60, delayq_slot=slot)
+    later = timedelta(milliseconds=300)  # after the long one, in the key's line
+    for tag in ("a", "b"):
+        queue.enqueue_in(later, started, tag, 0.1, delayq_slot=slot)
+    for _ in range(2):
+        processes.worker(queue.name, extra=("--worker-class", "delayq_backends.rq.SlotWorker"))
+    processes.forwarder("--poll", "0.2")
+    starts = lambda: {r["tag"]: r for r in runs(conn, queue.name)}  # noqa: E731
+    wait_for(lambda: "long" in starts(), 60, "the long job to start")
+    time.sleep(1.5)  # hold-free waiting would let "a" start now: it must not while "long" runs
+    assert "a" not in starts() and "b" not in starts()
+    killed = time.time()
+    for pid in starts()["long"]["pids"]:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: {"a", "b"} <= starts().keys(), 30, lambda: f"runs {sorted(starts())}")
+    delay = starts()["a"]["at"] - killed
+    assert 0 < delay < 2 + 2, f"the slot came back {delay:.1f} s after the kill (hold 2 s, + rechecks)"
