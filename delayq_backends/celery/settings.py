@@ -19,6 +19,7 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_lossless = False    # True (needs delayq_dedupe): forwarders keep a published task
     app.conf.delayq_lossless_window = 60  # ... and publish it again if no start is recorded by then
     app.conf.delayq_slot_limits = {"customer-*": 2}  # a delayq_slot with no limit of its own: the first match's
+    app.conf.delayq_slot_hold = 60      # seconds a worker's slot hold lasts after its last heartbeat
 
 ``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
 in the store does. Native Celery would run both sends (two runs sharing one result). ``replace``
@@ -62,7 +63,7 @@ from ..envelope import Slot
 from ..errors import ConfigError, DelayqError, InvalidSlotError
 from ..flow import FlowControl
 from ..forwarder.settings import LOSSLESS_WINDOW
-from ..store import DelayStore
+from ..store import RUN_HOLD_MS, DelayStore
 from ..storecache import StoreCache
 
 __all__ = [
@@ -104,6 +105,7 @@ _KNOWN = {
     "delayq_lossless",
     "delayq_lossless_window",
     "delayq_slot_limits",
+    "delayq_slot_hold",
 }
 DUPLICATE_ID_MODES = ("replace", "keep", "error")
 #: A run's "started" record outlives any plausible re-delivery: a forwarder's lease (30 s by
@@ -128,6 +130,8 @@ class CelerySettings:
     lossless_window: float | None = None
     #: (glob pattern, limit) of ``delayq_slot_limits``, in their order
     slot_limits: tuple[tuple[str, int], ...] = ()
+    #: how long a worker's slot hold lasts after the task's start or its last heartbeat
+    slot_hold_ms: int = RUN_HOLD_MS
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -203,6 +207,7 @@ class CelerySettings:
             dedupe_ttl_ms=int(dedupe_ttl * 1000),
             lossless_window=lossless_window,
             slot_limits=_slot_limits(conf.get("delayq_slot_limits") or {}),
+            slot_hold_ms=_slot_hold_ms(conf.get("delayq_slot_hold", RUN_HOLD_MS // 1000)),
         )
 
     def slot(self, value: Any) -> Slot:
@@ -229,6 +234,16 @@ def _unknown_settings(unknown: list[str]) -> str:
     if all(guesses.values()):
         return f"unknown Celery setting(s): {named}"
     return f"unknown Celery setting(s): {named}; the delayq settings are {sorted(_KNOWN)}"
+
+
+def _slot_hold_ms(seconds: Any) -> int:
+    """``delayq_slot_hold`` checked, in ms."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 1 <= seconds <= 3600:
+        raise ConfigError(
+            f"delayq_slot_hold={seconds!r}: use seconds between 1 and 3600: how long a killed worker's slots "
+            "stay taken (a heartbeat renews a running task's every third of it)"
+        )
+    return int(seconds * 1000)
 
 
 def _slot_limits(value: Any) -> tuple[tuple[str, int], ...]:

@@ -9,7 +9,9 @@ the key's limit of its tasks run. ``install(app)`` connects the worker's side: `
 holds the slot (in the pool process, where a heartbeat thread keeps it while the task runs),
 ``task_postrun`` gives it back (success, failure, a retry: the retry takes a slot of its own when
 released), and ``task_revoked`` gives back the slot of a task revoked or expired before or while
-it ran. A slot's member is the task id and its ``retries``, as the forwarder names it.
+it ran. A slot's member is the task id and its ``retries``, as the forwarder names it. A hold
+lasts ``delayq_slot_hold`` seconds (60) after the start or the last heartbeat: what a worker
+killed mid-task costs.
 
 Not covered yet: periodic entries synced into the store (their task id is not the item's id).
 """
@@ -65,7 +67,8 @@ def slot_of_request(request: Any) -> tuple[Slot, str] | None:
 def _guard(app: Celery) -> SlotGuard:
     guard = _guards.get(app)
     if guard is None or guard.pid != os.getpid():  # a forked pool process makes its own
-        guard = _guards[app] = SlotGuard(store_for(app, CelerySettings.of(app)))
+        settings = CelerySettings.of(app)
+        guard = _guards[app] = SlotGuard(store_for(app, settings), hold_ms=settings.slot_hold_ms)
     return guard
 
 

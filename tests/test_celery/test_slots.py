@@ -101,6 +101,11 @@ def test_a_slot_header_without_a_limit_takes_its_patterns_and_is_stored_without_
         assert stored is not None and slot_of(Envelope.decode(stored.envelope)) == (Slot("customer-7", 2), 0)
         with pytest.raises(InvalidSlotError):
             app.send_task("dqt.record", args=["x"], headers={"delayq_slot": {"key": "k", "limit": 0}})
+        assert settings.slot_hold_ms == 60_000
+        app.conf.delayq_slot_hold = 0
+        with pytest.raises(ConfigError, match="delayq_slot_hold"):
+            CelerySettings.of(app)
+        app.conf.delayq_slot_hold = 5
         app.conf.delayq_slot_limits = {"k": "two"}
         with pytest.raises(ConfigError, match="delayq_slot_limits"):
             CelerySettings.of(app)
