@@ -18,18 +18,24 @@ beside it). Then ``enqueue_at`` of ``delayq_backends.rq.Queue`` against plain RQ
 job, rounds interleaved (``rq_schedulers.bench_scheduling``). Prints a markdown table
 (medians, min–max, ratios per round, load average); JSON with ``--json``. Issue 23's goals:
 RQ ≥ 25k jobs/s moved by one forwarder; ``enqueue_at`` ≥ 0.9× plain RQ.
+
+``--only move`` or ``--only enqueue_at`` runs that step alone (``python bench/target_rq.py
+--quick --only enqueue_at``: the enqueue_at rounds, in about ten seconds).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from lib.movers import (
     Case,
+    Results,
     cli_forward,
     in_process,
     load_line,
@@ -49,6 +55,8 @@ from rq_schedulers import Sizes as SchedulingSizes
 from delayq_backends.rq import Queue
 
 QUEUE = "bench-rq"
+#: what ``--only`` may pick: the move of due jobs, or the enqueue_at calls
+STEPS = ("move", "enqueue_at")
 #: jobs per bulk-load pipeline
 CHUNK = 2000
 #: RQ's scheduler component alone: what ``rq worker --with-scheduler`` forks
@@ -127,16 +135,34 @@ def cases(server: BenchServer, sizes: Sizes) -> list[Case]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = options(__doc__, argv)
+    args = options(__doc__, argv, steps=STEPS)
     sizes = QUICK if args.quick else FULL
+    out: dict[str, Any] = {}
     with BenchServer() as server:
-        moved = rounds(server, cases(server, sizes), sizes.rounds)
-        calls = SchedulingSizes("", sizes.enqueue_calls, sizes.enqueue_rounds, 0, 0.0)
-        scheduling = bench_scheduling(server, calls, (Delayq, RQBuiltin))
         version = server.version()
+        if args.only in (None, "move"):
+            moved = rounds(server, cases(server, sizes), sizes.rounds)
+            print_moves(moved, sizes, version)
+            out.update(summary(moved))
+        if args.only in (None, "enqueue_at"):
+            before = os.getloadavg()[0]
+            calls = SchedulingSizes("", sizes.enqueue_calls, sizes.enqueue_rounds, 0, 0.0)
+            scheduling = bench_scheduling(server, calls, (Delayq, RQBuiltin))
+            print_enqueue_at(scheduling, sizes, (before, os.getloadavg()[0]))
+            out["enqueue_at"] = scheduling
+    if args.json:
+        print(json.dumps(out, indent=1))
+    return 0
+
+
+def print_moves(moved: Results, sizes: Sizes, version: str) -> None:
     print(f"## RQ: {sizes.jobs:,} due jobs moved into their queue, {sizes.rounds} rounds, {version}\n")
     print("\n".join(table(moved, "delayq forward", "rq scheduler", goal=None, unit="jobs/s")))
     print(f"\nGoal: delayq forward ≥ 25,000 jobs/s. {load_line(moved)}\n")
+
+
+def print_enqueue_at(scheduling: dict[str, Any], sizes: Sizes, load: tuple[float, float]) -> None:
+    """The enqueue_at table; ``load``: the 1-minute load average before and after the step."""
     ours, theirs = scheduling[Delayq.name], scheduling[RQBuiltin.name]
     ratio = ours[f"ratio_to_{RQBuiltin.name}"]
     print(f"| `enqueue_at`, {sizes.enqueue_calls} calls × {sizes.enqueue_rounds} rounds | calls/s, median (min–max) |")
@@ -146,9 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     met = "met" if ratio["median"] >= 0.9 else "NOT met"
     print(f"| **ours / plain RQ** per round (goal ≥ 0.9) | **{ratio['median']:.2f}** ({ratio['min']:.2f}–"
           f"{ratio['max']:.2f}) {met} |")  # fmt: skip
-    if args.json:
-        print(json.dumps({**summary(moved), "enqueue_at": scheduling}, indent=1))
-    return 0
+    print(f"\nload average (1 min) before and after the enqueue_at step: {load[0]:.2f}, {load[1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -83,11 +83,14 @@ def naive_rq_move(client: redis.Redis, store: DelayStore, queue: str, now_ms: in
     return moved
 
 
-def options(doc: str | None, argv: Sequence[str] | None) -> argparse.Namespace:
-    """The per-target benches' options: ``--quick`` (smaller sizes) and ``--json``."""
+def options(doc: str | None, argv: Sequence[str] | None, steps: Sequence[str] = ()) -> argparse.Namespace:
+    """The per-target benches' options: ``--quick`` (smaller sizes) and ``--json``; with
+    ``steps`` (a bench of several), ``--only STEP`` runs one of them (``args.only``: None for all)."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
     parser.add_argument("--quick", action="store_true", help="smaller backlog, fewer rounds")
     parser.add_argument("--json", action="store_true", help="print the rates as JSON too")
+    if steps:
+        parser.add_argument("--only", choices=steps, help="run this step alone")
     return parser.parse_args(argv)
 
 

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from copy import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
@@ -261,7 +262,7 @@ class StoredMessage:
                 properties=properties,
                 exchange=str(details["x"]),
                 routing_key=str(details["rk"]),
-                declare=[_full_declaration(d) for d in details["q"]],
+                declare=[_read_declaration(d) for d in details["q"]],
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise EnvelopeError(f"not a delayq Celery message: {type(exc).__name__}: {exc}") from exc
@@ -450,25 +451,48 @@ def _compact_headers(headers: dict[str, Any], shaped: int) -> dict[str, Any]:
     return compact
 
 
+class _Leading(NamedTuple):
+    """What reading puts back for the first ``n`` protocol 2 headers (see :data:`_HEADER_DEFAULTS`)."""
+
+    #: those headers in order, each its default (``_NO_DEFAULT`` where it has none)
+    defaults: dict[str, Any]
+    #: those without a default: a message must hold them
+    required: tuple[str, ...]
+    #: those whose default is a list or dict, copied for each reader
+    containers: tuple[str, ...]
+
+
+def _leading(keys: tuple[str, ...]) -> _Leading:
+    return _Leading(
+        {k: _HEADER_DEFAULTS[k] for k in keys},
+        tuple(k for k in keys if _HEADER_DEFAULTS[k] is _NO_DEFAULT),
+        tuple(k for k in keys if k in _HEADER_CONTAINERS),
+    )
+
+
+#: by how many of the first headers are shaped (worked out once: every replay reads headers)
+_LEADING = [_leading(_HEADER_ORDER[:n]) for n in range(len(_HEADER_ORDER) + 1)]
+
+
 def _full_headers(compact: dict[str, Any], shaped: int) -> dict[str, Any]:
-    leading = _HEADER_ORDER[:shaped]
-    headers: dict[str, Any] = {}
-    for key in leading:
-        if key in compact:
-            headers[key] = compact[key]
-        elif _HEADER_DEFAULTS[key] is _NO_DEFAULT:
+    leading = _LEADING[len(_HEADER_ORDER[:shaped])]
+    headers = leading.defaults.copy()
+    headers.update(compact)  # a leading header keeps its place, the others follow in their order
+    for key in leading.required:
+        if headers[key] is _NO_DEFAULT:
             raise KeyError(f"header {key!r} is missing")
-        else:
-            default = _HEADER_DEFAULTS[key]
-            headers[key] = _fresh(default) if key in _HEADER_CONTAINERS else default
-    headers.update((k, v) for k, v in compact.items() if k not in leading)
+    for key in leading.containers:
+        if key not in compact:
+            headers[key] = headers[key].copy()  # a list or dict default: each reader gets its own
     return headers
 
 
+@lru_cache(maxsize=1024)
 def _detail_defaults(destination: str) -> dict[str, Any]:
     """:data:`_DETAIL_DEFAULTS`, and what Celery's routing gives a queue by default: the routing key
     is the envelope's destination, and the one queue declared is named so, bound by that key to a
-    direct exchange of that name (``task_default_queue``, ``queue=`` options)."""
+    direct exchange of that name (``task_default_queue``, ``queue=`` options). One dict per
+    destination (every replay reads it), so it is only read."""
     plain = {"name": destination, "exchange": {"name": destination}, "routing_key": destination}
     return {**_DETAIL_DEFAULTS, "rk": destination, "q": [plain]}
 
@@ -525,20 +549,43 @@ def _copied_id(headers: dict[str, Any], key: str) -> str:
     return task_id
 
 
-#: kombu Queues by their declaration's ``repr``: a replayed batch declares the same few queues
-#: over and over, and building a Queue and its Exchange costs more than the rest of a replay.
-#: Shared as Celery shares its app's Queue objects between publishes.
+#: Full declarations by the ``repr`` of the stored (compact) one; kombu Queues by their
+#: declaration's ``repr``, and by the identity of a declaration read here (kept in
+#: ``_read_declarations``, so its id is its own): a replayed batch declares the same few queues
+#: over and over, and building a Queue and its Exchange (or the ``repr`` of a full declaration)
+#: costs more than the rest of a replay. Shared as Celery shares its app's Queue objects
+#: between publishes, so a message's declarations are only read.
+_read_declarations: dict[str, dict[str, Any]] = {}
+_queues_read: dict[int, Queue | None] = {}
 _queues: dict[str, Queue] = {}
+
+
+def _read_declaration(compact: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_full_declaration` of a stored declaration, one dict for equal ones."""
+    key = repr(compact)
+    found = _read_declarations.get(key)
+    if found is None:
+        if len(_read_declarations) > 1000:  # queues named per task: no cache to grow
+            _read_declarations.clear()
+            _queues_read.clear()
+        found = _read_declarations[key] = _full_declaration(compact)
+        _queues_read[id(found)] = None
+    return found
 
 
 def _queue(declaration: dict[str, Any]) -> Queue:
     """A kombu Queue from ``Queue.as_dict(recurse=True)``."""
+    found = _queues_read.get(id(declaration))
+    if found is not None:
+        return found
     key = repr(declaration)
     found = _queues.get(key)
     if found is None:
-        if len(_queues) > 1000:  # queues named per task: no cache to grow
+        if len(_queues) > 1000:
             _queues.clear()
         found = _queues[key] = _new_queue(declaration)
+    if id(declaration) in _queues_read:
+        _queues_read[id(declaration)] = found
     return found
 
 

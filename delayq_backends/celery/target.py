@@ -170,19 +170,27 @@ class CeleryTarget:
         try:
             ready = self._declared(ready, report)  # kombu's binding table, read to route
             handoff = self._handoff_or_new() or handoff  # on a new channel if a declaration was refused
-            messages: dict[str, list[Command]] = {}
-            for p in ready:  # routed by kombu, written by nobody yet
-                try:
-                    messages[p.id] = handoff.commands(p.kwargs)
-                except Exception as exc:  # refused or cannot be encoded: this message alone
-                    if self._is_outage(exc):
-                        raise
-                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
+            messages = self._encoded(handoff, ready, report)
             if messages:
                 handoff.send(messages, lease, report)
         except Exception as exc:  # nothing was published or acked: release
             self._released(exc, ready, report)
         return report
+
+    def _encoded(
+        self, handoff: RedisHandOff, ready: list[_Prepared], report: PublishReport
+    ) -> dict[str, list[Command]]:
+        """kombu's Redis commands for each message (id -> commands), routed by kombu and written
+        by nobody yet; a message refused or that cannot be encoded fails alone."""
+        encoder, messages = handoff.encoder(), dict[str, list[Command]]()
+        for p in ready:
+            try:
+                messages[p.id] = encoder.commands(p.kwargs)
+            except Exception as exc:
+                if self._is_outage(exc):
+                    raise
+                report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
+        return messages
 
     def _prepare(self, deliveries: Sequence[Delivery], report: PublishReport) -> list[_Prepared]:
         """The deliveries as publish arguments; what cannot be replayed fails here, before any publish."""
@@ -214,9 +222,16 @@ class CeleryTarget:
         returns the ids whose publish (or batch flush) succeeded.
 
         In a kombu batch (Redis transport, kombu >= 5.7) nothing is sent before the flush, so the
-        batch's ids count only once it has flushed.
+        batch's ids count only once it has flushed. There the batch's commands are kombu's, encoded
+        without its publish per message (:class:`.redis_handoff.BatchEncoder`), and go out in one
+        pipeline as kombu's batch sends them.
         """
         batched = hasattr(producer, "batch") and getattr(producer.channel, "supports_batch_publish", False)
+        handoff = self._handoff_or_new() if batched else None
+        if handoff is not None:
+            messages = self._encoded(handoff, ready, report)
+            handoff.push(messages.values())
+            return list(messages)
         sent: list[str] = []
         context: AbstractContextManager[Any] = producer.batch(max_size=len(ready)) if batched else nullcontext()
         with context:

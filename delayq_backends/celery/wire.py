@@ -10,6 +10,8 @@ method's arguments per exchange and routing key) encoded once. A message holding
 this encoder does not know (a datetime in a custom header, a property of the wrong type)
 keeps py-amqp's own encoding, so it reaches the broker, or fails, exactly as before.
 :class:`Frames` frames a batch's publishes into one buffer, written in a few system calls.
+:func:`publish_properties`, the properties as kombu's publish builds them, serves kombu's Redis
+wire message too (:class:`.redis_handoff.BatchEncoder`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from struct import Struct
 from struct import error as StructError
-from typing import Any
+from typing import Any, NamedTuple
 
 from amqp import Message, spec
 from amqp.exceptions import RecoverableConnectionError
@@ -25,32 +27,63 @@ from amqp.method_framing import FRAME_OVERHEAD
 from amqp.serialization import dumps
 from kombu.entity import maybe_delivery_mode
 
-__all__ = ["FLUSH_BYTES", "Frames", "encode_properties", "message_properties", "publish"]
+__all__ = [
+    "FLUSH_BYTES",
+    "Frames",
+    "PublishProperties",
+    "encode_properties",
+    "message_properties",
+    "publish",
+    "publish_properties",
+]
 
 #: kombu's ``Producer.publish`` defaults a message's priority to 0 (an explicit None stays None)
 _DEFAULT_PRIORITY = 0
 
 
-def message_properties(kwargs: dict[str, Any]) -> dict[str, Any] | None:
-    """The properties of the py-amqp message ``Producer(channel).publish(**kwargs)`` would send,
-    for the arguments of :meth:`StoredMessage.publish_kwargs <.message.StoredMessage.publish_kwargs>`
-    (an encoded body with its content type: no serializer, no compression).
+class PublishProperties(NamedTuple):
+    """The message properties ``Producer.publish`` builds, and its ``priority`` argument."""
 
-    As kombu builds them: ``priority`` 0 unless given, ``delivery_mode`` named or numbered and
-    2 (persistent) unless given, ``expiration`` in whole ms as text, the headers as the table.
-    None when ``kwargs`` hold what only kombu's publish handles.
+    #: the extra properties in the order given, then ``delivery_mode``, then ``expiration``
+    properties: dict[str, Any]
+    #: kombu's default 0 when not given; an explicit None stays None
+    priority: Any
+
+
+def publish_properties(kwargs: dict[str, Any]) -> PublishProperties | None:
+    """What ``Producer(channel).publish(**kwargs)`` makes of ``kwargs`` before its channel sees
+    them, for the arguments of :meth:`StoredMessage.publish_kwargs
+    <.message.StoredMessage.publish_kwargs>` (an encoded body with its content type: no
+    serializer, no compression). Shared by the AMQP encoder here and kombu's Redis wire message
+    (:mod:`.redis_handoff`), whose JSON keeps kombu's order of the properties.
+
+    As kombu builds them: ``delivery_mode`` named or numbered and 2 (persistent) unless given,
+    ``expiration`` in whole ms as text. None when ``kwargs`` hold what only kombu's publish handles.
     """
-    if _KOMBU_ONLY.intersection(kwargs) or kwargs.get("retry") or not kwargs["content_type"]:
+    if _KOMBU_ONLY.intersection(kwargs) or kwargs.get("retry"):
         return None
-    if type(kwargs["body"]) is not bytes:
-        return None
+    if not kwargs["content_type"] or not kwargs["content_encoding"] or type(kwargs["body"]) is not bytes:
+        return None  # kombu would encode the body, or name its encoding
     properties = {k: v for k, v in kwargs.items() if k not in _NOT_PROPERTIES}
-    properties["delivery_mode"] = maybe_delivery_mode(properties.get("delivery_mode"))
+    priority = properties.pop("priority", _DEFAULT_PRIORITY)
+    properties["delivery_mode"] = maybe_delivery_mode(properties.pop("delivery_mode", None))
     expiration = kwargs.get("expiration")
     if expiration is not None:
         properties["expiration"] = str(int(expiration * 1000))
-    properties.setdefault("priority", _DEFAULT_PRIORITY)
+    return PublishProperties(properties, priority)
+
+
+def message_properties(kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The properties of the py-amqp message ``Producer(channel).publish(**kwargs)`` would send
+    (:func:`publish_properties`, with ``priority`` and the content type, encoding and headers
+    table); None when ``kwargs`` hold what only kombu's publish handles.
+    """
+    found = publish_properties(kwargs)
+    if found is None:
+        return None
+    properties = found.properties
     properties.update(
+        priority=found.priority,
         content_type=kwargs["content_type"],
         content_encoding=kwargs["content_encoding"],
         application_headers=kwargs.get("headers") or {},

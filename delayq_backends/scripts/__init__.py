@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from . import library
 from .library import *  # noqa: F403  (the loader's names: LIBRARY, ScriptRunner, install_functions, ...)
-from .rq import RqEnqueue, RqFail, RqFailed, RqFields, RqMove, RqMoved
+from .rq import RqEnqueue, RqFail, RqFailed, RqFields, RqJobWrites, RqMove, RqMoved, RqSchedule
 
-__all__ = [*library.__all__, "RqEnqueue", "RqFail", "RqFailed", "RqFields", "RqMove", "RqMoved"]
+__all__ = [
+    *library.__all__,
+    "RqEnqueue",
+    "RqFail",
+    "RqFailed",
+    "RqFields",
+    "RqJobWrites",
+    "RqMove",
+    "RqMoved",
+    "RqSchedule",
+]

@@ -6,9 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..keys import ShardKeys
+from ..models import ScheduleCounts, ScheduleItem
 from .library import ScriptCall
+from .store import ScheduleOne, schedule_counts
 
-__all__ = ["RqEnqueue", "RqFail", "RqFailed", "RqFields", "RqMove", "RqMoved"]
+__all__ = ["RqEnqueue", "RqFail", "RqFailed", "RqFields", "RqJobWrites", "RqMove", "RqMoved", "RqSchedule"]
 
 #: Per job hash: its values (None when absent), or the key's type when it is no hash.
 JobValues = list[bytes | None] | bytes
@@ -35,6 +38,40 @@ class RqEnqueue:
     ) -> ScriptCall[int]:
         """``mask`` has one character per key: "1" writes the queue's ``timeout`` too."""
         return ScriptCall(cls.name, tuple(job_keys), (status, origin, enqueued_at, timeout, mask), int)
+
+
+@dataclass(frozen=True, slots=True)
+class RqJobWrites:
+    """The writes RQ's ``schedule_job`` queues for one job, as :class:`RqSchedule` makes them:
+    its queue's entry in ``rq:queues``, its job hash, and its mirror entry in ``rq:scheduled:<queue>``.
+
+    Attributes:
+        queues_key: ``rq:queues``; queue_key: ``rq:queue:<name>``, the member added there.
+        job_key: ``rq:job:<id>``; fields: its field/value pairs, in the order RQ wrote them.
+        registry_key: ``rq:scheduled:<queue>``; mirror_score: the job's score there.
+    """
+
+    queues_key: str
+    queue_key: str
+    job_key: str
+    fields: tuple[Any, ...]
+    registry_key: str
+    mirror_score: float
+
+
+class RqSchedule:
+    """rq_schedule.lua: one job's store item and its RQ writes (:class:`RqJobWrites`) in one call."""
+
+    name = "rq_schedule"
+
+    @classmethod
+    def call(cls, keys: ShardKeys, item: ScheduleItem, rq: RqJobWrites, *, wake: str) -> ScriptCall[ScheduleCounts]:
+        return ScriptCall(
+            cls.name,
+            (*ScheduleOne.keys_of(keys), rq.queues_key, rq.job_key, rq.registry_key),
+            (item.id, item.ready_ms, item.envelope, item.rank, wake, rq.queue_key, rq.mirror_score, *rq.fields),
+            schedule_counts,
+        )
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ __all__ = [
     "SlotHold",
     "SlotTake",
     "Take",
+    "schedule_counts",
 ]
 
 R = TypeVar("R")
@@ -111,7 +112,7 @@ class Schedule(ShardScript):
         args[4 + 2 * n :: 2], args[5 + 2 * n :: 2] = ids, [i.envelope for i in items]
         if ranked:
             args += [i.rank for i in items]
-        return cls._call(keys, args, _counts)
+        return cls._call(keys, args, schedule_counts)
 
 
 class ScheduleOne(ShardScript):
@@ -122,10 +123,11 @@ class ScheduleOne(ShardScript):
 
     @classmethod
     def call(cls, keys: ShardKeys, item: ScheduleItem, *, wake: str) -> ScriptCall[ScheduleCounts]:
-        return cls._call(keys, (item.id, item.ready_ms, item.envelope, item.rank, wake), _counts)
+        return cls._call(keys, (item.id, item.ready_ms, item.envelope, item.rank, wake), schedule_counts)
 
 
-def _counts(reply: Any) -> ScheduleCounts:
+def schedule_counts(reply: Any) -> ScheduleCounts:
+    """A schedule script's ``{added, replaced, kept}``."""
     return ScheduleCounts(*map(int, reply))
 
 

@@ -230,11 +230,12 @@ class StoreCore:
 
     # -- running scripts --------------------------------------------------------------------
 
-    def _run(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int) -> R:
-        """Run the script call ``call`` builds from ``shard``'s keys, now."""
+    def _run(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int, client: Any = None) -> R:
+        """Run the script call ``call`` builds from ``shard``'s keys, now (on ``client``, by default
+        the store's own)."""
         self.check_meta()
         with full_store_said_plainly():
-            return self.scripts.run(call(self._keys[shard]))
+            return self.scripts.run(call(self._keys[shard]), client=client)
 
     def run_each(self, calls: Sequence[ScriptCall[R]]) -> list[R | Exception]:
         """Run ``calls`` (each on keys of its own, not a shard's: rate buckets, slot keys) in one
@@ -255,11 +256,12 @@ class StoreCore:
         self.check_meta()
         self.scripts.queue(call(self._keys[shard]), pipeline)
 
-    def _write(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int) -> R:
-        """Run a producer's write script; with ``durable_replicas``, wait for the replicas too."""
+    def _write(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int, client: Any = None) -> R:
+        """Run a producer's write script; with ``durable_replicas``, wait for the replicas too.
+        ``client``: a client of the shard's (non-cluster) server to run it on, by default the store's."""
         if not self.config.durable_replicas:
-            return self._run(call, shard)
-        return self._durable(call(self._keys[shard]), shard)
+            return self._run(call, shard, client)
+        return self._durable(call(self._keys[shard]), shard, client)
 
     def _write_calls(self, calls: Iterable[tuple[int, ScriptCall[R]]]) -> list[R | Exception]:
         """Run each (shard, call) with small replies, streamed (durably, one by one, with
@@ -312,18 +314,19 @@ class StoreCore:
             for call, reply in zip(ran, replies)
         ]
 
-    def _durable(self, call: ScriptCall[R], shard: int) -> R:
-        """The script and a WAIT in one pipeline on the connection of the shard's node.
+    def _durable(self, call: ScriptCall[R], shard: int, client: Any = None) -> R:
+        """The script and a WAIT in one pipeline on the connection of the shard's node (or on
+        ``client``, a client of that server).
 
         WAIT counts the replicas that have the writes made *on its own connection*, so both must
         travel together. On a cluster whose layout just changed (a failover), the cluster client
         refreshes its slot map and the call is tried once more.
         """
-        self._check_wait_allowed(self._node_client(shard))
+        self._check_wait_allowed(client or self._node_client(shard))
         wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
         for attempt in (1, 2):
             try:
-                with self._node_client(shard).pipeline(transaction=False) as pipe:
+                with (client or self._node_client(shard)).pipeline(transaction=False) as pipe:
                     self.scripts.queue(call, pipe)
                     pipe.execute_command("WAIT", wanted, timeout)
                     with full_store_said_plainly():

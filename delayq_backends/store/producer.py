@@ -4,15 +4,16 @@ inside a caller's pipeline (``pipeline=``)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
 import redis
 
 from ..envelope import Envelope, Slot, SlotSpec, with_rate_key, with_slot
 from ..errors import ConfigError, InvalidIdError, StoreFullError
-from ..keys import collapse_id, normalize_id, shard_of
+from ..keys import ShardKeys, collapse_id, normalize_id, shard_of
 from ..models import CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
+from ..scripts.library import ScriptCall
 from ..scripts.store import Cancel, Debounce, Rearm, Reschedule, Schedule, ScheduleOne
 from ..timeutil import When, to_ms
 from .base import Payload, StoreCore
@@ -40,6 +41,11 @@ def _keyed(envelope: Payload, rate_key: str | None) -> Payload:
     if rate_key is None:
         return envelope
     return with_rate_key(envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope), rate_key)
+
+
+def _outcome(counts: ScheduleCounts) -> str:
+    """A single item's schedule, in words."""
+    return "added" if counts.added else "replaced" if counts.replaced else "kept"
 
 
 def _keep(mode: str) -> bool:
@@ -116,9 +122,34 @@ class Producer(StoreCore):
         else:  # the usual case, in the script for one item
             call = lambda k: ScheduleOne.call(k, item, wake=self._wake)  # noqa: E731
         counts = self._write_or_queue(call, shard, pipeline)
-        if counts is None:
-            return None
-        return "added" if counts.added else "replaced" if counts.replaced else "kept"
+        return None if counts is None else _outcome(counts)
+
+    def schedule_with(
+        self,
+        build: Callable[[ShardKeys, ScheduleItem, str], ScriptCall[ScheduleCounts]],
+        item_id: str | bytes,
+        when: When,
+        envelope: Payload,
+        *,
+        rank: int = 0,
+        client: Any = None,
+    ) -> str:
+        """:meth:`schedule` (replace mode) through an adapter's script, which writes the item as
+        ``includes/schedule_item.lua`` does and the adapter's own keys beside it, in one call (the
+        RQ queue's job hash: :class:`~delayq_backends.scripts.rq.RqSchedule`). Durable as
+        :meth:`schedule`: with ``durable_replicas``, the call and a WAIT travel together.
+
+        Args:
+            build: the script call, from the item's shard keys, the checked item and the wake channel.
+            client: where to run it, by default the store's client: a client of the store's own
+                (non-cluster) server whose user may write the adapter's keys.
+
+        Raises:
+            As :meth:`schedule`; nothing was stored.
+        """
+        item = self.check_item(item_id, when, envelope, rank)
+        shard = shard_of(item.id, self.config.shards)
+        return _outcome(self._write(lambda keys: build(keys, item, self._wake), shard, client))
 
     def debounce(
         self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0, rate_key: str | None = None

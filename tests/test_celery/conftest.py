@@ -17,12 +17,15 @@ from delayq_backends.embedded import EmbeddedServer
 from tests.test_celery.harness import CeleryEnv, new_env, running
 
 BROKERS = ["redis", "rabbitmq"]
+#: a Redis broker in the store's own database: the exactly-once hand-off (a module that runs it
+#: too parametrizes ``celery_env`` with it)
+HANDOFF = "redis-handoff"
 
 
 def broker_url_for(kind: str, request: pytest.FixtureRequest, valkey: EmbeddedServer) -> str:
     if kind == "rabbitmq":
         return str(request.getfixturevalue("rabbitmq_url"))
-    return f"{valkey.url.rsplit('/', 1)[0]}/1"
+    return f"{valkey.url.rsplit('/', 1)[0]}/{0 if kind == HANDOFF else 1}"
 
 
 @pytest.fixture(scope="module", params=BROKERS)
@@ -32,8 +35,8 @@ def celery_env(
     """A running worker and forwarder on each broker in turn, shared by a module's tests."""
     env = new_env(request.param, broker_url_for(request.param, request, valkey_server), valkey_server)
     tmp = tmp_path_factory.mktemp(f"celery-{request.param}")
-    # the Redis-broker run starts its forwarder through `celery -A … delayq forward`
-    with running(env, tmp, via_celery=request.param == "redis"):  # deletes a RabbitMQ queue at the end
+    # the Redis-broker runs start their forwarder through `celery -A … delayq forward`
+    with running(env, tmp, via_celery=request.param != "rabbitmq"):  # deletes a RabbitMQ queue at the end
         yield env
 
 

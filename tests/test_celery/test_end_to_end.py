@@ -1,7 +1,10 @@
 """Delayed Celery tasks through the delay store to a real worker, on RabbitMQ and a Redis broker.
 
 Each module-scoped environment runs a real ``celery worker`` and a real forwarder subprocess
-(``delayq forward --celery-broker`` for RabbitMQ, ``celery -A … delayq forward`` for Redis).
+(``delayq forward --celery-broker`` for RabbitMQ, ``celery -A … delayq forward`` for Redis). The
+Redis broker runs twice: in another database (kombu's publish, then the ack) and in the store's
+own (the exactly-once hand-off, which encodes kombu's messages itself: priorities, ``expires``,
+eta rewrites and custom headers reach the worker as kombu's publish would send them).
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from celery import Celery, chain, group
 from delayq_backends.celery import get, reschedule, store_for
 from delayq_backends.celery.message import parse_time
 from tests.helpers import wait_for
+from tests.test_celery.conftest import BROKERS, HANDOFF
 from tests.test_celery.harness import CeleryEnv, delayq_cli
+
+pytestmark = pytest.mark.parametrize("celery_env", [*BROKERS, HANDOFF], indirect=True, scope="module")
 
 
 def runs(env: CeleryEnv, tag: str) -> list[dict[str, Any]]:

@@ -205,6 +205,63 @@ def test_a_broker_elsewhere_keeps_publish_then_ack(
     client.close()
 
 
+def test_a_broker_elsewhere_gets_kombus_commands_in_one_pipeline(
+    app: Celery, env: CeleryEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's messages are encoded without kombu's publish and go out as kombu's batch sends
+    them: one LPUSH for the queue, in due order, each message what kombu's publish pushes."""
+    broker = env.store.rsplit("/", 1)[0] + "/1"
+    app.conf.delayq_shards = 1  # one claim takes the whole batch
+    ids = [stored(app, headers={"x_custom": "v"}, reply_to="replies") for _ in range(20)]
+    for n, task_id in enumerate(ids):
+        assert store_for(app).reschedule(task_id, datetime.now(timezone.utc) - timedelta(seconds=10 - n / 100))
+    item = store_for(app).get(ids[0])
+    assert item is not None
+    kwargs = StoredMessage.from_envelope(Envelope.decode(item.envelope)).publish_kwargs(ready_ms=item.ready_ms)
+    client = redis.Redis.from_url(broker)
+    try:
+        with Connection(broker) as conn:
+            Producer(conn.channel(), auto_declare=False).publish(**kwargs)
+        (native,) = client.lrange(env.queue, 0, -1)
+        client.delete(env.queue)
+        before = int(client.info("commandstats").get("cmdstat_lpush", {}).get("calls", 0))
+
+        def no_kombu(*args: Any, **kwargs: Any) -> None:
+            raise AssertionError("went through kombu's Producer.publish")
+
+        monkeypatch.setattr(Producer, "publish", no_kombu)
+        assert Forwarder(store_for(app), [CeleryTarget.from_url(broker)]).run_once() == 20
+        assert int(client.info("commandstats")["cmdstat_lpush"]["calls"]) - before == 1
+        pushed = list(reversed(client.lrange(env.queue, 0, -1)))
+    finally:
+        client.delete(env.queue)
+        client.close()
+    assert [json.loads(raw)["headers"]["id"] for raw in pushed] == ids, "the worker's BRPOP order is the due order"
+    assert without_tag(pushed[0])[0] == without_tag(native)[0], "byte for byte, but for the delivery tag"
+
+
+def test_a_failed_pipeline_to_a_broker_elsewhere_releases_the_batch(app: Celery, env: CeleryEnv) -> None:
+    """A pipeline that fails (here a WRONGTYPE: the queue's key holds a string) leaves delivery
+    uncertain, as kombu's own batch says: released with no attempt counted, sent once it works."""
+    broker = env.store.rsplit("/", 1)[0] + "/1"
+    task_id = stored(app)
+    make_due(app, task_id)
+    client = redis.Redis.from_url(broker)
+    client.set(env.queue, "not a list")
+    forwarder = Forwarder(store_for(app), [CeleryTarget.from_url(broker)])
+    try:
+        forwarder.run_once()
+        item = store_for(app).get(task_id)
+        assert item is not None and item.attempts == 0, "released, not failed"
+        client.delete(env.queue)
+        make_due(app, task_id)
+        wait_for(lambda: forwarder.run_once() == 1, 10, "the released task to be sent")
+        assert client.llen(env.queue) == 1 and store_for(app).get(task_id) is None
+    finally:
+        client.delete(env.queue)
+        client.close()
+
+
 def test_a_kombu_without_the_publish_hook_keeps_publish_then_ack(
     app: Celery, env: CeleryEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,6 +19,7 @@ from rq.job import Job
 from delayq_backends import Config, DelayStore
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
+from delayq_backends.rq.queue import job_writes
 from delayq_backends.rq.registry import is_mirror
 from delayq_backends.store import Lease
 from tests.test_rq.test_target import claim_all, deliveries, schedule_past
@@ -157,3 +158,83 @@ def test_a_unique_job_leaves_only_its_mirror_entry_in_rqs_scheduled_registry(
     entries = queue.connection.zrange(f"rq:scheduled:{queue.name}", 0, -1, withscores=True)
     assert rq_store.exists(job.id) and [m for m, _ in entries] == [job.id.encode()]
     assert all(is_mirror(score) for _, score in entries)
+
+
+def test_enqueue_at_is_one_command_in_one_round_trip(
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job hash, its queue in rq:queues, its mirror entry and the store's item were a MULTI/EXEC
+    of seven commands, packed and parsed one by one: now one script call writes them all."""
+    when = datetime.now(timezone.utc) + timedelta(hours=1)
+    queue.enqueue_at(when, "tests.test_rq.jobs.record", "warm-up")  # reads the store's meta, loads the script
+    with counting_commands(monkeypatch) as sent:
+        job = queue.enqueue_at(when, "tests.test_rq.jobs.record", "one")
+    assert sent == [1], f"commands per round trip: {sent}"
+    assert conn.sismember("rq:queues", queue.key)
+    assert is_mirror(conn.zscore(f"rq:scheduled:{queue.name}", job.id) or 0)
+    assert rq_store.get(job.id) is not None
+    saved = Job.fetch(job.id, connection=conn)
+    assert saved.get_status() == "scheduled" and saved.args == ("one",) and saved.origin == queue.name
+
+
+def test_enqueue_at_after_a_script_flush_writes_all_of_it(
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue
+) -> None:
+    """A server that lost its script cache (a restart, a failover) refuses the call before any
+    write; the job is then scheduled whole, never its hash without its store item."""
+    when = datetime.now(timezone.utc) + timedelta(hours=1)
+    queue.enqueue_at(when, "tests.test_rq.jobs.record", "warm-up")
+    conn.script_flush()
+    job = queue.enqueue_at(when, "tests.test_rq.jobs.record", "after")
+    assert rq_store.get(job.id) is not None and conn.hget(job.key, "status") == b"scheduled"
+
+
+def test_a_job_key_of_another_type_fails_the_enqueue_before_the_store_item(
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue
+) -> None:
+    """The script writes RQ's keys first: a job key another tool made a list fails the call
+    with no store item pointing at it."""
+    job_id = f"{queue.name}-taken"
+    conn.rpush(f"rq:job:{job_id}", "not a hash")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        queue.enqueue_at(datetime.now(timezone.utc) + timedelta(hours=1), "tests.test_rq.jobs.record", job_id=job_id)
+    assert not rq_store.exists(job_id)
+
+
+def test_writes_the_script_does_not_know_go_in_a_transaction_as_rq_queued_them(
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job with a TTL also queues EXPIREs: not one script call's writes, so they commit in
+    the transaction they were queued on, with the store's item."""
+    when = datetime.now(timezone.utc) + timedelta(hours=1)
+    queue.enqueue_at(when, "tests.test_rq.jobs.record", "warm-up")
+    with counting_commands(monkeypatch) as sent:
+        job = queue.enqueue_at(when, "tests.test_rq.jobs.record", "ttl", ttl=600)
+    assert len(sent) == 1 and sent[0] > 1, sent
+    assert 0 < conn.ttl(job.key) <= 600 and rq_store.get(job.id) is not None
+    assert is_mirror(conn.zscore(f"rq:scheduled:{queue.name}", job.id) or 0)
+
+
+def test_job_writes_reads_only_the_commands_it_knows(queue: Queue) -> None:
+    job = queue.create_job("tests.test_rq.jobs.record", args=("x",))
+    registry = f"rq:scheduled:{queue.name}"
+    usual = [
+        (("SADD", "rq:queues", queue.key), {}),
+        (("HSET", job.key, "status", "scheduled"), {}),
+        (("HSET", job.key, "data", b"d", "status", "scheduled"), {}),
+        (("ZADD", registry, 1e11 + 5, job.id), {}),
+    ]
+    writes = job_writes(usual, queue, job)
+    assert writes is not None and writes.fields == ("status", "scheduled", "data", b"d", "status", "scheduled")
+    assert (writes.queue_key, writes.job_key, writes.registry_key, writes.mirror_score) == (
+        queue.key,
+        job.key,
+        registry,
+        1e11 + 5,
+    )
+    expire = (("EXPIRE", job.key, 600), {})
+    other_job = (("HSET", "rq:job:other", "status", "scheduled"), {})
+    for extra in (expire, other_job):
+        assert job_writes([*usual, extra], queue, job) is None
+    for command in ("SADD", "HSET", "ZADD"):  # each write the script makes must be there
+        assert job_writes([c for c in usual if c[0][0] != command], queue, job) is None
