@@ -275,3 +275,19 @@ def test_a_slot_in_an_envelope_that_is_none_runs_unlimited() -> None:
     for meta in ({"slot": 5}, {"slot": {"key": ""}}, {"slot": {"key": "k", "limit": -1}}, {"slot": {"limit": 2}}):
         assert slot_of(Envelope("list", OUT, meta=meta)) is None
     assert slot_of(Envelope("list", OUT, meta={"slot": {"key": "k", "limit": 2, "rank": "x"}})) == (Slot("k", 2), 0)
+
+
+def test_a_batch_bigger_than_luas_unpack_limit_takes_and_gives_back_its_slots(valkey_url: str, prefix: str) -> None:
+    """9,000 items of one key in one call (a claim's batch goes up to 10,000; Lua's unpack stops
+    near 8,000): each joins the line, two are granted, all leave or end in one call each."""
+    store = make_store(valkey_url, prefix, shards=1)
+    members = [(f"m{i:05d}", i) for i in range(9000)]
+    joined = store.take_slots({"big": SlotAsk(2, members)}, hold_ms=60_000, wait_ms=60_000, mode="join")["big"]
+    assert not isinstance(joined, Exception) and len(joined.places) == 9000
+    taken = store.take_slots({"big": SlotAsk(2, members)}, hold_ms=60_000, wait_ms=60_000)["big"]
+    assert not isinstance(taken, Exception)
+    assert taken.places[:3] == (-1, -1, 0) and taken.places[-1] == 8997
+    assert store.hold_slots({"big": [m for m, _ in members]}, "beat", hold_ms=60_000) == {"big": 2}
+    assert store.hold_slots({"big": [m for m, _ in members]}, "end", hold_ms=0) == {"big": 2}
+    left = store.take_slots({"big": SlotAsk(2, members[2:])}, hold_ms=60_000, wait_ms=60_000, mode="leave")["big"]
+    assert not isinstance(left, Exception) and store.slot_status("big").waiting == 0

@@ -72,6 +72,8 @@ class SlotHook(PassHook):
             for key, reply in self._take(by_key, "join").items():
                 if isinstance(reply, Exception):  # admit meets it again, and holds the items back
                     log.debug("slot %r: could not join the line (%s)", key, reply)
+                else:
+                    _report_reset(key, reply)
         return _NOTHING
 
     def member(self, kind: str, delivery: Delivery) -> str:
@@ -113,13 +115,7 @@ class SlotHook(PassHook):
                 log.error("slot %r failed (%s: %s); its items wait", key, type(grant).__name__, grant)
                 later += [(d.id, now_ms + MAX_RECHECK_MS) for d, _, _ in asking.items]
                 continue
-            if grant.reset:
-                log.warning(
-                    "slot %r held %s: dropped; only forwarders and workers write it (check what else writes the "
-                    "store's keys)",
-                    key,
-                    grant.reset,
-                )
+            _report_reset(key, grant)
             for (d, _, _), place in zip(asking.items, grant.places):
                 if place < 0:
                     go.append(d)
@@ -156,6 +152,17 @@ class SlotHook(PassHook):
             for key, reply in self.store.hold_slots(back, "end", hold_ms=0).items():
                 if isinstance(reply, Exception):  # its hold lapses after START_HOLD_MS
                     log.warning("slot %r: could not give back %d slots (%s)", key, len(back[key]), reply)
+
+
+def _report_reset(key: str, grant: SlotGrant) -> None:
+    """Log what the slot script found out of place in ``key``'s keys and dropped (whichever call
+    met it first: a key of another type is gone a millisecond later)."""
+    if grant.reset:
+        log.warning(
+            "slot %r held %s: dropped; only forwarders and workers write it (check what else writes the store's keys)",
+            key,
+            grant.reset,
+        )
 
 
 def recheck_ms(place: int, limit: int) -> int:

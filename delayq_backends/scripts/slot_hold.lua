@@ -8,26 +8,27 @@ Input:
   ARGV[4..] members
 Output: how many of the members were held before the call; -1 when KEYS[1] is not a ZSET (a
 hand write: left to slot_take.lua, which drops it; the worker runs on).
-A beat never brings back a hold that lapsed or ended (ZADD XX): a slot given back stays free. ]]
+A beat never brings back a hold that lapsed or ended: a slot given back stays free. ]]
 --- @include "numbers"
 local mode, hold_ms = ARGV[1], tonumber(ARGV[2])
 local kind = rcall('TYPE', KEYS[1])['ok']
 if kind ~= 'none' and kind ~= 'zset' then return -1 end
-local members = {}
-for i = 4, #ARGV do members[#members + 1] = ARGV[i] end
-if mode == 'end' then return rcall('ZREM', KEYS[1], unpack(members)) end
+-- one call a member, not unpack(): a batch's members can pass Lua's unpack limit (~8,000)
+if mode == 'end' then
+  local ended = 0
+  for i = 4, #ARGV do ended = ended + rcall('ZREM', KEYS[1], ARGV[i]) end
+  return ended
+end
 local until_ms = ms(now_ms(ARGV[3]) + hold_ms)
-local args = {}
-for _, m in ipairs(members) do
-  args[#args + 1] = until_ms
-  args[#args + 1] = m
-end
-if mode == 'beat' then
-  local held = 0
-  for _, m in ipairs(members) do
-    if rcall('ZSCORE', KEYS[1], m) then held = held + 1 end
+local held = 0
+for i = 4, #ARGV do
+  if mode == 'beat' then  -- only the holds still there: a slot given back stays free
+    if rcall('ZSCORE', KEYS[1], ARGV[i]) then
+      held = held + 1
+      rcall('ZADD', KEYS[1], until_ms, ARGV[i])
+    end
+  else
+    held = held + 1 - rcall('ZADD', KEYS[1], until_ms, ARGV[i])
   end
-  rcall('ZADD', KEYS[1], 'XX', unpack(args))
-  return held
 end
-return #members - rcall('ZADD', KEYS[1], unpack(args))
+return held

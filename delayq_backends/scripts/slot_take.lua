@@ -14,8 +14,9 @@ Input:
           the key's order across shards); "leave": they give up their places (not to be
           published: found started by lossless mode, or failed)
   ARGV[6..] member, order: the asking items
-Output: {limit (0: none), holds after the call, reset, then per asking item -1 (granted: its
-hold is taken) or its place in the line (0: next)}. reset: "" or what was found out of place and
+Output: {limit (0: none), holds after the call, reset, places}: places per asking item -1
+(granted: its hold is taken) or its place in the line (0: next), as an array of its own (a
+batch's items can pass Lua's unpack limit). reset: "" or what was found out of place and
 dropped, for the caller to log.
 A free slot goes to the head of the line, asking or not: an item that waits keeps its place
 while it is deferred, so the items of a key go in their order. Lapsed holds (a worker that
@@ -45,7 +46,7 @@ for i = 1, 4 do
 end
 if #reset > 0 then  -- gone in a ms: the items ask again after a short wait
   for i = 1, n do places[i] = 0 end
-  return {0, 0, table.concat(reset, ' '), unpack(places)}
+  return {0, 0, table.concat(reset, ' '), places}
 end
 if ARGV[5] == 'leave' then
   for i = 1, n do
@@ -53,7 +54,7 @@ if ARGV[5] == 'leave' then
     rcall('ZREM', waits, ARGV[4 + 2 * i])
     places[i] = -1
   end
-  return {0, 0, '', unpack(places)}
+  return {0, 0, '', places}
 end
 local limit = whole(ARGV[1]) or 0
 local set = rcall('GET', KEYS[4])
@@ -116,4 +117,4 @@ end
 for m, i in pairs(asking) do
   if not places[i] then places[i] = rcall('ZRANK', waiting, m) end
 end
-return {limit, rcall('ZCARD', holds), table.concat(reset, ' '), unpack(places)}
+return {limit, rcall('ZCARD', holds), table.concat(reset, ' '), places}

@@ -369,7 +369,7 @@ class SlotTake:
             cls.name,
             keys,
             tuple(args),
-            lambda r: SlotGrant(int(r[0]), int(r[1]), tuple(int(p) for p in r[3:]), _text(r[2])),
+            lambda r: SlotGrant(int(r[0]), int(r[1]), tuple(int(p) for p in r[3]), _text(r[2])),
         )
 
 
