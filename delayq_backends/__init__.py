@@ -5,7 +5,7 @@ The package root imports neither celery, rq nor pyspark; their adapters live in
 """
 
 from .config import Config
-from .envelope import Envelope
+from .envelope import Envelope, Slot
 from .errors import (
     BrokerUnavailable,
     ConfigError,
@@ -15,6 +15,7 @@ from .errors import (
     InvalidIdError,
     InvalidRankError,
     InvalidRateKeyError,
+    InvalidSlotError,
     InvalidTimeError,
     NotDurableError,
     PayloadTooLargeError,
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidIdError",
     "InvalidRankError",
     "InvalidRateKeyError",
+    "InvalidSlotError",
     "InvalidTimeError",
     "NotDurableError",
     "PayloadTooLargeError",
@@ -49,5 +51,6 @@ __all__ = [
     "ScheduledItem",
     "ShardMismatchError",
     "ShardStats",
+    "Slot",
     "StoreFullError",
 ]

@@ -35,7 +35,7 @@ from .errors import ConfigError
 from .keys import meta_key, periodic_key, wake_channel
 from .scripts.library import function_name
 
-__all__ = ["PRODUCER_FUNCTIONS", "ROLES", "acl_rules", "acl_setuser", "key_patterns"]
+__all__ = ["PRODUCER_FUNCTIONS", "ROLES", "WORKER_FUNCTIONS", "acl_rules", "acl_setuser", "key_patterns"]
 
 #: Sent by redis-py on connect and by the store's checks (INFO cluster detects cluster mode).
 #: Not CLIENT SETINFO: Redis 7.0 does not know it (ACL SETUSER would fail), and redis-py ignores
@@ -56,6 +56,9 @@ _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 #: The scripts a producer runs: its writes, and the periodic sync's compare-and-set (rearm).
 PRODUCER_FUNCTIONS = ("schedule", "schedule_one", "cancel", "reschedule", "debounce", "rearm")
 
+#: The scripts a worker runs besides a producer's: the holds of its tasks' concurrency slots.
+WORKER_FUNCTIONS = ("slot_hold",)
+
 #: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
 _PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")
 
@@ -71,8 +74,11 @@ ROLES: dict[str, tuple[str, ...]] = {
         "+hsetnx",
         "+subscribe",
         "+pexpire",
-        "+get",  # a start record's value, told from a hand write (lossless mode)
+        "+get",  # a start record's value, told from a hand write (lossless mode); a slot's limit
         "+wait",
+        "+type",  # slot_take.lua: a slot key of another type (a hand write) is dropped
+        "+zremrangebyscore",  # slot_take.lua: lapsed holds and places in line
+        "+zrank",  # slot_take.lua: an item's place in its key's line
     ),
     # a producer (a task's retry or delayed child goes through the store); the commands of a
     # run's start record (dedupe.RunGuard) only in a selector of those records (acl_rules)
@@ -101,11 +107,18 @@ def _shard_key(prefix: str, name: str) -> str:
     return f"{prefix}:{{{prefix}:*}}:{name}"
 
 
+def _slot_holds(prefix: str) -> str:
+    """The pattern of every slot key's holds (``keys.slot_holds_key``)."""
+    return f"{prefix}:{{{prefix}:slot:*}}:holds"
+
+
 def _role_keys(prefix: str, role: str) -> list[str]:
     """The key rules of ``role``: read and write (``~``) or read only (``%R~``)."""
     if role in _PRODUCES:
         writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", "calls:*")]
         reads = [_shard_key(prefix, "dead*"), meta_key(prefix)]
+        if role == "worker":  # slot_hold.lua: the holds of its tasks' concurrency slots
+            writes.append(_slot_holds(prefix))
         return [*(f"~{k}" for k in writes), f"~{periodic_key(prefix)}", *(f"%R~{k}" for k in reads)]
     return key_patterns(prefix)
 
@@ -117,7 +130,8 @@ def _scripts(role: str, functions: bool) -> tuple[str, ...]:
     if not functions:
         return _SCRIPTS
     if role in _PRODUCES:
-        return (*(f"+fcall|{function_name(n)}" for n in PRODUCER_FUNCTIONS), f"+fcall_ro|{function_name('version')}")
+        own = (*PRODUCER_FUNCTIONS, *WORKER_FUNCTIONS) if role == "worker" else PRODUCER_FUNCTIONS
+        return (*(f"+fcall|{function_name(n)}" for n in own), f"+fcall_ro|{function_name('version')}")
     return _FUNCTIONS
 
 
@@ -139,6 +153,7 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
         # record is written again for durable_replicas' WAIT
         rules.append(f"(+set +get +type +watch +del +pexpire ~{_shard_key(prefix, 'started:*')})")
+        rules.append(f"(+type ~{_slot_holds(prefix)})")  # slot_hold.lua leaves a hand write alone
     return rules
 
 

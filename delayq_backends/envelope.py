@@ -34,20 +34,26 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from .errors import EnvelopeError, InvalidRateKeyError, NewerFormatError
+from .errors import EnvelopeError, InvalidRateKeyError, InvalidSlotError, NewerFormatError
 
 __all__ = [
     "FORMAT_VERSION",
     "INVALID_RATE_KEY",
     "MAX_RATE_KEY",
+    "MAX_SLOT_LIMIT",
     "RATE_KEY",
+    "SLOT",
+    "Slot",
+    "SlotSpec",
     "Envelope",
     "READABLE_VERSIONS",
     "check_rate_key",
     "frame",
     "head",
     "rate_key_of",
+    "slot_of",
     "with_rate_key",
+    "with_slot",
 ]
 
 #: The envelope meta field holding an item's rate key (a tenant, a customer id): the forwarder
@@ -246,3 +252,67 @@ def rate_key_of(envelope: Envelope) -> str | None:
         return check_rate_key(key)
     except InvalidRateKeyError:
         return INVALID_RATE_KEY
+
+
+#: The envelope meta field holding an item's concurrency slot: ``{"key", "limit", "rank"}``.
+SLOT = "slot"
+#: Highest limit a slot may carry: a limit is how many tasks of a key run at once.
+MAX_SLOT_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A concurrency slot: at most ``limit`` items of ``key`` run at once (see :mod:`delayq_backends.slots`).
+
+    Attributes:
+        key: what is limited (a customer, a resource): printable text, as a rate key.
+        limit: the item's default limit, used while no limit is set for the key at runtime
+            (``set_slot_limit``); None: unlimited unless one is set.
+    """
+
+    key: str
+    limit: int | None = None
+
+    @classmethod
+    def parse(cls, value: Any) -> Slot:
+        """A slot from what a user passes: a key, ``{"key": ..., "limit": N}``, or a Slot.
+
+        Raises:
+            InvalidSlotError: anything else, saying what to pass; nothing was stored.
+        """
+        if isinstance(value, Slot):
+            return value
+        key, limit = (value.get("key"), value.get("limit")) if isinstance(value, Mapping) else (value, None)
+        extra = set(value) - {"key", "limit"} if isinstance(value, Mapping) else set()
+        ok_key = isinstance(key, str) and 0 < len(key) <= MAX_RATE_KEY and key.isprintable()
+        ok_limit = limit is None or (type(limit) is int and 1 <= limit <= MAX_SLOT_LIMIT)
+        if not ok_key or not ok_limit or extra:
+            raise InvalidSlotError(
+                f"slot {repr(value)[:80]}: pass a key (printable text of 1..{MAX_RATE_KEY} characters, e.g. "
+                f"'customer-42') or {{'key': KEY, 'limit': N}} with 1 <= N <= {MAX_SLOT_LIMIT}"
+            )
+        return cls(str(key), limit)
+
+
+#: What a user may pass as a slot (see :meth:`Slot.parse`).
+SlotSpec = Slot | str | Mapping[str, Any]
+
+
+def with_slot(envelope: Envelope, slot: Slot, rank: int = 0) -> Envelope:
+    """``envelope`` carrying ``slot``, and the item's ``rank``: the forwarder lets an item of a
+    slot's key go in (rank, ready time) order, and rank is not in a delivery otherwise."""
+    return replace(envelope, meta={**envelope.meta, SLOT: {"key": slot.key, "limit": slot.limit, "rank": rank}})
+
+
+def slot_of(envelope: Envelope) -> tuple[Slot, int] | None:
+    """The slot an envelope carries and the item's rank, None without one (or with one that is
+    not valid: written by another tool; such an item runs unlimited rather than stays stuck)."""
+    meta = envelope.meta.get(SLOT)
+    if meta is None:
+        return None
+    try:
+        slot = Slot.parse({"key": meta.get("key"), "limit": meta.get("limit")})
+        rank = meta.get("rank", 0)
+        return slot, rank if type(rank) is int and 0 <= rank <= 255 else 0
+    except (InvalidSlotError, AttributeError):
+        return None

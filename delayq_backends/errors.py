@@ -17,6 +17,7 @@ __all__ = [
     "InvalidIdError",
     "InvalidRankError",
     "InvalidRateKeyError",
+    "InvalidSlotError",
     "InvalidTimeError",
     "MissingExtraError",
     "NewerFormatError",
@@ -81,6 +82,10 @@ class InvalidDebounceError(DelayqError, ValueError):
 
 class InvalidRateKeyError(DelayqError, ValueError):
     """A rate key (tenant, customer) that is not short printable text."""
+
+
+class InvalidSlotError(DelayqError, ValueError):
+    """A concurrency slot that is not a short printable key with an optional limit >= 1."""
 
 
 class PayloadTooLargeError(DelayqError, ValueError):

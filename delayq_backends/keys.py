@@ -34,6 +34,10 @@ __all__ = [
     "rate_key",
     "shard_of",
     "shard_tags",
+    "slot_holds_key",
+    "slot_limit_key",
+    "slot_waiting_key",
+    "slot_waits_key",
     "wake_channel",
 ]
 
@@ -172,6 +176,37 @@ def key_rate_key(prefix: str, queue: str, key: str) -> str:
     of a queue and a key can spell another pair's bucket.
     """
     return f"{prefix}:{{{prefix}}}:keyrate:{len(queue)}:{queue}:{key}"
+
+
+def _slot(prefix: str, key: str, name: str) -> str:
+    """Key ``name`` of concurrency slot ``key``: the four keys of one slot key share the hash tag
+    ``{<prefix>:slot:<key>}`` (a brace in the key cuts the tag short, identically for all four),
+    so one script takes them on a cluster, and different slot keys spread over the nodes."""
+    return f"{prefix}:{{{prefix}:slot:{key}}}:{name}"
+
+
+def slot_holds_key(prefix: str, key: str) -> str:
+    """ZSET of the holds of slot ``key``: member = a running item's id (and run), score = ms at
+    which the hold lapses unless its worker extends it (a dead worker's slot comes back then)."""
+    return _slot(prefix, key, "holds")
+
+
+def slot_waiting_key(prefix: str, key: str) -> str:
+    """ZSET of the items of slot ``key`` waiting for a slot, scored by their order (rank band,
+    then ready ms, as the ``ranked`` index): a free slot goes to the head of this line."""
+    return _slot(prefix, key, "waiting")
+
+
+def slot_waits_key(prefix: str, key: str) -> str:
+    """ZSET member -> ms at which a waiting entry lapses unless its item asks again: an item
+    cancelled while it waits holds no place in the line for longer than that."""
+    return _slot(prefix, key, "waits")
+
+
+def slot_limit_key(prefix: str, key: str) -> str:
+    """STRING: the limit of slot ``key`` set at runtime (``set_slot_limit``); absent: the limit
+    the items carry, or none."""
+    return _slot(prefix, key, "limit")
 
 
 #: The ways schedules of one key collapse into one run (see ``DelayStore.debounce``).

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 __all__ = [
+    "SlotGrant",
+    "SlotStatus",
     "CancelOutcome",
     "Claim",
     "ClaimedItem",
@@ -276,6 +278,35 @@ class TokenGrant:
     first_slot_ms: int
     now_ms: int
     reset: str = ""
+
+
+@dataclass(frozen=True)
+class SlotGrant:
+    """One slot key's answer to the items asking for its slots (``slot_take.lua``).
+
+    Attributes:
+        limit: the key's limit as applied (0: none).
+        running: holds of the key after the call.
+        places: per asking item, in the order asked: -1 when granted, else its place in the
+            key's line of waiting items (0: next).
+        reset: what was found out of place and dropped ("" when nothing).
+    """
+
+    limit: int
+    running: int
+    places: tuple[int, ...]
+    reset: str = ""
+
+
+@dataclass(frozen=True)
+class SlotStatus:
+    """A slot key as ``delayq slots`` shows it: its runtime limit (None: the items' own or
+    none), the holds not lapsed, and the items waiting in its line."""
+
+    key: str
+    limit: int | None
+    running: int
+    waiting: int
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ CHECKS: dict[str, Check] = {
     "delayq forward --url redis://127.0.0.1:6379/0 ": Check(skip=FOREVER + "each command: tests/test_cli.py"),
     "with build_forwarder(settings) as forwarder:": Check(skip=FOREVER + "build_forwarder: tests/test_assemble.py"),
     'store.debounce("doc-7"': Check(skip=FRAGMENT),
+    'store.set_slot_limit("customer-42", 5)': Check(skip=FRAGMENT + "; tests/test_slots.py runs each call"),
     # Spark
     "result = schedule_dataframe(": Check(skip="reads reminders.parquet, which the README does not make"),
     "delayq spark export --out scheduled.jsonl": Check(

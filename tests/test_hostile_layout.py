@@ -61,6 +61,10 @@ COVERED = {
     "ShardKeys.dead_info": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.calls": "here: test_garbage_in_call_counters_never_stops_the_line",
     "ShardKeys.started": "here: test_garbage_start_records_never_stop_the_line",
+    "slot_holds_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
+    "slot_waiting_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
+    "slot_waits_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
+    "slot_limit_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "rq mirror": "here: test_garbage_in_the_rq_mirror_never_stops_the_line",
     "audit stream": "here: test_garbage_in_the_audit_stream_never_stops_the_line",
 }

@@ -24,7 +24,7 @@ from delayq_backends.cli import main
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.keys import meta_key
+from delayq_backends.keys import meta_key, slot_limit_key
 from delayq_backends.models import FailCounts, FailedDelivery
 from delayq_backends.scripts import (
     LIBRARY,
@@ -36,6 +36,7 @@ from delayq_backends.scripts import (
     library_code,
     parse_script,
 )
+from delayq_backends.store import SlotAsk
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.harness import Launcher
@@ -209,6 +210,25 @@ def test_a_worker_may_set_start_records_and_no_other_key(admin: Admin, prefix: s
             worker.client.set(key, "x")
     with pytest.raises(redis.exceptions.NoPermissionError):
         worker.claim(0)
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "eval"])
+def test_concurrency_slots_work_on_the_forwarder_and_worker_roles(admin: Admin, prefix: str, functions: bool) -> None:
+    """A forwarder takes slots; a worker holds and gives back its tasks' slots, and no other slot key."""
+    if functions:
+        admin.install_functions()
+    forwarder = open_store(user_url(admin, prefix, "forwarder", functions=functions), prefix)
+    worker = open_store(user_url(admin, prefix, "worker", functions=functions), prefix)
+    forwarder.check_meta()
+    grant = forwarder.take_slots({"k": SlotAsk(1, [("a", 0), ("b", 1)])}, hold_ms=60_000, wait_ms=10_000)["k"]
+    assert not isinstance(grant, Exception) and grant.places == (-1, 0)
+    assert worker.hold_slots({"k": ["a"]}, "start", hold_ms=60_000) == {"k": 1}
+    assert worker.hold_slots({"k": ["a"]}, "beat", hold_ms=60_000) == {"k": 1}
+    assert worker.hold_slots({"k": ["a"]}, "end", hold_ms=0) == {"k": 1}
+    grant = forwarder.take_slots({"k": SlotAsk(1, [("b", 1)])}, hold_ms=60_000, wait_ms=10_000)["k"]
+    assert not isinstance(grant, Exception) and grant.places == (-1,)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.client.set(slot_limit_key(prefix, "k"), "100")
 
 
 def test_a_durable_producer_without_wait_is_refused_before_it_writes(admin: Admin, prefix: str) -> None:

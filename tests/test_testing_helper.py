@@ -16,7 +16,9 @@ import pytest
 
 import delayq_backends.scripts
 from delayq_backends import Envelope, InvalidTimeError
+from delayq_backends.keys import slot_holds_key
 from delayq_backends.models import FailedDelivery, RearmOutcome
+from delayq_backends.store import SlotAsk
 from delayq_backends.targets import Delivery, PublishReport
 from delayq_backends.testing import (
     CollectingTarget,
@@ -360,9 +362,29 @@ def _take(store: TestingStore, clock: FakeClock) -> None:
     assert store.take_tokens("q", 1, rate=10, burst=1).now_ms == clock.ms
 
 
+def _slot_take(store: TestingStore, clock: FakeClock) -> None:
+    grant = store.take_slots({"k": SlotAsk(1, [("a", 0)])}, hold_ms=1_000, wait_ms=1_000)["k"]
+    assert not isinstance(grant, Exception) and grant.places == (-1,)
+    assert store.client.zscore(slot_holds_key(store.config.prefix, "k"), "a") == clock.ms + 1_000
+
+
+def _slot_hold(store: TestingStore, clock: FakeClock) -> None:
+    store.hold_slots({"k": ["a"]}, "start", hold_ms=1_000)
+    assert store.client.zscore(slot_holds_key(store.config.prefix, "k"), "a") == clock.ms + 1_000
+
+
 #: One check per script whose "now" a caller may choose (``now_ms(ARGV[..])``: the server's TIME
 #: when given 0). debounce.lua reads TIME only for its counter's expiry, a server-side TTL.
-TIME_READERS = {"claim": _claim, "keep": _keep, "extend": _extend, "fail": _fail, "rearm": _rearm, "take": _take}
+TIME_READERS = {
+    "claim": _claim,
+    "keep": _keep,
+    "extend": _extend,
+    "fail": _fail,
+    "rearm": _rearm,
+    "take": _take,
+    "slot_take": _slot_take,
+    "slot_hold": _slot_hold,
+}
 
 
 def test_every_script_that_reads_the_time_has_a_fake_clock_check() -> None:

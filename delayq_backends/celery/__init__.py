@@ -23,6 +23,7 @@ from .dedupe import DedupeTask, use_dedupe
 from .message import StoredMessage, TaskView
 from .scheduled import RevokeReport, StoreRevoke, get, reschedule, revoke, revoke_everywhere
 from .settings import CelerySettings, DuplicateTaskIdError, forget_store, store_for
+from .slots import SLOT_HEADER, use_slots
 from .target import CeleryTarget
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "DedupeTask",
     "DuplicateTaskIdError",
     "RevokeReport",
+    "SLOT_HEADER",
     "StoreRevoke",
     "StoreUnavailableError",
     "StoredMessage",
@@ -59,3 +61,4 @@ def install(app: Celery) -> None:
         app.__dict__.pop("amqp", None)  # a cached_property: the next access builds ours
     use_plugin_control(app)
     use_dedupe(app)
+    use_slots(app)

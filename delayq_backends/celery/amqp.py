@@ -12,7 +12,10 @@ primitives and beat alike, because all of them end in this sender.
 Two headers of the caller's (``apply_async(..., headers={...})``) change what is stored:
 ``delayq_debounce`` (a key, or ``{"key", "mode", "keep"}``: see :class:`~delayq_backends.collapse.Collapse`)
 collapses the sends of one key into one run, whatever their eta; ``delayq_rate_key`` names
-who the task is for, so forwarders with a per-key rate cap for its queue pace that key alone.
+who the task is for, so forwarders with a per-key rate cap for its queue pace that key alone;
+``delayq_slot`` (a key, or ``{"key", "limit"}``) gives it a concurrency slot: it goes through the
+store even with no eta, and is released only while fewer than the key's limit of its tasks run
+(:mod:`~delayq_backends.celery.slots`).
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from celery.app.control import Control as CeleryControl
 from kombu.entity import Exchange
 
 from ..collapse import Collapse
+from ..envelope import Slot, with_slot
 from ..errors import DelayqError, InvalidDebounceError
 from ..store import DelayStore
 from .message import StoredMessage, parse_time, priority_rank
 from .scheduled import revoke_everywhere
 from .settings import CelerySettings, DuplicateTaskIdError, StoreUnavailableError, store_for
+from .slots import SLOT_HEADER
 
 __all__ = ["AMQP", "DEBOUNCE_HEADER", "RATE_KEY_HEADER", "Control", "StoreUnavailableError", "use_plugin_control"]
 
@@ -75,11 +80,17 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
             headers = {**message.headers, **(kwargs.get("headers") or {})}
             eta = parse_time(headers.get("eta"))
             collapse = _collapse_of(headers, eta)
-            # a collapse always has an eta (_collapse_of refuses one without) and is always stored
-            if eta is None or (collapse is None and (eta - self.delayq_now()).total_seconds() <= settings.min_delay):
+            slot = None if headers.get(SLOT_HEADER) is None else settings.slot(headers[SLOT_HEADER])
+            # a collapse always has an eta (_collapse_of refuses one without) and is always stored;
+            # so is a slotted task, which waits in the store for its slot
+            now = self.delayq_now()
+            if slot is None and (
+                eta is None or (collapse is None and (eta - now).total_seconds() <= settings.min_delay)
+            ):
                 return send(producer, name, message, **kwargs)
             store = store_for(self.app, settings)
-            storing = _StoringProducer(producer, store, headers["id"], eta, settings.duplicate_id, collapse)
+            task_id, when = headers["id"], eta or now
+            storing = _StoringProducer(producer, store, task_id, when, settings.duplicate_id, collapse, slot)
             return send(storing, name, message, **kwargs)
 
         return send_task_message
@@ -124,6 +135,7 @@ class _StoringProducer:
         eta: datetime,
         duplicate_id: str,
         collapse: Collapse | None = None,
+        slot: Slot | None = None,
     ) -> None:
         self._producer = producer
         self._store = store
@@ -132,6 +144,7 @@ class _StoringProducer:
         self._duplicate_id = duplicate_id
         self._collapse = collapse
         self._stored = False
+        self._slot = slot
 
     def publish(self, body: Any, **kwargs: Any) -> Any:
         headers = kwargs.get("headers") or {}
@@ -143,6 +156,8 @@ class _StoringProducer:
         rank = priority_rank(message.properties.get("priority"), self._broker_driver())
         mode = "replace" if self._duplicate_id == "replace" else "keep"
         envelope, rate_key = message.to_envelope(), headers.get(RATE_KEY_HEADER)
+        if self._slot is not None:
+            envelope = with_slot(envelope, self._slot, rank)
         try:
             if self._collapse is not None:
                 self._collapse.apply(self._store, self._eta, envelope, rank=rank, rate_key=rate_key)

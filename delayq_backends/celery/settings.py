@@ -18,6 +18,8 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_dedupe_ttl = 86400  # seconds a run's "started" record is kept
     app.conf.delayq_lossless = False    # True (needs delayq_dedupe): forwarders keep a published task
     app.conf.delayq_lossless_window = 60  # ... and publish it again if no start is recorded by then
+    app.conf.delayq_slot_limits = {"customer-*": 2}  # a delayq_slot with no limit of its own: the first match's
+    app.conf.delayq_slot_hold = 60      # seconds a worker's slot hold lasts after its last heartbeat
 
 ``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
 in the store does. Native Celery would run both sends (two runs sharing one result). ``replace``
@@ -32,6 +34,10 @@ refuses the second send with :class:`DuplicateTaskIdError` and keeps the first.
 ``delayq_lossless`` and ``delayq_lossless_window`` are read by ``celery -A proj delayq forward``
 (its ``--lossless`` / ``--lossless-window`` options win): lossless mode, see the README.
 
+``delayq_slot_limits`` (glob pattern -> limit, first match wins) gives a task's ``delayq_slot``
+that names no limit the limit of its key's pattern, at send (see
+:mod:`delayq_backends.celery.slots`); a limit set at runtime (``set_slot_limit``) wins over both.
+
 ``delayq_max_queue_depth``, ``delayq_rate_limits`` and ``delayq_key_rate_limits`` are read by
 ``celery -A proj delayq forward``; its ``--max-queue-depth``, ``--rate`` and ``--key-rate``
 options win for the queues they name.
@@ -43,8 +49,9 @@ back worker-side ETAs, the very thing the plugin removes.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -52,10 +59,11 @@ from celery import Celery
 
 from ..config import Config
 from ..connection import connect, redact_url
-from ..errors import ConfigError, DelayqError
+from ..envelope import Slot
+from ..errors import ConfigError, DelayqError, InvalidSlotError
 from ..flow import FlowControl
 from ..forwarder.settings import LOSSLESS_WINDOW
-from ..store import DelayStore
+from ..store import RUN_HOLD_MS, DelayStore
 from ..storecache import StoreCache
 
 __all__ = [
@@ -96,6 +104,8 @@ _KNOWN = {
     "delayq_dedupe_ttl",
     "delayq_lossless",
     "delayq_lossless_window",
+    "delayq_slot_limits",
+    "delayq_slot_hold",
 }
 DUPLICATE_ID_MODES = ("replace", "keep", "error")
 #: A run's "started" record outlives any plausible re-delivery: a forwarder's lease (30 s by
@@ -118,6 +128,10 @@ class CelerySettings:
     dedupe_ttl_ms: int = DEFAULT_DEDUPE_TTL * 1000
     #: lossless mode's window in seconds (None: off)
     lossless_window: float | None = None
+    #: (glob pattern, limit) of ``delayq_slot_limits``, in their order
+    slot_limits: tuple[tuple[str, int], ...] = ()
+    #: how long a worker's slot hold lasts after the task's start or its last heartbeat
+    slot_hold_ms: int = RUN_HOLD_MS
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -192,7 +206,22 @@ class CelerySettings:
             dedupe=dedupe,
             dedupe_ttl_ms=int(dedupe_ttl * 1000),
             lossless_window=lossless_window,
+            slot_limits=_slot_limits(conf.get("delayq_slot_limits") or {}),
+            slot_hold_ms=_slot_hold_ms(conf.get("delayq_slot_hold", RUN_HOLD_MS // 1000)),
         )
+
+    def slot(self, value: Any) -> Slot:
+        """The slot of a ``delayq_slot`` header: its own limit, else that of the first pattern of
+        ``delayq_slot_limits`` its key matches, else none.
+
+        Raises:
+            InvalidSlotError: the header is no slot.
+        """
+        slot = Slot.parse(value)
+        if slot.limit is not None:
+            return slot
+        limit = next((n for pattern, n in self.slot_limits if fnmatch.fnmatchcase(slot.key, pattern)), None)
+        return slot if limit is None else replace(slot, limit=limit)
 
 
 def _unknown_settings(unknown: list[str]) -> str:
@@ -205,6 +234,29 @@ def _unknown_settings(unknown: list[str]) -> str:
     if all(guesses.values()):
         return f"unknown Celery setting(s): {named}"
     return f"unknown Celery setting(s): {named}; the delayq settings are {sorted(_KNOWN)}"
+
+
+def _slot_hold_ms(seconds: Any) -> int:
+    """``delayq_slot_hold`` checked, in ms."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 1 <= seconds <= 3600:
+        raise ConfigError(
+            f"delayq_slot_hold={seconds!r}: use seconds between 1 and 3600: how long a killed worker's slots "
+            "stay taken (a heartbeat renews a running task's every third of it)"
+        )
+    return int(seconds * 1000)
+
+
+def _slot_limits(value: Any) -> tuple[tuple[str, int], ...]:
+    """``delayq_slot_limits`` checked: a dict of glob pattern -> limit."""
+    try:
+        if not isinstance(value, dict):
+            raise InvalidSlotError(f"{value!r} is no dict")
+        return tuple((pattern, Slot.parse({"key": pattern, "limit": n}).limit or 0) for pattern, n in value.items())
+    except InvalidSlotError as exc:
+        raise ConfigError(
+            f"Celery setting delayq_slot_limits: {exc}; use a dict of key pattern (glob) -> limit, e.g. "
+            "{'customer-*': 2}"
+        ) from exc
 
 
 def _lossless_window(conf: Any, dedupe: bool, dedupe_ttl: float) -> float | None:

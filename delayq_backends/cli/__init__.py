@@ -23,6 +23,7 @@ from .forward import forward
 from .inspect import cancel, list_, periodic, stats
 from .options import ErrorsAsMessages
 from .rq import rq_migrate, rq_upgrade
+from .slots import slots
 from .spark import spark
 
 __all__ = ["main"]
@@ -34,7 +35,21 @@ def main() -> None:
     """delayq: delayed Celery/RQ jobs in sharded Redis sorted sets, forwarded at their time."""
 
 
-COMMANDS = (forward, periodic, stats, list_, cancel, dlq, rq_migrate, rq_upgrade, acl, functions_group, demo, capacity)
+COMMANDS = (
+    forward,
+    periodic,
+    stats,
+    list_,
+    cancel,
+    dlq,
+    slots,
+    rq_migrate,
+    rq_upgrade,
+    acl,
+    functions_group,
+    demo,
+    capacity,
+)
 for command in COMMANDS:
     main.add_command(command)
 main.add_command(spark, "spark")

@@ -37,6 +37,7 @@ from .prepare import Preparer
 from .publish import Publisher
 from .settings import ForwarderSettings
 from .settle import Settler
+from .slots import SlotHook
 from .stats import ForwarderStats
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ class Forwarder:
     ``clock`` replaces the store's (a test's fake clock).
 
     It composes one :class:`Clock`, a :class:`Heartbeat`, the :class:`Pass` (with its hooks:
-    periodic waits, flow control, lossless mode), the :class:`Sweeper` that overlaps claims with
+    periodic waits, flow control, lossless mode,
+    concurrency slots), the :class:`Sweeper` that overlaps claims with
     publishes, and the :class:`Loop`.
     """
 
@@ -101,6 +103,7 @@ class Forwarder:
         hooks: list[PassHook] = [PeriodicHook(retry_ms, max_retry_ms), FlowHook(self.flow, metrics)]
         if settings.keep_ms:
             hooks.append(LosslessHook(settings.keep_ms, store, self.targets, self.stats, metrics))
+        hooks.append(SlotHook(store, self.targets))  # last: only what every other hook let go takes a slot
         ctx = Context(store, self.targets, hooks, self.clock, self.stats, metrics, self.name, retry_ms, max_retry_ms)
         publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5))
         stages = (Preparer(ctx), publisher, Settler(ctx))

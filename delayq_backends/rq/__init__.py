@@ -5,6 +5,8 @@
   ``rq worker --queue-class delayq_backends.rq.Queue``.
 - :class:`DedupeWorker`: ``rq worker --worker-class delayq_backends.rq.DedupeWorker`` drops a
   second delivery of a job run that already started (worker-side dedupe).
+- :class:`SlotWorker`: ``rq worker --worker-class delayq_backends.rq.SlotWorker`` holds the
+  concurrency slots of its jobs (``Queue.enqueue(..., delayq_slot=...)``) while they run.
 - :class:`Scheduler`: rq-scheduler's ``Scheduler`` API, with no daemon.
 - :class:`RQTarget`: the forwarder's ``"rq"`` target (``delayq forward --rq-redis URL``).
 - :func:`migrate`: move jobs from ``rq:scheduled:*`` and rq-scheduler into the store
@@ -27,6 +29,7 @@ from .periodic import InvalidScheduleError
 from .queue import Queue
 from .registry import ScheduledJobRegistry
 from .scheduler import JobNotScheduledError, NoSchedulerProcessError, Scheduler
+from .slots import SlotSimpleWorker, SlotWorker
 from .target import ClassAllowlist, RQTarget
 from .upgrade import UpgradeReport, upgrade
 
@@ -43,6 +46,8 @@ __all__ = [
     "RegistryAdopter",
     "ScheduledJobRegistry",
     "Scheduler",
+    "SlotSimpleWorker",
+    "SlotWorker",
     "UpgradeReport",
     "adopt",
     "migrate",

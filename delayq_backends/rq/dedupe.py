@@ -34,6 +34,7 @@ from rq.job import Job
 from ..dedupe import RunGuard, Verdict
 from ..errors import ConfigError, DelayqError
 from .queue import store_of_connection
+from .slots import Slots
 
 __all__ = ["DEDUPE_TTL_ENV", "DedupeSimpleWorker", "DedupeWorker", "job_run"]
 
@@ -107,9 +108,11 @@ class _Dedupe:
         return False
 
 
-class DedupeWorker(_Dedupe, Worker):
-    """``rq.Worker`` (forking) that drops a second delivery of a started job run."""
+class DedupeWorker(_Dedupe, Slots, Worker):
+    """``rq.Worker`` (forking) that drops a second delivery of a started job run, and holds its
+    jobs' concurrency slots (a dropped duplicate holds none: its first run has the slot)."""
 
 
-class DedupeSimpleWorker(_Dedupe, SimpleWorker):
-    """``rq.SimpleWorker`` (no fork) that drops a second delivery of a started job run."""
+class DedupeSimpleWorker(_Dedupe, Slots, SimpleWorker):
+    """``rq.SimpleWorker`` (no fork) that drops a second delivery of a started job run, and
+    holds its jobs' concurrency slots."""

@@ -9,10 +9,15 @@ own retries and repeats go through it too; then no ``--with-scheduler`` is neede
 ``enqueue_in``/``enqueue_at`` take ``delayq_debounce=`` (a key, or ``{"key", "mode", "keep"}``:
 see :class:`~delayq_backends.collapse.Collapse`) to collapse the schedules of one key into one
 run, and a job's ``meta["delayq_rate_key"]`` names who it is for (per-key rate caps).
+``delayq_slot=`` (a key, or ``{"key", "limit"}``) on ``enqueue``, ``enqueue_in`` and
+``enqueue_at`` gives the job a concurrency slot, kept in ``meta["delayq_slot"]``: it waits in
+the store (even with no delay) until fewer than the key's limit of its jobs run (see
+:mod:`~delayq_backends.rq.slots`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
@@ -29,7 +34,7 @@ from rq.job import Job
 from ..collapse import Collapse
 from ..config import Config
 from ..connection import connect, on_store_server
-from ..envelope import Envelope, with_rate_key
+from ..envelope import Envelope, Slot, with_rate_key, with_slot
 from ..errors import ConfigError, InvalidDebounceError, InvalidTimeError
 from ..scripts import RqJobWrites, RqSchedule
 from ..store import DelayStore
@@ -38,12 +43,26 @@ from ..timeutil import to_ms
 from .registry import ScheduledJobRegistry, mirror_scheduled, registry_key
 from .target import JOB_KEY, job_envelope, job_rank
 
-__all__ = ["DEBOUNCE_OPTION", "RATE_KEY_META", "Queue", "UsesDelayStore", "store_of_connection"]
+__all__ = [
+    "DEBOUNCE_OPTION",
+    "RATE_KEY_META",
+    "SLOT_META",
+    "SLOT_OPTION",
+    "Queue",
+    "UsesDelayStore",
+    "slot_meta",
+    "store_of_connection",
+    "with_job_slot",
+]
 
 #: The ``enqueue_in``/``enqueue_at`` keyword that debounces or throttles the job by a key.
 DEBOUNCE_OPTION = "delayq_debounce"
 #: The ``job.meta`` field naming the job's rate key (a tenant) for per-key rate caps.
 RATE_KEY_META = "delayq_rate_key"
+#: The ``enqueue``/``enqueue_in``/``enqueue_at`` keyword giving the job a concurrency slot.
+SLOT_OPTION = "delayq_slot"
+#: The ``job.meta`` field holding the job's slot (``{"key", "limit"}``): the worker reads it too.
+SLOT_META = "delayq_slot"
 #: The collapse of the ``enqueue_at`` running in this context: RQ's enqueue_at builds the job and
 #: calls ``schedule_job`` itself, and a retry's ``schedule_job`` must not inherit it.
 _collapsing: ContextVar[Collapse | None] = ContextVar("delayq_collapsing", default=None)
@@ -106,6 +125,22 @@ def ready_at(when: Any) -> datetime:
     return aware
 
 
+def slot_meta(value: Any) -> dict[str, Any]:
+    """The job meta of a ``delayq_slot=`` option (a key, or ``{"key", "limit"}``).
+
+    Raises:
+        InvalidSlotError: it is no slot; nothing was saved.
+    """
+    slot = Slot.parse(value)
+    return {SLOT_META: {"key": slot.key, "limit": slot.limit}}
+
+
+def with_job_slot(envelope: Envelope, job: Job) -> Envelope:
+    """``envelope`` with the slot of ``job``'s meta (and its rank), if it has one."""
+    slot = (job.meta or {}).get(SLOT_META)
+    return envelope if slot is None else with_slot(envelope, Slot.parse(slot), job_rank(job))
+
+
 class UsesDelayStore:
     """The ``delay_store`` of a Queue or Scheduler: the one given, else :func:`store_of_connection`."""
 
@@ -142,12 +177,30 @@ class Queue(UsesDelayStore, RQQueue):
         """RQ's registry of this queue's waiting jobs: the store's, with their exact times."""
         return ScheduledJobRegistry(queue=self, job_class=self.job_class, serializer=self.serializer)
 
+    def job_envelope_bytes(self, job: Job) -> bytes:
+        """What the store keeps for ``job``: this queue's envelope, with the job's rate key and
+        slot from its meta when it has them."""
+        meta = job.meta or {}
+        rate_key, slot = meta.get(RATE_KEY_META), meta.get(SLOT_META)
+        if rate_key is None and slot is None:
+            return self.envelope_bytes()
+        envelope = self.envelope() if rate_key is None else with_rate_key(self.envelope(), rate_key)
+        return with_job_slot(envelope, job).encode()
+
     def envelope_bytes(self) -> bytes:
         """:meth:`envelope`, encoded once: it is the same for every job of this queue, and
         encoding it per ``enqueue_at`` was a tenth of the call."""
         if self._envelope_bytes is None:
             self._envelope_bytes = self.envelope().encode()
         return self._envelope_bytes
+
+    def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job:
+        """RQ's ``enqueue``; with ``delayq_slot=`` the job goes through the store (due now), to
+        wait there for its slot."""
+        if kwargs.get(SLOT_OPTION) is None:
+            kwargs.pop(SLOT_OPTION, None)
+            return super().enqueue(f, *args, **kwargs)
+        return self.enqueue_at(dt.datetime.now(dt.timezone.utc), f, *args, **kwargs)
 
     def enqueue_at(self, datetime: datetime, f: Any, *args: Any, **kwargs: Any) -> Job:
         """RQ's ``enqueue_at`` (``enqueue_in`` calls it), with ``delayq_debounce=``: all schedules
@@ -159,6 +212,9 @@ class Queue(UsesDelayStore, RQQueue):
             InvalidDebounceError: a malformed option, or one with ``pipeline=`` (the collapse
                 must see the saved job first); nothing was saved.
         """
+        slot = kwargs.pop(SLOT_OPTION, None)
+        if slot is not None:  # in the job's meta: saved with it, kept by its retries, read by the worker
+            kwargs["meta"] = {**(kwargs.get("meta") or {}), **slot_meta(slot)}
         option = kwargs.pop(DEBOUNCE_OPTION, None)
         if option is None:
             return super().enqueue_at(datetime, f, *args, **kwargs)  # type: ignore[no-any-return]
@@ -211,8 +267,7 @@ class Queue(UsesDelayStore, RQQueue):
             _collapsing.set(None)  # this job only: not the dependents or retries it schedules
             return self._collapse(job, ready, save, collapse)
         store = self.delay_store
-        rate_key = (job.meta or {}).get(RATE_KEY_META)
-        envelope = self.envelope_bytes() if rate_key is None else with_rate_key(self.envelope(), rate_key).encode()
+        envelope = self.job_envelope_bytes(job)
         shared = on_store_server(store, self.connection)
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         save(pipe)
@@ -252,7 +307,7 @@ class Queue(UsesDelayStore, RQQueue):
         with self.connection.pipeline() as pipe:
             save(pipe)
             pipe.execute()
-        envelope = self.envelope()
+        envelope = with_job_slot(self.envelope(), job)
         envelope = replace(envelope, meta={**envelope.meta, JOB_KEY: job.id})
         rate_key = (job.meta or {}).get(RATE_KEY_META)
         done = collapse.apply(self.delay_store, ready, envelope, rank=job_rank(job), rate_key=rate_key)

@@ -38,7 +38,7 @@ from .periodic import (
     check_syntax,
     next_cron_time,
 )
-from .queue import UsesDelayStore
+from .queue import SLOT_OPTION, UsesDelayStore, slot_meta, with_job_slot
 from .registry import forget_scheduled
 from .target import KIND, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
 
@@ -176,12 +176,17 @@ class Scheduler(UsesDelayStore):
 
         The keyword arguments rq-scheduler reserves (``timeout``, ``job_id``, ``job_ttl``,
         ``job_result_ttl``, ``job_description``, ``depends_on``, ``meta``, ``queue_name``,
-        ``on_success``, ``on_failure``, ``at_front``) configure the job, not the call.
+        ``on_success``, ``on_failure``, ``at_front``) configure the job, not the call;
+        ``delayq_slot`` gives it a concurrency slot (as :meth:`Queue.enqueue_at
+        <delayq_backends.rq.Queue.enqueue_at>`).
         """
         ready = utc_ms(scheduled_time)
         options = {target: kwargs.pop(name) for name, target in _JOB_KWARGS.items() if name in kwargs}
         at_front = bool(kwargs.pop("at_front", False))
+        slot = kwargs.pop(SLOT_OPTION, None)
         job = self._create_job(func, args=args, kwargs=kwargs, **options)
+        if slot is not None:
+            job.meta.update(slot_meta(slot))
         return self._schedule(job, ready, at_front=at_front)
 
     def enqueue_in(self, time_delta: timedelta, func: Any, *args: Any, **kwargs: Any) -> Job:
@@ -302,6 +307,8 @@ class Scheduler(UsesDelayStore):
         envelope = job_envelope(
             job.origin, queue_class=self.queue_class, job_class=self.job_class, scheduler=True, schedule=schedule,
         )  # fmt: skip
+        if not schedule:  # a one-off job; the runs of a repeating one share its id, so no slot (yet)
+            envelope = with_job_slot(envelope, job)
         if on_store_server(store, self.connection):
             with self.connection.pipeline() as pipe:
                 job.save(pipeline=pipe)

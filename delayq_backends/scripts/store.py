@@ -28,6 +28,7 @@ from ..models import (
     RescheduleOutcome,
     ScheduleCounts,
     ScheduleItem,
+    SlotGrant,
     TokenGrant,
 )
 from .library import ScriptCall
@@ -50,6 +51,8 @@ __all__ = [
     "Schedule",
     "ScheduleOne",
     "ShardScript",
+    "SlotHold",
+    "SlotTake",
     "Take",
     "schedule_counts",
 ]
@@ -334,6 +337,51 @@ class Take:
             (repr(float(rate)), burst, wanted, now),
             lambda r: TokenGrant(granted=int(r[0]), first_slot_ms=int(r[1]), now_ms=int(r[2]), reset=_text(r[3])),
         )
+
+
+class SlotTake:
+    """slot_take.lua: slots of one slot key (its four keys, one hash tag: not a shard's)."""
+
+    name = "slot_take"
+    MODES = ("take", "join", "leave")
+
+    @classmethod
+    def call(
+        cls,
+        keys: tuple[str, str, str, str],
+        asking: Sequence[tuple[str, int]],
+        *,
+        limit: int,
+        hold_ms: int,
+        wait_ms: int,
+        now: int,
+        mode: str = "take",
+    ) -> ScriptCall[SlotGrant]:
+        """``asking``: (member, order) of each item, in its order; ``limit`` 0: the items carry
+        none; ``mode``: "take", "join" (the items only take their places in the line) or
+        "leave" (they give them up)."""
+        if mode not in cls.MODES:
+            raise ValueError(f"mode={mode!r}: use one of {cls.MODES}")
+        args: list[Any] = [limit, hold_ms, wait_ms, now, mode]
+        for member, order in asking:
+            args += (member, order)
+        return ScriptCall(
+            cls.name,
+            keys,
+            tuple(args),
+            lambda r: SlotGrant(int(r[0]), int(r[1]), tuple(int(p) for p in r[3]), _text(r[2])),
+        )
+
+
+class SlotHold:
+    """slot_hold.lua: a worker starts, extends or ends the holds of its running items."""
+
+    name = "slot_hold"
+    MODES = ("start", "beat", "end")
+
+    @classmethod
+    def call(cls, holds: str, mode: str, members: Sequence[str], *, hold_ms: int, now: int) -> ScriptCall[int]:
+        return ScriptCall(cls.name, (holds,), (mode, hold_ms, now, *members), int)
 
 
 def _text(reply: Any) -> str:

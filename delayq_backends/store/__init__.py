@@ -2,8 +2,9 @@
 
 One API per role, as the ACL roles are: :class:`Producer` (schedule, reschedule, cancel),
 :class:`Forwarding` (claim under a :class:`Lease`, then ack, release, defer, fail, extend) and
-:class:`Reader` (get, list, stats, histogram, dead letters); :class:`Starts` (workers' start records).
-:class:`DelayStore` is all four.
+:class:`Reader` (get, list, stats, histogram, dead letters); :class:`Starts` (workers' start records);
+:class:`Slots` (concurrency slots).
+:class:`DelayStore` is all five.
 See ``docs/architecture.md`` for the key layout and the lease protocol.
 """
 
@@ -13,9 +14,14 @@ from .base import Payload, StoreCore, check_rank
 from .lease import Forwarding, Lease
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
+from .slots import RUN_HOLD_MS, START_HOLD_MS, WAIT_MS, SlotAsk, Slots, slot_member
 from .starts import NOT_A_STRING, Starts, is_start_record
 
 __all__ = [
+    "RUN_HOLD_MS",
+    "START_HOLD_MS",
+    "WAIT_MS",
+    "slot_member",
     "DEAD_CHUNK",
     "SCHEDULE_CHUNK",
     "NOT_A_STRING",
@@ -26,6 +32,8 @@ __all__ = [
     "Producer",
     "Reader",
     "ScheduleEntry",
+    "SlotAsk",
+    "Slots",
     "Starts",
     "StoreCore",
     "check_rank",
@@ -33,7 +41,7 @@ __all__ = [
 ]
 
 
-class DelayStore(Producer, Forwarding, Reader, Starts):
+class DelayStore(Producer, Forwarding, Reader, Starts, Slots):
     """Schedule, claim and acknowledge delayed items: every role's API on one client.
 
     Built like each role alone (see :class:`~.base.StoreCore` for the arguments); users' code

@@ -4,7 +4,7 @@ running script calls (streamed, on a caller's pipeline, or durably with WAIT).""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
@@ -236,6 +236,19 @@ class StoreCore:
         self.check_meta()
         with full_store_said_plainly():
             return self.scripts.run(call(self._keys[shard]), client=client)
+
+    def run_each(self, calls: Sequence[ScriptCall[R]]) -> list[R | Exception]:
+        """Run ``calls`` (each on keys of its own, not a shard's: rate buckets, slot keys) in one
+        round trip (one per call on a cluster, whose pipelines cannot run scripts): each reply,
+        or its error (a Redis error reply, or :class:`StoreFullError`), so one bad key does not
+        cost the others theirs."""
+        if self.cluster or len(calls) == 1:
+            return [_reply_or_error(partial(self.scripts.run, call)) for call in calls]
+        with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                self.scripts.queue(call, pipe)
+            raw = pipe.execute(raise_on_error=False)
+        return [_reply_or_error(partial(_parsed, call, reply)) for call, reply in zip(calls, raw)]
 
     def _queue(self, call: Callable[[ShardKeys], ScriptCall[Any]], shard: int, pipeline: Any) -> None:
         """Queue the script call ``call`` builds from ``shard``'s keys on a caller's pipeline or

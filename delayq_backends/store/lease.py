@@ -27,7 +27,7 @@ from ..outages import CONNECTION_ERRORS
 from ..scripts.library import ScriptCall
 from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Keep, Rearm, Release, ScheduleOne, Take
 from ..timeutil import When, score_ms
-from .base import Payload, R, StoreCore, _parsed, _reply_or_error, full_store_said_plainly
+from .base import Payload, R, StoreCore, _parsed, full_store_said_plainly
 from .starts import is_start_record
 
 __all__ = ["Forwarding", "Lease"]
@@ -264,15 +264,7 @@ class Forwarding(StoreCore):
             Take.call(key_rate_key(prefix, queue, key), n, rate=rate, burst=burst, now=self.script_now(now))
             for key, n in wanted.items()
         ]
-        replies: list[TokenGrant | Exception]
-        if self.cluster or len(calls) == 1:
-            replies = [_reply_or_error(partial(self.scripts.run, call)) for call in calls]
-        else:
-            with self.client.pipeline(transaction=False) as pipe:
-                for call in calls:
-                    self.scripts.queue(call, pipe)
-                raw = pipe.execute(raise_on_error=False)
-            replies = [_reply_or_error(partial(_parsed, call, reply)) for call, reply in zip(calls, raw)]
+        replies = self.run_each(calls)
         return dict(zip(wanted, replies))
 
     def heads(self) -> list[int | None]:

@@ -9,7 +9,7 @@ from typing import Any, TypeVar, overload
 
 import redis
 
-from ..envelope import Envelope, with_rate_key
+from ..envelope import Envelope, Slot, SlotSpec, with_rate_key, with_slot
 from ..errors import ConfigError, InvalidIdError, StoreFullError
 from ..keys import ShardKeys, collapse_id, normalize_id, shard_of
 from ..models import CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
@@ -54,19 +54,27 @@ def _keep(mode: str) -> bool:
     return mode == "keep"
 
 
+def _slotted(envelope: Payload, slot: SlotSpec | None, rank: int) -> Payload:
+    """``envelope`` carrying concurrency ``slot`` (unchanged without one)."""
+    if slot is None:
+        return envelope
+    decoded = envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope)
+    return with_slot(decoded, Slot.parse(slot), rank)
+
+
 class Producer(StoreCore):
     """Writes of the producer role (ACL role ``producer``)."""
 
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ...,
+        rate_key: str | None = ..., slot: SlotSpec | None = ...,
     ) -> str: ...  # fmt: skip
 
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ..., pipeline: Any,
+        rate_key: str | None = ..., slot: SlotSpec | None = ..., pipeline: Any,
     ) -> None: ...  # fmt: skip
 
     def schedule(
@@ -78,6 +86,7 @@ class Producer(StoreCore):
         mode: str = "replace",
         rank: int = 0,
         rate_key: str | None = None,
+        slot: SlotSpec | None = None,
         pipeline: Any = None,
     ) -> str | None:
         """Schedule one item; returns ``"added"``, ``"replaced"`` or ``"kept"``.
@@ -91,6 +100,9 @@ class Producer(StoreCore):
                 claimed first (then earliest first). Rank 0, the default, costs nothing extra.
             rate_key: who the item is for (a tenant, a customer): forwarders with ``--key-rate``
                 for its queue forward each key's items at most at that rate. Stored in the envelope.
+            slot: a concurrency slot, a key or ``{"key": ..., "limit": N}``: forwarders release
+                the item only while fewer than the key's limit of its items run (see
+                :mod:`delayq_backends.slots`). Stored in the envelope.
             pipeline: a caller's pipeline or MULTI/EXEC on the store's own server (not a
                 cluster): the schedule is queued there (returns None) and is stored if and only
                 if the caller's EXEC runs. Input is checked now, so bad input raises before
@@ -98,11 +110,11 @@ class Producer(StoreCore):
                 after the EXEC (the RQ queue does): WAIT cannot run inside it.
 
         Raises:
-            InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError,
+            InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError, InvalidSlotError,
             PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
         """
         keep = _keep(mode)
-        item = self.check_item(item_id, when, _keyed(envelope, rate_key), rank)
+        item = self.check_item(item_id, when, _slotted(_keyed(envelope, rate_key), slot, rank), rank)
         shard = shard_of(item.id, self.config.shards)
         # one script call, without the bulk path's grouping: this is every apply_async's cost
         if keep:

@@ -97,9 +97,17 @@ def make_app(
 
     @app.task(bind=True, shared=False, name="dqt.flaky", max_retries=5)
     def flaky(self: Any, tag: str, failures: int, countdown: float) -> str:
-        record(self.request, tag)
+        record(self.request, tag, slot=getattr(self.request, "delayq_slot", None))
         if self.request.retries < failures:
             raise self.retry(countdown=countdown)
+        return tag
+
+    @app.task(bind=True, shared=False, name="dqt.hold")
+    def hold(self: Any, tag: str, seconds: float) -> str:
+        # the task's own start-end interval: the slot tests compute the overlap of these
+        began = time.time_ns() // 1_000_000
+        time.sleep(seconds)
+        record(self.request, tag, began_ms=began, ended_ms=time.time_ns() // 1_000_000)
         return tag
 
     @app.task(bind=True, shared=False, name="dqt.ping")

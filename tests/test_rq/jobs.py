@@ -7,6 +7,7 @@ every run, its job id and its start time (the worker's clock, the same machine's
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -26,6 +27,25 @@ def record(tag: Any, *, times: int = 1) -> str:
     assert job is not None
     job.connection.rpush(runs_key(job.origin), json.dumps({"id": job.id, "tag": tag, "at": time.time()}))
     return f"{tag}x{times}"
+
+
+def hold(tag: Any, seconds: float) -> None:
+    """Run for ``seconds``; record this run with its own start and end (the slot tests' intervals)."""
+    job = get_current_job()
+    assert job is not None
+    began = time.time()
+    time.sleep(seconds)
+    entry = {"id": job.id, "tag": tag, "at": began, "ended": time.time()}
+    job.connection.rpush(runs_key(job.origin), json.dumps(entry))
+
+
+def started(tag: Any, seconds: float) -> None:
+    """Record the start with the pids of this work horse and its worker, then run ``seconds``."""
+    job = get_current_job()
+    assert job is not None
+    entry = {"id": job.id, "tag": tag, "at": time.time(), "pids": [os.getpid(), os.getppid()]}
+    job.connection.rpush(runs_key(job.origin), json.dumps(entry))
+    time.sleep(seconds)
 
 
 def always_fails(tag: Any) -> None:

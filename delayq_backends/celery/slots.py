@@ -1,0 +1,99 @@
+"""Celery's side of concurrency slots (:mod:`delayq_backends.slots`).
+
+A task sent with the header ``delayq_slot`` (a key, or ``{"key": ..., "limit": N}``)::
+
+    task.apply_async(args, headers={"delayq_slot": {"key": "customer-42", "limit": 2}})
+
+goes through the delay store even with no eta, and forwarders release it only while fewer than
+the key's limit of its tasks run. ``install(app)`` connects the worker's side: ``task_prerun``
+holds the slot (in the pool process, where a heartbeat thread keeps it while the task runs),
+``task_postrun`` gives it back (success, failure, a retry: the retry takes a slot of its own when
+released), and ``task_revoked`` gives back the slot of a task revoked or expired before or while
+it ran. A slot's member is the task id and its ``retries``, as the forwarder names it. A hold
+lasts ``delayq_slot_hold`` seconds (60) after the start or the last heartbeat: what a worker
+killed mid-task costs.
+
+Not covered yet: periodic entries synced into the store (their task id is not the item's id).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from celery import Celery
+from celery.signals import task_postrun, task_prerun, task_revoked
+
+from ..envelope import Slot
+from ..errors import DelayqError
+from ..slots import SlotGuard
+from ..store import slot_member
+from .settings import CelerySettings, store_for
+
+__all__ = ["SLOT_HEADER", "slot_of_request", "use_slots"]
+
+log = logging.getLogger("delayq.celery.slots")
+
+#: The header naming a task's concurrency slot.
+SLOT_HEADER = "delayq_slot"
+
+_guards: WeakKeyDictionary[Celery, SlotGuard] = WeakKeyDictionary()
+
+
+def use_slots(app: Celery) -> None:
+    """Connect the worker's slot hooks (``install`` calls this); they act only on tasks that
+    carry the header."""
+    task_prerun.connect(_started, weak=False, dispatch_uid="delayq-slot-start")
+    task_postrun.connect(_ended, weak=False, dispatch_uid="delayq-slot-end")
+    task_revoked.connect(_revoked, weak=False, dispatch_uid="delayq-slot-revoked")
+
+
+def slot_of_request(request: Any) -> tuple[Slot, str] | None:
+    """The slot of the task in ``request`` (a task's request, or the context a revoke signal
+    carries) and its member; None without one (or with a header that is none: logged)."""
+    value = getattr(request, SLOT_HEADER, None)
+    if value is None:
+        return None
+    try:
+        slot = Slot.parse(value)
+    except DelayqError as exc:
+        log.warning("task %s: %s", getattr(request, "id", None), exc)
+        return None
+    return slot, slot_member(str(request.id), int(getattr(request, "retries", 0) or 0))
+
+
+def _guard(app: Celery) -> SlotGuard:
+    guard = _guards.get(app)
+    if guard is None or guard.pid != os.getpid():  # a forked pool process makes its own
+        settings = CelerySettings.of(app)
+        guard = _guards[app] = SlotGuard(store_for(app, settings), hold_ms=settings.slot_hold_ms)
+    return guard
+
+
+def _hold(task: Any, request: Any, mode: str) -> None:
+    found = slot_of_request(request)
+    if found is None or task is None:
+        return
+    (slot, member), app = found, task.app
+    try:
+        guard = _guard(app)
+    except DelayqError as exc:
+        log.warning("slot %r of task %s: no delay store (%s); its hold lapses by itself", slot.key, member, exc)
+        return
+    (guard.start if mode == "start" else guard.end)(slot.key, member)
+
+
+def _started(sender: Any = None, task: Any = None, **_: Any) -> None:
+    if task is not None:
+        _hold(task, task.request, "start")
+
+
+def _ended(sender: Any = None, task: Any = None, **_: Any) -> None:
+    if task is not None:
+        _hold(task, task.request, "end")
+
+
+def _revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    _hold(sender, request, "end")

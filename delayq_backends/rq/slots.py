@@ -1,0 +1,101 @@
+"""RQ's side of concurrency slots (:mod:`delayq_backends.slots`): the worker holds a job's slot
+while the job runs and gives it back when it ends.
+
+    rq worker --worker-class delayq_backends.rq.SlotWorker --queue-class delayq_backends.rq.Queue
+
+(:class:`SlotSimpleWorker` for ``SimpleWorker``; the dedupe workers hold slots too.)
+``DELAYQ_SLOT_HOLD`` sets how long a hold lasts after the job's start or the last heartbeat, in
+seconds (default 60; a heartbeat every third of it): what a worker killed mid-job costs. A job with
+``meta["delayq_slot"]`` (``Queue.enqueue(..., delayq_slot=...)``) is held from just before the
+work horse is forked until ``execute_job`` returns (success, failure, a retry scheduled, a job
+timeout), kept by a heartbeat thread of the worker process meanwhile. A worker process that dies
+gives its slots back when their holds lapse. A slot's member is the job id: the forwarder's RQ
+target names no run, so a retry released before its first run's ``execute_job`` has returned
+shares that run's slot for the moment between the two.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from redis.exceptions import RedisError
+from rq import SimpleWorker, Worker
+from rq.job import Job
+
+from ..envelope import Slot
+from ..errors import ConfigError, DelayqError
+from ..slots import SlotGuard
+from ..store import RUN_HOLD_MS, slot_member
+from .queue import SLOT_META, store_of_connection
+
+__all__ = ["SLOT_HOLD_ENV", "SlotSimpleWorker", "SlotWorker", "Slots"]
+
+log = logging.getLogger("delayq.rq.slots")
+
+SLOT_HOLD_ENV = "DELAYQ_SLOT_HOLD"
+_MAX_HOLD = 3600
+
+
+def _hold_ms() -> int:
+    text = os.environ.get(SLOT_HOLD_ENV) or str(RUN_HOLD_MS // 1000)
+    seconds = int(text) if text.isdigit() else 0
+    if not 1 <= seconds <= _MAX_HOLD:
+        raise ConfigError(
+            f"{SLOT_HOLD_ENV}={text!r}: use whole seconds between 1 and {_MAX_HOLD}: how long a killed worker's "
+            "slots stay taken"
+        )
+    return seconds * 1000
+
+
+class Slots:
+    """The slot holds, mixed into a worker class before RQ's."""
+
+    connection: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slot_hold_ms = _hold_ms()  # a bad setting stops the worker at start, not each job
+        self._slot_guard: SlotGuard | None = None
+        super().__init__(*args, **kwargs)
+
+    def execute_job(self, job: Job, queue: Any) -> Any:
+        slot = self._slot_of(job)
+        guard = None if slot is None else self._slots_guard(queue)
+        if slot is None or guard is None:
+            return super().execute_job(job, queue)  # type: ignore[misc]
+        member = slot_member(job.id, None)
+        guard.start(slot.key, member)
+        try:
+            return super().execute_job(job, queue)  # type: ignore[misc]
+        finally:
+            guard.end(slot.key, member)
+
+    @staticmethod
+    def _slot_of(job: Job) -> Slot | None:
+        value = (job.meta or {}).get(SLOT_META)
+        if value is None:
+            return None
+        try:
+            return Slot.parse(value)
+        except DelayqError as exc:
+            log.warning("job %s: %s", job.id, exc)
+            return None
+
+    def _slots_guard(self, queue: Any) -> SlotGuard | None:
+        if self._slot_guard is None:
+            try:
+                store = getattr(queue, "delay_store", None) or store_of_connection(self.connection)
+            except (DelayqError, RedisError, OSError) as exc:
+                log.warning("slots: no delay store (%s); the job's slot lapses by itself", exc)
+                return None
+            self._slot_guard = SlotGuard(store, hold_ms=self._slot_hold_ms)
+        return self._slot_guard
+
+
+class SlotWorker(Slots, Worker):
+    """``rq.Worker`` (forking) that holds its jobs' concurrency slots while they run."""
+
+
+class SlotSimpleWorker(Slots, SimpleWorker):
+    """``rq.SimpleWorker`` (no fork) that holds its jobs' concurrency slots while they run."""

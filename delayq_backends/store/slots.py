@@ -1,0 +1,146 @@
+"""Concurrency slots in the store: taken by forwarders at release, held and given back by
+workers, limits set at runtime (see :mod:`delayq_backends.slots`).
+
+A slot key's four keys share one hash tag of their own (:func:`~delayq_backends.keys.slot_holds_key`),
+so each call touches one cluster slot and different keys spread over the nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from ..envelope import MAX_SLOT_LIMIT, Slot
+from ..keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
+from ..models import SlotGrant, SlotStatus
+from ..scripts.store import SlotHold, SlotTake
+from .base import StoreCore
+
+__all__ = ["RUN_HOLD_MS", "START_HOLD_MS", "WAIT_MS", "SlotAsk", "Slots", "slot_member"]
+
+#: How long a slot taken at release is held before the worker starts its item: the time a
+#: message may wait in the broker. A message lost on its way holds its slot this long.
+START_HOLD_MS = 300_000
+#: How long a running item's hold lasts after its start or its worker's last beat (every third
+#: of it): a worker that dies mid-task gives its slots back this long after its last beat.
+RUN_HOLD_MS = 60_000
+#: How long an item keeps its place in a key's line unless it asks again (it does at least
+#: every few seconds while it waits): an item cancelled while it waits holds the line this long.
+WAIT_MS = 15_000
+
+
+def slot_member(item_id: str, run: int | None) -> str:
+    """An item's member in its slot key's sets: its id, and its run when the target names one
+    (Celery's ``retries``), so a retry released before its first run has ended takes a slot of
+    its own instead of the one that run is about to give back."""
+    return item_id if run is None else f"{item_id}#{run}"
+
+
+class SlotAsk(NamedTuple):
+    """The items of one slot key asking for a slot: their limit (0: none) and (member, order)
+    of each, in their order."""
+
+    limit: int
+    asking: Sequence[tuple[str, int]]
+
+
+class Slots(StoreCore):
+    """Slot keys: forwarders take (:meth:`take_slots`), workers hold and give back
+    (:meth:`hold_slots`), operators set limits (:meth:`set_slot_limit`) and look
+    (:meth:`slot_status`)."""
+
+    def slot_keys(self, key: str) -> tuple[str, str, str, str]:
+        """The holds, waiting, waits and limit keys of slot ``key``, in ``slot_take.lua``'s order."""
+        prefix = self.config.prefix
+        return (
+            slot_holds_key(prefix, key),
+            slot_waiting_key(prefix, key),
+            slot_waits_key(prefix, key),
+            slot_limit_key(prefix, key),
+        )
+
+    def take_slots(
+        self,
+        asks: Mapping[str, SlotAsk],
+        *,
+        hold_ms: int,
+        wait_ms: int,
+        now: int | None = None,
+        mode: str = "take",
+    ) -> dict[str, SlotGrant | Exception]:
+        """Take slots for the items of each key of ``asks``, in one round trip; each key's
+        grant, or the error its keys raised. ``mode`` "join": the items only take their places in
+        their keys' lines (granted none); "leave": they give them up."""
+        at = self.script_now(now)
+        calls = [
+            SlotTake.call(
+                self.slot_keys(key), a.asking, limit=a.limit, hold_ms=hold_ms, wait_ms=wait_ms, now=at, mode=mode
+            )
+            for key, a in asks.items()
+        ]
+        replies = self.run_each(calls)
+        return dict(zip(asks, replies))
+
+    def hold_slots(
+        self, holds: Mapping[str, Sequence[str]], mode: str, *, hold_ms: int, now: int | None = None
+    ) -> dict[str, int | Exception]:
+        """Start, extend ("beat") or end the holds of ``members`` per slot key, in one round
+        trip: per key, how many were held before (-1: its holds key is garbage)."""
+        if mode not in SlotHold.MODES:
+            raise ValueError(f"mode={mode!r}: use one of {SlotHold.MODES}")
+        prefix = self.config.prefix
+        calls = [
+            SlotHold.call(slot_holds_key(prefix, key), mode, members, hold_ms=hold_ms, now=self.script_now(now))
+            for key, members in holds.items()
+        ]
+        replies = self.run_each(calls)
+        return dict(zip(holds, replies))
+
+    def set_slot_limit(self, key: str, limit: int | None) -> None:
+        """Let at most ``limit`` items of ``key`` run at once, from the next release on, over the
+        limit the items carry; None removes it (the items' own limit applies again, or none).
+
+        Raises:
+            InvalidSlotError: a key or limit that is not one; nothing was written.
+        """
+        Slot.parse({"key": key, "limit": limit})
+        if limit is None:
+            self.client.delete(slot_limit_key(self.config.prefix, key))
+        else:
+            self.client.set(slot_limit_key(self.config.prefix, key), str(limit))
+
+    def slot_keys_in_use(self) -> list[str]:
+        """Every slot key with holds, a line or a limit, sorted (a SCAN of the prefix's slot
+        keys, every primary's on a cluster: for ``delayq slots``, not a hot path)."""
+        start = f"{self.config.prefix}:{{{self.config.prefix}:slot:"
+        names = ("holds", "waiting", "waits", "limit")
+        found: set[str] = set()
+        for raw in self.client.scan_iter(match=f"{_glob_escaped(start)}*", count=1000):
+            name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            key, sep, kind = name[len(start) :].rpartition("}:")
+            if sep and kind in names:
+                found.add(key)
+        return sorted(found)
+
+    def slot_status(self, key: str) -> SlotStatus:
+        """Slot ``key``'s runtime limit, holds not lapsed and items waiting (read-only)."""
+        holds, waiting, _, limit_key = self.slot_keys(key)
+        now = self.clock()
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.get(limit_key)
+            pipe.zcount(holds, f"({now}", "+inf")
+            pipe.zcard(waiting)
+            raw_limit, running, queued = pipe.execute(raise_on_error=False)
+        text = raw_limit.decode("ascii", "replace") if isinstance(raw_limit, bytes) else ""
+        limit = int(text) if text.isdigit() and 1 <= int(text) <= MAX_SLOT_LIMIT else None
+        return SlotStatus(key, limit, _count(running), _count(queued))
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` matched literally by a SCAN pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def _count(reply: object) -> int:
+    """A count read back; a key of another type (an error reply) reads as empty."""
+    return reply if isinstance(reply, int) else 0

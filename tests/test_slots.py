@@ -1,0 +1,293 @@
+"""Concurrency slots on a real server: the slot scripts, and the forwarder's hook releasing at
+most a key's limit of its items, in their order, while other keys flow."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from delayq_backends import DelayStore
+from delayq_backends.cli import main
+from delayq_backends.envelope import Envelope, Slot, slot_of
+from delayq_backends.errors import InvalidSlotError
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
+from delayq_backends.slots import SlotGuard
+from delayq_backends.store import SlotAsk
+from delayq_backends.targets import Delivery, RedisListTarget
+from delayq_backends.testing import CollectingTarget
+from tests.harness import make_store
+from tests.helpers import wait_for
+
+OUT = "out"
+
+
+def envelope(tag: str) -> bytes:
+    return RedisListTarget.envelope(OUT, tag.encode()).encode()
+
+
+def schedule_line(store: DelayStore, key: str, n: int, *, limit: int | None, start: datetime) -> list[str]:
+    """``n`` items of slot ``key``, due one ms apart from ``start`` on, in the order returned."""
+    ids = [f"{key}-{i:02d}" for i in range(n)]
+    for i, item_id in enumerate(ids):
+        store.schedule(item_id, start + timedelta(milliseconds=i), envelope(item_id), slot={"key": key, "limit": limit})
+    return ids
+
+
+class Running:
+    """A forwarder in a thread, over a collecting target."""
+
+    def __init__(self, store: DelayStore) -> None:
+        self.target = CollectingTarget("list")
+        self.forwarder = Forwarder(store, [self.target], poll_interval=0.05)
+        self.thread = threading.Thread(target=self.forwarder.run, kwargs={"install_signals": False})
+
+    def of(self, key: str) -> list[str]:
+        return [i for i in self.target.ids if i.startswith(f"{key}-")]
+
+    def wait(self, check: Callable[[], bool], what: str) -> None:
+        wait_for(check, 20, lambda: f"{what}; delivered {self.target.ids}")
+
+
+@pytest.fixture
+def running(valkey_url: str, prefix: str) -> Iterator[Running]:
+    run = Running(make_store(valkey_url, prefix, shards=4))
+    yield run
+    run.forwarder.stop()
+    run.thread.join(10)
+
+
+def past() -> datetime:
+    return datetime.now(timezone.utc) - timedelta(seconds=30)
+
+
+def test_a_slot_is_a_key_or_a_key_with_a_limit() -> None:
+    assert Slot.parse("k") == Slot("k") and Slot.parse({"key": "k", "limit": 2}) == Slot("k", 2)
+    for bad in ("", "a\nb", {"key": "k", "limit": 0}, {"key": "k", "limit": "2"}, {"key": "k", "x": 1}, 3, None):
+        with pytest.raises(InvalidSlotError):
+            Slot.parse(bad)
+
+
+def test_at_most_the_limit_is_released_until_slots_come_back(running: Running) -> None:
+    """20 due items of key a (limit 3): 3 go, the others wait in the store, in their order, until
+    slots are given back; key b (no limit) and unslotted items are not held up."""
+    store = running.forwarder.store
+    a = schedule_line(store, "a", 20, limit=3, start=past())
+    b = schedule_line(store, "b", 10, limit=None, start=past())
+    for i in range(5):
+        store.schedule(f"plain-{i}", past(), envelope(f"plain-{i}"))
+    running.thread.start()
+    running.wait(lambda: len(running.of("b")) == 10 and len(running.of("plain")) == 5, "b and plain all go")
+    running.wait(lambda: len(running.of("a")) == 3, "3 of a go")
+    assert set(running.of("b")) == set(b)
+    assert store.slot_status("a").running == 3 and store.slot_status("a").waiting == 17
+    assert store.slot_status("b").running == 10
+    for _ in range(3):  # a few rechecks of the line: nothing more goes while the slots are held
+        before = running.forwarder.stats.deferred
+        running.wait(lambda b=before: running.forwarder.stats.deferred > b, "the waiting items to ask again")
+    assert sorted(running.of("a")) == a[:3]  # the first in their order (published together)
+    store.hold_slots({"a": running.of("a")[:2]}, "end", hold_ms=0)  # two tasks finished
+    running.wait(lambda: len(running.of("a")) == 5, "two more of a go")
+    assert sorted(running.of("a")) == a[:5]
+    for n in range(5, 20):  # each finished task lets the next one in
+        store.hold_slots({"a": [running.of("a")[n - 3]]}, "end", hold_ms=0)
+        running.wait(lambda n=n: len(running.of("a")) == n + 1, f"{n + 1} of a")
+        assert store.slot_status("a").running <= 3
+    assert running.of("a")[5:] == a[5:]  # one at a time: strictly in their order
+
+
+def test_a_higher_rank_goes_first_then_ready_time(running: Running) -> None:
+    store = running.forwarder.store
+    a = schedule_line(store, "a", 6, limit=1, start=past())
+    store.schedule("a-urgent", past() + timedelta(seconds=1), envelope("a-urgent"), slot="a", rank=9)
+    running.thread.start()
+    running.wait(lambda: len(running.of("a")) == 1, "one of a")
+    for n in range(1, 7):
+        store.hold_slots({"a": [running.of("a")[-1]]}, "end", hold_ms=0)
+        running.wait(lambda n=n: len(running.of("a")) == n + 1, f"{n + 1} of a")
+    assert running.of("a") == ["a-urgent", *a]
+
+
+def test_a_runtime_limit_overrides_the_items_and_none_means_unlimited(running: Running) -> None:
+    store = running.forwarder.store
+    store.set_slot_limit("a", 2)
+    a = schedule_line(store, "a", 6, limit=5, start=past())
+    running.thread.start()
+    running.wait(lambda: len(running.of("a")) == 2, "2 of a (the runtime limit)")
+    store.set_slot_limit("a", None)  # the items' own limit, 5, applies again
+    running.wait(lambda: len(running.of("a")) == 5, "5 of a (the items' limit)")
+    assert store.slot_status("a").limit is None
+    assert sorted(running.of("a")) == a[:5]
+
+
+def test_a_lapsed_hold_is_reaped_and_its_slot_goes_to_the_next(valkey_url: str, prefix: str) -> None:
+    """A worker that died holds its slot until the hold lapses, then the next in line gets it."""
+    store = make_store(valkey_url, prefix)
+    take = lambda member, now: store.take_slots(  # noqa: E731
+        {"k": SlotAsk(1, [(member, 0)])}, hold_ms=100, wait_ms=10_000, now=now
+    )["k"]
+    assert take("x", 1_000).places == (-1,)
+    assert take("y", 1_050).places == (0,)  # x holds the one slot
+    assert take("x", 1_060).places == (-1,)  # x asks again (a forwarder re-claiming it): it keeps it
+    store.hold_slots({"k": ["x"]}, "start", hold_ms=100, now=1_080)  # its worker starts it
+    assert take("y", 1_150).places == (0,)
+    grant = take("y", 1_181)  # x's hold lapsed at 1_180: its worker died
+    assert grant.places == (-1,) and grant.running == 1
+
+
+def test_a_free_slot_waits_for_the_head_of_the_line(valkey_url: str, prefix: str) -> None:
+    """An item behind another that waits (deferred, not asking now) does not jump it; once the
+    head's wait lapses (cancelled while it waited), the next one gets the slot."""
+    store = make_store(valkey_url, prefix)
+    take = lambda member, order, now, mode="take": store.take_slots(  # noqa: E731
+        {"k": SlotAsk(1, [(member, order)])}, hold_ms=60_000, wait_ms=500, now=now, mode=mode
+    )["k"]
+    assert take("run", 0, 1_000).places == (-1,)
+    assert take("first", 10, 1_010).places == (0,)
+    assert take("second", 20, 1_020).places == (1,)
+    store.hold_slots({"k": ["run"]}, "end", hold_ms=0)
+    assert take("second", 20, 1_100).places == (1,)  # the slot is first's
+    assert take("first", 10, 1_200).places == (-1,)
+    store.hold_slots({"k": ["first"]}, "end", hold_ms=0)
+    assert take("third", 5, 1_300, "join").places == (0,)  # in line ahead of second, then never asks
+    assert take("second", 20, 1_700).places == (1,)
+    assert take("second", 20, 1_801).places == (-1,)  # third's place lapsed at 1_800
+
+
+def test_an_item_that_will_not_be_published_gives_up_its_place(valkey_url: str, prefix: str) -> None:
+    """An item that joined the line but is not published (lossless mode found it started) leaves
+    it, so the free slot goes to the next at once instead of after the place lapses."""
+    store = make_store(valkey_url, prefix)
+    ask = lambda member, order, mode: store.take_slots(  # noqa: E731
+        {"k": SlotAsk(1, [(member, order)])}, hold_ms=60_000, wait_ms=60_000, mode=mode
+    )["k"]
+    assert ask("skipped", 0, "join").places == (0,)
+    assert ask("next", 1, "take").places == (1,)  # the free slot is kept for the head of the line
+    ask("skipped", 0, "leave")
+    assert ask("next", 1, "take").places == (-1,)
+
+
+#: Hostile writes to a slot key's keys (every kind of keys.py's slot_*_key): each must leave the
+#: line flowing. Those the take reports are logged, naming the key or what was dropped (SAID).
+GARBAGE: dict[str, Callable[[redis.Redis, str, str], object]] = {
+    "holds of another type": lambda c, p, k: c.set(slot_holds_key(p, k), "junk"),
+    "holds far ahead": lambda c, p, k: c.zadd(slot_holds_key(p, k), {"ghost-1": 1e15, "ghost-2": float("inf")}),
+    "waiting of another type": lambda c, p, k: c.hset(slot_waiting_key(p, k), "a", "b"),
+    "waiting entries without a wait": lambda c, p, k: c.zadd(slot_waiting_key(p, k), {f"g{i}": -1 for i in range(50)}),
+    "waits of another type": lambda c, p, k: c.lpush(slot_waits_key(p, k), "x"),
+    "waits far ahead": lambda c, p, k: (
+        c.zadd(slot_waiting_key(p, k), {"ghost": -1}),
+        c.zadd(slot_waits_key(p, k), {"ghost": float("inf")}),
+    ),
+    "limit not a number": lambda c, p, k: c.set(slot_limit_key(p, k), "\xff2"),
+    "limit 0": lambda c, p, k: c.set(slot_limit_key(p, k), "0"),
+    "limit of another type": lambda c, p, k: c.sadd(slot_limit_key(p, k), "3"),
+}
+
+
+SAID = {
+    "holds of another type": ":holds type=string",
+    "waiting of another type": ":waiting type=hash",
+    "waiting entries without a wait": "waiting entry=g",
+    "waits of another type": ":waits type=list",
+    "limit not a number": "limit=",
+    "limit 0": "limit=0",
+    "limit of another type": ":limit type=set",
+}
+
+
+@pytest.mark.parametrize("garbage", GARBAGE)
+def test_garbage_in_slot_keys_never_stops_the_line(
+    running: Running, garbage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever a producer writes into a slot key's keys, every item of the key is released
+    (at most the limit at once), with a warning naming what was dropped."""
+    store = running.forwarder.store
+    GARBAGE[garbage](store.client, store.config.prefix, "a")
+    a = schedule_line(store, "a", 6, limit=2, start=past())
+    running.thread.start()
+    for n in range(6):
+        running.wait(lambda n=n: len(running.of("a")) > n, f"item {n} of a")
+        assert store.slot_status("a").running <= 2
+        store.hold_slots({"a": [running.of("a")[n]]}, "end", hold_ms=0)
+    assert sorted(running.of("a")) == a
+    if garbage in SAID:
+        assert any("slot 'a' held" in r.message and SAID[garbage] in r.message for r in caplog.records)
+
+
+def test_a_slot_travels_in_the_envelope_with_the_rank(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix)
+    store.schedule("x", past(), envelope("x"), slot={"key": "k", "limit": 4}, rank=7)
+    stored = store.get("x")
+    assert stored is not None
+    assert slot_of(Envelope.decode(stored.envelope)) == (Slot("k", 4), 7)
+    assert slot_of(Delivery("y", RedisListTarget.envelope(OUT, b""), 0, 0).envelope) is None
+
+
+def test_delayq_slots_lists_the_keys_and_sets_their_limits(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix, shards=4)
+    store.check_meta()
+    store.take_slots({"k}odd": SlotAsk(1, [("a", 0), ("b", 1), ("c", 2)])}, hold_ms=60_000, wait_ms=60_000)
+    options = ["--url", valkey_url, "--prefix", prefix, "--shards", "4"]
+    run = lambda *args: CliRunner().invoke(main, ["slots", *args, *options])  # noqa: E731
+    assert run("set", "other", "3").exit_code == 0
+    listed = run("list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.output) == [
+        {"key": "k}odd", "limit": None, "running": 1, "waiting": 2},  # a brace in the key is no trouble
+        {"key": "other", "limit": 3, "running": 0, "waiting": 0},
+    ]
+    assert "limit removed" in run("set", "other", "none").output and store.slot_status("other").limit is None
+    refused = run("set", "other", "0")
+    assert refused.exit_code != 0 and "1 <= N" in refused.output
+
+
+def test_a_heartbeat_keeps_a_long_task_and_a_dead_worker_lets_go(valkey_url: str, prefix: str) -> None:
+    """A worker's hold outlives many hold periods while it beats; once the worker stops beating
+    (it died), the hold lapses and the next in line gets the slot."""
+    store = make_store(valkey_url, prefix)
+
+    def take(member: str) -> tuple[int, ...]:
+        grant = store.take_slots({"k": SlotAsk(1, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000)["k"]
+        assert not isinstance(grant, Exception)
+        return grant.places
+
+    assert take("long") == (-1,)
+    guard = SlotGuard(store, hold_ms=300)
+    guard.start("k", "long")
+    deadline = time.monotonic() + 1.5  # five hold periods
+    while time.monotonic() < deadline:
+        assert take("next") == (0,), "the long task's slot was given away while it ran"
+        time.sleep(0.05)
+    guard.close()  # the worker dies: no more beats, no end
+    wait_for(lambda: take("next") == (-1,), 5, "the dead worker's hold to lapse")
+    assert guard.held() == {"k": ["long"]}
+
+
+def test_a_slot_in_an_envelope_that_is_none_runs_unlimited() -> None:
+    for meta in ({"slot": 5}, {"slot": {"key": ""}}, {"slot": {"key": "k", "limit": -1}}, {"slot": {"limit": 2}}):
+        assert slot_of(Envelope("list", OUT, meta=meta)) is None
+    assert slot_of(Envelope("list", OUT, meta={"slot": {"key": "k", "limit": 2, "rank": "x"}})) == (Slot("k", 2), 0)
+
+
+def test_a_batch_bigger_than_luas_unpack_limit_takes_and_gives_back_its_slots(valkey_url: str, prefix: str) -> None:
+    """9,000 items of one key in one call (a claim's batch goes up to 10,000; Lua's unpack stops
+    near 8,000): each joins the line, two are granted, all leave or end in one call each."""
+    store = make_store(valkey_url, prefix, shards=1)
+    members = [(f"m{i:05d}", i) for i in range(9000)]
+    joined = store.take_slots({"big": SlotAsk(2, members)}, hold_ms=60_000, wait_ms=60_000, mode="join")["big"]
+    assert not isinstance(joined, Exception) and len(joined.places) == 9000
+    taken = store.take_slots({"big": SlotAsk(2, members)}, hold_ms=60_000, wait_ms=60_000)["big"]
+    assert not isinstance(taken, Exception)
+    assert taken.places[:3] == (-1, -1, 0) and taken.places[-1] == 8997
+    assert store.hold_slots({"big": [m for m, _ in members]}, "beat", hold_ms=60_000) == {"big": 2}
+    assert store.hold_slots({"big": [m for m, _ in members]}, "end", hold_ms=0) == {"big": 2}
+    left = store.take_slots({"big": SlotAsk(2, members[2:])}, hold_ms=60_000, wait_ms=60_000, mode="leave")["big"]
+    assert not isinstance(left, Exception) and store.slot_status("big").waiting == 0
