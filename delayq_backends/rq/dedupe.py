@@ -24,7 +24,6 @@ rest (a store on another server, a job re-enqueued by hand).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -32,8 +31,8 @@ from rq import SimpleWorker, Worker
 from rq.job import Job
 
 from ..dedupe import RunGuard, Verdict
-from ..errors import ConfigError, DelayqError
-from .queue import store_of_connection
+from ..errors import DelayqError
+from .queue import env_int, store_of_connection
 from .slots import Slots
 
 __all__ = ["DEDUPE_TTL_ENV", "DedupeSimpleWorker", "DedupeWorker", "job_run"]
@@ -56,13 +55,7 @@ def job_run(job: Job) -> int | None:
 
 
 def _ttl_ms() -> int:
-    text = os.environ.get(DEDUPE_TTL_ENV) or str(_DEFAULT_TTL)
-    try:
-        seconds = int(text)
-    except ValueError:
-        seconds = 0
-    if not 1 <= seconds <= 366 * 86400:
-        raise ConfigError(f"{DEDUPE_TTL_ENV}={text!r}: use whole seconds between 1 and {366 * 86400}")
+    seconds = env_int(DEDUPE_TTL_ENV, str(_DEFAULT_TTL), "seconds a run is remembered", low=1, high=366 * 86400)
     return seconds * 1000
 
 

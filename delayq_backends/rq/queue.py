@@ -84,9 +84,9 @@ def store_of_connection(connection: redis.Redis) -> DelayStore:
     """
     url = os.environ.get("DELAYQ_URL") or None
     prefix = os.environ.get("DELAYQ_PREFIX") or "delayq"
-    shards = _env_int("DELAYQ_SHARDS", "16", "the store's shard count")
-    durable = _env_int("DELAYQ_DURABLE_REPLICAS", "0", "how many replicas must confirm each schedule")
-    timeout = _env_int("DELAYQ_DURABLE_TIMEOUT_MS", str(Config.durable_timeout_ms), "ms to wait for them")
+    shards = env_int("DELAYQ_SHARDS", "16", "the store's shard count")
+    durable = env_int("DELAYQ_DURABLE_REPLICAS", "0", "how many replicas must confirm each schedule")
+    timeout = env_int("DELAYQ_DURABLE_TIMEOUT_MS", str(Config.durable_timeout_ms), "ms to wait for them")
     key = (url, prefix, shards, durable, timeout) if url else (id(connection), prefix, shards, durable, timeout)
 
     def build() -> DelayStore:
@@ -101,12 +101,23 @@ def store_of_connection(connection: redis.Redis) -> DelayStore:
     )
 
 
-def _env_int(name: str, default: str, meaning: str) -> int:
+def env_int(name: str, default: str, meaning: str, *, low: int | None = None, high: int | None = None) -> int:
+    """The whole number in environment variable ``name`` (``default`` when unset or empty),
+    within ``low``..``high`` when given: read where a worker or producer starts, so a bad
+    setting stops it there with one line, not each job.
+
+    Raises:
+        ConfigError: not a whole number, or out of range; the message says what it means.
+    """
     text = os.environ.get(name) or default
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise ConfigError(f"{name}={text!r}: use a whole number, {meaning}") from None
+        value = None
+    if value is None or (low is not None and value < low) or (high is not None and value > high):
+        bounds = "" if low is None or high is None else f" between {low} and {high}"
+        raise ConfigError(f"{name}={text!r}: use a whole number{bounds}, {meaning}")
+    return value
 
 
 def ready_at(when: Any) -> datetime:

@@ -17,7 +17,6 @@ shares that run's slot for the moment between the two.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -25,10 +24,10 @@ from rq import SimpleWorker, Worker
 from rq.job import Job
 
 from ..envelope import Slot
-from ..errors import ConfigError, DelayqError
+from ..errors import DelayqError
 from ..slots import SlotGuard
 from ..store import RUN_HOLD_MS, slot_member
-from .queue import SLOT_META, store_of_connection
+from .queue import SLOT_META, env_int, store_of_connection
 
 __all__ = ["SLOT_HOLD_ENV", "SlotSimpleWorker", "SlotWorker", "Slots"]
 
@@ -39,13 +38,9 @@ _MAX_HOLD = 3600
 
 
 def _hold_ms() -> int:
-    text = os.environ.get(SLOT_HOLD_ENV) or str(RUN_HOLD_MS // 1000)
-    seconds = int(text) if text.isdigit() else 0
-    if not 1 <= seconds <= _MAX_HOLD:
-        raise ConfigError(
-            f"{SLOT_HOLD_ENV}={text!r}: use whole seconds between 1 and {_MAX_HOLD}: how long a killed worker's "
-            "slots stay taken"
-        )
+    seconds = env_int(
+        SLOT_HOLD_ENV, str(RUN_HOLD_MS // 1000), "seconds a killed worker's slots stay taken", low=1, high=_MAX_HOLD
+    )
     return seconds * 1000
 
 

@@ -237,18 +237,21 @@ class StoreCore:
         with full_store_said_plainly():
             return self.scripts.run(call(self._keys[shard]), client=client)
 
-    def run_each(self, calls: Sequence[ScriptCall[R]]) -> list[R | Exception]:
-        """Run ``calls`` (each on keys of its own, not a shard's: rate buckets, slot keys) in one
-        round trip (one per call on a cluster, whose pipelines cannot run scripts): each reply,
-        or its error (a Redis error reply, or :class:`StoreFullError`), so one bad key does not
-        cost the others theirs."""
+    def run_each(
+        self, calls: Sequence[ScriptCall[R]], reply: Callable[[Callable[[], R]], R | Exception] | None = None
+    ) -> list[R | Exception]:
+        """Run ``calls`` (each on keys of its own: rate buckets, slot keys, or each on a shard's)
+        in one round trip (one per call on a cluster, whose pipelines cannot run scripts): each
+        reply, or its error, so one bad key does not cost the others theirs. ``reply`` reads one
+        (default: a Redis error reply or :class:`StoreFullError` is returned, others raise)."""
+        read = _reply_or_error if reply is None else reply
         if self.cluster or len(calls) == 1:
-            return [_reply_or_error(partial(self.scripts.run, call)) for call in calls]
+            return [read(partial(self.scripts.run, call)) for call in calls]
         with self.client.pipeline(transaction=False) as pipe:
             for call in calls:
                 self.scripts.queue(call, pipe)
             raw = pipe.execute(raise_on_error=False)
-        return [_reply_or_error(partial(_parsed, call, reply)) for call, reply in zip(calls, raw)]
+        return [read(partial(_parsed, call, answer)) for call, answer in zip(calls, raw)]
 
     def _queue(self, call: Callable[[ShardKeys], ScriptCall[Any]], shard: int, pipeline: Any) -> None:
         """Queue the script call ``call`` builds from ``shard``'s keys on a caller's pipeline or

@@ -6,7 +6,6 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import redis
@@ -27,7 +26,7 @@ from ..outages import CONNECTION_ERRORS
 from ..scripts.library import ScriptCall
 from ..scripts.store import Ack, ClaimScript, DeadLimits, Defer, Extend, Fail, Keep, Rearm, Release, ScheduleOne, Take
 from ..timeutil import When, score_ms
-from .base import Payload, R, StoreCore, _parsed, full_store_said_plainly
+from .base import Payload, R, StoreCore, full_store_said_plainly
 from .starts import is_start_record
 
 __all__ = ["Forwarding", "Lease"]
@@ -72,13 +71,7 @@ class Forwarding(StoreCore):
         Raises:
             redis.ConnectionError, redis.TimeoutError: the store is unreachable, not one shard.
         """
-        if self.cluster or len(calls) == 1:
-            return [_shard_reply(partial(self.scripts.run, call)) for call in calls]
-        with self.client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                self.scripts.queue(call, pipe)
-            replies = pipe.execute(raise_on_error=False)
-        return [_shard_reply(partial(_parsed, call, reply)) for call, reply in zip(calls, replies)]
+        return self.run_each(calls, _shard_reply)
 
     def _claim_call(
         self, shard: int, limit: int, lease_ms: int | None, now: int | None
