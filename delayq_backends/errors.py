@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "BatchClosedError",
+    "BatchError",
     "BrokerUnavailable",
     "ConfigError",
     "DelayqError",
@@ -143,3 +145,12 @@ class NotDurableError(DelayqError):
     It is stored, but a failover now could lose it. Scheduling is idempotent by id: retrying
     is safe.
     """
+
+
+class BatchError(DelayqError, ValueError):
+    """A batch key that is no batch (never opened, or its keys hold garbage), or bad batch input:
+    the message names the key and the fix."""
+
+
+class BatchClosedError(BatchError):
+    """A sub-job added to a batch already closed: it was NOT scheduled (open another batch)."""

@@ -25,6 +25,8 @@ __all__ = [
     "MAX_RANK",
     "RANK_SPAN",
     "ShardKeys",
+    "batch_channel",
+    "batch_item_id",
     "collapse_id",
     "collapsed_key",
     "key_rate_key",
@@ -209,6 +211,18 @@ def slot_limit_key(prefix: str, key: str) -> str:
     return _slot(prefix, key, "limit")
 
 
+def batch_item_id(key: str) -> str:
+    """The item id of batch ``key``'s on_complete: a pure function of the key, so the batch's own
+    keys live in that item's shard (:meth:`ShardKeys.batch`) and the script that records the last
+    finish writes the item in the same call."""
+    return f"batch:{key}"
+
+
+def batch_channel(prefix: str, key: str) -> str:
+    """Pub/sub channel on which batch ``key``'s summary is published once, when it completes."""
+    return f"{prefix}:batch:{key}"
+
+
 #: The ways schedules of one key collapse into one run (see ``DelayStore.debounce``).
 COLLAPSE_MODES = ("debounce", "throttle")
 
@@ -300,6 +314,23 @@ class ShardKeys:
         collapsed. Expires a day after the run's ready time (debounce.lua), so keys that are
         never called again cost nothing for long. Not in :meth:`all`."""
         return self._key(f"calls:{item_id}")
+
+    def batch(self, key: str) -> str:
+        """HASH of batch ``key`` (closed, completed, failed count, created/completed ms, the
+        on_complete envelope), in the shard of :func:`batch_item_id`. Not in :meth:`all`."""
+        return self._key(f"batch:{key}")
+
+    def batch_members(self, key: str) -> str:
+        """SET of the sub-job ids added to batch ``key``: its total is their count."""
+        return self._key(f"batch_members:{key}")
+
+    def batch_done(self, key: str) -> str:
+        """SET of the sub-job ids of batch ``key`` that finished (a second finish counts once)."""
+        return self._key(f"batch_done:{key}")
+
+    def batch_failed(self, key: str) -> str:
+        """LIST of the first failed sub-job ids of batch ``key`` (bounded)."""
+        return self._key(f"batch_failed:{key}")
 
     def all(self) -> list[str]:
         """Every key of the shard (each script names the ones it takes: scripts/store.py)."""

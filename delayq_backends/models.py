@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 __all__ = [
+    "BatchStatus",
     "SlotGrant",
     "SlotStatus",
     "CancelOutcome",
@@ -307,6 +308,30 @@ class SlotStatus:
     limit: int | None
     running: int
     waiting: int
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """A batch's progress (:meth:`DelayStore.batch_status`): sub-jobs added (``total``), finished
+    (``done``: ``succeeded`` + ``failed``), the first failed ids (at most the store's bound),
+    whether it is closed (no more adds) and completed (its on_complete released and its notice
+    published, once), and when it was opened and completed (UTC ms; None: not yet)."""
+
+    key: str
+    total: int
+    done: int
+    succeeded: int
+    failed: int
+    failed_ids: tuple[str, ...]
+    closed: bool
+    completed: bool
+    created_ms: int
+    completed_ms: int | None
+    on_complete: bool
+
+    def as_dict(self) -> dict[str, object]:
+        """The status as JSON-ready values (for the CLI and an HTTP API)."""
+        return {**self.__dict__, "failed_ids": list(self.failed_ids)}
 
 
 @dataclass(frozen=True)

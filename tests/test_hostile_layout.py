@@ -65,6 +65,11 @@ COVERED = {
     "slot_waiting_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_waits_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_limit_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
+    "ShardKeys.batch": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
+    "ShardKeys.batch_members": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
+    "ShardKeys.batch_done": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
+    "ShardKeys.batch_failed": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
+    "batch_channel": "tests/test_batches.py::test_a_batch_completes_once_when_closed_and_every_sub_job_finished",
     "rq mirror": "here: test_garbage_in_the_rq_mirror_never_stops_the_line",
     "audit stream": "here: test_garbage_in_the_audit_stream_never_stops_the_line",
 }

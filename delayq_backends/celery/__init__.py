@@ -19,6 +19,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MissingExtraError(f"delayq_backends.celery needs Celery ({exc})", "celery") from exc
 
 from .amqp import AMQP, Control, StoreUnavailableError, use_plugin_control
+from .batches import BATCH_HEADER, Batch, use_batches
 from .dedupe import DedupeTask, use_dedupe
 from .message import StoredMessage, TaskView
 from .scheduled import RevokeReport, StoreRevoke, get, reschedule, revoke, revoke_everywhere
@@ -28,6 +29,8 @@ from .target import CeleryTarget
 
 __all__ = [
     "AMQP",
+    "BATCH_HEADER",
+    "Batch",
     "CelerySettings",
     "CeleryTarget",
     "Control",
@@ -62,3 +65,4 @@ def install(app: Celery) -> None:
     use_plugin_control(app)
     use_dedupe(app)
     use_slots(app)
+    use_batches(app)

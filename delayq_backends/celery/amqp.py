@@ -33,8 +33,10 @@ from kombu.entity import Exchange
 
 from ..collapse import Collapse
 from ..envelope import Slot, with_slot
-from ..errors import DelayqError, InvalidDebounceError
+from ..errors import BatchError, DelayqError, InvalidDebounceError
 from ..store import DelayStore
+from ..store.batches import check_batch_key
+from .batches import BATCH_HEADER, capturing
 from .message import StoredMessage, parse_time, priority_rank
 from .scheduled import revoke_everywhere
 from .settings import CelerySettings, DuplicateTaskIdError, StoreUnavailableError, store_for
@@ -81,16 +83,23 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
             eta = parse_time(headers.get("eta"))
             collapse = _collapse_of(headers, eta)
             slot = None if headers.get(SLOT_HEADER) is None else settings.slot(headers[SLOT_HEADER])
+            batch = _batch_of(headers, collapse)
+            captured = capturing(headers["id"])
+            if captured is not None:  # a batch's on_complete, built and kept for its completion
+                return send(captured.producer(producer), name, message, **kwargs)
             # a collapse always has an eta (_collapse_of refuses one without) and is always stored;
-            # so is a slotted task, which waits in the store for its slot
+            # so is a slotted task, which waits in the store for its slot, and a batch's sub-job,
+            # counted into its batch before it is stored
             now = self.delayq_now()
-            if slot is None and (
-                eta is None or (collapse is None and (eta - now).total_seconds() <= settings.min_delay)
+            if (
+                slot is None
+                and batch is None
+                and (eta is None or (collapse is None and (eta - now).total_seconds() <= settings.min_delay))
             ):
                 return send(producer, name, message, **kwargs)
             store = store_for(self.app, settings)
             task_id, when = headers["id"], eta or now
-            storing = _StoringProducer(producer, store, task_id, when, settings.duplicate_id, collapse, slot)
+            storing = _StoringProducer(producer, store, task_id, when, settings.duplicate_id, collapse, slot, batch)
             return send(storing, name, message, **kwargs)
 
         return send_task_message
@@ -115,6 +124,23 @@ def _collapse_of(headers: Mapping[str, Any], eta: datetime | None) -> Collapse |
     return collapse
 
 
+def _batch_of(headers: Mapping[str, Any], collapse: Collapse | None) -> str | None:
+    """The send's batch key, from its ``delayq_batch`` header; None without one.
+
+    Raises:
+        BatchError: not a key, or a debounced send (one run of many sends is no sub-job).
+    """
+    value = headers.get(BATCH_HEADER)
+    if value is None:
+        return None
+    if collapse is not None:
+        raise BatchError(
+            f"task {headers.get('id')} was NOT sent: header {BATCH_HEADER} cannot go with {DEBOUNCE_HEADER} "
+            "(a collapsed run is no one sub-job); drop one of them"
+        )
+    return check_batch_key(value)
+
+
 def utc_now() -> datetime:
     """The real "now" of :attr:`AMQP.delayq_now`."""
     return datetime.now(timezone.utc)
@@ -136,6 +162,7 @@ class _StoringProducer:
         duplicate_id: str,
         collapse: Collapse | None = None,
         slot: Slot | None = None,
+        batch: str | None = None,
     ) -> None:
         self._producer = producer
         self._store = store
@@ -145,6 +172,7 @@ class _StoringProducer:
         self._collapse = collapse
         self._stored = False
         self._slot = slot
+        self._batch = batch
 
     def publish(self, body: Any, **kwargs: Any) -> Any:
         headers = kwargs.get("headers") or {}
@@ -163,7 +191,9 @@ class _StoringProducer:
                 self._collapse.apply(self._store, self._eta, envelope, rank=rank, rate_key=rate_key)
                 self._stored = True
                 return None
-            done = self._store.schedule(self._task_id, self._eta, envelope, mode=mode, rank=rank, rate_key=rate_key)
+            done = self._store.schedule(
+                self._task_id, self._eta, envelope, mode=mode, rank=rank, rate_key=rate_key, batch=self._batch
+            )
         except DelayqError:
             raise  # bad input: the error already says what to fix
         except Exception as exc:

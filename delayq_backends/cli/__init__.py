@@ -14,6 +14,7 @@ import click
 
 from .. import __version__
 from .admin import acl, functions_group
+from .batches import batches
 from .capacity import capacity
 from .dashboard import dashboard
 from .demo import demo
@@ -43,6 +44,7 @@ COMMANDS = (
     cancel,
     dlq,
     slots,
+    batches,
     rq_migrate,
     rq_upgrade,
     acl,

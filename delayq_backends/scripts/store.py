@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, ClassVar, TypeVar
 
-from ..keys import ShardKeys
+from ..keys import ShardKeys, batch_channel, batch_item_id
 from ..models import (
     CancelOutcome,
     Claim,
@@ -35,6 +35,10 @@ from .library import ScriptCall
 
 __all__ = [
     "Ack",
+    "BatchAdd",
+    "BatchEnd",
+    "BatchEnding",
+    "BatchOpen",
     "Cancel",
     "ClaimScript",
     "Debounce",
@@ -382,6 +386,67 @@ class SlotHold:
     @classmethod
     def call(cls, holds: str, mode: str, members: Sequence[str], *, hold_ms: int, now: int) -> ScriptCall[int]:
         return ScriptCall(cls.name, (holds,), (mode, hold_ms, now, *members), int)
+
+
+class BatchOpen:
+    """batch_open.lua: a batch's hash, made once."""
+
+    name = "batch_open"
+
+    @classmethod
+    def call(
+        cls, keys: ShardKeys, key: str, *, on_complete: bytes, mark: str, now: int, ttl_ms: int
+    ) -> ScriptCall[int]:
+        return ScriptCall(cls.name, (keys.batch(key),), (on_complete, mark, now, ttl_ms), int)
+
+
+class BatchAdd:
+    """batch_add.lua: sub-jobs counted into a batch ("add") or taken back ("remove")."""
+
+    name = "batch_add"
+    MODES = ("add", "remove")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, key: str, mode: str, members: Sequence[str]) -> ScriptCall[int]:
+        return ScriptCall(cls.name, (keys.batch(key), keys.batch_members(key)), (mode, *members), int)
+
+
+@dataclass(frozen=True)
+class BatchEnding:
+    """What every batch_end.lua call of a store passes besides the mode: the failed ids kept, the
+    wake channel and the prefix (of the batch's channel)."""
+
+    max_failed_ids: int
+    wake: str
+    prefix: str
+
+
+class BatchEnd:
+    """batch_end.lua: a batch closed or one sub-job's end recorded, and the batch completed in
+    the same call when that was the last (the on_complete item goes into the shard's keys)."""
+
+    name = "batch_end"
+    key_names = ("due", "items", "tries", "leased", "ranked")
+
+    @classmethod
+    def call(
+        cls,
+        keys: ShardKeys,
+        key: str,
+        mode: str,
+        *,
+        ending: BatchEnding,
+        now: int,
+        member: str = "",
+        ok: bool = True,
+    ) -> ScriptCall[tuple[int, bool]]:
+        shard = attrgetter(*cls.key_names)(keys)
+        batch = (keys.batch(key), keys.batch_members(key), keys.batch_done(key), keys.batch_failed(key))
+        args = (
+            mode, now, ending.wake, batch_channel(ending.prefix, key), batch_item_id(key), key,
+            ending.max_failed_ids, member, "1" if ok else "0",
+        )  # fmt: skip
+        return ScriptCall(cls.name, (*shard, *batch), args, lambda r: (int(r[0]), bool(int(r[1]))))
 
 
 def _text(reply: Any) -> str:

@@ -3,14 +3,15 @@
 One API per role, as the ACL roles are: :class:`Producer` (schedule, reschedule, cancel),
 :class:`Forwarding` (claim under a :class:`Lease`, then ack, release, defer, fail, extend) and
 :class:`Reader` (get, list, stats, histogram, dead letters); :class:`Starts` (workers' start records);
-:class:`Slots` (concurrency slots).
-:class:`DelayStore` is all five.
+:class:`Slots` (concurrency slots); :class:`Batches` (batches of sub-jobs).
+:class:`DelayStore` is all six.
 See ``docs/architecture.md`` for the key layout and the lease protocol.
 """
 
 from __future__ import annotations
 
 from .base import Payload, StoreCore, check_rank
+from .batches import BATCH_TTL_MS, MAX_FAILED_IDS, Batches
 from .lease import Forwarding, Lease
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
@@ -18,6 +19,9 @@ from .slots import RUN_HOLD_MS, START_HOLD_MS, WAIT_MS, SlotAsk, Slots, slot_mem
 from .starts import NOT_A_STRING, Starts, is_start_record
 
 __all__ = [
+    "BATCH_TTL_MS",
+    "MAX_FAILED_IDS",
+    "Batches",
     "RUN_HOLD_MS",
     "START_HOLD_MS",
     "WAIT_MS",
@@ -41,7 +45,7 @@ __all__ = [
 ]
 
 
-class DelayStore(Producer, Forwarding, Reader, Starts, Slots):
+class DelayStore(Producer, Forwarding, Reader, Starts, Slots, Batches):
     """Schedule, claim and acknowledge delayed items: every role's API on one client.
 
     Built like each role alone (see :class:`~.base.StoreCore` for the arguments); users' code

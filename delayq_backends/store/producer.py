@@ -3,6 +3,7 @@ inside a caller's pipeline (``pipeline=``)."""
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
@@ -10,13 +11,14 @@ from typing import Any, TypeVar, overload
 import redis
 
 from ..envelope import Envelope, Slot, SlotSpec, with_rate_key, with_slot
-from ..errors import ConfigError, InvalidIdError, StoreFullError
+from ..errors import BatchError, ConfigError, InvalidIdError, StoreFullError
 from ..keys import ShardKeys, collapse_id, normalize_id, shard_of
 from ..models import CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
 from ..scripts.library import ScriptCall
 from ..scripts.store import Cancel, Debounce, Rearm, Reschedule, Schedule, ScheduleOne
 from ..timeutil import When, to_ms
 from .base import Payload, StoreCore
+from .batches import add_to_batch, check_batch_key
 
 __all__ = ["CALLS_TTL_MS", "KEEP", "SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
 
@@ -34,6 +36,8 @@ CALLS_TTL_MS = 86_400_000
 KEEP = ("first", "last")
 
 R = TypeVar("R")
+
+log = logging.getLogger("delayq.batches")
 
 
 def _keyed(envelope: Payload, rate_key: str | None) -> Payload:
@@ -68,13 +72,13 @@ class Producer(StoreCore):
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ..., slot: SlotSpec | None = ...,
+        rate_key: str | None = ..., slot: SlotSpec | None = ..., batch: str | None = ...,
     ) -> str: ...  # fmt: skip
 
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ..., slot: SlotSpec | None = ..., pipeline: Any,
+        rate_key: str | None = ..., slot: SlotSpec | None = ..., batch: str | None = ..., pipeline: Any,
     ) -> None: ...  # fmt: skip
 
     def schedule(
@@ -87,6 +91,7 @@ class Producer(StoreCore):
         rank: int = 0,
         rate_key: str | None = None,
         slot: SlotSpec | None = None,
+        batch: str | None = None,
         pipeline: Any = None,
     ) -> str | None:
         """Schedule one item; returns ``"added"``, ``"replaced"`` or ``"kept"``.
@@ -103,6 +108,8 @@ class Producer(StoreCore):
             slot: a concurrency slot, a key or ``{"key": ..., "limit": N}``: forwarders release
                 the item only while fewer than the key's limit of its items run (see
                 :mod:`delayq_backends.slots`). Stored in the envelope.
+            batch: the key of an open batch (:meth:`open_batch`): the item is counted into it
+                first, and taken back out if its schedule fails. Not with ``pipeline``.
             pipeline: a caller's pipeline or MULTI/EXEC on the store's own server (not a
                 cluster): the schedule is queued there (returns None) and is stored if and only
                 if the caller's EXEC runs. Input is checked now, so bad input raises before
@@ -112,9 +119,30 @@ class Producer(StoreCore):
         Raises:
             InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError, InvalidSlotError,
             PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
+            BatchClosedError, BatchError: ``batch`` is closed, no batch, or given with ``pipeline``.
         """
         keep = _keep(mode)
         item = self.check_item(item_id, when, _slotted(_keyed(envelope, rate_key), slot, rank), rank)
+        if batch is not None:
+            return self._schedule_in_batch(check_batch_key(batch), item, keep, pipeline)
+        return self._schedule_item(item, keep, pipeline)
+
+    def _schedule_in_batch(self, batch: str, item: ScheduleItem, keep: bool, pipeline: Any) -> str | None:
+        """Count ``item`` into ``batch``, then schedule it; un-count it if the schedule fails, or
+        the batch would wait for a sub-job that never runs."""
+        if pipeline is not None:
+            raise BatchError(f"batch {batch!r}: a sub-job cannot join a caller's pipeline; schedule it without one")
+        add_to_batch(self, batch, [item.id])
+        try:
+            return self._schedule_item(item, keep, None)
+        except BaseException:
+            try:
+                add_to_batch(self, batch, [item.id], remove=True)
+            except Exception as exc:  # the schedule's error is the one to raise
+                log.warning("batch %r: %s was not scheduled and could not be taken back (%s)", batch, item.id, exc)
+            raise
+
+    def _schedule_item(self, item: ScheduleItem, keep: bool, pipeline: Any) -> str | None:
         shard = shard_of(item.id, self.config.shards)
         # one script call, without the bulk path's grouping: this is every apply_async's cost
         if keep:

@@ -110,6 +110,11 @@ def make_app(
         record(self.request, tag, began_ms=began, ended_ms=time.time_ns() // 1_000_000)
         return tag
 
+    @app.task(bind=True, shared=False, name="dqt.batch_done")
+    def batch_done(self: Any, summary: dict[str, Any], tag: str) -> None:
+        # a batch's on_complete: the summary comes first, as a chord's callback gets its results
+        record(self.request, tag, summary=summary)
+
     @app.task(bind=True, shared=False, name="dqt.ping")
     def ping(self: Any) -> str:
         out.rpush(f"{sink}:ready", "ok")

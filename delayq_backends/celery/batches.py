@@ -1,0 +1,194 @@
+"""Celery's side of batches (:mod:`delayq_backends.batches`).
+
+    from delayq_backends.celery import Batch
+
+    with Batch(app, "order-42", on_complete=summarize.s()) as batch:
+        for line in lines:
+            batch.add(process.s(line))                # due now
+        batch.add(remind.s(42), countdown=3600)       # or later
+    # closed: summarize(summary) runs once every sub-job has finished
+
+Each sub-job carries the header ``delayq_batch`` (the batch key) and goes through the delay store,
+eta or not, counted into the batch before it is stored. ``on_complete`` is a signature: its
+message is built here (Celery's own sender, captured) with the summary as its first argument, a
+mark that the completing script replaces with the summary's JSON, so the worker that completes a
+batch needs no app code. The summary is a dict: ``batch``, ``total``, ``succeeded``, ``failed``,
+``failed_ids`` (the first 1,000). It needs the JSON serializer without compression (the default);
+an immutable signature (``.si()``) gets no summary.
+
+``install(app)`` connects the worker's reports: ``task_postrun`` with state ``SUCCESS`` (succeeded)
+or ``FAILURE`` (failed; a ``RETRY`` is not final, an ``IGNORED`` duplicate is not the run), and
+``task_revoked`` (failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from celery import Celery
+from celery.canvas import Signature
+from celery.signals import task_postrun, task_revoked
+
+from ..batches import report_close, report_end
+from ..envelope import Envelope
+from ..errors import ConfigError
+from ..keys import batch_item_id
+from ..store import BATCH_TTL_MS, DelayStore
+from ..store.batches import check_batch_key
+from .message import StoredMessage
+from .settings import store_for
+
+__all__ = ["BATCH_HEADER", "Batch", "capturing", "use_batches"]
+
+log = logging.getLogger("delayq.celery.batches")
+
+#: The header naming a task's batch.
+BATCH_HEADER = "delayq_batch"
+
+#: The task id whose message the sender captures instead of publishing (see :func:`capturing`).
+_capture: ContextVar[_Captured | None] = ContextVar("delayq_capture", default=None)
+
+
+class _Captured:
+    """The message of one task id, as the sender would have published it."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        self.envelope: Envelope | None = None
+
+    def producer(self, producer: Any) -> Any:
+        """``producer``, except that the publish of this task id is kept here."""
+        captured = self
+
+        class Capturing:
+            def publish(self, body: Any, **kwargs: Any) -> None:
+                if captured.envelope is None and (kwargs.get("headers") or {}).get("id") == captured.task_id:
+                    captured.envelope = StoredMessage.capture(body, kwargs).to_envelope()
+                    return
+                producer.publish(body, **kwargs)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(producer, name)
+
+        return Capturing()
+
+
+def capturing(task_id: str) -> _Captured | None:
+    """The capture under way for ``task_id`` (the AMQP sender asks), else None."""
+    captured = _capture.get()
+    return captured if captured is not None and captured.task_id == task_id else None
+
+
+@contextmanager
+def _captured(task_id: str) -> Iterator[_Captured]:
+    captured = _Captured(task_id)
+    token = _capture.set(captured)
+    try:
+        yield captured
+    finally:
+        _capture.reset(token)
+
+
+def on_complete_envelope(key: str, signature: Signature) -> tuple[Envelope, str]:
+    """The message of ``signature`` for batch ``key``'s completion, and the mark standing for
+    the summary in it ("" for an immutable signature).
+
+    Raises:
+        ConfigError: the message is not JSON without compression (the mark cannot be replaced).
+    """
+    immutable = bool(signature.immutable)
+    mark = "" if immutable else f"dqbatch{uuid.uuid4().hex}"
+    call = signature if immutable else signature.clone(args=(mark,))
+    with _captured(batch_item_id(key)) as captured:
+        call.apply_async(task_id=batch_item_id(key))
+    if captured.envelope is None:
+        raise ConfigError(f"batch {key!r}: the on_complete message of {signature!r} was not built; pass a signature")
+    if mark and f'"{mark}"'.encode() not in captured.envelope.body:
+        raise ConfigError(
+            f"batch {key!r}: on_complete {signature.task!r} is not sent as JSON without compression, so the "
+            "summary cannot be put in: send it with serializer='json' and no compression, or pass an immutable "
+            "signature (.si()) that takes no summary"
+        )
+    return captured.envelope, mark
+
+
+class Batch:
+    """A batch of tasks of ``app``, and ``on_complete`` once every one has finished.
+
+    Args:
+        app: the Celery app (``install(app)`` done: its sender stores the sub-jobs).
+        key: the batch's key (an order id, a request id): printable text.
+        on_complete: a signature called with the summary dict as its first argument; None: only
+            the notice on ``<prefix>:batch:<key>``.
+        ttl: how long the batch stays readable once completed.
+
+    Raises:
+        BatchError: a bad key, or garbage in its keys. ConfigError: see :func:`on_complete_envelope`.
+    """
+
+    def __init__(
+        self, app: Celery, key: str, *, on_complete: Signature | None = None, ttl: timedelta = timedelta(days=7)
+    ) -> None:
+        self.app, self.key = app, check_batch_key(key)
+        self.store: DelayStore = store_for(app)
+        envelope, mark = (None, "") if on_complete is None else on_complete_envelope(key, on_complete)
+        ttl_ms = int(ttl.total_seconds() * 1000) if ttl else BATCH_TTL_MS
+        self.store.open_batch(key, on_complete=envelope, mark=mark, ttl_ms=ttl_ms)
+
+    def add(self, signature: Signature, **options: Any) -> Any:
+        """Send ``signature`` as a sub-job (``apply_async`` options: ``countdown``, ``eta``, ...);
+        its AsyncResult.
+
+        Raises:
+            BatchClosedError: the batch is closed; the task was NOT sent.
+        """
+        headers = {**(signature.options.get("headers") or {}), **(options.pop("headers", None) or {})}
+        return signature.apply_async(headers={**headers, BATCH_HEADER: self.key}, **options)
+
+    def close(self) -> bool:
+        """No more sub-jobs; whether that completed the batch (all had finished, or none was added)."""
+        return report_close(self.store, self.key)
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Close, unless the block raised: a batch cut short stays open (its on_complete does not
+        run on a part); close it once the rest is added."""
+        if kind is None:
+            self.close()
+
+
+def use_batches(app: Celery) -> None:
+    """Connect the worker's batch reports (``install`` calls this); they act only on tasks that
+    carry the header."""
+    task_postrun.connect(_ended, weak=False, dispatch_uid="delayq-batch-end")
+    task_revoked.connect(_revoked, weak=False, dispatch_uid="delayq-batch-revoked")
+
+
+def _report(task: Any, request: Any, ok: bool) -> None:
+    key = getattr(request, BATCH_HEADER, None)
+    if key is None or task is None:
+        return
+    try:
+        store = store_for(task.app)
+    except Exception as exc:  # a worker hook: log, never raise
+        log.warning("batch %r: no delay store (%s); the end of %s was not recorded", key, exc, request.id)
+        return
+    report_end(store, str(key), str(request.id), ok)
+
+
+def _ended(sender: Any = None, task: Any = None, state: str | None = None, **_: Any) -> None:
+    if task is not None and state in ("SUCCESS", "FAILURE"):
+        _report(task, task.request, state == "SUCCESS")
+
+
+def _revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    _report(sender, request, False)

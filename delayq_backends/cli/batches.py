@@ -1,0 +1,93 @@
+"""``delayq batches``: batches of sub-jobs, their progress and completion."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import BatchError
+from ..models import BatchStatus
+from ..storespec import StoreSpec
+from ..timeutil import from_ms
+from .options import json_option, open_store, store_options
+from .output import Column, echo_json, print_table
+
+__all__ = ["batches"]
+
+COLUMNS = [
+    Column("key"),
+    Column("total", "right"),
+    Column("done", "right"),
+    Column("failed", "right"),
+    Column("closed"),
+    Column("completed"),
+]
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+def batches(ctx: click.Context) -> None:
+    """Batches: sub-jobs of one request, and one on_complete once all have finished
+    (``delayq batches list``, ``show KEY``)."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+def _row(key: str, status: BatchStatus | None | BatchError) -> list[object]:
+    if isinstance(status, BatchError):
+        return [key, None, None, None, "garbage: see `delayq batches show`", None]
+    if status is None:  # expired between the scan and the read
+        return [key, None, None, None, None, None]
+    return [key, status.total, status.done, status.failed, _yes(status.closed), _yes(status.completed)]
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _read(store: object, key: str) -> BatchStatus | None | BatchError:
+    try:
+        return store.batch_status(key)  # type: ignore[attr-defined, no-any-return]
+    except BatchError as exc:
+        return exc
+
+
+@batches.command("list")
+@store_options
+@json_option
+def batches_list(spec: StoreSpec, as_json: bool) -> None:
+    """Every batch (open, or completed less than its TTL ago): sub-jobs added, finished and failed,
+    closed, completed."""
+    store = open_store(spec, writes=False)
+    statuses = {key: _read(store, key) for key in store.batch_keys_in_use()}
+    if as_json:
+        echo_json(
+            [
+                {"key": key, "error": str(s)} if isinstance(s, BatchError) else s.as_dict()
+                for key, s in statuses.items()
+                if s is not None
+            ]
+        )
+        return
+    print_table(f"batches of {spec.prefix!r}", COLUMNS, (_row(key, s) for key, s in statuses.items()))
+
+
+@batches.command("show")
+@store_options
+@json_option
+@click.argument("key")
+def batches_show(spec: StoreSpec, as_json: bool, key: str) -> None:
+    """Batch KEY's progress, and the first failed sub-job ids."""
+    status = open_store(spec, writes=False).batch_status(key)  # garbage: BatchError says what to do
+    if status is None:
+        raise BatchError(f"no batch {key!r} in prefix {spec.prefix!r} (never opened, or expired after completion)")
+    if as_json:
+        echo_json(status.as_dict())
+        return
+    done_at = "-" if status.completed_ms is None else from_ms(status.completed_ms).isoformat()
+    click.echo(
+        f"batch {key!r}: {status.done}/{status.total} done ({status.succeeded} succeeded, {status.failed} failed), "
+        f"{'closed' if status.closed else 'open'}, {'completed at ' + done_at if status.completed else 'not completed'}"
+    )
+    click.echo(f"opened at {from_ms(status.created_ms).isoformat()}; on_complete: {_yes(status.on_complete)}")
+    if status.failed_ids:
+        click.echo("failed: " + ", ".join(status.failed_ids))

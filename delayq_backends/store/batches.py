@@ -1,0 +1,207 @@
+"""Batches in the store: one request split into sub-jobs, and an ``on_complete`` released once
+when the batch is closed and every sub-job has finished (see :mod:`delayq_backends.batches`).
+
+A batch ``key``'s keys share the hash tag of the shard of its on_complete item
+(:func:`~delayq_backends.keys.batch_item_id`), so the one script call that records the last
+finish (or the close) also writes that item, ready now, and publishes the summary: completion
+depends on no process surviving past that call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from ..errors import BatchClosedError, BatchError
+from ..keys import ShardKeys, batch_item_id, normalize_id, shard_of
+from ..models import BatchStatus
+from ..scripts.store import BatchAdd, BatchEnd, BatchEnding, BatchOpen
+from .base import Payload, StoreCore
+from .slots import _glob_escaped
+
+__all__ = ["BATCH_TTL_MS", "MAX_FAILED_IDS", "Batches", "add_to_batch", "check_batch_key"]
+
+log = logging.getLogger("delayq.batches")
+
+#: How long a completed batch's keys stay readable (``batch_status``, ``delayq batches``).
+BATCH_TTL_MS = 7 * 86_400_000
+#: Failed sub-job ids a batch keeps (and its summary lists); the count goes on past it.
+MAX_FAILED_IDS = 1000
+
+
+def check_batch_key(key: object) -> str:
+    """``key`` if it can name a batch (printable text; its on_complete id at most 512 bytes).
+
+    Raises:
+        BatchError: anything else; nothing was written.
+    """
+    if not isinstance(key, str) or not key:
+        raise BatchError(f"batch key {key!r}: pass non-empty text, e.g. an order or request id")
+    try:
+        normalize_id(batch_item_id(key))
+    except ValueError as exc:
+        raise BatchError(f"batch key {key!r} is no usable key ({exc})") from exc
+    return key
+
+
+def _batch_keys(store: StoreCore, key: str) -> ShardKeys:
+    """The keys of the shard whose hash tag batch ``key``'s keys share."""
+    return store.keys(shard_of(batch_item_id(key), store.config.shards))
+
+
+def _refused(key: str, reply: int, what: str) -> BatchError:
+    """The error of a batch script's negative reply."""
+    if reply == -3:
+        return BatchClosedError(
+            f"batch {key!r} is closed: {what} was NOT added (nor scheduled); open a new batch for more sub-jobs"
+        )
+    if reply == -2:
+        return BatchError(f"no batch {key!r}: open it first (open_batch, or the Batch class of your adapter)")
+    return BatchError(
+        f"batch {key!r}: its keys hold data delayq did not write (a hand write); inspect them with "
+        f"`delayq batches show {key}` and delete them (they start with the batch's hash tag) to use the key again"
+    )
+
+
+def add_to_batch(store: StoreCore, key: str, ids: Sequence[str], *, remove: bool = False) -> int:
+    """Count ``ids`` into batch ``key`` before they are scheduled (with ``remove``: take back
+    those whose schedule failed); returns the batch's total.
+
+    Raises:
+        BatchClosedError: the batch is closed and an id is new. BatchError: no such batch, or garbage.
+    """
+    store.check_meta()
+    reply = store.scripts.run(BatchAdd.call(_batch_keys(store, key), key, "remove" if remove else "add", ids))
+    if reply < 0:
+        raise _refused(key, reply, f"sub-job {ids[0]!r}" if len(ids) == 1 else f"{len(ids)} sub-jobs")
+    return reply
+
+
+class Batches(StoreCore):
+    """Batches: producers open, add (``schedule(..., batch=key)``) and close; workers report each
+    sub-job's final end (:meth:`finish_in_batch`); anyone reads progress (:meth:`batch_status`)."""
+
+    def _ending(self) -> BatchEnding:
+        return BatchEnding(max_failed_ids=MAX_FAILED_IDS, wake=self.wake_channel, prefix=self.config.prefix)
+
+    def open_batch(
+        self, key: str, *, on_complete: Payload | None = None, mark: str = "", ttl_ms: int = BATCH_TTL_MS
+    ) -> bool:
+        """Open batch ``key`` (total 0, not closed); True if opened, False if it was there
+        (left as it is: a completed or closed batch refuses new sub-jobs).
+
+        Args:
+            on_complete: the item released once the batch completes, as the item
+                :func:`~delayq_backends.keys.batch_item_id` (``"batch:<key>"``); None: only the notice.
+            mark: a string that stands, JSON-quoted, in ``on_complete``'s body for the summary:
+                completion writes the summary's JSON in its place (the Celery adapter's way to
+                pass it as the callback's first argument); "" for none.
+            ttl_ms: how long the batch's keys stay once it completed (7 days).
+
+        Raises:
+            BatchError: a bad key, or its hash holds garbage.
+        """
+        check_batch_key(key)
+        if type(ttl_ms) is not int or ttl_ms < 1:
+            raise BatchError(f"ttl_ms={ttl_ms!r}: pass a whole number of ms, at least 1")
+        self.check_meta()
+        envelope = b"" if on_complete is None else self.check_payload(batch_item_id(key), on_complete)
+        keys = _batch_keys(self, key)
+        reply = self.scripts.run(
+            BatchOpen.call(keys, key, on_complete=envelope, mark=mark, now=self.clock(), ttl_ms=ttl_ms)
+        )
+        if reply < 0:
+            raise _refused(key, reply, "nothing")
+        return reply == 1
+
+    def add_to_batch(self, key: str, ids: Sequence[str]) -> int:
+        """Count sub-jobs ``ids`` into batch ``key`` without scheduling them (an adapter that
+        schedules them itself; ``schedule(..., batch=key)`` does both); returns the total."""
+        return add_to_batch(self, check_batch_key(key), [normalize_id(i) for i in ids])
+
+    def close_batch(self, key: str) -> bool:
+        """Close batch ``key``: no more sub-jobs; it completes now if all have finished (an empty
+        batch at once). Returns whether this call completed it. Closing twice is harmless, and
+        completes a batch whose completion a garbage shard key held up once that is fixed.
+
+        Raises:
+            BatchError: no such batch, or its keys hold garbage.
+        """
+        return self._end(check_batch_key(key), "close", "", True)
+
+    def finish_in_batch(self, key: str, member: str, ok: bool) -> bool:
+        """Record sub-job ``member``'s final end (``ok``: it succeeded); a second report of it
+        counts nothing. Returns whether this call completed the batch.
+
+        Raises:
+            BatchError: no such batch, ``member`` is not one of its sub-jobs, or garbage.
+        """
+        return self._end(check_batch_key(key), "finish", member, ok)
+
+    def _end(self, key: str, mode: str, member: str, ok: bool) -> bool:
+        self.check_meta()
+        call = BatchEnd.call(
+            _batch_keys(self, key), key, mode, ending=self._ending(), now=self.clock(), member=member, ok=ok
+        )
+        code, completed = self.scripts.run(call)
+        if code == -4:
+            raise BatchError(f"{member!r} is no sub-job of batch {key!r}: it was not added (or its schedule failed)")
+        if code < 0:
+            raise _refused(key, code, "nothing")
+        return completed
+
+    def batch_status(self, key: str) -> BatchStatus | None:
+        """Batch ``key``'s progress; None when there is none (never opened, or expired).
+
+        Raises:
+            BatchError: its keys hold garbage (the message says how to clear them).
+        """
+        keys = _batch_keys(self, check_batch_key(key))
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.batch(key))
+            pipe.scard(keys.batch_members(key))
+            pipe.scard(keys.batch_done(key))
+            pipe.lrange(keys.batch_failed(key), 0, MAX_FAILED_IDS - 1)
+            fields, total, done, failed_ids = pipe.execute(raise_on_error=False)
+        if isinstance(fields, dict) and not fields:
+            return None
+        try:
+            if not (isinstance(total, int) and isinstance(done, int)):
+                raise TypeError("members or done is no set")
+            return _status(key, fields, total, done, failed_ids)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise _refused(key, -1, "nothing") from exc
+
+    def batch_keys_in_use(self) -> list[str]:
+        """Every batch key with a hash, sorted (a SCAN of the prefix's batch hashes, every
+        primary's on a cluster: for ``delayq batches list`` and an HTTP API, not a hot path)."""
+        prefix = _glob_escaped(self.config.prefix)
+        found: set[str] = set()
+        for raw in self.client.scan_iter(match=f"{prefix}:{{{prefix}:*}}:batch:*", count=1000):
+            name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            _, sep, key = name.partition("}:batch:")
+            if sep and key:
+                found.add(key)
+        return sorted(found)
+
+
+def _status(key: str, fields: dict[bytes, bytes], total: int, done: int, failed_ids: object) -> BatchStatus:
+    """A batch's status from its hash's fields; raises on garbage (a field missing or not ours)."""
+    flags = {f: fields[f.encode()] for f in ("closed", "completed")}
+    if not all(v in (b"0", b"1") for v in flags.values()) or not isinstance(failed_ids, list):
+        raise ValueError("closed/completed are no flags")
+    failed = int(fields[b"failed"])
+    completed_at = fields.get(b"completed_at")
+    return BatchStatus(
+        key=key,
+        total=total,
+        done=done,
+        succeeded=done - failed,
+        failed=failed,
+        failed_ids=tuple(i.decode("utf-8", "replace") for i in failed_ids),
+        closed=flags["closed"] == b"1",
+        completed=flags["completed"] == b"1",
+        created_ms=int(fields[b"created"]),
+        completed_ms=None if completed_at is None else int(completed_at),
+        on_complete=bool(fields.get(b"on_complete")),
+    )

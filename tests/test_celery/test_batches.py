@@ -1,0 +1,89 @@
+"""Batches with real ``celery worker`` and ``delayq forward`` processes on both brokers: a batch
+of 30 sub-jobs (some failing, some retrying, some with a countdown) completes once, after its
+last sub-job, with the right counts in the summary its on_complete gets and in the notice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from celery import Celery
+from celery.app.task import Context
+from celery.signals import task_revoked
+
+from delayq_backends.celery import BATCH_HEADER, Batch, StoredMessage, forget_store, store_for
+from delayq_backends.envelope import Envelope
+from delayq_backends.errors import BatchClosedError, BatchError, ConfigError
+from delayq_backends.keys import batch_channel, batch_item_id
+from tests.helpers import wait_for
+from tests.test_celery.harness import CeleryEnv
+from tests.test_celery.tasks import make_app
+
+
+def test_a_batch_of_30_completes_once_with_the_right_summary(celery_env: CeleryEnv, app: Celery) -> None:
+    store = store_for(app)
+    notices = store.client.pubsub()
+    notices.subscribe(batch_channel(store.config.prefix, "order-30"))
+    with Batch(app, "order-30", on_complete=app.signature("dqt.batch_done", args=("done",))) as batch:
+        ok = [batch.add(app.signature("dqt.record", args=(f"ok{i}",))).id for i in range(14)]
+        later = [batch.add(app.signature("dqt.record", args=(f"later{i}",)), countdown=2).id for i in range(6)]
+        failing = [batch.add(app.signature("dqt.fail", args=(f"bad{i}",))).id for i in range(6)]
+        # each fails once, then succeeds: a retry is not the end, and counts once
+        flaky = [batch.add(app.signature("dqt.flaky", args=(f"flaky{i}", 1, 0.5))).id for i in range(4)]
+    with pytest.raises(BatchClosedError):
+        batch.add(app.signature("dqt.record", args=("late",)))
+    done = lambda: [r for r in celery_env.records() if r["tag"] == "done"]  # noqa: E731
+    wait_for(lambda: done(), 90, lambda: f"{store.batch_status('order-30')}")
+    (record,) = done()
+    summary = record["summary"]
+    assert summary["batch"] == "order-30"
+    assert (summary["total"], summary["succeeded"], summary["failed"]) == (30, 24, 6)
+    assert sorted(summary["failed_ids"]) == sorted(failing)
+    assert record["id"] == batch_item_id("order-30")
+    subs = [r for r in celery_env.records() if r["id"] in {*ok, *later, *failing, *flaky}]
+    assert {r["id"] for r in subs} == {*ok, *later, *failing, *flaky}
+    assert record["started_ms"] >= max(r["started_ms"] for r in subs)  # after the last sub-job
+    status = store.batch_status("order-30")
+    assert status is not None and status.completed and (status.total, status.failed) == (30, 6)
+    messages = []
+    while (m := notices.get_message(timeout=1)) is not None:
+        if m["type"] == "message":
+            messages.append(json.loads(m["data"]))
+    assert messages == [summary]
+    assert len(subs) == 30 + 4  # flaky's failed first runs too
+    wait_for(lambda: store.get(batch_item_id("order-30")) is None, 10, "on_complete acked")
+    assert len(done()) == 1
+
+
+def test_a_sub_job_is_stored_without_eta_and_a_revoke_counts_as_failed(valkey_url: str, prefix: str) -> None:
+    """A sub-job is counted and stored before it can run, with its header; ``task_revoked`` (a
+    task revoked or expired: no ``task_postrun``) reports it failed."""
+    app = make_app(
+        broker="memory://", store=valkey_url, prefix=prefix, queue="q", sink="s", backend="cache+memory://",
+        records=valkey_url,
+    )  # fmt: skip
+    try:
+        store = store_for(app)
+        batch = Batch(app, "stored")
+        sent = batch.add(app.signature("dqt.record", args=("x",)))  # no eta: stored all the same
+        stored = store.get(sent.id)
+        assert stored is not None
+        assert StoredMessage.from_envelope(Envelope.decode(stored.envelope)).headers[BATCH_HEADER] == "stored"
+        status = store.batch_status("stored")
+        assert status is not None and (status.total, status.done) == (1, 0)
+        assert not batch.close()
+        request = Context({"id": sent.id, BATCH_HEADER: "stored"})
+        task_revoked.send(sender=app.tasks["dqt.record"], request=request, terminated=False, signum=None, expired=True)
+        status = store.batch_status("stored")
+        assert status is not None and status.completed and status.failed_ids == (sent.id,)
+        with pytest.raises(BatchError, match="cannot go with delayq_debounce"):
+            headers = {BATCH_HEADER: "stored", "delayq_debounce": "k"}
+            app.send_task("dqt.record", args=["y"], countdown=5, headers=headers)
+    finally:
+        forget_store(app)
+
+
+def test_on_complete_must_take_the_summary_as_json(app: Celery) -> None:
+    with pytest.raises(ConfigError, match="not sent as JSON without compression"):
+        Batch(app, "pickled", on_complete=app.signature("dqt.batch_done", args=("x",), serializer="pickle"))
+    Batch(app, "immutable", on_complete=app.signature("dqt.batch_done", args=({}, "x"), immutable=True)).close()
