@@ -215,7 +215,7 @@ def batch_item_id(key: str) -> str:
     """The item id of batch ``key``'s on_complete: a pure function of the key, so the batch's own
     keys live in that item's shard (:meth:`ShardKeys.batch`) and the script that records the last
     finish writes the item in the same call."""
-    return f"batch:{key}"
+    return f"batch-{key}"
 
 
 def batch_channel(prefix: str, key: str) -> str:

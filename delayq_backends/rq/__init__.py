@@ -7,6 +7,8 @@
   second delivery of a job run that already started (worker-side dedupe).
 - :class:`SlotWorker`: ``rq worker --worker-class delayq_backends.rq.SlotWorker`` holds the
   concurrency slots of its jobs (``Queue.enqueue(..., delayq_slot=...)``) while they run.
+- :class:`Batch`: sub-jobs of one request and one ``on_complete`` once all have finished (the
+  slot and dedupe workers report their ends; :class:`BatchReports` mixes into your own).
 - :class:`Scheduler`: rq-scheduler's ``Scheduler`` API, with no daemon.
 - :class:`RQTarget`: the forwarder's ``"rq"`` target (``delayq forward --rq-redis URL``).
 - :func:`migrate`: move jobs from ``rq:scheduled:*`` and rq-scheduler into the store
@@ -23,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MissingExtraError(f"delayq_backends.rq needs RQ ({exc})", "rq") from exc
 
 from .adopt import RegistryAdopter
+from .batches import Batch, BatchReports
 from .dedupe import DedupeSimpleWorker, DedupeWorker
 from .migrate import MigrationReport, adopt, migrate
 from .periodic import InvalidScheduleError
@@ -34,6 +37,8 @@ from .target import ClassAllowlist, RQTarget
 from .upgrade import UpgradeReport, upgrade
 
 __all__ = [
+    "Batch",
+    "BatchReports",
     "ClassAllowlist",
     "DedupeSimpleWorker",
     "DedupeWorker",

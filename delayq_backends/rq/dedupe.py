@@ -32,6 +32,7 @@ from rq.job import Job
 
 from ..dedupe import RunGuard, Verdict
 from ..errors import DelayqError
+from .batches import BatchReports
 from .queue import env_int, store_of_connection
 from .slots import Slots
 
@@ -101,11 +102,12 @@ class _Dedupe:
         return False
 
 
-class DedupeWorker(_Dedupe, Slots, Worker):
-    """``rq.Worker`` (forking) that drops a second delivery of a started job run, and holds its
-    jobs' concurrency slots (a dropped duplicate holds none: its first run has the slot)."""
+class DedupeWorker(_Dedupe, BatchReports, Slots, Worker):
+    """``rq.Worker`` (forking) that drops a second delivery of a started job run, holds its
+    jobs' concurrency slots (a dropped duplicate holds none: its first run has the slot) and
+    reports its batch sub-jobs' ends."""
 
 
-class DedupeSimpleWorker(_Dedupe, Slots, SimpleWorker):
-    """``rq.SimpleWorker`` (no fork) that drops a second delivery of a started job run, and
-    holds its jobs' concurrency slots."""
+class DedupeSimpleWorker(_Dedupe, BatchReports, Slots, SimpleWorker):
+    """``rq.SimpleWorker`` (no fork) that drops a second delivery of a started job run, holds
+    its jobs' concurrency slots and reports its batch sub-jobs' ends."""

@@ -27,6 +27,7 @@ from ..envelope import Slot
 from ..errors import DelayqError
 from ..slots import SlotGuard
 from ..store import RUN_HOLD_MS, slot_member
+from .batches import BatchReports
 from .queue import SLOT_META, env_int, store_of_connection
 
 __all__ = ["SLOT_HOLD_ENV", "SlotSimpleWorker", "SlotWorker", "Slots"]
@@ -88,9 +89,11 @@ class Slots:
         return self._slot_guard
 
 
-class SlotWorker(Slots, Worker):
-    """``rq.Worker`` (forking) that holds its jobs' concurrency slots while they run."""
+class SlotWorker(BatchReports, Slots, Worker):
+    """``rq.Worker`` (forking) that holds its jobs' concurrency slots while they run, and
+    reports its batch sub-jobs' ends."""
 
 
-class SlotSimpleWorker(Slots, SimpleWorker):
-    """``rq.SimpleWorker`` (no fork) that holds its jobs' concurrency slots while they run."""
+class SlotSimpleWorker(BatchReports, Slots, SimpleWorker):
+    """``rq.SimpleWorker`` (no fork) that holds its jobs' concurrency slots while they run, and
+    reports its batch sub-jobs' ends."""

@@ -92,7 +92,7 @@ class Batches(StoreCore):
 
         Args:
             on_complete: the item released once the batch completes, as the item
-                :func:`~delayq_backends.keys.batch_item_id` (``"batch:<key>"``); None: only the notice.
+                :func:`~delayq_backends.keys.batch_item_id` (``"batch-<key>"``); None: only the notice.
             mark: a string that stands, JSON-quoted, in ``on_complete``'s body for the summary:
                 completion writes the summary's JSON in its place (the Celery adapter's way to
                 pass it as the callback's first argument); "" for none.

@@ -54,6 +54,14 @@ def always_fails(tag: Any) -> None:
     raise ValueError(f"{tag} fails on purpose")
 
 
+def batch_done(summary: dict[str, Any]) -> None:
+    """A batch's on_complete: record the summary it was called with."""
+    job = get_current_job()
+    assert job is not None
+    entry = {"id": job.id, "tag": "done", "at": time.time(), "summary": summary}
+    job.connection.rpush(runs_key(job.origin), json.dumps(entry))
+
+
 class AuditedJob(Job):
     """A custom job class, as `rq worker --job-class` takes it."""
 

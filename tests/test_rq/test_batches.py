@@ -1,0 +1,68 @@
+"""Batches with real ``rq worker --worker-class delayq_backends.rq.SlotWorker`` processes and a
+real ``delayq forward --rq-redis``: a batch of 30 jobs (some failing after a retry, some delayed)
+completes once, after its last job, and its on_complete gets the right summary."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+import redis
+from rq import Callback, Retry
+
+from delayq_backends import DelayStore
+from delayq_backends.errors import BatchClosedError, BatchError
+from delayq_backends.keys import batch_channel, batch_item_id
+from delayq_backends.rq import Batch, Queue
+from tests.harness.rq import Processes, runs
+from tests.helpers import wait_for
+from tests.test_rq.jobs import always_fails, record
+
+WORKER = ("--worker-class", "delayq_backends.rq.SlotWorker")
+
+
+def test_a_batch_of_30_completes_once_with_the_right_summary(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore, processes: Processes
+) -> None:
+    notices = conn.pubsub()
+    notices.subscribe(batch_channel(rq_store.config.prefix, "order-30"))
+    with Batch(queue, "order-30", on_complete=Callback("tests.test_rq.jobs.batch_done")) as batch:
+        ok = [batch.add(record, f"ok{i}").id for i in range(18)]
+        later = [batch.add(record, f"later{i}", in_=timedelta(seconds=2)).id for i in range(6)]
+        # each fails, is retried once and fails again: one final failure
+        failing = [batch.add(always_fails, f"bad{i}", retry=Retry(max=1)).id for i in range(6)]
+    with pytest.raises(BatchClosedError):
+        batch.add(record, "late")
+    for _ in range(2):
+        processes.worker(queue.name, extra=WORKER)
+    processes.forwarder("--poll", "0.2")
+    done = lambda: [r for r in runs(conn, queue.name) if r["tag"] == "done"]  # noqa: E731
+    wait_for(lambda: done(), 90, lambda: f"{rq_store.batch_status('order-30')}")
+    (run,) = done()
+    summary = run["summary"]
+    assert (summary["batch"], summary["total"], summary["succeeded"], summary["failed"]) == ("order-30", 30, 24, 6)
+    assert sorted(summary["failed_ids"]) == sorted(failing)
+    assert run["id"] == batch_item_id("order-30")
+    subs = [r for r in runs(conn, queue.name) if r["id"] in {*ok, *later, *failing}]
+    assert len(subs) == 30 + 6  # the failing jobs ran twice
+    assert run["at"] >= max(r["at"] for r in subs)
+    messages = []
+    while (m := notices.get_message(timeout=1)) is not None:
+        if m["type"] == "message":
+            messages.append(json.loads(m["data"]))
+    assert messages == [summary]
+    wait_for(lambda: rq_store.get(batch_item_id("order-30")) is None, 10, "on_complete moved and acked")
+    assert len(done()) == 1
+
+
+def test_a_job_that_cannot_be_saved_is_not_counted(queue: Queue, rq_store: DelayStore) -> None:
+    batch = Batch(queue, "b")
+    with pytest.raises(ValueError):
+        batch.add(record, "x", job_id="not:an:rq:id")  # RQ refuses the id after the count
+    status = rq_store.batch_status("b")
+    assert status is not None and status.total == 0
+    job = batch.add(record, "y")
+    assert job.meta["delayq_batch"] == "b" and rq_store.get(job.id) is not None  # no delay: stored all the same
+    with pytest.raises(BatchError, match="letters, digits"):
+        Batch(queue, "a:b")
