@@ -41,6 +41,8 @@ class CeleryEnv:
     transport_options: dict[str, Any] = field(default_factory=dict)
     #: workers drop a second delivery of a started run (``delayq_dedupe``)
     dedupe: bool = False
+    #: tasks ack after they ran, and a killed worker's tasks go back to the broker
+    acks_late: bool = False
     #: the module ``celery -A`` loads in worker and forwarder subprocesses
     app_module: str = "tests.test_celery.worker_app"
     launcher: Launcher = field(default_factory=Launcher)
@@ -57,6 +59,7 @@ class CeleryEnv:
             DQT_RECORDS=self.records_url,
             DQT_TRANSPORT_OPTIONS=json.dumps(self.transport_options),
             DQT_DEDUPE="1" if self.dedupe else "0",
+            DQT_ACKS_LATE="1" if self.acks_late else "0",
         )
 
     def app(self) -> Celery:
@@ -70,6 +73,7 @@ class CeleryEnv:
             records=self.records_url,
             transport_options=self.transport_options,
             dedupe=self.dedupe,
+            acks_late=self.acks_late,
         )
 
     def native_app(self) -> Celery:
@@ -81,13 +85,14 @@ class CeleryEnv:
     def start(self, args: list[str], name: str, tmp: Path) -> Proc:
         return self.launcher.start(args, env=self.env, log=tmp / f"{name}.log")
 
-    def start_worker(self, tmp: Path, *, name: str = "worker", pool: str = "threads") -> Proc:
+    def start_worker(self, tmp: Path, *, name: str = "worker", pool: str = "threads", wait: bool = True) -> Proc:
         node = f"{name}-{uuid.uuid4().hex[:6]}@dqt"
         args = [sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
         args += ["-P", pool, "-c", "4", "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
         args += ["--without-gossip", "--without-mingle"]
         proc = self.start(args, name, tmp)
-        self.wait_ready(proc)
+        if wait:
+            self.wait_ready(proc)
         return proc
 
     def wait_ready(self, proc: Proc, timeout: float = 60) -> None:
@@ -103,7 +108,7 @@ class CeleryEnv:
 
     def start_forwarder(
         self, tmp: Path, *, via_celery: bool = False, broker: str | None = None, extra: Sequence[str] = ()
-    ) -> None:
+    ) -> Proc:
         """Start a forwarder; ``extra`` options are added to the command (e.g. ``--lossless``)."""
         common = ["--poll", "0.5", "--log-every", "2", "--lease", "10", *extra]
         if via_celery:  # the celery.commands entry point: settings come from the app
@@ -111,7 +116,7 @@ class CeleryEnv:
         else:
             args = [sys.executable, "-m", "delayq_backends.cli", "forward", "--url", self.store]
             args += ["--prefix", self.prefix, "--shards", "4", "--celery-broker", broker or self.broker]
-        self.start(args + common, "forwarder", tmp)
+        return self.start(args + common, "forwarder", tmp)
 
     def records(self) -> list[dict[str, Any]]:
         sink = redis.Redis.from_url(self.records_url)

@@ -30,6 +30,7 @@ def make_app(
     records: str,
     transport_options: dict[str, Any] | None = None,
     dedupe: bool = False,
+    acks_late: bool = False,
 ) -> Celery:
     """An app with the plugin installed; every task records to the list ``sink`` on the Redis at
     ``records`` (kept apart from the store and the broker, which fault tests restart)."""
@@ -53,6 +54,8 @@ def make_app(
     )
     if dedupe:
         app.conf.delayq_dedupe = True
+    if acks_late:
+        app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True)
     install(app)
     out = redis.Redis.from_url(records)
 
@@ -136,4 +139,5 @@ def app_from_env() -> Celery:
         records=env["DQT_RECORDS"],
         transport_options=json.loads(env.get("DQT_TRANSPORT_OPTIONS", "{}")),
         dedupe=env.get("DQT_DEDUPE") == "1",
+        acks_late=env.get("DQT_ACKS_LATE") == "1",
     )

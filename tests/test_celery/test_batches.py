@@ -5,6 +5,9 @@ last sub-job, with the right counts in the summary its on_complete gets and in t
 from __future__ import annotations
 
 import json
+import random
+import time
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -12,11 +15,12 @@ from celery.app.task import Context
 from celery.signals import task_revoked
 
 from delayq_backends.celery import BATCH_HEADER, Batch, StoredMessage, forget_store, store_for
+from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.errors import BatchClosedError, BatchError, ConfigError
 from delayq_backends.keys import batch_channel, batch_item_id
 from tests.helpers import wait_for
-from tests.test_celery.harness import CeleryEnv
+from tests.test_celery.harness import CeleryEnv, new_env, watched
 from tests.test_celery.tasks import make_app
 
 
@@ -87,3 +91,59 @@ def test_on_complete_must_take_the_summary_as_json(app: Celery) -> None:
     with pytest.raises(ConfigError, match="not sent as JSON without compression"):
         Batch(app, "pickled", on_complete=app.signature("dqt.batch_done", args=("x",), serializer="pickle"))
     Batch(app, "immutable", on_complete=app.signature("dqt.batch_done", args=({}, "x"), immutable=True)).close()
+
+
+@pytest.mark.slow
+def test_a_batch_of_1000_completes_once_under_worker_and_forwarder_kills(
+    valkey_server: EmbeddedServer, rabbitmq_url: str, tmp_path: Path
+) -> None:
+    """4 worker processes (acks_late, dedupe) and a forwarder, SIGKILLed and restarted while a
+    batch of 1,000 sub-jobs (100 failing, 300 with a countdown) runs: on_complete runs exactly
+    once, after every sub-job's first end, with the right counts. A killed worker's tasks come
+    back from RabbitMQ (acks_late) and run again; their second end counts nothing."""
+    env = new_env("rabbitmq", rabbitmq_url, valkey_server)
+    env.dedupe, env.acks_late = True, True
+    rng = random.Random(7)
+    with watched(env):
+        workers = [env.start_worker(tmp_path, name=f"w{i}") for i in range(4)]
+        forwarder = env.start_forwarder(tmp_path)
+        app = env.app()
+        store = store_for(app)
+        ids: dict[str, str] = {}
+        with Batch(app, "big", on_complete=app.signature("dqt.batch_done", args=("done",))) as batch:
+            for i in range(1000):
+                name, args = ("dqt.fail", (f"f{i}",)) if i % 10 == 0 else ("dqt.hold", (f"h{i}", 0.4))
+                countdown = rng.uniform(0, 8) if i % 10 in (1, 2, 3) else None
+                ids[batch.add(app.signature(name, args=args), countdown=countdown).id] = name
+        kills = {"worker": 0, "forwarder": 0}
+        deadline = time.monotonic() + 240
+        while not (status := store.batch_status("big")) or not status.completed:
+            assert time.monotonic() < deadline, f"not completed: {status}\n{env.tail()}"
+            time.sleep(3)  # a restarted worker consumes again after about 2 s
+            victim = rng.randrange(4)
+            env.launcher.kill(workers[victim])
+            kills["worker"] += 1
+            workers[victim] = env.start_worker(tmp_path, name=f"w{victim}-{kills['worker']}", wait=False)
+            if kills["worker"] % 2 == 0:
+                env.launcher.kill(forwarder)
+                kills["forwarder"] += 1
+                forwarder = env.start_forwarder(tmp_path)
+        assert kills["worker"] >= 6 and kills["forwarder"] >= 3, kills
+        done = lambda: [r for r in env.records() if r["tag"] == "done"]  # noqa: E731
+        wait_for(lambda: len(done()) >= 1, 120, "on_complete to run")
+        env.launcher.kill(forwarder)  # one more forwarder crash after the release: no second run
+        forwarder = env.start_forwarder(tmp_path)
+        wait_for(lambda: store.get(batch_item_id("big")) is None, 60, "on_complete acked")
+        (record,) = done()
+        summary = record["summary"]
+        failing = sorted(i for i, name in ids.items() if name == "dqt.fail")
+        assert (summary["total"], summary["succeeded"], summary["failed"]) == (1000, 900, 100)
+        assert sorted(summary["failed_ids"]) == failing
+        first_end: dict[str, int] = {}
+        for r in env.records():
+            if r["id"] in ids:
+                first_end[r["id"]] = min(first_end.get(r["id"], r["started_ms"]), r["started_ms"])
+        assert first_end.keys() == ids.keys(), "every sub-job ran"
+        assert record["started_ms"] >= max(first_end.values())
+        print(f"batch of 1000: kills {kills}, runs {sum(1 for r in env.records() if r['id'] in ids)}")
+        forget_store(app)
