@@ -4,12 +4,18 @@ completes once, after its last job, and its on_complete gets the right summary."
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import random
+import signal
+import time
 from datetime import timedelta
 
 import pytest
 import redis
 from rq import Callback, Retry
+from rq.job import Job
 
 from delayq_backends import DelayStore
 from delayq_backends.errors import BatchClosedError, BatchError
@@ -17,7 +23,7 @@ from delayq_backends.keys import batch_channel, batch_item_id
 from delayq_backends.rq import Batch, Queue
 from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
-from tests.test_rq.jobs import always_fails, record
+from tests.test_rq.jobs import always_fails, record, started
 
 WORKER = ("--worker-class", "delayq_backends.rq.SlotWorker")
 
@@ -66,3 +72,59 @@ def test_a_job_that_cannot_be_saved_is_not_counted(queue: Queue, rq_store: Delay
     assert job.meta["delayq_batch"] == "b" and rq_store.get(job.id) is not None  # no delay: stored all the same
     with pytest.raises(BatchError, match="letters, digits"):
         Batch(queue, "a:b")
+
+
+@pytest.mark.slow
+def test_a_batch_of_1000_completes_once_under_work_horse_and_forwarder_kills(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore, processes: Processes
+) -> None:
+    """4 ``rq worker`` processes and a forwarder while a batch of 1,000 jobs (100 failing, 300
+    delayed) runs: work horses SIGKILLed mid-job (RQ fails the job in the worker and retries it),
+    the forwarder SIGKILLed and restarted. on_complete runs exactly once, after every job's end,
+    with the right counts."""
+    rng = random.Random(11)
+    kinds: dict[str, str] = {}
+    with Batch(queue, "big", on_complete=Callback("tests.test_rq.jobs.batch_done")) as batch:
+        for i in range(1000):
+            delay = timedelta(seconds=rng.uniform(0, 8)) if i % 10 in (1, 2, 3) else None
+            if i % 10 == 0:
+                job = batch.add(always_fails, f"f{i}", in_=delay, retry=Retry(max=1))
+            else:
+                job = batch.add(started, f"s{i}", 0.1, in_=delay, retry=Retry(max=5))
+            kinds[job.id] = "fails" if i % 10 == 0 else "ok"
+    workers = [processes.worker(queue.name, extra=WORKER) for _ in range(4)]
+    forwarder = processes.forwarder("--poll", "0.2")
+    kills = {"work horse": 0, "forwarder": 0}
+    killed: set[int] = set()
+    deadline = time.monotonic() + 300
+    while not (status := rq_store.batch_status("big")) or not status.completed:
+        assert time.monotonic() < deadline, f"not completed: {status}"
+        time.sleep(0.5)
+        running = [
+            r["pids"][0]
+            for r in runs(conn, queue.name)[-8:]
+            if "pids" in r and r["pids"][1] in {w.pid for w in workers} and time.time() - r["at"] < 0.05
+        ]
+        for pid in set(running) - killed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                kills["work horse"] += 1
+                killed.add(pid)
+            break
+        if kills["work horse"] > 2 * kills["forwarder"] + 2:
+            processes.launcher.kill(forwarder)
+            kills["forwarder"] += 1
+            forwarder = processes.forwarder("--poll", "0.2")
+    assert kills["work horse"] >= 5 and kills["forwarder"] >= 2, kills
+    done = lambda: [r for r in runs(conn, queue.name) if r["tag"] == "done"]  # noqa: E731
+    wait_for(lambda: len(done()) >= 1, 60, "on_complete to run")
+    processes.launcher.kill(forwarder)
+    processes.forwarder("--poll", "0.2")
+    wait_for(lambda: rq_store.get(batch_item_id("big")) is None, 30, "on_complete moved and acked")
+    (run,) = done()
+    summary = run["summary"]
+    assert (summary["total"], summary["succeeded"], summary["failed"]) == (1000, 900, 100)
+    assert sorted(summary["failed_ids"]) == sorted(i for i, kind in kinds.items() if kind == "fails")
+    ended = [Job.fetch(i, connection=conn).ended_at for i in kinds]
+    assert all(ended) and run["at"] >= max(e.timestamp() for e in ended if e is not None)
+    print(f"batch of 1000 on RQ: kills {kills}, runs {sum(1 for r in runs(conn, queue.name) if r['id'] in kinds)}")
