@@ -75,6 +75,10 @@ CHECKS: dict[str, Check] = {
     "with build_forwarder(settings) as forwarder:": Check(skip=FOREVER + "build_forwarder: tests/test_assemble.py"),
     'store.debounce("doc-7"': Check(skip=FRAGMENT),
     'store.set_slot_limit("customer-42", 5)': Check(skip=FRAGMENT + "; tests/test_slots.py runs each call"),
+    'store.open_batch("order-7"': Check(by="tests/test_readme.py::test_batch_example_runs"),
+    'batch.add(process.s(1))': Check(
+        skip=FRAGMENT + "; tests/test_celery/test_batches.py and tests/test_rq/test_batches.py run each call"
+    ),
     # Spark
     "result = schedule_dataframe(": Check(skip="reads reminders.parquet, which the README does not make"),
     "delayq spark export --out scheduled.jsonl": Check(

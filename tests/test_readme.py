@@ -42,6 +42,17 @@ def readme_store(valkey_url: str) -> Iterator[str]:
         delete_prefix(client, "delayq:")
 
 
+def test_batch_example_runs(readme_store: str) -> None:
+    code = snippet('store.open_batch("order-7"')
+    scope: dict[str, object] = {}
+    exec(compile(code.replace("redis://127.0.0.1:6379/0", readme_store), "README.md", "exec"), scope)
+    store = scope["store"]
+    assert isinstance(store, DelayStore)
+    status = store.batch_status("order-7")
+    assert status is not None and (status.total, status.succeeded, status.failed, status.completed) == (3, 2, 1, True)
+    assert store.get("batch-order-7") is not None  # the on_complete item, ready for a forwarder
+
+
 def test_core_api_runs(readme_store: str) -> None:
     code = snippet('store = DelayStore.from_url("redis://127.0.0.1:6379/0")')
     scope: dict[str, object] = {}
