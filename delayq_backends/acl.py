@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from .config import Config
 from .errors import ConfigError
-from .keys import meta_key, periodic_key, wake_channel
+from .keys import batch_channel, meta_key, periodic_key, wake_channel
 from .scripts.library import function_name
 
 __all__ = ["PRODUCER_FUNCTIONS", "ROLES", "WORKER_FUNCTIONS", "acl_rules", "acl_setuser", "key_patterns"]
@@ -53,8 +53,11 @@ _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zc
 #: HSCAN: the periodic entries' registry (``periodic list``, a sync at forwarder start)
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 
-#: The scripts a producer runs: its writes, and the periodic sync's compare-and-set (rearm).
-PRODUCER_FUNCTIONS = ("schedule", "schedule_one", "cancel", "reschedule", "debounce", "rearm")
+#: The scripts a producer runs: its writes, the periodic sync's compare-and-set (rearm), and a
+#: batch's open, adds and close (batch_end also records a worker's report of a sub-job's end).
+PRODUCER_FUNCTIONS = (
+    "schedule", "schedule_one", "cancel", "reschedule", "debounce", "rearm", "batch_open", "batch_add", "batch_end",
+)  # fmt: skip
 
 #: The scripts a worker runs besides a producer's: the holds of its tasks' concurrency slots.
 WORKER_FUNCTIONS = ("slot_hold",)
@@ -107,6 +110,18 @@ def _shard_key(prefix: str, name: str) -> str:
     return f"{prefix}:{{{prefix}:*}}:{name}"
 
 
+#: What the batch scripts and ``batch_status`` send on a batch's keys beyond a producer's own
+#: commands, only there (a selector): PEXPIRE on a shard's keys would drop a shard's schedule.
+_BATCH_COMMANDS = (
+    "+type", "+hgetall", "+sadd", "+srem", "+scard", "+sismember", "+llen", "+rpush", "+lrange", "+pexpire",
+)  # fmt: skip
+
+
+def _batch_keys(prefix: str) -> str:
+    """The pattern of every batch's keys (``ShardKeys.batch``, ``batch_members``, ``batch_done``, ``batch_failed``)."""
+    return _shard_key(prefix, "batch*")
+
+
 def _slot_holds(prefix: str) -> str:
     """The pattern of every slot key's holds (``keys.slot_holds_key``)."""
     return f"{prefix}:{{{prefix}:slot:*}}:holds"
@@ -115,7 +130,7 @@ def _slot_holds(prefix: str) -> str:
 def _role_keys(prefix: str, role: str) -> list[str]:
     """The key rules of ``role``: read and write (``~``) or read only (``%R~``)."""
     if role in _PRODUCES:
-        writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", "calls:*")]
+        writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", "calls:*", "batch*")]
         reads = [_shard_key(prefix, "dead*"), meta_key(prefix)]
         if role == "worker":  # slot_hold.lua: the holds of its tasks' concurrency slots
             writes.append(_slot_holds(prefix))
@@ -145,10 +160,13 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
         raise ConfigError(f"unknown role {role!r}: use one of {sorted(ROLES)}")
     Config(prefix=prefix)  # a prefix with glob characters or ':' would cover other prefixes
     channels = [f"&{wake_channel(prefix)}"] if role in _RUNS_SCRIPTS else []
+    if role in _PRODUCES:  # batch_end.lua publishes a batch's summary
+        channels.append(f"&{batch_channel(prefix, '*')}")
     rules = ["resetkeys", "resetchannels", "-@all", *ROLES[role], *_scripts(role, functions)]
     rules += [*_role_keys(prefix, role), *channels]
     if role in _PRODUCES:  # debounce.lua lets a collapsed run's call counter expire: that key only
         rules.append(f"(+pexpireat ~{_shard_key(prefix, 'calls:*')})")
+        rules.append(f"({' '.join(_BATCH_COMMANDS)} ~{_batch_keys(prefix)})")
     if role == "worker":  # a SET on any other key could replace a shard's whole schedule
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
         # record is written again for durable_replicas' WAIT

@@ -11,9 +11,10 @@ from datetime import timedelta
 import pytest
 import redis
 from click.testing import CliRunner
+from prometheus_client import REGISTRY
 
 from delayq_backends import DelayStore
-from delayq_backends.batches import report_end
+from delayq_backends.batches import report_close, report_end
 from delayq_backends.cli import main
 from delayq_backends.errors import BatchClosedError, BatchError, StoreFullError
 from delayq_backends.forwarder import Forwarder
@@ -248,3 +249,20 @@ def test_cli_shows_a_batch(store: DelayStore) -> None:
     assert (shown["total"], shown["done"], shown["failed"], shown["failed_ids"]) == (2, 1, 1, ["x"])
     missing = CliRunner().invoke(main, ["batches", "show", "nope", *args])
     assert missing.exit_code == 1 and "no batch 'nope'" in missing.output
+
+
+def test_the_completion_is_counted_once_by_the_process_that_completed_it(store: DelayStore) -> None:
+    def completed() -> float:
+        return REGISTRY.get_sample_value("delayq_batch_completed_total") or 0.0
+
+    before = completed()
+    store.open_batch("counted")
+    store.add_to_batch("counted", ["a"])
+    assert not report_close(store, "counted")
+    assert completed() == before
+    assert report_end(store, "counted", "a", True)
+    assert not report_end(store, "counted", "a", True)
+    assert completed() == before + 1
+    store.open_batch("empty-counted")
+    assert report_close(store, "empty-counted")
+    assert completed() == before + 2

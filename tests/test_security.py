@@ -231,6 +231,26 @@ def test_concurrency_slots_work_on_the_forwarder_and_worker_roles(admin: Admin, 
         worker.client.set(slot_limit_key(prefix, "k"), "100")
 
 
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "eval"])
+def test_batches_work_on_the_producer_and_worker_roles(admin: Admin, prefix: str, functions: bool) -> None:
+    """A producer opens, fills and closes a batch; a worker reports the ends and completes it; the
+    batch commands reach no other key (PEXPIRE of a shard key stays refused)."""
+    if functions:
+        admin.install_functions()
+    open_store(user_url(admin, prefix, "forwarder", functions=functions), prefix).check_meta()
+    producer = open_store(user_url(admin, prefix, "producer", functions=functions), prefix)
+    worker = open_store(user_url(admin, prefix, "worker", functions=functions), prefix)
+    assert producer.open_batch("b", on_complete=RedisListTarget.envelope("out", b"done"))
+    producer.schedule("s1", 4_000_000_000, RedisListTarget.envelope("out", b"x"), batch="b")
+    assert not producer.close_batch("b")
+    assert worker.finish_in_batch("b", "s1", True)
+    status = producer.batch_status("b")
+    assert status is not None and status.completed and producer.get("batch-b") is not None
+    for command in (("PEXPIRE", producer.keys(0).due, 1), ("SADD", producer.keys(0).items, "x")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            producer.client.execute_command(*command)
+
+
 def test_a_durable_producer_without_wait_is_refused_before_it_writes(admin: Admin, prefix: str) -> None:
     """Rules of an older ``delayq acl`` lacked +wait: the durable write is refused up front, and
     nothing is stored (not stored, then refused at its WAIT)."""
