@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 __all__ = [
+    "SlotBoard",
     "SlotGrant",
     "SlotStatus",
     "CancelOutcome",
@@ -307,6 +308,23 @@ class SlotStatus:
     limit: int | None
     running: int
     waiting: int
+
+
+@dataclass(frozen=True)
+class SlotBoard:
+    """Slot keys busiest first (items running plus waiting, then by key), as the dashboard, the
+    API and the exporter show them: a page of ``slots``, and the counts over every key.
+
+    Attributes:
+        keys: the slot keys in use, listed or not.
+        running, waiting: items holding a slot, and waiting for one, summed over every key.
+        slots: the keys asked for (a page, or the top N), busiest first.
+    """
+
+    keys: int
+    running: int
+    waiting: int
+    slots: list[SlotStatus]
 
 
 @dataclass(frozen=True)

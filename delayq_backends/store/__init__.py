@@ -14,10 +14,11 @@ from .base import Payload, StoreCore, check_rank
 from .lease import Forwarding, Lease
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
-from .slots import RUN_HOLD_MS, START_HOLD_MS, WAIT_MS, SlotAsk, Slots, slot_member
+from .slots import KEY_LIST_TTL, RUN_HOLD_MS, START_HOLD_MS, WAIT_MS, SlotAsk, SlotKeyList, Slots, slot_member
 from .starts import NOT_A_STRING, Starts, is_start_record
 
 __all__ = [
+    "KEY_LIST_TTL",
     "RUN_HOLD_MS",
     "START_HOLD_MS",
     "WAIT_MS",
@@ -33,6 +34,7 @@ __all__ = [
     "Reader",
     "ScheduleEntry",
     "SlotAsk",
+    "SlotKeyList",
     "Slots",
     "Starts",
     "StoreCore",
