@@ -423,5 +423,7 @@ def test_a_user_without_scan_gets_no_slot_gauges_and_the_store_gauges_still(valk
             assert value(samples, "delayq_slots_up", prefix=prefix) == 0
             assert value(samples, "delayq_slot_scrape_errors_total", prefix=prefix) == scrapes
             assert [s for s in samples if s.name.startswith(("delayq_slots_in_use", "delayq_slot_keys"))] == []
+        with pytest.raises(redis.exceptions.NoPermissionError):  # no GET: the limit is unknown, not "none"
+            reader.slot_status("k")
     finally:
         admin.execute_command("ACL", "DELUSER", name)

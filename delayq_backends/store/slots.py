@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
+from redis.exceptions import ResponseError
+
 from ..envelope import MAX_SLOT_LIMIT, Slot
 from ..keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
 from ..models import SlotBoard, SlotGrant, SlotStatus
@@ -211,7 +213,15 @@ def _glob_escaped(text: str) -> str:
 
 def _status(key: str, raw_limit: object, running: object, waiting: object) -> SlotStatus:
     """A key's status from its three replies; garbage (another type, a limit not a number) reads
-    as no limit and none running or waiting, as the slot scripts treat it."""
+    as no limit and none running or waiting, as the slot scripts treat it.
+
+    Raises:
+        RedisError: a reply that is no plain error of the key's value (a refused permission, a
+            lost connection): an ACL that hides the limit must not read as "no limit".
+    """
+    for reply in (raw_limit, running, waiting):
+        if isinstance(reply, Exception) and type(reply) is not ResponseError:
+            raise reply
     text = raw_limit.decode("ascii", "replace") if isinstance(raw_limit, bytes) else ""
     limit = int(text) if text.isdigit() and 1 <= int(text) <= MAX_SLOT_LIMIT else None
     return SlotStatus(key, limit, _count(running), _count(waiting))

@@ -13,10 +13,12 @@ from fastapi.testclient import TestClient
 from playwright.sync_api import expect
 
 from delayq_backends import DelayStore
+from delayq_backends.acl import acl_setuser
 from delayq_backends.keys import slot_holds_key, slot_limit_key, slot_waiting_key
 from delayq_backends.store import SlotAsk
 from delayq_backends.targets import RedisListTarget
-from tests.harness import Launcher
+from delayq_backends.web import create_app
+from tests.harness import Launcher, make_store
 from tests.helpers import wait_for
 from tests.test_web.conftest import ARTIFACTS, AUTH, SHARDS, TOKEN
 from tests.test_web.test_dashboard import TIMEOUT_MS
@@ -195,3 +197,26 @@ def test_the_dashboard_shows_slots_and_sets_a_limit_the_forwarder_obeys(
     page.click("#slot-remove")
     expect(page.locator("#slot-message")).to_contain_text("Removed the limit of customer-42")
     assert web_store.slot_status("customer-42").limit is None
+
+
+def test_a_redis_user_without_scan_or_get_is_a_503_for_slots_only(web_store: DelayStore, valkey_url: str) -> None:
+    """The ``forwarder`` role (the dashboard's, see docs/security.md) has no SCAN or SET: the slot
+    routes say Redis refused, and the other routes answer."""
+    prefix = web_store.config.prefix
+    web_store.check_meta()
+    name, password = f"fwd-{prefix[-8:]}", "pw-0123456789"
+    web_store.client.execute_command(*acl_setuser(name, prefix, "forwarder", password=password))
+    try:
+        port = web_store.client.connection_pool.connection_kwargs["port"]
+        user = make_store(f"redis://{name}:{password}@127.0.0.1:{port}/0", prefix, shards=SHARDS)
+        with TestClient(create_app(user, token=TOKEN)) as client:
+            assert client.get("/api/v1/stats", headers=AUTH).status_code == 200
+            for method, path, body in [
+                ("GET", "/api/v1/slots", None),
+                ("PUT", "/api/v1/slot/limit?key=k", {"limit": 2}),
+            ]:
+                response = client.request(method, path, headers=AUTH, json=body)
+                assert response.status_code == 503, response.text
+                assert "refused the command" in response.json()["detail"]
+    finally:
+        web_store.client.execute_command("ACL", "DELUSER", name)
