@@ -96,7 +96,7 @@ def create_app(
         celery=_producer(lambda: CeleryProducer(store, celery_broker)),
         rq=_producer(lambda: RQProducer(store, rq_connection, allowed)) if rq_connection is not None else NO_RQ,
         audit_stream=audit_stream,
-        slot_keys=SlotKeyList(store, ttl=slots.KEY_LIST_TTL),
+        slot_keys=SlotKeyList(store, ttl=slots.SLOT_KEYS_TTL),
     )
 
     @asynccontextmanager

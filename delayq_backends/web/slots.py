@@ -2,7 +2,7 @@
 first, and its limit set at runtime (``delayq slots list`` / ``set`` over HTTP).
 
 The list of slot keys is a SCAN, so :class:`~delayq_backends.store.SlotKeyList` makes it at
-most every :data:`KEY_LIST_TTL` seconds (a dashboard refreshes every 2 s); the counts of the
+most every :data:`SLOT_KEYS_TTL` seconds (a dashboard refreshes every 2 s); the counts of the
 listed keys are read fresh on every request, and setting a limit lists the keys again.
 """
 
@@ -18,12 +18,12 @@ from ..models import SlotStatus
 from .api import RESPONSES, Digits, ErrorOut, JsonNumber, Limit, Services, Svc
 from .guard import API_PREFIX
 
-__all__ = ["KEY_LIST_TTL", "router"]
+__all__ = ["SLOT_KEYS_TTL", "router"]
 
 #: Seconds the dashboard's list of slot keys is kept before it SCANs again.
-KEY_LIST_TTL = 10.0
+SLOT_KEYS_TTL = 10.0
 
-router = APIRouter(prefix=API_PREFIX, responses=RESPONSES, tags=["slots"])
+router = APIRouter(prefix=API_PREFIX, responses=RESPONSES)
 
 
 class SlotOut(BaseModel):
