@@ -380,6 +380,12 @@ def test_exporter_serves_the_busiest_slot_keys_and_totals_over_all(
     assert value(samples, "delayq_slots_up", prefix=prefix) == 1
     assert value(samples, "delayq_store_up", prefix=prefix) == 1
 
+    off = free_port()
+    args = ("--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--port", str(off), "--slot-keys", "0")
+    without = listening(procs.delayq("exporter", *args), off)
+    assert value(without, "delayq_store_up", prefix=prefix) == 1
+    assert [s.name for s in without if "slot" in s.name] == [], "--slot-keys 0: no slot gauges"
+
 
 def test_slot_gauges_name_a_limit_and_odd_keys_and_list_keys_once_per_ttl(valkey_url: str, prefix: str) -> None:
     store = make_store(valkey_url, prefix, shards=SHARDS)
