@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException
 
 from .errors import ConfigError, DelayqError
+from .store.slots import KEY_LIST_TTL, SlotKeyList
 
 if TYPE_CHECKING:
     from .models import Claim, FailedDelivery
@@ -41,11 +42,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_METRICS_HOST",
+    "DEFAULT_SLOT_KEYS",
     "OTHER",
     "UNATTRIBUTED",
     "ForwarderMetrics",
     "LabelBounds",
     "Labels",
+    "SlotCollector",
     "StoreCollector",
     "attribute",
     "serve_metrics",
@@ -130,6 +133,10 @@ LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 #: A claim of a few hundred items takes about a millisecond; tens of ms mean a huge batch or a
 #: busy server (a claim blocks Redis while it runs).
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+#: Slot keys the slot gauges name, busiest first: slot keys are user data (one per customer,
+#: maybe), so the rest count only in the totals over every key.
+DEFAULT_SLOT_KEYS = 50
 
 #: What a scrape may meet when the store is away or misconfigured; anything else is a bug and
 #: is left to prometheus_client to report (as an HTTP 500), not hidden.
@@ -402,6 +409,68 @@ class StoreCollector(Collector):
             gauges["delayq_dead"].add_metric(shard, s.dead)
             gauges["delayq_oldest_overdue_seconds"].add_metric(shard, s.oldest_overdue_ms / 1000)
         yield from gauges.values()
+
+
+class SlotCollector(Collector):
+    """Gauges of a store's concurrency slots at scrape time: items running (holding a slot) and
+    waiting, and the runtime limit, of the busiest ``max_keys`` slot keys (running plus waiting),
+    and the same counts summed over every key.
+
+    The keys are listed by a SCAN at most every ``key_ttl`` seconds (:class:`SlotKeyList`); each
+    scrape reads the listed keys' counts in pipelined rounds (three reads a key). A failure (the
+    store away, a Redis user without SCAN or GET) yields ``delayq_slots_up 0`` and no slot gauges,
+    never a failed scrape, and the store's other gauges are unaffected.
+    """
+
+    def __init__(self, store: DelayStore, *, max_keys: int = DEFAULT_SLOT_KEYS, key_ttl: float = KEY_LIST_TTL) -> None:
+        self.store = store
+        self.max_keys = max_keys
+        self.keys = SlotKeyList(store, ttl=key_ttl)
+        self.errors = 0
+
+    def collect(self) -> Iterator[Metric]:
+        prefix = self.store.config.prefix
+        try:
+            board = self.store.slot_board(self.keys(), limit=self.max_keys)
+        except _STORE_ERRORS as exc:
+            self.errors += 1
+            log.warning(
+                "cannot read the slot keys (%s: %s): the slot gauges need SCAN and GET on the store "
+                "(`delayq exporter --slot-keys 0` turns them off)",
+                type(exc).__name__,
+                exc,
+            )
+            board = None
+        up = GaugeMetricFamily("delayq_slots_up", "1 if the last scrape read the slot keys, else 0.", labels=["prefix"])
+        up.add_metric([prefix], 0 if board is None else 1)
+        errors = CounterMetricFamily(
+            "delayq_slot_scrape_errors", "Scrapes that could not read the slot keys.", labels=["prefix"]
+        )
+        errors.add_metric([prefix], self.errors)
+        yield from (up, errors)
+        if board is None:
+            return
+        per_key = ["prefix", "key"]
+        in_use = GaugeMetricFamily("delayq_slots_in_use", "Items of the slot key holding a slot.", labels=per_key)
+        waiting = GaugeMetricFamily("delayq_slot_waiting", "Items of the slot key waiting for a slot.", labels=per_key)
+        limit = GaugeMetricFamily(
+            "delayq_slot_limit", "The slot key's limit set at runtime (none: the items' own).", labels=per_key
+        )
+        for s in board.slots:
+            in_use.add_metric([prefix, s.key], s.running)
+            waiting.add_metric([prefix, s.key], s.waiting)
+            if s.limit is not None:
+                limit.add_metric([prefix, s.key], s.limit)
+        totals = (
+            ("delayq_slot_keys", "Slot keys in use (holds, a line or a limit), named or not.", board.keys),
+            ("delayq_slots_in_use_all_keys", "Items holding a slot, over every slot key.", board.running),
+            ("delayq_slot_waiting_all_keys", "Items waiting for a slot, over every slot key.", board.waiting),
+        )
+        for name, doc, n in totals:
+            family = GaugeMetricFamily(name, doc, labels=["prefix"])
+            family.add_metric([prefix], n)
+            yield family
+        yield from (in_use, waiting, limit)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> None:

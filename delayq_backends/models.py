@@ -7,6 +7,7 @@ from enum import Enum
 
 __all__ = [
     "BatchStatus",
+    "SlotBoard",
     "SlotGrant",
     "SlotStatus",
     "CancelOutcome",
@@ -332,6 +333,20 @@ class BatchStatus:
     def as_dict(self) -> dict[str, object]:
         """The status as JSON-ready values (for the CLI and an HTTP API)."""
         return {**self.__dict__, "failed_ids": list(self.failed_ids)}
+class SlotBoard:
+    """Slot keys busiest first (items running plus waiting, then by key), as the dashboard, the
+    API and the exporter show them: a page of ``slots``, and the counts over every key.
+
+    Attributes:
+        keys: the slot keys in use, listed or not.
+        running, waiting: items holding a slot, and waiting for one, summed over every key.
+        slots: the keys asked for (a page, or the top N), busiest first.
+    """
+
+    keys: int
+    running: int
+    waiting: int
+    slots: list[SlotStatus]
 
 
 @dataclass(frozen=True)

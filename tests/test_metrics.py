@@ -13,15 +13,27 @@ from collections.abc import Iterator
 import pytest
 import redis
 from click.testing import CliRunner
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from delayq_backends import DelayStore, Envelope
+from delayq_backends.acl import acl_setuser
 from delayq_backends.cli import main
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.metrics import OTHER, UNATTRIBUTED, ForwarderMetrics, LabelBounds, attribute
+from delayq_backends.keys import slot_holds_key, slot_limit_key, slot_waiting_key
+from delayq_backends.metrics import (
+    OTHER,
+    UNATTRIBUTED,
+    ForwarderMetrics,
+    LabelBounds,
+    SlotCollector,
+    StoreCollector,
+    attribute,
+)
+from delayq_backends.store import SlotAsk
 from delayq_backends.targets import RedisListTarget
 from tests.harness import Launcher, Proc, make_store
 from tests.helpers import wait_for
@@ -313,3 +325,111 @@ def test_celery_delayq_forward_takes_the_metrics_options_too() -> None:
 
     params = {p.name for p in celery_delayq.commands["forward"].params}
     assert {"metrics_port", "metrics_host"} <= params
+
+
+# -- concurrency slots ------------------------------------------------------------------------
+
+
+def parsed(registry: CollectorRegistry) -> list[Sample]:
+    """One scrape of ``registry``, as Prometheus would parse it."""
+    text = generate_latest(registry).decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def fill_slots(store: DelayStore) -> None:
+    """Slot keys of known counts, and garbage in others' keys (a hand write of each kind).
+
+    busy: limit 2, 2 running and 4 waiting; k}odd: 1 and 2; limited: a runtime limit only;
+    one-0..one-4: 1 running each; a key whose name holds a quote and a backslash (hand-made,
+    1 running); junk-*: holds, line and limit of the wrong type or value.
+    """
+    asks = {
+        "busy": SlotAsk(2, [(f"b{i}", i) for i in range(6)]),
+        "k}odd": SlotAsk(1, [("a", 0), ("b", 1), ("c", 2)]),
+        **{f"one-{i}": SlotAsk(1, [("x", 0)]) for i in range(5)},
+    }
+    store.take_slots(asks, hold_ms=600_000, wait_ms=600_000)
+    store.set_slot_limit("limited", 7)
+    prefix, client = store.config.prefix, store.client
+    client.zadd(slot_holds_key(prefix, 'we"ird\\key'), {"m": store.server_time_ms() + 600_000})
+    client.set(slot_holds_key(prefix, "junk-holds"), "not a sorted set")
+    client.hset(slot_waiting_key(prefix, "junk-line"), "a", "1")
+    client.set(slot_limit_key(prefix, "junk-limit"), "lots")
+
+
+def test_exporter_serves_the_busiest_slot_keys_and_totals_over_all(
+    valkey_url: str, prefix: str, procs: Launcher
+) -> None:
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    store.check_meta()
+    fill_slots(store)
+    port = free_port()
+    args = ("--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--port", str(port), "--slot-keys", "3")
+    samples = listening(procs.delayq("exporter", *args), port)
+
+    named = {s.labels["key"]: s.value for s in samples if s.name == "delayq_slots_in_use"}
+    waiting = {s.labels["key"]: s.value for s in samples if s.name == "delayq_slot_waiting"}
+    # the 3 busiest by running + waiting: busy (6), k}odd (3), then the first by name of those with 1
+    assert named == {"busy": 2, "k}odd": 1, "one-0": 1}
+    assert waiting == {"busy": 4, "k}odd": 2, "one-0": 0}
+    assert value(samples, "delayq_slot_limit", prefix=prefix, key="busy") is None, "the items' own limit is not set"
+    # busy, k}odd, limited, one-0..4, we"ird\key and the 3 junk keys (junk reads as empty)
+    assert value(samples, "delayq_slot_keys", prefix=prefix) == 12
+    assert value(samples, "delayq_slots_in_use_all_keys", prefix=prefix) == 2 + 1 + 5 + 1
+    assert value(samples, "delayq_slot_waiting_all_keys", prefix=prefix) == 4 + 2
+    assert value(samples, "delayq_slots_up", prefix=prefix) == 1
+    assert value(samples, "delayq_store_up", prefix=prefix) == 1
+
+    off = free_port()
+    args = ("--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--port", str(off), "--slot-keys", "0")
+    without = listening(procs.delayq("exporter", *args), off)
+    assert value(without, "delayq_store_up", prefix=prefix) == 1
+    assert [s.name for s in without if "slot" in s.name] == [], "--slot-keys 0: no slot gauges"
+
+
+def test_slot_gauges_name_a_limit_and_odd_keys_and_list_keys_once_per_ttl(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    fill_slots(store)
+    collector = SlotCollector(store, max_keys=50, key_ttl=3600)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    samples = parsed(registry)
+    assert value(samples, "delayq_slot_limit", prefix=prefix, key="limited") == 7
+    assert value(samples, "delayq_slots_in_use", prefix=prefix, key='we"ird\\key') == 1, "escaped and parsed back"
+    for junk in ("junk-holds", "junk-line", "junk-limit"):
+        assert value(samples, "delayq_slots_in_use", prefix=prefix, key=junk) == 0
+        assert value(samples, "delayq_slot_limit", prefix=prefix, key=junk) is None
+
+    store.take_slots({"new": SlotAsk(1, [("n", 0)])}, hold_ms=600_000, wait_ms=600_000)
+    store.hold_slots({"busy": ["b0"]}, "end", hold_ms=0)
+    get = registry.get_sample_value
+    assert get("delayq_slots_in_use", {"prefix": prefix, "key": "busy"}) == 1, "counts are read on every scrape"
+    assert get("delayq_slots_in_use", {"prefix": prefix, "key": "new"}) is None, "the key list waits for its ttl"
+    collector.keys.forget()
+    assert get("delayq_slots_in_use", {"prefix": prefix, "key": "new"}) == 1
+
+
+def test_a_user_without_scan_gets_no_slot_gauges_and_the_store_gauges_still(valkey_url: str, prefix: str) -> None:
+    """The ``reader`` role has no SCAN or GET: the slot gauges say so (``delayq_slots_up 0``,
+    an error counted) and the shard gauges are served as before."""
+    admin = connect(valkey_url)
+    name, password = f"reader-{prefix[-8:]}", "pw-0123456789"
+    admin.execute_command(*acl_setuser(name, prefix, "reader", password=password))
+    try:
+        make_store(valkey_url, prefix, shards=SHARDS).check_meta()
+        port = connect(valkey_url).connection_pool.connection_kwargs["port"]
+        reader = make_store(f"redis://{name}:{password}@127.0.0.1:{port}/0", prefix, shards=SHARDS)
+        registry = CollectorRegistry()
+        registry.register(StoreCollector(reader))
+        registry.register(SlotCollector(reader))
+        for scrapes in (1, 2):
+            samples = parsed(registry)
+            assert value(samples, "delayq_store_up", prefix=prefix) == 1
+            assert value(samples, "delayq_scheduled", prefix=prefix, shard="0") == 0
+            assert value(samples, "delayq_slots_up", prefix=prefix) == 0
+            assert value(samples, "delayq_slot_scrape_errors_total", prefix=prefix) == scrapes
+            assert [s for s in samples if s.name.startswith(("delayq_slots_in_use", "delayq_slot_keys"))] == []
+        with pytest.raises(redis.exceptions.NoPermissionError):  # no GET: the limit is unknown, not "none"
+            reader.slot_status("k")
+    finally:
+        admin.execute_command("ACL", "DELUSER", name)

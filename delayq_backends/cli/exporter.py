@@ -2,7 +2,8 @@
 
 For stores whose forwarders run elsewhere (or not at all yet), and for one scrape target per
 store however many forwarders there are. It only reads (ZCARD/ZCOUNT/HLEN at scrape time), so
-it may run with the ``reader`` ACL role.
+it may run with the ``reader`` ACL role; the slot gauges also need SCAN and GET, which that role
+lacks (without them they read as ``delayq_slots_up 0``, the rest serves on).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import click
 from prometheus_client import CollectorRegistry
 
 from ..connection import redact_url
-from ..metrics import DEFAULT_METRICS_HOST, StoreCollector, serve_metrics
+from ..metrics import DEFAULT_METRICS_HOST, DEFAULT_SLOT_KEYS, SlotCollector, StoreCollector, serve_metrics
 from ..storespec import StoreSpec
 from .options import open_store, store_options
 
@@ -41,15 +42,29 @@ __all__ = ["exporter"]
     metavar="ADDR",
     help="Address to listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
 )
-def exporter(spec: StoreSpec, port: int, host: str) -> None:
-    """Serve the store's per-shard gauges (scheduled, due, leased, dead, oldest overdue) until
-    SIGTERM/SIGINT.
+@click.option(
+    "--slot-keys",
+    envvar="DELAYQ_METRICS_SLOT_KEYS",
+    show_envvar=True,
+    type=click.IntRange(0, 10_000),
+    default=DEFAULT_SLOT_KEYS,
+    show_default=True,
+    metavar="N",
+    help="Concurrency slot keys named in the slot gauges, busiest first (the rest count in the totals); "
+    "0: no slot gauges (their key list is a SCAN every 30 s).",
+)
+def exporter(spec: StoreSpec, port: int, host: str, slot_keys: int) -> None:
+    """Serve the store's per-shard gauges (scheduled, due, leased, dead, oldest overdue) and its
+    concurrency slots' (in use, waiting, limit) until SIGTERM/SIGINT.
 
     The store must answer at start; later outages show as delayq_store_up 0 while it keeps serving.
     """
     registry = CollectorRegistry()
     # under Prometheus's default 10 s scrape timeout: a hung store reads as up 0, not a stalled scrape
-    registry.register(StoreCollector(open_store(spec, writes=False, socket_timeout=5)))
+    store = open_store(spec, writes=False, socket_timeout=5)
+    registry.register(StoreCollector(store))
+    if slot_keys:
+        registry.register(SlotCollector(store, max_keys=slot_keys))
     serve_metrics(registry, host, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -30,7 +30,7 @@ def slots_list(spec: StoreSpec, as_json: bool) -> None:
     """Every slot key in use: its runtime limit ("-": the items' own, or none), the items holding a
     slot (running, or released and not started yet) and those waiting in its line."""
     store = open_store(spec, writes=False)
-    statuses = [store.slot_status(key) for key in store.slot_keys_in_use()]
+    statuses = store.slot_statuses(store.slot_keys_in_use())
     if as_json:
         echo_json([asdict(s) for s in statuses])
         return

@@ -15,13 +15,14 @@ from .batches import BATCH_TTL_MS, MAX_FAILED_IDS, Batches
 from .lease import Forwarding, Lease
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
-from .slots import RUN_HOLD_MS, START_HOLD_MS, WAIT_MS, SlotAsk, Slots, slot_member
+from .slots import KEY_LIST_TTL, RUN_HOLD_MS, START_HOLD_MS, WAIT_MS, SlotAsk, SlotKeyList, Slots, slot_member
 from .starts import NOT_A_STRING, Starts, is_start_record
 
 __all__ = [
     "BATCH_TTL_MS",
     "MAX_FAILED_IDS",
     "Batches",
+    "KEY_LIST_TTL",
     "RUN_HOLD_MS",
     "START_HOLD_MS",
     "WAIT_MS",
@@ -37,6 +38,7 @@ __all__ = [
     "Reader",
     "ScheduleEntry",
     "SlotAsk",
+    "SlotKeyList",
     "Slots",
     "Starts",
     "StoreCore",

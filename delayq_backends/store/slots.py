@@ -7,16 +7,30 @@ so each call touches one cluster slot and different keys spread over the nodes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
+
+from redis.exceptions import ResponseError
 
 from ..envelope import MAX_SLOT_LIMIT, Slot
 from ..keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
-from ..models import SlotGrant, SlotStatus
+from ..models import SlotBoard, SlotGrant, SlotStatus
 from ..scripts.store import SlotHold, SlotTake
 from .base import StoreCore
 
-__all__ = ["RUN_HOLD_MS", "START_HOLD_MS", "WAIT_MS", "SlotAsk", "Slots", "slot_member"]
+__all__ = [
+    "KEY_LIST_TTL",
+    "RUN_HOLD_MS",
+    "START_HOLD_MS",
+    "STATUS_CHUNK",
+    "WAIT_MS",
+    "SlotAsk",
+    "SlotKeyList",
+    "Slots",
+    "slot_member",
+]
 
 #: How long a slot taken at release is held before the worker starts its item: the time a
 #: message may wait in the broker. A message lost on its way holds its slot this long.
@@ -27,6 +41,10 @@ RUN_HOLD_MS = 60_000
 #: How long an item keeps its place in a key's line unless it asks again (it does at least
 #: every few seconds while it waits): an item cancelled while it waits holds the line this long.
 WAIT_MS = 15_000
+#: Slot keys whose statuses one pipelined round reads (three commands each).
+STATUS_CHUNK = 500
+#: Seconds a :class:`SlotKeyList` keeps its list of slot keys before it SCANs again.
+KEY_LIST_TTL = 30.0
 
 
 def slot_member(item_id: str, run: int | None) -> str:
@@ -124,21 +142,89 @@ class Slots(StoreCore):
 
     def slot_status(self, key: str) -> SlotStatus:
         """Slot ``key``'s runtime limit, holds not lapsed and items waiting (read-only)."""
-        holds, waiting, _, limit_key = self.slot_keys(key)
+        return self.slot_statuses([key])[0]
+
+    def slot_statuses(self, keys: Sequence[str]) -> list[SlotStatus]:
+        """:meth:`slot_status` of each of ``keys``, in their order: one pipelined round per
+        :data:`STATUS_CHUNK` keys, so a dashboard or a scrape of many keys costs few round trips."""
         now = self.clock()
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.get(limit_key)
-            pipe.zcount(holds, f"({now}", "+inf")
-            pipe.zcard(waiting)
-            raw_limit, running, queued = pipe.execute(raise_on_error=False)
-        text = raw_limit.decode("ascii", "replace") if isinstance(raw_limit, bytes) else ""
-        limit = int(text) if text.isdigit() and 1 <= int(text) <= MAX_SLOT_LIMIT else None
-        return SlotStatus(key, limit, _count(running), _count(queued))
+        found: list[SlotStatus] = []
+        for start in range(0, len(keys), STATUS_CHUNK):
+            chunk = keys[start : start + STATUS_CHUNK]
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    holds, waiting, _, limit_key = self.slot_keys(key)
+                    pipe.get(limit_key)
+                    pipe.zcount(holds, f"({now}", "+inf")
+                    pipe.zcard(waiting)
+                replies = pipe.execute(raise_on_error=False)
+            found += (_status(key, *replies[3 * i : 3 * i + 3]) for i, key in enumerate(chunk))
+        return found
+
+    def slot_board(self, keys: Sequence[str], *, offset: int = 0, limit: int | None = None) -> SlotBoard:
+        """The statuses of ``keys`` busiest first (running plus waiting, then by key), ``limit``
+        of them from ``offset`` on, with the counts over all of them (read-only)."""
+        statuses = sorted(self.slot_statuses(keys), key=lambda s: (-(s.running + s.waiting), s.key))
+        end = None if limit is None else offset + limit
+        return SlotBoard(
+            keys=len(statuses),
+            running=sum(s.running for s in statuses),
+            waiting=sum(s.waiting for s in statuses),
+            slots=statuses[offset:end],
+        )
+
+
+class SlotKeyList:
+    """The slot keys in use (:meth:`Slots.slot_keys_in_use`), listed again at most every ``ttl``
+    seconds: that list is a SCAN of the keyspace, which a dashboard refreshing every 2 s or a
+    scrape every 15 s must not repeat each time. A key that appears meanwhile shows up within
+    ``ttl``; the statuses of listed keys are read fresh on every call (:meth:`Slots.slot_board`).
+
+    Thread-safe: the exporter and the dashboard serve several requests at once.
+    """
+
+    def __init__(self, slots: Slots, *, ttl: float = KEY_LIST_TTL, clock: Callable[[], float] = time.monotonic) -> None:
+        self.slots = slots
+        self.ttl = ttl
+        self.clock = clock
+        self._keys: list[str] = []
+        self._listed: float | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> list[str]:
+        """The keys, listed again when the last list is ``ttl`` old (a SCAN error propagates)."""
+        with self._lock:
+            now = self.clock()
+            if self._listed is None or now - self._listed >= self.ttl:
+                self._keys = self.slots.slot_keys_in_use()
+                self._listed = now
+            return self._keys
+
+    def forget(self) -> None:
+        """List again on the next call: a limit was just set, maybe on a key not listed yet."""
+        with self._lock:
+            self._listed = None
 
 
 def _glob_escaped(text: str) -> str:
     """``text`` matched literally by a SCAN pattern."""
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def _status(key: str, raw_limit: object, running: object, waiting: object) -> SlotStatus:
+    """A key's status from its three replies; garbage (another type, a limit not a number) reads
+    as no limit and none running or waiting, as the slot scripts treat it.
+
+    Raises:
+        RedisError: a reply that is no plain error of the key's value (a refused permission, a
+            lost connection): an ACL that hides the limit must not read as "no limit".
+    """
+    for reply in (raw_limit, running, waiting):
+        if isinstance(reply, Exception) and type(reply) is not ResponseError:
+            raise reply
+    text = raw_limit.decode("ascii", "replace") if isinstance(raw_limit, bytes) else ""
+    limit = int(text) if text.isdigit() and 1 <= int(text) <= MAX_SLOT_LIMIT else None
+    return SlotStatus(key, limit, _count(running), _count(waiting))
 
 
 def _count(reply: object) -> int:

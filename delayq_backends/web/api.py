@@ -25,11 +25,12 @@ from ..errors import DelayqError
 from ..keys import normalize_id
 from ..models import CancelOutcome, RescheduleOutcome, ShardStats
 from ..percentile import percentile
-from ..store import DelayStore
+from ..store import DelayStore, SlotKeyList
 from ..timeutil import to_ms
+from .guard import API_PREFIX
 from .producers import CeleryProducer, ProducerUnavailable, RQProducer, ScheduleResult
 
-__all__ = ["Services", "UnreadableData", "router"]
+__all__ = ["RESPONSES", "Services", "UnreadableData", "router"]
 
 #: Longer than any schedule (10,000 years): a bigger number is a unit mistake, and Python's
 #: timedelta could not even hold it.
@@ -52,6 +53,8 @@ class Services:
     celery: CeleryProducer | ProducerUnavailable
     rq: RQProducer | ProducerUnavailable
     audit_stream: str | None
+    #: the slot keys in use, listed again every few seconds (:mod:`.slots`)
+    slot_keys: SlotKeyList
 
 
 class UnreadableData(DelayqError):
@@ -404,20 +407,20 @@ class PeriodicListOut(BaseModel):
 
 # -- routes -----------------------------------------------------------------------------------
 
-router = APIRouter(
-    prefix="/api/v1",
-    responses={
-        400: {"model": ErrorOut, "description": "Bad input; detail says what to fix."},
-        401: {"model": ErrorOut, "description": "No token."},
-        403: {"model": ErrorOut, "description": "Wrong token, a cross-site write, or an RQ function not allowed."},
-        408: {"model": ErrorOut, "description": "The body did not arrive in time."},
-        413: {"model": ErrorOut, "description": "The body is over the cap, or the message over max_payload_bytes."},
-        415: {"model": ErrorOut, "description": "A write that is not application/json."},
-        422: {"model": ValidationErrorOut, "description": "The request does not match the schema."},
-        501: {"model": ErrorOut, "description": "This server was not set up to schedule for that framework."},
-        503: {"model": ErrorOut, "description": "The delay store is unreachable or refused the write."},
-    },
-)
+#: What any route may answer besides its own result (every router of the API shares them).
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "Bad input; detail says what to fix."},
+    401: {"model": ErrorOut, "description": "No token."},
+    403: {"model": ErrorOut, "description": "Wrong token, a cross-site write, or an RQ function not allowed."},
+    408: {"model": ErrorOut, "description": "The body did not arrive in time."},
+    413: {"model": ErrorOut, "description": "The body is over the cap, or the message over max_payload_bytes."},
+    415: {"model": ErrorOut, "description": "A write that is not application/json."},
+    422: {"model": ValidationErrorOut, "description": "The request does not match the schema."},
+    501: {"model": ErrorOut, "description": "This server was not set up to schedule for that framework."},
+    503: {"model": ErrorOut, "description": "The delay store is unreachable or refused the write."},
+}
+
+router = APIRouter(prefix=API_PREFIX, responses=RESPONSES)
 
 ItemId = Annotated[str, Path(min_length=1, max_length=200, description="The item (task/job) id.")]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "No such item is scheduled."}}

@@ -26,13 +26,15 @@ from ..errors import (
     DelayqError,
     EnvelopeError,
     InvalidIdError,
+    InvalidSlotError,
     InvalidTimeError,
     NotDurableError,
     PayloadTooLargeError,
     ShardMismatchError,
     StoreFullError,
 )
-from ..store import DelayStore
+from ..store import DelayStore, SlotKeyList
+from . import slots
 from .api import Services, UnreadableData, router
 from .auth import require_token
 from .guard import Guard, Limits
@@ -94,6 +96,7 @@ def create_app(
         celery=_producer(lambda: CeleryProducer(store, celery_broker)),
         rq=_producer(lambda: RQProducer(store, rq_connection, allowed)) if rq_connection is not None else NO_RQ,
         audit_stream=audit_stream,
+        slot_keys=SlotKeyList(store, ttl=slots.SLOT_KEYS_TTL),
     )
 
     @asynccontextmanager
@@ -112,7 +115,8 @@ def create_app(
         redoc_url=None,
     )
     app.state.services = services
-    app.include_router(router, dependencies=[Depends(require_token(token))])
+    for routes in (router, slots.router):
+        app.include_router(routes, dependencies=[Depends(require_token(token))])
     if token is None:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
@@ -161,7 +165,7 @@ def _add_error_handlers(app: FastAPI, url: str) -> None:
         app.add_exception_handler(exc_class, handler)
 
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
-    for bad_input in (ConfigError, EnvelopeError, InvalidIdError, InvalidTimeError):
+    for bad_input in (ConfigError, EnvelopeError, InvalidIdError, InvalidSlotError, InvalidTimeError):
         handle(bad_input, status.HTTP_400_BAD_REQUEST)
     handle(PayloadTooLargeError, 413)
     handle(ProducerUnavailable, status.HTTP_501_NOT_IMPLEMENTED)

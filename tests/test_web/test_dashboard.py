@@ -21,6 +21,7 @@ from delayq_backends import DelayStore
 from delayq_backends.audit import FORWARDED, AuditRecord, RedisStreamAudit
 from delayq_backends.celery.periodic import PeriodicStatus, item_id, statuses, sync
 from delayq_backends.envelope import Envelope
+from delayq_backends.store import SlotAsk
 from tests.helpers import wait_for
 from tests.test_web.conftest import ARTIFACTS, ROOT, TOKEN
 from tests.test_web.test_api import bury
@@ -48,8 +49,8 @@ def shown_time(ms: int) -> str:
 
 
 def fill_store(store: DelayStore, stream: str) -> None:
-    """Items over the next 24 h (busier in the morning), one to find, three dead letters, and a
-    few audit records of recent forwards."""
+    """Items over the next 24 h (busier in the morning), one to find, three dead letters, a few
+    audit records of recent forwards, and two concurrency slot keys in use."""
     rng = random.Random(7)
     now = store.server_time_ms()
     when = [now + int(abs(rng.gauss(8, 5)) * 3_600_000) % 86_000_000 + 60_000 for _ in range(UPCOMING)]
@@ -61,6 +62,13 @@ def fill_store(store: DelayStore, stream: str) -> None:
     )
     store.schedule("invoice-42", timedelta(minutes=30), Envelope("rq", "billing", b""), rank=3)
     bury(store, ["dead-a", "dead-b", "dead-c"])
+    hold = 3_600_000  # ms: no slot lapses while the test runs
+    store.take_slots(
+        {"customer-42": SlotAsk(3, [(f"c42-{i}", i) for i in range(8)]), "acme/eu": SlotAsk(1, [("eu-0", 0)])},
+        hold_ms=hold,
+        wait_ms=hold,
+    )
+    store.set_slot_limit("customer-42", 3)
     audit = RedisStreamAudit(store.config.url, stream, background=False)
     ready = [now - 60_000 + n * 500 for n in range(60)]
     audit.record(
@@ -97,6 +105,7 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     expect(page.locator("#dead tbody tr")).to_have_count(3)
     expect(page.locator("#chart svg rect.bar").first).to_be_visible()
     expect(page.locator("#lateness")).to_contain_text("p95")
+    expect(page.locator("#slots tbody tr").first).to_contain_text("3 / 3")
     rows = page.locator("#periodic tbody tr")
     expect(rows).to_have_count(len(BEAT_SCHEDULE))
     for n, entry in enumerate(periodic):  # sorted by name, as listed

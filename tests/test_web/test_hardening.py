@@ -93,11 +93,18 @@ WRITES = [
     ("POST", "/api/v1/rq", {"func": f"{RQ_JOBS}.record", "id": "x1", **CALL}),
     ("POST", "/api/v1/dead/purge", {"all": True}),
     ("DELETE", "/api/v1/item?id=keep", None),
+    ("PUT", "/api/v1/slots/guarded/limit", {"limit": 3}),
+    ("PUT", "/api/v1/slot/limit?key=guarded", {"limit": 3}),
 ]
 
 
 def _unchanged(store: DelayStore) -> bool:
-    return not store.exists("x1") and store.exists("keep") and len(store.dead_letters()) == 1
+    return (
+        not store.exists("x1")
+        and store.exists("keep")
+        and len(store.dead_letters()) == 1
+        and store.slot_status("guarded").limit is None
+    )
 
 
 @pytest.mark.parametrize(

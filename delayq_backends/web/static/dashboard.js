@@ -212,6 +212,49 @@
     box.replaceChildren(line, table);
   }
 
+  // -- concurrency slots ---------------------------------------------------------------------------
+
+  function slotUse(s) {
+    // running against the limit, as a bar; without a runtime limit the items' own applies, unknown here
+    if (s.limit === null) return String(s.running);
+    const meter = el("meter", { min: 0, max: s.limit, value: Math.min(s.running, s.limit), high: s.limit - 0.5 });
+    return el("span", { class: "slot-use" }, meter, ` ${s.running} / ${s.limit}`);
+  }
+
+  function showSlots(board) {
+    const more = board.keys > board.slots.length ? ` · busiest ${board.slots.length} shown` : "";
+    $("slots-summary").textContent =
+      `(${count(board.keys)} keys · ${count(board.running)} running · ${count(board.waiting)} waiting${more})`;
+    fillTable($("slots"),
+      [["key"], ["limit", 1], ["running", 1], ["waiting", 1], [""]],
+      board.slots.map((s) => [
+        el("span", { class: "mono" }, s.key),
+        s.limit === null ? el("span", { title: "no limit set here: the items' own applies, or none" }, "–") : count(s.limit),
+        slotUse(s),
+        count(s.waiting),
+        el("button", { type: "button", class: "small", "data-action": "edit-limit", "data-key": s.key,
+          onclick: () => { $("slot-key").value = s.key; $("slot-limit").value = s.limit ?? ""; $("slot-limit").focus(); } },
+          "Edit limit"),
+      ]),
+      "no slot keys in use");
+  }
+
+  async function setSlotLimit(limit) {
+    const key = $("slot-key").value;
+    if (!key) return;
+    try {
+      const slot = await api(`/slot/limit?key=${encodeURIComponent(key)}`, { method: "PUT", body: { limit } });
+      $("slot-message").className = "muted";
+      $("slot-message").textContent = slot.limit === null
+        ? `Removed the limit of ${slot.key}: its items' own limit applies.`
+        : `Limit of ${slot.key} set to ${slot.limit}.`;
+    } catch (error) {
+      $("slot-message").className = "error";
+      $("slot-message").textContent = error.message;
+    }
+    refresh(true);
+  }
+
   let shownDead = "";
 
   function showDead(dead) {
@@ -317,6 +360,7 @@
     { path: "/dead?limit=50", show: (d) => showDead(d), boxes: ["error-dead"] },
     { path: "/lateness?limit=200", show: (d) => showLateness(d), boxes: ["error-lateness"] },
     { path: "/periodic", show: (d) => showPeriodic(d), boxes: ["error-periodic"] },
+    { path: "/slots?limit=50", show: (d) => showSlots(d), boxes: ["error-slots"] },
   ];
   const CHART = { path: "/due?minutes=1440&bucket_minutes=5", show: (d) => showChart(d), boxes: ["error-chart"] };
 
@@ -388,6 +432,19 @@
       if (id) find(id);
     });
     $("requeue-all").addEventListener("click", () => deadAction("requeue", { all: true }, (n) => `Requeued ${n} dead letters.`));
+    $("slot-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const text = $("slot-limit").value.trim();
+      if (!text) {
+        $("slot-message").className = "error";
+        $("slot-message").textContent = "Enter a limit (a whole number, 1 or more), or remove the limit.";
+        return;
+      }
+      // digits go as a number; anything else as typed, for the server to say what it wants
+      setSlotLimit(/^[0-9]+$/.test(text) ? Number(text) : text);
+    });
+    $("slot-remove").replaceWith(confirmButton("Remove limit", "Really remove?", () => setSlotLimit(null),
+      { id: "slot-remove", class: "danger" }));
     const purgeAll = $("purge-all");
     purgeAll.replaceWith(confirmButton("Purge all", "Really purge all?",
       () => deadAction("purge", { all: true }, (n) => `Purged ${n} dead letters.`), { id: "purge-all" }));
