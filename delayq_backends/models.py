@@ -333,6 +333,9 @@ class BatchStatus:
     def as_dict(self) -> dict[str, object]:
         """The status as JSON-ready values (for the CLI and an HTTP API)."""
         return {**self.__dict__, "failed_ids": list(self.failed_ids)}
+
+
+@dataclass(frozen=True)
 class SlotBoard:
     """Slot keys busiest first (items running plus waiting, then by key), as the dashboard, the
     API and the exporter show them: a page of ``slots``, and the counts over every key.
