@@ -7,7 +7,6 @@ so each call touches one cluster slot and different keys spread over the nodes.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
@@ -19,6 +18,7 @@ from ..keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_
 from ..models import SlotBoard, SlotGrant, SlotStatus
 from ..scripts.store import SlotHold, SlotTake
 from .base import StoreCore
+from .keylist import KeyList
 
 __all__ = [
     "KEY_LIST_TTL",
@@ -174,36 +174,13 @@ class Slots(StoreCore):
         )
 
 
-class SlotKeyList:
+class SlotKeyList(KeyList):
     """The slot keys in use (:meth:`Slots.slot_keys_in_use`), listed again at most every ``ttl``
-    seconds: that list is a SCAN of the keyspace, which a dashboard refreshing every 2 s or a
-    scrape every 15 s must not repeat each time. A key that appears meanwhile shows up within
-    ``ttl``; the statuses of listed keys are read fresh on every call (:meth:`Slots.slot_board`).
-
-    Thread-safe: the exporter and the dashboard serve several requests at once.
-    """
+    seconds (see :class:`~.keylist.KeyList`); the statuses of listed keys are read fresh on every
+    call (:meth:`Slots.slot_board`)."""
 
     def __init__(self, slots: Slots, *, ttl: float = KEY_LIST_TTL, clock: Callable[[], float] = time.monotonic) -> None:
-        self.slots = slots
-        self.ttl = ttl
-        self.clock = clock
-        self._keys: list[str] = []
-        self._listed: float | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> list[str]:
-        """The keys, listed again when the last list is ``ttl`` old (a SCAN error propagates)."""
-        with self._lock:
-            now = self.clock()
-            if self._listed is None or now - self._listed >= self.ttl:
-                self._keys = self.slots.slot_keys_in_use()
-                self._listed = now
-            return self._keys
-
-    def forget(self) -> None:
-        """List again on the next call: a limit was just set, maybe on a key not listed yet."""
-        with self._lock:
-            self._listed = None
+        super().__init__(slots.slot_keys_in_use, ttl=ttl, clock=clock)
 
 
 def _glob_escaped(text: str) -> str:

@@ -26,6 +26,7 @@ from ..keys import normalize_id
 from ..models import CancelOutcome, RescheduleOutcome, ShardStats
 from ..percentile import percentile
 from ..store import DelayStore, SlotKeyList
+from ..store.keylist import KeyList
 from ..timeutil import to_ms
 from .guard import API_PREFIX
 from .producers import CeleryProducer, ProducerUnavailable, RQProducer, ScheduleResult
@@ -55,6 +56,8 @@ class Services:
     audit_stream: str | None
     #: the slot keys in use, listed again every few seconds (:mod:`.slots`)
     slot_keys: SlotKeyList
+    #: the batch keys, listed again every few seconds (:mod:`.batches`)
+    batch_keys: KeyList
 
 
 class UnreadableData(DelayqError):

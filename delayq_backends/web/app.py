@@ -34,7 +34,8 @@ from ..errors import (
     StoreFullError,
 )
 from ..store import DelayStore, SlotKeyList
-from . import slots
+from ..store.keylist import KeyList
+from . import batches, slots
 from .api import Services, UnreadableData, router
 from .auth import require_token
 from .guard import Guard, Limits
@@ -97,6 +98,7 @@ def create_app(
         rq=_producer(lambda: RQProducer(store, rq_connection, allowed)) if rq_connection is not None else NO_RQ,
         audit_stream=audit_stream,
         slot_keys=SlotKeyList(store, ttl=slots.SLOT_KEYS_TTL),
+        batch_keys=KeyList(store.batch_keys_in_use, ttl=batches.BATCH_KEYS_TTL),
     )
 
     @asynccontextmanager
@@ -115,7 +117,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.services = services
-    for routes in (router, slots.router):
+    for routes in (router, slots.router, batches.router):
         app.include_router(routes, dependencies=[Depends(require_token(token))])
     if token is None:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)

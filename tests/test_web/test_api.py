@@ -46,7 +46,7 @@ def data_routes(app: FastAPI) -> list[tuple[str, str]]:
 
 
 def test_the_schema_lists_every_route(app: FastAPI) -> None:
-    assert len(data_routes(app)) == 21  # the slots joined the periodic entries, items, dead letters and producers
+    assert len(data_routes(app)) == 24  # the batches joined the slots, periodic entries, items, dead letters, producers
     assert app.openapi()["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     text = json.dumps(app.openapi())
     assert '"ge"' not in text and '"le"' not in text, "every bound is a JSON Schema minimum/maximum"

@@ -22,6 +22,7 @@ from delayq_backends import DelayStore
 from delayq_backends.cli import main
 from delayq_backends.embedded import free_port
 from delayq_backends.envelope import Envelope
+from delayq_backends.keys import batch_item_id
 from delayq_backends.web import create_app
 from delayq_backends.web.guard import Limits
 from delayq_backends.web.producers import FunctionAllowlist
@@ -354,6 +355,8 @@ def plant_garbage(store: DelayStore) -> None:
     raw.zadd(keys[2].due, {b"\xff\xfe-not-utf8": 5})
     raw.zadd(keys[3].dead, {"bad-info": 7})
     raw.hset(keys[3].dead_info, "bad-info", b"\x00{not json")
+    store.open_batch("good-batch")
+    raw.set(keys[store.shard_of(batch_item_id("junk-batch"))].batch("junk-batch"), "a string where a hash belongs")
 
 
 GETS = [
@@ -367,6 +370,10 @@ GETS = [
     "/api/v1/item?id=leased-garbage",
     "/api/v1/item?id=good-0",
     "/api/v1/items/leased-garbage",
+    "/api/v1/batches",
+    "/api/v1/batch?key=junk-batch",
+    "/api/v1/batches/junk-batch",
+    "/api/v1/batches/good-batch",
 ]
 
 
@@ -396,6 +403,8 @@ def test_the_page_shows_each_failure_in_place(
     expect(page.locator("#status")).to_contain_text("partly live")
     expect(page.locator("#error-chart")).to_be_hidden()
     expect(page.locator("#error-lateness")).to_be_hidden()
+    expect(page.locator("#error-batches")).to_contain_text("batch 'junk-batch': its keys hold data")
+    expect(page.locator("#batches")).to_contain_text("good-batch")
 
 
 # -- 6. every id is reachable --------------------------------------------------------------------

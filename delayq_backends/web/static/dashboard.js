@@ -255,6 +255,34 @@
     refresh(true);
   }
 
+  // -- batches ---------------------------------------------------------------------------------------
+
+  function batchProgress(b) {
+    // sub-jobs finished against those added, as a bar (an empty batch has nothing to finish)
+    const bar = el("progress", { max: Math.max(b.total, 1), value: b.done });
+    return el("span", { class: "batch-progress" }, bar, ` ${count(b.done)} / ${count(b.total)}`);
+  }
+
+  function showBatches(board) {
+    const listed = board.open + board.closed + board.completed;
+    const more = listed > board.batches.length ? ` · ${board.batches.length} shown` : "";
+    $("batches-summary").textContent =
+      `(${count(board.open)} open · ${count(board.closed)} closed · ${count(board.completed)} completed${more})`;
+    fillTable($("batches"),
+      [["key"], ["progress"], ["succeeded", 1], ["failed", 1], ["state"], ["opened"], ["completed"]],
+      board.batches.map((b) => [
+        el("span", { class: "mono" }, b.key),
+        batchProgress(b),
+        count(b.succeeded),
+        count(b.failed),
+        el("span", { class: `state batch-${b.state}` }, b.state),
+        fmtTime(b.created),
+        b.completed_at ? fmtTime(b.completed_at) : "–",
+      ]),
+      "no batches");
+    return board.problems.join("; "); // batches whose keys hold garbage: skipped
+  }
+
   let shownDead = "";
 
   function showDead(dead) {
@@ -361,6 +389,7 @@
     { path: "/lateness?limit=200", show: (d) => showLateness(d), boxes: ["error-lateness"] },
     { path: "/periodic", show: (d) => showPeriodic(d), boxes: ["error-periodic"] },
     { path: "/slots?limit=50", show: (d) => showSlots(d), boxes: ["error-slots"] },
+    { path: "/batches?limit=50", show: (d) => showBatches(d), boxes: ["error-batches"] },
   ];
   const CHART = { path: "/due?minutes=1440&bucket_minutes=5", show: (d) => showChart(d), boxes: ["error-chart"] };
 
