@@ -53,16 +53,19 @@ def batch_state(status: BatchStatus) -> str:
     return "completed" if status.completed else "closed" if status.closed else "open"
 
 
-def batch_statuses(batches: Batches, keys: Sequence[str]) -> list[BatchStatus | BatchError | None]:
-    """The status of each of ``keys``, in their order, without failed ids (``failed_ids`` is
-    empty): one pipelined round of three reads a batch per :data:`~.slots.STATUS_CHUNK` batches.
-    None: no such batch (expired since it was listed); a :class:`BatchError`: garbage, or a key
-    that names no batch.
+def batch_statuses(
+    batches: Batches, keys: Sequence[str], *, failed_ids: int = 0
+) -> list[BatchStatus | BatchError | None]:
+    """The status of each of ``keys``, in their order, with the first ``failed_ids`` failed ids
+    (0: none, the list's cost): one pipelined round of three reads a batch (four with failed ids)
+    per :data:`~.slots.STATUS_CHUNK` batches. None: no such batch (expired since it was listed);
+    a :class:`BatchError`: garbage, or a key that names no batch.
 
     Raises:
         RedisError: a reply that is no plain error of a key's value (a refused permission, a
             lost connection): a batch the ACL hides must not read as garbage.
     """
+    reads = 4 if failed_ids else 3
     found: list[BatchStatus | BatchError | None] = []
     for start in range(0, len(keys), STATUS_CHUNK):
         chunk = keys[start : start + STATUS_CHUNK]
@@ -78,23 +81,27 @@ def batch_statuses(batches: Batches, keys: Sequence[str]) -> list[BatchStatus | 
                 pipe.hgetall(own.batch(key))
                 pipe.scard(own.batch_members(key))
                 pipe.scard(own.batch_done(key))
+                if failed_ids:
+                    pipe.lrange(own.batch_failed(key), 0, failed_ids - 1)
             replies = iter(pipe.execute(raise_on_error=False) if len(pipe) else [])
         for key, refused in zip(chunk, named):
-            found.append(refused or _read(key, next(replies), next(replies), next(replies)))
+            found.append(refused or _read(key, [next(replies) for _ in range(reads)]))
     return found
 
 
-def _read(key: str, fields: object, total: object, done: object) -> BatchStatus | BatchError | None:
-    """A batch's status from its three replies, None if it has none, a BatchError for garbage."""
-    for reply in (fields, total, done):
+def _read(key: str, replies: list[object]) -> BatchStatus | BatchError | None:
+    """A batch's status from its replies (hash, members, done[, failed]), None if it has none,
+    a BatchError for garbage."""
+    for reply in replies:
         if isinstance(reply, Exception) and type(reply) is not ResponseError:
             raise reply
+    fields, total, done, *failed = replies
     if isinstance(fields, dict) and not fields:
         return None
     try:
         if not (isinstance(fields, dict) and isinstance(total, int) and isinstance(done, int)):
             raise TypeError("a batch key of another type")
-        return _status(key, fields, total, done, [])
+        return _status(key, fields, total, done, failed[0] if failed else [])
     except (TypeError, ValueError, KeyError, AttributeError):
         return _refused(key, -1, "nothing")
 

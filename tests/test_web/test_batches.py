@@ -15,12 +15,16 @@ from fastapi.testclient import TestClient
 from playwright.sync_api import expect
 
 from delayq_backends import DelayStore
+from delayq_backends.acl import acl_setuser
 from delayq_backends.entries import iso
+from delayq_backends.errors import BatchError
 from delayq_backends.keys import ShardKeys, batch_item_id, shard_of
-from delayq_backends.store import batchboard
+from delayq_backends.store import MAX_FAILED_IDS, batchboard
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.web import batches as web_batches
-from tests.test_web.conftest import ARTIFACTS, AUTH, TOKEN
+from delayq_backends.web import create_app
+from tests.harness import make_store
+from tests.test_web.conftest import ARTIFACTS, AUTH, SHARDS, TOKEN
 from tests.test_web.test_dashboard import TIMEOUT_MS
 
 T0 = 1_800_000_000_000  # ms: the fake clock's start
@@ -149,13 +153,23 @@ def test_garbage_in_batch_keys_is_skipped_and_named(
 
 
 def test_the_bulk_read_agrees_with_batch_status(web_store: DelayStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The list reads each batch as :meth:`batch_status` does, less the failed ids, over several rounds."""
+    """The API reads each batch as :meth:`batch_status` does (the list without failed ids), over
+    several rounds; garbage is the same BatchError."""
     monkeypatch.setattr(batchboard, "STATUS_CHUNK", 2)
     fill(web_store)
-    keys = ["done-1", "closing", "order/7", "empty", "gone"]
-    for key, status in zip(keys, batchboard.batch_statuses(web_store, keys)):
-        one = web_store.batch_status(key)
+    plant_garbage(web_store)
+    keys = ["done-1", "closing", "order/7", "empty", "gone", "no-fields", "bad-members", "a-string", "bad-flag"]
+    listed = batchboard.batch_statuses(web_store, keys)
+    each = batchboard.batch_statuses(web_store, keys, failed_ids=MAX_FAILED_IDS)
+    for key, status, full in zip(keys, listed, each):
+        try:
+            one = web_store.batch_status(key)
+        except BatchError as exc:
+            assert isinstance(status, BatchError) and str(status) == str(full) == str(exc), key
+            continue
+        assert full == one, key
         assert status == (None if one is None else replace(one, failed_ids=())), key
+    assert each[2] is not None and each[2].failed_ids == ("o2",), "the failed ids are read when asked for"
 
 
 # -- the dashboard, in a real Chromium, over a real ``delayq dashboard`` -----------------------
@@ -214,3 +228,23 @@ def test_the_dashboard_shows_a_batch_progress_to_completion(
     expect(succeeded).to_have_text("3")
     expect(rows.nth(0).locator("td").nth(6)).not_to_have_text("–")  # its completion time
     assert web_store.get(batch_item_id("order-7")) is not None, "on_complete is in the store, ready now"
+
+
+def test_a_redis_user_without_scan_or_hgetall_is_a_503_for_batches_only(web_store: DelayStore, valkey_url: str) -> None:
+    """The ``forwarder`` role (the dashboard's, see docs/security.md) reads no batch keys: the
+    batch routes say Redis refused (a refusal is never read as garbage), and the other routes answer."""
+    prefix = web_store.config.prefix
+    web_store.open_batch("b")
+    name, password = f"fwd-{prefix[-8:]}", "pw-0123456789"
+    web_store.client.execute_command(*acl_setuser(name, prefix, "forwarder", password=password))
+    try:
+        port = web_store.client.connection_pool.connection_kwargs["port"]
+        user = make_store(f"redis://{name}:{password}@127.0.0.1:{port}/0", prefix, shards=SHARDS)
+        with TestClient(create_app(user, token=TOKEN)) as client:
+            assert client.get("/api/v1/stats", headers=AUTH).status_code == 200
+            for path in ("/api/v1/batches", "/api/v1/batch?key=b", "/api/v1/batches/b"):
+                response = client.get(path, headers=AUTH)
+                assert response.status_code == 503, response.text
+                assert "refused the command" in response.json()["detail"], response.text
+    finally:
+        web_store.client.execute_command("ACL", "DELUSER", name)
