@@ -50,7 +50,7 @@ def shown_time(ms: int) -> str:
 
 def fill_store(store: DelayStore, stream: str) -> None:
     """Items over the next 24 h (busier in the morning), one to find, three dead letters, a few
-    audit records of recent forwards, and two concurrency slot keys in use."""
+    audit records of recent forwards, two concurrency slot keys in use and two batches."""
     rng = random.Random(7)
     now = store.server_time_ms()
     when = [now + int(abs(rng.gauss(8, 5)) * 3_600_000) % 86_000_000 + 60_000 for _ in range(UPCOMING)]
@@ -69,6 +69,15 @@ def fill_store(store: DelayStore, stream: str) -> None:
         wait_ms=hold,
     )
     store.set_slot_limit("customer-42", 3)
+    store.open_batch("import-11")  # completed: 40 sub-jobs, 2 failed
+    store.add_to_batch("import-11", [f"imp-{n}" for n in range(40)])
+    store.close_batch("import-11")
+    for n in range(40):
+        store.finish_in_batch("import-11", f"imp-{n}", ok=n % 20 != 7)
+    store.open_batch("order-7")  # open: 7 of 12 finished, 1 failed
+    store.add_to_batch("order-7", [f"order-7-{n}" for n in range(12)])
+    for n in range(7):
+        store.finish_in_batch("order-7", f"order-7-{n}", ok=n != 3)
     audit = RedisStreamAudit(store.config.url, stream, background=False)
     ready = [now - 60_000 + n * 500 for n in range(60)]
     audit.record(
@@ -106,6 +115,8 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     expect(page.locator("#chart svg rect.bar").first).to_be_visible()
     expect(page.locator("#lateness")).to_contain_text("p95")
     expect(page.locator("#slots tbody tr").first).to_contain_text("3 / 3")
+    expect(page.locator("#batches tbody tr").first).to_contain_text("7 / 12")
+    expect(page.locator("#batches-summary")).to_have_text("(1 open · 0 closed · 1 completed)")
     rows = page.locator("#periodic tbody tr")
     expect(rows).to_have_count(len(BEAT_SCHEDULE))
     for n, entry in enumerate(periodic):  # sorted by name, as listed
