@@ -5,7 +5,7 @@ is no key a 400; garbage in batch keys is skipped and named, never a 5xx for the
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -31,11 +31,11 @@ T0 = 1_800_000_000_000  # ms: the fake clock's start
 
 
 @pytest.fixture
-def ticking(web_store: DelayStore) -> Iterator[DelayStore]:
+def ticking(web_store: DelayStore) -> DelayStore:
     """The store on a clock one second later at each read: each batch opened later than the last."""
     seconds = itertools.count()
     web_store.clock = lambda: T0 + 1000 * next(seconds)
-    yield web_store
+    return web_store
 
 
 def own_keys(store: DelayStore, key: str) -> ShardKeys:
