@@ -63,21 +63,28 @@ class _Captured:
         self.task_id = task_id
         self.envelope: Envelope | None = None
 
-    def producer(self, producer: Any) -> Any:
+    def producer(self, producer: Any) -> _CapturingProducer:
         """``producer``, except that the publish of this task id is kept here."""
-        captured = self
+        return _CapturingProducer(producer, self)
 
-        class Capturing:
-            def publish(self, body: Any, **kwargs: Any) -> None:
-                if captured.envelope is None and (kwargs.get("headers") or {}).get("id") == captured.task_id:
-                    captured.envelope = StoredMessage.capture(body, kwargs).to_envelope()
-                    return
-                producer.publish(body, **kwargs)
 
-            def __getattr__(self, name: str) -> Any:
-                return getattr(producer, name)
+class _CapturingProducer:
+    """Stands in for the kombu producer while Celery builds an on_complete message: its publish
+    is kept, anything else (a ``task-sent`` event) goes to the real producer."""
 
-        return Capturing()
+    def __init__(self, producer: Any, captured: _Captured) -> None:
+        self._producer = producer
+        self._captured = captured
+
+    def publish(self, body: Any, **kwargs: Any) -> Any:
+        captured = self._captured
+        if captured.envelope is None and (kwargs.get("headers") or {}).get("id") == captured.task_id:
+            captured.envelope = StoredMessage.capture(body, kwargs).to_envelope()
+            return None
+        return self._producer.publish(body, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
 
 
 def capturing(task_id: str) -> _Captured | None:

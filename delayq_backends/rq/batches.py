@@ -119,10 +119,11 @@ class Batch:
         envelope = None
         if on_complete is not None:
             path = _dotted(on_complete)
-            job = queue.create_job(
-                call_on_complete, args=(path, key), job_id=batch_item_id(key), status=JobStatus.SCHEDULED
-            )
-            job.save()
+            # a batch opened again (a retried open, a key used again) keeps its first job as it is
+            if not queue.job_class.exists(batch_item_id(key), connection=queue.connection):
+                queue.create_job(
+                    call_on_complete, args=(path, key), job_id=batch_item_id(key), status=JobStatus.SCHEDULED
+                ).save()
             envelope = queue.envelope_bytes()
         ttl_ms = int(ttl.total_seconds() * 1000) if ttl else BATCH_TTL_MS
         self.store.open_batch(key, on_complete=envelope, ttl_ms=ttl_ms)
