@@ -21,7 +21,7 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import batch_channel, batch_item_id, shard_of
 from delayq_backends.store import MAX_FAILED_IDS
 from delayq_backends.targets import RedisListTarget
-from delayq_backends.testing import CollectingTarget
+from delayq_backends.testing import CollectingTarget, FakeClock, scheduled, testing_store
 from tests.harness import make_store
 from tests.helpers import wait_for
 
@@ -266,3 +266,16 @@ def test_the_completion_is_counted_once_by_the_process_that_completed_it(store: 
     store.open_batch("empty-counted")
     assert report_close(store, "empty-counted")
     assert completed() == before + 2
+
+
+def test_the_testing_store_runs_batches_on_its_fake_clock() -> None:
+    clock = FakeClock()
+    fake = testing_store(shards=2, clock=clock)
+    fake.open_batch("t", on_complete=envelope("done"))
+    fake.schedule("a", timedelta(minutes=1), envelope("a"), batch="t")
+    fake.close_batch("t")
+    clock.advance(timedelta(minutes=2))
+    assert fake.finish_in_batch("t", "a", True)
+    status = fake.batch_status("t")
+    assert status is not None and status.completed_ms == clock.ms
+    assert [e.id for e in scheduled(fake)] == ["a", batch_item_id("t")]
