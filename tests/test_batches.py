@@ -128,6 +128,26 @@ def test_a_sub_job_whose_schedule_fails_is_taken_back(store: DelayStore, monkeyp
     assert store.finish_in_batch("b", "ok", True)
 
 
+def test_a_sub_job_stored_although_its_schedule_raised_stays_counted(
+    store: DelayStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply lost on its way back (a timeout after the server stored the item): the item will
+    run, so it stays in the batch, which waits for its end."""
+    store.open_batch("b")
+    real = store._schedule_item
+
+    def stored_then_lost(*args: object, **kwargs: object) -> None:
+        real(*args, **kwargs)  # type: ignore[arg-type]
+        raise redis.TimeoutError("the reply was lost")
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "_schedule_item", stored_then_lost)
+        with pytest.raises(redis.TimeoutError):
+            store.schedule("ran", timedelta(hours=1), envelope("ran"), batch="b")
+    status = store.batch_status("b")
+    assert status is not None and status.total == 1 and store.get("ran") is not None
+
+
 def test_the_failed_ids_kept_are_bounded_the_counts_are_not(store: DelayStore) -> None:
     store.open_batch("big")
     ids = [f"j{i}" for i in range(MAX_FAILED_IDS + 5)]

@@ -47,7 +47,7 @@ from ..batches import report_close, report_end
 from ..errors import BatchError, DelayqError
 from ..keys import batch_item_id
 from ..store import BATCH_TTL_MS, DelayStore
-from ..store.batches import add_to_batch, check_batch_key
+from ..store.batches import add_to_batch, check_batch_key, take_back
 from .queue import Queue, store_of_connection
 
 __all__ = ["BATCH_META", "Batch", "BatchReports", "call_on_complete"]
@@ -143,7 +143,7 @@ class Batch:
         try:
             return self.queue.enqueue_at(when, f, *args, job_id=job_id, **kwargs)
         except BaseException:
-            add_to_batch(self.store, self.key, [job_id], remove=True)
+            take_back(self.store, self.key, job_id)
             raise
 
     def close(self) -> bool:
