@@ -43,7 +43,7 @@ from ..keys import batch_item_id
 from ..store import BATCH_TTL_MS, DelayStore
 from ..store.batches import check_batch_key
 from .message import StoredMessage
-from .settings import store_for
+from .settings import CelerySettings, store_for
 
 __all__ = ["BATCH_HEADER", "Batch", "capturing", "use_batches"]
 
@@ -87,7 +87,7 @@ class _CapturingProducer:
         return getattr(self._producer, name)
 
 
-def capturing(task_id: str) -> _Captured | None:
+def capturing(task_id: str | None) -> _Captured | None:
     """The capture under way for ``task_id`` (the AMQP sender asks), else None."""
     captured = _capture.get()
     return captured if captured is not None and captured.task_id == task_id else None
@@ -143,6 +143,11 @@ class Batch:
     def __init__(
         self, app: Celery, key: str, *, on_complete: Signature | None = None, ttl: timedelta = timedelta(days=7)
     ) -> None:
+        if getattr(app.amqp, "delayq_settings", None) is None or not CelerySettings.of(app).enabled:
+            raise ConfigError(
+                f"batch {key!r}: the app's sends do not go through the delay store, so sub-jobs would not be "
+                "counted; call delayq_backends.celery.install(app) and leave delayq_enabled on"
+            )
         self.app, self.key = app, check_batch_key(key)
         self.store: DelayStore = store_for(app)
         envelope, mark = (None, "") if on_complete is None else on_complete_envelope(key, on_complete)
