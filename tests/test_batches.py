@@ -299,3 +299,22 @@ def test_the_testing_store_runs_batches_on_its_fake_clock() -> None:
     status = fake.batch_status("t")
     assert status is not None and status.completed_ms == clock.ms
     assert [e.id for e in scheduled(fake)] == ["a", batch_item_id("t")]
+
+
+def test_a_completion_refused_midway_is_done_by_the_next_close(store: DelayStore) -> None:
+    """The shard's due key of another type refuses the on_complete item: the batch is not marked
+    completed, and closing it again once the key is fixed completes it."""
+    store.open_batch("stuck", on_complete=envelope("done"))
+    store.add_to_batch("stuck", ["a"])
+    store.close_batch("stuck")
+    due = store.keys(shard_of(batch_item_id("stuck"), store.shards)).due
+    store.client.delete(due)
+    store.client.set(due, "junk")
+    with pytest.raises(redis.ResponseError):
+        store.finish_in_batch("stuck", "a", True)
+    status = store.batch_status("stuck")
+    assert status is not None and status.done == 1 and not status.completed
+    assert not report_end(store, "stuck", "a", True)  # a worker's report: logged, not raised
+    store.client.delete(due)
+    assert store.close_batch("stuck")
+    assert on_complete_item(store, "stuck") == envelope("done")
