@@ -7,6 +7,8 @@ The package root imports neither celery, rq nor pyspark; their adapters live in
 from .config import Config
 from .envelope import Envelope, Slot
 from .errors import (
+    BatchClosedError,
+    BatchError,
     BrokerUnavailable,
     ConfigError,
     DelayqError,
@@ -22,12 +24,15 @@ from .errors import (
     ShardMismatchError,
     StoreFullError,
 )
-from .models import Claim, ClaimedItem, Collapsed, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
+from .models import BatchStatus, Claim, ClaimedItem, Collapsed, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .store import DelayStore
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchClosedError",
+    "BatchError",
+    "BatchStatus",
     "BrokerUnavailable",
     "Claim",
     "ClaimedItem",

@@ -21,7 +21,7 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import batch_channel, batch_item_id, shard_of
 from delayq_backends.store import MAX_FAILED_IDS
 from delayq_backends.targets import RedisListTarget
-from delayq_backends.testing import CollectingTarget
+from delayq_backends.testing import CollectingTarget, FakeClock, scheduled, testing_store
 from tests.harness import make_store
 from tests.helpers import wait_for
 
@@ -126,6 +126,26 @@ def test_a_sub_job_whose_schedule_fails_is_taken_back(store: DelayStore, monkeyp
     assert status is not None and status.total == 1  # the batch does not wait for "lost"
     store.close_batch("b")
     assert store.finish_in_batch("b", "ok", True)
+
+
+def test_a_sub_job_stored_although_its_schedule_raised_stays_counted(
+    store: DelayStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply lost on its way back (a timeout after the server stored the item): the item will
+    run, so it stays in the batch, which waits for its end."""
+    store.open_batch("b")
+    real = store._schedule_item
+
+    def stored_then_lost(*args: object, **kwargs: object) -> None:
+        real(*args, **kwargs)  # type: ignore[arg-type]
+        raise redis.TimeoutError("the reply was lost")
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "_schedule_item", stored_then_lost)
+        with pytest.raises(redis.TimeoutError):
+            store.schedule("ran", timedelta(hours=1), envelope("ran"), batch="b")
+    status = store.batch_status("b")
+    assert status is not None and status.total == 1 and store.get("ran") is not None
 
 
 def test_the_failed_ids_kept_are_bounded_the_counts_are_not(store: DelayStore) -> None:
@@ -266,3 +286,35 @@ def test_the_completion_is_counted_once_by_the_process_that_completed_it(store: 
     store.open_batch("empty-counted")
     assert report_close(store, "empty-counted")
     assert completed() == before + 2
+
+
+def test_the_testing_store_runs_batches_on_its_fake_clock() -> None:
+    clock = FakeClock()
+    fake = testing_store(shards=2, clock=clock)
+    fake.open_batch("t", on_complete=envelope("done"))
+    fake.schedule("a", timedelta(minutes=1), envelope("a"), batch="t")
+    fake.close_batch("t")
+    clock.advance(timedelta(minutes=2))
+    assert fake.finish_in_batch("t", "a", True)
+    status = fake.batch_status("t")
+    assert status is not None and status.completed_ms == clock.ms
+    assert [e.id for e in scheduled(fake)] == ["a", batch_item_id("t")]
+
+
+def test_a_completion_refused_midway_is_done_by_the_next_close(store: DelayStore) -> None:
+    """The shard's due key of another type refuses the on_complete item: the batch is not marked
+    completed, and closing it again once the key is fixed completes it."""
+    store.open_batch("stuck", on_complete=envelope("done"))
+    store.add_to_batch("stuck", ["a"])
+    store.close_batch("stuck")
+    due = store.keys(shard_of(batch_item_id("stuck"), store.shards)).due
+    store.client.delete(due)
+    store.client.set(due, "junk")
+    with pytest.raises(redis.ResponseError):
+        store.finish_in_batch("stuck", "a", True)
+    status = store.batch_status("stuck")
+    assert status is not None and status.done == 1 and not status.completed
+    assert not report_end(store, "stuck", "a", True)  # a worker's report: logged, not raised
+    store.client.delete(due)
+    assert store.close_batch("stuck")
+    assert on_complete_item(store, "stuck") == envelope("done")

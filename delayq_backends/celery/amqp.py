@@ -84,7 +84,7 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
             collapse = _collapse_of(headers, eta)
             slot = None if headers.get(SLOT_HEADER) is None else settings.slot(headers[SLOT_HEADER])
             batch = _batch_of(headers, collapse)
-            captured = capturing(headers["id"])
+            captured = capturing(headers.get("id"))
             if captured is not None:  # a batch's on_complete, built and kept for its completion
                 return send(captured.producer(producer), name, message, **kwargs)
             # a collapse always has an eta (_collapse_of refuses one without) and is always stored;

@@ -43,7 +43,7 @@ from ..keys import batch_item_id
 from ..store import BATCH_TTL_MS, DelayStore
 from ..store.batches import check_batch_key
 from .message import StoredMessage
-from .settings import store_for
+from .settings import CelerySettings, store_for
 
 __all__ = ["BATCH_HEADER", "Batch", "capturing", "use_batches"]
 
@@ -63,24 +63,31 @@ class _Captured:
         self.task_id = task_id
         self.envelope: Envelope | None = None
 
-    def producer(self, producer: Any) -> Any:
+    def producer(self, producer: Any) -> _CapturingProducer:
         """``producer``, except that the publish of this task id is kept here."""
-        captured = self
-
-        class Capturing:
-            def publish(self, body: Any, **kwargs: Any) -> None:
-                if captured.envelope is None and (kwargs.get("headers") or {}).get("id") == captured.task_id:
-                    captured.envelope = StoredMessage.capture(body, kwargs).to_envelope()
-                    return
-                producer.publish(body, **kwargs)
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(producer, name)
-
-        return Capturing()
+        return _CapturingProducer(producer, self)
 
 
-def capturing(task_id: str) -> _Captured | None:
+class _CapturingProducer:
+    """Stands in for the kombu producer while Celery builds an on_complete message: its publish
+    is kept, anything else (a ``task-sent`` event) goes to the real producer."""
+
+    def __init__(self, producer: Any, captured: _Captured) -> None:
+        self._producer = producer
+        self._captured = captured
+
+    def publish(self, body: Any, **kwargs: Any) -> Any:
+        captured = self._captured
+        if captured.envelope is None and (kwargs.get("headers") or {}).get("id") == captured.task_id:
+            captured.envelope = StoredMessage.capture(body, kwargs).to_envelope()
+            return None
+        return self._producer.publish(body, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+def capturing(task_id: str | None) -> _Captured | None:
     """The capture under way for ``task_id`` (the AMQP sender asks), else None."""
     captured = _capture.get()
     return captured if captured is not None and captured.task_id == task_id else None
@@ -136,6 +143,11 @@ class Batch:
     def __init__(
         self, app: Celery, key: str, *, on_complete: Signature | None = None, ttl: timedelta = timedelta(days=7)
     ) -> None:
+        if getattr(app.amqp, "delayq_settings", None) is None or not CelerySettings.of(app).enabled:
+            raise ConfigError(
+                f"batch {key!r}: the app's sends do not go through the delay store, so sub-jobs would not be "
+                "counted; call delayq_backends.celery.install(app) and leave delayq_enabled on"
+            )
         self.app, self.key = app, check_batch_key(key)
         self.store: DelayStore = store_for(app)
         envelope, mark = (None, "") if on_complete is None else on_complete_envelope(key, on_complete)

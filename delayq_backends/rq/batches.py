@@ -47,7 +47,7 @@ from ..batches import report_close, report_end
 from ..errors import BatchError, DelayqError
 from ..keys import batch_item_id
 from ..store import BATCH_TTL_MS, DelayStore
-from ..store.batches import add_to_batch, check_batch_key
+from ..store.batches import add_to_batch, check_batch_key, take_back
 from .queue import Queue, store_of_connection
 
 __all__ = ["BATCH_META", "Batch", "BatchReports", "call_on_complete"]
@@ -119,10 +119,11 @@ class Batch:
         envelope = None
         if on_complete is not None:
             path = _dotted(on_complete)
-            job = queue.create_job(
-                call_on_complete, args=(path, key), job_id=batch_item_id(key), status=JobStatus.SCHEDULED
-            )
-            job.save()
+            # a batch opened again (a retried open, a key used again) keeps its first job as it is
+            if not queue.job_class.exists(batch_item_id(key), connection=queue.connection):
+                queue.create_job(
+                    call_on_complete, args=(path, key), job_id=batch_item_id(key), status=JobStatus.SCHEDULED
+                ).save()
             envelope = queue.envelope_bytes()
         ttl_ms = int(ttl.total_seconds() * 1000) if ttl else BATCH_TTL_MS
         self.store.open_batch(key, on_complete=envelope, ttl_ms=ttl_ms)
@@ -142,7 +143,7 @@ class Batch:
         try:
             return self.queue.enqueue_at(when, f, *args, job_id=job_id, **kwargs)
         except BaseException:
-            add_to_batch(self.store, self.key, [job_id], remove=True)
+            take_back(self.store, self.key, job_id)
             raise
 
     def close(self) -> bool:

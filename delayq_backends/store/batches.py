@@ -19,7 +19,7 @@ from ..scripts.store import BatchAdd, BatchEnd, BatchEnding, BatchOpen
 from .base import Payload, StoreCore
 from .slots import _glob_escaped
 
-__all__ = ["BATCH_TTL_MS", "MAX_FAILED_IDS", "Batches", "add_to_batch", "check_batch_key"]
+__all__ = ["BATCH_TTL_MS", "MAX_FAILED_IDS", "Batches", "add_to_batch", "check_batch_key", "take_back"]
 
 log = logging.getLogger("delayq.batches")
 
@@ -75,6 +75,19 @@ def add_to_batch(store: StoreCore, key: str, ids: Sequence[str], *, remove: bool
     if reply < 0:
         raise _refused(key, reply, f"sub-job {ids[0]!r}" if len(ids) == 1 else f"{len(ids)} sub-jobs")
     return reply
+
+
+def take_back(store: StoreCore, key: str, item_id: str) -> None:
+    """Take sub-job ``item_id`` back out of batch ``key`` after its schedule raised, unless the
+    item is in the store after all (a reply lost on its way back): the batch must neither wait
+    for a sub-job that never runs nor complete without one that does. Never raises (the
+    schedule's error is the one to raise); logged when it cannot be done."""
+    try:
+        keys = store.keys(shard_of(item_id, store.config.shards))
+        if not store.client.hexists(keys.items, item_id):
+            add_to_batch(store, key, [item_id], remove=True)
+    except Exception as exc:
+        log.warning("batch %r: %s was not scheduled and could not be taken back (%s)", key, item_id, exc)
 
 
 class Batches(StoreCore):

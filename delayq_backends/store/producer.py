@@ -3,7 +3,6 @@ inside a caller's pipeline (``pipeline=``)."""
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
@@ -18,7 +17,7 @@ from ..scripts.library import ScriptCall
 from ..scripts.store import Cancel, Debounce, Rearm, Reschedule, Schedule, ScheduleOne
 from ..timeutil import When, to_ms
 from .base import Payload, StoreCore
-from .batches import add_to_batch, check_batch_key
+from .batches import add_to_batch, check_batch_key, take_back
 
 __all__ = ["CALLS_TTL_MS", "KEEP", "SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
 
@@ -36,8 +35,6 @@ CALLS_TTL_MS = 86_400_000
 KEEP = ("first", "last")
 
 R = TypeVar("R")
-
-log = logging.getLogger("delayq.batches")
 
 
 def _keyed(envelope: Payload, rate_key: str | None) -> Payload:
@@ -128,7 +125,7 @@ class Producer(StoreCore):
         return self._schedule_item(item, keep, pipeline)
 
     def _schedule_in_batch(self, batch: str, item: ScheduleItem, keep: bool, pipeline: Any) -> str | None:
-        """Count ``item`` into ``batch``, then schedule it; un-count it if the schedule fails, or
+        """Count ``item`` into ``batch``, then schedule it; take it back if the schedule fails, or
         the batch would wait for a sub-job that never runs."""
         if pipeline is not None:
             raise BatchError(f"batch {batch!r}: a sub-job cannot join a caller's pipeline; schedule it without one")
@@ -136,10 +133,7 @@ class Producer(StoreCore):
         try:
             return self._schedule_item(item, keep, None)
         except BaseException:
-            try:
-                add_to_batch(self, batch, [item.id], remove=True)
-            except Exception as exc:  # the schedule's error is the one to raise
-                log.warning("batch %r: %s was not scheduled and could not be taken back (%s)", batch, item.id, exc)
+            take_back(self, batch, item.id)
             raise
 
     def _schedule_item(self, item: ScheduleItem, keep: bool, pipeline: Any) -> str | None:

@@ -87,6 +87,11 @@ def test_a_sub_job_is_stored_without_eta_and_a_revoke_counts_as_failed(valkey_ur
         forget_store(app)
 
 
+def test_a_batch_needs_the_plugin_on(celery_env: CeleryEnv) -> None:
+    with pytest.raises(ConfigError, match="call delayq_backends.celery.install"):
+        Batch(celery_env.native_app(), "native")
+
+
 def test_on_complete_must_take_the_summary_as_json(app: Celery) -> None:
     with pytest.raises(ConfigError, match="not sent as JSON without compression"):
         Batch(app, "pickled", on_complete=app.signature("dqt.batch_done", args=("x",), serializer="pickle"))

@@ -128,3 +128,12 @@ def test_a_batch_of_1000_completes_once_under_work_horse_and_forwarder_kills(
     ended = [Job.fetch(i, connection=conn).ended_at for i in kinds]
     assert all(ended) and run["at"] >= max(e.timestamp() for e in ended if e is not None)
     print(f"batch of 1000 on RQ: kills {kills}, runs {sum(1 for r in runs(conn, queue.name) if r['id'] in kinds)}")
+
+
+def test_on_complete_is_saved_once_as_a_scheduled_job(conn: redis.Redis, queue: Queue) -> None:
+    Batch(queue, "again", on_complete=Callback("tests.test_rq.jobs.batch_done"))
+    Batch(queue, "again", on_complete="tests.test_rq.jobs.other")  # opened again: the first stays
+    job = Job.fetch(batch_item_id("again"), connection=conn)
+    assert job.get_status() == "scheduled" and job.args == ("tests.test_rq.jobs.batch_done", "again")
+    with pytest.raises(BatchError, match="module-level function"):
+        Batch(queue, "lambda", on_complete=lambda summary: None)
