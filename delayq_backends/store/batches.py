@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from redis.exceptions import ResponseError
+
 from ..errors import BatchClosedError, BatchError
 from ..keys import ShardKeys, batch_item_id, normalize_id, shard_of
 from ..models import BatchStatus
 from ..scripts.store import BatchAdd, BatchEnd, BatchEnding, BatchOpen
 from .base import Payload, StoreCore
-from .slots import _glob_escaped
+from .slots import STATUS_CHUNK, _glob_escaped
 
 __all__ = ["BATCH_TTL_MS", "MAX_FAILED_IDS", "Batches", "add_to_batch", "check_batch_key", "take_back"]
 
@@ -164,26 +166,51 @@ class Batches(StoreCore):
         return completed
 
     def batch_status(self, key: str) -> BatchStatus | None:
-        """Batch ``key``'s progress; None when there is none (never opened, or expired).
+        """Batch ``key``'s progress with its failed ids; None when there is none (never opened,
+        or expired).
 
         Raises:
             BatchError: its keys hold garbage (the message says how to clear them).
+            RedisError: a refused permission or a lost connection (never read as garbage).
         """
-        keys = _batch_keys(self, check_batch_key(key))
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.hgetall(keys.batch(key))
-            pipe.scard(keys.batch_members(key))
-            pipe.scard(keys.batch_done(key))
-            pipe.lrange(keys.batch_failed(key), 0, MAX_FAILED_IDS - 1)
-            fields, total, done, failed_ids = pipe.execute(raise_on_error=False)
-        if isinstance(fields, dict) and not fields:
-            return None
-        try:
-            if not (isinstance(total, int) and isinstance(done, int)):
-                raise TypeError("members or done is no set")
-            return _status(key, fields, total, done, failed_ids)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise _refused(key, -1, "nothing") from exc
+        found = self.batch_statuses([check_batch_key(key)], failed_ids=MAX_FAILED_IDS)[0]
+        if isinstance(found, BatchError):
+            raise found
+        return found
+
+    def batch_statuses(self, keys: Sequence[str], *, failed_ids: int = 0) -> list[BatchStatus | BatchError | None]:
+        """The status of each of ``keys``, in their order, with the first ``failed_ids`` failed
+        ids (0: none, the list's cost): one pipelined round of three reads a batch (four with
+        failed ids) per :data:`STATUS_CHUNK` batches, for a dashboard listing many. None: no
+        such batch (expired since it was listed); a :class:`BatchError`: garbage, or a key that
+        names no batch.
+
+        Raises:
+            RedisError: a reply that is no plain error of a key's value (a refused permission, a
+                lost connection): a batch the ACL hides must not read as garbage.
+        """
+        reads = 4 if failed_ids else 3
+        found: list[BatchStatus | BatchError | None] = []
+        for start in range(0, len(keys), STATUS_CHUNK):
+            chunk = keys[start : start + STATUS_CHUNK]
+            named: list[BatchError | None] = []  # per key: why it names no batch, or None
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    try:
+                        own = _batch_keys(self, check_batch_key(key))
+                    except BatchError as exc:  # a hash written by hand under a key no batch can have
+                        named.append(exc)
+                        continue
+                    named.append(None)
+                    pipe.hgetall(own.batch(key))
+                    pipe.scard(own.batch_members(key))
+                    pipe.scard(own.batch_done(key))
+                    if failed_ids:
+                        pipe.lrange(own.batch_failed(key), 0, failed_ids - 1)
+                replies = iter(pipe.execute(raise_on_error=False) if len(pipe) else [])
+            for key, refused in zip(chunk, named):
+                found.append(refused or _read(key, [next(replies) for _ in range(reads)]))
+        return found
 
     def batch_keys_in_use(self) -> list[str]:
         """Every batch key with a hash, sorted (a SCAN of the prefix's batch hashes, every
@@ -196,6 +223,23 @@ class Batches(StoreCore):
             if sep and key:
                 found.add(key)
         return sorted(found)
+
+
+def _read(key: str, replies: list[object]) -> BatchStatus | BatchError | None:
+    """A batch's status from its replies (hash, members, done[, failed]), None if it has none,
+    a BatchError for garbage."""
+    for reply in replies:
+        if isinstance(reply, Exception) and type(reply) is not ResponseError:
+            raise reply
+    fields, total, done, *failed = replies
+    if isinstance(fields, dict) and not fields:
+        return None
+    try:
+        if not (isinstance(fields, dict) and isinstance(total, int) and isinstance(done, int)):
+            raise TypeError("a batch key of another type")
+        return _status(key, fields, total, done, failed[0] if failed else [])
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return _refused(key, -1, "nothing")
 
 
 def _status(key: str, fields: dict[bytes, bytes], total: int, done: int, failed_ids: object) -> BatchStatus:

@@ -17,7 +17,7 @@ from ..entries import iso
 from ..errors import BatchError
 from ..keys import MAX_ID_BYTES, batch_item_id
 from ..models import BatchStatus
-from ..store.batchboard import batch_board, batch_state, batch_statuses
+from ..store.batchboard import batch_board, batch_state
 from ..store.batches import MAX_FAILED_IDS, check_batch_key
 from .api import RESPONSES, Digits, ErrorOut, Limit, Services, Svc, UnreadableData
 from .guard import API_PREFIX
@@ -102,7 +102,7 @@ def _batch(svc: Services, key: str) -> BatchOut:
     except BatchError as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from None
     # batch_status's read, but a refused permission is Redis's refusal, not garbage
-    found = batch_statuses(svc.store, [key], failed_ids=MAX_FAILED_IDS)[0]
+    found = svc.store.batch_statuses([key], failed_ids=MAX_FAILED_IDS)[0]
     if isinstance(found, BatchError):  # garbage: a 503 (as any unreadable value), saying how to clear it
         raise UnreadableData(f"the batch cannot be read: {found}")
     if found is None:

@@ -19,7 +19,7 @@ from delayq_backends.acl import acl_setuser
 from delayq_backends.entries import iso
 from delayq_backends.errors import BatchError
 from delayq_backends.keys import ShardKeys, batch_item_id, shard_of
-from delayq_backends.store import MAX_FAILED_IDS, batchboard
+from delayq_backends.store import MAX_FAILED_IDS, batches
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.web import batches as web_batches
 from delayq_backends.web import create_app
@@ -155,12 +155,12 @@ def test_garbage_in_batch_keys_is_skipped_and_named(
 def test_the_bulk_read_agrees_with_batch_status(web_store: DelayStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The API reads each batch as :meth:`batch_status` does (the list without failed ids), over
     several rounds; garbage is the same BatchError."""
-    monkeypatch.setattr(batchboard, "STATUS_CHUNK", 2)
+    monkeypatch.setattr(batches, "STATUS_CHUNK", 2)
     fill(web_store)
     plant_garbage(web_store)
     keys = ["done-1", "closing", "order/7", "empty", "gone", "no-fields", "bad-members", "a-string", "bad-flag"]
-    listed = batchboard.batch_statuses(web_store, keys)
-    each = batchboard.batch_statuses(web_store, keys, failed_ids=MAX_FAILED_IDS)
+    listed = web_store.batch_statuses(keys)
+    each = web_store.batch_statuses(keys, failed_ids=MAX_FAILED_IDS)
     for key, status, full in zip(keys, listed, each):
         try:
             one = web_store.batch_status(key)
