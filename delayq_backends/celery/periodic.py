@@ -45,7 +45,7 @@ from ..envelope import Envelope, with_slot
 from ..errors import DelayqError, EnvelopeError, NewerFormatError
 from ..keys import MAX_RANK, RANK_SPAN, normalize_id, periodic_key
 from ..models import CancelOutcome, DeliveryFailure, RearmOutcome
-from ..overlap_policy import ALLOW, Fire, OverlapAsk, check_policy, fire_runs, overlap_slot
+from ..overlap_policy import ALLOW, POLICIES, Fire, OverlapAsk, check_policy, fire_runs, overlap_slot
 from ..store import DelayStore, slot_member
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport, Target
@@ -162,8 +162,8 @@ class PeriodicState:
             expires=None if data.get("expires") is None else float(data["expires"]),
             last=LastRun.from_json(data.get("last")),
             runs=int(data.get("runs", 0)),
-            overlap=str(data.get("overlap", ALLOW)),
-            skipped=int(data.get("skipped", 0)),
+            overlap=_policy(data.get("overlap", ALLOW)),
+            skipped=_count(data.get("skipped", 0)),
         )
 
     def fired(self, plan: Plan, now_ms: int, skipped: int = 0) -> PeriodicState:
@@ -174,6 +174,16 @@ class PeriodicState:
             latest = plan.runs[-1] if plan.runs else self.slot
             last = LastRun(latest.key, latest.at_ms, now_ms, plan.missed)
         return replace(self, slot=plan.next, last=last, runs=self.runs + len(plan.runs), skipped=self.skipped + skipped)
+
+
+def _policy(value: Any) -> str:
+    """A stored overlap policy; one no release wrote (a hand write) reads as ``allow``."""
+    return str(value) if value in POLICIES else ALLOW
+
+
+def _count(value: Any) -> int:
+    """A stored count; one that is none (a hand write) starts again from 0."""
+    return value if type(value) is int and value >= 0 else 0
 
 
 def _envelope(message: StoredMessage, state: PeriodicState) -> Envelope:

@@ -5,6 +5,7 @@ forwarder and the worker name a run's slot alike. Real workers: ``test_periodic_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
@@ -14,9 +15,11 @@ import pytest
 from delayq_backends.celery.message import StoredMessage
 from delayq_backends.celery.periodic import item_id, statuses
 from delayq_backends.celery.slots import SLOT_HEADER, slot_of_request
+from delayq_backends.envelope import Envelope
 from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.overlap_policy import POLICIES
 from delayq_backends.store import RUN_HOLD_MS
+from delayq_backends.timeutil import from_ms
 from tests.test_celery.test_periodic import Harness
 
 START = datetime(2026, 5, 4, 12, tzinfo=timezone.utc)
@@ -151,3 +154,32 @@ def test_a_run_the_broker_refuses_gives_its_slot_back(policy: str) -> None:
     h.clock.advance(120)  # past the entry's retry back-off, and its next period
     h.forwarder.run_once()
     assert len(_messages(h)) == 1 and _entry(h).skipped == 0
+
+
+def test_garbage_in_the_entrys_slot_keys_or_its_counts_never_stops_it() -> None:
+    """The slot keys of an overlap entry and its stored policy and count can be written by
+    anyone with the producer role: a key of another type costs one skipped period (it is dropped
+    at once), a count or policy no release wrote reads as 0 or ``allow``; the entry keeps firing."""
+    h = _harness("skip")
+    holds, waiting, waits, limit = h.store.slot_keys(KEY)
+    h.store.client.set(holds, "garbage")
+    h.store.client.zadd(waiting, {"no-wait-behind-it": 1})
+    h.store.client.set(limit, "-3")
+    h.fire_next("m")
+    h.fire_next("m")
+    assert len(_messages(h)) == 1 and _entry(h).skipped == 1  # the period that met the garbage
+    h.store.client.delete(waiting)
+    h.store.client.zadd(waiting, {"no-wait-behind-it": 1})
+    _worker(h, _messages(h)[0], "end")
+    h.fire_next("m")
+    assert len(_messages(h)) == 2  # a line entry with no wait is no item's place: dropped
+    assert h.store.client.zcard(waiting) == 0 and h.store.client.zcard(waits) == 0
+    item = h.store.get(item_id("m"))
+    assert item is not None
+    envelope = Envelope.decode(item.envelope)
+    state = dict(envelope.meta["periodic"])
+    state.update(skipped="many", overlap="sometimes")
+    forged = replace(envelope, meta={**envelope.meta, "periodic": state})
+    h.store.schedule(item_id("m"), from_ms(item.ready_ms), forged, mode="replace")
+    h.fire_next("m")
+    assert len(_messages(h)) == 3 and (_entry(h).skipped, _entry(h).overlap) == (0, "allow")
