@@ -75,6 +75,7 @@ CHECKS: dict[str, Check] = {
     "with build_forwarder(settings) as forwarder:": Check(skip=FOREVER + "build_forwarder: tests/test_assemble.py"),
     'store.debounce("doc-7"': Check(skip=FRAGMENT),
     'store.set_slot_limit("customer-42", 5)': Check(skip=FRAGMENT + "; tests/test_slots.py runs each call"),
+    '"options": {"delayq_overlap": "skip"}': Check(by="tests/test_readme.py::test_overlap_policies_snippet_runs"),
     # Spark
     "result = schedule_dataframe(": Check(skip="reads reminders.parquet, which the README does not make"),
     "delayq spark export --out scheduled.jsonl": Check(

@@ -144,6 +144,8 @@ def _runs(entry: dict[str, Any]) -> str:
     if entry.get("job"):
         job = entry["job"]
         what = job["description"] if job["description"] is not None else f"<job {job['id']} is gone>"
+        if job.get("overlap"):
+            what = f"[{job['overlap']}: {job['skipped']} skipped] {what}"
         return what if len(what) <= RUNS_WIDTH else what[: RUNS_WIDTH - 1] + "…"
     return str((entry["task"] or {}).get("task") or "")
 

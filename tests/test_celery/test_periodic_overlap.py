@@ -183,3 +183,8 @@ def test_garbage_in_the_entrys_slot_keys_or_its_counts_never_stops_it() -> None:
     h.store.schedule(item_id("m"), from_ms(item.ready_ms), forged, mode="replace")
     h.fire_next("m")
     assert len(_messages(h)) == 3 and (_entry(h).skipped, _entry(h).overlap) == (0, "allow")
+
+
+def test_a_misspelt_option_names_the_overlap_option_among_the_known_ones() -> None:
+    h = Harness(START, {"m": {"task": "t.m", "schedule": 60.0, "options": {"delayq_overlapp": "skip"}}})
+    assert "'delayq_overlap'" in h.sync().errors["m"]

@@ -7,20 +7,24 @@ they overlap (what the other two would do unchecked)."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 from rq import Worker
 
 from delayq_backends import DelayStore
+from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope, slot_of
 from delayq_backends.errors import ConfigError
 from delayq_backends.rq import Queue, Scheduler
 from delayq_backends.rq.periodic import InvalidScheduleError, due_between
 from tests.harness.rq import Processes, runs
 from tests.helpers import max_overlap, wait_for
+from tests.test_rq.conftest import SHARDS
 from tests.test_rq.jobs import hold
 
 HOLDS = {"skip": 5.0, "buffer_one": 5.0, "allow": 3.0}
@@ -107,3 +111,21 @@ def test_due_between_counts_the_periods_a_waiting_run_passed_over() -> None:
     hourly = {"cron_string": "0 * * * *", "cron_syntax": "cron"}
     start = datetime(2026, 1, 1, 0, 30, tzinfo=timezone.utc).timestamp()
     assert due_between(hourly, start, start + 3 * 3600) == 3
+
+
+def test_delayq_list_shows_a_jobs_policy_and_skipped_periods(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore, valkey_url: str, prefix: str
+) -> None:
+    scheduler = Scheduler(queue=queue, connection=conn, delay_store=rq_store)
+    job = scheduler.cron("0 3 * * *", hold, args=["n", 0], id="nightly", overlap="skip")
+    item = rq_store.get(job.id)
+    assert item is not None
+    envelope = Envelope.decode(item.envelope)  # as the forwarder leaves it after three skips
+    counted = {**envelope.meta, "schedule": {**envelope.meta["schedule"], "skipped": 3}}
+    rq_store.schedule(job.id, item.ready_ms / 1000, Envelope(envelope.target, envelope.destination, meta=counted))
+    env = {"DELAYQ_URL": valkey_url, "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": str(SHARDS)}
+    listed = CliRunner().invoke(main, ["list", "--json"], env=env)
+    assert listed.exit_code == 0, listed.output
+    [entry] = json.loads(listed.output)
+    assert (entry["job"]["overlap"], entry["job"]["skipped"]) == ("skip", 3)
+    assert "[skip: 3 skipped]" in CliRunner().invoke(main, ["list"], env=env).output
