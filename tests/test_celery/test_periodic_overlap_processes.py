@@ -80,6 +80,10 @@ def test_skip_and_buffer_one_never_overlap_and_count_what_they_skip(env: CeleryE
         have = lambda p: sum(1 for r in env.records() if r["tag"] == p)  # noqa: E731
         wait_for(lambda: all(have(p) >= n for p, n in want.items()), 30, lambda: f"runs {want}")
 
+        for policy in HOLDS:  # what was measured (shown with -s)
+            status = snap[f"hold-{policy}"]
+            seen, ran = _runs(env, policy, status)
+            print(f"{env.kind} {policy}: {len(seen)} periods, {len(ran)} runs, {status.skipped} skipped")
         periods, runs = _runs(env, "skip", snap["hold-skip"])
         spans = [(r["began_ms"], r["ended_ms"]) for r in runs]
         assert max_overlap(spans) == 1

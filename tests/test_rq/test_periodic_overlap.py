@@ -60,6 +60,8 @@ def test_skip_and_buffer_one_never_overlap_and_count_what_they_skip(
         lambda: f"two runs each: {[len(_spans(conn, queue, j)) for j in jobs.values()]}",
     )
     counted = {policy: int(_schedule(rq_store, job_id).get("skipped", 0)) for policy, job_id in jobs.items()}
+    for policy, job_id in jobs.items():  # what was measured (shown with -s)
+        print(f"rq {policy}: {len(_spans(conn, queue, job_id))} runs, {counted[policy]} skipped")
 
     spans = _spans(conn, queue, jobs["skip"])
     assert max_overlap(spans) == 1 and len(spans) >= 2, spans
