@@ -616,6 +616,10 @@ class RQTarget:
         finally:
             if batch.granted and lease is not None:
                 _give_back(lease, [j for j in batch.granted if j not in moved])
+        if self.on_skipped is not None:  # the periods passed over by runs that waited, once moved
+            for job_id in moved:
+                if batch.granted.get(job_id):
+                    self.on_skipped(job_id, batch.granted[job_id])
 
     def _transact(self, batch: _Batch, lease: Lease | None, report: PublishReport) -> list[str]:
         """The move's WATCHed transaction; the jobs moved."""

@@ -8,6 +8,7 @@ they overlap (what the other two would do unchecked)."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,6 +21,7 @@ from delayq_backends import DelayStore
 from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope, slot_of
 from delayq_backends.errors import ConfigError
+from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, Scheduler
 from delayq_backends.rq.periodic import InvalidScheduleError, due_between
 from tests.harness.rq import Processes, runs
@@ -131,3 +133,33 @@ def test_delayq_list_shows_a_jobs_policy_and_skipped_periods(
     [entry] = json.loads(listed.output)
     assert (entry["job"]["overlap"], entry["job"]["skipped"]) == ("skip", 3)
     assert "[skip: 3 skipped]" in CliRunner().invoke(main, ["list"], env=env).output
+
+
+def test_the_forwarder_skips_buffers_and_counts_in_process(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore, forwarder: Forwarder
+) -> None:
+    """One forwarder pass at a time (the worker's holds played by ``hold_slots``, as SlotWorker
+    names them: the job id): what each policy does with a period whose previous run holds the
+    slot, what it counts in the envelope and tells the metrics."""
+    target = forwarder.targets["rq"]
+    told: list[tuple[str, int]] = []
+    target.on_skipped = lambda job, n: told.append((job, n))
+    scheduler = Scheduler(queue=queue, connection=conn, delay_store=rq_store)
+    skip = scheduler.schedule(datetime.now(timezone.utc), hold, args=["s", 0], interval=2, overlap="skip")
+    buffer = scheduler.schedule(datetime.now(timezone.utc), hold, args=["b", 0], interval=2, overlap="buffer_one")
+    forwarder.run_once()
+    assert conn.llen(queue.key) == 2  # both free: moved
+    for job in (skip, buffer):
+        rq_store.hold_slots({f"periodic:{job.id}": [job.id]}, "start", hold_ms=60_000)  # their runs start
+        rq_store.reschedule(job.id, time.time() - 5)  # the next period, 5 s late
+    forwarder.run_once()
+    assert conn.llen(queue.key) == 2
+    assert _schedule(rq_store, skip.id)["skipped"] == 1 and told == [(skip.id, 1)]
+    item = rq_store.get(skip.id)
+    assert item is not None and item.ready_ms > time.time() * 1000  # its next period
+    assert rq_store.slot_status(f"periodic:{buffer.id}").waiting == 1  # waits, first in line
+    rq_store.hold_slots({f"periodic:{buffer.id}": [buffer.id]}, "end", hold_ms=0)  # its run ends
+    time.sleep(0.3)
+    forwarder.run_once()
+    assert conn.llen(queue.key) == 3  # moved as soon as free, and the periods it waited over counted
+    assert _schedule(rq_store, buffer.id)["skipped"] == 2 and told[-1] == (buffer.id, 2)
