@@ -5,6 +5,7 @@ forwarder and the worker name a run's slot alike. Real workers: ``test_periodic_
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import datetime, timezone
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import pytest
 from delayq_backends.celery.message import StoredMessage
 from delayq_backends.celery.periodic import item_id, statuses
 from delayq_backends.celery.slots import SLOT_HEADER, slot_of_request
+from delayq_backends.cli.inspect import show_periodic
 from delayq_backends.envelope import Envelope
 from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.overlap_policy import POLICIES
@@ -188,3 +190,15 @@ def test_garbage_in_the_entrys_slot_keys_or_its_counts_never_stops_it() -> None:
 def test_a_misspelt_option_names_the_overlap_option_among_the_known_ones() -> None:
     h = Harness(START, {"m": {"task": "t.m", "schedule": 60.0, "options": {"delayq_overlapp": "skip"}}})
     assert "'delayq_overlap'" in h.sync().errors["m"]
+
+
+def test_periodic_list_shows_the_skipped_periods_and_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    h = _harness("skip")
+    h.fire_next("m")
+    h.fire_next("m")  # skipped: the first run's slot is still held (started by no worker yet)
+    show_periodic(h.store, as_json=False)
+    table = capsys.readouterr().out
+    assert "skipped" in table and "1 (skip)" in table
+    show_periodic(h.store, as_json=True)
+    [entry] = json.loads(capsys.readouterr().out)
+    assert (entry["overlap"], entry["skipped"], entry["runs"]) == ("skip", 1, 1)
