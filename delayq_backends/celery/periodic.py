@@ -466,8 +466,8 @@ def _upsert(store: DelayStore, entry: PeriodicEntry, deadline: float) -> str:
                 f"store item {entry.item_id!r} is not a periodic entry ({exc}): it was scheduled by something "
                 f"else; `delayq cancel {entry.item_id}` and sync again"
             ) from exc
-        if old.fingerprint == entry.fingerprint:
-            return "unchanged"
+        if old.fingerprint == entry.fingerprint and old.overlap == entry.overlap:  # an older forwarder's
+            return "unchanged"  # rearm keeps the fingerprint but drops the policy: the sync restores it
         slot = old.slot if old.schedule == entry.schedule else entry.schedule.first_after(now)
         env = entry.envelope(entry.state(slot, old.last, old.runs, old.skipped))
         outcome = store.replace_if(

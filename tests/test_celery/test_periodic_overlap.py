@@ -202,3 +202,16 @@ def test_periodic_list_shows_the_skipped_periods_and_the_policy(capsys: pytest.C
     show_periodic(h.store, as_json=True)
     [entry] = json.loads(capsys.readouterr().out)
     assert (entry["overlap"], entry["skipped"], entry["runs"]) == ("skip", 1, 1)
+
+
+def test_a_sync_restores_a_policy_an_older_forwarder_dropped() -> None:
+    """An older release's rearm writes the state it knows: the fingerprint, not the policy."""
+    h = _harness("skip")
+    item = h.store.get(item_id("m"))
+    assert item is not None
+    envelope = Envelope.decode(item.envelope)
+    state = {k: v for k, v in envelope.meta["periodic"].items() if k not in ("overlap", "skipped")}
+    old = replace(envelope, meta={**envelope.meta, "periodic": state})
+    h.store.schedule(item_id("m"), from_ms(item.ready_ms), old, mode="replace")
+    assert _entry(h).overlap == "allow"
+    assert h.sync().changed == ["m"] and _entry(h).overlap == "skip"
