@@ -78,6 +78,9 @@ OTHER = "other"
 DEFAULT_MAX_QUEUE_LABELS = 100
 #: Likewise for target kinds (a forwarder has a handful).
 DEFAULT_MAX_TARGET_LABELS = 8
+#: Periodic entries labelled by name (operators define them; an entry name comes from store
+#: data, so past this many the rest count under :data:`OTHER`).
+MAX_ENTRY_LABELS = 500
 
 
 class _Bound:
@@ -249,8 +252,19 @@ class ForwarderMetrics:
             ("target",),
             registry=self.registry,
         )
+        self.periodic_skipped = Counter(
+            "delayq_periodic_skipped",
+            "Periods of a periodic entry skipped by its overlap policy (its previous run still running).",
+            ("entry",),
+            registry=self.registry,
+        )
+        self._entry = _Bound(None, MAX_ENTRY_LABELS)
         if store is not None:
             self.registry.register(StoreCollector(store))
+
+    def observe_periodic_skipped(self, entry: str, periods: int) -> None:
+        """``periods`` of periodic entry ``entry`` skipped by its overlap policy."""
+        self.periodic_skipped.labels(self._entry(entry)).inc(periods)
 
     def observe_pause(self, target: str, paused: bool) -> None:
         """A target paused by a configuration error (counted), or working again."""

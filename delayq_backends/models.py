@@ -289,8 +289,9 @@ class SlotGrant:
     Attributes:
         limit: the key's limit as applied (0: none).
         running: holds of the key after the call.
-        places: per asking item, in the order asked: -1 when granted, else its place in the
-            key's line of waiting items (0: next).
+        places: per asking item, in the order asked: -1 when granted, -2 when refused (a
+            periodic run's overlap modes), else its place in the key's line of waiting items
+            (0: next).
         reset: what was found out of place and dropped ("" when nothing).
     """
 

@@ -79,6 +79,7 @@ CHECKS: dict[str, Check] = {
     "batch.add(process.s(1))": Check(
         skip=FRAGMENT + "; tests/test_celery/test_batches.py and tests/test_rq/test_batches.py run each call"
     ),
+    '"options": {"delayq_overlap": "skip"}': Check(by="tests/test_readme.py::test_overlap_policies_snippet_runs"),
     # Spark
     "result = schedule_dataframe(": Check(skip="reads reminders.parquet, which the README does not make"),
     "delayq spark export --out scheduled.jsonl": Check(

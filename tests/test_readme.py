@@ -60,3 +60,33 @@ def test_core_api_runs(readme_store: str) -> None:
     store = scope["store"]
     assert isinstance(store, DelayStore)
     assert store.get("reminder-42") is None and store.get("r99999") is not None
+
+
+def test_overlap_policies_snippet_runs(readme_store: str) -> None:
+    """The Celery entry syncs with its policy; the RQ jobs are stored with theirs and their slot."""
+    from datetime import datetime, timezone
+
+    from celery import Celery
+
+    from delayq_backends.celery.periodic import statuses, sync
+    from delayq_backends.envelope import Envelope
+    from delayq_backends.rq import Scheduler
+
+    app = Celery("proj", broker="memory://", set_as_current=False)
+    scope: dict[str, object] = {
+        "app": app,
+        "Scheduler": Scheduler,
+        "Redis": lambda: redis.Redis.from_url(readme_store),
+        "datetime": datetime,
+        "timezone": timezone,
+    }
+    exec(compile(snippet('"options": {"delayq_overlap": "skip"}'), "README.md", "exec"), scope)
+    store = DelayStore.from_url(readme_store)
+    assert sync(app, store).added == ["nightly-report"]
+    assert [(s.name, s.overlap, s.skipped) for s in statuses(store)] == [("nightly-report", "skip", 0)]
+    policies = []
+    for job in scope["scheduler"].get_jobs():  # type: ignore[attr-defined]
+        item = store.get(job.id)
+        assert item is not None and job.meta["delayq_slot"] == {"key": f"periodic:{job.id}", "limit": 1}
+        policies.append(Envelope.decode(item.envelope).meta["schedule"]["overlap"])
+    assert sorted(policies) == ["buffer_one", "skip"]

@@ -14,6 +14,13 @@ ours. So any number of forwarders run active-active with no lock and no leader:
 - a kill between the publish and the rearm sends that period's run twice (at-least-once,
   like any item); both sends carry the same task id.
 
+An entry's ``options={"delayq_overlap": "skip"}`` (or ``"buffer_one"``; ``"allow"`` by default)
+keeps its runs from overlapping (:mod:`delayq_backends.overlap_policy`): each run carries the
+entry's concurrency slot (header ``delayq_slot``, key ``periodic:<name>``, limit 1, held by the
+worker while it runs under ``install(app)``), and a period whose previous run still holds it is
+skipped and counted (``skipped`` in the entry's state), or under ``buffer_one`` waits as a
+slotted task of its own (item id = the run's task id) while no other does.
+
 ``sync`` makes the store follow the config: new entries are added, changed ones replaced (a
 compare-and-set that waits while a forwarder is firing the entry), entries gone from the config
 removed. A registry hash (``<prefix>:{<prefix>}:periodic``, name → item id) lists the entries,
@@ -25,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from numbers import Real
@@ -34,11 +41,12 @@ from typing import Any
 from celery import Celery
 from kombu.utils.json import dumps as kombu_json_dumps
 
-from ..envelope import Envelope
+from ..envelope import Envelope, with_slot
 from ..errors import DelayqError, EnvelopeError, NewerFormatError
-from ..keys import normalize_id, periodic_key
+from ..keys import MAX_RANK, RANK_SPAN, normalize_id, periodic_key
 from ..models import CancelOutcome, DeliveryFailure, RearmOutcome
-from ..store import DelayStore
+from ..overlap_policy import ALLOW, POLICIES, Fire, OverlapAsk, check_policy, fire_runs, overlap_slot
+from ..store import DelayStore, slot_member
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport, Target
 from ..timeutil import Clock, from_ms
@@ -46,6 +54,7 @@ from .message import KIND as CELERY_KIND
 from .message import StoredMessage, TaskView, priority_rank
 from .schedules import Misfire, Plan, Schedule, Slot, from_celery, run_task_id, schedule_from_json
 from .settings import store_for
+from .slots import SLOT_HEADER
 from .template import Capture
 
 __all__ = [
@@ -76,6 +85,8 @@ ID_PREFIX = "periodic:"
 #: ``beat_schedule`` entry keys we read (``relative`` as Celery's ``schedule(relative=True)``)
 _ENTRY_KEYS = {"task", "schedule", "args", "kwargs", "options", "relative"}
 #: ``apply_async`` options a periodic entry cannot have: each run is sent when due, on its own
+#: the entry option naming its overlap policy (:mod:`delayq_backends.overlap_policy`)
+OVERLAP_OPTION = "delayq_overlap"
 _REFUSED_OPTIONS = {"countdown", "eta", "task_id", "link", "link_error", "chain", "chord", "group_id", "producer"}
 
 
@@ -120,9 +131,14 @@ class PeriodicState:
     expires: float | None = None  # seconds after each send, when the entry's ``expires`` is relative
     last: LastRun | None = None
     runs: int = 0
+    overlap: str = ALLOW
+    #: periods skipped by the overlap policy, so far
+    skipped: int = 0
 
     def to_json(self) -> dict[str, Any]:
+        extra = {} if self.overlap == ALLOW and not self.skipped else {"overlap": self.overlap, "skipped": self.skipped}
         return {
+            **extra,
             "name": self.name,
             "schedule": self.schedule.to_json(),
             "misfire": self.misfire.to_json(),
@@ -146,15 +162,28 @@ class PeriodicState:
             expires=None if data.get("expires") is None else float(data["expires"]),
             last=LastRun.from_json(data.get("last")),
             runs=int(data.get("runs", 0)),
+            overlap=_policy(data.get("overlap", ALLOW)),
+            skipped=_count(data.get("skipped", 0)),
         )
 
-    def fired(self, plan: Plan, now_ms: int) -> PeriodicState:
-        """The state after sending ``plan``'s runs: due at ``plan.next``."""
+    def fired(self, plan: Plan, now_ms: int, skipped: int = 0) -> PeriodicState:
+        """The state after sending ``plan``'s runs (``skipped`` more periods skipped by the
+        overlap policy): due at ``plan.next``."""
         last = self.last
         if plan.runs or plan.missed:
             latest = plan.runs[-1] if plan.runs else self.slot
             last = LastRun(latest.key, latest.at_ms, now_ms, plan.missed)
-        return replace(self, slot=plan.next, last=last, runs=self.runs + len(plan.runs))
+        return replace(self, slot=plan.next, last=last, runs=self.runs + len(plan.runs), skipped=self.skipped + skipped)
+
+
+def _policy(value: Any) -> str:
+    """A stored overlap policy; one no release wrote (a hand write) reads as ``allow``."""
+    return str(value) if value in POLICIES else ALLOW
+
+
+def _count(value: Any) -> int:
+    """A stored count; one that is none (a hand write) starts again from 0."""
+    return value if type(value) is int and value >= 0 else 0
 
 
 def _envelope(message: StoredMessage, state: PeriodicState) -> Envelope:
@@ -174,16 +203,20 @@ def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
 
 
 def _run_delivery(d: Delivery, message: StoredMessage, state: PeriodicState, slot: Slot, now: int) -> Delivery:
-    """The delivery of one period's run of entry item ``d``: id ``<item>#<task id>``."""
+    """The delivery of one period's run of entry item ``d``: id ``<item>#<task id>``; with an
+    overlap policy, its message carries the entry's concurrency slot for the worker to hold."""
     task_id = run_task_id(state.name, slot)
-    run = _run_message(message, task_id, state.expires, now)
+    headers = {} if state.overlap == ALLOW else {SLOT_HEADER: {"key": overlap_slot(state.name).key, "limit": 1}}
+    run = _run_message(message, task_id, state.expires, now, headers)
     return Delivery(f"{d.id}#{task_id}", run.to_envelope(), d.attempts, slot.at_ms)
 
 
-def _run_message(message: StoredMessage, task_id: str, expires: float | None, now_ms: int) -> StoredMessage:
+def _run_message(
+    message: StoredMessage, task_id: str, expires: float | None, now_ms: int, extra: Mapping[str, Any]
+) -> StoredMessage:
     """The message of one run: its own task id (and root id: a run starts its own workflow, as a
-    beat send does), and ``expires`` counted from this send."""
-    headers = {**message.headers, "id": task_id, "root_id": task_id}
+    beat send does), ``expires`` counted from this send, and ``extra`` headers."""
+    headers = {**message.headers, **extra, "id": task_id, "root_id": task_id}
     if expires is not None:
         headers["expires"] = (from_ms(now_ms) + timedelta(seconds=expires)).isoformat()
     return replace(message, headers=headers, properties={**message.properties, "correlation_id": task_id})
@@ -203,14 +236,25 @@ class PeriodicEntry:
     fingerprint: str
     rank: int
     expires: float | None
+    overlap: str = ALLOW
 
     @property
     def item_id(self) -> str:
         return item_id(self.name)
 
-    def state(self, slot: Slot, last: LastRun | None = None, runs: int = 0) -> PeriodicState:
+    def state(self, slot: Slot, last: LastRun | None = None, runs: int = 0, skipped: int = 0) -> PeriodicState:
         return PeriodicState(
-            self.name, self.schedule, self.misfire, self.fingerprint, slot, self.rank, self.expires, last, runs
+            self.name,
+            self.schedule,
+            self.misfire,
+            self.fingerprint,
+            slot,
+            self.rank,
+            self.expires,
+            last,
+            runs,
+            self.overlap,
+            skipped,
         )
 
     def envelope(self, state: PeriodicState) -> Envelope:
@@ -246,6 +290,7 @@ def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
         raise PeriodicError(f"entry {name!r}: unknown key(s) {unknown}; known are {sorted(_ENTRY_KEYS)}")
     item_id(name)  # a name with control characters cannot make an id
     options = dict(conf.get("options") or {})
+    overlap = check_policy(name, options.pop(OVERLAP_OPTION, ALLOW))
     misfire = Misfire.from_options(options)
     for key in Misfire.OPTIONS:
         options.pop(key, None)
@@ -262,9 +307,8 @@ def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
     message, expires = _message(app, str(conf["task"]), tuple(args), dict(kwargs), options)
     driver = str(app.connection_for_write().transport.driver_type)  # no connection is made
     rank = priority_rank(message.properties.get("priority"), driver)
-    return PeriodicEntry(
-        name, message, schedule, misfire, _fingerprint(message, schedule, misfire, expires, rank), rank, expires
-    )
+    fingerprint = _fingerprint(message, schedule, misfire, expires, rank, overlap)
+    return PeriodicEntry(name, message, schedule, misfire, fingerprint, rank, expires, overlap)
 
 
 def _message(
@@ -303,7 +347,9 @@ _VOLATILE_HEADERS = {"id", "origin", "root_id", "parent_id"}
 _VOLATILE_PROPERTIES = {"correlation_id", "reply_to"}
 
 
-def _fingerprint(message: StoredMessage, schedule: Schedule, misfire: Misfire, expires: float | None, rank: int) -> str:
+def _fingerprint(
+    message: StoredMessage, schedule: Schedule, misfire: Misfire, expires: float | None, rank: int, overlap: str
+) -> str:
     """A hash of everything that makes the entry's runs, so a sync can tell "unchanged"."""
     headers = {k: v for k, v in message.headers.items() if k not in _VOLATILE_HEADERS}
     if expires is not None:
@@ -321,6 +367,7 @@ def _fingerprint(message: StoredMessage, schedule: Schedule, misfire: Misfire, e
         "m": misfire.to_json(),
         "e": expires,
         "r": rank,
+        **({} if overlap == ALLOW else {"o": overlap}),  # an entry stored before overlap policies: unchanged
     }
     return hashlib.sha1(kombu_json_dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -419,10 +466,10 @@ def _upsert(store: DelayStore, entry: PeriodicEntry, deadline: float) -> str:
                 f"store item {entry.item_id!r} is not a periodic entry ({exc}): it was scheduled by something "
                 f"else; `delayq cancel {entry.item_id}` and sync again"
             ) from exc
-        if old.fingerprint == entry.fingerprint:
-            return "unchanged"
+        if old.fingerprint == entry.fingerprint and old.overlap == entry.overlap:  # an older forwarder's
+            return "unchanged"  # rearm keeps the fingerprint but drops the policy: the sync restores it
         slot = old.slot if old.schedule == entry.schedule else entry.schedule.first_after(now)
-        env = entry.envelope(entry.state(slot, old.last, old.runs))
+        env = entry.envelope(entry.state(slot, old.last, old.runs, old.skipped))
         outcome = store.replace_if(
             entry.item_id, item.envelope, from_ms(slot.at_ms), env, rank=entry.rank, now=store.clock()
         )
@@ -500,6 +547,8 @@ class PeriodicStatus:
     last_sent_ms: int | None = None
     last_missed: int = 0
     runs: int = 0
+    overlap: str = ALLOW
+    skipped: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -537,6 +586,8 @@ def statuses(store: DelayStore) -> list[PeriodicStatus]:
                 None if last is None else last.sent_ms,
                 0 if last is None else last.missed,
                 state.runs,
+                state.overlap,
+                state.skipped,
             )
         )
     return out
@@ -573,6 +624,47 @@ def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
     return min(lease_ms, max(MIN_ENTRY_LEASE_MS, period // 2))
 
 
+@dataclass
+class _Firing:
+    """One entry being fired: its item, message, state and plan, the run deliveries to publish,
+    the periods its overlap policy skipped, and whether it took its slot for them."""
+
+    d: Delivery
+    message: StoredMessage
+    state: PeriodicState
+    plan: Plan
+    runs: list[Delivery]
+    skipped: int = 0
+    taken: bool = False
+
+
+def _task_id(run: Delivery) -> str:
+    """The task id of a run delivery (``<item>#<task id>``)."""
+    return run.id.rpartition("#")[2]
+
+
+def _member(run: Delivery) -> str:
+    """A run's member in its entry's slot: as the worker names it (task id, retries 0)."""
+    return slot_member(_task_id(run), 0)
+
+
+def _order(state: PeriodicState, run: Delivery) -> int:
+    """A run's order in its slot's line, as the forwarder's slot hook orders slotted items."""
+    return (MAX_RANK - state.rank) * RANK_SPAN + run.ready_ms
+
+
+def _give_back_slot(store: DelayStore | None, f: _Firing) -> None:
+    """The slot taken for a run that was not published goes back (else it is held until its
+    start hold lapses, and the periods meanwhile are skipped)."""
+    if not f.taken or store is None:
+        return
+    key = overlap_slot(f.state.name).key
+    try:
+        store.hold_slots({key: [_member(f.runs[0])]}, "end", hold_ms=0)
+    except Exception as exc:  # its hold lapses by itself
+        log.warning("periodic entry %r: could not give back its slot (%s)", f.state.name, exc)
+
+
 class PeriodicTarget:
     """Fires ``celery-periodic`` items: publishes each due period's run through ``inner`` (the
     forwarder's Celery target), then acks the item and schedules its next period in one step
@@ -581,15 +673,24 @@ class PeriodicTarget:
     Args:
         inner: the target of kind ``celery`` that publishes the runs.
         clock: "now" in ms for the misfire policy; by default the store's clock (the server's).
+        on_skipped: called with (entry name, periods) for periods skipped by an overlap policy.
     """
 
     kind = KIND
 
-    def __init__(self, inner: Target, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        inner: Target,
+        *,
+        clock: Clock | None = None,
+        on_skipped: Callable[[str, int], None] | None = None,
+    ) -> None:
         if inner.kind != CELERY_KIND:
             raise ValueError(f"PeriodicTarget publishes through a {CELERY_KIND!r} target, not {inner.kind!r}")
         self.inner = inner
         self.clock = clock
+        #: told (entry name, periods) of the periods an overlap policy skipped: the metrics' counter
+        self.on_skipped = on_skipped
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Without a lease the next run could not be scheduled safely: nothing is sent."""
@@ -599,8 +700,7 @@ class PeriodicTarget:
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()
         now = self.clock() if self.clock is not None else lease.now_ms()
-        fired: list[tuple[Delivery, StoredMessage, PeriodicState, Plan, list[str]]] = []
-        runs: list[Delivery] = []
+        fired: list[_Firing] = []
         shorter: dict[int, list[str]] = {}
         for d in deliveries:
             try:  # one entry that cannot be decoded, planned or encoded fails alone
@@ -612,35 +712,80 @@ class PeriodicTarget:
                 why = f"cannot fire this periodic entry: {type(exc).__name__}: {exc}"
                 report.failed.append(DeliveryFailure(d.id, why, permanent=True))
                 continue
-            runs += mine
-            fired.append((d, message, state, plan, [run.id for run in mine]))
+            fired.append(_Firing(d, message, state, plan, mine))
             if fit < lease.store.config.lease_ms:
                 shorter.setdefault(fit, []).append(d.id)
         for fit, ids in shorter.items():  # before the publish: a kill from here on costs one short lease
             lease.extend(ids, lease_ms=fit)
+        store = lease.store if isinstance(lease.store, DelayStore) else None
+        fired = self._overlap(fired, store, report)
+        runs = [run for f in fired for run in f.runs]
         sent = self.inner.publish_many(runs) if runs else PublishReport()
         report.broker_error = sent.broker_error
         published, unsent = set(sent.published), set(sent.unsent)
         failed = {f.id: f for f in sent.failed}
-        for d, message, state, plan, ids in fired:
+        for f in fired:
+            ids = [run.id for run in f.runs]
             if all(i in published for i in ids):
-                self._rearm(lease, d, message, state, plan, now)
-                report.published.append(d.id)
-                report.acked.append(d.id)
-            elif any(i in unsent for i in ids):  # given back: its runs go again, all of them
-                report.unsent.append(d.id)
+                self._rearm(lease, f, now)
+                report.published.append(f.d.id)
+                report.acked.append(f.d.id)
+                continue
+            _give_back_slot(store, f)
+            if any(i in unsent for i in ids):  # given back: its runs go again, all of them
+                report.unsent.append(f.d.id)
             else:
                 # the broker refused a run: the entry waits (no attempt counted), never a dead letter
-                errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(d.id, "not published")]
+                errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(f.d.id, "not published")]
                 error, permanent = "; ".join(e.error for e in errors), all(e.permanent for e in errors)
-                report.failed.append(DeliveryFailure(d.id, error, permanent=permanent, waits=not permanent))
+                report.failed.append(DeliveryFailure(f.d.id, error, permanent=permanent, waits=not permanent))
         return report
 
-    @staticmethod
-    def _rearm(lease: Lease, d: Delivery, message: StoredMessage, state: PeriodicState, plan: Plan, now: int) -> None:
-        following = state.fired(plan, now)
+    def _overlap(self, fired: list[_Firing], store: DelayStore | None, report: PublishReport) -> list[_Firing]:
+        """Apply the overlap policies: an entry with one fires only its latest due period (the
+        earlier ones would overlap it: skipped), which runs if its slot is free, waits in the
+        slot's line (buffer_one: scheduled as a slotted task, due now) or is skipped. An entry
+        whose slot cannot be asked waits, as when its broker refuses (the limit is what the
+        policy protects)."""
+        asks: dict[str, OverlapAsk] = {}
+        for f in fired:
+            if f.state.overlap != ALLOW and f.runs:
+                f.skipped, f.runs = len(f.runs) - 1, f.runs[-1:]
+                f.plan = replace(f.plan, runs=f.plan.runs[-1:])
+                asks[f.state.name] = OverlapAsk(f.state.overlap, _member(f.runs[0]), _order(f.state, f.runs[0]))
+        if not asks:
+            return fired
+        if store is None:  # a forwarder role's store alone (no slots): the limit is what counts
+            outcomes: Mapping[str, Fire | Exception] = {n: DelayqError("no slot role on this store") for n in asks}
+        else:
+            outcomes = fire_runs(store, asks)
+        kept: list[_Firing] = []
+        for f in fired:
+            outcome = outcomes.get(f.state.name, Fire.RUN)
+            try:
+                if isinstance(outcome, Exception):
+                    raise outcome
+                if outcome is Fire.WAIT and store is not None:  # its own item from now on: in the line
+                    run = f.runs[0]
+                    envelope = with_slot(run.envelope, overlap_slot(f.state.name), f.state.rank)
+                    store.schedule(_task_id(run), from_ms(run.ready_ms), envelope, mode="keep", rank=f.state.rank)
+                    f.runs = []
+                elif outcome is Fire.SKIP:
+                    f.skipped += 1
+                    f.runs, f.plan = [], replace(f.plan, runs=[])
+            except Exception as exc:
+                why = f"its overlap policy could not be applied ({type(exc).__name__}: {exc})"
+                report.failed.append(DeliveryFailure(f.d.id, why, waits=True))
+                continue
+            f.taken = outcome is Fire.RUN and f.state.name in asks
+            kept.append(f)
+        return kept
+
+    def _rearm(self, lease: Lease, f: _Firing, now: int) -> None:
+        state, plan = f.state, f.plan
+        following = state.fired(plan, now, f.skipped)
         try:
-            outcome = lease.rearm(d.id, from_ms(plan.next.at_ms), _envelope(message, following), rank=state.rank)
+            outcome = lease.rearm(f.d.id, from_ms(plan.next.at_ms), _envelope(f.message, following), rank=state.rank)
         except Exception as exc:  # the run went out; the item stays leased and fires again later
             log.error(
                 "periodic entry %r: sent, but its next run could not be scheduled (%s: %s); it is fired again "
@@ -654,15 +799,21 @@ class PeriodicTarget:
             log.warning("periodic entry %r: our lease ran out while firing it; another forwarder has it", state.name)
         elif outcome is RearmOutcome.NOT_FOUND:
             log.info("periodic entry %r was removed while being fired", state.name)
-        elif plan.missed:
-            log.warning(
-                "periodic entry %r: %d period(s) missed (%s), %d run(s) sent; next %s",
-                state.name,
-                plan.missed,
-                state.misfire.policy,
-                len(plan.runs),
-                datetime.fromtimestamp(plan.next.at_ms / 1000, tz=timezone.utc).isoformat(),
-            )
+        else:
+            if f.skipped:
+                log.info("periodic entry %r: %d period(s) skipped, its last run still running (overlap %s)",
+                         state.name, f.skipped, state.overlap)  # fmt: skip
+                if self.on_skipped is not None:
+                    self.on_skipped(state.name, f.skipped)
+            if plan.missed:
+                log.warning(
+                    "periodic entry %r: %d period(s) missed (%s), %d run(s) sent; next %s",
+                    state.name,
+                    plan.missed,
+                    state.misfire.policy,
+                    len(plan.runs),
+                    datetime.fromtimestamp(plan.next.at_ms / 1000, tz=timezone.utc).isoformat(),
+                )
 
     def queue_depth(self, queue: str) -> int:
         """The inner target's depth probe (flow control), when it has one."""

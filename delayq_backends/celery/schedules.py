@@ -352,8 +352,9 @@ class Misfire:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Misfire:
         unknown = sorted(k for k in options if isinstance(k, str) and k.startswith("delayq_") and k not in cls.OPTIONS)
-        if unknown:
-            raise ConfigError(f"unknown option(s) {unknown}: the periodic options are {list(cls.OPTIONS)}")
+        if unknown:  # delayq_overlap is read (and taken out) before, by the entry
+            known = [*cls.OPTIONS, "delayq_overlap"]
+            raise ConfigError(f"unknown option(s) {unknown}: the periodic options are {known}")
         policy = options.get("delayq_misfire", DEFAULT_POLICY)
         if policy not in POLICIES:
             raise ConfigError(f"delayq_misfire={policy!r}: use one of {list(POLICIES)}")

@@ -13,7 +13,10 @@ it ran. A slot's member is the task id and its ``retries``, as the forwarder nam
 lasts ``delayq_slot_hold`` seconds (60) after the start or the last heartbeat: what a worker
 killed mid-task costs.
 
-Not covered yet: periodic entries synced into the store (their task id is not the item's id).
+A periodic entry with an overlap policy (``options={"delayq_overlap": "skip"}``, see
+:mod:`delayq_backends.overlap_policy`) gets the header on each run's message: the forwarder takes
+the entry's slot for the run's task id (its ``retries`` 0), the name the worker holds it by, so
+the two agree though the run's task id is not the entry's item id.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ PERIODIC_COLUMNS = [
     Column("sent"),
     Column("next run"),
     Column("runs", "right"),
+    Column("skipped", "right"),
     Column("state"),
 ]
 
@@ -51,10 +52,15 @@ def show_periodic(store: DelayStore, as_json: bool) -> None:
         return
     rows = [
         [e.name, e.task, e.schedule, e.misfire, iso(e.last_run_ms), iso(e.last_sent_ms), iso(e.next_run_ms), e.runs,
-         e.state + (f", {e.last_missed} missed" if e.last_missed else "")]
+         _skipped(e), e.state + (f", {e.last_missed} missed" if e.last_missed else "")]
         for e in entries
     ]  # fmt: skip
     print_table(f"periodic entries of {store.config.prefix!r} (times UTC)", PERIODIC_COLUMNS, rows)
+
+
+def _skipped(entry: Any) -> str:
+    """Periods an entry's overlap policy skipped, and the policy ("" for entries without one)."""
+    return f"{entry.skipped} ({entry.overlap})" if entry.overlap != "allow" or entry.skipped else ""
 
 
 @click.group()
@@ -138,6 +144,8 @@ def _runs(entry: dict[str, Any]) -> str:
     if entry.get("job"):
         job = entry["job"]
         what = job["description"] if job["description"] is not None else f"<job {job['id']} is gone>"
+        if job.get("overlap"):
+            what = f"[{job['overlap']}: {job['skipped']} skipped] {what}"
         return what if len(what) <= RUNS_WIDTH else what[: RUNS_WIDTH - 1] + "…"
     return str((entry["task"] or {}).get("task") or "")
 

@@ -37,6 +37,7 @@ __all__ = [
     "STANDARD_CRON",
     "InvalidScheduleError",
     "advance",
+    "due_between",
     "check_cron",
     "check_interval",
     "next_cron_time",
@@ -180,3 +181,28 @@ def advance(meta: MutableMapping[str, Any], *, now: float) -> float | None:
         use_local_timezone=bool(meta.get("use_local_timezone")),
         syntax=str(meta.get(SYNTAX_KEY, STANDARD_CRON)),
     )
+
+
+#: At most this many periods are counted by :func:`due_between` (a cron schedule is walked).
+MAX_COUNTED = 10_000
+
+
+def due_between(schedule: MutableMapping[str, Any], start: float, end: float) -> int:
+    """How many periods of ``schedule`` (rq-scheduler's keys) fall due after ``start`` and up
+    to ``end`` (epoch seconds), at most :data:`MAX_COUNTED`: the periods a periodic job's run
+    waiting for its slot passed over (``buffer_one``)."""
+    interval, cron_string = schedule.get("interval"), schedule.get("cron_string")
+    if end <= start:
+        return 0
+    if interval:
+        return min(MAX_COUNTED, int((end - start) // float(interval)))
+    if not cron_string:
+        return 0
+    count, at = 0, start
+    local, syntax = bool(schedule.get("use_local_timezone")), str(schedule.get(SYNTAX_KEY, STANDARD_CRON))
+    while count < MAX_COUNTED:
+        following = next_cron_time(str(cron_string), at, use_local_timezone=local, syntax=syntax)
+        if following is None or following > end:
+            return count
+        count, at = count + 1, following
+    return count

@@ -26,6 +26,7 @@ from ..connection import on_store_server
 from ..envelope import Envelope
 from ..errors import DelayqError, EnvelopeError, InvalidTimeError
 from ..models import CancelOutcome, ScheduledItem
+from ..overlap_policy import ALLOW, check_policy, overlap_slot
 from ..store import DelayStore
 from ..timeutil import to_ms
 from .periodic import (
@@ -38,9 +39,9 @@ from .periodic import (
     check_syntax,
     next_cron_time,
 )
-from .queue import SLOT_OPTION, UsesDelayStore, slot_meta, with_job_slot
+from .queue import SLOT_META, SLOT_OPTION, UsesDelayStore, slot_meta, with_job_slot
 from .registry import forget_scheduled
-from .target import KIND, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
+from .target import KIND, OVERLAP_FIELD, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
 
 __all__ = ["JobNotScheduledError", "NoSchedulerProcessError", "Scheduler"]
 
@@ -105,6 +106,13 @@ def _wall_clock() -> float:
     """``time.time()`` looked up at each call: a default bound at import would miss freezegun,
     which patches ``time.time`` while a test runs."""
     return time.time()
+
+
+def _named(func: Any) -> str:
+    """A job's name for an error before it has an id: its function's dotted path."""
+    return (
+        func if isinstance(func, str) else f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}"
+    )
 
 
 def _resolve(value: str | type | None, default: type) -> type:
@@ -214,15 +222,24 @@ class Scheduler(UsesDelayStore):
         on_success: Any = None,
         on_failure: Any = None,
         at_front: bool | None = None,
+        *,
+        overlap: str = ALLOW,
     ) -> Job:
         """Run ``func`` at ``scheduled_time``, then every ``interval`` seconds, ``repeat`` runs in
         all (None: forever). A periodic job keeps its result (``result_ttl=-1``) unless told
-        otherwise, because its hash must outlive the interval to run again."""
+        otherwise, because its hash must outlive the interval to run again.
+
+        ``overlap`` (``"allow"``, ``"skip"``, ``"buffer_one"``): what a period does while the
+        previous run still runs (see :mod:`delayq_backends.overlap_policy`; run the workers as
+        ``SlotWorker``)."""
         ready = utc_ms(scheduled_time)
         if repeat is not None and interval is None:
             raise InvalidScheduleError("Can't repeat a job without interval argument: pass interval=<seconds>")
         if interval is not None:
             check_interval(interval)
+        policy = check_policy(id or _named(func), overlap)
+        if policy != ALLOW and interval is None:
+            raise InvalidScheduleError(f"overlap={policy!r} is for periodic jobs: pass interval=<seconds> too")
         if interval is not None and result_ttl is None:
             result_ttl = -1
         job = self._create_job(
@@ -234,7 +251,7 @@ class Scheduler(UsesDelayStore):
             job.meta["interval"] = interval
         if repeat is not None:
             job.meta["repeat"] = int(repeat)
-        return self._schedule(job, ready, at_front=bool(at_front))
+        return self._schedule(job, ready, at_front=bool(at_front), overlap=policy)
 
     def cron(
         self,
@@ -256,15 +273,19 @@ class Scheduler(UsesDelayStore):
         on_failure: Any = None,
         at_front: bool = False,
         cron_syntax: str | None = None,
+        *,
+        overlap: str = ALLOW,
     ) -> Job:
         """Run ``func`` whenever ``cron_string`` matches, ``repeat`` runs in all (None: forever).
 
         ``cron_syntax`` (default: the Scheduler's, ``"rq-scheduler"``) says how the string reads:
         as rq-scheduler 0.14 reads it (host-local time; a 6th field is a year), or as standard
         cron (``"cron"``: UTC, or the local zone with its DST rules with ``use_local_timezone``).
+        ``overlap``: as for :meth:`schedule`.
         """
         syntax = check_syntax(cron_syntax or self.cron_syntax)
         check_cron(cron_string, syntax)
+        policy = check_policy(id or _named(func), overlap)
         first = next_cron_time(cron_string, self.clock(), use_local_timezone=use_local_timezone, syntax=syntax)
         if first is None:
             raise InvalidScheduleError(
@@ -281,7 +302,7 @@ class Scheduler(UsesDelayStore):
         job.meta["use_local_timezone"] = use_local_timezone
         if repeat is not None:
             job.meta["repeat"] = int(repeat)
-        return self._schedule(job, ready, at_front=at_front, syntax=syntax)
+        return self._schedule(job, ready, at_front=at_front, syntax=syntax, overlap=policy)
 
     def _create_job(self, func: Any, *, queue_name: str | None = None, **options: Any) -> Job:
         options["args"] = options.get("args") or ()
@@ -292,11 +313,15 @@ class Scheduler(UsesDelayStore):
             job.meta["queue_class_name"] = self.queue_class_name
         return job
 
-    def _schedule(self, job: Job, ready_ms: int, *, at_front: bool, syntax: str | None = None) -> Job:
+    def _schedule(
+        self, job: Job, ready_ms: int, *, at_front: bool, syntax: str | None = None, overlap: str = ALLOW
+    ) -> Job:
         """Save the job hash and schedule its id; one transaction when the store shares RQ's Redis.
 
         The hash is written first otherwise: an id due at once must not reach a forwarder
-        before its job exists.
+        before its job exists. With an overlap policy, the job's meta names its slot (the worker
+        holds it while a run runs) and its envelope the policy (the forwarder asks the slot);
+        the envelope carries no slot of its own, as each run asks at fire time.
         """
         if at_front:
             job.enqueue_at_front = True
@@ -304,6 +329,9 @@ class Scheduler(UsesDelayStore):
         schedule = schedule_of(job.meta)
         if syntax is not None:
             schedule[SYNTAX_KEY] = syntax
+        if overlap != ALLOW:
+            job.meta[SLOT_META] = {"key": overlap_slot(job.id).key, "limit": 1}
+            schedule[OVERLAP_FIELD] = overlap
         envelope = job_envelope(
             job.origin, queue_class=self.queue_class, job_class=self.job_class, scheduler=True, schedule=schedule,
         )  # fmt: skip

@@ -46,14 +46,18 @@ from rq.utils import import_attribute, utcformat
 
 from ..envelope import Envelope
 from ..errors import DelayqError
+from ..forwarder.slots import RECHECK_MS
+from ..keys import MAX_RANK, RANK_SPAN
 from ..models import DeliveryFailure
 from ..outages import gives_back
+from ..overlap_policy import ALLOW, BUFFER_ONE, SKIP, Fire, OverlapAsk, fire_runs, overlap_slot
 from ..scripts import RqEnqueue, RqFields, RqMove, RqMoved, ScriptRunner
 from ..scripts.store import Ack
+from ..store import DelayStore
 from ..store.lease import Lease
 from ..targets import Buried, Delivery, PublishReport
 from .failed import MARK, DeadJob, failed_key, record_failed
-from .periodic import advance
+from .periodic import advance, due_between
 from .registry import forget_scheduled, registry_key
 
 __all__ = [
@@ -62,6 +66,8 @@ __all__ = [
     "DEFAULT_ALLOWED_CLASSES",
     "JOB_KEY",
     "KIND",
+    "OVERLAP_FIELD",
+    "SKIPPED_FIELD",
     "ClassAllowlist",
     "ClassImportError",
     "ClassNotAllowedError",
@@ -91,6 +97,10 @@ SCHEDULER_FLAG = "scheduler"
 #: (``interval``, ``repeat``, ``cron_string``, ``use_local_timezone``), ``{}`` for a one-off run.
 #: The forwarder counts ``repeat`` down here, in JSON, because it never reads ``job.meta``.
 SCHEDULE_KEY = "schedule"
+#: Schedule keys of a periodic job's overlap policy (:mod:`delayq_backends.overlap_policy`) and
+#: of the periods it skipped so far (counted here, as ``repeat`` is).
+OVERLAP_FIELD = "overlap"
+SKIPPED_FIELD = "skipped"
 _SCHEDULE_FIELDS = ("interval", "repeat", "cron_string", "use_local_timezone")
 #: The command that puts the schedule of a 0.1 Scheduler job (in its pickled ``job.meta``) into
 #: its envelope, on the operator's side: named by the forwarder's dead-letter reason.
@@ -405,6 +415,9 @@ class _Batch:
     skipped: list[str] = field(default_factory=list)
     broken: list[tuple[str, str]] = field(default_factory=list)
     following: dict[str, tuple[float, Envelope]] = field(default_factory=dict)
+    #: jobs whose overlap policy took their slot for this run, and the periods each passed over
+    #: while it waited for it (``buffer_one``)
+    granted: dict[str, int] = field(default_factory=dict)
     #: each job's hash key, made once per batch (a move reads and writes each several times)
     job_keys: dict[str, str] = field(init=False)
 
@@ -453,6 +466,8 @@ class RQTarget:
         self.max_watch_retries = max_watch_retries
         self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
         self.scripts = ScriptRunner(connection)
+        #: told (job id, periods) of the periods an overlap policy skipped: the metrics' counter
+        self.on_skipped: Callable[[str, int], None] | None = None
         #: the allowlist refusals already logged (one warning each)
         self._warned: set[str] = set()
 
@@ -591,6 +606,23 @@ class RQTarget:
 
     def _move(self, batch: _Batch, lease: Lease | None, report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""
+        if lease is not None:
+            batch = self._overlap(batch, lease, report)
+            if not batch.deliveries:
+                return
+        moved: list[str] = []
+        try:
+            moved = self._transact(batch, lease, report)
+        finally:
+            if batch.granted and lease is not None:
+                _give_back(lease, [j for j in batch.granted if j not in moved])
+        if self.on_skipped is not None:  # the periods passed over by runs that waited, once moved
+            for job_id in moved:
+                if batch.granted.get(job_id):
+                    self.on_skipped(job_id, batch.granted[job_id])
+
+    def _transact(self, batch: _Batch, lease: Lease | None, report: PublishReport) -> list[str]:
+        """The move's WATCHed transaction; the jobs moved."""
         shared = lease if lease is not None and lease.shares_server(self.connection) else None
         job_keys = list(batch.job_keys.values())
         with self.connection.pipeline() as pipe:
@@ -613,7 +645,7 @@ class RQTarget:
                     )
                     for i in batch.ids
                 ]
-                return
+                return []
         moved = list(batch.jobs)
         if shared is None:
             self._rearm(batch, moved, None, lease)
@@ -621,6 +653,55 @@ class RQTarget:
         report.failed += [DeliveryFailure(batch.deliveries[i].id, error, permanent=True) for i, error in batch.broken]
         if shared is not None:
             report.acked += batch.items(batch.skipped + moved)
+        return moved
+
+    def _overlap(self, batch: _Batch, lease: Lease, report: PublishReport) -> _Batch:
+        """Apply the overlap policies of periodic jobs (one slot call per job, before the move):
+        a run whose previous one holds the job's slot is skipped (its next period scheduled, the
+        skip counted in its envelope) or, under ``buffer_one``, waits in the slot's line (the
+        item asks again soon, neither moved nor re-armed: the periods meanwhile are passed over
+        and counted when it moves). The batch of the jobs that move."""
+        asks: dict[str, OverlapAsk] = {}
+        for job_id, d in batch.deliveries.items():
+            policy = _policy(d)
+            if policy != ALLOW:
+                asks[job_id] = OverlapAsk(policy, job_id, MAX_RANK * RANK_SPAN + d.ready_ms)
+        if not asks:
+            return batch
+        store = lease.store if isinstance(lease.store, DelayStore) else None
+        outcomes = fire_runs(store, asks) if store is not None else {}
+        now = self.clock()
+        moving: dict[str, Delivery] = {}
+        for job_id, d in batch.deliveries.items():
+            outcome = outcomes.get(job_id, Fire.RUN)
+            if isinstance(outcome, Exception) or (job_id in asks and store is None):
+                why = f"its overlap policy could not be applied ({outcome if store else 'no slot role on this store'})"
+                report.failed.append(DeliveryFailure(d.id, why, waits=True))
+            elif outcome is Fire.WAIT:
+                report.later.append((d.id, int(now * 1000) + RECHECK_MS))
+            elif outcome is Fire.SKIP:
+                self._skip(d, lease, now)
+                report.published.append(d.id)
+            else:
+                if job_id in asks:
+                    batch.granted[job_id] = _passed_over(d, now)
+                moving[job_id] = d
+        left = _Batch(batch.keys, moving)
+        left.granted = batch.granted
+        return left
+
+    def _skip(self, d: Delivery, lease: Lease, now: float) -> None:
+        """Schedule the period after a skipped one, the skip counted (not a run: ``repeat`` is
+        not counted down)."""
+        schedule = _schedule_of(d)
+        skipped = _skipped(schedule) + 1
+        following = advance({k: v for k, v in schedule.items() if k != "repeat"}, now=max(now, d.ready_ms / 1000))
+        if self.on_skipped is not None:
+            self.on_skipped(job_id_of(d), 1)
+        log.info("periodic job %s: period skipped, its last run still running (skipped %d so far)", d.id, skipped)
+        if following is not None:
+            meta = {**d.envelope.meta, SCHEDULE_KEY: {**schedule, SKIPPED_FIELD: skipped}}
+            lease.schedule(d.id, following, Envelope(KIND, d.envelope.destination, meta=meta))
 
     def _read(self, batch: _Batch, pipe: Any, shared: Lease | None) -> None:
         """After WATCH: which items are still ours, their jobs' fields, whether a Scheduler job's
@@ -717,6 +798,9 @@ class RQTarget:
     def _plan_next(self, batch: _Batch, job_id: str, schedule: dict[str, Any]) -> None:
         """The next run of a periodic or cron job, with its schedule counted down in the envelope."""
         delivery = batch.deliveries[job_id]
+        waited = batch.granted.get(job_id, 0)
+        if waited:
+            schedule[SKIPPED_FIELD] = _skipped(schedule) + waited
         following = advance(schedule, now=max(self.clock(), delivery.ready_ms / 1000))
         if following is not None:
             meta = {**delivery.envelope.meta, SCHEDULE_KEY: schedule}
@@ -873,6 +957,45 @@ class RQTarget:
                 log.warning("periodic job %s moved without a lease: its next run is not scheduled", job_id)
             else:
                 lease.schedule(job_id, following, envelope, rank=rank, pipeline=pipe)
+
+
+def _give_back(lease: Lease, job_ids: Sequence[str]) -> None:
+    """The slots taken for runs that did not move go back (else held for their start hold, and
+    the periods meanwhile skipped)."""
+    if not job_ids or not isinstance(lease.store, DelayStore):
+        return
+    try:
+        lease.store.hold_slots({overlap_slot(j).key: [j] for j in job_ids}, "end", hold_ms=0)
+    except Exception as exc:  # the holds lapse by themselves
+        log.warning("periodic jobs %s: could not give back their slots (%s)", job_ids, exc)
+
+
+def _passed_over(delivery: Delivery, now: float) -> int:
+    """The periods of a periodic job that fell due while its run waited (0 if its schedule
+    cannot be read: the move reports that)."""
+    try:
+        return due_between(_schedule_of(delivery), delivery.ready_ms / 1000, now)
+    except (ValueError, TypeError, OverflowError):
+        return 0
+
+
+def _skipped(schedule: Mapping[str, Any]) -> int:
+    """The periods a job's overlap policy skipped so far; a count that is none (a hand write)
+    starts again from 0."""
+    value = schedule.get(SKIPPED_FIELD)
+    return value if type(value) is int and value >= 0 else 0
+
+
+def _schedule_of(delivery: Delivery) -> dict[str, Any]:
+    """A Scheduler job's schedule from its envelope (``{}`` when it has none)."""
+    schedule = delivery.envelope.meta.get(SCHEDULE_KEY)
+    return dict(schedule) if isinstance(schedule, dict) else {}
+
+
+def _policy(delivery: Delivery) -> str:
+    """A periodic job's overlap policy (``allow`` for any other item, or a value no release wrote)."""
+    policy = _schedule_of(delivery).get(OVERLAP_FIELD, ALLOW)
+    return policy if policy in (SKIP, BUFFER_ONE) and _periodic(delivery) else ALLOW
 
 
 def _periodic(delivery: Delivery) -> bool:

@@ -12,11 +12,16 @@ Input:
   ARGV[5] "take"; "join": the items only take their places in the line (a forwarder's pass
           puts all its claims' items in line before it takes slots for any, so the slots go in
           the key's order across shards); "leave": they give up their places (not to be
-          published: found started by lossless mode, or failed)
+          published: found started by lossless mode, or failed); "skip" and "buffer": a
+          periodic entry's run at fire time (overlap policies, see delayq_backends/overlap.py):
+          granted only while the key is under its limit and no other item waits, its own hold
+          counting as taken (an RQ job's runs share one member); else "buffer" joins the line
+          when it is empty (or keeps its place: at most one waits), and the rest are refused
   ARGV[6..] member, order: the asking items
 Output: {limit (0: none), holds after the call, reset, places}: places per asking item -1
-(granted: its hold is taken) or its place in the line (0: next), as an array of its own (a
-batch's items can pass Lua's unpack limit). reset: "" or what was found out of place and
+(granted: its hold is taken), -2 (refused: "skip"/"buffer", the period is skipped) or its
+place in the line (0: next), as an array of its own (a batch's items can pass Lua's unpack
+limit). reset: "" or what was found out of place and
 dropped, for the caller to log.
 A free slot goes to the head of the line, asking or not: an item that waits keeps its place
 while it is deferred, so the items of a key go in their order. Lapsed holds (a worker that
@@ -44,8 +49,9 @@ for i = 1, 4 do
     reset[#reset + 1] = KEYS[i] .. ' type=' .. kind
   end
 end
-if #reset > 0 then  -- gone in a ms: the items ask again after a short wait
-  for i = 1, n do places[i] = 0 end
+local overlap = ARGV[5] == 'skip' or ARGV[5] == 'buffer'
+if #reset > 0 then  -- gone in a ms: the items ask again after a short wait (a period: skipped)
+  for i = 1, n do places[i] = overlap and -2 or 0 end
   return {0, 0, table.concat(reset, ' '), places}
 end
 if ARGV[5] == 'leave' then
@@ -76,6 +82,33 @@ local function grant(m)
   rcall('ZADD', holds, ms(now + hold_ms), m)
   rcall('ZREM', waiting, m)
   rcall('ZREM', waits, m)
+end
+local function head()  -- the first item waiting, dropping entries with no wait behind them
+  for _ = 1, BUDGET do
+    local first = rcall('ZRANGE', waiting, 0, 0)[1]
+    if not first or rcall('ZSCORE', waits, first) then return first end
+    rcall('ZREM', waiting, first)
+    if #reset < 5 then reset[#reset + 1] = 'waiting entry=' .. string.sub(first, 1, 40) end
+  end
+  return nil
+end
+if overlap then
+  for i = 1, n do
+    local m, order = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+    local first = head()
+    local mine = not first or first == m
+    if mine and (limit == 0 or rcall('ZCARD', holds) < limit) then
+      grant(m)
+      places[i] = -1
+    elseif mine and ARGV[5] == 'buffer' then
+      rcall('ZADD', waiting, order, m)
+      rcall('ZADD', waits, ms(now + wait_ms), m)
+      places[i] = 0
+    else
+      places[i] = -2
+    end
+  end
+  return {limit, rcall('ZCARD', holds), table.concat(reset, ' '), places}
 end
 local asking = {}
 for i = 1, n do

@@ -347,7 +347,7 @@ class SlotTake:
     """slot_take.lua: slots of one slot key (its four keys, one hash tag: not a shard's)."""
 
     name = "slot_take"
-    MODES = ("take", "join", "leave")
+    MODES = ("take", "join", "leave", "skip", "buffer")
 
     @classmethod
     def call(
@@ -362,8 +362,9 @@ class SlotTake:
         mode: str = "take",
     ) -> ScriptCall[SlotGrant]:
         """``asking``: (member, order) of each item, in its order; ``limit`` 0: the items carry
-        none; ``mode``: "take", "join" (the items only take their places in the line) or
-        "leave" (they give them up)."""
+        none; ``mode``: "take", "join" (the items only take their places in the line),
+        "leave" (they give them up), or a periodic run's overlap policy at fire time, "skip" or
+        "buffer" (see :mod:`delayq_backends.overlap`)."""
         if mode not in cls.MODES:
             raise ValueError(f"mode={mode!r}: use one of {cls.MODES}")
         args: list[Any] = [limit, hold_ms, wait_ms, now, mode]

@@ -34,7 +34,8 @@ class Harness:
         self.app = Celery("per", broker="memory://", set_as_current=False)
         self.app.conf.update(timezone=zone, beat_schedule=schedule, task_default_queue="q")
         self.sent = CollectingTarget("celery")
-        self.forwarder = TestingForwarder(self.store, [self.sent, PeriodicTarget(self.sent)])
+        self.periodic = PeriodicTarget(self.sent)
+        self.forwarder = TestingForwarder(self.store, [self.sent, self.periodic])
 
     def sync(self, schedule: dict[str, Any] | None = None) -> Any:
         if schedule is not None:
