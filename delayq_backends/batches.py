@@ -20,6 +20,8 @@ names what it waits for: total minus done).
 from __future__ import annotations
 
 import logging
+from types import TracebackType
+from typing import TypeVar
 
 from prometheus_client import Counter
 from redis.exceptions import RedisError
@@ -27,9 +29,10 @@ from redis.exceptions import RedisError
 from .errors import DelayqError
 from .store import DelayStore
 
-__all__ = ["BATCHES_COMPLETED", "report_close", "report_end"]
+__all__ = ["BATCHES_COMPLETED", "OpenBatch", "report_close", "report_end"]
 
 log = logging.getLogger("delayq.batches")
+_Open = TypeVar("_Open", bound="OpenBatch")
 
 #: Batches completed by this process's report or close, in the process's default registry (as
 #: the dedupe counter), so a worker's or producer's own exporter serves it.
@@ -63,6 +66,28 @@ def report_close(store: DelayStore, key: str) -> bool:
     if completed:
         BATCHES_COMPLETED.inc()
     return completed
+
+
+class OpenBatch:
+    """A batch a producer adds to, then closes: Celery's and RQ's ``Batch`` add their own ``add``.
+
+    As a context manager it closes on leaving the block, unless the block raised: a batch cut
+    short stays open (its on_complete does not run on a part); close it once the rest is added.
+    """
+
+    store: DelayStore
+    key: str
+
+    def close(self) -> bool:
+        """No more sub-jobs; whether that completed the batch (all had finished, or none was added)."""
+        return report_close(self.store, self.key)
+
+    def __enter__(self: _Open) -> _Open:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if kind is None:
+            self.close()
 
 
 def _word(ok: bool) -> str:

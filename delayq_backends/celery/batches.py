@@ -29,14 +29,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 
 from celery import Celery
 from celery.canvas import Signature
 from celery.signals import task_postrun, task_revoked
 
-from ..batches import report_close, report_end
+from ..batches import OpenBatch, report_end
 from ..envelope import Envelope
 from ..errors import ConfigError
 from ..keys import batch_item_id
@@ -126,7 +125,7 @@ def on_complete_envelope(key: str, signature: Signature) -> tuple[Envelope, str]
     return captured.envelope, mark
 
 
-class Batch:
+class Batch(OpenBatch):
     """A batch of tasks of ``app``, and ``on_complete`` once every one has finished.
 
     Args:
@@ -163,19 +162,6 @@ class Batch:
         """
         headers = {**(signature.options.get("headers") or {}), **(options.pop("headers", None) or {})}
         return signature.apply_async(headers={**headers, BATCH_HEADER: self.key}, **options)
-
-    def close(self) -> bool:
-        """No more sub-jobs; whether that completed the batch (all had finished, or none was added)."""
-        return report_close(self.store, self.key)
-
-    def __enter__(self) -> Batch:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        """Close, unless the block raised: a batch cut short stays open (its on_complete does not
-        run on a part); close it once the rest is added."""
-        if kind is None:
-            self.close()
 
 
 def use_batches(app: Celery) -> None:

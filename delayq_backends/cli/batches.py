@@ -44,13 +44,6 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def _read(store: object, key: str) -> BatchStatus | None | BatchError:
-    try:
-        return store.batch_status(key)  # type: ignore[attr-defined, no-any-return]
-    except BatchError as exc:
-        return exc
-
-
 @batches.command("list")
 @store_options
 @json_option
@@ -58,7 +51,8 @@ def batches_list(spec: StoreSpec, as_json: bool) -> None:
     """Every batch (open, or completed less than its TTL ago): sub-jobs added, finished and failed,
     closed, completed."""
     store = open_store(spec, writes=False)
-    statuses = {key: _read(store, key) for key in store.batch_keys_in_use()}
+    keys = store.batch_keys_in_use()
+    statuses = dict(zip(keys, store.batch_statuses(keys)))  # pipelined rounds, not a read a batch
     if as_json:
         echo_json(
             [

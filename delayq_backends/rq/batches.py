@@ -35,7 +35,6 @@ import re
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from types import TracebackType
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -43,7 +42,7 @@ from rq import Callback, get_current_job
 from rq.job import Job, JobStatus
 from rq.utils import import_attribute
 
-from ..batches import report_close, report_end
+from ..batches import OpenBatch, report_end
 from ..errors import BatchError, DelayqError
 from ..keys import batch_item_id
 from ..store import BATCH_TTL_MS, DelayStore
@@ -84,7 +83,7 @@ def call_on_complete(path: str, key: str) -> Any:
     return import_attribute(path)({"batch": key, **summary})
 
 
-class Batch:
+class Batch(OpenBatch):
     """A batch of jobs of ``queue``, and ``on_complete`` once every one has finished.
 
     Args:
@@ -145,19 +144,6 @@ class Batch:
         except BaseException:
             take_back(self.store, self.key, job_id)
             raise
-
-    def close(self) -> bool:
-        """No more sub-jobs; whether that completed the batch (all had finished, or none was added)."""
-        return report_close(self.store, self.key)
-
-    def __enter__(self) -> Batch:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        """Close, unless the block raised: a batch cut short stays open (its on_complete does not
-        run on a part); close it once the rest is added."""
-        if kind is None:
-            self.close()
 
 
 class BatchReports:
