@@ -23,8 +23,10 @@ delayq_backends.rq.SlotWorker`` (or a ``DedupeWorker``; :class:`BatchReports` mi
 own). A success is reported after RQ handled it; a failure once RQ marked the job failed or
 stopped (a failure with retries left is not final). A work horse killed mid-job is a failure
 RQ handles in the worker (retried if it has retries left); a whole worker killed leaves its job
-to RQ's abandoned-job cleanup, which retries it (then its next end is reported) or fails it
-without telling any worker: the batch then waits (see ``delayq batches show``).
+to RQ's abandoned-job cleanup (a worker's maintenance, every 10 minutes and at its start, once
+the dead worker's heartbeat has lapsed), which retries it (then its next end is reported) or
+fails it: the cleaning worker's exception handlers hear of that (RQ >= 3.0), and a
+:class:`BatchReports` worker reports the failure then. With an older RQ the batch waits.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 from rq import Callback, get_current_job
+from rq.exceptions import AbandonedJobError
 from rq.job import Job, JobStatus
 from rq.utils import import_attribute
 
@@ -150,6 +153,16 @@ class BatchReports:
     """The reports of sub-jobs' final ends, mixed into a worker class before RQ's."""
 
     connection: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.push_exc_handler(self._abandoned)  # type: ignore[attr-defined]
+
+    def _abandoned(self, job: Job, kind: type[BaseException], *_: Any) -> None:
+        """An exception handler: RQ's cleanup found ``job``'s worker dead (AbandonedJobError),
+        and fails it unless it has retries left. A handler returning None lets the next one run."""
+        if issubclass(kind, AbandonedJobError) and not (job.retries_left and job.retries_left > 0):
+            self._report_end(job, None, False)
 
     def handle_job_success(self, job: Job, queue: Any, *args: Any, **kwargs: Any) -> Any:
         result = super().handle_job_success(job, queue, *args, **kwargs)  # type: ignore[misc]

@@ -16,6 +16,7 @@ import pytest
 import redis
 from rq import Callback, Retry
 from rq.job import Job
+from rq.registry import StartedJobRegistry
 
 from delayq_backends import DelayStore
 from delayq_backends.errors import BatchClosedError, BatchError
@@ -137,3 +138,32 @@ def test_on_complete_is_saved_once_as_a_scheduled_job(conn: redis.Redis, queue: 
     assert job.get_status() == "scheduled" and job.args == ("tests.test_rq.jobs.batch_done", "again")
     with pytest.raises(BatchError, match="module-level function"):
         Batch(queue, "lambda", on_complete=lambda summary: None)
+
+
+def test_a_whole_worker_killed_mid_job_is_reported_failed_by_rqs_cleanup(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore, processes: Processes
+) -> None:
+    """A worker and its work horse SIGKILLed mid-job: no worker hook runs, and RQ's abandoned-job
+    cleanup fails the job later, in another worker's maintenance. That worker's exception handler
+    reports the failure, so the batch completes instead of waiting for good."""
+    with Batch(queue, "orphan", on_complete=Callback("tests.test_rq.jobs.batch_done")) as batch:
+        stuck = batch.add(started, "stuck", 60).id
+        ok = batch.add(record, "ok").id
+    worker = processes.worker(queue.name, extra=WORKER)
+    processes.forwarder("--poll", "0.2")
+    mine = lambda: [r for r in runs(conn, queue.name) if r["id"] == stuck]  # noqa: E731
+    wait_for(lambda: bool(mine()), 30, "the job to start")
+    (run,) = mine()
+    processes.launcher.kill(worker)  # the worker first: it must not handle its horse's death
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(run["pids"][0], signal.SIGKILL)
+    started_registry = StartedJobRegistry(queue.name, connection=conn)
+    # the dead worker's heartbeat lapses after the job's timeout + 60 s: move its entry there now
+    conn.zadd(started_registry.key, {member: 1 for member in conn.zrange(started_registry.key, 0, -1)})
+    assert rq_store.batch_status("orphan").done == 0  # type: ignore[union-attr]
+    processes.worker(queue.name, extra=WORKER)  # its maintenance at start cleans the registry
+    done = lambda: [r for r in runs(conn, queue.name) if r["tag"] == "done"]  # noqa: E731
+    wait_for(lambda: bool(done()), 60, lambda: f"{rq_store.batch_status('orphan')}")
+    (summary,) = (r["summary"] for r in done())
+    assert (summary["total"], summary["succeeded"], summary["failed"], summary["failed_ids"]) == (2, 1, 1, [stuck])
+    assert Job.fetch(stuck, connection=conn).get_status() == "failed" and ok not in summary["failed_ids"]
