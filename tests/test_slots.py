@@ -291,3 +291,53 @@ def test_a_batch_bigger_than_luas_unpack_limit_takes_and_gives_back_its_slots(va
     assert store.hold_slots({"big": [m for m, _ in members]}, "end", hold_ms=0) == {"big": 2}
     left = store.take_slots({"big": SlotAsk(2, members[2:])}, hold_ms=60_000, wait_ms=60_000, mode="leave")["big"]
     assert not isinstance(left, Exception) and store.slot_status("big").waiting == 0
+
+
+def test_a_slot_given_back_goes_to_the_head_of_the_line_at_once(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's end brings the next in line forward and wakes the forwarder: with rechecks
+    set 5 s apart, each given-back slot is still taken within a second (it idled up to a
+    recheck before)."""
+    monkeypatch.setattr("delayq_backends.forwarder.slots.RECHECK_MS", 5_000)
+    store = running.forwarder.store
+    a = schedule_line(store, "a", 8, limit=2, start=past())
+    running.thread.start()
+    running.wait(lambda: len(running.of("a")) == 2, "2 of a")
+    running.wait(lambda: running.forwarder.stats.deferred >= 6, "the others deferred 5 s")
+    for n in range(2, 8):
+        store.hold_slots({"a": [running.of("a")[n - 2]]}, "end", hold_ms=0)
+        wait_for(lambda n=n: len(running.of("a")) == n + 1, 1.0, lambda n=n: f"{n + 1} of a within 1 s of an end")
+    assert running.of("a") == a
+
+
+def test_a_slot_given_back_passes_to_the_next_item_still_there(valkey_url: str, prefix: str) -> None:
+    """The end passes the slot to the head of the line and brings its item forward to now
+    (waking the forwarders); an item cancelled while it waited passes it on; an item leased (a
+    forwarder asking for it right now) keeps its lease and finds its slot when it asks; a line
+    of another type passes nothing and the end still counts."""
+    store = make_store(valkey_url, prefix, shards=1)
+    keys, holds = store.keys(0), slot_holds_key(store.config.prefix, "k")
+    for item_id in ("gone", "deferred", "leased"):
+        store.schedule(item_id, past(), envelope(item_id))
+    store.lease(0).defer([("gone", 10**13), ("deferred", 10**13)])
+    store.cancel("gone")
+    store.take_slots({"k": SlotAsk(1, [("holder", 0)])}, hold_ms=60_000, wait_ms=60_000)
+    line = [("gone", 1), ("deferred#0", 2), ("leased", 3)]  # a member with a run names its item
+    store.take_slots({"k": SlotAsk(1, line)}, hold_ms=60_000, wait_ms=60_000, mode="join")
+    pubsub = store.subscribe_wake()
+    before = int(time.time() * 1000)
+    assert store.hold_slots({"k": ["holder", "not-held"]}, "end", hold_ms=0) == {"k": 1}
+    assert [m.decode() for m in store.client.zrange(holds, 0, -1)] == ["deferred#0"]  # gone passed it on
+    assert before <= store.client.zscore(keys.due, "deferred") <= time.time() * 1000 + 1
+    wakes: list[dict[str, bytes]] = []
+    wait_for(lambda: bool(m := pubsub.get_message(timeout=0.1)) and not wakes.append(m), 5, "a wake-up")  # type: ignore[func-returns-value]
+    assert before <= int(wakes[0]["data"]) <= time.time() * 1000 + 1
+    leased_before = store.client.hget(keys.leased, "leased"), store.client.zscore(keys.due, "leased")
+    assert store.hold_slots({"k": ["deferred#0"]}, "end", hold_ms=0) == {"k": 1}
+    assert [m.decode() for m in store.client.zrange(holds, 0, -1)] == ["leased"]
+    assert (store.client.hget(keys.leased, "leased"), store.client.zscore(keys.due, "leased")) == leased_before
+    assert store.get("gone") is None  # never brought back
+    store.client.set(slot_waiting_key(store.config.prefix, "k"), "junk")
+    assert store.hold_slots({"k": ["leased"]}, "end", hold_ms=0) == {"k": 1}
+    assert store.client.zcard(holds) == 0

@@ -28,6 +28,7 @@ from ..models import (
     RescheduleOutcome,
     ScheduleCounts,
     ScheduleItem,
+    SlotEnded,
     SlotGrant,
     TokenGrant,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Extend",
     "Fail",
     "Keep",
+    "Promote",
     "Purge",
     "Rearm",
     "Release",
@@ -52,6 +54,7 @@ __all__ = [
     "ScheduleOne",
     "ShardScript",
     "SlotHold",
+    "SlotEnd",
     "SlotTake",
     "Take",
     "schedule_counts",
@@ -210,6 +213,18 @@ class Defer(ShardScript):
     def call(cls, keys: ShardKeys, lease: str, later: Iterable[tuple[str, int]]) -> ScriptCall[int]:
         """Give back ``later``'s (id, not-before ms) under ``lease``."""
         return cls._call(keys, [lease, *(f for pair in later for f in pair)], int)
+
+
+class Promote(ShardScript):
+    """promote.lua: deferred items brought forward to now (the head of a slot key's line)."""
+
+    name = "promote"
+    key_names = ("due", "leased", "ranked")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, ids: Sequence[str], *, now: int, wake: str) -> ScriptCall[list[str]]:
+        """Bring ``ids`` forward; the reply lists those not in the shard (gone)."""
+        return cls._call(keys, [now, wake, *ids], lambda r: [_text(i) for i in r])
 
 
 class Keep(ShardScript):
@@ -374,14 +389,29 @@ class SlotTake:
 
 
 class SlotHold:
-    """slot_hold.lua: a worker starts, extends or ends the holds of its running items."""
+    """slot_hold.lua: a worker starts or extends the holds of its running items."""
 
     name = "slot_hold"
-    MODES = ("start", "beat", "end")
+    MODES = ("start", "beat")
 
     @classmethod
     def call(cls, holds: str, mode: str, members: Sequence[str], *, hold_ms: int, now: int) -> ScriptCall[int]:
         return ScriptCall(cls.name, (holds,), (mode, hold_ms, now, *members), int)
+
+
+class SlotEnd:
+    """slot_end.lua: holds of one slot key ended, each slot passed to the head of its line."""
+
+    name = "slot_end"
+
+    @classmethod
+    def call(
+        cls, keys: tuple[str, str, str, str], members: Sequence[str], *, hold_ms: int, now: int
+    ) -> ScriptCall[SlotEnded]:
+        """``keys``: the slot key's holds, waiting, waits and limit keys (``Slots.slot_keys``)."""
+        return ScriptCall(
+            cls.name, keys, (hold_ms, now, *members), lambda r: SlotEnded(int(r[0]), tuple(_text(m) for m in r[1]))
+        )
 
 
 def _text(reply: Any) -> str:
@@ -410,6 +440,7 @@ SHARD_SCRIPTS: dict[str, type[ShardScript]] = {
         Ack,
         Release,
         Defer,
+        Promote,
         Keep,
         Fail,
         Extend,

@@ -7,16 +7,19 @@ so each call touches one cluster slot and different keys spread over the nodes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from ..envelope import MAX_SLOT_LIMIT, Slot
 from ..keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
 from ..models import SlotGrant, SlotStatus
-from ..scripts.store import SlotHold, SlotTake
+from ..scripts.store import Promote, SlotEnd, SlotHold, SlotTake
 from .base import StoreCore
 
-__all__ = ["RUN_HOLD_MS", "START_HOLD_MS", "WAIT_MS", "SlotAsk", "Slots", "slot_member"]
+__all__ = ["RUN_HOLD_MS", "START_HOLD_MS", "WAIT_MS", "SlotAsk", "Slots", "slot_item_ids", "slot_member"]
+
+log = logging.getLogger("delayq.slots")
 
 #: How long a slot taken at release is held before the worker starts its item: the time a
 #: message may wait in the broker. A message lost on its way holds its slot this long.
@@ -34,6 +37,13 @@ def slot_member(item_id: str, run: int | None) -> str:
     (Celery's ``retries``), so a retry released before its first run has ended takes a slot of
     its own instead of the one that run is about to give back."""
     return item_id if run is None else f"{item_id}#{run}"
+
+
+def slot_item_ids(member: str) -> list[str]:
+    """The item ids a member of a slot key's sets may name (:func:`slot_member`): itself, and
+    the part before ``#`` when a run follows (an id may hold a ``#`` of its own)."""
+    item, sep, run = member.rpartition("#")
+    return [member, item] if sep and item and run.isdigit() else [member]
 
 
 class SlotAsk(NamedTuple):
@@ -85,16 +95,58 @@ class Slots(StoreCore):
         self, holds: Mapping[str, Sequence[str]], mode: str, *, hold_ms: int, now: int | None = None
     ) -> dict[str, int | Exception]:
         """Start, extend ("beat") or end the holds of ``members`` per slot key, in one round
-        trip: per key, how many were held before (-1: its holds key is garbage)."""
+        trip: per key, how many were held before (-1: its holds key is garbage).
+
+        "end" passes each slot it frees to the head of the key's line and brings those items
+        forward (:meth:`_pass_on`): the slot is taken within a forwarder's pass, not at the
+        item's next ask. ``hold_ms`` is then unused (a passed slot is held as a granted one)."""
+        if mode == "end":
+            return self._end(holds, now)
         if mode not in SlotHold.MODES:
-            raise ValueError(f"mode={mode!r}: use one of {SlotHold.MODES}")
-        prefix = self.config.prefix
+            raise ValueError(f"mode={mode!r}: use one of {(*SlotHold.MODES, 'end')}")
+        prefix, at = self.config.prefix, self.script_now(now)
         calls = [
-            SlotHold.call(slot_holds_key(prefix, key), mode, members, hold_ms=hold_ms, now=self.script_now(now))
+            SlotHold.call(slot_holds_key(prefix, key), mode, members, hold_ms=hold_ms, now=at)
             for key, members in holds.items()
         ]
         replies = self.run_each(calls)
         return dict(zip(holds, replies))
+
+    def _end(
+        self, holds: Mapping[str, Sequence[str]], now: int | None, *, passes: int = 3
+    ) -> dict[str, int | Exception]:
+        """End ``holds`` (``slot_end.lua``) and pass the slots on; a slot passed to an item gone
+        meanwhile (cancelled while it waited) is ended again, up to ``passes`` times."""
+        at = self.script_now(now)
+        calls = [
+            SlotEnd.call(self.slot_keys(key), members, hold_ms=START_HOLD_MS, now=at) for key, members in holds.items()
+        ]
+        answers = self.run_each(calls)
+        replies = dict(zip(holds, answers))
+        passed = {key: r.passed for key, r in replies.items() if not isinstance(r, Exception) and r.passed}
+        if passed and (gone := self._pass_on(passed, now)) and passes > 1:
+            self._end(gone, now, passes=passes - 1)
+        return {key: r if isinstance(r, Exception) else r.ended for key, r in replies.items()}
+
+    def _pass_on(self, passed: Mapping[str, Sequence[str]], now: int | None) -> dict[str, list[str]]:
+        """Make the items the slots of ``passed`` went to due now (``promote.lua``, one call per
+        shard, in one round trip; it wakes the forwarders); per key, the members whose items are
+        gone. A failed call is logged: its items find their slots at their next ask."""
+        by_shard: dict[int, list[str]] = {}
+        for members in passed.values():
+            for member in members:
+                for item_id in slot_item_ids(member):
+                    by_shard.setdefault(self.shard_of(item_id), []).append(item_id)
+        at = self.script_now(now)
+        calls = [Promote.call(self._keys[s], ids, now=at, wake=self._wake) for s, ids in by_shard.items()]
+        gone: set[str] = set()
+        for reply in self.run_each(calls):
+            if isinstance(reply, Exception):
+                log.warning("could not bring the next in a slot line forward (%s); it asks at its recheck", reply)
+            else:
+                gone.update(reply)
+        lost = {key: [m for m in members if gone.issuperset(slot_item_ids(m))] for key, members in passed.items()}
+        return {key: members for key, members in lost.items() if members}
 
     def set_slot_limit(self, key: str, limit: int | None) -> None:
         """Let at most ``limit`` items of ``key`` run at once, from the next release on, over the
