@@ -43,6 +43,8 @@ class CeleryEnv:
     dedupe: bool = False
     #: the module ``celery -A`` loads in worker and forwarder subprocesses
     app_module: str = "tests.test_celery.worker_app"
+    #: more settings of the app, here and in the subprocesses (``make_app(conf=...)``)
+    conf: dict[str, Any] = field(default_factory=dict)
     launcher: Launcher = field(default_factory=Launcher)
 
     @property
@@ -57,6 +59,7 @@ class CeleryEnv:
             DQT_RECORDS=self.records_url,
             DQT_TRANSPORT_OPTIONS=json.dumps(self.transport_options),
             DQT_DEDUPE="1" if self.dedupe else "0",
+            DQT_CONF=json.dumps(self.conf),
         )
 
     def app(self) -> Celery:
@@ -70,6 +73,7 @@ class CeleryEnv:
             records=self.records_url,
             transport_options=self.transport_options,
             dedupe=self.dedupe,
+            conf=self.conf,
         )
 
     def native_app(self) -> Celery:
@@ -81,10 +85,10 @@ class CeleryEnv:
     def start(self, args: list[str], name: str, tmp: Path) -> Proc:
         return self.launcher.start(args, env=self.env, log=tmp / f"{name}.log")
 
-    def start_worker(self, tmp: Path, *, name: str = "worker", pool: str = "threads") -> Proc:
+    def start_worker(self, tmp: Path, *, name: str = "worker", pool: str = "threads", concurrency: int = 4) -> Proc:
         node = f"{name}-{uuid.uuid4().hex[:6]}@dqt"
         args = [sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
-        args += ["-P", pool, "-c", "4", "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
+        args += ["-P", pool, "-c", str(concurrency), "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
         args += ["--without-gossip", "--without-mingle"]
         proc = self.start(args, name, tmp)
         self.wait_ready(proc)
