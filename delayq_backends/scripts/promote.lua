@@ -6,7 +6,7 @@ Input:
   ARGV[1] clock override ms ("0": server TIME)
   ARGV[2] wake channel
   ARGV[3..] ids
-Output: the ids not in the shard (gone: cancelled, buried; or never there).
+Output: how many were brought forward.
 Only an item given back by defer.lua ("<not-before>:deferred:<ready>" in leased) whose
 not-before time lies ahead moves, with its leased and ranked entries as defer.lua writes them: an
 item gone (acked, cancelled) is not brought back, a leased one keeps its lease, a lossless one
@@ -17,11 +17,10 @@ sleeping forwarder claims it now. allow-oom: a slotted key must drain a full sto
 local due, leased, ranked = KEYS[1], KEYS[2], KEYS[3]
 local now = ms(now_ms(ARGV[1]))
 local before = head_score(due)
-local n, gone = 0, {}
+local n = 0
 for i = 3, #ARGV do
   local id = ARGV[i]
   local score = finite(rcall('ZSCORE', due, id))
-  if not score then gone[#gone + 1] = id end
   local held = score and score > tonumber(now) and rcall('HGET', leased, id)
   local ready = held and string.match(held, '^%-?%d+:deferred:(%-?%d+)$')
   if ready then
@@ -33,4 +32,4 @@ for i = 3, #ARGV do
   end
 end
 if n > 0 then wake_if_earlier(due, ARGV[2], before) end
-return gone
+return n

@@ -7,7 +7,9 @@ Input:
   KEYS[2] waiting  ZSET member -> order: the line (see slot_take.lua)
   KEYS[3] waits    ZSET member -> ms at which a place in line lapses
   KEYS[4] limit    STRING: the key's limit set at runtime, else none
-  ARGV[1] hold ms of a passed slot: held until its worker starts the item (slot_take.lua's)
+  ARGV[1] hold ms of a passed slot: how long it waits for its item to ask (a place's wait; the
+          item is brought forward and asks within a pass, and slot_take.lua then holds it as
+          granted; an item cancelled meanwhile frees it when this lapses)
   ARGV[2] clock override ms ("0": server TIME)
   ARGV[3..] members
 Output: {ended, passed}: how many of the members were held before the call (-1: KEYS[1] is not
@@ -15,8 +17,8 @@ a ZSET, a hand write left to slot_take.lua, which drops it), and the members tha
 slots, in line order, for the caller to bring their items forward (promote.lua).
 A slot is passed only for a hold this call ended (a lapsed one was freed before), to a place
 that has not lapsed, and no further than a runtime limit allows (lowered meanwhile): the key
-never holds more than before the call. The member then holds the slot as if slot_take.lua had
-granted it: its item finds it when it asks. A line of another type passes nothing (slot_take.lua
+never holds more than before the call. Its item finds the slot held when it asks (slot_take.lua
+keeps a held member's slot). A line of another type passes nothing (slot_take.lua
 drops it). allow-oom: a slot given back must be passed in a full store too. ]]
 --- @include "numbers"
 local holds, waiting, waits = KEYS[1], KEYS[2], KEYS[3]

@@ -222,9 +222,9 @@ class Promote(ShardScript):
     key_names = ("due", "leased", "ranked")
 
     @classmethod
-    def call(cls, keys: ShardKeys, ids: Sequence[str], *, now: int, wake: str) -> ScriptCall[list[str]]:
-        """Bring ``ids`` forward; the reply lists those not in the shard (gone)."""
-        return cls._call(keys, [now, wake, *ids], lambda r: [_text(i) for i in r])
+    def call(cls, keys: ShardKeys, ids: Sequence[str], *, now: int, wake: str) -> ScriptCall[int]:
+        """Bring ``ids`` forward (those deferred); how many were."""
+        return cls._call(keys, [now, wake, *ids], int)
 
 
 class Keep(ShardScript):

@@ -8,7 +8,7 @@ so each call touches one cluster slot and different keys spread over the nodes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from ..envelope import MAX_SLOT_LIMIT, Slot
@@ -98,8 +98,8 @@ class Slots(StoreCore):
         trip: per key, how many were held before (-1: its holds key is garbage).
 
         "end" passes each slot it frees to the head of the key's line and brings those items
-        forward (:meth:`_pass_on`): the slot is taken within a forwarder's pass, not at the
-        item's next ask. ``hold_ms`` is then unused (a passed slot is held as a granted one)."""
+        forward (:meth:`_end`): the slot is taken within a forwarder's pass, not at the item's
+        next ask. ``hold_ms`` is then unused."""
         if mode == "end":
             return self._end(holds, now)
         if mode not in SlotHold.MODES:
@@ -112,41 +112,33 @@ class Slots(StoreCore):
         replies = self.run_each(calls)
         return dict(zip(holds, replies))
 
-    def _end(
-        self, holds: Mapping[str, Sequence[str]], now: int | None, *, passes: int = 3
-    ) -> dict[str, int | Exception]:
-        """End ``holds`` (``slot_end.lua``) and pass the slots on; a slot passed to an item gone
-        meanwhile (cancelled while it waited) is ended again, up to ``passes`` times."""
+    def _end(self, holds: Mapping[str, Sequence[str]], now: int | None) -> dict[str, int | Exception]:
+        """End ``holds`` (``slot_end.lua``) and bring forward the items their slots passed to.
+
+        A passed slot is held :data:`WAIT_MS` for its item to ask (it asks within a pass; at
+        its recheck if bringing it forward failed), then as granted: an item cancelled meanwhile
+        holds it no longer than it would have held the line. Never ended here on the item's
+        behalf: an item not found may have been published and acked already, and its task
+        runs under that slot."""
         at = self.script_now(now)
-        calls = [
-            SlotEnd.call(self.slot_keys(key), members, hold_ms=START_HOLD_MS, now=at) for key, members in holds.items()
-        ]
+        calls = [SlotEnd.call(self.slot_keys(key), members, hold_ms=WAIT_MS, now=at) for key, members in holds.items()]
         answers = self.run_each(calls)
         replies = dict(zip(holds, answers))
-        passed = {key: r.passed for key, r in replies.items() if not isinstance(r, Exception) and r.passed}
-        if passed and (gone := self._pass_on(passed, now)) and passes > 1:
-            self._end(gone, now, passes=passes - 1)
+        self._bring_forward((m for r in replies.values() if not isinstance(r, Exception) for m in r.passed), at)
         return {key: r if isinstance(r, Exception) else r.ended for key, r in replies.items()}
 
-    def _pass_on(self, passed: Mapping[str, Sequence[str]], now: int | None) -> dict[str, list[str]]:
-        """Make the items the slots of ``passed`` went to due now (``promote.lua``, one call per
-        shard, in one round trip; it wakes the forwarders); per key, the members whose items are
-        gone. A failed call is logged: its items find their slots at their next ask."""
+    def _bring_forward(self, members: Iterable[str], at: int) -> None:
+        """Make the items of ``members`` due now if deferred (``promote.lua``, one call per
+        shard, in one round trip; it wakes the forwarders). A failed call is logged: its items
+        find their slots at their next ask."""
         by_shard: dict[int, list[str]] = {}
-        for members in passed.values():
-            for member in members:
-                for item_id in slot_item_ids(member):
-                    by_shard.setdefault(self.shard_of(item_id), []).append(item_id)
-        at = self.script_now(now)
+        for member in members:
+            for item_id in slot_item_ids(member):
+                by_shard.setdefault(self.shard_of(item_id), []).append(item_id)
         calls = [Promote.call(self._keys[s], ids, now=at, wake=self._wake) for s, ids in by_shard.items()]
-        gone: set[str] = set()
         for reply in self.run_each(calls):
             if isinstance(reply, Exception):
                 log.warning("could not bring the next in a slot line forward (%s); it asks at its recheck", reply)
-            else:
-                gone.update(reply)
-        lost = {key: [m for m in members if gone.issuperset(slot_item_ids(m))] for key, members in passed.items()}
-        return {key: members for key, members in lost.items() if members}
 
     def set_slot_limit(self, key: str, limit: int | None) -> None:
         """Let at most ``limit`` items of ``key`` run at once, from the next release on, over the
