@@ -104,3 +104,11 @@ class SlotGuard:
                 log.warning("slot %r: %s of %s failed (%s); the hold lapses by itself", key, mode, holds[key], reply)
             elif reply < 0:
                 log.warning("slot %r: its holds key is no sorted set (a hand write); the next release drops it", key)
+            elif mode == "start" and reply < len(holds[key]):  # it runs all the same
+                log.warning(
+                    "slot %r: %s started without its slot held (its hold lapsed before this start: a "
+                    "redelivery later than the slot hold, or a run sent around the store); the key "
+                    "may run over its limit while it runs",
+                    key,
+                    holds[key],
+                )

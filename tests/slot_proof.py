@@ -66,13 +66,15 @@ def _run(began: Mapping[str, Any], ended: Mapping[str, Any] | None) -> Run:
 class Drain:
     """How one key's tasks ran: the most live at once, the time from the first start to the last
     end against ``ceil(n / limit)`` task times, and per kill how long the key ran below its limit
-    after it (until as many ran again as before the kill: what the kill cost)."""
+    after it (until as many ran as its limit again: what the kill cost) and how long until the
+    killed task started again."""
 
     key: str
     most_at_once: int
     elapsed: float
     ideal: float
     kill_costs: tuple[float, ...]
+    restarts: tuple[float, ...]
 
     @property
     def ratio(self) -> float:
@@ -80,9 +82,11 @@ class Drain:
 
     def __str__(self) -> str:
         costs = ", ".join(f"{c:.2f} s" for c in self.kill_costs) or "no kills"
+        restarts = ", ".join(f"{c:.2f} s" for c in self.restarts) or "-"
         return (
             f"{self.key}: at most {self.most_at_once} at once, {self.elapsed:.2f} s for an ideal "
-            f"{self.ideal:.2f} s ({self.ratio:.3f}x); below the limit after a kill: {costs}"
+            f"{self.ideal:.2f} s ({self.ratio:.3f}x); below the limit after a kill: {costs}; "
+            f"killed task started again after: {restarts}"
         )
 
 
@@ -102,7 +106,9 @@ def drain_of(runs: Sequence[Run], key: str, ids: Sequence[str], *, limit: int, s
         spans.append((r.began, end))
     elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
     costs = tuple(_below_limit_after(spans, k.at, limit) for k in kills)
-    return Drain(key, max_overlap(spans), elapsed, math.ceil(len(ids) / limit) * seconds, costs)
+    victims = {r.pid: r.id for r in mine if r.ended is None}
+    restarts = tuple(min(r.began for r in mine if r.id == victims[k.pid] and r.began > k.at) - k.at for k in kills)
+    return Drain(key, max_overlap(spans), elapsed, math.ceil(len(ids) / limit) * seconds, costs, restarts)
 
 
 def _below_limit_after(spans: Sequence[tuple[float, float]], at: float, limit: int) -> float:

@@ -271,6 +271,23 @@ def test_a_heartbeat_keeps_a_long_task_and_a_dead_worker_lets_go(valkey_url: str
     assert guard.held() == {"k": ["long"]}
 
 
+def test_a_start_without_its_slot_held_runs_and_says_the_key_may_be_over_its_limit(
+    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run whose hold lapsed before it started (a redelivery later than the hold) runs all the
+    same: the worker says so, since the slot may have gone to another task meanwhile."""
+    store = make_store(valkey_url, prefix)
+    store.take_slots({"k": SlotAsk(1, [("granted", 0)])}, hold_ms=60_000, wait_ms=60_000)
+    guard = SlotGuard(store, hold_ms=60_000)
+    with caplog.at_level("WARNING", logger="delayq.slots"):
+        guard.start("k", "granted")
+        assert not caplog.records
+        guard.start("k", "lapsed")
+    assert "'lapsed'" in caplog.text and "over its limit" in caplog.text
+    assert store.slot_status("k").running == 2
+    guard.close()
+
+
 def test_a_slot_in_an_envelope_that_is_none_runs_unlimited() -> None:
     for meta in ({"slot": 5}, {"slot": {"key": ""}}, {"slot": {"key": "k", "limit": -1}}, {"slot": {"limit": 2}}):
         assert slot_of(Envelope("list", OUT, meta=meta)) is None
