@@ -97,7 +97,9 @@ def check(proof: Drain, other: Drain) -> None:
 
 
 def test_30_tasks_of_a_key_with_limit_3_run_3_at_once_and_drain_at_the_limit(start: Start) -> None:
-    check(*prove(start("redis"), 30, 0.5, others=9, timeout=60))
+    """Tasks of 1 s: a key's first release (a claim, its line, the broker) costs ~0.2 s once,
+    which 0.5 s tasks of a short line cannot absorb in 15% on a loaded machine (1.16x seen)."""
+    check(*prove(start("redis"), 30, 1.0, others=15, timeout=60))
 
 
 @pytest.mark.slow
