@@ -362,3 +362,18 @@ def test_a_slot_given_back_passes_to_the_head_of_the_line_and_brings_its_item_fo
     store.client.set(slot_waiting_key(store.config.prefix, "k"), "junk")
     assert store.hold_slots({"k": ["gone"]}, "end", hold_ms=0) == {"k": 1}
     assert store.client.zcard(holds) == 0
+
+
+def test_a_hand_over_that_fails_leaves_the_end_done_and_says_so(
+    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bringing the next item forward fails (its shard's due key is garbage): the hold is ended
+    and passed all the same, the failure is logged, and the item would ask at its recheck."""
+    store = make_store(valkey_url, prefix, shards=1)
+    store.take_slots({"k": SlotAsk(1, [("holder", 0)])}, hold_ms=60_000, wait_ms=60_000)
+    store.take_slots({"k": SlotAsk(1, [("next", 1)])}, hold_ms=60_000, wait_ms=60_000, mode="join")
+    store.client.set(store.keys(0).due, "junk")
+    with caplog.at_level("WARNING", logger="delayq.slots"):
+        assert store.hold_slots({"k": ["holder"]}, "end", hold_ms=0) == {"k": 1}
+    assert "could not bring the next in a slot line forward" in caplog.text
+    assert [m.decode() for m in store.client.zrange(slot_holds_key(store.config.prefix, "k"), 0, -1)] == ["next"]

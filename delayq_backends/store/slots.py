@@ -11,6 +11,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from redis.exceptions import RedisError
+
 from ..envelope import MAX_SLOT_LIMIT, Slot
 from ..keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
 from ..models import SlotGrant, SlotStatus
@@ -129,14 +131,20 @@ class Slots(StoreCore):
 
     def _bring_forward(self, members: Iterable[str], at: int) -> None:
         """Make the items of ``members`` due now if deferred (``promote.lua``, one call per
-        shard, in one round trip; it wakes the forwarders). A failed call is logged: its items
-        find their slots at their next ask."""
+        shard, in one round trip; it wakes the forwarders). A failed call (or an outage) is
+        logged and not raised: its items find their slots at their next ask."""
         by_shard: dict[int, list[str]] = {}
         for member in members:
             for item_id in slot_item_ids(member):
                 by_shard.setdefault(self.shard_of(item_id), []).append(item_id)
+        if not by_shard:
+            return
         calls = [Promote.call(self._keys[s], ids, now=at, wake=self._wake) for s, ids in by_shard.items()]
-        for reply in self.run_each(calls):
+        try:
+            replies: list[int | Exception] = self.run_each(calls)
+        except (RedisError, OSError) as exc:  # the holds are ended and passed: only this step failed
+            replies = [exc]
+        for reply in replies:
             if isinstance(reply, Exception):
                 log.warning("could not bring the next in a slot line forward (%s); it asks at its recheck", reply)
 
