@@ -18,8 +18,8 @@ slots, in line order, for the caller to bring their items forward (promote.lua).
 A slot is passed only for a hold this call ended (a lapsed one was freed before), to a place
 that has not lapsed, and no further than a runtime limit allows (lowered meanwhile): the key
 never holds more than before the call. Its item finds the slot held when it asks (slot_take.lua
-keeps a held member's slot). A line of another type passes nothing (slot_take.lua
-drops it). allow-oom: a slot given back must be passed in a full store too. ]]
+keeps a held member's slot). A line of another type passes nothing (slot_take.lua drops it).
+allow-oom: a slot given back must be passed in a full store too. ]]
 --- @include "numbers"
 local holds, waiting, waits = KEYS[1], KEYS[2], KEYS[3]
 local kind = rcall('TYPE', holds)['ok']
@@ -35,9 +35,9 @@ if rcall('TYPE', KEYS[4])['ok'] == 'string' then
   local limit = whole(rcall('GET', KEYS[4]))
   if limit and limit >= 1 then room = math.min(room, limit - rcall('ZCARD', holds)) end
 end
+if room < 1 then return {ended, passed} end
 local now = now_ms(ARGV[2])
 local until_ms = ms(now + tonumber(ARGV[1]))
-if room < 1 then return {ended, passed} end
 for _, m in ipairs(rcall('ZRANGE', waiting, 0, room + 99)) do  -- past a few lapsed places at most
   local lapses = finite(rcall('ZSCORE', waits, m))
   if lapses and lapses > now then
