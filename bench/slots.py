@@ -12,10 +12,12 @@ into one Redis list with ``Forwarder.run_once()`` in this process, once by each 
 - **100 keys, no wait**: the same over 100 keys (one script call per key per publish call).
 
 Then the **drain of a key at its limit**: 2,000 items (500 quick) of one key with limit 100
-(and 10), released by a forwarder thread while a worker thread takes each item off the list
-and at once gives its slot back, timed until the list has had them all; unslotted items the
-same way beside it. A waiting item asks again every 0.2 s (``RECHECK_MS``), so this rate is the
-price of waiting in the store, not of the scripts.
+(and 10; 200 items, 50 quick, with limit 1), released by a forwarder thread while a worker
+thread takes each item off the list and at once gives its slot back, timed until the list has
+had them all; unslotted items the same way beside it. A slot given back passes to the head of
+the line, whose item is brought forward and the forwarder woken (``slot_end.lua``,
+``promote.lua``): with limit 1 each item costs a full round (the worker's end, a forwarder pass,
+the pop), the latency of a hand-over.
 
 Prints markdown tables (medians, min–max, ratios per round, forwarder and server CPU per item,
 the load average); JSON with ``--json``.
@@ -79,6 +81,10 @@ def cases(server: BenchServer, sizes: Sizes) -> list[Case]:
     return [case("unslotted", 0), case("one key, no wait", 1), case("100 keys, no wait", 100)]
 
 
+#: the drain cases: name, slot limit (None: unslotted), items as a share of Sizes.drain
+DRAINS = (("unslotted", None, 1), ("limit 100", 100, 1), ("limit 10", 10, 1), ("limit 1", 1, 10))
+
+
 def drain(server: BenchServer, n: int, limit: int | None) -> float:
     """Items/s of a forwarder thread releasing ``n`` items of one key of ``limit`` (None:
     unslotted) while a worker thread pops each and gives its slot back at once."""
@@ -108,12 +114,12 @@ def drain(server: BenchServer, n: int, limit: int | None) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     args = options(__doc__, argv)
     sizes = QUICK if args.quick else FULL
-    drains: dict[str, list[float]] = {"unslotted": [], "limit 100": [], "limit 10": []}
+    drains: dict[str, list[float]] = {name: [] for name, _, _ in DRAINS}
     with BenchServer() as server:
         results = rounds(server, cases(server, sizes), sizes.rounds)
         for r in range(sizes.rounds):
-            for name, limit in (("unslotted", None), ("limit 100", 100), ("limit 10", 10)):
-                drains[name].append(drain(server, sizes.drain, limit))
+            for name, limit, share in DRAINS:
+                drains[name].append(drain(server, sizes.drain // share, limit))
                 log(f"drain round {r + 1}/{sizes.rounds} {name}: {drains[name][-1]:,.0f}/s")
         version = server.version()
         end_load = loadavg()
@@ -121,10 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(table(results, "one key, no wait", "unslotted", goal=None)))
     print(f"\n{load_line(results)}\n")
     print(f"### Drain of one key, slots given back at once ({sizes.drain:,} items, {sizes.rounds} rounds)\n")
-    print("| case | items/s, median (min–max) |")
-    print("|---|---:|")
-    for name, rates in drains.items():
-        print(f"| {name} | {statistics.median(rates):,.0f} ({min(rates):,.0f}–{max(rates):,.0f}) |")
+    print("| case | items | items/s, median (min–max) | ratio to unslotted, median |")
+    print("|---|---:|---:|---:|")
+    for name, _, share in DRAINS:
+        rates = drains[name]
+        ratio = statistics.median(r / u for r, u in zip(rates, drains["unslotted"]))
+        print(f"| {name} | {sizes.drain // share:,} | {statistics.median(rates):,.0f} "
+              f"({min(rates):,.0f}–{max(rates):,.0f}) | {ratio:.3f} |")  # fmt: skip
     print(f"\nload average (1, 5, 15 min) at the end: {end_load}")
     if args.json:
         print(json.dumps({**summary(results), "drain": drains}, indent=1))

@@ -59,8 +59,9 @@ PRODUCER_FUNCTIONS = (
     "schedule", "schedule_one", "cancel", "reschedule", "debounce", "rearm", "batch_open", "batch_add", "batch_end",
 )  # fmt: skip
 
-#: The scripts a worker runs besides a producer's: the holds of its tasks' concurrency slots.
-WORKER_FUNCTIONS = ("slot_hold",)
+#: The scripts a worker runs besides a producer's: the holds of its tasks' concurrency slots,
+#: passed at their end to the head of the key's line, whose items are brought forward.
+WORKER_FUNCTIONS = ("slot_hold", "slot_end", "promote")
 
 #: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
 _PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")
@@ -122,9 +123,9 @@ def _batch_keys(prefix: str) -> str:
     return _shard_key(prefix, "batch*")
 
 
-def _slot_holds(prefix: str) -> str:
-    """The pattern of every slot key's holds (``keys.slot_holds_key``)."""
-    return f"{prefix}:{{{prefix}:slot:*}}:holds"
+def _slot_holds(prefix: str, name: str = "holds") -> str:
+    """The pattern of every slot key's holds (``keys.slot_holds_key``), or key ``name``."""
+    return f"{prefix}:{{{prefix}:slot:*}}:{name}"
 
 
 def _role_keys(prefix: str, role: str) -> list[str]:
@@ -132,8 +133,10 @@ def _role_keys(prefix: str, role: str) -> list[str]:
     if role in _PRODUCES:
         writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", "calls:*", "batch*")]
         reads = [_shard_key(prefix, "dead*"), meta_key(prefix)]
-        if role == "worker":  # slot_hold.lua: the holds of its tasks' concurrency slots
-            writes.append(_slot_holds(prefix))
+        if role == "worker":  # slot_hold.lua and slot_end.lua: its tasks' slots and the key's line
+            # and limit (only read, but FCALL needs write access to all its keys; what a ZADD or
+            # HSET leaves there, slot_take.lua drops)
+            writes += [_slot_holds(prefix, n) for n in ("holds", "waiting", "waits", "limit")]
         return [*(f"~{k}" for k in writes), f"~{periodic_key(prefix)}", *(f"%R~{k}" for k in reads)]
     return key_patterns(prefix)
 
@@ -171,7 +174,9 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
         # record is written again for durable_replicas' WAIT
         rules.append(f"(+set +get +type +watch +del +pexpire ~{_shard_key(prefix, 'started:*')})")
-        rules.append(f"(+type ~{_slot_holds(prefix)})")  # slot_hold.lua leaves a hand write alone
+        # slot_hold.lua and slot_end.lua leave a hand write alone; slot_end.lua reads a runtime limit
+        rules += [f"(+type ~{_slot_holds(prefix, n)})" for n in ("holds", "waiting", "waits")]
+        rules.append(f"(+type +get ~{_slot_holds(prefix, 'limit')})")
     return rules
 
 

@@ -8,6 +8,7 @@ from enum import Enum
 __all__ = [
     "BatchStatus",
     "SlotBoard",
+    "SlotEnded",
     "SlotGrant",
     "SlotStatus",
     "CancelOutcome",
@@ -299,6 +300,19 @@ class SlotGrant:
     running: int
     places: tuple[int, ...]
     reset: str = ""
+
+
+@dataclass(frozen=True)
+class SlotEnded:
+    """One slot key's answer to holds ended (``slot_end.lua``).
+
+    Attributes:
+        ended: how many of the members were held before the call (-1: the holds key is garbage).
+        passed: the members at the head of the line the freed slots went to, in line order.
+    """
+
+    ended: int
+    passed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ A slot is a **lease**, one member of the key's ``holds`` set scored with the tim
 - held by the worker (:class:`SlotGuard`) from the task's start for
   :data:`~delayq_backends.store.RUN_HOLD_MS` (60 s), extended by a heartbeat every third of
   that while the task runs, so a long task keeps it;
-- given back when the task ends (success, failure, a retry, a revoke).
+- given back when the task ends (success, failure, a retry, a revoke), and passed at once to
+  the head of the key's line, whose item is brought forward (so the key runs at its limit).
 
 So a key never stays blocked (a worker that dies mid-task gives its slot back at most 60 s after
 its last beat; a message lost before any worker started it, after 5 min), and a second copy
@@ -103,3 +104,11 @@ class SlotGuard:
                 log.warning("slot %r: %s of %s failed (%s); the hold lapses by itself", key, mode, holds[key], reply)
             elif reply < 0:
                 log.warning("slot %r: its holds key is no sorted set (a hand write); the next release drops it", key)
+            elif mode == "start" and reply < len(holds[key]):  # it runs all the same
+                log.warning(
+                    "slot %r: %s started without its slot held (its hold lapsed before this start: a "
+                    "redelivery later than the slot hold, or a run sent around the store); the key "
+                    "may run over its limit while it runs",
+                    key,
+                    holds[key],
+                )

@@ -20,7 +20,7 @@ from delayq_backends.errors import InvalidSlotError
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
 from delayq_backends.slots import SlotGuard
-from delayq_backends.store import SlotAsk
+from delayq_backends.store import WAIT_MS, SlotAsk
 from delayq_backends.targets import Delivery, RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.harness import make_store
@@ -271,6 +271,23 @@ def test_a_heartbeat_keeps_a_long_task_and_a_dead_worker_lets_go(valkey_url: str
     assert guard.held() == {"k": ["long"]}
 
 
+def test_a_start_without_its_slot_held_runs_and_says_the_key_may_be_over_its_limit(
+    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run whose hold lapsed before it started (a redelivery later than the hold) runs all the
+    same: the worker says so, since the slot may have gone to another task meanwhile."""
+    store = make_store(valkey_url, prefix)
+    store.take_slots({"k": SlotAsk(1, [("granted", 0)])}, hold_ms=60_000, wait_ms=60_000)
+    guard = SlotGuard(store, hold_ms=60_000)
+    with caplog.at_level("WARNING", logger="delayq.slots"):
+        guard.start("k", "granted")
+        assert not caplog.records
+        guard.start("k", "lapsed")
+    assert "'lapsed'" in caplog.text and "over its limit" in caplog.text
+    assert store.slot_status("k").running == 2
+    guard.close()
+
+
 def test_a_slot_in_an_envelope_that_is_none_runs_unlimited() -> None:
     for meta in ({"slot": 5}, {"slot": {"key": ""}}, {"slot": {"key": "k", "limit": -1}}, {"slot": {"limit": 2}}):
         assert slot_of(Envelope("list", OUT, meta=meta)) is None
@@ -291,3 +308,72 @@ def test_a_batch_bigger_than_luas_unpack_limit_takes_and_gives_back_its_slots(va
     assert store.hold_slots({"big": [m for m, _ in members]}, "end", hold_ms=0) == {"big": 2}
     left = store.take_slots({"big": SlotAsk(2, members[2:])}, hold_ms=60_000, wait_ms=60_000, mode="leave")["big"]
     assert not isinstance(left, Exception) and store.slot_status("big").waiting == 0
+
+
+def test_a_slot_given_back_goes_to_the_head_of_the_line_at_once(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's end brings the next in line forward and wakes the forwarder: with rechecks
+    set 5 s apart, each given-back slot is still taken within a second (it idled up to a
+    recheck before)."""
+    monkeypatch.setattr("delayq_backends.forwarder.slots.RECHECK_MS", 5_000)
+    store = running.forwarder.store
+    a = schedule_line(store, "a", 8, limit=2, start=past())
+    running.thread.start()
+    running.wait(lambda: len(running.of("a")) == 2, "2 of a")
+    running.wait(lambda: running.forwarder.stats.deferred >= 6, "the others deferred 5 s")
+    for n in range(2, 8):
+        store.hold_slots({"a": [running.of("a")[n - 2]]}, "end", hold_ms=0)
+        wait_for(lambda n=n: len(running.of("a")) == n + 1, 1.0, lambda n=n: f"{n + 1} of a within 1 s of an end")
+    assert sorted(running.of("a")[:2]) == a[:2] and running.of("a")[2:] == a[2:]  # then in their order
+
+
+def test_a_slot_given_back_passes_to_the_head_of_the_line_and_brings_its_item_forward(
+    valkey_url: str, prefix: str
+) -> None:
+    """The end passes the slot to the head of the line and brings its item forward to now
+    (waking the forwarders); an item leased (a forwarder asking for it right now) keeps its
+    lease and finds its slot when it asks; an item cancelled while it waited holds a passed slot
+    only for a place's wait; a line of another type passes nothing and the end still counts."""
+    store = make_store(valkey_url, prefix, shards=1)
+    keys, holds = store.keys(0), slot_holds_key(store.config.prefix, "k")
+    for item_id in ("deferred", "leased", "gone"):
+        store.schedule(item_id, past(), envelope(item_id))
+    store.lease(0).defer([("gone", 10**13), ("deferred", 10**13)])
+    store.cancel("gone")
+    store.take_slots({"k": SlotAsk(1, [("holder", 0)])}, hold_ms=60_000, wait_ms=60_000)
+    line = [("deferred#0", 1), ("leased", 2), ("gone", 3)]  # a member with a run names its item
+    store.take_slots({"k": SlotAsk(1, line)}, hold_ms=60_000, wait_ms=60_000, mode="join")
+    pubsub = store.subscribe_wake()
+    before = int(time.time() * 1000)
+    assert store.hold_slots({"k": ["holder", "not-held"]}, "end", hold_ms=0) == {"k": 1}
+    assert [m.decode() for m in store.client.zrange(holds, 0, -1)] == ["deferred#0"]
+    assert before <= store.client.zscore(keys.due, "deferred") <= time.time() * 1000 + 1
+    wakes: list[dict[str, bytes]] = []
+    wait_for(lambda: bool(m := pubsub.get_message(timeout=0.1)) and not wakes.append(m), 5, "a wake-up")  # type: ignore[func-returns-value]
+    assert before <= int(wakes[0]["data"]) <= time.time() * 1000 + 1
+    leased_before = store.client.hget(keys.leased, "leased"), store.client.zscore(keys.due, "leased")
+    assert store.hold_slots({"k": ["deferred#0"]}, "end", hold_ms=0) == {"k": 1}
+    assert [m.decode() for m in store.client.zrange(holds, 0, -1)] == ["leased"]
+    assert (store.client.hget(keys.leased, "leased"), store.client.zscore(keys.due, "leased")) == leased_before
+    assert store.hold_slots({"k": ["leased"]}, "end", hold_ms=0) == {"k": 1}
+    assert store.get("gone") is None  # never brought back; its passed slot lapses with a place's wait
+    assert store.client.zscore(holds, "gone") <= time.time() * 1000 + WAIT_MS
+    store.client.set(slot_waiting_key(store.config.prefix, "k"), "junk")
+    assert store.hold_slots({"k": ["gone"]}, "end", hold_ms=0) == {"k": 1}
+    assert store.client.zcard(holds) == 0
+
+
+def test_a_hand_over_that_fails_leaves_the_end_done_and_says_so(
+    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bringing the next item forward fails (its shard's due key is garbage): the hold is ended
+    and passed all the same, the failure is logged, and the item would ask at its recheck."""
+    store = make_store(valkey_url, prefix, shards=1)
+    store.take_slots({"k": SlotAsk(1, [("holder", 0)])}, hold_ms=60_000, wait_ms=60_000)
+    store.take_slots({"k": SlotAsk(1, [("next", 1)])}, hold_ms=60_000, wait_ms=60_000, mode="join")
+    store.client.set(store.keys(0).due, "junk")
+    with caplog.at_level("WARNING", logger="delayq.slots"):
+        assert store.hold_slots({"k": ["holder"]}, "end", hold_ms=0) == {"k": 1}
+    assert "could not bring the next in a slot line forward" in caplog.text
+    assert [m.decode() for m in store.client.zrange(slot_holds_key(store.config.prefix, "k"), 0, -1)] == ["next"]

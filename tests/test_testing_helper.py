@@ -373,6 +373,14 @@ def _slot_hold(store: TestingStore, clock: FakeClock) -> None:
     assert store.client.zscore(slot_holds_key(store.config.prefix, "k"), "a") == clock.ms + 1_000
 
 
+def _promote(store: TestingStore, clock: FakeClock) -> None:
+    _claimed(store, clock).defer([("a", clock.ms + 10_000)])
+    store.take_slots({"k": SlotAsk(1, [("b", 0)])}, hold_ms=1_000, wait_ms=1_000)  # b holds the slot
+    store.take_slots({"k": SlotAsk(1, [("a", 1)])}, hold_ms=1_000, wait_ms=1_000)  # a waits first in line
+    store.hold_slots({"k": ["b"]}, "end", hold_ms=0)  # b's end brings a forward to the fake now
+    assert store.client.zscore(store.keys(store.shard_of("a")).due, "a") == clock.ms
+
+
 #: One check per script whose "now" a caller may choose (``now_ms(ARGV[..])``: the server's TIME
 #: when given 0). debounce.lua reads TIME only for its counter's expiry, a server-side TTL.
 TIME_READERS = {
@@ -384,6 +392,8 @@ TIME_READERS = {
     "take": _take,
     "slot_take": _slot_take,
     "slot_hold": _slot_hold,
+    "promote": _promote,
+    "slot_end": _promote,
 }
 
 

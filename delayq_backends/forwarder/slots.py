@@ -9,7 +9,9 @@ Waiting items keep their order: each key has a line (its ``waiting`` set, ordere
 then ready time) and a free slot goes to the head of it. An item refused is deferred (no attempt
 counted, original ready time kept) by :data:`RECHECK_MS` per ``limit`` places ahead of it, up to
 :data:`MAX_RECHECK_MS`: the next in line look again soon, the far back rarely, so a deep line is
-not claimed over and over.
+not claimed over and over. A slot given back does not wait for a recheck: the worker's end passes
+it to the head of the line and brings that item forward (``DelayStore.hold_slots``); the
+rechecks cover what no end passes on (a lapsed hold, a hand-over that failed).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ __all__ = ["MAX_RECHECK_MS", "RECHECK_MS", "SlotHook"]
 
 log = logging.getLogger("delayq.forwarder")
 
-#: How soon an item next in line for a slot asks again (a free slot idles at most this long).
+#: How soon an item next in line for a slot asks again (a slot freed by a lapsed hold idles at most
+#: this long; one given back is passed on at once).
 RECHECK_MS = 200
 #: How long the items far back in a line wait between two asks, at most.
 MAX_RECHECK_MS = 5_000

@@ -28,6 +28,7 @@ from ..models import (
     RescheduleOutcome,
     ScheduleCounts,
     ScheduleItem,
+    SlotEnded,
     SlotGrant,
     TokenGrant,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "Extend",
     "Fail",
     "Keep",
+    "Promote",
     "Purge",
     "Rearm",
     "Release",
@@ -55,6 +57,7 @@ __all__ = [
     "Schedule",
     "ScheduleOne",
     "ShardScript",
+    "SlotEnd",
     "SlotHold",
     "SlotTake",
     "Take",
@@ -214,6 +217,18 @@ class Defer(ShardScript):
     def call(cls, keys: ShardKeys, lease: str, later: Iterable[tuple[str, int]]) -> ScriptCall[int]:
         """Give back ``later``'s (id, not-before ms) under ``lease``."""
         return cls._call(keys, [lease, *(f for pair in later for f in pair)], int)
+
+
+class Promote(ShardScript):
+    """promote.lua: deferred items brought forward to now (the head of a slot key's line)."""
+
+    name = "promote"
+    key_names = ("due", "leased", "ranked")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, ids: Sequence[str], *, now: int, wake: str) -> ScriptCall[int]:
+        """Bring ``ids`` forward (those deferred); how many were."""
+        return cls._call(keys, [now, wake, *ids], int)
 
 
 class Keep(ShardScript):
@@ -379,10 +394,10 @@ class SlotTake:
 
 
 class SlotHold:
-    """slot_hold.lua: a worker starts, extends or ends the holds of its running items."""
+    """slot_hold.lua: a worker starts or extends the holds of its running items."""
 
     name = "slot_hold"
-    MODES = ("start", "beat", "end")
+    MODES = ("start", "beat")
 
     @classmethod
     def call(cls, holds: str, mode: str, members: Sequence[str], *, hold_ms: int, now: int) -> ScriptCall[int]:
@@ -450,6 +465,21 @@ class BatchEnd:
         return ScriptCall(cls.name, (*shard, *batch), args, lambda r: (int(r[0]), bool(int(r[1]))))
 
 
+class SlotEnd:
+    """slot_end.lua: holds of one slot key ended, each slot passed to the head of its line."""
+
+    name = "slot_end"
+
+    @classmethod
+    def call(
+        cls, keys: tuple[str, str, str, str], members: Sequence[str], *, hold_ms: int, now: int
+    ) -> ScriptCall[SlotEnded]:
+        """``keys``: the slot key's holds, waiting, waits and limit keys (``Slots.slot_keys``)."""
+        return ScriptCall(
+            cls.name, keys, (hold_ms, now, *members), lambda r: SlotEnded(int(r[0]), tuple(_text(m) for m in r[1]))
+        )
+
+
 def _text(reply: Any) -> str:
     """A script's string reply as text (garbage bytes it echoes stay readable)."""
     return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
@@ -476,6 +506,7 @@ SHARD_SCRIPTS: dict[str, type[ShardScript]] = {
         Ack,
         Release,
         Defer,
+        Promote,
         Keep,
         Fail,
         Extend,

@@ -7,16 +7,17 @@ so each call touches one cluster slot and different keys spread over the nodes.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from ..envelope import MAX_SLOT_LIMIT, Slot
 from ..keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
 from ..models import SlotBoard, SlotGrant, SlotStatus
-from ..scripts.store import SlotHold, SlotTake
+from ..scripts.store import Promote, SlotEnd, SlotHold, SlotTake
 from .base import StoreCore
 from .keylist import KeyList
 
@@ -29,8 +30,11 @@ __all__ = [
     "SlotAsk",
     "SlotKeyList",
     "Slots",
+    "slot_item_ids",
     "slot_member",
 ]
+
+log = logging.getLogger("delayq.slots")
 
 #: How long a slot taken at release is held before the worker starts its item: the time a
 #: message may wait in the broker. A message lost on its way holds its slot this long.
@@ -52,6 +56,13 @@ def slot_member(item_id: str, run: int | None) -> str:
     (Celery's ``retries``), so a retry released before its first run has ended takes a slot of
     its own instead of the one that run is about to give back."""
     return item_id if run is None else f"{item_id}#{run}"
+
+
+def slot_item_ids(member: str) -> list[str]:
+    """The item ids a member of a slot key's sets may name (:func:`slot_member`): itself, and
+    the part before ``#`` when a run follows (an id may hold a ``#`` of its own)."""
+    item, sep, run = member.rpartition("#")
+    return [member, item] if sep and item and run.isdigit() else [member]
 
 
 class SlotAsk(NamedTuple):
@@ -103,16 +114,56 @@ class Slots(StoreCore):
         self, holds: Mapping[str, Sequence[str]], mode: str, *, hold_ms: int, now: int | None = None
     ) -> dict[str, int | Exception]:
         """Start, extend ("beat") or end the holds of ``members`` per slot key, in one round
-        trip: per key, how many were held before (-1: its holds key is garbage)."""
+        trip: per key, how many were held before (-1: its holds key is garbage).
+
+        "end" passes each slot it frees to the head of the key's line and brings those items
+        forward (:meth:`_end`): the slot is taken within a forwarder's pass, not at the item's
+        next ask. ``hold_ms`` is then unused."""
+        if mode == "end":
+            return self._end(holds, now)
         if mode not in SlotHold.MODES:
-            raise ValueError(f"mode={mode!r}: use one of {SlotHold.MODES}")
-        prefix = self.config.prefix
+            raise ValueError(f"mode={mode!r}: use one of {(*SlotHold.MODES, 'end')}")
+        prefix, at = self.config.prefix, self.script_now(now)
         calls = [
-            SlotHold.call(slot_holds_key(prefix, key), mode, members, hold_ms=hold_ms, now=self.script_now(now))
+            SlotHold.call(slot_holds_key(prefix, key), mode, members, hold_ms=hold_ms, now=at)
             for key, members in holds.items()
         ]
         replies = self.run_each(calls)
         return dict(zip(holds, replies))
+
+    def _end(self, holds: Mapping[str, Sequence[str]], now: int | None) -> dict[str, int | Exception]:
+        """End ``holds`` (``slot_end.lua``) and bring forward the items their slots passed to.
+
+        A passed slot is held :data:`WAIT_MS` for its item to ask (it asks within a pass; at
+        its recheck if bringing it forward failed), then as granted: an item cancelled meanwhile
+        holds it no longer than it would have held the line. Never ended here on the item's
+        behalf: an item not found may have been published and acked already, and its task
+        runs under that slot."""
+        at = self.script_now(now)
+        calls = [SlotEnd.call(self.slot_keys(key), members, hold_ms=WAIT_MS, now=at) for key, members in holds.items()]
+        answers = self.run_each(calls)
+        replies = dict(zip(holds, answers))
+        self._bring_forward((m for r in replies.values() if not isinstance(r, Exception) for m in r.passed), at)
+        return {key: r if isinstance(r, Exception) else r.ended for key, r in replies.items()}
+
+    def _bring_forward(self, members: Iterable[str], at: int) -> None:
+        """Make the items of ``members`` due now if deferred (``promote.lua``, one call per
+        shard, in one round trip; it wakes the forwarders). A failed call (or an outage) is
+        logged and not raised: its items find their slots at their next ask."""
+        by_shard: dict[int, list[str]] = {}
+        for member in members:
+            for item_id in slot_item_ids(member):
+                by_shard.setdefault(self.shard_of(item_id), []).append(item_id)
+        if not by_shard:
+            return
+        calls = [Promote.call(self._keys[s], ids, now=at, wake=self._wake) for s, ids in by_shard.items()]
+        try:
+            replies: list[int | Exception] = self.run_each(calls)
+        except (RedisError, OSError) as exc:  # the holds are ended and passed: only this step failed
+            replies = [exc]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                log.warning("could not bring the next in a slot line forward (%s); it asks at its recheck", reply)
 
     def set_slot_limit(self, key: str, limit: int | None) -> None:
         """Let at most ``limit`` items of ``key`` run at once, from the next release on, over the

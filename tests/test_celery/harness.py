@@ -45,6 +45,8 @@ class CeleryEnv:
     acks_late: bool = False
     #: the module ``celery -A`` loads in worker and forwarder subprocesses
     app_module: str = "tests.test_celery.worker_app"
+    #: more settings of the app, here and in the subprocesses (``make_app(conf=...)``)
+    conf: dict[str, Any] = field(default_factory=dict)
     launcher: Launcher = field(default_factory=Launcher)
 
     @property
@@ -60,6 +62,7 @@ class CeleryEnv:
             DQT_TRANSPORT_OPTIONS=json.dumps(self.transport_options),
             DQT_DEDUPE="1" if self.dedupe else "0",
             DQT_ACKS_LATE="1" if self.acks_late else "0",
+            DQT_CONF=json.dumps(self.conf),
         )
 
     def app(self) -> Celery:
@@ -74,6 +77,7 @@ class CeleryEnv:
             transport_options=self.transport_options,
             dedupe=self.dedupe,
             acks_late=self.acks_late,
+            conf=self.conf,
         )
 
     def native_app(self) -> Celery:
@@ -85,10 +89,12 @@ class CeleryEnv:
     def start(self, args: list[str], name: str, tmp: Path) -> Proc:
         return self.launcher.start(args, env=self.env, log=tmp / f"{name}.log")
 
-    def start_worker(self, tmp: Path, *, name: str = "worker", pool: str = "threads", wait: bool = True) -> Proc:
+    def start_worker(
+        self, tmp: Path, *, name: str = "worker", pool: str = "threads", concurrency: int = 4, wait: bool = True
+    ) -> Proc:
         node = f"{name}-{uuid.uuid4().hex[:6]}@dqt"
         args = [sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
-        args += ["-P", pool, "-c", "4", "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
+        args += ["-P", pool, "-c", str(concurrency), "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
         args += ["--without-gossip", "--without-mingle"]
         proc = self.start(args, name, tmp)
         if wait:

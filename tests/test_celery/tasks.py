@@ -31,9 +31,11 @@ def make_app(
     transport_options: dict[str, Any] | None = None,
     dedupe: bool = False,
     acks_late: bool = False,
+    conf: dict[str, Any] | None = None,
 ) -> Celery:
     """An app with the plugin installed; every task records to the list ``sink`` on the Redis at
-    ``records`` (kept apart from the store and the broker, which fault tests restart)."""
+    ``records`` (kept apart from the store and the broker, which fault tests restart); ``conf``:
+    more settings (``task_acks_late``, ``delayq_slot_hold``)."""
     app = Celery("dqt")
     app.conf.update(
         broker_url=broker,
@@ -56,6 +58,7 @@ def make_app(
         app.conf.delayq_dedupe = True
     if acks_late:
         app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True)
+    app.conf.update(conf or {})
     install(app)
     out = redis.Redis.from_url(records)
 
@@ -118,6 +121,15 @@ def make_app(
         # a batch's on_complete: the summary comes first, as a chord's callback gets its results
         record(self.request, tag, summary=summary)
 
+    @app.task(bind=True, shared=False, name="dqt.span")
+    def span(self: Any, tag: str, seconds: float) -> str:
+        # a record at the start too, with the pool process: a task killed mid-run leaves its start
+        pid = os.getpid()
+        record(self.request, tag, phase="began", at_ms=time.time_ns() // 1_000_000, pid=pid)
+        time.sleep(seconds)
+        record(self.request, tag, phase="ended", at_ms=time.time_ns() // 1_000_000, pid=pid)
+        return tag
+
     @app.task(bind=True, shared=False, name="dqt.ping")
     def ping(self: Any) -> str:
         out.rpush(f"{sink}:ready", "ok")
@@ -140,4 +152,5 @@ def app_from_env() -> Celery:
         transport_options=json.loads(env.get("DQT_TRANSPORT_OPTIONS", "{}")),
         dedupe=env.get("DQT_DEDUPE") == "1",
         acks_late=env.get("DQT_ACKS_LATE") == "1",
+        conf=json.loads(env.get("DQT_CONF", "{}")),
     )

@@ -48,6 +48,20 @@ def started(tag: Any, seconds: float) -> None:
     time.sleep(seconds)
 
 
+def span(tag: Any, seconds: float) -> None:
+    """Record the start and the end (``tests/slot_proof.py``'s records), with the work horse's pid."""
+    job = get_current_job()
+    assert job is not None
+
+    def mark(phase: str) -> None:
+        entry = {"id": job.id, "tag": tag, "phase": phase, "at_ms": time.time_ns() // 1_000_000, "pid": os.getpid()}
+        job.connection.rpush(runs_key(job.origin), json.dumps(entry))
+
+    mark("began")
+    time.sleep(seconds)
+    mark("ended")
+
+
 def always_fails(tag: Any) -> None:
     """Record this run, then fail (for retries)."""
     record(tag)
