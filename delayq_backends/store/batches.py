@@ -142,7 +142,7 @@ class Batches(StoreCore):
         Raises:
             BatchError: no such batch, or its keys hold garbage.
         """
-        return self._end(check_batch_key(key), "close", "", True)
+        return self._end_batch(check_batch_key(key), "close", "", True)
 
     def finish_in_batch(self, key: str, member: str, ok: bool) -> bool:
         """Record sub-job ``member``'s final end (``ok``: it succeeded); a second report of it
@@ -151,9 +151,9 @@ class Batches(StoreCore):
         Raises:
             BatchError: no such batch, ``member`` is not one of its sub-jobs, or garbage.
         """
-        return self._end(check_batch_key(key), "finish", member, ok)
+        return self._end_batch(check_batch_key(key), "finish", member, ok)
 
-    def _end(self, key: str, mode: str, member: str, ok: bool) -> bool:
+    def _end_batch(self, key: str, mode: str, member: str, ok: bool) -> bool:
         self.check_meta()
         call = BatchEnd.call(
             _batch_keys(self, key), key, mode, ending=self._ending(), now=self.clock(), member=member, ok=ok

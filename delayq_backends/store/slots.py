@@ -117,10 +117,10 @@ class Slots(StoreCore):
         trip: per key, how many were held before (-1: its holds key is garbage).
 
         "end" passes each slot it frees to the head of the key's line and brings those items
-        forward (:meth:`_end`): the slot is taken within a forwarder's pass, not at the item's
+        forward (:meth:`_end_holds`): the slot is taken within a forwarder's pass, not at the item's
         next ask. ``hold_ms`` is then unused."""
         if mode == "end":
-            return self._end(holds, now)
+            return self._end_holds(holds, now)
         if mode not in SlotHold.MODES:
             raise ValueError(f"mode={mode!r}: use one of {(*SlotHold.MODES, 'end')}")
         prefix, at = self.config.prefix, self.script_now(now)
@@ -131,7 +131,7 @@ class Slots(StoreCore):
         replies = self.run_each(calls)
         return dict(zip(holds, replies))
 
-    def _end(self, holds: Mapping[str, Sequence[str]], now: int | None) -> dict[str, int | Exception]:
+    def _end_holds(self, holds: Mapping[str, Sequence[str]], now: int | None) -> dict[str, int | Exception]:
         """End ``holds`` (``slot_end.lua``) and bring forward the items their slots passed to.
 
         A passed slot is held :data:`WAIT_MS` for its item to ask (it asks within a pass; at
