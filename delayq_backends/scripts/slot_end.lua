@@ -17,7 +17,9 @@ a ZSET, a hand write left to slot_take.lua, which drops it), and the members tha
 slots, in line order, for the caller to bring their items forward (promote.lua).
 A slot is passed only for a hold this call ended (a lapsed one was freed before), to a place
 that has not lapsed, and no further than a runtime limit allows (lowered meanwhile): the key
-never holds more than before the call. Its item finds the slot held when it asks (slot_take.lua
+never holds more than before the call. A member that ends and waits in line at once (an RQ job's
+runs share one member: a periodic run buffered behind its previous run) is brought forward but
+not held for: slot_take.lua's overlap modes read a held own member as a run still running. Its item finds the slot held when it asks (slot_take.lua
 keeps a held member's slot). A line of another type passes nothing (slot_take.lua drops it).
 allow-oom: a slot given back must be passed in a full store too. ]]
 --- @include "numbers"
@@ -25,8 +27,11 @@ local holds, waiting, waits = KEYS[1], KEYS[2], KEYS[3]
 local kind = rcall('TYPE', holds)['ok']
 if kind ~= 'none' and kind ~= 'zset' then return {-1, {}} end
 -- one call a member, not unpack(): a batch's members can pass Lua's unpack limit (~8,000)
-local room = 0
-for i = 3, #ARGV do room = room + rcall('ZREM', holds, ARGV[i]) end
+local room, ending = 0, {}
+for i = 3, #ARGV do
+  room = room + rcall('ZREM', holds, ARGV[i])
+  ending[ARGV[i]] = true
+end
 local ended, passed = room, {}
 if room == 0 or rcall('TYPE', waiting)['ok'] ~= 'zset' or rcall('TYPE', waits)['ok'] ~= 'zset' then
   return {ended, passed}
@@ -41,9 +46,11 @@ local until_ms = ms(now + tonumber(ARGV[1]))
 for _, m in ipairs(rcall('ZRANGE', waiting, 0, room + 99)) do  -- past a few lapsed places at most
   local lapses = finite(rcall('ZSCORE', waits, m))
   if lapses and lapses > now then
-    rcall('ZADD', holds, until_ms, m)
-    rcall('ZREM', waiting, m)
-    rcall('ZREM', waits, m)
+    if not ending[m] then
+      rcall('ZADD', holds, until_ms, m)
+      rcall('ZREM', waiting, m)
+      rcall('ZREM', waits, m)
+    end  -- else its own next run (an RQ job's runs share a member): first in line, it takes the free slot when it asks
     passed[#passed + 1] = m
     if #passed >= room then break end
   end

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -145,8 +145,10 @@ def test_the_forwarder_skips_buffers_and_counts_in_process(
     told: list[tuple[str, int]] = []
     target.on_skipped = lambda job, n: told.append((job, n))
     scheduler = Scheduler(queue=queue, connection=conn, delay_store=rq_store)
-    skip = scheduler.schedule(datetime.now(timezone.utc), hold, args=["s", 0], interval=2, overlap="skip")
-    buffer = scheduler.schedule(datetime.now(timezone.utc), hold, args=["b", 0], interval=2, overlap="buffer_one")
+    # a second ago: a ready time "now" rounds up a millisecond, past a claim made in the same one
+    first = datetime.now(timezone.utc) - timedelta(seconds=1)
+    skip = scheduler.schedule(first, hold, args=["s", 0], interval=2, overlap="skip")
+    buffer = scheduler.schedule(first, hold, args=["b", 0], interval=2, overlap="buffer_one")
     forwarder.run_once()
     assert conn.llen(queue.key) == 2  # both free: moved
     for job in (skip, buffer):
