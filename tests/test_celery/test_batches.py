@@ -20,6 +20,7 @@ from delayq_backends.envelope import Envelope
 from delayq_backends.errors import BatchClosedError, BatchError, ConfigError
 from delayq_backends.keys import batch_channel, batch_item_id
 from tests.helpers import wait_for
+from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, watched
 from tests.test_celery.tasks import make_app
 
@@ -99,15 +100,19 @@ def test_on_complete_must_take_the_summary_as_json(app: Celery) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", BROKERS)
 def test_a_batch_of_1000_completes_once_under_worker_and_forwarder_kills(
-    valkey_server: EmbeddedServer, rabbitmq_url: str, tmp_path: Path
+    kind: str, request: pytest.FixtureRequest, valkey_server: EmbeddedServer, tmp_path: Path
 ) -> None:
     """4 worker processes (acks_late, dedupe) and a forwarder, SIGKILLed and restarted while a
     batch of 1,000 sub-jobs (100 failing, 300 with a countdown) runs: on_complete runs exactly
     once, after every sub-job's first end, with the right counts. A killed worker's tasks come
-    back from RabbitMQ (acks_late) and run again; their second end counts nothing."""
-    env = new_env("rabbitmq", rabbitmq_url, valkey_server)
+    back from the broker (acks_late; the Redis transport's after its visibility timeout, 10 s
+    here) and run again; their second end counts nothing."""
+    env = new_env(kind, broker_url_for(kind, request, valkey_server), valkey_server)
     env.dedupe, env.acks_late = True, True
+    if kind == "redis":
+        env.transport_options = {"visibility_timeout": 10}
     rng = random.Random(7)
     with watched(env):
         workers = [env.start_worker(tmp_path, name=f"w{i}") for i in range(4)]
