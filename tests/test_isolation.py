@@ -57,6 +57,35 @@ def test_a_target_that_raises_on_one_item_fails_that_item_alone(store: DelayStor
     assert all(store.get(f"good-{i}") is None for i in range(40))
 
 
+class DefersSomeRaisesOnOne(RaisesOnOne):
+    """As RaisesOnOne, and items with a body "wait" are deferred (as RQ defers a class off its
+    allowlist): ``later``, not published."""
+
+    def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
+        waiting = [d for d in deliveries if d.envelope.body == b"wait"]
+        report = super().publish_many([d for d in deliveries if d not in waiting])
+        report.later += [(d.id, 2**42) for d in waiting]
+        return report
+
+
+def test_a_call_split_around_a_raising_item_keeps_the_deferrals_of_its_halves(store: DelayStore, prefix: str) -> None:
+    """The halves' reports were merged without their ``later``: deferred items were neither
+    published, failed nor deferred, and came back as a lapsed lease, an attempt counted."""
+    out = f"{prefix}:out"
+    for i in range(6):
+        store.schedule(f"good-{i}", 0, RedisListTarget.envelope(out, f"{i}".encode()))
+        store.schedule(f"wait-{i}", 0, RedisListTarget.envelope(out, b"wait"))
+    store.schedule("bad", 0, RedisListTarget.envelope(out, b"bad"))
+    forwarder = Forwarder(store, [DefersSomeRaisesOnOne(store.client)], batch=100)
+
+    forwarder.run_once()
+    assert store.client.llen(out) == 6
+    for i in range(6):
+        waiting = store.get(f"wait-{i}")
+        # deferred to the target's time, no attempt counted (not held by the claim's lease)
+        assert waiting is not None and (waiting.attempts, waiting.leased_until_ms) == (0, 2**42), waiting
+
+
 @pytest.fixture
 def acl_server() -> Iterator[EmbeddedServer]:
     """A server of the test's own, whose ACL users it may change."""

@@ -218,6 +218,7 @@ class Publisher:
             unsent=first.unsent + second.unsent,
             broker_error=first.broker_error or second.broker_error,
             acked=first.acked + second.acked,
+            later=first.later + second.later,
         )
 
     def _audit(self, audit: AuditSink, deliveries: list[Delivery], published: list[str], now: int) -> None:
