@@ -236,6 +236,23 @@ def test_shard_mismatch_is_one_clean_line(cli: Invoke, vstore: DelayStore, comma
     assert out.startswith("Error: ") and "holds 4 shards" in out and "Traceback" not in out
 
 
+@pytest.mark.parametrize("command", [["stats"], ["forward"]])
+def test_a_shard_mismatch_is_named_even_where_the_counts_share_key_names(valkey_url: str, command: list[str]) -> None:
+    """Under this prefix shard 0 of 4 is ``{prefix:0}``, as it is in layout 1 for every count:
+    with --shards 8 the check read layout 1's keys and said "layout 2 but layout 1" (then, in the
+    count check, that the keys were 8 shards'), never the wrong count. Found by a random prefix."""
+    prefix = "t343ed84fdf7b"
+    store = make_store(valkey_url, prefix, shards=4)
+    try:
+        store.schedule("x", FAR, envelope())
+        env = {"DELAYQ_URL": valkey_url, "DELAYQ_PREFIX": prefix}
+        out = expect(CliRunner().invoke(main, [*command, "--shards", "8"], env=env), code=1)
+        assert out.startswith(f"Error: prefix {prefix!r} holds 4 shards") and "set shards=4" in out, out
+    finally:
+        store.client.delete(*store.client.keys(f"{prefix}:*"))
+        store.client.close()
+
+
 def test_read_only_commands_do_not_record_a_layout(cli: Invoke, vstore: DelayStore, prefix: str) -> None:
     expect(cli("stats", "--shards", "8"))
     expect(cli("list", "--shards", "8"))

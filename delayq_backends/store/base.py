@@ -149,18 +149,20 @@ class StoreCore:
         if record:
             self._record_meta(key)
         stored = self.client.hget(key, "shards")
-        if self._shard_keys is None:
-            self._load_keys()  # checks the recorded layout (and the shards field) before any use
-        if stored is None:
-            return
-        recorded = int(stored)
-        if recorded != self.config.shards:
+        # the count first: the layout check reads the configured count's shard keys, and a
+        # wrong count can name another layout's keys (a misleading "layout" error)
+        recorded = int(stored) if stored is not None and stored.isdigit() else None
+        if recorded is not None and recorded != self.config.shards:
             check_shards(self.client, self.config.prefix, self.config.shards, recorded)
             raise ShardMismatchError(
                 f"prefix {self.config.prefix!r} holds {recorded} shards in Redis but this client is "
                 f"configured with {self.config.shards}: set shards={recorded} (DELAYQ_SHARDS / "
                 f"--shards / delayq_shards), or use a new prefix for a different layout"
             )
+        if self._shard_keys is None:
+            self._load_keys()  # checks the recorded layout (and a shards field that is no count) before any use
+        if stored is None:
+            return
         self._meta_checked = True
 
     def _record_meta(self, key: str) -> None:

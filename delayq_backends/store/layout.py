@@ -110,13 +110,31 @@ def check_recorded(client: Client, prefix: str, shards: int, recorded: int) -> N
 
 def check_shards(client: Client, prefix: str, configured: int, recorded: int) -> None:
     """Refuse a recorded shard count none of whose shard keys exist while the configured
-    count's do (told apart in layout 2 only: layout 1 names shard k alike for every count).
+    count's do. Only the tags one count has and the other lacks tell them apart: shard k is
+    ``{prefix:k}`` in layout 1 for every count, and often in layout 2 too.
 
     Raises:
         StoreMetaError: names the meta key and the command that restores it.
     """
-    if layout_in_use(client, prefix, recorded) is None and layout_in_use(client, prefix, configured) is not None:
+    ours, theirs = _count_tags(prefix, recorded), _count_tags(prefix, configured)
+    if not _any_shard_keys(client, prefix, ours - theirs) and _any_shard_keys(client, prefix, theirs - ours):
         raise StoreMetaError(
             f"{meta_key(prefix)} records {recorded} shards but the shard keys in Redis are those of {configured}: "
             f"{_fix(prefix, 'shards', configured)}"
         )
+
+
+def _count_tags(prefix: str, shards: int) -> set[tuple[int, str]]:
+    """(shard, tag) of each shard of a ``shards`` count, in either layout."""
+    return {(n, tag) for layout in LAYOUTS for n, tag in enumerate(shard_tags(prefix, shards, layout))}
+
+
+def _any_shard_keys(client: Client, prefix: str, tags: set[tuple[int, str]]) -> bool:
+    """Whether a due, items or dead key of any of ``tags`` exists."""
+    if not tags:
+        return False
+    with client.pipeline(transaction=False) as pipe:
+        for n, tag in tags:
+            k = ShardKeys(prefix, n, tag)
+            pipe.exists(k.due, k.items, k.dead)
+        return any(pipe.execute())
