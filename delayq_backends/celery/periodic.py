@@ -50,6 +50,7 @@ from ..store import DelayStore, slot_member
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport, Target
 from ..timeutil import Clock, from_ms
+from ..tracing import FIELDS as TRACE_FIELDS
 from .message import KIND as CELERY_KIND
 from .message import StoredMessage, TaskView, priority_rank
 from .schedules import Misfire, Plan, Schedule, Slot, from_celery, run_task_id, schedule_from_json
@@ -337,7 +338,10 @@ def _message(
     app.amqp.send_task_message(capture, task, message, **options)
     if capture.body is None:
         raise PeriodicError(f"task {task!r}: Celery's sender published nothing to capture")
-    return StoredMessage.capture(capture.body, capture.kwargs), relative
+    message = StoredMessage.capture(capture.body, capture.kwargs)
+    # a run has no producer: a trace context captured here (Celery's instrumentation on during the
+    # sync) would make every run of the entry continue the sync's trace; each run starts its own
+    return replace(message, headers={k: v for k, v in message.headers.items() if k not in TRACE_FIELDS}), relative
 
 
 #: the task id of the stored template; each run gets its own (:func:`run_task_id`)

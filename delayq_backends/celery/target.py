@@ -18,6 +18,7 @@ claimed batch is published and acked in one MULTI/EXEC (:mod:`.redis_handoff`): 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -135,6 +136,18 @@ class CeleryTarget:
     def check(self) -> None:
         """Connect and authenticate to the broker (a channel opened), as before a publish."""
         self._producer_or_new()
+
+    @staticmethod
+    def trace_carrier(delivery: Delivery) -> Any:
+        """The stored message's headers, where opentelemetry-instrumentation-celery wrote the
+        producer's ``traceparent``: the forward's span links to it (:mod:`delayq_backends.tracing`).
+        Only called when tracing is on. None for what holds no headers (a format 1 envelope, or
+        details another tool wrote)."""
+        try:
+            details = json.loads(delivery.envelope.details) if delivery.envelope.details else None
+        except ValueError:
+            return None
+        return details.get("h") if isinstance(details, dict) else None
 
     # -- publishing -------------------------------------------------------------------------
 

@@ -39,8 +39,11 @@ from .settings import ForwarderSettings
 from .settle import Settler
 from .slots import SlotHook
 from .stats import ForwarderStats
+from .tracing import ForwardTracer
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from ..metrics import ForwarderMetrics
 
 __all__ = ["Forwarder"]
@@ -55,7 +58,8 @@ class Forwarder:
     ...)``: the keywords are the fields of :class:`ForwarderSettings` (validated there), plus
     ``audit`` (where to log one record per forwarded item; it must not block, and its failures
     are logged, never raised) and ``metrics`` (Prometheus metrics to update), off by default;
-    ``clock`` replaces the store's (a test's fake clock).
+    ``clock`` replaces the store's (a test's fake clock); ``tracer_provider`` is where the
+    forward's spans go (docs/tracing.md), by default OpenTelemetry's global one when configured.
 
     It composes one :class:`Clock`, a :class:`Heartbeat`, the :class:`Pass` (with its hooks:
     periodic waits, flow control, lossless mode,
@@ -72,6 +76,7 @@ class Forwarder:
         audit: AuditSink | None = None,
         metrics: ForwarderMetrics | None = None,
         clock: Clock | None = None,
+        tracer_provider: TracerProvider | None = None,
         **kwargs: Any,
     ) -> None:
         if settings is None:
@@ -105,7 +110,8 @@ class Forwarder:
             hooks.append(LosslessHook(settings.keep_ms, store, self.targets, self.stats, metrics))
         hooks.append(SlotHook(store, self.targets))  # last: only what every other hook let go takes a slot
         ctx = Context(store, self.targets, hooks, self.clock, self.stats, metrics, self.name, retry_ms, max_retry_ms)
-        publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5))
+        tracer = ForwardTracer.start(self.targets, tracer_provider)
+        publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5), tracer=tracer)
         stages = (Preparer(ctx), publisher, Settler(ctx))
         self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages)
         self.sweeper = Sweeper(self.pass_, self._stop, settings.overlap)

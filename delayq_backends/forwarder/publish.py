@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from time import time_ns
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from ..audit import FORWARDED, AuditRecord, AuditSink
@@ -17,6 +18,7 @@ from ..targets import ClaimTarget, Delivery, PublishReport
 from .context import Context
 from .heartbeat import Heartbeat, HeldLease
 from .records import Prepared, Published
+from .tracing import ForwardTracer
 
 if TYPE_CHECKING:
     pass
@@ -48,12 +50,21 @@ class Publisher:
     """
 
     def __init__(
-        self, ctx: Context, heartbeat: Heartbeat, pauses: TargetPauses, audit: AuditSink | None, lease_margin_ms: int
+        self,
+        ctx: Context,
+        heartbeat: Heartbeat,
+        pauses: TargetPauses,
+        audit: AuditSink | None,
+        lease_margin_ms: int,
+        *,
+        tracer: ForwardTracer | None = None,
     ) -> None:
         self.ctx = ctx
         self.heartbeat = heartbeat
         self.pauses = pauses
         self.audit = audit
+        #: the forward's spans; None when tracing is off (decided once, at start)
+        self.tracer = tracer
         #: a batch is only published with at least this much of its lease left (else extended first)
         self.lease_margin_ms = lease_margin_ms
         #: the targets that take the batch's lease, found once: an isinstance of a
@@ -159,6 +170,7 @@ class Publisher:
         """One publish call to target ``kind`` of the deliveries of one or more claims (one for a
         :class:`ClaimTarget`), its report split back to the claims."""
         deliveries = [d for _, ds in call for d in ds]
+        started = 0 if self.tracer is None else time_ns()
         part = self._isolated(kind, deliveries, call[0][0].prepared.lease)
         for hook in self.ctx.hooks:
             hook.sent(kind, deliveries, part.published)
@@ -180,6 +192,8 @@ class Publisher:
             self.ctx.metrics.observe_published(deliveries, part.published, now)
         if self.audit is not None and part.published:
             self._audit(self.audit, deliveries, part.published, now)
+        if self.tracer is not None and part.published:
+            self.tracer.forwarded(kind, deliveries, part.published, now, started)
         _split(part, call)
 
     def _isolated(self, kind: str, deliveries: list[Delivery], lease: Lease) -> PublishReport:

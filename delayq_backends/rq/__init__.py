@@ -7,6 +7,8 @@
   second delivery of a job run that already started (worker-side dedupe).
 - :class:`SlotWorker`: ``rq worker --worker-class delayq_backends.rq.SlotWorker`` holds the
   concurrency slots of its jobs (``Queue.enqueue(..., delayq_slot=...)``) while they run.
+- :class:`TracedJobs`: runs each job in its producer's OpenTelemetry trace (the slot and dedupe
+  workers have it; docs/tracing.md).
 - :class:`Batch`: sub-jobs of one request and one ``on_complete`` once all have finished (the
   slot and dedupe workers report their ends; :class:`BatchReports` mixes into your own).
 - :class:`Scheduler`: rq-scheduler's ``Scheduler`` API, with no daemon.
@@ -34,6 +36,7 @@ from .registry import ScheduledJobRegistry
 from .scheduler import JobNotScheduledError, NoSchedulerProcessError, Scheduler
 from .slots import SlotSimpleWorker, SlotWorker
 from .target import ClassAllowlist, RQTarget
+from .tracing import TracedJobs
 from .upgrade import UpgradeReport, upgrade
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "Scheduler",
     "SlotSimpleWorker",
     "SlotWorker",
+    "TracedJobs",
     "UpgradeReport",
     "adopt",
     "migrate",

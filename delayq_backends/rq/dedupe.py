@@ -35,6 +35,7 @@ from ..errors import DelayqError
 from .batches import BatchReports
 from .queue import env_int, store_of_connection
 from .slots import Slots
+from .tracing import TracedJobs
 
 __all__ = ["DEDUPE_TTL_ENV", "DedupeSimpleWorker", "DedupeWorker", "job_run"]
 
@@ -102,12 +103,13 @@ class _Dedupe:
         return False
 
 
-class DedupeWorker(_Dedupe, BatchReports, Slots, Worker):
+class DedupeWorker(_Dedupe, BatchReports, Slots, TracedJobs, Worker):
     """``rq.Worker`` (forking) that drops a second delivery of a started job run, holds its
-    jobs' concurrency slots (a dropped duplicate holds none: its first run has the slot) and
-    reports its batch sub-jobs' ends."""
+    jobs' concurrency slots (a dropped duplicate holds none: its first run has the slot),
+    reports its batch sub-jobs' ends and runs each job in its producer's trace when tracing is on."""
 
 
-class DedupeSimpleWorker(_Dedupe, BatchReports, Slots, SimpleWorker):
+class DedupeSimpleWorker(_Dedupe, BatchReports, Slots, TracedJobs, SimpleWorker):
     """``rq.SimpleWorker`` (no fork) that drops a second delivery of a started job run, holds
-    its jobs' concurrency slots and reports its batch sub-jobs' ends."""
+    its jobs' concurrency slots, reports its batch sub-jobs' ends and runs each job in its
+    producer's trace when tracing is on."""

@@ -40,6 +40,8 @@ from ..scripts import RqJobWrites, RqSchedule
 from ..store import DelayStore
 from ..storecache import StoreCache
 from ..timeutil import to_ms
+from ..tracing import FIELDS as TRACE_FIELDS
+from ..tracing import TRACE_META, current_carrier
 from .registry import ScheduledJobRegistry, mirror_scheduled, registry_key
 from .target import JOB_KEY, job_envelope, job_rank
 
@@ -50,6 +52,7 @@ __all__ = [
     "SLOT_OPTION",
     "Queue",
     "UsesDelayStore",
+    "carry_trace",
     "slot_meta",
     "store_of_connection",
     "with_job_slot",
@@ -147,9 +150,29 @@ def slot_meta(value: Any) -> dict[str, Any]:
 
 
 def with_job_slot(envelope: Envelope, job: Job) -> Envelope:
-    """``envelope`` with the slot of ``job``'s meta (and its rank), if it has one."""
-    slot = (job.meta or {}).get(SLOT_META)
+    """``envelope`` with the slot of ``job``'s meta (and its rank), if it has one; and the trace
+    context it carries (:func:`carry_trace`), for the forward's span."""
+    meta = job.meta or {}
+    slot, trace = meta.get(SLOT_META), _trace_of(meta)
+    if trace is not None:
+        envelope = replace(envelope, meta={**envelope.meta, TRACE_META: trace})
     return envelope if slot is None else with_slot(envelope, Slot.parse(slot), job_rank(job))
+
+
+def carry_trace(job: Job) -> None:
+    """Put the current span's W3C context (``traceparent``, ``tracestate``) in ``job.meta``, saved
+    with the job: the forward's span links to it and a worker with :class:`~.tracing.TracedJobs`
+    runs the job in its trace. Outside a span (or without opentelemetry) the job keeps what it
+    has: a retry scheduled with no span current keeps its first producer's."""
+    carrier = current_carrier()
+    if carrier is not None:
+        kept = {k: v for k, v in (job.meta or {}).items() if k not in TRACE_FIELDS}
+        job.meta = {**kept, **carrier}
+
+
+def _trace_of(meta: Mapping[str, Any]) -> dict[str, str] | None:
+    trace = {k: v for k in TRACE_FIELDS if isinstance(v := meta.get(k), str)}
+    return trace or None
 
 
 class UsesDelayStore:
@@ -189,11 +212,11 @@ class Queue(UsesDelayStore, RQQueue):
         return ScheduledJobRegistry(queue=self, job_class=self.job_class, serializer=self.serializer)
 
     def job_envelope_bytes(self, job: Job) -> bytes:
-        """What the store keeps for ``job``: this queue's envelope, with the job's rate key and
-        slot from its meta when it has them."""
+        """What the store keeps for ``job``: this queue's envelope, with the job's rate key, slot
+        and trace context from its meta when it has them."""
         meta = job.meta or {}
         rate_key, slot = meta.get(RATE_KEY_META), meta.get(SLOT_META)
-        if rate_key is None and slot is None:
+        if rate_key is None and slot is None and meta.get("traceparent") is None:
             return self.envelope_bytes()
         envelope = self.envelope() if rate_key is None else with_rate_key(self.envelope(), rate_key)
         return with_job_slot(envelope, job).encode()
@@ -253,6 +276,7 @@ class Queue(UsesDelayStore, RQQueue):
             InvalidTimeError: ``datetime`` is not a datetime; nothing was saved.
         """
         ready = ready_at(datetime)
+        carry_trace(job)
 
         def save(pipe: Any) -> None:
             self.save_scheduled(job, ready, pipe, *args, **kwargs)

@@ -39,7 +39,7 @@ from .periodic import (
     check_syntax,
     next_cron_time,
 )
-from .queue import SLOT_META, SLOT_OPTION, UsesDelayStore, slot_meta, with_job_slot
+from .queue import SLOT_META, SLOT_OPTION, UsesDelayStore, carry_trace, slot_meta, with_job_slot
 from .registry import forget_scheduled
 from .target import KIND, OVERLAP_FIELD, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
 
@@ -336,6 +336,7 @@ class Scheduler(UsesDelayStore):
             job.origin, queue_class=self.queue_class, job_class=self.job_class, scheduler=True, schedule=schedule,
         )  # fmt: skip
         if not schedule:  # a one-off job; the runs of a repeating one share its id, so no slot (yet)
+            carry_trace(job)  # nor a producer's trace: each run of a repeating one starts its own
             envelope = with_job_slot(envelope, job)
         if on_store_server(store, self.connection):
             with self.connection.pipeline() as pipe:

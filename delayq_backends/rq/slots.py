@@ -29,6 +29,7 @@ from ..slots import SlotGuard
 from ..store import RUN_HOLD_MS, slot_member
 from .batches import BatchReports
 from .queue import SLOT_META, env_int, store_of_connection
+from .tracing import TracedJobs
 
 __all__ = ["SLOT_HOLD_ENV", "SlotSimpleWorker", "SlotWorker", "Slots"]
 
@@ -89,11 +90,11 @@ class Slots:
         return self._slot_guard
 
 
-class SlotWorker(BatchReports, Slots, Worker):
-    """``rq.Worker`` (forking) that holds its jobs' concurrency slots while they run, and
-    reports its batch sub-jobs' ends."""
+class SlotWorker(BatchReports, Slots, TracedJobs, Worker):
+    """``rq.Worker`` (forking) that holds its jobs' concurrency slots while they run, reports its
+    batch sub-jobs' ends and runs each job in its producer's trace when tracing is on."""
 
 
-class SlotSimpleWorker(BatchReports, Slots, SimpleWorker):
-    """``rq.SimpleWorker`` (no fork) that holds its jobs' concurrency slots while they run, and
-    reports its batch sub-jobs' ends."""
+class SlotSimpleWorker(BatchReports, Slots, TracedJobs, SimpleWorker):
+    """``rq.SimpleWorker`` (no fork) that holds its jobs' concurrency slots while they run, reports
+    its batch sub-jobs' ends and runs each job in its producer's trace when tracing is on."""
