@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from bench.lib.waiting import wait_for
 
-__all__ = ["max_overlap", "ms_at_or_after", "wait_for"]
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+__all__ = ["max_overlap", "memory_tracing", "ms_at_or_after", "wait_for"]
+
+
+def memory_tracing() -> tuple[TracerProvider, InMemorySpanExporter]:
+    """A tracer provider of its own (not the global one: other tests stay untraced) whose spans
+    are kept in memory as they end."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
 
 
 def ms_at_or_after(when: datetime) -> int:

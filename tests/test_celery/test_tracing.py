@@ -17,14 +17,12 @@ from typing import Any
 import pytest
 from celery import Celery
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from delayq_backends.celery import forget_store
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder.tracing import SPAN_NAME
-from tests.helpers import wait_for
+from tests.helpers import memory_tracing, wait_for
 from tests.test_celery.conftest import broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, watched
 
@@ -55,9 +53,7 @@ def traced_env(
 @pytest.fixture
 def producer_spans() -> Iterator[InMemorySpanExporter]:
     """Celery's instrumentation in this process, its spans kept in memory; removed after the test."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider, exporter = memory_tracing()
     instrumentor = CeleryInstrumentor()
     instrumentor.instrument(tracer_provider=provider)
     try:

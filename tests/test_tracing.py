@@ -1,0 +1,123 @@
+"""Tracing's switch and its edges (docs/tracing.md): off without a tracer provider or without
+opentelemetry, decided once when the forwarder is built; a stored trace context that is garbage
+links to nothing; a tracer that raises never stops forwarding. The end-to-end traces are in
+tests/test_celery/test_tracing.py and tests/test_rq/test_tracing.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from opentelemetry.sdk.trace import TracerProvider
+
+from delayq_backends import DelayStore, Envelope
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.forwarder.tracing import SPAN_NAME
+from delayq_backends.targets import RedisListTarget
+from delayq_backends.tracing import TRACE_META, context_links, current_carrier, tracer
+from tests.harness import ROOT, checkout_env
+from tests.helpers import memory_tracing
+
+GOOD = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def out(valkey_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(valkey_url)
+    yield client
+    client.close()
+
+
+def envelope(key: str, trace: Any = None) -> Envelope:
+    return Envelope("list", key, b"x", meta={} if trace is None else {TRACE_META: trace})
+
+
+def test_tracing_is_off_without_a_tracer_provider(store: DelayStore, out: redis.Redis) -> None:
+    """The API's default provider makes spans that go nowhere: the forwarder makes none, and its
+    publisher holds None (one test of it per publish call is all tracing costs then)."""
+    assert tracer() is None and current_carrier() is None
+    assert Forwarder(store, [RedisListTarget(out)]).pass_.publisher.tracer is None
+    provider, _ = memory_tracing()
+    assert Forwarder(store, [RedisListTarget(out)], tracer_provider=provider).pass_.publisher.tracer is not None
+
+
+@pytest.mark.parametrize(
+    "carrier",
+    [
+        None,
+        "00-abc",
+        {},
+        {"traceparent": 7},
+        {"traceparent": "garbage"},
+        {"traceparent": "00-" + "0" * 32 + "-" + "0" * 16 + "-01"},
+    ],
+)
+def test_a_garbage_trace_context_links_to_nothing(carrier: Any) -> None:
+    assert context_links(carrier) == []
+
+
+def test_an_item_with_a_garbage_context_is_forwarded_with_an_unlinked_span(
+    store: DelayStore, out: redis.Redis, prefix: str
+) -> None:
+    provider, exporter = memory_tracing()
+    key = f"{prefix}:out"
+    store.schedule("good", 1, envelope(key, {"traceparent": GOOD}))
+    store.schedule("junk", 1, envelope(key, {"traceparent": ["not", "a", "string"]}))
+    assert Forwarder(store, [RedisListTarget(out)], tracer_provider=provider).run_once() == 2
+    assert out.llen(key) == 2
+    links = {s.attributes["delayq.item.id"]: s.links for s in exporter.get_finished_spans() if s.name == SPAN_NAME}
+    assert [f"{link.context.span_id:016x}" for link in links["good"]] == ["b7ad6b7169203331"]
+    assert links["junk"] == ()
+
+
+class _Broken:
+    def start_span(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("exporter bug")
+
+
+class _BrokenProvider(TracerProvider):
+    def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+        return _Broken()
+
+
+def test_a_tracer_that_raises_never_stops_forwarding(
+    store: DelayStore, out: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = f"{prefix}:out"
+    fwd = Forwarder(store, [RedisListTarget(out)], tracer_provider=_BrokenProvider(), batch=1)
+    for i in range(3):
+        store.schedule(f"i{i}", 1, envelope(key, {"traceparent": GOOD}))
+    with caplog.at_level(logging.ERROR, "delayq.forwarder"):
+        assert fwd.run_once() == 3
+    assert out.llen(key) == 3 and fwd.stats.acked == 3
+    # logged once, not once per call
+    assert [r.getMessage() for r in caplog.records].count(
+        "tracing: the forward's spans could not be made; forwarding goes on"
+    ) == 1
+
+
+def test_without_opentelemetry_tracing_is_off_and_nothing_else_changes() -> None:
+    """Where the extra is not installed: every module imports, and tracing says off."""
+    code = """
+import json, sys
+from delayq_backends.tracing import context_links, current_carrier, tracer
+from delayq_backends.forwarder.tracing import ForwardTracer
+import delayq_backends.rq, delayq_backends.celery
+carrier = {"traceparent": sys.argv[1]}
+print(json.dumps([tracer(), current_carrier(), context_links(carrier), ForwardTracer.start({})]))
+"""
+    env = checkout_env(DELAYQ_TEST_BLOCK="opentelemetry")
+    env["PYTHONPATH"] = f"{ROOT / 'tests' / 'blocked'}:{env['PYTHONPATH']}"
+    done = subprocess.run([sys.executable, "-c", code, GOOD], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [None, None, [], None]
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import opentelemetry"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert blocked.returncode != 0  # the block works: the check above ran without opentelemetry
