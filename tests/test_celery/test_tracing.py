@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,14 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from delayq_backends.celery import forget_store
+from delayq_backends.celery.message import StoredMessage
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder.tracing import SPAN_NAME
+from delayq_backends.tracing import FIELDS as TRACE_FIELDS
 from tests.helpers import memory_tracing, wait_for
 from tests.test_celery.conftest import broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, watched
+from tests.test_celery.test_periodic import Harness
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +120,16 @@ def test_a_delayed_task_is_one_trace_producer_forward_worker(
     )
     assert run["context"]["trace_id"] == trace_id
     assert run["parent_id"] == span_id
+
+
+def test_a_periodic_run_starts_its_own_trace_even_when_synced_under_one(producer_spans: InMemorySpanExporter) -> None:
+    """The entry's message is captured through Celery's sender, where the instrumentation writes
+    the sync's context: kept, every run would continue the sync's trace, and each sync (a new
+    context) would count as a change of the entry."""
+    h = Harness(datetime(2026, 5, 4, 12, tzinfo=timezone.utc), {"a": {"task": "t.a", "schedule": 60.0}})
+    assert h.sync().added == ["a"]
+    assert h.sync().unchanged == ["a"]
+    assert any(s.name == "apply_async/t.a" for s in producer_spans.get_finished_spans())  # captured under a span
+    h.fire_next("a")
+    [run] = [StoredMessage.from_envelope(d.envelope) for d in h.sent.delivered]
+    assert run.task == "t.a" and not set(TRACE_FIELDS) & set(run.headers)
