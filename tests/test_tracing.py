@@ -10,6 +10,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +22,16 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.forwarder.tracing import SPAN_NAME
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.tracing import TRACE_META, context_links, current_carrier, tracer
-from tests.harness import ROOT, checkout_env
-from tests.helpers import memory_tracing
+from tests.harness import ROOT, Launcher, checkout_env, make_store
+from tests.helpers import memory_tracing, wait_for
 
 GOOD = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def store(valkey_url: str, prefix: str) -> DelayStore:
+    """One server: tracing does not depend on the store's kind."""
+    return make_store(valkey_url, prefix)
 
 
 @pytest.fixture
@@ -121,3 +128,22 @@ print(json.dumps([tracer(), current_carrier(), context_links(carrier), ForwardTr
         [sys.executable, "-c", "import opentelemetry"], env=env, capture_output=True, text=True, timeout=60
     )
     assert blocked.returncode != 0  # the block works: the check above ran without opentelemetry
+
+
+def test_delayq_forward_under_opentelemetry_instrument_links_its_spans(
+    store: DelayStore, out: redis.Redis, prefix: str, procs: Launcher, tmp_path: Path
+) -> None:
+    """The plain CLI's way in (docs/tracing.md): ``opentelemetry-instrument delayq forward`` with
+    the console exporter; the forward's span, in the process's output, links to the stored context."""
+    key = f"{prefix}:out"
+    store.schedule("one", 1, envelope(key, {"traceparent": GOOD}))
+    log = tmp_path / "forward.log"
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    env["OTEL_BSP_SCHEDULE_DELAY"] = "50"  # export within 50 ms, not 5 s
+    instrument = str(Path(sys.executable).parent / "opentelemetry-instrument")
+    args = [instrument, sys.executable, "-m", "delayq_backends.cli", "forward", "--url", store.config.url]
+    procs.start([*args, "--prefix", prefix, "--shards", str(store.shards)], env=checkout_env(**env), log=log)
+    wait_for(lambda: out.llen(key) == 1, 30, "the item forwarded")
+    wait_for(lambda: '"name": "delayq.forward"' in log.read_text(), 30, "the forward's span exported")
+    text = log.read_text()
+    assert '"trace_id": "0x0af7651916cd43dd8448eb211c80319c"' in text and '"span_id": "0xb7ad6b7169203331"' in text
