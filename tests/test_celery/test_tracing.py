@@ -24,6 +24,7 @@ from delayq_backends.celery import forget_store
 from delayq_backends.celery.message import StoredMessage
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder.tracing import SPAN_NAME
+from delayq_backends.testing import TestingForwarder
 from delayq_backends.tracing import FIELDS as TRACE_FIELDS
 from tests.helpers import memory_tracing, wait_for
 from tests.test_celery.conftest import broker_url_for
@@ -127,9 +128,14 @@ def test_a_periodic_run_starts_its_own_trace_even_when_synced_under_one(producer
     the sync's context: kept, every run would continue the sync's trace, and each sync (a new
     context) would count as a change of the entry."""
     h = Harness(datetime(2026, 5, 4, 12, tzinfo=timezone.utc), {"a": {"task": "t.a", "schedule": 60.0}})
+    provider, forwarded = memory_tracing()
+    h.forwarder = TestingForwarder(h.store, [h.sent, h.periodic], tracer_provider=provider)
     assert h.sync().added == ["a"]
     assert h.sync().unchanged == ["a"]
     assert any(s.name == "apply_async/t.a" for s in producer_spans.get_finished_spans())  # captured under a span
     h.fire_next("a")
     [run] = [StoredMessage.from_envelope(d.envelope) for d in h.sent.delivered]
     assert run.task == "t.a" and not set(TRACE_FIELDS) & set(run.headers)
+    (forward,) = forwarded.get_finished_spans()  # the run's forward: linked to nothing
+    assert forward.attributes is not None and forward.attributes["delayq.kind"] == "celery-periodic"
+    assert forward.links == ()
