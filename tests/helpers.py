@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 from bench.lib.waiting import wait_for
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-__all__ = ["max_overlap", "memory_tracing", "ms_at_or_after", "wait_for"]
+__all__ = ["json_lines_exporter", "max_overlap", "memory_tracing", "ms_at_or_after", "wait_for"]
 
 
 def memory_tracing() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -25,6 +26,18 @@ def memory_tracing() -> tuple[TracerProvider, InMemorySpanExporter]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider, exporter
+
+
+def json_lines_exporter(path: str) -> SpanExporter:
+    """An exporter appending each span to ``path`` as one JSON line (the SDK's ``to_json``), line
+    buffered: how a worker or forwarder subprocess hands its spans to the test."""
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    def line(span: ReadableSpan) -> str:
+        return span.to_json(indent=None) + "\n"
+
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+    return ConsoleSpanExporter(out=out, formatter=line)
 
 
 def ms_at_or_after(when: datetime) -> int:

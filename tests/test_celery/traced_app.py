@@ -7,20 +7,14 @@ import os
 
 from opentelemetry import trace
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from tests.helpers import json_lines_exporter
 from tests.test_celery.tasks import app_from_env
 
-
-def _line(span: ReadableSpan) -> str:
-    return span.to_json(indent=None) + "\n"
-
-
 provider = TracerProvider()
-# line-buffered: a span is in the file once it ended, for the test to read while we run
-spans = open(os.environ["DQT_SPANS"], "a", buffering=1)  # noqa: SIM115 - open for the process's life
-provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=spans, formatter=_line)))
+provider.add_span_processor(SimpleSpanProcessor(json_lines_exporter(os.environ["DQT_SPANS"])))
 trace.set_tracer_provider(provider)
 CeleryInstrumentor().instrument()
 

@@ -1,12 +1,14 @@
 """Traces across the wait on RQ: ``enqueue_in`` under a span carries its context in the job's meta
 and envelope, the forward's span links to it, and :class:`TracedJobs` runs the job in the
 producer's trace (docs/tracing.md). An in-process forwarder and ``SimpleWorker`` (the slot and
-dedupe workers mix it in), spans in memory."""
+dedupe workers mix it in), spans in memory; and a real, forking ``rq worker``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import redis
@@ -20,6 +22,7 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.forwarder.tracing import SPAN_NAME
 from delayq_backends.rq import DedupeSimpleWorker, Queue, RQTarget, SlotSimpleWorker
 from delayq_backends.tracing import TRACE_META
+from tests.harness.rq import Processes
 from tests.helpers import memory_tracing, wait_for
 
 
@@ -109,3 +112,30 @@ def test_a_failed_run_is_an_error_span(
     forward_and_run(queue, rq_store, conn, provider)
     (run,) = named(exporter, "run/tests.test_rq.jobs.always_fails")
     assert run.status.status_code == StatusCode.ERROR
+
+
+def test_a_forking_rq_worker_runs_the_job_in_the_producers_trace(
+    queue: Queue,
+    rq_store: DelayStore,
+    conn: redis.Redis,
+    tracing: tuple[TracerProvider, InMemorySpanExporter],
+    processes: Processes,
+    tmp_path: Path,
+) -> None:
+    """A real ``rq worker`` (forking: the job runs in a work horse that RQ ends with ``os._exit``)."""
+    provider, _ = tracing
+    with provider.get_tracer("test").start_as_current_span("request") as request:
+        job = queue.enqueue_in(timedelta(0), "tests.test_rq.jobs.record", "forked")
+    producer = request.get_span_context()
+    forwarder = Forwarder(rq_store, [RQTarget(conn)], tracer_provider=provider)
+    wait_for(lambda: forwarder.run_once() == 1, 5, "the job forwarded")
+    spans = tmp_path / "spans.jsonl"
+    processes.env["DQT_SPANS"] = str(spans)
+    worker = processes.worker(
+        queue.name, burst=True, extra=("--worker-class", "tests.test_rq.traced_worker.TracedWorker")
+    )
+    assert worker.wait(timeout=60) == 0
+    [run] = [json.loads(line) for line in spans.read_text().splitlines() if job.id in line]
+    assert run["name"] == "run/tests.test_rq.jobs.record"
+    assert run["context"]["trace_id"] == f"0x{producer.trace_id:032x}"
+    assert run["parent_id"] == f"0x{producer.span_id:016x}"
