@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from rq.job import Job
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.forwarder.tracing import SPAN_NAME
-from delayq_backends.rq import DedupeSimpleWorker, Queue, RQTarget, SlotSimpleWorker
+from delayq_backends.rq import DedupeSimpleWorker, Queue, RQTarget, Scheduler, SlotSimpleWorker
 from delayq_backends.tracing import TRACE_META
 from tests.harness.rq import Processes
 from tests.helpers import memory_tracing, wait_for
@@ -139,3 +139,21 @@ def test_a_forking_rq_worker_runs_the_job_in_the_producers_trace(
     assert run["name"] == "run/tests.test_rq.jobs.record"
     assert run["context"]["trace_id"] == f"0x{producer.trace_id:032x}"
     assert run["parent_id"] == f"0x{producer.span_id:016x}"
+
+
+def test_a_scheduler_one_off_job_carries_the_context_and_a_repeating_one_does_not(
+    conn: redis.Redis, rq_store: DelayStore, prefix: str, tracing: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """A repeating job's runs share its id and meta: a producer's context there would make every
+    run, for ever, part of the trace of the request that set the schedule up."""
+    provider, _ = tracing
+    scheduler = Scheduler(f"{prefix}-s", connection=conn, delay_store=rq_store)
+    with provider.get_tracer("test").start_as_current_span("request"):
+        once = scheduler.enqueue_in(timedelta(minutes=5), "tests.test_rq.jobs.record", "once")
+        cron = scheduler.cron("*/5 * * * *", "tests.test_rq.jobs.record", args=["cron"])
+        every = scheduler.schedule(datetime.now(timezone.utc), "tests.test_rq.jobs.record", args=["every"], interval=60)
+    assert "traceparent" in Job.fetch(once.id, connection=conn).meta
+    for job in (cron, every):
+        assert "traceparent" not in Job.fetch(job.id, connection=conn).meta
+        item = rq_store.get(job.id)
+        assert item is not None and TRACE_META not in Envelope.decode(item.envelope).meta
