@@ -141,6 +141,8 @@ class _Firing:
     extra: list[Delivery] = field(default_factory=list)
     skipped: int = 0
     taken: bool = False
+    #: the :class:`Run` each delivery (by id) was made for: its period and what made it
+    made: dict[str, Run] = field(default_factory=dict)
 
     @property
     def deliveries(self) -> list[Delivery]:
@@ -210,9 +212,12 @@ class FiringTarget:
         template = self.maker.template(d.envelope)
         state = state_of(d.envelope)
         planned = plan_entry(state, now)
-        runs = [self.maker.run(d, template, state, Run(slot), now) for slot in planned.plan.runs]
-        extra = [self.maker.run(d, template, state, run, now) for run in planned.extra]
-        return _Firing(d, template, state, planned.plan, runs, extra)
+        f = _Firing(d, template, state, planned.plan, [], [])
+        for run in [Run(slot) for slot in planned.plan.runs] + planned.extra:
+            delivery = self.maker.run(d, template, state, run, now)
+            (f.runs if run.kind == SCHEDULED else f.extra).append(delivery)
+            f.made[delivery.id] = run
+        return f
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()
