@@ -17,10 +17,11 @@ import redis
 from celery import Celery
 
 from delayq_backends.celery import forget_store, store_for
-from delayq_backends.celery.periodic import item_id, statuses, sync
-from delayq_backends.celery.schedules import Slot, run_task_id
+from delayq_backends.celery.periodic import sync
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.keys import periodic_key
+from delayq_backends.periodic.ops import item_id, statuses
+from delayq_backends.periodic.schedules import Slot, run_task_id
 from tests.helpers import wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, delayq_cli, delete_queue, new_env
@@ -114,7 +115,9 @@ def test_periodic_commands(valkey_server: EmbeddedServer, tmp_path: Path) -> Non
     plain += ["--prefix", env.prefix, "--shards", "4"]
     table = subprocess.run(plain, env=env.env, capture_output=True, text=True, timeout=60, check=False)
     assert table.returncode == 0 and "tick" in table.stdout and "run_all" in table.stdout, table.stderr
-    assert "removed: tick" in celery("remove", "tick").stdout
+    refused = celery("remove", "tick")
+    assert refused.returncode == 1 and "--force" in refused.stderr, refused.stderr  # a sync adds it back
+    assert "removed: tick" in celery("remove", "tick", "--force").stdout
     assert json.loads(celery("list", "--json").stdout) == []
 
 
