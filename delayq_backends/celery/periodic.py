@@ -32,27 +32,29 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from numbers import Real
 from typing import Any
 
 from celery import Celery
 from kombu.utils.json import dumps as kombu_json_dumps
 
-from ..envelope import Envelope, with_slot
+from ..envelope import Envelope
 from ..errors import DelayqError, EnvelopeError, NewerFormatError
-from ..keys import MAX_RANK, RANK_SPAN, normalize_id, periodic_key
-from ..models import CancelOutcome, DeliveryFailure, RearmOutcome
-from ..overlap_policy import ALLOW, POLICIES, Fire, OverlapAsk, check_policy, fire_runs, overlap_slot
-from ..store import DelayStore, slot_member
-from ..store.lease import Lease
-from ..targets import Delivery, PublishReport, Target
+from ..keys import normalize_id, periodic_key
+from ..models import CancelOutcome, RearmOutcome
+from ..overlap_policy import ALLOW, check_policy, overlap_slot
+from ..periodic.firing import FiringTarget, Run
+from ..periodic.schedules import Misfire, Schedule, Slot, run_task_id
+from ..periodic.state import META, LastRun, PeriodicState, state_of, with_state
+from ..store import DelayStore
+from ..targets import Delivery, Target
 from ..timeutil import Clock, from_ms
 from .message import KIND as CELERY_KIND
 from .message import StoredMessage, TaskView, priority_rank
-from .schedules import Misfire, Plan, Schedule, Slot, from_celery, run_task_id, schedule_from_json
+from .schedules import from_celery
 from .settings import store_for
 from .slots import SLOT_HEADER
 from .template import Capture
@@ -79,8 +81,6 @@ log = logging.getLogger("delayq.celery.periodic")
 #: ``Envelope.target`` of periodic entries: a forwarder without :class:`PeriodicTarget` (an older
 #: version) leaves them alone and says so, instead of sending the template as a one-off task.
 KIND = "celery-periodic"
-#: the envelope meta key holding the entry's :class:`PeriodicState`
-META = "periodic"
 ID_PREFIX = "periodic:"
 #: ``beat_schedule`` entry keys we read (``relative`` as Celery's ``schedule(relative=True)``)
 _ENTRY_KEYS = {"task", "schedule", "args", "kwargs", "options", "relative"}
@@ -99,116 +99,37 @@ def item_id(name: str) -> str:
     return normalize_id(f"{ID_PREFIX}{name}")
 
 
-@dataclass(frozen=True)
-class LastRun:
-    """The last firing: its latest period, when it was sent, and how many periods it missed."""
-
-    key: str
-    at_ms: int
-    sent_ms: int
-    missed: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "at": self.at_ms, "sent": self.sent_ms, "missed": self.missed}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> LastRun | None:
-        if not data:
-            return None
-        return cls(str(data["key"]), int(data["at"]), int(data["sent"]), int(data.get("missed", 0)))
+def _envelope(message: StoredMessage, state: PeriodicState) -> bytes:
+    """The stored entry: the template message's envelope as kind ``celery-periodic``, with ``state``."""
+    return with_state(replace(message.to_envelope(), target=KIND), state)
 
 
-@dataclass(frozen=True)
-class PeriodicState:
-    """What a periodic item's envelope carries besides the message (meta ``periodic``)."""
-
-    name: str
-    schedule: Schedule
-    misfire: Misfire
-    fingerprint: str
-    slot: Slot
-    rank: int = 0
-    expires: float | None = None  # seconds after each send, when the entry's ``expires`` is relative
-    last: LastRun | None = None
-    runs: int = 0
-    overlap: str = ALLOW
-    #: periods skipped by the overlap policy, so far
-    skipped: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        extra = {} if self.overlap == ALLOW and not self.skipped else {"overlap": self.overlap, "skipped": self.skipped}
-        return {
-            **extra,
-            "name": self.name,
-            "schedule": self.schedule.to_json(),
-            "misfire": self.misfire.to_json(),
-            "fp": self.fingerprint,
-            "slot": self.slot.to_json(),
-            "rank": self.rank,
-            "expires": self.expires,
-            "last": None if self.last is None else self.last.to_json(),
-            "runs": self.runs,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PeriodicState:
-        return cls(
-            name=str(data["name"]),
-            schedule=schedule_from_json(data["schedule"]),
-            misfire=Misfire.from_json(data["misfire"]),
-            fingerprint=str(data["fp"]),
-            slot=Slot.from_json(data["slot"]),
-            rank=int(data.get("rank", 0)),
-            expires=None if data.get("expires") is None else float(data["expires"]),
-            last=LastRun.from_json(data.get("last")),
-            runs=int(data.get("runs", 0)),
-            overlap=_policy(data.get("overlap", ALLOW)),
-            skipped=_count(data.get("skipped", 0)),
-        )
-
-    def fired(self, plan: Plan, now_ms: int, skipped: int = 0) -> PeriodicState:
-        """The state after sending ``plan``'s runs (``skipped`` more periods skipped by the
-        overlap policy): due at ``plan.next``."""
-        last = self.last
-        if plan.runs or plan.missed:
-            latest = plan.runs[-1] if plan.runs else self.slot
-            last = LastRun(latest.key, latest.at_ms, now_ms, plan.missed)
-        return replace(self, slot=plan.next, last=last, runs=self.runs + len(plan.runs), skipped=self.skipped + skipped)
-
-
-def _policy(value: Any) -> str:
-    """A stored overlap policy; one no release wrote (a hand write) reads as ``allow``."""
-    return str(value) if value in POLICIES else ALLOW
-
-
-def _count(value: Any) -> int:
-    """A stored count; one that is none (a hand write) starts again from 0."""
-    return value if type(value) is int and value >= 0 else 0
-
-
-def _envelope(message: StoredMessage, state: PeriodicState) -> Envelope:
-    plain = message.to_envelope()
-    return replace(plain, target=KIND, meta={**plain.meta, META: state.to_json()})
+def _message_of(envelope: Envelope) -> StoredMessage:
+    """The template message of a periodic envelope; EnvelopeError if it is none."""
+    meta = {k: v for k, v in envelope.meta.items() if k != META}
+    return StoredMessage.from_envelope(replace(envelope, target=CELERY_KIND, meta=meta))
 
 
 def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
     """The message and state of a periodic envelope; EnvelopeError if it is none."""
-    meta = dict(envelope.meta)
-    try:
-        state = PeriodicState.from_json(meta.pop(META))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise EnvelopeError(f"not a delayq periodic entry: {type(exc).__name__}: {exc}") from exc
-    message = StoredMessage.from_envelope(replace(envelope, target=CELERY_KIND, meta=meta))
-    return message, state
+    return _message_of(envelope), state_of(envelope)
 
 
-def _run_delivery(d: Delivery, message: StoredMessage, state: PeriodicState, slot: Slot, now: int) -> Delivery:
-    """The delivery of one period's run of entry item ``d``: id ``<item>#<task id>``; with an
-    overlap policy, its message carries the entry's concurrency slot for the worker to hold."""
-    task_id = run_task_id(state.name, slot)
-    headers = {} if state.overlap == ALLOW else {SLOT_HEADER: {"key": overlap_slot(state.name).key, "limit": 1}}
-    run = _run_message(message, task_id, state.expires, now, headers)
-    return Delivery(f"{d.id}#{task_id}", run.to_envelope(), d.attempts, slot.at_ms)
+class CeleryRuns:
+    """The run maker of ``celery-periodic`` entries (:class:`~delayq_backends.periodic.firing.RunMaker`)."""
+
+    kind = KIND
+
+    def template(self, envelope: Envelope) -> StoredMessage:
+        return _message_of(envelope)
+
+    def run(self, entry: Delivery, template: StoredMessage, state: PeriodicState, run: Run, now_ms: int) -> Delivery:
+        """The delivery of one run of entry item ``entry``: id ``<item>#<task id>``; with an
+        overlap policy, its message carries the entry's concurrency slot for the worker to hold."""
+        task_id = run.task_id(state.name)
+        headers = {} if state.overlap == ALLOW else {SLOT_HEADER: {"key": overlap_slot(state.name).key, "limit": 1}}
+        message = _run_message(template, task_id, state.expires, now_ms, headers)
+        return Delivery(f"{entry.id}#{task_id}", message.to_envelope(), entry.attempts, run.slot.at_ms)
 
 
 def _run_message(
@@ -257,7 +178,7 @@ class PeriodicEntry:
             skipped,
         )
 
-    def envelope(self, state: PeriodicState) -> Envelope:
+    def envelope(self, state: PeriodicState) -> bytes:
         return _envelope(self.message, state)
 
 
@@ -611,64 +532,11 @@ def task_view(envelope: Envelope) -> TaskView | None:
 
 # -- the forwarder's side ----------------------------------------------------------------------
 
-#: the shortest lease an entry is fired under: a broker's publish confirm must fit in it
-MIN_ENTRY_LEASE_MS = 1000
 
-
-def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
-    """How long a forwarder firing ``state``'s entry holds it: half its period (at least
-    :data:`MIN_ENTRY_LEASE_MS`), at most the store's lease. A forwarder killed while firing it
-    delays the entry by that much: under ``run_once`` a lease longer than the period would
-    collapse the periods it covers into one run."""
-    period = state.schedule.following(state.slot).at_ms - state.slot.at_ms
-    return min(lease_ms, max(MIN_ENTRY_LEASE_MS, period // 2))
-
-
-@dataclass
-class _Firing:
-    """One entry being fired: its item, message, state and plan, the run deliveries to publish,
-    the periods its overlap policy skipped, and whether it took its slot for them."""
-
-    d: Delivery
-    message: StoredMessage
-    state: PeriodicState
-    plan: Plan
-    runs: list[Delivery]
-    skipped: int = 0
-    taken: bool = False
-
-
-def _task_id(run: Delivery) -> str:
-    """The task id of a run delivery (``<item>#<task id>``)."""
-    return run.id.rpartition("#")[2]
-
-
-def _member(run: Delivery) -> str:
-    """A run's member in its entry's slot: as the worker names it (task id, retries 0)."""
-    return slot_member(_task_id(run), 0)
-
-
-def _order(state: PeriodicState, run: Delivery) -> int:
-    """A run's order in its slot's line, as the forwarder's slot hook orders slotted items."""
-    return (MAX_RANK - state.rank) * RANK_SPAN + run.ready_ms
-
-
-def _give_back_slot(store: DelayStore | None, f: _Firing) -> None:
-    """The slot taken for a run that was not published goes back (else it is held until its
-    start hold lapses, and the periods meanwhile are skipped)."""
-    if not f.taken or store is None:
-        return
-    key = overlap_slot(f.state.name).key
-    try:
-        store.hold_slots({key: [_member(f.runs[0])]}, "end", hold_ms=0)
-    except Exception as exc:  # its hold lapses by itself
-        log.warning("periodic entry %r: could not give back its slot (%s)", f.state.name, exc)
-
-
-class PeriodicTarget:
-    """Fires ``celery-periodic`` items: publishes each due period's run through ``inner`` (the
-    forwarder's Celery target), then acks the item and schedules its next period in one step
-    under the claim's lease (:meth:`Lease.rearm`).
+class PeriodicTarget(FiringTarget):
+    """Fires ``celery-periodic`` items (:class:`~delayq_backends.periodic.firing.FiringTarget`
+    with :class:`CeleryRuns`): publishes each due period's run through ``inner``, the
+    forwarder's Celery target.
 
     Args:
         inner: the target of kind ``celery`` that publishes the runs.
@@ -687,140 +555,4 @@ class PeriodicTarget:
     ) -> None:
         if inner.kind != CELERY_KIND:
             raise ValueError(f"PeriodicTarget publishes through a {CELERY_KIND!r} target, not {inner.kind!r}")
-        self.inner = inner
-        self.clock = clock
-        #: told (entry name, periods) of the periods an overlap policy skipped: the metrics' counter
-        self.on_skipped = on_skipped
-
-    def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
-        """Without a lease the next run could not be scheduled safely: nothing is sent."""
-        why = "a periodic entry is fired only under a claim's lease (Forwarder calls publish_claimed)"
-        return PublishReport(failed=[DeliveryFailure(d.id, why) for d in deliveries])
-
-    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
-        report = PublishReport()
-        now = self.clock() if self.clock is not None else lease.now_ms()
-        fired: list[_Firing] = []
-        shorter: dict[int, list[str]] = {}
-        for d in deliveries:
-            try:  # one entry that cannot be decoded, planned or encoded fails alone
-                message, state = _decode(d.envelope)
-                plan = state.misfire.plan(state.schedule, state.slot, now)
-                mine = [_run_delivery(d, message, state, slot, now) for slot in plan.runs]
-                fit = entry_lease_ms(state, lease.store.config.lease_ms)
-            except Exception as exc:
-                why = f"cannot fire this periodic entry: {type(exc).__name__}: {exc}"
-                report.failed.append(DeliveryFailure(d.id, why, permanent=True))
-                continue
-            fired.append(_Firing(d, message, state, plan, mine))
-            if fit < lease.store.config.lease_ms:
-                shorter.setdefault(fit, []).append(d.id)
-        for fit, ids in shorter.items():  # before the publish: a kill from here on costs one short lease
-            lease.extend(ids, lease_ms=fit)
-        store = lease.store if isinstance(lease.store, DelayStore) else None
-        fired = self._overlap(fired, store, report)
-        runs = [run for f in fired for run in f.runs]
-        sent = self.inner.publish_many(runs) if runs else PublishReport()
-        report.broker_error = sent.broker_error
-        published, unsent = set(sent.published), set(sent.unsent)
-        failed = {f.id: f for f in sent.failed}
-        for f in fired:
-            ids = [run.id for run in f.runs]
-            if all(i in published for i in ids):
-                self._rearm(lease, f, now)
-                report.published.append(f.d.id)
-                report.acked.append(f.d.id)
-                continue
-            _give_back_slot(store, f)
-            if any(i in unsent for i in ids):  # given back: its runs go again, all of them
-                report.unsent.append(f.d.id)
-            else:
-                # the broker refused a run: the entry waits (no attempt counted), never a dead letter
-                errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(f.d.id, "not published")]
-                error, permanent = "; ".join(e.error for e in errors), all(e.permanent for e in errors)
-                report.failed.append(DeliveryFailure(f.d.id, error, permanent=permanent, waits=not permanent))
-        return report
-
-    def _overlap(self, fired: list[_Firing], store: DelayStore | None, report: PublishReport) -> list[_Firing]:
-        """Apply the overlap policies: an entry with one fires only its latest due period (the
-        earlier ones would overlap it: skipped), which runs if its slot is free, waits in the
-        slot's line (buffer_one: scheduled as a slotted task, due now) or is skipped. An entry
-        whose slot cannot be asked waits, as when its broker refuses (the limit is what the
-        policy protects)."""
-        asks: dict[str, OverlapAsk] = {}
-        for f in fired:
-            if f.state.overlap != ALLOW and f.runs:
-                f.skipped, f.runs = len(f.runs) - 1, f.runs[-1:]
-                f.plan = replace(f.plan, runs=f.plan.runs[-1:])
-                asks[f.state.name] = OverlapAsk(f.state.overlap, _member(f.runs[0]), _order(f.state, f.runs[0]))
-        if not asks:
-            return fired
-        if store is None:  # a forwarder role's store alone (no slots): the limit is what counts
-            outcomes: Mapping[str, Fire | Exception] = {n: DelayqError("no slot role on this store") for n in asks}
-        else:
-            outcomes = fire_runs(store, asks)
-        kept: list[_Firing] = []
-        for f in fired:
-            outcome = outcomes.get(f.state.name, Fire.RUN)
-            try:
-                if isinstance(outcome, Exception):
-                    raise outcome
-                if outcome is Fire.WAIT and store is not None:  # its own item from now on: in the line
-                    run = f.runs[0]
-                    envelope = with_slot(run.envelope, overlap_slot(f.state.name), f.state.rank)
-                    store.schedule(_task_id(run), from_ms(run.ready_ms), envelope, mode="keep", rank=f.state.rank)
-                    f.runs = []
-                elif outcome is Fire.SKIP:
-                    f.skipped += 1
-                    f.runs, f.plan = [], replace(f.plan, runs=[])
-            except Exception as exc:
-                why = f"its overlap policy could not be applied ({type(exc).__name__}: {exc})"
-                report.failed.append(DeliveryFailure(f.d.id, why, waits=True))
-                continue
-            f.taken = outcome is Fire.RUN and f.state.name in asks
-            kept.append(f)
-        return kept
-
-    def _rearm(self, lease: Lease, f: _Firing, now: int) -> None:
-        state, plan = f.state, f.plan
-        following = state.fired(plan, now, f.skipped)
-        try:
-            outcome = lease.rearm(f.d.id, from_ms(plan.next.at_ms), _envelope(f.message, following), rank=state.rank)
-        except Exception as exc:  # the run went out; the item stays leased and fires again later
-            log.error(
-                "periodic entry %r: sent, but its next run could not be scheduled (%s: %s); it is fired again "
-                "when its lease runs out",
-                state.name,
-                type(exc).__name__,
-                exc,
-            )
-            return
-        if outcome is RearmOutcome.HELD:
-            log.warning("periodic entry %r: our lease ran out while firing it; another forwarder has it", state.name)
-        elif outcome is RearmOutcome.NOT_FOUND:
-            log.info("periodic entry %r was removed while being fired", state.name)
-        else:
-            if f.skipped:
-                log.info("periodic entry %r: %d period(s) skipped, its last run still running (overlap %s)",
-                         state.name, f.skipped, state.overlap)  # fmt: skip
-                if self.on_skipped is not None:
-                    self.on_skipped(state.name, f.skipped)
-            if plan.missed:
-                log.warning(
-                    "periodic entry %r: %d period(s) missed (%s), %d run(s) sent; next %s",
-                    state.name,
-                    plan.missed,
-                    state.misfire.policy,
-                    len(plan.runs),
-                    datetime.fromtimestamp(plan.next.at_ms / 1000, tz=timezone.utc).isoformat(),
-                )
-
-    def queue_depth(self, queue: str) -> int:
-        """The inner target's depth probe (flow control), when it has one."""
-        probe = getattr(self.inner, "queue_depth", None)
-        if probe is None:
-            raise NotImplementedError("the inner target has no queue depth probe")
-        return int(probe(queue))
-
-    def close(self) -> None:
-        """The inner target is the forwarder's too; it closes it."""
+        super().__init__(CeleryRuns(), inner, clock=clock, on_skipped=on_skipped)

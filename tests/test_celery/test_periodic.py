@@ -16,9 +16,9 @@ from celery.schedules import crontab, solar
 
 from delayq_backends.celery.message import StoredMessage
 from delayq_backends.celery.periodic import KIND, PeriodicTarget, item_id, remove, statuses, sync
-from delayq_backends.celery.schedules import run_task_id
 from delayq_backends.envelope import Envelope
 from delayq_backends.models import RearmOutcome
+from delayq_backends.periodic.schedules import run_task_id
 from delayq_backends.store import Lease
 from delayq_backends.testing import CollectingTarget, FakeClock, TestingForwarder, TestingStore, testing_store
 
@@ -278,7 +278,7 @@ def test_a_kill_between_publish_and_rearm_resends_that_period_with_its_task_id_a
 
 
 def _slot(ms: int) -> Any:
-    from delayq_backends.celery.schedules import Slot
+    from delayq_backends.periodic.schedules import Slot
 
     return Slot(str(ms), ms)
 

@@ -16,8 +16,8 @@ import pytest
 
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.periodic import PeriodicStatus, statuses
-from delayq_backends.celery.schedules import Slot, run_task_id
 from delayq_backends.embedded import EmbeddedServer, free_port
+from delayq_backends.periodic.schedules import Slot, run_task_id
 from tests.helpers import max_overlap, wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, watched
