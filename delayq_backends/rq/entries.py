@@ -13,7 +13,7 @@ An entry of kind :data:`KIND` (``rq-periodic``) is one store item like a Celery 
 - **A run** is a new job with id ``uuid5(name, period)`` (:func:`~delayq_backends.periodic.schedules.run_task_id`,
   as Celery runs), its ``meta`` the entry's plus ``delayq_periodic = {"name", "due"}`` (run
   history reads it) and, under an overlap policy, the entry's slot for a ``SlotWorker`` to hold.
-  :class:`RunTarget` writes its hash and pushes it onto the queue in one script call
+  :class:`RQRunTarget` writes its hash and pushes it onto the queue in one script call
   (``rq_run.lua``); a job whose hash exists already is not pushed again, so a period sent twice
   (a forwarder killed between its publish and its rearm) is enqueued once while the first
   run's hash lives (RQ keeps it ``result_ttl``, 500 s by default, after a success).
@@ -43,8 +43,12 @@ from ..envelope import Envelope
 from ..errors import DelayqError, EnvelopeError
 from ..models import DeliveryFailure
 from ..outages import gives_back
+from ..overlap_policy import ALLOW, overlap_slot
+from ..periodic.firing import FiringTarget, Run
+from ..periodic.state import PeriodicState
 from ..scripts import RqNewJob, RqRun, ScriptRunner
 from ..targets import Delivery, PublishReport
+from ..timeutil import Clock
 from .queue import SLOT_META
 
 __all__ = [
@@ -52,7 +56,9 @@ __all__ = [
     "PERIODIC_META",
     "RUN_KIND",
     "JobTemplate",
-    "RunTarget",
+    "RQPeriodicTarget",
+    "RQRunTarget",
+    "RQRuns",
     "TemplateError",
     "capture",
     "run_envelope",
@@ -60,9 +66,9 @@ __all__ = [
 
 log = logging.getLogger("delayq.rq.entries")
 
-#: ``Envelope.target`` of RQ periodic entries (fired by the periodic firing with :class:`RunTarget`).
+#: ``Envelope.target`` of RQ periodic entries (fired by :class:`RQPeriodicTarget`).
 KIND = "rq-periodic"
-#: ``Envelope.target`` of one run of an entry: a new job for :class:`RunTarget` to write.
+#: ``Envelope.target`` of one run of an entry: a new job for :class:`RQRunTarget` to write.
 RUN_KIND = "rq-run"
 #: The run's ``job.meta`` key naming its entry and period: ``{"name": ..., "due": <ms>}``.
 PERIODIC_META = "delayq_periodic"
@@ -150,7 +156,7 @@ def capture(
     *,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
-    job_timeout: int | str | None = None,
+    job_timeout: int | None = None,
     result_ttl: int | None = None,
     ttl: int | None = None,
     failure_ttl: int | None = None,
@@ -177,7 +183,8 @@ def capture(
     rq_queue = RQQueue(queue, connection=redis.Redis(), serializer=_SERIALIZERS[serializer])  # never connects
     try:
         job = rq_queue.create_job(
-            func, args=tuple(args or ()), kwargs=dict(kwargs or {}), timeout=job_timeout, result_ttl=result_ttl,
+            func,  # type: ignore[type-var]  # a path or a function, as RQ's own enqueue takes
+            args=tuple(args or ()), kwargs=dict(kwargs or {}), timeout=job_timeout, result_ttl=result_ttl,
             ttl=ttl, failure_ttl=failure_ttl, description=description, job_id=_PLACEHOLDER_ID,
             meta=dict(meta or {}), status=JobStatus.QUEUED, webhooks=webhooks,
         )  # fmt: skip
@@ -191,7 +198,7 @@ def capture(
     odd = sorted(k for k, v in fields.items() if not isinstance(v, (str, int)))
     if odd:
         raise TemplateError(f"job fields {odd} of {func!r} are not text or integers: RQ {Job.__module__} changed?")
-    return JobTemplate(queue, job.func_name, data, fields, dict(meta or {}), job.ttl, serializer)
+    return JobTemplate(queue, str(job.func_name), data, fields, dict(meta or {}), job.ttl, serializer)
 
 
 def _plain(value: Any) -> Any:
@@ -202,7 +209,7 @@ def _plain(value: Any) -> Any:
 
 
 def run_envelope(template: JobTemplate, job_id: str, meta: bytes) -> Envelope:
-    """One run: a new job ``job_id`` of ``template`` with ``meta`` (serialized), for :class:`RunTarget`."""
+    """One run: a new job ``job_id`` of ``template`` with ``meta`` (serialized), for :class:`RQRunTarget`."""
     described = {"job": job_id, "fields": dict(template.fields), "ttl": template.ttl}
     return Envelope(RUN_KIND, template.queue, body=template.data, meta={_TEMPLATE: described}, details=meta)
 
@@ -220,7 +227,7 @@ def _new_job(d: Delivery, at: str) -> RqNewJob:
     return RqNewJob(job_id, Job.key_for(job_id), values, ttl if ttl and ttl > 0 else None)
 
 
-class RunTarget:
+class RQRunTarget:
     """Delivers ``rq-run`` envelopes: writes each run's new job and pushes it onto its queue, one
     ``rq_run.lua`` call per queue; a job whose hash exists already is left as it is (counted as
     published: that run went out before).
@@ -270,3 +277,31 @@ class RunTarget:
 
     def close(self) -> None:
         """The connection is the RQ target's too: it closes it."""
+
+
+class RQRuns:
+    """The run maker of ``rq-periodic`` entries (:class:`~delayq_backends.periodic.firing.RunMaker`):
+    one new job per run, id ``run.task_id(name)``, its meta naming the entry and period."""
+
+    kind = KIND
+    slot_run = None  # RQ's SlotWorker holds a slot by the job id alone
+
+    def template(self, envelope: Envelope) -> JobTemplate:
+        return JobTemplate.from_envelope(envelope)
+
+    def run(self, entry: Delivery, template: JobTemplate, state: PeriodicState, run: Run, now_ms: int) -> Delivery:
+        job_id = run.task_id(state.name)
+        slot = None if state.overlap == ALLOW else {"key": overlap_slot(state.name).key, "limit": 1}
+        meta = template.run_meta(state.name, run.slot.at_ms, slot)
+        return Delivery(f"{entry.id}#{job_id}", run_envelope(template, job_id, meta), entry.attempts, run.slot.at_ms)
+
+
+class RQPeriodicTarget(FiringTarget):
+    """Fires ``rq-periodic`` items: each due run is a new job written by ``inner`` (the
+    forwarder's :class:`RQRunTarget`), then the entry is acked and its next period stored in one
+    step under the claim's lease (:class:`~delayq_backends.periodic.firing.FiringTarget`)."""
+
+    def __init__(
+        self, inner: RQRunTarget, *, clock: Clock | None = None, on_skipped: Callable[[str, int], None] | None = None
+    ) -> None:
+        super().__init__(RQRuns(), inner, clock=clock, on_skipped=on_skipped)
