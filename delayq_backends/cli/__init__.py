@@ -23,7 +23,7 @@ from .exporter import exporter
 from .forward import forward
 from .inspect import cancel, list_, periodic, stats
 from .options import ErrorsAsMessages
-from .rq import rq_migrate, rq_upgrade
+from .rq import rq_cron, rq_migrate, rq_upgrade
 from .slots import slots
 from .spark import spark
 
@@ -47,6 +47,7 @@ COMMANDS = (
     batches,
     rq_migrate,
     rq_upgrade,
+    rq_cron,
     acl,
     functions_group,
     demo,

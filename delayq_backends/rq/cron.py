@@ -18,8 +18,11 @@ loads such a config (it ignores them).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +36,13 @@ from rq.defaults import DEFAULT_RESULT_TTL
 
 from ..errors import ConfigError, DelayqError
 from ..overlap_policy import ALLOW, check_policy
-from ..periodic.schedules import Cron, Every, Misfire, Schedule, interval
-from .entries import JobTemplate, capture
+from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, sync_code
+from ..periodic.schedules import Cron, Misfire, Schedule, interval
+from ..periodic.state import CODE
+from ..store import DelayStore
+from .entries import KIND, JobTemplate, capture
 
-__all__ = ["CronConfig", "CronEntry", "CronOptions", "load_config", "register"]
+__all__ = ["CronConfig", "CronEntry", "CronOptions", "load_config", "register", "sync"]
 
 log = logging.getLogger("delayq.rq.cron")
 
@@ -126,6 +132,13 @@ class CronEntry:
     misfire: Misfire = field(default_factory=Misfire)
     overlap: str = ALLOW
 
+    def spec(self) -> EntrySpec:
+        """The entry as a sync from code stores it (source ``code``)."""
+        what = [self.template.fingerprint(), self.schedule.to_json(), self.misfire.to_json()]
+        fingerprint = hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+        run = RunTemplate(self.template.to_envelope(), fingerprint)  # as Celery's: a new schedule is a change
+        return EntrySpec(self.name, run, self.schedule, self.misfire, self.overlap, source=CODE)
+
 
 @dataclass
 class CronConfig:
@@ -164,13 +177,39 @@ class _Loader(rq_cron.CronScheduler):
         return registered
 
 
-def load_config(path: str) -> CronConfig:
+def sync(store: DelayStore, config: CronConfig, *, version: Any = None, wait: float | None = None) -> SyncReport:
+    """Make the store's RQ code entries those of ``config`` (:func:`~delayq_backends.periodic.ops.sync_code`
+    for kind ``rq-periodic``): by name, new ones added, changed ones replaced (their next run
+    kept while their schedule is), those gone from the config removed; runtime entries and
+    Celery ones untouched; an empty config removes nothing; a ``version`` lower than the one
+    synced last changes nothing.
+
+    Raises:
+        PeriodicError: the registry or the version record is damaged (naming the fix).
+    """
+    specs, errors = [], dict(config.errors)
+    for entry in config.entries:
+        try:
+            specs.append(entry.spec())
+        except DelayqError as exc:  # a name that cannot be an item id
+            errors[entry.name] = str(exc)
+    return sync_code(store, specs, kind=KIND, errors=errors, version=version, wait=wait)
+
+
+def load_config(path: str, *, search_path: Sequence[str] = (".",)) -> CronConfig:
     """The entries of ``rq cron`` config ``path`` (a module path, ``app.cron_config``, or a
     ``.py`` file), loaded as ``rq cron`` loads it; the jobs that cannot be entries in ``errors``.
+
+    Args:
+        search_path: directories added to ``sys.path`` first, as ``rq cron --path`` (default
+            the current directory, where the config's own imports are usually found).
 
     Raises:
         ConfigError: the config cannot be imported (its error is kept).
     """
+    for directory in search_path:
+        if os.path.abspath(directory) not in (os.path.abspath(p) for p in sys.path):
+            sys.path.append(os.path.abspath(directory))
     loader = _Loader()
     _registered.clear()
     try:

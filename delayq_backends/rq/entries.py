@@ -45,6 +45,7 @@ from ..models import DeliveryFailure
 from ..outages import gives_back
 from ..overlap_policy import ALLOW, overlap_slot
 from ..periodic.firing import FiringTarget, Run
+from ..periodic.ops import register_kind
 from ..periodic.state import PeriodicState
 from ..scripts import RqNewJob, RqRun, ScriptRunner
 from ..targets import Delivery, PublishReport
@@ -277,6 +278,9 @@ class RQRunTarget:
 
     def close(self) -> None:
         """The connection is the RQ target's too: it closes it."""
+
+
+register_kind(KIND, "rq", lambda envelope: JobTemplate.from_envelope(envelope).func)
 
 
 class RQRuns:
