@@ -74,6 +74,7 @@ class RunMaker(Protocol):
 
     #: the ``Envelope.target`` of this kind's entries (``celery-periodic``, ``rq-periodic``)
     kind: str
+
     @property
     def slot_run(self) -> int | None:
         """The run the kind's workers name in a slot member (:func:`~delayq_backends.store.slot_member`):

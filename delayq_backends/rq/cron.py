@@ -225,11 +225,7 @@ def load_config(path: str, *, search_path: Sequence[str] = (".",)) -> CronConfig
 def _entry(name: str, func: Callable[..., Any], queue: str, job: dict[str, Any], options: CronOptions) -> CronEntry:
     """One registered job as an entry. ValueError names what RQ's job cannot be."""
     every, expression = job.get("interval"), job.get("cron")
-    schedule: Schedule
-    if every:
-        schedule = interval(every)
-    else:
-        schedule = _cron(str(expression), options.tz or _local_zone())
+    schedule: Schedule = interval(every) if every else _cron(str(expression), options.tz or _local_zone())
     template = capture(
         func,  # RQ names it itself, exactly as its enqueue does
         queue,

@@ -176,11 +176,15 @@ def capture(
             other than RQ's two, or an option RQ refuses (its message is kept).
     """
     if serializer not in _SERIALIZERS:
-        raise TemplateError(f"serializer {serializer!r}: periodic runs use RQ's default or rq.serializers.JSONSerializer")
+        raise TemplateError(
+            f"serializer {serializer!r}: periodic runs use RQ's default or rq.serializers.JSONSerializer"
+        )
     try:
         json.dumps(dict(meta or {}), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise TemplateError(f"meta {meta!r} is not JSON ({exc}): each run's meta is rebuilt from it; use plain values")
+        raise TemplateError(
+            f"meta {meta!r} is not JSON ({exc}): each run's meta is rebuilt from it; use plain values"
+        ) from exc
     rq_queue = RQQueue(queue, connection=redis.Redis(), serializer=_SERIALIZERS[serializer])  # never connects
     try:
         job = rq_queue.create_job(
@@ -253,7 +257,9 @@ class RQRunTarget:
             except ValueError as exc:
                 report.failed.append(DeliveryFailure(d.id, f"RQ run {d.id!r} cannot be written: {exc}", permanent=True))
         for name, runs in by_queue.items():
-            call = RqRun.call(RQQueue.redis_queues_keys, RQQueue.redis_queue_namespace_prefix + name, [j for _, j in runs])
+            call = RqRun.call(
+                RQQueue.redis_queues_keys, RQQueue.redis_queue_namespace_prefix + name, [j for _, j in runs]
+            )
             try:
                 written = self.scripts.run(call)
             except Exception as exc:

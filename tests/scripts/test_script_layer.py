@@ -25,7 +25,16 @@ HEADER_KEY = re.compile(r"KEYS\[(\d+)\] ([a-z_]+)")
 
 
 def test_every_lua_file_has_one_typed_object() -> None:
-    typed = {*SHARD_SCRIPTS, Take.name, RqFields.name, RqEnqueue.name, RqFail.name, RqMove.name, RqSchedule.name, RqRun.name}
+    typed = {
+        *SHARD_SCRIPTS,
+        Take.name,
+        RqFields.name,
+        RqEnqueue.name,
+        RqFail.name,
+        RqMove.name,
+        RqSchedule.name,
+        RqRun.name,
+    }
     typed |= {SlotTake.name, SlotHold.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
     assert typed == set(SCRIPT_NAMES)
 

@@ -15,10 +15,10 @@ from rq import SimpleWorker
 from rq.cron import CronScheduler
 from rq.job import Job
 
-from delayq_backends.errors import ConfigError, EnvelopeError
 from delayq_backends.envelope import Envelope
+from delayq_backends.errors import ConfigError, EnvelopeError
 from delayq_backends.periodic.schedules import Cron, Every, Misfire, run_task_id
-from delayq_backends.periodic.state import PeriodicState, with_state
+from delayq_backends.periodic.state import PeriodicState, state_of, with_state
 from delayq_backends.rq.cron import load_config
 from delayq_backends.rq.entries import (
     KIND,
@@ -31,6 +31,8 @@ from delayq_backends.rq.entries import (
     capture,
     run_envelope,
 )
+from delayq_backends.rq.slots import Slots
+from delayq_backends.store import slot_member
 from delayq_backends.targets import Delivery
 from delayq_backends.testing import FakeClock, TestingStore, advance_and_run, testing_store
 from delayq_backends.timeutil import from_ms
@@ -43,7 +45,9 @@ OPTIONS = {"job_timeout": 30, "result_ttl": 99, "ttl": 600, "failure_ttl": 77, "
 
 def _run(template: JobTemplate, name: str, due_ms: int) -> Delivery:
     job_id = run_task_id(name, Every(1000).first_after(due_ms - 1000))
-    return Delivery(f"periodic:{name}#{job_id}", run_envelope(template, job_id, template.run_meta(name, due_ms)), 0, due_ms)
+    return Delivery(
+        f"periodic:{name}#{job_id}", run_envelope(template, job_id, template.run_meta(name, due_ms)), 0, due_ms
+    )
 
 
 def test_a_run_is_the_job_rqs_own_enqueue_saves(conn: redis.Redis, prefix: str) -> None:
@@ -193,3 +197,49 @@ def test_firing_makes_one_job_per_period_and_follows_the_misfire_policy() -> Non
     tick = [j for j in after if Job.fetch(j, connection=conn).meta[PERIODIC_META]["name"] == "tick"]
     assert len(tick) == 1  # run_once: one run for the missed periods
     assert len(after) - len(tick) == 5  # run_all: each missed period
+
+
+def test_an_overlap_policy_skips_while_the_worker_holds_the_runs_slot() -> None:
+    """The forwarder takes the slot by the member RQ's SlotWorker names (the job id alone), so the
+    worker's start takes over the forwarder's hold and its end frees the slot."""
+    clock = FakeClock()
+    store = testing_store(prefix="cron", shards=2, clock=clock)
+    conn = store.client
+    runs_target = RQRunTarget(conn)
+    targets = {KIND: RQPeriodicTarget(runs_target), RUN_KIND: runs_target}
+    template = capture(FUNC, "q", args=("o",))
+    schedule = Every(1000)
+    slot = schedule.first_after(clock())
+    state = PeriodicState("o", schedule, Misfire(), template.fingerprint(), slot, overlap="skip")
+    store.schedule("periodic:o", from_ms(slot.at_ms), with_state(template.to_envelope(), state))
+
+    advance_and_run(store, 1, targets)
+    (first,) = [Job.fetch(j.decode(), connection=conn) for j in conn.lrange("rq:queue:q", 0, -1)]
+    found = Slots._slot_of(first)  # what the worker reads
+    assert found is not None and found.key == "periodic:o" and found.limit == 1
+    member = slot_member(first.id, None)  # as Slots.execute_job names it
+    store.hold_slots({found.key: [member]}, "start", hold_ms=3_600_000)
+    assert store.slot_status(found.key).running == 1  # the worker's hold is the forwarder's: one
+    advance_and_run(store, 1, targets)
+    advance_and_run(store, 1, targets)
+    assert conn.llen("rq:queue:q") == 1  # both periods fell due while the run ran: skipped
+    stored = store.get("periodic:o")
+    assert stored is not None and state_of(Envelope.decode(stored.envelope)).skipped == 2
+    store.hold_slots({found.key: [member]}, "end", hold_ms=0)
+    advance_and_run(store, 1, targets)
+    assert conn.llen("rq:queue:q") == 2
+
+
+def test_a_garbage_entry_is_dead_lettered_with_its_reason_and_stops_no_other() -> None:
+    clock = FakeClock()
+    store = testing_store(prefix="cron", shards=1, clock=clock, max_attempts=1)
+    runs_target = RQRunTarget(store.client)
+    targets = {KIND: RQPeriodicTarget(runs_target), RUN_KIND: runs_target}
+    template = capture(FUNC, "q", args=("g",))
+    _stored(store, template, "good", 1000, Misfire())
+    bad = Envelope(KIND, "q", meta={"rq": {"fields": {"x": [1]}, "meta": {}}, "periodic": {"name": "bad"}})
+    store.schedule("periodic:bad", from_ms(clock()), bad)
+    advance_and_run(store, 1, targets)
+    assert store.client.llen("rq:queue:q") == 1
+    (letter,) = store.dead_letters()
+    assert letter.id == "periodic:bad" and "cannot fire this periodic entry" in letter.error
