@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from click.testing import CliRunner
 from rq import Queue as RQQueue
 from rq import SimpleWorker
 from rq.cron import CronScheduler
 from rq.job import Job
 
+from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope
 from delayq_backends.errors import ConfigError, EnvelopeError
 from delayq_backends.periodic.schedules import Cron, Every, Misfire, run_task_id
@@ -243,3 +245,8 @@ def test_a_garbage_entry_is_dead_lettered_with_its_reason_and_stops_no_other() -
     assert store.client.llen("rq:queue:q") == 1
     (letter,) = store.dead_letters()
     assert letter.id == "periodic:bad" and "cannot fire this periodic entry" in letter.error
+
+
+def test_forward_with_a_cron_config_needs_rqs_redis(valkey_url: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["forward", "--url", valkey_url, "--rq-cron", str(_config(tmp_path, "q"))])
+    assert result.exit_code == 2 and "--rq-redis" in result.output, result.output
