@@ -54,6 +54,7 @@ from .queue import SLOT_META
 
 __all__ = [
     "KIND",
+    "MAX_RUNS_PER_CALL",
     "PERIODIC_META",
     "RUN_KIND",
     "JobTemplate",
@@ -79,6 +80,9 @@ _TEMPLATE = "rq"
 _PER_RUN = ("meta", "created_at", "enqueued_at")
 #: The serializers a template may name: the forwarder serializes each run's meta with it.
 _SERIALIZERS: dict[str | None, Any] = {None: DefaultSerializer, "rq.serializers.JSONSerializer": JSONSerializer}
+#: Runs written per script call: a run_all catch-up or a backfill sends up to 10,000 at once,
+#: and a script's arguments (and Lua's unpack of the pushes) must stay bounded.
+MAX_RUNS_PER_CALL = 500
 #: An id the template is created with: no hash field holds it, each run has its own.
 _PLACEHOLDER_ID = "00000000-0000-0000-0000-000000000000"
 
@@ -257,22 +261,25 @@ class RQRunTarget:
             except ValueError as exc:
                 report.failed.append(DeliveryFailure(d.id, f"RQ run {d.id!r} cannot be written: {exc}", permanent=True))
         for name, runs in by_queue.items():
-            call = RqRun.call(
-                RQQueue.redis_queues_keys, RQQueue.redis_queue_namespace_prefix + name, [j for _, j in runs]
-            )
-            try:
-                written = self.scripts.run(call)
-            except Exception as exc:
-                if not gives_back(exc):
-                    raise
-                report.unsent += [d.id for _, j in runs]
-                report.broker_error = exc
-                continue
-            for (d, job), new in zip(runs, written):
-                if not new:
-                    log.info("RQ run %s of queue %r was enqueued before: not pushed again", job.job_id, name)
-                report.published.append(d.id)
+            for first in range(0, len(runs), MAX_RUNS_PER_CALL):
+                self._write(name, runs[first : first + MAX_RUNS_PER_CALL], report)
         return report
+
+    def _write(self, name: str, runs: Sequence[tuple[Delivery, RqNewJob]], report: PublishReport) -> None:
+        """One ``rq_run`` call for ``runs`` of queue ``name``; an outage gives them back unsent."""
+        call = RqRun.call(RQQueue.redis_queues_keys, RQQueue.redis_queue_namespace_prefix + name, [j for _, j in runs])
+        try:
+            written = self.scripts.run(call)
+        except Exception as exc:
+            if not gives_back(exc):
+                raise
+            report.unsent += [d.id for d, _ in runs]
+            report.broker_error = exc
+            return
+        for (d, job), new in zip(runs, written):
+            if not new:
+                log.info("RQ run %s of queue %r was enqueued before: not pushed again", job.job_id, name)
+            report.published.append(d.id)
 
     def check(self) -> None:
         """PING RQ's Redis: connects and authenticates."""

@@ -24,6 +24,7 @@ from delayq_backends.periodic.state import PeriodicState, state_of, with_state
 from delayq_backends.rq.cron import load_config
 from delayq_backends.rq.entries import (
     KIND,
+    MAX_RUNS_PER_CALL,
     PERIODIC_META,
     RUN_KIND,
     JobTemplate,
@@ -56,7 +57,7 @@ def test_a_run_is_the_job_rqs_own_enqueue_saves(conn: redis.Redis, prefix: str) 
     queue = f"{prefix}-q"
     by_rq = RQQueue(queue, connection=conn).enqueue(record, args=("t",), kwargs={"times": 2}, **OPTIONS)
     template = capture(FUNC, queue, args=("t",), kwargs={"times": 2}, **OPTIONS)
-    run = _run(template, "nightly", 1_800_000_000_000)
+    run = _run(template, prefix, 1_800_000_000_000)
     report = RQRunTarget(conn).publish_many([run])
     assert report.published == [run.id]
     job_id = run.id.rpartition("#")[2]
@@ -65,7 +66,7 @@ def test_a_run_is_the_job_rqs_own_enqueue_saves(conn: redis.Redis, prefix: str) 
     per_run = {b"created_at", b"enqueued_at", b"meta"}
     assert {k: v for k, v in ours.items() if k not in per_run} == {k: v for k, v in theirs.items() if k not in per_run}
     assert set(ours) == set(theirs)
-    assert pickle.loads(ours[b"meta"]) == {"team": "ops", PERIODIC_META: {"name": "nightly", "due": 1_800_000_000_000}}
+    assert pickle.loads(ours[b"meta"]) == {"team": "ops", PERIODIC_META: {"name": prefix, "due": 1_800_000_000_000}}
     assert 590 < conn.ttl(Job.key_for(job_id)) <= 600  # RQ's job ttl, as its enqueue sets it
     assert conn.lrange(f"rq:queue:{queue}", 0, -1) == [by_rq.id.encode(), job_id.encode()]
     assert f"rq:queue:{queue}".encode() in conn.smembers("rq:queues")
@@ -73,14 +74,14 @@ def test_a_run_is_the_job_rqs_own_enqueue_saves(conn: redis.Redis, prefix: str) 
     SimpleWorker([RQQueue(queue, connection=conn)], connection=conn).work(burst=True)
     assert [r["id"] for r in runs(conn, queue)] == [by_rq.id, job_id]  # a worker runs it as RQ's own
     fetched = Job.fetch(job_id, connection=conn)
-    assert fetched.return_value() == "tx2" and fetched.meta[PERIODIC_META]["name"] == "nightly"
+    assert fetched.return_value() == "tx2" and fetched.meta[PERIODIC_META]["name"] == prefix
 
 
 def test_a_run_sent_twice_is_enqueued_once(conn: redis.Redis, prefix: str) -> None:
     """A forwarder killed between the publish and its rearm sends that period again (same id)."""
     queue = f"{prefix}-q"
     template = capture(FUNC, queue, args=("x",))
-    first, other = _run(template, "e", 1_800_000_000_000), _run(template, "e", 1_800_000_001_000)
+    first, other = _run(template, prefix, 1_800_000_000_000), _run(template, prefix, 1_800_000_001_000)
     target = RQRunTarget(conn)
     assert target.publish_many([first]).published == [first.id]
     job_key = Job.key_for(first.id.rpartition("#")[2])
@@ -94,7 +95,7 @@ def test_a_run_sent_twice_is_enqueued_once(conn: redis.Redis, prefix: str) -> No
 
 def test_a_run_envelope_from_another_tool_fails_alone(conn: redis.Redis, prefix: str) -> None:
     template = capture(FUNC, f"{prefix}-q")
-    good = _run(template, "e", 1_800_000_000_000)
+    good = _run(template, prefix, 1_800_000_000_000)
     bad = Delivery("x", Envelope(RUN_KIND, f"{prefix}-q", meta={"rq": {"job": 5}}), 0, 0)
     report = RQRunTarget(conn).publish_many([bad, good])
     assert report.published == [good.id]
@@ -250,3 +251,13 @@ def test_a_garbage_entry_is_dead_lettered_with_its_reason_and_stops_no_other() -
 def test_forward_with_a_cron_config_needs_rqs_redis(valkey_url: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["forward", "--url", valkey_url, "--rq-cron", str(_config(tmp_path, "q"))])
     assert result.exit_code == 2 and "--rq-redis" in result.output, result.output
+
+
+def test_a_catch_up_of_more_runs_than_one_call_takes_is_written_in_order(conn: redis.Redis, prefix: str) -> None:
+    """A run_all catch-up or a backfill sends up to 10,000 runs of one entry at once."""
+    queue = f"{prefix}-q"
+    template = capture(FUNC, queue)
+    many = [_run(template, prefix, 1_800_000_000_000 + i * 1000) for i in range(MAX_RUNS_PER_CALL * 2 + 7)]
+    report = RQRunTarget(conn).publish_many(many)
+    assert len(report.published) == len(many) and not report.failed
+    assert [j.decode() for j in conn.lrange(f"rq:queue:{queue}", 0, -1)] == [d.id.rpartition("#")[2] for d in many]

@@ -24,9 +24,11 @@ CONFIG = """
     from delayq_backends.rq import cron as delayq_cron
     from tests.test_rq.jobs import record
 
-    delayq_cron.register(record, "{q}", args=("tick",), interval=1, name="tick", misfire="run_all")
-    delayq_cron.register(record, "{q}", args=("two",), cron="* * * * * */2", tz="UTC", name="two")
+    delayq_cron.register(record, "{q}", args=("tick",), interval=1, name="{q}-tick", misfire="run_all")
+    delayq_cron.register(record, "{q}", args=("two",), cron="* * * * * */2", tz="UTC", name="{q}-two")
 """
+#: each entry's tag (in its runs' records) and period; its name is ``<queue>-<tag>`` (RQ's job keys
+#: have no prefix: run ids of entries named alike in two tests would meet)
 PERIODS = {"tick": 1000, "two": 2000}
 
 
@@ -51,7 +53,8 @@ def test_two_forwarders_run_each_period_of_a_cron_config_once_through_a_sigkill(
     processes.worker(queue)
     forwarders = [_forwarder(processes, config, tmp_path / f"f{i}.log") for i in range(2)]
     try:
-        wait_for(lambda: all(rq_store.get(item_id(n)) is not None for n in PERIODS), 30, "the first sync")
+        names = {tag: f"{queue}-{tag}" for tag in PERIODS}
+        wait_for(lambda: all(rq_store.get(item_id(n)) is not None for n in names.values()), 30, "the first sync")
         time.sleep(5)
         processes.launcher.kill(forwarders[0])  # SIGKILL, whatever it is doing
         forwarders[0] = _forwarder(processes, config, tmp_path / "f0-again.log")
@@ -59,19 +62,19 @@ def test_two_forwarders_run_each_period_of_a_cron_config_once_through_a_sigkill(
         for proc in forwarders:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-        fired = {name: get(rq_store, name) for name in PERIODS}
+        fired = {tag: get(rq_store, name) for tag, name in names.items()}
         total = sum(s.runs for s in fired.values() if s is not None)
         wait_for(lambda: len(runs(conn, queue)) >= total, 30, lambda: f"{total} runs, got {len(runs(conn, queue))}")
         time.sleep(0.5)  # a run sent twice would be in by now
         recorded = runs(conn, queue)
-        for name, every in PERIODS.items():
-            status = fired[name]
+        for tag, every in PERIODS.items():
+            name, status = names[tag], fired[tag]
             assert status is not None and status.runs >= 8000 // every, status  # 11 s, less a 1 s lease
             current = rq_store.get(item_id(name))
             assert current is not None
             slots = [Slot(str(at), at) for at in range(current.ready_ms - every * 100, current.ready_ms, every)]
             by_id = {run_task_id(name, s): s for s in slots}
-            mine = [r for r in recorded if r["tag"] == name]
+            mine = [r for r in recorded if r["tag"] == tag]
             ids = [r["id"] for r in mine]
             assert len(ids) == len(set(ids)), f"{name}: a period ran twice"
             periods = sorted(by_id[i].at_ms for i in ids)
@@ -95,12 +98,12 @@ def test_rq_cron_sync_command(rq_store: DelayStore, valkey_url: str, prefix: str
 
     first = sync(str(config), "--schedule-version", "5")
     assert first.returncode == 0, first.stderr
-    assert "added: tick" in first.stdout and "added: two" in first.stdout and "2 added" in first.stderr
+    assert f"added: {prefix}-cron-tick" in first.stdout and "2 added" in first.stderr
     older = sync(str(config), "--schedule-version", "4")
     assert older.returncode == 1 and "older" in older.stderr, older.stderr
-    config.write_text(config.read_text().replace('name="two")', 'name="two", misfire="skip")'))
+    config.write_text(config.read_text().replace('-two")', '-two", misfire="skip")'))
     changed = sync(str(config), "--schedule-version", "6")
-    assert changed.returncode == 0 and "changed: two" in changed.stdout, changed.stderr
+    assert changed.returncode == 0 and f"changed: {prefix}-cron-two" in changed.stdout, changed.stderr
     broken = tmp_path / "broken.py"
     broken.write_text("raise RuntimeError('no such config')\n")
     failed = sync(str(broken))
