@@ -25,7 +25,6 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -213,7 +212,7 @@ def load_config(path: str, *, search_path: Sequence[str] = (".",)) -> CronConfig
     loader = _Loader()
     _registered.clear()
     try:
-        loader.load_config_from_file(str(Path(path).resolve()) if path.endswith(".py") else path)
+        loader.load_config_from_file(path)
     except Exception as exc:  # RQ's loader wraps the config's own error
         raise ConfigError(f"cannot load the rq cron config {path!r}: {exc}") from exc
     finally:
