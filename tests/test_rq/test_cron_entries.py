@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -202,35 +203,54 @@ def test_firing_makes_one_job_per_period_and_follows_the_misfire_policy() -> Non
     assert len(after) - len(tick) == 5  # run_all: each missed period
 
 
-def test_an_overlap_policy_skips_while_the_worker_holds_the_runs_slot() -> None:
-    """The forwarder takes the slot by the member RQ's SlotWorker names (the job id alone), so the
-    worker's start takes over the forwarder's hold and its end frees the slot."""
+def _overlapping(policy: str) -> tuple[TestingStore, dict[str, Any], Job, str]:
+    """An every-second entry with ``policy``, fired once, its run started by a worker (as RQ's
+    SlotWorker reads its slot and names its member): the store, the targets, the run, the member."""
     clock = FakeClock()
     store = testing_store(prefix="cron", shards=2, clock=clock)
-    conn = store.client
-    runs_target = RQRunTarget(conn)
+    runs_target = RQRunTarget(store.client)
     targets = {KIND: RQPeriodicTarget(runs_target), RUN_KIND: runs_target}
     template = capture(FUNC, "q", args=("o",))
     schedule = Every(1000)
     slot = schedule.first_after(clock())
-    state = PeriodicState("o", schedule, Misfire(), template.fingerprint(), slot, overlap="skip")
+    state = PeriodicState("o", schedule, Misfire(), template.fingerprint(), slot, overlap=policy)
     store.schedule("periodic:o", from_ms(slot.at_ms), with_state(template.to_envelope(), state))
-
     advance_and_run(store, 1, targets)
-    (first,) = [Job.fetch(j.decode(), connection=conn) for j in conn.lrange("rq:queue:q", 0, -1)]
+    (first,) = [Job.fetch(j.decode(), connection=store.client) for j in store.client.lrange("rq:queue:q", 0, -1)]
     found = Slots._slot_of(first)  # what the worker reads
     assert found is not None and found.key == "periodic:o" and found.limit == 1
     member = slot_member(first.id, None)  # as Slots.execute_job names it
     store.hold_slots({found.key: [member]}, "start", hold_ms=3_600_000)
     assert store.slot_status(found.key).running == 1  # the worker's hold is the forwarder's: one
+    return store, targets, first, member
+
+
+def test_skip_skips_while_the_worker_holds_the_runs_slot() -> None:
+    """The forwarder takes the slot by the member RQ's SlotWorker names (the job id alone), so the
+    worker's start takes over the forwarder's hold and its end frees the slot."""
+    store, targets, _, member = _overlapping("skip")
     advance_and_run(store, 1, targets)
     advance_and_run(store, 1, targets)
-    assert conn.llen("rq:queue:q") == 1  # both periods fell due while the run ran: skipped
+    assert store.client.llen("rq:queue:q") == 1  # both periods fell due while the run ran: skipped
     stored = store.get("periodic:o")
     assert stored is not None and state_of(Envelope.decode(stored.envelope)).skipped == 2
-    store.hold_slots({found.key: [member]}, "end", hold_ms=0)
+    store.hold_slots({"periodic:o": [member]}, "end", hold_ms=0)
     advance_and_run(store, 1, targets)
-    assert conn.llen("rq:queue:q") == 2
+    assert store.client.llen("rq:queue:q") == 2
+
+
+def test_buffer_one_keeps_one_run_waiting_and_writes_it_when_the_slot_is_given_back() -> None:
+    store, targets, first, member = _overlapping("buffer_one")
+    due = first.meta[PERIODIC_META]["due"]
+    advance_and_run(store, 1, targets)  # waits, as its own item (kind rq-run)
+    advance_and_run(store, 1, targets)  # skipped: one waits already
+    assert store.client.llen("rq:queue:q") == 1
+    waiting = run_task_id("o", Every(1000).first_after(due))
+    item = store.get(waiting)
+    assert item is not None and Envelope.decode(item.envelope).target == RUN_KIND
+    store.hold_slots({"periodic:o": [member]}, "end", hold_ms=0)
+    advance_and_run(store, 0, targets)
+    assert [j.decode() for j in store.client.lrange("rq:queue:q", 0, -1)] == [first.id, waiting]
 
 
 def test_a_garbage_entry_is_dead_lettered_with_its_reason_and_stops_no_other() -> None:
