@@ -21,19 +21,21 @@ worker while it runs under ``install(app)``), and a period whose previous run st
 skipped and counted (``skipped`` in the entry's state), or under ``buffer_one`` waits as a
 slotted task of its own (item id = the run's task id) while no other does.
 
-``sync`` makes the store follow the config: new entries are added, changed ones replaced (a
-compare-and-set that waits while a forwarder is firing the entry), entries gone from the config
-removed. A registry hash (``<prefix>:{<prefix>}:periodic``, name → item id) lists the entries,
-so a sync never scans the store. ``celery -A proj delayq forward`` syncs at start.
+``sync`` makes the store's code entries follow the config (``celery -A proj delayq forward``
+syncs at start), under the rules of :func:`delayq_backends.periodic.ops.sync_code`: runtime
+entries are never touched, an empty ``beat_schedule`` removes nothing, and with
+``delayq_schedule_version`` an older deploy's schedule changes nothing. :func:`entry_spec` builds
+an entry from the same definition for the runtime actions (:mod:`delayq_backends.periodic.ops`).
+The firing itself is :mod:`delayq_backends.periodic.firing`'s; this module adds the Celery run
+message (:class:`CeleryRuns`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from numbers import Real
 from typing import Any
@@ -42,38 +44,33 @@ from celery import Celery
 from kombu.utils.json import dumps as kombu_json_dumps
 
 from ..envelope import Envelope
-from ..errors import DelayqError, EnvelopeError, NewerFormatError
-from ..keys import normalize_id, periodic_key
-from ..models import CancelOutcome, RearmOutcome
+from ..errors import DelayqError
 from ..overlap_policy import ALLOW, check_policy, overlap_slot
 from ..periodic.firing import FiringTarget, Run
-from ..periodic.schedules import Misfire, Schedule, Slot, run_task_id
-from ..periodic.state import META, LastRun, PeriodicState, state_of, with_state
+from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, register_kind, sync_code
+from ..periodic.registry import PeriodicError
+from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, run_task_id
+from ..periodic.state import CODE, META, RUNTIME, PeriodicState, state_of
 from ..store import DelayStore
 from ..targets import Delivery, Target
-from ..timeutil import Clock, from_ms
+from ..timeutil import Clock, from_ms, parse_iso, to_ms
 from .message import KIND as CELERY_KIND
 from .message import StoredMessage, TaskView, priority_rank
 from .schedules import from_celery
-from .settings import store_for
+from .settings import schedule_version, store_for
 from .slots import SLOT_HEADER
 from .template import Capture
 
 __all__ = [
-    "ID_PREFIX",
+    "ENTRY_OPTIONS",
     "KIND",
-    "PeriodicEntry",
-    "PeriodicError",
-    "PeriodicState",
-    "PeriodicStatus",
+    "CeleryRuns",
     "PeriodicTarget",
-    "SyncReport",
     "entries_of",
-    "item_id",
-    "remove",
-    "statuses",
+    "entry_spec",
     "sync",
     "task_view",
+    "zone_of",
 ]
 
 log = logging.getLogger("delayq.celery.periodic")
@@ -81,27 +78,12 @@ log = logging.getLogger("delayq.celery.periodic")
 #: ``Envelope.target`` of periodic entries: a forwarder without :class:`PeriodicTarget` (an older
 #: version) leaves them alone and says so, instead of sending the template as a one-off task.
 KIND = "celery-periodic"
-ID_PREFIX = "periodic:"
 #: ``beat_schedule`` entry keys we read (``relative`` as Celery's ``schedule(relative=True)``)
 _ENTRY_KEYS = {"task", "schedule", "args", "kwargs", "options", "relative"}
 #: ``apply_async`` options a periodic entry cannot have: each run is sent when due, on its own
 #: the entry option naming its overlap policy (:mod:`delayq_backends.overlap_policy`)
 OVERLAP_OPTION = "delayq_overlap"
 _REFUSED_OPTIONS = {"countdown", "eta", "task_id", "link", "link_error", "chain", "chord", "group_id", "producer"}
-
-
-class PeriodicError(DelayqError):
-    """A ``beat_schedule`` entry, or the store item of one, that cannot be synced."""
-
-
-def item_id(name: str) -> str:
-    """The store item of entry ``name``."""
-    return normalize_id(f"{ID_PREFIX}{name}")
-
-
-def _envelope(message: StoredMessage, state: PeriodicState) -> bytes:
-    """The stored entry: the template message's envelope as kind ``celery-periodic``, with ``state``."""
-    return with_state(replace(message.to_envelope(), target=KIND), state)
 
 
 def _message_of(envelope: Envelope) -> StoredMessage:
@@ -147,64 +129,38 @@ def _run_message(
 # -- entries of the app --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PeriodicEntry:
-    """One ``beat_schedule`` entry, ready to store."""
-
-    name: str
-    message: StoredMessage
-    schedule: Schedule
-    misfire: Misfire
-    fingerprint: str
-    rank: int
-    expires: float | None
-    overlap: str = ALLOW
-
-    @property
-    def item_id(self) -> str:
-        return item_id(self.name)
-
-    def state(self, slot: Slot, last: LastRun | None = None, runs: int = 0, skipped: int = 0) -> PeriodicState:
-        return PeriodicState(
-            self.name,
-            self.schedule,
-            self.misfire,
-            self.fingerprint,
-            slot,
-            self.rank,
-            self.expires,
-            last,
-            runs,
-            self.overlap,
-            skipped,
-        )
-
-    def envelope(self, state: PeriodicState) -> bytes:
-        return _envelope(self.message, state)
-
-
-def entries_of(app: Celery) -> tuple[list[PeriodicEntry], dict[str, str]]:
-    """The app's ``beat_schedule`` as entries, and the ones that cannot be used (name → why)."""
+def entries_of(app: Celery) -> tuple[list[EntrySpec], dict[str, str]]:
+    """The app's ``beat_schedule`` as code entries, and the ones that cannot be used (name → why)."""
     schedule = app.conf.beat_schedule or {}
-    entries: list[PeriodicEntry] = []
+    entries: list[EntrySpec] = []
     errors: dict[str, str] = {}
     for name, conf in schedule.items():
         try:
-            entries.append(_entry(app, str(name), conf))
+            entries.append(entry_spec(app, str(name), conf, source=CODE))
         except (DelayqError, ValueError, TypeError) as exc:
             errors[str(name)] = str(exc)
     return entries, errors
 
 
-def _zone(app: Celery) -> str:
-    """The app's time zone, as crontabs read it: ``timezone``, else UTC (``enable_utc``) or local."""
+def zone_of(app: Celery) -> str:
+    """The app's time zone, as its crontabs read it unless they name their own: ``timezone``,
+    else UTC (``enable_utc``) or local."""
     name = app.conf.timezone
     if name:
         return str(name)
     return "UTC" if app.conf.enable_utc else "local"
 
 
-def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
+def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> EntrySpec:
+    """An entry from a ``beat_schedule``-style definition: ``task``, ``schedule`` (seconds, a
+    ``timedelta``, a Celery ``schedule``/``crontab``, or delayq's ``Every``/``Cron``/``Once``),
+    ``args``, ``kwargs``, ``options`` (``apply_async`` options, the misfire and overlap options,
+    and the entry's own: :data:`ENTRY_OPTIONS`), ``relative``. The run message is built once, by
+    Celery's own sender, with the app's routing.
+
+    Raises:
+        PeriodicError, ConfigError: naming what is wrong with the definition.
+    """
     if not isinstance(conf, Mapping) or "task" not in conf or "schedule" not in conf:
         raise PeriodicError(f"entry {name!r}: use a dict with 'task' and 'schedule' (as celery beat reads it)")
     unknown = sorted(set(conf) - _ENTRY_KEYS)
@@ -213,6 +169,7 @@ def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
     item_id(name)  # a name with control characters cannot make an id
     options = dict(conf.get("options") or {})
     overlap = check_policy(name, options.pop(OVERLAP_OPTION, ALLOW))
+    own = {key: options.pop(key) for key in ENTRY_OPTIONS if key in options}
     misfire = Misfire.from_options(options)
     for key in Misfire.OPTIONS:
         options.pop(key, None)
@@ -225,12 +182,52 @@ def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
             f"entry {name!r}: lazy args/kwargs (BeatLazyFunc) are evaluated per run by beat; delayq stores the "
             "message once: pass plain values, or compute them in the task"
         )
-    schedule = from_celery(conf["schedule"], zone=_zone(app), relative=bool(conf.get("relative")))
+    value = conf["schedule"]
+    schedule = (
+        value
+        if isinstance(value, (Every, Cron, Once))
+        else from_celery(value, zone=zone_of(app), relative=bool(conf.get("relative")))
+    )
     message, expires = _message(app, str(conf["task"]), tuple(args), dict(kwargs), options)
     driver = str(app.connection_for_write().transport.driver_type)  # no connection is made
     rank = priority_rank(message.properties.get("priority"), driver)
     fingerprint = _fingerprint(message, schedule, misfire, expires, rank, overlap)
-    return PeriodicEntry(name, message, schedule, misfire, fingerprint, rank, expires, overlap)
+    template = RunTemplate(replace(message.to_envelope(), target=KIND), fingerprint, rank, expires)
+    return EntrySpec(name, template, schedule, misfire, overlap, source, **_entry_fields(name, own))
+
+
+#: a beat_schedule entry's own options (each optional): when it may run, how often, how spread
+ENTRY_OPTIONS = ("delayq_start", "delayq_end", "delayq_max_runs", "delayq_jitter", "delayq_enabled")
+
+
+def _entry_fields(name: str, own: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`EntrySpec` fields of an entry's own options."""
+    fields: dict[str, Any] = {}
+    for key in ("delayq_start", "delayq_end"):
+        if key in own:
+            fields[key.removeprefix("delayq_") + "_ms"] = _time_ms(name, key, own[key])
+    runs = own.get("delayq_max_runs")
+    if runs is not None:
+        if type(runs) is not int or runs < 1:
+            raise PeriodicError(f"entry {name!r}: delayq_max_runs={runs!r}: use an int >= 1")
+        fields["max_runs"] = runs
+    jitter = own.get("delayq_jitter", 0)
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 86400:
+        raise PeriodicError(f"entry {name!r}: delayq_jitter={jitter!r}: use seconds in 0..86400")
+    fields["jitter_ms"] = round(jitter * 1000)
+    enabled = own.get("delayq_enabled")
+    if enabled is not None and not isinstance(enabled, bool):
+        raise PeriodicError(f"entry {name!r}: delayq_enabled={enabled!r}: use True or False")
+    fields["enabled"] = enabled
+    return fields
+
+
+def _time_ms(name: str, key: str, value: Any) -> int:
+    """An entry's start or end: an aware datetime, an ISO 8601 time with its offset, or epoch seconds."""
+    try:
+        return to_ms(parse_iso(value) if isinstance(value, str) else value)
+    except (DelayqError, ValueError) as exc:
+        raise PeriodicError(f"entry {name!r}: {key}={value!r}: {exc}") from exc
 
 
 def _message(
@@ -297,222 +294,31 @@ def _fingerprint(
 # -- sync ------------------------------------------------------------------------------------------
 
 
-@dataclass
-class SyncReport:
-    """What a sync did, by entry name."""
-
-    added: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)
-    #: entries a newer release stored (a newer envelope format): left as they are
-    newer: list[str] = field(default_factory=list)
-
-    def describe(self) -> str:
-        parts = [f"{len(getattr(self, k))} {k}" for k in ("added", "changed", "unchanged", "removed")]
-        return (
-            ", ".join(parts)
-            + (f", {len(self.newer)} left to a newer release" if self.newer else "")
-            + (f", {len(self.errors)} refused" if self.errors else "")
-        )
-
-
-def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = None) -> SyncReport:
-    """Make the store's periodic entries those of ``app.conf.beat_schedule``.
-
-    Idempotent, by entry name: new entries get their first period after now; a changed entry
-    keeps its next period if its schedule is the same (else the new schedule's first after
-    now) and its run history; entries gone from the config are removed. An entry that cannot be
-    built is reported in ``errors`` and left as it is in the store (never removed for it).
+def sync(
+    app: Celery, store: DelayStore | None = None, *, wait: float | None = None, version: int | None = None
+) -> SyncReport:
+    """Make the store's code entries of kind ``celery-periodic`` those of ``app.conf.beat_schedule``
+    (:func:`~delayq_backends.periodic.ops.sync_code`: runtime entries are never touched, an empty
+    ``beat_schedule`` removes nothing, an older version changes nothing).
 
     Args:
         wait: seconds to wait for a forwarder that is firing a changed entry right now
             (default: the store's lease, after which a holder is presumed dead).
+        version: the schedule's version; by default ``app.conf.delayq_schedule_version``.
     """
     store = store or store_for(app)
+    if version is None:
+        version = schedule_version(app)
     entries, errors = entries_of(app)
-    report = SyncReport(errors=dict(errors))
-    deadline = time.monotonic() + (store.config.lease_seconds + 1 if wait is None else wait)
-    key = periodic_key(store.config.prefix)
-    _check_registry(store, key)
-    for entry in entries:
-        store.client.hset(key, entry.name, entry.item_id)  # first: a stored entry is always listed
-        try:
-            outcome = _upsert(store, entry, deadline)
-        except DelayqError as exc:
-            report.errors[entry.name] = str(exc)
-            continue
-        getattr(report, outcome).append(entry.name)
-    keep = {e.name for e in entries} | set(errors)
-    registry_now = _registry(store)
-    report.errors.update(registry_now.unreadable)
-    report.removed = remove(store, [name for name in registry_now.names if name not in keep])
-    return report
+    return sync_code(store, entries, kind=KIND, errors=errors, version=version, wait=wait)
 
 
-def _check_registry(store: DelayStore, key: str) -> None:
-    """Refuse a registry of another type (a hand write) before changing anything: its entries
-    are unknown, so a sync cannot tell which stored entries left the config."""
-    kind = store.client.type(key)
-    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
-    if kind not in ("hash", "none"):
-        raise PeriodicError(
-            f"the periodic registry {key} is a {kind}, not a hash (written by another tool): nothing synced; "
-            f"move it away (`redis-cli RENAME {key} {key}:bad`) and sync again"
-        )
+def _task_of(envelope: Envelope) -> str:
+    """The task a stored entry runs, for listings."""
+    return _message_of(envelope).task
 
 
-def _upsert(store: DelayStore, entry: PeriodicEntry, deadline: float) -> str:
-    """Add or update one entry; returns ``added``, ``changed`` or ``unchanged``."""
-    while True:
-        now = store.clock()
-        item = store.get(entry.item_id)
-        if item is None:
-            first = entry.schedule.first_after(now)
-            env = entry.envelope(entry.state(first))
-            if store.schedule(entry.item_id, from_ms(first.at_ms), env, mode="keep", rank=entry.rank) == "added":
-                return "added"
-            continue  # another sync added it meanwhile: compare with that one
-        try:
-            _, old = _decode(Envelope.decode(item.envelope))
-        except NewerFormatError as exc:
-            log.warning(
-                "periodic entry %r: its store item %r was written by a newer release (%s); skipped, it keeps "
-                "that release's settings: sync from the newer release",
-                entry.name, entry.item_id, exc,
-            )  # fmt: skip
-            return "newer"
-        except EnvelopeError as exc:
-            raise PeriodicError(
-                f"store item {entry.item_id!r} is not a periodic entry ({exc}): it was scheduled by something "
-                f"else; `delayq cancel {entry.item_id}` and sync again"
-            ) from exc
-        if old.fingerprint == entry.fingerprint and old.overlap == entry.overlap:  # an older forwarder's
-            return "unchanged"  # rearm keeps the fingerprint but drops the policy: the sync restores it
-        slot = old.slot if old.schedule == entry.schedule else entry.schedule.first_after(now)
-        env = entry.envelope(entry.state(slot, old.last, old.runs, old.skipped))
-        outcome = store.replace_if(
-            entry.item_id, item.envelope, from_ms(slot.at_ms), env, rank=entry.rank, now=store.clock()
-        )
-        if outcome is RearmOutcome.REPLACED:
-            return "changed"
-        if outcome is RearmOutcome.HELD:  # a forwarder is firing it: its rearm comes first
-            if time.monotonic() > deadline:
-                raise PeriodicError(
-                    f"entry {entry.name!r} stayed leased to a forwarder; it keeps its old settings: sync again"
-                )
-            time.sleep(0.05)
-
-
-@dataclass(frozen=True)
-class Registry:
-    """The registry's fields: entry names, and fields that are not UTF-8, hence no entry's name
-    (a hand write or a damaged key). Those are reported with the fix and skipped, so one cannot
-    stop the rest from listing or syncing (nor removed entries from being removed)."""
-
-    names: list[str]
-    unreadable: dict[str, str]  # the field as redis-cli takes it (hex escapes) -> what is wrong and the fix
-
-
-def _registry(store: DelayStore) -> Registry:
-    """The registry's fields, read names and unreadable ones apart."""
-    key = periodic_key(store.config.prefix)
-    _check_registry(store, key)
-    names, unreadable = [], {}
-    for field_name, _ in store.client.hscan_iter(key):
-        raw = field_name if isinstance(field_name, bytes) else str(field_name).encode()
-        try:
-            names.append(raw.decode())
-        except UnicodeDecodeError:
-            shown = _redis_cli_quoted(raw)
-            unreadable[shown] = (
-                f"registry field {shown} of {key} is not UTF-8, so no entry's name; skipped: remove it with "
-                f"`redis-cli HDEL {key} {shown}`"
-            )
-    return Registry(sorted(names), unreadable)
-
-
-def _redis_cli_quoted(raw: bytes) -> str:
-    r"""``raw`` as a redis-cli double-quoted argument (non-printable bytes as ``\xHH``)."""
-    body = "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\x{b:02x}" for b in raw)
-    return f'"{body}"'
-
-
-def remove(store: DelayStore, names: Iterable[str]) -> list[str]:
-    """Remove entries by name (their store item, then their registry line); returns the names
-    that were registered or stored. A forwarder firing one now sends that run and stops."""
-    registry = periodic_key(store.config.prefix)
-    removed = []
-    for name in names:
-        cancelled = store.cancel(item_id(name))
-        if store.client.hdel(registry, name) or cancelled is not CancelOutcome.NOT_FOUND:
-            removed.append(name)
-    return removed
-
-
-# -- listing ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PeriodicStatus:
-    """One entry as the store has it, for ``periodic list`` and the dashboard."""
-
-    name: str
-    item_id: str
-    state: str  # "scheduled", "firing" (leased to a forwarder), "missing" (not in the store)
-    task: str = ""
-    schedule: str = ""
-    misfire: str = ""
-    next_run_ms: int | None = None
-    last_run_ms: int | None = None
-    last_sent_ms: int | None = None
-    last_missed: int = 0
-    runs: int = 0
-    overlap: str = ALLOW
-    skipped: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-def statuses(store: DelayStore) -> list[PeriodicStatus]:
-    """Every registered entry, with its schedule, last run and next run."""
-    registry = _registry(store)
-    out = [PeriodicStatus(shown, "", f"unreadable: {fix}") for shown, fix in sorted(registry.unreadable.items())]
-    for name in registry.names:
-        ident = item_id(name)
-        item = store.get(ident)
-        if item is None:
-            out.append(PeriodicStatus(name, ident, "missing"))
-            continue
-        try:
-            message, state = _decode(Envelope.decode(item.envelope))
-        except NewerFormatError as exc:
-            out.append(PeriodicStatus(name, ident, f"newer format {exc.version}: upgrade this reader"))
-            continue
-        except EnvelopeError as exc:
-            out.append(PeriodicStatus(name, ident, f"unreadable: {exc}"))
-            continue
-        last = state.last
-        out.append(
-            PeriodicStatus(
-                name,
-                ident,
-                "firing" if item.leased_until_ms is not None else "scheduled",
-                message.task,
-                state.schedule.describe(),
-                state.misfire.describe(),
-                item.ready_ms,
-                None if last is None else last.at_ms,
-                None if last is None else last.sent_ms,
-                0 if last is None else last.missed,
-                state.runs,
-                state.overlap,
-                state.skipped,
-            )
-        )
-    return out
+register_kind(KIND, "celery", _task_of)
 
 
 def task_view(envelope: Envelope) -> TaskView | None:
