@@ -299,3 +299,14 @@ def test_a_runtime_entry_is_listed_as_rq_and_shadows_a_config_entry_of_its_name(
     )
     with pytest.raises(ConfigError, match="interval= .* or cron="):
         cron_entry("x", FUNC, "q")
+
+
+def test_a_cron_string_without_tz_is_read_in_the_syncing_hosts_zone_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``rq cron`` reads it in its host's zone; named, so every forwarder reads it alike."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    entries = {e.name: e for e in load_config(str(_config(tmp_path, "q"))).entries}
+    assert entries["every-2s"].schedule == Cron("* * * * * */2", "Asia/Tokyo")
+    monkeypatch.setenv("TZ", "Etc/UTC")
+    assert load_config(str(_config(tmp_path, "q"))).entries[2].schedule == Cron("* * * * * */2", "UTC")
