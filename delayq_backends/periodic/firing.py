@@ -105,9 +105,9 @@ def plan_entry(state: PeriodicState, now_ms: int) -> EntryPlan:
     extra = [Run(Slot(str(ms), ms), MANUAL) for ms in state.run_now]
     for start, end in state.backfill:
         extra += [Run(s, BACKFILL) for s in state.schedule.between(state.slot, start, end, MAX_BACKFILL)]
-    if not state.enabled or state.finished:
-        return EntryPlan(Plan([], 0, state.slot), extra)
     late = now_ms - jitter_offset(state.name, state.slot, state.jitter_ms)  # lateness counts from its jittered time
+    if not state.enabled or state.finished or (state.pending and late < state.slot.at_ms):
+        return EntryPlan(Plan([], 0, state.slot), extra)  # (due for its pending actions, not its period)
     plan = state.misfire.plan(state.schedule, state.slot, late)
     runs = [s for s in plan.runs if (state.start_ms is None or s.at_ms >= state.start_ms)]
     runs = [s for s in runs if state.end_ms is None or s.at_ms <= state.end_ms]
