@@ -46,6 +46,7 @@ from ..errors import DelayqError, EnvelopeError, NewerFormatError
 from ..keys import MAX_RANK, RANK_SPAN, normalize_id, periodic_key
 from ..models import CancelOutcome, DeliveryFailure, RearmOutcome
 from ..overlap_policy import ALLOW, POLICIES, Fire, OverlapAsk, check_policy, fire_runs, overlap_slot
+from ..periodic.history import RUN_HEADER, RunMark, SentRun, report_published
 from ..store import DelayStore, slot_member
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport, Target
@@ -206,7 +207,9 @@ def _run_delivery(d: Delivery, message: StoredMessage, state: PeriodicState, slo
     """The delivery of one period's run of entry item ``d``: id ``<item>#<task id>``; with an
     overlap policy, its message carries the entry's concurrency slot for the worker to hold."""
     task_id = run_task_id(state.name, slot)
-    headers = {} if state.overlap == ALLOW else {SLOT_HEADER: {"key": overlap_slot(state.name).key, "limit": 1}}
+    headers: dict[str, Any] = {RUN_HEADER: RunMark(state.name, slot.at_ms).header()}
+    if state.overlap != ALLOW:
+        headers[SLOT_HEADER] = {"key": overlap_slot(state.name).key, "limit": 1}
     run = _run_message(message, task_id, state.expires, now, headers)
     return Delivery(f"{d.id}#{task_id}", run.to_envelope(), d.attempts, slot.at_ms)
 
@@ -800,6 +803,8 @@ class PeriodicTarget:
         elif outcome is RearmOutcome.NOT_FOUND:
             log.info("periodic entry %r was removed while being fired", state.name)
         else:
+            sent = [SentRun(RunMark(state.name, run.ready_ms), _task_id(run)) for run in f.runs]
+            report_published(lease.store, state.name, sent, missed=plan.missed)
             if f.skipped:
                 log.info("periodic entry %r: %d period(s) skipped, its last run still running (overlap %s)",
                          state.name, f.skipped, state.overlap)  # fmt: skip

@@ -34,6 +34,7 @@ from .forward import ForwardOptions, forward_options, run_forwarder
 from .inspect import show_periodic, stats
 from .options import ErrorsAsMessages, closing, page_options
 from .output import Column, print_table
+from .periodic_history import celery_history
 
 __all__ = ["delayq"]
 
@@ -105,6 +106,9 @@ def _store(ctx: click.Context) -> DelayStore:
 @delayq.group()
 def periodic() -> None:
     """The app's beat_schedule, fired by the forwarders: no celery beat process."""
+
+
+periodic.add_command(celery_history)
 
 
 @periodic.command("sync")

@@ -25,6 +25,7 @@ from .options import (
     when_option,
 )
 from .output import Column, duration, echo_json, print_table, warn
+from .periodic_history import history
 
 __all__ = ["cancel", "list_", "periodic", "show_periodic", "stats"]
 
@@ -66,6 +67,9 @@ def _skipped(entry: Any) -> str:
 @click.group()
 def periodic() -> None:
     """Periodic Celery entries synced into the store (``celery -A proj delayq periodic sync``)."""
+
+
+periodic.add_command(history)
 
 
 @periodic.command("list")

@@ -1,0 +1,1 @@
+"""Periodic entries apart from any one task queue: schedules, state, firing, history."""
