@@ -14,6 +14,7 @@ from delayq_backends.scripts.store import (
     BatchAdd,
     BatchEnd,
     BatchOpen,
+    PeriodicRun,
     SlotEnd,
     SlotHold,
     SlotTake,
@@ -27,6 +28,7 @@ HEADER_KEY = re.compile(r"KEYS\[(\d+)\] ([a-z_]+)")
 def test_every_lua_file_has_one_typed_object() -> None:
     typed = {*SHARD_SCRIPTS, Take.name, RqFields.name, RqEnqueue.name, RqFail.name, RqMove.name, RqSchedule.name}
     typed |= {SlotTake.name, SlotHold.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
+    typed |= {PeriodicRun.name}
     assert typed == set(SCRIPT_NAMES)
 
 
