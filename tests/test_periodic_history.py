@@ -5,11 +5,13 @@ reads as absent and never raises, and a store that cannot be reached costs a log
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 
 from delayq_backends import DelayStore
 from delayq_backends.keys import periodic_key
+from delayq_backends.periodic.gauges import OTHER, PeriodicCollector
 from delayq_backends.periodic.history import (
     HISTORY_TTL_MS,
     LATE_MS,
@@ -23,6 +25,8 @@ from delayq_backends.periodic.history import (
     record_started,
     report_published,
 )
+from delayq_backends.targets import RedisListTarget
+from delayq_backends.timeutil import MAX_MS, from_ms
 from tests.harness import make_store
 
 DUE = 1_800_000_000_000
@@ -168,3 +172,42 @@ def test_an_unreachable_store_is_logged_never_raised(
     with caplog.at_level(logging.WARNING, "delayq.periodic.history"):
         report_published(store, "tick", [SentRun(RunMark("tick", DUE), "r1")], missed=1)
     assert "run r1 of 'tick' published not recorded" in caplog.text
+
+
+def test_the_gauges_name_the_worst_entries_and_sum_the_rest(clocked: tuple[DelayStore, Clock]) -> None:
+    """``delayq exporter --periodic-entries 2``: the most overdue first, then the longest without
+    a success; the rest as entry="_other" (missed and late summed, overdue the largest)."""
+    store, clock = clocked
+    registry = periodic_key(store.config.prefix)
+    entries = {  # name: (next ready, last success's due, missed, enabled)
+        "fine": (DUE + 500, DUE - 1000, 1, True),
+        "owing": (DUE + 500, None, 2, True),  # never succeeded: owes from its first run on
+        "stalled": (DUE - 9000, DUE - 10_000, 0, True),  # no forwarder fired it for 9 s
+        "paused": (MAX_MS, None, 4, False),
+    }
+    for name, (ready, success_due, missed, enabled) in entries.items():
+        meta = {"slot": {"key": "k", "at": ready}, "schedule": {"every_ms": 1000, "aligned": True}, "enabled": enabled}
+        envelope = replace(RedisListTarget.envelope("x", b""), target="celery-periodic", meta={"periodic": meta})
+        store.schedule(f"periodic:{name}", from_ms(ready), envelope)
+        store.client.hset(registry, name, f"periodic:{name}")
+        first = RunMark(name, DUE - 3000)
+        clock.now = DUE - 3000
+        record_published(store, first, "first", missed=missed)
+        if success_due is not None:
+            record_finished(store, RunMark(name, success_due), f"ok-{name}", "success")
+    clock.now = DUE
+    samples = {
+        (s.name, s.labels["entry"]): s.value
+        for family in PeriodicCollector(store, max_entries=2).collect()
+        for s in family.samples
+        if "entry" in s.labels
+    }
+    named = {entry for _, entry in samples} - {OTHER}
+    assert named == {"stalled", "owing"}  # 9 s and 3 s overdue; "fine" succeeded, "paused" owes nothing
+    assert samples["delayq_periodic_overdue_seconds", "stalled"] == 9.0
+    assert samples["delayq_periodic_overdue_seconds", "owing"] == 3.0
+    assert samples["delayq_periodic_period_seconds", "owing"] == 1.0
+    assert ("delayq_periodic_last_success_timestamp_seconds", "owing") not in samples
+    assert samples["delayq_periodic_missed_total", OTHER] == 5  # fine 1 + paused 4
+    assert samples["delayq_periodic_enabled", OTHER] == 1  # of fine and paused, one enabled
+    assert ("delayq_periodic_next_run_timestamp_seconds", OTHER) not in samples

@@ -50,7 +50,10 @@ def show_history(store: DelayStore, name: str, as_json: bool, limit: int) -> Non
     Raises:
         click.ClickException: no such entry (names ``periodic list``).
     """
-    found = read_history(store, name, limit=limit)
+    try:
+        found = read_history(store, name, limit=limit)
+    except ValueError as exc:
+        raise click.BadParameter(f"{name!r}: {exc}", param_hint="NAME") from None
     if not found.runs and not store.client.hexists(periodic_key(store.config.prefix), name):
         raise click.ClickException(f"no periodic entry {name!r} in {store.config.prefix!r}: see `periodic list`")
     now = store.clock()

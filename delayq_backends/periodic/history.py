@@ -202,7 +202,11 @@ def _count(raw: Any) -> int:
 
 
 def history_keys(store: StoreCore, name: str) -> tuple[str, str]:
-    """Entry ``name``'s history hash and runs ZSET, in the shard of its item ``periodic:<name>``."""
+    """Entry ``name``'s history hash and runs ZSET, in the shard of its item ``periodic:<name>``.
+
+    Raises:
+        ValueError: no entry can have ``name`` (its item id would be empty, too long or not text).
+    """
     keys: ShardKeys = store.keys(shard_of(normalize_id(f"periodic:{name}"), store.config.shards))
     return keys.periodic_history(name), keys.periodic_runs(name)
 

@@ -69,7 +69,10 @@ def _run(r: RunRecord) -> RunOut:
 def periodic_history(name: PathName, svc: Svc, limit: HistoryLimit = HISTORY_SIZE) -> HistoryOut:
     """Its last runs, newest first, with its last success and missed and late periods."""
     store = svc.store
-    found = read_history(store, name, limit=limit)
+    try:
+        found = read_history(store, name, limit=limit)
+    except ValueError as exc:  # no entry can have this name (its item id would be too long)
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"entry name {name!r}: {exc}") from None
     if not found.runs and not store.client.hexists(periodic_key(store.config.prefix), name):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no periodic entry {name!r}: see GET {API_PREFIX}/periodic")
     now = store.clock()
