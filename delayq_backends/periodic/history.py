@@ -230,7 +230,7 @@ def record_published(
 
 def record_started(store: StoreCore, mark: RunMark, run_id: str, *, keep: int = HISTORY_SIZE) -> None:
     """Record that a worker started run ``run_id`` (again, for a retry: its outcome is cleared)."""
-    _record(store, mark.name, RunEvent("started", run_id, mark.due_ms), keep)
+    _record(store, mark.name, RunEvent("started", run_id, mark.due_ms, mark.kind), keep)
 
 
 def record_finished(store: StoreCore, mark: RunMark, run_id: str, outcome: str, *, keep: int = HISTORY_SIZE) -> None:
@@ -238,7 +238,7 @@ def record_finished(store: StoreCore, mark: RunMark, run_id: str, outcome: str, 
     moves the entry's last success to now."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r}: use one of {OUTCOMES}")
-    _record(store, mark.name, RunEvent("finished", run_id, mark.due_ms, detail=outcome), keep)
+    _record(store, mark.name, RunEvent("finished", run_id, mark.due_ms, mark.kind, outcome), keep)
 
 
 @dataclass(frozen=True)
