@@ -204,8 +204,9 @@ def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
 
 
 def _run_delivery(d: Delivery, message: StoredMessage, state: PeriodicState, slot: Slot, now: int) -> Delivery:
-    """The delivery of one period's run of entry item ``d``: id ``<item>#<task id>``; with an
-    overlap policy, its message carries the entry's concurrency slot for the worker to hold."""
+    """The delivery of one period's run of entry item ``d``: id ``<item>#<task id>``; its message
+    names its entry and period (header ``delayq_periodic``, for the entry's history) and, with an
+    overlap policy, the entry's concurrency slot for the worker to hold."""
     task_id = run_task_id(state.name, slot)
     headers: dict[str, Any] = {RUN_HEADER: RunMark(state.name, slot.at_ms).header()}
     if state.overlap != ALLOW:

@@ -75,11 +75,12 @@ def exporter(spec: StoreSpec, port: int, host: str, slot_keys: int, periodic_ent
     registry = CollectorRegistry()
     # under Prometheus's default 10 s scrape timeout: a hung store reads as up 0, not a stalled scrape
     store = open_store(spec, writes=False, socket_timeout=5)
-    registry.register(StoreCollector(store))
+    shards = StoreCollector(store)
+    registry.register(shards)
     if slot_keys:
         registry.register(SlotCollector(store, max_keys=slot_keys))
     if periodic_entries:
-        registry.register(PeriodicCollector(store, max_entries=periodic_entries))
+        registry.register(PeriodicCollector(store, max_entries=periodic_entries, after=shards))
     serve_metrics(registry, host, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
