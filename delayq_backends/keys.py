@@ -337,7 +337,7 @@ class ShardKeys:
         return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked]
 
     def periodic_history(self, name: str) -> str:
-        """HASH of periodic entry ``name``'s last runs (``run:<run id>`` -> JSON) and its counters
+        """HASH of periodic entry ``name``'s last runs (``run:<run id>`` -> its record) and its counters
         (missed, late, last_success), in the shard of the entry's item (``periodic:<name>``), so
         one script records an event (periodic_run.lua). Expires unless a run keeps it. Not in
         :meth:`all`."""

@@ -15,7 +15,7 @@ keys in the shard of the entry's item, so history costs no cross-slot call on a 
 Both expire :data:`HISTORY_TTL_MS` after the last event, so a removed entry's history goes by
 itself. History is a report, never a gate: an event that cannot be recorded (the store away, a
 refused permission) is logged and dropped (:func:`reported`), and a hand write in these keys reads
-as absent (a record that is no JSON, a key of another type) and is replaced by the next event.
+as absent (a record or counter that is none, a key of another type) and is replaced by the next event.
 
 Neutral: no Celery or RQ import, so RQ's worker hook (:mod:`delayq_backends.rq.history`) and
 Celery's (:mod:`delayq_backends.celery.history`) both record through here.
@@ -23,8 +23,8 @@ Celery's (:mod:`delayq_backends.celery.history`) both record through here.
 
 from __future__ import annotations
 
-import json
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -128,26 +128,22 @@ class RunRecord:
 
     @classmethod
     def from_stored(cls, run_id: str, raw: bytes | None) -> RunRecord | None:
-        """A stored record; None for a missing one or one that is no record (a hand write)."""
-        try:
-            data = json.loads(raw) if raw is not None else None
-        except ValueError:
+        """A stored record (``<due>:<kind>:<published>:<started>:<finished>:<outcome>``, times in ms
+        after the due time); None for a missing one or one that is no record (a hand write)."""
+        found = _RECORD.fullmatch(raw.decode("ascii", "replace")) if raw is not None else None
+        if found is None:
             return None
-        if not isinstance(data, dict):
-            return None
-        due = _ms(data.get("due"))
-        if due is None:
-            return None
-        kind, outcome = data.get("kind"), data.get("outcome")
+        due, kind, published, started, finished, outcome = found.groups()
+        at = [None if t == "" else int(due) + int(t) for t in (published, started, finished)]
         return cls(
             run_id,
-            due,
+            int(due),
             kind if kind in KINDS else "scheduled",
-            _ms(data.get("published")),
-            _ms(data.get("started")),
-            _ms(data.get("finished")),
+            at[0],
+            at[1],
+            at[2],
             outcome if outcome in OUTCOMES else None,
-            _ms(data.get("lateness_ms"), signed=True),
+            None if published == "" else int(published),
         )
 
 
@@ -186,19 +182,14 @@ class EntryHistory:
         }
 
 
-def _ms(value: Any, *, signed: bool = False) -> int | None:
-    """A time (or lateness) as the script writes it (digits in a string); else None."""
-    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) <= 16:
-        n = int(value)
-        return n if signed or n >= 0 else None
-    return None
+#: A run's record as periodic_run.lua writes it.
+_RECORD = re.compile(r"(\d{1,15}):([a-z]+):((?:-?\d{1,15})?):((?:-?\d{1,15})?):((?:-?\d{1,15})?):([a-z]*)")
 
 
 def _count(raw: Any) -> int:
-    """A counter as HINCRBY writes it; 0 for a missing one or a hand write."""
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    value = _ms(text)
-    return 0 if value is None else value
+    """A counter (or time) as the script writes it; 0 for a missing one or a hand write."""
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""
+    return int(text) if text.isdigit() and len(text) <= 15 else 0
 
 
 def history_keys(store: StoreCore, name: str) -> tuple[str, str]:
