@@ -14,7 +14,8 @@ Lua scripts (Redis checks both against the user's ACL):
   wake-up channel, and runs the operators' ``delayq dlq`` purge and requeue.
 - ``worker``: a Celery or RQ worker with dedupe (a lossless forwarder's workers): a producer (a
   task's retries and delayed children go through the store) that may also write and read the
-  runs' start records (``SET NX PX``, ``GET``).
+  runs' start records (``SET NX PX``, ``GET``), and record periodic entries' runs in their
+  history (the forwarder records their publish).
 - ``reader``: ``delayq stats``/``list``/``dlq list`` and dashboards, read-only.
 
 A target's own keys (an RQ queue, a Redis list) are not covered: grant them separately.
@@ -63,7 +64,8 @@ PRODUCER_FUNCTIONS = (
 
 #: The scripts a worker runs besides a producer's: the holds of its tasks' concurrency slots,
 #: passed at their end to the head of the key's line, whose items are brought forward.
-WORKER_FUNCTIONS = ("slot_hold", "slot_end", "promote")
+#: periodic_run: a periodic entry's run started and ended, in the entry's history.
+WORKER_FUNCTIONS = ("slot_hold", "slot_end", "promote", "periodic_run")
 
 #: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
 _PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")
@@ -126,6 +128,17 @@ def _batch_keys(prefix: str) -> str:
     return _shard_key(prefix, "batch*")
 
 
+#: What periodic_run.lua sends on an entry's history keys beyond the roles' own commands, only
+#: there (a selector): DEL (a key of another type, a hand write, is replaced), the bound's trim
+#: and the keys' TTL.
+_HISTORY_COMMANDS = ("+type", "+del", "+zremrangebyrank", "+zcard", "+zrange", "+hget", "+pexpire")
+
+
+def _history_keys(prefix: str) -> str:
+    """The pattern of every periodic entry's history keys (``ShardKeys.periodic_history``, ``periodic_runs``)."""
+    return _shard_key(prefix, "periodic_*")
+
+
 def _slot_holds(prefix: str, name: str = "holds") -> str:
     """The pattern of every slot key's holds (``keys.slot_holds_key``), or key ``name``."""
     return f"{prefix}:{{{prefix}:slot:*}}:{name}"
@@ -140,6 +153,7 @@ def _role_keys(prefix: str, role: str) -> list[str]:
             # and limit (only read, but FCALL needs write access to all its keys; what a ZADD or
             # HSET leaves there, slot_take.lua drops)
             writes += [_slot_holds(prefix, n) for n in ("holds", "waiting", "waits", "limit")]
+            writes.append(_history_keys(prefix))  # periodic_run.lua: the runs it started and ended
         periodic = (f"~{periodic_key(prefix)}", f"~{periodic_code_key(prefix)}")
         return [*(f"~{k}" for k in writes), *periodic, *(f"%R~{k}" for k in reads)]
     return key_patterns(prefix)
@@ -174,6 +188,8 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     if role in _PRODUCES:  # debounce.lua lets a collapsed run's call counter expire: that key only
         rules.append(f"(+pexpireat ~{_shard_key(prefix, 'calls:*')})")
         rules.append(f"({' '.join(_BATCH_COMMANDS)} ~{_batch_keys(prefix)})")
+    if role in ("forwarder", "worker"):  # periodic_run.lua: runs published (forwarder), started and ended
+        rules.append(f"({' '.join(_HISTORY_COMMANDS)} ~{_history_keys(prefix)})")
     if role == "worker":  # a SET on any other key could replace a shard's whole schedule
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
         # record is written again for durable_replicas' WAIT

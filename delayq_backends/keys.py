@@ -342,3 +342,15 @@ class ShardKeys:
     def all(self) -> list[str]:
         """Every key of the shard (each script names the ones it takes: scripts/store.py)."""
         return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked]
+
+    def periodic_history(self, name: str) -> str:
+        """HASH of periodic entry ``name``'s last runs (``run:<run id>`` -> its record) and its counters
+        (missed, late, last_success), in the shard of the entry's item (``periodic:<name>``), so
+        one script records an event (periodic_run.lua). Expires unless a run keeps it. Not in
+        :meth:`all`."""
+        return self._key(f"periodic_history:{name}")
+
+    def periodic_runs(self, name: str) -> str:
+        """ZSET run id -> due ms of the runs :meth:`periodic_history` keeps (their order, and the
+        bound: the oldest are dropped)."""
+        return self._key(f"periodic_runs:{name}")

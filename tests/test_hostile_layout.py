@@ -71,6 +71,10 @@ COVERED = {
     "ShardKeys.batch_done": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "ShardKeys.batch_failed": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "batch_channel": "tests/test_batches.py::test_a_batch_completes_once_when_closed_and_every_sub_job_finished",
+    "ShardKeys.periodic_history": "tests/test_celery/test_periodic_history_processes.py::"
+    "test_garbage_in_history_keys_never_stops_a_firing_or_a_worker",
+    "ShardKeys.periodic_runs": "tests/test_celery/test_periodic_history_processes.py::"
+    "test_garbage_in_history_keys_never_stops_a_firing_or_a_worker",
     "rq mirror": "here: test_garbage_in_the_rq_mirror_never_stops_the_line",
     "audit stream": "here: test_garbage_in_the_audit_stream_never_stops_the_line",
 }

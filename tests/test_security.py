@@ -26,6 +26,14 @@ from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer, free_port
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import meta_key, slot_limit_key
 from delayq_backends.models import FailCounts, FailedDelivery
+from delayq_backends.periodic.history import (
+    RunMark,
+    history_keys,
+    read_history,
+    record_finished,
+    record_published,
+    record_started,
+)
 from delayq_backends.scripts import (
     LIBRARY,
     SCRIPT_NAMES,
@@ -249,6 +257,30 @@ def test_batches_work_on_the_producer_and_worker_roles(admin: Admin, prefix: str
     for command in (("PEXPIRE", producer.keys(0).due, 1), ("SADD", producer.keys(0).items, "x")):
         with pytest.raises(redis.exceptions.NoPermissionError):
             producer.client.execute_command(*command)
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "eval"])
+def test_periodic_history_works_on_the_forwarder_worker_and_reader_roles(
+    admin: Admin, prefix: str, functions: bool
+) -> None:
+    """A forwarder records a run's publish (and replaces a hand write), a worker its start and end,
+    a reader reads them; the history's DEL reaches no other key."""
+    if functions:
+        admin.install_functions()
+    forwarder = open_store(user_url(admin, prefix, "forwarder", functions=functions), prefix)
+    forwarder.check_meta()
+    worker = open_store(user_url(admin, prefix, "worker", functions=functions), prefix)
+    reader = open_store(user_url(admin, prefix, "reader", functions=functions), prefix)
+    mark = RunMark("tick", 1_800_000_000_000)
+    admin.client.set(history_keys(forwarder, "tick")[0], "a hand write")
+    assert record_published(forwarder, mark, "r1", missed=2)
+    record_started(worker, mark, "r1")
+    record_finished(worker, mark, "r1", "success")
+    found = read_history(reader, "tick")
+    assert found.missed == 2 and [(r.run_id, r.outcome) for r in found.runs] == [("r1", "success")]
+    for store in (forwarder, worker):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            store.client.delete(store.keys(0).due)
 
 
 def test_a_durable_producer_without_wait_is_refused_before_it_writes(admin: Admin, prefix: str) -> None:

@@ -21,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .amqp import AMQP, Control, StoreUnavailableError, use_plugin_control
 from .batches import BATCH_HEADER, Batch, use_batches
 from .dedupe import DedupeTask, use_dedupe
+from .history import use_history
 from .message import StoredMessage, TaskView
 from .scheduled import RevokeReport, StoreRevoke, get, reschedule, revoke, revoke_everywhere
 from .settings import CelerySettings, DuplicateTaskIdError, forget_store, store_for
@@ -66,3 +67,4 @@ def install(app: Celery) -> None:
     use_dedupe(app)
     use_slots(app)
     use_batches(app)
+    use_history(app)

@@ -47,6 +47,7 @@ from ..envelope import Envelope
 from ..errors import DelayqError
 from ..overlap_policy import ALLOW, check_policy, overlap_slot
 from ..periodic.firing import FiringTarget, Run
+from ..periodic.history import RUN_HEADER, RunMark
 from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, register_kind, sync_code
 from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, run_task_id
@@ -108,10 +109,13 @@ class CeleryRuns:
         return _message_of(envelope)
 
     def run(self, entry: Delivery, template: StoredMessage, state: PeriodicState, run: Run, now_ms: int) -> Delivery:
-        """The delivery of one run of entry item ``entry``: id ``<item>#<task id>``; with an
-        overlap policy, its message carries the entry's concurrency slot for the worker to hold."""
+        """The delivery of one run of entry item ``entry``: id ``<item>#<task id>``; its message
+        names its entry, period and kind (header ``delayq_periodic``, for the entry's history)
+        and, with an overlap policy, the entry's concurrency slot for the worker to hold."""
         task_id = run.task_id(state.name)
-        headers = {} if state.overlap == ALLOW else {SLOT_HEADER: {"key": overlap_slot(state.name).key, "limit": 1}}
+        headers: dict[str, Any] = {RUN_HEADER: RunMark(state.name, run.slot.at_ms, run.kind).header()}
+        if state.overlap != ALLOW:
+            headers[SLOT_HEADER] = {"key": overlap_slot(state.name).key, "limit": 1}
         message = _run_message(template, task_id, state.expires, now_ms, headers)
         return Delivery(f"{entry.id}#{task_id}", message.to_envelope(), entry.attempts, run.slot.at_ms)
 

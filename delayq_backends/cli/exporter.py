@@ -3,7 +3,8 @@
 For stores whose forwarders run elsewhere (or not at all yet), and for one scrape target per
 store however many forwarders there are. It only reads (ZCARD/ZCOUNT/HLEN at scrape time), so
 it may run with the ``reader`` ACL role; the slot gauges also need SCAN and GET, which that role
-lacks (without them they read as ``delayq_slots_up 0``, the rest serves on).
+lacks (without them they read as ``delayq_slots_up 0``, the rest serves on). The periodic entries'
+gauges (:mod:`delayq_backends.periodic.gauges`) read the registry, each entry and its history.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from ..connection import redact_url
 from ..metrics import DEFAULT_METRICS_HOST, DEFAULT_SLOT_KEYS, SlotCollector, StoreCollector, serve_metrics
+from ..periodic.gauges import DEFAULT_PERIODIC_ENTRIES, PeriodicCollector
 from ..storespec import StoreSpec
 from .options import open_store, store_options
 
@@ -53,7 +55,18 @@ __all__ = ["exporter"]
     help="Concurrency slot keys named in the slot gauges, busiest first (the rest count in the totals); "
     "0: no slot gauges (their key list is a SCAN every 30 s).",
 )
-def exporter(spec: StoreSpec, port: int, host: str, slot_keys: int) -> None:
+@click.option(
+    "--periodic-entries",
+    envvar="DELAYQ_METRICS_PERIODIC_ENTRIES",
+    show_envvar=True,
+    type=click.IntRange(0, 100_000),
+    default=DEFAULT_PERIODIC_ENTRIES,
+    show_default=True,
+    metavar="N",
+    help='Periodic entries named in the per-entry gauges, worst first (the rest summed as entry="_other"); '
+    "0: no periodic gauges (each scrape reads every entry and its history).",
+)
+def exporter(spec: StoreSpec, port: int, host: str, slot_keys: int, periodic_entries: int) -> None:
     """Serve the store's per-shard gauges (scheduled, due, leased, dead, oldest overdue) and its
     concurrency slots' (in use, waiting, limit) until SIGTERM/SIGINT.
 
@@ -62,9 +75,12 @@ def exporter(spec: StoreSpec, port: int, host: str, slot_keys: int) -> None:
     registry = CollectorRegistry()
     # under Prometheus's default 10 s scrape timeout: a hung store reads as up 0, not a stalled scrape
     store = open_store(spec, writes=False, socket_timeout=5)
-    registry.register(StoreCollector(store))
+    shards = StoreCollector(store)
+    registry.register(shards)
     if slot_keys:
         registry.register(SlotCollector(store, max_keys=slot_keys))
+    if periodic_entries:
+        registry.register(PeriodicCollector(store, max_entries=periodic_entries, after=shards))
     serve_metrics(registry, host, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -26,6 +26,7 @@ from ..storespec import StoreSpec
 from ..timeutil import parse_iso, to_ms
 from .options import json_option, open_store, store_options
 from .output import Column, echo_json, print_table
+from .periodic_history import limit_option, show_history
 
 __all__ = ["PeriodicAccess", "periodic", "periodic_commands", "show_periodic"]
 
@@ -246,8 +247,8 @@ def _split(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group:
-    """Add the periodic commands to ``group``: list, show, add, update, pause, resume, run,
-    backfill, remove (``history`` is added beside them by the history module)."""
+    """Add the periodic commands to ``group``: list, show, history, add, update, pause, resume,
+    run, backfill, remove."""
     with_store = access.options
 
     @group.command("list")
@@ -269,6 +270,17 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         if found is None:
             raise ops.EntryNotFound(name)
         _show(found, as_json)
+
+    @group.command("history")
+    @click.argument("name")
+    @json_option
+    @limit_option
+    @with_store
+    @click.pass_context
+    def history(ctx: click.Context, /, name: str, as_json: bool, limit: int, **where: Any) -> None:
+        """An entry's last runs (due, published, started, finished, outcome), last success, missed
+        and late periods."""
+        show_history(access.store(ctx, where), name, as_json, limit)
 
     @group.command("add")
     @_definition

@@ -29,6 +29,7 @@ from ..store import DelayStore, slot_member
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport, Target
 from ..timeutil import Clock, from_ms
+from .history import RunMark, SentRun, report_published
 from .schedules import END, MAX_BACKFILL, Plan, Slot, describe_time, run_task_id
 from .state import PeriodicState, jitter_offset, state_of, with_state
 
@@ -331,12 +332,16 @@ class FiringTarget:
         elif outcome is RearmOutcome.NOT_FOUND:
             log.info("periodic entry %r was removed while being fired", state.name)
         else:
-            self._after_rearm(f, following)
+            self._after_rearm(f, following, lease)
 
-    def _after_rearm(self, f: _Firing, following: PeriodicState) -> None:
-        """An entry fired and rearmed (its runs sent, its next period stored): report what its
-        policies dropped. The one place a firing is known complete."""
+    def _after_rearm(self, f: _Firing, following: PeriodicState, lease: Lease) -> None:
+        """An entry fired and rearmed (its runs sent, its next period stored): record its runs and
+        missed periods in its history, report what its policies dropped. The one place a firing
+        is known complete."""
         state, plan = f.state, f.plan
+        made = [f.made[d.id] for d in (*f.runs, *f.extra)]
+        sent = [SentRun(RunMark(state.name, run.slot.at_ms, run.kind), run.task_id(state.name)) for run in made]
+        report_published(lease.store, state.name, sent, missed=plan.missed)
         if f.skipped:
             log.info("periodic entry %r: %d period(s) skipped, its last run still running (overlap %s)",
                      state.name, f.skipped, state.overlap)  # fmt: skip

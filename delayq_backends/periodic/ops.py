@@ -585,7 +585,7 @@ def sync_code(
     check_registry(store)
     fingerprint = code_fingerprint([(s.name, s.fingerprint) for s in specs] + [(n, "!") for n in errors])
     try:
-        record_code_sync(store, version, fingerprint)
+        record_code_sync(store, version, fingerprint, kind=kind)
     except PeriodicError as exc:
         if type(exc) is PeriodicError:  # a damaged record: the caller says so, nothing synced
             raise

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import DelayqError
 from ..keys import periodic_code_key, periodic_key
-from ..scripts.library import ScriptCall
+from ..scripts.store import SyncVersion
 from ..store import DelayStore
 
 __all__ = [
@@ -160,7 +160,7 @@ def _record(reply: Any) -> tuple[int, CodeRecord | None]:
 
 
 def record_code_sync(
-    store: DelayStore, version: int | None, fingerprint: str, *, host: str | None = None
+    store: DelayStore, version: int | None, fingerprint: str, *, kind: str, host: str | None = None
 ) -> CodeRecord | None:
     """Check that a code schedule may be synced and record it, in one script call; returns the
     record it replaced (None: the first sync).
@@ -171,8 +171,16 @@ def record_code_sync(
         PeriodicError: the record is damaged (another type, a version that is no number).
     """
     key = periodic_code_key(store.config.prefix)
-    args = ("" if version is None else str(version), fingerprint, host or socket.gethostname(), store.script_now(None))
-    reply = store.run_each([ScriptCall("sync_version", (key,), args, _record)])[0]
+    call = SyncVersion.call(
+        key,
+        kind,
+        "" if version is None else str(version),
+        fingerprint,
+        host or socket.gethostname(),
+        _record,
+        now=store.script_now(None),
+    )
+    reply = store.run_each([call])[0]
     if isinstance(reply, Exception):
         raise reply
     code, before = reply
@@ -191,7 +199,7 @@ def record_code_sync(
     if code == CodeSync.CONFLICT:
         raise StaleScheduleError(
             f"schedule version {version} was synced before with other entries ({before.describe()}): nothing "
-            "synced; bump the version with each change of beat_schedule"
+            "synced; bump the version with each change of the code schedule"
         )
     raise StaleScheduleError(
         f"this sync has no schedule version, but {before.describe()} was synced: nothing synced; set "
@@ -199,11 +207,11 @@ def record_code_sync(
     )
 
 
-def code_record(store: DelayStore) -> CodeRecord | None:
-    """The code schedule synced last, or None (none yet, or a damaged record)."""
+def code_record(store: DelayStore, kind: str) -> CodeRecord | None:
+    """The code schedule of entries of ``kind`` synced last, or None (none yet, or a damaged record)."""
     key = periodic_code_key(store.config.prefix)
     try:
-        values = store.client.hmget(key, ["version", "fp", "synced_at", "host"])
+        values = store.client.hmget(key, [f"{kind}:{field}" for field in SyncVersion.FIELDS])
     except Exception:  # another type: reported by the next sync
         return None
     _, record = _record([0, *(v or b"" for v in values)])

@@ -45,6 +45,7 @@ from ..models import DeliveryFailure
 from ..outages import gives_back
 from ..overlap_policy import ALLOW, overlap_slot
 from ..periodic.firing import FiringTarget, Run
+from ..periodic.history import RUN_HEADER, RunMark
 from ..periodic.ops import register_kind
 from ..periodic.state import PeriodicState
 from ..scripts import RqNewJob, RqRun, ScriptRunner
@@ -72,8 +73,8 @@ log = logging.getLogger("delayq.rq.entries")
 KIND = "rq-periodic"
 #: ``Envelope.target`` of one run of an entry: a new job for :class:`RQRunTarget` to write.
 RUN_KIND = "rq-run"
-#: The run's ``job.meta`` key naming its entry and period: ``{"name": ..., "due": <ms>}``.
-PERIODIC_META = "delayq_periodic"
+#: The run's ``job.meta`` key naming its entry, period and kind (:class:`~delayq_backends.periodic.history.RunMark`).
+PERIODIC_META = RUN_HEADER
 #: The envelope meta key of a template (and of a run's fields).
 _TEMPLATE = "rq"
 #: Hash fields each run writes for itself (its meta, its creation and enqueue times).
@@ -145,11 +146,11 @@ class JobTemplate:
         what = [self.queue, self.data.hex(), sorted(self.fields.items()), self.meta, self.ttl, self.serializer]
         return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def run_meta(self, name: str, due_ms: int, slot: Mapping[str, Any] | None = None) -> bytes:
-        """The ``meta`` field of one run: the entry's meta, its entry and period
-        (:data:`PERIODIC_META`) and, under an overlap policy, the entry's slot, serialized as RQ
-        serializes ``job.meta``."""
-        meta = {**self.meta, PERIODIC_META: {"name": name, "due": due_ms}}
+    def run_meta(self, mark: RunMark, slot: Mapping[str, Any] | None = None) -> bytes:
+        """The ``meta`` field of one run: the entry's meta, its entry, period and kind
+        (:data:`PERIODIC_META`, read by the workers' history reports) and, under an overlap
+        policy, the entry's slot, serialized as RQ serializes ``job.meta``."""
+        meta = {**self.meta, PERIODIC_META: mark.header()}
         if slot is not None:
             meta[SLOT_META] = dict(slot)
         return bytes(_SERIALIZERS[self.serializer].dumps(meta))
@@ -309,7 +310,7 @@ class RQRuns:
     def run(self, entry: Delivery, template: JobTemplate, state: PeriodicState, run: Run, now_ms: int) -> Delivery:
         job_id = run.task_id(state.name)
         slot = None if state.overlap == ALLOW else {"key": overlap_slot(state.name).key, "limit": 1}
-        meta = template.run_meta(state.name, run.slot.at_ms, slot)
+        meta = template.run_meta(RunMark(state.name, run.slot.at_ms, run.kind), slot)
         return Delivery(f"{entry.id}#{job_id}", run_envelope(template, job_id, meta), entry.attempts, run.slot.at_ms)
 
 

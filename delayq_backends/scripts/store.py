@@ -48,18 +48,21 @@ __all__ = [
     "Extend",
     "Fail",
     "Keep",
+    "PeriodicRun",
     "Promote",
     "Purge",
     "Rearm",
     "Release",
     "Requeue",
     "Reschedule",
+    "RunEvent",
     "Schedule",
     "ScheduleOne",
     "ShardScript",
     "SlotEnd",
     "SlotHold",
     "SlotTake",
+    "SyncVersion",
     "Take",
     "schedule_counts",
 ]
@@ -516,3 +519,45 @@ SHARD_SCRIPTS: dict[str, type[ShardScript]] = {
         Debounce,
     )
 }
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One event of a periodic entry's run for periodic_run.lua: ``detail`` is the periods missed
+    (published) or the outcome (finished); ``kind`` "" keeps the record's."""
+
+    event: str
+    run_id: str
+    due_ms: int
+    kind: str = ""
+    detail: str = ""
+
+
+class PeriodicRun:
+    """periodic_run.lua: one event of a periodic entry's run recorded in its bounded history."""
+
+    name = "periodic_run"
+    EVENTS = ("published", "started", "finished", "missed")
+
+    @classmethod
+    def call(
+        cls, keys: tuple[str, str], event: RunEvent, *, keep: int, ttl_ms: int, late_ms: int, now: int = 0
+    ) -> ScriptCall[int]:
+        """``keys``: the entry's history hash and runs ZSET (``ShardKeys.periodic_history``/``periodic_runs``)."""
+        args = (event.event, event.run_id, event.due_ms, now, event.kind, event.detail, keep, ttl_ms, late_ms)
+        return ScriptCall(cls.name, keys, args, int)
+
+
+class SyncVersion:
+    """sync_version.lua: a code schedule's version checked and recorded in one step, per kind of
+    entry; the reply (the record before the call) is read by ``parse``."""
+
+    name = "sync_version"
+    #: the record's fields, each kept as ``<kind>:<field>``
+    FIELDS = ("version", "fp", "synced_at", "host")
+
+    @classmethod
+    def call(
+        cls, key: str, kind: str, version: str, fingerprint: str, host: str, parse: Callable[[Any], R], *, now: int = 0
+    ) -> ScriptCall[R]:
+        return ScriptCall(cls.name, (key,), (version, fingerprint, host, now, kind), parse)

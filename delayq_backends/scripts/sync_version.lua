@@ -2,11 +2,13 @@
 record it: the check and the record are one step, so two forwarders starting at once (a rolling
 deploy) cannot both pass with different code.
 Input:
-  KEYS[1] the code schedule's record (HASH: version, fp, synced_at, host)
+  KEYS[1] the code schedules' record (HASH: <kind>:version, <kind>:fp, <kind>:synced_at,
+          <kind>:host; each kind of entry (celery-periodic, rq-periodic) has its own code schedule)
   ARGV[1] the sync's version, digits; "" for an unversioned sync
   ARGV[2] fingerprint of the whole code set
   ARGV[3] host of the syncing process
   ARGV[4] now ms (0: the server's TIME)
+  ARGV[5] the kind of the entries synced
 Output: {code, stored version, stored fp, stored synced_at, stored host} (the record before the call)
   1 recorded (newer version; or unversioned while no versioned sync ran)
   0 current (same version, same set: recorded again)
@@ -15,8 +17,8 @@ Output: {code, stored version, stored fp, stored synced_at, stored host} (the re
  -3 unversioned after a versioned sync: refused
  -4 the record is damaged (another type, or a version that is no number): refused ]]
 --- @include "numbers"
-local key = KEYS[1]
-local got = redis.pcall('HMGET', key, 'version', 'fp', 'synced_at', 'host')
+local key, kind = KEYS[1], ARGV[5] .. ':'
+local got = redis.pcall('HMGET', key, kind .. 'version', kind .. 'fp', kind .. 'synced_at', kind .. 'host')
 if type(got) == 'table' and got.err then return {-4, '', '', '', ''} end
 local old_version, old_fp = got[1] or '', got[2] or ''
 local before = {old_version, old_fp, got[3] or '', got[4] or ''}
@@ -37,5 +39,6 @@ else
     code = 0
   end
 end
-rcall('HSET', key, 'version', ARGV[1], 'fp', ARGV[2], 'synced_at', ms(now_ms(ARGV[4])), 'host', ARGV[3])
+rcall('HSET', key, kind .. 'version', ARGV[1], kind .. 'fp', ARGV[2], kind .. 'synced_at', ms(now_ms(ARGV[4])),
+  kind .. 'host', ARGV[3])
 return answer(code)

@@ -14,9 +14,11 @@ from delayq_backends.scripts.store import (
     BatchAdd,
     BatchEnd,
     BatchOpen,
+    PeriodicRun,
     SlotEnd,
     SlotHold,
     SlotTake,
+    SyncVersion,
     Take,
 )
 from tests.harness import make_store
@@ -36,6 +38,7 @@ def test_every_lua_file_has_one_typed_object() -> None:
         RqRun.name,
     }
     typed |= {SlotTake.name, SlotHold.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
+    typed |= {PeriodicRun.name, SyncVersion.name}
     assert typed == set(SCRIPT_NAMES)
 
 

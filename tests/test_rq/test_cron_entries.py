@@ -21,6 +21,7 @@ from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope
 from delayq_backends.errors import ConfigError, EnvelopeError
 from delayq_backends.periodic import ops
+from delayq_backends.periodic.history import RunMark
 from delayq_backends.periodic.schedules import Cron, Every, Misfire, run_task_id
 from delayq_backends.periodic.state import RUNTIME, PeriodicState, state_of, with_state
 from delayq_backends.rq.cron import entry as cron_entry
@@ -52,7 +53,7 @@ OPTIONS = {"job_timeout": 30, "result_ttl": 99, "ttl": 600, "failure_ttl": 77, "
 def _run(template: JobTemplate, name: str, due_ms: int) -> Delivery:
     job_id = run_task_id(name, Every(1000).first_after(due_ms - 1000))
     return Delivery(
-        f"periodic:{name}#{job_id}", run_envelope(template, job_id, template.run_meta(name, due_ms)), 0, due_ms
+        f"periodic:{name}#{job_id}", run_envelope(template, job_id, template.run_meta(RunMark(name, due_ms))), 0, due_ms
     )
 
 

@@ -1,0 +1,314 @@
+"""Each periodic entry's recent runs and its dead-man's-switch counters.
+
+Every run of an entry carries its entry and period (Celery header, RQ job meta
+:data:`RUN_HEADER` = ``{"name": ..., "due": <ms>}``, and ``"kind"`` for a manual or backfill
+run), so whoever handles the run can record it without reading the entry: the forwarder records
+``published`` once the broker confirmed it and the entry was rearmed, the worker ``started`` and
+``finished`` (with the outcome). Each event is one script call (``periodic_run.lua``) on two
+keys in the shard of the entry's item, so history costs no cross-slot call on a cluster:
+
+- :meth:`ShardKeys.periodic_runs <delayq_backends.keys.ShardKeys.periodic_runs>`: the last
+  :data:`HISTORY_SIZE` runs by due time (older ones are dropped);
+- :meth:`ShardKeys.periodic_history <delayq_backends.keys.ShardKeys.periodic_history>`: each
+  kept run's record, and the entry's ``missed`` and ``late`` counts and ``last_success``.
+
+Both expire :data:`HISTORY_TTL_MS` after the last event, so a removed entry's history goes by
+itself. History is a report, never a gate: an event that cannot be recorded (the store away, a
+refused permission) is logged and dropped (:func:`reported`), and a hand write in these keys reads
+as absent (a record or counter that is none, a key of another type) and is replaced by the next event.
+
+Neutral: no Celery or RQ import, so RQ's worker hook (:mod:`delayq_backends.rq.history`) and
+Celery's (:mod:`delayq_backends.celery.history`) both record through here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from ..keys import ShardKeys, normalize_id, shard_of
+from ..scripts.store import PeriodicRun, RunEvent
+from ..store.base import StoreCore
+
+__all__ = [
+    "HISTORY_SIZE",
+    "HISTORY_TTL_MS",
+    "KINDS",
+    "LATE_MS",
+    "OUTCOMES",
+    "RUN_HEADER",
+    "EntryHistory",
+    "RunMark",
+    "RunRecord",
+    "SentRun",
+    "history_keys",
+    "read_histories",
+    "read_history",
+    "record_finished",
+    "record_published",
+    "record_started",
+    "report_published",
+    "reported",
+]
+
+log = logging.getLogger("delayq.periodic.history")
+
+#: The Celery header and RQ job meta key naming a run's entry and period.
+RUN_HEADER = "delayq_periodic"
+#: Runs kept per entry (the oldest by due time are dropped).
+HISTORY_SIZE = 50
+#: An entry's history expires this long after its last event (a removed entry's goes by itself;
+#: an entry that runs less often than this starts afresh).
+HISTORY_TTL_MS = 35 * 86_400_000
+#: A run published more than this after its due time counts as late.
+LATE_MS = 1000
+KINDS = ("scheduled", "manual", "backfill")
+OUTCOMES = ("success", "failure", "retry", "revoked")
+
+
+@dataclass(frozen=True)
+class RunMark:
+    """What a run carries about its entry: the entry's name, its period's due time, its kind."""
+
+    name: str
+    due_ms: int
+    kind: str = "scheduled"
+
+    def header(self) -> dict[str, Any]:
+        """The run's :data:`RUN_HEADER` value (``kind`` only when not a scheduled run)."""
+        extra = {} if self.kind == "scheduled" else {"kind": self.kind}
+        return {"name": self.name, "due": self.due_ms, **extra}
+
+    @classmethod
+    def parse(cls, value: Any) -> RunMark | None:
+        """The mark in a header's value; None for none or one no release wrote (a task sent with
+        a header of that name by hand is simply not recorded)."""
+        if not isinstance(value, Mapping):
+            return None
+        name, due, kind = value.get("name"), value.get("due"), value.get("kind", "scheduled")
+        if not isinstance(name, str) or not name or type(due) is not int or kind not in KINDS:
+            return None
+        try:
+            normalize_id(name)
+        except ValueError:
+            return None
+        return cls(name, due, kind)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as its history has it (ms since the epoch; None: not (yet) recorded)."""
+
+    run_id: str
+    due_ms: int
+    kind: str = "scheduled"
+    published_ms: int | None = None
+    started_ms: int | None = None
+    finished_ms: int | None = None
+    outcome: str | None = None
+    lateness_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "due": self.due_ms,
+            "kind": self.kind,
+            "published": self.published_ms,
+            "started": self.started_ms,
+            "finished": self.finished_ms,
+            "outcome": self.outcome,
+            "lateness_ms": self.lateness_ms,
+        }
+
+    @classmethod
+    def from_stored(cls, run_id: str, raw: bytes | None) -> RunRecord | None:
+        """A stored record (``<due>:<kind>:<published>:<started>:<finished>:<outcome>``, times in ms
+        after the due time); None for a missing one or one that is no record (a hand write)."""
+        found = _RECORD.fullmatch(raw.decode("ascii", "replace")) if raw is not None else None
+        if found is None:
+            return None
+        due, kind, published, started, finished, outcome = found.groups()
+        at = [None if t == "" else int(due) + int(t) for t in (published, started, finished)]
+        return cls(
+            run_id,
+            int(due),
+            kind if kind in KINDS else "scheduled",
+            at[0],
+            at[1],
+            at[2],
+            outcome if outcome in OUTCOMES else None,
+            None if published == "" else int(published),
+        )
+
+
+@dataclass(frozen=True)
+class EntryHistory:
+    """An entry's last runs (newest first) and its dead-man's-switch counters."""
+
+    name: str
+    runs: list[RunRecord] = field(default_factory=list)
+    missed: int = 0
+    late: int = 0
+    last_success_ms: int | None = None
+
+    def last_success_age_ms(self, now_ms: int) -> int | None:
+        """How long ago its last run succeeded; None if none has (in its kept history)."""
+        return None if self.last_success_ms is None else max(0, now_ms - self.last_success_ms)
+
+    def unsucceeded_since_ms(self) -> int | None:
+        """The due time of the oldest kept run after the last success that has not succeeded
+        (running, failed, never started): since when the entry owes a success. None if every
+        kept run after the last success succeeded (or none is kept)."""
+        owed = None
+        for run in self.runs:  # newest first
+            if run.outcome == "success":
+                break
+            owed = run.due_ms
+        return owed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "missed": self.missed,
+            "late": self.late,
+            "last_success": self.last_success_ms,
+            "runs": [r.to_json() for r in self.runs],
+        }
+
+
+#: A run's record as periodic_run.lua writes it.
+_RECORD = re.compile(r"(\d{1,15}):([a-z]+):((?:-?\d{1,15})?):((?:-?\d{1,15})?):((?:-?\d{1,15})?):([a-z]*)")
+
+
+def _count(raw: Any) -> int:
+    """A counter (or time) as the script writes it; 0 for a missing one or a hand write."""
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""
+    return int(text) if text.isdigit() and len(text) <= 15 else 0
+
+
+def history_keys(store: StoreCore, name: str) -> tuple[str, str]:
+    """Entry ``name``'s history hash and runs ZSET, in the shard of its item ``periodic:<name>``.
+
+    Raises:
+        ValueError: no entry can have ``name`` (its item id would be empty, too long or not text).
+    """
+    keys: ShardKeys = store.keys(shard_of(normalize_id(f"periodic:{name}"), store.config.shards))
+    return keys.periodic_history(name), keys.periodic_runs(name)
+
+
+def _record(store: StoreCore, name: str, event: RunEvent, keep: int) -> int:
+    call = PeriodicRun.call(
+        history_keys(store, name), event, keep=keep, ttl_ms=HISTORY_TTL_MS, late_ms=LATE_MS, now=store.clock()
+    )
+    return store.scripts.run(call)
+
+
+def record_published(
+    store: StoreCore, mark: RunMark, run_id: str, *, missed: int = 0, keep: int = HISTORY_SIZE
+) -> bool:
+    """Record that run ``run_id`` of ``mark``'s entry went to the broker now (its lateness is
+    now minus its due time), and ``missed`` periods its firing did not run; False if it was
+    recorded before (a run sent again after a forwarder died counts once)."""
+    event = RunEvent("published", run_id, mark.due_ms, mark.kind, str(missed))
+    return _record(store, mark.name, event, keep) == 1
+
+
+def record_started(store: StoreCore, mark: RunMark, run_id: str, *, keep: int = HISTORY_SIZE) -> None:
+    """Record that a worker started run ``run_id`` (again, for a retry: its outcome is cleared)."""
+    _record(store, mark.name, RunEvent("started", run_id, mark.due_ms, mark.kind), keep)
+
+
+def record_finished(store: StoreCore, mark: RunMark, run_id: str, outcome: str, *, keep: int = HISTORY_SIZE) -> None:
+    """Record that run ``run_id`` ended with ``outcome`` (one of :data:`OUTCOMES`); a success
+    moves the entry's last success to now."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome {outcome!r}: use one of {OUTCOMES}")
+    _record(store, mark.name, RunEvent("finished", run_id, mark.due_ms, mark.kind, outcome), keep)
+
+
+@dataclass(frozen=True)
+class SentRun:
+    """A run a forwarder published: its mark and its run (task) id."""
+
+    mark: RunMark
+    run_id: str
+
+
+def report_published(store: StoreCore, name: str, runs: Sequence[SentRun], *, missed: int = 0) -> None:
+    """The forwarder's report of one firing of entry ``name``, once its runs were confirmed and
+    the entry rearmed: each run published, and the periods it missed (counted with its latest
+    run, or alone when it sent none). Failures are logged (:func:`reported`)."""
+    for i, run in enumerate(runs):
+        with reported(f"run {run.run_id} of {name!r} published"):
+            record_published(store, run.mark, run.run_id, missed=missed if i == len(runs) - 1 else 0)
+    if missed and not runs:
+        with reported(f"{missed} missed period(s) of {name!r}"):
+            _record(store, name, RunEvent("missed", "", 0, detail=str(missed)), HISTORY_SIZE)
+
+
+@contextmanager
+def reported(what: str) -> Iterator[None]:
+    """Around one history write of a worker or forwarder: a failure is logged, never raised
+    (the run itself matters; its history is a report)."""
+    try:
+        yield
+    except Exception as exc:
+        log.warning("periodic history: %s not recorded (%s: %s)", what, type(exc).__name__, exc)
+
+
+def read_history(store: StoreCore, name: str, *, limit: int = HISTORY_SIZE) -> EntryHistory:
+    """Entry ``name``'s last ``limit`` runs (newest first) and counters; empty when it has none
+    (never ran, expired, or a hand write in its keys)."""
+    return read_histories(store, [name], limit=limit)[0]
+
+
+def read_histories(store: StoreCore, names: Sequence[str], *, limit: int = HISTORY_SIZE) -> list[EntryHistory]:
+    """The histories of ``names``, in their order: two pipelined rounds (run ids and counters,
+    then the records), for ``periodic history`` and the exporter's gauges.
+
+    Raises:
+        RedisError: the store cannot be read (a key of another type reads as empty instead).
+    """
+    key_pairs = [history_keys(store, n) for n in names]
+    with store.client.pipeline(transaction=False) as pipe:
+        for hist, order in key_pairs:
+            pipe.zrevrange(order, 0, max(0, limit - 1))
+            pipe.hmget(hist, ["missed", "late", "last_success"])
+        first = pipe.execute(raise_on_error=False)
+    ids: list[list[str]] = []
+    counters: list[list[Any]] = []
+    for i in range(len(names)):
+        listed, counted = first[2 * i], first[2 * i + 1]
+        ids.append([] if not isinstance(listed, list) else [r.decode("utf-8", "replace") for r in listed])
+        counters.append(counted if isinstance(counted, list) else [None, None, None])
+        for reply in (listed, counted):
+            if isinstance(reply, Exception) and not _wrong_type(reply):
+                raise reply
+    with store.client.pipeline(transaction=False) as pipe:
+        for (hist, _), run_ids in zip(key_pairs, ids):
+            if run_ids:
+                pipe.hmget(hist, [f"run:{r}" for r in run_ids])
+        replies = pipe.execute(raise_on_error=False) if len(pipe) else []
+    for reply in replies:
+        if isinstance(reply, Exception) and not _wrong_type(reply):
+            raise reply
+    records = iter(replies)
+    out = []
+    for name, run_ids, (missed, late, success) in zip(names, ids, counters):
+        raws = next(records) if run_ids else []
+        raws = raws if isinstance(raws, list) else [None] * len(run_ids)
+        runs = [r for r in (RunRecord.from_stored(i, raw) for i, raw in zip(run_ids, raws)) if r is not None]
+        last = _count(success) or None
+        out.append(EntryHistory(name, runs, _count(missed), _count(late), last))
+    return out
+
+
+def _wrong_type(reply: Exception) -> bool:
+    """A WRONGTYPE reply: a hand write of another type in an entry's history key."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE")
