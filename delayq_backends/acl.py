@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from .config import Config
 from .errors import ConfigError
-from .keys import batch_channel, meta_key, periodic_key, wake_channel
+from .keys import batch_channel, meta_key, periodic_code_key, periodic_key, wake_channel
 from .scripts.library import function_name
 
 __all__ = ["PRODUCER_FUNCTIONS", "ROLES", "WORKER_FUNCTIONS", "acl_rules", "acl_setuser", "key_patterns"]
@@ -53,10 +53,12 @@ _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zc
 #: HSCAN: the periodic entries' registry (``periodic list``, a sync at forwarder start)
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 
-#: The scripts a producer runs: its writes, the periodic sync's compare-and-set (rearm), and a
-#: batch's open, adds and close (batch_end also records a worker's report of a sub-job's end).
+#: The scripts a producer runs: its writes, the periodic sync's compare-and-set (rearm) and
+#: version check (sync_version), and a batch's open, adds and close (batch_end also records a
+#: worker's report of a sub-job's end).
 PRODUCER_FUNCTIONS = (
-    "schedule", "schedule_one", "cancel", "reschedule", "debounce", "rearm", "batch_open", "batch_add", "batch_end",
+    "schedule", "schedule_one", "cancel", "reschedule", "debounce", "rearm", "sync_version", "batch_open", "batch_add",
+    "batch_end",
 )  # fmt: skip
 
 #: The scripts a worker runs besides a producer's: the holds of its tasks' concurrency slots,
@@ -103,6 +105,7 @@ def key_patterns(prefix: str) -> list[str]:
         f"~{prefix}:{{{prefix}}}:rate:*",
         f"~{prefix}:{{{prefix}}}:keyrate:*",
         f"~{periodic_key(prefix)}",
+        f"~{periodic_code_key(prefix)}",
     ]
 
 
@@ -137,7 +140,8 @@ def _role_keys(prefix: str, role: str) -> list[str]:
             # and limit (only read, but FCALL needs write access to all its keys; what a ZADD or
             # HSET leaves there, slot_take.lua drops)
             writes += [_slot_holds(prefix, n) for n in ("holds", "waiting", "waits", "limit")]
-        return [*(f"~{k}" for k in writes), f"~{periodic_key(prefix)}", *(f"%R~{k}" for k in reads)]
+        periodic = (f"~{periodic_key(prefix)}", f"~{periodic_code_key(prefix)}")
+        return [*(f"~{k}" for k in writes), *periodic, *(f"%R~{k}" for k in reads)]
     return key_patterns(prefix)
 
 

@@ -20,6 +20,11 @@ beside the body, stored as they are: the Celery target keeps kombu's JSON of the
 there, so it is not escaped again inside another JSON document. The body is kept raw too, so a
 message is replayed byte for byte and costs no more than its own size.
 
+Format 3 is format 2's layout with the version byte 3, written only for periodic entries that use
+a field added with entries as data (:mod:`delayq_backends.periodic.state`): a forwarder of an
+older release reads it as a newer format and leaves the entry alone instead of firing it and
+dropping the field in its rearm.
+
 Format 1 (written up to tag s3-start, still read)::
 
     b"DQ" 0x01 | 4-byte big-endian header length | {"t": target, "d": destination, "m": meta} | body
@@ -37,6 +42,7 @@ from typing import Any
 from .errors import EnvelopeError, InvalidRateKeyError, InvalidSlotError, NewerFormatError
 
 __all__ = [
+    "ENTRY_FORMAT_VERSION",
     "FORMAT_VERSION",
     "INVALID_RATE_KEY",
     "MAX_RATE_KEY",
@@ -69,8 +75,10 @@ INVALID_RATE_KEY = "\x00invalid"
 MAGIC = b"DQ"
 #: The newest format this code reads and the one it writes (the oldest that carries every item).
 FORMAT_VERSION = 2
+#: Format 2's layout, marking an entry an older reader must leave alone (see the module's docstring).
+ENTRY_FORMAT_VERSION = 3
 #: The formats this code reads.
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 _V1_PREFIX = struct.Struct(">2sBI")
 _V2_PREFIX = MAGIC + bytes([FORMAT_VERSION])
 
@@ -170,6 +178,12 @@ class Envelope:
                 )
         return frame(head(self.target, self.destination, self.meta), bytes(self.details), bytes(self.body))
 
+    def encode_entry(self) -> bytes:
+        """Serialize as format :data:`ENTRY_FORMAT_VERSION`: read by this release like format 2,
+        left alone by older ones (a newer format to them)."""
+        data = self.encode()
+        return MAGIC + bytes([ENTRY_FORMAT_VERSION]) + data[3:]
+
     @classmethod
     def decode(cls, data: bytes) -> Envelope:
         """Parse stored bytes of either format; raises :class:`EnvelopeError` saying what is wrong."""
@@ -178,12 +192,12 @@ class Envelope:
         if data[:2] != MAGIC:
             raise EnvelopeError(f"not a delayq envelope (starts with {data[:8]!r})")
         version = data[2]
-        if version == FORMAT_VERSION:
+        if version in (FORMAT_VERSION, ENTRY_FORMAT_VERSION):
             return cls._decode_v2(data)
         if version == 1:
             return cls._decode_v1(data)
         known = ", ".join(map(str, READABLE_VERSIONS))
-        if version > FORMAT_VERSION:
+        if version > ENTRY_FORMAT_VERSION:
             raise NewerFormatError(
                 f"envelope format version {version} is newer than this delayq reads ({known}): "
                 "written by a newer delayq_backends; upgrade this one",

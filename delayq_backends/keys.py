@@ -32,6 +32,7 @@ __all__ = [
     "key_rate_key",
     "meta_key",
     "normalize_id",
+    "periodic_code_key",
     "periodic_key",
     "rate_key",
     "shard_of",
@@ -161,6 +162,12 @@ def periodic_key(prefix: str) -> str:
     """HASH of the periodic entries synced into the store (entry name → item id), so a sync
     finds the entries gone from the config without scanning the store."""
     return f"{prefix}:{{{prefix}}}:periodic"
+
+
+def periodic_code_key(prefix: str) -> str:
+    """HASH of the code schedule last synced (version, fingerprint of its set, when, from which
+    host), so an older or an empty ``beat_schedule`` cannot roll a newer one back."""
+    return f"{prefix}:{{{prefix}}}:periodic:code"
 
 
 def rate_key(prefix: str, queue: str) -> str:

@@ -13,12 +13,13 @@ import redis
 from celery import Celery
 
 from delayq_backends import DelayStore
-from delayq_backends.celery.periodic import PeriodicTarget, item_id, sync
+from delayq_backends.celery.periodic import PeriodicTarget, sync
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.errors import ConfigError
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.metrics import ForwarderMetrics
+from delayq_backends.periodic.ops import item_id
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from delayq_backends.testing import CollectingTarget, FakeClock, TestingForwarder, testing_store
 from tests.harness.servers import make_store

@@ -68,8 +68,9 @@ def test_overlap_policies_snippet_runs(readme_store: str) -> None:
 
     from celery import Celery
 
-    from delayq_backends.celery.periodic import statuses, sync
+    from delayq_backends.celery.periodic import sync
     from delayq_backends.envelope import Envelope
+    from delayq_backends.periodic.ops import statuses
     from delayq_backends.rq import Scheduler
 
     app = Celery("proj", broker="memory://", set_as_current=False)

@@ -21,57 +21,56 @@ worker while it runs under ``install(app)``), and a period whose previous run st
 skipped and counted (``skipped`` in the entry's state), or under ``buffer_one`` waits as a
 slotted task of its own (item id = the run's task id) while no other does.
 
-``sync`` makes the store follow the config: new entries are added, changed ones replaced (a
-compare-and-set that waits while a forwarder is firing the entry), entries gone from the config
-removed. A registry hash (``<prefix>:{<prefix>}:periodic``, name → item id) lists the entries,
-so a sync never scans the store. ``celery -A proj delayq forward`` syncs at start.
+``sync`` makes the store's code entries follow the config (``celery -A proj delayq forward``
+syncs at start), under the rules of :func:`delayq_backends.periodic.ops.sync_code`: runtime
+entries are never touched, an empty ``beat_schedule`` removes nothing, and with
+``delayq_schedule_version`` an older deploy's schedule changes nothing. :func:`entry_spec` builds
+an entry from the same definition for the runtime actions (:mod:`delayq_backends.periodic.ops`).
+The firing itself is :mod:`delayq_backends.periodic.firing`'s; this module adds the Celery run
+message (:class:`CeleryRuns`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import timedelta
 from numbers import Real
 from typing import Any
 
 from celery import Celery
 from kombu.utils.json import dumps as kombu_json_dumps
 
-from ..envelope import Envelope, with_slot
-from ..errors import DelayqError, EnvelopeError, NewerFormatError
-from ..keys import MAX_RANK, RANK_SPAN, normalize_id, periodic_key
-from ..models import CancelOutcome, DeliveryFailure, RearmOutcome
-from ..overlap_policy import ALLOW, POLICIES, Fire, OverlapAsk, check_policy, fire_runs, overlap_slot
-from ..store import DelayStore, slot_member
-from ..store.lease import Lease
-from ..targets import Delivery, PublishReport, Target
-from ..timeutil import Clock, from_ms
+from ..envelope import Envelope
+from ..errors import DelayqError
+from ..overlap_policy import ALLOW, check_policy, overlap_slot
+from ..periodic.firing import FiringTarget, Run
+from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, register_kind, sync_code
+from ..periodic.registry import PeriodicError
+from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, run_task_id
+from ..periodic.state import CODE, META, RUNTIME, PeriodicState, state_of
+from ..store import DelayStore
+from ..targets import Delivery, Target
+from ..timeutil import Clock, from_ms, parse_iso, to_ms
 from .message import KIND as CELERY_KIND
 from .message import StoredMessage, TaskView, priority_rank
-from .schedules import Misfire, Plan, Schedule, Slot, from_celery, run_task_id, schedule_from_json
-from .settings import store_for
+from .schedules import from_celery
+from .settings import schedule_version, store_for
 from .slots import SLOT_HEADER
 from .template import Capture
 
 __all__ = [
-    "ID_PREFIX",
+    "ENTRY_OPTIONS",
     "KIND",
-    "PeriodicEntry",
-    "PeriodicError",
-    "PeriodicState",
-    "PeriodicStatus",
+    "CeleryRuns",
     "PeriodicTarget",
-    "SyncReport",
     "entries_of",
-    "item_id",
-    "remove",
-    "statuses",
+    "entry_spec",
     "sync",
     "task_view",
+    "zone_of",
 ]
 
 log = logging.getLogger("delayq.celery.periodic")
@@ -79,9 +78,6 @@ log = logging.getLogger("delayq.celery.periodic")
 #: ``Envelope.target`` of periodic entries: a forwarder without :class:`PeriodicTarget` (an older
 #: version) leaves them alone and says so, instead of sending the template as a one-off task.
 KIND = "celery-periodic"
-#: the envelope meta key holding the entry's :class:`PeriodicState`
-META = "periodic"
-ID_PREFIX = "periodic:"
 #: ``beat_schedule`` entry keys we read (``relative`` as Celery's ``schedule(relative=True)``)
 _ENTRY_KEYS = {"task", "schedule", "args", "kwargs", "options", "relative"}
 #: ``apply_async`` options a periodic entry cannot have: each run is sent when due, on its own
@@ -90,125 +86,32 @@ OVERLAP_OPTION = "delayq_overlap"
 _REFUSED_OPTIONS = {"countdown", "eta", "task_id", "link", "link_error", "chain", "chord", "group_id", "producer"}
 
 
-class PeriodicError(DelayqError):
-    """A ``beat_schedule`` entry, or the store item of one, that cannot be synced."""
-
-
-def item_id(name: str) -> str:
-    """The store item of entry ``name``."""
-    return normalize_id(f"{ID_PREFIX}{name}")
-
-
-@dataclass(frozen=True)
-class LastRun:
-    """The last firing: its latest period, when it was sent, and how many periods it missed."""
-
-    key: str
-    at_ms: int
-    sent_ms: int
-    missed: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "at": self.at_ms, "sent": self.sent_ms, "missed": self.missed}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> LastRun | None:
-        if not data:
-            return None
-        return cls(str(data["key"]), int(data["at"]), int(data["sent"]), int(data.get("missed", 0)))
-
-
-@dataclass(frozen=True)
-class PeriodicState:
-    """What a periodic item's envelope carries besides the message (meta ``periodic``)."""
-
-    name: str
-    schedule: Schedule
-    misfire: Misfire
-    fingerprint: str
-    slot: Slot
-    rank: int = 0
-    expires: float | None = None  # seconds after each send, when the entry's ``expires`` is relative
-    last: LastRun | None = None
-    runs: int = 0
-    overlap: str = ALLOW
-    #: periods skipped by the overlap policy, so far
-    skipped: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        extra = {} if self.overlap == ALLOW and not self.skipped else {"overlap": self.overlap, "skipped": self.skipped}
-        return {
-            **extra,
-            "name": self.name,
-            "schedule": self.schedule.to_json(),
-            "misfire": self.misfire.to_json(),
-            "fp": self.fingerprint,
-            "slot": self.slot.to_json(),
-            "rank": self.rank,
-            "expires": self.expires,
-            "last": None if self.last is None else self.last.to_json(),
-            "runs": self.runs,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PeriodicState:
-        return cls(
-            name=str(data["name"]),
-            schedule=schedule_from_json(data["schedule"]),
-            misfire=Misfire.from_json(data["misfire"]),
-            fingerprint=str(data["fp"]),
-            slot=Slot.from_json(data["slot"]),
-            rank=int(data.get("rank", 0)),
-            expires=None if data.get("expires") is None else float(data["expires"]),
-            last=LastRun.from_json(data.get("last")),
-            runs=int(data.get("runs", 0)),
-            overlap=_policy(data.get("overlap", ALLOW)),
-            skipped=_count(data.get("skipped", 0)),
-        )
-
-    def fired(self, plan: Plan, now_ms: int, skipped: int = 0) -> PeriodicState:
-        """The state after sending ``plan``'s runs (``skipped`` more periods skipped by the
-        overlap policy): due at ``plan.next``."""
-        last = self.last
-        if plan.runs or plan.missed:
-            latest = plan.runs[-1] if plan.runs else self.slot
-            last = LastRun(latest.key, latest.at_ms, now_ms, plan.missed)
-        return replace(self, slot=plan.next, last=last, runs=self.runs + len(plan.runs), skipped=self.skipped + skipped)
-
-
-def _policy(value: Any) -> str:
-    """A stored overlap policy; one no release wrote (a hand write) reads as ``allow``."""
-    return str(value) if value in POLICIES else ALLOW
-
-
-def _count(value: Any) -> int:
-    """A stored count; one that is none (a hand write) starts again from 0."""
-    return value if type(value) is int and value >= 0 else 0
-
-
-def _envelope(message: StoredMessage, state: PeriodicState) -> Envelope:
-    plain = message.to_envelope()
-    return replace(plain, target=KIND, meta={**plain.meta, META: state.to_json()})
+def _message_of(envelope: Envelope) -> StoredMessage:
+    """The template message of a periodic envelope; EnvelopeError if it is none."""
+    meta = {k: v for k, v in envelope.meta.items() if k != META}
+    return StoredMessage.from_envelope(replace(envelope, target=CELERY_KIND, meta=meta))
 
 
 def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
     """The message and state of a periodic envelope; EnvelopeError if it is none."""
-    meta = dict(envelope.meta)
-    try:
-        state = PeriodicState.from_json(meta.pop(META))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise EnvelopeError(f"not a delayq periodic entry: {type(exc).__name__}: {exc}") from exc
-    message = StoredMessage.from_envelope(replace(envelope, target=CELERY_KIND, meta=meta))
-    return message, state
+    return _message_of(envelope), state_of(envelope)
 
 
-def _run_delivery(d: Delivery, message: StoredMessage, state: PeriodicState, slot: Slot, now: int) -> Delivery:
-    """The delivery of one period's run of entry item ``d``: id ``<item>#<task id>``; with an
-    overlap policy, its message carries the entry's concurrency slot for the worker to hold."""
-    task_id = run_task_id(state.name, slot)
-    headers = {} if state.overlap == ALLOW else {SLOT_HEADER: {"key": overlap_slot(state.name).key, "limit": 1}}
-    run = _run_message(message, task_id, state.expires, now, headers)
-    return Delivery(f"{d.id}#{task_id}", run.to_envelope(), d.attempts, slot.at_ms)
+class CeleryRuns:
+    """The run maker of ``celery-periodic`` entries (:class:`~delayq_backends.periodic.firing.RunMaker`)."""
+
+    kind = KIND
+
+    def template(self, envelope: Envelope) -> StoredMessage:
+        return _message_of(envelope)
+
+    def run(self, entry: Delivery, template: StoredMessage, state: PeriodicState, run: Run, now_ms: int) -> Delivery:
+        """The delivery of one run of entry item ``entry``: id ``<item>#<task id>``; with an
+        overlap policy, its message carries the entry's concurrency slot for the worker to hold."""
+        task_id = run.task_id(state.name)
+        headers = {} if state.overlap == ALLOW else {SLOT_HEADER: {"key": overlap_slot(state.name).key, "limit": 1}}
+        message = _run_message(template, task_id, state.expires, now_ms, headers)
+        return Delivery(f"{entry.id}#{task_id}", message.to_envelope(), entry.attempts, run.slot.at_ms)
 
 
 def _run_message(
@@ -225,64 +128,38 @@ def _run_message(
 # -- entries of the app --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PeriodicEntry:
-    """One ``beat_schedule`` entry, ready to store."""
-
-    name: str
-    message: StoredMessage
-    schedule: Schedule
-    misfire: Misfire
-    fingerprint: str
-    rank: int
-    expires: float | None
-    overlap: str = ALLOW
-
-    @property
-    def item_id(self) -> str:
-        return item_id(self.name)
-
-    def state(self, slot: Slot, last: LastRun | None = None, runs: int = 0, skipped: int = 0) -> PeriodicState:
-        return PeriodicState(
-            self.name,
-            self.schedule,
-            self.misfire,
-            self.fingerprint,
-            slot,
-            self.rank,
-            self.expires,
-            last,
-            runs,
-            self.overlap,
-            skipped,
-        )
-
-    def envelope(self, state: PeriodicState) -> Envelope:
-        return _envelope(self.message, state)
-
-
-def entries_of(app: Celery) -> tuple[list[PeriodicEntry], dict[str, str]]:
-    """The app's ``beat_schedule`` as entries, and the ones that cannot be used (name → why)."""
+def entries_of(app: Celery) -> tuple[list[EntrySpec], dict[str, str]]:
+    """The app's ``beat_schedule`` as code entries, and the ones that cannot be used (name → why)."""
     schedule = app.conf.beat_schedule or {}
-    entries: list[PeriodicEntry] = []
+    entries: list[EntrySpec] = []
     errors: dict[str, str] = {}
     for name, conf in schedule.items():
         try:
-            entries.append(_entry(app, str(name), conf))
+            entries.append(entry_spec(app, str(name), conf, source=CODE))
         except (DelayqError, ValueError, TypeError) as exc:
             errors[str(name)] = str(exc)
     return entries, errors
 
 
-def _zone(app: Celery) -> str:
-    """The app's time zone, as crontabs read it: ``timezone``, else UTC (``enable_utc``) or local."""
+def zone_of(app: Celery) -> str:
+    """The app's time zone, as its crontabs read it unless they name their own: ``timezone``,
+    else UTC (``enable_utc``) or local."""
     name = app.conf.timezone
     if name:
         return str(name)
     return "UTC" if app.conf.enable_utc else "local"
 
 
-def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
+def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> EntrySpec:
+    """An entry from a ``beat_schedule``-style definition: ``task``, ``schedule`` (seconds, a
+    ``timedelta``, a Celery ``schedule``/``crontab``, or delayq's ``Every``/``Cron``/``Once``),
+    ``args``, ``kwargs``, ``options`` (``apply_async`` options, the misfire and overlap options,
+    and the entry's own: :data:`ENTRY_OPTIONS`), ``relative``. The run message is built once, by
+    Celery's own sender, with the app's routing.
+
+    Raises:
+        PeriodicError, ConfigError: naming what is wrong with the definition.
+    """
     if not isinstance(conf, Mapping) or "task" not in conf or "schedule" not in conf:
         raise PeriodicError(f"entry {name!r}: use a dict with 'task' and 'schedule' (as celery beat reads it)")
     unknown = sorted(set(conf) - _ENTRY_KEYS)
@@ -291,6 +168,7 @@ def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
     item_id(name)  # a name with control characters cannot make an id
     options = dict(conf.get("options") or {})
     overlap = check_policy(name, options.pop(OVERLAP_OPTION, ALLOW))
+    own = {key: options.pop(key) for key in ENTRY_OPTIONS if key in options}
     misfire = Misfire.from_options(options)
     for key in Misfire.OPTIONS:
         options.pop(key, None)
@@ -303,12 +181,52 @@ def _entry(app: Celery, name: str, conf: Any) -> PeriodicEntry:
             f"entry {name!r}: lazy args/kwargs (BeatLazyFunc) are evaluated per run by beat; delayq stores the "
             "message once: pass plain values, or compute them in the task"
         )
-    schedule = from_celery(conf["schedule"], zone=_zone(app), relative=bool(conf.get("relative")))
+    value = conf["schedule"]
+    schedule = (
+        value
+        if isinstance(value, (Every, Cron, Once))
+        else from_celery(value, zone=zone_of(app), relative=bool(conf.get("relative")))
+    )
     message, expires = _message(app, str(conf["task"]), tuple(args), dict(kwargs), options)
     driver = str(app.connection_for_write().transport.driver_type)  # no connection is made
     rank = priority_rank(message.properties.get("priority"), driver)
     fingerprint = _fingerprint(message, schedule, misfire, expires, rank, overlap)
-    return PeriodicEntry(name, message, schedule, misfire, fingerprint, rank, expires, overlap)
+    template = RunTemplate(replace(message.to_envelope(), target=KIND), fingerprint, rank, expires)
+    return EntrySpec(name, template, schedule, misfire, overlap, source, **_entry_fields(name, own))
+
+
+#: a beat_schedule entry's own options (each optional): when it may run, how often, how spread
+ENTRY_OPTIONS = ("delayq_start", "delayq_end", "delayq_max_runs", "delayq_jitter", "delayq_enabled")
+
+
+def _entry_fields(name: str, own: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`EntrySpec` fields of an entry's own options."""
+    fields: dict[str, Any] = {}
+    for key in ("delayq_start", "delayq_end"):
+        if key in own:
+            fields[key.removeprefix("delayq_") + "_ms"] = _time_ms(name, key, own[key])
+    runs = own.get("delayq_max_runs")
+    if runs is not None:
+        if type(runs) is not int or runs < 1:
+            raise PeriodicError(f"entry {name!r}: delayq_max_runs={runs!r}: use an int >= 1")
+        fields["max_runs"] = runs
+    jitter = own.get("delayq_jitter", 0)
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 86400:
+        raise PeriodicError(f"entry {name!r}: delayq_jitter={jitter!r}: use seconds in 0..86400")
+    fields["jitter_ms"] = round(jitter * 1000)
+    enabled = own.get("delayq_enabled")
+    if enabled is not None and not isinstance(enabled, bool):
+        raise PeriodicError(f"entry {name!r}: delayq_enabled={enabled!r}: use True or False")
+    fields["enabled"] = enabled
+    return fields
+
+
+def _time_ms(name: str, key: str, value: Any) -> int:
+    """An entry's start or end: an aware datetime, an ISO 8601 time with its offset, or epoch seconds."""
+    try:
+        return to_ms(parse_iso(value) if isinstance(value, str) else value)
+    except (DelayqError, ValueError) as exc:
+        raise PeriodicError(f"entry {name!r}: {key}={value!r}: {exc}") from exc
 
 
 def _message(
@@ -375,222 +293,31 @@ def _fingerprint(
 # -- sync ------------------------------------------------------------------------------------------
 
 
-@dataclass
-class SyncReport:
-    """What a sync did, by entry name."""
-
-    added: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)
-    #: entries a newer release stored (a newer envelope format): left as they are
-    newer: list[str] = field(default_factory=list)
-
-    def describe(self) -> str:
-        parts = [f"{len(getattr(self, k))} {k}" for k in ("added", "changed", "unchanged", "removed")]
-        return (
-            ", ".join(parts)
-            + (f", {len(self.newer)} left to a newer release" if self.newer else "")
-            + (f", {len(self.errors)} refused" if self.errors else "")
-        )
-
-
-def sync(app: Celery, store: DelayStore | None = None, *, wait: float | None = None) -> SyncReport:
-    """Make the store's periodic entries those of ``app.conf.beat_schedule``.
-
-    Idempotent, by entry name: new entries get their first period after now; a changed entry
-    keeps its next period if its schedule is the same (else the new schedule's first after
-    now) and its run history; entries gone from the config are removed. An entry that cannot be
-    built is reported in ``errors`` and left as it is in the store (never removed for it).
+def sync(
+    app: Celery, store: DelayStore | None = None, *, wait: float | None = None, version: int | None = None
+) -> SyncReport:
+    """Make the store's code entries of kind ``celery-periodic`` those of ``app.conf.beat_schedule``
+    (:func:`~delayq_backends.periodic.ops.sync_code`: runtime entries are never touched, an empty
+    ``beat_schedule`` removes nothing, an older version changes nothing).
 
     Args:
         wait: seconds to wait for a forwarder that is firing a changed entry right now
             (default: the store's lease, after which a holder is presumed dead).
+        version: the schedule's version; by default ``app.conf.delayq_schedule_version``.
     """
     store = store or store_for(app)
+    if version is None:
+        version = schedule_version(app)
     entries, errors = entries_of(app)
-    report = SyncReport(errors=dict(errors))
-    deadline = time.monotonic() + (store.config.lease_seconds + 1 if wait is None else wait)
-    key = periodic_key(store.config.prefix)
-    _check_registry(store, key)
-    for entry in entries:
-        store.client.hset(key, entry.name, entry.item_id)  # first: a stored entry is always listed
-        try:
-            outcome = _upsert(store, entry, deadline)
-        except DelayqError as exc:
-            report.errors[entry.name] = str(exc)
-            continue
-        getattr(report, outcome).append(entry.name)
-    keep = {e.name for e in entries} | set(errors)
-    registry_now = _registry(store)
-    report.errors.update(registry_now.unreadable)
-    report.removed = remove(store, [name for name in registry_now.names if name not in keep])
-    return report
+    return sync_code(store, entries, kind=KIND, errors=errors, version=version, wait=wait)
 
 
-def _check_registry(store: DelayStore, key: str) -> None:
-    """Refuse a registry of another type (a hand write) before changing anything: its entries
-    are unknown, so a sync cannot tell which stored entries left the config."""
-    kind = store.client.type(key)
-    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
-    if kind not in ("hash", "none"):
-        raise PeriodicError(
-            f"the periodic registry {key} is a {kind}, not a hash (written by another tool): nothing synced; "
-            f"move it away (`redis-cli RENAME {key} {key}:bad`) and sync again"
-        )
+def _task_of(envelope: Envelope) -> str:
+    """The task a stored entry runs, for listings."""
+    return _message_of(envelope).task
 
 
-def _upsert(store: DelayStore, entry: PeriodicEntry, deadline: float) -> str:
-    """Add or update one entry; returns ``added``, ``changed`` or ``unchanged``."""
-    while True:
-        now = store.clock()
-        item = store.get(entry.item_id)
-        if item is None:
-            first = entry.schedule.first_after(now)
-            env = entry.envelope(entry.state(first))
-            if store.schedule(entry.item_id, from_ms(first.at_ms), env, mode="keep", rank=entry.rank) == "added":
-                return "added"
-            continue  # another sync added it meanwhile: compare with that one
-        try:
-            _, old = _decode(Envelope.decode(item.envelope))
-        except NewerFormatError as exc:
-            log.warning(
-                "periodic entry %r: its store item %r was written by a newer release (%s); skipped, it keeps "
-                "that release's settings: sync from the newer release",
-                entry.name, entry.item_id, exc,
-            )  # fmt: skip
-            return "newer"
-        except EnvelopeError as exc:
-            raise PeriodicError(
-                f"store item {entry.item_id!r} is not a periodic entry ({exc}): it was scheduled by something "
-                f"else; `delayq cancel {entry.item_id}` and sync again"
-            ) from exc
-        if old.fingerprint == entry.fingerprint and old.overlap == entry.overlap:  # an older forwarder's
-            return "unchanged"  # rearm keeps the fingerprint but drops the policy: the sync restores it
-        slot = old.slot if old.schedule == entry.schedule else entry.schedule.first_after(now)
-        env = entry.envelope(entry.state(slot, old.last, old.runs, old.skipped))
-        outcome = store.replace_if(
-            entry.item_id, item.envelope, from_ms(slot.at_ms), env, rank=entry.rank, now=store.clock()
-        )
-        if outcome is RearmOutcome.REPLACED:
-            return "changed"
-        if outcome is RearmOutcome.HELD:  # a forwarder is firing it: its rearm comes first
-            if time.monotonic() > deadline:
-                raise PeriodicError(
-                    f"entry {entry.name!r} stayed leased to a forwarder; it keeps its old settings: sync again"
-                )
-            time.sleep(0.05)
-
-
-@dataclass(frozen=True)
-class Registry:
-    """The registry's fields: entry names, and fields that are not UTF-8, hence no entry's name
-    (a hand write or a damaged key). Those are reported with the fix and skipped, so one cannot
-    stop the rest from listing or syncing (nor removed entries from being removed)."""
-
-    names: list[str]
-    unreadable: dict[str, str]  # the field as redis-cli takes it (hex escapes) -> what is wrong and the fix
-
-
-def _registry(store: DelayStore) -> Registry:
-    """The registry's fields, read names and unreadable ones apart."""
-    key = periodic_key(store.config.prefix)
-    _check_registry(store, key)
-    names, unreadable = [], {}
-    for field_name, _ in store.client.hscan_iter(key):
-        raw = field_name if isinstance(field_name, bytes) else str(field_name).encode()
-        try:
-            names.append(raw.decode())
-        except UnicodeDecodeError:
-            shown = _redis_cli_quoted(raw)
-            unreadable[shown] = (
-                f"registry field {shown} of {key} is not UTF-8, so no entry's name; skipped: remove it with "
-                f"`redis-cli HDEL {key} {shown}`"
-            )
-    return Registry(sorted(names), unreadable)
-
-
-def _redis_cli_quoted(raw: bytes) -> str:
-    r"""``raw`` as a redis-cli double-quoted argument (non-printable bytes as ``\xHH``)."""
-    body = "".join(chr(b) if 0x20 <= b < 0x7F and b not in b'"\\' else f"\\x{b:02x}" for b in raw)
-    return f'"{body}"'
-
-
-def remove(store: DelayStore, names: Iterable[str]) -> list[str]:
-    """Remove entries by name (their store item, then their registry line); returns the names
-    that were registered or stored. A forwarder firing one now sends that run and stops."""
-    registry = periodic_key(store.config.prefix)
-    removed = []
-    for name in names:
-        cancelled = store.cancel(item_id(name))
-        if store.client.hdel(registry, name) or cancelled is not CancelOutcome.NOT_FOUND:
-            removed.append(name)
-    return removed
-
-
-# -- listing ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PeriodicStatus:
-    """One entry as the store has it, for ``periodic list`` and the dashboard."""
-
-    name: str
-    item_id: str
-    state: str  # "scheduled", "firing" (leased to a forwarder), "missing" (not in the store)
-    task: str = ""
-    schedule: str = ""
-    misfire: str = ""
-    next_run_ms: int | None = None
-    last_run_ms: int | None = None
-    last_sent_ms: int | None = None
-    last_missed: int = 0
-    runs: int = 0
-    overlap: str = ALLOW
-    skipped: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-def statuses(store: DelayStore) -> list[PeriodicStatus]:
-    """Every registered entry, with its schedule, last run and next run."""
-    registry = _registry(store)
-    out = [PeriodicStatus(shown, "", f"unreadable: {fix}") for shown, fix in sorted(registry.unreadable.items())]
-    for name in registry.names:
-        ident = item_id(name)
-        item = store.get(ident)
-        if item is None:
-            out.append(PeriodicStatus(name, ident, "missing"))
-            continue
-        try:
-            message, state = _decode(Envelope.decode(item.envelope))
-        except NewerFormatError as exc:
-            out.append(PeriodicStatus(name, ident, f"newer format {exc.version}: upgrade this reader"))
-            continue
-        except EnvelopeError as exc:
-            out.append(PeriodicStatus(name, ident, f"unreadable: {exc}"))
-            continue
-        last = state.last
-        out.append(
-            PeriodicStatus(
-                name,
-                ident,
-                "firing" if item.leased_until_ms is not None else "scheduled",
-                message.task,
-                state.schedule.describe(),
-                state.misfire.describe(),
-                item.ready_ms,
-                None if last is None else last.at_ms,
-                None if last is None else last.sent_ms,
-                0 if last is None else last.missed,
-                state.runs,
-                state.overlap,
-                state.skipped,
-            )
-        )
-    return out
+register_kind(KIND, "celery", _task_of)
 
 
 def task_view(envelope: Envelope) -> TaskView | None:
@@ -611,64 +338,11 @@ def task_view(envelope: Envelope) -> TaskView | None:
 
 # -- the forwarder's side ----------------------------------------------------------------------
 
-#: the shortest lease an entry is fired under: a broker's publish confirm must fit in it
-MIN_ENTRY_LEASE_MS = 1000
 
-
-def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
-    """How long a forwarder firing ``state``'s entry holds it: half its period (at least
-    :data:`MIN_ENTRY_LEASE_MS`), at most the store's lease. A forwarder killed while firing it
-    delays the entry by that much: under ``run_once`` a lease longer than the period would
-    collapse the periods it covers into one run."""
-    period = state.schedule.following(state.slot).at_ms - state.slot.at_ms
-    return min(lease_ms, max(MIN_ENTRY_LEASE_MS, period // 2))
-
-
-@dataclass
-class _Firing:
-    """One entry being fired: its item, message, state and plan, the run deliveries to publish,
-    the periods its overlap policy skipped, and whether it took its slot for them."""
-
-    d: Delivery
-    message: StoredMessage
-    state: PeriodicState
-    plan: Plan
-    runs: list[Delivery]
-    skipped: int = 0
-    taken: bool = False
-
-
-def _task_id(run: Delivery) -> str:
-    """The task id of a run delivery (``<item>#<task id>``)."""
-    return run.id.rpartition("#")[2]
-
-
-def _member(run: Delivery) -> str:
-    """A run's member in its entry's slot: as the worker names it (task id, retries 0)."""
-    return slot_member(_task_id(run), 0)
-
-
-def _order(state: PeriodicState, run: Delivery) -> int:
-    """A run's order in its slot's line, as the forwarder's slot hook orders slotted items."""
-    return (MAX_RANK - state.rank) * RANK_SPAN + run.ready_ms
-
-
-def _give_back_slot(store: DelayStore | None, f: _Firing) -> None:
-    """The slot taken for a run that was not published goes back (else it is held until its
-    start hold lapses, and the periods meanwhile are skipped)."""
-    if not f.taken or store is None:
-        return
-    key = overlap_slot(f.state.name).key
-    try:
-        store.hold_slots({key: [_member(f.runs[0])]}, "end", hold_ms=0)
-    except Exception as exc:  # its hold lapses by itself
-        log.warning("periodic entry %r: could not give back its slot (%s)", f.state.name, exc)
-
-
-class PeriodicTarget:
-    """Fires ``celery-periodic`` items: publishes each due period's run through ``inner`` (the
-    forwarder's Celery target), then acks the item and schedules its next period in one step
-    under the claim's lease (:meth:`Lease.rearm`).
+class PeriodicTarget(FiringTarget):
+    """Fires ``celery-periodic`` items (:class:`~delayq_backends.periodic.firing.FiringTarget`
+    with :class:`CeleryRuns`): publishes each due period's run through ``inner``, the
+    forwarder's Celery target.
 
     Args:
         inner: the target of kind ``celery`` that publishes the runs.
@@ -687,140 +361,4 @@ class PeriodicTarget:
     ) -> None:
         if inner.kind != CELERY_KIND:
             raise ValueError(f"PeriodicTarget publishes through a {CELERY_KIND!r} target, not {inner.kind!r}")
-        self.inner = inner
-        self.clock = clock
-        #: told (entry name, periods) of the periods an overlap policy skipped: the metrics' counter
-        self.on_skipped = on_skipped
-
-    def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
-        """Without a lease the next run could not be scheduled safely: nothing is sent."""
-        why = "a periodic entry is fired only under a claim's lease (Forwarder calls publish_claimed)"
-        return PublishReport(failed=[DeliveryFailure(d.id, why) for d in deliveries])
-
-    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
-        report = PublishReport()
-        now = self.clock() if self.clock is not None else lease.now_ms()
-        fired: list[_Firing] = []
-        shorter: dict[int, list[str]] = {}
-        for d in deliveries:
-            try:  # one entry that cannot be decoded, planned or encoded fails alone
-                message, state = _decode(d.envelope)
-                plan = state.misfire.plan(state.schedule, state.slot, now)
-                mine = [_run_delivery(d, message, state, slot, now) for slot in plan.runs]
-                fit = entry_lease_ms(state, lease.store.config.lease_ms)
-            except Exception as exc:
-                why = f"cannot fire this periodic entry: {type(exc).__name__}: {exc}"
-                report.failed.append(DeliveryFailure(d.id, why, permanent=True))
-                continue
-            fired.append(_Firing(d, message, state, plan, mine))
-            if fit < lease.store.config.lease_ms:
-                shorter.setdefault(fit, []).append(d.id)
-        for fit, ids in shorter.items():  # before the publish: a kill from here on costs one short lease
-            lease.extend(ids, lease_ms=fit)
-        store = lease.store if isinstance(lease.store, DelayStore) else None
-        fired = self._overlap(fired, store, report)
-        runs = [run for f in fired for run in f.runs]
-        sent = self.inner.publish_many(runs) if runs else PublishReport()
-        report.broker_error = sent.broker_error
-        published, unsent = set(sent.published), set(sent.unsent)
-        failed = {f.id: f for f in sent.failed}
-        for f in fired:
-            ids = [run.id for run in f.runs]
-            if all(i in published for i in ids):
-                self._rearm(lease, f, now)
-                report.published.append(f.d.id)
-                report.acked.append(f.d.id)
-                continue
-            _give_back_slot(store, f)
-            if any(i in unsent for i in ids):  # given back: its runs go again, all of them
-                report.unsent.append(f.d.id)
-            else:
-                # the broker refused a run: the entry waits (no attempt counted), never a dead letter
-                errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(f.d.id, "not published")]
-                error, permanent = "; ".join(e.error for e in errors), all(e.permanent for e in errors)
-                report.failed.append(DeliveryFailure(f.d.id, error, permanent=permanent, waits=not permanent))
-        return report
-
-    def _overlap(self, fired: list[_Firing], store: DelayStore | None, report: PublishReport) -> list[_Firing]:
-        """Apply the overlap policies: an entry with one fires only its latest due period (the
-        earlier ones would overlap it: skipped), which runs if its slot is free, waits in the
-        slot's line (buffer_one: scheduled as a slotted task, due now) or is skipped. An entry
-        whose slot cannot be asked waits, as when its broker refuses (the limit is what the
-        policy protects)."""
-        asks: dict[str, OverlapAsk] = {}
-        for f in fired:
-            if f.state.overlap != ALLOW and f.runs:
-                f.skipped, f.runs = len(f.runs) - 1, f.runs[-1:]
-                f.plan = replace(f.plan, runs=f.plan.runs[-1:])
-                asks[f.state.name] = OverlapAsk(f.state.overlap, _member(f.runs[0]), _order(f.state, f.runs[0]))
-        if not asks:
-            return fired
-        if store is None:  # a forwarder role's store alone (no slots): the limit is what counts
-            outcomes: Mapping[str, Fire | Exception] = {n: DelayqError("no slot role on this store") for n in asks}
-        else:
-            outcomes = fire_runs(store, asks)
-        kept: list[_Firing] = []
-        for f in fired:
-            outcome = outcomes.get(f.state.name, Fire.RUN)
-            try:
-                if isinstance(outcome, Exception):
-                    raise outcome
-                if outcome is Fire.WAIT and store is not None:  # its own item from now on: in the line
-                    run = f.runs[0]
-                    envelope = with_slot(run.envelope, overlap_slot(f.state.name), f.state.rank)
-                    store.schedule(_task_id(run), from_ms(run.ready_ms), envelope, mode="keep", rank=f.state.rank)
-                    f.runs = []
-                elif outcome is Fire.SKIP:
-                    f.skipped += 1
-                    f.runs, f.plan = [], replace(f.plan, runs=[])
-            except Exception as exc:
-                why = f"its overlap policy could not be applied ({type(exc).__name__}: {exc})"
-                report.failed.append(DeliveryFailure(f.d.id, why, waits=True))
-                continue
-            f.taken = outcome is Fire.RUN and f.state.name in asks
-            kept.append(f)
-        return kept
-
-    def _rearm(self, lease: Lease, f: _Firing, now: int) -> None:
-        state, plan = f.state, f.plan
-        following = state.fired(plan, now, f.skipped)
-        try:
-            outcome = lease.rearm(f.d.id, from_ms(plan.next.at_ms), _envelope(f.message, following), rank=state.rank)
-        except Exception as exc:  # the run went out; the item stays leased and fires again later
-            log.error(
-                "periodic entry %r: sent, but its next run could not be scheduled (%s: %s); it is fired again "
-                "when its lease runs out",
-                state.name,
-                type(exc).__name__,
-                exc,
-            )
-            return
-        if outcome is RearmOutcome.HELD:
-            log.warning("periodic entry %r: our lease ran out while firing it; another forwarder has it", state.name)
-        elif outcome is RearmOutcome.NOT_FOUND:
-            log.info("periodic entry %r was removed while being fired", state.name)
-        else:
-            if f.skipped:
-                log.info("periodic entry %r: %d period(s) skipped, its last run still running (overlap %s)",
-                         state.name, f.skipped, state.overlap)  # fmt: skip
-                if self.on_skipped is not None:
-                    self.on_skipped(state.name, f.skipped)
-            if plan.missed:
-                log.warning(
-                    "periodic entry %r: %d period(s) missed (%s), %d run(s) sent; next %s",
-                    state.name,
-                    plan.missed,
-                    state.misfire.policy,
-                    len(plan.runs),
-                    datetime.fromtimestamp(plan.next.at_ms / 1000, tz=timezone.utc).isoformat(),
-                )
-
-    def queue_depth(self, queue: str) -> int:
-        """The inner target's depth probe (flow control), when it has one."""
-        probe = getattr(self.inner, "queue_depth", None)
-        if probe is None:
-            raise NotImplementedError("the inner target has no queue depth probe")
-        return int(probe(queue))
-
-    def close(self) -> None:
-        """The inner target is the forwarder's too; it closes it."""
+        super().__init__(CeleryRuns(), inner, clock=clock, on_skipped=on_skipped)

@@ -20,6 +20,7 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_lossless_window = 60  # ... and publish it again if no start is recorded by then
     app.conf.delayq_slot_limits = {"customer-*": 2}  # a delayq_slot with no limit of its own: the first match's
     app.conf.delayq_slot_hold = 60      # seconds a worker's slot hold lasts after its last heartbeat
+    app.conf.delayq_schedule_version = 1234  # grows per deploy: an older beat_schedule never rolls a newer back
 
 ``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
 in the store does. Native Celery would run both sends (two runs sharing one result). ``replace``
@@ -63,6 +64,7 @@ from ..envelope import Slot
 from ..errors import ConfigError, DelayqError, InvalidSlotError
 from ..flow import FlowControl
 from ..forwarder.settings import LOSSLESS_WINDOW
+from ..periodic.registry import check_version
 from ..store import RUN_HOLD_MS, DelayStore
 from ..storecache import StoreCache
 
@@ -106,6 +108,7 @@ _KNOWN = {
     "delayq_lossless_window",
     "delayq_slot_limits",
     "delayq_slot_hold",
+    "delayq_schedule_version",
 }
 DUPLICATE_ID_MODES = ("replace", "keep", "error")
 #: A run's "started" record outlives any plausible re-delivery: a forwarder's lease (30 s by
@@ -222,6 +225,19 @@ class CelerySettings:
             return slot
         limit = next((n for pattern, n in self.slot_limits if fnmatch.fnmatchcase(slot.key, pattern)), None)
         return slot if limit is None else replace(slot, limit=limit)
+
+
+def schedule_version(app: Celery) -> int | None:
+    """``app.conf.delayq_schedule_version``: the version of its ``beat_schedule``, which grows per
+    deploy, so an older one never rolls a newer back (None: unversioned).
+
+    Raises:
+        ConfigError: not a whole number in range.
+    """
+    try:
+        return check_version(app.conf.get("delayq_schedule_version"))
+    except DelayqError as exc:
+        raise ConfigError(f"delayq_schedule_version: {exc}") from exc
 
 
 def _unknown_settings(unknown: list[str]) -> str:

@@ -21,8 +21,9 @@ from .demo import demo
 from .dlq import dlq
 from .exporter import exporter
 from .forward import forward
-from .inspect import cancel, list_, periodic, stats
+from .inspect import cancel, list_, stats
 from .options import ErrorsAsMessages
+from .periodic import periodic
 from .rq import rq_migrate, rq_upgrade
 from .slots import slots
 from .spark import spark

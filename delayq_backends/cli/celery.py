@@ -8,7 +8,7 @@ broker SSL and transport options and ``delayq_*`` settings are used as the app h
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from itertools import islice
 from typing import Any
@@ -18,7 +18,7 @@ from celery import Celery
 from kombu.utils.json import dumps as kombu_json_dumps
 
 from ..assemble import DescribedTarget
-from ..celery.periodic import PeriodicTarget, SyncReport, remove, sync, task_view
+from ..celery.periodic import PeriodicTarget, sync, task_view
 from ..celery.scheduled import get as get_scheduled
 from ..celery.scheduled import revoke_everywhere
 from ..celery.settings import CelerySettings, store_for
@@ -28,12 +28,14 @@ from ..entries import iso
 from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..models import ScheduledItem
+from ..periodic.ops import SyncReport
 from ..store import DelayStore
 from ..storespec import open_store
 from .forward import ForwardOptions, forward_options, run_forwarder
-from .inspect import show_periodic, stats
+from .inspect import stats
 from .options import ErrorsAsMessages, closing, page_options
 from .output import Column, print_table
+from .periodic import PeriodicAccess, periodic_commands
 
 __all__ = ["delayq"]
 
@@ -90,8 +92,12 @@ def _sync_at_start(app: Celery, store: DelayStore) -> None:
 
 
 def _say_synced(report: SyncReport) -> None:
-    if report.added or report.changed or report.removed or report.errors or report.unchanged:
+    if report.refused:
+        click.echo(f"periodic entries NOT synced: {report.refused}", err=True)
+    elif report.added or report.changed or report.removed or report.errors or report.unchanged or report.kept:
         click.echo(f"periodic entries synced: {report.describe()}", err=True)
+    for name in report.shadowed:
+        click.echo(f"periodic entry {name!r} of beat_schedule is shadowed by a runtime entry of that name", err=True)
     for name, error in sorted(report.errors.items()):
         click.echo(f"periodic entry {name!r} refused: {error}", err=True)
 
@@ -104,41 +110,42 @@ def _store(ctx: click.Context) -> DelayStore:
 
 @delayq.group()
 def periodic() -> None:
-    """The app's beat_schedule, fired by the forwarders: no celery beat process."""
+    """The app's periodic entries (its beat_schedule and those added at runtime), fired by the
+    forwarders: no celery beat process."""
 
 
 @periodic.command("sync")
+@click.option(
+    "--schedule-version",
+    type=click.IntRange(0, 2**53),
+    default=None,
+    help="This deploy's schedule version (default: the app's delayq_schedule_version); an older one changes nothing.",
+)
 @click.pass_context
-def periodic_sync_(ctx: click.Context) -> None:
-    """Make the store's periodic entries the app's beat_schedule (added, changed, removed).
+def periodic_sync_(ctx: click.Context, schedule_version: int | None) -> None:
+    """Make the store's code entries the app's beat_schedule (added, changed, removed); runtime
+    entries are left alone.
 
-    `celery -A proj delayq forward` does this at start. Exits 1 if an entry was refused.
+    `celery -A proj delayq forward` does this at start. Exits 1 if an entry was refused, or the
+    whole sync (an older schedule version).
     """
-    report = sync(ctx.find_root().obj.app, _store(ctx))
+    report = sync(ctx.find_root().obj.app, _store(ctx), version=schedule_version)
     _say_synced(report)
     for kind in ("added", "changed", "removed"):
         for name in getattr(report, kind):
             click.echo(f"{kind}: {name}")
-    if report.errors:
+    if report.errors or report.refused:
         ctx.exit(1)
 
 
-@periodic.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table (for scripts).")
-@click.pass_context
-def periodic_list(ctx: click.Context, as_json: bool) -> None:
-    """Every periodic entry in the store: schedule, misfire policy, last run, next run."""
-    show_periodic(_store(ctx), as_json)
+def _app_options(command: Callable[..., None]) -> Callable[..., None]:
+    return command
 
 
-@periodic.command("remove")
-@click.argument("names", nargs=-1, required=True)
-@click.pass_context
-def periodic_remove(ctx: click.Context, names: tuple[str, ...]) -> None:
-    """Remove periodic entries by name (a sync adds them back while the config has them)."""
-    removed = remove(_store(ctx), names)
-    for name in names:
-        click.echo(f"{'removed' if name in removed else 'not found'}: {name}")
+periodic_commands(
+    periodic,
+    PeriodicAccess(_app_options, lambda ctx, _where: _store(ctx), lambda ctx, _where: ctx.find_root().obj.app),
+)
 
 
 @delayq.command("stats")

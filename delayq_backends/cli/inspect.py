@@ -1,4 +1,4 @@
-"""Reading a store: ``delayq stats``, ``list``, ``cancel`` and ``periodic list``."""
+"""Reading a store: ``delayq stats``, ``list`` and ``cancel``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from ..assemble import adapter
 from ..connection import connect
 from ..entries import around_bad_shards, describe_collapsed, iso, item_entry, listed_at, stats_entry
 from ..models import ScheduledItem
@@ -26,54 +25,7 @@ from .options import (
 )
 from .output import Column, duration, echo_json, print_table, warn
 
-__all__ = ["cancel", "list_", "periodic", "show_periodic", "stats"]
-
-
-PERIODIC_COLUMNS = [
-    Column("entry"),
-    Column("task"),
-    Column("schedule"),
-    Column("misfire"),
-    Column("last run"),
-    Column("sent"),
-    Column("next run"),
-    Column("runs", "right"),
-    Column("skipped", "right"),
-    Column("state"),
-]
-
-
-def show_periodic(store: DelayStore, as_json: bool) -> None:
-    """Print the periodic entries synced into ``store`` (``delayq periodic list`` and
-    ``celery -A proj delayq periodic list``): schedule, last run, next run."""
-    entries = adapter("celery.periodic").statuses(store)
-    if as_json:
-        echo_json([e.to_json() for e in entries])
-        return
-    rows = [
-        [e.name, e.task, e.schedule, e.misfire, iso(e.last_run_ms), iso(e.last_sent_ms), iso(e.next_run_ms), e.runs,
-         _skipped(e), e.state + (f", {e.last_missed} missed" if e.last_missed else "")]
-        for e in entries
-    ]  # fmt: skip
-    print_table(f"periodic entries of {store.config.prefix!r} (times UTC)", PERIODIC_COLUMNS, rows)
-
-
-def _skipped(entry: Any) -> str:
-    """Periods an entry's overlap policy skipped, and the policy ("" for entries without one)."""
-    return f"{entry.skipped} ({entry.overlap})" if entry.overlap != "allow" or entry.skipped else ""
-
-
-@click.group()
-def periodic() -> None:
-    """Periodic Celery entries synced into the store (``celery -A proj delayq periodic sync``)."""
-
-
-@periodic.command("list")
-@store_options
-@json_option
-def periodic_list(spec: StoreSpec, as_json: bool) -> None:
-    """Every periodic entry: schedule, misfire policy, last run, next run, runs so far."""
-    show_periodic(open_store(spec, writes=False), as_json)
+__all__ = ["cancel", "list_", "stats"]
 
 
 STATS_COLUMNS = [

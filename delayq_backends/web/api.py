@@ -595,9 +595,11 @@ NO_PERIODIC = (
 def periodic(svc: Svc) -> PeriodicListOut:
     """The entries synced from a Celery app's beat_schedule (``celery -A proj delayq periodic list``)."""
     try:
-        from ..celery.periodic import statuses
+        import delayq_backends.celery.periodic  # noqa: F401  (registers the kind, whose messages it reads)
     except ImportError:  # the entries' messages are Celery's: without it they cannot be read
         return PeriodicListOut(entries=[], hint=NO_CELERY)
+    from ..periodic.ops import statuses
+
     with reading("the periodic entries"):
         entries = statuses(svc.store)
     out = [

@@ -25,8 +25,9 @@ import pytest
 import redis
 
 from delayq_backends.celery import forget_store, store_for
-from delayq_backends.celery.periodic import item_id, sync
+from delayq_backends.celery.periodic import sync
 from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.periodic.ops import item_id
 from tests.harness import ROOT, checkout_env
 from tests.helpers import wait_for
 from tests.test_celery.harness import CeleryEnv, delayq_cli, new_env, watched

@@ -11,14 +11,16 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from celery import Celery
 from celery.schedules import crontab, solar
 
 from delayq_backends.celery.message import StoredMessage
-from delayq_backends.celery.periodic import KIND, PeriodicTarget, item_id, remove, statuses, sync
-from delayq_backends.celery.schedules import run_task_id
+from delayq_backends.celery.periodic import KIND, PeriodicTarget, sync
 from delayq_backends.envelope import Envelope
 from delayq_backends.models import RearmOutcome
+from delayq_backends.periodic.ops import CodeEntryError, item_id, remove, statuses
+from delayq_backends.periodic.schedules import run_task_id
 from delayq_backends.store import Lease
 from delayq_backends.testing import CollectingTarget, FakeClock, TestingForwarder, TestingStore, testing_store
 
@@ -201,7 +203,9 @@ def test_resync_adds_changes_and_removes_and_is_idempotent() -> None:
     report = h.sync({"c": {"task": "t.c", "schedule": 5.0}})
     assert sorted(report.removed) == ["a", "b"] and report.unchanged == ["c"]
     assert h.store.get(item_id("a")) is None and [s.name for s in statuses(h.store)] == ["c"]
-    assert remove(h.store, ["c", "nope"]) == ["c"]
+    with pytest.raises(CodeEntryError, match="Remove it from the code"):
+        remove(h.store, ["c"])  # the next sync would add it back
+    assert remove(h.store, ["c", "nope"], force=True) == ["c"]
 
 
 def test_sync_leaves_an_entry_a_newer_release_stored(caplog: Any) -> None:
@@ -278,7 +282,7 @@ def test_a_kill_between_publish_and_rearm_resends_that_period_with_its_task_id_a
 
 
 def _slot(ms: int) -> Any:
-    from delayq_backends.celery.schedules import Slot
+    from delayq_backends.periodic.schedules import Slot
 
     return Slot(str(ms), ms)
 

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from delayq_backends.celery.message import StoredMessage
-from delayq_backends.celery.periodic import item_id, statuses
 from delayq_backends.celery.slots import SLOT_HEADER, slot_of_request
-from delayq_backends.cli.inspect import show_periodic
+from delayq_backends.cli.periodic import show_periodic
 from delayq_backends.envelope import Envelope
 from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.overlap_policy import POLICIES
+from delayq_backends.periodic.ops import item_id, statuses
 from delayq_backends.store import RUN_HOLD_MS
 from delayq_backends.timeutil import from_ms
 from tests.test_celery.test_periodic import Harness

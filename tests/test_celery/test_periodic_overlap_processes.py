@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from delayq_backends.celery import forget_store, store_for
-from delayq_backends.celery.periodic import PeriodicStatus, statuses
-from delayq_backends.celery.schedules import Slot, run_task_id
 from delayq_backends.embedded import EmbeddedServer, free_port
+from delayq_backends.periodic.ops import EntryStatus, statuses
+from delayq_backends.periodic.schedules import Slot, run_task_id
 from tests.helpers import max_overlap, wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, watched
@@ -44,9 +44,9 @@ def env(request: pytest.FixtureRequest, valkey_server: EmbeddedServer, tmp_path:
         yield env
 
 
-def _snapshot(store: Any) -> dict[str, PeriodicStatus]:
+def _snapshot(store: Any) -> dict[str, EntryStatus]:
     """Every entry, read while none is being fired (its count and next period agree)."""
-    found: dict[str, PeriodicStatus] = {}
+    found: dict[str, EntryStatus] = {}
 
     def settled() -> bool:
         found.clear()
@@ -57,7 +57,7 @@ def _snapshot(store: Any) -> dict[str, PeriodicStatus]:
     return found
 
 
-def _runs(env: CeleryEnv, policy: str, status: PeriodicStatus) -> tuple[list[int], list[dict[str, Any]]]:
+def _runs(env: CeleryEnv, policy: str, status: EntryStatus) -> tuple[list[int], list[dict[str, Any]]]:
     """The entry's periods up to the snapshot, and the runs of them the tasks recorded (by start)."""
     assert status.next_run_ms is not None
     periods = {

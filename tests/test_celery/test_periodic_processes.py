@@ -17,10 +17,11 @@ import redis
 from celery import Celery
 
 from delayq_backends.celery import forget_store, store_for
-from delayq_backends.celery.periodic import item_id, statuses, sync
-from delayq_backends.celery.schedules import Slot, run_task_id
+from delayq_backends.celery.periodic import sync
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.keys import periodic_key
+from delayq_backends.periodic.ops import item_id, statuses
+from delayq_backends.periodic.schedules import Slot, run_task_id
 from tests.helpers import wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, delayq_cli, delete_queue, new_env

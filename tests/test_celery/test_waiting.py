@@ -15,9 +15,10 @@ from celery import Celery
 from fastapi.testclient import TestClient
 
 from delayq_backends.celery import StoredMessage, forget_store, store_for
-from delayq_backends.celery.periodic import item_id, remove, sync
+from delayq_backends.celery.periodic import sync
 from delayq_backends.cli.celery import _all_task_rows
 from delayq_backends.envelope import Envelope
+from delayq_backends.periodic.ops import item_id, remove
 from delayq_backends.web import create_app
 from tests.test_celery.harness import CeleryEnv, delayq_cli
 
@@ -68,7 +69,7 @@ def test_list_and_get_show_a_periodic_entry_as_its_next_run(celery_env: CeleryEn
         listed = json.loads(delayq_cli(env, "list", "--json").stdout)
         assert [(row["id"], row["periodic"]) for row in listed] == [(item_id(name), name)]
     finally:
-        remove(store_for(app), [name])
+        remove(store_for(app), [name], force=True)
         forget_store(app)
 
 

@@ -293,7 +293,8 @@ def test_periodic_entries_with_schedule_last_and_next_run(client: TestClient, we
 def test_the_item_view_decodes_a_periodic_entry_as_its_next_run(client: TestClient, web_store: DelayStore) -> None:
     from celery import Celery
 
-    from delayq_backends.celery.periodic import KIND, item_id, sync
+    from delayq_backends.celery.periodic import KIND, sync
+    from delayq_backends.periodic.ops import item_id
 
     app = Celery("web", broker="memory://", set_as_current=False)
     app.conf.task_default_queue = "beat-q"

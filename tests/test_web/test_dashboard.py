@@ -19,8 +19,9 @@ from playwright.sync_api import expect
 
 from delayq_backends import DelayStore
 from delayq_backends.audit import FORWARDED, AuditRecord, RedisStreamAudit
-from delayq_backends.celery.periodic import PeriodicStatus, item_id, statuses, sync
+from delayq_backends.celery.periodic import sync
 from delayq_backends.envelope import Envelope
+from delayq_backends.periodic.ops import EntryStatus, item_id, statuses
 from delayq_backends.store import SlotAsk
 from tests.helpers import wait_for
 from tests.test_web.conftest import ARTIFACTS, ROOT, TOKEN
@@ -35,7 +36,7 @@ BEAT_SCHEDULE = {
 TIMEOUT_MS = 15_000
 
 
-def sync_periodic(store: DelayStore) -> list[PeriodicStatus]:
+def sync_periodic(store: DelayStore) -> list[EntryStatus]:
     """The periodic entries of a small Celery app, synced into the store as a forwarder does."""
     app = Celery("dash", broker="memory://", set_as_current=False)
     app.conf.update(timezone="UTC", beat_schedule=BEAT_SCHEDULE)

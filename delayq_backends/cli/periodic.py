@@ -1,0 +1,348 @@
+"""``delayq periodic …`` and ``celery -A proj delayq periodic …``: periodic entries as data.
+
+One set of commands (:func:`periodic_commands`) serves both groups; they differ only in where
+the store and the Celery app come from: store options (``--url``, ``--prefix``, ``--shards``)
+and a bare Celery app on ``--celery-broker`` for ``delayq``, the app's own settings and routing
+for ``celery -A proj``. The work is :mod:`delayq_backends.periodic.ops`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from ..assemble import adapter
+from ..entries import iso
+from ..errors import DelayqError
+from ..periodic import ops
+from ..periodic.schedules import Cron, Once, Schedule, interval
+from ..periodic.state import RUNTIME
+from ..store import DelayStore
+from ..storespec import StoreSpec
+from ..timeutil import parse_iso, to_ms
+from .options import json_option, open_store, store_options
+from .output import Column, echo_json, print_table
+
+__all__ = ["PeriodicAccess", "periodic", "periodic_commands", "show_periodic"]
+
+PERIODIC_COLUMNS = [
+    Column("entry"),
+    Column("task"),
+    Column("schedule"),
+    Column("misfire"),
+    Column("last run"),
+    Column("sent"),
+    Column("next run"),
+    Column("runs", "right"),
+    Column("skipped", "right"),
+    Column("state"),
+]
+
+
+def show_periodic(store: DelayStore, as_json: bool) -> None:
+    """Print the periodic entries of ``store``: schedule, last run, next run, state."""
+    entries = ops.statuses(store)
+    if as_json:
+        echo_json([e.to_json() for e in entries])
+        return
+    rows = [
+        [e.name, e.task, e.schedule, e.misfire, iso(e.last_run_ms), iso(e.last_sent_ms), iso(e.next_run_ms), e.runs,
+         _skipped(e), _state(e)]
+        for e in entries
+    ]  # fmt: skip
+    print_table(f"periodic entries of {store.config.prefix!r} (times UTC)", PERIODIC_COLUMNS, rows)
+
+
+def _state(entry: ops.EntryStatus) -> str:
+    extra = [f"{entry.last_missed} missed"] if entry.last_missed else []
+    extra += ["runtime"] if entry.source == RUNTIME else []
+    extra += [f"{entry.run_now} run(s) asked"] if entry.run_now else []
+    extra += [f"{len(entry.backfill)} backfill(s) asked"] if entry.backfill else []
+    return ", ".join([entry.state, *extra])
+
+
+def _skipped(entry: ops.EntryStatus) -> str:
+    """Periods an entry's overlap policy skipped, and the policy ("" for entries without one)."""
+    return f"{entry.skipped} ({entry.overlap})" if entry.overlap != "allow" or entry.skipped else ""
+
+
+def _show(entry: ops.EntryStatus, as_json: bool) -> None:
+    if as_json:
+        echo_json(entry.to_json())
+        return
+    for key, value in entry.to_json().items():
+        shown = iso(value) if key.endswith("_ms") and key != "jitter_ms" and isinstance(value, int) else value
+        click.echo(f"{key}: {'-' if shown is None else shown}")
+
+
+# -- where the store and the app come from ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeriodicAccess:
+    """How a group's commands reach their store and a Celery app to build entries with.
+
+    ``options`` adds the group's own options to each command (the store options for ``delayq``);
+    ``store`` and ``app`` read them back from the command's keyword arguments.
+    """
+
+    options: Callable[[Callable[..., None]], Callable[..., None]]
+    store: Callable[[click.Context, dict[str, Any]], DelayStore]
+    app: Callable[[click.Context, dict[str, Any]], Any]
+
+
+celery_broker_option = click.option(
+    "--celery-broker",
+    envvar="DELAYQ_CELERY_BROKER",
+    show_envvar=True,
+    default=None,
+    help="The workers' broker URL, which decides how add/update route the task (exchange, routing key).",
+)
+
+
+def _plain_options(command: Callable[..., None]) -> Callable[..., None]:
+    return store_options(celery_broker_option(command))
+
+
+def _plain_store(ctx: click.Context, /, where: dict[str, Any]) -> DelayStore:
+    spec: StoreSpec = where["spec"]
+    return open_store(spec, writes=True)
+
+
+def _plain_app(ctx: click.Context, /, where: dict[str, Any]) -> Any:
+    """A bare Celery app on ``--celery-broker`` (the web producer's way): no user code imported."""
+    celery = adapter("celery")
+    app = celery.Celery("delayq-cli", set_as_current=False)
+    if where.get("celery_broker"):
+        app.conf.broker_url = where["celery_broker"]
+    ctx.call_on_close(app.close)
+    return app
+
+
+PLAIN = PeriodicAccess(_plain_options, _plain_store, _plain_app)
+
+
+# -- the definition options of add and update ------------------------------------------------------
+
+
+def _definition(command: Callable[..., None]) -> Callable[..., None]:
+    options = [
+        click.argument("name"),
+        click.option("--task", required=True, help="The Celery task's name."),
+        click.option("--every", type=float, default=None, help="Run every SECONDS."),
+        click.option("--cron", default=None, help="Run on a crontab: 'minute hour day-of-month month day-of-week'."),
+        click.option("--at", "at", default=None, help="Run once, at this ISO 8601 time with its offset (a one-off)."),
+        click.option("--args", "args_json", default="[]", show_default=True, help="Arguments, a JSON array."),
+        click.option(
+            "--kwargs", "kwargs_json", default="{}", show_default=True, help="Keyword arguments, a JSON object"
+        ),
+        click.option("--queue", default=None, help="The queue to send each run to (default: the app's routing)."),
+        click.option("--tz", default=None, help="The crontab's IANA time zone (default: the app's)."),
+        click.option("--start", default=None, help="No run before this ISO 8601 time."),
+        click.option("--end", default=None, help="No run after this ISO 8601 time (then the entry is finished)."),
+        click.option("--max-runs", type=click.IntRange(min=1), default=None, help="Finished after this many runs."),
+        click.option("--jitter", type=click.FloatRange(0, 86400), default=0, help="Spread each run by up to SECONDS."),
+        click.option(
+            "--misfire",
+            type=click.Choice(["run_once", "run_all", "skip"]),
+            default=None,
+            help="What missed periods do (default run_once).",
+        ),  # fmt: skip
+        click.option(
+            "--overlap",
+            type=click.Choice(["allow", "skip", "buffer_one"]),
+            default=None,
+            help="Whether runs may overlap (default allow).",
+        ),  # fmt: skip
+        click.option("--paused", is_flag=True, help="Store it paused (resume it to start)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _json(flag: str, text: str, kind: type) -> Any:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON ({exc.msg}): e.g. {flag} '[1, \"a\"]'", param_hint=flag) from exc
+    if not isinstance(value, kind):
+        want = "an array" if kind is list else "an object"
+        raise click.BadParameter(f"must be {want}, got {type(value).__name__}", param_hint=flag)
+    return value
+
+
+def _time(flag: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return to_ms(parse_iso(text))
+    except DelayqError as exc:
+        raise click.BadParameter(str(exc), param_hint=flag) from exc
+
+
+def _schedule(app: Any, d: dict[str, Any]) -> Schedule:
+    chosen = [flag for flag in ("every", "cron", "at") if d[flag] is not None]
+    if len(chosen) != 1:
+        raise click.UsageError("give exactly one of --every SECONDS, --cron 'm h dom mon dow' or --at ISO-TIME")
+    if d["tz"] is not None and chosen != ["cron"]:
+        raise click.UsageError("--tz applies to --cron only (an interval or a one-off time has no wall clock)")
+    try:
+        if d["every"] is not None:
+            return interval(d["every"])
+        if d["cron"] is not None:
+            return Cron.checked(d["cron"], d["tz"] or adapter("celery.periodic").zone_of(app))
+    except DelayqError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"--{chosen[0]}") from exc
+    at = _time("--at", d["at"])
+    assert at is not None
+    return Once(at)
+
+
+def _spec(app: Any, d: dict[str, Any]) -> ops.EntrySpec:
+    """An entry from the definition options, built by the Celery adapter with ``app``'s routing."""
+    options: dict[str, Any] = {}
+    for key, flag in (("queue", "queue"), ("delayq_misfire", "misfire"), ("delayq_overlap", "overlap")):
+        if d[flag] is not None:
+            options[key] = d[flag]
+    for key, flag in (("delayq_start", "start"), ("delayq_end", "end")):
+        ms = _time(f"--{flag}", d[flag])
+        if ms is not None:
+            options[key] = ms / 1000
+    if d["max_runs"] is not None:
+        options["delayq_max_runs"] = d["max_runs"]
+    if d["jitter"]:
+        options["delayq_jitter"] = d["jitter"]
+    if d["paused"]:
+        options["delayq_enabled"] = False
+    conf = {
+        "task": d["task"],
+        "schedule": _schedule(app, d),
+        "args": _json("--args", d["args_json"], list),
+        "kwargs": _json("--kwargs", d["kwargs_json"], dict),
+        "options": options,
+    }
+    spec: ops.EntrySpec = adapter("celery.periodic").entry_spec(app, d["name"], conf)
+    return spec
+
+
+_DEFINITION_KEYS = (
+    "name", "task", "every", "cron", "at", "args_json", "kwargs_json", "queue", "tz", "start", "end", "max_runs",
+    "jitter", "misfire", "overlap", "paused",
+)  # fmt: skip
+
+
+def _split(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A command's keyword arguments: (the definition's, the group's own)."""
+    d = {k: kw.pop(k) for k in _DEFINITION_KEYS}
+    return d, kw
+
+
+# -- the commands ------------------------------------------------------------------------------------
+
+
+def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group:
+    """Add the periodic commands to ``group``: list, show, add, update, pause, resume, run,
+    backfill, remove (``history`` is added beside them by the history module)."""
+    with_store = access.options
+
+    @group.command("list")
+    @json_option
+    @with_store
+    @click.pass_context
+    def list_(ctx: click.Context, /, as_json: bool, **where: Any) -> None:
+        """Every periodic entry: schedule, misfire policy, last run, next run, state."""
+        show_periodic(access.store(ctx, where), as_json)
+
+    @group.command("show")
+    @click.argument("name")
+    @json_option
+    @with_store
+    @click.pass_context
+    def show(ctx: click.Context, /, name: str, as_json: bool, **where: Any) -> None:
+        """One entry, every field (times UTC). Exit 1 if there is none of that name."""
+        found = ops.get(access.store(ctx, where), name)
+        if found is None:
+            raise ops.EntryNotFound(name)
+        _show(found, as_json)
+
+    @group.command("add")
+    @_definition
+    @with_store
+    @click.pass_context
+    def add(ctx: click.Context, /, **kw: Any) -> None:
+        """Add a runtime entry NAME (it fires at every forwarder within a second; no restart).
+        Exit 1 if the name exists: use update."""
+        d, where = _split(kw)
+        store = access.store(ctx, where)
+        spec = _spec(access.app(ctx, where), d)
+        if ops.get(store, spec.name) is not None:
+            raise click.ClickException(f"entry {spec.name!r} exists: change it with `periodic update`")
+        click.echo(f"{ops.upsert(store, spec)}: {spec.name}")
+
+    @group.command("update")
+    @_definition
+    @click.option("--detach", is_flag=True, help="Take over an entry from code: a runtime entry from now on.")
+    @with_store
+    @click.pass_context
+    def update(ctx: click.Context, /, detach: bool, **kw: Any) -> None:
+        """Redefine entry NAME (its run history, pause and next period, if the schedule is the same,
+        are kept). An entry from code is refused without --detach."""
+        d, where = _split(kw)
+        store = access.store(ctx, where)
+        spec = _spec(access.app(ctx, where), d)
+        if ops.get(store, spec.name) is None:
+            raise ops.EntryNotFound(spec.name)
+        click.echo(f"{ops.upsert(store, spec, detach=detach)}: {spec.name}")
+
+    def action(name: str, verb: Callable[[DelayStore, str], ops.EntryStatus], doc: str) -> None:
+        @group.command(name, help=doc)
+        @click.argument("entry")
+        @with_store
+        @click.pass_context
+        def command(ctx: click.Context, /, entry: str, **where: Any) -> None:
+            status = verb(access.store(ctx, where), entry)
+            click.echo(f"{name}: {entry} ({_state(status)}; next run {iso(status.next_run_ms) or '-'})")
+
+    action("pause", ops.pause, "Pause entry ENTRY: no run until resumed (its manual runs still go).")
+    action("resume", ops.resume, "Resume entry ENTRY; periods missed while paused follow its misfire policy.")
+    action("run", ops.run_now, "Run entry ENTRY once now, besides its schedule (which stays as it is).")
+
+    @group.command("backfill")
+    @click.argument("entry")
+    @click.option("--from", "start", required=True, help="First time (ISO 8601 with its offset).")
+    @click.option("--to", "end", required=True, help="Last time (ISO 8601 with its offset).")
+    @with_store
+    @click.pass_context
+    def backfill(ctx: click.Context, /, entry: str, start: str, end: str, **where: Any) -> None:
+        """Run every period of entry ENTRY's schedule between --from and --to (at most 10,000)."""
+        start_ms, end_ms = _time("--from", start), _time("--to", end)
+        assert start_ms is not None and end_ms is not None
+        status = ops.backfill(access.store(ctx, where), entry, start_ms, end_ms)
+        click.echo(f"backfill: {entry} ({_state(status)})")
+
+    @group.command("remove")
+    @click.argument("names", nargs=-1, required=True)
+    @click.option("--force", is_flag=True, help="Remove entries from code too (a sync adds them back).")
+    @with_store
+    @click.pass_context
+    def remove(ctx: click.Context, /, names: tuple[str, ...], force: bool, **where: Any) -> None:
+        """Remove entries by name. Entries from code are refused without --force: remove them
+        from the code, or pause them."""
+        removed = ops.remove(access.store(ctx, where), names, force=force)
+        for name in names:
+            click.echo(f"{'removed' if name in removed else 'not found'}: {name}")
+
+    return group
+
+
+@click.group("periodic")
+def periodic() -> None:
+    """Periodic entries (from code and added at runtime), fired by the forwarders."""
+
+
+periodic_commands(periodic, PLAIN)

@@ -1,0 +1,352 @@
+"""Firing periodic entries, for every entry kind: decode → plan → overlap → publish runs → rearm.
+
+A periodic entry is one store item due at its next period. A forwarder claims it like any item;
+:class:`FiringTarget` plans the firing from the entry's :class:`~.state.PeriodicState` (misfire
+policy, enabled flag, start/end, maximum runs, jitter, pending manual runs and backfills),
+publishes the runs through the kind's inner target, then acks the item and schedules its next
+period **in one script call** (:meth:`Lease.rearm`), only while the claim's lease is still ours.
+So each period's next run is written exactly once, with no lock and no leader, and a pending
+action is applied exactly once: it is cleared by the same rearm.
+
+What differs between kinds (a Celery task message, an RQ job) is the :class:`RunMaker`: it reads
+the entry's stored template and makes one run's :class:`Delivery` for the inner target. Nothing
+here imports Celery or RQ.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from ..envelope import Envelope, with_slot
+from ..errors import DelayqError
+from ..keys import MAX_RANK, RANK_SPAN
+from ..models import DeliveryFailure, RearmOutcome
+from ..overlap_policy import ALLOW, Fire, OverlapAsk, fire_runs, overlap_slot
+from ..store import DelayStore, slot_member
+from ..store.lease import Lease
+from ..targets import Delivery, PublishReport, Target
+from ..timeutil import Clock, from_ms
+from .schedules import END, MAX_BACKFILL, Plan, Slot, describe_time, run_task_id
+from .state import PeriodicState, jitter_offset, state_of, with_state
+
+__all__ = [
+    "BACKFILL",
+    "MANUAL",
+    "MIN_ENTRY_LEASE_MS",
+    "SCHEDULED",
+    "FiringTarget",
+    "Run",
+    "RunMaker",
+    "entry_lease_ms",
+    "plan_entry",
+]
+
+log = logging.getLogger("delayq.periodic")
+
+#: what made a run: its period came due, ``run now``, a backfill
+SCHEDULED, MANUAL, BACKFILL = "scheduled", "manual", "backfill"
+
+#: the shortest lease an entry is fired under: a broker's publish confirm must fit in it
+MIN_ENTRY_LEASE_MS = 1000
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of an entry: its period (for a manual run, the request time) and what made it."""
+
+    slot: Slot
+    kind: str = SCHEDULED
+
+    def task_id(self, name: str) -> str:
+        """The run's id: ``uuid5(name, period key)``; ``manual:<request ms>`` and
+        ``backfill:<period key>`` for the others, so a backfilled period never takes the id of
+        its scheduled run (which may have been sent)."""
+        if self.kind == SCHEDULED:
+            return run_task_id(name, self.slot)
+        return run_task_id(name, Slot(f"{self.kind}:{self.slot.key}", self.slot.at_ms))
+
+
+class RunMaker(Protocol):
+    """What firing needs from one entry kind."""
+
+    #: the ``Envelope.target`` of this kind's entries (``celery-periodic``, ``rq-periodic``)
+    kind: str
+
+    def template(self, envelope: Envelope) -> Any:
+        """The entry's stored run template (a Celery message, an RQ job); EnvelopeError if none."""
+
+    def run(self, entry: Delivery, template: Any, state: PeriodicState, run: Run, now_ms: int) -> Delivery:
+        """The delivery, for the inner target, of ``run`` of ``entry``; its id must be
+        ``<entry item id>#<run.task_id(state.name)>``."""
+
+
+@dataclass(frozen=True)
+class EntryPlan:
+    """One firing of an entry: its scheduled periods (a misfire :class:`Plan`, its ``next`` the
+    period to rearm at) and the manual and backfill runs it sends besides."""
+
+    plan: Plan
+    extra: list[Run]
+
+
+def plan_entry(state: PeriodicState, now_ms: int) -> EntryPlan:
+    """What firing ``state``'s entry at ``now_ms`` sends: pending manual runs and backfills
+    (paused or not: asked for by hand), and, for an enabled, unfinished entry, its due periods
+    under its misfire policy, none before its start or after its end, at most up to its
+    maximum runs; past its end or maximum runs its next period is :data:`~.schedules.END`."""
+    extra = [Run(Slot(str(ms), ms), MANUAL) for ms in state.run_now]
+    for start, end in state.backfill:
+        extra += [Run(s, BACKFILL) for s in state.schedule.between(state.slot, start, end, MAX_BACKFILL)]
+    if not state.enabled or state.finished:
+        return EntryPlan(Plan([], 0, state.slot), extra)
+    late = now_ms - jitter_offset(state.name, state.slot, state.jitter_ms)  # lateness counts from its jittered time
+    plan = state.misfire.plan(state.schedule, state.slot, late)
+    runs = [s for s in plan.runs if (state.start_ms is None or s.at_ms >= state.start_ms)]
+    runs = [s for s in runs if state.end_ms is None or s.at_ms <= state.end_ms]
+    if state.max_runs is not None:
+        runs = runs[: max(0, state.max_runs - state.runs)]
+    nxt = plan.next
+    if (state.end_ms is not None and nxt.at_ms > state.end_ms) or (
+        state.max_runs is not None and state.runs + len(runs) >= state.max_runs
+    ):
+        nxt = END
+    return EntryPlan(Plan(runs, plan.missed, nxt), extra)
+
+
+def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
+    """How long a forwarder firing ``state``'s entry holds it: half its period (at least
+    :data:`MIN_ENTRY_LEASE_MS`), at most the store's lease. A forwarder killed while firing it
+    delays the entry by that much: under ``run_once`` a lease longer than the period would
+    collapse the periods it covers into one run."""
+    nxt = state.schedule.following(state.slot) if not state.finished else END
+    if nxt == END:
+        return lease_ms
+    return min(lease_ms, max(MIN_ENTRY_LEASE_MS, (nxt.at_ms - state.slot.at_ms) // 2))
+
+
+@dataclass
+class _Firing:
+    """One entry being fired: its item, template, state and plan, the scheduled run deliveries
+    and the manual/backfill ones (``extra``, never held back by the overlap policy), the periods
+    its overlap policy skipped, and whether it took its slot for them."""
+
+    d: Delivery
+    template: Any
+    state: PeriodicState
+    plan: Plan
+    runs: list[Delivery]
+    extra: list[Delivery] = field(default_factory=list)
+    skipped: int = 0
+    taken: bool = False
+
+    @property
+    def deliveries(self) -> list[Delivery]:
+        return self.runs + self.extra
+
+
+def _task_id(run: Delivery) -> str:
+    """The task id of a run delivery (``<item>#<task id>``)."""
+    return run.id.rpartition("#")[2]
+
+
+def _member(run: Delivery) -> str:
+    """A run's member in its entry's slot: as the worker names it (task id, retries 0)."""
+    return slot_member(_task_id(run), 0)
+
+
+def _order(state: PeriodicState, run: Delivery) -> int:
+    """A run's order in its slot's line, as the forwarder's slot hook orders slotted items."""
+    return (MAX_RANK - state.rank) * RANK_SPAN + run.ready_ms
+
+
+def _give_back_slot(store: DelayStore | None, f: _Firing) -> None:
+    """The slot taken for a run that was not published goes back (else it is held until its
+    start hold lapses, and the periods meanwhile are skipped)."""
+    if not f.taken or store is None:
+        return
+    key = overlap_slot(f.state.name).key
+    try:
+        store.hold_slots({key: [_member(f.runs[0])]}, "end", hold_ms=0)
+    except Exception as exc:  # its hold lapses by itself
+        log.warning("periodic entry %r: could not give back its slot (%s)", f.state.name, exc)
+
+
+class FiringTarget:
+    """Fires one kind's periodic items: publishes each firing's runs through ``inner``, then acks
+    the item and schedules its next period in one step under the claim's lease.
+
+    Args:
+        maker: the kind's run maker (its ``kind`` is this target's).
+        inner: the target that publishes the runs.
+        clock: "now" in ms for the misfire policy; by default the store's clock (the server's).
+        on_skipped: called with (entry name, periods) for periods skipped by an overlap policy.
+    """
+
+    def __init__(
+        self,
+        maker: RunMaker,
+        inner: Target,
+        *,
+        clock: Clock | None = None,
+        on_skipped: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.maker = maker
+        self.kind = maker.kind
+        self.inner = inner
+        self.clock = clock
+        #: told (entry name, periods) of the periods an overlap policy skipped: the metrics' counter
+        self.on_skipped = on_skipped
+
+    def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
+        """Without a lease the next run could not be scheduled safely: nothing is sent."""
+        why = "a periodic entry is fired only under a claim's lease (Forwarder calls publish_claimed)"
+        return PublishReport(failed=[DeliveryFailure(d.id, why) for d in deliveries])
+
+    def _prepare(self, d: Delivery, now: int) -> _Firing:
+        """Decode and plan one entry, and make its run deliveries."""
+        template = self.maker.template(d.envelope)
+        state = state_of(d.envelope)
+        planned = plan_entry(state, now)
+        runs = [self.maker.run(d, template, state, Run(slot), now) for slot in planned.plan.runs]
+        extra = [self.maker.run(d, template, state, run, now) for run in planned.extra]
+        return _Firing(d, template, state, planned.plan, runs, extra)
+
+    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
+        report = PublishReport()
+        now = self.clock() if self.clock is not None else lease.now_ms()
+        fired: list[_Firing] = []
+        shorter: dict[int, list[str]] = {}
+        for d in deliveries:
+            try:  # one entry that cannot be decoded, planned or encoded fails alone
+                f = self._prepare(d, now)
+                fit = entry_lease_ms(f.state, lease.store.config.lease_ms)
+            except Exception as exc:
+                why = f"cannot fire this periodic entry: {type(exc).__name__}: {exc}"
+                report.failed.append(DeliveryFailure(d.id, why, permanent=True))
+                continue
+            fired.append(f)
+            if fit < lease.store.config.lease_ms:
+                shorter.setdefault(fit, []).append(d.id)
+        for fit, ids in shorter.items():  # before the publish: a kill from here on costs one short lease
+            lease.extend(ids, lease_ms=fit)
+        store = lease.store if isinstance(lease.store, DelayStore) else None
+        fired = self._overlap(fired, store, report)
+        runs = [run for f in fired for run in f.deliveries]
+        sent = self.inner.publish_many(runs) if runs else PublishReport()
+        report.broker_error = sent.broker_error
+        published, unsent = set(sent.published), set(sent.unsent)
+        failed = {f.id: f for f in sent.failed}
+        for f in fired:
+            ids = [run.id for run in f.deliveries]
+            if all(i in published for i in ids):
+                self._rearm(lease, f, now)
+                report.published.append(f.d.id)
+                report.acked.append(f.d.id)
+                continue
+            _give_back_slot(store, f)
+            if any(i in unsent for i in ids):  # given back: its runs go again, all of them
+                report.unsent.append(f.d.id)
+            else:
+                # the broker refused a run: the entry waits (no attempt counted), never a dead letter
+                errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(f.d.id, "not published")]
+                error, permanent = "; ".join(e.error for e in errors), all(e.permanent for e in errors)
+                report.failed.append(DeliveryFailure(f.d.id, error, permanent=permanent, waits=not permanent))
+        return report
+
+    def _overlap(self, fired: list[_Firing], store: DelayStore | None, report: PublishReport) -> list[_Firing]:
+        """Apply the overlap policies: an entry with one fires only its latest due period (the
+        earlier ones would overlap it: skipped), which runs if its slot is free, waits in the
+        slot's line (buffer_one: scheduled as a slotted task, due now) or is skipped. An entry
+        whose slot cannot be asked waits, as when its broker refuses (the limit is what the
+        policy protects). Manual and backfill runs are sent as asked."""
+        asks: dict[str, OverlapAsk] = {}
+        for f in fired:
+            if f.state.overlap != ALLOW and f.runs:
+                f.skipped, f.runs = len(f.runs) - 1, f.runs[-1:]
+                f.plan = replace(f.plan, runs=f.plan.runs[-1:])
+                asks[f.state.name] = OverlapAsk(f.state.overlap, _member(f.runs[0]), _order(f.state, f.runs[0]))
+        if not asks:
+            return fired
+        if store is None:  # a forwarder role's store alone (no slots): the limit is what counts
+            outcomes: Mapping[str, Fire | Exception] = {n: DelayqError("no slot role on this store") for n in asks}
+        else:
+            outcomes = fire_runs(store, asks)
+        kept: list[_Firing] = []
+        for f in fired:
+            outcome = outcomes.get(f.state.name, Fire.RUN)
+            try:
+                if isinstance(outcome, Exception):
+                    raise outcome
+                if outcome is Fire.WAIT and store is not None:  # its own item from now on: in the line
+                    run = f.runs[0]
+                    envelope = with_slot(run.envelope, overlap_slot(f.state.name), f.state.rank)
+                    store.schedule(_task_id(run), from_ms(run.ready_ms), envelope, mode="keep", rank=f.state.rank)
+                    f.runs = []
+                elif outcome is Fire.SKIP:
+                    f.skipped += 1
+                    f.runs, f.plan = [], replace(f.plan, runs=[])
+            except Exception as exc:
+                why = f"its overlap policy could not be applied ({type(exc).__name__}: {exc})"
+                report.failed.append(DeliveryFailure(f.d.id, why, waits=True))
+                continue
+            f.taken = outcome is Fire.RUN and f.state.name in asks
+            kept.append(f)
+        return kept
+
+    def _rearm(self, lease: Lease, f: _Firing, now: int) -> None:
+        """Ack the fired entry and schedule its next period (clearing its pending actions), in one
+        script call under our lease; then :meth:`_after_rearm`."""
+        state = f.state
+        following = state.fired(f.plan, now, f.skipped)
+        envelope = with_state(f.d.envelope, following)
+        try:
+            outcome = lease.rearm(f.d.id, from_ms(following.ready_ms()), envelope, rank=state.rank)
+        except Exception as exc:  # the run went out; the item stays leased and fires again later
+            log.error(
+                "periodic entry %r: sent, but its next run could not be scheduled (%s: %s); it is fired again "
+                "when its lease runs out",
+                state.name,
+                type(exc).__name__,
+                exc,
+            )
+            return
+        if outcome is RearmOutcome.HELD:
+            log.warning("periodic entry %r: our lease ran out while firing it; another forwarder has it", state.name)
+        elif outcome is RearmOutcome.NOT_FOUND:
+            log.info("periodic entry %r was removed while being fired", state.name)
+        else:
+            self._after_rearm(f, following)
+
+    def _after_rearm(self, f: _Firing, following: PeriodicState) -> None:
+        """An entry fired and rearmed (its runs sent, its next period stored): report what its
+        policies dropped. The one place a firing is known complete."""
+        state, plan = f.state, f.plan
+        if f.skipped:
+            log.info("periodic entry %r: %d period(s) skipped, its last run still running (overlap %s)",
+                     state.name, f.skipped, state.overlap)  # fmt: skip
+            if self.on_skipped is not None:
+                self.on_skipped(state.name, f.skipped)
+        if plan.missed:
+            log.warning(
+                "periodic entry %r: %d period(s) missed (%s), %d run(s) sent; next %s",
+                state.name,
+                plan.missed,
+                state.misfire.policy,
+                len(plan.runs),
+                describe_time(plan.next.at_ms),
+            )
+        if following.finished and not state.finished:
+            log.info("periodic entry %r finished (its last period ran); it stays listed", state.name)
+
+    def queue_depth(self, queue: str) -> int:
+        """The inner target's depth probe (flow control), when it has one."""
+        probe = getattr(self.inner, "queue_depth", None)
+        if probe is None:
+            raise NotImplementedError("the inner target has no queue depth probe")
+        return int(probe(queue))
+
+    def close(self) -> None:
+        """The inner target is the forwarder's too; it closes it."""

@@ -1,0 +1,624 @@
+"""Periodic entries as data: add, update, pause, resume, run now, backfill, remove, list, sync.
+
+Each action is one compare-and-set of the entry's store item (:meth:`DelayStore.replace_if`):
+read it, compute its new state, write it if nobody changed it meanwhile (else read again) and no
+forwarder is firing it (else wait, at most a lease). A change that moves the item's ready time
+wakes the forwarders when it becomes its shard's head, so it takes effect at every forwarder at
+once, with no restart. Pending actions (run now, backfill) are fields of the state that the next
+firing applies and clears under its lease, so each runs exactly once (:mod:`.firing`).
+
+What to run is the kind's business: an :class:`EntrySpec` carries the run template its kind
+built (``delayq_backends.celery.periodic.entry_spec`` for Celery, the RQ adapter for RQ); this
+module stores and changes it without knowing Celery or RQ.
+
+Sync from code (:func:`sync_code`) touches only entries of its source (``code``) and kind: a
+runtime entry of the same name wins (``shadowed``), an empty code set removes nothing, and a
+versioned code set older than the one synced last changes nothing (:mod:`.registry`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from ..envelope import Envelope
+from ..errors import EnvelopeError, NewerFormatError
+from ..keys import normalize_id
+from ..models import CancelOutcome, RearmOutcome
+from ..overlap_policy import ALLOW, POLICIES
+from ..store import DelayStore
+from ..timeutil import MAX_MS, from_ms
+from .registry import (
+    PeriodicError,
+    check_registry,
+    check_version,
+    code_fingerprint,
+    read_registry,
+    record_code_sync,
+)
+from .schedules import MAX_BACKFILL, Misfire, Once, Schedule
+from .state import CODE, META, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
+
+__all__ = [
+    "ID_PREFIX",
+    "KINDS",
+    "CodeEntryError",
+    "EntryNotFound",
+    "EntrySpec",
+    "EntryStatus",
+    "RunTemplate",
+    "SyncReport",
+    "backfill",
+    "get",
+    "item_id",
+    "pause",
+    "register_kind",
+    "remove",
+    "resume",
+    "run_now",
+    "statuses",
+    "sync_code",
+    "upsert",
+]
+
+log = logging.getLogger("delayq.periodic")
+
+ID_PREFIX = "periodic:"
+#: entry envelope target -> the kind's short name (``celery``, ``rq``) and a reader of the task
+#: (name or function path) its template runs, registered by each kind's adapter
+KINDS: dict[str, tuple[str, Callable[[Envelope], str]]] = {}
+
+
+def register_kind(target: str, name: str, task_of: Callable[[Envelope], str]) -> None:
+    """Make entries of envelope target ``target`` listable as kind ``name`` (the adapter of the
+    kind calls this on import; ``task_of`` reads what a template runs, for listings)."""
+    KINDS[target] = (name, task_of)
+
+
+def item_id(name: str) -> str:
+    """The store item of entry ``name``."""
+    return normalize_id(f"{ID_PREFIX}{name}")
+
+
+class EntryNotFound(PeriodicError):
+    """No periodic entry of that name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no periodic entry {name!r}: see `delayq periodic list` for the names")
+        self.name = name
+
+
+class CodeEntryError(PeriodicError):
+    """A change a code entry cannot take at runtime (a sync would undo it)."""
+
+
+# -- definitions ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunTemplate:
+    """What a kind stores to make each run: the template's envelope (target = the entry kind's,
+    no ``periodic`` meta), a fingerprint of everything that makes its runs, its rank and a
+    relative ``expires`` (seconds after each send)."""
+
+    envelope: Envelope
+    fingerprint: str
+    rank: int = 0
+    expires: float | None = None
+
+
+@dataclass(frozen=True)
+class EntrySpec:
+    """One entry's definition, whatever its kind.
+
+    ``enabled`` None keeps a stored entry's flag (a new one starts enabled); ``source`` is
+    ``runtime`` for entries added by hand, ``code`` for those a sync from code writes.
+    """
+
+    name: str
+    template: RunTemplate
+    schedule: Schedule
+    misfire: Misfire = field(default_factory=Misfire)
+    overlap: str = ALLOW
+    source: str = RUNTIME
+    enabled: bool | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+    max_runs: int | None = None
+    jitter_ms: int = 0
+
+    def __post_init__(self) -> None:
+        item_id(self.name)  # a name with control characters cannot make an id
+        if self.source not in SOURCES:
+            raise PeriodicError(f"entry {self.name!r}: source {self.source!r}: use one of {list(SOURCES)}")
+        if self.overlap not in POLICIES:
+            raise PeriodicError(f"entry {self.name!r}: overlap {self.overlap!r}: use one of {list(POLICIES)}")
+        if self.start_ms is not None and self.end_ms is not None and self.end_ms < self.start_ms:
+            raise PeriodicError(f"entry {self.name!r}: its end is before its start: swap them")
+        if self.max_runs is not None and self.max_runs < 1:
+            raise PeriodicError(f"entry {self.name!r}: max_runs={self.max_runs}: use at least 1 (or none)")
+        if not 0 <= self.jitter_ms <= 86_400_000:
+            raise PeriodicError(f"entry {self.name!r}: jitter {self.jitter_ms} ms: use 0 ms to 1 day")
+        if isinstance(self.schedule, Once) and self.max_runs is not None:
+            raise PeriodicError(f"entry {self.name!r}: a one-off runs once: drop max_runs")
+
+    @property
+    def fingerprint(self) -> str:
+        """The template's fingerprint, plus the entry's own fields when it uses any (so an entry
+        stored before they existed reads as unchanged)."""
+        own = {
+            k: v
+            for k, v in (("start", self.start_ms), ("end", self.end_ms), ("max", self.max_runs), ("j", self.jitter_ms))
+            if v
+        }
+        if not own:
+            return self.template.fingerprint
+        text = json.dumps([self.template.fingerprint, own], sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    def state(self, old: PeriodicState | None, now_ms: int) -> PeriodicState:
+        """The entry's state: a new one's, or ``old`` (its run history, pause and pending actions
+        kept) with this definition; its next period kept while the schedule is the same."""
+        same = old is not None and old.schedule == self.schedule and not old.finished and old.start_ms == self.start_ms
+        slot = old.slot if same and old is not None else first_slot(self.schedule, now_ms, self.start_ms)
+        base = old if old is not None else PeriodicState(self.name, self.schedule, self.misfire, "", slot)
+        enabled = base.enabled if self.enabled is None else self.enabled
+        return replace(
+            base,
+            schedule=self.schedule,
+            misfire=self.misfire,
+            fingerprint=self.fingerprint,
+            slot=slot,
+            rank=self.template.rank,
+            expires=self.template.expires,
+            overlap=self.overlap,
+            source=self.source,
+            enabled=enabled,
+            paused_ms=None if enabled else (base.paused_ms or now_ms),
+            start_ms=self.start_ms,
+            end_ms=self.end_ms,
+            max_runs=self.max_runs,
+            jitter_ms=self.jitter_ms,
+        )
+
+
+# -- the compare-and-set loop ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """An entry's item as read: its bytes (the compare-and-set's expected value), envelope, state."""
+
+    raw: bytes
+    envelope: Envelope
+    state: PeriodicState
+    leased: bool
+    ready_ms: int
+
+
+def _read(store: DelayStore, name: str) -> _Stored | None:
+    item = store.get(item_id(name))
+    if item is None:
+        return None
+    try:
+        envelope = Envelope.decode(item.envelope)
+        state = state_of(envelope)
+    except NewerFormatError as exc:
+        raise PeriodicError(
+            f"entry {name!r} was written by a newer release of delayq_backends (format {exc.version}): change it with that one"
+        ) from exc
+    except EnvelopeError as exc:
+        raise PeriodicError(
+            f"store item {item_id(name)!r} is not a periodic entry ({exc}): `delayq cancel {item_id(name)}` "
+            "and add the entry again"
+        ) from exc
+    return _Stored(item.envelope, envelope, state, item.leased_until_ms is not None, item.ready_ms)
+
+
+def _ready(state: PeriodicState, now_ms: int) -> datetime:
+    """When an entry's item is due: now with a pending action, else as its state says."""
+    return from_ms(now_ms if state.pending else state.ready_ms())
+
+
+def _deadline(store: DelayStore, wait: float | None) -> float:
+    return time.monotonic() + (store.config.lease_seconds + 1 if wait is None else wait)
+
+
+def _held(name: str, deadline: float) -> None:
+    """A forwarder is firing the entry: its rearm comes first; wait for it, or give up."""
+    if time.monotonic() > deadline:
+        raise PeriodicError(f"entry {name!r} stayed leased to a forwarder (firing it); nothing changed: try again")
+    time.sleep(0.05)
+
+
+def _change(
+    store: DelayStore,
+    name: str,
+    change: Callable[[PeriodicState, int], PeriodicState],
+    *,
+    wait: float | None = None,
+) -> PeriodicState:
+    """Apply ``change`` (state, now ms -> new state) to entry ``name`` as one compare-and-set."""
+    deadline = _deadline(store, wait)
+    while True:
+        stored = _read(store, name)
+        if stored is None:
+            raise EntryNotFound(name)
+        now = store.clock()
+        new = change(stored.state, now)
+        if new == stored.state:
+            return new
+        payload = with_state(stored.envelope, new)
+        outcome = store.replace_if(item_id(name), stored.raw, _ready(new, now), payload, rank=new.rank, now=now)
+        if outcome is RearmOutcome.REPLACED:
+            return new
+        if outcome is RearmOutcome.NOT_FOUND:
+            raise EntryNotFound(name)
+        if outcome is RearmOutcome.HELD:
+            _held(name, deadline)
+
+
+# -- runtime actions --------------------------------------------------------------------------------
+
+
+def upsert(store: DelayStore, spec: EntrySpec, *, detach: bool = False, wait: float | None = None) -> str:
+    """Add or update entry ``spec.name``; returns ``added``, ``changed`` or ``unchanged``.
+
+    Raises:
+        CodeEntryError: a runtime change of an entry from code, without ``detach`` (which makes
+            it a runtime entry the sync no longer manages).
+    """
+    if spec.source == CODE:
+        raise CodeEntryError(f"entry {spec.name!r}: code entries are written by a sync from code (sync_code)")
+    return _upsert(store, spec, _deadline(store, wait), detach=detach)
+
+
+def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool = False) -> str:
+    """Add or update one entry: ``added``, ``changed``, ``unchanged``, ``shadowed`` (a code spec
+    meeting a runtime entry) or ``newer`` (an entry a newer release wrote: left alone)."""
+    ident = item_id(spec.name)
+    store.client.hset(check_registry(store), spec.name, ident)  # first: a stored entry is always listed
+    while True:
+        now = store.clock()
+        try:
+            stored = _read(store, spec.name)
+        except PeriodicError as exc:
+            if isinstance(exc.__cause__, NewerFormatError):
+                log.warning("periodic entry %r: %s; left as it is", spec.name, exc)
+                return "newer"
+            raise
+        if stored is None:
+            state = spec.state(None, now)
+            payload = with_state(spec.template.envelope, state)
+            if store.schedule(ident, _ready(state, now), payload, mode="keep", rank=state.rank) == "added":
+                return "added"
+            continue  # added meanwhile: compare with that one
+        old = stored.state
+        if spec.source == CODE and old.source == RUNTIME:
+            return "shadowed"
+        if spec.source == RUNTIME and old.source == CODE and not detach:
+            raise CodeEntryError(
+                f"entry {spec.name!r} comes from code (beat_schedule / RQ cron config): change it there and deploy, "
+                "or detach it (detach=True, --detach) to make it a runtime entry the sync no longer manages"
+            )
+        new = spec.state(old, now)
+        if (
+            old.fingerprint == new.fingerprint
+            and old.overlap == new.overlap
+            and old.source == new.source
+            and old.enabled == new.enabled
+            and old.newer_format == new.newer_format
+        ):
+            return "unchanged"
+        payload = with_state(spec.template.envelope, new)
+        outcome = store.replace_if(ident, stored.raw, _ready(new, now), payload, rank=new.rank, now=now)
+        if outcome is RearmOutcome.REPLACED:
+            return "changed"
+        if outcome is RearmOutcome.HELD:  # a forwarder is firing it: its rearm comes first
+            _held(spec.name, deadline)
+
+
+def pause(store: DelayStore, name: str) -> EntryStatus:
+    """Stop entry ``name`` from firing (its item is never due) until :func:`resume`. A forwarder
+    that claimed it in a race rearms it without sending a run."""
+    _change(store, name, lambda s, now: s if not s.enabled else replace(s, enabled=False, paused_ms=now))
+    return _status_of(store, name)
+
+
+def resume(store: DelayStore, name: str) -> EntryStatus:
+    """Let entry ``name`` fire again: due at its next period, or now if that has passed (then its
+    misfire policy decides what the periods missed while paused send)."""
+    _change(store, name, lambda s, now: replace(s, enabled=True, paused_ms=None))
+    return _status_of(store, name)
+
+
+def run_now(store: DelayStore, name: str) -> EntryStatus:
+    """One extra run of entry ``name``, sent by the next firing (due now), paused or not; its
+    schedule is untouched. Task id ``uuid5(name, "manual:<request ms>")``."""
+    _change(store, name, lambda s, now: replace(s, run_now=(*s.run_now, now)))
+    return _status_of(store, name)
+
+
+def backfill(store: DelayStore, name: str, start_ms: int, end_ms: int) -> EntryStatus:
+    """Run every period of entry ``name``'s schedule in ``[start_ms, end_ms]`` (at most
+    :data:`~.schedules.MAX_BACKFILL`), sent by the next firing (due now); task ids
+    ``uuid5(name, "backfill:<period key>")``.
+
+    Raises:
+        PeriodicError: an empty, reversed or too long range.
+    """
+    if end_ms < start_ms:
+        raise PeriodicError(f"backfill of {name!r}: the range ends before it starts: swap the times")
+
+    def add(state: PeriodicState, now: int) -> PeriodicState:
+        count = len(state.schedule.between(state.slot, start_ms, end_ms, MAX_BACKFILL + 1))
+        if count == 0:
+            raise PeriodicError(f"backfill of {name!r}: no period of {state.schedule.describe()} in that range")
+        if count > MAX_BACKFILL:
+            raise PeriodicError(
+                f"backfill of {name!r}: more than {MAX_BACKFILL} periods in that range: split it into shorter ranges"
+            )
+        return replace(state, backfill=(*state.backfill, (start_ms, end_ms)))
+
+    _change(store, name, add)
+    return _status_of(store, name)
+
+
+def remove(store: DelayStore, names: Iterable[str], *, force: bool = False) -> list[str]:
+    """Remove entries by name (their store item, then their registry line); returns the names
+    that were registered or stored. A forwarder firing one now sends that run and stops.
+
+    Raises:
+        CodeEntryError: an entry from code, without ``force`` (the next sync would add it back).
+    """
+    names = list(names)
+    if not force:
+        for name in names:
+            try:
+                stored = _read(store, name)
+            except PeriodicError:  # unreadable: removing it is the fix
+                continue
+            if stored is not None and stored.state.source == CODE:
+                raise CodeEntryError(
+                    f"entry {name!r} comes from code: the next sync adds it back. Remove it from the code (and "
+                    "deploy), or pause it; force=True (--force) removes it until then"
+                )
+    return _remove(store, names)
+
+
+def _remove(store: DelayStore, names: Iterable[str]) -> list[str]:
+    registry = check_registry(store)
+    removed = []
+    for name in names:
+        cancelled = store.cancel(item_id(name))
+        if store.client.hdel(registry, name) or cancelled is not CancelOutcome.NOT_FOUND:
+            removed.append(name)
+    return removed
+
+
+# -- listing ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EntryStatus:
+    """One entry as the store has it, for ``periodic list|show``, the HTTP API and the dashboard.
+
+    ``state``: ``scheduled``, ``firing`` (leased to a forwarder), ``paused``, ``finished``,
+    ``missing`` (registered, not in the store), or why it cannot be read. ``next_run_ms`` is
+    None while paused or finished; ``run_now`` counts pending manual runs, ``backfill`` lists
+    pending ranges.
+    """
+
+    name: str
+    item_id: str
+    state: str
+    task: str = ""
+    schedule: str = ""
+    misfire: str = ""
+    next_run_ms: int | None = None
+    last_run_ms: int | None = None
+    last_sent_ms: int | None = None
+    last_missed: int = 0
+    runs: int = 0
+    overlap: str = ALLOW
+    skipped: int = 0
+    source: str = CODE
+    enabled: bool = True
+    kind: str = ""
+    finished: bool = False
+    tz: str | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+    max_runs: int | None = None
+    jitter_ms: int = 0
+    paused_ms: int | None = None
+    run_now: int = 0
+    backfill: list[list[int]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _status(name: str, item: Any) -> EntryStatus:
+    ident = item_id(name)
+    if item is None:
+        return EntryStatus(name, ident, "missing")
+    try:
+        envelope = Envelope.decode(item.envelope)
+        state = state_of(envelope)
+        kind, task_of = KINDS.get(envelope.target, (envelope.target, lambda _e: ""))
+        task = task_of(envelope)
+    except NewerFormatError as exc:
+        return EntryStatus(name, ident, f"newer format {exc.version}: upgrade this reader")
+    except (EnvelopeError, KeyError, TypeError, ValueError) as exc:
+        return EntryStatus(name, ident, f"unreadable: {exc}")
+    last = state.last
+    if item.leased_until_ms is not None:
+        shown = "firing"
+    elif state.finished:
+        shown = "finished"
+    elif not state.enabled:
+        shown = "paused"
+    else:
+        shown = "scheduled"
+    return EntryStatus(
+        name,
+        ident,
+        shown,
+        task,
+        state.schedule.describe(),
+        state.misfire.describe(),
+        None if item.ready_ms >= MAX_MS else item.ready_ms,
+        None if last is None else last.at_ms,
+        None if last is None else last.sent_ms,
+        0 if last is None else last.missed,
+        state.runs,
+        state.overlap,
+        state.skipped,
+        state.source,
+        state.enabled,
+        kind,
+        state.finished,
+        getattr(state.schedule, "zone", None),
+        state.start_ms,
+        state.end_ms,
+        state.max_runs,
+        state.jitter_ms,
+        state.paused_ms,
+        len(state.run_now),
+        [list(r) for r in state.backfill],
+    )
+
+
+def get(store: DelayStore, name: str) -> EntryStatus | None:
+    """Entry ``name`` (None if it is neither registered nor stored)."""
+    item = store.get(item_id(name))
+    if item is None and not store.client.hexists(check_registry(store), name):
+        return None
+    return _status(name, item)
+
+
+def _status_of(store: DelayStore, name: str) -> EntryStatus:
+    found = get(store, name)
+    if found is None:
+        raise EntryNotFound(name)
+    return found
+
+
+def statuses(store: DelayStore) -> list[EntryStatus]:
+    """Every registered entry, with its schedule, last run and next run."""
+    registry = read_registry(store)
+    out = [EntryStatus(shown, "", f"unreadable: {fix}") for shown, fix in sorted(registry.unreadable.items())]
+    out += [_status(name, store.get(item_id(name))) for name in registry.names]
+    return out
+
+
+# -- sync from code --------------------------------------------------------------------------------
+
+
+@dataclass
+class SyncReport:
+    """What a sync did, by entry name."""
+
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    #: entries a newer release stored (a newer envelope format): left as they are
+    newer: list[str] = field(default_factory=list)
+    #: code entries whose name a runtime entry has: the runtime one wins, left as it is
+    shadowed: list[str] = field(default_factory=list)
+    #: why nothing was synced (an older or conflicting version, an empty code set's kept entries)
+    refused: str = ""
+    #: code entries kept although the code set is empty
+    kept: int = 0
+
+    def describe(self) -> str:
+        if self.refused:
+            return f"nothing synced: {self.refused}"
+        parts = [f"{len(getattr(self, k))} {k}" for k in ("added", "changed", "unchanged", "removed")]
+        return (
+            ", ".join(parts)
+            + (f", {len(self.shadowed)} shadowed by runtime entries" if self.shadowed else "")
+            + (f", {len(self.newer)} left to a newer release" if self.newer else "")
+            + (f", {len(self.errors)} refused" if self.errors else "")
+            + (f"; the code schedule is empty: {self.kept} code entries kept" if self.kept else "")
+        )
+
+
+def sync_code(
+    store: DelayStore,
+    specs: Sequence[EntrySpec],
+    *,
+    kind: str,
+    errors: Mapping[str, str] | None = None,
+    version: Any = None,
+    wait: float | None = None,
+) -> SyncReport:
+    """Make the store's code entries of envelope target ``kind`` those of ``specs`` (all of
+    source ``code``), by name: new ones added (first period after now), changed ones replaced
+    (their run history, pause and pending actions kept), those gone from the code removed.
+
+    Rules: runtime entries are never touched (one with a code entry's name is ``shadowed``);
+    names in ``errors`` (entries that could not be built) are kept as stored; an empty code set
+    removes nothing; with ``version`` (an int growing per deploy), a version lower than the one
+    synced last, or equal with another set, changes nothing (``refused``), and an unversioned
+    sync is refused once a versioned one ran (:func:`~.registry.record_code_sync`).
+
+    Raises:
+        PeriodicError: the registry or the version record is damaged (naming the fix).
+    """
+    version = check_version(version)
+    errors = dict(errors or {})
+    report = SyncReport(errors=dict(errors))
+    for spec in specs:
+        if spec.source != CODE or spec.template.envelope.target != kind:
+            raise ValueError(f"sync_code: entry {spec.name!r} is not a code entry of kind {kind!r}")
+    check_registry(store)
+    fingerprint = code_fingerprint([(s.name, s.fingerprint) for s in specs] + [(n, "!") for n in errors])
+    try:
+        record_code_sync(store, version, fingerprint)
+    except PeriodicError as exc:
+        if type(exc) is PeriodicError:  # a damaged record: the caller says so, nothing synced
+            raise
+        report.refused = str(exc)
+        return report
+    deadline = _deadline(store, wait)
+    for spec in specs:
+        try:
+            outcome = _upsert(store, spec, deadline)
+        except PeriodicError as exc:
+            report.errors[spec.name] = str(exc)
+            continue
+        getattr(report, outcome).append(spec.name)
+    registry = read_registry(store)
+    report.errors.update(registry.unreadable)
+    keep = {s.name for s in specs} | set(errors)
+    gone = [name for name in registry.names if name not in keep and _is_code_of(store, name, kind)]
+    if not specs and not errors:
+        report.kept = len(gone)
+        if gone:
+            log.warning("the code schedule is empty: %d code entries kept (remove them by name)", len(gone))
+        return report
+    report.removed = _remove(store, gone)
+    return report
+
+
+def _is_code_of(store: DelayStore, name: str, kind: str) -> bool:
+    """Entry ``name`` is a code entry of kind ``kind`` (a sync of that kind may remove it). A
+    registered name with no item is removable by any sync; an unreadable item is no one's."""
+    item = store.get(item_id(name))
+    if item is None:
+        return True
+    try:
+        envelope = Envelope.decode(item.envelope)
+        return envelope.target == kind and META in envelope.meta and state_of(envelope).source == CODE
+    except EnvelopeError:
+        return False

@@ -1,0 +1,246 @@
+"""What a periodic entry's store item carries besides its run template: its schedule, where it
+is in it, how it fires, and the pending actions a forwarder applies at its next firing.
+
+The state is JSON in the envelope's meta (``periodic``). Every field added with entries as data
+(source, enabled, start/end, maximum runs, jitter, pending actions) is optional: absent means
+what an entry did before. An entry using one is written as state ``"v": 2`` inside an envelope
+of format :data:`~delayq_backends.envelope.ENTRY_FORMAT_VERSION`, so an older forwarder leaves it
+alone (a newer format) instead of firing it and dropping the fields in its rearm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..envelope import Envelope
+from ..errors import EnvelopeError
+from ..overlap_policy import ALLOW, POLICIES
+from .schedules import END, Every, Misfire, Once, Plan, Schedule, Slot, schedule_from_json
+
+__all__ = [
+    "CODE",
+    "META",
+    "RUNTIME",
+    "SOURCES",
+    "LastRun",
+    "PeriodicState",
+    "first_slot",
+    "jitter_offset",
+    "state_of",
+    "with_state",
+]
+
+#: the envelope meta key holding an entry's :class:`PeriodicState`, whatever its kind
+META = "periodic"
+
+#: an entry synced from code (``beat_schedule``, RQ cron config): a sync manages it
+CODE = "code"
+#: an entry added at runtime (Python API, CLI, HTTP, dashboard): no sync touches it
+RUNTIME = "runtime"
+SOURCES = (CODE, RUNTIME)
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """The last firing: its latest period, when it was sent, and how many periods it missed."""
+
+    key: str
+    at_ms: int
+    sent_ms: int
+    missed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "at": self.at_ms, "sent": self.sent_ms, "missed": self.missed}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> LastRun | None:
+        if not data:
+            return None
+        return cls(str(data["key"]), int(data["at"]), int(data["sent"]), int(data.get("missed", 0)))
+
+
+def jitter_offset(name: str, slot: Slot, jitter_ms: int) -> int:
+    """The delay in ``[0, jitter_ms)`` of entry ``name``'s period ``slot``: from a hash, so every
+    forwarder (and every re-fire of the period) computes the same one."""
+    if jitter_ms <= 0:
+        return 0
+    digest = hashlib.sha1(f"{name}\0{slot.key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % jitter_ms
+
+
+@dataclass(frozen=True)
+class PeriodicState:
+    """A periodic item's state (envelope meta ``periodic``), for every entry kind.
+
+    ``slot`` is the next period (:data:`~.schedules.END` once ``finished``); ``run_now`` holds the
+    request times (ms) of pending manual runs and ``backfill`` pending ``(from_ms, to_ms)`` ranges,
+    both applied and cleared by the next firing, under its lease.
+    """
+
+    name: str
+    schedule: Schedule
+    misfire: Misfire
+    fingerprint: str
+    slot: Slot
+    rank: int = 0
+    expires: float | None = None  # seconds after each send, when the entry's ``expires`` is relative
+    last: LastRun | None = None
+    runs: int = 0
+    overlap: str = ALLOW
+    #: periods skipped by the overlap policy, so far
+    skipped: int = 0
+    source: str = CODE
+    enabled: bool = True
+    paused_ms: int | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+    max_runs: int | None = None
+    jitter_ms: int = 0
+    run_now: tuple[int, ...] = ()
+    backfill: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        """Past its last period (one-off sent, end time passed, maximum runs reached): listed, never fired."""
+        return self.slot == END
+
+    @property
+    def pending(self) -> bool:
+        """A manual run or a backfill waits for the next firing."""
+        return bool(self.run_now or self.backfill)
+
+    @property
+    def newer_format(self) -> bool:
+        """Uses a field an older forwarder would drop in its rearm: stored as state v2."""
+        return bool(self._new_fields()) or isinstance(self.schedule, Once)  # an older reader cannot read Once
+
+    def ready_ms(self) -> int:
+        """When its item is due: never while paused or finished; now with a pending action; else
+        its next period plus the period's jitter."""
+        if self.pending:
+            return 0
+        if not self.enabled or self.finished:
+            return END.at_ms
+        return self.slot.at_ms + jitter_offset(self.name, self.slot, self.jitter_ms)
+
+    def _new_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        if self.source != CODE:
+            fields["source"] = self.source
+        if not self.enabled:
+            fields["enabled"], fields["paused"] = False, self.paused_ms
+        for key, value in (("start", self.start_ms), ("end", self.end_ms), ("max_runs", self.max_runs)):
+            if value is not None:
+                fields[key] = value
+        if self.jitter_ms:
+            fields["jitter"] = self.jitter_ms
+        if self.run_now:
+            fields["run_now"] = list(self.run_now)
+        if self.backfill:
+            fields["backfill"] = [list(r) for r in self.backfill]
+        return fields
+
+    def to_json(self) -> dict[str, Any]:
+        extra = {} if self.overlap == ALLOW and not self.skipped else {"overlap": self.overlap, "skipped": self.skipped}
+        return {
+            **({"v": 2, **self._new_fields()} if self.newer_format else {}),
+            **extra,
+            "name": self.name,
+            "schedule": self.schedule.to_json(),
+            "misfire": self.misfire.to_json(),
+            "fp": self.fingerprint,
+            "slot": self.slot.to_json(),
+            "rank": self.rank,
+            "expires": self.expires,
+            "last": None if self.last is None else self.last.to_json(),
+            "runs": self.runs,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PeriodicState:
+        return cls(
+            name=str(data["name"]),
+            schedule=schedule_from_json(data["schedule"]),
+            misfire=Misfire.from_json(data["misfire"]),
+            fingerprint=str(data["fp"]),
+            slot=Slot.from_json(data["slot"]),
+            rank=int(data.get("rank", 0)),
+            expires=None if data.get("expires") is None else float(data["expires"]),
+            last=LastRun.from_json(data.get("last")),
+            runs=int(data.get("runs", 0)),
+            overlap=_policy(data.get("overlap", ALLOW)),
+            skipped=_count(data.get("skipped", 0)),
+            source=RUNTIME if data.get("source") == RUNTIME else CODE,
+            enabled=data.get("enabled", True) is not False,
+            paused_ms=_optional_int(data.get("paused")),
+            start_ms=_optional_int(data.get("start")),
+            end_ms=_optional_int(data.get("end")),
+            max_runs=_optional_int(data.get("max_runs")),
+            jitter_ms=_count(data.get("jitter", 0)),
+            run_now=tuple(int(ms) for ms in data.get("run_now") or ()),
+            backfill=tuple((int(a), int(b)) for a, b in data.get("backfill") or ()),
+        )
+
+    def fired(self, plan: Plan, now_ms: int, skipped: int = 0) -> PeriodicState:
+        """The state after sending ``plan``'s runs (``skipped`` more periods skipped by the
+        overlap policy; ``runs`` counts scheduled periods, not manual or backfill runs): due at
+        ``plan.next``, no action pending."""
+        last = self.last
+        if plan.runs or plan.missed:
+            latest = plan.runs[-1] if plan.runs else self.slot
+            last = LastRun(latest.key, latest.at_ms, now_ms, plan.missed)
+        return replace(
+            self,
+            slot=plan.next,
+            last=last,
+            runs=self.runs + len(plan.runs),
+            skipped=self.skipped + skipped,
+            run_now=(),
+            backfill=(),
+        )
+
+
+def _policy(value: Any) -> str:
+    """A stored overlap policy; one no release wrote (a hand write) reads as ``allow``."""
+    return str(value) if value in POLICIES else ALLOW
+
+
+def _count(value: Any) -> int:
+    """A stored count; one that is none (a hand write) starts again from 0."""
+    return value if type(value) is int and value >= 0 else 0
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def state_of(envelope: Envelope) -> PeriodicState:
+    """The state of a periodic entry's envelope (any kind).
+
+    Raises:
+        EnvelopeError: the envelope is no periodic entry's (no or a damaged ``periodic`` meta).
+    """
+    try:
+        return PeriodicState.from_json(envelope.meta[META])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise EnvelopeError(f"not a delayq periodic entry: {type(exc).__name__}: {exc}") from exc
+
+
+def with_state(envelope: Envelope, state: PeriodicState) -> bytes:
+    """``envelope`` carrying ``state``, encoded: in the entry format when the state uses a field
+    an older forwarder would drop (see the module's docstring), else in the plain one."""
+    out = replace(envelope, meta={**envelope.meta, META: state.to_json()})
+    return out.encode_entry() if state.newer_format else out.encode()
+
+
+def first_slot(schedule: Schedule, now_ms: int, start_ms: int | None = None) -> Slot:
+    """The first period of a new entry (or one whose schedule changed): after now, and not before
+    ``start_ms``; an interval that starts later runs first at its start."""
+    if start_ms is None or start_ms <= now_ms:
+        return schedule.first_after(now_ms)
+    if isinstance(schedule, Every) and not schedule.aligned:
+        return Slot(str(start_ms), start_ms)
+    return schedule.first_after(start_ms - 1)
