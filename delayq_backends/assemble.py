@@ -46,7 +46,8 @@ class ProcessSettings:
         metrics_queues: queues labelled by name in the metrics (flow-controlled ones are too).
         list_target: deliver ``list`` envelopes, to ``list_redis`` (None: the store's server).
         celery_broker: deliver ``celery`` envelopes (and periodic entries) to this broker.
-        rq_redis: deliver ``rq`` envelopes to the RQ queues of this Redis.
+        rq_redis: deliver ``rq`` envelopes to the RQ queues of this Redis, and fire RQ periodic
+            entries (``rq-periodic``) there.
         rq_allow_classes: module prefixes RQ envelopes may name classes under.
         rq_adopt: move jobs a plain ``rq.Queue`` put in ``rq:scheduled:*`` into the store.
         overlap: claim the next pass while this one is published (see
@@ -215,9 +216,12 @@ def _targets(settings: ProcessSettings, store: DelayStore, resources: ExitStack)
         if connection is not store.client:
             resources.callback(connection.close)
         allow = rq.ClassAllowlist.configured(settings.rq_allow_classes)
-        built.append(
-            DescribedTarget(rq.RQTarget(connection, allow_classes=allow), f"rq -> {redact_url(settings.rq_redis)}")
-        )
+        runs = adapter("rq.entries").RQRunTarget(connection)
+        built += [
+            DescribedTarget(rq.RQTarget(connection, allow_classes=allow), f"rq -> {redact_url(settings.rq_redis)}"),
+            DescribedTarget(runs, ""),  # the runs of RQ periodic entries (and those an overlap policy buffers)
+            DescribedTarget(adapter("rq.entries").RQPeriodicTarget(runs), ""),
+        ]
         if settings.rq_adopt:
             resources.callback(rq.RegistryAdopter(connection, store).start().close)
     return built

@@ -101,6 +101,7 @@ class CeleryRuns:
     """The run maker of ``celery-periodic`` entries (:class:`~delayq_backends.periodic.firing.RunMaker`)."""
 
     kind = KIND
+    slot_run = 0  # a worker with install(app) names a run by its task id and retries
 
     def template(self, envelope: Envelope) -> StoredMessage:
         return _message_of(envelope)

@@ -24,7 +24,7 @@ from .forward import forward
 from .inspect import cancel, list_, stats
 from .options import ErrorsAsMessages
 from .periodic import periodic
-from .rq import rq_migrate, rq_upgrade
+from .rq import rq_cron, rq_migrate, rq_upgrade
 from .slots import slots
 from .spark import spark
 
@@ -48,6 +48,7 @@ COMMANDS = (
     batches,
     rq_migrate,
     rq_upgrade,
+    rq_cron,
     acl,
     functions_group,
     demo,

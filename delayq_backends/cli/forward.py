@@ -18,7 +18,15 @@ from ..forwarder.settings import BATCH, LOSSLESS_WINDOW, OVERLAP_DEFAULT, OVERLA
 from ..metrics import DEFAULT_METRICS_HOST
 from ..store import DelayStore
 from ..storespec import StoreSpec
-from .options import celery_broker_option, configure_logging, rq_redis_option, secret_option, store_options
+from .options import (
+    celery_broker_option,
+    configure_logging,
+    open_store,
+    rq_redis_option,
+    secret_option,
+    store_options,
+)
+from .rq import schedule_version_option, sync_rq_cron
 
 #: the store's own defaults (lease, attempts), shown by the options that override them
 _STORE_DEFAULTS = {f.name: f.default for f in fields(Config)}
@@ -318,6 +326,15 @@ def run_forwarder(
     help="Every second, move jobs that a plain rq.Queue scheduled into RQ's rq:scheduled:<queue> into the "
     "store (with a warning), so they do not stall without an RQ scheduler.",
 )
+@click.option(
+    "--rq-cron",
+    metavar="CONFIG",
+    default=None,
+    envvar="DELAYQ_RQ_CRON",
+    help="An `rq cron` config (module path or .py file): sync its cron.register entries into the store at start "
+    "and fire them (with --rq-redis), instead of running `rq cron`.",
+)
+@schedule_version_option
 def forward(
     spec: StoreSpec,
     run: ForwardOptions,
@@ -326,6 +343,8 @@ def forward(
     rq_redis: str | None,
     rq_allow_class: tuple[str, ...],
     rq_adopt: bool,
+    rq_cron: str | None,
+    schedule_version: int | None,
 ) -> None:
     """Forward due items to their targets until SIGTERM/SIGINT, then finish the batch and exit 0.
 
@@ -335,4 +354,26 @@ def forward(
         spec.config(), list_redis=list_redis, celery_broker=celery_broker, rq_redis=rq_redis,
         rq_allow_classes=rq_allow_class, rq_adopt=rq_adopt,
     )  # fmt: skip
-    run_forwarder(settings, log_level=run.log_level)
+    store = None
+    if rq_cron is not None:
+        if not rq_redis:
+            raise click.BadParameter("RQ cron entries run on RQ's Redis: add --rq-redis URL", param_hint="--rq-cron")
+        store = open_store(spec, writes=True)
+        _sync_at_start(store, rq_cron, schedule_version)
+    run_forwarder(settings, log_level=run.log_level, store=store)
+
+
+def _sync_at_start(store: DelayStore, config: str, version: int | None) -> None:
+    """Sync the rq cron config; a config that cannot load stops the start (ConfigError), a store
+    that cannot sync does not: the entries already stored keep firing as last synced."""
+    from ..rq.cron import load_config
+
+    loaded = load_config(config)  # a config that cannot load is the operator's to fix now
+    try:
+        sync_rq_cron(store, loaded, version)
+    except Exception as exc:
+        click.echo(
+            f"rq cron entries NOT synced ({type(exc).__name__}: {exc}); those already stored keep running as last "
+            f"synced: run `delayq rq-cron sync {config}` once the store answers",
+            err=True,
+        )

@@ -4,16 +4,21 @@ older versions, into the store. RQ is imported when they run, so ``delayq`` star
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 import redis
 
 from ..connection import connect, redact_url
+from ..store import DelayStore
 from ..storespec import StoreSpec
 from .options import closing, open_store, rq_redis_option, store_options
 
-__all__ = ["rq_migrate", "rq_upgrade"]
+if TYPE_CHECKING:  # RQ is imported when a command runs
+    from ..rq.cron import CronConfig
+
+__all__ = ["rq_cron", "rq_migrate", "rq_upgrade", "schedule_version_option", "sync_rq_cron"]
 
 
 @click.command("rq-migrate")
@@ -103,3 +108,53 @@ def rq_upgrade(
     )
     if report.failed:
         raise click.exceptions.Exit(1)
+
+
+def sync_rq_cron(store: DelayStore, config: CronConfig, version: int | None) -> bool:
+    """Sync a loaded ``rq cron`` config into ``store`` and say what changed; False when the sync
+    was refused or an entry was (the others synced)."""
+    from ..rq.cron import sync
+
+    report = sync(store, config, version=version)
+    click.echo(f"rq cron entries of {config.path}: {report.describe()}", err=True)
+    for kind in ("added", "changed", "removed", "shadowed"):
+        for name in getattr(report, kind):
+            click.echo(f"{kind}: {name}")
+    for name, error in sorted(report.errors.items()):
+        click.echo(f"entry {name!r} refused: {error}", err=True)
+    return not (report.refused or report.errors)
+
+
+def schedule_version_option(command: Callable[..., None]) -> Callable[..., None]:
+    """``--schedule-version N`` (env ``DELAYQ_SCHEDULE_VERSION``): a number that grows per deploy."""
+    return click.option(
+        "--schedule-version",
+        type=click.IntRange(min=0),
+        default=None,
+        envvar="DELAYQ_SCHEDULE_VERSION",
+        help="This deploy's schedule version (a build number, a commit's Unix time): a sync older than the one "
+        "synced last changes nothing. [default: unversioned, last sync wins]",
+    )(command)
+
+
+@click.group("rq-cron")
+def rq_cron() -> None:
+    """A `rq cron` config (rq.cron.register calls) run by the forwarders: no `rq cron` process."""
+
+
+@rq_cron.command("sync")
+@store_options
+@schedule_version_option
+@click.argument("config")
+def rq_cron_sync(spec: StoreSpec, schedule_version: int | None, config: str) -> None:
+    """Make the store's RQ code entries those of CONFIG (a module path or a .py file, as `rq cron`
+    takes it): added, changed, removed by name. Runtime entries are never touched.
+
+    `delayq forward --rq-redis … --rq-cron CONFIG` does this at start. Exits 1 if the sync or an
+    entry was refused.
+    """
+    from ..rq.cron import load_config
+
+    loaded = load_config(config)
+    if not sync_rq_cron(open_store(spec, writes=True), loaded, schedule_version):
+        raise SystemExit(1)

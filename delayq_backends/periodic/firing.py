@@ -75,6 +75,11 @@ class RunMaker(Protocol):
     #: the ``Envelope.target`` of this kind's entries (``celery-periodic``, ``rq-periodic``)
     kind: str
 
+    @property
+    def slot_run(self) -> int | None:
+        """The run the kind's workers name in a slot member (:func:`~delayq_backends.store.slot_member`):
+        0 for Celery (``retries``), None for RQ (its SlotWorker names the job id alone)."""
+
     def template(self, envelope: Envelope) -> Any:
         """The entry's stored run template (a Celery message, an RQ job); EnvelopeError if none."""
 
@@ -152,9 +157,10 @@ def _task_id(run: Delivery) -> str:
     return run.id.rpartition("#")[2]
 
 
-def _member(run: Delivery) -> str:
-    """A run's member in its entry's slot: as the worker names it (task id, retries 0)."""
-    return slot_member(_task_id(run), 0)
+def _member(run: Delivery, slot_run: int | None = 0) -> str:
+    """A run's member in its entry's slot: as the worker names it (task id, and its run where
+    the kind's workers name one: Celery's ``retries`` 0; RQ's SlotWorker names none)."""
+    return slot_member(_task_id(run), slot_run)
 
 
 def _order(state: PeriodicState, run: Delivery) -> int:
@@ -162,14 +168,14 @@ def _order(state: PeriodicState, run: Delivery) -> int:
     return (MAX_RANK - state.rank) * RANK_SPAN + run.ready_ms
 
 
-def _give_back_slot(store: DelayStore | None, f: _Firing) -> None:
+def _give_back_slot(store: DelayStore | None, f: _Firing, slot_run: int | None = 0) -> None:
     """The slot taken for a run that was not published goes back (else it is held until its
     start hold lapses, and the periods meanwhile are skipped)."""
     if not f.taken or store is None:
         return
     key = overlap_slot(f.state.name).key
     try:
-        store.hold_slots({key: [_member(f.runs[0])]}, "end", hold_ms=0)
+        store.hold_slots({key: [_member(f.runs[0], slot_run)]}, "end", hold_ms=0)
     except Exception as exc:  # its hold lapses by itself
         log.warning("periodic entry %r: could not give back its slot (%s)", f.state.name, exc)
 
@@ -195,6 +201,7 @@ class FiringTarget:
     ) -> None:
         self.maker = maker
         self.kind = maker.kind
+        self._slot_run = maker.slot_run
         self.inner = inner
         self.clock = clock
         #: told (entry name, periods) of the periods an overlap policy skipped: the metrics' counter
@@ -246,7 +253,7 @@ class FiringTarget:
                 report.published.append(f.d.id)
                 report.acked.append(f.d.id)
                 continue
-            _give_back_slot(store, f)
+            _give_back_slot(store, f, self._slot_run)
             if any(i in unsent for i in ids):  # given back: its runs go again, all of them
                 report.unsent.append(f.d.id)
             else:
@@ -267,7 +274,8 @@ class FiringTarget:
             if f.state.overlap != ALLOW and f.runs:
                 f.skipped, f.runs = len(f.runs) - 1, f.runs[-1:]
                 f.plan = replace(f.plan, runs=f.plan.runs[-1:])
-                asks[f.state.name] = OverlapAsk(f.state.overlap, _member(f.runs[0]), _order(f.state, f.runs[0]))
+                member = _member(f.runs[0], self._slot_run)
+                asks[f.state.name] = OverlapAsk(f.state.overlap, member, _order(f.state, f.runs[0]))
         if not asks:
             return fired
         if store is None:  # a forwarder role's store alone (no slots): the limit is what counts

@@ -11,6 +11,9 @@
   slot and dedupe workers report their ends; :class:`BatchReports` mixes into your own).
 - :class:`Scheduler`: rq-scheduler's ``Scheduler`` API, with no daemon.
 - :class:`RQTarget`: the forwarder's ``"rq"`` target (``delayq forward --rq-redis URL``).
+- :mod:`.cron`: a user's ``rq cron`` config (``rq.cron.register`` calls) as periodic entries the
+  forwarders fire (``delayq forward --rq-cron CONFIG``); :class:`RQPeriodicTarget` fires them,
+  each run a new job written by :class:`RQRunTarget` (:mod:`.entries`).
 - :func:`migrate`: move jobs from ``rq:scheduled:*`` and rq-scheduler into the store
   (``delayq rq-migrate``).
 - :func:`upgrade`: put the schedule of Scheduler jobs stored by delayq_backends 0.1 into their
@@ -27,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .adopt import RegistryAdopter
 from .batches import Batch, BatchReports
 from .dedupe import DedupeSimpleWorker, DedupeWorker
+from .entries import RQPeriodicTarget, RQRunTarget
 from .migrate import MigrationReport, adopt, migrate
 from .periodic import InvalidScheduleError
 from .queue import Queue
@@ -47,6 +51,8 @@ __all__ = [
     "MigrationReport",
     "NoSchedulerProcessError",
     "Queue",
+    "RQPeriodicTarget",
+    "RQRunTarget",
     "RQTarget",
     "RegistryAdopter",
     "ScheduledJobRegistry",

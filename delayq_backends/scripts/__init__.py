@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import library
 from .library import *  # noqa: F403  (the loader's names: LIBRARY, ScriptRunner, install_functions, ...)
-from .rq import RqEnqueue, RqFail, RqFailed, RqFields, RqJobWrites, RqMove, RqMoved, RqSchedule
+from .rq import RqEnqueue, RqFail, RqFailed, RqFields, RqJobWrites, RqMove, RqMoved, RqNewJob, RqRun, RqSchedule
 
 __all__ = [
     *library.__all__,
@@ -20,5 +20,7 @@ __all__ = [
     "RqJobWrites",
     "RqMove",
     "RqMoved",
+    "RqNewJob",
+    "RqRun",
     "RqSchedule",
 ]

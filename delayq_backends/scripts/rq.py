@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +11,18 @@ from ..models import ScheduleCounts, ScheduleItem
 from .library import ScriptCall
 from .store import ScheduleOne, schedule_counts
 
-__all__ = ["RqEnqueue", "RqFail", "RqFailed", "RqFields", "RqJobWrites", "RqMove", "RqMoved", "RqSchedule"]
+__all__ = [
+    "RqEnqueue",
+    "RqFail",
+    "RqFailed",
+    "RqFields",
+    "RqJobWrites",
+    "RqMove",
+    "RqMoved",
+    "RqNewJob",
+    "RqRun",
+    "RqSchedule",
+]
 
 #: Per job hash: its values (None when absent), or the key's type when it is no hash.
 JobValues = list[bytes | None] | bytes
@@ -143,6 +154,37 @@ class RqFail:
             keys += (job.job_key, job.results_key)
             args += (job.job_id, "1" if job.scheduler else "0", job.exc_info, job.exc_string)
         return ScriptCall(cls.name, tuple(keys), tuple(args), int)
+
+
+@dataclass(frozen=True)
+class RqNewJob:
+    """One new job for :class:`RqRun`: its id, hash key, hash fields and TTL (None: none)."""
+
+    job_id: str
+    job_key: str
+    fields: Mapping[str, Any]
+    ttl: int | None = None
+
+
+class RqRun:
+    """rq_run.lua: new jobs of one queue written and pushed in one call, each once (a job whose
+    hash exists is left alone): per job, True when this call enqueued it."""
+
+    name = "rq_run"
+
+    @classmethod
+    def call(cls, queues_key: str, queue_key: str, jobs: Sequence[RqNewJob]) -> ScriptCall[list[bool]]:
+        args: list[Any] = []
+        for job in jobs:
+            args += (job.job_id, "" if job.ttl is None else job.ttl, len(job.fields))
+            for name, value in job.fields.items():
+                args += (name, value)
+        keys = (queues_key, queue_key, *(job.job_key for job in jobs))
+        return ScriptCall(cls.name, keys, tuple(args), _written)
+
+
+def _written(reply: Any) -> list[bool]:
+    return [o in (b"=", "=") for o in reply]
 
 
 def _job_values(reply: Any) -> list[JobValues]:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from delayq_backends.scripts import SCRIPT_NAMES, RqEnqueue, RqFail, RqFields, RqMove, RqSchedule, script
+from delayq_backends.scripts import SCRIPT_NAMES, RqEnqueue, RqFail, RqFields, RqMove, RqRun, RqSchedule, script
 from delayq_backends.scripts.library import ScriptCall
 from delayq_backends.scripts.store import (
     SHARD_SCRIPTS,
@@ -25,7 +25,16 @@ HEADER_KEY = re.compile(r"KEYS\[(\d+)\] ([a-z_]+)")
 
 
 def test_every_lua_file_has_one_typed_object() -> None:
-    typed = {*SHARD_SCRIPTS, Take.name, RqFields.name, RqEnqueue.name, RqFail.name, RqMove.name, RqSchedule.name}
+    typed = {
+        *SHARD_SCRIPTS,
+        Take.name,
+        RqFields.name,
+        RqEnqueue.name,
+        RqFail.name,
+        RqMove.name,
+        RqSchedule.name,
+        RqRun.name,
+    }
     typed |= {SlotTake.name, SlotHold.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
     assert typed == set(SCRIPT_NAMES)
 
