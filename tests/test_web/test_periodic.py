@@ -1,0 +1,253 @@
+"""Periodic entries over HTTP: add, change, pause, resume, run now, backfill and remove land in
+the store as :mod:`delayq_backends.periodic.ops` writes them; the token guard, unknown names,
+entries from code and bad definitions are 4xx that say what to do, and change nothing; an RQ
+entry's function passes the allowlist. End to end, an entry added over HTTP is fired by a real
+``delayq forward`` into a Redis broker's list: pause stops it, run now sends one run, resume
+starts it again."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from celery import Celery
+from fastapi.testclient import TestClient
+
+from delayq_backends import DelayStore
+from delayq_backends.celery.periodic import sync
+from delayq_backends.envelope import Envelope
+from delayq_backends.periodic import ops
+from delayq_backends.periodic.state import state_of
+from delayq_backends.timeutil import MAX_MS
+from delayq_backends.web import create_app
+from tests.test_web.conftest import AUTH, RQ_JOBS, TOKEN
+
+#: Every write is JSON, a body-less action too (the guard's rule against cross-site form posts).
+WRITE = {**AUTH, "Content-Type": "application/json"}
+TICK = {"name": "tick", "task": "t.tick", "every": 30, "args": [1, "a"], "kwargs": {"k": 2}, "queue": "q1"}
+
+
+def entry(client: TestClient, name: str) -> dict[str, Any]:
+    response = client.get(f"/api/v1/periodic/{name}", headers=AUTH)
+    assert response.status_code == 200, response.text
+    found: dict[str, Any] = response.json()
+    return found
+
+
+def ready_ms(store: DelayStore, name: str) -> int:
+    item = store.get(ops.item_id(name))
+    assert item is not None
+    return item.ready_ms
+
+
+def test_add_show_and_change_an_entry(client: TestClient, web_store: DelayStore) -> None:
+    added = client.post("/api/v1/periodic", headers=AUTH, json=TICK)
+    assert added.status_code == 201, added.text
+    assert added.json()["result"] == "added"
+    shown = entry(client, "tick")
+    assert (shown["kind"], shown["source"], shown["task"], shown["schedule"], shown["state"]) == (
+        "celery",
+        "runtime",
+        "t.tick",
+        "every 30s",
+        "scheduled",
+    )
+    assert shown["enabled"] and not shown["finished"] and shown["next_run"]
+    d = shown["definition"]
+    assert (d["every"], d["args"], d["kwargs"], d["queue"], d["misfire"]) == (30, [1, "a"], {"k": 2}, "q1", "run_once")
+    status = ops.get(web_store, "tick")
+    assert status is not None and status.source == "runtime" and status.kind == "celery"
+
+    again = client.post("/api/v1/periodic", headers=AUTH, json=TICK)
+    assert (again.status_code, again.json()["result"]) == (200, "unchanged")
+    cron = {k: v for k, v in TICK.items() if k != "every"} | {"cron": "30 2 * * 1-5", "tz": "Europe/Berlin"}
+    changed = client.post("/api/v1/periodic", headers=AUTH, json=cron)
+    assert (changed.status_code, changed.json()["result"]) == (200, "changed"), changed.text
+    assert changed.json()["entry"]["schedule"] == "crontab 30 2 * * 1-5 (Europe/Berlin)"
+    assert entry(client, "tick")["definition"]["cron"] == "30 2 * * 1-5"
+    listed = client.get("/api/v1/periodic", headers=AUTH).json()
+    assert [e["name"] for e in listed["entries"]] == ["tick"] and listed["hint"] is None
+
+
+def test_pause_resume_run_backfill_and_remove(client: TestClient, web_store: DelayStore) -> None:
+    assert client.post("/api/v1/periodic", headers=AUTH, json=TICK).status_code == 201
+    scheduled_at = ready_ms(web_store, "tick")
+
+    paused = client.post("/api/v1/periodic/tick/pause", headers=WRITE)
+    assert paused.status_code == 200, paused.text
+    assert (paused.json()["state"], paused.json()["enabled"], paused.json()["next_run"]) == ("paused", False, None)
+    assert paused.json()["paused_at"] is not None
+    assert ready_ms(web_store, "tick") == MAX_MS, "a paused entry's item is never due"
+
+    resumed = client.post("/api/v1/periodic/tick/resume", headers=WRITE).json()
+    assert (resumed["state"], resumed["enabled"]) == ("scheduled", True)
+    assert ready_ms(web_store, "tick") == scheduled_at, "resumed before its next period: due at it"
+
+    before = web_store.server_time_ms()
+    ran = client.post("/api/v1/periodic/tick/run", headers=WRITE).json()
+    assert ran["pending_runs"] == 1
+    assert ready_ms(web_store, "tick") <= web_store.server_time_ms(), "a pending run makes the entry due now"
+    [requested] = stored_state(web_store, "tick").run_now
+    assert before <= requested <= web_store.server_time_ms()
+
+    start = datetime.now(timezone.utc) - timedelta(minutes=10)
+    body = {"start": start.isoformat(), "end": (start + timedelta(minutes=5)).isoformat()}
+    backfilled = client.post("/api/v1/periodic/tick/backfill", headers=AUTH, json=body)
+    assert backfilled.status_code == 200, backfilled.text
+    assert backfilled.json()["pending_backfill"] == 1
+    assert len(stored_state(web_store, "tick").backfill) == 1
+
+    removed = client.delete("/api/v1/periodic/tick", headers=AUTH)
+    assert removed.json() == {"name": "tick", "removed": True}
+    assert ops.get(web_store, "tick") is None and web_store.get(ops.item_id("tick")) is None
+    assert client.get("/api/v1/periodic", headers=AUTH).json()["entries"] == []
+
+
+def stored_state(store: DelayStore, name: str) -> Any:
+    item = store.get(ops.item_id(name))
+    assert item is not None
+    return state_of(Envelope.decode(item.envelope))
+
+
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/api/v1/periodic/nope"),
+        ("POST", "/api/v1/periodic/nope/pause"),
+        ("POST", "/api/v1/periodic/nope/resume"),
+        ("POST", "/api/v1/periodic/nope/run"),
+        ("POST", "/api/v1/periodic/nope/backfill"),
+        ("DELETE", "/api/v1/periodic/nope"),
+    ],
+)
+def test_an_unknown_name_is_a_404_naming_the_list(client: TestClient, method: str, path: str) -> None:
+    body = {"start": "2030-01-01T00:00:00Z", "end": "2030-01-02T00:00:00Z"} if path.endswith("backfill") else None
+    response = client.request(method, path, headers=WRITE if method == "POST" else AUTH, json=body)
+    assert response.status_code == 404, response.text
+    assert "no periodic entry 'nope'" in response.json()["detail"] and "periodic list" in response.json()["detail"]
+
+
+def test_an_entry_from_code_is_changed_only_detached_and_removed_only_forced(
+    client: TestClient, web_store: DelayStore
+) -> None:
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {
+        "nightly": {"task": "t.nightly", "schedule": 3600.0},
+        "hourly": {"task": "t.hourly", "schedule": 3600.0},
+    }
+    assert sorted(sync(app, web_store).added) == ["hourly", "nightly"]
+    assert entry(client, "nightly")["source"] == "code"
+
+    refused = client.post("/api/v1/periodic", headers=AUTH, json={"name": "nightly", "task": "t.other", "every": 60})
+    assert refused.status_code == 409, refused.text
+    assert "detach" in refused.json()["detail"]
+    assert entry(client, "nightly")["task"] == "t.nightly", "a refused change changes nothing"
+    for verb in ("pause", "run", "resume"):  # runtime state a sync keeps: no detach needed
+        assert client.post(f"/api/v1/periodic/nightly/{verb}", headers=WRITE).status_code == 200
+    detached = client.post(
+        "/api/v1/periodic", headers=AUTH, json={"name": "nightly", "task": "t.other", "every": 60, "detach": True}
+    )
+    assert (detached.status_code, detached.json()["result"]) == (200, "changed"), detached.text
+    assert (detached.json()["entry"]["source"], detached.json()["entry"]["task"]) == ("runtime", "t.other")
+
+    kept = client.delete("/api/v1/periodic/hourly", headers=AUTH)
+    assert kept.status_code == 409 and "force" in kept.json()["detail"] and "adds it back" in kept.json()["detail"]
+    assert ops.get(web_store, "hourly") is not None
+    assert client.delete("/api/v1/periodic/hourly?force=true", headers=AUTH).json()["removed"] is True
+    assert ops.get(web_store, "hourly") is None
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"cron": "61 * * * *"}, "crontab '61 * * * *': use five fields"),
+        ({"cron": "* * *"}, "use five fields"),
+        ({"cron": "0 3 * * *", "tz": "Mars/Olympus"}, "time zone 'Mars/Olympus' is unknown"),
+        ({"every": 60, "misfire": "sometimes"}, "'run_once', 'run_all' or 'skip'"),
+        ({"every": 60, "overlap": "never"}, "'allow', 'skip' or 'buffer_one'"),
+        ({}, "give exactly one schedule"),
+        ({"every": 60, "cron": "* * * * *"}, "give exactly one schedule"),
+        ({"every": 0}, "greater than or equal to 0.001"),
+        ({"every": "60"}, "send a JSON number"),
+        ({"at": "2030-01-01T00:00:00"}, "timezone"),
+        ({"at": 1.9e9}, "send an ISO-8601 string"),
+        ({"every": 60, "cron": None}, "null is not allowed here"),
+        ({"every": 60, "func": "app.tasks.f"}, "kind 'celery' names its task, not a func"),
+        ({"every": 60, "kind": "rq"}, "kind 'rq' names its func, not a task"),
+        ({"every": 60, "start": "2030-01-02T00:00:00Z", "end": "2030-01-01T00:00:00Z"}, "end must be after start"),
+        ({"every": 60, "jitter": -1}, "greater than or equal to 0"),
+        ({"every": 60, "max_runs": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_a_bad_definition_is_a_422_that_says_what_to_fix(
+    client: TestClient, web_store: DelayStore, body: dict[str, Any], words: str
+) -> None:
+    response = client.post("/api/v1/periodic", headers=AUTH, json={"name": "bad", "task": "t.bad", **body})
+    assert response.status_code == 422, response.text
+    assert words in response.json()["detail"]
+    assert ops.get(web_store, "bad") is None, "a refused definition stores nothing"
+
+
+def test_what_the_schema_cannot_rule_out_is_a_400(client: TestClient, web_store: DelayStore) -> None:
+    tab = client.post("/api/v1/periodic", headers=AUTH, json={"name": "a\tb", "task": "t", "every": 1})
+    assert tab.status_code == 422, "a control character is no name (the schema's pattern)"
+    separator = client.post("/api/v1/periodic", headers=AUTH, json={"name": "a\u2028b", "task": "t", "every": 1})
+    assert separator.status_code == 400 and "printable" in separator.json()["detail"], separator.text
+    one_off = {"name": "once", "task": "t", "at": "2030-01-01T00:00:00Z", "max_runs": 2}
+    assert client.post("/api/v1/periodic", headers=AUTH, json=one_off).json()["detail"].endswith("drop max_runs")
+    assert client.post("/api/v1/periodic", headers=AUTH, json={**TICK, "every": 1}).status_code == 201
+    day = {"start": "2030-01-01T00:00:00Z", "end": "2030-01-02T00:00:00Z"}  # 86,400 periods of 1 s
+    wide = client.post("/api/v1/periodic/tick/backfill", headers=AUTH, json=day)
+    assert wide.status_code == 400 and "split it into shorter ranges" in wide.json()["detail"]
+    backwards = client.post(
+        "/api/v1/periodic/tick/backfill", headers=AUTH, json={"start": day["end"], "end": day["start"]}
+    )
+    assert backwards.status_code == 422 and "end must not be before start" in backwards.json()["detail"]
+    assert entry(client, "tick")["pending_backfill"] == 0
+
+
+@pytest.mark.parametrize("func", ["os.system", "builtins.eval", "tests.test_rq.jobs._private"])
+def test_an_rq_entry_runs_only_an_allowed_function(client: TestClient, web_store: DelayStore, func: str) -> None:
+    body = {"name": "evil", "kind": "rq", "func": func, "every": 60}
+    response = client.post("/api/v1/periodic", headers=AUTH, json=body)
+    assert response.status_code == 403, response.text
+    assert "--rq-allow" in response.json()["detail"] or "not allowed" in response.json()["detail"]
+    assert ops.get(web_store, "evil") is None
+
+
+def test_an_rq_entry_of_an_allowed_function(client: TestClient, web_store: DelayStore) -> None:
+    body = {"name": "rq-tick", "kind": "rq", "func": f"{RQ_JOBS}.record", "args": ["x"], "every": 60, "queue": "jobs"}
+    added = client.post("/api/v1/periodic", headers=AUTH, json=body)
+    assert added.status_code == 201, added.text
+    shown = entry(client, "rq-tick")
+    assert (shown["kind"], shown["task"], shown["source"]) == ("rq", f"{RQ_JOBS}.record", "runtime")
+    assert shown["definition"]["queue"] == "jobs" and shown["definition"]["args"] is None  # RQ's data: not read
+    with TestClient(create_app(web_store, token=TOKEN)) as no_rq:
+        refused = no_rq.post("/api/v1/periodic", headers=AUTH, json={**body, "name": "rq-2"})
+    assert refused.status_code == 501 and "--rq-redis" in refused.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", "/api/v1/periodic", TICK),
+        ("POST", "/api/v1/periodic/tick/pause", None),
+        ("POST", "/api/v1/periodic/tick/run", None),
+        ("POST", "/api/v1/periodic/tick/backfill", {"start": "2030-01-01T00:00:00Z", "end": "2030-01-01T00:01:00Z"}),
+        ("DELETE", "/api/v1/periodic/tick", None),
+    ],
+)
+def test_writes_need_the_token_and_the_page_origin(
+    client: TestClient, web_store: DelayStore, method: str, path: str, body: dict[str, Any] | None
+) -> None:
+    assert client.post("/api/v1/periodic", headers=AUTH, json={**TICK, "every": 45}).status_code == 201
+    before = web_store.get(ops.item_id("tick"))
+    for headers, code in [
+        ({}, 401),
+        ({"Authorization": "Bearer wrong-token-0123456789"}, 403),
+        ({**AUTH, "Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}, 403),
+    ]:
+        response = client.request(method, path, headers=headers, json=body)
+        assert response.status_code == code, (headers, response.text)
+    assert web_store.get(ops.item_id("tick")) == before, "a refused write changes nothing"
