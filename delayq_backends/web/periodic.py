@@ -49,11 +49,31 @@ class EntryIn(BaseModel):
     """An entry to add, or the whole new definition of one (by ``name``).
 
     The schedule is exactly one of ``every`` (seconds), ``cron`` (five fields, in ``tz``) or
-    ``at`` (one run at that time). Neither field takes null; the schema says "exactly one".
+    ``at`` (one run at that time), and a Celery entry names its ``task``, an RQ entry its
+    ``func``: the schema says so (``allOf`` two ``oneOf``). A crontab or a zone that does not
+    exist is a 422 too, which the schema cannot say.
     """
 
     model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["every"]}, {"required": ["cron"]}, {"required": ["at"]}]}
+        json_schema_extra={
+            "allOf": [
+                {"oneOf": [{"required": ["every"]}, {"required": ["cron"]}, {"required": ["at"]}]},
+                {
+                    "oneOf": [
+                        {
+                            "properties": {"kind": {"const": "celery"}},
+                            "required": ["task"],
+                            "not": {"required": ["func"]},
+                        },
+                        {
+                            "properties": {"kind": {"const": "rq"}},
+                            "required": ["kind", "func"],
+                            "not": {"required": ["task"]},
+                        },
+                    ]
+                },
+            ]
+        }
     )
 
     name: Name = Field(description="The entry's name: adding one that exists changes it.")
@@ -147,8 +167,6 @@ class EntryIn(BaseModel):
         wanted, other = ("task", "func") if self.kind == "celery" else ("func", "task")
         if getattr(self, wanted) is None or getattr(self, other) is not None:
             raise ValueError(f"an entry of kind {self.kind!r} names its {wanted}, not a {other}")
-        if self.start is not None and self.end is not None and self.end <= self.start:
-            raise ValueError("end must be after start")
         return self
 
 

@@ -7,21 +7,30 @@ starts it again."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from fastapi.testclient import TestClient
 
 from delayq_backends import DelayStore
 from delayq_backends.celery.periodic import sync
+from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.periodic import ops
+from delayq_backends.periodic.firing import MANUAL, Run
+from delayq_backends.periodic.schedules import Slot, run_task_id
 from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import MAX_MS
 from delayq_backends.web import create_app
-from tests.test_web.conftest import AUTH, RQ_JOBS, TOKEN
+from tests.harness import Launcher
+from tests.helpers import wait_for
+from tests.test_web.conftest import AUTH, RQ_JOBS, SHARDS, TOKEN
 
 #: Every write is JSON, a body-less action too (the guard's rule against cross-site form posts).
 WRITE = {**AUTH, "Content-Type": "application/json"}
@@ -175,7 +184,6 @@ def test_an_entry_from_code_is_changed_only_detached_and_removed_only_forced(
         ({"every": 60, "cron": None}, "null is not allowed here"),
         ({"every": 60, "func": "app.tasks.f"}, "kind 'celery' names its task, not a func"),
         ({"every": 60, "kind": "rq"}, "kind 'rq' names its func, not a task"),
-        ({"every": 60, "start": "2030-01-02T00:00:00Z", "end": "2030-01-01T00:00:00Z"}, "end must be after start"),
         ({"every": 60, "jitter": -1}, "greater than or equal to 0"),
         ({"every": 60, "max_runs": 0}, "greater than or equal to 1"),
     ],
@@ -194,6 +202,8 @@ def test_what_the_schema_cannot_rule_out_is_a_400(client: TestClient, web_store:
     assert tab.status_code == 422, "a control character is no name (the schema's pattern)"
     separator = client.post("/api/v1/periodic", headers=AUTH, json={"name": "a\u2028b", "task": "t", "every": 1})
     assert separator.status_code == 400 and "printable" in separator.json()["detail"], separator.text
+    reversed_ = {"name": "r", "task": "t", "every": 1, "start": "2030-01-02T00:00:00Z", "end": "2030-01-01T00:00:00Z"}
+    assert client.post("/api/v1/periodic", headers=AUTH, json=reversed_).json()["detail"].endswith("swap them")
     one_off = {"name": "once", "task": "t", "at": "2030-01-01T00:00:00Z", "max_runs": 2}
     assert client.post("/api/v1/periodic", headers=AUTH, json=one_off).json()["detail"].endswith("drop max_runs")
     assert client.post("/api/v1/periodic", headers=AUTH, json={**TICK, "every": 1}).status_code == 201
@@ -251,3 +261,72 @@ def test_writes_need_the_token_and_the_page_origin(
         response = client.request(method, path, headers=headers, json=body)
         assert response.status_code == code, (headers, response.text)
     assert web_store.get(ops.item_id("tick")) == before, "a refused write changes nothing"
+
+
+# -- end to end: a real forwarder, a Redis broker ---------------------------------------------------
+
+
+@pytest.fixture
+def broker(valkey_server: EmbeddedServer, prefix: str) -> Iterator[tuple[str, redis.Redis]]:
+    """The Celery broker (database 1 of the test server) and a client of it; the test's queue,
+    ``<prefix>-beat``, is deleted afterwards."""
+    url = f"{valkey_server.url.rsplit('/', 1)[0]}/1"
+    client = redis.Redis.from_url(url)
+    yield url, client
+    client.delete(f"{prefix}-beat")
+    client.close()
+
+
+def sent_ids(broker: redis.Redis, queue: str) -> list[str]:
+    """The task ids of the messages in ``queue``'s list, oldest first (kombu LPUSHes)."""
+    return [json.loads(raw)["headers"]["id"] for raw in reversed(broker.lrange(queue, 0, -1))]
+
+
+def test_an_entry_added_over_http_fires_pauses_and_runs_now_at_a_real_forwarder(
+    web_store: DelayStore,
+    valkey_url: str,
+    prefix: str,
+    procs: Launcher,
+    broker: tuple[str, redis.Redis],
+    tmp_path: Path,
+) -> None:
+    url, lists = broker
+    queue = f"{prefix}-beat"
+    log = tmp_path / "forward.log"
+    procs.delayq(
+        "forward", "--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--celery-broker", url,
+        "--poll", "0.1", "--log-level", "warning", log=log,
+    )  # fmt: skip
+    with TestClient(create_app(web_store, token=TOKEN, celery_broker=url)) as client:
+        added = client.post(
+            "/api/v1/periodic", headers=AUTH, json={"name": "tick", "task": "t.tick", "every": 1, "queue": queue}
+        )
+        assert added.status_code == 201, added.text
+        first = int(datetime.fromisoformat(added.json()["entry"]["next_run"]).timestamp() * 1000)
+        scheduled = {run_task_id("tick", Slot(str(at), at)) for at in range(first, first + 600_000, 1000)}
+        wait_for(lambda: len(sent_ids(lists, queue)) >= 2, 20, lambda: f"two runs; forwarder log: {log.read_text()}")
+        assert set(sent_ids(lists, queue)) <= scheduled, "each run is its period's, uuid5(name, period)"
+
+        paused = client.post("/api/v1/periodic/tick/pause", headers=WRITE)
+        assert paused.json()["state"] == "paused"
+        # pause waits out a firing in progress (its rearm comes first): nothing more is on its way
+        before_run = sent_ids(lists, queue)
+
+        asked = web_store.clock()  # the clock ops stamps a request with
+        assert client.post("/api/v1/periodic/tick/run", headers=WRITE).json()["pending_runs"] == 1
+        answered = web_store.clock()
+        wait_for(lambda: len(sent_ids(lists, queue)) > len(before_run), 10, "the manual run")
+        manual = {Run(Slot(str(ms), ms), MANUAL).task_id("tick") for ms in range(asked, answered + 1)}
+        wait_for(lambda: entry(client, "tick")["pending_runs"] == 0, 10, "the firing to clear the request")
+        shown = entry(client, "tick")
+        assert (shown["state"], shown["next_run"]) == ("paused", None), "a run now leaves a paused entry paused"
+        # three periods with the entry paused: nothing but the one manual run went out
+        quiet_until = web_store.server_time_ms() + 3000
+        wait_for(lambda: web_store.server_time_ms() >= quiet_until, 10, "three periods")
+        after_run = sent_ids(lists, queue)
+        assert after_run[: len(before_run)] == before_run and len(after_run) == len(before_run) + 1, after_run
+        assert after_run[-1] in manual, "the run now's id is uuid5(name, manual:<request ms>)"
+
+        assert client.post("/api/v1/periodic/tick/resume", headers=WRITE).json()["state"] == "scheduled"
+        wait_for(lambda: len(sent_ids(lists, queue)) > len(after_run), 10, "a scheduled run after the resume")
+        assert sent_ids(lists, queue)[len(after_run)] in scheduled
