@@ -212,6 +212,11 @@ class EntryOut(BaseModel):
     pending_backfill: int = Field(description="Backfill ranges the next firing runs.")
 
 
+class ActionIn(BaseModel):
+    """``{}``: pause, resume and run take nothing, but every write is JSON (the guard refuses any
+    other POST: a form a foreign page could send without a CORS preflight)."""
+
+
 class DefinitionOut(BaseModel):
     """What the entry runs and when, in the terms ``POST /periodic`` takes (the edit form's)."""
 
@@ -386,20 +391,20 @@ def _action(act: Callable[[], ops.EntryStatus]) -> EntryOut:
 
 
 @router.post("/periodic/{name}/pause", response_model=EntryOut, responses=REFUSED, summary="Pause an entry")
-def pause_entry(name: PathName, svc: Svc) -> EntryOut:
+def pause_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
     """It never fires until resumed (a forwarder that claimed it in a race sends nothing)."""
     return _action(lambda: ops.pause(svc.store, name))
 
 
 @router.post("/periodic/{name}/resume", response_model=EntryOut, responses=REFUSED, summary="Resume an entry")
-def resume_entry(name: PathName, svc: Svc) -> EntryOut:
+def resume_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
     """Due at its next period, or now if that passed: its misfire policy decides what the periods
     missed while paused send."""
     return _action(lambda: ops.resume(svc.store, name))
 
 
 @router.post("/periodic/{name}/run", response_model=EntryOut, responses=REFUSED, summary="Run an entry now")
-def run_entry(name: PathName, svc: Svc) -> EntryOut:
+def run_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
     """One extra run, sent by the next firing (due now, paused or not), exactly once; the schedule
     is untouched."""
     return _action(lambda: ops.run_now(svc.store, name))

@@ -7,8 +7,9 @@ starts it again."""
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,14 @@ import pytest
 import redis
 from celery import Celery
 from fastapi.testclient import TestClient
+from playwright.sync_api import expect
 
 from delayq_backends import DelayStore
-from delayq_backends.celery.periodic import sync
+from delayq_backends.celery import CeleryTarget
+from delayq_backends.celery.periodic import PeriodicTarget, sync
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
+from delayq_backends.forwarder import Forwarder
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.firing import MANUAL, Run
 from delayq_backends.periodic.schedules import Slot, run_task_id
@@ -30,10 +34,9 @@ from delayq_backends.timeutil import MAX_MS
 from delayq_backends.web import create_app
 from tests.harness import Launcher
 from tests.helpers import wait_for
-from tests.test_web.conftest import AUTH, RQ_JOBS, SHARDS, TOKEN
+from tests.test_web.conftest import ARTIFACTS, AUTH, RQ_JOBS, SHARDS, TOKEN
+from tests.test_web.test_dashboard import TIMEOUT_MS
 
-#: Every write is JSON, a body-less action too (the guard's rule against cross-site form posts).
-WRITE = {**AUTH, "Content-Type": "application/json"}
 TICK = {"name": "tick", "task": "t.tick", "every": 30, "args": [1, "a"], "kwargs": {"k": 2}, "queue": "q1"}
 
 
@@ -83,18 +86,20 @@ def test_pause_resume_run_backfill_and_remove(client: TestClient, web_store: Del
     assert client.post("/api/v1/periodic", headers=AUTH, json=TICK).status_code == 201
     scheduled_at = ready_ms(web_store, "tick")
 
-    paused = client.post("/api/v1/periodic/tick/pause", headers=WRITE)
+    bare = client.post("/api/v1/periodic/tick/pause", headers=AUTH)
+    assert bare.status_code == 415 and "must be JSON" in bare.json()["detail"], "an action's body is {}"
+    paused = client.post("/api/v1/periodic/tick/pause", headers=AUTH, json={})
     assert paused.status_code == 200, paused.text
     assert (paused.json()["state"], paused.json()["enabled"], paused.json()["next_run"]) == ("paused", False, None)
     assert paused.json()["paused_at"] is not None
     assert ready_ms(web_store, "tick") == MAX_MS, "a paused entry's item is never due"
 
-    resumed = client.post("/api/v1/periodic/tick/resume", headers=WRITE).json()
+    resumed = client.post("/api/v1/periodic/tick/resume", headers=AUTH, json={}).json()
     assert (resumed["state"], resumed["enabled"]) == ("scheduled", True)
     assert ready_ms(web_store, "tick") == scheduled_at, "resumed before its next period: due at it"
 
     before = web_store.server_time_ms()
-    ran = client.post("/api/v1/periodic/tick/run", headers=WRITE).json()
+    ran = client.post("/api/v1/periodic/tick/run", headers=AUTH, json={}).json()
     assert ran["pending_runs"] == 1
     assert ready_ms(web_store, "tick") <= web_store.server_time_ms(), "a pending run makes the entry due now"
     [requested] = stored_state(web_store, "tick").run_now
@@ -131,8 +136,8 @@ def stored_state(store: DelayStore, name: str) -> Any:
     ],
 )
 def test_an_unknown_name_is_a_404_naming_the_list(client: TestClient, method: str, path: str) -> None:
-    body = {"start": "2030-01-01T00:00:00Z", "end": "2030-01-02T00:00:00Z"} if path.endswith("backfill") else None
-    response = client.request(method, path, headers=WRITE if method == "POST" else AUTH, json=body)
+    body = {"start": "2030-01-01T00:00:00Z", "end": "2030-01-02T00:00:00Z"} if path.endswith("backfill") else {}
+    response = client.request(method, path, headers=AUTH, json=body if method == "POST" else None)
     assert response.status_code == 404, response.text
     assert "no periodic entry 'nope'" in response.json()["detail"] and "periodic list" in response.json()["detail"]
 
@@ -153,7 +158,7 @@ def test_an_entry_from_code_is_changed_only_detached_and_removed_only_forced(
     assert "detach" in refused.json()["detail"]
     assert entry(client, "nightly")["task"] == "t.nightly", "a refused change changes nothing"
     for verb in ("pause", "run", "resume"):  # runtime state a sync keeps: no detach needed
-        assert client.post(f"/api/v1/periodic/nightly/{verb}", headers=WRITE).status_code == 200
+        assert client.post(f"/api/v1/periodic/nightly/{verb}", headers=AUTH, json={}).status_code == 200
     detached = client.post(
         "/api/v1/periodic", headers=AUTH, json={"name": "nightly", "task": "t.other", "every": 60, "detach": True}
     )
@@ -242,8 +247,8 @@ def test_an_rq_entry_of_an_allowed_function(client: TestClient, web_store: Delay
     "method, path, body",
     [
         ("POST", "/api/v1/periodic", TICK),
-        ("POST", "/api/v1/periodic/tick/pause", None),
-        ("POST", "/api/v1/periodic/tick/run", None),
+        ("POST", "/api/v1/periodic/tick/pause", {}),
+        ("POST", "/api/v1/periodic/tick/run", {}),
         ("POST", "/api/v1/periodic/tick/backfill", {"start": "2030-01-01T00:00:00Z", "end": "2030-01-01T00:01:00Z"}),
         ("DELETE", "/api/v1/periodic/tick", None),
     ],
@@ -307,13 +312,13 @@ def test_an_entry_added_over_http_fires_pauses_and_runs_now_at_a_real_forwarder(
         wait_for(lambda: len(sent_ids(lists, queue)) >= 2, 20, lambda: f"two runs; forwarder log: {log.read_text()}")
         assert set(sent_ids(lists, queue)) <= scheduled, "each run is its period's, uuid5(name, period)"
 
-        paused = client.post("/api/v1/periodic/tick/pause", headers=WRITE)
+        paused = client.post("/api/v1/periodic/tick/pause", headers=AUTH, json={})
         assert paused.json()["state"] == "paused"
         # pause waits out a firing in progress (its rearm comes first): nothing more is on its way
         before_run = sent_ids(lists, queue)
 
         asked = web_store.clock()  # the clock ops stamps a request with
-        assert client.post("/api/v1/periodic/tick/run", headers=WRITE).json()["pending_runs"] == 1
+        assert client.post("/api/v1/periodic/tick/run", headers=AUTH, json={}).json()["pending_runs"] == 1
         answered = web_store.clock()
         wait_for(lambda: len(sent_ids(lists, queue)) > len(before_run), 10, "the manual run")
         manual = {Run(Slot(str(ms), ms), MANUAL).task_id("tick") for ms in range(asked, answered + 1)}
@@ -327,6 +332,102 @@ def test_an_entry_added_over_http_fires_pauses_and_runs_now_at_a_real_forwarder(
         assert after_run[: len(before_run)] == before_run and len(after_run) == len(before_run) + 1, after_run
         assert after_run[-1] in manual, "the run now's id is uuid5(name, manual:<request ms>)"
 
-        assert client.post("/api/v1/periodic/tick/resume", headers=WRITE).json()["state"] == "scheduled"
+        assert client.post("/api/v1/periodic/tick/resume", headers=AUTH, json={}).json()["state"] == "scheduled"
         wait_for(lambda: len(sent_ids(lists, queue)) > len(after_run), 10, "a scheduled run after the resume")
         assert sent_ids(lists, queue)[len(after_run)] in scheduled
+
+
+# -- the dashboard, in a real browser -----------------------------------------------------------------
+
+
+def test_the_dashboard_adds_pauses_runs_edits_backfills_and_removes_an_entry(
+    page: Any,
+    dashboard_factory: Callable[..., Any],
+    web_store: DelayStore,
+    prefix: str,
+    broker: tuple[str, redis.Redis],
+) -> None:
+    url, lists = broker
+    queue = f"{prefix}-beat"
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {"nightly": {"task": "t.nightly", "schedule": 3600.0}}
+    sync(app, web_store)
+    dashboard = dashboard_factory("--celery-broker", url)
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(dashboard.base + "/")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+    rows = page.locator("#periodic tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("code")
+
+    page.click("#periodic-add")
+    page.fill("#entry-name", "report")
+    page.fill("#entry-task", "proj.report")
+    page.fill("#entry-queue", queue)
+    page.fill("#entry-schedule", "3600")
+    page.fill("#entry-args", '[1, "a"]')
+    page.fill("#entry-kwargs", '{"k": 2}')
+    page.select_option("#entry-misfire", "run_all")
+    page.click("#entry-save")
+    expect(page.locator("#periodic-message")).to_have_text("Saved report (added).")
+    row = page.locator("#periodic tbody tr", has_text="report")
+    for text in ("celery", "runtime", "proj.report", "every 1:00:00", "run_all", "scheduled"):
+        expect(row).to_contain_text(text)
+    added = ops.get(web_store, "report")
+    assert added is not None and (added.source, added.task, added.enabled) == ("runtime", "proj.report", True)
+
+    row.locator("button[data-action=pause]").click()
+    expect(row).to_contain_text("paused")
+    expect(row.locator("button[data-action=resume]")).to_be_visible()
+    assert ready_ms(web_store, "report") == MAX_MS
+    expect(page.locator("#upcoming")).to_contain_text("never (a paused or finished entry)")
+
+    row.locator("button[data-action=run]").click()
+    expect(row).to_contain_text("1 run now pending")
+    target = CeleryTarget.from_url(url)
+    forwarder = Forwarder(web_store, [PeriodicTarget(target)])
+    wait_for(lambda: forwarder.run_once() == 1, 10, "a forwarder to fire the entry")
+    target.close()
+    [sent] = [json.loads(raw) for raw in lists.lrange(queue, 0, -1)]
+    assert sent["headers"]["task"] == "proj.report" and json.loads(base64.b64decode(sent["body"]))[:2] == [
+        [1, "a"],
+        {"k": 2},
+    ], "the run reached the broker, with the form's arguments"
+    expect(row).not_to_contain_text("pending")
+    expect(row).to_contain_text("paused")  # a run now leaves it paused
+
+    row.locator("button[data-action=edit]").click()
+    expect(page.locator("#entry-task")).to_have_value("proj.report")
+    expect(page.locator("#entry-args")).to_have_value('[1,"a"]')
+    expect(page.locator("#entry-detach-box")).to_be_hidden()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-periodic.png"), full_page=True)
+    page.select_option("#entry-schedule-kind", "cron")
+    page.fill("#entry-schedule", "0 6 * * *")
+    page.fill("#entry-tz", "Europe/Berlin")
+    page.click("#entry-save")
+    expect(page.locator("#periodic-message")).to_have_text("Saved report (changed).")
+    expect(row).to_contain_text("crontab 0 6 * * * (Europe/Berlin)")
+    expect(row).to_contain_text("paused")  # the form kept it as it was (enabled unticked)
+
+    row.locator("button[data-action=resume]").click()
+    expect(row).to_contain_text("scheduled")
+    row.locator("button[data-action=backfill]").click()
+    page.fill("#backfill-from", "2030-01-01T00:00:00")
+    page.fill("#backfill-to", "2030-01-03T00:00:00")
+    page.click("#backfill-run")
+    expect(page.locator("#periodic-message")).to_have_text("Asked for a backfill of report.")
+    assert stored_state(web_store, "report").backfill == ((1893456000000, 1893628800000),)  # UTC in this browser
+
+    page.locator("#periodic tbody tr", has_text="nightly").locator("button[data-action=edit]").click()
+    expect(page.locator("#entry-detach-box")).to_be_visible()  # an entry from code: detach to change it
+    page.click("#entry-cancel")
+
+    remove = row.locator("button[data-action=remove]")
+    remove.click()
+    expect(remove).to_have_text("Really remove?")
+    remove.click()
+    expect(page.locator("#periodic-message")).to_have_text("Removed report.")
+    expect(rows).to_have_count(1)
+    assert ops.get(web_store, "report") is None

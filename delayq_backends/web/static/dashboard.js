@@ -75,6 +75,10 @@
   }
 
   const fmtTime = (iso) => (iso ? new Date(iso).toLocaleString(undefined, { hour12: false }) : "–");
+  // a paused or finished periodic entry's item is due at the end of time: it never falls due
+  const NEVER = "never (a paused or finished entry)";
+  const endOfTime = (iso) => Boolean(iso) && iso.startsWith("9999-");
+  const dueText = (iso) => (endOfTime(iso) ? NEVER : `${fmtTime(iso)} (${relative(iso)})`);
   const count = (n) => Number(n).toLocaleString();
 
   function duration(ms) {
@@ -101,12 +105,12 @@
     $("count-due").textContent = count(t.due);
     $("count-leased").textContent = count(t.leased);
     $("count-dead").textContent = count(t.dead);
-    $("next-due").textContent = t.next_due ? `${fmtTime(t.next_due)} (${relative(t.next_due)})` : "nothing scheduled";
+    $("next-due").textContent = t.next_due ? dueText(t.next_due) : "nothing scheduled";
     $("oldest-overdue").textContent = t.due ? duration(t.oldest_overdue_ms) : "none";
     fillTable($("shards"),
       [["shard", 1], ["scheduled", 1], ["due now", 1], ["leased", 1], ["dead", 1], ["next due"], ["oldest overdue", 1]],
       stats.shards.map((s) => [s.shard, count(s.scheduled), count(s.due), count(s.leased), count(s.dead),
-        s.next_due ? fmtTime(s.next_due) : s.problem || "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
+        s.next_due ? (endOfTime(s.next_due) ? NEVER : fmtTime(s.next_due)) : s.problem || "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
       "no shards");
     return t.problem; // shards that could not be read
   }
@@ -167,7 +171,7 @@
       [["id"], ["ready"], ["target / destination"], ["attempts", 1], ["leased until"], ["collapsed"]],
       items.items.map((it) => [
         el("a", { href: "#", class: "mono", onclick: (e) => { e.preventDefault(); find(it.id); } }, it.id),
-        `${fmtTime(it.ready)} (${relative(it.ready)})`,
+        dueText(it.ready),
         where(it),
         it.attempts,
         it.leased_until ? fmtTime(it.leased_until) : "–",
@@ -195,11 +199,11 @@
       () => removeEntry(e), { "data-action": "remove", "data-name": e.name });
     return el("div", { class: "actions" },
       e.enabled
-        ? el("button", { ...attrs("pause"), onclick: () => entryAction(e.name, "pause", "Paused") }, "Pause")
-        : el("button", { ...attrs("resume"), onclick: () => entryAction(e.name, "resume", "Resumed") }, "Resume"),
-      el("button", { ...attrs("run"), onclick: () => entryAction(e.name, "run", "Asked for a run of") }, "Run now"),
+        ? el("button", { ...attrs("pause"), onclick: () => entryAction(e.name, "pause", "Paused", {}) }, "Pause")
+        : el("button", { ...attrs("resume"), onclick: () => entryAction(e.name, "resume", "Resumed", {}) }, "Resume"),
+      el("button", { ...attrs("run"), onclick: () => entryAction(e.name, "run", "Asked for a run of", {}) }, "Run now"),
       el("button", { ...attrs("backfill"), onclick: () => openBackfill(e.name) }, "Backfill"),
-      el("button", { ...attrs("edit"), onclick: () => openEntryForm(e) }, "Edit"),
+      el("button", { ...attrs("edit"), onclick: () => editEntry(e.name) }, "Edit"),
       remove);
   }
 
@@ -212,14 +216,13 @@
     if (shown === shownPeriodic || table.querySelector(".armed")) return;
     shownPeriodic = shown;
     fillTable(table,
-      [["entry"], ["kind"], ["source"], ["task / function"], ["schedule"], ["misfire"], ["last run"], ["next run"],
+      [["entry"], ["kind · source"], ["task / function"], ["schedule"], ["misfire"], ["last run"], ["next run"],
         ["runs", 1], ["state"], [""]],
       periodic.entries.map((e) => [
         e.item_id
           ? el("a", { href: "#", class: "mono", onclick: (ev) => { ev.preventDefault(); find(e.item_id); } }, e.name)
           : el("span", { class: "mono" }, e.name),
-        e.kind || "–",
-        e.source || "–",
+        e.kind ? `${e.kind} · ${e.source}` : "–",
         e.task || "–",
         e.schedule || "–",
         e.misfire || "–",
@@ -303,9 +306,20 @@
     $("entry-task").placeholder = rq ? "app.tasks.cleanup" : "proj.tasks.cleanup";
   }
 
+  async function editEntry(name) {
+    try {
+      openEntryForm(await api(entryPath(name))); // the list carries no definitions: one entry's
+    } catch (error) {
+      periodicMessage(error.message, true);
+    }
+  }
+
+  let editing = {}; // the definition being edited: what the form has no field for is sent back as it was
+
   // The form, empty (Add entry) or holding entry e's definition (Edit)
   function openEntryForm(e) {
     const d = (e && e.definition) || {};
+    editing = d;
     const scheduleKind = d.cron ? "cron" : d.at ? "at" : "every";
     $("entry-form-title").textContent = e ? `Edit ${e.name}` : "Add an entry";
     $("entry-name").value = e ? e.name : "";
@@ -322,8 +336,14 @@
     $("entry-end").value = localOf(d.end);
     $("entry-max-runs").value = d.max_runs ?? "";
     $("entry-jitter").value = d.jitter ?? "";
-    $("entry-args").value = JSON.stringify(d.args ?? []);
-    $("entry-kwargs").value = JSON.stringify(d.kwargs ?? {});
+    // an RQ entry's arguments are RQ's serialized data, not shown: they must be entered again
+    const unknown = Boolean(e) && (d.args === null || d.args === undefined);
+    $("entry-args").value = unknown ? "" : JSON.stringify(d.args ?? []);
+    $("entry-kwargs").value = unknown ? "" : JSON.stringify(d.kwargs ?? {});
+    for (const id of ["entry-args", "entry-kwargs"]) {
+      $(id).placeholder = unknown ? "not readable here: enter them again" : "";
+      $(id).required = unknown;
+    }
     $("entry-enabled").checked = e ? e.enabled : true;
     $("entry-detach").checked = false;
     $("entry-detach-box").hidden = !(e && e.source === "code");
@@ -350,6 +370,7 @@
     }
     for (const [key, id] of [["start", "entry-start"], ["end", "entry-end"]]) if (value(id)) body[key] = isoOf(value(id));
     body.misfire = $("entry-misfire").value;
+    if (editing.misfire_grace !== undefined) Object.assign(body, { misfire_grace: editing.misfire_grace, misfire_max: editing.misfire_max });
     body.overlap = $("entry-overlap").value;
     body.args = JSON.parse(value("entry-args") || "[]");
     body.kwargs = JSON.parse(value("entry-kwargs") || "{}");
