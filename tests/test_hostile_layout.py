@@ -30,7 +30,7 @@ from delayq_backends.celery.periodic import sync
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import with_rate_key
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.keys import ShardKeys, key_rate_key, meta_key, periodic_key, rate_key
+from delayq_backends.keys import ShardKeys, key_rate_key, meta_key, periodic_code_key, periodic_key, rate_key
 from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.rq import Queue
 from delayq_backends.rq.registry import registry_key
@@ -51,6 +51,7 @@ COVERED = {
     "key_rate_key": "here: test_garbage_in_rate_buckets_is_reset_and_the_queue_flows",
     "wake_channel": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "periodic_key": "here: test_garbage_in_the_periodic_registry_never_stops_the_line",
+    "periodic_code_key": "here: test_garbage_in_the_code_schedule_record_never_stops_the_line",
     "ShardKeys.due": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.items": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.tries": "tests/test_hostile.py::test_garbage_never_stops_the_line",
@@ -435,6 +436,49 @@ def test_garbage_in_the_periodic_registry_never_stops_the_line(
             assert store.client.hkeys(key) == [b"tick"] and "1 removed" in env.tail()
         elif garbage != "deleted":
             wait_for(lambda: key in env.tail(), 10, env.tail)
+        assert env.launcher.procs[-1].poll() is None
+    finally:
+        env.stop()
+        broker.delete(env.queue)
+        delete_prefix(redis.Redis.from_url(env.store), env.prefix)
+
+
+#: Hostile writes to the code schedule's record (version, fingerprint, synced_at, host), read by each sync.
+CODE_RECORD_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
+    "wrong type": lambda c, k: (c.delete(k), c.set(k, "junk")),
+    "garbage bytes": lambda c, k: c.hset(k, mapping={"version": b"\xff\x00", "fp": b"\x1b[2J", "host": b"\xfe"}),
+    "extreme numbers": lambda c, k: c.hset(k, mapping={"version": "1e400", "synced_at": "-inf"}),
+    "deleted": lambda c, k: c.delete(k),
+}
+
+
+@pytest.mark.parametrize("garbage", CODE_RECORD_GARBAGE)
+def test_garbage_in_the_code_schedule_record_never_stops_the_line(
+    valkey_server: EmbeddedServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    garbage: str,
+) -> None:
+    """Garbage in the record of the code schedule synced last, then `celery -A app delayq forward`
+    (which syncs at start) on a Redis broker: the sync is refused naming the key and its fix, the
+    entries already stored keep firing; a deleted record is simply written again."""
+    monkeypatch.setenv("DQT_EVERY", "1")
+    env = new_env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server)
+    env.app_module = "tests.test_celery.periodic_app"
+    broker = redis.Redis.from_url(env.broker)
+    try:
+        app = env.app()
+        app.conf.beat_schedule = {"tick": {"task": "dqt.record", "schedule": 1.0, "args": ["tick"]}}
+        store = store_for(app)
+        sync(app, store)
+        key = periodic_code_key(env.prefix)
+        CODE_RECORD_GARBAGE[garbage](store.client, key)
+        env.start_forwarder(tmp_path, via_celery=True)
+        wait_for(lambda: broker.llen(env.queue) >= 3, 30, lambda: f"{broker.llen(env.queue)} runs\n{env.tail()}")
+        if garbage == "deleted":
+            assert store.client.hget(key, "fp"), "the sync recorded itself again"
+        else:
+            wait_for(lambda: f"redis-cli DEL {key}" in env.tail(), 10, env.tail)
         assert env.launcher.procs[-1].poll() is None
     finally:
         env.stop()

@@ -362,8 +362,8 @@ def test_acl_command_prints_the_rules_of_a_role() -> None:
     assert shown.exit_code == 0
     assert shown.stdout.startswith("ACL SETUSER fwd reset on '><password>' ")
     assert (
-        "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '~app:{app}:keyrate:*' '~app:{app}:periodic' '&app:wake'"
-        in shown.stdout
+        "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '~app:{app}:keyrate:*' '~app:{app}:periodic' "
+        "'~app:{app}:periodic:code' '&app:wake'" in shown.stdout
     )
     assert "+fcall" in shown.stdout and "+eval" not in shown.stdout and "+subscribe" in shown.stdout
     assert "delayq functions install" in shown.stderr

@@ -105,9 +105,9 @@ def plan_entry(state: PeriodicState, now_ms: int) -> EntryPlan:
     extra = [Run(Slot(str(ms), ms), MANUAL) for ms in state.run_now]
     for start, end in state.backfill:
         extra += [Run(s, BACKFILL) for s in state.schedule.between(state.slot, start, end, MAX_BACKFILL)]
-    if not state.enabled or state.finished:
-        return EntryPlan(Plan([], 0, state.slot), extra)
     late = now_ms - jitter_offset(state.name, state.slot, state.jitter_ms)  # lateness counts from its jittered time
+    if not state.enabled or state.finished or (state.pending and late < state.slot.at_ms):
+        return EntryPlan(Plan([], 0, state.slot), extra)  # (due for its pending actions, not its period)
     plan = state.misfire.plan(state.schedule, state.slot, late)
     runs = [s for s in plan.runs if (state.start_ms is None or s.at_ms >= state.start_ms)]
     runs = [s for s in runs if state.end_ms is None or s.at_ms <= state.end_ms]
@@ -146,6 +146,8 @@ class _Firing:
     extra: list[Delivery] = field(default_factory=list)
     skipped: int = 0
     taken: bool = False
+    #: the :class:`Run` each delivery (by id) was made for: its period and what made it
+    made: dict[str, Run] = field(default_factory=dict)
 
     @property
     def deliveries(self) -> list[Delivery]:
@@ -217,9 +219,12 @@ class FiringTarget:
         template = self.maker.template(d.envelope)
         state = state_of(d.envelope)
         planned = plan_entry(state, now)
-        runs = [self.maker.run(d, template, state, Run(slot), now) for slot in planned.plan.runs]
-        extra = [self.maker.run(d, template, state, run, now) for run in planned.extra]
-        return _Firing(d, template, state, planned.plan, runs, extra)
+        f = _Firing(d, template, state, planned.plan, [], [])
+        for run in [Run(slot) for slot in planned.plan.runs] + planned.extra:
+            delivery = self.maker.run(d, template, state, run, now)
+            (f.runs if run.kind == SCHEDULED else f.extra).append(delivery)
+            f.made[delivery.id] = run
+        return f
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()

@@ -211,7 +211,8 @@ def _read(store: DelayStore, name: str) -> _Stored | None:
         state = state_of(envelope)
     except NewerFormatError as exc:
         raise PeriodicError(
-            f"entry {name!r} was written by a newer release of delayq_backends (format {exc.version}): change it with that one"
+            f"entry {name!r} was written by a newer release of delayq_backends (format {exc.version}): change it "
+            "with that one"
         ) from exc
     except EnvelopeError as exc:
         raise PeriodicError(

@@ -149,7 +149,9 @@ def check_version(version: Any) -> int | None:
 
 def _record(reply: Any) -> tuple[int, CodeRecord | None]:
     code = int(reply[0])
-    version, fingerprint, synced, host = (v.decode() if isinstance(v, bytes) else str(v) for v in reply[1:5])
+    version, fingerprint, synced, host = (
+        v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in reply[1:5]
+    )
     if not fingerprint and not version and not synced:
         return code, None
     return code, CodeRecord(

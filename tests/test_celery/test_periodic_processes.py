@@ -115,7 +115,9 @@ def test_periodic_commands(valkey_server: EmbeddedServer, tmp_path: Path) -> Non
     plain += ["--prefix", env.prefix, "--shards", "4"]
     table = subprocess.run(plain, env=env.env, capture_output=True, text=True, timeout=60, check=False)
     assert table.returncode == 0 and "tick" in table.stdout and "run_all" in table.stdout, table.stderr
-    assert "removed: tick" in celery("remove", "tick").stdout
+    refused = celery("remove", "tick")
+    assert refused.returncode == 1 and "--force" in refused.stderr, refused.stderr  # a sync adds it back
+    assert "removed: tick" in celery("remove", "tick", "--force").stdout
     assert json.loads(celery("list", "--json").stdout) == []
 
 

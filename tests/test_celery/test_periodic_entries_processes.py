@@ -1,0 +1,101 @@
+"""Entries as data with real processes: a ``celery -A … delayq forward`` and a ``celery worker``
+already running, on each broker; an entry added, updated, paused, resumed, run now and removed
+at runtime (through ``celery -A … delayq periodic`` and the Python API), each change effective
+with no restart, within a second."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from delayq_backends.celery import forget_store, store_for
+from delayq_backends.celery.periodic import entry_spec
+from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.periodic import ops
+from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.timeutil import now_ms
+from tests.helpers import wait_for
+from tests.test_celery.conftest import BROKERS, broker_url_for
+from tests.test_celery.harness import CeleryEnv, delayq_cli, new_env, running
+
+#: how late a run may start after its time: the forwarder is woken by the edit, the worker is idle
+LATE_MS = 1000
+
+
+@pytest.fixture(params=BROKERS)
+def env(request: pytest.FixtureRequest, valkey_server: EmbeddedServer, tmp_path: Path) -> Iterator[CeleryEnv]:
+    env = new_env(request.param, broker_url_for(request.param, request, valkey_server), valkey_server)
+    with running(env, tmp_path, via_celery=True):  # worker_app: an empty beat_schedule, kept empty
+        yield env
+
+
+def _runs(env: CeleryEnv, tag: str) -> list[dict[str, Any]]:
+    return [r for r in env.records() if r["tag"] == tag]
+
+
+def _update(app: Celery, every: float, tag: str) -> str:
+    conf = {"task": "dqt.record", "schedule": every, "args": [tag], "options": {"delayq_misfire": "run_once"}}
+    return ops.upsert(store_for(app), entry_spec(app, "e", conf))
+
+
+def test_an_entry_added_at_runtime_is_edited_paused_resumed_run_and_removed(env: CeleryEnv) -> None:
+    app = env.app()
+    store = store_for(app)
+    try:
+        added = delayq_cli(env, "periodic", "add", "e", "--task", "dqt.record", "--every", "2", "--args", '["e"]')
+        assert added.returncode == 0 and "added: e" in added.stdout, added.stderr
+        first = ops.get(store, "e")
+        assert first is not None and first.next_run_ms is not None and first.source == "runtime"
+        due = first.next_run_ms
+        wait_for(lambda: _runs(env, "e"), 10, "the added entry's first run")
+        [run] = _runs(env, "e")[:1]
+        assert run["id"] == run_task_id("e", Slot(str(due), due))
+        assert due <= run["started_ms"] <= due + LATE_MS, "fired at its time, no restart"
+
+        # update: every 1 s, other args; its next run follows the new schedule at once
+        edited = now_ms()
+        assert _update(app, 1.0, "e1") == "changed"
+        status, after = ops.get(store, "e"), now_ms()
+        assert status is not None and status.next_run_ms is not None
+        assert edited + 1000 <= status.next_run_ms <= after + 1000, "the next run follows the new schedule"
+        wait_for(lambda: _runs(env, "e1"), 10, "a run of the new definition")
+        assert _runs(env, "e1")[0]["started_ms"] <= after + 1000 + LATE_MS
+
+        # pause: no run over three periods
+        ops.pause(store, "e")
+        paused = now_ms()
+        time.sleep(3.0)  # three periods of the entry: what must not happen has had its chance
+        assert [r for r in _runs(env, "e1") if r["started_ms"] > paused + LATE_MS] == []
+
+        # resume: the periods missed while paused run once (run_once), at once
+        resumed = now_ms()
+        before = len(_runs(env, "e1"))
+        ops.resume(store, "e")
+        wait_for(lambda: len(_runs(env, "e1")) > before, 5, "the run after resume")
+        assert _runs(env, "e1")[before]["started_ms"] <= resumed + LATE_MS
+        wait_for(lambda: (ops.get(store, "e").last_missed or 0) >= 2, 5, "the missed periods counted")  # type: ignore[union-attr]
+
+        # run now: one extra run; the schedule (now hourly) stays as it is
+        assert _update(app, 3600.0, "e1") == "changed"
+        hourly = ops.get(store, "e")
+        assert hourly is not None and hourly.next_run_ms is not None
+        time.sleep(0.5)  # a run of the 1 s schedule sent just before the update lands first
+        before = len(_runs(env, "e1"))
+        asked = delayq_cli(env, "periodic", "run", "e")
+        assert asked.returncode == 0, asked.stderr
+        wait_for(lambda: len(_runs(env, "e1")) > before, 10, "the manual run")
+        time.sleep(0.5)
+        assert len(_runs(env, "e1")) == before + 1
+        assert ops.get(store, "e").next_run_ms == hourly.next_run_ms  # type: ignore[union-attr]
+
+        # remove: gone from the store and the listing
+        removed = delayq_cli(env, "periodic", "remove", "e")
+        assert "removed: e" in removed.stdout, removed.stderr
+        assert ops.get(store, "e") is None and ops.statuses(store) == []
+    finally:
+        forget_store(app)
