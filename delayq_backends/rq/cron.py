@@ -36,12 +36,13 @@ from rq.defaults import DEFAULT_RESULT_TTL
 from ..errors import ConfigError, DelayqError
 from ..overlap_policy import ALLOW, check_policy
 from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, sync_code
-from ..periodic.schedules import Cron, Misfire, Schedule, interval
+from ..periodic.schedules import Cron, Misfire, Schedule
+from ..periodic.schedules import interval as interval_of
 from ..periodic.state import CODE
 from ..store import DelayStore
 from .entries import KIND, JobTemplate, capture
 
-__all__ = ["CronConfig", "CronEntry", "CronOptions", "load_config", "register", "sync"]
+__all__ = ["CronConfig", "CronEntry", "CronOptions", "entry", "load_config", "register", "sync"]
 
 log = logging.getLogger("delayq.rq.cron")
 
@@ -131,12 +132,46 @@ class CronEntry:
     misfire: Misfire = field(default_factory=Misfire)
     overlap: str = ALLOW
 
-    def spec(self) -> EntrySpec:
-        """The entry as a sync from code stores it (source ``code``)."""
+    def spec(self, *, source: str = CODE, **fields: Any) -> EntrySpec:
+        """The entry for :mod:`delayq_backends.periodic.ops`: as a sync from code stores it, or
+        with ``source="runtime"`` for ``ops.upsert``, with further :class:`EntrySpec` fields
+        (``start_ms``, ``end_ms``, ``max_runs``, ``jitter_ms``, ``enabled``)."""
         what = [self.template.fingerprint(), self.schedule.to_json(), self.misfire.to_json()]
         fingerprint = hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
         run = RunTemplate(self.template.to_envelope(), fingerprint)  # as Celery's: a new schedule is a change
-        return EntrySpec(self.name, run, self.schedule, self.misfire, self.overlap, source=CODE)
+        return EntrySpec(self.name, run, self.schedule, self.misfire, self.overlap, source=source, **fields)
+
+
+def entry(
+    name: str,
+    func: str | Callable[..., Any],
+    queue: str,
+    *,
+    interval: float | None = None,
+    cron: str | None = None,
+    tz: str | None = None,
+    misfire: Misfire | None = None,
+    overlap: str = ALLOW,
+    **job: Any,
+) -> CronEntry:
+    """An RQ periodic entry from its parts, as ``cron.register`` takes them (``func`` may be a
+    dotted path: nothing is imported), for a runtime add::
+
+        ops.upsert(store, entry("nightly", "myapp.jobs.report", "reports", cron="0 2 * * *",
+                                tz="Europe/Berlin", args=("daily",)).spec(source="runtime"))
+
+    ``job`` takes ``args``, ``kwargs``, ``job_timeout``, ``result_ttl``, ``ttl``,
+    ``failure_ttl``, ``meta`` and ``webhooks``.
+
+    Raises:
+        ConfigError: neither or both of ``interval`` and ``cron``, a bad cron string or zone.
+        TemplateError: a job RQ cannot make (see :func:`~.entries.capture`).
+    """
+    if (interval is None) == (cron is None):
+        raise ConfigError(f"entry {name!r}: pass interval= (seconds) or cron= (a cron string), one of them")
+    schedule: Schedule = interval_of(interval) if interval is not None else _cron(str(cron), tz or _local_zone())
+    template = capture(func, queue, **job)
+    return CronEntry(name, schedule, template, misfire or Misfire(), check_policy(name, overlap))
 
 
 @dataclass
@@ -222,22 +257,16 @@ def load_config(path: str, *, search_path: Sequence[str] = (".",)) -> CronConfig
 
 
 def _entry(name: str, func: Callable[..., Any], queue: str, job: dict[str, Any], options: CronOptions) -> CronEntry:
-    """One registered job as an entry. ValueError names what RQ's job cannot be."""
-    every, expression = job.get("interval"), job.get("cron")
-    schedule: Schedule = interval(every) if every else _cron(str(expression), options.tz or _local_zone())
-    template = capture(
-        func,  # RQ names it itself, exactly as its enqueue does
-        queue,
-        args=job.get("args"),
-        kwargs=job.get("kwargs"),
-        job_timeout=job.get("job_timeout"),
-        result_ttl=job.get("result_ttl"),
-        ttl=job.get("ttl"),
-        failure_ttl=job.get("failure_ttl"),
-        meta=job.get("meta"),
-        webhooks=job.get("webhooks"),
-    )
-    return CronEntry(name, schedule, template, options.misfire, options.overlap)
+    """One job RQ's loader registered, as an entry (``func`` the function: RQ names it itself,
+    exactly as its enqueue does). ValueError names what RQ's job cannot be."""
+    options_of_job = {k: job.get(k) for k in _JOB_OPTIONS}
+    schedule = {"interval": job["interval"]} if job.get("interval") else {"cron": job.get("cron")}
+    return entry(name, func, queue, tz=options.tz, misfire=options.misfire, overlap=options.overlap,
+                 **schedule, **options_of_job)  # fmt: skip
+
+
+#: The job options of ``cron.register`` a template is captured with.
+_JOB_OPTIONS = ("args", "kwargs", "job_timeout", "result_ttl", "ttl", "failure_ttl", "meta", "webhooks")
 
 
 def _cron(expression: str, zone: str) -> Cron:

@@ -20,9 +20,11 @@ from rq.job import Job
 from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope
 from delayq_backends.errors import ConfigError, EnvelopeError
+from delayq_backends.periodic import ops
 from delayq_backends.periodic.schedules import Cron, Every, Misfire, run_task_id
-from delayq_backends.periodic.state import PeriodicState, state_of, with_state
-from delayq_backends.rq.cron import load_config
+from delayq_backends.periodic.state import RUNTIME, PeriodicState, state_of, with_state
+from delayq_backends.rq.cron import entry as cron_entry
+from delayq_backends.rq.cron import load_config, sync
 from delayq_backends.rq.entries import (
     KIND,
     MAX_RUNS_PER_CALL,
@@ -281,3 +283,30 @@ def test_a_catch_up_of_more_runs_than_one_call_takes_is_written_in_order(conn: r
     report = RQRunTarget(conn).publish_many(many)
     assert len(report.published) == len(many) and not report.failed
     assert [j.decode() for j in conn.lrange(f"rq:queue:{queue}", 0, -1)] == [d.id.rpartition("#")[2] for d in many]
+
+
+def test_a_runtime_entry_is_listed_as_rq_and_shadows_a_config_entry_of_its_name(tmp_path: Path) -> None:
+    store = testing_store(prefix="cron", shards=2)
+    runtime = cron_entry("standup", FUNC, "q", cron="0 9 * * *", tz="America/New_York", args=("rt",))
+    assert ops.upsert(store, runtime.spec(source=RUNTIME)) == "added"
+    status = ops.get(store, "standup")
+    assert status is not None and (status.kind, status.task, status.tz) == ("rq", FUNC, "America/New_York")
+    report = sync(store, load_config(str(_config(tmp_path, "q"))))
+    assert report.shadowed == ["standup"] and sorted(report.added) == sorted([FUNC, "every-2s"])
+    stored = store.get("periodic:standup")
+    assert stored is not None and "'rt'" in str(
+        JobTemplate.from_envelope(Envelope.decode(stored.envelope)).fields["description"]
+    )
+    with pytest.raises(ConfigError, match="interval= .* or cron="):
+        cron_entry("x", FUNC, "q")
+
+
+def test_a_cron_string_without_tz_is_read_in_the_syncing_hosts_zone_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``rq cron`` reads it in its host's zone; named, so every forwarder reads it alike."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    entries = {e.name: e for e in load_config(str(_config(tmp_path, "q"))).entries}
+    assert entries["every-2s"].schedule == Cron("* * * * * */2", "Asia/Tokyo")
+    monkeypatch.setenv("TZ", "Etc/UTC")
+    assert load_config(str(_config(tmp_path, "q"))).entries[2].schedule == Cron("* * * * * */2", "UTC")
