@@ -28,6 +28,7 @@ from delayq_backends.envelope import Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.firing import MANUAL, Run
+from delayq_backends.periodic.registry import check_registry
 from delayq_backends.periodic.schedules import Slot, run_task_id
 from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import MAX_MS
@@ -218,7 +219,7 @@ def test_what_the_schema_cannot_rule_out_is_a_400(client: TestClient, web_store:
     backwards = client.post(
         "/api/v1/periodic/tick/backfill", headers=AUTH, json={"start": day["end"], "end": day["start"]}
     )
-    assert backwards.status_code == 422 and "end must not be before start" in backwards.json()["detail"]
+    assert backwards.status_code == 400 and "swap the times" in backwards.json()["detail"]
     assert entry(client, "tick")["pending_backfill"] == 0
 
 
@@ -431,3 +432,15 @@ def test_the_dashboard_adds_pauses_runs_edits_backfills_and_removes_an_entry(
     expect(page.locator("#periodic-message")).to_have_text("Removed report.")
     expect(rows).to_have_count(1)
     assert ops.get(web_store, "report") is None
+
+
+def test_an_entry_whose_item_is_garbage_is_named_not_a_500(client: TestClient, web_store: DelayStore) -> None:
+    web_store.client.hset(check_registry(web_store), "junk", ops.item_id("junk"))
+    web_store.schedule(ops.item_id("junk"), timedelta(hours=1), Envelope("list", "k", b"not an entry"))
+    [listed] = client.get("/api/v1/periodic", headers=AUTH).json()["entries"]
+    assert listed["state"].startswith("unreadable") and listed["kind"] is None
+    shown = entry(client, "junk")
+    assert shown["definition"] is None and shown["state"].startswith("unreadable")
+    paused = client.post("/api/v1/periodic/junk/pause", headers=AUTH, json={})
+    assert paused.status_code == 400 and "delayq cancel periodic:junk" in paused.json()["detail"], paused.text
+    assert client.delete("/api/v1/periodic/junk", headers=AUTH).json()["removed"] is True, "removing it is the fix"
