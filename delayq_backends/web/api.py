@@ -149,6 +149,15 @@ def _json_time(value: Any) -> Any:
 JsonTime = BeforeValidator(_json_time)
 
 
+def json_values(value: Any) -> Any:
+    """Refuse NaN and infinities in arguments: they are not JSON, and workers' parsers would choke on them."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise ValueError("NaN and Infinity are not JSON: send finite numbers") from None
+    return value
+
+
 def _not_null(value: Any) -> Any:
     """Refuse an explicit null where the schema has none: leaving the field out is the way to say "not this"."""
     if value is None:
@@ -204,12 +213,7 @@ class CallIn(DueTime):
     @field_validator("args", "kwargs")
     @classmethod
     def json_only(cls, value: Any) -> Any:
-        """Refuse NaN and infinities: they are not JSON, and workers' parsers would choke on them."""
-        try:
-            json.dumps(value, allow_nan=False)
-        except ValueError:
-            raise ValueError("NaN and Infinity are not JSON: send finite numbers") from None
-        return value
+        return json_values(value)
 
 
 class CeleryIn(CallIn):

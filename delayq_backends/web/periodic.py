@@ -11,7 +11,6 @@ the workers run, at every period.
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime
@@ -29,7 +28,19 @@ from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, interval, zone_named
 from ..periodic.state import state_of
 from ..timeutil import to_ms
-from .api import RESPONSES, ErrorOut, JsonNumber, JsonTime, Name, Services, Svc, _available, _not_null, reading
+from .api import (
+    RESPONSES,
+    ErrorOut,
+    JsonNumber,
+    JsonTime,
+    Name,
+    Services,
+    Svc,
+    _available,
+    _not_null,
+    json_values,
+    reading,
+)
 from .guard import API_PREFIX
 from .producers import CeleryProducer, FunctionRefused, ProducerUnavailable, RQProducer
 
@@ -136,12 +147,7 @@ class EntryIn(BaseModel):
     @field_validator("args", "kwargs")
     @classmethod
     def json_only(cls, value: Any) -> Any:
-        """Refuse NaN and infinities: they are not JSON, and workers' parsers would choke on them."""
-        try:
-            json.dumps(value, allow_nan=False)
-        except ValueError:
-            raise ValueError("NaN and Infinity are not JSON: send finite numbers") from None
-        return value
+        return json_values(value)
 
     @field_validator("tz")
     @classmethod

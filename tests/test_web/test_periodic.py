@@ -444,3 +444,10 @@ def test_an_entry_whose_item_is_garbage_is_named_not_a_500(client: TestClient, w
     paused = client.post("/api/v1/periodic/junk/pause", headers=AUTH, json={})
     assert paused.status_code == 400 and "delayq cancel periodic:junk" in paused.json()["detail"], paused.text
     assert client.delete("/api/v1/periodic/junk", headers=AUTH).json()["removed"] is True, "removing it is the fix"
+
+
+def test_nan_in_an_entrys_arguments_is_refused(client: TestClient, web_store: DelayStore) -> None:
+    raw = b'{"name": "n", "task": "t", "every": 1, "kwargs": {"x": NaN}}'
+    response = client.post("/api/v1/periodic", headers={**AUTH, "Content-Type": "application/json"}, content=raw)
+    assert response.status_code == 422 and "NaN and Infinity are not JSON" in response.json()["detail"], response.text
+    assert ops.get(web_store, "n") is None
