@@ -34,6 +34,7 @@ from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import MAX_MS
 from delayq_backends.web import create_app
 from tests.harness import Launcher
+from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
 from tests.test_web.conftest import ARTIFACTS, AUTH, RQ_JOBS, SHARDS, TOKEN
 from tests.test_web.test_dashboard import TIMEOUT_MS
@@ -336,6 +337,36 @@ def test_an_entry_added_over_http_fires_pauses_and_runs_now_at_a_real_forwarder(
         assert client.post("/api/v1/periodic/tick/resume", headers=AUTH, json={}).json()["state"] == "scheduled"
         wait_for(lambda: len(sent_ids(lists, queue)) > len(after_run), 10, "a scheduled run after the resume")
         assert sent_ids(lists, queue)[len(after_run)] in scheduled
+
+
+def test_an_rq_entry_added_over_http_runs_under_a_real_worker_until_removed(
+    client: TestClient, web_store: DelayStore, processes: Processes, prefix: str
+) -> None:
+    """``delayq forward --rq-redis`` writes each run as a job a real ``rq worker`` runs; a run
+    now while paused runs once; after the removal nothing more runs."""
+    queue, conn = f"{prefix}-rq", web_store.client
+    processes.forwarder("--poll", "0.1")
+    processes.worker(queue)
+    body = {"name": "rq-tick", "kind": "rq", "func": f"{RQ_JOBS}.record", "args": ["tick"], "every": 1, "queue": queue}
+    added = client.post("/api/v1/periodic", headers=AUTH, json=body)
+    assert added.status_code == 201, added.text
+    first = int(datetime.fromisoformat(added.json()["entry"]["next_run"]).timestamp() * 1000)
+    scheduled = {run_task_id("rq-tick", Slot(str(at), at)) for at in range(first, first + 600_000, 1000)}
+    wait_for(lambda: len(runs(conn, queue)) >= 2, 30, "two runs of the entry under the worker")  # type: ignore[arg-type]
+    assert {r["id"] for r in runs(conn, queue)} <= scheduled and {r["tag"] for r in runs(conn, queue)} == {"tick"}  # type: ignore[arg-type]
+
+    assert client.post("/api/v1/periodic/rq-tick/pause", headers=AUTH, json={}).json()["state"] == "paused"
+    asked = web_store.clock()
+    assert client.post("/api/v1/periodic/rq-tick/run", headers=AUTH, json={}).status_code == 200
+    answered = web_store.clock()
+    manual = {Run(Slot(str(ms), ms), MANUAL).task_id("rq-tick") for ms in range(asked, answered + 1)}
+    wait_for(lambda: any(r["id"] in manual for r in runs(conn, queue)), 30, "the run now under the worker")  # type: ignore[arg-type]
+
+    assert client.delete("/api/v1/periodic/rq-tick", headers=AUTH).json()["removed"] is True
+    done = len(runs(conn, queue))  # type: ignore[arg-type]
+    quiet_until = web_store.server_time_ms() + 3000  # three periods: a removed entry runs no more
+    wait_for(lambda: web_store.server_time_ms() >= quiet_until, 10, "three periods")
+    assert len(runs(conn, queue)) == done and ops.get(web_store, "rq-tick") is None  # type: ignore[arg-type]
 
 
 # -- the dashboard, in a real browser -----------------------------------------------------------------
