@@ -149,6 +149,15 @@ def _json_time(value: Any) -> Any:
 JsonTime = BeforeValidator(_json_time)
 
 
+def json_values(value: Any) -> Any:
+    """Refuse NaN and infinities in arguments: they are not JSON, and workers' parsers would choke on them."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise ValueError("NaN and Infinity are not JSON: send finite numbers") from None
+    return value
+
+
 def _not_null(value: Any) -> Any:
     """Refuse an explicit null where the schema has none: leaving the field out is the way to say "not this"."""
     if value is None:
@@ -204,12 +213,7 @@ class CallIn(DueTime):
     @field_validator("args", "kwargs")
     @classmethod
     def json_only(cls, value: Any) -> Any:
-        """Refuse NaN and infinities: they are not JSON, and workers' parsers would choke on them."""
-        try:
-            json.dumps(value, allow_nan=False)
-        except ValueError:
-            raise ValueError("NaN and Infinity are not JSON: send finite numbers") from None
-        return value
+        return json_values(value)
 
 
 class CeleryIn(CallIn):
@@ -389,25 +393,6 @@ class LatenessOut(BaseModel):
     records: list[LateOut] = Field(description="The most recent forwards, latest first.")
 
 
-class PeriodicOut(BaseModel):
-    name: str = Field(description="The beat_schedule entry.")
-    item_id: str
-    state: str = Field(description="scheduled, firing (leased to a forwarder) or missing (not in the store).")
-    task: str
-    schedule: str
-    misfire: str
-    last_run: str | None = Field(description="The period the last firing ran (UTC).")
-    last_sent: str | None = Field(description="When that firing sent it.")
-    last_missed: int = Field(description="Periods the last firing skipped or collapsed (misfire policy).")
-    next_run: str | None
-    runs: int
-
-
-class PeriodicListOut(BaseModel):
-    entries: list[PeriodicOut]
-    hint: str | None = Field(default=None, description="Why there is nothing to show, and what to do.")
-
-
 # -- routes -----------------------------------------------------------------------------------
 
 #: What any route may answer besides its own result (every router of the API shares them).
@@ -582,43 +567,6 @@ def stats(svc: Svc) -> StatsOut:
             shards=[_shard_out(s.shard, [s]) for s in per_shard],
             totals=_shard_out("total", per_shard),
         )
-
-
-NO_CELERY = "Celery is not installed where this server runs: periodic entries (if any) cannot be read here"
-NO_PERIODIC = (
-    "no periodic entries: `celery -A proj delayq forward` (at start) or `celery -A proj delayq periodic sync` "
-    "stores the app's beat_schedule"
-)
-
-
-@router.get("/periodic", response_model=PeriodicListOut, summary="Periodic Celery entries: schedule, last and next run")
-def periodic(svc: Svc) -> PeriodicListOut:
-    """The entries synced from a Celery app's beat_schedule (``celery -A proj delayq periodic list``)."""
-    try:
-        import delayq_backends.celery.periodic  # noqa: F401  (registers the kind, whose messages it reads)
-    except ImportError:  # the entries' messages are Celery's: without it they cannot be read
-        return PeriodicListOut(entries=[], hint=NO_CELERY)
-    from ..periodic.ops import statuses
-
-    with reading("the periodic entries"):
-        entries = statuses(svc.store)
-    out = [
-        PeriodicOut(
-            name=e.name,
-            item_id=e.item_id,
-            state=e.state,
-            task=e.task,
-            schedule=e.schedule,
-            misfire=e.misfire,
-            last_run=iso(e.last_run_ms),
-            last_sent=iso(e.last_sent_ms),
-            last_missed=e.last_missed,
-            next_run=iso(e.next_run_ms),
-            runs=e.runs,
-        )
-        for e in entries
-    ]
-    return PeriodicListOut(entries=out, hint=None if out else NO_PERIODIC)
 
 
 @router.get("/due", response_model=DueOut, summary="How many items fall due per bucket from now on")

@@ -35,7 +35,7 @@ from ..errors import (
 )
 from ..store import DelayStore, SlotKeyList
 from ..store.keylist import KeyList
-from . import batches, periodic_history, slots
+from . import batches, periodic, periodic_history, slots
 from .api import Services, UnreadableData, router
 from .auth import require_token
 from .guard import Guard, Limits
@@ -117,7 +117,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.services = services
-    for routes in (router, slots.router, batches.router, periodic_history.router):
+    for routes in (router, slots.router, batches.router, periodic.router, periodic_history.router):
         app.include_router(routes, dependencies=[Depends(require_token(token))])
     if token is None:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)

@@ -14,7 +14,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import redis
@@ -22,6 +22,9 @@ import redis
 from ..errors import ConfigError, DelayqError
 from ..keys import normalize_id
 from ..models import ScheduleItem
+from ..periodic.ops import EntrySpec
+from ..periodic.schedules import Misfire, Schedule
+from ..periodic.state import RUNTIME
 from ..store import DelayStore
 from ..timeutil import from_ms
 
@@ -132,6 +135,7 @@ class CeleryProducer:
         try:
             from celery import Celery
 
+            from ..celery.periodic import entry_spec
             from ..celery.template import TaskTemplate
         except ImportError as exc:
             raise ProducerUnavailable(
@@ -143,6 +147,7 @@ class CeleryProducer:
         if broker_url:
             self.app.conf.broker_url = broker_url
         self._template_class = TaskTemplate
+        self._entry_spec = entry_spec
         self._templates: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -182,6 +187,18 @@ class CeleryProducer:
             [ScheduleItem(item_id, ready_ms, self.store.check_payload(item_id, envelope))], mode=mode
         )
         return "added" if counts.added else "replaced" if counts.replaced else "kept"
+
+    def entry(self, name: str, conf: Mapping[str, Any]) -> EntrySpec:
+        """A runtime periodic entry of ``conf`` (a ``beat_schedule`` entry), its run message built
+        by Celery's sender with this server's routing, as ``celery -A proj delayq periodic add``
+        builds one with the app's.
+
+        Raises:
+            PeriodicError, ConfigError: naming what is wrong with the definition.
+        """
+        with self._lock:  # Celery's sender is not meant to run in many threads at once
+            spec: EntrySpec = self._entry_spec(self.app, name, conf, source=RUNTIME)
+        return spec
 
     def close(self) -> None:
         self.app.close()
@@ -243,3 +260,38 @@ class RQProducer:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"RQ refused job {item_id!r}: {exc}") from exc
         rq_queue.schedule_job(job, from_ms(ready_ms))
+
+    def entry(
+        self,
+        name: str,
+        func: str,
+        *,
+        queue: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        schedule: Schedule,
+        misfire: Misfire,
+        overlap: str,
+        **fields: Any,
+    ) -> EntrySpec:
+        """A runtime periodic entry running ``func`` (an import path, not imported here): its job
+        template captured as ``rq cron`` configs are (:func:`delayq_backends.rq.entries.capture`).
+        ``fields`` are :class:`EntrySpec`'s own (``enabled``, ``start_ms``, ``end_ms``,
+        ``max_runs``, ``jitter_ms``).
+
+        Raises:
+            FunctionRefused: ``func`` is not allowed: every run of the entry would call it.
+            ProducerUnavailable: this RQ has no ``rq.cron`` (RQ entries need RQ 2.4 or later).
+            TemplateError: RQ cannot make a job of it (a ValueError: its message says why).
+        """
+        self.allowed.check(func)
+        try:
+            from ..rq.cron import CronEntry
+            from ..rq.entries import capture
+        except ImportError as exc:
+            raise ProducerUnavailable(
+                f"RQ periodic entries need RQ 2.4 or later where the dashboard runs ({exc}): pip install -U rq"
+            ) from exc
+        template = capture(func, queue, args=args, kwargs=kwargs)
+        code = CronEntry(name, schedule, template, misfire, overlap).spec()  # its fingerprint, as a sync's
+        return replace(code, source=RUNTIME, **fields)

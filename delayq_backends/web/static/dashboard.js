@@ -75,6 +75,10 @@
   }
 
   const fmtTime = (iso) => (iso ? new Date(iso).toLocaleString(undefined, { hour12: false }) : "–");
+  // a paused or finished periodic entry's item is due at the end of time: it never falls due
+  const NEVER = "never (a paused or finished entry)";
+  const endOfTime = (iso) => Boolean(iso) && iso.startsWith("9999-");
+  const dueText = (iso) => (endOfTime(iso) ? NEVER : `${fmtTime(iso)} (${relative(iso)})`);
   const count = (n) => Number(n).toLocaleString();
 
   function duration(ms) {
@@ -101,12 +105,12 @@
     $("count-due").textContent = count(t.due);
     $("count-leased").textContent = count(t.leased);
     $("count-dead").textContent = count(t.dead);
-    $("next-due").textContent = t.next_due ? `${fmtTime(t.next_due)} (${relative(t.next_due)})` : "nothing scheduled";
+    $("next-due").textContent = t.next_due ? dueText(t.next_due) : "nothing scheduled";
     $("oldest-overdue").textContent = t.due ? duration(t.oldest_overdue_ms) : "none";
     fillTable($("shards"),
       [["shard", 1], ["scheduled", 1], ["due now", 1], ["leased", 1], ["dead", 1], ["next due"], ["oldest overdue", 1]],
       stats.shards.map((s) => [s.shard, count(s.scheduled), count(s.due), count(s.leased), count(s.dead),
-        s.next_due ? fmtTime(s.next_due) : s.problem || "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
+        s.next_due ? (endOfTime(s.next_due) ? NEVER : fmtTime(s.next_due)) : s.problem || "–", s.due ? duration(s.oldest_overdue_ms) : "–"]),
       "no shards");
     return t.problem; // shards that could not be read
   }
@@ -167,7 +171,7 @@
       [["id"], ["ready"], ["target / destination"], ["attempts", 1], ["leased until"], ["collapsed"]],
       items.items.map((it) => [
         el("a", { href: "#", class: "mono", onclick: (e) => { e.preventDefault(); find(it.id); } }, it.id),
-        `${fmtTime(it.ready)} (${relative(it.ready)})`,
+        dueText(it.ready),
         where(it),
         it.attempts,
         it.leased_until ? fmtTime(it.leased_until) : "–",
@@ -177,21 +181,223 @@
     return items.problems.join("; "); // shards that could not be read
   }
 
-  const PERIODIC_STATES = ["scheduled", "firing", "missing"]; // else "unreadable: why"
+  const PERIODIC_STATES = ["scheduled", "firing", "paused", "finished", "missing"]; // else "unreadable: why"
+
+  // "paused", "finished" or the item's state, and what waits for the next firing
+  function entryState(e) {
+    const shown = e.state === "scheduled" && !e.enabled ? "paused" : e.state === "scheduled" && e.finished ? "finished" : e.state;
+    const pending = [e.pending_runs ? `${e.pending_runs} run now` : "", e.pending_backfill ? `${e.pending_backfill} backfill` : ""]
+      .filter(Boolean).join(", ");
+    return el("span", { class: `state ${PERIODIC_STATES.includes(shown) ? shown : "unreadable"}` },
+      shown, pending ? ` (${pending} pending)` : "");
+  }
+
+  function entryActions(e) {
+    const attrs = (action) => ({ type: "button", class: "small", "data-action": action, "data-name": e.name });
+    if (!e.kind) return ""; // unreadable or missing: nothing to act on (remove it with the CLI)
+    const remove = confirmButton("Remove", e.source === "code" ? "Really remove? (a sync adds it back)" : "Really remove?",
+      () => removeEntry(e), { "data-action": "remove", "data-name": e.name });
+    return el("div", { class: "actions" },
+      e.enabled
+        ? el("button", { ...attrs("pause"), onclick: () => entryAction(e.name, "pause", "Paused", {}) }, "Pause")
+        : el("button", { ...attrs("resume"), onclick: () => entryAction(e.name, "resume", "Resumed", {}) }, "Resume"),
+      el("button", { ...attrs("run"), onclick: () => entryAction(e.name, "run", "Asked for a run of", {}) }, "Run now"),
+      el("button", { ...attrs("backfill"), onclick: () => openBackfill(e.name) }, "Backfill"),
+      el("button", { ...attrs("edit"), onclick: () => editEntry(e.name) }, "Edit"),
+      remove);
+  }
+
+  let shownPeriodic = "";
 
   function showPeriodic(periodic) {
-    fillTable($("periodic"),
-      [["entry"], ["task"], ["schedule"], ["misfire"], ["last run"], ["next run"], ["state"]],
+    // Redrawn when it changed, and never under an armed Remove (its second click must find it)
+    const shown = JSON.stringify(periodic);
+    const table = $("periodic");
+    if (shown === shownPeriodic || table.querySelector(".armed")) return;
+    shownPeriodic = shown;
+    fillTable(table,
+      [["entry"], ["kind · source"], ["task / function"], ["schedule"], ["misfire"], ["last run"], ["next run"],
+        ["runs", 1], ["state"], [""]],
       periodic.entries.map((e) => [
-        el("a", { href: "#", class: "mono", onclick: (ev) => { ev.preventDefault(); find(e.item_id); } }, e.name),
+        e.item_id
+          ? el("a", { href: "#", class: "mono", onclick: (ev) => { ev.preventDefault(); find(e.item_id); } }, e.name)
+          : el("span", { class: "mono" }, e.name),
+        e.kind ? `${e.kind} · ${e.source}` : "–",
         e.task || "–",
         e.schedule || "–",
         e.misfire || "–",
         e.last_run ? `${fmtTime(e.last_run)}${e.last_missed ? ` (${e.last_missed} missed)` : ""}` : "never",
-        e.next_run ? `${fmtTime(e.next_run)} (${relative(e.next_run)})` : "–",
-        el("span", { class: `state ${PERIODIC_STATES.includes(e.state) ? e.state : "unreadable"}` }, e.state),
+        e.next_run && e.enabled && !e.finished ? fmtTime(e.next_run) : "–",
+        count(e.runs),
+        entryState(e),
+        entryActions(e),
       ]),
       periodic.hint || "no periodic entries");
+  }
+
+  function periodicMessage(text, error = false) {
+    $("periodic-message").className = error ? "error" : "muted";
+    $("periodic-message").textContent = text;
+  }
+
+  const entryPath = (name) => `/periodic/${encodeURIComponent(name)}`;
+
+  async function entryAction(name, verb, done, body) {
+    try {
+      await api(`${entryPath(name)}/${verb}`, { method: "POST", body });
+      periodicMessage(`${done} ${name}.`);
+    } catch (error) {
+      periodicMessage(error.message, true);
+    }
+    shownPeriodic = "";
+    refresh(true);
+  }
+
+  async function removeEntry(e) {
+    try {
+      // a code entry is removed only when asked twice (the armed button says a sync adds it back)
+      await api(`${entryPath(e.name)}${e.source === "code" ? "?force=true" : ""}`, { method: "DELETE" });
+      periodicMessage(`Removed ${e.name}.`);
+    } catch (error) {
+      periodicMessage(error.message, true);
+    }
+    shownPeriodic = "";
+    refresh(true);
+  }
+
+  // -- backfill and add/edit forms ------------------------------------------------------------------
+
+  // datetime-local inputs read in the browser's time zone; the API takes ISO-8601 with an offset
+  const isoOf = (local) => (local ? new Date(local).toISOString() : undefined);
+
+  function localOf(iso) {
+    if (!iso) return "";
+    const d = new Date(iso);
+    return new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+  }
+
+  function openBackfill(name) {
+    $("backfill-name").textContent = name;
+    $("backfill-form").dataset.name = name;
+    $("backfill-form").hidden = false;
+    $("backfill-from").focus();
+  }
+
+  function submitBackfill() {
+    const name = $("backfill-form").dataset.name;
+    const start = isoOf($("backfill-from").value), end = isoOf($("backfill-to").value);
+    $("backfill-form").hidden = true;
+    entryAction(name, "backfill", "Asked for a backfill of", { start, end });
+  }
+
+  const SCHEDULE_LABELS = { every: "Seconds", cron: "Crontab", at: "At" };
+  const SCHEDULE_HINTS = { every: "300", cron: "*/5 * * * *", at: "2030-01-31T09:00:00Z" };
+
+  function scheduleKindChanged() {
+    const kind = $("entry-schedule-kind").value;
+    $("entry-schedule-label").textContent = SCHEDULE_LABELS[kind];
+    $("entry-schedule").placeholder = SCHEDULE_HINTS[kind];
+    $("entry-tz").disabled = kind !== "cron";
+  }
+
+  function entryKindChanged() {
+    const rq = $("entry-kind").value === "rq";
+    $("entry-task-label").textContent = rq ? "Function" : "Task";
+    $("entry-task").placeholder = rq ? "app.tasks.cleanup" : "proj.tasks.cleanup";
+  }
+
+  async function editEntry(name) {
+    try {
+      openEntryForm(await api(entryPath(name))); // the list carries no definitions: one entry's
+    } catch (error) {
+      periodicMessage(error.message, true);
+    }
+  }
+
+  let editing = {}; // the definition being edited: what the form has no field for is sent back as it was
+
+  // The form, empty (Add entry) or holding entry e's definition (Edit)
+  function openEntryForm(e) {
+    const d = (e && e.definition) || {};
+    editing = d;
+    const scheduleKind = d.cron ? "cron" : d.at ? "at" : "every";
+    $("entry-form-title").textContent = e ? `Edit ${e.name}` : "Add an entry";
+    $("entry-name").value = e ? e.name : "";
+    $("entry-name").readOnly = Boolean(e);
+    $("entry-kind").value = (e && e.kind) || "celery";
+    $("entry-task").value = (e && e.task) || "";
+    $("entry-queue").value = d.queue || "";
+    $("entry-schedule-kind").value = scheduleKind;
+    $("entry-schedule").value = d.cron || d.at || (d.every ?? "");
+    $("entry-tz").value = d.tz || "";
+    $("entry-misfire").value = d.misfire || "run_once";
+    $("entry-overlap").value = d.overlap || "allow";
+    $("entry-start").value = localOf(d.start);
+    $("entry-end").value = localOf(d.end);
+    $("entry-max-runs").value = d.max_runs ?? "";
+    $("entry-jitter").value = d.jitter ?? "";
+    // an RQ entry's arguments are RQ's serialized data, not shown: they must be entered again
+    const unknown = Boolean(e) && (d.args === null || d.args === undefined);
+    $("entry-args").value = unknown ? "" : JSON.stringify(d.args ?? []);
+    $("entry-kwargs").value = unknown ? "" : JSON.stringify(d.kwargs ?? {});
+    for (const id of ["entry-args", "entry-kwargs"]) {
+      $(id).placeholder = unknown ? "not readable here: enter them again" : "";
+      $(id).required = unknown;
+    }
+    $("entry-enabled").checked = e ? e.enabled : true;
+    $("entry-detach").checked = false;
+    $("entry-detach-box").hidden = !(e && e.source === "code");
+    $("entry-message").textContent = "";
+    entryKindChanged();
+    scheduleKindChanged();
+    $("entry-form").hidden = false;
+    (e ? $("entry-task") : $("entry-name")).focus();
+  }
+
+  // a number typed as digits goes as a number; anything else as typed, for the server to say what it wants
+  const numberOr = (text) => (/^[0-9]+(\.[0-9]+)?$/.test(text) ? Number(text) : text);
+
+  function entryBody() {
+    const value = (id) => $(id).value.trim();
+    const body = { name: value("entry-name"), kind: $("entry-kind").value, enabled: $("entry-enabled").checked };
+    body[body.kind === "rq" ? "func" : "task"] = value("entry-task");
+    const scheduleKind = $("entry-schedule-kind").value, schedule = value("entry-schedule");
+    body[scheduleKind] = scheduleKind === "every" ? numberOr(schedule) : schedule;
+    if (scheduleKind === "cron" && value("entry-tz")) body.tz = value("entry-tz");
+    if (value("entry-queue")) body.queue = value("entry-queue");
+    for (const [key, id] of [["max_runs", "entry-max-runs"], ["jitter", "entry-jitter"]]) {
+      if (value(id)) body[key] = numberOr(value(id));
+    }
+    for (const [key, id] of [["start", "entry-start"], ["end", "entry-end"]]) if (value(id)) body[key] = isoOf(value(id));
+    body.misfire = $("entry-misfire").value;
+    if (editing.misfire_grace !== undefined) Object.assign(body, { misfire_grace: editing.misfire_grace, misfire_max: editing.misfire_max });
+    body.overlap = $("entry-overlap").value;
+    body.args = JSON.parse(value("entry-args") || "[]");
+    body.kwargs = JSON.parse(value("entry-kwargs") || "{}");
+    if ($("entry-detach").checked) body.detach = true;
+    return body;
+  }
+
+  async function saveEntry() {
+    const message = $("entry-message");
+    let body;
+    try {
+      body = entryBody();
+    } catch (error) {
+      message.className = "error";
+      message.textContent = `Args and kwargs must be JSON: ${error.message}`;
+      return;
+    }
+    try {
+      const saved = await api("/periodic", { method: "POST", body });
+      $("entry-form").hidden = true;
+      periodicMessage(saved.result === "unchanged" ? `${body.name}: nothing changed.` : `Saved ${body.name} (${saved.result}).`);
+    } catch (error) {
+      message.className = "error";
+      message.textContent = error.message;
+    }
+    shownPeriodic = "";
+    refresh(true);
   }
 
   function showLateness(late) {
@@ -472,6 +678,13 @@
       // digits go as a number; anything else as typed, for the server to say what it wants
       setSlotLimit(/^[0-9]+$/.test(text) ? Number(text) : text);
     });
+    $("periodic-add").addEventListener("click", () => openEntryForm(null));
+    $("entry-kind").addEventListener("change", entryKindChanged);
+    $("entry-schedule-kind").addEventListener("change", scheduleKindChanged);
+    $("entry-form").addEventListener("submit", (event) => { event.preventDefault(); saveEntry(); });
+    $("entry-cancel").addEventListener("click", () => { $("entry-form").hidden = true; });
+    $("backfill-form").addEventListener("submit", (event) => { event.preventDefault(); submitBackfill(); });
+    $("backfill-cancel").addEventListener("click", () => { $("backfill-form").hidden = true; });
     $("slot-remove").replaceWith(confirmButton("Remove limit", "Really remove?", () => setSlotLimit(null),
       { id: "slot-remove", class: "danger" }));
     const purgeAll = $("purge-all");
