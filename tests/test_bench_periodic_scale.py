@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -29,4 +30,8 @@ def test_tiny_run_fires_every_period_and_sees_every_edit() -> None:
         assert edits["landed_after_return_ms"]["max"] < 5_000, edits
     memory = report["memory"]
     assert memory["envelope_bytes"] < memory["per_entry_keys"] < 10 * memory["envelope_bytes"], memory
-    assert report["peer_redbeat"]["entries"] == 100, report["peer_redbeat"]
+    peer = report["peer_redbeat"]
+    if importlib.util.find_spec("redbeat") is None:  # the peer is optional: the bench says how to add it
+        assert "pip install celery-redbeat" in peer["skipped"], peer
+    else:
+        assert peer["entries"] == 100 and peer["per_entry_used_memory"] > 0, peer
