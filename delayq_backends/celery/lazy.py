@@ -32,6 +32,7 @@ from kombu.utils.json import dumps as kombu_json_dumps
 from kombu.utils.json import loads as kombu_json_loads
 
 from ..envelope import Envelope
+from ..errors import EnvelopeError
 from ..periodic.firing import EntryWaits
 from ..periodic.registry import PeriodicError
 from ..periodic.state import LAZY_META
@@ -147,7 +148,8 @@ class LazyArgs:
         """The lazy arguments of an entry's envelope (None for an entry without).
 
         Raises:
-            EntryWaits: a marker no release wrote (a hand write): the entry waits, never sent as it is.
+            EnvelopeError: a marker no release wrote (a hand write): the entry is dead-lettered with
+                that reason, as any unreadable entry, never sent with its placeholders.
         """
         text = envelope.meta.get(LAZY_META)
         if text is None:
@@ -163,7 +165,7 @@ class LazyArgs:
                 {str(k): LazyCall.from_json(c) for k, c in data["pk"].items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise EntryWaits(
+            raise EnvelopeError(
                 f"its BeatLazyFunc arguments cannot be read ({type(exc).__name__}: {exc}): sync the entry again"
             ) from exc
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,6 +20,7 @@ from delayq_backends.envelope import ENTRY_FORMAT_VERSION, Envelope
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.ops import item_id
 from delayq_backends.periodic.registry import PeriodicError
+from delayq_backends.periodic.state import LAZY_META
 from delayq_backends.testing import TestingForwarder
 from tests.test_celery import lazy_values
 from tests.test_celery.test_periodic import Harness
@@ -123,6 +125,20 @@ def test_a_lazy_entry_is_stored_in_the_format_older_forwarders_leave_alone_and_l
     h.fire_next("lazy")  # its rearm keeps the format
     item = h.store.get(item_id("lazy"))
     assert item is not None and item.envelope[2] == ENTRY_FORMAT_VERSION
+
+
+def test_a_damaged_lazy_marker_is_dead_lettered_never_sent_with_its_placeholders() -> None:
+    h = _with_app({"lazy": LAZY})
+    h.sync()
+    item = h.store.get(item_id("lazy"))
+    assert item is not None
+    envelope = Envelope.decode(item.envelope)
+    damaged = replace(envelope, meta={**envelope.meta, LAZY_META: "{not json"}).encode_entry()
+    assert h.store.replace_if(item_id("lazy"), item.envelope, T0, damaged).value == "replaced"
+    h.fire_next("lazy")
+    assert h.sent.delivered == []
+    [dead] = h.store.dead_letters()
+    assert dead.id == item_id("lazy") and "BeatLazyFunc arguments cannot be read" in dead.error
 
 
 def _refused(value: Any) -> str:
