@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 
+import click
 import pytest
 import redis
 from click.testing import CliRunner, Result
@@ -15,6 +16,7 @@ from rq.job import Job
 from delayq_backends import DelayStore
 from delayq_backends.assemble import ProcessSettings, build_forwarder
 from delayq_backends.cli import main
+from delayq_backends.cli.periodic import PeriodicAccess, _entry
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.schedules import Every, Misfire
 from delayq_backends.rq.cron import runtime_entry
@@ -92,3 +94,11 @@ def test_an_rq_entry_needs_rq_redis(cli: Invoke) -> None:
 
 def test_the_help_says_no_allowlist_applies(cli: Invoke) -> None:
     assert "Not checked against an allowlist" in " ".join(cli("add", "--help").output.split())
+
+
+def test_the_celery_group_sends_rq_entries_to_delayq_periodic() -> None:
+    """``celery -A proj delayq periodic add --kind rq`` has no RQ Redis: it names the command that has."""
+    celery_group = PeriodicAccess(lambda c: c, lambda ctx, where: None, lambda ctx, where: None)  # type: ignore[arg-type,return-value]
+    d = {"kind": "rq", "task": None, "func": FUNC, "queue": "q"}
+    with pytest.raises(click.UsageError, match="delayq periodic add --kind rq --rq-redis"):
+        _entry(celery_group, click.Context(click.Command("add")), {}, d)
