@@ -27,7 +27,8 @@ entries are never touched, an empty ``beat_schedule`` removes nothing, and with
 ``delayq_schedule_version`` an older deploy's schedule changes nothing. :func:`entry_spec` builds
 an entry from the same definition for the runtime actions (:mod:`delayq_backends.periodic.ops`).
 The firing itself is :mod:`delayq_backends.periodic.firing`'s; this module adds the Celery run
-message (:class:`CeleryRuns`).
+message (:class:`CeleryRuns`). An entry with ``BeatLazyFunc`` arguments has its run message
+rebuilt per run, where the forwarder has the app (:mod:`.lazy`).
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def zone_of(app: Celery) -> str:
 def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> EntrySpec:
     """An entry from a ``beat_schedule``-style definition: ``task``, ``schedule`` (seconds, a
     ``timedelta``, a Celery ``schedule``/``crontab``, or delayq's ``Every``/``Cron``/``Once``),
-    ``args``, ``kwargs``, ``options`` (``apply_async`` options, the misfire and overlap options,
+    ``args``, ``kwargs`` (``BeatLazyFunc`` values evaluated per run: :mod:`.lazy`), ``options`` (``apply_async`` options, the misfire and overlap options,
     and the entry's own: :data:`ENTRY_OPTIONS`), ``relative``. The run message is built once, by
     Celery's own sender, with the app's routing.
 
