@@ -189,9 +189,10 @@ def zone_of(app: Celery) -> str:
 def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> EntrySpec:
     """An entry from a ``beat_schedule``-style definition: ``task``, ``schedule`` (seconds, a
     ``timedelta``, a Celery ``schedule``/``crontab``, or delayq's ``Every``/``Cron``/``Once``),
-    ``args``, ``kwargs`` (``BeatLazyFunc`` values evaluated per run: :mod:`.lazy`), ``options`` (``apply_async`` options, the misfire and overlap options,
-    and the entry's own: :data:`ENTRY_OPTIONS`), ``relative``. The run message is built once, by
-    Celery's own sender, with the app's routing.
+    ``args``, ``kwargs`` (``BeatLazyFunc`` values evaluated per run: :mod:`.lazy`), ``options``
+    (``apply_async`` options, the misfire and overlap options, and the entry's own:
+    :data:`ENTRY_OPTIONS`), ``relative``. The run message is built once, by Celery's own sender,
+    with the app's routing.
 
     Raises:
         PeriodicError, ConfigError: naming what is wrong with the definition.
