@@ -73,7 +73,7 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
     except EnvelopeError as exc:
         entry["corrupt"] = str(exc)
     else:
-        entry.update(target=envelope.target, destination=envelope.destination, task=_celery_task(envelope))
+        entry.update(target=envelope.target, destination=envelope.destination, task=_runs_of(envelope))
     return entry
 
 
@@ -94,25 +94,32 @@ def describe_collapsed(collapsed: dict[str, Any] | None) -> str:
     return f"{collapsed['mode']}d: {calls} call{'s' if calls != 1 else ''}, key {collapsed['key']}"
 
 
-#: the kinds of ``celery.message.KIND`` and ``celery.periodic.KIND``, named here so items of
-#: other kinds never import Celery (an optional extra)
+#: the kinds of ``celery.message.KIND`` and ``celery.periodic.KIND``, and ``rq.entries.KIND``,
+#: named here so items of other kinds never import Celery or RQ (optional extras)
 _CELERY_KINDS = ("celery", "celery-periodic")
+_RQ_ENTRY_KIND = "rq-periodic"
 
 
-def _celery_task(envelope: Envelope) -> dict[str, Any] | None:
-    """A Celery message's task name, arguments (JSON bodies only), eta, queue and priority; for a
-    periodic entry, its next run and entry name."""
-    if envelope.target not in _CELERY_KINDS:
-        return None
+def _runs_of(envelope: Envelope) -> dict[str, Any] | None:
+    """What an item runs, where its envelope says it: a Celery message's task name, arguments
+    (JSON bodies only), eta, queue and priority; for a periodic entry (Celery or RQ), its next
+    run (id, task or function) and entry name. None for other items, or when the framework is
+    not installed here."""
     try:
-        from .celery.periodic import task_view  # Celery is an optional extra
+        if envelope.target in _CELERY_KINDS:
+            from .celery.periodic import task_view  # Celery is an optional extra
+
+            view = task_view(envelope)
+            return None if view is None else view.as_dict()
+        if envelope.target == _RQ_ENTRY_KIND:
+            from .rq.entries import entry_view  # RQ is an optional extra
+
+            return entry_view(envelope)
     except ImportError:
         return None
-    try:
-        view = task_view(envelope)
     except EnvelopeError as exc:
         return {"note": str(exc)}
-    return None if view is None else view.as_dict()
+    return None
 
 
 def dead_entry(dead: DeadLetter) -> dict[str, Any]:

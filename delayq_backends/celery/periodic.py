@@ -27,7 +27,8 @@ entries are never touched, an empty ``beat_schedule`` removes nothing, and with
 ``delayq_schedule_version`` an older deploy's schedule changes nothing. :func:`entry_spec` builds
 an entry from the same definition for the runtime actions (:mod:`delayq_backends.periodic.ops`).
 The firing itself is :mod:`delayq_backends.periodic.firing`'s; this module adds the Celery run
-message (:class:`CeleryRuns`).
+message (:class:`CeleryRuns`). An entry with ``BeatLazyFunc`` arguments has its run message
+rebuilt per run, where the forwarder has the app (:mod:`.lazy`).
 """
 
 from __future__ import annotations
@@ -46,16 +47,17 @@ from kombu.utils.json import dumps as kombu_json_dumps
 from ..envelope import Envelope
 from ..errors import DelayqError
 from ..overlap_policy import ALLOW, check_policy, overlap_slot
-from ..periodic.firing import FiringTarget, Run
+from ..periodic.firing import EntryWaits, FiringTarget, Run
 from ..periodic.history import RUN_HEADER, RunMark
 from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, register_kind, sync_code
 from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, run_task_id
-from ..periodic.state import CODE, META, RUNTIME, PeriodicState, state_of
+from ..periodic.state import CODE, LAZY_META, META, RUNTIME, PeriodicState, state_of
 from ..store import DelayStore
 from ..targets import Delivery, Target
 from ..timeutil import Clock, from_ms, parse_iso, to_ms
 from ..tracing import FIELDS as TRACE_FIELDS
+from .lazy import LazyArgs, allowed_functions, split_lazy
 from .message import KIND as CELERY_KIND
 from .message import StoredMessage, TaskView, priority_rank
 from .schedules import from_celery
@@ -90,7 +92,7 @@ _REFUSED_OPTIONS = {"countdown", "eta", "task_id", "link", "link_error", "chain"
 
 def _message_of(envelope: Envelope) -> StoredMessage:
     """The template message of a periodic envelope; EnvelopeError if it is none."""
-    meta = {k: v for k, v in envelope.meta.items() if k != META}
+    meta = {k: v for k, v in envelope.meta.items() if k not in (META, LAZY_META)}
     return StoredMessage.from_envelope(replace(envelope, target=CELERY_KIND, meta=meta))
 
 
@@ -100,10 +102,19 @@ def _decode(envelope: Envelope) -> tuple[StoredMessage, PeriodicState]:
 
 
 class CeleryRuns:
-    """The run maker of ``celery-periodic`` entries (:class:`~delayq_backends.periodic.firing.RunMaker`)."""
+    """The run maker of ``celery-periodic`` entries (:class:`~delayq_backends.periodic.firing.RunMaker`).
+
+    Args:
+        app: the user's Celery app, to evaluate an entry's ``BeatLazyFunc`` arguments per run and
+            build its message with them (:mod:`.lazy`); without it such an entry waits.
+    """
 
     kind = KIND
     slot_run = 0  # a worker with install(app) names a run by its task id and retries
+
+    def __init__(self, app: Celery | None = None) -> None:
+        self.app = app
+        self._allowed = allowed_functions(app) if app is not None else set()
 
     def template(self, envelope: Envelope) -> StoredMessage:
         return _message_of(envelope)
@@ -113,11 +124,30 @@ class CeleryRuns:
         names its entry, period and kind (header ``delayq_periodic``, for the entry's history)
         and, with an overlap policy, the entry's concurrency slot for the worker to hold."""
         task_id = run.task_id(state.name)
+        lazy = LazyArgs.of(entry.envelope)
+        if lazy is not None:
+            template = self._evaluated(state.name, lazy)
         headers: dict[str, Any] = {RUN_HEADER: RunMark(state.name, run.slot.at_ms, run.kind).header()}
         if state.overlap != ALLOW:
             headers[SLOT_HEADER] = {"key": overlap_slot(state.name).key, "limit": 1}
         message = _run_message(template, task_id, state.expires, now_ms, headers)
         return Delivery(f"{entry.id}#{task_id}", message.to_envelope(), entry.attempts, run.slot.at_ms)
+
+    def _evaluated(self, name: str, lazy: LazyArgs) -> StoredMessage:
+        """The message of one run of an entry with lazy arguments: evaluated now, and built by
+        Celery's sender as the sync built its template.
+
+        Raises:
+            EntryWaits: no app here to evaluate them, or an evaluation failed.
+        """
+        if self.app is None:
+            raise EntryWaits(
+                f"entry {name!r} has arguments evaluated per run (BeatLazyFunc), and this forwarder has no Celery "
+                "app to evaluate them (`delayq forward --celery-broker`); it never sends them unevaluated: run "
+                "`celery -A proj delayq forward` to fire it"
+            )
+        args, kwargs = lazy.evaluate(self._allowed)
+        return _message(self.app, lazy.task, args, kwargs, dict(lazy.options))[0]
 
 
 def _run_message(
@@ -159,9 +189,10 @@ def zone_of(app: Celery) -> str:
 def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> EntrySpec:
     """An entry from a ``beat_schedule``-style definition: ``task``, ``schedule`` (seconds, a
     ``timedelta``, a Celery ``schedule``/``crontab``, or delayq's ``Every``/``Cron``/``Once``),
-    ``args``, ``kwargs``, ``options`` (``apply_async`` options, the misfire and overlap options,
-    and the entry's own: :data:`ENTRY_OPTIONS`), ``relative``. The run message is built once, by
-    Celery's own sender, with the app's routing.
+    ``args``, ``kwargs`` (``BeatLazyFunc`` values evaluated per run: :mod:`.lazy`), ``options``
+    (``apply_async`` options, the misfire and overlap options, and the entry's own:
+    :data:`ENTRY_OPTIONS`), ``relative``. The run message is built once, by Celery's own sender,
+    with the app's routing.
 
     Raises:
         PeriodicError, ConfigError: naming what is wrong with the definition.
@@ -181,23 +212,22 @@ def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> E
     refused = sorted(_REFUSED_OPTIONS & set(options))
     if refused:
         raise PeriodicError(f"entry {name!r}: option(s) {refused} cannot apply to a periodic run; remove them")
-    args, kwargs = conf.get("args") or (), conf.get("kwargs") or {}
-    if callable(args) or callable(kwargs):
-        raise PeriodicError(
-            f"entry {name!r}: lazy args/kwargs (BeatLazyFunc) are evaluated per run by beat; delayq stores the "
-            "message once: pass plain values, or compute them in the task"
-        )
+    task = str(conf["task"])
+    args, kwargs, lazy = split_lazy(name, task, conf.get("args") or (), conf.get("kwargs") or {}, options)
     value = conf["schedule"]
     schedule = (
         value
         if isinstance(value, (Every, Cron, Once))
         else from_celery(value, zone=zone_of(app), relative=bool(conf.get("relative")))
     )
-    message, expires = _message(app, str(conf["task"]), tuple(args), dict(kwargs), options)
+    message, expires = _message(app, task, args, kwargs, dict(options))
     driver = str(app.connection_for_write().transport.driver_type)  # no connection is made
     rank = priority_rank(message.properties.get("priority"), driver)
-    fingerprint = _fingerprint(message, schedule, misfire, expires, rank, overlap)
-    template = RunTemplate(replace(message.to_envelope(), target=KIND), fingerprint, rank, expires)
+    fingerprint = _fingerprint(message, schedule, misfire, expires, rank, overlap, lazy)
+    envelope = replace(message.to_envelope(), target=KIND)
+    if lazy is not None:
+        envelope = replace(envelope, meta={**envelope.meta, LAZY_META: lazy.encode()})
+    template = RunTemplate(envelope, fingerprint, rank, expires)
     return EntrySpec(name, template, schedule, misfire, overlap, source, **_entry_fields(name, own))
 
 
@@ -275,7 +305,13 @@ _VOLATILE_PROPERTIES = {"correlation_id", "reply_to"}
 
 
 def _fingerprint(
-    message: StoredMessage, schedule: Schedule, misfire: Misfire, expires: float | None, rank: int, overlap: str
+    message: StoredMessage,
+    schedule: Schedule,
+    misfire: Misfire,
+    expires: float | None,
+    rank: int,
+    overlap: str,
+    lazy: LazyArgs | None = None,
 ) -> str:
     """A hash of everything that makes the entry's runs, so a sync can tell "unchanged"."""
     headers = {k: v for k, v in message.headers.items() if k not in _VOLATILE_HEADERS}
@@ -295,6 +331,7 @@ def _fingerprint(
         "e": expires,
         "r": rank,
         **({} if overlap == ALLOW else {"o": overlap}),  # an entry stored before overlap policies: unchanged
+        **({} if lazy is None else {"l": lazy.encode()}),
     }
     return hashlib.sha1(kombu_json_dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -355,6 +392,8 @@ class PeriodicTarget(FiringTarget):
 
     Args:
         inner: the target of kind ``celery`` that publishes the runs.
+        app: the user's app, to evaluate ``BeatLazyFunc`` arguments per run (``celery -A proj
+            delayq forward``); without it (``delayq forward --celery-broker``) such entries wait.
         clock: "now" in ms for the misfire policy; by default the store's clock (the server's).
         on_skipped: called with (entry name, periods) for periods skipped by an overlap policy.
     """
@@ -365,9 +404,10 @@ class PeriodicTarget(FiringTarget):
         self,
         inner: Target,
         *,
+        app: Celery | None = None,
         clock: Clock | None = None,
         on_skipped: Callable[[str, int], None] | None = None,
     ) -> None:
         if inner.kind != CELERY_KIND:
             raise ValueError(f"PeriodicTarget publishes through a {CELERY_KIND!r} target, not {inner.kind!r}")
-        super().__init__(CeleryRuns(), inner, clock=clock, on_skipped=on_skipped)
+        super().__init__(CeleryRuns(app), inner, clock=clock, on_skipped=on_skipped)

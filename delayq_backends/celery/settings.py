@@ -101,6 +101,7 @@ _KNOWN = {
     "delayq_key_rate_limits",
     "delayq_durable_replicas",
     "delayq_durable_timeout_ms",
+    "delayq_lazy_functions",
     "delayq_duplicate_id",
     "delayq_dedupe",
     "delayq_dedupe_ttl",

@@ -72,7 +72,7 @@ def forward(ctx: click.Context, run: ForwardOptions, periodic_sync: bool) -> Non
     target = CeleryTarget.from_app(app)
     ctx.call_on_close(target.close)
     where = f"celery (and periodic entries) -> {target.describe()}"
-    targets = [DescribedTarget(target, where), DescribedTarget(PeriodicTarget(target), "")]
+    targets = [DescribedTarget(target, where), DescribedTarget(PeriodicTarget(target, app=app), "")]
     run_forwarder(settings, log_level=run.log_level, store=store, targets=targets)
 
 

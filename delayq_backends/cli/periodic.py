@@ -3,7 +3,8 @@
 One set of commands (:func:`periodic_commands`) serves both groups; they differ only in where
 the store and the Celery app come from: store options (``--url``, ``--prefix``, ``--shards``)
 and a bare Celery app on ``--celery-broker`` for ``delayq``, the app's own settings and routing
-for ``celery -A proj``. The work is :mod:`delayq_backends.periodic.ops`'s.
+for ``celery -A proj``. ``delayq periodic add|update --kind rq`` adds RQ entries too (RQ's Redis
+on ``--rq-redis``). The work is :mod:`delayq_backends.periodic.ops`'s.
 """
 
 from __future__ import annotations
@@ -14,17 +15,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
+import redis
 
 from ..assemble import adapter
+from ..connection import connect_rq
 from ..entries import iso
 from ..errors import DelayqError
 from ..periodic import ops
-from ..periodic.schedules import Cron, Once, Schedule, interval
+from ..periodic.schedules import Cron, Misfire, Once, Schedule, interval
 from ..periodic.state import RUNTIME
 from ..store import DelayStore
 from ..storespec import StoreSpec
 from ..timeutil import parse_iso, to_ms
-from .options import json_option, open_store, store_options
+from .options import closing, json_option, open_store, rq_redis_option, store_options
 from .output import Column, echo_json, print_table
 from .periodic_history import limit_option, show_history
 
@@ -88,12 +91,14 @@ class PeriodicAccess:
     """How a group's commands reach their store and a Celery app to build entries with.
 
     ``options`` adds the group's own options to each command (the store options for ``delayq``);
-    ``store`` and ``app`` read them back from the command's keyword arguments.
+    ``store``, ``app`` and ``rq`` read them back from the command's keyword arguments. ``rq``
+    opens RQ's Redis for RQ entries; None where the group adds none (``celery -A proj``).
     """
 
     options: Callable[[Callable[..., None]], Callable[..., None]]
     store: Callable[[click.Context, dict[str, Any]], DelayStore]
     app: Callable[[click.Context, dict[str, Any]], Any]
+    rq: Callable[[click.Context, dict[str, Any], DelayStore], redis.Redis] | None = None
 
 
 celery_broker_option = click.option(
@@ -106,7 +111,8 @@ celery_broker_option = click.option(
 
 
 def _plain_options(command: Callable[..., None]) -> Callable[..., None]:
-    return store_options(celery_broker_option(command))
+    rq_redis = rq_redis_option("Redis of the RQ queues, for add/update --kind rq (as `delayq forward --rq-redis`).")
+    return store_options(rq_redis(celery_broker_option(command)))
 
 
 def _plain_store(ctx: click.Context, /, where: dict[str, Any]) -> DelayStore:
@@ -124,7 +130,20 @@ def _plain_app(ctx: click.Context, /, where: dict[str, Any]) -> Any:
     return app
 
 
-PLAIN = PeriodicAccess(_plain_options, _plain_store, _plain_app)
+def _plain_rq(ctx: click.Context, /, where: dict[str, Any], store: DelayStore) -> redis.Redis:
+    """RQ's Redis on ``--rq-redis``, for an RQ entry (UsageError without it)."""
+    url = where.get("rq_redis")
+    if not url:
+        raise click.UsageError(
+            "--kind rq needs --rq-redis URL (or DELAYQ_RQ_REDIS): the Redis of the RQ queues the entry's runs go to"
+        )
+    connection = connect_rq(url, store)
+    if connection is not store.client:
+        closing(connection)
+    return connection
+
+
+PLAIN = PeriodicAccess(_plain_options, _plain_store, _plain_app, _plain_rq)
 
 
 # -- the definition options of add and update ------------------------------------------------------
@@ -133,7 +152,20 @@ PLAIN = PeriodicAccess(_plain_options, _plain_store, _plain_app)
 def _definition(command: Callable[..., None]) -> Callable[..., None]:
     options = [
         click.argument("name"),
-        click.option("--task", required=True, help="The Celery task's name."),
+        click.option(
+            "--kind",
+            type=click.Choice(["celery", "rq"]),
+            default="celery",
+            show_default=True,
+            help="Who runs it: a Celery worker (--task) or an RQ worker (--func, --queue, --rq-redis).",
+        ),
+        click.option("--task", default=None, help="The Celery task's name (kind celery)."),
+        click.option(
+            "--func",
+            default=None,
+            help="The RQ job function's import path, module.function (kind rq). Not checked against an allowlist "
+            "(unlike the HTTP API's --rq-allow): whoever runs this command chooses what RQ workers run.",
+        ),
         click.option("--every", type=float, default=None, help="Run every SECONDS."),
         click.option("--cron", default=None, help="Run on a crontab: 'minute hour day-of-month month day-of-week'."),
         click.option("--at", "at", default=None, help="Run once, at this ISO 8601 time with its offset (a one-off)."),
@@ -141,8 +173,10 @@ def _definition(command: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--kwargs", "kwargs_json", default="{}", show_default=True, help="Keyword arguments, a JSON object"
         ),
-        click.option("--queue", default=None, help="The queue to send each run to (default: the app's routing)."),
-        click.option("--tz", default=None, help="The crontab's IANA time zone (default: the app's)."),
+        click.option(
+            "--queue", default=None, help="The queue to send each run to (default: the app's routing; needed for rq)."
+        ),
+        click.option("--tz", default=None, help="The crontab's IANA time zone (default: the app's; rq: UTC)."),
         click.option("--start", default=None, help="No run before this ISO 8601 time."),
         click.option("--end", default=None, help="No run after this ISO 8601 time (then the entry is finished)."),
         click.option("--max-runs", type=click.IntRange(min=1), default=None, help="Finished after this many runs."),
@@ -186,7 +220,7 @@ def _time(flag: str, text: str | None) -> int | None:
         raise click.BadParameter(str(exc), param_hint=flag) from exc
 
 
-def _schedule(app: Any, d: dict[str, Any]) -> Schedule:
+def _schedule(d: dict[str, Any], default_zone: Callable[[], str]) -> Schedule:
     chosen = [flag for flag in ("every", "cron", "at") if d[flag] is not None]
     if len(chosen) != 1:
         raise click.UsageError("give exactly one of --every SECONDS, --cron 'm h dom mon dow' or --at ISO-TIME")
@@ -196,12 +230,64 @@ def _schedule(app: Any, d: dict[str, Any]) -> Schedule:
         if d["every"] is not None:
             return interval(d["every"])
         if d["cron"] is not None:
-            return Cron.checked(d["cron"], d["tz"] or adapter("celery.periodic").zone_of(app))
+            return Cron.checked(d["cron"], d["tz"] or default_zone())
     except DelayqError as exc:
         raise click.BadParameter(str(exc), param_hint=f"--{chosen[0]}") from exc
     at = _time("--at", d["at"])
     assert at is not None
     return Once(at)
+
+
+def _entry(access: PeriodicAccess, ctx: click.Context, where: dict[str, Any], d: dict[str, Any]) -> ops.EntrySpec:
+    """The entry the definition options define: a Celery one built with the group's app, or an
+    RQ one (``--kind rq``)."""
+    if d["kind"] == "rq":
+        if d["task"] is not None:
+            raise click.UsageError("--task names a Celery task: an RQ entry names its function with --func")
+        if not d["func"] or not d["queue"]:
+            raise click.UsageError("--kind rq needs --func module.function and --queue NAME")
+        if access.rq is None:
+            raise click.UsageError("RQ entries are added with `delayq periodic add --kind rq --rq-redis URL ...`")
+        store = access.store(ctx, where)
+        _check_workers(access.rq(ctx, where, store), d["queue"])
+        return _rq_spec(d)
+    if d["func"] is not None:
+        raise click.UsageError("--func names an RQ function: add --kind rq (a Celery entry names its --task)")
+    if not d["task"]:
+        raise click.UsageError("a Celery entry needs --task NAME (an RQ entry: --kind rq --func module.function)")
+    return _spec(access.app(ctx, where), d)
+
+
+def _rq_spec(d: dict[str, Any]) -> ops.EntrySpec:
+    """An RQ entry from the definition options, its job captured as the HTTP API's (no allowlist:
+    an operator's command)."""
+    fields = {
+        "enabled": False if d["paused"] else None,
+        "start_ms": _time("--start", d["start"]),
+        "end_ms": _time("--end", d["end"]),
+        "max_runs": d["max_runs"],
+        "jitter_ms": round(d["jitter"] * 1000),
+    }
+    spec: ops.EntrySpec = adapter("rq.cron").runtime_entry(
+        d["name"], d["func"], queue=d["queue"], schedule=_schedule(d, lambda: "UTC"),
+        args=_json("--args", d["args_json"], list), kwargs=_json("--kwargs", d["kwargs_json"], dict),
+        misfire=Misfire(d["misfire"]) if d["misfire"] else Misfire(), overlap=d["overlap"] or "allow", **fields,
+    )  # fmt: skip
+    return spec
+
+
+def _check_workers(connection: redis.Redis, queue: str) -> None:
+    """Say when no RQ worker listens on ``queue``: the entry's runs would wait there unseen."""
+    try:
+        workers = adapter("rq.cron").workers_on(connection, queue)
+    except redis.RedisError as exc:
+        raise click.ClickException(f"RQ's Redis cannot be reached ({exc}): check --rq-redis") from exc
+    if not workers:
+        click.echo(
+            f"note: no RQ worker listens on queue {queue!r} now; the entry's runs wait there until one does "
+            "(and a forwarder with --rq-redis fires it)",
+            err=True,
+        )
 
 
 def _spec(app: Any, d: dict[str, Any]) -> ops.EntrySpec:
@@ -222,7 +308,7 @@ def _spec(app: Any, d: dict[str, Any]) -> ops.EntrySpec:
         options["delayq_enabled"] = False
     conf = {
         "task": d["task"],
-        "schedule": _schedule(app, d),
+        "schedule": _schedule(d, lambda: str(adapter("celery.periodic").zone_of(app))),
         "args": _json("--args", d["args_json"], list),
         "kwargs": _json("--kwargs", d["kwargs_json"], dict),
         "options": options,
@@ -232,8 +318,8 @@ def _spec(app: Any, d: dict[str, Any]) -> ops.EntrySpec:
 
 
 _DEFINITION_KEYS = (
-    "name", "task", "every", "cron", "at", "args_json", "kwargs_json", "queue", "tz", "start", "end", "max_runs",
-    "jitter", "misfire", "overlap", "paused",
+    "name", "kind", "task", "func", "every", "cron", "at", "args_json", "kwargs_json", "queue", "tz", "start", "end",
+    "max_runs", "jitter", "misfire", "overlap", "paused",
 )  # fmt: skip
 
 
@@ -291,7 +377,7 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         Exit 1 if the name exists: use update."""
         d, where = _split(kw)
         store = access.store(ctx, where)
-        spec = _spec(access.app(ctx, where), d)
+        spec = _entry(access, ctx, where, d)
         if ops.get(store, spec.name) is not None:
             raise click.ClickException(f"entry {spec.name!r} exists: change it with `periodic update`")
         click.echo(f"{ops.upsert(store, spec)}: {spec.name}")
@@ -306,7 +392,7 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         are kept). An entry from code is refused without --detach."""
         d, where = _split(kw)
         store = access.store(ctx, where)
-        spec = _spec(access.app(ctx, where), d)
+        spec = _entry(access, ctx, where, d)
         if ops.get(store, spec.name) is None:
             raise ops.EntryNotFound(spec.name)
         click.echo(f"{ops.upsert(store, spec, detach=detach)}: {spec.name}")

@@ -38,6 +38,7 @@ __all__ = [
     "MANUAL",
     "MIN_ENTRY_LEASE_MS",
     "SCHEDULED",
+    "EntryWaits",
     "FiringTarget",
     "Run",
     "RunMaker",
@@ -52,6 +53,13 @@ SCHEDULED, MANUAL, BACKFILL = "scheduled", "manual", "backfill"
 
 #: the shortest lease an entry is fired under: a broker's publish confirm must fit in it
 MIN_ENTRY_LEASE_MS = 1000
+
+
+class EntryWaits(DelayqError):
+    """A run maker cannot make an entry's runs now, or not in this forwarder (arguments evaluated
+    per run, with no app here to evaluate them; an evaluation that failed): the firing waits,
+    tried again with back-off and no attempt counted, never a dead letter and never sent as it is.
+    The message says why and the fix; the forwarder logs it at each try."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +244,9 @@ class FiringTarget:
             try:  # one entry that cannot be decoded, planned or encoded fails alone
                 f = self._prepare(d, now)
                 fit = entry_lease_ms(f.state, lease.store.config.lease_ms)
+            except EntryWaits as exc:
+                report.failed.append(DeliveryFailure(d.id, f"periodic entry not fired: {exc}", waits=True))
+                continue
             except Exception as exc:
                 why = f"cannot fire this periodic entry: {type(exc).__name__}: {exc}"
                 report.failed.append(DeliveryFailure(d.id, why, permanent=True))

@@ -19,6 +19,7 @@ versioned code set older than the one synced last changes nothing (:mod:`.regist
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import time
@@ -48,6 +49,7 @@ from .state import CODE, META, RUNTIME, SOURCES, PeriodicState, first_slot, stat
 __all__ = [
     "ID_PREFIX",
     "KINDS",
+    "KIND_ADAPTERS",
     "CodeEntryError",
     "EntryNotFound",
     "EntrySpec",
@@ -57,6 +59,7 @@ __all__ = [
     "backfill",
     "get",
     "item_id",
+    "kind_of",
     "pause",
     "register_kind",
     "remove",
@@ -75,10 +78,34 @@ ID_PREFIX = "periodic:"
 KINDS: dict[str, tuple[str, Callable[[Envelope], str]]] = {}
 
 
+#: entry envelope target -> the adapter module that registers it (:func:`register_kind`), loaded
+#: by a listing that meets one of its entries (named, not imported: this package imports no
+#: framework, and a process may have neither installed)
+KIND_ADAPTERS = {"celery-periodic": "delayq_backends.celery.periodic", "rq-periodic": "delayq_backends.rq.entries"}
+
+
+#: targets whose adapter could not be imported here
+_UNAVAILABLE: set[str] = set()
+
+
 def register_kind(target: str, name: str, task_of: Callable[[Envelope], str]) -> None:
     """Make entries of envelope target ``target`` listable as kind ``name`` (the adapter of the
     kind calls this on import; ``task_of`` reads what a template runs, for listings)."""
     KINDS[target] = (name, task_of)
+
+
+def kind_of(target: str) -> tuple[str, Callable[[Envelope], str]] | None:
+    """The kind name and task reader of entries of envelope target ``target``, loading its
+    adapter on first use (``delayq periodic list`` in a process that imported neither). None
+    when no adapter registers it or its framework is not installed here: the entry is then
+    listed without its task, never the listing failed."""
+    if target not in KINDS and target in KIND_ADAPTERS and target not in _UNAVAILABLE:
+        try:
+            importlib.import_module(KIND_ADAPTERS[target])
+        except ImportError as exc:  # MissingExtraError too: Celery or RQ not installed here
+            log.debug("entries of kind %r are listed without their task: %s", target, exc)
+            _UNAVAILABLE.add(target)  # tried once per process, not once per entry
+    return KINDS.get(target)
 
 
 def item_id(name: str) -> str:
@@ -453,7 +480,7 @@ def _status(name: str, item: Any) -> EntryStatus:
     try:
         envelope = Envelope.decode(item.envelope)
         state = state_of(envelope)
-        kind, task_of = KINDS.get(envelope.target, (envelope.target, lambda _e: ""))
+        kind, task_of = kind_of(envelope.target) or (envelope.target, lambda _e: "")
         task = task_of(envelope)
     except NewerFormatError as exc:
         return EntryStatus(name, ident, f"newer format {exc.version}: upgrade this reader")

@@ -22,6 +22,7 @@ from .schedules import END, Every, Misfire, Once, Plan, Schedule, Slot, schedule
 
 __all__ = [
     "CODE",
+    "LAZY_META",
     "META",
     "RUNTIME",
     "SOURCES",
@@ -35,6 +36,11 @@ __all__ = [
 
 #: the envelope meta key holding an entry's :class:`PeriodicState`, whatever its kind
 META = "periodic"
+
+#: the envelope meta key of a template's arguments evaluated per run (Celery's ``BeatLazyFunc``):
+#: an older forwarder would send the template's placeholders, so such an entry is always written
+#: in the entry format, which it leaves alone
+LAZY_META = "lazy"
 
 #: an entry synced from code (``beat_schedule``, RQ cron config): a sync manages it
 CODE = "code"
@@ -231,9 +237,10 @@ def state_of(envelope: Envelope) -> PeriodicState:
 
 def with_state(envelope: Envelope, state: PeriodicState) -> bytes:
     """``envelope`` carrying ``state``, encoded: in the entry format when the state uses a field
-    an older forwarder would drop (see the module's docstring), else in the plain one."""
+    an older forwarder would drop (see the module's docstring) or the template has arguments
+    evaluated per run (:data:`LAZY_META`), else in the plain one."""
     out = replace(envelope, meta={**envelope.meta, META: state.to_json()})
-    return out.encode_entry() if state.newer_format else out.encode()
+    return out.encode_entry() if state.newer_format or LAZY_META in envelope.meta else out.encode()
 
 
 def first_slot(schedule: Schedule, now_ms: int, start_ms: int | None = None) -> Slot:

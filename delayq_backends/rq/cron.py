@@ -30,6 +30,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import redis
 from croniter import croniter
+from rq import Queue as RQQueue
+from rq import Worker
 from rq import cron as rq_cron
 from rq.defaults import DEFAULT_RESULT_TTL
 
@@ -38,11 +40,21 @@ from ..overlap_policy import ALLOW, check_policy
 from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, sync_code
 from ..periodic.schedules import Cron, Misfire, Schedule
 from ..periodic.schedules import interval as interval_of
-from ..periodic.state import CODE
+from ..periodic.state import CODE, RUNTIME
 from ..store import DelayStore
 from .entries import KIND, JobTemplate, capture
 
-__all__ = ["CronConfig", "CronEntry", "CronOptions", "entry", "load_config", "register", "sync"]
+__all__ = [
+    "CronConfig",
+    "CronEntry",
+    "CronOptions",
+    "entry",
+    "load_config",
+    "register",
+    "runtime_entry",
+    "sync",
+    "workers_on",
+]
 
 log = logging.getLogger("delayq.rq.cron")
 
@@ -172,6 +184,36 @@ def entry(
     schedule: Schedule = interval_of(interval) if interval is not None else _cron(str(cron), tz or _local_zone())
     template = capture(func, queue, **job)
     return CronEntry(name, schedule, template, misfire or Misfire(), check_policy(name, overlap))
+
+
+def runtime_entry(
+    name: str,
+    func: str,
+    *,
+    queue: str,
+    schedule: Schedule,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    misfire: Misfire | None = None,
+    overlap: str = ALLOW,
+    **fields: Any,
+) -> EntrySpec:
+    """A runtime entry running ``func`` (an import path, not imported here) on ``schedule``, its
+    job template captured as a config's are (:func:`~.entries.capture`); ``fields`` are
+    :class:`EntrySpec`'s own (``enabled``, ``start_ms``, ``end_ms``, ``max_runs``, ``jitter_ms``).
+    The HTTP API (after its function allowlist) and ``delayq periodic add --kind rq`` build theirs here.
+
+    Raises:
+        TemplateError: RQ cannot make a job of it (a ValueError: its message says why).
+    """
+    template = capture(func, queue, args=args, kwargs=kwargs)
+    code = CronEntry(name, schedule, template, misfire or Misfire(), check_policy(name, overlap))
+    return code.spec(source=RUNTIME, **fields)  # its fingerprint, as a sync's
+
+
+def workers_on(connection: redis.Redis, queue: str) -> int:
+    """How many RQ workers listen on ``queue`` now (RQ's worker registry)."""
+    return len(Worker.all(connection=connection, queue=RQQueue(queue, connection=connection)))
 
 
 @dataclass

@@ -47,7 +47,8 @@ from ..overlap_policy import ALLOW, overlap_slot
 from ..periodic.firing import FiringTarget, Run
 from ..periodic.history import RUN_HEADER, RunMark
 from ..periodic.ops import register_kind
-from ..periodic.state import PeriodicState
+from ..periodic.schedules import run_task_id
+from ..periodic.state import PeriodicState, state_of
 from ..scripts import RqNewJob, RqRun, ScriptRunner
 from ..targets import Delivery, PublishReport
 from ..timeutil import Clock
@@ -64,6 +65,7 @@ __all__ = [
     "RQRuns",
     "TemplateError",
     "capture",
+    "entry_view",
     "run_envelope",
 ]
 
@@ -295,6 +297,24 @@ class RQRunTarget:
 
 
 register_kind(KIND, "rq", lambda envelope: JobTemplate.from_envelope(envelope).func)
+
+
+def entry_view(envelope: Envelope) -> dict[str, Any]:
+    """An ``rq-periodic`` item as ``delayq list`` and the item API show it, as a Celery periodic
+    item is shown: its next run (that run's job id, the function, the call as RQ describes it,
+    the queue) and the entry's name in ``periodic``. Nothing is deserialized.
+
+    Raises:
+        EnvelopeError: the item holds no RQ entry.
+    """
+    template, state = JobTemplate.from_envelope(envelope), state_of(envelope)
+    return {
+        "id": run_task_id(state.name, state.slot),
+        "task": template.func,
+        "description": template.fields.get("description"),
+        "queue": template.queue,
+        "periodic": state.name,
+    }
 
 
 class RQRuns:

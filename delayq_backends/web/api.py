@@ -279,7 +279,8 @@ class ItemOut(BaseModel):
         default=None,
         description=(
             "A Celery message's task, args/kwargs (JSON bodies only), eta, queue and priority; a periodic entry's "
-            "next run, with the entry's name in `periodic`; else null."
+            "next run (Celery: as a task; RQ: its job id, function, description and queue), with the entry's name "
+            "in `periodic`; else null."
         ),
     )
     collapsed: dict[str, Any] | None = Field(

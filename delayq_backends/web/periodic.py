@@ -10,9 +10,8 @@ the workers run, at every period.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated, Any, Literal, cast
 
@@ -280,16 +279,6 @@ NO_PERIODIC = (
     "no periodic entries: add one (Add entry, POST /api/v1/periodic or `delayq periodic add`), or sync an "
     "app's beat_schedule (`celery -A proj delayq forward` at start, or `celery -A proj delayq periodic sync`)"
 )
-#: The adapters that register their entry kinds (how a listing reads what an entry runs) on import.
-KIND_ADAPTERS = ("delayq_backends.celery.periodic", "delayq_backends.rq.entries")
-
-
-def _read_kinds() -> None:
-    """Register the entry kinds whose framework is installed here; an entry of another kind is
-    listed with its schedule and state, without its task."""
-    for module in KIND_ADAPTERS:
-        with suppress(ImportError):
-            importlib.import_module(module)
 
 
 @contextmanager
@@ -338,7 +327,6 @@ def _out(e: ops.EntryStatus) -> dict[str, Any]:
 
 
 def _entry(svc: Services, name: str) -> EntryOut:
-    _read_kinds()
     with reading(f"periodic entry {name!r}"):
         found = ops.get(svc.store, name)
     if found is None:
@@ -349,7 +337,6 @@ def _entry(svc: Services, name: str) -> EntryOut:
 @router.get("/periodic", response_model=EntryListOut, summary="Periodic entries: schedule, state, last and next run")
 def list_entries(svc: Svc) -> EntryListOut:
     """Every entry, Celery and RQ, from code and added at runtime (``delayq periodic list``)."""
-    _read_kinds()
     with reading("the periodic entries"):
         entries = ops.statuses(svc.store)
     return EntryListOut(entries=[EntryOut(**_out(e)) for e in entries], hint=None if entries else NO_PERIODIC)

@@ -14,7 +14,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis
@@ -286,12 +286,12 @@ class RQProducer:
         """
         self.allowed.check(func)
         try:
-            from ..rq.cron import CronEntry
-            from ..rq.entries import capture
+            from ..rq.cron import runtime_entry
         except ImportError as exc:
             raise ProducerUnavailable(
                 f"RQ periodic entries need RQ 2.4 or later where the dashboard runs ({exc}): pip install -U rq"
             ) from exc
-        template = capture(func, queue, args=args, kwargs=kwargs)
-        code = CronEntry(name, schedule, template, misfire, overlap).spec()  # its fingerprint, as a sync's
-        return replace(code, source=RUNTIME, **fields)
+        return runtime_entry(
+            name, func, queue=queue, schedule=schedule, args=args, kwargs=dict(kwargs), misfire=misfire,
+            overlap=overlap, **fields,
+        )  # fmt: skip
