@@ -76,6 +76,7 @@ CHECKS: dict[str, Check] = {
     'store.debounce("doc-7"': Check(skip=FRAGMENT),
     'store.set_slot_limit("customer-42", 5)': Check(skip=FRAGMENT + "; tests/test_slots.py runs each call"),
     'store.open_batch("order-7"': Check(by="tests/test_readme.py::test_batch_example_runs"),
+    "delayq periodic add nightly": Check(by="tests/test_readme.py::test_schedules_as_data_commands_run"),
     "batch.add(process.s(1))": Check(
         skip=FRAGMENT + "; tests/test_celery/test_batches.py and tests/test_rq/test_batches.py run each call"
     ),

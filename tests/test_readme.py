@@ -91,3 +91,28 @@ def test_overlap_policies_snippet_runs(readme_store: str) -> None:
         assert item is not None and job.meta["delayq_slot"] == {"key": f"periodic:{job.id}", "limit": 1}
         policies.append(Envelope.decode(item.envelope).meta["schedule"]["overlap"])
     assert sorted(policies) == ["buffer_one", "skip"]
+
+
+def test_schedules_as_data_commands_run(readme_store: str) -> None:
+    """Each command of the block, as written, against the embedded Valkey: the Celery entry ends
+    paused-then-resumed with one run asked for and one backfill pending, the RQ entry is listed
+    with its function, and history and list answer (exit 0)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from delayq_backends.periodic import ops
+
+    code = snippet("delayq periodic add nightly").replace("redis://localhost:6379/0", readme_store)
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DELAYQ_PREFIX": "delayq"}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "app.jobs.sweep" in done.stdout and "nightly" in done.stdout  # the listing
+    store = DelayStore.from_url(readme_store, prefix="delayq")
+    nightly, sweep = ops.get(store, "nightly"), ops.get(store, "sweep")
+    assert nightly is not None and sweep is not None
+    assert (nightly.kind, nightly.source, nightly.enabled, nightly.tz) == ("celery", "runtime", True, "Europe/Berlin")
+    assert nightly.run_now == 1 and len(nightly.backfill) == 1 and nightly.jitter_ms == 30_000
+    assert (sweep.kind, sweep.task) == ("rq", "app.jobs.sweep")
