@@ -24,9 +24,6 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-from dateutil import tz
-
 from ..errors import ConfigError
 from ..timeutil import MAX_MS, from_ms
 
@@ -134,6 +131,16 @@ class Every:
         return f"every {short}" + (" (aligned)" if self.aligned else "")
 
 
+def _croniter() -> Any:
+    """croniter, imported when a crontab is first used: the package root and the CLI import this
+    module, and croniter comes with the ``celery`` and ``rq`` extras only."""
+    try:
+        from croniter import croniter
+    except ImportError as exc:  # a core install: no kind of entry can run without an extra anyway
+        raise ConfigError('crontab schedules need croniter: pip install "delayq_backends[celery]" (or [rq])') from exc
+    return croniter
+
+
 @dataclass(frozen=True)
 class Cron:
     """A crontab in time zone ``zone`` (an IANA name, ``UTC`` or ``local``), fields as cron reads
@@ -156,7 +163,7 @@ class Cron:
         if not self.wall:
             return self._real_after(ms)
         zone = self.tz
-        times = croniter(self.expression, from_ms(ms).astimezone(zone).replace(tzinfo=None), day_or=False)
+        times = _croniter()(self.expression, from_ms(ms).astimezone(zone).replace(tzinfo=None), day_or=False)
         while True:  # a wall time of the repeated hour may lie before ms: it ran in the first pass
             wall = times.get_next(datetime)
             at = _instant(wall, zone)
@@ -166,12 +173,12 @@ class Cron:
     def following(self, slot: Slot) -> Slot:
         if not self.wall:
             return self._real_after(slot.at_ms)
-        wall = croniter(self.expression, datetime.fromisoformat(slot.key), day_or=False).get_next(datetime)
+        wall = _croniter()(self.expression, datetime.fromisoformat(slot.key), day_or=False).get_next(datetime)
         return Slot(wall.isoformat(), _instant(wall, self.tz))
 
     def _real_after(self, ms: int) -> Slot:
         start = from_ms(ms).astimezone(self.tz)
-        at = int(croniter(self.expression, start, day_or=False).get_next(float) * 1000)
+        at = int(_croniter()(self.expression, start, day_or=False).get_next(float) * 1000)
         return Slot(str(at), at)
 
     def due(self, slot: Slot, now_ms: int, keep: int) -> tuple[list[Slot], int, Slot]:
@@ -202,7 +209,7 @@ class Cron:
             ConfigError: naming the field syntax or the zone.
         """
         fields = expression.split()
-        if len(fields) != 5 or not croniter.is_valid(expression):
+        if len(fields) != 5 or not _croniter().is_valid(expression):
             raise ConfigError(
                 f"crontab {expression!r}: use five fields 'minute hour day-of-month month day-of-week', "
                 "e.g. '*/5 * * * *' or '30 2 * * 1-5'"
@@ -273,6 +280,8 @@ def zone_named(name: str) -> tzinfo:
     if name == "UTC":
         return timezone.utc
     if name == "local":
+        from dateutil import tz  # with croniter (the celery and rq extras)
+
         local: tzinfo = tz.tzlocal()
         return local
     try:
