@@ -447,11 +447,15 @@ def test_garbage_in_the_periodic_registry_never_stops_the_line(
         delete_prefix(redis.Redis.from_url(env.store), env.prefix)
 
 
-#: Hostile writes to the code schedule's record (version, fingerprint, synced_at, host), read by each sync.
+#: Hostile writes to the code schedule's record (per kind of entry: version, fingerprint, synced_at,
+#: host), read by each sync.
+_CELERY = "celery-periodic"
 CODE_RECORD_GARBAGE: dict[str, Callable[[redis.Redis, str], object]] = {
     "wrong type": lambda c, k: (c.delete(k), c.set(k, "junk")),
-    "garbage bytes": lambda c, k: c.hset(k, mapping={"version": b"\xff\x00", "fp": b"\x1b[2J", "host": b"\xfe"}),
-    "extreme numbers": lambda c, k: c.hset(k, mapping={"version": "1e400", "synced_at": "-inf"}),
+    "garbage bytes": lambda c, k: c.hset(
+        k, mapping={f"{_CELERY}:version": b"\xff\x00", f"{_CELERY}:fp": b"\x1b[2J", f"{_CELERY}:host": b"\xfe"}
+    ),
+    "extreme numbers": lambda c, k: c.hset(k, mapping={f"{_CELERY}:version": "1e400", f"{_CELERY}:synced_at": "-inf"}),
     "deleted": lambda c, k: c.delete(k),
 }
 
@@ -480,7 +484,7 @@ def test_garbage_in_the_code_schedule_record_never_stops_the_line(
         env.start_forwarder(tmp_path, via_celery=True)
         wait_for(lambda: broker.llen(env.queue) >= 3, 30, lambda: f"{broker.llen(env.queue)} runs\n{env.tail()}")
         if garbage == "deleted":
-            assert store.client.hget(key, "fp"), "the sync recorded itself again"
+            assert store.client.hget(key, f"{_CELERY}:fp"), "the sync recorded itself again"
         else:
             wait_for(lambda: f"redis-cli DEL {key}" in env.tail(), 10, env.tail)
         assert env.launcher.procs[-1].poll() is None

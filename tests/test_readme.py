@@ -107,7 +107,9 @@ def test_schedules_as_data_commands_run(readme_store: str) -> None:
     code = snippet("delayq periodic add nightly").replace("redis://localhost:6379/0", readme_store)
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DELAYQ_PREFIX": "delayq"}
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert "app.jobs.sweep" in done.stdout and "nightly" in done.stdout  # the listing
     store = DelayStore.from_url(readme_store, prefix="delayq")

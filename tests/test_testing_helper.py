@@ -381,6 +381,22 @@ def _promote(store: TestingStore, clock: FakeClock) -> None:
     assert store.client.zscore(store.keys(store.shard_of("a")).due, "a") == clock.ms
 
 
+def _sync_version(store: TestingStore, clock: FakeClock) -> None:
+    from delayq_backends.periodic.registry import code_record, record_code_sync
+
+    record_code_sync(store, 1, "fp", kind="celery-periodic")
+    record = code_record(store, "celery-periodic")
+    assert record is not None and record.synced_ms == clock.ms
+
+
+def _periodic_run(store: TestingStore, clock: FakeClock) -> None:
+    from delayq_backends.periodic.history import RunMark, read_history, record_published
+
+    record_published(store, RunMark("tick", clock.ms - 250), "run-1")
+    [run] = read_history(store, "tick").runs
+    assert (run.published_ms, run.lateness_ms) == (clock.ms, 250)
+
+
 #: One check per script whose "now" a caller may choose (``now_ms(ARGV[..])``: the server's TIME
 #: when given 0). debounce.lua reads TIME only for its counter's expiry, a server-side TTL.
 TIME_READERS = {
@@ -394,6 +410,8 @@ TIME_READERS = {
     "slot_hold": _slot_hold,
     "promote": _promote,
     "slot_end": _promote,
+    "sync_version": _sync_version,
+    "periodic_run": _periodic_run,
 }
 
 
