@@ -107,23 +107,46 @@ def next_slot_ms(store: DelayStore, name: str) -> int:
 @dataclass
 class Chaos:
     """Two forwarders, one SIGKILLed and restarted at a time (the other keeps firing), and the
-    test's actions, each logged with its call and return times."""
+    test's actions, each logged with its call and return times.
+
+    Kills are aimed: each waits for one of ``aims`` (entry names, in turn) to come due and kills
+    as soon as a forwarder has claimed it (half the time the killed one). ``hits`` counts the
+    kills after which that entry was still leased 150 ms on (a live forwarder's firing takes
+    milliseconds): the killed forwarder held it, mid-firing.
+    """
 
     start: Callable[[str], Proc]
     kill: Callable[[Proc], None]
+    store: DelayStore
+    aims: Sequence[str] = ()
     forwarders: list[Proc] = field(default_factory=list)
     kills: int = 0
+    hits: int = 0
     actions: list[Action] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.forwarders = [self.start("forwarder-a"), self.start("forwarder-b")]
 
     def kill_one(self) -> None:
-        """SIGKILL one forwarder (in turn), whatever it is doing, and start it again at once."""
+        """SIGKILL one forwarder (in turn) as an aimed entry fires, and start it again at once."""
+        aim = self.aims[self.kills % len(self.aims)] if self.aims else None
+        if aim is not None:  # kill as soon as a forwarder claimed it: half the time, the killed one
+            due = next_slot_ms(self.store, aim)
+            time.sleep(max(0.0, min(2.0, (due - _now()) / 1000 - 0.005)))
+            until = time.monotonic() + 0.3
+            while not self._leased(aim) and time.monotonic() < until:
+                pass
         i = self.kills % 2
         self.kill(self.forwarders[i])
         self.kills += 1
         self.forwarders[i] = self.start(f"forwarder-{'ab'[i]}-{self.kills}")
+        if aim is not None:
+            time.sleep(0.15)
+            self.hits += self._leased(aim)
+
+    def _leased(self, name: str) -> bool:
+        item = self.store.get(item_id(name))
+        return item is not None and item.leased_until_ms is not None
 
     def act(self, entry: str, verb: str, call: Callable[[], object], **detail: Any) -> Action:
         called = _now()
@@ -136,7 +159,7 @@ class Chaos:
         self, seconds: float, steps: Sequence[Callable[[], None]], *, step_s: float, kill_s: float, seed: int
     ) -> None:
         """For ``seconds``: every ``step_s`` the next of ``steps`` (in turn), and about every
-        ``kill_s`` (jittered by ``seed``, so kills fall anywhere in a firing) :meth:`kill_one`."""
+        ``kill_s`` (jittered by ``seed``) :meth:`kill_one`."""
         rng = random.Random(seed)
         begin = time.monotonic()
         next_step, next_kill, i = begin + step_s, begin + kill_s * rng.uniform(0.5, 1.0), 0
@@ -149,6 +172,9 @@ class Chaos:
                 steps[i % len(steps)]()
                 i += 1
                 next_step += step_s
+
+    def summary(self) -> str:
+        return f"{self.kills} kills ({self.hits} mid-firing), {len(self.actions)} actions"
 
     def of(self, entry: str, verb: str) -> list[Action]:
         return [a for a in self.actions if a.entry == entry and a.verb == verb]

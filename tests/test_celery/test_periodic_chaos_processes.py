@@ -90,7 +90,8 @@ def _edits_under_fire(env: CeleryEnv, tmp: Path, seconds: float) -> None:
         env.start_worker(tmp)
         args = [sys.executable, "-m", "celery", "-A", APP, "delayq", "forward", "--poll", "0.2"]
         args += ["--lease", str(LEASE_S), "--log-every", "5"]
-        chaos = Chaos(lambda name: env.start(args, name, tmp), env.launcher.kill)
+        aims = ["once", "flip", "tick", "pauser", "args", "skip"]
+        chaos = Chaos(lambda name: env.start(args, name, tmp), env.launcher.kill, store, aims)
         wait_for(lambda: store.get(item_id("tick")) is not None, 30, "the first sync")
         scenario = Scenario(chaos, store, spec)
         steps = scenario.steps()
@@ -122,7 +123,7 @@ def _check(env: CeleryEnv, store: DelayStore, scenario: Scenario) -> None:
     allowed = {"once": chaos.kills * math.ceil(LEASE_S / 1.0), "skip": final["skip"].skipped + chaos.kills}
     missing = scenario.check(runs, ends, allowed)
     print(
-        f"{chaos.kills} kills, {len(chaos.actions)} actions, {len(runs)} runs, sent twice: {len(repeated)}; "
+        f"{chaos.summary()}, {len(runs)} runs, sent twice: {len(repeated)}; "
         f"once: {len(missing['once'])} periods collapsed; skip: {len(missing['skip'])} not run, "
         f"{final['skip'].skipped} counted skipped"
     )

@@ -56,7 +56,8 @@ def test_rq_entries_edited_paused_and_run_now_while_a_forwarder_is_killed_again_
         ]
 
     processes.worker(queue)
-    chaos = Chaos(forwarder, processes.launcher.kill)
+    aims = [f"{prefix}-{name}" for name in ("once", "flip", "pauser", "args")]
+    chaos = Chaos(forwarder, processes.launcher.kill, rq_store, aims)
     try:
         scenario = Scenario(chaos, rq_store, spec, label=f"{prefix}-")
         steps = scenario.steps()
@@ -76,7 +77,7 @@ def test_rq_entries_edited_paused_and_run_now_while_a_forwarder_is_killed_again_
         done, repeated = unique_runs(recorded())
         assert repeated == {} and len(done) == expected, (repeated, len(done), expected)
         missing = scenario.check(done, ends, {once: chaos.kills * math.ceil(LEASE_S / 1.0)})
-        print(f"{chaos.kills} kills, {len(chaos.actions)} actions, {len(done)} runs; once: {len(missing[once])} lost")
+        print(f"{chaos.summary()}, {len(done)} runs; once: {len(missing[once])} periods lost")
         assert chaos.kills >= 4
     except BaseException:
         print(processes.launcher.tail())
