@@ -120,6 +120,8 @@ class Chaos:
     store: DelayStore
     aims: Sequence[str] = ()
     forwarders: list[Proc] = field(default_factory=list)
+    #: called with the aimed entry's name right after each kill (an edit while it is held)
+    on_kill: Callable[[str], None] | None = None
     kills: int = 0
     hits: int = 0
     actions: list[Action] = field(default_factory=list)
@@ -143,6 +145,8 @@ class Chaos:
         if aim is not None:
             time.sleep(0.15)
             self.hits += self._leased(aim)
+            if self.on_kill is not None:
+                self.on_kill(aim)
 
     def _leased(self, name: str) -> bool:
         item = self.store.get(item_id(name))
@@ -302,6 +306,7 @@ class Scenario:
             self.upsert(name, every)
         flips, tags = iter(range(1, 1_000_000)), iter(range(1, 1_000_000))
         store, act, pauser, once = self.store, self.chaos.act, self.name("pauser"), self.name("once")
+        self.chaos.on_kill = self.edit_held
         return [
             lambda: self.upsert("flip", 1.0 + next(flips) % 2),
             lambda: act(pauser, "pause", lambda: ops.pause(store, pauser)),
@@ -309,6 +314,14 @@ class Scenario:
             lambda: self.upsert("args", 1.0, f"args-{next(tags)}"),
             lambda: act(pauser, "resume", lambda: ops.resume(store, pauser)),
         ]
+
+    def edit_held(self, name: str) -> None:
+        """Edit the entry a kill was aimed at, while the killed forwarder may still hold it: flip
+        ``flip``'s schedule, change ``args``'s arguments (the edit waits for the lease to run out)."""
+        if name == self.name("flip"):
+            self.upsert("flip", 3.0 - self.epochs[name][-1].every_ms / 1000)
+        elif name == self.name("args"):
+            self.upsert("args", 1.0, f"args-held-{self.chaos.kills}")
 
     def finish(self) -> None:
         """Resume ``pauser`` if the run ended while it was paused."""

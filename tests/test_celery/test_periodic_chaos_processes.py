@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def _edits_under_fire(env: CeleryEnv, tmp: Path, seconds: float) -> None:
         env.start_worker(tmp)
         args = [sys.executable, "-m", "celery", "-A", APP, "delayq", "forward", "--poll", "0.2"]
         args += ["--lease", str(LEASE_S), "--log-every", "5"]
-        aims = ["once", "flip", "tick", "pauser", "args", "skip"]
+        aims = ["flip", "once", "args", "flip", "tick", "skip", "flip", "pauser"]
         chaos = Chaos(lambda name: env.start(args, name, tmp), env.launcher.kill, store, aims)
         wait_for(lambda: store.get(item_id("tick")) is not None, 30, "the first sync")
         scenario = Scenario(chaos, store, spec)
@@ -115,8 +116,10 @@ def _check(env: CeleryEnv, store: DelayStore, scenario: Scenario) -> None:
     ends = {name: next_slot_ms(store, name) for name in final}
     expected = sum(s.runs for s in final.values()) + len(chaos.of("once", "run_now"))
     wait_for(lambda: len({r.id for r in _records(env)}) >= expected, 30, lambda: f"{expected} runs in the sink")
+    time.sleep(1.0)  # a run sent twice, or sent by a firing whose rearm a kill stopped, is in by now
     runs, repeated = unique_runs(_records(env))
-    assert len(runs) == expected, f"{len(runs)} distinct runs, the entries count {expected}"
+    # more than counted: a run sent by a firing killed before its rearm (the checks below place it)
+    assert len(runs) >= expected, f"{len(runs)} distinct runs, the entries count {expected}"
     assert len(repeated) <= chaos.kills and all(n == 2 for n in repeated.values()), repeated
     tick = sorted(r.due_ms for r in runs if r.entry == "tick")
     check_periods("tick", runs, [Epoch(1000, tick[0], 0, 0)], ends["tick"])
