@@ -41,6 +41,8 @@ __all__ = [
 #: the scenario's entries: name -> (period s, misfire policy). ``once`` is run now, ``flip``'s
 #: schedule flips between 1 s and 2 s, ``pauser`` is paused and resumed, ``args`` gets new arguments
 ENTRIES = {"once": (1.0, "run_once"), "flip": (1.0, "run_all"), "pauser": (1.0, "run_all"), "args": (1.0, "run_all")}
+#: how far the store's clock (the server's, read through its client) and this process's may differ
+CLOCK_SLACK_MS = 5
 #: a run published just before a pause returned may start this much later (an idle worker)
 START_SLACK_MS = 500
 
@@ -239,7 +241,7 @@ def check_paused(name: str, runs: Sequence[RunRecord], pauses: Sequence[tuple[Ac
             if r.entry == name
             and r.kind == SCHEDULED
             and begin <= r.started_ms < end
-            and (r.due_ms >= begin or r.started_ms >= begin + START_SLACK_MS)
+            and (r.due_ms >= begin + CLOCK_SLACK_MS or r.started_ms >= begin + START_SLACK_MS)
         ]
         assert not fired, f"{name}: ran while paused ({begin}..{end}): {fired}"
 
@@ -250,7 +252,8 @@ def check_manual_runs(name: str, runs: Sequence[RunRecord], asked: Sequence[Acti
     manual = sorted((r for r in runs if r.entry == name and r.kind == MANUAL), key=lambda r: r.due_ms)
     for run in manual:
         assert run.id == Run(Slot(str(run.due_ms), run.due_ms), MANUAL).task_id(name), run
-    matched = [[r for r in manual if a.called_ms - 1 <= r.due_ms <= a.returned_ms + 1] for a in asked]
+    slack = CLOCK_SLACK_MS
+    matched = [[r for r in manual if a.called_ms - slack <= r.due_ms <= a.returned_ms + slack] for a in asked]
     assert [len(m) for m in matched] == [1] * len(asked), f"{name}: manual runs per run now: {matched}"
     assert len(manual) == len(asked), f"{name}: {len(manual)} manual runs for {len(asked)} run now calls"
 
@@ -295,7 +298,7 @@ class Scenario:
         if verb == "add" or every_ms != self.epochs[name][-1].every_ms:
             epoch = Epoch(every_ms, next_slot_ms(self.store, name), action.called_ms, action.returned_ms)
             # a new schedule's first period is one period after the change (as after a sync)
-            first = (action.called_ms + every_ms - 1, action.returned_ms + every_ms + 1)
+            first = (action.called_ms + every_ms - CLOCK_SLACK_MS, action.returned_ms + every_ms + CLOCK_SLACK_MS)
             assert first[0] <= epoch.anchor_ms <= first[1], f"{name}: first period {epoch.anchor_ms}, want {first}"
             self.epochs.setdefault(name, []).append(epoch)
 
