@@ -34,7 +34,6 @@ from ..models import CancelOutcome, RearmOutcome
 from ..overlap_policy import ALLOW, POLICIES
 from ..store import DelayStore
 from ..timeutil import MAX_MS, from_ms
-from .firing import entry_lease_ms
 from .registry import (
     PeriodicError,
     check_registry,
@@ -239,7 +238,7 @@ def _deadline(store: DelayStore, wait: float | None) -> float:
     return time.monotonic() + (store.config.lease_seconds + 1 if wait is None else wait)
 
 
-def _firing_due(store: DelayStore, stored: _Stored, new: PeriodicState, now_ms: int) -> bool:
+def _firing_due(stored: _Stored, new: PeriodicState, now_ms: int) -> bool:
     """A new schedule would replace a period of the old one that is due and that a running
     forwarder fires (or re-fires, once a killed holder's lease ran out) within :data:`DUE_WAIT_MS`:
     the change waits for that firing, so the period runs as its misfire policy says instead of
@@ -247,8 +246,7 @@ def _firing_due(store: DelayStore, stored: _Stored, new: PeriodicState, now_ms: 
     old = stored.state
     if new.slot == old.slot or not old.enabled or old.finished or old.slot.at_ms > now_ms:
         return False
-    fired_by = max(old.slot.at_ms + entry_lease_ms(old, store.config.lease_ms), stored.leased_until_ms or 0)
-    return now_ms < fired_by + DUE_WAIT_MS
+    return now_ms < max(old.slot.at_ms, stored.leased_until_ms or 0) + DUE_WAIT_MS
 
 
 def _held(name: str, deadline: float) -> None:
@@ -329,7 +327,7 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
                 "or detach it (detach=True, --detach) to make it a runtime entry the sync no longer manages"
             )
         new = spec.state(old, now)
-        if _firing_due(store, stored, new, now) and time.monotonic() < deadline:
+        if _firing_due(stored, new, now) and time.monotonic() < deadline:
             time.sleep(0.05)  # the due period's firing (and rearm) comes first, as when HELD
             continue
         if (
