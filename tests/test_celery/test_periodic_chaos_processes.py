@@ -1,7 +1,9 @@
 """Edits under fire (issue 25's second goal), with real processes: two ``celery -A … delayq
 forward`` and a ``celery worker``; one forwarder SIGKILLed and restarted every few seconds while
 the test, through ``delayq_backends.periodic.ops``, flips an entry's schedule between 1 s and
-2 s, pauses and resumes another, runs a third now and changes a fourth's arguments. Every run the
+2 s, pauses and resumes another, runs a third now and changes a fourth's arguments. Each kill
+comes as a forwarder claims an entry (half the time the killed one: mid-firing), and ``flip`` or
+``args``, when aimed at, is edited at once, while the dead holder's lease runs. Every run the
 worker executed is recorded with its ``delayq_periodic`` mark (entry, period, kind).
 
 The allowance, from docs/celery-periodic.md "The guarantee, as tested":
