@@ -94,7 +94,7 @@ def _edits_under_fire(env: CeleryEnv, tmp: Path, seconds: float) -> None:
         args = [sys.executable, "-m", "celery", "-A", APP, "delayq", "forward", "--poll", "0.2"]
         args += ["--lease", str(LEASE_S), "--log-every", "5"]
         aims = ["flip", "once", "args", "flip", "tick", "skip", "flip", "pauser"]
-        chaos = Chaos(lambda name: env.start(args, name, tmp), env.launcher.kill, store, aims)
+        chaos = Chaos(lambda name: env.start(args, name, tmp), env.launcher.kill, store, tmp.joinpath, aims)
         wait_for(lambda: store.get(item_id("tick")) is not None, 30, "the first sync")
         scenario = Scenario(chaos, store, spec)
         steps = scenario.steps()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import timezone
 from typing import Any
 
 from rq import get_current_job
@@ -27,8 +28,10 @@ def record(tag: Any, *, times: int = 1) -> str:
     job = get_current_job()
     assert job is not None
     entry = {"id": job.id, "tag": tag, "at": time.time()}
-    if "delayq_periodic" in job.meta:  # a periodic entry's run: its entry, period and kind
+    if "delayq_periodic" in job.meta:  # a periodic entry's run: its entry, period, kind, and when it was sent
         entry["periodic"] = job.meta["delayq_periodic"]
+        sent = job.enqueued_at
+        entry["sent"] = None if sent is None else sent.replace(tzinfo=sent.tzinfo or timezone.utc).timestamp()
     job.connection.rpush(runs_key(job.origin), json.dumps(entry))
     return f"{tag}x{times}"
 

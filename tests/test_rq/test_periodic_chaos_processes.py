@@ -51,14 +51,14 @@ def test_rq_entries_edited_paused_and_run_now_while_a_forwarder_is_killed_again_
 
     def recorded() -> list[RunRecord]:
         return [
-            RunRecord.parse(r["id"], r["periodic"], int(r["at"] * 1000), r["tag"])
+            RunRecord.parse(r["id"], r["periodic"], int(r["at"] * 1000), r["tag"], int(r["sent"] * 1000))
             for r in runs(conn, queue)  # type: ignore[arg-type]
             if "periodic" in r
         ]
 
     processes.worker(queue)
     aims = [f"{prefix}-{name}" for name in ("flip", "once", "args", "flip", "pauser")]
-    chaos = Chaos(forwarder, processes.launcher.kill, rq_store, aims)
+    chaos = Chaos(forwarder, processes.launcher.kill, rq_store, tmp_path.joinpath, aims)
     try:
         scenario = Scenario(chaos, rq_store, spec, label=f"{prefix}-")
         steps = scenario.steps()
