@@ -3,7 +3,8 @@ and one of them is SIGKILLed and restarted again and again; and the checks of wh
 ran against what the actions asked (used by the Celery and RQ chaos tests).
 
 Times are epoch ms of this host: the test's calls (``time.time``), the workers' start times and
-the store's clock (the embedded server's ``TIME``) all read the same clock. An action takes
+the store's clock (the embedded server's ``TIME``) all read the same clock, give or take
+:data:`CLOCK_SLACK_MS`. An action takes
 effect when its call returns; a run's period is its ``delayq_periodic`` mark (``due``).
 """
 
@@ -27,6 +28,9 @@ from tests.harness.launch import Proc
 from tests.helpers import wait_for
 
 __all__ = [
+    "CLOCK_SLACK_MS",
+    "ENTRIES",
+    "START_SLACK_MS",
     "Action",
     "Chaos",
     "Epoch",
