@@ -47,6 +47,7 @@ from .schedules import MAX_BACKFILL, Misfire, Once, Schedule
 from .state import CODE, META, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
 
 __all__ = [
+    "DUE_WAIT_MS",
     "ID_PREFIX",
     "KINDS",
     "KIND_ADAPTERS",
@@ -73,6 +74,10 @@ __all__ = [
 log = logging.getLogger("delayq.periodic")
 
 ID_PREFIX = "periodic:"
+#: how long after a period came due (or a killed holder's lease ran out) a change of its entry's
+#: schedule waits for a forwarder to fire it: twice the forwarders' default poll (a due item is
+#: claimed within a poll even with no wake-up, as after a lease runs out)
+DUE_WAIT_MS = 2000
 #: entry envelope target -> the kind's short name (``celery``, ``rq``) and a reader of the task
 #: (name or function path) its template runs, registered by each kind's adapter
 KINDS: dict[str, tuple[str, Callable[[Envelope], str]]] = {}
@@ -220,12 +225,14 @@ class EntrySpec:
 
 @dataclass(frozen=True)
 class _Stored:
-    """An entry's item as read: its bytes (the compare-and-set's expected value), envelope, state."""
+    """An entry's item as read: its bytes (the compare-and-set's expected value), envelope, state,
+    and its lease's deadline (None unless a forwarder claimed it; kept past the deadline until
+    another claims it or the holder's rearm)."""
 
     raw: bytes
     envelope: Envelope
     state: PeriodicState
-    leased: bool
+    leased_until_ms: int | None
     ready_ms: int
 
 
@@ -246,7 +253,7 @@ def _read(store: DelayStore, name: str) -> _Stored | None:
             f"store item {item_id(name)!r} is not a periodic entry ({exc}): `delayq cancel {item_id(name)}` "
             "and add the entry again"
         ) from exc
-    return _Stored(item.envelope, envelope, state, item.leased_until_ms is not None, item.ready_ms)
+    return _Stored(item.envelope, envelope, state, item.leased_until_ms, item.ready_ms)
 
 
 def _ready(state: PeriodicState, now_ms: int) -> datetime:
@@ -256,6 +263,17 @@ def _ready(state: PeriodicState, now_ms: int) -> datetime:
 
 def _deadline(store: DelayStore, wait: float | None) -> float:
     return time.monotonic() + (store.config.lease_seconds + 1 if wait is None else wait)
+
+
+def _firing_due(stored: _Stored, new: PeriodicState, now_ms: int) -> bool:
+    """A new schedule would replace a period of the old one that is due and that a running
+    forwarder fires (or re-fires, once a killed holder's lease ran out) within :data:`DUE_WAIT_MS`:
+    the change waits for that firing, so the period runs as its misfire policy says instead of
+    vanishing unseen. A period due for longer (no forwarder runs) is replaced at once."""
+    old = stored.state
+    if new.slot == old.slot or not old.enabled or old.finished or old.slot.at_ms > now_ms:
+        return False
+    return now_ms < max(old.slot.at_ms, stored.leased_until_ms or 0) + DUE_WAIT_MS
 
 
 def _held(name: str, deadline: float) -> None:
@@ -336,6 +354,9 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
                 "or detach it (detach=True, --detach) to make it a runtime entry the sync no longer manages"
             )
         new = spec.state(old, now)
+        if _firing_due(stored, new, now) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the due period's firing (and rearm) comes first, as when HELD
+            continue
         if (
             old.fingerprint == new.fingerprint
             and old.overlap == new.overlap

@@ -75,6 +75,8 @@ def make_app(
                     "eta": request.eta,
                     "priority": (request.delivery_info or {}).get("priority"),
                     "custom": getattr(request, "x_custom", None),
+                    # a periodic entry's run: its entry, period and kind (header ``delayq_periodic``)
+                    "periodic": getattr(request, "delayq_periodic", None),
                     "retries": request.retries,
                     **extra,
                 }

@@ -4,6 +4,8 @@ empty schedule removes nothing, versions)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -304,3 +306,34 @@ def test_an_edit_moves_the_entry_without_waiting_for_its_old_time() -> None:
     h.clock.set((MS0 + timedelta(seconds=5) / timedelta(milliseconds=1)) / 1000)
     assert _add(h, "e", 10.0) == "changed"
     assert _ready(h, "e") == MS0 + 15_000  # the new schedule's first period after the edit
+
+
+def test_a_new_schedule_waits_for_the_firing_of_a_period_that_is_due() -> None:
+    """Issue 25, found by the edits-under-fire test: a schedule change landing while a period was
+    due but not fired yet (a forwarder about to claim it, or a killed holder's lease just run out)
+    replaced that period by the new schedule's first, so under ``run_all`` it never ran. The
+    change now waits for that firing; the period runs under the old schedule, then the new one
+    starts one period after the change."""
+    h = Harness(T0, {})
+    _add(h, "e", 10.0, delayq_misfire="run_all")
+    h.clock.set((MS0 + 10_500) / 1000)  # its first period is due, no forwarder has fired it yet
+    changed: list[str] = []
+    edit = threading.Thread(target=lambda: changed.append(_add(h, "e", 20.0, delayq_misfire="run_all")))
+    edit.start()
+    edit.join(0.3)
+    assert edit.is_alive() and not changed, "the change waits for the due period's firing"
+    [run] = _forward_at(h, MS0 + 10_500)
+    edit.join(5)
+    assert changed == ["changed"] and run.task_id == run_task_id("e", Slot(str(MS0 + 10_000), MS0 + 10_000))
+    assert _ready(h, "e") == MS0 + 10_500 + 20_000
+
+
+def test_a_new_schedule_replaces_a_period_due_long_ago_at_once() -> None:
+    """With no forwarder running (its period due for longer than a firing takes), a schedule
+    change does not wait: the missed period is an outage's."""
+    h = Harness(T0, {})
+    _add(h, "e", 10.0, delayq_misfire="run_all")
+    h.clock.set((MS0 + 10_000 + 60_000) / 1000)
+    began = time.monotonic()
+    assert _add(h, "e", 20.0) == "changed"
+    assert time.monotonic() - began < 1 and _ready(h, "e") == MS0 + 70_000 + 20_000

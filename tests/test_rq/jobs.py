@@ -1,7 +1,8 @@
 """Job functions the tests' real `rq worker` processes import (as ``tests.test_rq.jobs.*``).
 
-Each run appends ``{"id", "tag", "at"}`` to the Redis list ``<queue name>:runs``, so a test sees
-every run, its job id and its start time (the worker's clock, the same machine's as the test's).
+Each run appends ``{"id", "tag", "at"}`` (and a periodic run's ``periodic`` mark) to the Redis
+list ``<queue name>:runs``, so a test sees every run, its job id and its start time (the
+worker's clock, the same machine's as the test's).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import timezone
 from typing import Any
 
 from rq import get_current_job
@@ -25,7 +27,12 @@ def record(tag: Any, *, times: int = 1) -> str:
     """Record this run; return a result the test can check."""
     job = get_current_job()
     assert job is not None
-    job.connection.rpush(runs_key(job.origin), json.dumps({"id": job.id, "tag": tag, "at": time.time()}))
+    entry = {"id": job.id, "tag": tag, "at": time.time()}
+    if "delayq_periodic" in job.meta:  # a periodic entry's run: its entry, period, kind, and when it was sent
+        entry["periodic"] = job.meta["delayq_periodic"]
+        sent = job.enqueued_at
+        entry["sent"] = None if sent is None else sent.replace(tzinfo=sent.tzinfo or timezone.utc).timestamp()
+    job.connection.rpush(runs_key(job.origin), json.dumps(entry))
     return f"{tag}x{times}"
 
 
