@@ -41,13 +41,6 @@ def expect(result: Result, code: int = 0) -> str:
 
 
 @pytest.fixture
-def vstore(valkey_url: str, prefix: str) -> Iterator[DelayStore]:
-    s = make_store(valkey_url, prefix, shards=4)
-    yield s
-    s.client.close()
-
-
-@pytest.fixture
 def cli(valkey_url: str, prefix: str) -> Invoke:
     """Run ``delayq`` in process, configured through the DELAYQ_* env vars like a deployment."""
     env = {"DELAYQ_URL": valkey_url, "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": "4"}

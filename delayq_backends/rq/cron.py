@@ -43,6 +43,7 @@ from ..periodic.schedules import interval as interval_of
 from ..periodic.state import CODE, RUNTIME
 from ..store import DelayStore
 from .entries import KIND, JobTemplate, capture
+from .periodic import MACROS
 
 __all__ = [
     "CronConfig",
@@ -57,17 +58,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("delayq.rq.cron")
-
-#: Cron's macros as five fields (croniter reads them too; the schedule needs the fields).
-_MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
 
 
 @dataclass(frozen=True)
@@ -319,7 +309,7 @@ def _cron(expression: str, zone: str) -> Cron:
         ConfigError: not a cron string, or one whose day-of-month and day-of-week are both set:
             cron runs it on either day, delayq's schedules on days matching both.
     """
-    fields = _MACROS.get(expression.strip(), expression).split()
+    fields = MACROS.get(expression.strip(), expression).split()
     text = " ".join(fields)
     if len(fields) not in (5, 6) or not croniter.is_valid(text):
         raise ConfigError(

@@ -51,8 +51,8 @@ CRON_SYNTAXES = (RQ_SCHEDULER, STANDARD_CRON)
 #: The envelope schedule key naming the syntax; absent means :data:`STANDARD_CRON` (older envelopes).
 SYNTAX_KEY = "cron_syntax"
 
-#: Cron's macros as five fields (croniter reads them too; only the DST rule needs the hour field).
-_MACROS = {
+#: Cron's macros as five fields (croniter reads them too; the DST rule and rq cron entries need the fields).
+MACROS = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
     "@monthly": "0 0 1 * *",
@@ -125,7 +125,7 @@ def next_cron_time(
         return _rq_scheduler_next(crontab.CronTab(cron_string), after)
     zone_ = zone(use_local_timezone)
     start = datetime.fromtimestamp(after, tz=zone_)
-    walls_back = not _MACROS.get(cron_string.strip(), cron_string).split()[1].startswith("*")
+    walls_back = not MACROS.get(cron_string.strip(), cron_string).split()[1].startswith("*")
     times = croniter(cron_string, start)
     while True:
         following = float(times.get_next(float))

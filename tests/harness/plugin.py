@@ -83,6 +83,14 @@ def store(server_url: str, prefix: str) -> Iterator[DelayStore]:
     s.client.close()
 
 
+@pytest.fixture
+def vstore(valkey_url: str, prefix: str) -> Iterator[DelayStore]:
+    """A 4-shard store on the embedded Valkey, for the CLI tests that drive it through DELAYQ_* env vars."""
+    s = make_store(valkey_url, prefix, shards=4)
+    yield s
+    s.client.close()
+
+
 @pytest.fixture(scope="session")
 def rabbitmq_url() -> str:
     problem = amqp_problem(AMQP_URL)

@@ -5,7 +5,7 @@ clear line naming the fix."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from click.testing import CliRunner, Result
@@ -16,16 +16,8 @@ from delayq_backends.envelope import Envelope
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.schedules import Cron, Every, Once
 from delayq_backends.periodic.state import state_of
-from tests.harness import make_store
 
 Invoke = Callable[..., Result]
-
-
-@pytest.fixture
-def vstore(valkey_url: str, prefix: str) -> Iterator[DelayStore]:
-    s = make_store(valkey_url, prefix, shards=4)
-    yield s
-    s.client.close()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ HTTP API builds one (no allowlist: an operator's command), fired by a forwarder 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import click
 import pytest
@@ -20,17 +20,9 @@ from delayq_backends.cli.periodic import PeriodicAccess, _entry
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.schedules import Every, Misfire
 from delayq_backends.rq.cron import runtime_entry
-from tests.harness import make_store
 
 FUNC = "tests.test_rq.jobs.record"
 Invoke = Callable[..., Result]
-
-
-@pytest.fixture
-def vstore(valkey_url: str, prefix: str) -> Iterator[DelayStore]:
-    s = make_store(valkey_url, prefix, shards=4)
-    yield s
-    s.client.close()
 
 
 @pytest.fixture
