@@ -315,9 +315,12 @@ class Drain(threading.Thread):
             first = self.client.blpop([self.queue], timeout=0.2)
             if first is None:
                 continue
-            now = time.time_ns() / 1e6
+            first_ms = time.time_ns() / 1e6
             rest = self.client.lpop(self.queue, 1000) or []
-            for raw in [first[1], *rest]:
+            # each stamped no earlier than it was in the queue: the rest at the LPOP's reply (a
+            # stamp from before it would make a run that landed meanwhile look early)
+            rest_ms = time.time_ns() / 1e6
+            for raw, now in [(first[1], first_ms), *((r, rest_ms) for r in rest)]:
                 message = json.loads(raw)
                 task_id = message["headers"]["id"]
                 self.landed.setdefault(task_id, []).append(now)
