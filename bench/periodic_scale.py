@@ -235,17 +235,22 @@ def envelope_growth(store: DelayStore, names: Sequence[str], before: int) -> flo
     return sum(len(i.envelope) - before for i in items if i is not None) / max(1, len(names))
 
 
-def give_history(store: DelayStore, names: Sequence[str], runs: int) -> None:
+def give_history(store: DelayStore, names: Sequence[str], runs: int) -> list[float]:
     """``runs`` hourly runs of each entry of ``names``, as a forwarder and a worker record them
-    (published, started, finished with success: the largest record), through ``periodic.history``."""
+    (published, started, finished with success: the largest record), through ``periodic.history``;
+    returns the ms each ``record_published`` took (what a firing adds per run, after its rearm)."""
     base = store.clock() - runs * HOUR_MS
+    published = []
     for name in names:
         for r in range(runs):
             due = base + r * HOUR_MS
             mark, run_id = RunMark(name, due), run_task_id(name, Slot(str(due), due))
+            called = time.perf_counter()
             record_published(store, mark, run_id)
+            published.append((time.perf_counter() - called) * 1000)
             record_started(store, mark, run_id)
             record_finished(store, mark, run_id, "success")
+    return published
 
 
 def redbeat_memory(entries: int) -> dict[str, Any]:
@@ -670,7 +675,7 @@ def _history_memory(
         )
     sample = [layout.name(i) for i in range(layout.entries - cfg.history_sample, layout.entries)]  # last to fire
     log(f"history: {cfg.history_runs} runs of {len(sample)} entries")
-    give_history(store, sample, cfg.history_runs)
+    published_ms = give_history(store, sample, cfg.history_runs)
     full = read_histories(store, sample[:1], limit=cfg.history_runs)[0]
     if len(full.runs) != min(cfg.history_runs, HISTORY_SIZE):
         raise AssertionError(f"{sample[0]}: {len(full.runs)} runs kept of {cfg.history_runs}")
@@ -680,6 +685,7 @@ def _history_memory(
         "envelope_growth_after_1_run": round(envelope_growth(store, once, envelope_bytes), 1),
         "history_runs": cfg.history_runs,
         "history_bytes_after_n_runs": round(history_bytes(store, sample), 1),
+        "record_published_ms": median_spread(published_ms),
     }
 
 
@@ -742,6 +748,9 @@ def markdown(report: dict[str, Any], when: str, command: str) -> str:
         f"| memory per entry after {mem['history_runs']} runs (published, started, finished; the history's bound is "
         f"{HISTORY_SIZE}) | +{mem['history_bytes_after_n_runs']:.0f} B history = "
         f"{_with_history(mem, 'history_bytes_after_n_runs'):.0f} B | stated |",
+        f"| run history: one `record_published` call (what a firing adds per run, after its rearm), "
+        f"{mem['record_published_ms']['n']:,} calls after the window | median {mem['record_published_ms']['median']} "
+        f"ms ({mem['record_published_ms']['min']}–{mem['record_published_ms']['max']}) | — |",
         _peer_row(report.get("peer_redbeat")),
         f"| fire lateness (landed − period), history on, {report['window_s']:g} s window, "
         f"{report['fires_per_s']:g} fires/s | {fmt_dist(late)}; missing {report['missing']}, duplicates "

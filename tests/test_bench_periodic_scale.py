@@ -9,12 +9,27 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "periodic_scale.py"
 
 
+def _bench_module() -> Any:
+    """The bench as a module (it imports its ``lib`` package from bench/)."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("periodic_scale", BENCH)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH.parent))
+
+
 def test_tiny_run_fires_every_period_and_sees_every_action() -> None:
-    args = ["--entries", "3600", "--window", "12", "--actions", "2", "--warmup", "1", "--peer-entries", "100"]
+    args = ["--entries", "3600", "--window", "16", "--actions", "2", "--warmup", "1", "--peer-entries", "100"]
     args += ["--upsert-sample", "50", "--history-sample", "10", "--history-runs", "5"]
     done = subprocess.run(
         [sys.executable, str(BENCH), *args, "--no-results"], capture_output=True, text=True, timeout=180
@@ -40,6 +55,10 @@ def test_tiny_run_fires_every_period_and_sees_every_action() -> None:
     assert memory["fired_once_sample"] >= 5, memory
     assert 0 < memory["history_bytes_after_1_run"] < memory["history_bytes_after_n_runs"], memory
     assert memory["envelope_growth_after_1_run"] > 0, memory
+    assert memory["record_published_ms"]["n"] == 50, memory  # 10 entries x 5 runs, each call timed
+    # the RESULTS.md section renders from this report (the bench writes it without --no-results)
+    section = _bench_module().markdown(report, "now", "python bench/periodic_scale.py")
+    assert "fire lateness (landed − period), history on" in section and "`ops.run_now`" in section, section
     peer = report["peer_redbeat"]
     if importlib.util.find_spec("redbeat") is None:  # the peer is optional: the bench says how to add it
         assert "pip install celery-redbeat" in peer["skipped"], peer
