@@ -16,10 +16,12 @@ import re
 import threading
 import types
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -423,6 +425,29 @@ def test_garbage_in_the_periodic_registry_never_stops_the_line(
 ) -> None:
     """Garbage in the registry, then `celery -A app delayq forward` (which syncs at start) on a
     Redis broker: the entry keeps firing; what sync cannot read is said, naming the key."""
+    with _entry_firing_through(valkey_server, tmp_path, monkeypatch, PERIODIC_GARBAGE[garbage], periodic_key) as (
+        env,
+        store,
+    ):
+        key = periodic_key(env.prefix)
+        if garbage == "extreme numbers":  # a name not in the config: removed by the sync, as any
+            assert store.client.hkeys(key) == [b"tick"] and "1 removed" in env.tail()
+        elif garbage != "deleted":
+            wait_for(lambda: key in env.tail(), 10, env.tail)
+
+
+@contextmanager
+def _entry_firing_through(
+    valkey_server: EmbeddedServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    write: Callable[[redis.Redis, str], object],
+    key_of: Callable[[str], str],
+) -> Iterator[tuple[Any, DelayStore]]:
+    """An every-second entry synced from `beat_schedule`, ``write`` of garbage into the key
+    ``key_of(prefix)``, then `celery -A app delayq forward` (which syncs at start) on a Redis
+    broker: yields once the entry has run three times, and checks the forwarder still runs after
+    the caller's checks."""
     monkeypatch.setenv("DQT_EVERY", "1")
     env = new_env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server)
     env.app_module = "tests.test_celery.periodic_app"
@@ -432,14 +457,10 @@ def test_garbage_in_the_periodic_registry_never_stops_the_line(
         app.conf.beat_schedule = {"tick": {"task": "dqt.record", "schedule": 1.0, "args": ["tick"]}}
         store = store_for(app)
         sync(app, store)
-        key = periodic_key(env.prefix)
-        PERIODIC_GARBAGE[garbage](store.client, key)
+        write(store.client, key_of(env.prefix))
         env.start_forwarder(tmp_path, via_celery=True)
         wait_for(lambda: broker.llen(env.queue) >= 3, 30, lambda: f"{broker.llen(env.queue)} runs\n{env.tail()}")
-        if garbage == "extreme numbers":  # a name not in the config: removed by the sync, as any
-            assert store.client.hkeys(key) == [b"tick"] and "1 removed" in env.tail()
-        elif garbage != "deleted":
-            wait_for(lambda: key in env.tail(), 10, env.tail)
+        yield env, store
         assert env.launcher.procs[-1].poll() is None
     finally:
         env.stop()
@@ -470,28 +491,14 @@ def test_garbage_in_the_code_schedule_record_never_stops_the_line(
     """Garbage in the record of the code schedule synced last, then `celery -A app delayq forward`
     (which syncs at start) on a Redis broker: the sync is refused naming the key and its fix, the
     entries already stored keep firing; a deleted record is simply written again."""
-    monkeypatch.setenv("DQT_EVERY", "1")
-    env = new_env("redis", f"{valkey_server.url.rsplit('/', 1)[0]}/1", valkey_server)
-    env.app_module = "tests.test_celery.periodic_app"
-    broker = redis.Redis.from_url(env.broker)
-    try:
-        app = env.app()
-        app.conf.beat_schedule = {"tick": {"task": "dqt.record", "schedule": 1.0, "args": ["tick"]}}
-        store = store_for(app)
-        sync(app, store)
+    with _entry_firing_through(
+        valkey_server, tmp_path, monkeypatch, CODE_RECORD_GARBAGE[garbage], periodic_code_key
+    ) as (env, store):
         key = periodic_code_key(env.prefix)
-        CODE_RECORD_GARBAGE[garbage](store.client, key)
-        env.start_forwarder(tmp_path, via_celery=True)
-        wait_for(lambda: broker.llen(env.queue) >= 3, 30, lambda: f"{broker.llen(env.queue)} runs\n{env.tail()}")
         if garbage == "deleted":
             assert store.client.hget(key, f"{_CELERY}:fp"), "the sync recorded itself again"
         else:
             wait_for(lambda: f"redis-cli DEL {key}" in env.tail(), 10, env.tail)
-        assert env.launcher.procs[-1].poll() is None
-    finally:
-        env.stop()
-        broker.delete(env.queue)
-        delete_prefix(redis.Redis.from_url(env.store), env.prefix)
 
 
 #: Hostile writes to the start records of tasks waiting in the store (``ShardKeys.started``):
