@@ -3,7 +3,7 @@ with it are moved at once, and a cron string with no later match ends its schedu
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import pytest
 import redis
@@ -16,6 +16,9 @@ from delayq_backends.rq import InvalidScheduleError, Queue, RQTarget, Scheduler
 from tests.helpers import wait_for
 
 RECORD = "tests.test_rq.jobs.record"
+# Due well before the claim: "now" rounds up to the next millisecond, so a job enqueued in the
+# claim's own millisecond is not yet due and the counts below would be one short.
+PAST = datetime(2020, 1, 1)
 
 
 def test_a_cron_job_past_its_last_year_is_moved_with_its_batch_and_its_schedule_ends(
@@ -27,7 +30,7 @@ def test_a_cron_job_past_its_last_year_is_moved_with_its_batch_and_its_schedule_
     last_weekday_2025 = datetime(2025, 12, 31, 8).timestamp()  # a Wednesday, host-local as rq-scheduler reads
     scheduler = Scheduler(queue.name, connection=conn, delay_store=rq_store, clock=lambda: last_weekday_2025)
     cron = scheduler.cron("0 9 * * 1-5 2025", RECORD, args=["cron"])
-    others = [queue.enqueue_in(timedelta(0), RECORD, "other", i) for i in range(20)]
+    others = [queue.enqueue_at(PAST, RECORD, "other", i) for i in range(20)]
     forwarder = Forwarder(rq_store, [RQTarget(conn)], retry_delay=0.05)
 
     assert forwarder.run_once() == 21
@@ -50,7 +53,7 @@ def test_a_job_whose_schedule_raises_fails_alone_with_the_reason(
     envelope = Envelope.decode(item.envelope)
     meta = {**envelope.meta, "schedule": {"interval": "soon"}}
     rq_store.schedule(bad.id, 0, Envelope(envelope.target, envelope.destination, meta=meta))
-    others = [queue.enqueue_in(timedelta(0), RECORD, "other", i) for i in range(20)]
+    others = [queue.enqueue_at(PAST, RECORD, "other", i) for i in range(20)]
     forwarder = Forwarder(rq_store, [RQTarget(conn)], retry_delay=0.05)
 
     forwarder.run_once()
@@ -81,7 +84,7 @@ def test_a_password_changed_under_the_rq_target_pauses_it_and_burns_no_attempt(
         rq_conn = redis.Redis(port=server.port, username="rq", password="right")
         store = DelayStore(redis.Redis.from_url(valkey_url), Config(prefix=prefix, shards=2))
         queue = Queue(f"{prefix}-q", connection=rq_conn, delay_store=store)
-        jobs = [queue.enqueue_in(timedelta(0), RECORD, "late", i) for i in range(10)]
+        jobs = [queue.enqueue_at(PAST, RECORD, "late", i) for i in range(10)]
         forwarder = Forwarder(store, [RQTarget(rq_conn)], max_outage_backoff=0.5)
 
         admin.acl_setuser("rq", enabled=True, reset_passwords=True, passwords=["+changed"])
