@@ -167,7 +167,12 @@ def _definition(command: Callable[..., None]) -> Callable[..., None]:
             "(unlike the HTTP API's --rq-allow): whoever runs this command chooses what RQ workers run.",
         ),
         click.option("--every", type=float, default=None, help="Run every SECONDS."),
-        click.option("--cron", default=None, help="Run on a crontab: 'minute hour day-of-month month day-of-week'."),
+        click.option(
+            "--cron",
+            default=None,
+            help="Run on a crontab: 'minute hour day-of-month month day-of-week'. Both day fields set: days matching "
+            "both (Celery's crontab), or with --kind rq either (cron's, rq cron's).",
+        ),
         click.option("--at", "at", default=None, help="Run once, at this ISO 8601 time with its offset (a one-off)."),
         click.option("--args", "args_json", default="[]", show_default=True, help="Arguments, a JSON array."),
         click.option(
@@ -230,7 +235,7 @@ def _schedule(d: dict[str, Any], default_zone: Callable[[], str]) -> Schedule:
         if d["every"] is not None:
             return interval(d["every"])
         if d["cron"] is not None:
-            return Cron.checked(d["cron"], d["tz"] or default_zone())
+            return Cron.checked(d["cron"], d["tz"] or default_zone(), day_or=d["kind"] == "rq")  # RQ's reading
     except DelayqError as exc:
         raise click.BadParameter(str(exc), param_hint=f"--{chosen[0]}") from exc
     at = _time("--at", d["at"])

@@ -96,7 +96,9 @@ class EntryIn(BaseModel):
         Field(None, description="Run every this many seconds.")
     )
     cron: Annotated[str, Field(min_length=1, max_length=200)] | SkipJsonSchema[None] = Field(
-        None, description="A crontab, 'minute hour day-of-month month day-of-week' (Sunday 0), in tz."
+        None,
+        description="A crontab, 'minute hour day-of-month month day-of-week' (Sunday 0), in tz. With both day "
+        "fields set, a celery entry runs on days matching both (Celery's crontab), an rq entry on either (cron's).",
     )
     at: Annotated[AwareDatetime, JsonTime] | SkipJsonSchema[None] = Field(
         None, description="One run at this time (ISO-8601 with an offset); then the entry is finished."
@@ -429,7 +431,7 @@ def _schedule(body: EntryIn) -> Schedule:
     if body.every is not None:
         return interval(body.every)
     if body.cron is not None:
-        return Cron.checked(body.cron, body.tz)
+        return Cron.checked(body.cron, body.tz, day_or=body.kind == "rq")  # RQ's reading of both day fields
     assert body.at is not None  # EntryIn: exactly one schedule
     return Once(to_ms(body.at))
 

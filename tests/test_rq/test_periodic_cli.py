@@ -64,6 +64,14 @@ def test_add_update_and_fire_an_rq_entry(cli: Invoke, vstore: DelayStore, conn: 
     assert (job.func_name, job.args) == (FUNC, ("cli2",))
 
 
+def test_an_rq_cron_with_both_day_fields_runs_on_either_day(cli: Invoke, prefix: str) -> None:
+    """As `rq cron` reads '0 9 1 * 1': the 1st and every Monday (a Celery entry: a Monday the 1st)."""
+    added = cli("add", "either", "--kind", "rq", "--func", FUNC, "--queue", f"{prefix}-q", "--cron", "0 9 1 * 1")
+    assert added.exit_code == 0, added.output
+    shown = json.loads(cli("show", "either", "--json").output)
+    assert shown["schedule"] == "crontab 0 9 1 * 1 (UTC, either day)"
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

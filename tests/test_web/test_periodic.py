@@ -245,6 +245,22 @@ def test_an_rq_entry_of_an_allowed_function(client: TestClient, web_store: Delay
     assert refused.status_code == 501 and "--rq-redis" in refused.json()["detail"]
 
 
+def test_both_day_fields_read_as_either_day_for_an_rq_entry_and_both_for_a_celery_one(client: TestClient) -> None:
+    """'0 9 1 * 1': an RQ entry runs on the 1st and every Monday (as cron and `rq cron`), a Celery
+    entry on a 1st that is a Monday (as Celery's crontab)."""
+    rq_body = {"name": "rq-days", "kind": "rq", "func": f"{RQ_JOBS}.record", "cron": "0 9 1 * 1", "queue": "jobs"}
+    celery_body = {"name": "celery-days", "task": "t.days", "cron": "0 9 1 * 1"}
+    for body in (rq_body, celery_body):
+        added = client.post("/api/v1/periodic", headers=AUTH, json=body)
+        assert added.status_code == 201, added.text
+    rq_entry, celery_entry = entry(client, "rq-days"), entry(client, "celery-days")
+    assert rq_entry["schedule"] == "crontab 0 9 1 * 1 (UTC, either day)"
+    assert celery_entry["schedule"] == "crontab 0 9 1 * 1 (UTC)"
+    rq_next, celery_next = (datetime.fromisoformat(e["next_run"]) for e in (rq_entry, celery_entry))
+    assert (rq_next.day == 1 or rq_next.weekday() == 0) and rq_next - datetime.now(timezone.utc) <= timedelta(days=7)
+    assert celery_next.day == 1 and celery_next.weekday() == 0
+
+
 @pytest.mark.parametrize(
     "method, path, body",
     [
