@@ -52,22 +52,24 @@ MAX_EVERY = 315_576_000
 #: Most runs an entry may be limited to.
 MAX_RUNS = 10**9
 #: The optional fields that take no null: leaving one out is the way to say "none".
-NOT_NULL = ("task", "func", "every", "cron", "at", "queue", "start", "end", "max_runs", "enabled")
+NOT_NULL = ("task", "func", "every", "cron", "at", "queue", "start", "end", "max_runs", "enabled", "aligned")
 
 
 class EntryIn(BaseModel):
     """An entry to add, or the whole new definition of one (by ``name``).
 
     The schedule is exactly one of ``every`` (seconds), ``cron`` (five fields, in ``tz``) or
-    ``at`` (one run at that time), and a Celery entry names its ``task``, an RQ entry its
-    ``func``: the schema says so (``allOf`` two ``oneOf``). A crontab or a zone that does not
-    exist is a 422 too, which the schema cannot say.
+    ``at`` (one run at that time), ``aligned`` goes with ``every`` only, and a Celery entry names
+    its ``task``, an RQ entry its ``func``: the schema says so (``allOf`` two ``oneOf`` and a
+    ``dependentRequired``). A crontab or a zone that does not exist is a 422 too, which the
+    schema cannot say.
     """
 
     model_config = ConfigDict(
         json_schema_extra={
             "allOf": [
                 {"oneOf": [{"required": ["every"]}, {"required": ["cron"]}, {"required": ["at"]}]},
+                {"dependentRequired": {"aligned": ["every"]}},
                 {
                     "oneOf": [
                         {
@@ -94,6 +96,11 @@ class EntryIn(BaseModel):
     )
     every: Annotated[float, Field(ge=0.001, le=MAX_EVERY, allow_inf_nan=False), JsonNumber] | SkipJsonSchema[None] = (
         Field(None, description="Run every this many seconds.")
+    )
+    aligned: bool | SkipJsonSchema[None] = Field(
+        None,
+        description="every only: true runs on multiples of the period since the epoch (Celery's relative=True), "
+        "false one period after the last; left out: a new entry is not aligned, a changed one kept as it was.",
     )
     cron: Annotated[str, Field(min_length=1, max_length=200)] | SkipJsonSchema[None] = Field(
         None,
@@ -166,6 +173,8 @@ class EntryIn(BaseModel):
             raise ValueError(
                 "give exactly one schedule: every (seconds), cron ('*/5 * * * *', in tz) or at (ISO-8601 time)"
             )
+        if self.aligned is not None and self.every is None:
+            raise ValueError("aligned applies to an interval (every) only: leave it out")
         if self.cron is not None:
             try:
                 Cron.checked(self.cron, self.tz)
@@ -224,6 +233,7 @@ class DefinitionOut(BaseModel):
     """What the entry runs and when, in the terms ``POST /periodic`` takes (the edit form's)."""
 
     every: float | None = None
+    aligned: bool | None = Field(default=None, description="An interval's alignment; null for other schedules.")
     cron: str | None = None
     tz: str | None = None
     at: str | None = None
@@ -448,7 +458,7 @@ def _spec(svc: Services, body: EntryIn) -> ops.EntrySpec:
 
 
 def _built(svc: Services, body: EntryIn) -> ops.EntrySpec:
-    schedule = _schedule(body)
+    schedule = ops.keep_alignment(svc.store, body.name, _schedule(body), body.aligned)
     if body.kind == "rq":
         producer: RQProducer = _available(svc.rq)
         misfire = Misfire(body.misfire, body.misfire_grace, body.misfire_max)
@@ -493,6 +503,7 @@ def _definition(svc: Services, name: str) -> DefinitionOut | None:
     s = state.schedule
     out = DefinitionOut(
         every=s.every_ms / 1000 if isinstance(s, Every) else None,
+        aligned=s.aligned if isinstance(s, Every) else None,
         cron=s.expression if isinstance(s, Cron) else None,
         tz=s.zone if isinstance(s, Cron) else None,
         at=iso(s.at_ms) if isinstance(s, Once) else None,

@@ -29,7 +29,7 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.firing import MANUAL, Run
 from delayq_backends.periodic.registry import check_registry
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Every, Slot, run_task_id
 from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import MAX_MS
 from delayq_backends.web import create_app
@@ -172,6 +172,39 @@ def test_an_entry_from_code_is_changed_only_detached_and_removed_only_forced(
     assert ops.get(web_store, "hourly") is not None
     assert client.delete("/api/v1/periodic/hourly?force=true", headers=AUTH).json()["removed"] is True
     assert ops.get(web_store, "hourly") is None
+
+
+def test_an_edit_keeps_an_intervals_alignment_unless_it_sets_it(client: TestClient, web_store: DelayStore) -> None:
+    """Celery's schedule(relative=True) runs on multiples of its period: an edit that leaves
+    ``aligned`` out (the dashboard's form before it had the box, a script) keeps that; one that
+    sets it sets or clears it; a new entry is not aligned."""
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {"rel": {"task": "t.rel", "schedule": 30.0, "relative": True}}
+    sync(app, web_store)
+    assert entry(client, "rel")["definition"]["aligned"] is True
+
+    def edit(**fields: Any) -> dict[str, Any]:
+        body = {"name": "rel", "task": "t.rel", "every": 60, "detach": True, **fields}
+        response = client.post("/api/v1/periodic", headers=AUTH, json=body)
+        assert response.status_code == 200, response.text
+        shown = entry(client, "rel")
+        assert shown["schedule"].startswith("every 0:01:00"), shown["schedule"]
+        return shown
+
+    kept = edit(args=[1])
+    assert kept["definition"]["aligned"] is True and kept["schedule"] == "every 0:01:00 (aligned)"
+    assert ready_ms(web_store, "rel") % 60_000 == 0  # on a multiple of the new period
+    assert edit(aligned=False)["definition"]["aligned"] is False
+    assert edit()["definition"]["aligned"] is False  # cleared stays cleared
+    assert edit(aligned=True)["definition"]["aligned"] is True
+
+    new = client.post("/api/v1/periodic", headers=AUTH, json={"name": "plain", "task": "t.p", "every": 60})
+    assert new.status_code == 201 and entry(client, "plain")["definition"]["aligned"] is False
+    cron = client.post(
+        "/api/v1/periodic", headers=AUTH, json={"name": "c", "task": "t.c", "cron": "* * * * *", "aligned": True}
+    )
+    assert cron.status_code == 422 and "aligned applies to an interval" in cron.text
+    assert entry(client, "rel")["definition"]["aligned"] is True, "a refused body changes nothing"
 
 
 @pytest.mark.parametrize(
@@ -479,6 +512,38 @@ def test_the_dashboard_adds_pauses_runs_edits_backfills_and_removes_an_entry(
     expect(page.locator("#periodic-message")).to_have_text("Removed report.")
     expect(rows).to_have_count(1)
     assert ops.get(web_store, "report") is None
+
+
+def test_the_dashboards_edit_keeps_an_intervals_alignment_and_can_clear_it(
+    page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore, broker: tuple[str, redis.Redis]
+) -> None:
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {"rel": {"task": "t.rel", "schedule": 30.0, "relative": True}}
+    sync(app, web_store)
+    dashboard = dashboard_factory("--celery-broker", broker[0])
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(dashboard.base + "/")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+    row = page.locator("#periodic tbody tr", has_text="rel")
+    expect(row).to_contain_text("every 30s (aligned)")
+
+    row.locator("button[data-action=edit]").click()
+    expect(page.locator("#entry-aligned")).to_be_checked()
+    page.fill("#entry-schedule", "60")
+    page.check("#entry-detach")
+    page.click("#entry-save")
+    expect(page.locator("#periodic-message")).to_have_text("Saved rel (changed).")
+    expect(row).to_contain_text("every 0:01:00 (aligned)")
+    assert stored_state(web_store, "rel").schedule == Every(60_000, aligned=True)
+
+    row.locator("button[data-action=edit]").click()
+    page.uncheck("#entry-aligned")
+    page.click("#entry-save")
+    expect(page.locator("#periodic-message")).to_have_text("Saved rel (changed).")
+    expect(row).to_contain_text("every 0:01:00")
+    expect(row).not_to_contain_text("aligned")
+    assert stored_state(web_store, "rel").schedule == Every(60_000, aligned=False)
 
 
 def test_an_entry_whose_item_is_garbage_is_named_not_a_500(client: TestClient, web_store: DelayStore) -> None:
