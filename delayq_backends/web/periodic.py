@@ -40,12 +40,13 @@ from .api import (
     json_values,
     reading,
 )
+from .entry_paths import EntryRoute
 from .guard import API_PREFIX
 from .producers import CeleryProducer, FunctionRefused, ProducerUnavailable, RQProducer
 
 __all__ = ["router"]
 
-router = APIRouter(prefix=API_PREFIX, responses=RESPONSES)
+router = APIRouter(prefix=API_PREFIX, responses=RESPONSES, route_class=EntryRoute)
 
 #: Longest interval an entry may have (10 years, in seconds): more is a unit mistake.
 MAX_EVERY = 315_576_000
@@ -275,7 +276,7 @@ class RemovedOut(BaseModel):
 
 # -- routes -----------------------------------------------------------------------------------
 
-#: An entry's name in a path: one plain segment (a name with a slash is reached by the CLI).
+#: An entry's name in a path: any name, encoded as ``encodeURIComponent`` does (:mod:`.entry_paths`).
 PathName = Annotated[str, Path(min_length=1, max_length=256, description="The entry's name.")]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "No such entry (`delayq periodic list` lists them)."}
@@ -354,7 +355,7 @@ def list_entries(svc: Svc) -> EntryListOut:
     return EntryListOut(entries=[EntryOut(**_out(e)) for e in entries], hint=None if entries else NO_PERIODIC)
 
 
-@router.get("/periodic/{name}", response_model=EntryDetailOut, responses=NOT_FOUND, summary="One periodic entry")
+@router.get("/periodic/{name:path}", response_model=EntryDetailOut, responses=NOT_FOUND, summary="One periodic entry")
 def get_entry(name: PathName, svc: Svc) -> EntryDetailOut:
     """Its state, and its definition as ``POST /periodic`` takes it (the dashboard's edit form)."""
     entry = _entry(svc, name)
@@ -391,20 +392,20 @@ def _action(act: Callable[[], ops.EntryStatus]) -> EntryOut:
         return EntryOut(**_out(act()))
 
 
-@router.post("/periodic/{name}/pause", response_model=EntryOut, responses=REFUSED, summary="Pause an entry")
+@router.post("/periodic/{name:path}/pause", response_model=EntryOut, responses=REFUSED, summary="Pause an entry")
 def pause_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
     """It never fires until resumed (a forwarder that claimed it in a race sends nothing)."""
     return _action(lambda: ops.pause(svc.store, name))
 
 
-@router.post("/periodic/{name}/resume", response_model=EntryOut, responses=REFUSED, summary="Resume an entry")
+@router.post("/periodic/{name:path}/resume", response_model=EntryOut, responses=REFUSED, summary="Resume an entry")
 def resume_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
     """Due at its next period, or now if that passed: its misfire policy decides what the periods
     missed while paused send."""
     return _action(lambda: ops.resume(svc.store, name))
 
 
-@router.post("/periodic/{name}/run", response_model=EntryOut, responses=REFUSED, summary="Run an entry now")
+@router.post("/periodic/{name:path}/run", response_model=EntryOut, responses=REFUSED, summary="Run an entry now")
 def run_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
     """One extra run, sent by the next firing (due now, paused or not), exactly once; the schedule
     is untouched."""
@@ -412,7 +413,7 @@ def run_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
 
 
 @router.post(
-    "/periodic/{name}/backfill", response_model=EntryOut, responses=REFUSED, summary="Run an entry's past periods"
+    "/periodic/{name:path}/backfill", response_model=EntryOut, responses=REFUSED, summary="Run an entry's past periods"
 )
 def backfill_entry(body: BackfillIn, name: PathName, svc: Svc) -> EntryOut:
     """Every period of its schedule from ``start`` to ``end`` runs, sent by the next firing (at
@@ -420,7 +421,7 @@ def backfill_entry(body: BackfillIn, name: PathName, svc: Svc) -> EntryOut:
     return _action(lambda: ops.backfill(svc.store, name, to_ms(body.start), to_ms(body.end)))
 
 
-@router.delete("/periodic/{name}", response_model=RemovedOut, responses=REFUSED, summary="Remove an entry")
+@router.delete("/periodic/{name:path}", response_model=RemovedOut, responses=REFUSED, summary="Remove an entry")
 def remove_entry(
     name: PathName,
     svc: Svc,

@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 import redis
 from celery import Celery
@@ -39,6 +41,7 @@ from tests.helpers import wait_for
 from tests.test_web.conftest import ARTIFACTS, AUTH, RQ_JOBS, SHARDS, TOKEN
 from tests.test_web.test_dashboard import TIMEOUT_MS
 
+BACKFILL = {"start": "2030-01-01T00:00:00Z", "end": "2030-01-01T00:01:00Z"}
 TICK = {"name": "tick", "task": "t.tick", "every": 30, "args": [1, "a"], "kwargs": {"k": 2}, "queue": "q1"}
 
 
@@ -205,6 +208,53 @@ def test_an_edit_keeps_an_intervals_alignment_unless_it_sets_it(client: TestClie
     )
     assert cron.status_code == 422 and "aligned applies to an interval" in cron.text
     assert entry(client, "rel")["definition"]["aligned"] is True, "a refused body changes nothing"
+
+
+NAMES = ["reports/daily", "a b", "50%", "100%2F", "ünï/代码 ✓", "x/history", "/lead/", "a//b"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_entry_route_addresses_any_name_encoded(client: TestClient, web_store: DelayStore, name: str) -> None:
+    """A name encoded as encodeURIComponent does ('/' as %2F) is one name on every route."""
+    assert client.post("/api/v1/periodic", headers=AUTH, json={**TICK, "name": name}).status_code == 201
+    path = f"/api/v1/periodic/{quote(name, safe='')}"
+    shown = client.get(path, headers=AUTH)
+    assert shown.status_code == 200 and shown.json()["name"] == name, shown.text
+    for verb, body in [("pause", {}), ("resume", {}), ("run", {}), ("backfill", BACKFILL)]:
+        acted = client.post(f"{path}/{verb}", headers=AUTH, json=body)
+        assert acted.status_code == 200 and acted.json()["name"] == name, (verb, acted.text)
+    assert stored_state(web_store, name).run_now and stored_state(web_store, name).backfill
+    history = client.get(f"{path}/history", headers=AUTH)
+    assert history.status_code == 200 and history.json()["name"] == name, history.text
+    assert client.delete(path, headers=AUTH).json() == {"name": name, "removed": True}
+    assert client.get(path, headers=AUTH).status_code == 404 and ops.get(web_store, name) is None
+
+
+def test_a_literal_slash_reaches_the_entry_and_a_suffix_route_wins(client: TestClient) -> None:
+    """Unencoded, '/periodic/a/b/history' is the history of 'a/b'; the entry 'a/b/history' is
+    then reached encoded (and by its actions and removal, which have no such twin)."""
+    for name in ("a/b", "a/b/history"):
+        assert client.post("/api/v1/periodic", headers=AUTH, json={**TICK, "name": name}).status_code == 201
+    assert entry(client, "a/b")["name"] == "a/b"
+    assert client.get("/api/v1/periodic/a/b/history", headers=AUTH).json()["name"] == "a/b"
+    assert entry(client, "a%2Fb%2Fhistory")["name"] == "a/b/history"
+    assert client.get("/api/v1/periodic/a%2Fb%2Fhistory/history", headers=AUTH).json()["name"] == "a/b/history"
+    assert client.get("/api/v1/periodic/a%2Fb/history", headers=AUTH).json()["name"] == "a/b"
+    paused = client.post("/api/v1/periodic/a/b/history/pause", headers=AUTH, json={})
+    assert paused.json()["name"] == "a/b/history" and not paused.json()["enabled"]
+    assert entry(client, "a/b")["enabled"], "only the one named"
+    assert client.delete("/api/v1/periodic/a/b/history", headers=AUTH).json()["name"] == "a/b/history"
+    assert client.get("/api/v1/periodic/a/b/history", headers=AUTH).json()["name"] == "a/b"  # its history still
+
+
+def test_a_served_dashboard_routes_encoded_names(dashboard_factory: Callable[..., Any], web_store: DelayStore) -> None:
+    """The same through uvicorn (the raw path as a real server hands it on)."""
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {name: {"task": "t.n", "schedule": 60.0} for name in ("x/history", "x")}
+    sync(app, web_store)
+    base = dashboard_factory().base + "/api/v1/periodic/"
+    assert httpx.get(base + "x%2Fhistory", headers=AUTH).json()["name"] == "x/history"
+    assert httpx.get(base + "x/history", headers=AUTH).json()["name"] == "x"  # the history of x
 
 
 @pytest.mark.parametrize(
@@ -544,6 +594,29 @@ def test_the_dashboards_edit_keeps_an_intervals_alignment_and_can_clear_it(
     expect(row).to_contain_text("every 0:01:00")
     expect(row).not_to_contain_text("aligned")
     assert stored_state(web_store, "rel").schedule == Every(60_000, aligned=False)
+
+
+def test_the_dashboard_acts_on_names_with_slashes_spaces_percent_and_unicode(
+    page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore
+) -> None:
+    names = ["reports/daily", "50% ünï/x history"]
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {name: {"task": "t.n", "schedule": 3600.0} for name in names}
+    sync(app, web_store)
+    dashboard = dashboard_factory()
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(dashboard.base + "/")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+    for name in names:
+        row = page.locator("#periodic tbody tr", has=page.get_by_text(name, exact=True))
+        row.locator("button[data-action=pause]").click()
+        expect(page.locator("#periodic-message")).to_have_text(f"Paused {name}.")
+        assert not stored_state(web_store, name).enabled
+        row.locator("button[data-action=edit]").click()
+        expect(page.locator("#entry-form-title")).to_have_text(f"Edit {name}")
+        expect(page.locator("#entry-task")).to_have_value("t.n")
+        page.click("#entry-cancel")
 
 
 def test_an_entry_whose_item_is_garbage_is_named_not_a_500(client: TestClient, web_store: DelayStore) -> None:
