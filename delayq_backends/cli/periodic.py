@@ -167,7 +167,18 @@ def _definition(command: Callable[..., None]) -> Callable[..., None]:
             "(unlike the HTTP API's --rq-allow): whoever runs this command chooses what RQ workers run.",
         ),
         click.option("--every", type=float, default=None, help="Run every SECONDS."),
-        click.option("--cron", default=None, help="Run on a crontab: 'minute hour day-of-month month day-of-week'."),
+        click.option(
+            "--aligned/--not-aligned",
+            default=None,
+            help="--every: run on multiples of the period since the epoch (Celery's relative=True), or one period "
+            "after the add. Default: an added entry not aligned, an updated one kept as it was.",
+        ),
+        click.option(
+            "--cron",
+            default=None,
+            help="Run on a crontab: 'minute hour day-of-month month day-of-week'. Both day fields set: days matching "
+            "both (Celery's crontab), or with --kind rq either (cron's, rq cron's).",
+        ),
         click.option("--at", "at", default=None, help="Run once, at this ISO 8601 time with its offset (a one-off)."),
         click.option("--args", "args_json", default="[]", show_default=True, help="Arguments, a JSON array."),
         click.option(
@@ -220,17 +231,19 @@ def _time(flag: str, text: str | None) -> int | None:
         raise click.BadParameter(str(exc), param_hint=flag) from exc
 
 
-def _schedule(d: dict[str, Any], default_zone: Callable[[], str]) -> Schedule:
+def _schedule(d: dict[str, Any], default_zone: Callable[[], str], store: DelayStore) -> Schedule:
     chosen = [flag for flag in ("every", "cron", "at") if d[flag] is not None]
     if len(chosen) != 1:
         raise click.UsageError("give exactly one of --every SECONDS, --cron 'm h dom mon dow' or --at ISO-TIME")
     if d["tz"] is not None and chosen != ["cron"]:
         raise click.UsageError("--tz applies to --cron only (an interval or a one-off time has no wall clock)")
+    if d["aligned"] is not None and chosen != ["every"]:
+        raise click.UsageError("--aligned/--not-aligned apply to --every only (an interval's alignment)")
     try:
         if d["every"] is not None:
-            return interval(d["every"])
+            return ops.keep_alignment(store, d["name"], interval(d["every"]), d["aligned"])
         if d["cron"] is not None:
-            return Cron.checked(d["cron"], d["tz"] or default_zone())
+            return Cron.checked(d["cron"], d["tz"] or default_zone(), day_or=d["kind"] == "rq")  # RQ's reading
     except DelayqError as exc:
         raise click.BadParameter(str(exc), param_hint=f"--{chosen[0]}") from exc
     at = _time("--at", d["at"])
@@ -238,9 +251,11 @@ def _schedule(d: dict[str, Any], default_zone: Callable[[], str]) -> Schedule:
     return Once(at)
 
 
-def _entry(access: PeriodicAccess, ctx: click.Context, where: dict[str, Any], d: dict[str, Any]) -> ops.EntrySpec:
-    """The entry the definition options define: a Celery one built with the group's app, or an
-    RQ one (``--kind rq``)."""
+def _entry(
+    access: PeriodicAccess, ctx: click.Context, where: dict[str, Any], d: dict[str, Any], store: DelayStore
+) -> ops.EntrySpec:
+    """The entry the definition options define for ``store``: a Celery one built with the group's
+    app, or an RQ one (``--kind rq``)."""
     if d["kind"] == "rq":
         if d["task"] is not None:
             raise click.UsageError("--task names a Celery task: an RQ entry names its function with --func")
@@ -248,17 +263,16 @@ def _entry(access: PeriodicAccess, ctx: click.Context, where: dict[str, Any], d:
             raise click.UsageError("--kind rq needs --func module.function and --queue NAME")
         if access.rq is None:
             raise click.UsageError("RQ entries are added with `delayq periodic add --kind rq --rq-redis URL ...`")
-        store = access.store(ctx, where)
         _check_workers(access.rq(ctx, where, store), d["queue"])
-        return _rq_spec(d)
+        return _rq_spec(d, store)
     if d["func"] is not None:
         raise click.UsageError("--func names an RQ function: add --kind rq (a Celery entry names its --task)")
     if not d["task"]:
         raise click.UsageError("a Celery entry needs --task NAME (an RQ entry: --kind rq --func module.function)")
-    return _spec(access.app(ctx, where), d)
+    return _spec(access.app(ctx, where), d, store)
 
 
-def _rq_spec(d: dict[str, Any]) -> ops.EntrySpec:
+def _rq_spec(d: dict[str, Any], store: DelayStore) -> ops.EntrySpec:
     """An RQ entry from the definition options, its job captured as the HTTP API's (no allowlist:
     an operator's command)."""
     fields = {
@@ -269,7 +283,7 @@ def _rq_spec(d: dict[str, Any]) -> ops.EntrySpec:
         "jitter_ms": round(d["jitter"] * 1000),
     }
     spec: ops.EntrySpec = adapter("rq.cron").runtime_entry(
-        d["name"], d["func"], queue=d["queue"], schedule=_schedule(d, lambda: "UTC"),
+        d["name"], d["func"], queue=d["queue"], schedule=_schedule(d, lambda: "UTC", store),
         args=_json("--args", d["args_json"], list), kwargs=_json("--kwargs", d["kwargs_json"], dict),
         misfire=Misfire(d["misfire"]) if d["misfire"] else Misfire(), overlap=d["overlap"] or "allow", **fields,
     )  # fmt: skip
@@ -290,7 +304,7 @@ def _check_workers(connection: redis.Redis, queue: str) -> None:
         )
 
 
-def _spec(app: Any, d: dict[str, Any]) -> ops.EntrySpec:
+def _spec(app: Any, d: dict[str, Any], store: DelayStore) -> ops.EntrySpec:
     """An entry from the definition options, built by the Celery adapter with ``app``'s routing."""
     options: dict[str, Any] = {}
     for key, flag in (("queue", "queue"), ("delayq_misfire", "misfire"), ("delayq_overlap", "overlap")):
@@ -308,7 +322,7 @@ def _spec(app: Any, d: dict[str, Any]) -> ops.EntrySpec:
         options["delayq_enabled"] = False
     conf = {
         "task": d["task"],
-        "schedule": _schedule(d, lambda: str(adapter("celery.periodic").zone_of(app))),
+        "schedule": _schedule(d, lambda: str(adapter("celery.periodic").zone_of(app)), store),
         "args": _json("--args", d["args_json"], list),
         "kwargs": _json("--kwargs", d["kwargs_json"], dict),
         "options": options,
@@ -318,8 +332,8 @@ def _spec(app: Any, d: dict[str, Any]) -> ops.EntrySpec:
 
 
 _DEFINITION_KEYS = (
-    "name", "kind", "task", "func", "every", "cron", "at", "args_json", "kwargs_json", "queue", "tz", "start", "end",
-    "max_runs", "jitter", "misfire", "overlap", "paused",
+    "name", "kind", "task", "func", "every", "aligned", "cron", "at", "args_json", "kwargs_json", "queue", "tz",
+    "start", "end", "max_runs", "jitter", "misfire", "overlap", "paused",
 )  # fmt: skip
 
 
@@ -377,7 +391,7 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         Exit 1 if the name exists: use update."""
         d, where = _split(kw)
         store = access.store(ctx, where)
-        spec = _entry(access, ctx, where, d)
+        spec = _entry(access, ctx, where, d, store)
         if ops.get(store, spec.name) is not None:
             raise click.ClickException(f"entry {spec.name!r} exists: change it with `periodic update`")
         click.echo(f"{ops.upsert(store, spec)}: {spec.name}")
@@ -392,7 +406,7 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         are kept). An entry from code is refused without --detach."""
         d, where = _split(kw)
         store = access.store(ctx, where)
-        spec = _entry(access, ctx, where, d)
+        spec = _entry(access, ctx, where, d, store)
         if ops.get(store, spec.name) is None:
             raise ops.EntryNotFound(spec.name)
         click.echo(f"{ops.upsert(store, spec, detach=detach)}: {spec.name}")

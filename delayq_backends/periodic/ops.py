@@ -43,7 +43,7 @@ from .registry import (
     read_registry,
     record_code_sync,
 )
-from .schedules import MAX_BACKFILL, Misfire, Once, Schedule
+from .schedules import MAX_BACKFILL, Every, Misfire, Once, Schedule
 from .state import CODE, META, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "backfill",
     "get",
     "item_id",
+    "keep_alignment",
     "kind_of",
     "pause",
     "register_kind",
@@ -218,6 +219,24 @@ class EntrySpec:
             max_runs=self.max_runs,
             jitter_ms=self.jitter_ms,
         )
+
+
+def keep_alignment(store: DelayStore, name: str, schedule: Schedule, aligned: bool | None) -> Schedule:
+    """``schedule`` with its alignment on multiples of the period (Celery's ``relative=True``)
+    as ``aligned`` says, or when it says nothing as entry ``name``'s stored interval has it: an
+    edit that does not mention alignment keeps it (a form or a command that has no say in it
+    would otherwise drop it); a new entry is not aligned. Only an interval has an alignment.
+    """
+    if not isinstance(schedule, Every):
+        return schedule
+    if aligned is None:
+        try:
+            stored = _read(store, name)
+        except PeriodicError:  # unreadable or newer: the upsert that follows says so
+            stored = None
+        old = stored.state.schedule if stored is not None else None
+        aligned = isinstance(old, Every) and old.aligned
+    return replace(schedule, aligned=aligned)
 
 
 # -- the compare-and-set loop ----------------------------------------------------------------------

@@ -144,11 +144,23 @@ def _croniter() -> Any:
 @dataclass(frozen=True)
 class Cron:
     """A crontab in time zone ``zone`` (an IANA name, ``UTC`` or ``local``), fields as cron reads
-    them (``minute hour day-of-month month day-of-week``, Sunday 0), day fields ANDed as
-    Celery does."""
+    them (``minute hour day-of-month month day-of-week``, Sunday 0).
+
+    With both day fields set, a day matching both runs (Celery's crontab), or with ``day_or`` a
+    day matching either (cron's and RQ's reading: ``0 9 1 * 1`` is the 1st and every Monday).
+    ``day_or`` is kept only where it changes the schedule (:meth:`of`), so every other crontab is
+    stored as before it existed.
+    """
 
     expression: str
     zone: str
+    day_or: bool = False
+
+    @classmethod
+    def of(cls, expression: str, zone: str, *, day_or: bool) -> Cron:
+        """A crontab with ``day_or`` only when both day fields are set (else it reads the same)."""
+        fields = expression.split()
+        return cls(expression, zone, day_or and fields[2] != "*" and fields[4] != "*")
 
     @property
     def wall(self) -> bool:
@@ -163,7 +175,7 @@ class Cron:
         if not self.wall:
             return self._real_after(ms)
         zone = self.tz
-        times = _croniter()(self.expression, from_ms(ms).astimezone(zone).replace(tzinfo=None), day_or=False)
+        times = self._times(from_ms(ms).astimezone(zone).replace(tzinfo=None))
         while True:  # a wall time of the repeated hour may lie before ms: it ran in the first pass
             wall = times.get_next(datetime)
             at = _instant(wall, zone)
@@ -173,13 +185,17 @@ class Cron:
     def following(self, slot: Slot) -> Slot:
         if not self.wall:
             return self._real_after(slot.at_ms)
-        wall = _croniter()(self.expression, datetime.fromisoformat(slot.key), day_or=False).get_next(datetime)
+        wall = self._times(datetime.fromisoformat(slot.key)).get_next(datetime)
         return Slot(wall.isoformat(), _instant(wall, self.tz))
 
     def _real_after(self, ms: int) -> Slot:
         start = from_ms(ms).astimezone(self.tz)
-        at = int(_croniter()(self.expression, start, day_or=False).get_next(float) * 1000)
+        at = int(self._times(start).get_next(float) * 1000)
         return Slot(str(at), at)
+
+    def _times(self, start: datetime) -> Any:
+        """croniter's times after ``start``, the day fields read as this crontab reads them."""
+        return _croniter()(self.expression, start, day_or=self.day_or)
 
     def due(self, slot: Slot, now_ms: int, keep: int) -> tuple[list[Slot], int, Slot]:
         slots: list[Slot] = []
@@ -202,8 +218,9 @@ class Cron:
         return slots
 
     @classmethod
-    def checked(cls, expression: str, zone: str) -> Cron:
-        """A crontab from user input: five fields croniter reads, in a zone :func:`zone_named` knows.
+    def checked(cls, expression: str, zone: str, *, day_or: bool = False) -> Cron:
+        """A crontab from user input: five fields croniter reads, in a zone :func:`zone_named` knows;
+        ``day_or`` for RQ's reading of both day fields (see the class).
 
         Raises:
             ConfigError: naming the field syntax or the zone.
@@ -215,13 +232,13 @@ class Cron:
                 "e.g. '*/5 * * * *' or '30 2 * * 1-5'"
             )
         zone_named(zone)
-        return cls(" ".join(fields), zone)
+        return cls.of(" ".join(fields), zone, day_or=day_or)
 
     def to_json(self) -> dict[str, Any]:
-        return {"cron": self.expression, "tz": self.zone}
+        return {"cron": self.expression, "tz": self.zone, **({"day_or": True} if self.day_or else {})}
 
     def describe(self) -> str:
-        return f"crontab {self.expression} ({self.zone})"
+        return f"crontab {self.expression} ({self.zone}{', either day' if self.day_or else ''})"
 
 
 @dataclass(frozen=True)
@@ -260,7 +277,7 @@ def schedule_from_json(data: Mapping[str, Any]) -> Schedule:
         return Every(int(data["every_ms"]), bool(data.get("aligned")))
     if "once_ms" in data:
         return Once(int(data["once_ms"]))
-    return Cron(str(data["cron"]), str(data["tz"]))
+    return Cron(str(data["cron"]), str(data["tz"]), data.get("day_or") is True)
 
 
 def interval(value: float | timedelta, aligned: bool = False) -> Every:

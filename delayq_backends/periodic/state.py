@@ -2,7 +2,7 @@
 is in it, how it fires, and the pending actions a forwarder applies at its next firing.
 
 The state is JSON in the envelope's meta (``periodic``). Every field added with entries as data
-(source, enabled, start/end, maximum runs, jitter, pending actions) is optional: absent means
+(source, enabled, start/end, maximum runs, jitter, pending actions, a crontab's ``day_or``) is optional: absent means
 what an entry did before. An entry using one is written as state ``"v": 2`` inside an envelope
 of format :data:`~delayq_backends.envelope.ENTRY_FORMAT_VERSION`, so an older forwarder leaves it
 alone (a newer format) instead of firing it and dropping the fields in its rearm.
@@ -18,7 +18,7 @@ from typing import Any
 from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..overlap_policy import ALLOW, POLICIES
-from .schedules import END, Every, Misfire, Once, Plan, Schedule, Slot, schedule_from_json
+from .schedules import END, Cron, Every, Misfire, Once, Plan, Schedule, Slot, schedule_from_json
 
 __all__ = [
     "CODE",
@@ -121,7 +121,9 @@ class PeriodicState:
     @property
     def newer_format(self) -> bool:
         """Uses a field an older forwarder would drop in its rearm: stored as state v2."""
-        return bool(self._new_fields()) or isinstance(self.schedule, Once)  # an older reader cannot read Once
+        # an older reader cannot read Once, and would read a crontab's days as both instead of either
+        either_day = isinstance(self.schedule, Cron) and self.schedule.day_or
+        return bool(self._new_fields()) or isinstance(self.schedule, Once) or either_day
 
     def ready_ms(self) -> int:
         """When its item is due: never while paused or finished; now with a pending action; else

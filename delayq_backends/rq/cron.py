@@ -303,11 +303,10 @@ _JOB_OPTIONS = ("args", "kwargs", "job_timeout", "result_ttl", "ttl", "failure_t
 
 def _cron(expression: str, zone: str) -> Cron:
     """A cron string as ``rq cron`` reads it (croniter: five fields, or six with seconds last;
-    the macros), in ``zone``.
+    the macros; both day fields set run on either day, as cron's), in ``zone``.
 
     Raises:
-        ConfigError: not a cron string, or one whose day-of-month and day-of-week are both set:
-            cron runs it on either day, delayq's schedules on days matching both.
+        ConfigError: not a cron string.
     """
     fields = MACROS.get(expression.strip(), expression).split()
     text = " ".join(fields)
@@ -316,13 +315,8 @@ def _cron(expression: str, zone: str) -> Cron:
             f"cron {expression!r}: use five fields 'minute hour day-of-month month day-of-week' (a sixth is "
             "seconds), e.g. '*/5 * * * *', or a macro like '@hourly'"
         )
-    if fields[2] != "*" and fields[4] != "*":
-        raise ConfigError(
-            f"cron {expression!r} sets both day-of-month and day-of-week, which cron reads as either day: "
-            "register it twice (name= apart), once with each day field and '*' in the other"
-        )
     _check_zone(zone)
-    return Cron(text, zone)
+    return Cron.of(text, zone, day_or=True)
 
 
 def _check_zone(name: str) -> str:

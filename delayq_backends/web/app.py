@@ -117,7 +117,8 @@ def create_app(
         redoc_url=None,
     )
     app.state.services = services
-    for routes in (router, slots.router, batches.router, periodic.router, periodic_history.router):
+    # an entry's history before the entry: /periodic/a/b/history is the history of "a/b" (.entry_paths)
+    for routes in (router, slots.router, batches.router, periodic_history.router, periodic.router):
         app.include_router(routes, dependencies=[Depends(require_token(token))])
     if token is None:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)

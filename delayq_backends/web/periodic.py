@@ -40,34 +40,37 @@ from .api import (
     json_values,
     reading,
 )
+from .entry_paths import EntryRoute
 from .guard import API_PREFIX
 from .producers import CeleryProducer, FunctionRefused, ProducerUnavailable, RQProducer
 
 __all__ = ["router"]
 
-router = APIRouter(prefix=API_PREFIX, responses=RESPONSES)
+router = APIRouter(prefix=API_PREFIX, responses=RESPONSES, route_class=EntryRoute)
 
 #: Longest interval an entry may have (10 years, in seconds): more is a unit mistake.
 MAX_EVERY = 315_576_000
 #: Most runs an entry may be limited to.
 MAX_RUNS = 10**9
 #: The optional fields that take no null: leaving one out is the way to say "none".
-NOT_NULL = ("task", "func", "every", "cron", "at", "queue", "start", "end", "max_runs", "enabled")
+NOT_NULL = ("task", "func", "every", "cron", "at", "queue", "start", "end", "max_runs", "enabled", "aligned")
 
 
 class EntryIn(BaseModel):
     """An entry to add, or the whole new definition of one (by ``name``).
 
     The schedule is exactly one of ``every`` (seconds), ``cron`` (five fields, in ``tz``) or
-    ``at`` (one run at that time), and a Celery entry names its ``task``, an RQ entry its
-    ``func``: the schema says so (``allOf`` two ``oneOf``). A crontab or a zone that does not
-    exist is a 422 too, which the schema cannot say.
+    ``at`` (one run at that time), ``aligned`` goes with ``every`` only, and a Celery entry names
+    its ``task``, an RQ entry its ``func``: the schema says so (``allOf`` two ``oneOf`` and a
+    ``dependentRequired``). A crontab or a zone that does not exist is a 422 too, which the
+    schema cannot say.
     """
 
     model_config = ConfigDict(
         json_schema_extra={
             "allOf": [
                 {"oneOf": [{"required": ["every"]}, {"required": ["cron"]}, {"required": ["at"]}]},
+                {"dependentRequired": {"aligned": ["every"]}},
                 {
                     "oneOf": [
                         {
@@ -95,8 +98,15 @@ class EntryIn(BaseModel):
     every: Annotated[float, Field(ge=0.001, le=MAX_EVERY, allow_inf_nan=False), JsonNumber] | SkipJsonSchema[None] = (
         Field(None, description="Run every this many seconds.")
     )
+    aligned: bool | SkipJsonSchema[None] = Field(
+        None,
+        description="every only: true runs on multiples of the period since the epoch (Celery's relative=True), "
+        "false one period after the last; left out: a new entry is not aligned, a changed one kept as it was.",
+    )
     cron: Annotated[str, Field(min_length=1, max_length=200)] | SkipJsonSchema[None] = Field(
-        None, description="A crontab, 'minute hour day-of-month month day-of-week' (Sunday 0), in tz."
+        None,
+        description="A crontab, 'minute hour day-of-month month day-of-week' (Sunday 0), in tz. With both day "
+        "fields set, a celery entry runs on days matching both (Celery's crontab), an rq entry on either (cron's).",
     )
     at: Annotated[AwareDatetime, JsonTime] | SkipJsonSchema[None] = Field(
         None, description="One run at this time (ISO-8601 with an offset); then the entry is finished."
@@ -164,6 +174,8 @@ class EntryIn(BaseModel):
             raise ValueError(
                 "give exactly one schedule: every (seconds), cron ('*/5 * * * *', in tz) or at (ISO-8601 time)"
             )
+        if self.aligned is not None and self.every is None:
+            raise ValueError("aligned applies to an interval (every) only: leave it out")
         if self.cron is not None:
             try:
                 Cron.checked(self.cron, self.tz)
@@ -222,6 +234,7 @@ class DefinitionOut(BaseModel):
     """What the entry runs and when, in the terms ``POST /periodic`` takes (the edit form's)."""
 
     every: float | None = None
+    aligned: bool | None = Field(default=None, description="An interval's alignment; null for other schedules.")
     cron: str | None = None
     tz: str | None = None
     at: str | None = None
@@ -263,7 +276,7 @@ class RemovedOut(BaseModel):
 
 # -- routes -----------------------------------------------------------------------------------
 
-#: An entry's name in a path: one plain segment (a name with a slash is reached by the CLI).
+#: An entry's name in a path: any name, encoded as ``encodeURIComponent`` does (:mod:`.entry_paths`).
 PathName = Annotated[str, Path(min_length=1, max_length=256, description="The entry's name.")]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "No such entry (`delayq periodic list` lists them)."}
@@ -342,7 +355,7 @@ def list_entries(svc: Svc) -> EntryListOut:
     return EntryListOut(entries=[EntryOut(**_out(e)) for e in entries], hint=None if entries else NO_PERIODIC)
 
 
-@router.get("/periodic/{name}", response_model=EntryDetailOut, responses=NOT_FOUND, summary="One periodic entry")
+@router.get("/periodic/{name:path}", response_model=EntryDetailOut, responses=NOT_FOUND, summary="One periodic entry")
 def get_entry(name: PathName, svc: Svc) -> EntryDetailOut:
     """Its state, and its definition as ``POST /periodic`` takes it (the dashboard's edit form)."""
     entry = _entry(svc, name)
@@ -379,20 +392,20 @@ def _action(act: Callable[[], ops.EntryStatus]) -> EntryOut:
         return EntryOut(**_out(act()))
 
 
-@router.post("/periodic/{name}/pause", response_model=EntryOut, responses=REFUSED, summary="Pause an entry")
+@router.post("/periodic/{name:path}/pause", response_model=EntryOut, responses=REFUSED, summary="Pause an entry")
 def pause_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
     """It never fires until resumed (a forwarder that claimed it in a race sends nothing)."""
     return _action(lambda: ops.pause(svc.store, name))
 
 
-@router.post("/periodic/{name}/resume", response_model=EntryOut, responses=REFUSED, summary="Resume an entry")
+@router.post("/periodic/{name:path}/resume", response_model=EntryOut, responses=REFUSED, summary="Resume an entry")
 def resume_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
     """Due at its next period, or now if that passed: its misfire policy decides what the periods
     missed while paused send."""
     return _action(lambda: ops.resume(svc.store, name))
 
 
-@router.post("/periodic/{name}/run", response_model=EntryOut, responses=REFUSED, summary="Run an entry now")
+@router.post("/periodic/{name:path}/run", response_model=EntryOut, responses=REFUSED, summary="Run an entry now")
 def run_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
     """One extra run, sent by the next firing (due now, paused or not), exactly once; the schedule
     is untouched."""
@@ -400,7 +413,7 @@ def run_entry(_: ActionIn, name: PathName, svc: Svc) -> EntryOut:
 
 
 @router.post(
-    "/periodic/{name}/backfill", response_model=EntryOut, responses=REFUSED, summary="Run an entry's past periods"
+    "/periodic/{name:path}/backfill", response_model=EntryOut, responses=REFUSED, summary="Run an entry's past periods"
 )
 def backfill_entry(body: BackfillIn, name: PathName, svc: Svc) -> EntryOut:
     """Every period of its schedule from ``start`` to ``end`` runs, sent by the next firing (at
@@ -408,7 +421,7 @@ def backfill_entry(body: BackfillIn, name: PathName, svc: Svc) -> EntryOut:
     return _action(lambda: ops.backfill(svc.store, name, to_ms(body.start), to_ms(body.end)))
 
 
-@router.delete("/periodic/{name}", response_model=RemovedOut, responses=REFUSED, summary="Remove an entry")
+@router.delete("/periodic/{name:path}", response_model=RemovedOut, responses=REFUSED, summary="Remove an entry")
 def remove_entry(
     name: PathName,
     svc: Svc,
@@ -429,7 +442,7 @@ def _schedule(body: EntryIn) -> Schedule:
     if body.every is not None:
         return interval(body.every)
     if body.cron is not None:
-        return Cron.checked(body.cron, body.tz)
+        return Cron.checked(body.cron, body.tz, day_or=body.kind == "rq")  # RQ's reading of both day fields
     assert body.at is not None  # EntryIn: exactly one schedule
     return Once(to_ms(body.at))
 
@@ -446,7 +459,7 @@ def _spec(svc: Services, body: EntryIn) -> ops.EntrySpec:
 
 
 def _built(svc: Services, body: EntryIn) -> ops.EntrySpec:
-    schedule = _schedule(body)
+    schedule = ops.keep_alignment(svc.store, body.name, _schedule(body), body.aligned)
     if body.kind == "rq":
         producer: RQProducer = _available(svc.rq)
         misfire = Misfire(body.misfire, body.misfire_grace, body.misfire_max)
@@ -491,6 +504,7 @@ def _definition(svc: Services, name: str) -> DefinitionOut | None:
     s = state.schedule
     out = DefinitionOut(
         every=s.every_ms / 1000 if isinstance(s, Every) else None,
+        aligned=s.aligned if isinstance(s, Every) else None,
         cron=s.expression if isinstance(s, Cron) else None,
         tz=s.zone if isinstance(s, Cron) else None,
         at=iso(s.at_ms) if isinstance(s, Once) else None,

@@ -13,11 +13,12 @@ from ..entries import iso
 from ..keys import MAX_ID_BYTES, periodic_key
 from ..periodic.history import HISTORY_SIZE, RunRecord, read_history
 from .api import RESPONSES, Digits, ErrorOut, Svc
+from .entry_paths import EntryRoute
 from .guard import API_PREFIX
 
 __all__ = ["router"]
 
-router = APIRouter(prefix=API_PREFIX, responses=RESPONSES)
+router = APIRouter(prefix=API_PREFIX, responses=RESPONSES, route_class=EntryRoute)
 
 
 class RunOut(BaseModel):

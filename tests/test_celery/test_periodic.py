@@ -17,7 +17,7 @@ from celery.schedules import crontab, solar
 
 from delayq_backends.celery.message import StoredMessage
 from delayq_backends.celery.periodic import KIND, PeriodicTarget, sync
-from delayq_backends.envelope import Envelope
+from delayq_backends.envelope import FORMAT_VERSION, Envelope
 from delayq_backends.models import RearmOutcome
 from delayq_backends.periodic.ops import CodeEntryError, item_id, remove, statuses
 from delayq_backends.periodic.schedules import run_task_id
@@ -111,6 +111,19 @@ def test_hourly_crontab_runs_in_both_repeated_hours_and_skips_none() -> None:
         h.fire_next("hourly")
     utc = [when.astimezone(timezone.utc).strftime("%H:%M") for _, when in h.runs()]
     assert utc == ["23:00", "00:00", "01:00", "02:00"]  # 01:00 CEST, 02:00 CEST, 02:00 CET, 03:00 CET
+
+
+def test_a_crontab_with_both_day_fields_runs_on_days_matching_both_as_celery_reads_it() -> None:
+    """Celery's crontab ANDs day-of-month and day-of-week (cron and `rq cron` OR them): the 1st
+    that is a Monday, stored in the format every release reads, as before day_or existed."""
+    schedule = crontab(minute=0, hour=9, day_of_month=1, day_of_week=1)
+    h = Harness(_local(2026, 6, 2, 12), {"monday-1st": {"task": "t.m", "schedule": schedule}})
+    h.sync()
+    h.fire_next("monday-1st")
+    assert [when for _, when in h.runs()] == [_local(2027, 2, 1, 9)]
+    item = h.store.get(item_id("monday-1st"))
+    assert item is not None and item.envelope[2] == FORMAT_VERSION
+    assert "day_or" not in Envelope.decode(item.envelope).meta["periodic"]["schedule"]
 
 
 def test_crontab_follows_utc_when_the_app_has_no_timezone() -> None:

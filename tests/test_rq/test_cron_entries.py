@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import textwrap
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,13 @@ from rq import SimpleWorker
 from rq.cron import CronScheduler
 from rq.job import Job
 
+from delayq_backends import Config, DelayStore
 from delayq_backends.cli import main
-from delayq_backends.envelope import Envelope
+from delayq_backends.envelope import ENTRY_FORMAT_VERSION, Envelope
 from delayq_backends.errors import ConfigError, EnvelopeError
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.history import RunMark
-from delayq_backends.periodic.schedules import Cron, Every, Misfire, run_task_id
+from delayq_backends.periodic.schedules import Cron, Every, Misfire, Slot, run_task_id
 from delayq_backends.periodic.state import RUNTIME, PeriodicState, state_of, with_state
 from delayq_backends.rq.cron import entry as cron_entry
 from delayq_backends.rq.cron import load_config, sync
@@ -41,8 +43,8 @@ from delayq_backends.rq.entries import (
 from delayq_backends.rq.slots import Slots
 from delayq_backends.store import slot_member
 from delayq_backends.targets import Delivery
-from delayq_backends.testing import FakeClock, TestingStore, advance_and_run, testing_store
-from delayq_backends.timeutil import from_ms
+from delayq_backends.testing import FakeClock, TestingStore, advance_and_run, run_due, testing_store
+from delayq_backends.timeutil import from_ms, to_ms
 from tests.harness.rq import runs
 from tests.test_rq.jobs import record
 
@@ -143,15 +145,17 @@ def test_a_config_is_captured_as_rq_cron_loads_it(tmp_path: Path) -> None:
     path = _config(tmp_path, "q")
     config = load_config(str(path))
     entries = {e.name: e for e in config.entries}
-    assert list(entries) == [FUNC, "standup", "every-2s"]
+    assert list(entries) == [FUNC, "standup", "every-2s", "either-day"]
     assert entries[FUNC].schedule == Every(1000) and entries[FUNC].misfire == Misfire()
     standup = entries["standup"]
     assert standup.schedule == Cron("30 9 * * 1-5", "Europe/Berlin")
     assert standup.misfire == Misfire("run_all", max_runs=3) and standup.overlap == "skip"
     assert standup.template.fields["result_ttl"] == 60 and standup.template.queue == "q"
     assert entries["every-2s"].schedule == Cron("* * * * * */2", entries["every-2s"].schedule.zone)
-    assert set(config.errors) == {"either-day", "no-schedule", "standup"}
-    assert "either day" in config.errors["either-day"] and "interval or cron" in config.errors["no-schedule"]
+    either = entries["either-day"].schedule
+    assert either == Cron("0 0 1 * 1", either.zone, day_or=True)  # the 1st or a Monday, as `rq cron` runs it
+    assert set(config.errors) == {"no-schedule", "standup"}
+    assert "interval or cron" in config.errors["no-schedule"]
     assert "name=" in config.errors["standup"]  # the second job of that name
 
     rq_itself = CronScheduler(connection=redis.Redis())
@@ -204,6 +208,46 @@ def test_firing_makes_one_job_per_period_and_follows_the_misfire_policy() -> Non
     tick = [j for j in after if Job.fetch(j, connection=conn).meta[PERIODIC_META]["name"] == "tick"]
     assert len(tick) == 1  # run_once: one run for the missed periods
     assert len(after) - len(tick) == 5  # run_all: each missed period
+
+
+def test_a_cron_string_with_both_day_fields_runs_on_either_day_as_rq_cron_does() -> None:
+    """'0 9 1 * 1' is the 1st and every Monday for cron and `rq cron` (croniter's day_or): it runs
+    on Monday 2026-06-08, not first on 2027-02-01 (a Monday the 1st, what Celery's crontab reads)."""
+    clock = FakeClock(datetime(2026, 6, 2, 12, tzinfo=timezone.utc))  # a Tuesday
+    store = testing_store(prefix="cron", shards=2, clock=clock)
+    runs_target = RQRunTarget(store.client)
+    targets = {KIND: RQPeriodicTarget(runs_target), RUN_KIND: runs_target}
+    assert (
+        ops.upsert(store, cron_entry("either", FUNC, "q", cron="0 9 1 * 1", tz="UTC").spec(source=RUNTIME)) == "added"
+    )
+    monday = datetime(2026, 6, 8, 9, tzinfo=timezone.utc)
+    item = store.get(ops.item_id("either"))
+    assert item is not None and item.ready_ms == to_ms(monday)
+    assert item.envelope[2] == ENTRY_FORMAT_VERSION  # an older forwarder would read both days: it leaves it alone
+
+    clock.set(monday + timedelta(seconds=1))
+    run_due(store, targets)
+    [job_id] = [j.decode() for j in store.client.lrange("rq:queue:q", 0, -1)]
+    assert job_id == run_task_id("either", Slot("2026-06-08T09:00:00", to_ms(monday)))
+    status = ops.get(store, "either")
+    assert status is not None and status.next_run_ms == to_ms(datetime(2026, 6, 15, 9, tzinfo=timezone.utc))
+
+
+def test_either_day_periods_are_backfilled_and_written_as_rq_jobs_on_a_real_server(
+    conn: redis.Redis, prefix: str
+) -> None:
+    """June 2026's periods of '0 9 1 * 1' (the 1st is a Monday): the five Mondays, each one RQ job."""
+    store = DelayStore(conn, Config(prefix=prefix, shards=2))
+    queue = f"{prefix}-q"
+    runs_target = RQRunTarget(conn)
+    targets = {KIND: RQPeriodicTarget(runs_target), RUN_KIND: runs_target}
+    ops.upsert(store, cron_entry("either", FUNC, queue, cron="0 9 1 * 1", tz="UTC").spec(source=RUNTIME))
+    june = [datetime(2026, 6, d, tzinfo=timezone.utc) for d in (1, 30)]
+    ops.backfill(store, "either", to_ms(june[0]), to_ms(june[1]))
+    run_due(store, targets)
+    jobs = [Job.fetch(j.decode(), connection=conn) for j in conn.lrange(f"rq:queue:{queue}", 0, -1)]
+    days = sorted(from_ms(j.meta[PERIODIC_META]["due"]).day for j in jobs)
+    assert days == [1, 8, 15, 22, 29]
 
 
 def _overlapping(policy: str) -> tuple[TestingStore, dict[str, Any], Job, str]:
@@ -293,7 +337,7 @@ def test_a_runtime_entry_is_listed_as_rq_and_shadows_a_config_entry_of_its_name(
     status = ops.get(store, "standup")
     assert status is not None and (status.kind, status.task, status.tz) == ("rq", FUNC, "America/New_York")
     report = sync(store, load_config(str(_config(tmp_path, "q"))))
-    assert report.shadowed == ["standup"] and sorted(report.added) == sorted([FUNC, "every-2s"])
+    assert report.shadowed == ["standup"] and sorted(report.added) == sorted([FUNC, "every-2s", "either-day"])
     stored = store.get("periodic:standup")
     assert stored is not None and "'rt'" in str(
         JobTemplate.from_envelope(Envelope.decode(stored.envelope)).fields["description"]

@@ -64,6 +64,30 @@ def test_add_update_and_fire_an_rq_entry(cli: Invoke, vstore: DelayStore, conn: 
     assert (job.func_name, job.args) == (FUNC, ("cli2",))
 
 
+def test_an_rq_cron_with_both_day_fields_runs_on_either_day(cli: Invoke, prefix: str) -> None:
+    """As `rq cron` reads '0 9 1 * 1': the 1st and every Monday (a Celery entry: a Monday the 1st)."""
+    added = cli("add", "either", "--kind", "rq", "--func", FUNC, "--queue", f"{prefix}-q", "--cron", "0 9 1 * 1")
+    assert added.exit_code == 0, added.output
+    shown = json.loads(cli("show", "either", "--json").output)
+    assert shown["schedule"] == "crontab 0 9 1 * 1 (UTC, either day)"
+
+
+def test_update_keeps_an_intervals_alignment_unless_told(cli: Invoke, prefix: str) -> None:
+    rq = ["--kind", "rq", "--func", FUNC, "--queue", f"{prefix}-q"]
+
+    def schedule_after(*args: str) -> str:
+        result = cli(*args)
+        assert result.exit_code == 0, result.output
+        return str(json.loads(cli("show", "tick", "--json").output)["schedule"])
+
+    assert schedule_after("add", "tick", *rq, "--every", "60", "--aligned") == "every 0:01:00 (aligned)"
+    assert schedule_after("update", "tick", *rq, "--every", "120") == "every 0:02:00 (aligned)"
+    assert schedule_after("update", "tick", *rq, "--every", "120", "--not-aligned") == "every 0:02:00"
+    assert schedule_after("update", "tick", *rq, "--every", "60") == "every 0:01:00"
+    refused = cli("update", "tick", *rq, "--cron", "* * * * *", "--aligned")
+    assert refused.exit_code == 2 and "--every only" in refused.output, refused.output
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -93,4 +117,4 @@ def test_the_celery_group_sends_rq_entries_to_delayq_periodic() -> None:
     celery_group = PeriodicAccess(lambda c: c, lambda ctx, where: None, lambda ctx, where: None)  # type: ignore[arg-type,return-value]
     d = {"kind": "rq", "task": None, "func": FUNC, "queue": "q"}
     with pytest.raises(click.UsageError, match="delayq periodic add --kind rq --rq-redis"):
-        _entry(celery_group, click.Context(click.Command("add")), {}, d)
+        _entry(celery_group, click.Context(click.Command("add")), {}, d, None)  # type: ignore[arg-type]

@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 import redis
 from celery import Celery
@@ -29,7 +31,7 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.firing import MANUAL, Run
 from delayq_backends.periodic.registry import check_registry
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Every, Slot, run_task_id
 from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import MAX_MS
 from delayq_backends.web import create_app
@@ -39,6 +41,7 @@ from tests.helpers import wait_for
 from tests.test_web.conftest import ARTIFACTS, AUTH, RQ_JOBS, SHARDS, TOKEN
 from tests.test_web.test_dashboard import TIMEOUT_MS
 
+BACKFILL = {"start": "2030-01-01T00:00:00Z", "end": "2030-01-01T00:01:00Z"}
 TICK = {"name": "tick", "task": "t.tick", "every": 30, "args": [1, "a"], "kwargs": {"k": 2}, "queue": "q1"}
 
 
@@ -174,6 +177,86 @@ def test_an_entry_from_code_is_changed_only_detached_and_removed_only_forced(
     assert ops.get(web_store, "hourly") is None
 
 
+def test_an_edit_keeps_an_intervals_alignment_unless_it_sets_it(client: TestClient, web_store: DelayStore) -> None:
+    """Celery's schedule(relative=True) runs on multiples of its period: an edit that leaves
+    ``aligned`` out (the dashboard's form before it had the box, a script) keeps that; one that
+    sets it sets or clears it; a new entry is not aligned."""
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {"rel": {"task": "t.rel", "schedule": 30.0, "relative": True}}
+    sync(app, web_store)
+    assert entry(client, "rel")["definition"]["aligned"] is True
+
+    def edit(**fields: Any) -> dict[str, Any]:
+        body = {"name": "rel", "task": "t.rel", "every": 60, "detach": True, **fields}
+        response = client.post("/api/v1/periodic", headers=AUTH, json=body)
+        assert response.status_code == 200, response.text
+        shown = entry(client, "rel")
+        assert shown["schedule"].startswith("every 0:01:00"), shown["schedule"]
+        return shown
+
+    kept = edit(args=[1])
+    assert kept["definition"]["aligned"] is True and kept["schedule"] == "every 0:01:00 (aligned)"
+    assert ready_ms(web_store, "rel") % 60_000 == 0  # on a multiple of the new period
+    assert edit(aligned=False)["definition"]["aligned"] is False
+    assert edit()["definition"]["aligned"] is False  # cleared stays cleared
+    assert edit(aligned=True)["definition"]["aligned"] is True
+
+    new = client.post("/api/v1/periodic", headers=AUTH, json={"name": "plain", "task": "t.p", "every": 60})
+    assert new.status_code == 201 and entry(client, "plain")["definition"]["aligned"] is False
+    cron = client.post(
+        "/api/v1/periodic", headers=AUTH, json={"name": "c", "task": "t.c", "cron": "* * * * *", "aligned": True}
+    )
+    assert cron.status_code == 422 and "aligned applies to an interval" in cron.text
+    assert entry(client, "rel")["definition"]["aligned"] is True, "a refused body changes nothing"
+
+
+NAMES = ["reports/daily", "a b", "50%", "100%2F", "ünï/代码 ✓", "x/history", "/lead/", "a//b"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_entry_route_addresses_any_name_encoded(client: TestClient, web_store: DelayStore, name: str) -> None:
+    """A name encoded as encodeURIComponent does ('/' as %2F) is one name on every route."""
+    assert client.post("/api/v1/periodic", headers=AUTH, json={**TICK, "name": name}).status_code == 201
+    path = f"/api/v1/periodic/{quote(name, safe='')}"
+    shown = client.get(path, headers=AUTH)
+    assert shown.status_code == 200 and shown.json()["name"] == name, shown.text
+    for verb, body in [("pause", {}), ("resume", {}), ("run", {}), ("backfill", BACKFILL)]:
+        acted = client.post(f"{path}/{verb}", headers=AUTH, json=body)
+        assert acted.status_code == 200 and acted.json()["name"] == name, (verb, acted.text)
+    assert stored_state(web_store, name).run_now and stored_state(web_store, name).backfill
+    history = client.get(f"{path}/history", headers=AUTH)
+    assert history.status_code == 200 and history.json()["name"] == name, history.text
+    assert client.delete(path, headers=AUTH).json() == {"name": name, "removed": True}
+    assert client.get(path, headers=AUTH).status_code == 404 and ops.get(web_store, name) is None
+
+
+def test_a_literal_slash_reaches_the_entry_and_a_suffix_route_wins(client: TestClient) -> None:
+    """Unencoded, '/periodic/a/b/history' is the history of 'a/b'; the entry 'a/b/history' is
+    then reached encoded (and by its actions and removal, which have no such twin)."""
+    for name in ("a/b", "a/b/history"):
+        assert client.post("/api/v1/periodic", headers=AUTH, json={**TICK, "name": name}).status_code == 201
+    assert entry(client, "a/b")["name"] == "a/b"
+    assert client.get("/api/v1/periodic/a/b/history", headers=AUTH).json()["name"] == "a/b"
+    assert entry(client, "a%2Fb%2Fhistory")["name"] == "a/b/history"
+    assert client.get("/api/v1/periodic/a%2Fb%2Fhistory/history", headers=AUTH).json()["name"] == "a/b/history"
+    assert client.get("/api/v1/periodic/a%2Fb/history", headers=AUTH).json()["name"] == "a/b"
+    paused = client.post("/api/v1/periodic/a/b/history/pause", headers=AUTH, json={})
+    assert paused.json()["name"] == "a/b/history" and not paused.json()["enabled"]
+    assert entry(client, "a/b")["enabled"], "only the one named"
+    assert client.delete("/api/v1/periodic/a/b/history", headers=AUTH).json()["name"] == "a/b/history"
+    assert client.get("/api/v1/periodic/a/b/history", headers=AUTH).json()["name"] == "a/b"  # its history still
+
+
+def test_a_served_dashboard_routes_encoded_names(dashboard_factory: Callable[..., Any], web_store: DelayStore) -> None:
+    """The same through uvicorn (the raw path as a real server hands it on)."""
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {name: {"task": "t.n", "schedule": 60.0} for name in ("x/history", "x")}
+    sync(app, web_store)
+    base = dashboard_factory().base + "/api/v1/periodic/"
+    assert httpx.get(base + "x%2Fhistory", headers=AUTH).json()["name"] == "x/history"
+    assert httpx.get(base + "x/history", headers=AUTH).json()["name"] == "x"  # the history of x
+
+
 @pytest.mark.parametrize(
     "body, words",
     [
@@ -243,6 +326,22 @@ def test_an_rq_entry_of_an_allowed_function(client: TestClient, web_store: Delay
     with TestClient(create_app(web_store, token=TOKEN)) as no_rq:
         refused = no_rq.post("/api/v1/periodic", headers=AUTH, json={**body, "name": "rq-2"})
     assert refused.status_code == 501 and "--rq-redis" in refused.json()["detail"]
+
+
+def test_both_day_fields_read_as_either_day_for_an_rq_entry_and_both_for_a_celery_one(client: TestClient) -> None:
+    """'0 9 1 * 1': an RQ entry runs on the 1st and every Monday (as cron and `rq cron`), a Celery
+    entry on a 1st that is a Monday (as Celery's crontab)."""
+    rq_body = {"name": "rq-days", "kind": "rq", "func": f"{RQ_JOBS}.record", "cron": "0 9 1 * 1", "queue": "jobs"}
+    celery_body = {"name": "celery-days", "task": "t.days", "cron": "0 9 1 * 1"}
+    for body in (rq_body, celery_body):
+        added = client.post("/api/v1/periodic", headers=AUTH, json=body)
+        assert added.status_code == 201, added.text
+    rq_entry, celery_entry = entry(client, "rq-days"), entry(client, "celery-days")
+    assert rq_entry["schedule"] == "crontab 0 9 1 * 1 (UTC, either day)"
+    assert celery_entry["schedule"] == "crontab 0 9 1 * 1 (UTC)"
+    rq_next, celery_next = (datetime.fromisoformat(e["next_run"]) for e in (rq_entry, celery_entry))
+    assert (rq_next.day == 1 or rq_next.weekday() == 0) and rq_next - datetime.now(timezone.utc) <= timedelta(days=7)
+    assert celery_next.day == 1 and celery_next.weekday() == 0
 
 
 @pytest.mark.parametrize(
@@ -463,6 +562,61 @@ def test_the_dashboard_adds_pauses_runs_edits_backfills_and_removes_an_entry(
     expect(page.locator("#periodic-message")).to_have_text("Removed report.")
     expect(rows).to_have_count(1)
     assert ops.get(web_store, "report") is None
+
+
+def test_the_dashboards_edit_keeps_an_intervals_alignment_and_can_clear_it(
+    page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore, broker: tuple[str, redis.Redis]
+) -> None:
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {"rel": {"task": "t.rel", "schedule": 30.0, "relative": True}}
+    sync(app, web_store)
+    dashboard = dashboard_factory("--celery-broker", broker[0])
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(dashboard.base + "/")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+    row = page.locator("#periodic tbody tr", has_text="rel")
+    expect(row).to_contain_text("every 30s (aligned)")
+
+    row.locator("button[data-action=edit]").click()
+    expect(page.locator("#entry-aligned")).to_be_checked()
+    page.fill("#entry-schedule", "60")
+    page.check("#entry-detach")
+    page.click("#entry-save")
+    expect(page.locator("#periodic-message")).to_have_text("Saved rel (changed).")
+    expect(row).to_contain_text("every 0:01:00 (aligned)")
+    assert stored_state(web_store, "rel").schedule == Every(60_000, aligned=True)
+
+    row.locator("button[data-action=edit]").click()
+    page.uncheck("#entry-aligned")
+    page.click("#entry-save")
+    expect(page.locator("#periodic-message")).to_have_text("Saved rel (changed).")
+    expect(row).to_contain_text("every 0:01:00")
+    expect(row).not_to_contain_text("aligned")
+    assert stored_state(web_store, "rel").schedule == Every(60_000, aligned=False)
+
+
+def test_the_dashboard_acts_on_names_with_slashes_spaces_percent_and_unicode(
+    page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore
+) -> None:
+    names = ["reports/daily", "50% ünï/x history"]
+    app = Celery("web", broker="memory://", set_as_current=False)
+    app.conf.beat_schedule = {name: {"task": "t.n", "schedule": 3600.0} for name in names}
+    sync(app, web_store)
+    dashboard = dashboard_factory()
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(dashboard.base + "/")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+    for name in names:
+        row = page.locator("#periodic tbody tr", has=page.get_by_text(name, exact=True))
+        row.locator("button[data-action=pause]").click()
+        expect(page.locator("#periodic-message")).to_have_text(f"Paused {name}.")
+        assert not stored_state(web_store, name).enabled
+        row.locator("button[data-action=edit]").click()
+        expect(page.locator("#entry-form-title")).to_have_text(f"Edit {name}")
+        expect(page.locator("#entry-task")).to_have_value("t.n")
+        page.click("#entry-cancel")
 
 
 def test_an_entry_whose_item_is_garbage_is_named_not_a_500(client: TestClient, web_store: DelayStore) -> None:

@@ -298,6 +298,7 @@
     $("entry-schedule-label").textContent = SCHEDULE_LABELS[kind];
     $("entry-schedule").placeholder = SCHEDULE_HINTS[kind];
     $("entry-tz").disabled = kind !== "cron";
+    $("entry-aligned").disabled = kind !== "every";
   }
 
   function entryKindChanged() {
@@ -330,6 +331,7 @@
     $("entry-schedule-kind").value = scheduleKind;
     $("entry-schedule").value = d.cron || d.at || (d.every ?? "");
     $("entry-tz").value = d.tz || "";
+    $("entry-aligned").checked = Boolean(d.aligned);
     $("entry-misfire").value = d.misfire || "run_once";
     $("entry-overlap").value = d.overlap || "allow";
     $("entry-start").value = localOf(d.start);
@@ -364,6 +366,7 @@
     const scheduleKind = $("entry-schedule-kind").value, schedule = value("entry-schedule");
     body[scheduleKind] = scheduleKind === "every" ? numberOr(schedule) : schedule;
     if (scheduleKind === "cron" && value("entry-tz")) body.tz = value("entry-tz");
+    if (scheduleKind === "every") body.aligned = $("entry-aligned").checked;
     if (value("entry-queue")) body.queue = value("entry-queue");
     for (const [key, id] of [["max_runs", "entry-max-runs"], ["jitter", "entry-jitter"]]) {
       if (value(id)) body[key] = numberOr(value(id));
