@@ -19,8 +19,8 @@ the entries alone and the system Redis is untouched), then:
    USAGE`` of the shard keys and the registry, per entry;
 4. starts 2 ``delayq forward --celery-broker redis://…`` processes and drains the broker's
    Celery queue in a thread, stamping each run as it lands. The firing records each run's
-   history (one ``periodic_run.lua`` call per run, after the rearm), so the lateness below is
-   with history on;
+   history (one ``periodic_run.lua`` call per run after the rearm, a claim's in one round trip),
+   so the lateness below is with history on;
 5. during the window, acts on entries one at a time through ``periodic.ops``, the runtime path
    users call: ``upsert`` with a new schedule (next run now + 1 s) and with a new message (kwargs,
    for an entry due in ~1 s), each timed from the call's return to its run landing; ``pause`` of

@@ -23,13 +23,13 @@ from typing import Any, Protocol
 from ..envelope import Envelope, with_slot
 from ..errors import DelayqError
 from ..keys import MAX_RANK, RANK_SPAN
-from ..models import DeliveryFailure, RearmOutcome
+from ..models import DeliveryFailure, RearmOutcome, ScheduleItem
 from ..overlap_policy import ALLOW, Fire, OverlapAsk, fire_runs, overlap_slot
 from ..store import DelayStore, slot_member
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport, Target
 from ..timeutil import Clock, from_ms
-from .history import RunMark, SentRun, report_published
+from .history import Fired, RunMark, SentRun, report_fired
 from .schedules import END, MAX_BACKFILL, Plan, Slot, describe_time, run_task_id
 from .state import PeriodicState, jitter_offset, state_of, with_state
 
@@ -157,6 +157,8 @@ class _Firing:
     taken: bool = False
     #: the :class:`Run` each delivery (by id) was made for: its period and what made it
     made: dict[str, Run] = field(default_factory=dict)
+    #: its state from its next period on, once its runs were all published
+    following: PeriodicState | None = None
 
     @property
     def deliveries(self) -> list[Delivery]:
@@ -189,6 +191,14 @@ def _give_back_slot(store: DelayStore | None, f: _Firing, slot_run: int | None =
         store.hold_slots({key: [_member(f.runs[0], slot_run)]}, "end", hold_ms=0)
     except Exception as exc:  # its hold lapses by itself
         log.warning("periodic entry %r: could not give back its slot (%s)", f.state.name, exc)
+
+
+def _next_item(lease: Lease, d: Delivery, following: PeriodicState, rank: int) -> ScheduleItem | Exception:
+    """Entry ``d``'s item at its next period (its state ``following``), checked; or why it cannot be stored."""
+    try:
+        return lease.store.check_item(d.id, from_ms(following.ready_ms()), with_state(d.envelope, following), rank)
+    except Exception as exc:
+        return exc
 
 
 class FiringTarget:
@@ -263,10 +273,11 @@ class FiringTarget:
         report.broker_error = sent.broker_error
         published, unsent = set(sent.published), set(sent.unsent)
         failed = {f.id: f for f in sent.failed}
+        done = [f for f in fired if all(run.id in published for run in f.deliveries)]
+        self._rearm(lease, done, now)
         for f in fired:
             ids = [run.id for run in f.deliveries]
-            if all(i in published for i in ids):
-                self._rearm(lease, f, now)
+            if f.following is not None:
                 report.published.append(f.d.id)
                 report.acked.append(f.d.id)
                 continue
@@ -321,54 +332,74 @@ class FiringTarget:
             kept.append(f)
         return kept
 
-    def _rearm(self, lease: Lease, f: _Firing, now: int) -> None:
-        """Ack the fired entry and schedule its next period (clearing its pending actions), in one
-        script call under our lease; then :meth:`_after_rearm`."""
-        state = f.state
-        following = state.fired(f.plan, now, f.skipped)
-        envelope = with_state(f.d.envelope, following)
-        try:
-            outcome = lease.rearm(f.d.id, from_ms(following.ready_ms()), envelope, rank=state.rank)
-        except Exception as exc:  # the run went out; the item stays leased and fires again later
-            log.error(
-                "periodic entry %r: sent, but its next run could not be scheduled (%s: %s); it is fired again "
-                "when its lease runs out",
-                state.name,
-                type(exc).__name__,
-                exc,
-            )
-            return
-        if outcome is RearmOutcome.HELD:
-            log.warning("periodic entry %r: our lease ran out while firing it; another forwarder has it", state.name)
-        elif outcome is RearmOutcome.NOT_FOUND:
-            log.info("periodic entry %r was removed while being fired", state.name)
-        else:
-            self._after_rearm(f, following, lease)
+    def _rearm(self, lease: Lease, fired: list[_Firing], now: int) -> None:
+        """Ack the fired entries and schedule their next periods (clearing their pending
+        actions), one script call each under our lease, all in one round trip; then
+        :meth:`_after_rearm` for those rearmed.
 
-    def _after_rearm(self, f: _Firing, following: PeriodicState, lease: Lease) -> None:
-        """An entry fired and rearmed (its runs sent, its next period stored): record its runs and
-        missed periods in its history, report what its policies dropped. The one place a firing
-        is known complete."""
-        state, plan = f.state, f.plan
-        made = [f.made[d.id] for d in (*f.runs, *f.extra)]
-        sent = [SentRun(RunMark(state.name, run.slot.at_ms, run.kind), run.task_id(state.name)) for run in made]
-        report_published(lease.store, state.name, sent, missed=plan.missed)
-        if f.skipped:
-            log.info("periodic entry %r: %d period(s) skipped, its last run still running (overlap %s)",
-                     state.name, f.skipped, state.overlap)  # fmt: skip
-            if self.on_skipped is not None:
-                self.on_skipped(state.name, f.skipped)
-        if plan.missed:
-            log.warning(
-                "periodic entry %r: %d period(s) missed (%s), %d run(s) sent; next %s",
-                state.name,
-                plan.missed,
-                state.misfire.policy,
-                len(plan.runs),
-                describe_time(plan.next.at_ms),
-            )
-        if following.finished and not state.finished:
-            log.info("periodic entry %r finished (its last period ran); it stays listed", state.name)
+        One round trip for the claim, not one per entry (and one more per run for its history):
+        on a busy machine each was a wait for the CPU, so a pass of many entries ran long and
+        the entries falling due meanwhile waited for it."""
+        items = []
+        for f in fired:
+            f.following = following = f.state.fired(f.plan, now, f.skipped)
+            items.append(_next_item(lease, f.d, following, f.state.rank))
+        checked = [item for item in items if not isinstance(item, Exception)]
+        answered: Sequence[RearmOutcome | Exception]
+        try:
+            answered = lease.rearm_many(checked) if checked else []
+        except Exception as exc:  # the store away: no entry was rearmed
+            answered = [exc] * len(checked)
+        replies = iter(answered)
+        rearmed: list[_Firing] = []
+        for f, item in zip(fired, items):
+            outcome = item if isinstance(item, Exception) else next(replies)
+            if isinstance(outcome, Exception):  # the run went out; the item stays leased and fires again later
+                log.error(
+                    "periodic entry %r: sent, but its next run could not be scheduled (%s: %s); it is fired again "
+                    "when its lease runs out",
+                    f.state.name,
+                    type(outcome).__name__,
+                    outcome,
+                )
+            elif outcome is RearmOutcome.HELD:
+                log.warning("periodic entry %r: our lease ran out while firing it; another forwarder has it",
+                            f.state.name)  # fmt: skip
+            elif outcome is RearmOutcome.NOT_FOUND:
+                log.info("periodic entry %r was removed while being fired", f.state.name)
+            else:
+                rearmed.append(f)
+        self._after_rearm(rearmed, lease)
+
+    def _after_rearm(self, rearmed: list[_Firing], lease: Lease) -> None:
+        """Entries fired and rearmed (their runs sent, their next periods stored): record their
+        runs and missed periods in their history (one round trip), report what their policies
+        dropped. The one place a firing is known complete."""
+        fired = []
+        for f in rearmed:
+            made = [f.made[d.id] for d in (*f.runs, *f.extra)]
+            sent = [SentRun(RunMark(f.state.name, run.slot.at_ms, run.kind), run.task_id(f.state.name)) for run in made]
+            fired.append(Fired(f.state.name, sent, f.plan.missed))
+        if fired:
+            report_fired(lease.store, fired)
+        for f in rearmed:
+            state, plan = f.state, f.plan
+            if f.skipped:
+                log.info("periodic entry %r: %d period(s) skipped, its last run still running (overlap %s)",
+                         state.name, f.skipped, state.overlap)  # fmt: skip
+                if self.on_skipped is not None:
+                    self.on_skipped(state.name, f.skipped)
+            if plan.missed:
+                log.warning(
+                    "periodic entry %r: %d period(s) missed (%s), %d run(s) sent; next %s",
+                    state.name,
+                    plan.missed,
+                    state.misfire.policy,
+                    len(plan.runs),
+                    describe_time(plan.next.at_ms),
+                )
+            if f.following is not None and f.following.finished and not state.finished:
+                log.info("periodic entry %r finished (its last period ran); it stays listed", state.name)
 
     def queue_depth(self, queue: str) -> int:
         """The inner target's depth probe (flow control), when it has one."""

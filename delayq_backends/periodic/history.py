@@ -33,6 +33,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..keys import ShardKeys, normalize_id, shard_of
+from ..scripts.library import ScriptCall
 from ..scripts.store import PeriodicRun, RunEvent
 from ..store.base import StoreCore
 
@@ -44,6 +45,7 @@ __all__ = [
     "OUTCOMES",
     "RUN_HEADER",
     "EntryHistory",
+    "Fired",
     "RunMark",
     "RunRecord",
     "SentRun",
@@ -53,6 +55,7 @@ __all__ = [
     "record_finished",
     "record_published",
     "record_started",
+    "report_fired",
     "report_published",
     "reported",
 ]
@@ -240,16 +243,64 @@ class SentRun:
     run_id: str
 
 
+@dataclass(frozen=True)
+class Fired:
+    """One firing of an entry, as its history records it: the runs it published and the
+    periods it missed (counted with its latest run, or alone when it sent none)."""
+
+    name: str
+    runs: Sequence[SentRun]
+    missed: int = 0
+
+
 def report_published(store: StoreCore, name: str, runs: Sequence[SentRun], *, missed: int = 0) -> None:
-    """The forwarder's report of one firing of entry ``name``, once its runs were confirmed and
-    the entry rearmed: each run published, and the periods it missed (counted with its latest
-    run, or alone when it sent none). Failures are logged (:func:`reported`)."""
-    for i, run in enumerate(runs):
-        with reported(f"run {run.run_id} of {name!r} published"):
-            record_published(store, run.mark, run.run_id, missed=missed if i == len(runs) - 1 else 0)
-    if missed and not runs:
-        with reported(f"{missed} missed period(s) of {name!r}"):
-            _record(store, name, RunEvent("missed", "", 0, detail=str(missed)), HISTORY_SIZE)
+    """The forwarder's report of one firing of entry ``name`` (:func:`report_fired`)."""
+    report_fired(store, [Fired(name, runs, missed)])
+
+
+def report_fired(store: StoreCore, firings: Sequence[Fired]) -> None:
+    """The forwarder's report of its firings, once their runs were confirmed and their entries
+    rearmed: each run published, and the periods each missed. One round trip for them all (one
+    call per event on a cluster): a call per run on the forwarder's path cost a wait for the
+    CPU each on a busy machine. Failures are logged per event, as :func:`reported` does."""
+    events = [(what, f.name, event) for f in firings for what, event in _events(f)]
+    calls: list[ScriptCall[int] | Exception] = []
+    try:
+        now = store.clock()
+        calls = [_call_or_error(store, name, event, now) for _, name, event in events]
+        answered = store.run_each([c for c in calls if not isinstance(c, Exception)])
+    except Exception as exc:  # the store away: every event of the round trip is lost
+        calls, answered = [exc] * len(events), []
+    replies = iter(answered)
+    for (what, _, _), call in zip(events, calls):
+        outcome = call if isinstance(call, Exception) else next(replies)
+        if isinstance(outcome, Exception):
+            _not_recorded(what, outcome)
+
+
+def _events(fired: Fired) -> Iterator[tuple[str, RunEvent]]:
+    """The events one firing records, each with what it is (for the log line if it is lost)."""
+    for i, run in enumerate(fired.runs):
+        missed = fired.missed if i == len(fired.runs) - 1 else 0
+        event = RunEvent("published", run.run_id, run.mark.due_ms, run.mark.kind, str(missed))
+        yield f"run {run.run_id} of {fired.name!r} published", event
+    if fired.missed and not fired.runs:
+        yield f"{fired.missed} missed period(s) of {fired.name!r}", RunEvent("missed", "", 0, detail=str(fired.missed))
+
+
+def _call_or_error(store: StoreCore, name: str, event: RunEvent, now: int) -> ScriptCall[int] | Exception:
+    """The script call recording ``event`` of entry ``name``, or why there is none (a name no
+    entry can have)."""
+    try:
+        return PeriodicRun.call(
+            history_keys(store, name), event, keep=HISTORY_SIZE, ttl_ms=HISTORY_TTL_MS, late_ms=LATE_MS, now=now
+        )
+    except ValueError as exc:
+        return exc
+
+
+def _not_recorded(what: str, exc: BaseException) -> None:
+    log.warning("periodic history: %s not recorded (%s: %s)", what, type(exc).__name__, exc)
 
 
 @contextmanager
@@ -259,7 +310,7 @@ def reported(what: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        log.warning("periodic history: %s not recorded (%s: %s)", what, type(exc).__name__, exc)
+        _not_recorded(what, exc)
 
 
 def read_history(store: StoreCore, name: str, *, limit: int = HISTORY_SIZE) -> EntryHistory:
