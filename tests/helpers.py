@@ -12,7 +12,12 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-__all__ = ["json_lines_exporter", "max_overlap", "memory_tracing", "ms_at_or_after", "wait_for"]
+__all__ = ["PAST", "json_lines_exporter", "max_overlap", "memory_tracing", "ms_at_or_after", "wait_for"]
+
+#: A ready time long gone, for items a single claim must find due. Not "now" (``timedelta(0)``,
+#: ``countdown=0``): ready times round up to the next millisecond, so an item scheduled in the
+#: claim's own millisecond is not due yet for it, and an exact count comes out one short.
+PAST = datetime(2020, 1, 1, tzinfo=timezone.utc)
 
 
 def memory_tracing() -> tuple[TracerProvider, InMemorySpanExporter]:

@@ -17,6 +17,7 @@ from delayq_backends.cli.forward import ForwardOptions, forward_options
 from delayq_backends.errors import ConfigError
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from delayq_backends.testing import FakeClock, TestingForwarder, testing_store
+from tests.helpers import PAST
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_built_forwarder_forwards_what_is_due_and_returns(settings: ProcessSetti
     with build_forwarder(settings) as assembled:
         store, lists = assembled.forwarder.store, f"{prefix}:out"
         for i in range(5):
-            store.schedule(f"due{i}", timedelta(0), RedisListTarget.envelope(lists, f"b{i}".encode()))
+            store.schedule(f"due{i}", PAST, RedisListTarget.envelope(lists, f"b{i}".encode()))
         store.schedule("later", timedelta(hours=1), RedisListTarget.envelope(lists, b"later"))
 
         stats = assembled.run_until_idle()  # batch 2: needs several passes on one shard
@@ -111,5 +112,5 @@ def test_the_overlap_option_reaches_the_forwarder(
         assert assembled.forwarder.sweeper.overlap is overlap
         lists = f"{prefix}:out"
         for i in range(7):
-            assembled.forwarder.store.schedule(f"d{i}", timedelta(0), RedisListTarget.envelope(lists, b"x"))
+            assembled.forwarder.store.schedule(f"d{i}", PAST, RedisListTarget.envelope(lists, b"x"))
         assert assembled.run_until_idle().forwarded == 7

@@ -350,9 +350,10 @@ def test_rate_cap_is_shared_by_two_forwarder_processes(valkey_url: str, prefix: 
     fleet = Forwarders(procs, valkey_url, prefix, 8, "--rate", f"{key}=500/s")
     fleet.start()
     fleet.start()
+    fleet.wait_up()
     now = store.server_time_ms()
     ids = [f"job-{i}" for i in range(2000)]
-    due = (now + 1500) / 1000  # time for both forwarders to be up
+    due = (now + 500) / 1000  # time to schedule the 2000 items
     store.schedule_many((i, due, RedisListTarget.envelope(key, json.dumps({"id": i}).encode())) for i in ids)
     client = redis.Redis.from_url(valkey_url)
     wait_for(lambda: client.llen(key) > 0, 20, "the first item forwarded")

@@ -179,7 +179,8 @@ def test_two_tenants_one_flooding_the_other_stays_on_time_across_two_forwarders(
     fleet.start()
     drain = Drain(valkey_url, queue)
     drain.start()
-    start = store.server_time_ms() / 1000 + 1.5  # time for both forwarders to be up
+    fleet.wait_up()
+    start = store.server_time_ms() / 1000 + 0.5  # time to schedule the 130 items
 
     def env(item_id: str, tenant: str) -> Envelope:
         return keyed(queue, tenant, json.dumps({"id": item_id}).encode())

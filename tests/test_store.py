@@ -179,7 +179,7 @@ def test_envelope_round_trip_and_corruption_messages() -> None:
 
 
 def test_list_and_stats_follow_time_order(store: DelayStore) -> None:
-    base = 1_800_000_000
+    base = 4_000_000_000  # 2096: none due by the real clock (2027-01-15 was, from that day)
     store.schedule_many([(f"i{n}", base + n, ENV) for n in range(30)])
     page = store.scheduled(offset=5, count=10)
     assert [i.id for i in page] == [f"i{n}" for n in range(5, 15)]

@@ -9,8 +9,7 @@ import pytest
 from delayq_backends import DelayStore
 from delayq_backends.errors import ConfigError, InvalidIdError
 from delayq_backends.targets import RedisListTarget
-
-T = 1_800_000_000_000
+from tests.scripts import T
 
 
 def env(n: int) -> bytes:

@@ -6,9 +6,7 @@ from __future__ import annotations
 from delayq_backends import DelayStore
 from delayq_backends.models import CancelOutcome, RescheduleOutcome, RunRef
 from delayq_backends.targets import RedisListTarget
-
-ENV = RedisListTarget.envelope("out", b"x")
-T = 1_800_000_000_000
+from tests.scripts import ENV, T
 
 
 def test_kept_item_is_due_after_the_window_with_its_ready_time_and_attempt(store: DelayStore) -> None:

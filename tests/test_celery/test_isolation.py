@@ -16,6 +16,7 @@ from celery import Celery
 from delayq_backends import DelayStore
 from delayq_backends.celery import CeleryTarget, forget_store, install, store_for
 from delayq_backends.forwarder import Forwarder
+from tests.helpers import PAST
 
 
 @pytest.fixture
@@ -42,8 +43,10 @@ def waiting_in_broker(app: Celery) -> int:
 
 def test_a_message_amqp_cannot_encode_fails_alone(app: Celery) -> None:
     store: DelayStore = store_for(app)
-    good = [app.send_task("t.good", args=[i], countdown=0.01).id for i in range(30)]
-    bad = app.send_task("t.bad", countdown=0.01, headers={"huge": 2**70}).id
+    good = [app.send_task("t.good", args=[i], countdown=60).id for i in range(30)]
+    bad = app.send_task("t.bad", countdown=60, headers={"huge": 2**70}).id
+    for task_id in [*good, bad]:  # all due before the claim, so one call holds them all
+        assert store.reschedule(task_id, PAST)
     forwarder = Forwarder(store, [CeleryTarget.from_url(app.conf.broker_url)], batch=100)
 
     forwarder.run_until_idle()

@@ -20,6 +20,7 @@ from delayq_backends.cli.periodic import PeriodicAccess, _entry
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.schedules import Every, Misfire
 from delayq_backends.rq.cron import runtime_entry
+from tests.helpers import wait_for
 
 FUNC = "tests.test_rq.jobs.record"
 Invoke = Callable[..., Result]
@@ -58,7 +59,9 @@ def test_add_update_and_fire_an_rq_entry(cli: Invoke, vstore: DelayStore, conn: 
     ops.run_now(vstore, "nightly")
     settings = ProcessSettings(store=vstore.config, rq_redis=vstore.config.url, list_target=False, rq_adopt=False)
     with build_forwarder(settings, store=vstore) as forwarder:
-        forwarder.run_until_idle()
+        # due at the store's "now", rounded up to the next ms: not yet for a claim in the same ms
+        # (the forwarder was built in 0.5-0.8 ms), so a single burst could find nothing
+        wait_for(lambda: forwarder.run_until_idle().forwarded > 0, 5, "the manual run forwarded")
     [job_id] = RQQueue(queue, connection=conn).job_ids
     job = Job.fetch(job_id, connection=conn)
     assert (job.func_name, job.args) == (FUNC, ("cli2",))
