@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from delayq_backends import DelayStore
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.periodic import entry_spec
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.periodic import ops
+from delayq_backends.periodic.firing import MANUAL
+from delayq_backends.periodic.history import read_history
 from delayq_backends.periodic.schedules import Slot, run_task_id
 from delayq_backends.timeutil import now_ms
 from tests.helpers import wait_for
@@ -36,6 +39,14 @@ def env(request: pytest.FixtureRequest, valkey_server: EmbeddedServer, tmp_path:
 
 def _runs(env: CeleryEnv, tag: str) -> list[dict[str, Any]]:
     return [r for r in env.records() if r["tag"] == tag]
+
+
+def _ids(env: CeleryEnv, tag: str) -> list[str]:
+    return [r["id"] for r in _runs(env, tag)]
+
+
+def _manual_runs(store: DelayStore) -> list[str]:
+    return [run.run_id for run in read_history(store, "e").runs if run.kind == MANUAL]
 
 
 def _update(app: Celery, every: float, tag: str) -> str:
@@ -84,13 +95,15 @@ def test_an_entry_added_at_runtime_is_edited_paused_resumed_run_and_removed(env:
         assert _update(app, 3600.0, "e1") == "changed"
         hourly = ops.get(store, "e")
         assert hourly is not None and hourly.next_run_ms is not None
-        time.sleep(0.5)  # a run of the 1 s schedule sent just before the update lands first
-        before = len(_runs(env, "e1"))
         asked = delayq_cli(env, "periodic", "run", "e")
         assert asked.returncode == 0, asked.stderr
-        wait_for(lambda: len(_runs(env, "e1")) > before, 10, "the manual run")
+        # the manual run by its id (a run of the 1 s schedule sent just before the update may land
+        # meanwhile, so a count of runs would race it)
+        wait_for(lambda: _manual_runs(store) != [], 10, "the manual run published")
+        (manual,) = _manual_runs(store)
+        wait_for(lambda: manual in _ids(env, "e1"), 10, "the manual run")
         time.sleep(0.5)
-        assert len(_runs(env, "e1")) == before + 1
+        assert _ids(env, "e1").count(manual) == 1 and _manual_runs(store) == [manual]
         assert ops.get(store, "e").next_run_ms == hourly.next_run_ms  # type: ignore[union-attr]
 
         # remove: gone from the store and the listing

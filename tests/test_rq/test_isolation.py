@@ -13,12 +13,9 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import InvalidScheduleError, Queue, RQTarget, Scheduler
-from tests.helpers import wait_for
+from tests.helpers import PAST, wait_for
 
 RECORD = "tests.test_rq.jobs.record"
-# Due well before the claim: "now" rounds up to the next millisecond, so a job enqueued in the
-# claim's own millisecond is not yet due and the counts below would be one short.
-PAST = datetime(2020, 1, 1)
 
 
 def test_a_cron_job_past_its_last_year_is_moved_with_its_batch_and_its_schedule_ends(
