@@ -433,6 +433,11 @@ class Actions:
         self.used.add(i)
         return i
 
+    def far_ahead_ms(self) -> float:
+        """A time whose entries do not fall due while an action runs: 10 min ahead, or a third of
+        a shorter spread (10 min past a 3 min spread is past every entry's first period)."""
+        return time.time() * 1000 + min(600_000, self.layout.spread_ms // 3)
+
 
 def _actions(acts: Actions, count: int, deadline: float) -> Iterator[ActionRecord]:
     """``count`` actions of each kind, in rounds, each waited for before the next."""
@@ -464,9 +469,9 @@ def _timed(call: Callable[[], Any]) -> tuple[Any, float, float, float]:
 
 
 def _schedule_edit(acts: Actions, k: int) -> ActionRecord:
-    """An entry due in ~10 min gets a 1 s schedule (``ops.upsert``): its next run is now + 1 s.
+    """An entry due far ahead gets a 1 s schedule (``ops.upsert``): its next run is now + 1 s.
     Then it goes back to hourly (not timed)."""
-    i = acts.free_index(time.time() * 1000 + 600_000)
+    i = acts.free_index(acts.far_ahead_ms())
     name = acts.layout.name(i)
     spec = spec_of(acts.app, name, every_s=1.0)  # built first: the call alone is timed
     outcome, _, returned_ms, call_ms = _timed(lambda: ops.upsert(acts.store, spec))
@@ -514,8 +519,8 @@ def _pause(acts: Actions, k: int) -> ActionRecord:
 
 
 def _run_now(acts: Actions, k: int) -> ActionRecord:
-    """An entry due in ~10 min is run now (``ops.run_now``): its manual run must land."""
-    i = acts.free_index(time.time() * 1000 + 600_000)
+    """An entry due far ahead is run now (``ops.run_now``): its manual run must land."""
+    i = acts.free_index(acts.far_ahead_ms())
     name = acts.layout.name(i)
     status, called_ms, returned_ms, call_ms = _timed(lambda: ops.run_now(acts.store, name))
     assert status.state in ("scheduled", "firing"), status
