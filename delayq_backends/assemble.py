@@ -49,6 +49,8 @@ class ProcessSettings:
         rq_redis: deliver ``rq`` envelopes to the RQ queues of this Redis, and fire RQ periodic
             entries (``rq-periodic``) there.
         rq_allow_classes: module prefixes RQ envelopes may name classes under.
+        rq_class_retry: seconds RQ jobs naming a class off that allowlist wait before the
+            forwarder looks again (None: the target's default, 30 s).
         rq_adopt: move jobs a plain ``rq.Queue`` put in ``rq:scheduled:*`` into the store.
         overlap: claim the next pass while this one is published (see
             :class:`~delayq_backends.forwarder.ForwarderSettings`).
@@ -72,6 +74,7 @@ class ProcessSettings:
     celery_broker: str | None = None
     rq_redis: str | None = None
     rq_allow_classes: tuple[str, ...] = ()
+    rq_class_retry: float | None = None
     rq_adopt: bool = True
     lossless_window: float | None = None
     overlap: bool = forwarding.OVERLAP_DEFAULT
@@ -217,8 +220,10 @@ def _targets(settings: ProcessSettings, store: DelayStore, resources: ExitStack)
             resources.callback(connection.close)
         allow = rq.ClassAllowlist.configured(settings.rq_allow_classes)
         runs = adapter("rq.entries").RQRunTarget(connection)
+        retry = settings.rq_class_retry or adapter("rq.target").NOT_ALLOWED_WAIT_S
+        target = rq.RQTarget(connection, allow_classes=allow, class_retry=retry)
         built += [
-            DescribedTarget(rq.RQTarget(connection, allow_classes=allow), f"rq -> {redact_url(settings.rq_redis)}"),
+            DescribedTarget(target, f"rq -> {redact_url(settings.rq_redis)}"),
             DescribedTarget(runs, ""),  # the runs of RQ periodic entries (and those an overlap policy buffers)
             DescribedTarget(adapter("rq.entries").RQPeriodicTarget(runs), ""),
         ]

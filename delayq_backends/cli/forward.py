@@ -319,6 +319,15 @@ def run_forwarder(
     "rq and delayq_backends always allowed). Repeatable; env DELAYQ_RQ_ALLOW_CLASS adds more (space-separated).",
 )
 @click.option(
+    "--rq-class-retry",
+    envvar="DELAYQ_RQ_CLASS_RETRY",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    metavar="SECONDS",
+    help="How long RQ jobs naming a queue/job class off the allowlist wait before this forwarder looks "
+    "again. [default: 30]",
+)
+@click.option(
     "--rq-adopt/--no-rq-adopt",
     default=True,
     envvar="DELAYQ_RQ_ADOPT",
@@ -342,6 +351,7 @@ def forward(
     celery_broker: str | None,
     rq_redis: str | None,
     rq_allow_class: tuple[str, ...],
+    rq_class_retry: float | None,
     rq_adopt: bool,
     rq_cron: str | None,
     schedule_version: int | None,
@@ -352,7 +362,7 @@ def forward(
     """
     settings = run.settings(
         spec.config(), list_redis=list_redis, celery_broker=celery_broker, rq_redis=rq_redis,
-        rq_allow_classes=rq_allow_class, rq_adopt=rq_adopt,
+        rq_allow_classes=rq_allow_class, rq_class_retry=rq_class_retry, rq_adopt=rq_adopt,
     )  # fmt: skip
     store = None
     if rq_cron is not None:
