@@ -39,6 +39,7 @@ class ProcessSettings:
         store: the store, with the lease and attempt limits the forwarder claims under.
         batch: items per claim.
         poll: longest sleep in seconds, so a lost wake-up never strands an item.
+        meta_watch: seconds between two checks that the store's metadata did not change.
         log_every: seconds between two summary log lines.
         flow: back-pressure and rate caps per queue.
         audit_dir, audit_stream: where to log one record per forwarded item (one or neither).
@@ -62,6 +63,7 @@ class ProcessSettings:
     store: Config
     batch: int = forwarding.BATCH.default
     poll: float = forwarding.POLL.default
+    meta_watch: float = forwarding.META_WATCH.default
     log_every: float = 10.0
     flow: FlowControl = field(default_factory=FlowControl)
     audit_dir: str | None = None
@@ -84,6 +86,7 @@ class ProcessSettings:
         return forwarding.ForwarderSettings(
             batch=self.batch,
             poll_interval=self.poll,
+            meta_watch=self.meta_watch,
             flow=self.flow,
             lossless_window=self.lossless_window,
             overlap=self.overlap,
