@@ -39,6 +39,7 @@ class ProcessSettings:
         store: the store, with the lease and attempt limits the forwarder claims under.
         batch: items per claim.
         poll: longest sleep in seconds, so a lost wake-up never strands an item.
+        meta_watch: seconds between two checks that the store's metadata did not change.
         log_every: seconds between two summary log lines.
         flow: back-pressure and rate caps per queue.
         audit_dir, audit_stream: where to log one record per forwarded item (one or neither).
@@ -49,6 +50,8 @@ class ProcessSettings:
         rq_redis: deliver ``rq`` envelopes to the RQ queues of this Redis, and fire RQ periodic
             entries (``rq-periodic``) there.
         rq_allow_classes: module prefixes RQ envelopes may name classes under.
+        rq_class_retry: seconds RQ jobs naming a class off that allowlist wait before the
+            forwarder looks again (None: the target's default, 30 s).
         rq_adopt: move jobs a plain ``rq.Queue`` put in ``rq:scheduled:*`` into the store.
         overlap: claim the next pass while this one is published (see
             :class:`~delayq_backends.forwarder.ForwarderSettings`).
@@ -60,6 +63,7 @@ class ProcessSettings:
     store: Config
     batch: int = forwarding.BATCH.default
     poll: float = forwarding.POLL.default
+    meta_watch: float = forwarding.META_WATCH.default
     log_every: float = 10.0
     flow: FlowControl = field(default_factory=FlowControl)
     audit_dir: str | None = None
@@ -72,6 +76,7 @@ class ProcessSettings:
     celery_broker: str | None = None
     rq_redis: str | None = None
     rq_allow_classes: tuple[str, ...] = ()
+    rq_class_retry: float | None = None
     rq_adopt: bool = True
     lossless_window: float | None = None
     overlap: bool = forwarding.OVERLAP_DEFAULT
@@ -81,6 +86,7 @@ class ProcessSettings:
         return forwarding.ForwarderSettings(
             batch=self.batch,
             poll_interval=self.poll,
+            meta_watch=self.meta_watch,
             flow=self.flow,
             lossless_window=self.lossless_window,
             overlap=self.overlap,
@@ -217,8 +223,10 @@ def _targets(settings: ProcessSettings, store: DelayStore, resources: ExitStack)
             resources.callback(connection.close)
         allow = rq.ClassAllowlist.configured(settings.rq_allow_classes)
         runs = adapter("rq.entries").RQRunTarget(connection)
+        retry = settings.rq_class_retry or adapter("rq.target").NOT_ALLOWED_WAIT_S
+        target = rq.RQTarget(connection, allow_classes=allow, class_retry=retry)
         built += [
-            DescribedTarget(rq.RQTarget(connection, allow_classes=allow), f"rq -> {redact_url(settings.rq_redis)}"),
+            DescribedTarget(target, f"rq -> {redact_url(settings.rq_redis)}"),
             DescribedTarget(runs, ""),  # the runs of RQ periodic entries (and those an overlap policy buffers)
             DescribedTarget(adapter("rq.entries").RQPeriodicTarget(runs), ""),
         ]

@@ -184,10 +184,10 @@ class EmbeddedCluster:
     """A Redis Cluster of ``masters`` nodes (plus ``replicas`` per master) on loopback.
 
     Slots are assigned with CLUSTER ADDSLOTSRANGE and nodes joined with CLUSTER MEET: no
-    docker, no redis-cli.
+    docker, no redis-cli. ``args`` are extra server arguments for every node.
     """
 
-    def __init__(self, *, masters: int = 3, replicas: int = 0) -> None:
+    def __init__(self, *, masters: int = 3, replicas: int = 0, args: Sequence[str] = ()) -> None:
         self.masters = masters
         self.replicas = replicas
         self.nodes = [
@@ -199,6 +199,7 @@ class EmbeddedCluster:
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "2000",
+                    *args,
                 ]
             )
             for _ in range(masters * (1 + replicas))

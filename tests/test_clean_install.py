@@ -4,9 +4,10 @@ them: a real ``celery worker`` and ``celery -A proj delayq forward`` (issue 22: 
 the celery extra could not start, and the README's app discarded its periodic task).
 
 The snippets are read from README.md and changed only where a test must: the URLs (the test's
-servers), a queue and key prefix of the test's own, the heartbeat's 30 s period (2 s), and
-``-l INFO`` on the worker so its log shows each task it ran. One venv per extra, shared by its
-tests; pip's cache makes a rebuild fast.
+servers), a queue and key prefix of the test's own, the heartbeat's 30 s period (2 s), the RQ
+reminder's 10 s delay (2 s), the demo's 10 s spread (2 s), and ``-l INFO`` on the worker so its
+log shows each task it ran. One venv per extra, shared by its tests; pip's cache makes a rebuild
+fast, and pip compiles no bytecode up front (Python compiles what a test imports).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def make_venv(root: Path, extra: str) -> Path:
     """A venv at ``root`` with ``delayq_backends[extra]`` (no extra: ``""``) installed from this
     checkout; its bin/."""
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
-    install = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", f"{ROOT}[{extra}]" if extra else str(ROOT)]
+    package = f"{ROOT}[{extra}]" if extra else str(ROOT)
+    install = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", package]
     done = subprocess.run(install, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     return root / "bin"
@@ -128,7 +130,7 @@ def test_rq(rq_bin: Path, valkey_url: str, prefix: str, tmp_path: Path) -> None:
 
     def ours(text: str) -> str:  # the test's Redis and a queue of its own
         text = text.replace("redis://localhost:6379/0", valkey_url)
-        text = text.replace("Redis()", f"Redis.from_url({valkey_url!r})")
+        text = text.replace("Redis()", f"Redis.from_url({valkey_url!r})").replace("seconds=10", "seconds=2")
         return text.replace('"default"', repr(prefix)).replace(" default ", f" {prefix} ")
 
     env = {"PATH": f"{rq_bin}:{os.environ['PATH']}", "PYTHONPATH": str(tmp_path), "HOME": os.environ["HOME"]}
@@ -190,7 +192,8 @@ def test_core(tmp_path: Path) -> None:
     command = snippet(".venv/bin/delayq demo").strip()
     assert command.startswith("python3 -m venv .venv && .venv/bin/python -m pip install . &&"), command
     bin_dir = make_venv(tmp_path / ".venv", "")
-    demo = subprocess.run([str(bin_dir / "delayq"), *command.rpartition("delayq ")[2].split()], cwd=tmp_path,
+    args = [*command.rpartition("delayq ")[2].split(), "--spread", "2"]  # the README's demo, over 2 s not 10 s
+    demo = subprocess.run([str(bin_dir / "delayq"), *args], cwd=tmp_path,
                           env={"PATH": os.environ["PATH"], "HOME": os.environ["HOME"]}, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert demo.returncode == 0 and "p99" in demo.stdout, demo.stdout + demo.stderr

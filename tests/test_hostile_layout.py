@@ -211,12 +211,13 @@ def test_meta_changed_under_a_running_forwarder(
     valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path, garbage: tuple[str | None, str | None]
 ) -> None:
     """A running forwarder keeps the layout it checked at start (every item is delivered) and
-    says the metadata changed, naming the key and the fix."""
+    says the metadata changed, naming the key and the fix (it looks every --meta-watch: 0.5 s
+    here, 5 s by default)."""
     store = make_store(valkey_url, prefix, shards=SHARDS)
     client = store.client
     ids = schedule(store, ITEMS, at=store.server_time_ms() / 1000 + 3)  # due after the tamper
     log = tmp_path / "forwarder.log"
-    proc = forward(procs, valkey_url, prefix, log)
+    proc = forward(procs, valkey_url, prefix, log, "--meta-watch", "0.5")
     wait_for(lambda: "started" in log.read_text(), 30, lambda: procs.tail())
     tamper(client, prefix, garbage)
     wait_for(lambda: delivered(client) == ids, 60, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}")
@@ -267,7 +268,7 @@ def test_a_meta_change_under_a_running_forwarder_is_counted(valkey_url: str, pre
     store = make_store(valkey_url, prefix, shards=SHARDS)
     metrics = ForwarderMetrics()
     inbox = CollectingTarget("list")
-    forwarder = Forwarder(store, [inbox], metrics=metrics, poll_interval=0.1)
+    forwarder = Forwarder(store, [inbox], metrics=metrics, poll_interval=0.1, meta_watch=0.2)
     runner = threading.Thread(target=forwarder.run, kwargs={"install_signals": False})
     runner.start()
     try:

@@ -24,12 +24,13 @@ from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
+from tests.harness.servers import SYNC_AT_ONCE
 from tests.helpers import wait_for
 
 
 @pytest.fixture
 def primary_and_replica() -> Iterator[tuple[EmbeddedServer, EmbeddedServer]]:
-    with EmbeddedServer() as primary:
+    with EmbeddedServer(args=SYNC_AT_ONCE) as primary:
         replica = EmbeddedServer(args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
         try:
             info = redis.Redis(port=replica.port)
@@ -140,7 +141,7 @@ def test_a_celery_app_asks_for_durable_writes_through_its_settings(
 def test_a_primary_killed_mid_run_loses_no_durable_schedule() -> None:
     """Producers retry what fails; forwarders ride out MOVED, NOSCRIPT and connection errors."""
     prefix = f"f{uuid.uuid4().hex[:8]}"
-    with EmbeddedCluster(masters=3, replicas=1) as cluster:
+    with EmbeddedCluster(masters=3, replicas=1, args=SYNC_AT_ONCE) as cluster:
         config = Config(prefix=prefix, shards=16, durable_replicas=1, durable_timeout_ms=2000, lease_seconds=3)
         producer = DelayStore(connect(cluster.url), config)
         confirmed: set[str] = set()

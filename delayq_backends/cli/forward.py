@@ -14,7 +14,7 @@ from ..assemble import DescribedTarget, ProcessSettings, build_forwarder
 from ..config import Config
 from ..errors import ConfigError
 from ..flow import FlowControl, parse_depth, parse_rate
-from ..forwarder.settings import BATCH, LOSSLESS_WINDOW, OVERLAP_DEFAULT, OVERLAP_HELP, POLL
+from ..forwarder.settings import BATCH, LOSSLESS_WINDOW, META_WATCH, OVERLAP_DEFAULT, OVERLAP_HELP, POLL
 from ..metrics import DEFAULT_METRICS_HOST
 from ..store import DelayStore
 from ..storespec import StoreSpec
@@ -47,6 +47,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         lease: float,
         max_attempts: int,
         poll: float,
+        meta_watch: float,
         log_level: str,
         log_every: float,
         audit_dir: str | None,
@@ -67,6 +68,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         run = ForwardOptions(
             batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
             metrics_port, metrics_host, flow, metrics_queue, lossless, lossless_window, max_payload_bytes, overlap,
+            meta_watch,
         )  # fmt: skip
         command(*args, run=run, **kwargs)
 
@@ -109,6 +111,14 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             show_default=True,
             metavar="SECONDS",
             help=POLL.help,
+        ),
+        click.option(
+            "--meta-watch",
+            type=click.FloatRange(min=META_WATCH.low),
+            default=META_WATCH.default,
+            show_default=True,
+            metavar="SECONDS",
+            help=META_WATCH.help,
         ),
         click.option("--overlap/--no-overlap", default=OVERLAP_DEFAULT, show_default=True, help=OVERLAP_HELP),
         click.option(
@@ -262,6 +272,7 @@ class ForwardOptions:
     #: None: not given (the store's, the Celery app's setting for its command)
     max_payload_bytes: int | None = None
     overlap: bool = OVERLAP_DEFAULT
+    meta_watch: float = META_WATCH.default
 
     def lossless_seconds(self, default: float | None = None) -> float | None:
         """Lossless mode's window in seconds, or None when off; ``default`` is the app's when
@@ -278,7 +289,7 @@ class ForwardOptions:
                 store, lease_seconds=self.lease, max_attempts=self.max_attempts,
                 max_payload_bytes=self.max_payload_bytes or store.max_payload_bytes,
             ),
-            batch=self.batch, poll=self.poll, log_every=self.log_every, flow=self.flow,
+            batch=self.batch, poll=self.poll, meta_watch=self.meta_watch, log_every=self.log_every, flow=self.flow,
             audit_dir=self.audit_dir, audit_stream=self.audit_stream, metrics_port=self.metrics_port,
             metrics_host=self.metrics_host, metrics_queues=self.metrics_queues,
             lossless_window=self.lossless_seconds(), overlap=self.overlap,
@@ -319,6 +330,15 @@ def run_forwarder(
     "rq and delayq_backends always allowed). Repeatable; env DELAYQ_RQ_ALLOW_CLASS adds more (space-separated).",
 )
 @click.option(
+    "--rq-class-retry",
+    envvar="DELAYQ_RQ_CLASS_RETRY",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    metavar="SECONDS",
+    help="How long RQ jobs naming a queue/job class off the allowlist wait before this forwarder looks "
+    "again. [default: 30]",
+)
+@click.option(
     "--rq-adopt/--no-rq-adopt",
     default=True,
     envvar="DELAYQ_RQ_ADOPT",
@@ -342,6 +362,7 @@ def forward(
     celery_broker: str | None,
     rq_redis: str | None,
     rq_allow_class: tuple[str, ...],
+    rq_class_retry: float | None,
     rq_adopt: bool,
     rq_cron: str | None,
     schedule_version: int | None,
@@ -352,7 +373,7 @@ def forward(
     """
     settings = run.settings(
         spec.config(), list_redis=list_redis, celery_broker=celery_broker, rq_redis=rq_redis,
-        rq_allow_classes=rq_allow_class, rq_adopt=rq_adopt,
+        rq_allow_classes=rq_allow_class, rq_class_retry=rq_class_retry, rq_adopt=rq_adopt,
     )  # fmt: skip
     store = None
     if rq_cron is not None:

@@ -116,7 +116,9 @@ class Forwarder:
         self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages)
         self.sweeper = Sweeper(self.pass_, self._stop, settings.overlap)
         backoffs = (self.shards, self.outages)
-        self.loop = Loop(ctx, self._sweep, backoffs, self.pauses, settings.poll_interval, self._stop)
+        self.loop = Loop(
+            ctx, self._sweep, backoffs, self.pauses, settings.poll_interval, self._stop, meta_watch=settings.meta_watch
+        )
 
     def server_now_ms(self) -> int:
         """The store's clock (:class:`Clock`)."""

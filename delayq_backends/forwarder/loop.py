@@ -27,8 +27,6 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, redis.Redis
 #: Shortest gap between two log lines about garbage on the wake channel (anyone allowed to
 #: PUBLISH there could otherwise flood the log).
 _BAD_WAKE_LOG_EVERY_S = 10.0
-#: How often a running forwarder re-reads the store's metadata to see it was not changed under it.
-_META_WATCH_S = 5.0
 
 
 class Loop:
@@ -45,6 +43,8 @@ class Loop:
         pauses: TargetPauses,
         poll_interval: float,
         stop: threading.Event,
+        *,
+        meta_watch: float,
     ) -> None:
         self.ctx = ctx
         self.store = ctx.store
@@ -53,6 +53,8 @@ class Loop:
         self.pauses = pauses
         self.poll_interval = poll_interval
         self.stop = stop
+        #: how often the store's metadata is re-read, to see it was not changed under this forwarder
+        self.meta_watch = meta_watch
         self._bad_wakes = 0
         self._bad_wake_logged = 0.0
 
@@ -88,7 +90,7 @@ class Loop:
                     self.ctx.stats.errors += 1
                     log.exception("forwarder loop failed; going on in %.1f s", self.poll_interval)
                     self.stop.wait(self.poll_interval)
-                if time.monotonic() - last_watch >= _META_WATCH_S:
+                if time.monotonic() - last_watch >= self.meta_watch:
                     last_watch = time.monotonic()
                     self.watch_meta()
                 if time.monotonic() - last_log >= log_every:

@@ -16,6 +16,7 @@ __all__ = [
     "BATCH",
     "LOSSLESS_WINDOW",
     "MAX_BATCH",
+    "META_WATCH",
     "OVERLAP_DEFAULT",
     "OVERLAP_HELP",
     "POLL",
@@ -54,6 +55,7 @@ POLL = Setting(1.0, 0.01, None, "Longest sleep in seconds, so a lost wake-up nev
 RETRY_DELAY = Setting(1.0, 0.0, None, "First delay in seconds before a failed item is retried; doubles per attempt.")
 MAX_RETRY_DELAY = Setting(300.0, 0.0, None, "Longest delay in seconds before a failed item is retried.")
 MAX_OUTAGE_BACKOFF = Setting(10.0, 0.0, None, "Longest pause in seconds while a broker or the store is unreachable.")
+META_WATCH = Setting(5.0, 0.1, None, "Seconds between two checks that the store's metadata did not change under it.")
 LOSSLESS_WINDOW = Setting(
     60.0,
     1.0,
@@ -79,6 +81,7 @@ class ForwarderSettings:
         poll_interval: longest sleep (:data:`POLL`).
         retry_delay, max_retry_delay: back-off of a failed item, doubling per attempt, capped.
         max_outage_backoff: longest pause while a broker or the store is unreachable.
+        meta_watch: seconds between two checks that the store's metadata is as checked at start.
         name: this forwarder's name in logs and audit records (default: host:pid).
         flow: back-pressure and rate caps per target queue (off by default).
         lossless_window: lossless mode (None: off; needs workers with dedupe on): seconds a
@@ -95,6 +98,7 @@ class ForwarderSettings:
     retry_delay: float = RETRY_DELAY.default
     max_retry_delay: float = MAX_RETRY_DELAY.default
     max_outage_backoff: float = MAX_OUTAGE_BACKOFF.default
+    meta_watch: float = META_WATCH.default
     name: str | None = None
     flow: FlowControl = field(default_factory=FlowControl)
     lossless_window: float | None = None
@@ -106,6 +110,7 @@ class ForwarderSettings:
         RETRY_DELAY.check("retry_delay", self.retry_delay)
         MAX_RETRY_DELAY.check("max_retry_delay", self.max_retry_delay)
         MAX_OUTAGE_BACKOFF.check("max_outage_backoff", self.max_outage_backoff)
+        META_WATCH.check("meta_watch", self.meta_watch)
         if self.lossless_window is not None:
             LOSSLESS_WINDOW.check("lossless_window", self.lossless_window)
 

@@ -130,12 +130,13 @@ class ClassImportError(DelayqError):
 
 class ClassNotAllowedError(ClassImportError):
     """A queue or job class named in an envelope is off the forwarder's allowlist: its jobs wait
-    (:data:`NOT_ALLOWED_WAIT_S`) rather than die, since the usual cause is a user's own
+    (:data:`NOT_ALLOWED_WAIT_S` by default) rather than die, since the usual cause is a user's own
     ``Queue``/``Job`` subclass and a forwarder started without ``--rq-allow-class``."""
 
 
-#: How long jobs naming a class off the allowlist wait before the forwarder looks again.
-NOT_ALLOWED_WAIT_S = 30
+#: How long jobs naming a class off the allowlist wait before the forwarder looks again
+#: (``delayq forward --rq-class-retry``).
+NOT_ALLOWED_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -449,6 +450,8 @@ class RQTarget:
             (a cancel, another claim on the shard) before its items are retried later instead.
         allow_classes: queue/job classes the forwarder may import from envelopes (by default
             RQ's and this package's; see :meth:`ClassAllowlist.configured`).
+        class_retry: seconds the jobs naming a class off the allowlist wait before the
+            forwarder looks again.
     """
 
     kind = KIND
@@ -460,11 +463,13 @@ class RQTarget:
         clock: Callable[[], float] = time.time,
         max_watch_retries: int = 20,
         allow_classes: ClassAllowlist | None = None,
+        class_retry: float = NOT_ALLOWED_WAIT_S,
     ) -> None:
         self.connection = connection
         self.clock = clock
         self.max_watch_retries = max_watch_retries
         self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
+        self.class_retry = class_retry
         self.scripts = ScriptRunner(connection)
         #: told (job id, periods) of the periods an overlap policy skipped: the metrics' counter
         self.on_skipped: Callable[[str, int], None] | None = None
@@ -552,8 +557,8 @@ class RQTarget:
         once the forwarder is restarted with the ``--rq-allow-class`` the warning names."""
         if str(exc) not in self._warned:
             self._warned.add(str(exc))
-            log.warning("RQ jobs wait, not moved (retried every %d s): %s", NOT_ALLOWED_WAIT_S, exc)
-        not_before = int((self.clock() + NOT_ALLOWED_WAIT_S) * 1000)
+            log.warning("RQ jobs wait, not moved (retried every %g s): %s", self.class_retry, exc)
+        not_before = int((self.clock() + self.class_retry) * 1000)
         report.later += [(d.id, not_before) for d in group]
 
     def _class(self, what: str, path: Any, base: type) -> Any:

@@ -14,7 +14,15 @@ from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from tests.harness.launch import Launcher
 from tests.harness.rq import Processes
-from tests.harness.servers import AMQP_URL, SYSTEM_REDIS, amqp_problem, delete_prefix, make_store, reachable
+from tests.harness.servers import (
+    AMQP_URL,
+    SYNC_AT_ONCE,
+    SYSTEM_REDIS,
+    amqp_problem,
+    delete_prefix,
+    make_store,
+    reachable,
+)
 
 BACKENDS = ["valkey", "redis", pytest.param("cluster", marks=pytest.mark.cluster)]
 
@@ -27,7 +35,7 @@ def valkey_server() -> Iterator[EmbeddedServer]:
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[EmbeddedCluster]:
-    with EmbeddedCluster(masters=3, replicas=1) as cluster:
+    with EmbeddedCluster(masters=3, replicas=1, args=SYNC_AT_ONCE) as cluster:
         yield cluster
 
 

@@ -16,9 +16,13 @@ from bench.lib.brokers import AMQP_URL, amqp_problem
 from delayq_backends import Config, DelayStore
 from delayq_backends.connection import connect
 
-__all__ = ["AMQP_URL", "SYSTEM_REDIS", "amqp_problem", "delete_prefix", "make_store", "reachable"]
+__all__ = ["AMQP_URL", "SYNC_AT_ONCE", "SYSTEM_REDIS", "amqp_problem", "delete_prefix", "make_store", "reachable"]
 
 SYSTEM_REDIS = os.environ.get("DELAYQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+#: Server arguments of a primary whose replica should sync at once: the default diskless sync
+#: waits 5 s for more replicas to share the transfer (each test's replica setup paid it).
+SYNC_AT_ONCE = ("--repl-diskless-sync-delay", "0")
 
 
 def reachable(url: str) -> bool:

@@ -48,6 +48,8 @@ class CeleryEnv:
     #: more settings of the app, here and in the subprocesses (``make_app(conf=...)``)
     conf: dict[str, Any] = field(default_factory=dict)
     launcher: Launcher = field(default_factory=Launcher)
+    #: the node names of the workers started (``-n``), for control commands addressed to them
+    nodes: list[str] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, str]:
@@ -97,9 +99,15 @@ class CeleryEnv:
         args += ["-P", pool, "-c", str(concurrency), "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
         args += ["--without-gossip", "--without-mingle"]
         proc = self.start(args, name, tmp)
+        self.nodes.append(node)
         if wait:
             self.wait_ready(proc)
         return proc
+
+    def inspect(self, app: Celery, timeout: float = 2) -> Any:
+        """``app.control.inspect`` of this env's workers: it returns once each has replied,
+        instead of always waiting out ``timeout`` for replies from workers that may exist."""
+        return app.control.inspect(destination=self.nodes, timeout=timeout, limit=len(self.nodes))
 
     def wait_ready(self, proc: Proc, timeout: float = 60) -> None:
         """Send a ping task until the worker has run one: it is consuming."""

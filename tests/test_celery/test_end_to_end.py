@@ -179,7 +179,7 @@ def rss_kb(pid: int) -> int:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc (Linux)")
 def test_worker_holds_no_eta_tasks(celery_env: CeleryEnv, app: Celery) -> None:
     worker = celery_env.launcher.procs[0]
-    inspect = app.control.inspect(timeout=2)
+    inspect = celery_env.inspect(app)
     before = rss_kb(worker.pid)
     tag = uuid.uuid4().hex[:6]
     ids = [app.send_task("dqt.record", args=[tag, i], countdown=3 * 3600).id for i in range(10_000)]

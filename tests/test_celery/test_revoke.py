@@ -106,7 +106,7 @@ def test_store_down_still_broadcasts_and_says_the_task_may_run(
     finally:
         proxy.close()
         forget_store(cut_off)
-    revoked = app.control.inspect(timeout=5).revoked() or {}
+    revoked = celery_env.inspect(app, timeout=5).revoked() or {}
     assert any(waiting.id in ids for ids in revoked.values()), f"the worker got the broadcast: {revoked}"
     assert get(app, waiting.id) is not None, "still in the store"
 
@@ -148,7 +148,7 @@ def test_revoke_function_reaches_a_worker_already_holding_the_task(celery_env: C
     native.send_task("dqt.record", args=[f"{tag}-sentinel"], countdown=5)
 
     def holding() -> bool:
-        scheduled = app.control.inspect(timeout=2).scheduled() or {}
+        scheduled = celery_env.inspect(app).scheduled() or {}
         return any(t["request"]["id"] == held.id for tasks in scheduled.values() for t in tasks)
 
     wait_for(holding, 20, "the worker to hold the eta task")

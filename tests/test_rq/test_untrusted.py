@@ -190,17 +190,26 @@ def test_a_users_own_queue_subclass_waits_named_in_one_warning_until_allowed(
 ) -> None:
     """First contact: `MyQueue(delayq_backends.rq.Queue)` in the user's package, a forwarder
     started without --rq-allow-class. Its jobs are not dead-lettered: they wait, one warning
-    names the flag, and they move once the forwarder runs with it."""
+    names the flag, and they move once the forwarder runs with it. They are looked at again
+    every --rq-class-retry (default 30 s; 0.5 s here), still with that one warning."""
     from tests.test_rq.jobs import MyQueue
 
     queue = MyQueue(f"{prefix}-mine", connection=conn, delay_store=rq_store)
     jobs = [queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, i) for i in range(3)]
     log = tmp_path / "forward.log"
-    env = {**processes.env, "DELAYQ_RQ_ALLOW_CLASS": ""}
+    env = {**processes.env, "DELAYQ_RQ_ALLOW_CLASS": "", "DELAYQ_RQ_CLASS_RETRY": "0.5"}
     first = processes.launcher.delayq(
         "forward", "--url", processes.url, "--rq-redis", processes.url, "--log-level", "warning", env=env, log=log
     )
     wait_for(lambda: "RQ jobs wait" in log.read_text(), 20, "the forwarder's warning")
+
+    def looked_at_until() -> int | None:  # a deferred item is held until its next look
+        item = rq_store.get(jobs[0].id)
+        assert item is not None, "the job left the store"
+        return item.leased_until_ms
+
+    warned_for = looked_at_until()
+    wait_for(lambda: looked_at_until() != warned_for, 20, "the forwarder to look at the jobs again")
     processes.launcher.stop(first)
     assert log.read_text().count("RQ jobs wait") == 1
     assert "--rq-allow-class tests.test_rq.jobs" in log.read_text()
