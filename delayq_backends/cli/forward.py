@@ -14,7 +14,7 @@ from ..assemble import DescribedTarget, ProcessSettings, build_forwarder
 from ..config import Config
 from ..errors import ConfigError
 from ..flow import FlowControl, parse_depth, parse_rate
-from ..forwarder.settings import BATCH, LOSSLESS_WINDOW, META_WATCH, OVERLAP_DEFAULT, OVERLAP_HELP, POLL
+from ..forwarder.settings import BATCH, LOSSLESS_WINDOW, META_WATCH, OVERLAP_DEFAULT, OVERLAP_HELP, POLL, Setting
 from ..metrics import DEFAULT_METRICS_HOST
 from ..store import DelayStore
 from ..storespec import StoreSpec
@@ -32,6 +32,18 @@ from .rq import schedule_version_option, sync_rq_cron
 _STORE_DEFAULTS = {f.name: f.default for f in fields(Config)}
 
 __all__ = ["ForwardOptions", "forward", "forward_options", "run_forwarder"]
+
+
+def _seconds_option(name: str, setting: Setting[float]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A forwarder interval in seconds as an option: its floor, default and help from ``setting``."""
+    return click.option(
+        name,
+        type=click.FloatRange(min=setting.low),
+        default=setting.default,
+        show_default=True,
+        metavar="SECONDS",
+        help=setting.help,
+    )
 
 
 def forward_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -72,7 +84,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         )  # fmt: skip
         command(*args, run=run, **kwargs)
 
-    options = [
+    options: list[Callable[[Callable[..., None]], Callable[..., None]]] = [
         click.option(
             "--batch",
             type=click.IntRange(BATCH.low, BATCH.high),
@@ -104,22 +116,8 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             help="Bigger envelopes are dead-lettered at claim, never read into the forwarder; set it as on "
             "the producers [default: the app's delayq_max_payload_bytes, else 1048576].",
         ),
-        click.option(
-            "--poll",
-            type=click.FloatRange(min=POLL.low),
-            default=POLL.default,
-            show_default=True,
-            metavar="SECONDS",
-            help=POLL.help,
-        ),
-        click.option(
-            "--meta-watch",
-            type=click.FloatRange(min=META_WATCH.low),
-            default=META_WATCH.default,
-            show_default=True,
-            metavar="SECONDS",
-            help=META_WATCH.help,
-        ),
+        _seconds_option("--poll", POLL),
+        _seconds_option("--meta-watch", META_WATCH),
         click.option("--overlap/--no-overlap", default=OVERLAP_DEFAULT, show_default=True, help=OVERLAP_HELP),
         click.option(
             "--log-level",
