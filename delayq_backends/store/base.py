@@ -344,6 +344,15 @@ class StoreCore:
         _check_acked(int(acked), wanted, timeout, f"shard {shard}")
         return call.parse(result)
 
+    def write_prefix_key(self, call: ScriptCall[R]) -> R:
+        """Run a write script on the prefix's own keys (tagged ``{<prefix>}``: the periodic
+        registry's, the trusted definitions, the code schedule's record); with
+        ``durable_replicas``, with a WAIT, as a shard's writes."""
+        if not self.config.durable_replicas:
+            return self.scripts.run(call)
+        node = self.client.get_node_from_key(call.keys[0]).redis_connection if self.cluster else self.client  # type: ignore[union-attr]
+        return self._durable(call, 0, node)
+
     def _check_wait_allowed(self, client: Any) -> None:
         """Before the first durable write, that this user may send WAIT (``WAIT 0 0`` answers at
         once): refused after the write, the caller would see an error for a write that was stored.
