@@ -416,7 +416,9 @@ def test_the_key_table_in_docs_security_is_the_one_acl_py_makes() -> None:
     start, end = "<!-- key-table: generated -->\n", "<!-- /key-table -->"
     assert start in doc and end in doc, "docs/security.md lost its key table's markers"
     shown = doc[doc.index(start) + len(start) : doc.index(end)]
-    assert shown == key_table(), "regenerate it: python -c 'from delayq_backends.acl import key_table; print(key_table())'"
+    assert shown == key_table(), (
+        "regenerate it: python -c 'from delayq_backends.acl import key_table; print(key_table())'"
+    )
 
 
 #: A user name and password a shell would read as pipes, redirections, background jobs and quotes.

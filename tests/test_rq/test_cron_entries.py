@@ -56,7 +56,10 @@ OPTIONS = {"job_timeout": 30, "result_ttl": 99, "ttl": 600, "failure_ttl": 77, "
 def _run(template: JobTemplate, name: str, due_ms: int) -> Delivery:
     job_id = run_task_id(name, Every(1000).first_after(due_ms - 1000))
     return Delivery(
-        f"periodic:{name}#{job_id}", run_envelope(template, job_id, template.run_meta(RunMark(name, due_ms)), name), 0, due_ms
+        f"periodic:{name}#{job_id}",
+        run_envelope(template, job_id, template.run_meta(RunMark(name, due_ms)), name),
+        0,
+        due_ms,
     )
 
 

@@ -188,14 +188,23 @@ def test_the_code_schedule_record_is_the_operators_and_a_missing_one_lets_no_old
 
 
 def test_garbage_in_the_trusted_definitions_never_stops_the_line(admin: Admin, prefix: str) -> None:
-    """An admin's hand write: the key of another type makes RQ entries wait (no dead letter, the
-    fix logged) while other items flow; a value that is no digest refuses only its own entry; an
-    operator's next definition replaces it."""
-    stores = _stores(_users(admin, prefix, "operator"), prefix)
+    """Each role's credential writing the trusted definitions: producer, worker and reader are
+    refused (by hand and by script), operator and forwarder may. Then an admin's hand write: the
+    key of another type makes RQ entries wait (no dead letter, the fix logged) while other items
+    flow; a value that is no digest refuses only its own entry; an operator's next definition
+    replaces it."""
+    stores = _stores(_users(admin, prefix, "operator", "producer", "worker", "reader"), prefix)
     forwarder, operator = stores["forwarder"], stores["operator"]
+    trusted = periodic_trust_key(prefix)
+    by_script = ("FCALL", function_name("periodic_trust"), 1, trusted, "add", "e", "ab" * 32)
+    for role in ("producer", "worker", "reader"):
+        for hostile in (("HSET", trusted, "e", "ab" * 32), ("DEL", trusted), by_script):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                stores[role].client.execute_command(*hostile)
+    for role in ("operator", "forwarder"):
+        assert stores[role].client.execute_command(*by_script) in (0, 1)
     queue = f"{prefix}-q"
     assert ops.upsert(operator, runtime_entry("e", RECORD, queue=queue, schedule=interval(1)))
-    trusted = periodic_trust_key(prefix)
     admin.client.delete(trusted)
     admin.client.set(trusted, "garbage")
     rq_target = RQRunTarget(admin.client)
