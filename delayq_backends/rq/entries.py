@@ -244,12 +244,15 @@ def _plain(value: Any) -> Any:
 
 def run_envelope(template: JobTemplate, job_id: str, meta: Mapping[str, Any], entry: str) -> Envelope:
     """One run of entry ``entry``: a new job ``job_id`` of ``template`` with ``meta`` (JSON
-    values, serialized when it is written), for :class:`RQRunTarget`."""
+    values, serialized when it is written), for :class:`RQRunTarget`. The serialized meta rides
+    along in ``details`` for a forwarder of an earlier release during a rolling upgrade (this one
+    never reads it: in the store it could be anyone's pickle)."""
     described = {
         "job": job_id, "fields": dict(template.fields), "ttl": template.ttl, "serializer": template.serializer,
         "entry": entry, "meta": dict(meta),
     }  # fmt: skip
-    return Envelope(RUN_KIND, template.queue, body=template.data, meta={_TEMPLATE: described})
+    older = bytes(_SERIALIZERS[template.serializer].dumps(dict(meta)))
+    return Envelope(RUN_KIND, template.queue, body=template.data, meta={_TEMPLATE: described}, details=older)
 
 
 @dataclass(frozen=True)
