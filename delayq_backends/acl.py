@@ -106,33 +106,32 @@ WORKER_FUNCTIONS = ("slot_hold", "slot_end", "promote", "periodic_run")
 #: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
 _PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")
 
-#: PEXPIRE: take.lua lets an idle rate-cap bucket expire
-_FORWARDER = (
-    *_CONNECTION,
-    *_TRANSACTIONS,
-    *_SCRIPT_WRITES,
-    *_READS,
-    *_HASH_READS,
-    "+hsetnx",
-    "+subscribe",
-    "+pexpire",
-    "+get",  # a start record's value, told from a hand write (lossless mode); a slot's limit
-    "+wait",
-    "+type",  # slot_take.lua: a slot key of another type (a hand write) is dropped
-    "+zremrangebyscore",  # slot_take.lua: lapsed holds and places in line
-    "+zrank",  # slot_take.lua: an item's place in its key's line
-)
-
 ROLES: dict[str, tuple[str, ...]] = {
     "producer": _PRODUCER,
-    "forwarder": _FORWARDER,
-    # the forwarder's: its tools run the same scripts (dlq, periodic ops, a sync's, the dashboard's)
-    "operator": _FORWARDER,
+    # PEXPIRE: take.lua lets an idle rate-cap bucket expire
+    "forwarder": (
+        *_CONNECTION,
+        *_TRANSACTIONS,
+        *_SCRIPT_WRITES,
+        *_READS,
+        *_HASH_READS,
+        "+hsetnx",
+        "+subscribe",
+        "+pexpire",
+        "+get",  # a start record's value, told from a hand write (lossless mode); a slot's limit
+        "+wait",
+        "+type",  # slot_take.lua: a slot key of another type (a hand write) is dropped
+        "+zremrangebyscore",  # slot_take.lua: lapsed holds and places in line
+        "+zrank",  # slot_take.lua: an item's place in its key's line
+    ),
     # a producer (a task's retry or delayed child goes through the store); the commands of a
     # run's start record (dedupe.RunGuard) only in a selector of those records (acl_rules)
     "worker": _PRODUCER,
     "reader": (*_CONNECTION, *_READS, *_HASH_READS),
 }
+#: The operator (people and deploys: ``delayq periodic``, ``rq-cron sync``, ``dlq``, the
+#: dashboard) runs the forwarder's scripts: the forwarder's commands and keys.
+ROLES["operator"] = ROLES["forwarder"]
 #: The roles that run scripts.
 _RUNS_SCRIPTS = ("producer", "forwarder", "operator", "worker")
 #: The roles limited to a producer's functions and keys.
@@ -233,7 +232,7 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     if role in _PRODUCES:  # debounce.lua lets a collapsed run's call counter expire: that key only
         rules.append(f"(+pexpireat ~{_shard_key(prefix, 'calls:*')})")
         rules.append(f"({' '.join(_BATCH_COMMANDS)} ~{_batch_keys(prefix)})")
-    if role in ("forwarder", "operator", "worker"):  # periodic_run.lua: runs published (forwarder), started and ended
+    if role in ("forwarder", "operator", "worker"):  # periodic_run.lua: runs published, started and ended
         rules.append(f"({' '.join(_HISTORY_COMMANDS)} ~{_history_keys(prefix)})")
     if role == "worker":  # a SET on any other key could replace a shard's whole schedule
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried

@@ -22,10 +22,9 @@ from delayq_backends import Config, DelayStore
 from delayq_backends.cli import main
 from delayq_backends.envelope import ENTRY_FORMAT_VERSION, Envelope
 from delayq_backends.errors import ConfigError, EnvelopeError
-from delayq_backends.periodic import ops
+from delayq_backends.periodic import ops, trust
 from delayq_backends.periodic.history import RunMark
 from delayq_backends.periodic.schedules import Cron, Every, Misfire, Slot, run_task_id
-from delayq_backends.periodic import trust
 from delayq_backends.periodic.state import RUNTIME, PeriodicState, state_of, with_state
 from delayq_backends.rq.cron import entry as cron_entry
 from delayq_backends.rq.cron import load_config, sync
