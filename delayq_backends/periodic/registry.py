@@ -192,7 +192,8 @@ def record_code_sync(
     if code == CodeSync.DAMAGED or before is None:
         raise PeriodicError(
             f"the code schedule's record {key} is damaged (written by another tool): no sync from code until it is "
-            f"removed: `redis-cli DEL {key}` (the next sync records itself again)"
+            f"removed: `redis-cli DEL {key}` (the next sync records itself again if it changes no stored code entry, "
+            "else it names the version to record)"
         )
     if code == CodeSync.OLDER:
         raise StaleScheduleError(
