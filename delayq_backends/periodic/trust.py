@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import redis
 
-from ..errors import DelayqError
 from ..keys import periodic_trust_key
 from ..scripts.store import PeriodicTrust
 from ..store import DelayStore, StoreCore
+from .registry import PeriodicError
 
 __all__ = ["TrustCheck", "UntrustedError", "forget", "record", "trusted_digests"]
 
@@ -40,8 +40,9 @@ _FIX = (
 )
 
 
-class UntrustedError(DelayqError):
-    """A template an operator did not define, or the trusted definitions cannot be read."""
+class UntrustedError(PeriodicError):
+    """The trusted definitions cannot be read or written (a hand write): a sync reports it per
+    entry and goes on, a forwarder's RQ entries wait."""
 
 
 def record(store: DelayStore, name: str, digest: str) -> None:

@@ -214,6 +214,8 @@ def test_garbage_in_the_trusted_definitions_never_stops_the_line(admin: Admin, p
     assert forwarder.dead_letters() == [] and admin.client.llen(f"rq:queue:{queue}") == 0
     with pytest.raises(UntrustedError, match="RENAME"):
         ops.upsert(operator, runtime_entry("e2", RECORD, queue=queue, schedule=interval(1)))
+    synced = ops.sync_code(forwarder, [cron_entry("c", RECORD, queue, interval=60).spec(source=CODE)], kind=KIND)
+    assert "RENAME" in synced.errors["c"] and not synced.refused  # said per entry; the sync goes on
 
     admin.client.delete(trusted)
     admin.client.hset(trusted, "e", "zz not-a-digest")
