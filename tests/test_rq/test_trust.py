@@ -15,11 +15,14 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from delayq_backends import DelayStore, Envelope
+from delayq_backends import Config, DelayStore, Envelope
 from delayq_backends.cli import main
+from delayq_backends.connection import connect
+from delayq_backends.errors import NotDurableError
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import periodic_code_key, periodic_key, periodic_trust_key
-from delayq_backends.periodic import ops
+from delayq_backends.periodic import ops, trust
+from delayq_backends.periodic.registry import record_code_sync
 from delayq_backends.periodic.schedules import interval
 from delayq_backends.periodic.state import CODE, with_state
 from delayq_backends.periodic.trust import UntrustedError
@@ -223,3 +226,15 @@ def test_garbage_in_the_trusted_definitions_never_stops_the_line(admin: Admin, p
     forwarder.requeue_dead()
     assert ops.upsert(operator, runtime_entry("e", RECORD, queue=queue, schedule=interval(1), args=["v2"]))
     wait_for(lambda: fwd.run_once() >= 0 and admin.client.llen(f"rq:queue:{queue}") >= 1, 10, "e's run")
+
+
+def test_the_definitions_and_the_version_record_wait_for_replicas(valkey_url: str, prefix: str) -> None:
+    """durable_replicas: both new writes on the prefix's own keys are sent with a WAIT (the
+    embedded server has no replica, so each is refused as not durable, never acknowledged)."""
+    store = DelayStore(
+        connect(valkey_url), Config(prefix=prefix, shards=SHARDS, durable_replicas=1, durable_timeout_ms=50)
+    )
+    with pytest.raises(NotDurableError):
+        trust.record(store, "x", "ab" * 32)
+    with pytest.raises(NotDurableError):
+        record_code_sync(store, 1, "fp", kind=KIND)
