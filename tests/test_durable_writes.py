@@ -29,7 +29,7 @@ from delayq_backends.celery.periodic import entry_spec
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.keys import periodic_key
-from delayq_backends.models import FailedDelivery
+from delayq_backends.models import BatchStatus, FailedDelivery
 from delayq_backends.periodic import ops
 from delayq_backends.scripts.library import ACKNOWLEDGED_SCRIPTS, INTERNAL_SCRIPTS, SCRIPT_NAMES, ScriptRunner
 from delayq_backends.scripts.store import Cancel, ScheduleOne, Take
@@ -249,16 +249,19 @@ def test_every_key_kind_has_a_durable_column() -> None:
             assert set(paths.split(", ")) <= WRITES.keys(), f"{kind}: {paths} names a path WRITES lacks"
 
 
+def replica_of(primary: EmbeddedServer) -> EmbeddedServer:
+    """A replica of ``primary``, started and synced."""
+    replica = EmbeddedServer(args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    info = redis.Redis(port=replica.port)
+    wait_for(lambda: info.info("replication").get("master_link_status") == "up", 20, "the replica to sync")
+    return replica
+
+
 @pytest.fixture(scope="module")
 def cut_off() -> Iterator[EmbeddedServer]:
     """A primary whose replica synced and was then killed: WAIT 1 answers 0."""
     with EmbeddedServer(args=SYNC_AT_ONCE) as primary:
-        replica = EmbeddedServer(args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
-        try:
-            info = redis.Redis(port=replica.port)
-            wait_for(lambda: info.info("replication").get("master_link_status") == "up", 20, "the replica to sync")
-        finally:
-            replica.stop()
+        replica_of(primary).stop()
         yield primary
 
 
@@ -281,3 +284,77 @@ def test_every_write_path_refuses_success_without_its_replica(
             continue
     assert acknowledged == {}, f"{len(acknowledged)} of {len(WRITES)} write paths returned success without a replica"
     assert ACKNOWLEDGED_SCRIPTS - ran == set(), "an acknowledged script no write path ran: add its path to WRITES"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One write of the finding's run, and how to read on a store that it is there."""
+
+    what: str
+    key: str
+    write: Callable[[DelayStore], object]
+    there: Callable[[DelayStore], bool]
+
+
+def _steps(n: int) -> list[Step]:
+    """A batch's life (open, add its one sub-job, close, its worker's final report) and a slot
+    limit: the writes finding 4 saw acknowledged without a replica."""
+    batch, slot = f"b{n}", f"k{n}"
+
+    def batch_has(check: Callable[[BatchStatus], bool]) -> Callable[[DelayStore], bool]:
+        return lambda store: (found := store.batch_status(batch)) is not None and check(found)
+
+    return [
+        Step("open_batch", batch, lambda s: s.open_batch(batch), batch_has(lambda b: True)),
+        Step("add_to_batch", batch, lambda s: s.add_to_batch(batch, ["x"]), batch_has(lambda b: b.total == 1)),
+        Step("close_batch", batch, lambda s: s.close_batch(batch), batch_has(lambda b: b.closed)),
+        Step("finish_in_batch", batch, lambda s: s.finish_in_batch(batch, "x", True), batch_has(lambda b: b.completed)),
+        Step(
+            "set_slot_limit",
+            slot,
+            lambda s: s.set_slot_limit(slot, n % 9 + 1),
+            lambda s: s.slot_status(slot).limit == n % 9 + 1,
+        ),
+    ]
+
+
+def test_a_failover_loses_no_acknowledged_batch_or_slot_write() -> None:
+    """Finding 4's run: 20 batches and slot limits written with durable_replicas=1, the replica
+    cut off (REPLICAOF NO ONE) after the 10th and then taken as the new primary. Every write
+    acknowledged is on it (before: 20 of 20 after the cut were lost, and a lost final
+    finish_in_batch left its batch open for ever); the refused ones, retried once the new
+    primary has a replica, complete every batch."""
+    with EmbeddedServer(args=SYNC_AT_ONCE) as primary:
+        replica = replica_of(primary)
+        try:
+            config = Config(prefix=f"f{uuid.uuid4().hex[:8]}", shards=4, durable_replicas=1, durable_timeout_ms=200)
+            store = DelayStore(connect(primary.url), config)
+            acknowledged: list[Step] = []
+            refused: list[list[Step]] = []
+            for n in range(20):
+                if n == 10:
+                    redis.Redis(port=replica.port).replicaof("NO", "ONE")  # cut off: the failover's new primary
+                steps = _steps(n)
+                for done, step in enumerate(steps):
+                    try:
+                        step.write(store)
+                    except NotDurableError:
+                        refused.append(steps[done:])  # the application retries from here
+                        break
+                    acknowledged.append(step)
+            primary.kill()
+            promoted = DelayStore(connect(replica.url), replace(config, url=replica.url))
+            lost = [f"{s.what} {s.key}" for s in acknowledged if not s.there(promoted)]
+            assert lost == [], f"{len(lost)} of {len(acknowledged)} acknowledged writes lost: {lost}"
+            assert len(acknowledged) >= 50 and len(refused) == 10, (len(acknowledged), len(refused))
+            again = replica_of(replica)  # the new primary's replica: the refused writes, retried, succeed
+            try:
+                for steps in refused:
+                    for step in steps:
+                        step.write(promoted)
+            finally:
+                again.stop()
+            open_for_ever = [f"b{n}" for n in range(20) if not _steps(n)[3].there(promoted)]
+            assert open_for_ever == []
+        finally:
+            replica.stop()
