@@ -196,7 +196,7 @@ DURABLE = {
     "key_rate_key": "internal: take_key_tokens",
     "wake_channel": "internal: a wake-up, not data",
     "periodic_key": "periodic upsert, periodic remove (registry only)",
-    "periodic_code_key": "periodic sync_code",
+    "periodic_code_key": "periodic sync_code",  # its version record: lost, an older deploy could sync
     "ShardKeys.due": "schedule, reschedule, cancel, requeue_dead",
     "ShardKeys.items": "schedule, schedule_many, schedule_with, replace_if, cancel",
     "ShardKeys.tries": "reschedule, cancel",

@@ -85,7 +85,7 @@ SCRIPT_NAMES = tuple(
 ACKNOWLEDGED_SCRIPTS = frozenset(
     {
         "schedule", "schedule_one", "reschedule", "cancel", "debounce", "requeue", "purge", "rq_schedule",
-        "batch_open", "batch_add", "batch_end",
+        "batch_open", "batch_add", "batch_end", "sync_version",
     }
 )  # fmt: skip
 #: The other scripts, each with why it does not wait (docs/guarantees.md, "Durability"): the
@@ -107,7 +107,6 @@ INTERNAL_SCRIPTS: dict[str, str] = {
     "slot_hold": "lost: the hold lapses at its last replicated deadline",
     "slot_end": "lost: the slot is held until its hold lapses (a delay, never a loss)",
     "periodic_run": "the run history (observability): lost, one event is missing from it",
-    "sync_version": "a forwarder's record of its code schedule: the next sync records it again",
     "rq_fields": "RQ's Redis (read-only)",
     "rq_enqueue": "RQ's Redis: the forwarder's publish, acked after it",
     "rq_move": "RQ's Redis: the forwarder's publish, acked after it",
