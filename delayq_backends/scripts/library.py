@@ -308,7 +308,7 @@ class ScriptRunner:
             NotDurableError: fewer replicas confirmed it in time (it is on the primary).
         """
         target = self.client if client is None else client
-        if self.waits(call):
+        if self.durability.replicas and self.waits(call):  # the first test alone on the usual path
             return self._run_durably(call, target)
         backend = self.backend()
         if backend.functions:
