@@ -27,11 +27,18 @@ from celery import Celery
 from delayq_backends import Config, DelayStore, NotDurableError
 from delayq_backends.celery.periodic import entry_spec
 from delayq_backends.connection import connect
-from delayq_backends.embedded import EmbeddedServer
+from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from delayq_backends.keys import periodic_key
 from delayq_backends.models import BatchStatus, FailedDelivery
 from delayq_backends.periodic import ops
-from delayq_backends.scripts.library import ACKNOWLEDGED_SCRIPTS, INTERNAL_SCRIPTS, SCRIPT_NAMES, ScriptRunner
+from delayq_backends.periodic.state import CODE
+from delayq_backends.scripts.library import (
+    ACKNOWLEDGED_SCRIPTS,
+    INTERNAL_SCRIPTS,
+    SCRIPT_NAMES,
+    ScriptCall,
+    ScriptRunner,
+)
 from delayq_backends.scripts.store import Cancel, ScheduleOne, Take
 from delayq_backends.targets import RedisListTarget
 from tests.harness.servers import SYNC_AT_ONCE
@@ -82,7 +89,8 @@ def _run_each(s: Stores) -> None:
     """Two calls in one pipeline: the acknowledged one's reply is the shortfall, the internal one's stands."""
     _scheduled(s)
     keys = s.durable.keys(s.durable.shard_of("a"))
-    cancelled, grant = s.durable.run_each([Cancel.call(keys, "a"), Take.call("t-bucket", 1, rate=1, burst=1, now=0)])
+    calls: list[ScriptCall[Any]] = [Cancel.call(keys, "a"), Take.call("t-bucket", 1, rate=1, burst=1, now=0)]
+    cancelled, grant = s.durable.run_each(calls)
     assert not isinstance(grant, Exception), "an internal call's reply stands"
     if isinstance(cancelled, Exception):
         raise cancelled
@@ -152,7 +160,7 @@ WRITES: dict[str, Callable[[Stores], object]] = {
     ),
     "rq Queue.enqueue_in": lambda s: _rq_queue(s).enqueue_in(timedelta(minutes=1), "builtins.print"),
     "periodic sync_code": lambda s: ops.sync_code(
-        s.durable, [entry_spec(APP, "c", {"task": "t.x", "schedule": 10.0}, source=ops.CODE)], kind="celery-periodic"
+        s.durable, [entry_spec(APP, "c", {"task": "t.x", "schedule": 10.0}, source=CODE)], kind="celery-periodic"
     ),
 }
 #: Public methods that write without waiting, and why (docs/guarantees.md, "Durability").
@@ -265,25 +273,49 @@ def cut_off() -> Iterator[EmbeddedServer]:
         yield primary
 
 
-def test_every_write_path_refuses_success_without_its_replica(
-    cut_off: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def refusals(url: str, replicas: int, skip: frozenset[str] = frozenset()) -> tuple[dict[str, str], set[str]]:
+    """Each write path of WRITES (but ``skip``) made with ``durable_replicas=replicas`` on
+    ``url``, a prefix each: those that returned success (path -> reply), and the scripts run."""
+    ran: set[str] = set()
+    queue = ScriptRunner.queue
+
+    def seen(runner: ScriptRunner, call: ScriptCall[Any], pipe: Any) -> None:
+        ran.add(call.name)
+        queue(runner, call, pipe)
+
+    acknowledged = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ScriptRunner, "queue", seen)
+        for name, write in WRITES.items():
+            if name in skip:
+                continue
+            config = Config(
+                prefix=f"d{uuid.uuid4().hex[:8]}", shards=4, durable_replicas=replicas, durable_timeout_ms=50
+            )
+            plain = DelayStore(connect(url), replace(config, durable_replicas=0))
+            try:
+                acknowledged[name] = repr(write(Stores(DelayStore(connect(url), config), plain)))
+            except NotDurableError:
+                continue
+    return acknowledged, ran
+
+
+def test_every_write_path_refuses_success_without_its_replica(cut_off: EmbeddedServer) -> None:
     """The durable column: each write path, on a primary whose replica is cut off, raises
     NotDurableError instead of returning success; and between them they run every script
     the library calls acknowledged."""
-    ran: set[str] = set()
-    queue = ScriptRunner.queue
-    monkeypatch.setattr(ScriptRunner, "queue", lambda self, call, pipe: (ran.add(call.name), queue(self, call, pipe)))
-    acknowledged = {}
-    for name, write in WRITES.items():
-        config = Config(prefix=f"d{uuid.uuid4().hex[:8]}", shards=4, durable_replicas=1, durable_timeout_ms=50)
-        plain = DelayStore(connect(cut_off.url), replace(config, durable_replicas=0))
-        try:
-            acknowledged[name] = repr(write(Stores(DelayStore(connect(cut_off.url), config), plain)))
-        except NotDurableError:
-            continue
+    acknowledged, ran = refusals(cut_off.url, 1)
     assert acknowledged == {}, f"{len(acknowledged)} of {len(WRITES)} write paths returned success without a replica"
     assert ACKNOWLEDGED_SCRIPTS - ran == set(), "an acknowledged script no write path ran: add its path to WRITES"
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_each_write_waits_on_the_node_that_holds_its_keys(redis_cluster: EmbeddedCluster) -> None:
+    """On a cluster (one replica per primary) asking for 2: every write path is refused by the
+    WAIT of the node its keys live on (a WAIT sent elsewhere would meet MOVED instead). Not the
+    paths that need the store's own server (a caller's transaction, RQ on the store's Redis)."""
+    acknowledged, _ = refusals(redis_cluster.url, 2, frozenset({"confirm_durable", "rq Queue.enqueue_in"}))
+    assert acknowledged == {}
 
 
 @dataclass(frozen=True)
