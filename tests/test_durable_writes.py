@@ -163,7 +163,7 @@ WRITES: dict[str, Callable[[Stores], object]] = {
         s.durable, [entry_spec(APP, "c", {"task": "t.x", "schedule": 10.0}, source=CODE)], kind="celery-periodic"
     ),
 }
-#: Public methods that write without waiting, and why (docs/guarantees.md, "Durability").
+#: Public methods that write without waiting, and why (docs/guarantees.md, "Failover").
 INTERNAL = {
     "claim": "a forwarder's claim: lost, the item is due again",
     "claim_many": "a forwarder's claim: lost, the item is due again",

@@ -88,13 +88,13 @@ ACKNOWLEDGED_SCRIPTS = frozenset(
         "batch_open", "batch_add", "batch_end", "sync_version",
     }
 )  # fmt: skip
-#: The other scripts, each with why it does not wait (docs/guarantees.md, "Durability"): the
+#: The other scripts, each with why it does not wait (docs/guarantees.md, "Failover"): the
 #: forwarder's and workers' bookkeeping, whose loss in a failover repeats or delays work but
 #: loses none (a WAIT would put a replica's round trip into every claim), and the scripts that
 #: run on RQ's Redis, which ``durable_replicas`` (a setting of the store) does not cover.
 INTERNAL_SCRIPTS: dict[str, str] = {
     "claim": "lost: the item is due again and claimed again",
-    "ack": "lost: the item is published again (at-least-once; dedupe drops the copy)",
+    "ack": "lost: the item is published again (at-least-once; with dedupe the copy does not run)",
     "keep": "lost: the item is published again when its lease ends (at-least-once)",
     "release": "lost: the item waits for its lease to end",
     "defer": "lost: the item waits for its lease to end, then is claimed again",
