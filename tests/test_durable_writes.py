@@ -40,6 +40,7 @@ from delayq_backends.scripts.library import (
     ScriptRunner,
 )
 from delayq_backends.scripts.store import Cancel, ScheduleOne, Take
+from delayq_backends.store import SlotAsk
 from delayq_backends.targets import RedisListTarget
 from tests.harness.servers import SYNC_AT_ONCE
 from tests.helpers import wait_for
@@ -390,3 +391,28 @@ def test_a_failover_loses_no_acknowledged_batch_or_slot_write() -> None:
             assert open_for_ever == []
         finally:
             replica.stop()
+
+
+def test_the_forwarders_and_workers_bookkeeping_does_not_wait(cut_off: EmbeddedServer) -> None:
+    """The other side of the decision (INTERNAL): claims, acks, defers, fails, extends, rate
+    tokens and slot holds send no WAIT, so a replica's round trip is in none of them, and a
+    replica down does not stop forwarding."""
+    config = Config(prefix=f"d{uuid.uuid4().hex[:8]}", shards=1, durable_replicas=1, durable_timeout_ms=50)
+    store = DelayStore(connect(cut_off.url), replace(config, durable_replicas=0))
+    for n in range(4):
+        store.schedule(f"i{n}", timedelta(0), ENVELOPE)
+    durable = DelayStore(connect(cut_off.url), config)
+    server = redis.Redis.from_url(cut_off.url)
+    waits_before = server.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+    lease = durable.lease(0)
+    assert len(lease.items) == 4
+    lease.extend()
+    lease.ack(["i0"])
+    lease.release(["i1"])
+    lease.defer([("i2", durable.clock() + 60_000)])
+    lease.fail([FailedDelivery("i3", None, "boom")])
+    durable.take_tokens("q", 1, rate=1, burst=1)
+    durable.take_slots({"k": SlotAsk(2, [("i1", 0)])}, hold_ms=60_000, wait_ms=15_000)
+    durable.hold_slots({"k": ["i1"]}, "start", hold_ms=60_000)
+    durable.hold_slots({"k": ["i1"]}, "end", hold_ms=0)
+    assert server.info("commandstats").get("cmdstat_wait", {}).get("calls", 0) == waits_before
