@@ -365,7 +365,8 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
     """Add or update one entry: ``added``, ``changed``, ``unchanged``, ``shadowed`` (a code spec
     meeting a runtime entry) or ``newer`` (an entry a newer release wrote: left alone)."""
     ident = item_id(spec.name)
-    store.client.hset(check_registry(store), spec.name, ident)  # first: a stored entry is always listed
+    registry = check_registry(store)
+    store.write_acknowledged(registry, ("HSET", registry, spec.name, ident))  # first: always listed
     while True:
         now = store.clock()
         try:
@@ -523,7 +524,8 @@ def _remove(store: DelayStore, names: Iterable[str]) -> list[str]:
     removed = []
     for name in names:
         cancelled = store.cancel(item_id(name))
-        if store.client.hdel(registry, name) or cancelled is not CancelOutcome.NOT_FOUND:
+        (unlisted,) = store.write_acknowledged(registry, ("HDEL", registry, name))
+        if unlisted or cancelled is not CancelOutcome.NOT_FOUND:
             removed.append(name)
     forget(store, removed)
     return removed

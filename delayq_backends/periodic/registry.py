@@ -186,7 +186,10 @@ def record_code_sync(
         _record,
         now=store.script_now(None),
     )
-    code, before = store.write_prefix_key(call)
+    reply = store.run_each([call])[0]
+    if isinstance(reply, Exception):
+        raise reply
+    code, before = reply
     if code in (CodeSync.RECORDED, CodeSync.CURRENT):
         return before
     if code == CodeSync.DAMAGED or before is None:

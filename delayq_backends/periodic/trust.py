@@ -52,7 +52,7 @@ def record(store: DelayStore, name: str, digest: str) -> None:
         UntrustedError: the key is of another type (a hand write), naming the fix.
         redis.exceptions.NoPermissionError: a credential that may not define code to run.
     """
-    if store.write_prefix_key(PeriodicTrust.call(periodic_trust_key(store.config.prefix), name, digest)) < 0:
+    if store.scripts.run(PeriodicTrust.call(periodic_trust_key(store.config.prefix), name, digest)) < 0:
         raise UntrustedError(_damaged(store.config.prefix))
 
 
@@ -60,7 +60,7 @@ def forget(store: DelayStore, names: Iterable[str]) -> None:
     """Drop the definitions of entries ``names`` (removed entries); a damaged key is left as it is."""
     key = periodic_trust_key(store.config.prefix)
     for name in names:
-        store.write_prefix_key(PeriodicTrust.call(key, name, None))
+        store.scripts.run(PeriodicTrust.call(key, name, None))
 
 
 def _damaged(prefix: str) -> str:
