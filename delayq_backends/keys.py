@@ -34,6 +34,7 @@ __all__ = [
     "normalize_id",
     "periodic_code_key",
     "periodic_key",
+    "periodic_trust_key",
     "rate_key",
     "shard_of",
     "shard_tags",
@@ -168,6 +169,13 @@ def periodic_code_key(prefix: str) -> str:
     """HASH of the code schedule last synced (version, fingerprint of its set, when, from which
     host), so an older or an empty ``beat_schedule`` cannot roll a newer one back."""
     return f"{prefix}:{{{prefix}}}:periodic:code"
+
+
+def periodic_trust_key(prefix: str) -> str:
+    """HASH of the run templates an operator defined (entry name → digests of its template), so a
+    forwarder fires an entry that carries code to run (an RQ job's pickled ``data``) only as an
+    operator stored it, never as a producer planted it (:mod:`~delayq_backends.periodic.trust`)."""
+    return f"{prefix}:{{{prefix}}}:periodic:trusted"
 
 
 def rate_key(prefix: str, queue: str) -> str:

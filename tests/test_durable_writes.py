@@ -31,7 +31,9 @@ from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from delayq_backends.keys import periodic_key
 from delayq_backends.models import BatchStatus, FailedDelivery
 from delayq_backends.periodic import ops
+from delayq_backends.periodic.schedules import interval
 from delayq_backends.periodic.state import CODE
+from delayq_backends.rq.cron import runtime_entry
 from delayq_backends.scripts.library import (
     ACKNOWLEDGED_SCRIPTS,
     INTERNAL_SCRIPTS,
@@ -160,6 +162,10 @@ WRITES: dict[str, Callable[[Stores], object]] = {
         ops.remove(s.durable, ["gone"]),
     ),
     "rq Queue.enqueue_in": lambda s: _rq_queue(s).enqueue_in(timedelta(minutes=1), "builtins.print"),
+    "periodic trust_stored": lambda s: (
+        ops.upsert(s.plain, runtime_entry("r", "app.jobs.report", queue="q", schedule=interval(10))),
+        ops.trust_stored(s.durable, ["r"]),
+    ),
     "periodic sync_code": lambda s: ops.sync_code(
         s.durable, [entry_spec(APP, "c", {"task": "t.x", "schedule": 10.0}, source=CODE)], kind="celery-periodic"
     ),
@@ -195,7 +201,7 @@ READS = {
     "slot_keys_in_use", "slot_status", "slot_statuses", "started", "stats", "subscribe_wake",
 }  # fmt: skip
 #: periodic.ops' public functions that write (their cases above start with "periodic <name>").
-PERIODIC_WRITES = {"upsert", "pause", "resume", "run_now", "backfill", "remove", "sync_code"}
+PERIODIC_WRITES = {"upsert", "pause", "resume", "run_now", "backfill", "remove", "sync_code", "trust_stored"}
 
 #: The durable column of the hostile-write coverage: every key kind -> the write paths (of
 #: WRITES) a user's call writes it through, or "internal: why".
@@ -206,6 +212,7 @@ DURABLE = {
     "wake_channel": "internal: a wake-up, not data",
     "periodic_key": "periodic upsert, periodic remove (registry only)",
     "periodic_code_key": "periodic sync_code",  # its version record: lost, an older deploy could sync
+    "periodic_trust_key": "periodic trust_stored",  # an operator's definition: lost, its entry is refused
     "ShardKeys.due": "schedule, reschedule, cancel, requeue_dead",
     "ShardKeys.items": "schedule, schedule_many, schedule_with, replace_if, cancel",
     "ShardKeys.tries": "reschedule, cancel",

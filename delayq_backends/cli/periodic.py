@@ -449,6 +449,22 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         for name in names:
             click.echo(f"{'removed' if name in removed else 'not found'}: {name}")
 
+    @group.command("trust")
+    @click.argument("names", nargs=-1)
+    @click.option("--all", "every", is_flag=True, help="Every stored entry whose kind carries code to run.")
+    @with_store
+    @click.pass_context
+    def trust(ctx: click.Context, /, names: tuple[str, ...], every: bool, **where: Any) -> None:
+        """Vouch for the stored job templates of RQ entries NAMES (or --all), as if you had added
+        them: forwarders fire an RQ entry only as an operator defined it. For entries stored before
+        that check, or a dead-lettered one you recognise (then `delayq dlq requeue`). Review them
+        first (`delayq periodic show NAME`): a producer credential can store any template."""
+        if not names and not every:
+            raise click.UsageError("name the entries to trust, or pass --all")
+        store = access.store(ctx, where)
+        for name, outcome in ops.trust_stored(store, None if every else names).items():
+            click.echo(f"{name}: {outcome}")
+
     return group
 
 

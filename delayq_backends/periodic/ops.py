@@ -30,8 +30,8 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..errors import EnvelopeError, NewerFormatError
-from ..keys import normalize_id
-from ..models import CancelOutcome, RearmOutcome
+from ..keys import normalize_id, periodic_code_key
+from ..models import CancelOutcome, RearmOutcome, ScheduledItem
 from ..overlap_policy import ALLOW, POLICIES
 from ..store import DelayStore
 from ..timeutil import MAX_MS, from_ms
@@ -42,15 +42,18 @@ from .registry import (
     code_fingerprint,
     read_registry,
     record_code_sync,
+    record_missing,
 )
 from .schedules import MAX_BACKFILL, Every, Misfire, Once, Schedule
-from .state import CODE, META, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
+from .state import CODE, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
+from .trust import UntrustedError, forget, record
 
 __all__ = [
     "DUE_WAIT_MS",
     "ID_PREFIX",
     "KINDS",
     "KIND_ADAPTERS",
+    "TRUSTED_KINDS",
     "CodeEntryError",
     "EntryNotFound",
     "EntrySpec",
@@ -69,6 +72,7 @@ __all__ = [
     "run_now",
     "statuses",
     "sync_code",
+    "trust_stored",
     "upsert",
 ]
 
@@ -84,6 +88,11 @@ DUE_WAIT_MS = 2000
 KINDS: dict[str, tuple[str, Callable[[Envelope], str]]] = {}
 
 
+#: entry envelope target -> the digest of an entry's template that carries code to run
+#: (:mod:`.trust`), registered by the adapter of a kind whose templates do (RQ's)
+TRUSTED_KINDS: dict[str, Callable[[Envelope], str]] = {}
+
+
 #: entry envelope target -> the adapter module that registers it (:func:`register_kind`), loaded
 #: by a listing that meets one of its entries (named, not imported: this package imports no
 #: framework, and a process may have neither installed)
@@ -94,10 +103,15 @@ KIND_ADAPTERS = {"celery-periodic": "delayq_backends.celery.periodic", "rq-perio
 _UNAVAILABLE: set[str] = set()
 
 
-def register_kind(target: str, name: str, task_of: Callable[[Envelope], str]) -> None:
+def register_kind(
+    target: str, name: str, task_of: Callable[[Envelope], str], *, trust: Callable[[Envelope], str] | None = None
+) -> None:
     """Make entries of envelope target ``target`` listable as kind ``name`` (the adapter of the
-    kind calls this on import; ``task_of`` reads what a template runs, for listings)."""
+    kind calls this on import; ``task_of`` reads what a template runs, for listings; ``trust``,
+    for a kind whose templates carry code to run, the digest an operator's definition records)."""
     KINDS[target] = (name, task_of)
+    if trust is not None:
+        TRUSTED_KINDS[target] = trust
 
 
 def kind_of(target: str) -> tuple[str, Callable[[Envelope], str]] | None:
@@ -138,12 +152,15 @@ class CodeEntryError(PeriodicError):
 class RunTemplate:
     """What a kind stores to make each run: the template's envelope (target = the entry kind's,
     no ``periodic`` meta), a fingerprint of everything that makes its runs, its rank and a
-    relative ``expires`` (seconds after each send)."""
+    relative ``expires`` (seconds after each send). ``trust``: for a template that carries code
+    to run (an RQ job's ``data``), its digest, recorded as an operator's definition when the
+    entry is stored (:mod:`.trust`); None for a kind whose runs a producer could send anyway."""
 
     envelope: Envelope
     fingerprint: str
     rank: int = 0
     expires: float | None = None
+    trust: str | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +377,7 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
                 return "newer"
             raise
         if stored is None:
+            _trust(store, spec)
             state = spec.state(None, now)
             payload = with_state(spec.template.envelope, state)
             if store.schedule(ident, _ready(state, now), payload, mode="keep", rank=state.rank) == "added":
@@ -374,6 +392,7 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
                 "or detach it (detach=True, --detach) to make it a runtime entry the sync no longer manages"
             )
         new = spec.state(old, now)
+        _trust(store, spec)  # unchanged too: an entry stored before the definitions were kept gets one
         if _firing_due(stored, new, now) and time.monotonic() < deadline:
             time.sleep(0.05)  # the due period's firing (and rearm) comes first, as when HELD
             continue
@@ -391,6 +410,45 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
             return "changed"
         if outcome is RearmOutcome.HELD:  # a forwarder is firing it: its rearm comes first
             _held(spec.name, deadline)
+
+
+def _trust(store: DelayStore, spec: EntrySpec) -> None:
+    """Record ``spec``'s template as its operator's definition before its item is stored (a
+    forwarder compares the item with it): this process built the template itself."""
+    if spec.template.trust is not None:
+        record(store, spec.name, spec.template.trust)
+
+
+def trust_stored(store: DelayStore, names: Iterable[str] | None = None) -> dict[str, str]:
+    """Record the stored templates of entries ``names`` (None: every registered one whose kind
+    carries code) as an operator's definitions (:mod:`.trust`), live or dead-lettered; by name,
+    ``trusted: runs <task>`` or why not. ``delayq periodic trust``: the operator vouches for
+    templates stored before the definitions were kept, or a dead letter they recognise."""
+    out = {}
+    for name in read_registry(store).names if names is None else names:
+        try:
+            envelope = _stored_envelope(store, name)
+            kind = kind_of(envelope.target) if envelope is not None else None
+            digest_of = TRUSTED_KINDS.get(envelope.target) if envelope is not None else None
+            if envelope is None or kind is None or digest_of is None:
+                if names is not None:
+                    out[name] = "not found" if envelope is None else "left as it is: its runs carry no code"
+                continue
+            record(store, name, digest_of(envelope))
+            out[name] = f"trusted: runs {kind[1](envelope)}"
+        except (EnvelopeError, UntrustedError) as exc:
+            out[name] = f"not trusted: {exc}"
+    return out
+
+
+def _stored_envelope(store: DelayStore, name: str) -> Envelope | None:
+    """Entry ``name``'s envelope, in the schedule or among the dead letters (None: neither)."""
+    ident = item_id(name)
+    item = store.get(ident)
+    if item is not None:
+        return Envelope.decode(item.envelope)
+    raw = store.client.hget(store.keys(store.shard_of(ident)).dead_items, ident)
+    return Envelope.decode(raw) if isinstance(raw, bytes) else None
 
 
 def pause(store: DelayStore, name: str) -> EntryStatus:
@@ -469,6 +527,7 @@ def _remove(store: DelayStore, names: Iterable[str]) -> list[str]:
         (unlisted,) = store.write_acknowledged(registry, ("HDEL", registry, name))
         if unlisted or cancelled is not CancelOutcome.NOT_FOUND:
             removed.append(name)
+    forget(store, removed)
     return removed
 
 
@@ -653,6 +712,10 @@ def sync_code(
             raise ValueError(f"sync_code: entry {spec.name!r} is not a code entry of kind {kind!r}")
     check_registry(store)
     fingerprint = code_fingerprint([(s.name, s.fingerprint) for s in specs] + [(n, "!") for n in errors])
+    if record_missing(store, kind):
+        report.refused = _unrecorded(store, specs, errors, kind)
+        if report.refused:
+            return report
     try:
         record_code_sync(store, version, fingerprint, kind=kind)
     except PeriodicError as exc:
@@ -681,14 +744,45 @@ def sync_code(
     return report
 
 
+def _unrecorded(store: DelayStore, specs: Sequence[EntrySpec], errors: Mapping[str, str], kind: str) -> str:
+    """Why a sync of ``specs`` may not go ahead while no code schedule of ``kind`` is recorded
+    (a deleted record), or "" when it may: no code entry of ``kind`` is stored (a first sync), or
+    the sync changes none of them (the current deploy's, which records itself again). A late
+    older deploy's set differs: with nothing to compare versions with, it must not win."""
+    stored: dict[str, str | None] = {}  # name -> fingerprint of a code entry of kind; None: no such entry
+    for name in read_registry(store).names:
+        stored[name] = _code_fingerprint(store.get(item_id(name)), kind)
+    if not any(stored.values()):
+        return ""
+    wanted = {s.name: s.fingerprint for s in specs}
+    changes = [n for n, fp in wanted.items() if n not in stored or stored[n] not in (None, fp)]
+    changes += [n for n, fp in stored.items() if fp is not None and n not in wanted and n not in errors]
+    if not changes:
+        return ""
+    key = periodic_code_key(store.config.prefix)
+    return (
+        f"the record of the code schedule synced last ({key}) is missing, and this sync would change the stored "
+        f"code entries {sorted(changes)[:5]}: without the record nothing tells whether this deploy's schedule is "
+        f"the current one. If it is, record the version before it with an operator's credential (`redis-cli HSET "
+        f"{key} {kind}:version <previous version>`, or for unversioned syncs `{kind}:fp restored`), then sync again"
+    )
+
+
+def _code_fingerprint(item: ScheduledItem | None, kind: str) -> str | None:
+    """The fingerprint of an entry's stored ``item`` if it is a code entry of kind ``kind``, else
+    None (none, another kind or source, unreadable)."""
+    if item is None:
+        return None
+    try:
+        envelope = Envelope.decode(item.envelope)
+        state = state_of(envelope)
+    except EnvelopeError:
+        return None
+    return state.fingerprint if envelope.target == kind and state.source == CODE else None
+
+
 def _is_code_of(store: DelayStore, name: str, kind: str) -> bool:
     """Entry ``name`` is a code entry of kind ``kind`` (a sync of that kind may remove it). A
     registered name with no item is removable by any sync; an unreadable item is no one's."""
     item = store.get(item_id(name))
-    if item is None:
-        return True
-    try:
-        envelope = Envelope.decode(item.envelope)
-        return envelope.target == kind and META in envelope.meta and state_of(envelope).source == CODE
-    except EnvelopeError:
-        return False
+    return item is None or _code_fingerprint(item, kind) is not None

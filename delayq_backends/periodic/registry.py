@@ -7,7 +7,10 @@
   whole code set, synced_at, host) decides whether a sync from code may go ahead: a lower version
   changes nothing, an equal version with another set is refused, and once a versioned sync ran
   an unversioned one is refused. The check and the write are one script (``sync_version.lua``),
-  so two forwarders starting at once cannot both pass.
+  so two forwarders starting at once cannot both pass. Only the operator and forwarder roles may
+  write it (:mod:`delayq_backends.acl`), and a missing record is not "any version wins": a sync
+  that would change the code entries stored is refused until an operator records the version
+  (:func:`~.ops.sync_code`), so a late old deploy cannot restore an entry a newer one removed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import redis
 
 from ..errors import DelayqError
 from ..keys import periodic_code_key, periodic_key
@@ -37,6 +42,7 @@ __all__ = [
     "code_record",
     "read_registry",
     "record_code_sync",
+    "record_missing",
 ]
 
 #: the largest schedule version (exact in a Lua number): a build number or a commit time fits
@@ -189,7 +195,8 @@ def record_code_sync(
     if code == CodeSync.DAMAGED or before is None:
         raise PeriodicError(
             f"the code schedule's record {key} is damaged (written by another tool): no sync from code until it is "
-            f"removed: `redis-cli DEL {key}` (the next sync records itself again)"
+            f"removed: `redis-cli DEL {key}` (the next sync records itself again if it changes no stored code entry, "
+            "else it names the version to record)"
         )
     if code == CodeSync.OLDER:
         raise StaleScheduleError(
@@ -216,3 +223,14 @@ def code_record(store: DelayStore, kind: str) -> CodeRecord | None:
         return None
     _, record = _record([0, *(v or b"" for v in values)])
     return record
+
+
+def record_missing(store: DelayStore, kind: str) -> bool:
+    """No code schedule of entries of ``kind`` is recorded (a damaged record is not missing: the
+    sync names its fix)."""
+    key = periodic_code_key(store.config.prefix)
+    try:
+        values = store.client.hmget(key, [f"{kind}:{field}" for field in SyncVersion.FIELDS])
+    except redis.exceptions.ResponseError:
+        return False
+    return not any(values)

@@ -140,7 +140,8 @@ class CronEntry:
         (``start_ms``, ``end_ms``, ``max_runs``, ``jitter_ms``, ``enabled``)."""
         what = [self.template.fingerprint(), self.schedule.to_json(), self.misfire.to_json()]
         fingerprint = hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
-        run = RunTemplate(self.template.to_envelope(), fingerprint)  # as Celery's: a new schedule is a change
+        # as Celery's: a new schedule is a change; its job's data is code to run: an operator's definition
+        run = RunTemplate(self.template.to_envelope(), fingerprint, trust=self.template.digest())
         return EntrySpec(self.name, run, self.schedule, self.misfire, self.overlap, source=source, **fields)
 
 

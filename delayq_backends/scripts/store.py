@@ -49,6 +49,7 @@ __all__ = [
     "Fail",
     "Keep",
     "PeriodicRun",
+    "PeriodicTrust",
     "Promote",
     "Purge",
     "Rearm",
@@ -546,6 +547,20 @@ class PeriodicRun:
         """``keys``: the entry's history hash and runs ZSET (``ShardKeys.periodic_history``/``periodic_runs``)."""
         args = (event.event, event.run_id, event.due_ms, now, event.kind, event.detail, keep, ttl_ms, late_ms)
         return ScriptCall(cls.name, keys, args, int)
+
+
+class PeriodicTrust:
+    """periodic_trust.lua: an operator's definition of an entry's run template recorded
+    (``add``: its digest, the previous one kept) or dropped (``drop``); -1: the key is of
+    another type."""
+
+    name = "periodic_trust"
+
+    @classmethod
+    def call(cls, key: str, name: str, digest: str | None) -> ScriptCall[int]:
+        """``digest`` None drops entry ``name``'s definitions."""
+        args = ("drop", name, "") if digest is None else ("add", name, digest)
+        return ScriptCall(cls.name, (key,), args, int)
 
 
 class SyncVersion:
