@@ -50,14 +50,12 @@ from ..errors import BatchError, DelayqError
 from ..keys import batch_item_id
 from ..store import BATCH_TTL_MS, DelayStore
 from ..store.batches import add_to_batch, check_batch_key, take_back
-from .queue import Queue, store_of_connection
+from .queue import BATCH_META, Queue, store_of_connection
 
 __all__ = ["BATCH_META", "Batch", "BatchReports", "call_on_complete"]
 
 log = logging.getLogger("delayq.rq.batches")
 
-#: The ``job.meta`` field naming a sub-job's batch.
-BATCH_META = "delayq_batch"
 #: What RQ takes as a job id (RQ 2+ refuses others).
 _RQ_ID = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -416,7 +416,9 @@ class BatchOpen:
     def call(
         cls, keys: ShardKeys, key: str, *, on_complete: bytes, mark: str, now: int, ttl_ms: int
     ) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (keys.batch(key),), (on_complete, mark, now, ttl_ms), int)
+        return ScriptCall(
+            cls.name, (keys.batch(key), keys.batch_fired(key)), (on_complete, mark, now, ttl_ms, key), int
+        )
 
 
 class BatchAdd:
@@ -427,7 +429,7 @@ class BatchAdd:
 
     @classmethod
     def call(cls, keys: ShardKeys, key: str, mode: str, members: Sequence[str]) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (keys.batch(key), keys.batch_members(key)), (mode, *members), int)
+        return ScriptCall(cls.name, (keys.batch(key), keys.batch_members(key)), (mode, key, *members), int)
 
 
 @dataclass(frozen=True)
@@ -460,7 +462,10 @@ class BatchEnd:
         ok: bool = True,
     ) -> ScriptCall[tuple[int, bool]]:
         shard = attrgetter(*cls.key_names)(keys)
-        batch = (keys.batch(key), keys.batch_members(key), keys.batch_done(key), keys.batch_failed(key))
+        batch = (
+            keys.batch(key), keys.batch_members(key), keys.batch_done(key), keys.batch_failed(key),
+            keys.batch_fired(key), keys.batch_firing(key),
+        )  # fmt: skip
         args = (
             mode, now, ending.wake, batch_channel(ending.prefix, key), batch_item_id(key), key,
             ending.max_failed_ids, member, "1" if ok else "0",
