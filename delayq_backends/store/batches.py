@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import islice
 
 from redis.exceptions import RedisError, ResponseError
 
@@ -224,6 +225,22 @@ class Batches(StoreCore):
         """
         return end_batch(self, check_batch_key(key), "finish", member, ok)
 
+    def pending_in_batch(self, key: str, *, limit: int = 100) -> list[str]:
+        """Up to ``limit`` sub-jobs of batch ``key`` that have not finished (a SSCAN of its
+        members against its done set: bounded by the batch's :data:`MAX_MEMBERS`): what a closed
+        batch waits for, a member written by hand included. ``finish_in_batch(key, id, False)``
+        (``delayq batches fail``) ends one that will never run."""
+        keys = _batch_keys(self, check_batch_key(key))
+        members, done = keys.batch_members(key), keys.batch_done(key)
+        pending: list[str] = []
+        scan = self.client.sscan_iter(members, count=1000)
+        while chunk := list(islice(scan, 1000)):
+            finished = self.client.smismember(done, chunk)
+            pending += [_id_text(m) for m, end in zip(chunk, finished) if not end]
+            if len(pending) >= limit:
+                break
+        return sorted(pending[:limit])
+
     def batch_status(self, key: str) -> BatchStatus | None:
         """Batch ``key``'s progress with its failed ids; None when there is none (never opened,
         or expired).
@@ -336,3 +353,7 @@ def _whole(value: object) -> int | None:
     if not isinstance(value, (bytes, str)) or not value.isdigit():
         return None
     return int(value)
+
+
+def _id_text(member: object) -> str:
+    return member.decode("utf-8", "replace") if isinstance(member, bytes) else str(member)
