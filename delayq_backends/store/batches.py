@@ -64,28 +64,22 @@ def _batch_keys(store: StoreCore, key: str) -> ShardKeys:
 
 def _refused(key: str, reply: int, what: str) -> BatchError:
     """The error of a batch script's negative reply."""
-    if reply == -3:
-        return BatchClosedError(
-            f"batch {key!r} is closed: {what} was NOT added (nor scheduled); open a new batch for more sub-jobs"
-        )
-    if reply == -2:
-        return BatchError(f"no batch {key!r}: open it first (open_batch, or the Batch class of your adapter)")
-    if reply == -5:
-        return BatchClosedError(
-            f"batch key {key!r} is in use: its batch is closed or completed, and its record is kept for its TTL "
-            f"(7 days by default; `delayq batches show {key}`): open the new batch under a new key (e.g. "
-            f"{key + '-2'!r})"
-        )
-    if reply == -6:
-        return BatchError(f"batch {key!r}: the script was given keys that are not the batch's (a hand-made call)")
-    if reply == -7:
-        return BatchError(
-            f"batch {key!r}: {what} would take it past {MAX_MEMBERS:,} sub-jobs, nothing was added; "
-            "split the work into several batches"
-        )
-    return BatchError(
-        f"batch {key!r}: its keys hold data delayq did not write (a hand write); inspect them with "
-        f"`delayq batches show {key}` and delete them (they start with the batch's hash tag) to use the key again"
+    closed, use = BatchClosedError, f"`delayq batches show {key}`"
+    errors: dict[int, tuple[type[BatchError], str]] = {
+        -2: (BatchError, f"no batch {key!r}: open it first (open_batch, or the Batch class of your adapter)"),
+        -3: (closed, f"batch {key!r} is closed: {what} was NOT added (nor scheduled); open a new batch for more "
+             "sub-jobs"),
+        -5: (closed, f"batch key {key!r} is in use: its batch is closed or completed, and its record is kept for its "
+             f"TTL (7 days by default; {use}): open the new batch under a new key (e.g. {key + '-2'!r})"),
+        -6: (BatchError, f"batch {key!r}: the script was given keys that are not the batch's (a hand-made call)"),
+        -7: (BatchError, f"batch {key!r}: {what} would take it past {MAX_MEMBERS:,} sub-jobs, nothing was added; "
+             "split the work into several batches"),
+    }  # fmt: skip
+    kind, message = errors.get(reply, (BatchError, ""))
+    return kind(
+        message
+        or f"batch {key!r}: its keys hold data delayq did not write (a hand write); inspect them with {use} and "
+        "delete them (they start with the batch's hash tag) to use the key again"
     )
 
 
