@@ -168,8 +168,8 @@ class Batches(StoreCore):
     def open_batch(
         self, key: str, *, on_complete: Payload | None = None, mark: str = "", ttl_ms: int = BATCH_TTL_MS
     ) -> bool:
-        """Open batch ``key`` (total 0, not closed); True if opened, False if it was there
-        (left as it is: a completed or closed batch refuses new sub-jobs).
+        """Open batch ``key`` (total 0, not closed); True if opened, False if it was open already
+        (taken up again as it is: a retried open, a producer starting again).
 
         Args:
             on_complete: the item released once the batch completes, as the item
@@ -180,6 +180,8 @@ class Batches(StoreCore):
             ttl_ms: how long the batch's keys stay once it completed (7 days).
 
         Raises:
+            BatchClosedError: the key's batch is closed, or completed less than its TTL ago (its
+                fired mark is there): open the new batch under a new key.
             BatchError: a bad key, or its hash holds garbage.
         """
         check_batch_key(key)
