@@ -336,8 +336,8 @@ class Purge(ShardScript):
     key_names = ("dead", "dead_items", "dead_info")
 
     @classmethod
-    def ids(cls, keys: ShardKeys, ids: Sequence[str]) -> ScriptCall[int]:
-        """Delete the dead letters ``ids``."""
+    def ids(cls, keys: ShardKeys, ids: Sequence[str | bytes]) -> ScriptCall[int]:
+        """Delete the dead letters ``ids`` (as stored: bytes for an id that is no UTF-8)."""
         return cls._call(keys, ["ids", *ids], int)
 
     @classmethod

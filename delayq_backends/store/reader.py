@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -293,7 +293,7 @@ class Reader(StoreCore):
         done = 0
         for shard in range(self.config.shards):
             self.check_meta()
-            while chosen := [_id_text(i) for i in self._oldest_dead(shard)]:
+            while chosen := self._oldest_dead(shard):  # as stored: an id that is no UTF-8 too
                 deleted = self._purge(shard, chosen)
                 done += deleted
                 if not deleted:
@@ -303,11 +303,11 @@ class Reader(StoreCore):
     def _oldest_dead(self, shard: int) -> list[bytes]:
         return [m for m in self.client.zrange(self._keys[shard].dead, 0, DEAD_CHUNK - 1) if isinstance(m, bytes)]
 
-    def _purge(self, shard: int, ids: list[str]) -> int:
+    def _purge(self, shard: int, ids: Sequence[str | bytes]) -> int:
         """Purge dead letters ``ids`` of ``shard``, and report those that were batches' sub-jobs."""
         envelopes = self.client.hmget(self._keys[shard].dead_items, ids)
         deleted = int(self._run(partial(Purge.ids, ids=ids), shard))
-        fail_in_batches(self, {i: e for i, e in zip(ids, envelopes) if e is not None})
+        fail_in_batches(self, {_id_text(i) if isinstance(i, bytes) else i: e for i, e in zip(ids, envelopes) if e})
         return deleted
 
     def _dead_count(self, shard: int) -> int:
