@@ -161,11 +161,17 @@ def _shard_key(prefix: str, name: str) -> str:
     return f"{prefix}:{{{prefix}:*}}:{name}"
 
 
-#: What the batch scripts and ``batch_status`` send on a batch's keys beyond a producer's own
-#: commands, only there (a selector): PEXPIRE on a shard's keys would drop a shard's schedule.
+#: What the batch scripts, ``batch_status`` and ``delayq batches pending`` send on a batch's keys
+#: beyond a producer's own commands, only there (a selector): PEXPIRE on a shard's keys would drop
+#: a shard's schedule.
 _BATCH_COMMANDS = (
-    "+type", "+hgetall", "+sadd", "+srem", "+scard", "+sismember", "+llen", "+rpush", "+lrange", "+pexpire",
+    "+type", "+hgetall", "+sadd", "+srem", "+scard", "+sismember", "+smismember", "+sintercard", "+sscan",
+    "+llen", "+rpush", "+lrange", "+pexpire", "+del",
 )  # fmt: skip
+#: The batch scripts that take a batch's fired mark (``ShardKeys.batch_fired``), which the
+#: producer and worker roles may only read, and write as RENAMENX's target: so they can neither
+#: delete it nor shorten its TTL, and a completed batch never fires again.
+_FIRING_FUNCTIONS = ("batch_open", "batch_end")
 
 
 def _batch_keys(prefix: str) -> str:
@@ -177,6 +183,24 @@ def _batch_keys(prefix: str) -> str:
 #: there (a selector): DEL (a key of another type, a hand write, is replaced), the bound's trim
 #: and the keys' TTL.
 _HISTORY_COMMANDS = ("+type", "+del", "+zremrangebyrank", "+zcard", "+zrange", "+hget", "+pexpire")
+
+
+def _fired_keys(prefix: str) -> str:
+    """The pattern of every batch's fired mark (``ShardKeys.batch_fired``)."""
+    return _shard_key(prefix, "fired:*")
+
+
+def _firing_rules(prefix: str, role: str, functions: bool) -> list[str]:
+    """The selectors of a batch's fired mark: the scripts that take it (with every key they
+    are given: a script's keys must all pass in one selector), its reads, and RENAMENX onto it
+    (write only: RENAMENX from the mark needs read too, so it cannot be moved away)."""
+    scripts = [f"+fcall|{function_name(n)}" for n in _FIRING_FUNCTIONS] if functions else ["+evalsha", "+eval"]
+    shard = [f"~{_shard_key(prefix, n)}" for n in ("due", "items", "tries", "leased", "ranked", "batch*")]
+    return [
+        f"({' '.join(scripts)} {' '.join(shard)} ~{_fired_keys(prefix)})",
+        f"(+exists +type +hget %R~{_fired_keys(prefix)})",
+        f"(+renamenx ~{_batch_keys(prefix)} %W~{_fired_keys(prefix)})",
+    ]
 
 
 def _history_keys(prefix: str) -> str:
@@ -232,6 +256,9 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     if role in _PRODUCES:  # debounce.lua lets a collapsed run's call counter expire: that key only
         rules.append(f"(+pexpireat ~{_shard_key(prefix, 'calls:*')})")
         rules.append(f"({' '.join(_BATCH_COMMANDS)} ~{_batch_keys(prefix)})")
+        rules += _firing_rules(prefix, role, functions)
+    if role in ("forwarder", "operator"):  # delayq dlq purge reports a purged sub-job to its batch (batch_end.lua)
+        rules.append(f"({' '.join(_BATCH_COMMANDS)} +renamenx ~{_batch_keys(prefix)} ~{_fired_keys(prefix)})")
     if role in ("forwarder", "operator", "worker"):  # periodic_run.lua: runs published, started and ended
         rules.append(f"({' '.join(_HISTORY_COMMANDS)} ~{_history_keys(prefix)})")
     if role == "worker":  # a SET on any other key could replace a shard's whole schedule

@@ -347,6 +347,17 @@ class ShardKeys:
         """LIST of the first failed sub-job ids of batch ``key`` (bounded)."""
         return self._key(f"batch_failed:{key}")
 
+    def batch_fired(self, key: str) -> str:
+        """HASH (``at``: ms) made when batch ``key`` completed, for its TTL: the mark that it fired,
+        which the producer and worker roles may write only as RENAMENX's target (``acl.py``), so
+        a hand write into the batch's hash cannot fire it again. Not named ``batch*``: those
+        roles may expire and delete those keys."""
+        return self._key(f"fired:{key}")
+
+    def batch_firing(self, key: str) -> str:
+        """The fired mark's makings: a scratch HASH that completion renames to :meth:`batch_fired`."""
+        return self._key(f"batch_firing:{key}")
+
     def all(self) -> list[str]:
         """Every key of the shard (each script names the ones it takes: scripts/store.py)."""
         return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked]

@@ -75,6 +75,10 @@ COVERED = {
     "ShardKeys.batch_done": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "ShardKeys.batch_failed": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "batch_channel": "tests/test_batches.py::test_a_batch_completes_once_when_closed_and_every_sub_job_finished",
+    "ShardKeys.batch_fired": "tests/test_batch_forgery.py::"
+    "test_a_completed_batch_never_fires_again_whatever_its_hash_says",
+    "ShardKeys.batch_firing": "tests/test_batch_forgery.py::"
+    "test_a_completed_batch_never_fires_again_whatever_its_hash_says",
     "ShardKeys.periodic_history": "tests/test_celery/test_periodic_history_processes.py::"
     "test_garbage_in_history_keys_never_stops_a_firing_or_a_worker",
     "ShardKeys.periodic_runs": "tests/test_celery/test_periodic_history_processes.py::"

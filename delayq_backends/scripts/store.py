@@ -337,8 +337,8 @@ class Purge(ShardScript):
     key_names = ("dead", "dead_items", "dead_info")
 
     @classmethod
-    def ids(cls, keys: ShardKeys, ids: Sequence[str]) -> ScriptCall[int]:
-        """Delete the dead letters ``ids``."""
+    def ids(cls, keys: ShardKeys, ids: Sequence[str | bytes]) -> ScriptCall[int]:
+        """Delete the dead letters ``ids`` (as stored: bytes for an id that is no UTF-8)."""
         return cls._call(keys, ["ids", *ids], int)
 
     @classmethod
@@ -417,7 +417,9 @@ class BatchOpen:
     def call(
         cls, keys: ShardKeys, key: str, *, on_complete: bytes, mark: str, now: int, ttl_ms: int
     ) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (keys.batch(key),), (on_complete, mark, now, ttl_ms), int)
+        return ScriptCall(
+            cls.name, (keys.batch(key), keys.batch_fired(key)), (on_complete, mark, now, ttl_ms, key), int
+        )
 
 
 class BatchAdd:
@@ -428,7 +430,7 @@ class BatchAdd:
 
     @classmethod
     def call(cls, keys: ShardKeys, key: str, mode: str, members: Sequence[str]) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (keys.batch(key), keys.batch_members(key)), (mode, *members), int)
+        return ScriptCall(cls.name, (keys.batch(key), keys.batch_members(key)), (mode, key, *members), int)
 
 
 @dataclass(frozen=True)
@@ -461,7 +463,10 @@ class BatchEnd:
         ok: bool = True,
     ) -> ScriptCall[tuple[int, bool]]:
         shard = attrgetter(*cls.key_names)(keys)
-        batch = (keys.batch(key), keys.batch_members(key), keys.batch_done(key), keys.batch_failed(key))
+        batch = (
+            keys.batch(key), keys.batch_members(key), keys.batch_done(key), keys.batch_failed(key),
+            keys.batch_fired(key), keys.batch_firing(key),
+        )  # fmt: skip
         args = (
             mode, now, ending.wake, batch_channel(ending.prefix, key), batch_item_id(key), key,
             ending.max_failed_ids, member, "1" if ok else "0",
