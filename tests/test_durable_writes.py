@@ -136,6 +136,7 @@ WRITES: dict[str, Callable[[Stores], object]] = {
     ),
     "reschedule": lambda s: s.durable.reschedule(_scheduled(s), 120),
     "cancel": lambda s: s.durable.cancel(_scheduled(s)),
+    "cancel_item": lambda s: s.durable.cancel_item(_scheduled(s)),
     "debounce": lambda s: s.durable.debounce("k", 60, ENVELOPE),
     "throttle": lambda s: s.durable.throttle("k", 60, ENVELOPE),
     "replace_if": _replace_if,
@@ -196,7 +197,7 @@ INTERNAL = {
 #: Public methods that write nothing.
 READS = {
     "batch_keys_in_use", "batch_status", "batch_statuses", "check_item", "check_payload", "dead_letters",
-    "due_histogram", "exists", "from_url", "get", "heads", "held", "keys", "lease_key", "meta_drift", "rank",
+    "due_histogram", "exists", "from_url", "get", "heads", "held", "keys", "lease_key", "meta_drift", "pending_in_batch", "rank",
     "scan", "scheduled", "script_now", "server_time_ms", "shard_of", "slot_board", "slot_keys",
     "slot_keys_in_use", "slot_status", "slot_statuses", "started", "stats", "subscribe_wake",
 }  # fmt: skip
@@ -231,6 +232,8 @@ DURABLE = {
     "ShardKeys.batch_members": "add_to_batch, schedule(batch=)",
     "ShardKeys.batch_done": "finish_in_batch",
     "ShardKeys.batch_failed": "finish_in_batch",
+    "ShardKeys.batch_fired": "finish_in_batch",  # the completion's mark (batch_end.lua)
+    "ShardKeys.batch_firing": "finish_in_batch",  # the mark's makings, renamed in the same call
     "batch_channel": "internal: an advisory notice, not data",
     "ShardKeys.periodic_history": "internal: the run history (periodic_run)",
     "ShardKeys.periodic_runs": "internal: the run history (periodic_run)",
