@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, install_hint
 from ..timeutil import MAX_MS, from_ms
 
 __all__ = [
@@ -143,7 +143,7 @@ def _croniter() -> Any:
     try:
         from croniter import croniter
     except ImportError as exc:  # a core install: no kind of entry can run without an extra anyway
-        raise ConfigError('crontab schedules need croniter: pip install "delayq_backends[celery]" (or [rq])') from exc
+        raise ConfigError(f"crontab schedules need croniter: {install_hint('celery')} (or rq)") from exc
     return croniter
 
 
