@@ -3,6 +3,7 @@ older versions, into the store. RQ is imported when they run, so ``delayq`` star
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -41,9 +42,9 @@ def rq_migrate(
     Stop `rq worker --with-scheduler` and `rqscheduler` first. Safe to run again: nothing is
     lost or duplicated.
     """
-    from rq.utils import import_attribute
+    from ..rq import migrate  # without RQ: one line naming the extra (MissingExtraError), no traceback
 
-    from ..rq import migrate
+    import_attribute = importlib.import_module("rq.utils").import_attribute  # RQ is there from here on
 
     store = open_store(spec, writes=True)
     client = closing(connect(rq_redis))

@@ -218,7 +218,8 @@ class EntrySpec:
         same = old is not None and old.schedule == self.schedule and not old.finished and old.start_ms == self.start_ms
         slot = old.slot if same and old is not None else first_slot(self.schedule, now_ms, self.start_ms)
         base = old if old is not None else PeriodicState(self.name, self.schedule, self.misfire, "", slot)
-        enabled = base.enabled if self.enabled is None else self.enabled
+        if self.enabled is not None:  # paused or resumed as pause() and resume() do
+            base = base.resumed(now_ms) if self.enabled else base.paused(now_ms)
         return replace(
             base,
             schedule=self.schedule,
@@ -229,8 +230,6 @@ class EntrySpec:
             expires=self.template.expires,
             overlap=self.overlap,
             source=self.source,
-            enabled=enabled,
-            paused_ms=None if enabled else (base.paused_ms or now_ms),
             start_ms=self.start_ms,
             end_ms=self.end_ms,
             max_runs=self.max_runs,
@@ -454,14 +453,15 @@ def _stored_envelope(store: DelayStore, name: str) -> Envelope | None:
 def pause(store: DelayStore, name: str) -> EntryStatus:
     """Stop entry ``name`` from firing (its item is never due) until :func:`resume`. A forwarder
     that claimed it in a race rearms it without sending a run."""
-    _change(store, name, lambda s, now: s if not s.enabled else replace(s, enabled=False, paused_ms=now))
+    _change(store, name, lambda s, now: s.paused(now))
     return _status_of(store, name)
 
 
 def resume(store: DelayStore, name: str) -> EntryStatus:
     """Let entry ``name`` fire again: due at its next period, or now if that has passed (then its
-    misfire policy decides what the periods missed while paused send)."""
-    _change(store, name, lambda s, now: replace(s, enabled=True, paused_ms=None))
+    misfire policy decides what the periods that came due while paused send). Those periods are
+    not missed, and a run of one is late only from now: a planned pause sets off no alert."""
+    _change(store, name, lambda s, now: s.resumed(now))
     return _status_of(store, name)
 
 
@@ -619,7 +619,7 @@ def _status(name: str, item: Any) -> EntryStatus:
         state.end_ms,
         state.max_runs,
         state.jitter_ms,
-        state.paused_ms,
+        None if state.enabled else state.paused_ms,
         len(state.run_now),
         [list(r) for r in state.backfill],
     )

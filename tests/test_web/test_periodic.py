@@ -263,7 +263,7 @@ def test_a_served_dashboard_routes_encoded_names(dashboard_factory: Callable[...
     [
         ({"cron": "61 * * * *"}, "crontab '61 * * * *': use five fields"),
         ({"cron": "* * *"}, "use five fields"),
-        ({"cron": "0 3 * * *", "tz": "Mars/Olympus"}, "time zone 'Mars/Olympus' is unknown"),
+        ({"cron": "0 3 * * *", "tz": "Mars/Olympus"}, "body.tz: Value error, time zone 'Mars/Olympus' is unknown: use"),
         ({"every": 60, "misfire": "sometimes"}, "'run_once', 'run_all' or 'skip'"),
         ({"every": 60, "overlap": "never"}, "'allow', 'skip' or 'buffer_one'"),
         ({}, "give exactly one schedule"),
