@@ -11,6 +11,7 @@ import click
 import redis
 
 from ..connection import connect, redact_url
+from ..periodic.ops import START_SWEEP_SECONDS
 from ..store import DelayStore
 from ..storespec import StoreSpec
 from .options import closing, open_store, rq_redis_option, store_options
@@ -110,12 +111,16 @@ def rq_upgrade(
         raise click.exceptions.Exit(1)
 
 
-def sync_rq_cron(store: DelayStore, config: CronConfig, version: int | None) -> bool:
+def sync_rq_cron(store: DelayStore, config: CronConfig, version: int | None, *, at_start: bool = False) -> bool:
     """Sync a loaded ``rq cron`` config into ``store`` and say what changed; False when the sync
-    was refused or an entry was (the others synced)."""
+    was refused or an entry was (the others synced). ``at_start``: a forwarder's, whose sweep of
+    the registry is bounded (:data:`~delayq_backends.periodic.ops.START_SWEEP_SECONDS`), the rest
+    of it in the background, so junk in the registry cannot delay its forwarding."""
     from ..rq.cron import sync
 
-    report = sync(store, config, version=version)
+    report = sync(store, config, version=version, sweep_seconds=START_SWEEP_SECONDS if at_start else None)
+    if report.sweep:
+        report.sweep.finish_in_background()
     click.echo(f"rq cron entries of {config.path}: {report.describe()}", err=True)
     for kind in ("added", "changed", "removed", "shadowed"):
         for name in getattr(report, kind):

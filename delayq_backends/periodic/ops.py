@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..errors import EnvelopeError, NewerFormatError
-from ..keys import normalize_id
+from ..keys import normalize_id, periodic_key
 from ..models import CancelOutcome, RearmOutcome
 from ..overlap_policy import ALLOW, POLICIES
 from ..store import DelayStore
@@ -42,6 +43,7 @@ from .registry import (
     code_fingerprint,
     read_registry,
     record_code_sync,
+    registry_page,
 )
 from .schedules import MAX_BACKFILL, Every, Misfire, Once, Schedule
 from .state import CODE, META, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
@@ -49,6 +51,7 @@ from .state import CODE, META, RUNTIME, SOURCES, PeriodicState, first_slot, stat
 __all__ = [
     "DUE_WAIT_MS",
     "ID_PREFIX",
+    "START_SWEEP_SECONDS",
     "KINDS",
     "KIND_ADAPTERS",
     "CodeEntryError",
@@ -56,6 +59,7 @@ __all__ = [
     "EntrySpec",
     "EntryStatus",
     "RunTemplate",
+    "Sweep",
     "SyncReport",
     "backfill",
     "get",
@@ -79,6 +83,9 @@ ID_PREFIX = "periodic:"
 #: schedule waits for a forwarder to fire it: twice the forwarders' default poll (a due item is
 #: claimed within a poll even with no wake-up, as after a lease runs out)
 DUE_WAIT_MS = 2000
+#: how long a forwarder's sync at start sweeps the registry (:class:`Sweep`) before it forwards:
+#: the rest of the sweep runs in the background, however much junk the registry holds
+START_SWEEP_SECONDS = 2.0
 #: entry envelope target -> the kind's short name (``celery``, ``rq``) and a reader of the task
 #: (name or function path) its template runs, registered by each kind's adapter
 KINDS: dict[str, tuple[str, Callable[[Envelope], str]]] = {}
@@ -460,13 +467,20 @@ def remove(store: DelayStore, names: Iterable[str], *, force: bool = False) -> l
     return _remove(store, names)
 
 
-def _remove(store: DelayStore, names: Iterable[str]) -> list[str]:
+def _remove(store: DelayStore, names: Iterable[str], *, bare: Sequence[str] = ()) -> list[str]:
+    """Remove entries ``names`` (item, then registry line) and ``bare``, names known to have no
+    item, whose registry lines go in one pipelined round; returns those that were there."""
     registry = check_registry(store)
     removed = []
     for name in names:
         cancelled = store.cancel(item_id(name))
         if store.client.hdel(registry, name) or cancelled is not CancelOutcome.NOT_FOUND:
             removed.append(name)
+    if bare:
+        with store.client.pipeline(transaction=False) as pipe:
+            for name in bare:
+                pipe.hdel(registry, name)
+            removed += [name for name, gone in zip(bare, pipe.execute()) if gone]
     return removed
 
 
@@ -607,6 +621,9 @@ class SyncReport:
     refused: str = ""
     #: code entries kept although the code set is empty
     kept: int = 0
+    #: the registry sweep, when it did not finish in the sync's time: finish it
+    #: (:meth:`Sweep.finish_in_background`); ``removed``, ``kept`` and ``errors`` grow meanwhile
+    sweep: Sweep | None = None
 
     def describe(self) -> str:
         if self.refused:
@@ -618,6 +635,7 @@ class SyncReport:
             + (f", {len(self.newer)} left to a newer release" if self.newer else "")
             + (f", {len(self.errors)} refused" if self.errors else "")
             + (f"; the code schedule is empty: {self.kept} code entries kept" if self.kept else "")
+            + (f"; {self.sweep.progress()} so far, the rest in the background" if self.sweep else "")
         )
 
 
@@ -629,6 +647,7 @@ def sync_code(
     errors: Mapping[str, str] | None = None,
     version: Any = None,
     wait: float | None = None,
+    sweep_seconds: float | None = None,
 ) -> SyncReport:
     """Make the store's code entries of envelope target ``kind`` those of ``specs`` (all of
     source ``code``), by name: new ones added (first period after now), changed ones replaced
@@ -639,6 +658,10 @@ def sync_code(
     removes nothing; with ``version`` (an int growing per deploy), a version lower than the one
     synced last, or equal with another set, changes nothing (``refused``), and an unversioned
     sync is refused once a versioned one ran (:func:`~.registry.record_code_sync`).
+
+    Args:
+        sweep_seconds: how long the sweep of the registry for entries gone from the code may
+            take (None: to its end); one unfinished is the report's ``sweep``, to finish later.
 
     Raises:
         PeriodicError: the registry or the version record is damaged (naming the fix).
@@ -666,17 +689,98 @@ def sync_code(
             report.errors[spec.name] = str(exc)
             continue
         getattr(report, outcome).append(spec.name)
-    registry = read_registry(store)
-    report.errors.update(registry.unreadable)
-    keep = {s.name for s in specs} | set(errors)
-    gone = [name for name in registry.names if name not in keep and _is_code_of(store, name, kind)]
-    if not specs and not errors:
-        report.kept = len(gone)
-        if gone:
-            log.warning("the code schedule is empty: %d code entries kept (remove them by name)", len(gone))
-        return report
-    report.removed = _remove(store, gone)
+    sweep = Sweep(store, kind, frozenset(s.name for s in specs) | set(errors), report, keep=not specs and not errors)
+    if not sweep.run(sweep_seconds):
+        report.sweep = sweep
     return report
+
+
+@dataclass
+class Sweep:
+    """A sync's walk of the registry for its kind's code entries gone from the code: removed
+    (or, for an empty code set, ``keep``: only counted), a :func:`~.registry.registry_page` per
+    step, so a call of :meth:`run` costs a bounded time whatever the registry holds (a producer
+    may write registry fields: 200,000 junk ones must not hold a starting forwarder). A name
+    with no item (an entry removed halfway, or junk) is any sync's to remove, in one pipelined
+    round per page; a name with an item is read, and removed if it is a code entry of ``kind``.
+    Its report's ``removed``, ``kept`` and ``errors`` grow as it goes."""
+
+    store: DelayStore = field(repr=False)
+    kind: str
+    keep_names: frozenset[str] = field(repr=False)
+    report: SyncReport = field(repr=False)
+    keep: bool = False
+    cursor: int = 0
+    checked: int = 0
+    started: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.started and self.cursor == 0
+
+    def progress(self) -> str:
+        """How far it got, for the log and the sync's report line."""
+        total = self.store.client.hlen(periodic_key(self.store.config.prefix))
+        verb = "counted" if self.keep else "removed"
+        count = self.report.kept if self.keep else len(self.report.removed)
+        return f"registry sweep: {self.checked} fields checked ({total} registered now), {count} code entries {verb}"
+
+    def step(self) -> None:
+        """One page of the registry."""
+        self.cursor, page = registry_page(self.store, self.cursor)
+        self.started = True
+        self.checked += len(page.names) + len(page.unreadable)
+        self.report.errors.update(page.unreadable)
+        names = [n for n in page.names if n not in self.keep_names]
+        stored = _stored(self.store, names)
+        bare = [n for n, has in zip(names, stored) if not has]
+        code = [n for n, has in zip(names, stored) if has and _is_code_of(self.store, n, self.kind)]
+        if self.keep:
+            self.report.kept += len(bare) + len(code)
+        elif bare or code:
+            self.report.removed += _remove(self.store, code, bare=bare)
+
+    def run(self, seconds: float | None = None) -> bool:
+        """Steps until the sweep is done (True) or ``seconds`` passed (None: no limit)."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while not self.done and (deadline is None or time.monotonic() < deadline):
+            self.step()
+        if self.done and self.keep and self.report.kept:
+            log.warning("the code schedule is empty: %d code entries kept (remove them by name)", self.report.kept)
+        return self.done
+
+    def finish_in_background(self, every: float = 5.0) -> threading.Thread:
+        """Finish the sweep in a daemon thread, a progress line in the log every ``every``
+        seconds and one at the end (a failure is logged: the next sync sweeps again)."""
+
+        def finish() -> None:
+            try:
+                while not self.run(every):
+                    log.info("periodic %s; continuing", self.progress())
+                log.info("periodic %s; done", self.progress())
+            except Exception as exc:  # the store went away: the next sync sweeps again
+                log.warning("periodic registry sweep stopped (%r); the next sync sweeps again", exc)
+
+        thread = threading.Thread(target=finish, name="delayq-registry-sweep", daemon=True)
+        thread.start()
+        return thread
+
+
+def _stored(store: DelayStore, names: Sequence[str]) -> list[bool]:
+    """Whether each of ``names`` has a store item, in one pipelined round (a name that can be
+    no item id has none)."""
+    idents: list[str | None] = []
+    with store.client.pipeline(transaction=False) as pipe:
+        for name in names:
+            try:
+                ident: str | None = item_id(name)
+            except ValueError:
+                ident = None
+            idents.append(ident)
+            if ident is not None:
+                pipe.hexists(store.keys(store.shard_of(ident)).items, ident)
+        replies = iter(pipe.execute() if len(pipe) else [])
+    return [ident is not None and bool(next(replies)) for ident in idents]
 
 
 def _is_code_of(store: DelayStore, name: str, kind: str) -> bool:
