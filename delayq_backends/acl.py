@@ -16,7 +16,8 @@ Lua scripts (Redis checks both against the user's ACL):
   task's retries and delayed children go through the store) that may also write and read the
   runs' start records (``SET NX PX``, ``GET``), and record periodic entries' runs in their
   history (the forwarder records their publish).
-- ``reader``: ``delayq stats``/``list``/``dlq list`` and dashboards, read-only.
+- ``reader``: ``delayq stats``/``list``/``dlq list``/``periodic list``/``slots``/``batches list``
+  and every dashboard panel and API read, read-only.
 
 A target's own keys (an RQ queue, a Redis list) are not covered: grant them separately.
 
@@ -91,7 +92,10 @@ ROLES: dict[str, tuple[str, ...]] = {
     # a producer (a task's retry or delayed child goes through the store); the commands of a
     # run's start record (dedupe.RunGuard) only in a selector of those records (acl_rules)
     "worker": _PRODUCER,
-    "reader": (*_CONNECTION, *_READS, *_HASH_READS),
+    # TYPE: the periodic registry's check; SCAN: the slot and batch keys in use (the dashboard,
+    # `delayq slots`/`batches list`): it lists key names (never values) of the whole database,
+    # since Redis filters no SCAN by the user's key patterns; more reads in selectors (acl_rules)
+    "reader": (*_CONNECTION, *_READS, *_HASH_READS, "+type", "+scan"),
 }
 #: The roles that run scripts.
 _RUNS_SCRIPTS = ("producer", "forwarder", "worker")
@@ -190,6 +194,10 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
         rules.append(f"({' '.join(_BATCH_COMMANDS)} ~{_batch_keys(prefix)})")
     if role in ("forwarder", "worker"):  # periodic_run.lua: runs published (forwarder), started and ended
         rules.append(f"({' '.join(_HISTORY_COMMANDS)} ~{_history_keys(prefix)})")
+    if role == "reader":  # a slot key's limit, a batch's progress: only there (an HGETALL of a
+        # shard's items hash would hold the server)
+        rules.append(f"(+get ~{_slot_holds(prefix, 'limit')})")
+        rules.append(f"(+hgetall +scard +lrange ~{_batch_keys(prefix)})")
     if role == "worker":  # a SET on any other key could replace a shard's whole schedule
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
         # record is written again for durable_replicas' WAIT

@@ -30,14 +30,16 @@ from datetime import datetime
 from typing import Any
 
 from ..envelope import Envelope
-from ..errors import EnvelopeError, NewerFormatError
+from ..errors import EnvelopeError, InvalidIdError, NewerFormatError
 from ..keys import normalize_id, periodic_key
 from ..models import CancelOutcome, RearmOutcome
 from ..overlap_policy import ALLOW, POLICIES
 from ..store import DelayStore
 from ..timeutil import MAX_MS, from_ms
 from .registry import (
+    PAGE,
     PeriodicError,
+    Registry,
     check_registry,
     check_version,
     code_fingerprint,
@@ -71,6 +73,7 @@ __all__ = [
     "remove",
     "resume",
     "run_now",
+    "status_page",
     "statuses",
     "sync_code",
     "upsert",
@@ -595,9 +598,27 @@ def _status_of(store: DelayStore, name: str) -> EntryStatus:
 
 def statuses(store: DelayStore) -> list[EntryStatus]:
     """Every registered entry, with its schedule, last run and next run."""
-    registry = read_registry(store)
+    return _listed(store, read_registry(store))
+
+
+def status_page(store: DelayStore, cursor: int = 0, count: int = PAGE) -> tuple[int, list[EntryStatus]]:
+    """One page of the entries (:func:`~.registry.registry_page`: about ``count`` of them, by
+    name) and the next page's cursor (0: this was the last): what one request reads is bounded
+    whatever the registry holds, and every entry is on some page."""
+    cursor, registry = registry_page(store, cursor, count)
+    return cursor, _listed(store, registry)
+
+
+def _listed(store: DelayStore, registry: Registry) -> list[EntryStatus]:
     out = [EntryStatus(shown, "", f"unreadable: {fix}") for shown, fix in sorted(registry.unreadable.items())]
-    out += [_status(name, store.get(item_id(name))) for name in registry.names]
+    for name in registry.names:
+        try:
+            ident = item_id(name)
+        except InvalidIdError as exc:  # a hand write: named with the fix, the others listed
+            key = periodic_key(store.config.prefix)
+            out.append(EntryStatus(name, "", f"unreadable: {exc}; remove its field of {key} (redis-cli HDEL)"))
+            continue
+        out.append(_status(name, store.get(ident)))
     return out
 
 
