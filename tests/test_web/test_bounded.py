@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from playwright.sync_api import expect
 
+from bench.lib.proxy import TcpProxy
 from delayq_backends import DelayStore
 from delayq_backends.cli import main
 from delayq_backends.embedded import EmbeddedServer
@@ -25,9 +29,11 @@ from delayq_backends.keys import periodic_key
 from delayq_backends.periodic import ops
 from delayq_backends.store import SlotAsk
 from delayq_backends.web import create_app
-from tests.harness import make_store
+from tests.harness import Launcher, make_store
+from tests.helpers import wait_for
 from tests.test_security import Admin, user_url
-from tests.test_web.conftest import AUTH, SHARDS, TOKEN
+from tests.test_web.conftest import AUTH, SHARDS, TOKEN, Dashboard
+from tests.test_web.test_dashboard import TIMEOUT_MS
 
 ENTRIES = 20_000
 #: a page of the default limit, at most (HSCAN's COUNT is a hint): 9 MB was the whole list
@@ -165,3 +171,68 @@ def test_every_read_answers_with_the_reader_role(admin: Admin, web_store: DelayS
     assert listed.exit_code == 0 and "tick" in listed.output, listed.output
     shown = json.loads(CliRunner().invoke(main, ["periodic", "list", "--json", *where]).output)
     assert [e["name"] for e in shown] == ["tick"]
+
+
+# -- the dashboard, in headless Chromium ---------------------------------------------------------
+
+#: counts the page's requests of one API path in flight at once, as the server would see them
+COUNT_OVERLAP = """
+window.__inflight = { now: 0, max: 0, done: 0 };
+const plainFetch = window.fetch;
+window.fetch = async (...args) => {
+  if (!String(args[0]).includes("api/v1/stats")) return plainFetch(...args);
+  const n = window.__inflight;
+  n.now += 1;
+  n.max = Math.max(n.max, n.now);
+  try { return await plainFetch(...args); } finally { n.now -= 1; n.done += 1; }
+};
+"""
+
+
+def test_dashboard_refreshes_never_overlap_under_a_slow_server(
+    page: Any, valkey_server: EmbeddedServer, web_store: DelayStore, prefix: str, procs: Launcher, tmp_path: Path
+) -> None:
+    """Each refresh reads /stats once: with every reply of the store 1 s late (a proxy), a
+    refresh takes longer than the 2 s period, and still no two refreshes run at once."""
+    web_store.check_meta()
+    proxy = TcpProxy("127.0.0.1", valkey_server.port)
+    try:
+        dashboard = Dashboard(procs, f"redis://127.0.0.1:{proxy.port}/0", prefix, tmp_path, "--no-auth")
+        proxy.delay = 1.0
+        page.add_init_script(COUNT_OVERLAP)
+        page.goto(dashboard.base + "/")
+        started = time.monotonic()
+        wait_for(lambda: page.evaluate("window.__inflight.done") >= 3, 60, "three refreshes", interval=0.2)
+        took = time.monotonic() - started
+        counts = page.evaluate("window.__inflight")
+        assert took > 3 * 2.0 and counts["max"] == 1, (took, counts)
+        expect(page.locator("#status")).to_contain_text("updated")
+    finally:
+        proxy.close()
+
+
+def test_the_dashboard_pages_through_the_periodic_entries(
+    page: Any, dashboard_factory: Callable[..., Any], client: TestClient, web_store: DelayStore
+) -> None:
+    names = plant_entries(client, web_store, 1200)  # past a small hash (listpack), which HSCAN returns whole
+    dashboard = dashboard_factory("--no-auth")
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(dashboard.base + "/")
+    rows = page.locator("#periodic tbody tr")
+    expect(rows.first).to_contain_text("e")
+    expect(page.locator("#periodic-page")).to_have_text("page 1")
+    expect(page.locator("#periodic-first")).to_be_hidden()
+    seen: list[str] = []
+    for number in range(1, 20):
+        expect(page.locator("#periodic-page")).to_contain_text(f"page {number}")
+        shown = [row.split("\t")[0] for row in rows.all_inner_texts()]
+        assert 0 < len(shown) <= 200 and shown == sorted(shown), shown
+        seen += shown
+        if "the last" in page.locator("#periodic-page").inner_text():
+            break
+        page.click("#periodic-next")
+        expect(page.locator("#periodic-first")).to_be_visible()
+    assert number >= 2 and sorted(seen) == names
+    expect(page.locator("#periodic-next")).to_be_hidden()
+    page.click("#periodic-first")
+    expect(page.locator("#periodic-page")).to_have_text("page 1")
