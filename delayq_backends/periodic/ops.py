@@ -88,7 +88,7 @@ ID_PREFIX = "periodic:"
 DUE_WAIT_MS = 2000
 #: how long a forwarder's sync at start sweeps the registry (:class:`Sweep`) before it forwards:
 #: the rest of the sweep runs in the background, however much junk the registry holds
-START_SWEEP_SECONDS = 2.0
+START_SWEEP_SECONDS = 1.0
 #: entry envelope target -> the kind's short name (``celery``, ``rq``) and a reader of the task
 #: (name or function path) its template runs, registered by each kind's adapter
 KINDS: dict[str, tuple[str, Callable[[Envelope], str]]] = {}
@@ -761,22 +761,29 @@ class Sweep:
         elif bare or code:
             self.report.removed += _remove(self.store, code, bare=bare)
 
-    def run(self, seconds: float | None = None) -> bool:
-        """Steps until the sweep is done (True) or ``seconds`` passed (None: no limit)."""
+    def run(self, seconds: float | None = None, *, idle: float = 0.0) -> bool:
+        """Steps until the sweep is done (True) or ``seconds`` passed (None: no limit), resting
+        ``idle`` times each step's time after it (the background's share of the process)."""
         deadline = None if seconds is None else time.monotonic() + seconds
+        if self.done:
+            return True
         while not self.done and (deadline is None or time.monotonic() < deadline):
+            began = time.monotonic()
             self.step()
+            if idle:
+                time.sleep(idle * (time.monotonic() - began))
         if self.done and self.keep and self.report.kept:
             log.warning("the code schedule is empty: %d code entries kept (remove them by name)", self.report.kept)
         return self.done
 
     def finish_in_background(self, every: float = 5.0) -> threading.Thread:
-        """Finish the sweep in a daemon thread, a progress line in the log every ``every``
-        seconds and one at the end (a failure is logged: the next sync sweeps again)."""
+        """Finish the sweep in a daemon thread, idle half the time (the forwarder's loop in the
+        same process comes first), a progress line in the log every ``every`` seconds and one
+        at the end (a failure is logged: the next sync sweeps again)."""
 
         def finish() -> None:
             try:
-                while not self.run(every):
+                while not self.run(every, idle=1.0):
                     log.info("periodic %s; continuing", self.progress())
                 log.info("periodic %s; done", self.progress())
             except Exception as exc:  # the store went away: the next sync sweeps again
