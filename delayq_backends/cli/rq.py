@@ -119,15 +119,24 @@ def sync_rq_cron(store: DelayStore, config: CronConfig, version: int | None, *, 
     from ..rq.cron import sync
 
     report = sync(store, config, version=version, sweep_seconds=START_SWEEP_SECONDS if at_start else None)
-    if report.sweep:
-        report.sweep.finish_in_background()
     click.echo(f"rq cron entries of {config.path}: {report.describe()}", err=True)
     for kind in ("added", "changed", "removed", "shadowed"):
-        for name in getattr(report, kind):
-            click.echo(f"{kind}: {name}")
-    for name, error in sorted(report.errors.items()):
-        click.echo(f"entry {name!r} refused: {error}", err=True)
+        _listed([f"{kind}: {name}" for name in getattr(report, kind)], err=False)
+    _listed([f"entry {name!r} refused: {error}" for name, error in sorted(report.errors.items())], err=True)
+    if report.sweep:
+        report.sweep.finish_in_background()
     return not (report.refused or report.errors)
+
+
+#: Lines of one kind a sync prints at most (a registry full of junk: the counts say the rest).
+MAX_LINES = 100
+
+
+def _listed(lines: list[str], *, err: bool) -> None:
+    for line in lines[:MAX_LINES]:
+        click.echo(line, err=err)
+    if len(lines) > MAX_LINES:
+        click.echo(f"... and {len(lines) - MAX_LINES} more", err=err)
 
 
 def schedule_version_option(command: Callable[..., None]) -> Callable[..., None]:
