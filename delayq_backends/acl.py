@@ -22,7 +22,8 @@ Lua scripts (Redis checks both against the user's ACL):
   task's retries and delayed children go through the store) that may also write and read the
   runs' start records (``SET NX PX``, ``GET``), and record periodic entries' runs in their
   history (the forwarder records their publish).
-- ``reader``: ``delayq stats``/``list``/``dlq list`` and dashboards, read-only.
+- ``reader``: ``delayq stats``/``list``/``dlq list``/``periodic list``/``slots``/``batches list``
+  and every dashboard panel and API read, read-only.
 
 The producer and worker may not write (nor call the scripts that write) the periodic registry,
 the code schedule's record or the trusted definitions: a producer can store any item, but an
@@ -127,7 +128,10 @@ ROLES: dict[str, tuple[str, ...]] = {
     # a producer (a task's retry or delayed child goes through the store); the commands of a
     # run's start record (dedupe.RunGuard) only in a selector of those records (acl_rules)
     "worker": _PRODUCER,
-    "reader": (*_CONNECTION, *_READS, *_HASH_READS),
+    # TYPE: the periodic registry's check; SCAN: the slot and batch keys in use (the dashboard,
+    # `delayq slots`/`batches list`): it lists key names (never values) of the whole database,
+    # since Redis filters no SCAN by the user's key patterns; more reads in selectors (acl_rules)
+    "reader": (*_CONNECTION, *_READS, *_HASH_READS, "+type", "+scan"),
 }
 #: The operator (people and deploys: ``delayq periodic``, ``rq-cron sync``, ``dlq``, the
 #: dashboard) runs the forwarder's scripts: the forwarder's commands and keys.
@@ -261,6 +265,10 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
         rules.append(f"({' '.join(_BATCH_COMMANDS)} +renamenx ~{_batch_keys(prefix)} ~{_fired_keys(prefix)})")
     if role in ("forwarder", "operator", "worker"):  # periodic_run.lua: runs published, started and ended
         rules.append(f"({' '.join(_HISTORY_COMMANDS)} ~{_history_keys(prefix)})")
+    if role == "reader":  # a slot key's limit, a batch's progress: only there (an HGETALL of a
+        # shard's items hash would hold the server)
+        rules.append(f"(+get ~{_slot_holds(prefix, 'limit')})")
+        rules.append(f"(+hgetall +scard +sintercard +lrange ~{_batch_keys(prefix)})")
     if role == "worker":  # a SET on any other key could replace a shard's whole schedule
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
         # record is written again for durable_replicas' WAIT

@@ -12,6 +12,7 @@ import click
 import redis
 
 from ..connection import connect, redact_url
+from ..periodic.ops import START_SWEEP_SECONDS
 from ..store import DelayStore
 from ..storespec import StoreSpec
 from .options import closing, open_store, rq_redis_option, store_options
@@ -111,19 +112,32 @@ def rq_upgrade(
         raise click.exceptions.Exit(1)
 
 
-def sync_rq_cron(store: DelayStore, config: CronConfig, version: int | None) -> bool:
+def sync_rq_cron(store: DelayStore, config: CronConfig, version: int | None, *, at_start: bool = False) -> bool:
     """Sync a loaded ``rq cron`` config into ``store`` and say what changed; False when the sync
-    was refused or an entry was (the others synced)."""
+    was refused or an entry was (the others synced). ``at_start``: a forwarder's, whose sweep of
+    the registry is bounded (:data:`~delayq_backends.periodic.ops.START_SWEEP_SECONDS`), the rest
+    of it in the background, so junk in the registry cannot delay its forwarding."""
     from ..rq.cron import sync
 
-    report = sync(store, config, version=version)
+    report = sync(store, config, version=version, sweep_seconds=START_SWEEP_SECONDS if at_start else None)
     click.echo(f"rq cron entries of {config.path}: {report.describe()}", err=True)
     for kind in ("added", "changed", "removed", "shadowed"):
-        for name in getattr(report, kind):
-            click.echo(f"{kind}: {name}")
-    for name, error in sorted(report.errors.items()):
-        click.echo(f"entry {name!r} refused: {error}", err=True)
+        _listed([f"{kind}: {name}" for name in getattr(report, kind)], err=False)
+    _listed([f"entry {name!r} refused: {error}" for name, error in sorted(report.errors.items())], err=True)
+    if report.sweep:
+        report.sweep.finish_in_background()
     return not (report.refused or report.errors)
+
+
+#: Lines of one kind a sync prints at most (a registry full of junk: the counts say the rest).
+MAX_LINES = 100
+
+
+def _listed(lines: list[str], *, err: bool) -> None:
+    for line in lines[:MAX_LINES]:
+        click.echo(line, err=err)
+    if len(lines) > MAX_LINES:
+        click.echo(f"... and {len(lines) - MAX_LINES} more", err=err)
 
 
 def schedule_version_option(command: Callable[..., None]) -> Callable[..., None]:

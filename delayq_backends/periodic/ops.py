@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,20 +30,23 @@ from datetime import datetime
 from typing import Any
 
 from ..envelope import Envelope
-from ..errors import EnvelopeError, NewerFormatError
-from ..keys import normalize_id, periodic_code_key
+from ..errors import EnvelopeError, InvalidIdError, NewerFormatError
+from ..keys import normalize_id, periodic_code_key, periodic_key
 from ..models import CancelOutcome, RearmOutcome, ScheduledItem
 from ..overlap_policy import ALLOW, POLICIES
 from ..store import DelayStore
 from ..timeutil import MAX_MS, from_ms
 from .registry import (
+    PAGE,
     PeriodicError,
+    Registry,
     check_registry,
     check_version,
     code_fingerprint,
     read_registry,
     record_code_sync,
     record_missing,
+    registry_page,
 )
 from .schedules import MAX_BACKFILL, Every, Misfire, Once, Schedule
 from .state import CODE, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
@@ -51,6 +55,7 @@ from .trust import UntrustedError, forget, record
 __all__ = [
     "DUE_WAIT_MS",
     "ID_PREFIX",
+    "START_SWEEP_SECONDS",
     "KINDS",
     "KIND_ADAPTERS",
     "TRUSTED_KINDS",
@@ -59,6 +64,7 @@ __all__ = [
     "EntrySpec",
     "EntryStatus",
     "RunTemplate",
+    "Sweep",
     "SyncReport",
     "backfill",
     "get",
@@ -70,6 +76,7 @@ __all__ = [
     "remove",
     "resume",
     "run_now",
+    "status_page",
     "statuses",
     "sync_code",
     "trust_stored",
@@ -83,6 +90,9 @@ ID_PREFIX = "periodic:"
 #: schedule waits for a forwarder to fire it: twice the forwarders' default poll (a due item is
 #: claimed within a poll even with no wake-up, as after a lease runs out)
 DUE_WAIT_MS = 2000
+#: how long a forwarder's sync at start sweeps the registry (:class:`Sweep`) before it forwards:
+#: the rest of the sweep runs in the background, however much junk the registry holds
+START_SWEEP_SECONDS = 1.0
 #: entry envelope target -> the kind's short name (``celery``, ``rq``) and a reader of the task
 #: (name or function path) its template runs, registered by each kind's adapter
 KINDS: dict[str, tuple[str, Callable[[Envelope], str]]] = {}
@@ -519,7 +529,9 @@ def remove(store: DelayStore, names: Iterable[str], *, force: bool = False) -> l
     return _remove(store, names)
 
 
-def _remove(store: DelayStore, names: Iterable[str]) -> list[str]:
+def _remove(store: DelayStore, names: Iterable[str], *, bare: Sequence[str] = ()) -> list[str]:
+    """Remove entries ``names`` (item, then registry line) and ``bare``, names known to have no
+    item, whose registry lines go in one pipelined round; returns those that were there."""
     registry = check_registry(store)
     removed = []
     for name in names:
@@ -527,6 +539,9 @@ def _remove(store: DelayStore, names: Iterable[str]) -> list[str]:
         (unlisted,) = store.write_acknowledged(registry, ("HDEL", registry, name))
         if unlisted or cancelled is not CancelOutcome.NOT_FOUND:
             removed.append(name)
+    if bare:
+        gone = store.write_acknowledged(registry, *(("HDEL", registry, name) for name in bare))
+        removed += [name for name, there in zip(bare, gone) if there]
     forget(store, removed)
     return removed
 
@@ -642,9 +657,27 @@ def _status_of(store: DelayStore, name: str) -> EntryStatus:
 
 def statuses(store: DelayStore) -> list[EntryStatus]:
     """Every registered entry, with its schedule, last run and next run."""
-    registry = read_registry(store)
+    return _listed(store, read_registry(store))
+
+
+def status_page(store: DelayStore, cursor: int = 0, count: int = PAGE) -> tuple[int, list[EntryStatus]]:
+    """One page of the entries (:func:`~.registry.registry_page`: about ``count`` of them, by
+    name) and the next page's cursor (0: this was the last): what one request reads is bounded
+    whatever the registry holds, and every entry is on some page."""
+    cursor, registry = registry_page(store, cursor, count)
+    return cursor, _listed(store, registry)
+
+
+def _listed(store: DelayStore, registry: Registry) -> list[EntryStatus]:
     out = [EntryStatus(shown, "", f"unreadable: {fix}") for shown, fix in sorted(registry.unreadable.items())]
-    out += [_status(name, store.get(item_id(name))) for name in registry.names]
+    for name in registry.names:
+        try:
+            ident = item_id(name)
+        except InvalidIdError as exc:  # a hand write: named with the fix, the others listed
+            key = periodic_key(store.config.prefix)
+            out.append(EntryStatus(name, "", f"unreadable: {exc}; remove its field of {key} (redis-cli HDEL)"))
+            continue
+        out.append(_status(name, store.get(ident)))
     return out
 
 
@@ -668,6 +701,9 @@ class SyncReport:
     refused: str = ""
     #: code entries kept although the code set is empty
     kept: int = 0
+    #: the registry sweep, when it did not finish in the sync's time: finish it
+    #: (:meth:`Sweep.finish_in_background`); ``removed``, ``kept`` and ``errors`` grow meanwhile
+    sweep: Sweep | None = None
 
     def describe(self) -> str:
         if self.refused:
@@ -679,6 +715,7 @@ class SyncReport:
             + (f", {len(self.newer)} left to a newer release" if self.newer else "")
             + (f", {len(self.errors)} refused" if self.errors else "")
             + (f"; the code schedule is empty: {self.kept} code entries kept" if self.kept else "")
+            + (f"; {self.sweep.progress()} so far, the rest in the background" if self.sweep else "")
         )
 
 
@@ -690,6 +727,7 @@ def sync_code(
     errors: Mapping[str, str] | None = None,
     version: Any = None,
     wait: float | None = None,
+    sweep_seconds: float | None = None,
 ) -> SyncReport:
     """Make the store's code entries of envelope target ``kind`` those of ``specs`` (all of
     source ``code``), by name: new ones added (first period after now), changed ones replaced
@@ -700,6 +738,10 @@ def sync_code(
     removes nothing; with ``version`` (an int growing per deploy), a version lower than the one
     synced last, or equal with another set, changes nothing (``refused``), and an unversioned
     sync is refused once a versioned one ran (:func:`~.registry.record_code_sync`).
+
+    Args:
+        sweep_seconds: how long the sweep of the registry for entries gone from the code may
+            take (None: to its end); one unfinished is the report's ``sweep``, to finish later.
 
     Raises:
         PeriodicError: the registry or the version record is damaged (naming the fix).
@@ -731,16 +773,9 @@ def sync_code(
             report.errors[spec.name] = str(exc)
             continue
         getattr(report, outcome).append(spec.name)
-    registry = read_registry(store)
-    report.errors.update(registry.unreadable)
-    keep = {s.name for s in specs} | set(errors)
-    gone = [name for name in registry.names if name not in keep and _is_code_of(store, name, kind)]
-    if not specs and not errors:
-        report.kept = len(gone)
-        if gone:
-            log.warning("the code schedule is empty: %d code entries kept (remove them by name)", len(gone))
-        return report
-    report.removed = _remove(store, gone)
+    sweep = Sweep(store, kind, frozenset(s.name for s in specs) | set(errors), report, keep=not specs and not errors)
+    if not sweep.run(sweep_seconds):
+        report.sweep = sweep
     return report
 
 
@@ -779,6 +814,101 @@ def _code_fingerprint(item: ScheduledItem | None, kind: str) -> str | None:
     except EnvelopeError:
         return None
     return state.fingerprint if envelope.target == kind and state.source == CODE else None
+
+
+@dataclass
+class Sweep:
+    """A sync's walk of the registry for its kind's code entries gone from the code: removed
+    (or, for an empty code set, ``keep``: only counted), a :func:`~.registry.registry_page` per
+    step, so a call of :meth:`run` costs a bounded time whatever the registry holds (a producer
+    may write registry fields: 200,000 junk ones must not hold a starting forwarder). A name
+    with no item (an entry removed halfway, or junk) is any sync's to remove, in one pipelined
+    round per page; a name with an item is read, and removed if it is a code entry of ``kind``.
+    Its report's ``removed``, ``kept`` and ``errors`` grow as it goes."""
+
+    store: DelayStore = field(repr=False)
+    kind: str
+    keep_names: frozenset[str] = field(repr=False)
+    report: SyncReport = field(repr=False)
+    keep: bool = False
+    cursor: int = 0
+    checked: int = 0
+    started: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.started and self.cursor == 0
+
+    def progress(self) -> str:
+        """How far it got, for the log and the sync's report line."""
+        total = self.store.client.hlen(periodic_key(self.store.config.prefix))
+        verb = "counted" if self.keep else "removed"
+        count = self.report.kept if self.keep else len(self.report.removed)
+        return f"registry sweep: {self.checked} fields checked ({total} registered now), {count} code entries {verb}"
+
+    def step(self) -> None:
+        """One page of the registry."""
+        self.cursor, page = registry_page(self.store, self.cursor)
+        self.started = True
+        self.checked += len(page.names) + len(page.unreadable)
+        self.report.errors.update(page.unreadable)
+        names = [n for n in page.names if n not in self.keep_names]
+        stored = _stored(self.store, names)
+        bare = [n for n, has in zip(names, stored) if not has]
+        code = [n for n, has in zip(names, stored) if has and _is_code_of(self.store, n, self.kind)]
+        if self.keep:
+            self.report.kept += len(bare) + len(code)
+        elif bare or code:
+            self.report.removed += _remove(self.store, code, bare=bare)
+
+    def run(self, seconds: float | None = None, *, idle: float = 0.0) -> bool:
+        """Steps until the sweep is done (True) or ``seconds`` passed (None: no limit), resting
+        ``idle`` times each step's time after it (the background's share of the process)."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        if self.done:
+            return True
+        while not self.done and (deadline is None or time.monotonic() < deadline):
+            began = time.monotonic()
+            self.step()
+            if idle:
+                time.sleep(idle * (time.monotonic() - began))
+        if self.done and self.keep and self.report.kept:
+            log.warning("the code schedule is empty: %d code entries kept (remove them by name)", self.report.kept)
+        return self.done
+
+    def finish_in_background(self, every: float = 5.0) -> threading.Thread:
+        """Finish the sweep in a daemon thread, idle half the time (the forwarder's loop in the
+        same process comes first), a progress line in the log every ``every`` seconds and one
+        at the end (a failure is logged: the next sync sweeps again)."""
+
+        def finish() -> None:
+            try:
+                while not self.run(every, idle=1.0):
+                    log.info("periodic %s; continuing", self.progress())
+                log.info("periodic %s; done", self.progress())
+            except Exception as exc:  # the store went away: the next sync sweeps again
+                log.warning("periodic registry sweep stopped (%r); the next sync sweeps again", exc)
+
+        thread = threading.Thread(target=finish, name="delayq-registry-sweep", daemon=True)
+        thread.start()
+        return thread
+
+
+def _stored(store: DelayStore, names: Sequence[str]) -> list[bool]:
+    """Whether each of ``names`` has a store item, in one pipelined round (a name that can be
+    no item id has none)."""
+    idents: list[str | None] = []
+    with store.client.pipeline(transaction=False) as pipe:
+        for name in names:
+            try:
+                ident: str | None = item_id(name)
+            except ValueError:
+                ident = None
+            idents.append(ident)
+            if ident is not None:
+                pipe.hexists(store.keys(store.shard_of(ident)).items, ident)
+        replies = iter(pipe.execute() if len(pipe) else [])
+    return [ident is not None and bool(next(replies)) for ident in idents]
 
 
 def _is_code_of(store: DelayStore, name: str, kind: str) -> bool:

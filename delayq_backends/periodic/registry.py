@@ -31,6 +31,7 @@ from ..store import DelayStore
 
 __all__ = [
     "MAX_VERSION",
+    "PAGE",
     "CodeRecord",
     "CodeSync",
     "PeriodicError",
@@ -43,7 +44,11 @@ __all__ = [
     "read_registry",
     "record_code_sync",
     "record_missing",
+    "registry_page",
 ]
+
+#: Registry fields one page reads (HSCAN's COUNT, a hint: a small registry comes whole)
+PAGE = 500
 
 #: the largest schedule version (exact in a Lua number): a build number or a commit time fits
 MAX_VERSION = 2**53
@@ -82,10 +87,24 @@ def check_registry(store: DelayStore) -> str:
 
 
 def read_registry(store: DelayStore) -> Registry:
-    """The registry's fields, read names and unreadable ones apart."""
+    """The registry's fields, read names and unreadable ones apart (every page of :func:`registry_page`)."""
+    names, unreadable, cursor = [], {}, 0
+    while True:
+        cursor, page = registry_page(store, cursor)
+        names += page.names
+        unreadable.update(page.unreadable)
+        if not cursor:
+            return Registry(sorted(names), unreadable)
+
+
+def registry_page(store: DelayStore, cursor: int = 0, count: int = PAGE) -> tuple[int, Registry]:
+    """One ``HSCAN`` of the registry from ``cursor``: about ``count`` fields (a small registry,
+    whole), sorted, and the cursor of the next page (0: none). Paging bounds what one call
+    reads whatever the registry holds, and every field present throughout is on some page."""
     key = check_registry(store)
+    cursor, fields = store.client.hscan(key, cursor, count=count)
     names, unreadable = [], {}
-    for field_name, _ in store.client.hscan_iter(key):
+    for field_name in fields:
         raw = field_name if isinstance(field_name, bytes) else str(field_name).encode()
         try:
             names.append(raw.decode())
@@ -95,7 +114,7 @@ def read_registry(store: DelayStore) -> Registry:
                 f"registry field {shown} of {key} is not UTF-8, so no entry's name; skipped: remove it with "
                 f"`redis-cli HDEL {key} {shown}`"
             )
-    return Registry(sorted(names), unreadable)
+    return int(cursor), Registry(sorted(names), unreadable)
 
 
 def _redis_cli_quoted(raw: bytes) -> str:

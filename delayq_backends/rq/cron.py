@@ -244,7 +244,14 @@ class _Loader(rq_cron.CronScheduler):
         return registered
 
 
-def sync(store: DelayStore, config: CronConfig, *, version: Any = None, wait: float | None = None) -> SyncReport:
+def sync(
+    store: DelayStore,
+    config: CronConfig,
+    *,
+    version: Any = None,
+    wait: float | None = None,
+    sweep_seconds: float | None = None,
+) -> SyncReport:
     """Make the store's RQ code entries those of ``config`` (:func:`~delayq_backends.periodic.ops.sync_code`
     for kind ``rq-periodic``): by name, new ones added, changed ones replaced (their next run
     kept while their schedule is), those gone from the config removed; runtime entries and
@@ -260,7 +267,7 @@ def sync(store: DelayStore, config: CronConfig, *, version: Any = None, wait: fl
             specs.append(entry.spec())
         except DelayqError as exc:  # a name that cannot be an item id
             errors[entry.name] = str(exc)
-    return sync_code(store, specs, kind=KIND, errors=errors, version=version, wait=wait)
+    return sync_code(store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds)
 
 
 def load_config(path: str, *, search_path: Sequence[str] = (".",)) -> CronConfig:
