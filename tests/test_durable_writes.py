@@ -197,7 +197,8 @@ INTERNAL = {
 #: Public methods that write nothing.
 READS = {
     "batch_keys_in_use", "batch_status", "batch_statuses", "check_item", "check_payload", "dead_letters",
-    "due_histogram", "exists", "from_url", "get", "heads", "held", "keys", "lease_key", "meta_drift", "pending_in_batch", "rank",
+    "due_histogram", "exists", "from_url", "get", "heads", "held", "keys", "lease_key", "meta_drift",
+    "pending_in_batch", "rank",
     "scan", "scheduled", "script_now", "server_time_ms", "shard_of", "slot_board", "slot_keys",
     "slot_keys_in_use", "slot_status", "slot_statuses", "started", "stats", "subscribe_wake",
 }  # fmt: skip
