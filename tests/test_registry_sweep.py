@@ -90,10 +90,12 @@ def test_a_sweep_is_bounded_per_step_and_resumable(valkey_url: str, prefix: str,
     store.client.hset(key, b"\xff\xfe", b"x")  # no UTF-8: reported with its fix, never removed
     empty = tmp_path / "empty_config.py"
     empty.write_text("")
-    report = sync_rq(store, load_config(str(empty)), sweep_seconds=0)  # an empty config: counts, removes nothing
+    # an empty config keeps every code entry, but a line naming no item is no entry: removed
+    report = sync_rq(store, load_config(str(empty)), sweep_seconds=0)
     assert report.sweep is not None and report.sweep.checked == 0 and store.client.hlen(key) == 5 * PAGE + 1
     assert report.sweep.run()
-    assert report.kept == 5 * PAGE and store.client.hlen(key) == 5 * PAGE + 1
+    assert report.kept == 0 and len(report.removed) == 5 * PAGE and store.client.hlen(key) == 1
+    store.client.hset(key, mapping={f"junk-{n}": "x" for n in range(5 * PAGE)})
     config = tmp_path / "cron_config.py"
     config.write_text(textwrap.dedent(CONFIG.format(q=prefix)))
     report = sync_rq(store, load_config(str(config)), sweep_seconds=0)

@@ -714,7 +714,7 @@ class SyncReport:
             + (f", {len(self.shadowed)} shadowed by runtime entries" if self.shadowed else "")
             + (f", {len(self.newer)} left to a newer release" if self.newer else "")
             + (f", {len(self.errors)} refused" if self.errors else "")
-            + (f"; the code schedule is empty: {self.kept} code entries kept" if self.kept else "")
+            + (f"; {self.kept} code entries not in this sync kept" if self.kept else "")
             + (f"; {self.sweep.progress()} so far, the rest in the background" if self.sweep else "")
         )
 
@@ -754,8 +754,9 @@ def sync_code(
             raise ValueError(f"sync_code: entry {spec.name!r} is not a code entry of kind {kind!r}")
     check_registry(store)
     fingerprint = code_fingerprint([(s.name, s.fingerprint) for s in specs] + [(n, "!") for n in errors])
-    if record_missing(store, kind):
-        report.refused = _unrecorded(store, specs, errors, kind)
+    unrecorded = record_missing(store, kind)
+    if unrecorded:
+        report.refused = _unrecorded(store, specs, kind)
         if report.refused:
             return report
     try:
@@ -773,25 +774,26 @@ def sync_code(
             report.errors[spec.name] = str(exc)
             continue
         getattr(report, outcome).append(spec.name)
-    sweep = Sweep(store, kind, frozenset(s.name for s in specs) | set(errors), report, keep=not specs and not errors)
+    # an empty code set removes nothing; nor does a sync that met no record (a deleted one: an
+    # older deploy lacking a newer entry must not remove it), which records itself for the next
+    keep = unrecorded or (not specs and not errors)
+    sweep = Sweep(store, kind, frozenset(s.name for s in specs) | set(errors), report, keep=keep)
     if not sweep.run(sweep_seconds):
         report.sweep = sweep
     return report
 
 
-def _unrecorded(store: DelayStore, specs: Sequence[EntrySpec], errors: Mapping[str, str], kind: str) -> str:
+def _unrecorded(store: DelayStore, specs: Sequence[EntrySpec], kind: str) -> str:
     """Why a sync of ``specs`` may not go ahead while no code schedule of ``kind`` is recorded
-    (a deleted record), or "" when it may: no code entry of ``kind`` is stored (a first sync), or
-    the sync changes none of them (the current deploy's, which records itself again). A late
-    older deploy's set differs: with nothing to compare versions with, it must not win."""
-    stored: dict[str, str | None] = {}  # name -> fingerprint of a code entry of kind; None: no such entry
-    for name in read_registry(store).names:
-        stored[name] = _code_fingerprint(store.get(item_id(name)), kind)
+    (a deleted record), or "" when it may: none of its names is a stored code entry of ``kind``
+    (a first sync), or it changes none of them (the current deploy's, which records itself
+    again). A late older deploy's set differs: with nothing to compare versions with, it must
+    not win. Only the sync's own names are read (bounded by the code schedule, whatever the
+    registry holds); code entries the sync lacks are kept by its sweep (``sync_code``)."""
+    stored = {s.name: _code_fingerprint(store.get(item_id(s.name)), kind) for s in specs}
     if not any(stored.values()):
         return ""
-    wanted = {s.name: s.fingerprint for s in specs}
-    changes = [n for n, fp in wanted.items() if n not in stored or stored[n] not in (None, fp)]
-    changes += [n for n, fp in stored.items() if fp is not None and n not in wanted and n not in errors]
+    changes = [s.name for s in specs if stored[s.name] != s.fingerprint]
     if not changes:
         return ""
     key = periodic_code_key(store.config.prefix)
@@ -819,7 +821,7 @@ def _code_fingerprint(item: ScheduledItem | None, kind: str) -> str | None:
 @dataclass
 class Sweep:
     """A sync's walk of the registry for its kind's code entries gone from the code: removed
-    (or, for an empty code set, ``keep``: only counted), a :func:`~.registry.registry_page` per
+    (or, for an empty code set or a sync that met no record, ``keep``: only counted), a :func:`~.registry.registry_page` per
     step, so a call of :meth:`run` costs a bounded time whatever the registry holds (a producer
     may write registry fields: 200,000 junk ones must not hold a starting forwarder). A name
     with no item (an entry removed halfway, or junk) is any sync's to remove, in one pipelined
@@ -856,9 +858,10 @@ class Sweep:
         stored = _stored(self.store, names)
         bare = [n for n, has in zip(names, stored) if not has]
         code = [n for n, has in zip(names, stored) if has and _is_code_of(self.store, n, self.kind)]
-        if self.keep:
-            self.report.kept += len(bare) + len(code)
-        elif bare or code:
+        if self.keep:  # code entries only: a line naming no item is junk, or an entry removed halfway
+            self.report.kept += len(code)
+            code = []
+        if bare or code:
             self.report.removed += _remove(self.store, code, bare=bare)
 
     def run(self, seconds: float | None = None, *, idle: float = 0.0) -> bool:
@@ -873,7 +876,11 @@ class Sweep:
             if idle:
                 time.sleep(idle * (time.monotonic() - began))
         if self.done and self.keep and self.report.kept:
-            log.warning("the code schedule is empty: %d code entries kept (remove them by name)", self.report.kept)
+            log.warning(
+                "%d code entries not in this sync kept (the code schedule is empty, or its record was missing: "
+                "a sync with a record removes them; or remove them by name)",
+                self.report.kept,
+            )
         return self.done
 
     def finish_in_background(self, every: float = 5.0) -> threading.Thread:

@@ -58,9 +58,9 @@ def record(store: DelayStore, name: str, digest: str) -> None:
 
 def forget(store: DelayStore, names: Iterable[str]) -> None:
     """Drop the definitions of entries ``names`` (removed entries); a damaged key is left as it is."""
-    key = periodic_trust_key(store.config.prefix)
-    for name in names:
-        store.scripts.run(PeriodicTrust.call(key, name, None))
+    key, names = periodic_trust_key(store.config.prefix), list(names)
+    for start in range(0, len(names), PeriodicTrust.MAX_DROP):  # one call per page of a sweep
+        store.scripts.run(PeriodicTrust.drop(key, names[start : start + PeriodicTrust.MAX_DROP]))
 
 
 def _damaged(prefix: str) -> str:

@@ -561,11 +561,18 @@ class PeriodicTrust:
 
     name = "periodic_trust"
 
+    #: names one ``drop`` takes (a sweep's page of removed entries fits; Lua's unpack is bounded)
+    MAX_DROP = 1000
+
     @classmethod
-    def call(cls, key: str, name: str, digest: str | None) -> ScriptCall[int]:
-        """``digest`` None drops entry ``name``'s definitions."""
-        args = ("drop", name, "") if digest is None else ("add", name, digest)
-        return ScriptCall(cls.name, (key,), args, int)
+    def call(cls, key: str, name: str, digest: str) -> ScriptCall[int]:
+        """Record ``digest`` as entry ``name``'s definition."""
+        return ScriptCall(cls.name, (key,), ("add", name, digest), int)
+
+    @classmethod
+    def drop(cls, key: str, names: Sequence[str]) -> ScriptCall[int]:
+        """Drop the definitions of entries ``names`` (at most :data:`MAX_DROP`) in one call."""
+        return ScriptCall(cls.name, (key,), ("drop", *names[: cls.MAX_DROP]), int)
 
 
 class SyncVersion:

@@ -254,7 +254,7 @@ def test_an_empty_beat_schedule_removes_nothing() -> None:
     h = Harness(T0, {"a": {"task": "t.a", "schedule": 10.0}, "b": {"task": "t.b", "schedule": 10.0}})
     h.sync()
     report = h.sync({})
-    assert (report.removed, report.kept) == ([], 2) and "2 code entries kept" in report.describe()
+    assert (report.removed, report.kept) == ([], 2) and "2 code entries not in this sync kept" in report.describe()
     assert [s.name for s in ops.statuses(h.store)] == ["a", "b"]
 
 

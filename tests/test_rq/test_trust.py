@@ -188,6 +188,14 @@ def test_the_code_schedule_record_is_the_operators_and_a_missing_one_lets_no_old
     assert not current.refused and current.unchanged == ["a"]
     assert "older" in ops.sync_code(forwarder, [a, b], kind=KIND, version=1).refused
     assert ops.get(forwarder, "b") is None
+    # an older deploy that lacks a newer entry changes none of its own: with no record it
+    # removes nothing (the newer entry is kept), and a sync with the record removes as usual
+    c = cron_entry("c", RECORD, queue, interval=60).spec(source=CODE)
+    assert ops.sync_code(forwarder, [a, c], kind=KIND, version=3).added == ["c"]
+    admin.client.delete(record)
+    lacking = ops.sync_code(forwarder, [a], kind=KIND)
+    assert not lacking.refused and lacking.removed == [] and lacking.kept == 1 and ops.get(forwarder, "c")
+    assert ops.sync_code(forwarder, [a], kind=KIND).removed == ["c"]
 
 
 def test_garbage_in_the_trusted_definitions_never_stops_the_line(admin: Admin, prefix: str) -> None:
