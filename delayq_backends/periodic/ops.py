@@ -821,10 +821,10 @@ def _code_fingerprint(item: ScheduledItem | None, kind: str) -> str | None:
 @dataclass
 class Sweep:
     """A sync's walk of the registry for its kind's code entries gone from the code: removed
-    (or, for an empty code set or a sync that met no record, ``keep``: only counted), a :func:`~.registry.registry_page` per
-    step, so a call of :meth:`run` costs a bounded time whatever the registry holds (a producer
-    may write registry fields: 200,000 junk ones must not hold a starting forwarder). A name
-    with no item (an entry removed halfway, or junk) is any sync's to remove, in one pipelined
+    (or, for an empty code set or a sync that met no record, ``keep``: only counted), a
+    :func:`~.registry.registry_page` per step, so a call of :meth:`run` costs a bounded time
+    whatever the registry holds (200,000 junk fields must not hold a starting forwarder). A name
+    with no item (an entry removed halfway, or junk) is any sync's to remove, in one
     round per page; a name with an item is read, and removed if it is a code entry of ``kind``.
     Its report's ``removed``, ``kept`` and ``errors`` grow as it goes."""
 
