@@ -62,10 +62,10 @@ PRODUCER_FUNCTIONS = (
     "batch_end",
 )  # fmt: skip
 
-#: The scripts a worker runs besides a producer's: the holds of its tasks' concurrency slots,
-#: passed at their end to the head of the key's line, whose items are brought forward.
-#: periodic_run: a periodic entry's run started and ended, in the entry's history.
-WORKER_FUNCTIONS = ("slot_hold", "slot_end", "promote", "periodic_run")
+#: The scripts a worker runs besides a producer's: promote brings the head of a concurrency
+#: slot's line forward when the worker reports a task's end (its reports are plain HSETs, see
+#: _role_keys); periodic_run: a periodic entry's run started and ended, in the entry's history.
+WORKER_FUNCTIONS = ("promote", "periodic_run")
 
 #: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
 _PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")
@@ -149,10 +149,10 @@ def _role_keys(prefix: str, role: str) -> list[str]:
     if role in _PRODUCES:
         writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", "calls:*", "batch*")]
         reads = [_shard_key(prefix, "dead*"), meta_key(prefix)]
-        if role == "worker":  # slot_hold.lua and slot_end.lua: its tasks' slots and the key's line
-            # and limit (only read, but FCALL needs write access to all its keys; what a ZADD or
-            # HSET leaves there, slot_take.lua drops)
-            writes += [_slot_holds(prefix, n) for n in ("holds", "waiting", "waits", "limit")]
+        if role == "worker":
+            # a slot key's line, read to bring its head forward at a task's end; the holds, tokens
+            # and limit are the forwarders' alone, the reports a selector's HSET only (acl_rules)
+            reads.append(_slot_holds(prefix, "waiting"))
             writes.append(_history_keys(prefix))  # periodic_run.lua: the runs it started and ended
         periodic = (f"~{periodic_key(prefix)}", f"~{periodic_code_key(prefix)}")
         return [*(f"~{k}" for k in writes), *periodic, *(f"%R~{k}" for k in reads)]
@@ -194,9 +194,10 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
         # record is written again for durable_replicas' WAIT
         rules.append(f"(+set +get +type +watch +del +pexpire ~{_shard_key(prefix, 'started:*')})")
-        # slot_hold.lua and slot_end.lua leave a hand write alone; slot_end.lua reads a runtime limit
-        rules += [f"(+type ~{_slot_holds(prefix, n)})" for n in ("holds", "waiting", "waits")]
-        rules.append(f"(+type +get ~{_slot_holds(prefix, 'limit')})")
+        # its reports on its tasks' slot holds: HSET only, so it can neither read nor delete
+        # another worker's (each a random field), and slot_take.lua counts only those that carry
+        # their hold's token
+        rules.append(f"(+hset ~{_slot_holds(prefix, 'reports')})")
     return rules
 
 

@@ -108,7 +108,7 @@ class Forwarder:
         hooks: list[PassHook] = [PeriodicHook(retry_ms, max_retry_ms), FlowHook(self.flow, metrics)]
         if settings.keep_ms:
             hooks.append(LosslessHook(settings.keep_ms, store, self.targets, self.stats, metrics))
-        hooks.append(SlotHook(store, self.targets))  # last: only what every other hook let go takes a slot
+        hooks.append(SlotHook(store, self.targets, int(settings.slot_start_window * 1000)))  # last: only what every other hook let go takes a slot
         ctx = Context(store, self.targets, hooks, self.clock, self.stats, metrics, self.name, retry_ms, max_retry_ms)
         tracer = ForwardTracer.start(self.targets, tracer_provider)
         publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5), tracer=tracer)

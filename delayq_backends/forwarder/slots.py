@@ -2,8 +2,9 @@
 
 :class:`SlotHook` is one more :class:`~.hooks.PassHook` (the design of :mod:`.hooks`): ``admit``
 takes a slot per delivery whose key has one free, for all keys of the call in one round trip
-(``slot_take.lua`` per key); ``sent`` gives back the slots of deliveries the target did not take;
-the worker ends the hold when its task finishes (:mod:`delayq_backends.slots`).
+(``slot_take.lua`` per key), and gives the delivery the slot's token (``Delivery.slot_token``),
+which the target puts in the message; ``sent`` gives back the slots of deliveries the target did
+not take; the worker reports the task's start and end with the token (:mod:`delayq_backends.slots`).
 
 Waiting items keep their order: each key has a line (its ``waiting`` set, ordered by rank band,
 then ready time) and a free slot goes to the head of it. An item refused is deferred (no attempt
@@ -12,6 +13,8 @@ counted, original ready time kept) by :data:`RECHECK_MS` per ``limit`` places ah
 not claimed over and over. A slot given back does not wait for a recheck: the worker's end passes
 it to the head of the line and brings that item forward (``DelayStore.hold_slots``); the
 rechecks cover what no end passes on (a lapsed hold, a hand-over that failed).
+A slot taken is held :attr:`~.settings.ForwarderSettings.slot_start_window` for the worker's
+start: what a message nobody reads (or a lost one) costs its key.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..envelope import slot_of
 from ..flow import Admission
 from ..keys import MAX_RANK, RANK_SPAN
 from ..models import Claim, SlotGrant
-from ..store import START_HOLD_MS, WAIT_MS, DelayStore, SlotAsk, slot_member
+from ..store import WAIT_MS, DelayStore, SlotAsk, slot_member
 from ..targets import Delivery, RunTarget, Target
 from .hooks import PassHook
 from .records import Published, Verdict
@@ -59,8 +62,9 @@ class SlotHook(PassHook):
     more: its items join their lines when prepared, and take slots just before their publish.
     """
 
-    def __init__(self, store: DelayStore, targets: Mapping[str, Target]) -> None:
+    def __init__(self, store: DelayStore, targets: Mapping[str, Target], start_window_ms: int) -> None:
         self.store = store
+        self.start_window_ms = start_window_ms
         self.run_targets = {kind: t for kind, t in targets.items() if isinstance(t, RunTarget)}
         self.admits = False
 
@@ -103,7 +107,7 @@ class SlotHook(PassHook):
         """Slots for ``by_key``'s items (or in ``mode`` "join"/"leave" their places in line): a
         slot taken is held until its worker starts the item, a place kept while its item asks again."""
         asks = {key: SlotAsk(a.limit, [(m, order) for _, m, order in a.items]) for key, a in by_key.items()}
-        return self.store.take_slots(asks, hold_ms=START_HOLD_MS, wait_ms=WAIT_MS, mode=mode)
+        return self.store.take_slots(asks, hold_ms=self.start_window_ms, wait_ms=WAIT_MS, mode=mode)
 
     def admit(self, kind: str, deliveries: list[Delivery], now_ms: int) -> Admission:
         by_key: dict[str, _Asking] = {}
@@ -119,8 +123,9 @@ class SlotHook(PassHook):
                 later += [(d.id, now_ms + MAX_RECHECK_MS) for d, _, _ in asking.items]
                 continue
             _report_reset(key, grant)
-            for (d, _, _), place in zip(asking.items, grant.places):
+            for (d, _, _), place, token in zip(asking.items, grant.places, grant.tokens):
                 if place < 0:
+                    d.slot_token = token
                     go.append(d)
                 else:
                     later.append((d.id, now_ms + recheck_ms(place, grant.limit)))
@@ -152,17 +157,19 @@ class SlotHook(PassHook):
             if d.id not in took and (found := slot_of(d.envelope)) is not None:
                 back.setdefault(found[0].key, []).append(self.member(kind, d))
         if back:
-            for key, reply in self.store.hold_slots(back, "end", hold_ms=0).items():
-                if isinstance(reply, Exception):  # its hold lapses after START_HOLD_MS
+            for key, reply in self.store.give_back_slots(back).items():
+                if isinstance(reply, Exception):  # its hold lapses after the start window
                     log.warning("slot %r: could not give back %d slots (%s)", key, len(back[key]), reply)
 
 
 def _report_reset(key: str, grant: SlotGrant) -> None:
     """Log what the slot script found out of place in ``key``'s keys and dropped (whichever call
-    met it first: a key of another type is gone a millisecond later)."""
+    met it first: a key of another type is gone a millisecond later), or reports that did not
+    count: a key that would block, or run over its limit, says so here."""
     if grant.reset:
         log.warning(
-            "slot %r held %s: dropped; only forwarders and workers write it (check what else writes the store's keys)",
+            "slot %r: %s; dropped or refused (holds are the forwarders', reports count only with their hold's "
+            "token: check what else writes the store's keys)",
             key,
             grant.reset,
         )

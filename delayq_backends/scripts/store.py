@@ -28,7 +28,6 @@ from ..models import (
     RescheduleOutcome,
     ScheduleCounts,
     ScheduleItem,
-    SlotEnded,
     SlotGrant,
     TokenGrant,
 )
@@ -60,7 +59,6 @@ __all__ = [
     "ScheduleOne",
     "ShardScript",
     "SlotEnd",
-    "SlotHold",
     "SlotTake",
     "SyncVersion",
     "Take",
@@ -362,7 +360,7 @@ class Take:
 
 
 class SlotTake:
-    """slot_take.lua: slots of one slot key (its four keys, one hash tag: not a shard's)."""
+    """slot_take.lua: slots of one slot key (its six keys, one hash tag: not a shard's)."""
 
     name = "slot_take"
     MODES = ("take", "join", "leave", "skip", "buffer")
@@ -370,41 +368,32 @@ class SlotTake:
     @classmethod
     def call(
         cls,
-        keys: tuple[str, str, str, str],
-        asking: Sequence[tuple[str, int]],
+        keys: tuple[str, ...],
+        asking: Sequence[tuple[str, int, str]],
         *,
         limit: int,
         hold_ms: int,
         wait_ms: int,
+        cap_ms: int,
         now: int,
         mode: str = "take",
     ) -> ScriptCall[SlotGrant]:
-        """``asking``: (member, order) of each item, in its order; ``limit`` 0: the items carry
-        none; ``mode``: "take", "join" (the items only take their places in the line),
-        "leave" (they give them up), or a periodic run's overlap policy at fire time, "skip" or
-        "buffer" (see :mod:`delayq_backends.overlap`)."""
+        """``asking``: (member, order, token) of each item, in its order (token "": a hold any
+        report may end); ``limit`` 0: the items carry none; ``cap_ms``: the most a reported
+        start or beat holds from now; ``mode``: "take", "join" (the items only take their places
+        in the line), "leave" (they give them up), or a periodic run's overlap policy at fire
+        time, "skip" or "buffer" (see :mod:`delayq_backends.overlap`)."""
         if mode not in cls.MODES:
             raise ValueError(f"mode={mode!r}: use one of {cls.MODES}")
-        args: list[Any] = [limit, hold_ms, wait_ms, now, mode]
-        for member, order in asking:
-            args += (member, order)
+        args: list[Any] = [limit, hold_ms, wait_ms, now, mode, cap_ms]
+        for member, order, token in asking:
+            args += (member, order, token)
         return ScriptCall(
             cls.name,
             keys,
             tuple(args),
             lambda r: SlotGrant(int(r[0]), int(r[1]), tuple(int(p) for p in r[3]), _text(r[2])),
         )
-
-
-class SlotHold:
-    """slot_hold.lua: a worker starts or extends the holds of its running items."""
-
-    name = "slot_hold"
-    MODES = ("start", "beat")
-
-    @classmethod
-    def call(cls, holds: str, mode: str, members: Sequence[str], *, hold_ms: int, now: int) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (holds,), (mode, hold_ms, now, *members), int)
 
 
 class BatchOpen:
@@ -469,18 +458,13 @@ class BatchEnd:
 
 
 class SlotEnd:
-    """slot_end.lua: holds of one slot key ended, each slot passed to the head of its line."""
+    """slot_end.lua: a forwarder gives back holds of one slot key (workers report theirs)."""
 
     name = "slot_end"
 
     @classmethod
-    def call(
-        cls, keys: tuple[str, str, str, str], members: Sequence[str], *, hold_ms: int, now: int
-    ) -> ScriptCall[SlotEnded]:
-        """``keys``: the slot key's holds, waiting, waits and limit keys (``Slots.slot_keys``)."""
-        return ScriptCall(
-            cls.name, keys, (hold_ms, now, *members), lambda r: SlotEnded(int(r[0]), tuple(_text(m) for m in r[1]))
-        )
+    def call(cls, holds: str, tokens: str, members: Sequence[str]) -> ScriptCall[int]:
+        return ScriptCall(cls.name, (holds, tokens), tuple(members), int)
 
 
 def _text(reply: Any) -> str:
