@@ -19,7 +19,14 @@ from delayq_backends.envelope import Envelope, Slot, slot_of
 from delayq_backends.errors import InvalidSlotError
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.models import SlotGrant
-from delayq_backends.keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
+from delayq_backends.keys import (
+    slot_holds_key,
+    slot_limit_key,
+    slot_reports_key,
+    slot_tokens_key,
+    slot_waiting_key,
+    slot_waits_key,
+)
 from delayq_backends.slots import SlotGuard
 from delayq_backends.store import SlotAsk, SlotRun
 from delayq_backends.targets import Delivery, RedisListTarget
@@ -199,6 +206,14 @@ GARBAGE: dict[str, Callable[[redis.Redis, str, str], object]] = {
     "limit not a number": lambda c, p, k: c.set(slot_limit_key(p, k), "\xff2"),
     "limit 0": lambda c, p, k: c.set(slot_limit_key(p, k), "0"),
     "limit of another type": lambda c, p, k: c.sadd(slot_limit_key(p, k), "3"),
+    "tokens of another type": lambda c, p, k: c.set(slot_tokens_key(p, k), "x"),
+    "tokens for no hold": lambda c, p, k: c.hset(slot_tokens_key(p, k), mapping={f"a-0{i}": "0" * 40 for i in range(6)}),
+    "reports of another type": lambda c, p, k: c.rpush(slot_reports_key(p, k), "x"),
+    "reports forged": lambda c, p, k: c.hset(
+        slot_reports_key(p, k),
+        mapping={"no-newline": "end:x", "a-00\nn1": "start:nothex:99999999", "a-01\nn2": "beat::x", "a-02\nn3": "?"},
+    ),
+    "reports past one call": lambda c, p, k: c.hset(slot_reports_key(p, k), mapping={f"g{i}\nn": "end:" for i in range(3000)}),
 }
 
 
@@ -210,6 +225,10 @@ SAID = {
     "limit not a number": "limit=",
     "limit 0": "limit=0",
     "limit of another type": ":limit type=set",
+    "tokens of another type": ":tokens type=string",
+    "reports of another type": ":reports type=list",
+    "reports forged": "reports without their hold's token=3",
+    "reports past one call": "reports waiting past one call",
 }
 
 

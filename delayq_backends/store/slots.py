@@ -172,13 +172,26 @@ class Slots(StoreCore):
         keys = list(holds)
         with self.client.pipeline(transaction=False) as pipe:
             for key in keys:
-                fields = {f"{run.member}\n{secrets.token_hex(6)}": _report(mode, run.token, until) for run in holds[key]}
+                fields = {f"{run.member}\n{secrets.token_hex(6)}": self._report(mode, run.token, until) for run in holds[key]}
                 pipe.hset(slot_reports_key(self.config.prefix, key), mapping=fields)
             replies = pipe.execute(raise_on_error=False)
         answers = {key: reply if isinstance(reply, Exception) else None for key, reply in zip(keys, replies)}
         if mode == "end":
             self._bring_heads_forward({key: len(holds[key]) for key in keys if answers[key] is None})
         return answers
+
+    def _report(self, mode: str, token: str, hold_ms: int) -> str:
+        """A worker's report on its hold (``slot_take.lua`` reads it): an end shows the token
+        (the task is over), a start or beat only its SHA-1 (:meth:`slot_token_proof`), so a
+        report read by another credential cannot end a running task's hold."""
+        if mode == "end":
+            return f"end:{token}"
+        return f"{mode}:{self.slot_token_proof(token) if token else ''}:{hold_ms}"
+
+    def slot_token_proof(self, token: str) -> str:
+        """What a hold's token is kept as (its SHA-1, as ``slot_take.lua`` writes it) and what a
+        start or beat shows."""
+        return hashlib.sha1(token.encode()).hexdigest()
 
     def give_back_slots(self, holds: Mapping[str, Sequence[str]]) -> dict[str, int | Exception]:
         """A forwarder gives back the holds of ``members`` per slot key (their items were not
@@ -317,16 +330,6 @@ def _status(key: str, raw_limit: object, running: object, waiting: object) -> Sl
     text = raw_limit.decode("ascii", "replace") if isinstance(raw_limit, bytes) else ""
     limit = int(text) if text.isdigit() and 1 <= int(text) <= MAX_SLOT_LIMIT else None
     return SlotStatus(key, limit, _count(running), _count(waiting))
-
-
-def _report(mode: str, token: str, hold_ms: int) -> str:
-    """A worker's report on its hold (``slot_take.lua`` reads it): an end shows the token
-    (the task is over), a start or beat only its SHA-1, so a report read by another credential
-    cannot end a running task's hold."""
-    if mode == "end":
-        return f"end:{token}"
-    proof = hashlib.sha1(token.encode()).hexdigest() if token else ""
-    return f"{mode}:{proof}:{hold_ms}"
 
 
 def _count(reply: object) -> int:

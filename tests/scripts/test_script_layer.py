@@ -16,7 +16,6 @@ from delayq_backends.scripts.store import (
     BatchOpen,
     PeriodicRun,
     SlotEnd,
-    SlotHold,
     SlotTake,
     SyncVersion,
     Take,
@@ -37,7 +36,7 @@ def test_every_lua_file_has_one_typed_object() -> None:
         RqSchedule.name,
         RqRun.name,
     }
-    typed |= {SlotTake.name, SlotHold.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
+    typed |= {SlotTake.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
     typed |= {PeriodicRun.name, SyncVersion.name}
     assert typed == set(SCRIPT_NAMES)
 
