@@ -32,7 +32,7 @@ from ..targets import Delivery, RunTarget, Target
 from .hooks import PassHook
 from .records import Published, Verdict
 
-__all__ = ["MAX_RECHECK_MS", "RECHECK_MS", "SlotHook"]
+__all__ = ["FOLD_MS", "MAX_RECHECK_MS", "RECHECK_MS", "SlotHook"]
 
 log = logging.getLogger("delayq.forwarder")
 
@@ -41,6 +41,9 @@ log = logging.getLogger("delayq.forwarder")
 RECHECK_MS = 200
 #: How long the items far back in a line wait between two asks, at most.
 MAX_RECHECK_MS = 5_000
+#: How often a forwarder reads the workers' reports of the keys it took slots of (when no item
+#: of the key asks meanwhile): a slot given back shows as free this soon, and beats do not pile up.
+FOLD_MS = 1_000
 _NOTHING = Verdict()
 
 
@@ -67,6 +70,9 @@ class SlotHook(PassHook):
         self.start_window_ms = start_window_ms
         self.run_targets = {kind: t for kind, t in targets.items() if isinstance(t, RunTarget)}
         self.admits = False
+        #: the keys this forwarder took slots of that were still held at its last look
+        self.holding: set[str] = set()
+        self._folded_ms = 0
 
     def prepare(self, claim: Claim, groups: Mapping[str, list[Delivery]]) -> Verdict:
         """Put the claim's slotted items in their keys' lines: a pass prepares all its claims
@@ -123,6 +129,8 @@ class SlotHook(PassHook):
                 later += [(d.id, now_ms + MAX_RECHECK_MS) for d, _, _ in asking.items]
                 continue
             _report_reset(key, grant)
+            if grant.running:
+                self.holding.add(key)
             for (d, _, _), place, token in zip(asking.items, grant.places, grant.tokens):
                 if place < 0:
                     d.slot_token = token
@@ -130,6 +138,22 @@ class SlotHook(PassHook):
                 else:
                     later.append((d.id, now_ms + recheck_ms(place, grant.limit)))
         return Admission(go, later)
+
+    def fold(self, now_ms: int) -> None:
+        """Read the workers' reports of the keys still held (at most every :data:`FOLD_MS`, one
+        round trip): the next take reads them anyway, but a key none of whose items asks would
+        show its ended tasks as running, and pile up its running tasks' beats."""
+        if not self.holding or now_ms - self._folded_ms < FOLD_MS:
+            return
+        self._folded_ms = now_ms
+        quiet = {key: _Asking() for key in self.holding}
+        for key, reply in self._take(quiet, "join").items():
+            if isinstance(reply, Exception):
+                log.debug("slot %r: could not read its reports (%s)", key, reply)
+                continue
+            _report_reset(key, reply)
+            if not reply.running:
+                self.holding.discard(key)
 
     def settled(self, published: Published) -> None:
         """The items of the claim that will not be published (found started by lossless mode,
