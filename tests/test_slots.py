@@ -18,7 +18,6 @@ from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope, Slot, slot_of
 from delayq_backends.errors import InvalidSlotError
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.models import SlotGrant
 from delayq_backends.keys import (
     slot_holds_key,
     slot_limit_key,
@@ -27,6 +26,7 @@ from delayq_backends.keys import (
     slot_waiting_key,
     slot_waits_key,
 )
+from delayq_backends.models import SlotGrant
 from delayq_backends.slots import SlotGuard
 from delayq_backends.store import SlotAsk, SlotRun
 from delayq_backends.targets import Delivery, RedisListTarget
