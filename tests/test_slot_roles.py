@@ -105,11 +105,15 @@ def schedule(store: DelayStore, key: str, n: int, *, limit: int, rank: int = 0, 
     ids = [f"{key}-{i:02d}" for i in range(n)]
     for i, item_id in enumerate(ids):
         envelope = RedisListTarget.envelope(out, item_id.encode()).encode()
-        store.schedule(item_id, past() + timedelta(milliseconds=i), envelope, slot={"key": key, "limit": limit}, rank=rank)
+        store.schedule(
+            item_id, past() + timedelta(milliseconds=i), envelope, slot={"key": key, "limit": limit}, rank=rank
+        )
     return ids
 
 
-def attempts(store: DelayStore, prefix: str, key: str, members: list[str], *, ahead_ms: int, ending: bool) -> list[Callable[[], object]]:
+def attempts(
+    store: DelayStore, prefix: str, key: str, members: list[str], *, ahead_ms: int, ending: bool
+) -> list[Callable[[], object]]:
     """What a worker credential could do to slot ``key``'s keys, as raw commands (no API of this
     release needed; the scripts of the release before it included): hold ``members`` and
     phantoms ``ahead_ms``, and crowd the head of the line, or (``ending``) end ``members``' holds."""
@@ -135,7 +139,13 @@ def attempts(store: DelayStore, prefix: str, key: str, members: list[str], *, ah
 
 
 def attack(
-    store: DelayStore, prefix: str, key: str, members: list[str], *, ahead_ms: int = DAY_MS - 60_000, ending: bool = False
+    store: DelayStore,
+    prefix: str,
+    key: str,
+    members: list[str],
+    *,
+    ahead_ms: int = DAY_MS - 60_000,
+    ending: bool = False,
 ) -> int:
     """Run every attempt; how many the server took."""
     took = 0
@@ -146,7 +156,9 @@ def attack(
     return took
 
 
-def test_a_worker_credential_cannot_block_a_slot_key(roles: Roles, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_worker_credential_cannot_block_a_slot_key(
+    roles: Roles, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Finding: one slot_hold with a 24 h hold, or phantom members at the head of the line,
     stopped a key (0 of 20 released in 60 s, no log line). Now every raw write to the holds,
     tokens and line is refused, and the reports a worker may write (a day-long start for

@@ -207,13 +207,17 @@ GARBAGE: dict[str, Callable[[redis.Redis, str, str], object]] = {
     "limit 0": lambda c, p, k: c.set(slot_limit_key(p, k), "0"),
     "limit of another type": lambda c, p, k: c.sadd(slot_limit_key(p, k), "3"),
     "tokens of another type": lambda c, p, k: c.set(slot_tokens_key(p, k), "x"),
-    "tokens for no hold": lambda c, p, k: c.hset(slot_tokens_key(p, k), mapping={f"a-0{i}": "0" * 40 for i in range(6)}),
+    "tokens for no hold": lambda c, p, k: c.hset(
+        slot_tokens_key(p, k), mapping={f"a-0{i}": "0" * 40 for i in range(6)}
+    ),
     "reports of another type": lambda c, p, k: c.rpush(slot_reports_key(p, k), "x"),
     "reports forged": lambda c, p, k: c.hset(
         slot_reports_key(p, k),
         mapping={"no-newline": "end:x", "a-00\nn1": "start:nothex:99999999", "a-01\nn2": "beat::x", "a-02\nn3": "?"},
     ),
-    "reports past one call": lambda c, p, k: c.hset(slot_reports_key(p, k), mapping={f"g{i}\nn": "end:" for i in range(3000)}),
+    "reports past one call": lambda c, p, k: c.hset(
+        slot_reports_key(p, k), mapping={f"g{i}\nn": "end:" for i in range(3000)}
+    ),
 }
 
 

@@ -172,8 +172,11 @@ class Slots(StoreCore):
         keys = list(holds)
         with self.client.pipeline(transaction=False) as pipe:
             for key in keys:
-                fields = {f"{run.member}\n{secrets.token_hex(6)}": self._report(mode, run.token, until) for run in holds[key]}
-                pipe.hset(slot_reports_key(self.config.prefix, key), mapping=fields)
+                fields = [
+                    (f"{run.member}\n{secrets.token_hex(6)}", self._report(mode, run.token, until))
+                    for run in holds[key]
+                ]
+                pipe.hset(slot_reports_key(self.config.prefix, key), items=[v for pair in fields for v in pair])
             replies = pipe.execute(raise_on_error=False)
         answers = {key: reply if isinstance(reply, Exception) else None for key, reply in zip(keys, replies)}
         if mode == "end":
@@ -202,7 +205,8 @@ class Slots(StoreCore):
             SlotEnd.call(slot_holds_key(prefix, key), slot_tokens_key(prefix, key), members)
             for key, members in holds.items()
         ]
-        replies = dict(zip(holds, self.run_each(calls)))
+        ended: list[int | Exception] = self.run_each(calls)
+        replies = dict(zip(holds, ended))
         self._bring_heads_forward({k: r for k, r in replies.items() if isinstance(r, int) and r > 0})
         return replies
 
@@ -220,7 +224,9 @@ class Slots(StoreCore):
         except (RedisError, OSError) as exc:
             log.warning("could not read a slot line to bring its head forward (%s); it asks at its recheck", exc)
             return
-        heads = [m.decode() if isinstance(m, bytes) else str(m) for line in lines if isinstance(line, list) for m in line]
+        heads = [
+            m.decode() if isinstance(m, bytes) else str(m) for line in lines if isinstance(line, list) for m in line
+        ]
         self._bring_forward(heads, self.script_now(None))
 
     def _bring_forward(self, members: Iterable[str], at: int) -> None:
