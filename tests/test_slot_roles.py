@@ -17,15 +17,8 @@ import pytest
 import redis
 
 from delayq_backends import DelayStore
+from delayq_backends import keys as layout
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.keys import (
-    slot_holds_key,
-    slot_limit_key,
-    slot_reports_key,
-    slot_tokens_key,
-    slot_waiting_key,
-    slot_waits_key,
-)
 from delayq_backends.scripts import function_name
 from delayq_backends.slots import SlotGuard
 from delayq_backends.store import SlotRun
@@ -118,14 +111,18 @@ def attempts(
     release needed; the scripts of the release before it included): hold ``members`` and
     phantoms ``ahead_ms``, and crowd the head of the line, or (``ending``) end ``members``' holds."""
     c, until = store.client, store.server_time_ms() + ahead_ms
-    holds, waiting, waits = slot_holds_key(prefix, key), slot_waiting_key(prefix, key), slot_waits_key(prefix, key)
-    tokens = slot_tokens_key(prefix, key)
+    holds, waiting, waits = (
+        layout.slot_holds_key(prefix, key),
+        layout.slot_waiting_key(prefix, key),
+        layout.slot_waits_key(prefix, key),
+    )
+    tokens = layout.slot_tokens_key(prefix, key)
     fcall = lambda name, keys, *args: c.fcall(function_name(name), len(keys), *keys, *args)  # noqa: E731
     if ending:
         return [
             lambda: c.zrem(holds, *members),
             lambda: c.hset(tokens, mapping={m: "0" * 40 for m in members}),
-            lambda: fcall("slot_end", (holds, waiting, waits, slot_limit_key(prefix, key)), 15_000, 0, *members),
+            lambda: fcall("slot_end", (holds, waiting, waits, layout.slot_limit_key(prefix, key)), 15_000, 0, *members),
             lambda: fcall("slot_end", (holds, tokens), *members),
         ]
     return [
@@ -133,7 +130,7 @@ def attempts(
         lambda: c.zadd(holds, {f"ghost-{i}": until for i in range(3)}),
         lambda: c.zadd(waiting, {f"ghost-{i}": -(10**12) for i in range(3)}),
         lambda: c.zadd(waits, {f"ghost-{i}": until for i in range(3)}),
-        lambda: c.delete(slot_reports_key(prefix, key)),
+        lambda: c.delete(layout.slot_reports_key(prefix, key)),
         lambda: fcall("slot_hold", (holds,), "start", ahead_ms, 0, *members, "ghost-9"),
     ]
 
@@ -231,7 +228,7 @@ def test_a_message_released_without_a_token_runs_and_ends_its_old_hold(roles: Ro
     """A message the previous release's forwarder released carries no token, and its hold none:
     its worker's tokenless start and end count for that hold (and only for a hold without a
     token), so a rolling upgrade neither blocks the key nor lets it run over."""
-    holds = slot_holds_key(prefix, "k")
+    holds = layout.slot_holds_key(prefix, "k")
     schedule(roles.producer, "k", 3, limit=1)
     roles.forwarder_store.client.zadd(holds, {"old": roles.forwarder_store.server_time_ms() + 300_000})  # 0.1's grant
     roles.start()

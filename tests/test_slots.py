@@ -14,18 +14,11 @@ import redis
 from click.testing import CliRunner
 
 from delayq_backends import DelayStore
+from delayq_backends import keys as layout
 from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope, Slot, slot_of
 from delayq_backends.errors import InvalidSlotError
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.keys import (
-    slot_holds_key,
-    slot_limit_key,
-    slot_reports_key,
-    slot_tokens_key,
-    slot_waiting_key,
-    slot_waits_key,
-)
 from delayq_backends.models import SlotGrant
 from delayq_backends.slots import SlotGuard
 from delayq_backends.store import SlotAsk, SlotRun
@@ -194,29 +187,31 @@ def test_an_item_that_will_not_be_published_gives_up_its_place(valkey_url: str, 
 #: Hostile writes to a slot key's keys (every kind of keys.py's slot_*_key): each must leave the
 #: line flowing. Those the take reports are logged, naming the key or what was dropped (SAID).
 GARBAGE: dict[str, Callable[[redis.Redis, str, str], object]] = {
-    "holds of another type": lambda c, p, k: c.set(slot_holds_key(p, k), "junk"),
-    "holds far ahead": lambda c, p, k: c.zadd(slot_holds_key(p, k), {"ghost-1": 1e15, "ghost-2": float("inf")}),
-    "waiting of another type": lambda c, p, k: c.hset(slot_waiting_key(p, k), "a", "b"),
-    "waiting entries without a wait": lambda c, p, k: c.zadd(slot_waiting_key(p, k), {f"g{i}": -1 for i in range(50)}),
-    "waits of another type": lambda c, p, k: c.lpush(slot_waits_key(p, k), "x"),
+    "holds of another type": lambda c, p, k: c.set(layout.slot_holds_key(p, k), "junk"),
+    "holds far ahead": lambda c, p, k: c.zadd(layout.slot_holds_key(p, k), {"ghost-1": 1e15, "ghost-2": float("inf")}),
+    "waiting of another type": lambda c, p, k: c.hset(layout.slot_waiting_key(p, k), "a", "b"),
+    "waiting entries without a wait": lambda c, p, k: c.zadd(
+        layout.slot_waiting_key(p, k), {f"g{i}": -1 for i in range(50)}
+    ),
+    "waits of another type": lambda c, p, k: c.lpush(layout.slot_waits_key(p, k), "x"),
     "waits far ahead": lambda c, p, k: (
-        c.zadd(slot_waiting_key(p, k), {"ghost": -1}),
-        c.zadd(slot_waits_key(p, k), {"ghost": float("inf")}),
+        c.zadd(layout.slot_waiting_key(p, k), {"ghost": -1}),
+        c.zadd(layout.slot_waits_key(p, k), {"ghost": float("inf")}),
     ),
-    "limit not a number": lambda c, p, k: c.set(slot_limit_key(p, k), "\xff2"),
-    "limit 0": lambda c, p, k: c.set(slot_limit_key(p, k), "0"),
-    "limit of another type": lambda c, p, k: c.sadd(slot_limit_key(p, k), "3"),
-    "tokens of another type": lambda c, p, k: c.set(slot_tokens_key(p, k), "x"),
+    "limit not a number": lambda c, p, k: c.set(layout.slot_limit_key(p, k), "\xff2"),
+    "limit 0": lambda c, p, k: c.set(layout.slot_limit_key(p, k), "0"),
+    "limit of another type": lambda c, p, k: c.sadd(layout.slot_limit_key(p, k), "3"),
+    "tokens of another type": lambda c, p, k: c.set(layout.slot_tokens_key(p, k), "x"),
     "tokens for no hold": lambda c, p, k: c.hset(
-        slot_tokens_key(p, k), mapping={f"a-0{i}": "0" * 40 for i in range(6)}
+        layout.slot_tokens_key(p, k), mapping={f"a-0{i}": "0" * 40 for i in range(6)}
     ),
-    "reports of another type": lambda c, p, k: c.rpush(slot_reports_key(p, k), "x"),
+    "reports of another type": lambda c, p, k: c.rpush(layout.slot_reports_key(p, k), "x"),
     "reports forged": lambda c, p, k: c.hset(
-        slot_reports_key(p, k),
+        layout.slot_reports_key(p, k),
         mapping={"no-newline": "end:x", "a-00\nn1": "start:nothex:99999999", "a-01\nn2": "beat::x", "a-02\nn3": "?"},
     ),
     "reports past one call": lambda c, p, k: c.hset(
-        slot_reports_key(p, k), mapping={f"g{i}\nn": "end:" for i in range(3000)}
+        layout.slot_reports_key(p, k), mapping={f"g{i}\nn": "end:" for i in range(3000)}
     ),
 }
 
@@ -391,9 +386,9 @@ def test_a_slot_given_back_brings_the_head_of_the_line_forward(valkey_url: str, 
     assert store.give_back_slots({"k": ["deferred#0"]}) == {"k": 1}  # its publish failed
     assert (store.client.hget(keys.leased, "leased"), store.client.zscore(keys.due, "leased")) == leased_before
     assert ask("leased", 2).places == (-1,)
-    store.client.set(slot_waiting_key(store.config.prefix, "k"), "junk")
+    store.client.set(layout.slot_waiting_key(store.config.prefix, "k"), "junk")
     assert store.give_back_slots({"k": ["leased"]}) == {"k": 1}
-    assert store.client.zcard(slot_holds_key(store.config.prefix, "k")) == 0
+    assert store.client.zcard(layout.slot_holds_key(store.config.prefix, "k")) == 0
 
 
 def test_a_hand_over_that_fails_leaves_the_end_done_and_says_so(
