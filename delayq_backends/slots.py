@@ -24,7 +24,8 @@ the hold's token: a report without it (another worker's member, a forged one) ch
 So a key never stays blocked (a worker that dies mid-task gives its slot back at most 60 s after
 its last beat; a message lost or never read, after the start window), a worker credential can
 neither end nor extend a hold it was not given, and a second copy never gets in while the first
-holds the slot (a forwarder that re-releases a held item keeps that one slot, under a new token).
+holds the slot (a forwarder that re-releases a held item keeps that one slot, under the new
+token and the one before: either copy may report it).
 """
 
 from __future__ import annotations

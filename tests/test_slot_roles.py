@@ -121,6 +121,10 @@ def attempts(
     if ending:
         return [
             lambda: c.zrem(holds, *members),
+            lambda: c.zrange(holds, 0, -1),  # reads: the holds, their tokens' hashes, other workers' reports
+            lambda: c.hgetall(tokens),
+            lambda: c.hscan(layout.slot_reports_key(prefix, key)),
+            lambda: c.hdel(layout.slot_reports_key(prefix, key), "x"),
             lambda: c.hset(tokens, mapping={m: "0" * 40 for m in members}),
             lambda: fcall("slot_end", (holds, waiting, waits, layout.slot_limit_key(prefix, key)), 15_000, 0, *members),
             lambda: fcall("slot_end", (holds, tokens), *members),

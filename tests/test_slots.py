@@ -150,6 +150,24 @@ def test_a_lapsed_hold_is_reaped_and_its_slot_goes_to_the_next(valkey_url: str, 
     assert grant.places == (-1,) and grant.running == 1
 
 
+def test_a_second_copy_shares_its_hold_and_either_copy_may_end_it(valkey_url: str, prefix: str) -> None:
+    """A held item released again (a forwarder crashed after its publish, lossless mode's second
+    copy) keeps its one slot under both tokens: the first copy, which may be the one that runs,
+    still reports its start and end; a third copy's grant forgets the first token."""
+    store = make_store(valkey_url, prefix)
+    take = lambda member, key="k": store.take_slots(  # noqa: E731
+        {key: SlotAsk(1, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000
+    )[key]
+    first, second = take("x"), take("x")
+    assert first.places == second.places == (-1,) and second.running == 1
+    store.hold_slots({"k": [SlotRun("x", first.tokens[0])]}, "end")
+    assert take("y").places == (-1,)  # the first copy's end freed the slot
+    one, _, _ = take("z", "j"), take("z", "j"), take("z", "j")
+    store.hold_slots({"j": [SlotRun("z", one.tokens[0])]}, "end")
+    later = take("w", "j")
+    assert later.places == (0,) and "reports without their hold's token=1" in later.reset
+
+
 def test_a_free_slot_waits_for_the_head_of_the_line(valkey_url: str, prefix: str) -> None:
     """An item behind another that waits (deferred, not asking now) does not jump it; once the
     head's wait lapses (cancelled while it waited), the next one gets the slot."""
