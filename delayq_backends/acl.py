@@ -14,8 +14,9 @@ Lua scripts (Redis checks both against the user's ACL):
   wake-up channel, and runs the operators' ``delayq dlq`` purge and requeue.
 - ``worker``: a Celery or RQ worker with dedupe (a lossless forwarder's workers): a producer (a
   task's retries and delayed children go through the store) that may also write and read the
-  runs' start records (``SET NX PX``, ``GET``), and record periodic entries' runs in their
-  history (the forwarder records their publish).
+  runs' start records (``SET NX PX``, ``GET``), record periodic entries' runs in their
+  history (the forwarder records their publish), and report its tasks' concurrency slot holds
+  (``HSET`` into a slot key's ``reports``, nothing else there; the holds are the forwarders').
 - ``reader``: ``delayq stats``/``list``/``dlq list`` and dashboards, read-only.
 
 A target's own keys (an RQ queue, a Redis list) are not covered: grant them separately.
