@@ -109,6 +109,18 @@ def test_at_most_the_limit_is_released_until_slots_come_back(running: Running) -
     assert running.of("a")[5:] == a[5:]  # one at a time: strictly in their order
 
 
+def test_ends_show_with_no_item_of_the_key_asking(running: Running) -> None:
+    """The forwarder reads the workers' reports of the keys it holds every second: a key whose
+    tasks all ended shows no slot running, though no item of it asks again."""
+    store = running.forwarder.store
+    schedule_line(store, "a", 2, limit=2, start=past())
+    running.thread.start()
+    running.wait(lambda: len(running.of("a")) == 2, "2 of a")
+    running.end("a", running.of("a"))
+    wait_for(lambda: store.slot_status("a").running == 0, 5, "the ends to be read")
+    assert store.client.hlen(layout.slot_reports_key(store.config.prefix, "a")) == 0
+
+
 def test_a_higher_rank_goes_first_then_ready_time(running: Running) -> None:
     store = running.forwarder.store
     a = schedule_line(store, "a", 6, limit=1, start=past())

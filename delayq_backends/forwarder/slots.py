@@ -32,7 +32,7 @@ from ..targets import Delivery, RunTarget, Target
 from .hooks import PassHook
 from .records import Published, Verdict
 
-__all__ = ["FOLD_MS", "MAX_RECHECK_MS", "RECHECK_MS", "SlotHook"]
+__all__ = ["FOLD_KEYS", "FOLD_MS", "MAX_RECHECK_MS", "RECHECK_MS", "SlotHook"]
 
 log = logging.getLogger("delayq.forwarder")
 
@@ -44,6 +44,8 @@ MAX_RECHECK_MS = 5_000
 #: How often a forwarder reads the workers' reports of the keys it took slots of (when no item
 #: of the key asks meanwhile): a slot given back shows as free this soon, and beats do not pile up.
 FOLD_MS = 1_000
+#: Keys one look reads at most (in one round trip), taking turns when more are held.
+FOLD_KEYS = 500
 _NOTHING = Verdict()
 
 
@@ -73,6 +75,7 @@ class SlotHook(PassHook):
         #: the keys this forwarder took slots of that were still held at its last look
         self.holding: set[str] = set()
         self._folded_ms = 0
+        self._fold_turn = 0
 
     def prepare(self, claim: Claim, groups: Mapping[str, list[Delivery]]) -> Verdict:
         """Put the claim's slotted items in their keys' lines: a pass prepares all its claims
@@ -141,12 +144,17 @@ class SlotHook(PassHook):
 
     def fold(self, now_ms: int) -> None:
         """Read the workers' reports of the keys still held (at most every :data:`FOLD_MS`, one
-        round trip): the next take reads them anyway, but a key none of whose items asks would
-        show its ended tasks as running, and pile up its running tasks' beats."""
+        round trip of up to :data:`FOLD_KEYS` keys, taking turns): the next take reads them
+        anyway, but a key none of whose items asks would show its ended tasks as running, and
+        pile up its running tasks' beats."""
         if not self.holding or now_ms - self._folded_ms < FOLD_MS:
             return
         self._folded_ms = now_ms
-        quiet = {key: _Asking() for key in self.holding}
+        keys = sorted(self.holding)
+        start = self._fold_turn % len(keys)
+        turn = (keys[start:] + keys[:start])[:FOLD_KEYS]
+        self._fold_turn = start + len(turn)
+        quiet = {key: _Asking() for key in turn}
         for key, reply in self._take(quiet, "join").items():
             if isinstance(reply, Exception):
                 log.debug("slot %r: could not read its reports (%s)", key, reply)
