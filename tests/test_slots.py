@@ -180,6 +180,21 @@ def test_a_second_copy_shares_its_hold_and_either_copy_may_end_it(valkey_url: st
     assert later.places == (0,) and "reports without their hold's token=1" in later.reset
 
 
+def test_a_short_tasks_start_and_end_read_together_end_its_hold_quietly(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix)
+    take = lambda member: store.take_slots(  # noqa: E731
+        {"k": SlotAsk(1, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000
+    )["k"]
+    run = SlotRun("short", take("short").tokens[0])
+    for _ in range(20):  # the reports' order in the hash is the server's: try a few
+        store.hold_slots({"k": [run]}, "start", hold_ms=60_000)
+        store.hold_slots({"k": [run]}, "end")
+        grant = take("next")
+        assert grant.places == (-1,) and grant.reset == ""
+        store.give_back_slots({"k": ["next"]})
+        run = SlotRun("short", take("short").tokens[0])
+
+
 def test_a_free_slot_waits_for_the_head_of_the_line(valkey_url: str, prefix: str) -> None:
     """An item behind another that waits (deferred, not asking now) does not jump it; once the
     head's wait lapses (cancelled while it waited), the next one gets the slot."""

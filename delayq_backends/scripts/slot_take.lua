@@ -112,11 +112,12 @@ local function fold(field, report)
   if kind == 'end' then drop_hold(m) else rcall('ZADD', holds, ms(now + math.min(whole(asked), cap)), m) end
 end
 local listed = rcall('HSCAN', reports, 0, 'COUNT', BUDGET)
-local read = listed[2]
-for i = 1, #read, 2 do
+local read, ends = listed[2], {}
+for i = 1, #read, 2 do  -- starts and beats first: a short task's start and end come in one read
   rcall('HDEL', reports, read[i])
-  fold(read[i], read[i + 1])
+  if string.sub(read[i + 1], 1, 4) == 'end:' then ends[#ends + 1] = i else fold(read[i], read[i + 1]) end
 end
+for _, i in ipairs(ends) do fold(read[i], read[i + 1]) end
 if forged > 0 then reset[#reset + 1] = 'reports without their hold\'s token=' .. forged end
 if #late > 0 then reset[#reset + 1] = 'started after their hold lapsed (may run over the limit)=' .. table.concat(late, ',') end
 if listed[1] ~= '0' then
