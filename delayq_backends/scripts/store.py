@@ -463,8 +463,10 @@ class SlotEnd:
     name = "slot_end"
 
     @classmethod
-    def call(cls, holds: str, tokens: str, members: Sequence[str]) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (holds, tokens), tuple(members), int)
+    def call(cls, keys: tuple[str, str, str], members: Sequence[str]) -> ScriptCall[tuple[int, tuple[str, ...]]]:
+        """``keys``: the slot key's holds, tokens and waiting keys; the reply: how many were held
+        (-1: garbage holds) and the heads of the line to bring forward."""
+        return ScriptCall(cls.name, keys, tuple(members), lambda r: (int(r[0]), tuple(_text(m) for m in r[1])))
 
 
 def _text(reply: Any) -> str:

@@ -202,13 +202,14 @@ class Slots(StoreCore):
         heads of the keys' lines: per key, how many were held (-1: its holds key is garbage)."""
         prefix = self.config.prefix
         calls = [
-            SlotEnd.call(slot_holds_key(prefix, key), slot_tokens_key(prefix, key), members)
+            SlotEnd.call(
+                (slot_holds_key(prefix, key), slot_tokens_key(prefix, key), slot_waiting_key(prefix, key)), members
+            )
             for key, members in holds.items()
         ]
-        ended: list[int | Exception] = self.run_each(calls)
-        replies = dict(zip(holds, ended))
-        self._bring_heads_forward({k: r for k, r in replies.items() if isinstance(r, int) and r > 0})
-        return replies
+        replies: list[tuple[int, tuple[str, ...]] | Exception] = self.run_each(calls)
+        self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r[1]), self.script_now(None))
+        return {key: r if isinstance(r, Exception) else r[0] for key, r in zip(holds, replies)}
 
     def _bring_heads_forward(self, freed: Mapping[str, int]) -> None:
         """Bring forward the first ``freed[key]`` items of each key's line (one read of the
