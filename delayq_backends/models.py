@@ -295,6 +295,8 @@ class SlotGrant:
         reset: what was found out of place and dropped ("" when nothing).
         tokens: per asking item, the token its hold was granted with (mode "take"; "" else):
             what its worker reports the hold with, passed in its message.
+        heads: the first items in the key's line that a free slot waits for and that did not
+            ask in this call (deferred): the caller brings them forward.
     """
 
     limit: int
@@ -302,6 +304,7 @@ class SlotGrant:
     places: tuple[int, ...]
     reset: str = ""
     tokens: tuple[str, ...] = ()
+    heads: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

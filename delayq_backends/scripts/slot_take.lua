@@ -22,10 +22,12 @@ Input:
           when it is empty (or keeps its place: at most one waits), and the rest are refused
   ARGV[6] most ms a reported start or beat holds a slot from now (the cap, whatever a worker asks)
   ARGV[7..] member, order, token: the asking items (token "": a hold any report may end)
-Output: {limit (0: none), holds after the call, reset, places}: places per asking item -1
+Output: {limit (0: none), holds after the call, reset, places, heads}: places per asking item -1
 (granted: its hold is taken), -2 (refused: "skip"/"buffer", the period is skipped) or its
 place in the line (0: next), as an array of its own (a batch's items can pass Lua's unpack
-limit). reset: "" or what was found out of place and dropped, for the caller to log.
+limit). reset: "" or what was found out of place and dropped, for the caller to log. heads: the
+first items in line a free slot waits for that do not ask now (at most 100; "take" mode, or no
+item asking), for the caller to bring forward.
 Workers only report (KEYS[6]); every hold is written here: a report counts only with the token
 its hold was granted with (a start or beat names its SHA-1, an end the token itself), so a
 worker credential can neither end nor extend a hold it was not given, nor add one. A start or
@@ -214,4 +216,15 @@ end
 for m, i in pairs(asking) do
   if not places[i] then places[i] = rcall('ZRANK', waiting, m) end
 end
-return {limit, rcall('ZCARD', holds), table.concat(reset, ' '), places}
+-- the places a free slot waits for (deferred items, not asking now): for the caller to bring
+-- forward, so ends read here reach the head of the line within a pass (a take, or a look with no
+-- item asking; not a pass's join)
+local heads = {}
+local held = rcall('ZCARD', holds)
+if limit > held and (ARGV[5] == 'take' or n == 0) then
+  for _, m in ipairs(rcall('ZRANGE', waiting, 0, math.min(limit - held, 100) - 1)) do
+    local lapses = finite(rcall('ZSCORE', waits, m))
+    if lapses and lapses > now and not asking[m] then heads[#heads + 1] = m end
+  end
+end
+return {limit, held, table.concat(reset, ' '), places, heads}

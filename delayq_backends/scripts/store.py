@@ -392,7 +392,13 @@ class SlotTake:
             cls.name,
             keys,
             tuple(args),
-            lambda r: SlotGrant(int(r[0]), int(r[1]), tuple(int(p) for p in r[3]), _text(r[2])),
+            lambda r: SlotGrant(
+                int(r[0]),
+                int(r[1]),
+                tuple(int(p) for p in r[3]),
+                _text(r[2]),
+                heads=tuple(_text(m) for m in r[4]) if len(r) > 4 else (),
+            ),
         )
 
 

@@ -136,7 +136,9 @@ class Slots(StoreCore):
 
         In mode "take" each granted hold gets a fresh token (``SlotGrant.tokens``, in the asking
         order): its worker reports the item's start, beats and end with it, and no other report
-        counts. A periodic run's overlap modes take tokenless holds (any report ends them)."""
+        counts. A periodic run's overlap modes take tokenless holds (any report ends them).
+        The items a free slot waits for that did not ask (``SlotGrant.heads``) are brought
+        forward (:meth:`_bring_forward`): ends read here reach the head of the line within a pass."""
         at = self.script_now(now)
         calls, minted = [], {}
         for key, a in asks.items():
@@ -150,6 +152,7 @@ class Slots(StoreCore):
                 )
             )
         replies = self.run_each(calls)
+        self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r.heads), at)
         return {
             key: reply if isinstance(reply, Exception) else replace(reply, tokens=minted[key])
             for key, reply in zip(asks, replies)
