@@ -76,7 +76,16 @@ def past() -> datetime:
 
 def test_a_slot_is_a_key_or_a_key_with_a_limit() -> None:
     assert Slot.parse("k") == Slot("k") and Slot.parse({"key": "k", "limit": 2}) == Slot("k", 2)
-    for bad in ("", "a\nb", {"key": "k", "limit": 0}, {"key": "k", "limit": "2"}, {"key": "k", "x": 1}, 3, None):
+    for bad in (
+        "",
+        "a\nb",
+        "x}:batch-1",
+        {"key": "k", "limit": 0},
+        {"key": "k", "limit": "2"},
+        {"key": "k", "x": 1},
+        3,
+        None,
+    ):
         with pytest.raises(InvalidSlotError):
             Slot.parse(bad)
 
