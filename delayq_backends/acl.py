@@ -49,6 +49,7 @@ from fnmatch import fnmatchcase
 from .config import Config
 from .errors import ConfigError
 from .keys import (
+    SLOT_KEYS,
     ShardKeys,
     batch_channel,
     key_rate_key,
@@ -57,12 +58,6 @@ from .keys import (
     periodic_key,
     periodic_trust_key,
     rate_key,
-    slot_holds_key,
-    slot_limit_key,
-    slot_reports_key,
-    slot_tokens_key,
-    slot_waiting_key,
-    slot_waits_key,
     wake_channel,
 )
 from .scripts.library import function_name
@@ -308,17 +303,7 @@ def _key_kinds(prefix: str) -> list[tuple[str, str]]:
         ("ShardKeys.started", shard.started("ID", 0)),
         *((f"ShardKeys.{n}", getattr(shard, n)("K")) for n in ("batch", "batch_members", "batch_done", "batch_failed")),
         *((f"ShardKeys.{n}", getattr(shard, n)("NAME")) for n in ("periodic_history", "periodic_runs")),
-        *(
-            (f.__name__, f(prefix, "K"))
-            for f in (
-                slot_holds_key,
-                slot_waiting_key,
-                slot_waits_key,
-                slot_limit_key,
-                slot_tokens_key,
-                slot_reports_key,
-            )
-        ),
+        *((f.__name__, f(prefix, "K")) for f in SLOT_KEYS),
         ("meta_key", meta_key(prefix)),
         ("rate_key", rate_key(prefix, "Q")),
         ("key_rate_key", key_rate_key(prefix, "Q", "K")),

@@ -18,6 +18,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from .errors import InvalidIdError
 
 __all__ = [
+    "SLOT_KEYS",
     "BALANCED_MAX_SHARDS",
     "COLLAPSE_MODES",
     "LAYOUT",
@@ -242,6 +243,10 @@ def slot_reports_key(prefix: str, key: str) -> str:
     read or delete another's), checked against :func:`slot_tokens_key` and folded into the holds
     by the forwarders' next take."""
     return _slot(prefix, key, "reports")
+
+
+#: A slot key's keys, in ``slot_take.lua``'s KEYS order.
+SLOT_KEYS = (slot_holds_key, slot_waiting_key, slot_waits_key, slot_limit_key, slot_tokens_key, slot_reports_key)
 
 
 def batch_item_id(key: str) -> str:

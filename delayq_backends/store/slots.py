@@ -20,14 +20,7 @@ from typing import NamedTuple
 from redis.exceptions import RedisError, ResponseError
 
 from ..envelope import MAX_SLOT_LIMIT, Slot
-from ..keys import (
-    slot_holds_key,
-    slot_limit_key,
-    slot_reports_key,
-    slot_tokens_key,
-    slot_waiting_key,
-    slot_waits_key,
-)
+from ..keys import SLOT_KEYS, slot_holds_key, slot_limit_key, slot_reports_key, slot_tokens_key, slot_waiting_key
 from ..models import SlotBoard, SlotGrant, SlotStatus
 from ..scripts.store import Promote, SlotEnd, SlotTake
 from .base import StoreCore
@@ -111,15 +104,8 @@ class Slots(StoreCore):
     def slot_keys(self, key: str) -> tuple[str, str, str, str, str, str]:
         """The holds, waiting, waits, limit, tokens and reports keys of slot ``key``, in
         ``slot_take.lua``'s order."""
-        prefix = self.config.prefix
-        return (
-            slot_holds_key(prefix, key),
-            slot_waiting_key(prefix, key),
-            slot_waits_key(prefix, key),
-            slot_limit_key(prefix, key),
-            slot_tokens_key(prefix, key),
-            slot_reports_key(prefix, key),
-        )
+        holds, waiting, waits, limit, tokens, reports = (f(self.config.prefix, key) for f in SLOT_KEYS)
+        return holds, waiting, waits, limit, tokens, reports
 
     def take_slots(
         self,
