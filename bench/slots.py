@@ -104,7 +104,7 @@ def drain(server: BenchServer, n: int, limit: int | None) -> float:
                 raise RuntimeError("no item reached the list in 60 s")
             if limit:
                 item_id = json.loads(popped[1])["id"]
-                store.hold_slots({"key-0": [item_id]}, "end", hold_ms=0)
+                store.give_back_slots({"key-0": [item_id]})  # a list's worker gets no token: the give-back
         return n / (time.perf_counter() - start)
     finally:
         forwarder.stop()

@@ -20,8 +20,9 @@ Lua scripts (Redis checks both against the user's ACL):
   beside the forwarder that may define code an RQ worker runs (an RQ periodic entry).
 - ``worker``: a Celery or RQ worker with dedupe (a lossless forwarder's workers): a producer (a
   task's retries and delayed children go through the store) that may also write and read the
-  runs' start records (``SET NX PX``, ``GET``), and record periodic entries' runs in their
-  history (the forwarder records their publish).
+  runs' start records (``SET NX PX``, ``GET``), record periodic entries' runs in their
+  history (the forwarder records their publish), and report its tasks' concurrency slot holds
+  (``HSET`` into a slot key's ``reports``, nothing else there; the holds are the forwarders').
 - ``reader``: ``delayq stats``/``list``/``dlq list``/``periodic list``/``slots``/``batches list``
   and every dashboard panel and API read, read-only.
 
@@ -48,6 +49,7 @@ from fnmatch import fnmatchcase
 from .config import Config
 from .errors import ConfigError
 from .keys import (
+    SLOT_KEYS,
     ShardKeys,
     batch_channel,
     key_rate_key,
@@ -56,10 +58,6 @@ from .keys import (
     periodic_key,
     periodic_trust_key,
     rate_key,
-    slot_holds_key,
-    slot_limit_key,
-    slot_waiting_key,
-    slot_waits_key,
     wake_channel,
 )
 from .scripts.library import function_name
@@ -99,10 +97,10 @@ PRODUCER_FUNCTIONS = (
     "schedule", "schedule_one", "cancel", "reschedule", "debounce", "batch_open", "batch_add", "batch_end",
 )  # fmt: skip
 
-#: The scripts a worker runs besides a producer's: the holds of its tasks' concurrency slots,
-#: passed at their end to the head of the key's line, whose items are brought forward.
-#: periodic_run: a periodic entry's run started and ended, in the entry's history.
-WORKER_FUNCTIONS = ("slot_hold", "slot_end", "promote", "periodic_run")
+#: The scripts a worker runs besides a producer's: promote brings the head of a concurrency
+#: slot's line forward when the worker reports a task's end (its reports are plain HSETs, see
+#: _role_keys); periodic_run: a periodic entry's run started and ended, in the entry's history.
+WORKER_FUNCTIONS = ("promote", "periodic_run")
 
 #: WAIT: durable_replicas; PEXPIREAT only in the selector of debounce counters (acl_rules)
 _PRODUCER = (*_CONNECTION, *_TRANSACTIONS, *_SCRIPT_WRITES, *_READS, *_HASH_READS, "+hsetnx", "+wait")
@@ -222,10 +220,10 @@ def _role_keys(prefix: str, role: str) -> list[str]:
     if role in _PRODUCES:
         writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", "calls:*", "batch*")]
         reads = [_shard_key(prefix, "dead*"), meta_key(prefix)]
-        if role == "worker":  # slot_hold.lua and slot_end.lua: its tasks' slots and the key's line
-            # and limit (only read, but FCALL needs write access to all its keys; what a ZADD or
-            # HSET leaves there, slot_take.lua drops)
-            writes += [_slot_holds(prefix, n) for n in ("holds", "waiting", "waits", "limit")]
+        if role == "worker":
+            # a slot key's line, read to bring its head forward at a task's end; the holds, tokens
+            # and limit are the forwarders' alone, the reports a selector's HSET only (acl_rules)
+            reads.append(_slot_holds(prefix, "waiting"))
             writes.append(_history_keys(prefix))  # periodic_run.lua: the runs it started and ended
         return [*(f"~{k}" for k in writes), *(f"%R~{k}" for k in reads)]
     return key_patterns(prefix)
@@ -273,9 +271,10 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
         # record is written again for durable_replicas' WAIT
         rules.append(f"(+set +get +type +watch +del +pexpire ~{_shard_key(prefix, 'started:*')})")
-        # slot_hold.lua and slot_end.lua leave a hand write alone; slot_end.lua reads a runtime limit
-        rules += [f"(+type ~{_slot_holds(prefix, n)})" for n in ("holds", "waiting", "waits")]
-        rules.append(f"(+type +get ~{_slot_holds(prefix, 'limit')})")
+        # its reports on its tasks' slot holds: HSET only, so it can neither read nor delete
+        # another worker's (each a random field), and slot_take.lua counts only those that carry
+        # their hold's token
+        rules.append(f"(+hset ~{_slot_holds(prefix, 'reports')})")
     return rules
 
 
@@ -304,7 +303,7 @@ def _key_kinds(prefix: str) -> list[tuple[str, str]]:
         ("ShardKeys.started", shard.started("ID", 0)),
         *((f"ShardKeys.{n}", getattr(shard, n)("K")) for n in ("batch", "batch_members", "batch_done", "batch_failed")),
         *((f"ShardKeys.{n}", getattr(shard, n)("NAME")) for n in ("periodic_history", "periodic_runs")),
-        *((f.__name__, f(prefix, "K")) for f in (slot_holds_key, slot_waiting_key, slot_waits_key, slot_limit_key)),
+        *((f.__name__, f(prefix, "K")) for f in SLOT_KEYS),
         ("meta_key", meta_key(prefix)),
         ("rate_key", rate_key(prefix, "Q")),
         ("key_rate_key", key_rate_key(prefix, "Q", "K")),

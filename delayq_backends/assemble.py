@@ -58,6 +58,8 @@ class ProcessSettings:
         lossless_window: lossless mode (None: off): seconds a published Celery task is kept
             until a worker with dedupe reports its start, then published again (see
             :class:`~delayq_backends.forwarder.Forwarder`).
+        slot_start_window: seconds a concurrency slot taken at release waits for its task's
+            start (see :class:`~delayq_backends.forwarder.ForwarderSettings`).
     """
 
     store: Config
@@ -80,6 +82,7 @@ class ProcessSettings:
     rq_adopt: bool = True
     lossless_window: float | None = None
     overlap: bool = forwarding.OVERLAP_DEFAULT
+    slot_start_window: float = forwarding.SLOT_START_WINDOW.default
 
     def forwarding(self) -> forwarding.ForwarderSettings:
         """The settings of the :class:`Forwarder` itself (checked there)."""
@@ -90,6 +93,7 @@ class ProcessSettings:
             flow=self.flow,
             lossless_window=self.lossless_window,
             overlap=self.overlap,
+            slot_start_window=self.slot_start_window,
         )
 
 

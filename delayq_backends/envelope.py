@@ -298,12 +298,14 @@ class Slot:
             return value
         key, limit = (value.get("key"), value.get("limit")) if isinstance(value, Mapping) else (value, None)
         extra = set(value) - {"key", "limit"} if isinstance(value, Mapping) else set()
-        ok_key = isinstance(key, str) and 0 < len(key) <= MAX_RATE_KEY and key.isprintable()
+        # "}:" would close the slot key's hash tag and could make its keys match another key
+        # kind's ACL pattern (a producer's "...}:batch*"), handing a role another's slot key
+        ok_key = isinstance(key, str) and 0 < len(key) <= MAX_RATE_KEY and key.isprintable() and "}:" not in key
         ok_limit = limit is None or (type(limit) is int and 1 <= limit <= MAX_SLOT_LIMIT)
         if not ok_key or not ok_limit or extra:
             raise InvalidSlotError(
-                f"slot {repr(value)[:80]}: pass a key (printable text of 1..{MAX_RATE_KEY} characters, e.g. "
-                f"'customer-42') or {{'key': KEY, 'limit': N}} with 1 <= N <= {MAX_SLOT_LIMIT}"
+                f"slot {repr(value)[:80]}: pass a key (printable text of 1..{MAX_RATE_KEY} characters "
+                f"without '}}:', e.g. 'customer-42') or {{'key': KEY, 'limit': N}} with 1 <= N <= {MAX_SLOT_LIMIT}"
             )
         return cls(str(key), limit)
 

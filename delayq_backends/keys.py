@@ -18,6 +18,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from .errors import InvalidIdError
 
 __all__ = [
+    "SLOT_KEYS",
     "BALANCED_MAX_SHARDS",
     "COLLAPSE_MODES",
     "LAYOUT",
@@ -40,6 +41,8 @@ __all__ = [
     "shard_tags",
     "slot_holds_key",
     "slot_limit_key",
+    "slot_reports_key",
+    "slot_tokens_key",
     "slot_waiting_key",
     "slot_waits_key",
     "wake_channel",
@@ -224,6 +227,26 @@ def slot_limit_key(prefix: str, key: str) -> str:
     """STRING: the limit of slot ``key`` set at runtime (``set_slot_limit``); absent: the limit
     the items carry, or none."""
     return _slot(prefix, key, "limit")
+
+
+def slot_tokens_key(prefix: str, key: str) -> str:
+    """HASH member -> SHA-1 (hex) of the token its forwarder minted when it granted the hold: only
+    the worker given the token (in the item's message) can report the hold's start or end.
+    Written by forwarders alone; a hold with no token (granted by an earlier release) takes
+    tokenless reports."""
+    return _slot(prefix, key, "tokens")
+
+
+def slot_reports_key(prefix: str, key: str) -> str:
+    """HASH of the workers' reports on their holds, ``<member>\\n<nonce>`` -> ``start:<sha1>:<ms>``,
+    ``beat:<sha1>:<ms>`` or ``end:<token>``: written by workers (HSET, nothing else: they cannot
+    read or delete another's), checked against :func:`slot_tokens_key` and folded into the holds
+    by the forwarders' next take."""
+    return _slot(prefix, key, "reports")
+
+
+#: A slot key's keys, in ``slot_take.lua``'s KEYS order.
+SLOT_KEYS = (slot_holds_key, slot_waiting_key, slot_waits_key, slot_limit_key, slot_tokens_key, slot_reports_key)
 
 
 def batch_item_id(key: str) -> str:

@@ -8,7 +8,6 @@ from enum import Enum
 __all__ = [
     "BatchStatus",
     "SlotBoard",
-    "SlotEnded",
     "SlotGrant",
     "SlotStatus",
     "CancelOutcome",
@@ -304,25 +303,18 @@ class SlotGrant:
             periodic run's overlap modes), else its place in the key's line of waiting items
             (0: next).
         reset: what was found out of place and dropped ("" when nothing).
+        tokens: per asking item, the token its hold was granted with (mode "take"; "" else):
+            what its worker reports the hold with, passed in its message.
+        heads: the first items in the key's line that a free slot waits for and that did not
+            ask in this call (deferred): the caller brings them forward.
     """
 
     limit: int
     running: int
     places: tuple[int, ...]
     reset: str = ""
-
-
-@dataclass(frozen=True)
-class SlotEnded:
-    """One slot key's answer to holds ended (``slot_end.lua``).
-
-    Attributes:
-        ended: how many of the members were held before the call (-1: the holds key is garbage).
-        passed: the members at the head of the line the freed slots went to, in line order.
-    """
-
-    ended: int
-    passed: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = ()
+    heads: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,20 +5,27 @@ N}``; Celery's ``delayq_slot`` header, RQ's ``delayq_slot=``) is released by a f
 while fewer than the key's limit of its items hold a slot (:mod:`delayq_backends.forwarder.slots`);
 the others wait in the store, in line by rank then ready time, and other keys flow.
 
-A slot is a **lease**, one member of the key's ``holds`` set scored with the time it lapses:
+A slot is a **lease**, one member of the key's ``holds`` set scored with the time it lapses,
+written by forwarders only:
 
-- taken by the forwarder at release, held :data:`~delayq_backends.store.START_HOLD_MS` (5 min)
-  for the message to reach a worker;
-- held by the worker (:class:`SlotGuard`) from the task's start for
-  :data:`~delayq_backends.store.RUN_HOLD_MS` (60 s), extended by a heartbeat every third of
-  that while the task runs, so a long task keeps it;
-- given back when the task ends (success, failure, a retry, a revoke), and passed at once to
-  the head of the key's line, whose item is brought forward (so the key runs at its limit).
+- taken by the forwarder at release with a fresh random token (its SHA-1 kept beside the hold,
+  the token itself passed in the item's message: Celery header ``delayq_slot_token``, RQ job
+  hash field ``delayq_slot_token``), held for the start window
+  (:data:`~delayq_backends.store.START_HOLD_MS`, 60 s, the forwarder's ``slot_start_window``);
+- reported started by the worker (:class:`SlotGuard`), which holds it
+  :data:`~delayq_backends.store.RUN_HOLD_MS` (60 s) from then, beating every third of that while
+  the task runs, so a long task keeps it (at most :data:`~delayq_backends.store.MAX_HOLD_MS`
+  from now per report, whatever a worker asks);
+- reported ended when the task ends (success, failure, a retry, a revoke): the head of the key's
+  line is brought forward and takes the slot within a pass.
 
+A worker's reports are HSETs into the key's ``reports`` hash, checked by the next take against
+the hold's token: a report without it (another worker's member, a forged one) changes nothing.
 So a key never stays blocked (a worker that dies mid-task gives its slot back at most 60 s after
-its last beat; a message lost before any worker started it, after 5 min), and a second copy
-never gets in while the first holds the slot (a forwarder that re-releases a held item finds its
-member held and keeps that one slot).
+its last beat; a message lost or never read, after the start window), a worker credential can
+neither end nor extend a hold it was not given, and a second copy never gets in while the first
+holds the slot (a forwarder that re-releases a held item keeps that one slot, under the new
+token and the one before: either copy may report it).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from collections import Counter
 from redis.exceptions import RedisError
 
 from .errors import DelayqError
-from .store import RUN_HOLD_MS, DelayStore
+from .store import RUN_HOLD_MS, DelayStore, SlotRun
 
 __all__ = ["SlotGuard"]
 
@@ -54,34 +61,41 @@ class SlotGuard:
         self.hold_ms = hold_ms
         #: the process that made the guard: a forked child makes its own (the beat thread is not inherited)
         self.pid = os.getpid()
-        self._held: Counter[tuple[str, str]] = Counter()
+        self._held: Counter[tuple[str, SlotRun]] = Counter()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._beat: threading.Thread | None = None
 
-    def start(self, key: str, member: str) -> None:
-        """Hold ``key``'s slot for ``member`` from now: its task starts."""
+    def start(self, key: str, run: SlotRun) -> None:
+        """Hold ``key``'s slot of ``run`` from now: its task starts."""
+        if not run.token:
+            log.info(
+                "slot %r: %s carries no slot token (released by an earlier forwarder): its hold is "
+                "reported tokenless, which counts only for a hold granted without one",
+                key,
+                run.member,
+            )
         with self._lock:
-            self._held[(key, member)] += 1
+            self._held[(key, run)] += 1
             if self._beat is None:
                 self._beat = threading.Thread(target=self._beat_loop, name="delayq-slot-beat", daemon=True)
                 self._beat.start()
-        self._send({key: [member]}, "start")
+        self._send({key: [run]}, "start")
 
-    def end(self, key: str, member: str) -> None:
-        """Give back ``key``'s slot of ``member``: its task ended (or never will run)."""
+    def end(self, key: str, run: SlotRun) -> None:
+        """Give back ``key``'s slot of ``run``: its task ended (or never will run)."""
         with self._lock:
-            self._held[(key, member)] -= 1
-            if self._held[(key, member)] <= 0:
-                del self._held[(key, member)]
-        self._send({key: [member]}, "end")
+            self._held[(key, run)] -= 1
+            if self._held[(key, run)] <= 0:
+                del self._held[(key, run)]
+        self._send({key: [run]}, "end")
 
-    def held(self) -> dict[str, list[str]]:
-        """The members this process holds, by key."""
+    def held(self) -> dict[str, list[SlotRun]]:
+        """The runs this process holds, by key."""
         with self._lock:
-            by_key: dict[str, list[str]] = {}
-            for key, member in self._held:
-                by_key.setdefault(key, []).append(member)
+            by_key: dict[str, list[SlotRun]] = {}
+            for key, run in self._held:
+                by_key.setdefault(key, []).append(run)
             return by_key
 
     def close(self) -> None:
@@ -94,21 +108,12 @@ class SlotGuard:
             if held:
                 self._send(held, "beat")
 
-    def _send(self, holds: dict[str, list[str]], mode: str) -> None:
+    def _send(self, holds: dict[str, list[SlotRun]], mode: str) -> None:
         try:
-            replies = self.store.hold_slots(holds, mode, hold_ms=self.hold_ms)
+            replies: dict[str, Exception | None] = dict(self.store.hold_slots(holds, mode, hold_ms=self.hold_ms))
         except (RedisError, DelayqError, OSError) as exc:
             replies = {key: exc for key in holds}
         for key, reply in replies.items():
-            if isinstance(reply, Exception):
-                log.warning("slot %r: %s of %s failed (%s); the hold lapses by itself", key, mode, holds[key], reply)
-            elif reply < 0:
-                log.warning("slot %r: its holds key is no sorted set (a hand write); the next release drops it", key)
-            elif mode == "start" and reply < len(holds[key]):  # it runs all the same
-                log.warning(
-                    "slot %r: %s started without its slot held (its hold lapsed before this start: a "
-                    "redelivery later than the slot hold, or a run sent around the store); the key "
-                    "may run over its limit while it runs",
-                    key,
-                    holds[key],
-                )
+            if reply is not None:
+                members = [run.member for run in holds[key]]
+                log.warning("slot %r: %s of %s failed (%s); the hold lapses by itself", key, mode, members, reply)

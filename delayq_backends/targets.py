@@ -36,19 +36,27 @@ __all__ = [
     "PublishReport",
     "RedisListTarget",
     "RunTarget",
+    "SLOT_TOKEN",
     "Target",
 ]
+
+#: The Celery message header, and the RQ job hash field, that carries a delivery's
+#: :attr:`Delivery.slot_token` to its worker (:mod:`delayq_backends.slots`).
+SLOT_TOKEN = "delayq_slot_token"
 
 
 @dataclass(slots=True)
 class Delivery:
     """A due item, decoded, on its way to a target. Read-only by convention, not frozen: one is
-    made per forwarded item, and a frozen dataclass's ``__init__`` costs several times more."""
+    made per forwarded item, and a frozen dataclass's ``__init__`` costs several times more.
+    ``slot_token``: the token of the concurrency slot taken for it (set by the forwarder's slot
+    hook; "" without one), which a Celery or RQ target passes to its worker in the message."""
 
     id: str
     envelope: Envelope
     attempts: int
     ready_ms: int
+    slot_token: str = ""
 
 
 @dataclass

@@ -176,6 +176,11 @@ class TestingStore(DelayStore):
         """The fake clock: a forwarder or ``stats()`` must see the same "now" as the claims."""
         return self.clock()
 
+    def slot_token_proof(self, token: str) -> str:
+        """The token itself: fakeredis's scripts have no ``redis.sha1hex``, so ``slot_take.lua``
+        keeps tokens as they are here (an in-process store guards nothing)."""
+        return token
+
 
 def testing_store(
     prefix: str = "delayq", shards: int = 16, clock: FakeClock | None = None, **settings: Any

@@ -42,7 +42,7 @@ from delayq_backends.scripts.library import (
     ScriptRunner,
 )
 from delayq_backends.scripts.store import Cancel, ScheduleOne, Take
-from delayq_backends.store import SlotAsk
+from delayq_backends.store import SlotAsk, SlotRun
 from delayq_backends.targets import RedisListTarget
 from tests.harness.servers import SYNC_AT_ONCE
 from tests.helpers import wait_for
@@ -188,7 +188,8 @@ INTERNAL = {
     "take_tokens": "a rate bucket: lost, it refills early once",
     "take_key_tokens": "a rate bucket: lost, it refills early once",
     "take_slots": "a forwarder's slot: lost, the limit may be passed once until holds lapse",
-    "hold_slots": "a worker's hold: lost, it lapses at its replicated deadline, or ends late",
+    "hold_slots": "a worker's report on its hold: lost, the hold lapses at its replicated deadline, or ends late",
+    "give_back_slots": "a forwarder's give-back of an unpublished item's slot: lost, the hold lapses at its deadline",
     "replace_garbage": "clears a hand write; the caller's record_start that follows waits",
     "replace_envelope": "rq-upgrade's format change: lost, the forwarder dead-letters the item naming rq-upgrade, "
     "which upgrades dead letters too",
@@ -200,7 +201,7 @@ READS = {
     "due_histogram", "exists", "from_url", "get", "heads", "held", "keys", "lease_key", "meta_drift",
     "pending_in_batch", "rank",
     "scan", "scheduled", "script_now", "server_time_ms", "shard_of", "slot_board", "slot_keys",
-    "slot_keys_in_use", "slot_status", "slot_statuses", "started", "stats", "subscribe_wake",
+    "slot_keys_in_use", "slot_status", "slot_statuses", "slot_token_proof", "started", "stats", "subscribe_wake",
 }  # fmt: skip
 #: periodic.ops' public functions that write (their cases above start with "periodic <name>").
 PERIODIC_WRITES = {"upsert", "pause", "resume", "run_now", "backfill", "remove", "sync_code", "trust_stored"}
@@ -225,7 +226,9 @@ DURABLE = {
     "ShardKeys.dead_info": "requeue_dead, purge_dead",
     "ShardKeys.calls": "debounce, throttle",
     "ShardKeys.started": "record_start",
-    "slot_holds_key": "internal: hold_slots, take_slots",
+    "slot_holds_key": "internal: take_slots, give_back_slots",
+    "slot_tokens_key": "internal: take_slots, give_back_slots",
+    "slot_reports_key": "internal: hold_slots",
     "slot_waiting_key": "internal: take_slots",
     "slot_waits_key": "internal: take_slots",
     "slot_limit_key": "set_slot_limit, set_slot_limit(None)",
@@ -424,6 +427,7 @@ def test_the_forwarders_and_workers_bookkeeping_does_not_wait(cut_off: EmbeddedS
     lease.fail([FailedDelivery("i3", None, "boom")])
     durable.take_tokens("q", 1, rate=1, burst=1)
     durable.take_slots({"k": SlotAsk(2, [("i1", 0)])}, hold_ms=60_000, wait_ms=15_000)
-    durable.hold_slots({"k": ["i1"]}, "start", hold_ms=60_000)
-    durable.hold_slots({"k": ["i1"]}, "end", hold_ms=0)
+    durable.hold_slots({"k": [SlotRun("i1", "")]}, "start", hold_ms=60_000)
+    durable.hold_slots({"k": [SlotRun("i1", "")]}, "end")
+    durable.give_back_slots({"k": ["i1"]})
     assert server.info("commandstats").get("cmdstat_wait", {}).get("calls", 0) == waits_before

@@ -70,6 +70,8 @@ COVERED = {
     "slot_waiting_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_waits_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_limit_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
+    "slot_tokens_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
+    "slot_reports_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "ShardKeys.batch": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "ShardKeys.batch_members": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "ShardKeys.batch_done": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",

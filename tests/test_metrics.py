@@ -401,7 +401,7 @@ def test_slot_gauges_name_a_limit_and_odd_keys_and_list_keys_once_per_ttl(valkey
         assert value(samples, "delayq_slot_limit", prefix=prefix, key=junk) is None
 
     store.take_slots({"new": SlotAsk(1, [("n", 0)])}, hold_ms=600_000, wait_ms=600_000)
-    store.hold_slots({"one-0": ["x"]}, "end", hold_ms=0)  # a key with no line: its slot is free again
+    store.give_back_slots({"one-0": ["x"]})  # a key with no line: its slot is free again
     get = registry.get_sample_value
     assert get("delayq_slots_in_use", {"prefix": prefix, "key": "one-0"}) == 0, "counts are read on every scrape"
     assert get("delayq_slots_in_use", {"prefix": prefix, "key": "new"}) is None, "the key list waits for its ttl"

@@ -14,13 +14,14 @@ import redis
 from click.testing import CliRunner
 
 from delayq_backends import DelayStore
+from delayq_backends import keys as layout
 from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope, Slot, slot_of
 from delayq_backends.errors import InvalidSlotError
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
+from delayq_backends.models import SlotGrant
 from delayq_backends.slots import SlotGuard
-from delayq_backends.store import WAIT_MS, SlotAsk
+from delayq_backends.store import SlotAsk, SlotRun
 from delayq_backends.targets import Delivery, RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.harness import make_store
@@ -52,6 +53,11 @@ class Running:
     def of(self, key: str) -> list[str]:
         return [i for i in self.target.ids if i.startswith(f"{key}-")]
 
+    def end(self, key: str, ids: list[str]) -> None:
+        """The tasks of ``ids`` ended: their worker reports it with the tokens they came with."""
+        tokens = {d.id: d.slot_token for d in self.target.delivered}
+        self.forwarder.store.hold_slots({key: [SlotRun(i, tokens[i]) for i in ids]}, "end")
+
     def wait(self, check: Callable[[], bool], what: str) -> None:
         wait_for(check, 20, lambda: f"{what}; delivered {self.target.ids}")
 
@@ -70,7 +76,16 @@ def past() -> datetime:
 
 def test_a_slot_is_a_key_or_a_key_with_a_limit() -> None:
     assert Slot.parse("k") == Slot("k") and Slot.parse({"key": "k", "limit": 2}) == Slot("k", 2)
-    for bad in ("", "a\nb", {"key": "k", "limit": 0}, {"key": "k", "limit": "2"}, {"key": "k", "x": 1}, 3, None):
+    for bad in (
+        "",
+        "a\nb",
+        "x}:batch-1",
+        {"key": "k", "limit": 0},
+        {"key": "k", "limit": "2"},
+        {"key": "k", "x": 1},
+        3,
+        None,
+    ):
         with pytest.raises(InvalidSlotError):
             Slot.parse(bad)
 
@@ -93,14 +108,26 @@ def test_at_most_the_limit_is_released_until_slots_come_back(running: Running) -
         before = running.forwarder.stats.deferred
         running.wait(lambda b=before: running.forwarder.stats.deferred > b, "the waiting items to ask again")
     assert sorted(running.of("a")) == a[:3]  # the first in their order (published together)
-    store.hold_slots({"a": running.of("a")[:2]}, "end", hold_ms=0)  # two tasks finished
+    running.end("a", running.of("a")[:2])  # two tasks finished
     running.wait(lambda: len(running.of("a")) == 5, "two more of a go")
     assert sorted(running.of("a")) == a[:5]
     for n in range(5, 20):  # each finished task lets the next one in
-        store.hold_slots({"a": [running.of("a")[n - 3]]}, "end", hold_ms=0)
+        running.end("a", [running.of("a")[n - 3]])
         running.wait(lambda n=n: len(running.of("a")) == n + 1, f"{n + 1} of a")
         assert store.slot_status("a").running <= 3
     assert running.of("a")[5:] == a[5:]  # one at a time: strictly in their order
+
+
+def test_ends_show_with_no_item_of_the_key_asking(running: Running) -> None:
+    """The forwarder reads the workers' reports of the keys it holds every second: a key whose
+    tasks all ended shows no slot running, though no item of it asks again."""
+    store = running.forwarder.store
+    schedule_line(store, "a", 2, limit=2, start=past())
+    running.thread.start()
+    running.wait(lambda: len(running.of("a")) == 2, "2 of a")
+    running.end("a", running.of("a"))
+    wait_for(lambda: store.slot_status("a").running == 0, 5, "the ends to be read")
+    assert store.client.hlen(layout.slot_reports_key(store.config.prefix, "a")) == 0
 
 
 def test_a_higher_rank_goes_first_then_ready_time(running: Running) -> None:
@@ -110,7 +137,7 @@ def test_a_higher_rank_goes_first_then_ready_time(running: Running) -> None:
     running.thread.start()
     running.wait(lambda: len(running.of("a")) == 1, "one of a")
     for n in range(1, 7):
-        store.hold_slots({"a": [running.of("a")[-1]]}, "end", hold_ms=0)
+        running.end("a", [running.of("a")[-1]])
         running.wait(lambda n=n: len(running.of("a")) == n + 1, f"{n + 1} of a")
     assert running.of("a") == ["a-urgent", *a]
 
@@ -135,11 +162,46 @@ def test_a_lapsed_hold_is_reaped_and_its_slot_goes_to_the_next(valkey_url: str, 
     )["k"]
     assert take("x", 1_000).places == (-1,)
     assert take("y", 1_050).places == (0,)  # x holds the one slot
-    assert take("x", 1_060).places == (-1,)  # x asks again (a forwarder re-claiming it): it keeps it
-    store.hold_slots({"k": ["x"]}, "start", hold_ms=100, now=1_080)  # its worker starts it
-    assert take("y", 1_150).places == (0,)
-    grant = take("y", 1_181)  # x's hold lapsed at 1_180: its worker died
+    grant = take("x", 1_060)  # x asks again (a forwarder re-claiming it): it keeps it, under a new token
+    assert grant.places == (-1,)
+    store.hold_slots({"k": [SlotRun("x", grant.tokens[0])]}, "start", hold_ms=100)  # its worker starts it
+    assert take("y", 1_150).places == (0,)  # the start is read here: x is held until 1_250
+    assert take("y", 1_200).places == (0,)
+    grant = take("y", 1_251)  # x's hold lapsed at 1_250: its worker died
     assert grant.places == (-1,) and grant.running == 1
+
+
+def test_a_second_copy_shares_its_hold_and_either_copy_may_end_it(valkey_url: str, prefix: str) -> None:
+    """A held item released again (a forwarder crashed after its publish, lossless mode's second
+    copy) keeps its one slot under both tokens: the first copy, which may be the one that runs,
+    still reports its start and end; a third copy's grant forgets the first token."""
+    store = make_store(valkey_url, prefix)
+    take = lambda member, key="k": store.take_slots(  # noqa: E731
+        {key: SlotAsk(1, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000
+    )[key]
+    first, second = take("x"), take("x")
+    assert first.places == second.places == (-1,) and second.running == 1
+    store.hold_slots({"k": [SlotRun("x", first.tokens[0])]}, "end")
+    assert take("y").places == (-1,)  # the first copy's end freed the slot
+    one, _, _ = take("z", "j"), take("z", "j"), take("z", "j")
+    store.hold_slots({"j": [SlotRun("z", one.tokens[0])]}, "end")
+    later = take("w", "j")
+    assert later.places == (0,) and "reports without their hold's token=1" in later.reset
+
+
+def test_a_short_tasks_start_and_end_read_together_end_its_hold_quietly(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix)
+    take = lambda member: store.take_slots(  # noqa: E731
+        {"k": SlotAsk(1, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000
+    )["k"]
+    run = SlotRun("short", take("short").tokens[0])
+    for _ in range(20):  # the reports' order in the hash is the server's: try a few
+        store.hold_slots({"k": [run]}, "start", hold_ms=60_000)
+        store.hold_slots({"k": [run]}, "end")
+        grant = take("next")
+        assert grant.places == (-1,) and grant.reset == ""
+        store.give_back_slots({"k": ["next"]})
+        run = SlotRun("short", take("short").tokens[0])
 
 
 def test_a_free_slot_waits_for_the_head_of_the_line(valkey_url: str, prefix: str) -> None:
@@ -149,13 +211,15 @@ def test_a_free_slot_waits_for_the_head_of_the_line(valkey_url: str, prefix: str
     take = lambda member, order, now, mode="take": store.take_slots(  # noqa: E731
         {"k": SlotAsk(1, [(member, order)])}, hold_ms=60_000, wait_ms=500, now=now, mode=mode
     )["k"]
-    assert take("run", 0, 1_000).places == (-1,)
+    run = take("run", 0, 1_000)
+    assert run.places == (-1,)
     assert take("first", 10, 1_010).places == (0,)
     assert take("second", 20, 1_020).places == (1,)
-    store.hold_slots({"k": ["run"]}, "end", hold_ms=0)
+    store.hold_slots({"k": [SlotRun("run", run.tokens[0])]}, "end")
     assert take("second", 20, 1_100).places == (1,)  # the slot is first's
-    assert take("first", 10, 1_200).places == (-1,)
-    store.hold_slots({"k": ["first"]}, "end", hold_ms=0)
+    first = take("first", 10, 1_200)
+    assert first.places == (-1,)
+    store.hold_slots({"k": [SlotRun("first", first.tokens[0])]}, "end")
     assert take("third", 5, 1_300, "join").places == (0,)  # in line ahead of second, then never asks
     assert take("second", 20, 1_700).places == (1,)
     assert take("second", 20, 1_801).places == (-1,)  # third's place lapsed at 1_800
@@ -177,18 +241,32 @@ def test_an_item_that_will_not_be_published_gives_up_its_place(valkey_url: str, 
 #: Hostile writes to a slot key's keys (every kind of keys.py's slot_*_key): each must leave the
 #: line flowing. Those the take reports are logged, naming the key or what was dropped (SAID).
 GARBAGE: dict[str, Callable[[redis.Redis, str, str], object]] = {
-    "holds of another type": lambda c, p, k: c.set(slot_holds_key(p, k), "junk"),
-    "holds far ahead": lambda c, p, k: c.zadd(slot_holds_key(p, k), {"ghost-1": 1e15, "ghost-2": float("inf")}),
-    "waiting of another type": lambda c, p, k: c.hset(slot_waiting_key(p, k), "a", "b"),
-    "waiting entries without a wait": lambda c, p, k: c.zadd(slot_waiting_key(p, k), {f"g{i}": -1 for i in range(50)}),
-    "waits of another type": lambda c, p, k: c.lpush(slot_waits_key(p, k), "x"),
-    "waits far ahead": lambda c, p, k: (
-        c.zadd(slot_waiting_key(p, k), {"ghost": -1}),
-        c.zadd(slot_waits_key(p, k), {"ghost": float("inf")}),
+    "holds of another type": lambda c, p, k: c.set(layout.slot_holds_key(p, k), "junk"),
+    "holds far ahead": lambda c, p, k: c.zadd(layout.slot_holds_key(p, k), {"ghost-1": 1e15, "ghost-2": float("inf")}),
+    "waiting of another type": lambda c, p, k: c.hset(layout.slot_waiting_key(p, k), "a", "b"),
+    "waiting entries without a wait": lambda c, p, k: c.zadd(
+        layout.slot_waiting_key(p, k), {f"g{i}": -1 for i in range(50)}
     ),
-    "limit not a number": lambda c, p, k: c.set(slot_limit_key(p, k), "\xff2"),
-    "limit 0": lambda c, p, k: c.set(slot_limit_key(p, k), "0"),
-    "limit of another type": lambda c, p, k: c.sadd(slot_limit_key(p, k), "3"),
+    "waits of another type": lambda c, p, k: c.lpush(layout.slot_waits_key(p, k), "x"),
+    "waits far ahead": lambda c, p, k: (
+        c.zadd(layout.slot_waiting_key(p, k), {"ghost": -1}),
+        c.zadd(layout.slot_waits_key(p, k), {"ghost": float("inf")}),
+    ),
+    "limit not a number": lambda c, p, k: c.set(layout.slot_limit_key(p, k), "\xff2"),
+    "limit 0": lambda c, p, k: c.set(layout.slot_limit_key(p, k), "0"),
+    "limit of another type": lambda c, p, k: c.sadd(layout.slot_limit_key(p, k), "3"),
+    "tokens of another type": lambda c, p, k: c.set(layout.slot_tokens_key(p, k), "x"),
+    "tokens for no hold": lambda c, p, k: c.hset(
+        layout.slot_tokens_key(p, k), mapping={f"a-0{i}": "0" * 40 for i in range(6)}
+    ),
+    "reports of another type": lambda c, p, k: c.rpush(layout.slot_reports_key(p, k), "x"),
+    "reports forged": lambda c, p, k: c.hset(
+        layout.slot_reports_key(p, k),
+        mapping={"no-newline": "end:x", "a-00\nn1": "start:nothex:99999999", "a-01\nn2": "beat::x", "a-02\nn3": "?"},
+    ),
+    "reports past one call": lambda c, p, k: c.hset(
+        layout.slot_reports_key(p, k), mapping={f"g{i}\nn": "end:" for i in range(3000)}
+    ),
 }
 
 
@@ -200,6 +278,10 @@ SAID = {
     "limit not a number": "limit=",
     "limit 0": "limit=0",
     "limit of another type": ":limit type=set",
+    "tokens of another type": ":tokens type=string",
+    "reports of another type": ":reports type=list",
+    "reports forged": "reports without their hold's token=3",
+    "reports past one call": "reports waiting past one call",
 }
 
 
@@ -216,10 +298,10 @@ def test_garbage_in_slot_keys_never_stops_the_line(
     for n in range(6):
         running.wait(lambda n=n: len(running.of("a")) > n, f"item {n} of a")
         assert store.slot_status("a").running <= 2
-        store.hold_slots({"a": [running.of("a")[n]]}, "end", hold_ms=0)
+        running.end("a", [running.of("a")[n]])
     assert sorted(running.of("a")) == a
     if garbage in SAID:
-        assert any("slot 'a' held" in r.message and SAID[garbage] in r.message for r in caplog.records)
+        assert any("slot 'a': " in r.message and SAID[garbage] in r.message for r in caplog.records)
 
 
 def test_a_slot_travels_in_the_envelope_with_the_rank(valkey_url: str, prefix: str) -> None:
@@ -254,38 +336,37 @@ def test_a_heartbeat_keeps_a_long_task_and_a_dead_worker_lets_go(valkey_url: str
     (it died), the hold lapses and the next in line gets the slot."""
     store = make_store(valkey_url, prefix)
 
-    def take(member: str) -> tuple[int, ...]:
+    def take(member: str) -> SlotGrant:
         grant = store.take_slots({"k": SlotAsk(1, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000)["k"]
         assert not isinstance(grant, Exception)
-        return grant.places
+        return grant
 
-    assert take("long") == (-1,)
+    long = SlotRun("long", take("long").tokens[0])
     guard = SlotGuard(store, hold_ms=300)
-    guard.start("k", "long")
+    guard.start("k", long)
     deadline = time.monotonic() + 1.5  # five hold periods
     while time.monotonic() < deadline:
-        assert take("next") == (0,), "the long task's slot was given away while it ran"
+        assert take("next").places == (0,), "the long task's slot was given away while it ran"
         time.sleep(0.05)
     guard.close()  # the worker dies: no more beats, no end
-    wait_for(lambda: take("next") == (-1,), 5, "the dead worker's hold to lapse")
-    assert guard.held() == {"k": ["long"]}
+    wait_for(lambda: take("next").places == (-1,), 5, "the dead worker's hold to lapse")
+    assert guard.held() == {"k": [long]}
 
 
-def test_a_start_without_its_slot_held_runs_and_says_the_key_may_be_over_its_limit(
-    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A run whose hold lapsed before it started (a redelivery later than the hold) runs all the
-    same: the worker says so, since the slot may have gone to another task meanwhile."""
+def test_a_start_after_its_hold_lapsed_is_said_to_risk_the_limit(valkey_url: str, prefix: str) -> None:
+    """A run whose hold lapsed before it started (a redelivery later than the start window) runs
+    all the same: the next take says so, since the slot may have gone to another task meanwhile,
+    and does not count it (its report is not its hold's any more)."""
     store = make_store(valkey_url, prefix)
-    store.take_slots({"k": SlotAsk(1, [("granted", 0)])}, hold_ms=60_000, wait_ms=60_000)
-    guard = SlotGuard(store, hold_ms=60_000)
-    with caplog.at_level("WARNING", logger="delayq.slots"):
-        guard.start("k", "granted")
-        assert not caplog.records
-        guard.start("k", "lapsed")
-    assert "'lapsed'" in caplog.text and "over its limit" in caplog.text
-    assert store.slot_status("k").running == 2
-    guard.close()
+    take = lambda member, now: store.take_slots(  # noqa: E731
+        {"k": SlotAsk(1, [(member, 0)])}, hold_ms=100, wait_ms=60_000, now=now
+    )["k"]
+    late = SlotRun("late", take("late", 1_000).tokens[0])
+    assert take("next", 1_101).places == (-1,)  # late's start window lapsed at 1_100
+    store.hold_slots({"k": [late]}, "start", hold_ms=60_000)
+    grant = take("other", 1_102)
+    assert grant.places == (0,) and grant.running == 1
+    assert "started after their hold lapsed (may run over the limit)=late" in grant.reset
 
 
 def test_a_slot_in_an_envelope_that_is_none_runs_unlimited() -> None:
@@ -304,8 +385,9 @@ def test_a_batch_bigger_than_luas_unpack_limit_takes_and_gives_back_its_slots(va
     taken = store.take_slots({"big": SlotAsk(2, members)}, hold_ms=60_000, wait_ms=60_000)["big"]
     assert not isinstance(taken, Exception)
     assert taken.places[:3] == (-1, -1, 0) and taken.places[-1] == 8997
-    assert store.hold_slots({"big": [m for m, _ in members]}, "beat", hold_ms=60_000) == {"big": 2}
-    assert store.hold_slots({"big": [m for m, _ in members]}, "end", hold_ms=0) == {"big": 2}
+    runs = [SlotRun(m, t) for (m, _), t in zip(members, taken.tokens)]
+    assert store.hold_slots({"big": runs}, "beat", hold_ms=60_000) == {"big": None}
+    assert store.give_back_slots({"big": [m for m, _ in members]}) == {"big": 2}
     left = store.take_slots({"big": SlotAsk(2, members[2:])}, hold_ms=60_000, wait_ms=60_000, mode="leave")["big"]
     assert not isinstance(left, Exception) and store.slot_status("big").waiting == 0
 
@@ -323,45 +405,44 @@ def test_a_slot_given_back_goes_to_the_head_of_the_line_at_once(
     running.wait(lambda: len(running.of("a")) == 2, "2 of a")
     running.wait(lambda: running.forwarder.stats.deferred >= 6, "the others deferred 5 s")
     for n in range(2, 8):
-        store.hold_slots({"a": [running.of("a")[n - 2]]}, "end", hold_ms=0)
+        running.end("a", [running.of("a")[n - 2]])
         wait_for(lambda n=n: len(running.of("a")) == n + 1, 1.0, lambda n=n: f"{n + 1} of a within 1 s of an end")
     assert sorted(running.of("a")[:2]) == a[:2] and running.of("a")[2:] == a[2:]  # then in their order
 
 
-def test_a_slot_given_back_passes_to_the_head_of_the_line_and_brings_its_item_forward(
-    valkey_url: str, prefix: str
-) -> None:
-    """The end passes the slot to the head of the line and brings its item forward to now
-    (waking the forwarders); an item leased (a forwarder asking for it right now) keeps its
-    lease and finds its slot when it asks; an item cancelled while it waited holds a passed slot
-    only for a place's wait; a line of another type passes nothing and the end still counts."""
+def test_a_slot_given_back_brings_the_head_of_the_line_forward(valkey_url: str, prefix: str) -> None:
+    """A worker's end brings the head of the line forward to now (waking the forwarders) and the
+    next take gives it the free slot, whoever asks first; an item leased (a forwarder asking for
+    it right now) keeps its lease; a forwarder's give-back does the same; a line of another type
+    brings nothing forward and the give-back still counts."""
     store = make_store(valkey_url, prefix, shards=1)
-    keys, holds = store.keys(0), slot_holds_key(store.config.prefix, "k")
-    for item_id in ("deferred", "leased", "gone"):
+    keys = store.keys(0)
+    for item_id in ("deferred", "leased"):
         store.schedule(item_id, past(), envelope(item_id))
-    store.lease(0).defer([("gone", 10**13), ("deferred", 10**13)])
-    store.cancel("gone")
-    store.take_slots({"k": SlotAsk(1, [("holder", 0)])}, hold_ms=60_000, wait_ms=60_000)
-    line = [("deferred#0", 1), ("leased", 2), ("gone", 3)]  # a member with a run names its item
+    store.lease(0).defer([("deferred", 10**13)])
+    holder = store.take_slots({"k": SlotAsk(1, [("holder", 0)])}, hold_ms=60_000, wait_ms=60_000)["k"]
+    assert not isinstance(holder, Exception)
+    line = [("deferred#0", 1), ("leased", 2)]  # a member with a run names its item
     store.take_slots({"k": SlotAsk(1, line)}, hold_ms=60_000, wait_ms=60_000, mode="join")
     pubsub = store.subscribe_wake()
     before = int(time.time() * 1000)
-    assert store.hold_slots({"k": ["holder", "not-held"]}, "end", hold_ms=0) == {"k": 1}
-    assert [m.decode() for m in store.client.zrange(holds, 0, -1)] == ["deferred#0"]
+    assert store.hold_slots({"k": [SlotRun("holder", holder.tokens[0])]}, "end") == {"k": None}
     assert before <= store.client.zscore(keys.due, "deferred") <= time.time() * 1000 + 1
     wakes: list[dict[str, bytes]] = []
     wait_for(lambda: bool(m := pubsub.get_message(timeout=0.1)) and not wakes.append(m), 5, "a wake-up")  # type: ignore[func-returns-value]
     assert before <= int(wakes[0]["data"]) <= time.time() * 1000 + 1
+    ask = lambda member, order: store.take_slots(  # noqa: E731
+        {"k": SlotAsk(1, [(member, order)])}, hold_ms=60_000, wait_ms=60_000
+    )["k"]
+    assert ask("leased", 2).places == (1,)  # the end is read here; the free slot is the head's
+    assert ask("deferred#0", 1).places == (-1,)
     leased_before = store.client.hget(keys.leased, "leased"), store.client.zscore(keys.due, "leased")
-    assert store.hold_slots({"k": ["deferred#0"]}, "end", hold_ms=0) == {"k": 1}
-    assert [m.decode() for m in store.client.zrange(holds, 0, -1)] == ["leased"]
+    assert store.give_back_slots({"k": ["deferred#0"]}) == {"k": 1}  # its publish failed
     assert (store.client.hget(keys.leased, "leased"), store.client.zscore(keys.due, "leased")) == leased_before
-    assert store.hold_slots({"k": ["leased"]}, "end", hold_ms=0) == {"k": 1}
-    assert store.get("gone") is None  # never brought back; its passed slot lapses with a place's wait
-    assert store.client.zscore(holds, "gone") <= time.time() * 1000 + WAIT_MS
-    store.client.set(slot_waiting_key(store.config.prefix, "k"), "junk")
-    assert store.hold_slots({"k": ["gone"]}, "end", hold_ms=0) == {"k": 1}
-    assert store.client.zcard(holds) == 0
+    assert ask("leased", 2).places == (-1,)
+    store.client.set(layout.slot_waiting_key(store.config.prefix, "k"), "junk")
+    assert store.give_back_slots({"k": ["leased"]}) == {"k": 1}
+    assert store.client.zcard(layout.slot_holds_key(store.config.prefix, "k")) == 0
 
 
 def test_a_hand_over_that_fails_leaves_the_end_done_and_says_so(
@@ -374,6 +455,7 @@ def test_a_hand_over_that_fails_leaves_the_end_done_and_says_so(
     store.take_slots({"k": SlotAsk(1, [("next", 1)])}, hold_ms=60_000, wait_ms=60_000, mode="join")
     store.client.set(store.keys(0).due, "junk")
     with caplog.at_level("WARNING", logger="delayq.slots"):
-        assert store.hold_slots({"k": ["holder"]}, "end", hold_ms=0) == {"k": 1}
+        assert store.give_back_slots({"k": ["holder"]}) == {"k": 1}
     assert "could not bring the next in a slot line forward" in caplog.text
-    assert [m.decode() for m in store.client.zrange(slot_holds_key(store.config.prefix, "k"), 0, -1)] == ["next"]
+    grant = store.take_slots({"k": SlotAsk(1, [("next", 1)])}, hold_ms=60_000, wait_ms=60_000)["k"]
+    assert not isinstance(grant, Exception) and grant.places == (-1,)

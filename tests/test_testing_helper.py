@@ -18,7 +18,7 @@ import delayq_backends.scripts
 from delayq_backends import Envelope, InvalidTimeError
 from delayq_backends.keys import slot_holds_key
 from delayq_backends.models import FailedDelivery, RearmOutcome
-from delayq_backends.store import SlotAsk
+from delayq_backends.store import SlotAsk, SlotRun
 from delayq_backends.targets import Delivery, PublishReport
 from delayq_backends.testing import (
     CollectingTarget,
@@ -368,16 +368,12 @@ def _slot_take(store: TestingStore, clock: FakeClock) -> None:
     assert store.client.zscore(slot_holds_key(store.config.prefix, "k"), "a") == clock.ms + 1_000
 
 
-def _slot_hold(store: TestingStore, clock: FakeClock) -> None:
-    store.hold_slots({"k": ["a"]}, "start", hold_ms=1_000)
-    assert store.client.zscore(slot_holds_key(store.config.prefix, "k"), "a") == clock.ms + 1_000
-
-
 def _promote(store: TestingStore, clock: FakeClock) -> None:
     _claimed(store, clock).defer([("a", clock.ms + 10_000)])
-    store.take_slots({"k": SlotAsk(1, [("b", 0)])}, hold_ms=1_000, wait_ms=1_000)  # b holds the slot
+    b = store.take_slots({"k": SlotAsk(1, [("b", 0)])}, hold_ms=1_000, wait_ms=1_000)["k"]  # b holds the slot
     store.take_slots({"k": SlotAsk(1, [("a", 1)])}, hold_ms=1_000, wait_ms=1_000)  # a waits first in line
-    store.hold_slots({"k": ["b"]}, "end", hold_ms=0)  # b's end brings a forward to the fake now
+    assert not isinstance(b, Exception)
+    store.hold_slots({"k": [SlotRun("b", b.tokens[0])]}, "end")  # b's end brings a forward to the fake now
     assert store.client.zscore(store.keys(store.shard_of("a")).due, "a") == clock.ms
 
 
@@ -407,9 +403,7 @@ TIME_READERS = {
     "rearm": _rearm,
     "take": _take,
     "slot_take": _slot_take,
-    "slot_hold": _slot_hold,
     "promote": _promote,
-    "slot_end": _promote,
     "sync_version": _sync_version,
     "periodic_run": _periodic_run,
 }

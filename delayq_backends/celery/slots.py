@@ -9,9 +9,10 @@ the key's limit of its tasks run. ``install(app)`` connects the worker's side: `
 holds the slot (in the pool process, where a heartbeat thread keeps it while the task runs),
 ``task_postrun`` gives it back (success, failure, a retry: the retry takes a slot of its own when
 released), and ``task_revoked`` gives back the slot of a task revoked or expired before or while
-it ran. A slot's member is the task id and its ``retries``, as the forwarder names it. A hold
-lasts ``delayq_slot_hold`` seconds (60) after the start or the last heartbeat: what a worker
-killed mid-task costs.
+it ran. A slot's member is the task id and its ``retries``, as the forwarder names it; the
+forwarder's token for the slot comes in the header ``delayq_slot_token`` (a report without it
+does not count). A hold lasts ``delayq_slot_hold`` seconds (60) after the start or the last
+heartbeat: what a worker killed mid-task costs.
 
 A periodic entry with an overlap policy (``options={"delayq_overlap": "skip"}``, see
 :mod:`delayq_backends.overlap_policy`) gets the header on each run's message: the forwarder takes
@@ -32,7 +33,8 @@ from celery.signals import task_postrun, task_prerun, task_revoked
 from ..envelope import Slot
 from ..errors import DelayqError
 from ..slots import SlotGuard
-from ..store import slot_member
+from ..store import SlotRun, slot_member
+from ..targets import SLOT_TOKEN
 from .settings import CelerySettings, store_for
 
 __all__ = ["SLOT_HEADER", "slot_of_request", "use_slots"]
@@ -53,9 +55,10 @@ def use_slots(app: Celery) -> None:
     task_revoked.connect(_revoked, weak=False, dispatch_uid="delayq-slot-revoked")
 
 
-def slot_of_request(request: Any) -> tuple[Slot, str] | None:
+def slot_of_request(request: Any) -> tuple[Slot, SlotRun] | None:
     """The slot of the task in ``request`` (a task's request, or the context a revoke signal
-    carries) and its member; None without one (or with a header that is none: logged)."""
+    carries) and its run (member and token); None without one (or with a header that is none:
+    logged)."""
     value = getattr(request, SLOT_HEADER, None)
     if value is None:
         return None
@@ -64,7 +67,9 @@ def slot_of_request(request: Any) -> tuple[Slot, str] | None:
     except DelayqError as exc:
         log.warning("task %s: %s", getattr(request, "id", None), exc)
         return None
-    return slot, slot_member(str(request.id), int(getattr(request, "retries", 0) or 0))
+    member = slot_member(str(request.id), int(getattr(request, "retries", 0) or 0))
+    token = getattr(request, SLOT_TOKEN, None)
+    return slot, SlotRun(member, token if isinstance(token, str) else "")
 
 
 def _guard(app: Celery) -> SlotGuard:
@@ -79,13 +84,13 @@ def _hold(task: Any, request: Any, mode: str) -> None:
     found = slot_of_request(request)
     if found is None or task is None:
         return
-    (slot, member), app = found, task.app
+    (slot, run), app = found, task.app
     try:
         guard = _guard(app)
     except DelayqError as exc:
-        log.warning("slot %r of task %s: no delay store (%s); its hold lapses by itself", slot.key, member, exc)
+        log.warning("slot %r of task %s: no delay store (%s); its hold lapses by itself", slot.key, run.member, exc)
         return
-    (guard.start if mode == "start" else guard.end)(slot.key, member)
+    (guard.start if mode == "start" else guard.end)(slot.key, run)
 
 
 def _started(sender: Any = None, task: Any = None, **_: Any) -> None:

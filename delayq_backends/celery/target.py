@@ -37,7 +37,7 @@ from ..errors import EnvelopeError
 from ..models import DeliveryFailure, RunRef
 from ..outages import gives_back
 from ..store.lease import Lease
-from ..targets import Delivery, PublishReport
+from ..targets import SLOT_TOKEN, Delivery, PublishReport
 from . import wire
 from .confirms import Confirms
 from .message import KIND, StoredMessage
@@ -213,6 +213,8 @@ class CeleryTarget:
             try:
                 message = StoredMessage.from_envelope(d.envelope)
                 kwargs = message.publish_kwargs(ready_ms=d.ready_ms, now=now)
+                if d.slot_token:  # the worker reports its slot's start and end with it
+                    kwargs["headers"][SLOT_TOKEN] = d.slot_token
                 ready.append(_Prepared(d.id, message.task, kwargs, kwargs.pop("declare")))
             except (EnvelopeError, ValueError, TypeError, OverflowError) as exc:
                 report.failed.append(DeliveryFailure(d.id, f"cannot replay this Celery message: {exc}", permanent=True))

@@ -14,7 +14,16 @@ from ..assemble import DescribedTarget, ProcessSettings, build_forwarder
 from ..config import Config
 from ..errors import ConfigError
 from ..flow import FlowControl, parse_depth, parse_rate
-from ..forwarder.settings import BATCH, LOSSLESS_WINDOW, META_WATCH, OVERLAP_DEFAULT, OVERLAP_HELP, POLL, Setting
+from ..forwarder.settings import (
+    BATCH,
+    LOSSLESS_WINDOW,
+    META_WATCH,
+    OVERLAP_DEFAULT,
+    OVERLAP_HELP,
+    POLL,
+    SLOT_START_WINDOW,
+    Setting,
+)
 from ..metrics import DEFAULT_METRICS_HOST
 from ..store import DelayStore
 from ..storespec import StoreSpec
@@ -34,13 +43,17 @@ _STORE_DEFAULTS = {f.name: f.default for f in fields(Config)}
 __all__ = ["ForwardOptions", "forward", "forward_options", "run_forwarder"]
 
 
-def _seconds_option(name: str, setting: Setting[float]) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """A forwarder interval in seconds as an option: its floor, default and help from ``setting``."""
+def _seconds_option(
+    name: str, setting: Setting[float], envvar: str | None = None
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A forwarder interval in seconds as an option: its range, default and help from ``setting``."""
     return click.option(
         name,
-        type=click.FloatRange(min=setting.low),
+        type=click.FloatRange(min=setting.low, max=setting.high),
         default=setting.default,
         show_default=True,
+        envvar=envvar,
+        show_envvar=envvar is not None,
         metavar="SECONDS",
         help=setting.help,
     )
@@ -74,13 +87,14 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         lossless_window: float | None,
         max_payload_bytes: int | None,
         overlap: bool,
+        slot_start_window: float,
         **kwargs: Any,
     ) -> None:
         flow = FlowControl(max_queue_depth, rate, key_rate)
         run = ForwardOptions(
             batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
             metrics_port, metrics_host, flow, metrics_queue, lossless, lossless_window, max_payload_bytes, overlap,
-            meta_watch,
+            meta_watch, slot_start_window,
         )  # fmt: skip
         command(*args, run=run, **kwargs)
 
@@ -118,6 +132,7 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         ),
         _seconds_option("--poll", POLL),
         _seconds_option("--meta-watch", META_WATCH),
+        _seconds_option("--slot-start-window", SLOT_START_WINDOW, "DELAYQ_SLOT_START_WINDOW"),
         click.option("--overlap/--no-overlap", default=OVERLAP_DEFAULT, show_default=True, help=OVERLAP_HELP),
         click.option(
             "--log-level",
@@ -271,6 +286,7 @@ class ForwardOptions:
     max_payload_bytes: int | None = None
     overlap: bool = OVERLAP_DEFAULT
     meta_watch: float = META_WATCH.default
+    slot_start_window: float = SLOT_START_WINDOW.default
 
     def lossless_seconds(self, default: float | None = None) -> float | None:
         """Lossless mode's window in seconds, or None when off; ``default`` is the app's when
@@ -290,7 +306,7 @@ class ForwardOptions:
             batch=self.batch, poll=self.poll, meta_watch=self.meta_watch, log_every=self.log_every, flow=self.flow,
             audit_dir=self.audit_dir, audit_stream=self.audit_stream, metrics_port=self.metrics_port,
             metrics_host=self.metrics_host, metrics_queues=self.metrics_queues,
-            lossless_window=self.lossless_seconds(), overlap=self.overlap,
+            lossless_window=self.lossless_seconds(), overlap=self.overlap, slot_start_window=self.slot_start_window,
         )  # fmt: skip
         return replace(settings, **overrides)
 

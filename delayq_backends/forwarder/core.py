@@ -108,7 +108,9 @@ class Forwarder:
         hooks: list[PassHook] = [PeriodicHook(retry_ms, max_retry_ms), FlowHook(self.flow, metrics)]
         if settings.keep_ms:
             hooks.append(LosslessHook(settings.keep_ms, store, self.targets, self.stats, metrics))
-        hooks.append(SlotHook(store, self.targets))  # last: only what every other hook let go takes a slot
+        #: last: only what every other hook let go takes a slot
+        self.slots = SlotHook(store, self.targets, int(settings.slot_start_window * 1000))
+        hooks.append(self.slots)
         ctx = Context(store, self.targets, hooks, self.clock, self.stats, metrics, self.name, retry_ms, max_retry_ms)
         tracer = ForwardTracer.start(self.targets, tracer_provider)
         publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5), tracer=tracer)
@@ -134,7 +136,9 @@ class Forwarder:
         return self._sweep(self.loop.heads())
 
     def _sweep(self, heads: list[int | None]) -> int:
-        return self.sweeper.sweep(self.shards.due(heads))
+        claimed = self.sweeper.sweep(self.shards.due(heads))
+        self.slots.fold(self.clock.now_ms())
+        return claimed
 
     def run_until_idle(self) -> ForwarderStats:
         """Burst mode (arq's ``run_check``): forward everything due now by this forwarder's

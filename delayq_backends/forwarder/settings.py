@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 
 from ..errors import ConfigError
 from ..flow import FlowControl
+from ..store import START_HOLD_MS
 
 __all__ = [
     "BATCH",
@@ -20,6 +21,7 @@ __all__ = [
     "OVERLAP_DEFAULT",
     "OVERLAP_HELP",
     "POLL",
+    "SLOT_START_WINDOW",
     "ForwarderSettings",
     "Setting",
 ]
@@ -63,6 +65,13 @@ LOSSLESS_WINDOW = Setting(
     "Lossless mode: seconds a published task may wait for its start before it is published again; above the "
     "broker queue's wait, below the workers' dedupe TTL.",
 )
+SLOT_START_WINDOW = Setting(
+    START_HOLD_MS / 1000,
+    1.0,
+    3600.0,
+    "Seconds a concurrency slot taken at release waits for its task's start: above the longest a slotted message "
+    "waits in the broker (a later start may run over the limit), and what a message nobody reads costs its key.",
+)
 
 #: claims overlap publishes: off by default (see :attr:`ForwarderSettings.overlap`)
 OVERLAP_DEFAULT = False
@@ -86,6 +95,8 @@ class ForwarderSettings:
         flow: back-pressure and rate caps per target queue (off by default).
         lossless_window: lossless mode (None: off; needs workers with dedupe on): seconds a
             published item is kept awaiting its start (see :mod:`.hooks`).
+        slot_start_window: seconds a concurrency slot taken at release is held until its worker
+            reports the task started (:data:`SLOT_START_WINDOW`; docs/slots.md weighs it).
         overlap: claim the next pass while the current one is published (:mod:`.overlap`), so
             one forwarder's throughput approaches the slower of client and server, not their
             sum. Off by default: with the store and a list target on one server, both stages
@@ -102,6 +113,7 @@ class ForwarderSettings:
     name: str | None = None
     flow: FlowControl = field(default_factory=FlowControl)
     lossless_window: float | None = None
+    slot_start_window: float = SLOT_START_WINDOW.default
     overlap: bool = OVERLAP_DEFAULT
 
     def __post_init__(self) -> None:
@@ -111,6 +123,7 @@ class ForwarderSettings:
         MAX_RETRY_DELAY.check("max_retry_delay", self.max_retry_delay)
         MAX_OUTAGE_BACKOFF.check("max_outage_backoff", self.max_outage_backoff)
         META_WATCH.check("meta_watch", self.meta_watch)
+        SLOT_START_WINDOW.check("slot_start_window", self.slot_start_window)
         if self.lossless_window is not None:
             LOSSLESS_WINDOW.check("lossless_window", self.lossless_window)
 

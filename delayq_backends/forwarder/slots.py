@@ -2,8 +2,9 @@
 
 :class:`SlotHook` is one more :class:`~.hooks.PassHook` (the design of :mod:`.hooks`): ``admit``
 takes a slot per delivery whose key has one free, for all keys of the call in one round trip
-(``slot_take.lua`` per key); ``sent`` gives back the slots of deliveries the target did not take;
-the worker ends the hold when its task finishes (:mod:`delayq_backends.slots`).
+(``slot_take.lua`` per key), and gives the delivery the slot's token (``Delivery.slot_token``),
+which the target puts in the message; ``sent`` gives back the slots of deliveries the target did
+not take; the worker reports the task's start and end with the token (:mod:`delayq_backends.slots`).
 
 Waiting items keep their order: each key has a line (its ``waiting`` set, ordered by rank band,
 then ready time) and a free slot goes to the head of it. An item refused is deferred (no attempt
@@ -12,6 +13,8 @@ counted, original ready time kept) by :data:`RECHECK_MS` per ``limit`` places ah
 not claimed over and over. A slot given back does not wait for a recheck: the worker's end passes
 it to the head of the line and brings that item forward (``DelayStore.hold_slots``); the
 rechecks cover what no end passes on (a lapsed hold, a hand-over that failed).
+A slot taken is held :attr:`~.settings.ForwarderSettings.slot_start_window` for the worker's
+start: what a message nobody reads (or a lost one) costs its key.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from ..envelope import slot_of
 from ..flow import Admission
 from ..keys import MAX_RANK, RANK_SPAN
 from ..models import Claim, SlotGrant
-from ..store import START_HOLD_MS, WAIT_MS, DelayStore, SlotAsk, slot_member
+from ..store import WAIT_MS, DelayStore, SlotAsk, slot_member
 from ..targets import Delivery, RunTarget, Target
 from .hooks import PassHook
 from .records import Published, Verdict
 
-__all__ = ["MAX_RECHECK_MS", "RECHECK_MS", "SlotHook"]
+__all__ = ["FOLD_KEYS", "FOLD_MS", "MAX_RECHECK_MS", "RECHECK_MS", "SlotHook"]
 
 log = logging.getLogger("delayq.forwarder")
 
@@ -38,6 +41,11 @@ log = logging.getLogger("delayq.forwarder")
 RECHECK_MS = 200
 #: How long the items far back in a line wait between two asks, at most.
 MAX_RECHECK_MS = 5_000
+#: How often a forwarder reads the workers' reports of the keys it took slots of (when no item
+#: of the key asks meanwhile): a slot given back shows as free this soon, and beats do not pile up.
+FOLD_MS = 1_000
+#: Keys one look reads at most (in one round trip), taking turns when more are held.
+FOLD_KEYS = 500
 _NOTHING = Verdict()
 
 
@@ -59,10 +67,15 @@ class SlotHook(PassHook):
     more: its items join their lines when prepared, and take slots just before their publish.
     """
 
-    def __init__(self, store: DelayStore, targets: Mapping[str, Target]) -> None:
+    def __init__(self, store: DelayStore, targets: Mapping[str, Target], start_window_ms: int) -> None:
         self.store = store
+        self.start_window_ms = start_window_ms
         self.run_targets = {kind: t for kind, t in targets.items() if isinstance(t, RunTarget)}
         self.admits = False
+        #: the keys this forwarder took slots of that were still held at its last look
+        self.holding: set[str] = set()
+        self._folded_ms = 0
+        self._fold_turn = 0
 
     def prepare(self, claim: Claim, groups: Mapping[str, list[Delivery]]) -> Verdict:
         """Put the claim's slotted items in their keys' lines: a pass prepares all its claims
@@ -103,7 +116,7 @@ class SlotHook(PassHook):
         """Slots for ``by_key``'s items (or in ``mode`` "join"/"leave" their places in line): a
         slot taken is held until its worker starts the item, a place kept while its item asks again."""
         asks = {key: SlotAsk(a.limit, [(m, order) for _, m, order in a.items]) for key, a in by_key.items()}
-        return self.store.take_slots(asks, hold_ms=START_HOLD_MS, wait_ms=WAIT_MS, mode=mode)
+        return self.store.take_slots(asks, hold_ms=self.start_window_ms, wait_ms=WAIT_MS, mode=mode)
 
     def admit(self, kind: str, deliveries: list[Delivery], now_ms: int) -> Admission:
         by_key: dict[str, _Asking] = {}
@@ -119,12 +132,36 @@ class SlotHook(PassHook):
                 later += [(d.id, now_ms + MAX_RECHECK_MS) for d, _, _ in asking.items]
                 continue
             _report_reset(key, grant)
-            for (d, _, _), place in zip(asking.items, grant.places):
+            if grant.running:
+                self.holding.add(key)
+            for (d, _, _), place, token in zip(asking.items, grant.places, grant.tokens):
                 if place < 0:
+                    d.slot_token = token
                     go.append(d)
                 else:
                     later.append((d.id, now_ms + recheck_ms(place, grant.limit)))
         return Admission(go, later)
+
+    def fold(self, now_ms: int) -> None:
+        """Read the workers' reports of the keys still held (at most every :data:`FOLD_MS`, one
+        round trip of up to :data:`FOLD_KEYS` keys, taking turns): the next take reads them
+        anyway, but a key none of whose items asks would show its ended tasks as running, and
+        pile up its running tasks' beats."""
+        if not self.holding or now_ms - self._folded_ms < FOLD_MS:
+            return
+        self._folded_ms = now_ms
+        keys = sorted(self.holding)
+        start = self._fold_turn % len(keys)
+        turn = (keys[start:] + keys[:start])[:FOLD_KEYS]
+        self._fold_turn = start + len(turn)
+        quiet = {key: _Asking() for key in turn}
+        for key, reply in self._take(quiet, "join").items():
+            if isinstance(reply, Exception):
+                log.debug("slot %r: could not read its reports (%s)", key, reply)
+                continue
+            _report_reset(key, reply)
+            if not reply.running:
+                self.holding.discard(key)
 
     def settled(self, published: Published) -> None:
         """The items of the claim that will not be published (found started by lossless mode,
@@ -152,17 +189,19 @@ class SlotHook(PassHook):
             if d.id not in took and (found := slot_of(d.envelope)) is not None:
                 back.setdefault(found[0].key, []).append(self.member(kind, d))
         if back:
-            for key, reply in self.store.hold_slots(back, "end", hold_ms=0).items():
-                if isinstance(reply, Exception):  # its hold lapses after START_HOLD_MS
+            for key, reply in self.store.give_back_slots(back).items():
+                if isinstance(reply, Exception):  # its hold lapses after the start window
                     log.warning("slot %r: could not give back %d slots (%s)", key, len(back[key]), reply)
 
 
 def _report_reset(key: str, grant: SlotGrant) -> None:
     """Log what the slot script found out of place in ``key``'s keys and dropped (whichever call
-    met it first: a key of another type is gone a millisecond later)."""
+    met it first: a key of another type is gone a millisecond later), or reports that did not
+    count: a key that would block, or run over its limit, says so here."""
     if grant.reset:
         log.warning(
-            "slot %r held %s: dropped; only forwarders and workers write it (check what else writes the store's keys)",
+            "slot %r: %s; dropped or refused (holds are the forwarders', reports count only with their hold's "
+            "token: check what else writes the store's keys)",
             key,
             grant.reset,
         )

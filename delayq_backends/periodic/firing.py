@@ -211,7 +211,7 @@ def _give_back_slot(store: DelayStore | None, f: _Firing, slot_run: int | None =
         return
     key = overlap_slot(f.state.name).key
     try:
-        store.hold_slots({key: [_member(f.runs[0], slot_run)]}, "end", hold_ms=0)
+        store.give_back_slots({key: [_member(f.runs[0], slot_run)]})
     except Exception as exc:  # its hold lapses by itself
         log.warning("periodic entry %r: could not give back its slot (%s)", f.state.name, exc)
 

@@ -11,7 +11,9 @@ work horse is forked until ``execute_job`` returns (success, failure, a retry sc
 timeout), kept by a heartbeat thread of the worker process meanwhile. A worker process that dies
 gives its slots back when their holds lapse. A slot's member is the job id: the forwarder's RQ
 target names no run, so a retry released before its first run's ``execute_job`` has returned
-shares that run's slot for the moment between the two.
+shares that run's slot for the moment between the two. The forwarder's token for the slot waits
+beside the job hash (:func:`~delayq_backends.rq.target.slot_token_key`); the worker reads it at the
+start and reports with it (a report without it does not count).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from rq.job import Job
 from ..envelope import Slot
 from ..errors import DelayqError
 from ..slots import SlotGuard
-from ..store import RUN_HOLD_MS, slot_member
+from ..store import RUN_HOLD_MS, SlotRun, slot_member
 from .batches import BatchReports
 from .queue import SLOT_META, env_int, store_of_connection
+from .target import slot_token_key
 from .tracing import TracedJobs
 
 __all__ = ["SLOT_HOLD_ENV", "SlotSimpleWorker", "SlotWorker", "Slots"]
@@ -61,12 +64,22 @@ class Slots:
         guard = None if slot is None else self._slots_guard(queue)
         if slot is None or guard is None:
             return super().execute_job(job, queue)  # type: ignore[misc]
-        member = slot_member(job.id, None)
-        guard.start(slot.key, member)
+        run = SlotRun(slot_member(job.id, None), self._slot_token(job))
+        guard.start(slot.key, run)
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
         finally:
-            guard.end(slot.key, member)
+            guard.end(slot.key, run)
+
+    def _slot_token(self, job: Job) -> str:
+        """The token the forwarder took the job's slot with ("" when none waits: a job released
+        by an earlier forwarder, or a periodic run's tokenless overlap hold)."""
+        try:
+            raw = self.connection.getdel(slot_token_key(job.key))
+        except (RedisError, OSError) as exc:
+            log.warning("job %s: could not read its slot token (%s); its slot lapses by itself", job.id, exc)
+            return ""
+        return raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""
 
     @staticmethod
     def _slot_of(job: Job) -> Slot | None:

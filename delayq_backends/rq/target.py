@@ -55,7 +55,7 @@ from ..scripts import RqEnqueue, RqFields, RqMove, RqMoved, ScriptRunner
 from ..scripts.store import Ack
 from ..store import DelayStore
 from ..store.lease import Lease
-from ..targets import Buried, Delivery, PublishReport
+from ..targets import SLOT_TOKEN, Buried, Delivery, PublishReport
 from .failed import MARK, DeadJob, failed_key, record_failed
 from .periodic import advance, due_between
 from .registry import forget_scheduled, registry_key
@@ -79,6 +79,7 @@ __all__ = [
     "job_id_of",
     "job_rank",
     "schedule_of",
+    "slot_token_key",
 ]
 
 log = logging.getLogger("delayq.rq")
@@ -540,7 +541,9 @@ class RQTarget:
                 report.failed += [DeliveryFailure(d.id, str(exc), permanent=True) for d in group]
                 continue
             try:
-                rest = self._move_usual(_Batch(keys, {job_id_of(d): d for d in group}), lease, report)
+                batch = _Batch(keys, {job_id_of(d): d for d in group})
+                self._hand_slot_tokens(batch)
+                rest = self._move_usual(batch, lease, report)
                 if rest is not None:
                     self._move(rest, lease, report)
             except Exception as exc:
@@ -550,6 +553,18 @@ class RQTarget:
                 report.unsent += [d.id for d in group if d.id not in done]
                 report.broker_error = exc
         return report
+
+    def _hand_slot_tokens(self, batch: _Batch) -> None:
+        """Write the slot token of each slotted job (``Delivery.slot_token``) where its worker
+        reads it at the job's start (:func:`slot_token_key`), before the job moves: a key of
+        its own with a TTL, not a field of the job hash, which a job deleted meanwhile would
+        leave behind as a stub."""
+        tokens = {j: d.slot_token for j, d in batch.deliveries.items() if d.slot_token}
+        if tokens:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for job_id, token in tokens.items():
+                    pipe.set(slot_token_key(batch.job_keys[job_id]), token, px=SLOT_TOKEN_TTL_MS)
+                pipe.execute()
 
     def _wait_for_allowlist(self, exc: ClassNotAllowedError, group: list[Delivery], report: PublishReport) -> None:
         """Jobs naming a class off the allowlist wait in the store (not imported, not
@@ -970,9 +985,18 @@ def _give_back(lease: Lease, job_ids: Sequence[str]) -> None:
     if not job_ids or not isinstance(lease.store, DelayStore):
         return
     try:
-        lease.store.hold_slots({overlap_slot(j).key: [j] for j in job_ids}, "end", hold_ms=0)
+        lease.store.give_back_slots({overlap_slot(j).key: [j] for j in job_ids})
     except Exception as exc:  # the holds lapse by themselves
         log.warning("periodic jobs %s: could not give back their slots (%s)", job_ids, exc)
+
+
+#: How long a job's slot token waits for its worker (a day: far above any broker wait).
+SLOT_TOKEN_TTL_MS = 86_400_000
+
+
+def slot_token_key(job_key: str) -> str:
+    """The key in RQ's Redis holding the slot token of the job whose hash is ``job_key``."""
+    return f"{job_key}:{SLOT_TOKEN}"
 
 
 def _passed_over(delivery: Delivery, now: float) -> int:

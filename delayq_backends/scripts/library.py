@@ -103,8 +103,8 @@ INTERNAL_SCRIPTS: dict[str, str] = {
     "rearm": "a forwarder's: lost, the period fires again (a user's compare-and-set, replace_if, waits)",
     "promote": "lost: the item is released at its next ask instead of now",
     "take": "lost: the queue's rate bucket refills early, once",
-    "slot_take": "lost: a slot held at release is free early (the limit may be passed once, until holds lapse)",
-    "slot_hold": "lost: the hold lapses at its last replicated deadline",
+    "slot_take": "lost: a slot held at release is free early (the limit may be passed once, until holds lapse); "
+    "workers' reports it read are lost with it (a hold lapses at its last replicated deadline, or ends late)",
     "slot_end": "lost: the slot is held until its hold lapses (a delay, never a loss)",
     "periodic_run": "the run history (observability): lost, one event is missing from it",
     "rq_fields": "RQ's Redis (read-only)",

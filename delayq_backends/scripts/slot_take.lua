@@ -5,8 +5,11 @@ Input:
   KEYS[2] waiting  ZSET member -> order (rank band + ready ms): the line of items waiting
   KEYS[3] waits    ZSET member -> ms at which a waiting entry lapses unless its item asks again
   KEYS[4] limit    STRING: the key's limit set at runtime, else none
+  KEYS[5] tokens   HASH member -> SHA-1 of the token minted with its hold (forwarders write it)
+  KEYS[6] reports  HASH the workers' reports on their holds (see keys.slot_reports_key)
   ARGV[1] the asking items' limit, used while KEYS[4] holds none ("0": unlimited)
-  ARGV[2] hold ms: how long a granted slot is held before the worker starts its item
+  ARGV[2] hold ms: how long a granted slot is held for its worker to start the item (the start
+          window; only a start reported with the hold's token extends it)
   ARGV[3] wait ms: how long a waiting entry lasts unless its item asks again
   ARGV[4] clock override ms ("0": server TIME, one clock for every forwarder)
   ARGV[5] "take"; "join": the items only take their places in the line (a forwarder's pass
@@ -17,32 +20,41 @@ Input:
           granted only while the key is under its limit and no other item waits, its own hold
           counting as taken (an RQ job's runs share one member); else "buffer" joins the line
           when it is empty (or keeps its place: at most one waits), and the rest are refused
-  ARGV[6..] member, order: the asking items
-Output: {limit (0: none), holds after the call, reset, places}: places per asking item -1
+  ARGV[6] most ms a reported start or beat holds a slot from now (the cap, whatever a worker asks)
+  ARGV[7..] member, order, token: the asking items (token "": a hold any report may end)
+Output: {limit (0: none), holds after the call, reset, places, heads}: places per asking item -1
 (granted: its hold is taken), -2 (refused: "skip"/"buffer", the period is skipped) or its
 place in the line (0: next), as an array of its own (a batch's items can pass Lua's unpack
-limit). reset: "" or what was found out of place and
-dropped, for the caller to log.
+limit). reset: "" or what was found out of place and dropped, for the caller to log. heads: the
+first items in line a free slot waits for that do not ask now (at most 100; "take" mode, or no
+item asking), for the caller to bring forward.
+Workers only report (KEYS[6]); every hold is written here: a report counts only with the token
+its hold was granted with (a start or beat names its SHA-1, an end the token itself), so a
+worker credential can neither end nor extend a hold it was not given, nor add one. A start or
+beat holds at most ARGV[6] from now. Reports are read first (at most BUDGET a call; while more
+wait, no hold lapses this call: a slot is kept, never given away on a report not yet read).
 A free slot goes to the head of the line, asking or not: an item that waits keeps its place
 while it is deferred, so the items of a key go in their order. Lapsed holds (a worker that
-died) and lapsed waits (an item cancelled while it waited) are dropped first. Garbage (the
-producer role can write these keys) never blocks the line: a key of another type is made to
-expire at once and nothing is granted this call; a hold or wait lapsing over a day ahead and a
-waiting entry with no wait are dropped; a runtime limit that is no whole number in 1..10^6 is
-ignored. An item that holds a slot already (a forwarder that crashed after taking it) keeps it.
+died, a message never started) and lapsed waits (an item cancelled while it waited) are dropped
+first. Garbage never blocks the line: a key of another type is made to expire at once and
+nothing is granted this call; a hold lapsing further ahead than the cap or a wait over a day
+ahead and a waiting entry with no wait are dropped; a runtime limit that is no whole number in
+1..10^6 is ignored. An item that holds a slot already (a forwarder that crashed after taking
+it, a second copy released) keeps it, under the new token and the one before (either copy may
+report it).
 allow-oom: a slotted key must drain a full store too (the entries are a few bytes). ]]
 --- @include "numbers"
-local holds, waiting, waits = KEYS[1], KEYS[2], KEYS[3]
-local hold_ms, wait_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
+local holds, waiting, waits, tokens, reports = KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6]
+local hold_ms, wait_ms, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
 local now = now_ms(ARGV[4])
 local MAX_AHEAD = 86400000
 local BUDGET = 1000  -- most garbage entries dropped per call: a hostile line costs a few calls
 local reset = {}
 local join = ARGV[5] == 'join'
-local n = (#ARGV - 5) / 2
+local n = (#ARGV - 6) / 3
 local places = {}
-local wanted = {'zset', 'zset', 'zset', 'string'}
-for i = 1, 4 do
+local wanted = {'zset', 'zset', 'zset', 'string', 'hash', 'hash'}
+for i = 1, 6 do
   local kind = rcall('TYPE', KEYS[i])['ok']
   if kind ~= 'none' and kind ~= wanted[i] then
     rcall('PEXPIRE', KEYS[i], 1)
@@ -54,10 +66,11 @@ if #reset > 0 then  -- gone in a ms: the items ask again after a short wait (a p
   for i = 1, n do places[i] = overlap and -2 or 0 end
   return {0, 0, table.concat(reset, ' '), places}
 end
+local function arg(i, k) return ARGV[4 + 3 * i + k] end  -- item i's member (0), order (1), token (2)
 if ARGV[5] == 'leave' then
   for i = 1, n do
-    rcall('ZREM', waiting, ARGV[4 + 2 * i])
-    rcall('ZREM', waits, ARGV[4 + 2 * i])
+    rcall('ZREM', waiting, arg(i, 0))
+    rcall('ZREM', waits, arg(i, 0))
     places[i] = -1
   end
   return {0, 0, '', places}
@@ -68,8 +81,55 @@ if set then
   local v = whole(set)
   if v and v >= 1 and v <= 1000000 then limit = v else reset[#reset + 1] = 'limit=' .. string.sub(set, 1, 40) end
 end
-rcall('ZREMRANGEBYSCORE', holds, '-inf', ms(now))
-rcall('ZREMRANGEBYSCORE', holds, '(' .. ms(now + MAX_AHEAD), '+inf')
+-- a server without it (fakeredis, the in-process testing store) keeps tokens as they are
+local sha1hex = redis.sha1hex or function(s) return s end
+local function drop_hold(m)
+  rcall('ZREM', holds, m)
+  rcall('HDEL', tokens, m)
+end
+-- a report counts only for a hold granted with the token it proves (or a tokenless hold, from
+-- an earlier release, and a tokenless report): a start or beat names the token's SHA-1, an end
+-- the token itself (shown only once the task is over)
+local forged, late = 0, {}
+local function fold(field, report)
+  local m = string.match(field, '^(.*)\n[^\n]*$')
+  local kind, proof, asked = string.match(report, '^(%a+):([^:]*):?(%d*)$')
+  if not m or not kind then forged = forged + 1 return end
+  local held, want = rcall('ZSCORE', holds, m), rcall('HGET', tokens, m) or ''
+  if kind == 'end' then
+    proof = proof ~= '' and sha1hex(proof) or ''
+  elseif (kind ~= 'start' and kind ~= 'beat') or not whole(asked) then
+    forged = forged + 1
+    return
+  end
+  if not held then  -- lapsed, ended or given back before this report: nothing to do
+    if kind == 'start' and #late < 5 then late[#late + 1] = string.sub(m, 1, 40) end
+    return
+  end
+  -- want: the hold's token's SHA-1, and its previous one when a second copy took it over
+  if proof ~= want and (proof == '' or not string.find(' ' .. want .. ' ', ' ' .. proof .. ' ', 1, true)) then
+    forged = forged + 1
+    return
+  end
+  if kind == 'end' then drop_hold(m) else rcall('ZADD', holds, ms(now + math.min(whole(asked), cap)), m) end
+end
+local listed = rcall('HSCAN', reports, 0, 'COUNT', BUDGET)
+local read, ends = listed[2], {}
+for i = 1, #read, 2 do  -- starts and beats first: a short task's start and end come in one read
+  rcall('HDEL', reports, read[i])
+  if string.sub(read[i + 1], 1, 4) == 'end:' then ends[#ends + 1] = i else fold(read[i], read[i + 1]) end
+end
+for _, i in ipairs(ends) do fold(read[i], read[i + 1]) end
+if forged > 0 then reset[#reset + 1] = 'reports without their hold\'s token=' .. forged end
+if #late > 0 then reset[#reset + 1] = 'started after their hold lapsed (may run over the limit)=' .. table.concat(late, ',') end
+if listed[1] ~= '0' then
+  reset[#reset + 1] = 'reports waiting past one call (no hold lapses until they are read)'
+else
+  for _, m in ipairs(rcall('ZRANGEBYSCORE', holds, '-inf', ms(now), 'LIMIT', 0, BUDGET)) do drop_hold(m) end
+end
+local ahead = rcall('ZRANGEBYSCORE', holds, '(' .. ms(now + math.max(cap, hold_ms)), '+inf', 'LIMIT', 0, BUDGET)
+for _, m in ipairs(ahead) do drop_hold(m) end
+if #ahead > 0 then reset[#reset + 1] = 'holds past the cap=' .. string.sub(ahead[1], 1, 40) end
 local lapsed = rcall('ZRANGEBYSCORE', waits, '-inf', ms(now), 'LIMIT', 0, BUDGET)
 for _, m in ipairs(rcall('ZRANGEBYSCORE', waits, '(' .. ms(now + MAX_AHEAD), '+inf', 'LIMIT', 0, BUDGET)) do
   lapsed[#lapsed + 1] = m
@@ -78,8 +138,14 @@ for _, m in ipairs(lapsed) do
   rcall('ZREM', waits, m)
   rcall('ZREM', waiting, m)
 end
-local function grant(m)
+local function grant(m, token)  -- a member held already (a second copy) keeps its last token too
+  local before = rcall('ZSCORE', holds, m) and string.match(rcall('HGET', tokens, m) or '', '^%x+')
   rcall('ZADD', holds, ms(now + hold_ms), m)
+  if token == '' then
+    rcall('HDEL', tokens, m)
+  else
+    rcall('HSET', tokens, m, sha1hex(token) .. (before and (' ' .. before) or ''))
+  end
   rcall('ZREM', waiting, m)
   rcall('ZREM', waits, m)
 end
@@ -94,11 +160,11 @@ local function head()  -- the first item waiting, dropping entries with no wait 
 end
 if overlap then
   for i = 1, n do
-    local m, order = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+    local m, order = arg(i, 0), arg(i, 1)
     local first = head()
     local mine = not first or first == m
     if mine and (limit == 0 or rcall('ZCARD', holds) < limit) then
-      grant(m)
+      grant(m, arg(i, 2))
       places[i] = -1
     elseif mine and ARGV[5] == 'buffer' then
       rcall('ZADD', waiting, order, m)
@@ -112,12 +178,12 @@ if overlap then
 end
 local asking = {}
 for i = 1, n do
-  local m, order = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local m, order = arg(i, 0), arg(i, 1)
   if rcall('ZSCORE', holds, m) then
-    if not join then grant(m) end
+    if not join then grant(m, arg(i, 2)) end
     places[i] = -1
   elseif limit == 0 then  -- unlimited: no line to join
-    if not join then grant(m) end
+    if not join then grant(m, arg(i, 2)) end
     places[i] = -1
   else
     rcall('ZADD', waiting, order, m)
@@ -138,7 +204,7 @@ if limit > 0 and not join then
       else
         free = free - 1
         if asking[m] then
-          grant(m)
+          grant(m, arg(asking[m], 2))
           places[asking[m]] = -1
         else
           offset = offset + 1  -- its item is deferred: the place stays its own
@@ -150,4 +216,15 @@ end
 for m, i in pairs(asking) do
   if not places[i] then places[i] = rcall('ZRANK', waiting, m) end
 end
-return {limit, rcall('ZCARD', holds), table.concat(reset, ' '), places}
+-- the places a free slot waits for (deferred items, not asking now): for the caller to bring
+-- forward, so ends read here reach the head of the line within a pass (a take, or a look with no
+-- item asking; not a pass's join)
+local heads = {}
+local held = rcall('ZCARD', holds)
+if limit > held and (ARGV[5] == 'take' or n == 0) then
+  for _, m in ipairs(rcall('ZRANGE', waiting, 0, math.min(limit - held, 100) - 1)) do
+    local lapses = finite(rcall('ZSCORE', waits, m))
+    if lapses and lapses > now and not asking[m] then heads[#heads + 1] = m end
+  end
+end
+return {limit, held, table.concat(reset, ' '), places, heads}

@@ -28,7 +28,6 @@ from ..models import (
     RescheduleOutcome,
     ScheduleCounts,
     ScheduleItem,
-    SlotEnded,
     SlotGrant,
     TokenGrant,
 )
@@ -61,7 +60,6 @@ __all__ = [
     "ScheduleOne",
     "ShardScript",
     "SlotEnd",
-    "SlotHold",
     "SlotTake",
     "SyncVersion",
     "Take",
@@ -363,7 +361,7 @@ class Take:
 
 
 class SlotTake:
-    """slot_take.lua: slots of one slot key (its four keys, one hash tag: not a shard's)."""
+    """slot_take.lua: slots of one slot key (its six keys, one hash tag: not a shard's)."""
 
     name = "slot_take"
     MODES = ("take", "join", "leave", "skip", "buffer")
@@ -371,41 +369,38 @@ class SlotTake:
     @classmethod
     def call(
         cls,
-        keys: tuple[str, str, str, str],
-        asking: Sequence[tuple[str, int]],
+        keys: tuple[str, ...],
+        asking: Sequence[tuple[str, int, str]],
         *,
         limit: int,
         hold_ms: int,
         wait_ms: int,
+        cap_ms: int,
         now: int,
         mode: str = "take",
     ) -> ScriptCall[SlotGrant]:
-        """``asking``: (member, order) of each item, in its order; ``limit`` 0: the items carry
-        none; ``mode``: "take", "join" (the items only take their places in the line),
-        "leave" (they give them up), or a periodic run's overlap policy at fire time, "skip" or
-        "buffer" (see :mod:`delayq_backends.overlap`)."""
+        """``asking``: (member, order, token) of each item, in its order (token "": a hold any
+        report may end); ``limit`` 0: the items carry none; ``cap_ms``: the most a reported
+        start or beat holds from now; ``mode``: "take", "join" (the items only take their places
+        in the line), "leave" (they give them up), or a periodic run's overlap policy at fire
+        time, "skip" or "buffer" (see :mod:`delayq_backends.overlap`)."""
         if mode not in cls.MODES:
             raise ValueError(f"mode={mode!r}: use one of {cls.MODES}")
-        args: list[Any] = [limit, hold_ms, wait_ms, now, mode]
-        for member, order in asking:
-            args += (member, order)
+        args: list[Any] = [limit, hold_ms, wait_ms, now, mode, cap_ms]
+        for member, order, token in asking:
+            args += (member, order, token)
         return ScriptCall(
             cls.name,
             keys,
             tuple(args),
-            lambda r: SlotGrant(int(r[0]), int(r[1]), tuple(int(p) for p in r[3]), _text(r[2])),
+            lambda r: SlotGrant(
+                int(r[0]),
+                int(r[1]),
+                tuple(int(p) for p in r[3]),
+                _text(r[2]),
+                heads=tuple(_text(m) for m in r[4]) if len(r) > 4 else (),
+            ),
         )
-
-
-class SlotHold:
-    """slot_hold.lua: a worker starts or extends the holds of its running items."""
-
-    name = "slot_hold"
-    MODES = ("start", "beat")
-
-    @classmethod
-    def call(cls, holds: str, mode: str, members: Sequence[str], *, hold_ms: int, now: int) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (holds,), (mode, hold_ms, now, *members), int)
 
 
 class BatchOpen:
@@ -475,18 +470,15 @@ class BatchEnd:
 
 
 class SlotEnd:
-    """slot_end.lua: holds of one slot key ended, each slot passed to the head of its line."""
+    """slot_end.lua: a forwarder gives back holds of one slot key (workers report theirs)."""
 
     name = "slot_end"
 
     @classmethod
-    def call(
-        cls, keys: tuple[str, str, str, str], members: Sequence[str], *, hold_ms: int, now: int
-    ) -> ScriptCall[SlotEnded]:
-        """``keys``: the slot key's holds, waiting, waits and limit keys (``Slots.slot_keys``)."""
-        return ScriptCall(
-            cls.name, keys, (hold_ms, now, *members), lambda r: SlotEnded(int(r[0]), tuple(_text(m) for m in r[1]))
-        )
+    def call(cls, keys: tuple[str, str, str], members: Sequence[str]) -> ScriptCall[tuple[int, tuple[str, ...]]]:
+        """``keys``: the slot key's holds, tokens and waiting keys; the reply: how many were held
+        (-1: garbage holds) and the heads of the line to bring forward."""
+        return ScriptCall(cls.name, keys, tuple(members), lambda r: (int(r[0]), tuple(_text(m) for m in r[1])))
 
 
 def _text(reply: Any) -> str:

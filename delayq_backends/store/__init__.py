@@ -15,7 +15,18 @@ from .batches import BATCH_TTL_MS, MAX_FAILED_IDS, Batches
 from .lease import Forwarding, Lease
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
-from .slots import KEY_LIST_TTL, RUN_HOLD_MS, START_HOLD_MS, WAIT_MS, SlotAsk, SlotKeyList, Slots, slot_member
+from .slots import (
+    KEY_LIST_TTL,
+    MAX_HOLD_MS,
+    RUN_HOLD_MS,
+    START_HOLD_MS,
+    WAIT_MS,
+    SlotAsk,
+    SlotKeyList,
+    SlotRun,
+    Slots,
+    slot_member,
+)
 from .starts import NOT_A_STRING, Starts, is_start_record
 
 __all__ = [
@@ -23,6 +34,7 @@ __all__ = [
     "MAX_FAILED_IDS",
     "Batches",
     "KEY_LIST_TTL",
+    "MAX_HOLD_MS",
     "RUN_HOLD_MS",
     "START_HOLD_MS",
     "WAIT_MS",
@@ -38,6 +50,7 @@ __all__ = [
     "Reader",
     "ScheduleEntry",
     "SlotAsk",
+    "SlotRun",
     "SlotKeyList",
     "Slots",
     "Starts",

@@ -1,34 +1,42 @@
-"""Concurrency slots in the store: taken by forwarders at release, held and given back by
-workers, limits set at runtime (see :mod:`delayq_backends.slots`).
+"""Concurrency slots in the store: taken by forwarders at release, reported started, beating
+and ended by workers, limits set at runtime (see :mod:`delayq_backends.slots`).
 
-A slot key's four keys share one hash tag of their own (:func:`~delayq_backends.keys.slot_holds_key`),
-so each call touches one cluster slot and different keys spread over the nodes.
+A slot key's six keys share one hash tag of their own (:func:`~delayq_backends.keys.slot_holds_key`),
+so each call touches one cluster slot and different keys spread over the nodes. Only forwarders
+write the holds: a worker writes reports (HSET, with a random field of its own), which the next
+take checks against the token its hold was granted with (``slot_take.lua``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from redis.exceptions import RedisError, ResponseError
 
 from ..envelope import MAX_SLOT_LIMIT, Slot
-from ..keys import slot_holds_key, slot_limit_key, slot_waiting_key, slot_waits_key
+from ..keys import SLOT_KEYS, slot_holds_key, slot_limit_key, slot_reports_key, slot_tokens_key, slot_waiting_key
 from ..models import SlotBoard, SlotGrant, SlotStatus
-from ..scripts.store import Promote, SlotEnd, SlotHold, SlotTake
+from ..scripts.store import Promote, SlotEnd, SlotTake
 from .base import StoreCore
 from .keylist import KeyList
 
 __all__ = [
+    "HOLD_MODES",
     "KEY_LIST_TTL",
+    "MAX_HOLD_MS",
     "RUN_HOLD_MS",
     "START_HOLD_MS",
     "STATUS_CHUNK",
     "WAIT_MS",
     "SlotAsk",
     "SlotKeyList",
+    "SlotRun",
     "Slots",
     "slot_item_ids",
     "slot_member",
@@ -36,9 +44,14 @@ __all__ = [
 
 log = logging.getLogger("delayq.slots")
 
-#: How long a slot taken at release is held before the worker starts its item: the time a
-#: message may wait in the broker. A message lost on its way holds its slot this long.
-START_HOLD_MS = 300_000
+#: How long a slot taken at release is held before the worker reports its item started (the start
+#: window, a forwarder setting): the time a message may wait in the broker. A message lost on its
+#: way, or sent to a queue nobody reads, holds its slot this long; a start later than this may run
+#: over the limit (docs/slots.md weighs the two).
+START_HOLD_MS = 60_000
+#: The most a hold lasts from now, whatever a worker reports or a setting asks (slot_take.lua
+#: caps every start and beat, and drops a hold further ahead).
+MAX_HOLD_MS = 3_600_000
 #: How long a running item's hold lasts after its start or its worker's last beat (every third
 #: of it): a worker that dies mid-task gives its slots back this long after its last beat.
 RUN_HOLD_MS = 60_000
@@ -47,6 +60,8 @@ RUN_HOLD_MS = 60_000
 WAIT_MS = 15_000
 #: Slot keys whose statuses one pipelined round reads (three commands each).
 STATUS_CHUNK = 500
+#: What a worker reports on a hold (:meth:`Slots.hold_slots`).
+HOLD_MODES = ("start", "beat", "end")
 #: Seconds a :class:`SlotKeyList` keeps its list of slot keys before it SCANs again.
 KEY_LIST_TTL = 30.0
 
@@ -65,6 +80,14 @@ def slot_item_ids(member: str) -> list[str]:
     return [member, item] if sep and item and run.isdigit() else [member]
 
 
+class SlotRun(NamedTuple):
+    """A hold as its worker knows it: the member, and the token its forwarder minted when it
+    granted the slot (passed in the item's message; "" for a message released without one)."""
+
+    member: str
+    token: str
+
+
 class SlotAsk(NamedTuple):
     """The items of one slot key asking for a slot: their limit (0: none) and (member, order)
     of each, in their order."""
@@ -78,15 +101,11 @@ class Slots(StoreCore):
     (:meth:`hold_slots`), operators set limits (:meth:`set_slot_limit`) and look
     (:meth:`slot_status`)."""
 
-    def slot_keys(self, key: str) -> tuple[str, str, str, str]:
-        """The holds, waiting, waits and limit keys of slot ``key``, in ``slot_take.lua``'s order."""
-        prefix = self.config.prefix
-        return (
-            slot_holds_key(prefix, key),
-            slot_waiting_key(prefix, key),
-            slot_waits_key(prefix, key),
-            slot_limit_key(prefix, key),
-        )
+    def slot_keys(self, key: str) -> tuple[str, str, str, str, str, str]:
+        """The holds, waiting, waits, limit, tokens and reports keys of slot ``key``, in
+        ``slot_take.lua``'s order."""
+        holds, waiting, waits, limit, tokens, reports = (f(self.config.prefix, key) for f in SLOT_KEYS)
+        return holds, waiting, waits, limit, tokens, reports
 
     def take_slots(
         self,
@@ -99,52 +118,106 @@ class Slots(StoreCore):
     ) -> dict[str, SlotGrant | Exception]:
         """Take slots for the items of each key of ``asks``, in one round trip; each key's
         grant, or the error its keys raised. ``mode`` "join": the items only take their places in
-        their keys' lines (granted none); "leave": they give them up."""
+        their keys' lines (granted none); "leave": they give them up.
+
+        In mode "take" each granted hold gets a fresh token (``SlotGrant.tokens``, in the asking
+        order): its worker reports the item's start, beats and end with it, and no other report
+        counts. A periodic run's overlap modes take tokenless holds (any report ends them).
+        The items a free slot waits for that did not ask (``SlotGrant.heads``) are brought
+        forward (:meth:`_bring_forward`): ends read here reach the head of the line within a pass."""
         at = self.script_now(now)
-        calls = [
-            SlotTake.call(
-                self.slot_keys(key), a.asking, limit=a.limit, hold_ms=hold_ms, wait_ms=wait_ms, now=at, mode=mode
+        calls, minted = [], {}
+        for key, a in asks.items():
+            tokens = tuple(secrets.token_hex(16) if mode == "take" else "" for _ in a.asking)
+            minted[key] = tokens
+            asking = [(m, order, t) for (m, order), t in zip(a.asking, tokens)]
+            keys = self.slot_keys(key)
+            calls.append(
+                SlotTake.call(
+                    keys, asking, limit=a.limit, hold_ms=hold_ms, wait_ms=wait_ms, cap_ms=MAX_HOLD_MS, now=at, mode=mode
+                )
             )
-            for key, a in asks.items()
-        ]
         replies = self.run_each(calls)
-        return dict(zip(asks, replies))
+        self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r.heads), at)
+        return {
+            key: reply if isinstance(reply, Exception) else replace(reply, tokens=minted[key])
+            for key, reply in zip(asks, replies)
+        }
 
     def hold_slots(
-        self, holds: Mapping[str, Sequence[str]], mode: str, *, hold_ms: int, now: int | None = None
-    ) -> dict[str, int | Exception]:
-        """Start, extend ("beat") or end the holds of ``members`` per slot key, in one round
-        trip: per key, how many were held before (-1: its holds key is garbage).
+        self, holds: Mapping[str, Sequence[SlotRun]], mode: str, *, hold_ms: int = 0
+    ) -> dict[str, Exception | None]:
+        """A worker reports its runs' holds, per slot key, in one round trip: "start" and "beat"
+        hold each ``hold_ms`` from now (capped at :data:`MAX_HOLD_MS`), "end" gives it back and
+        brings forward the items at the head of the key's line, so a forwarder takes the free
+        slot within a pass. Per key, None or the error its report met.
 
-        "end" passes each slot it frees to the head of the key's line and brings those items
-        forward (:meth:`_end_holds`): the slot is taken within a forwarder's pass, not at the item's
-        next ask. ``hold_ms`` is then unused."""
+        A report is one HSET of a random field: the next take checks it against the hold's
+        token, so a report that is not the hold's (another worker's member, a forged one)
+        changes nothing; a start whose hold had lapsed is logged there."""
+        if mode not in HOLD_MODES:
+            raise ValueError(f"mode={mode!r}: use one of {HOLD_MODES}")
+        until = min(max(hold_ms, 0), MAX_HOLD_MS)
+        keys = list(holds)
+        with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                fields = [
+                    (f"{run.member}\n{secrets.token_hex(6)}", self._report(mode, run.token, until))
+                    for run in holds[key]
+                ]
+                pipe.hset(slot_reports_key(self.config.prefix, key), items=[v for pair in fields for v in pair])
+            replies = pipe.execute(raise_on_error=False)
+        answers = {key: reply if isinstance(reply, Exception) else None for key, reply in zip(keys, replies)}
         if mode == "end":
-            return self._end_holds(holds, now)
-        if mode not in SlotHold.MODES:
-            raise ValueError(f"mode={mode!r}: use one of {(*SlotHold.MODES, 'end')}")
-        prefix, at = self.config.prefix, self.script_now(now)
+            self._bring_heads_forward({key: len(holds[key]) for key in keys if answers[key] is None})
+        return answers
+
+    def _report(self, mode: str, token: str, hold_ms: int) -> str:
+        """A worker's report on its hold (``slot_take.lua`` reads it): an end shows the token
+        (the task is over), a start or beat only its SHA-1 (:meth:`slot_token_proof`), so a
+        report read by another credential cannot end a running task's hold."""
+        if mode == "end":
+            return f"end:{token}"
+        return f"{mode}:{self.slot_token_proof(token) if token else ''}:{hold_ms}"
+
+    def slot_token_proof(self, token: str) -> str:
+        """What a hold's token is kept as (its SHA-1, as ``slot_take.lua`` writes it) and what a
+        start or beat shows."""
+        return hashlib.sha1(token.encode()).hexdigest()
+
+    def give_back_slots(self, holds: Mapping[str, Sequence[str]]) -> dict[str, int | Exception]:
+        """A forwarder gives back the holds of ``members`` per slot key (their items were not
+        published, or a periodic run not moved), in one round trip, and brings forward the
+        heads of the keys' lines: per key, how many were held (-1: its holds key is garbage)."""
+        prefix = self.config.prefix
         calls = [
-            SlotHold.call(slot_holds_key(prefix, key), mode, members, hold_ms=hold_ms, now=at)
+            SlotEnd.call(
+                (slot_holds_key(prefix, key), slot_tokens_key(prefix, key), slot_waiting_key(prefix, key)), members
+            )
             for key, members in holds.items()
         ]
-        replies = self.run_each(calls)
-        return dict(zip(holds, replies))
+        replies: list[tuple[int, tuple[str, ...]] | Exception] = self.run_each(calls)
+        self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r[1]), self.script_now(None))
+        return {key: r if isinstance(r, Exception) else r[0] for key, r in zip(holds, replies)}
 
-    def _end_holds(self, holds: Mapping[str, Sequence[str]], now: int | None) -> dict[str, int | Exception]:
-        """End ``holds`` (``slot_end.lua``) and bring forward the items their slots passed to.
-
-        A passed slot is held :data:`WAIT_MS` for its item to ask (it asks within a pass; at
-        its recheck if bringing it forward failed), then as granted: an item cancelled meanwhile
-        holds it no longer than it would have held the line. Never ended here on the item's
-        behalf: an item not found may have been published and acked already, and its task
-        runs under that slot."""
-        at = self.script_now(now)
-        calls = [SlotEnd.call(self.slot_keys(key), members, hold_ms=WAIT_MS, now=at) for key, members in holds.items()]
-        answers = self.run_each(calls)
-        replies = dict(zip(holds, answers))
-        self._bring_forward((m for r in replies.values() if not isinstance(r, Exception) for m in r.passed), at)
-        return {key: r if isinstance(r, Exception) else r.ended for key, r in replies.items()}
+    def _bring_heads_forward(self, freed: Mapping[str, int]) -> None:
+        """Bring forward the first ``freed[key]`` items of each key's line (one read of the
+        lines, then :meth:`_bring_forward`): a slot given back is taken within a pass, not at
+        the next item's recheck. A failure is logged: those items ask at their recheck."""
+        if not freed:
+            return
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key, n in freed.items():
+                    pipe.zrange(slot_waiting_key(self.config.prefix, key), 0, n - 1)
+                lines = pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            log.warning("could not read a slot line to bring its head forward (%s); it asks at its recheck", exc)
+            return
+        heads = [
+            m.decode() if isinstance(m, bytes) else str(m) for line in lines if isinstance(line, list) for m in line
+        ]
+        self._bring_forward(heads, self.script_now(None))
 
     def _bring_forward(self, members: Iterable[str], at: int) -> None:
         """Make the items of ``members`` due now if deferred (``promote.lua``, one call per
@@ -159,7 +232,7 @@ class Slots(StoreCore):
         calls = [Promote.call(self._keys[s], ids, now=at, wake=self._wake) for s, ids in by_shard.items()]
         try:
             replies: list[int | Exception] = self.run_each(calls)
-        except (RedisError, OSError) as exc:  # the holds are ended and passed: only this step failed
+        except (RedisError, OSError) as exc:  # the holds are ended: only this step failed
             replies = [exc]
         for reply in replies:
             if isinstance(reply, Exception):
@@ -181,7 +254,7 @@ class Slots(StoreCore):
         """Every slot key with holds, a line or a limit, sorted (a SCAN of the prefix's slot
         keys, every primary's on a cluster: for ``delayq slots``, not a hot path)."""
         start = f"{self.config.prefix}:{{{self.config.prefix}:slot:"
-        names = ("holds", "waiting", "waits", "limit")
+        names = ("holds", "waiting", "waits", "limit", "tokens", "reports")
         found: set[str] = set()
         for raw in self.client.scan_iter(match=f"{_glob_escaped(start)}*", count=1000):
             name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
@@ -203,7 +276,7 @@ class Slots(StoreCore):
             chunk = keys[start : start + STATUS_CHUNK]
             with self.client.pipeline(transaction=False) as pipe:
                 for key in chunk:
-                    holds, waiting, _, limit_key = self.slot_keys(key)
+                    holds, waiting, _, limit_key, _, _ = self.slot_keys(key)
                     pipe.get(limit_key)
                     pipe.zcount(holds, f"({now}", "+inf")
                     pipe.zcard(waiting)

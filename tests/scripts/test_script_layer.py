@@ -17,7 +17,6 @@ from delayq_backends.scripts.store import (
     PeriodicRun,
     PeriodicTrust,
     SlotEnd,
-    SlotHold,
     SlotTake,
     SyncVersion,
     Take,
@@ -38,7 +37,7 @@ def test_every_lua_file_has_one_typed_object() -> None:
         RqSchedule.name,
         RqRun.name,
     }
-    typed |= {SlotTake.name, SlotHold.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
+    typed |= {SlotTake.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
     typed |= {PeriodicRun.name, PeriodicTrust.name, SyncVersion.name}
     assert typed == set(SCRIPT_NAMES)
 

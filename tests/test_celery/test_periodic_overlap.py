@@ -21,6 +21,7 @@ from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.overlap_policy import POLICIES
 from delayq_backends.periodic.ops import item_id, statuses
 from delayq_backends.store import RUN_HOLD_MS
+from delayq_backends.targets import SLOT_TOKEN
 from delayq_backends.timeutil import from_ms
 from tests.test_celery.test_periodic import Harness
 
@@ -45,10 +46,11 @@ BEATING = 3_600_000
 
 def _worker(h: Harness, message: StoredMessage, mode: str, hold_ms: int = BEATING) -> None:
     """What ``install(app)``'s task_prerun (start) or task_postrun (end) does for this message."""
-    found = slot_of_request(SimpleNamespace(**{**message.headers, "retries": 0}))
+    token = next(d.slot_token for d in h.sent.delivered if d.envelope == message.to_envelope())  # its header
+    found = slot_of_request(SimpleNamespace(**{**message.headers, "retries": 0, SLOT_TOKEN: token}))
     assert found is not None, "the run carries no slot the worker would hold"
-    slot, member = found
-    h.store.hold_slots({slot.key: [member]}, mode, hold_ms=hold_ms)
+    slot, run = found
+    h.store.hold_slots({slot.key: [run]}, mode, hold_ms=hold_ms)
 
 
 def _entry(h: Harness) -> Any:
@@ -131,7 +133,8 @@ def test_a_bad_policy_is_refused_at_sync_naming_the_entry_and_the_policies() -> 
 def test_changing_the_policy_is_a_change_and_keeps_the_count() -> None:
     h = _harness("skip")
     h.fire_next("m")
-    h.fire_next("m")  # skipped: the forwarder's start hold is still there (no worker started it)
+    _worker(h, _messages(h)[0], "start")
+    h.fire_next("m")  # skipped: the run holds its slot
     assert _entry(h).skipped == 1
     report = h.sync({"m": {"task": "t.m", "schedule": 60.0, "options": {"delayq_overlap": "buffer_one"}}})
     assert report.changed == ["m"]
@@ -141,7 +144,7 @@ def test_changing_the_policy_is_a_change_and_keeps_the_count() -> None:
 
 @pytest.mark.parametrize("policy", ["skip", "buffer_one"])
 def test_a_run_the_broker_refuses_gives_its_slot_back(policy: str) -> None:
-    """Else the slot stays taken for its start hold (5 min) and every period meanwhile is skipped."""
+    """Else the slot stays taken for its start window (60 s) and every period meanwhile is skipped."""
     h = _harness(policy)
     refuse = [True]
 
@@ -163,7 +166,7 @@ def test_garbage_in_the_entrys_slot_keys_or_its_counts_never_stops_it() -> None:
     anyone with the producer role: a key of another type costs one skipped period (it is dropped
     at once), a count or policy no release wrote reads as 0 or ``allow``; the entry keeps firing."""
     h = _harness("skip")
-    holds, waiting, waits, limit = h.store.slot_keys(KEY)
+    holds, waiting, waits, limit, _, _ = h.store.slot_keys(KEY)
     h.store.client.set(holds, "garbage")
     h.store.client.zadd(waiting, {"no-wait-behind-it": 1})
     h.store.client.set(limit, "-3")
@@ -195,7 +198,8 @@ def test_a_misspelt_option_names_the_overlap_option_among_the_known_ones() -> No
 def test_periodic_list_shows_the_skipped_periods_and_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
     h = _harness("skip")
     h.fire_next("m")
-    h.fire_next("m")  # skipped: the first run's slot is still held (started by no worker yet)
+    _worker(h, _messages(h)[0], "start")
+    h.fire_next("m")  # skipped: the first run's slot is still held
     show_periodic(h.store, as_json=False)
     table = capsys.readouterr().out
     assert "skipped" in table and "1 (skip)" in table

@@ -17,6 +17,7 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope, Slot, slot_of
 from delayq_backends.errors import ConfigError, InvalidSlotError
 from delayq_backends.store import SlotAsk
+from delayq_backends.targets import SLOT_TOKEN
 from tests.helpers import max_overlap, wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, watched
@@ -115,7 +116,8 @@ def test_a_slot_header_without_a_limit_takes_its_patterns_and_is_stored_without_
 
 def test_a_revoked_task_gives_its_slot_back(valkey_url: str, prefix: str) -> None:
     """``task_revoked`` (a task revoked or expired before or while it ran: no ``task_postrun``)
-    ends the hold the release took, with the member the forwarder named (id and retries)."""
+    ends the hold the release took, with the member the forwarder named (id and retries) and the
+    token it came with (read by the next take)."""
     app = make_app(
         broker="memory://", store=valkey_url, prefix=prefix, queue="q", sink="s", backend="cache+memory://",
         records=valkey_url,
@@ -125,8 +127,10 @@ def test_a_revoked_task_gives_its_slot_back(valkey_url: str, prefix: str) -> Non
         store.check_meta()
         grant = store.take_slots({"k": SlotAsk(1, [("t1#2", 0)])}, hold_ms=60_000, wait_ms=60_000)["k"]
         assert not isinstance(grant, Exception) and grant.places == (-1,)
-        request = Context({"id": "t1", "retries": 2, SLOT_HEADER: {"key": "k", "limit": 1}})
+        headers = {SLOT_HEADER: {"key": "k", "limit": 1}, SLOT_TOKEN: grant.tokens[0]}
+        request = Context({"id": "t1", "retries": 2, **headers})
         task_revoked.send(sender=app.tasks["dqt.record"], request=request, terminated=False, signum=None, expired=True)
-        assert store.slot_status("k").running == 0
+        after = store.take_slots({"k": SlotAsk(1, [("t2", 1)])}, hold_ms=60_000, wait_ms=60_000)["k"]
+        assert not isinstance(after, Exception) and after.places == (-1,) and after.running == 1
     finally:
         forget_store(app)

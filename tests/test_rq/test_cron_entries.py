@@ -41,7 +41,7 @@ from delayq_backends.rq.entries import (
     run_envelope,
 )
 from delayq_backends.rq.slots import Slots
-from delayq_backends.store import slot_member
+from delayq_backends.store import SlotRun, slot_member
 from delayq_backends.targets import Delivery
 from delayq_backends.testing import FakeClock, TestingStore, advance_and_run, run_due, testing_store
 from delayq_backends.timeutil import from_ms, to_ms
@@ -272,7 +272,7 @@ def _overlapping(policy: str) -> tuple[TestingStore, dict[str, Any], Job, str]:
     found = Slots._slot_of(first)  # what the worker reads
     assert found is not None and found.key == "periodic:o" and found.limit == 1
     member = slot_member(first.id, None)  # as Slots.execute_job names it
-    store.hold_slots({found.key: [member]}, "start", hold_ms=3_600_000)
+    store.hold_slots({found.key: [SlotRun(member, "")]}, "start", hold_ms=3_600_000)
     assert store.slot_status(found.key).running == 1  # the worker's hold is the forwarder's: one
     return store, targets, first, member
 
@@ -286,7 +286,7 @@ def test_skip_skips_while_the_worker_holds_the_runs_slot() -> None:
     assert store.client.llen("rq:queue:q") == 1  # both periods fell due while the run ran: skipped
     stored = store.get("periodic:o")
     assert stored is not None and state_of(Envelope.decode(stored.envelope)).skipped == 2
-    store.hold_slots({"periodic:o": [member]}, "end", hold_ms=0)
+    store.hold_slots({"periodic:o": [SlotRun(member, "")]}, "end")
     advance_and_run(store, 1, targets)
     assert store.client.llen("rq:queue:q") == 2
 
@@ -300,7 +300,7 @@ def test_buffer_one_keeps_one_run_waiting_and_writes_it_when_the_slot_is_given_b
     waiting = run_task_id("o", Every(1000).first_after(due))
     item = store.get(waiting)
     assert item is not None and Envelope.decode(item.envelope).target == RUN_KIND
-    store.hold_slots({"periodic:o": [member]}, "end", hold_ms=0)
+    store.hold_slots({"periodic:o": [SlotRun(member, "")]}, "end")
     advance_and_run(store, 0, targets)
     assert [j.decode() for j in store.client.lrange("rq:queue:q", 0, -1)] == [first.id, waiting]
 

@@ -24,6 +24,7 @@ from delayq_backends.errors import ConfigError
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, Scheduler
 from delayq_backends.rq.periodic import InvalidScheduleError, due_between
+from delayq_backends.store import SlotRun
 from tests.harness.rq import Processes, runs
 from tests.helpers import max_overlap, wait_for
 from tests.test_rq.conftest import SHARDS
@@ -152,7 +153,7 @@ def test_the_forwarder_skips_buffers_and_counts_in_process(
     forwarder.run_once()
     assert conn.llen(queue.key) == 2  # both free: moved
     for job in (skip, buffer):
-        rq_store.hold_slots({f"periodic:{job.id}": [job.id]}, "start", hold_ms=60_000)  # their runs start
+        rq_store.hold_slots({f"periodic:{job.id}": [SlotRun(job.id, "")]}, "start", hold_ms=60_000)  # their runs start
         rq_store.reschedule(job.id, time.time() - 5)  # the next period, 5 s late
     forwarder.run_once()
     assert conn.llen(queue.key) == 2
@@ -160,7 +161,7 @@ def test_the_forwarder_skips_buffers_and_counts_in_process(
     item = rq_store.get(skip.id)
     assert item is not None and item.ready_ms > time.time() * 1000  # its next period
     assert rq_store.slot_status(f"periodic:{buffer.id}").waiting == 1  # waits, first in line
-    rq_store.hold_slots({f"periodic:{buffer.id}": [buffer.id]}, "end", hold_ms=0)  # its run ends
+    rq_store.hold_slots({f"periodic:{buffer.id}": [SlotRun(buffer.id, "")]}, "end")  # its run ends
     time.sleep(0.3)
     forwarder.run_once()
     assert conn.llen(queue.key) == 3  # moved as soon as free, and the periods it waited over counted
