@@ -203,14 +203,14 @@ class ForwarderMetrics:
         )
         self.newer_format = Counter(
             "delayq_newer_format",
-            "Claims of items whose envelope format is newer than this forwarder reads: deferred for a newer "
+            "Claims of items whose envelope format is newer than this forwarder reads: parked for a newer "
             "forwarder, not an attempt (upgrade this forwarder).",
             ("format",),
             registry=self.registry,
         )
         self.no_target = Counter(
             "delayq_no_target",
-            "Claims of items of a kind this forwarder has no target for: deferred for a forwarder that has it, "
+            "Claims of items of a kind this forwarder has no target for: parked for a forwarder that has it, "
             "not an attempt (start one with that target).",
             ("target",),
             registry=self.registry,
@@ -412,6 +412,11 @@ class StoreCollector(Collector):
                 ("delayq_due", "Items whose time has come (or whose lease ran out), not yet claimed."),
                 ("delayq_leased", "Items claimed by a forwarder and not yet acked or released."),
                 ("delayq_dead", "Dead letters of the shard."),
+                (
+                    "delayq_parked",
+                    "Items parked out of the due index: no forwarder that claimed them could release them (a newer "
+                    "envelope format, a target it lacks).",
+                ),
                 ("delayq_oldest_overdue_seconds", "How long the shard's earliest item has waited past its time."),
             )
         }
@@ -421,6 +426,7 @@ class StoreCollector(Collector):
             gauges["delayq_due"].add_metric(shard, s.due)
             gauges["delayq_leased"].add_metric(shard, s.leased)
             gauges["delayq_dead"].add_metric(shard, s.dead)
+            gauges["delayq_parked"].add_metric(shard, s.parked)
             gauges["delayq_oldest_overdue_seconds"].add_metric(shard, s.oldest_overdue_ms / 1000)
         yield from gauges.values()
 

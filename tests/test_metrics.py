@@ -46,6 +46,7 @@ GAUGES = {
     "delayq_due": "due",
     "delayq_leased": "leased",
     "delayq_dead": "dead",
+    "delayq_parked": "parked",
 }
 
 
