@@ -76,12 +76,12 @@ class ParkedRecheck:
             except CONNECTION_ERRORS:
                 raise
             except redis.ResponseError as exc:  # a parking key of another type: the line goes on
+                k = self.ctx.store.keys(shard)
                 log.error(
-                    "shard %d: cannot look at its parked items (%s): move the key away (RENAME) so they are "
-                    "looked at again; the shard's other items flow",
-                    shard,
-                    exc,
-                )
+                    "shard %d: cannot look at its parked items (%s): %s or %s holds another type (written by another "
+                    "tool): move it away (RENAME) so they are looked at again; the shard's other items flow",
+                    shard, exc, k.parked, k.parked_why,
+                )  # fmt: skip
                 continue
             again = again or (counts.released > 0 and counts.released + counts.kept + counts.stale >= RECHECK_LIMIT)
             total = ParkedCounts(total.released + counts.released, total.kept + counts.kept, total.stale + counts.stale)
