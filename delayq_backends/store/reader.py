@@ -14,11 +14,11 @@ from typing import Any
 import redis
 
 from ..errors import ConfigError
-from ..keys import MAX_RANK, PARKED_MS, RANK_SPAN, collapsed_key, normalize_id, shard_of
+from ..keys import MAX_RANK, NEWER_BAND, PARKED_MS, RANK_SPAN, collapsed_key, normalize_id, shard_of, unbanded
 from ..models import DeadLetter, ScheduledItem, ShardStats
 from ..scripts.store import Purge, Requeue
 from ..timeutil import When, score_ms, to_ms
-from .base import StoreCore
+from .base import StoreCore, head_of, queue_head
 
 __all__ = ["DEAD_CHUNK", "Reader"]
 
@@ -128,14 +128,15 @@ class Reader(StoreCore):
             for k in self._keys:
                 pipe.zcard(k.due)
                 pipe.zcount(k.due, "-inf", now)
+                pipe.zcount(k.due, NEWER_BAND, NEWER_BAND + now)
                 pipe.hlen(k.leased)
                 pipe.zcard(k.dead)
-                pipe.zrange(k.due, 0, 0, withscores=True)
+                queue_head(pipe, k.due)
                 pipe.zcard(k.parked)
             replies = pipe.execute(raise_on_error=False)
         out = []
         for shard in range(self.config.shards):
-            part = replies[6 * shard : 6 * shard + 6]
+            part = replies[8 * shard : 8 * shard + 8]
             errors = [r for r in part if isinstance(r, Exception)]
             for err in errors:
                 if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
@@ -144,9 +145,9 @@ class Reader(StoreCore):
                 reason = f"shard {shard} cannot be read: {errors[0]} (a key of it holds data another tool wrote)"
                 out.append(ShardStats(shard, 0, 0, 0, 0, None, now, error=reason))
                 continue
-            scheduled, due, leased, dead, head, parked = part
-            head_ms = score_ms(head[0][1]) if head else None
-            out.append(ShardStats(shard, scheduled, due, leased, dead, head_ms, now, parked=parked))
+            scheduled, due, due_newer, leased, dead, first, first_newer, parked = part
+            head_ms = head_of(first, first_newer)
+            out.append(ShardStats(shard, scheduled, due + due_newer, leased, dead, head_ms, now, parked=parked))
         return out
 
     def due_histogram(self, start_ms: int, bucket_ms: int, buckets: int) -> tuple[int, list[int]]:
@@ -382,7 +383,7 @@ def _parse_lease(lease: bytes | None, score: float) -> tuple[int | None, int]:
     parts = lease.split(b":") if lease else []
     if len(parts) in (2, 3) and parts[0].isdigit() and parts[-1].lstrip(b"-").isdigit():
         return score_ms(parts[0]), score_ms(parts[-1])
-    return None, score_ms(score)
+    return None, score_ms(unbanded(score))
 
 
 def _parse_dead_info(raw: bytes | None) -> dict[str, Any]:
