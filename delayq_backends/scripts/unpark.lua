@@ -1,6 +1,7 @@
 #!lua flags=allow-oom
 --[[ A forwarder's re-check of parked items (see includes/parking.lua) whose time to look again
-has come: those it can release now go back to the due index, due now; the others are looked
+has come: those it can release now go back to the due index, due at their ready time (past: a
+claim takes them at once, beside items as old); the others are looked
 at again later. The caller read their reasons (ZRANGEBYSCORE parked, HMGET parked_why) and
 decided; this moves only items still parked, so a stale entry is dropped whatever it says.
 Input:
@@ -10,8 +11,8 @@ Input:
   ARGV[3] when to look again at the items kept parked, ms
   ARGV[4] how many ids follow to release; then those ids, then the ids to keep parked
 Output: {released, kept parked, stale entries dropped}.
-A released item keeps its original ready time (its leased entry "<now>:deferred:<ready>", as
-promote.lua writes it): the claim that takes it measures its lateness truthfully; an item of
+A released item keeps its original ready time (its leased entry "<ready>:deferred:<ready>", as
+defer.lua writes it): the claim that takes it measures its lateness truthfully; an item of
 format 3 or later goes back to the newer band (includes/newer.lua). Publishes a
 wake-up when the shard's head became earlier. allow-oom: releasing must work in a full store. ]]
 --- @include "ranks"
@@ -35,9 +36,10 @@ for i = 5, #ARGV do
     stale = stale + 1
   elseif i - 4 <= releasing then
     local rank = rank_of(ranked, id)
-    rcall('ZADD', due, 'XX', band_for(rcall('HGET', items, id), now), id)
-    rcall('HSET', leased, id, now .. ':deferred:' .. ready)
-    if rank > 0 then set_rank(ranked, id, rank, tonumber(now)) end
+    local at = ms(math.min(tonumber(ready), tonumber(now)))  -- due since its ready time: claimed in that order
+    rcall('ZADD', due, 'XX', band_for(rcall('HGET', items, id), at), id)
+    rcall('HSET', leased, id, at .. ':deferred:' .. ready)
+    if rank > 0 then set_rank(ranked, id, rank, tonumber(at)) end
     rcall('ZREM', parked, id)
     rcall('HDEL', why, id)
     released = released + 1

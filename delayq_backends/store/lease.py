@@ -175,7 +175,8 @@ class Forwarding(StoreCore):
         self, shard: int, releasable: Callable[[str | None], bool], *, limit: int, later_ms: int, now: int | None = None
     ) -> ParkedCounts:
         """Look again at up to ``limit`` of ``shard``'s parked items whose time has come: those
-        whose reason ``releasable`` accepts are due now, the rest parked until ``later_ms``.
+        whose reason ``releasable`` accepts are due again (at their ready time), the rest parked
+        until ``later_ms``.
 
         ``releasable`` gets each reason as stored (None when missing; anything when a hand
         write): a caller accepts what it cannot read, so the next claim decides again and no
