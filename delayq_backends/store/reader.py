@@ -187,17 +187,24 @@ class Reader(StoreCore):
         """Scheduled items in score order, optionally one shard's or within [start, end].
 
         The score of a leased item is its lease deadline, so it is listed (and filtered) at
-        that time; its ``ready_ms`` still shows the original ready time.
+        that time; its ``ready_ms`` still shows the original ready time. Items of the newer band
+        (:data:`~delayq_backends.keys.NEWER_BAND`) are listed and filtered at their time too.
         """
         self.check_meta(record=False)
-        low = "-inf" if start is None else to_ms(start, clock=self.clock)
-        high = "+inf" if end is None else to_ms(end, clock=self.clock)
+        low: float = float("-inf") if start is None else to_ms(start, clock=self.clock)
+        high: float = float("inf") if end is None else to_ms(end, clock=self.clock)
+        ranges = ((low, min(high, NEWER_BAND - 1)), (NEWER_BAND + max(low, 0), NEWER_BAND + high))
         shards = self._select(shard)
         with self.client.pipeline(transaction=False) as pipe:
             for s in shards:
-                pipe.zrangebyscore(self._keys[s].due, low, high, start=0, num=offset + count, withscores=True)
-            per_shard = pipe.execute()
-        merged = heapq.merge(*[[(score_ms(score), s, m) for m, score in rows] for s, rows in zip(shards, per_shard)])
+                for a, b in ranges:  # the rest, then the newer band
+                    pipe.zrangebyscore(self._keys[s].due, a, b, start=0, num=offset + count, withscores=True)
+            replies = pipe.execute()
+        per_shard = [
+            sorted((score_ms(unbanded(score)), s, m) for m, score in replies[2 * n] + replies[2 * n + 1])
+            for n, s in enumerate(shards)
+        ]
+        merged = heapq.merge(*per_shard)
         page = list(islice(merged, offset, offset + count))
         with self.client.pipeline(transaction=False) as pipe:
             for _, s, member in page:
