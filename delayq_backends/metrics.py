@@ -191,6 +191,11 @@ class ForwarderMetrics:
         self.deferred = counter(
             "delayq_deferred", "Items flow control gave back to the store to wait (queue full or rate cap)."
         )
+        self.parked = counter(
+            "delayq_parked",
+            "Items parked out of the due index: this forwarder cannot release them (a newer envelope format, a "
+            "target it lacks); a forwarder that can releases them at its next look. Not an attempt.",
+        )
         self.kept = counter(
             "delayq_kept", "Published items kept in the store until a worker records their start (lossless mode)."
         )
@@ -283,7 +288,7 @@ class ForwarderMetrics:
 
     def observe_newer_format(self, version: int) -> Labels:
         """Count a claimed item of envelope format ``version`` (newer than this forwarder reads);
-        returns the labels its deferral counts under. ``version`` is one byte: a bounded label."""
+        returns the labels its parking counts under. ``version`` is one byte: a bounded label."""
         self.newer_format.labels(str(version)).inc()
         return NEWER_FORMAT
 
@@ -325,6 +330,8 @@ class ForwarderMetrics:
         released: int,
         deferred: Sequence[str] = (),
         deferred_count: int = 0,
+        parked: Sequence[str] = (),
+        parked_count: int = 0,
         max_attempts: int,
     ) -> None:
         """Count a batch's acks, retries, dead letters, releases and deferrals by target and queue.
@@ -337,6 +344,8 @@ class ForwarderMetrics:
             retried, buried: what ``store.fail`` returned.
             released: what ``store.release`` returned for ``report.unsent``.
             deferred, deferred_count: the ids flow control held back, and what ``store.defer``
+                returned for them.
+            parked, parked_count: the ids this forwarder cannot release, and what ``store.park``
                 returned for them.
             max_attempts: the store's; an item failing on its last attempt is buried, as
                 fail.lua decides, which is how each failure's outcome is told apart.
@@ -354,6 +363,7 @@ class ForwarderMetrics:
         self._add(self.retried, attribute(of(f.id for f in failures if f.id not in doomed), retried))
         self._add(self.released, attribute(of(report.unsent), released))
         self._add(self.deferred, attribute(of(deferred), deferred_count))
+        self._add(self.parked, attribute(of(parked), parked_count))
 
     def observe_lossless(
         self, labels: Mapping[str, Labels], *, kept: Sequence[str], found_started: Sequence[str]

@@ -64,8 +64,7 @@ class Settler:
                 self._tell_buried(p, counts.buried_ids)
         deferred = lease.defer(p.later) if p.later else 0
         self.ctx.stats.deferred += deferred
-        if p.prepared.parked:
-            self._park(p)
+        parked = self._park(p) if p.prepared.parked else 0
         if report.unsent:
             released = lease.release(report.unsent)
             self.ctx.stats.released += released
@@ -81,6 +80,8 @@ class Settler:
                 released=released,
                 deferred=[i for i, _ in p.later],
                 deferred_count=deferred,
+                parked=list(p.prepared.parked),
+                parked_count=parked,
                 max_attempts=self.ctx.store.config.max_attempts,
             )
         log.debug(
@@ -95,8 +96,8 @@ class Settler:
             (time.perf_counter() - p.prepared.started) * 1000,
         )
 
-    def _park(self, p: Published) -> None:
-        """Park the claim's items no forwarder like this one can release (:mod:`.parking`)."""
+    def _park(self, p: Published) -> int:
+        """Park the claim's items no forwarder like this one can release (:mod:`.parking`); how many."""
         parked = p.lease.park(p.prepared.parked, recheck_ms=self.ctx.clock.now_ms() + PARK_FOR_MS)
         self.ctx.stats.parked += parked.count
         if parked.bad_key:
@@ -105,6 +106,7 @@ class Settler:
                 "%g s instead: move the key away (RENAME) so they are parked",
                 parked.count, parked.bad_key, PARK_FOR_MS / 1000,
             )  # fmt: skip
+        return parked.count
 
     def _tell_buried(self, p: Published, ids: tuple[str, ...]) -> None:
         """Tell each :class:`BuryTarget` which of its deliveries the store just dead-lettered."""
