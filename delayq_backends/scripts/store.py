@@ -52,6 +52,7 @@ __all__ = [
     "Keep",
     "Park",
     "PeriodicRun",
+    "PeriodicTrust",
     "Promote",
     "Purge",
     "Rearm",
@@ -368,8 +369,8 @@ class Purge(ShardScript):
     key_names = ("dead", "dead_items", "dead_info")
 
     @classmethod
-    def ids(cls, keys: ShardKeys, ids: Sequence[str]) -> ScriptCall[int]:
-        """Delete the dead letters ``ids``."""
+    def ids(cls, keys: ShardKeys, ids: Sequence[str | bytes]) -> ScriptCall[int]:
+        """Delete the dead letters ``ids`` (as stored: bytes for an id that is no UTF-8)."""
         return cls._call(keys, ["ids", *ids], int)
 
     @classmethod
@@ -448,7 +449,9 @@ class BatchOpen:
     def call(
         cls, keys: ShardKeys, key: str, *, on_complete: bytes, mark: str, now: int, ttl_ms: int
     ) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (keys.batch(key),), (on_complete, mark, now, ttl_ms), int)
+        return ScriptCall(
+            cls.name, (keys.batch(key), keys.batch_fired(key)), (on_complete, mark, now, ttl_ms, key), int
+        )
 
 
 class BatchAdd:
@@ -459,7 +462,7 @@ class BatchAdd:
 
     @classmethod
     def call(cls, keys: ShardKeys, key: str, mode: str, members: Sequence[str]) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (keys.batch(key), keys.batch_members(key)), (mode, *members), int)
+        return ScriptCall(cls.name, (keys.batch(key), keys.batch_members(key)), (mode, key, *members), int)
 
 
 @dataclass(frozen=True)
@@ -492,7 +495,10 @@ class BatchEnd:
         ok: bool = True,
     ) -> ScriptCall[tuple[int, bool]]:
         shard = attrgetter(*cls.key_names)(keys)
-        batch = (keys.batch(key), keys.batch_members(key), keys.batch_done(key), keys.batch_failed(key))
+        batch = (
+            keys.batch(key), keys.batch_members(key), keys.batch_done(key), keys.batch_failed(key),
+            keys.batch_fired(key), keys.batch_firing(key),
+        )  # fmt: skip
         args = (
             mode, now, ending.wake, batch_channel(ending.prefix, key), batch_item_id(key), key,
             ending.max_failed_ids, member, "1" if ok else "0",
@@ -580,6 +586,20 @@ class PeriodicRun:
         """``keys``: the entry's history hash and runs ZSET (``ShardKeys.periodic_history``/``periodic_runs``)."""
         args = (event.event, event.run_id, event.due_ms, now, event.kind, event.detail, keep, ttl_ms, late_ms)
         return ScriptCall(cls.name, keys, args, int)
+
+
+class PeriodicTrust:
+    """periodic_trust.lua: an operator's definition of an entry's run template recorded
+    (``add``: its digest, the previous one kept) or dropped (``drop``); -1: the key is of
+    another type."""
+
+    name = "periodic_trust"
+
+    @classmethod
+    def call(cls, key: str, name: str, digest: str | None) -> ScriptCall[int]:
+        """``digest`` None drops entry ``name``'s definitions."""
+        args = ("drop", name, "") if digest is None else ("add", name, digest)
+        return ScriptCall(cls.name, (key,), args, int)
 
 
 class SyncVersion:
