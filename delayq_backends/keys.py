@@ -23,7 +23,6 @@ __all__ = [
     "LAYOUT",
     "MAX_ID_BYTES",
     "MAX_RANK",
-    "NEWER_BAND",
     "PARKED_MS",
     "RANK_SPAN",
     "ShardKeys",
@@ -31,7 +30,6 @@ __all__ = [
     "batch_item_id",
     "collapse_id",
     "collapsed_key",
-    "in_newer_band",
     "key_rate_key",
     "meta_key",
     "normalize_id",
@@ -45,7 +43,6 @@ __all__ = [
     "slot_limit_key",
     "slot_waiting_key",
     "slot_waits_key",
-    "unbanded",
     "wake_channel",
 ]
 
@@ -58,23 +55,6 @@ MAX_ID_BYTES = 512
 MAX_RANK = 255
 #: Width in ms of one rank's band of scores in the ``ranked`` index (2^44 ms: until 2527).
 RANK_SPAN = 2**44
-
-
-#: Where items of envelope format 3 and later sit in ``due``: at this offset plus their time
-#: (2^48 ms, past 9999-12-31), beyond every score the previous release's claim reads, so it never
-#: claims (and dead-letters) one; this release's claim reads the band too. Must match NEWER_BAND
-#: in ``scripts/includes/newer.lua``.
-NEWER_BAND = 2**48
-
-
-def in_newer_band(envelope: bytes) -> bool:
-    """Whether an item of ``envelope`` is indexed in the :data:`NEWER_BAND` (format 3 and later)."""
-    return envelope[:2] == b"DQ" and len(envelope) > 2 and envelope[2] >= 3
-
-
-def unbanded(score: float) -> float:
-    """A ``due`` score as the time it stands for, out of the :data:`NEWER_BAND`."""
-    return score - NEWER_BAND if score >= NEWER_BAND else score
 
 
 #: The ``due`` score of a parked item (:attr:`ShardKeys.parked`): a time no claim reaches, one ms

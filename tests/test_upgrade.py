@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.lib.items import plant_newer
 from delayq_backends import DelayStore, Envelope, __version__
 from delayq_backends.celery import StoredMessage
 from tests.harness import ROOT, Launcher, Proc, make_store
@@ -256,40 +257,38 @@ def test_the_previous_release_reads_this_releases_envelopes_as_this_one_does(
     assert reads[0] == reads[1]
 
 
-def test_the_previous_forwarder_leaves_entries_of_the_entry_format_to_this_one(
+def test_a_mixed_fleet_fires_entries_and_leaves_what_neither_reads_and_this_release_parks_it(
     procs: Launcher, store: DelayStore, tmp_path: Path, previous: Release
 ) -> None:
-    """Issue 30, finding 7: an entry using a field of this release (a runtime entry, every
-    second) and an item in the entry format (3) are written while only the previous release's
-    forwarder runs (the previous release dead-letters a format it does not know): it leaves both
-    alone, past their times, and fires nothing. Then this release's forwarder beside it fires
-    the entry each second and delivers the item; nothing is dead-lettered throughout."""
-    url, prefix, out = store.config.url, store.config.prefix, f"{store.config.prefix}:out"
+    """Issue 30, findings 6 and 7, mid-upgrade: forwarders of both releases (with the rq target),
+    a runtime periodic entry (envelope format 3) every second, and 200 items of a format neither
+    release reads. The entry fires and nothing is dead-lettered; the previous release defers
+    the unreadable items (5 s each time), this one parks them: all end parked, out of the due
+    index, none claimed by this release more than once."""
+    url, prefix = store.config.url, store.config.prefix
     rq_queue = f"{prefix}-entries"
-    old_log = tmp_path / "previous.log"
-    old = forward(previous, procs, store, old_log, "--rq-redis", url)
-    wait_for(lambda: " started: " in old_log.read_text(errors="replace"), 30, procs.tail, interval=0.05)
+    logs = {"previous": tmp_path / "previous.log", "this": tmp_path / "this.log"}
+    started = {
+        name: forward(which, procs, store, logs[name], "--rq-redis", url)
+        for name, which in (("previous", previous), ("this", None))
+    }
     add = ["periodic", "add", "tick", "--kind", "rq", "--func", "builtins.len", "--args", '["abc"]', "--every", "1"]
     where = ["--queue", rq_queue, "--url", url, "--prefix", prefix, "--shards", str(SHARDS), "--rq-redis", url]
     added = run(None, procs, "-m", "delayq_backends.cli", *add, *where, capture=True)
     assert added.wait(60) == 0, procs.output(added)
     entry = store.get("periodic:tick")
     assert entry is not None and entry.envelope[:3] == b"DQ\x03", "a runtime entry is written in the entry format"
-    store.schedule("entry-format", 0, Envelope("list", out, b"entry-format").encode_entry())
-    # a plain item due after the entry's first periods: once the previous forwarder delivered it,
-    # it has passed the entry's times
-    store.schedule("sentinel", entry.ready_ms / 1000 + 2.5, Envelope("list", out, b"sentinel"))
-    wait_for(lambda: store.get("sentinel") is None, 30, procs.tail)
-    runs = store.client.llen(f"rq:queue:{rq_queue}")
-    assert store.dead_letters() == [] and runs == 0, f"the previous release fired {runs} runs or buried: {procs.tail()}"
-    assert store.client.lrange(out, 0, -1) == [b"sentinel"] and store.get("entry-format") is not None
-    new_log = tmp_path / "this.log"
-    this = forward(None, procs, store, new_log, "--rq-redis", url)
-    wait_for(lambda: store.client.llen(f"rq:queue:{rq_queue}") >= 3, 30, procs.tail)
-    wait_for(lambda: store.get("entry-format") is None, 30, procs.tail)
-    for proc in (old, this):
-        assert procs.stop(proc) == 0, procs.tail()
+    plant_newer(store, "newer", 200, store.server_time_ms() - 1000)
+    runs = f"rq:queue:{rq_queue}"
+
+    def done() -> bool:
+        return sum(s.parked for s in store.stats()) == 200 and store.client.llen(runs) >= 4
+
+    wait_for(done, 60, lambda: f"{sum(s.parked for s in store.stats())} parked\n{procs.tail()}")
+    for name, proc in started.items():
+        assert procs.stop(proc) == 0, f"{name} exits cleanly\n{procs.tail()}"
     assert store.dead_letters() == [], procs.tail()
-    assert sorted(store.client.lrange(out, 0, -1)) == [b"entry-format", b"sentinel"]
+    claims = re.findall(r"newer envelope format (\d+)", logs["this"].read_text(errors="replace"))
+    assert claims and int(claims[-1]) == 200, "this release claimed each unreadable item once, then parked it"
     assert store.get("periodic:tick") is not None, "the entry is rearmed for its next period"
-    store.client.delete(f"rq:queue:{rq_queue}")
+    store.client.delete(runs)

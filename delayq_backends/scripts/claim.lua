@@ -28,14 +28,10 @@ once (its item is gone: removed; or not due and not leased: moved to the item's 
 while its item is leased (at most the shard's in-flight ranked items), where it stays so a
 release or an expired lease finds it again at its ready time. A deferred item is not leased:
 its entry moves to its not-before time (defer.lua does so itself; entries written before it
-did are moved here, once each), so deferred items cost a claim nothing. Items in the newer band
-(format 3 and later, see includes/newer.lua) are read after the ranked ones and before the rest,
-by one more lookup of the band's due range, and leased in the band: a claim of the previous
-release never reaches them, not even once their lease runs out. ]]
+did are moved here, once each), so deferred items cost a claim nothing. ]]
 --- @include "checks"
 --- @include "bury"
 --- @include "batch"
---- @include "newer"
 local k = {
   due = KEYS[1], items = KEYS[2], tries = KEYS[3], leased = KEYS[4],
   dead = KEYS[5], dead_items = KEYS[6], dead_info = KEYS[7], ranked = KEYS[8],
@@ -49,7 +45,6 @@ if bad_types then return bad_types end
 local empty = {[k.leased] = sizes.leased == 0, [k.tries] = sizes.tries == 0}
 local now = now_ms(ARGV[4])
 local deadline = ms(now + tonumber(ARGV[2]))
-local band_deadline = ms(NEWER_BAND + now + tonumber(ARGV[2]))  -- the score of a lease in the newer band
 local lease = deadline .. ':' .. ARGV[5]
 local held_by = lease .. ':'  -- a lease entry: held_by .. ready
 local max_attempts = tonumber(ARGV[3])
@@ -58,11 +53,10 @@ local max_bytes = tonumber(ARGV[8]) or 0
 local out = {deadline}
 
 -- Lease the due ids (or bury them), spending one unit of the budget each. scores holds each
--- id's score in `due` (its ready time unless it sat under an expired lease), out of the newer
--- band; `band` is true for ids in it, leased there. The whole batch is
+-- id's score in `due` (its ready time unless it sat under an expired lease). The whole batch is
 -- read with one HMGET per hash and written with one variadic command per key; an item whose
 -- stored values are unusable, or that is out of attempts, is buried alone with the reason.
-local function take(ids, scores, band)
+local function take(ids, scores)
   local n = #ids
   if n == 0 then return end
   budget = budget - n
@@ -88,7 +82,7 @@ local function take(ids, scores, band)
           'claimed ' .. attempts .. ' times without an ack: forwarders crashed or timed out on it', now, ARGV[6], ARGV[7])
       else
         ready = ms(finite(ready))
-        deadlines[m + 1], deadlines[m + 2] = band and band_deadline or deadline, id
+        deadlines[m + 1], deadlines[m + 2] = deadline, id
         leases[m + 1], leases[m + 2] = id, held_by .. ready
         counts[m + 1], counts[m + 2] = id, attempts == 1 and '1' or ms(attempts)  -- 1: no format
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, envelope, attempts, ready
@@ -142,17 +136,6 @@ while budget > 0 do
     claim_band(low)
     low = low + RANK_SPAN
   end
-end
-
--- The newer band's due items (few: periodic entries), before a backlog of the rest.
-if budget > 0 then
-  local ids, scores = {}, {}
-  local due = rcall('ZRANGEBYSCORE', k.due, ms(NEWER_BAND), ms(NEWER_BAND + now), 'WITHSCORES', 'LIMIT', 0, budget)
-  for i = 1, #due, 2 do
-    local j = (i + 1) / 2
-    ids[j], scores[j] = due[i], ms(tonumber(due[i + 1]) - NEWER_BAND)
-  end
-  take(ids, scores, true)
 end
 
 if budget > 0 then

@@ -14,14 +14,13 @@ A ranked item's index entry moves to the not-before time, so claims do not step 
 items (claim.lua). allow-oom: giving items back must work in a full store. ]]
 --- @include "lease"
 --- @include "ranks"
---- @include "newer"
 local due, tries, leased, ranked = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local n = 0
 for i = 2, #ARGV, 2 do
   local id, not_before = ARGV[i], ARGV[i + 1]
   local ready = our_lease(leased, id, ARGV[1])
   if ready then
-    rcall('ZADD', due, in_band_of(due, id, not_before), id)
+    rcall('ZADD', due, not_before, id)
     rcall('HSET', leased, id, not_before .. ':deferred:' .. ready)
     local rank = rank_of(ranked, id)
     if rank > 0 then set_rank(ranked, id, rank, not_before) end

@@ -12,13 +12,12 @@ that ack, release, fail and defer present, stays the claim's. An id acked, cance
 rescheduled or claimed again since our claim no longer carries our lease and is left alone.
 Runs at maxmemory (allow-oom): it only rewrites existing scores. ]]
 --- @include "lease"
---- @include "newer"
 local due, leased = KEYS[1], KEYS[2]
 local deadline = ms(now_ms(ARGV[3]) + tonumber(ARGV[2]))
 local out = {deadline}
 for i = 4, #ARGV do
   if our_lease(leased, ARGV[i], ARGV[1]) then
-    rcall('ZADD', due, 'XX', in_band_of(due, ARGV[i], deadline), ARGV[i])
+    rcall('ZADD', due, 'XX', deadline, ARGV[i])
     out[#out + 1] = ARGV[i]
   end
 end

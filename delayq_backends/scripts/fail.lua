@@ -13,7 +13,6 @@ Output: {retried, buried, the buried ids...} (the forwarder tells their targets:
 No wake-up: the retry time lies ahead, and the failing forwarder re-reads the heads anyway.
 allow-oom: a full store must be able to settle failed deliveries. ]]
 --- @include "bury"
---- @include "newer"
 local k = {
   due = KEYS[1], items = KEYS[2], tries = KEYS[3], leased = KEYS[4],
   dead = KEYS[5], dead_items = KEYS[6], dead_info = KEYS[7], ranked = KEYS[8],
@@ -32,7 +31,7 @@ for i = 6, #ARGV, 3 do
       buried = buried + 1
       out[buried + 2] = id
     else
-      rcall('ZADD', k.due, in_band_of(k.due, id, retry_at), id)
+      rcall('ZADD', k.due, retry_at, id)
       rcall('HDEL', k.leased, id)
       retried = retried + 1
     end

@@ -17,7 +17,6 @@ entry moves to the new due time, as defer.lua moves it. allow-oom: settling must
 full store. ]]
 --- @include "lease"
 --- @include "ranks"
---- @include "newer"
 local due, leased, ranked = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms(ARGV[2])
 local n = 0
@@ -25,7 +24,7 @@ for i = 3, #ARGV, 2 do
   local id, until_ms = ARGV[i], ms(now + tonumber(ARGV[i + 1]))
   local ready = our_lease(leased, id, ARGV[1])
   if ready then
-    rcall('ZADD', due, in_band_of(due, id, until_ms), id)
+    rcall('ZADD', due, until_ms, id)
     rcall('HSET', leased, id, until_ms .. ':published:' .. ready)
     local rank = rank_of(ranked, id)
     if rank > 0 then set_rank(ranked, id, rank, until_ms) end

@@ -14,7 +14,6 @@ awaiting its start stays. Publishes a wake-up when the shard's head became earli
 sleeping forwarder claims it now. allow-oom: a slotted key must drain a full store too. ]]
 --- @include "ranks"
 --- @include "wake"
---- @include "newer"
 local due, leased, ranked = KEYS[1], KEYS[2], KEYS[3]
 local now = ms(now_ms(ARGV[1]))
 local before = head_score(due)
@@ -26,7 +25,7 @@ for i = 3, #ARGV do
   local ready = held and string.match(held, '^%-?%d+:deferred:(%-?%d+)$')
   if ready then
     local rank = rank_of(ranked, id)  -- read before its writes: a bad ranked key leaves the item as it was
-    rcall('ZADD', due, 'XX', in_band_of(due, id, now), id)
+    rcall('ZADD', due, 'XX', now, id)
     rcall('HSET', leased, id, now .. ':deferred:' .. ready)
     if rank > 0 then set_rank(ranked, id, rank, tonumber(now)) end
     n = n + 1

@@ -9,7 +9,6 @@ Input:
 Output: how many were released. allow-oom: a full store must be able to give items back. ]]
 --- @include "lease"
 --- @include "wake"
---- @include "newer"
 local due, tries, leased = KEYS[1], KEYS[2], KEYS[3]
 local before = head_score(due)
 local n = 0
@@ -17,7 +16,7 @@ for i = 3, #ARGV do
   local id = ARGV[i]
   local ready = our_lease(leased, id, ARGV[1])
   if ready then
-    rcall('ZADD', due, in_band_of(due, id, ready), id)
+    rcall('ZADD', due, ready, id)
     rcall('HDEL', leased, id)
     uncount(tries, id)
     n = n + 1

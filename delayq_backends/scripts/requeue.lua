@@ -13,7 +13,6 @@ caller asks (ids past it are left), so no call, a caller's own FCALL included, h
 An item keeps the rank it died with (recorded in dead_info; letters buried before ranks: 0). ]]
 --- @include "ranks"
 --- @include "wake"
---- @include "newer"
 local k = {
   due = KEYS[1], items = KEYS[2], dead = KEYS[3], dead_items = KEYS[4], dead_info = KEYS[5], ranked = KEYS[6],
 }
@@ -30,7 +29,7 @@ local requeued, skipped = 0, 0
 for _, id in ipairs(ids) do
   local envelope = rcall('HGET', k.dead_items, id)
   if envelope and rcall('HEXISTS', k.items, id) == 0 then
-    rcall('ZADD', k.due, band_for(envelope, ARGV[1]), id)
+    rcall('ZADD', k.due, ARGV[1], id)
     rcall('HSET', k.items, id, envelope)
     local ok, info = pcall(cjson.decode, rcall('HGET', k.dead_info, id) or '{}')
     set_rank(k.ranked, id, ok and type(info) == 'table' and tonumber(info.rank) or 0, ARGV[1])

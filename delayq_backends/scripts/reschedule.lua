@@ -10,14 +10,12 @@ Attempts start again; a deferred item (defer.lua) is not in flight and moves. Th
 catch an entry that is *earlier* than its item, not one left later. ]]
 --- @include "ranks"
 --- @include "wake"
---- @include "newer"
 local k = {due = KEYS[1], items = KEYS[2], tries = KEYS[3], leased = KEYS[4], ranked = KEYS[5]}
-local envelope = rcall('HGET', k.items, ARGV[1])
-if not envelope then return 0 end
+if rcall('HEXISTS', k.items, ARGV[1]) == 0 then return 0 end
 local leased = rcall('HGET', k.leased, ARGV[1])
 if leased and not string.find(leased, ':deferred:', 1, true) then return 2 end
 local before = head_score(k.due)
-rcall('ZADD', k.due, band_for(envelope, ARGV[2]), ARGV[1])
+rcall('ZADD', k.due, ARGV[2], ARGV[1])
 rcall('HDEL', k.tries, ARGV[1])
 rcall('HDEL', k.leased, ARGV[1])
 set_rank(k.ranked, ARGV[1], rank_of(k.ranked, ARGV[1]), ARGV[2])

@@ -244,7 +244,7 @@ class Unpark(ShardScript):
     """unpark.lua: a re-check of parked items: released, or kept parked until ``later_ms``."""
 
     name = "unpark"
-    key_names = ("due", "items", "leased", "ranked", "parked", "parked_why")
+    key_names = ("due", "leased", "ranked", "parked", "parked_why")
 
     @classmethod
     def call(

@@ -23,21 +23,10 @@ from ..errors import (
     StoreFullError,
     StoreMetaError,
 )
-from ..keys import (
-    LAYOUT,
-    MAX_RANK,
-    NEWER_BAND,
-    ShardKeys,
-    in_newer_band,
-    meta_key,
-    normalize_id,
-    shard_of,
-    shard_tags,
-    wake_channel,
-)
+from ..keys import LAYOUT, MAX_RANK, ShardKeys, meta_key, normalize_id, shard_of, shard_tags, wake_channel
 from ..models import ScheduleItem
 from ..scripts.library import Durability, ScriptCall, ScriptRunner, function_missing
-from ..timeutil import Clock, ServerClock, When, score_ms, to_ms
+from ..timeutil import Clock, ServerClock, When, to_ms
 from .layout import check_recorded, check_shards, layout_in_use, read_meta, recorded_layout
 
 __all__ = ["NO_EARLIER_WAKE", "Payload", "StoreCore", "check_rank", "full_store_said_plainly"]
@@ -396,10 +385,7 @@ class StoreCore:
         """One item, checked: every bad input raises before anything is sent."""
         checked_id = normalize_id(item_id)
         ready = to_ms(when, clock=self.clock)
-        data = self.check_payload(checked_id, envelope)
-        if in_newer_band(data):  # format 3 on (a periodic entry's): out of the previous release's reach
-            ready += NEWER_BAND
-        return ScheduleItem(checked_id, ready, data, check_rank(rank))
+        return ScheduleItem(checked_id, ready, self.check_payload(checked_id, envelope), check_rank(rank))
 
     def _node_client(self, shard: int) -> redis.Redis:
         """A client of the one server that holds ``shard`` (the store's own when not a cluster)."""
@@ -410,20 +396,6 @@ class StoreCore:
         if not self.cluster:
             return self.client  # type: ignore[return-value]
         return self.client.get_node_from_key(key).redis_connection  # type: ignore[union-attr,no-any-return]
-
-
-def queue_head(pipe: Any, due: str) -> None:
-    """Queue on ``pipe`` the two reads :func:`head_of` takes: ``due``'s first entry, and the
-    first of its newer band (:data:`~delayq_backends.keys.NEWER_BAND`)."""
-    pipe.zrange(due, 0, 0, withscores=True)
-    pipe.zrangebyscore(due, NEWER_BAND, "+inf", start=0, num=1, withscores=True)
-
-
-def head_of(first: Any, band: Any) -> int | None:
-    """A shard's earliest time from :func:`queue_head`'s replies: its first entry, unless that
-    lies in the newer band, and the band's first, out of the band; None when it is empty."""
-    times = [score_ms(s) for _, s in first if s < NEWER_BAND] + [score_ms(s - NEWER_BAND) for _, s in band]
-    return min(times, default=None)
 
 
 def _parsed(call: ScriptCall[R], reply: Any) -> R:

@@ -42,8 +42,8 @@ from ..scripts.store import (
     Take,
     Unpark,
 )
-from ..timeutil import When
-from .base import Payload, R, StoreCore, full_store_said_plainly, head_of, queue_head
+from ..timeutil import When, score_ms
+from .base import Payload, R, StoreCore, full_store_said_plainly
 from .starts import is_start_record
 
 __all__ = ["Forwarding", "Lease"]
@@ -334,8 +334,7 @@ class Forwarding(StoreCore):
         return dict(zip(wanted, replies))
 
     def heads(self) -> list[int | None]:
-        """Each shard's earliest score (ready time, or lease deadline), None when empty; of the
-        rest and of the newer band (:data:`~delayq_backends.keys.NEWER_BAND`), whichever is earlier.
+        """Each shard's earliest score (ready time, or lease deadline), None when empty.
 
         A shard whose index cannot be read (a key of ours holding another type, say) reads as
         due at 0, so a forwarder tries it and reports the error, while the other shards go on.
@@ -343,13 +342,12 @@ class Forwarding(StoreCore):
         self.check_meta(record=False)
         with self.client.pipeline(transaction=False) as pipe:
             for k in self._keys:
-                queue_head(pipe, k.due)
+                pipe.zrange(k.due, 0, 0, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
                 raise reply  # an outage, not one bad shard: the caller backs off
-        pairs = zip(replies[::2], replies[1::2])
-        return [0 if isinstance(a, Exception) or isinstance(b, Exception) else head_of(a, b) for a, b in pairs]
+        return [0 if isinstance(r, Exception) else score_ms(r[0][1]) if r else None for r in replies]
 
     def subscribe_wake(self) -> Any:
         """A pub/sub connection subscribed to the wake channel: scripts publish there when a

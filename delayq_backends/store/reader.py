@@ -14,11 +14,11 @@ from typing import Any
 import redis
 
 from ..errors import ConfigError
-from ..keys import MAX_RANK, NEWER_BAND, PARKED_MS, RANK_SPAN, collapsed_key, normalize_id, shard_of, unbanded
+from ..keys import MAX_RANK, PARKED_MS, RANK_SPAN, collapsed_key, normalize_id, shard_of
 from ..models import DeadLetter, ScheduledItem, ShardStats
 from ..scripts.store import Purge, Requeue
 from ..timeutil import When, score_ms, to_ms
-from .base import StoreCore, head_of, queue_head
+from .base import StoreCore
 from .batches import fail_in_batches
 
 __all__ = ["DEAD_CHUNK", "Reader"]
@@ -129,15 +129,14 @@ class Reader(StoreCore):
             for k in self._keys:
                 pipe.zcard(k.due)
                 pipe.zcount(k.due, "-inf", now)
-                pipe.zcount(k.due, NEWER_BAND, NEWER_BAND + now)
                 pipe.hlen(k.leased)
                 pipe.zcard(k.dead)
-                queue_head(pipe, k.due)
+                pipe.zrange(k.due, 0, 0, withscores=True)
                 pipe.zcard(k.parked)
             replies = pipe.execute(raise_on_error=False)
         out = []
         for shard in range(self.config.shards):
-            part = replies[8 * shard : 8 * shard + 8]
+            part = replies[6 * shard : 6 * shard + 6]
             errors = [r for r in part if isinstance(r, Exception)]
             for err in errors:
                 if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
@@ -146,9 +145,9 @@ class Reader(StoreCore):
                 reason = f"shard {shard} cannot be read: {errors[0]} (a key of it holds data another tool wrote)"
                 out.append(ShardStats(shard, 0, 0, 0, 0, None, now, error=reason))
                 continue
-            scheduled, due, due_newer, leased, dead, first, first_newer, parked = part
-            head_ms = head_of(first, first_newer)
-            out.append(ShardStats(shard, scheduled, due + due_newer, leased, dead, head_ms, now, parked=parked))
+            scheduled, due, leased, dead, head, parked = part
+            head_ms = score_ms(head[0][1]) if head else None
+            out.append(ShardStats(shard, scheduled, due, leased, dead, head_ms, now, parked=parked))
         return out
 
     def due_histogram(self, start_ms: int, bucket_ms: int, buckets: int) -> tuple[int, list[int]]:
@@ -188,24 +187,17 @@ class Reader(StoreCore):
         """Scheduled items in score order, optionally one shard's or within [start, end].
 
         The score of a leased item is its lease deadline, so it is listed (and filtered) at
-        that time; its ``ready_ms`` still shows the original ready time. Items of the newer band
-        (:data:`~delayq_backends.keys.NEWER_BAND`) are listed and filtered at their time too.
+        that time; its ``ready_ms`` still shows the original ready time.
         """
         self.check_meta(record=False)
-        low: float = float("-inf") if start is None else to_ms(start, clock=self.clock)
-        high: float = float("inf") if end is None else to_ms(end, clock=self.clock)
-        ranges = ((low, min(high, NEWER_BAND - 1)), (NEWER_BAND + max(low, 0), NEWER_BAND + high))
+        low = "-inf" if start is None else to_ms(start, clock=self.clock)
+        high = "+inf" if end is None else to_ms(end, clock=self.clock)
         shards = self._select(shard)
         with self.client.pipeline(transaction=False) as pipe:
             for s in shards:
-                for a, b in ranges:  # the rest, then the newer band
-                    pipe.zrangebyscore(self._keys[s].due, a, b, start=0, num=offset + count, withscores=True)
-            replies = pipe.execute()
-        per_shard = [
-            sorted((score_ms(unbanded(score)), s, m) for m, score in replies[2 * n] + replies[2 * n + 1])
-            for n, s in enumerate(shards)
-        ]
-        merged = heapq.merge(*per_shard)
+                pipe.zrangebyscore(self._keys[s].due, low, high, start=0, num=offset + count, withscores=True)
+            per_shard = pipe.execute()
+        merged = heapq.merge(*[[(score_ms(score), s, m) for m, score in rows] for s, rows in zip(shards, per_shard)])
         page = list(islice(merged, offset, offset + count))
         with self.client.pipeline(transaction=False) as pipe:
             for _, s, member in page:
@@ -402,7 +394,7 @@ def _parse_lease(lease: bytes | None, score: float) -> tuple[int | None, int]:
     parts = lease.split(b":") if lease else []
     if len(parts) in (2, 3) and parts[0].isdigit() and parts[-1].lstrip(b"-").isdigit():
         return score_ms(parts[0]), score_ms(parts[-1])
-    return None, score_ms(unbanded(score))
+    return None, score_ms(score)
 
 
 def _parse_dead_info(raw: bytes | None) -> dict[str, Any]:
