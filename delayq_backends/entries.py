@@ -43,6 +43,7 @@ def stats_entry(label: Any, group: Sequence[ShardStats]) -> dict[str, Any]:
         "due": sum(s.due for s in group),
         "leased": sum(s.leased for s in group),
         "dead": sum(s.dead for s in group),
+        "parked": sum(s.parked for s in group),
         "next_due": iso(min(heads)) if heads else None,
         "oldest_overdue_ms": max((s.oldest_overdue_ms for s in group), default=0),
     }
@@ -57,6 +58,7 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
         "attempts": item.attempts,
         "leased_until": iso(item.leased_until_ms),
         "awaiting_start": item.awaiting_start,
+        "parked": item.parked,
         "rank": item.rank,
         "target": None,
         "destination": None,

@@ -24,6 +24,7 @@ __all__ = [
     "LAYOUT",
     "MAX_ID_BYTES",
     "MAX_RANK",
+    "PARKED_MS",
     "RANK_SPAN",
     "ShardKeys",
     "batch_channel",
@@ -57,6 +58,13 @@ MAX_ID_BYTES = 512
 MAX_RANK = 255
 #: Width in ms of one rank's band of scores in the ``ranked`` index (2^44 ms: until 2527).
 RANK_SPAN = 2**44
+
+
+#: The ``due`` score of a parked item (:attr:`ShardKeys.parked`): a time no claim reaches, one ms
+#: before 9999-12-31T23:59:59 (the latest time a schedule takes, and a paused entry's), so a
+#: parked item is told from a paused one, and any release's claim, the oldest included, skips it.
+#: Must match PARKED_MS in ``scripts/includes/parking.lua``.
+PARKED_MS = 253_402_300_798_999
 
 
 #: Unicode categories an id may not hold: controls (C0, DEL, C1), format characters (bidi
@@ -340,6 +348,20 @@ class ShardKeys:
         """
         return self._key("ranked")
 
+    @cached_property
+    def parked(self) -> str:
+        """ZSET id -> ms when a forwarder looks at the item again: items no forwarder could release
+        when claimed (an envelope format newer than it reads, a target kind it lacks), out of the
+        due index (their ``due`` score is :data:`PARKED_MS`) so no claim reads them meanwhile.
+        Only forwarders write it (park.lua, unpark.lua)."""
+        return self._key("parked")
+
+    @cached_property
+    def parked_why(self) -> str:
+        """HASH id -> why the item is parked (``format:<n>``, ``target:<kind>``): what a forwarder
+        must know to release it; read by the re-check, shown in listings."""
+        return self._key("parked_why")
+
     def started(self, item_id: str, run: int) -> str:
         """STRING written (SET NX PX) when a worker starts run ``run`` of ``item_id``: the
         worker-side dedupe record. Per run, so a retry (same id, next run) is not a duplicate;
@@ -383,7 +405,10 @@ class ShardKeys:
 
     def all(self) -> list[str]:
         """Every key of the shard (each script names the ones it takes: scripts/store.py)."""
-        return [self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked]
+        return [
+            self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked,
+            self.parked, self.parked_why,
+        ]  # fmt: skip
 
     def periodic_history(self, name: str) -> str:
         """HASH of periodic entry ``name``'s last runs (``run:<run id>`` -> its record) and its counters

@@ -191,6 +191,11 @@ class ForwarderMetrics:
         self.deferred = counter(
             "delayq_deferred", "Items flow control gave back to the store to wait (queue full or rate cap)."
         )
+        self.parked = counter(
+            "delayq_parked",
+            "Items parked out of the due index: this forwarder cannot release them (a newer envelope format, a "
+            "target it lacks); a forwarder that can releases them at its next look. Not an attempt.",
+        )
         self.kept = counter(
             "delayq_kept", "Published items kept in the store until a worker records their start (lossless mode)."
         )
@@ -203,14 +208,14 @@ class ForwarderMetrics:
         )
         self.newer_format = Counter(
             "delayq_newer_format",
-            "Claims of items whose envelope format is newer than this forwarder reads: deferred for a newer "
+            "Claims of items whose envelope format is newer than this forwarder reads: parked for a newer "
             "forwarder, not an attempt (upgrade this forwarder).",
             ("format",),
             registry=self.registry,
         )
         self.no_target = Counter(
             "delayq_no_target",
-            "Claims of items of a kind this forwarder has no target for: deferred for a forwarder that has it, "
+            "Claims of items of a kind this forwarder has no target for: parked for a forwarder that has it, "
             "not an attempt (start one with that target).",
             ("target",),
             registry=self.registry,
@@ -283,7 +288,7 @@ class ForwarderMetrics:
 
     def observe_newer_format(self, version: int) -> Labels:
         """Count a claimed item of envelope format ``version`` (newer than this forwarder reads);
-        returns the labels its deferral counts under. ``version`` is one byte: a bounded label."""
+        returns the labels its parking counts under. ``version`` is one byte: a bounded label."""
         self.newer_format.labels(str(version)).inc()
         return NEWER_FORMAT
 
@@ -325,6 +330,8 @@ class ForwarderMetrics:
         released: int,
         deferred: Sequence[str] = (),
         deferred_count: int = 0,
+        parked: Sequence[str] = (),
+        parked_count: int = 0,
         max_attempts: int,
     ) -> None:
         """Count a batch's acks, retries, dead letters, releases and deferrals by target and queue.
@@ -337,6 +344,8 @@ class ForwarderMetrics:
             retried, buried: what ``store.fail`` returned.
             released: what ``store.release`` returned for ``report.unsent``.
             deferred, deferred_count: the ids flow control held back, and what ``store.defer``
+                returned for them.
+            parked, parked_count: the ids this forwarder cannot release, and what ``store.park``
                 returned for them.
             max_attempts: the store's; an item failing on its last attempt is buried, as
                 fail.lua decides, which is how each failure's outcome is told apart.
@@ -354,6 +363,7 @@ class ForwarderMetrics:
         self._add(self.retried, attribute(of(f.id for f in failures if f.id not in doomed), retried))
         self._add(self.released, attribute(of(report.unsent), released))
         self._add(self.deferred, attribute(of(deferred), deferred_count))
+        self._add(self.parked, attribute(of(parked), parked_count))
 
     def observe_lossless(
         self, labels: Mapping[str, Labels], *, kept: Sequence[str], found_started: Sequence[str]
@@ -412,6 +422,11 @@ class StoreCollector(Collector):
                 ("delayq_due", "Items whose time has come (or whose lease ran out), not yet claimed."),
                 ("delayq_leased", "Items claimed by a forwarder and not yet acked or released."),
                 ("delayq_dead", "Dead letters of the shard."),
+                (
+                    "delayq_parked",
+                    "Items parked out of the due index: no forwarder that claimed them could release them (a newer "
+                    "envelope format, a target it lacks).",
+                ),
                 ("delayq_oldest_overdue_seconds", "How long the shard's earliest item has waited past its time."),
             )
         }
@@ -421,6 +436,7 @@ class StoreCollector(Collector):
             gauges["delayq_due"].add_metric(shard, s.due)
             gauges["delayq_leased"].add_metric(shard, s.leased)
             gauges["delayq_dead"].add_metric(shard, s.dead)
+            gauges["delayq_parked"].add_metric(shard, s.parked)
             gauges["delayq_oldest_overdue_seconds"].add_metric(shard, s.oldest_overdue_ms / 1000)
         yield from gauges.values()
 

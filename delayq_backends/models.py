@@ -20,6 +20,8 @@ __all__ = [
     "FailCounts",
     "FailedDelivery",
     "LeaseExtension",
+    "Parked",
+    "ParkedCounts",
     "RearmOutcome",
     "RequeuePage",
     "RescheduleOutcome",
@@ -145,6 +147,9 @@ class ScheduledItem:
     #: published in lossless mode and kept until a worker reports its start; ``leased_until_ms``
     #: is then when a forwarder looks again (and publishes it again if it has not started)
     awaiting_start: bool = False
+    #: why it is parked (``format:<n>``, ``target:<kind>``): no forwarder that claimed it could
+    #: release it, and none reads it again before its re-check; None when it is not parked
+    parked: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,8 @@ class ShardStats:
     next_ready_ms: int | None
     now_ms: int
     error: str | None = None
+    #: items parked out of the due index (see ``ShardKeys.parked``); included in ``scheduled``
+    parked: int = 0
 
     @property
     def oldest_overdue_ms(self) -> int:
@@ -278,6 +285,25 @@ class FailCounts:
     retried: int = 0
     buried: int = 0
     buried_ids: tuple[str, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class Parked:
+    """What ``park.lua`` did with a claim's unreleasable items: how many it parked, and the
+    parking key that holds another type ("" when none; the items were deferred instead)."""
+
+    count: int
+    bad_key: str = ""
+
+
+@dataclass(frozen=True)
+class ParkedCounts:
+    """What one re-check of a shard's parked items did (``unpark.lua``): released to the due
+    index, kept parked until the next look, and stale entries dropped (items gone or moved)."""
+
+    released: int = 0
+    kept: int = 0
+    stale: int = 0
 
 
 @dataclass(frozen=True)

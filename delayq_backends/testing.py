@@ -313,7 +313,9 @@ class _EveryKind(dict[str, Target]):
 class ScheduledEntry:
     """An item as a test wants to see it: when it is due, and what it will deliver.
 
-    ``ready`` is the item's own ready time, also while a forwarder holds it leased.
+    ``ready`` is the item's own ready time, also while a forwarder holds it leased. ``parked``
+    says why no forwarder that claimed it could deliver it (``target:<kind>``: it had no such
+    target); ``leased_until`` is None then.
     """
 
     id: str
@@ -322,6 +324,7 @@ class ScheduledEntry:
     ready_ms: int
     attempts: int
     leased_until: datetime | None
+    parked: str | None = None
 
 
 def scheduled(store: DelayStore, *, target: str | None = None, destination: str | None = None) -> list[ScheduledEntry]:
@@ -345,8 +348,12 @@ def scheduled(store: DelayStore, *, target: str | None = None, destination: str 
                 continue
             if destination is not None and envelope.destination != destination:
                 continue
-            leased = None if item.leased_until_ms is None else from_ms(item.leased_until_ms)
-            out.append(ScheduledEntry(item.id, from_ms(item.ready_ms), envelope, item.ready_ms, item.attempts, leased))
+            leased = None if item.leased_until_ms is None or item.parked else from_ms(item.leased_until_ms)
+            out.append(
+                ScheduledEntry(
+                    item.id, from_ms(item.ready_ms), envelope, item.ready_ms, item.attempts, leased, item.parked
+                )
+            )
         if len(items) < page:
             break
         offset += page

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from delayq_backends import DelayqError, DelayStore, Envelope, StoreFullError
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.forwarder import prepare as prepare_module
+from delayq_backends.forwarder.parking import ParkedRecheck
+from delayq_backends.keys import PARKED_MS
 from delayq_backends.metrics import ForwarderMetrics
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
@@ -138,13 +139,50 @@ def run_until(forwarder: Forwarder, done: Callable[[], bool], what: str) -> None
         thread.join(10)
 
 
-def test_an_envelope_from_a_newer_delayq_waits_for_a_newer_forwarder(
-    valkey_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def parked_in(store: DelayStore, item_id: str) -> tuple[float | None, float | None, bytes | None]:
+    """``item_id``'s score in its shard's due index and in its parked set, and its parked reason."""
+    k = store.keys(store.shard_of(item_id))
+    return (
+        store.client.zscore(k.due, item_id),
+        store.client.zscore(k.parked, item_id),
+        store.client.hget(k.parked_why, item_id),
+    )
+
+
+def claims_pass_it_by(
+    store: DelayStore, inbox: CollectingTarget, forwarder: Forwarder, parked: int
+) -> Callable[[], bool]:
+    """A condition for :func:`run_until`: once ``parked`` items are parked and "fine" delivered,
+    20 more items due one by one are delivered (each a claim of its shard) with no parked one
+    claimed again."""
+    step = {"scheduled": False}
+
+    def done() -> bool:
+        if forwarder.stats.parked < parked or "fine" not in inbox.ids:
+            return False
+        if not step["scheduled"]:
+            step["scheduled"] = True
+            now = store.server_time_ms() / 1000
+            store.schedule_many((f"later{n}", now + n / 50, RedisListTarget.envelope("out", b"x")) for n in range(20))
+        return len(inbox.ids) == 21
+
+    return done
+
+
+def look_now(store: DelayStore, ids: list[str]) -> None:
+    """Make the parked ``ids``' time to be looked at again come (as if PARK_FOR_MS passed)."""
+    for item_id in ids:
+        store.client.zadd(store.keys(store.shard_of(item_id)).parked, {item_id: 0}, xx=True)
+
+
+def test_an_envelope_from_a_newer_delayq_is_parked_for_a_newer_forwarder(
+    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A rolling upgrade with producers first: an item of a format this forwarder does not read
-    is deferred for a newer forwarder, never dead-lettered, no attempt counted, claimed again
-    only after the delay (no busy loop), logged once per format and counted by a metric."""
-    monkeypatch.setattr(prepare_module, "NEWER_FORMAT_DELAY_MS", 300)
+    is parked out of the due index for a newer forwarder (claimed once, then never again until
+    its re-check), never dead-lettered, no attempt counted, its ready time kept, logged once per
+    format and counted by a metric; a re-check by a forwarder that still cannot read it keeps it
+    parked another PARK_FOR_MS."""
     store = make_store(valkey_url, prefix, shards=4)
     newer = bytearray(Envelope("list", "out", b"x").encode())
     newer[2] = 99  # format version byte
@@ -152,47 +190,55 @@ def test_an_envelope_from_a_newer_delayq_waits_for_a_newer_forwarder(
     store.schedule("fine", 1, RedisListTarget.envelope("out", b"x"))
     inbox = CollectingTarget("list")
     metrics = ForwarderMetrics()
-    forwarder = Forwarder(store, [inbox], poll_interval=0.1, metrics=metrics)
-    started = time.monotonic()
+    forwarder = Forwarder(store, [inbox], poll_interval=0.05, metrics=metrics)
     caplog.set_level(logging.WARNING, logger="delayq.forwarder")
-    run_until(forwarder, lambda: forwarder.stats.newer_format >= 3, "the newer item claimed and deferred 3 times")
-    elapsed = time.monotonic() - started
-    assert inbox.ids == ["fine"] and store.dead_letters() == []
-    assert forwarder.stats.newer_format <= elapsed / 0.3 + 2, "claimed again only after the delay"
+    run_until(forwarder, claims_pass_it_by(store, inbox, forwarder, 1), "the parked item passed by")
+    assert inbox.ids[0] == "fine" and len(inbox.ids) == 21 and store.dead_letters() == []
+    assert forwarder.stats.newer_format == 1, "claimed once: parked, no claim reads it again"
+    due, look, why = parked_in(store, "future-format")
+    assert due == PARKED_MS and look is not None and look > store.server_time_ms() + 20_000 and why == b"format:99"
     item = store.get("future-format")
     assert item is not None and item.envelope == bytes(newer) and item.attempts == 0 and item.ready_ms == 1000
+    assert item.parked == "format:99"
+    assert sum(s.parked for s in store.stats()) == 1
     said = [r.getMessage() for r in caplog.records if "newer than this delayq reads" in r.getMessage()]
-    assert len(said) == 1 and "upgrade" in said[0], caplog.text
-    claims = forwarder.stats.newer_format
-    assert metrics.registry.get_sample_value("delayq_newer_format_total", {"format": "99"}) == claims
-    labels = {"target": "(newer format)", "queue": "(newer format)"}
-    assert metrics.registry.get_sample_value("delayq_deferred_total", labels) == claims
+    assert len(said) == 1 and "upgrade" in said[0] and "parked" in said[0], caplog.text
+    assert metrics.registry.get_sample_value("delayq_newer_format_total", {"format": "99"}) == 1
+    look_now(store, ["future-format"])
+    assert ParkedRecheck(forwarder.recheck.ctx).run() is False
+    assert parked_in(store, "future-format")[0] == PARKED_MS, "this forwarder still cannot read it: kept parked"
+    assert (parked_in(store, "future-format")[1] or 0) > store.server_time_ms() + 20_000
 
 
-def test_an_item_without_a_target_here_waits_for_a_forwarder_that_has_one(
-    valkey_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_an_item_without_a_target_here_is_parked_for_a_forwarder_that_has_one(
+    valkey_url: str, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A Celery item (a periodic entry, say) claimed by a forwarder started without
-    --celery-broker: a configuration, not the item's fault. Deferred like a newer format's (no
-    attempt, never dead, past max_attempts), logged once per kind, counted; a forwarder with the
-    target delivers it."""
-    monkeypatch.setattr(prepare_module, "NEWER_FORMAT_DELAY_MS", 200)
+    --celery-broker: a configuration, not the item's fault. Parked like a newer format's (no
+    attempt, never dead, claimed once), logged once per kind, counted; once its time to be looked
+    at again comes, a forwarder with the target releases and delivers it, its ready time kept."""
     store = make_store(valkey_url, prefix, shards=4, max_attempts=2)
     store.schedule_many([(f"c{i}", 1, Envelope("celery", "default", b"{}")) for i in range(3)])
     store.schedule("fine", 1, RedisListTarget.envelope("out", b"x"))
     inbox, metrics = CollectingTarget("list"), ForwarderMetrics()
-    forwarder = Forwarder(store, [inbox], poll_interval=0.1, metrics=metrics)
+    forwarder = Forwarder(store, [inbox], poll_interval=0.05, metrics=metrics)
     caplog.set_level(logging.WARNING, logger="delayq.forwarder")
-    run_until(forwarder, lambda: forwarder.stats.no_target >= 12, "each celery item claimed 4 times (> max_attempts)")
-    assert inbox.ids == ["fine"] and store.dead_letters() == [] and forwarder.stats.dead == 0
+    run_until(forwarder, claims_pass_it_by(store, inbox, forwarder, 3), "the parked items passed by")
+    assert inbox.ids[0] == "fine" and len(inbox.ids) == 21 and store.dead_letters() == [] and forwarder.stats.dead == 0
+    assert forwarder.stats.no_target == 3, "each claimed once: parked, no claim reads it again"
     assert all((item := store.get(f"c{i}")) is not None and item.attempts == 0 for i in range(3))
+    assert {parked_in(store, f"c{i}")[2] for i in range(3)} == {b"target:celery"}
     said = [r.getMessage() for r in caplog.records if "no 'celery' target" in r.getMessage()]
     assert len(said) == 1 and "not an attempt" in said[0], caplog.text
-    claims = forwarder.stats.no_target
-    assert metrics.registry.get_sample_value("delayq_no_target_total", {"target": "celery"}) == claims
-    monkeypatch.setattr(prepare_module, "NEWER_FORMAT_DELAY_MS", 0)
+    assert metrics.registry.get_sample_value("delayq_no_target_total", {"target": "celery"}) == 3
     celery = CollectingTarget("celery")
-    wait_for(lambda: Forwarder(store, [celery]).run_once() == 0 and len(celery.ids) == 3, 10, "the celery items")
+    assert Forwarder(store, [celery]).run_until_idle().forwarded == 0, "not looked at again before its time"
+    look_now(store, [f"c{i}" for i in range(3)])
+    with_celery = Forwarder(store, [celery])
+    done = with_celery.run_until_idle()
+    assert sorted(celery.ids) == ["c0", "c1", "c2"] and done.forwarded == 3 and with_celery.stats.unparked == 3
+    assert sum(s.parked for s in store.stats()) == 0, "released: no longer parked"
+    assert all(store.client.zcard(store.keys(s).parked) == 0 for s in range(4))
 
 
 def test_an_expired_back_off_does_not_keep_an_idle_forwarder_awake(valkey_url: str, prefix: str) -> None:

@@ -87,6 +87,7 @@ def test_stats_json_totals_match_what_was_scheduled(cli: Invoke, vstore: DelaySt
         "due": 7,
         "leased": 0,
         "dead": 0,
+        "parked": 0,
         "next_due": report["totals"]["next_due"],
         "oldest_overdue_ms": report["totals"]["oldest_overdue_ms"],
     }
@@ -102,7 +103,7 @@ def test_stats_table_has_a_row_per_shard_and_totals(cli: Invoke, vstore: DelaySt
     vstore.schedule_many([(f"due{i}", time.time() - 125.5, envelope()) for i in range(3)])
     out = expect(cli("stats"))
     assert len(re.findall(r"^│\s+[0-3] │", out, re.MULTILINE)) == 4
-    assert re.search(r"total\s*│\s*3\s*│\s*3\s*│\s*0\s*│\s*0\s*│ \S+Z\s*│\s*2m 05s │", out), out
+    assert re.search(r"total\s*│\s*3\s*│\s*3\s*│\s*0\s*│\s*0\s*│\s*0\s*│ \S+Z\s*│\s*2m 05s │", out), out
 
 
 # -- list -------------------------------------------------------------------------------------

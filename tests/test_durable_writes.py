@@ -181,6 +181,8 @@ INTERNAL = {
     "keep": "lost: the item is published again when its lease ends",
     "release": "lost: the item waits for its lease to end",
     "defer": "lost: the item waits for its lease to end",
+    "park": "lost: the item waits for its lease to end, then is claimed and parked again",
+    "recheck_parked": "a forwarder's look at its parked items: lost, the next look repeats it",
     "fail": "lost: the delivery is tried again",
     "extend": "lost: the lease ends sooner",
     "rearm": "a forwarder's: lost, the period fires again",
@@ -239,6 +241,8 @@ DURABLE = {
     "ShardKeys.batch_fired": "finish_in_batch",  # the completion's mark (batch_end.lua)
     "ShardKeys.batch_firing": "finish_in_batch",  # the mark's makings, renamed in the same call
     "batch_channel": "internal: an advisory notice, not data",
+    "ShardKeys.parked": "internal: park, recheck_parked (a forwarder's)",
+    "ShardKeys.parked_why": "internal: park, recheck_parked (a forwarder's)",
     "ShardKeys.periodic_history": "internal: the run history (periodic_run)",
     "ShardKeys.periodic_runs": "internal: the run history (periodic_run)",
     "rq mirror": "internal: RQ's registry, a mirror the forwarder rebuilds",

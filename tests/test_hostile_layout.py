@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import redis
 
-from delayq_backends import DelayStore, keys
+from delayq_backends import DelayStore, Envelope, keys
 from delayq_backends.celery import store_for
 from delayq_backends.celery.periodic import sync
 from delayq_backends.embedded import EmbeddedServer
@@ -66,6 +66,9 @@ COVERED = {
     "ShardKeys.dead_info": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.calls": "here: test_garbage_in_call_counters_never_stops_the_line",
     "ShardKeys.started": "here: test_garbage_start_records_never_stop_the_line",
+    "ShardKeys.parked": "here: test_garbage_in_the_parking_keys_never_stops_the_line; roles: "
+    "tests/test_security.py::test_only_a_forwarder_parks_and_a_producer_or_worker_cannot_touch_the_parked_items",
+    "ShardKeys.parked_why": "here: test_garbage_in_the_parking_keys_never_stops_the_line",
     "slot_holds_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_waiting_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_waits_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
@@ -414,6 +417,67 @@ def test_garbage_in_call_counters_never_stops_the_line(
         _debounced(store, ITEMS, 2)  # a call on the garbage counter
     wait_for(lambda: delivered(client) == ids, 30, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}")
     assert proc.poll() is None
+
+
+#: Hostile writes to a shard's parking keys (ShardKeys.parked, parked_why), given the shard's
+#: keys and the ids of its good items: entries for items that are not parked, or do not exist.
+PARKING_GARBAGE: dict[str, Callable[[redis.Redis, ShardKeys, list[str]], object]] = {
+    "wrong type": lambda c, k, good: (c.set(k.parked, "junk"), c.rpush(k.parked_why, "junk")),
+    "entries of no parked item": lambda c, k, good: (
+        c.zadd(k.parked, {"ghost": "-inf", b"\xff\xfe": 0, "far": 1e300, **dict.fromkeys(good, 0)}),
+        c.hset(k.parked_why, mapping={"ghost": "target:list", b"\xff": b"\x00", **dict.fromkeys(good, "format:1e400")}),
+    ),
+    "garbage reasons": lambda c, k, good: c.hset(k.parked_why, mapping=dict.fromkeys(good, b"\x1b[2J\xff")),
+}
+
+
+def set_aside(store: DelayStore, item_id: str) -> bool:
+    """Whether ``item_id`` was given back for long (not leased): parked, or deferred for the parking time."""
+    item, held = store.get(item_id), store.client.hget(store.keys(store.shard_of(item_id)).leased, item_id)
+    late = item is not None and (item.leased_until_ms or 0) > store.server_time_ms() + 20_000
+    return late and held is not None and b":deferred:" in held
+
+
+@pytest.mark.parametrize("garbage", PARKING_GARBAGE)
+def test_garbage_in_the_parking_keys_never_stops_the_line(
+    valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path, garbage: str
+) -> None:
+    """Garbage in the parking keys under a real forwarder (only a forwarder role may write
+    them): every good item is delivered, items it cannot release are neither delivered nor
+    dead-lettered nor counted as attempts, listings work; a key of another type is named in an
+    error line with the fix (its items are deferred instead of parked), and entries of items
+    that are not parked are dropped at the forwarder's first look."""
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    client = store.client
+    ids = schedule(store, ITEMS)
+    held = [f"rq-{n}" for n in range(SHARDS * 2)]
+    store.schedule_many((i, 0, Envelope("rq", "default", b"{}")) for i in held)  # no rq target here
+    for shard in range(SHARDS):
+        PARKING_GARBAGE[garbage](client, store.keys(shard), [i for i in ids if store.shard_of(i) == shard])
+    log = tmp_path / "forwarder.log"
+    proc = forward(procs, valkey_url, prefix, log)
+    wait_for(lambda: delivered(client) == ids, 30, lambda: f"{len(delivered(client))} delivered\n{procs.tail()}")
+    wait_for(lambda: all(set_aside(store, h) for h in held), 30, procs.tail)
+    assert proc.poll() is None and store.dead_letters() == []
+    assert all((item := store.get(h)) is not None and item.attempts == 0 for h in held), [store.get(h) for h in held]
+    assert len(store.scheduled(count=100)) == len(held)  # `delayq list` reads the reasons
+    assert sum(s.parked for s in store.stats()) >= 0
+    if garbage == "wrong type":
+        text = log.read_text(errors="replace")
+        wait_for(lambda: f"{store.keys(0).parked} holds another type" in log.read_text(errors="replace"), 10, text)
+        assert "RENAME" in log.read_text(errors="replace")
+        assert all(store.get(h).parked is None for h in held)  # type: ignore[union-attr]
+        return
+    parked_ids = {h for h in held if (item := store.get(h)) is not None and item.parked == "target:rq"}
+    assert parked_ids == set(held), "items with no target here are parked, whatever else the keys hold"
+
+    def leftovers() -> set[bytes]:
+        return {m for s in range(SHARDS) for m in client.zrange(store.keys(s).parked, 0, -1)} - {
+            h.encode() for h in held
+        }
+
+    kept = {b"far"} if garbage == "entries of no parked item" else set()  # "far": not yet looked at
+    wait_for(lambda: leftovers() == kept, 30, lambda: f"stale parked entries left: {leftovers()}")
 
 
 #: Hostile writes to the periodic registry (entry name -> item id), read by each sync.

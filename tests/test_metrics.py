@@ -46,6 +46,7 @@ GAUGES = {
     "delayq_due": "due",
     "delayq_leased": "leased",
     "delayq_dead": "dead",
+    "delayq_parked": "parked",
 }
 
 
@@ -139,7 +140,7 @@ def test_forwarder_counters_after_a_known_run(valkey_url: str, prefix: str, proc
     store.schedule_many(
         [(f"a-{i}", now - 1 + i / 100, RedisListTarget.envelope(list_a, b"x")) for i in range(30)]
         + [(f"b-{i}", now - 1, RedisListTarget.envelope(list_b, b"y")) for i in range(20)]
-        # no celery target in this forwarder: deferred for one that has it, never an attempt
+        # no celery target in this forwarder: parked for one that has it, never an attempt
         + [(f"c-{i}", now - 1, Envelope("celery", "celery-q", b"z")) for i in range(5)]
         + [(f"bad-{i}", now - 1, CORRUPT) for i in range(3)]  # dead at once
         + [(f"far-{i}", FAR + i, RedisListTarget.envelope(list_a, b"later")) for i in range(7)]
@@ -156,7 +157,8 @@ def test_forwarder_counters_after_a_known_run(valkey_url: str, prefix: str, proc
     assert by_label(samples, "delayq_acked_total") == {list_a_: 30, list_b_: 20}
     # neither a celery target nor the queue celery-q is configured here: both are labelled "other"
     assert value(samples, "delayq_no_target_total", target="other") == 5
-    assert by_label(samples, "delayq_deferred_total") == {("other", "other"): 5}
+    assert by_label(samples, "delayq_parked_total") == {("other", "other"): 5}
+    assert by_label(samples, "delayq_deferred_total") == {}
     assert total(samples, "delayq_retried_total") == 0
     assert by_label(samples, "delayq_dead_lettered_total") == {("(corrupt)", "(corrupt)"): 3}
     assert total(samples, "delayq_released_total") == 0
@@ -192,7 +194,8 @@ def test_item_data_cannot_grow_the_series(valkey_url: str, prefix: str, procs: L
     )  # fmt: skip
     assert by_label(samples, "delayq_forwarded_total") == {("list", OTHER): 500, ("list", known): 7, ("list", rated): 3}
     assert by_label(samples, "delayq_acked_total") == {("list", OTHER): 500, ("list", known): 7, ("list", rated): 3}
-    assert by_label(samples, "delayq_deferred_total") == {(OTHER, known): 20}
+    assert by_label(samples, "delayq_parked_total") == {(OTHER, known): 20}
+    assert by_label(samples, "delayq_deferred_total") == {}
     assert {s.labels["target"] for s in samples if s.name == "delayq_no_target_total"} == {OTHER}
     labelled = {(s.labels["target"], s.labels["queue"]) for s in samples if "queue" in s.labels}
     assert labelled <= {("list", OTHER), ("list", known), ("list", rated), (OTHER, known)}

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from redis.cluster import RedisCluster
 
 import delayq_backends
-from delayq_backends import Config, ConfigError, DelayStore
+from delayq_backends import Config, ConfigError, DelayStore, Envelope
 from delayq_backends.acl import PRODUCER_FUNCTIONS, acl_setuser, key_table
 from delayq_backends.cli import main
 from delayq_backends.connection import connect
@@ -282,6 +282,45 @@ def test_periodic_history_works_on_the_forwarder_worker_and_reader_roles(
     for store in (forwarder, worker):
         with pytest.raises(redis.exceptions.NoPermissionError):
             store.client.delete(store.keys(0).due)
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "eval"])
+def test_only_a_forwarder_parks_and_a_producer_or_worker_cannot_touch_the_parked_items(
+    admin: Admin, prefix: str, functions: bool
+) -> None:
+    """Issue 30, finding 6: the parked set and its reasons are written by forwarders only (park,
+    unpark). A producer or worker may not write them (nor unpark an item by hand): what they
+    hold decides which items no claim reads. The reader lists the parked items."""
+    if functions:
+        admin.install_functions()
+    else:
+        admin.client.script_flush()
+    forwarder = open_store(user_url(admin, prefix, "forwarder", functions=functions), prefix)
+    forwarder.check_meta()
+    forwarder.schedule("rq-item", 1, Envelope("rq", "default", b"{}"))
+    claim = forwarder.claim(forwarder.shard_of("rq-item"))
+    assert forwarder.park(claim, {"rq-item": "target:rq"}, recheck_ms=1).count == 1
+    keys = forwarder.keys(forwarder.shard_of("rq-item"))
+    for role in ("producer", "worker"):
+        other = open_store(user_url(admin, prefix, role, functions=functions), prefix)
+        for command in (
+            ("ZADD", keys.parked, 0, "x"),
+            ("ZREM", keys.parked, "rq-item"),
+            ("HSET", keys.parked_why, "rq-item", "format:2"),
+            ("DEL", keys.parked, keys.parked_why),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                other.client.execute_command(*command)
+        if functions:
+            for name in ("park", "unpark"):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    other.client.execute_command("FCALL", function_name(name), 1, keys.parked, 0)
+        other.client.close()
+    reader = open_store(user_url(admin, prefix, "reader", functions=functions), prefix)
+    item = reader.get("rq-item")
+    assert item is not None and item.parked == "target:rq" and sum(s.parked for s in reader.stats()) == 1
+    assert forwarder.recheck_parked(keys.shard, lambda why: True, limit=10, later_ms=1).released == 1
+    assert (item := reader.get("rq-item")) is not None and item.parked is None and item.attempts == 0
 
 
 def test_a_durable_producer_without_wait_is_refused_before_it_writes(admin: Admin, prefix: str) -> None:

@@ -198,12 +198,12 @@ def test_always_failing_ends_in_the_dead_letters(clock: FakeClock) -> None:
 def test_an_unknown_kind_is_not_delivered_and_waits_without_an_attempt(
     store: TestingStore, clock: FakeClock, mail: CollectingTarget
 ) -> None:
-    """As a forwarder without that target does: the item waits 5 s for one that has it."""
+    """As a forwarder without that target does: the item is parked for one that has it."""
     store.schedule("s", timedelta(0), Envelope("sms", "x"))
     assert run_due(store, mail) == []
     [entry] = scheduled(store)
     assert entry.attempts == 0 and entry.ready_ms == clock()
-    assert entry.leased_until is not None and entry.leased_until.timestamp() * 1000 == clock() + 5000
+    assert entry.parked == "target:sms" and entry.leased_until is None
 
 
 def test_unsent_items_are_released_without_counting_an_attempt(store: TestingStore) -> None:
@@ -377,6 +377,13 @@ def _promote(store: TestingStore, clock: FakeClock) -> None:
     assert store.client.zscore(store.keys(store.shard_of("a")).due, "a") == clock.ms
 
 
+def _unpark(store: TestingStore, clock: FakeClock) -> None:
+    lease = _claimed(store, clock)
+    assert lease.park({"a": "target:sms"}, recheck_ms=clock.ms).count == 1
+    assert store.recheck_parked(store.shard_of("a"), lambda why: True, limit=10, later_ms=0).released == 1
+    assert store.client.zscore(store.keys(store.shard_of("a")).due, "a") == clock.ms  # due at the fake now
+
+
 def _sync_version(store: TestingStore, clock: FakeClock) -> None:
     from delayq_backends.periodic.registry import code_record, record_code_sync
 
@@ -404,6 +411,7 @@ TIME_READERS = {
     "take": _take,
     "slot_take": _slot_take,
     "promote": _promote,
+    "unpark": _unpark,
     "sync_version": _sync_version,
     "periodic_run": _periodic_run,
 }

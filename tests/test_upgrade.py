@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.lib.items import plant_newer
 from delayq_backends import DelayStore, Envelope, __version__
 from delayq_backends.celery import StoredMessage
 from tests.harness import ROOT, Launcher, Proc, make_store
@@ -138,9 +139,9 @@ def run(which: Which, launcher: Launcher, *args: str, log: Path | None = None, c
     return which.start(launcher, *args, log=log, capture=capture)
 
 
-def forward(which: Which, launcher: Launcher, store: DelayStore, log: Path) -> Proc:
+def forward(which: Which, launcher: Launcher, store: DelayStore, log: Path, *extra: str) -> Proc:
     url, prefix = store.config.url, store.config.prefix
-    args = ["forward", "--url", url, "--prefix", prefix, "--shards", str(SHARDS), "--log-level", "info"]
+    args = ["forward", "--url", url, "--prefix", prefix, "--shards", str(SHARDS), "--log-level", "info", *extra]
     return run(which, launcher, "-m", "delayq_backends.cli", *args, log=log)
 
 
@@ -254,3 +255,40 @@ def test_the_previous_release_reads_this_releases_envelopes_as_this_one_does(
         assert proc.returncode == 0, out.decode(errors="replace")
         reads.append(out.decode())
     assert reads[0] == reads[1]
+
+
+def test_a_mixed_fleet_fires_entries_and_leaves_what_neither_reads_and_this_release_parks_it(
+    procs: Launcher, store: DelayStore, tmp_path: Path, previous: Release
+) -> None:
+    """Issue 30, findings 6 and 7, mid-upgrade: forwarders of both releases (with the rq target),
+    a runtime periodic entry (envelope format 3) every second, and 200 items of a format neither
+    release reads. The entry fires and nothing is dead-lettered; the previous release defers
+    the unreadable items (5 s each time), this one parks them: all end parked, out of the due
+    index, none claimed by this release more than once."""
+    url, prefix = store.config.url, store.config.prefix
+    rq_queue = f"{prefix}-entries"
+    logs = {"previous": tmp_path / "previous.log", "this": tmp_path / "this.log"}
+    started = {
+        name: forward(which, procs, store, logs[name], "--rq-redis", url)
+        for name, which in (("previous", previous), ("this", None))
+    }
+    add = ["periodic", "add", "tick", "--kind", "rq", "--func", "builtins.len", "--args", '["abc"]', "--every", "1"]
+    where = ["--queue", rq_queue, "--url", url, "--prefix", prefix, "--shards", str(SHARDS), "--rq-redis", url]
+    added = run(None, procs, "-m", "delayq_backends.cli", *add, *where, capture=True)
+    assert added.wait(60) == 0, procs.output(added)
+    entry = store.get("periodic:tick")
+    assert entry is not None and entry.envelope[:3] == b"DQ\x03", "a runtime entry is written in the entry format"
+    plant_newer(store, "newer", 200, store.server_time_ms() - 1000)
+    runs = f"rq:queue:{rq_queue}"
+
+    def done() -> bool:
+        return sum(s.parked for s in store.stats()) == 200 and store.client.llen(runs) >= 4
+
+    wait_for(done, 60, lambda: f"{sum(s.parked for s in store.stats())} parked\n{procs.tail()}")
+    for name, proc in started.items():
+        assert procs.stop(proc) == 0, f"{name} exits cleanly\n{procs.tail()}"
+    assert store.dead_letters() == [], procs.tail()
+    claims = re.findall(r"newer envelope format (\d+)", logs["this"].read_text(errors="replace"))
+    assert claims and int(claims[-1]) == 200, "this release claimed each unreadable item once, then parked it"
+    assert store.get("periodic:tick") is not None, "the entry is rearmed for its next period"
+    store.client.delete(runs)

@@ -10,7 +10,7 @@ from typing import Any
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.targets import RedisListTarget
 
-__all__ = ["BODY_BYTES", "OUT_LIST", "body", "entries", "envelope", "in_an_hour", "load"]
+__all__ = ["BODY_BYTES", "NEWER_FORMAT", "OUT_LIST", "body", "entries", "envelope", "in_an_hour", "load", "plant_newer"]
 
 #: the list the forwarding benches fill
 OUT_LIST = "bench:out"
@@ -55,3 +55,24 @@ def load(store: DelayStore, prefix: str, n: int, ready_ms: Callable[[int], int],
     for start in range(0, n, chunk):
         rows = range(start, min(n, start + chunk))
         store.schedule_many([(f"{prefix}-{i:08d}", ready_ms(i) / 1000, data) for i in rows])
+
+
+#: The envelope format version of :func:`plant_newer`'s items: one no release reads yet.
+NEWER_FORMAT = 99
+
+
+def plant_newer(store: DelayStore, prefix: str, n: int, ready_ms: int, chunk: int = 20_000) -> list[str]:
+    """Untimed setup: write ``n`` items of envelope format :data:`NEWER_FORMAT` due at ``ready_ms``
+    straight into the shards (HSET and ZADD in pipelines, as a newer producer or a hand write
+    would), fast; their ids. No forwarder of this release can release them."""
+    data = bytearray(envelope(prefix, 0).encode())
+    data[2] = NEWER_FORMAT
+    ids = [f"{prefix}-{i:08d}" for i in range(n)]
+    for start in range(0, n, chunk):
+        with store.client.pipeline(transaction=False) as pipe:
+            for item_id in ids[start : start + chunk]:
+                k = store.keys(store.shard_of(item_id))
+                pipe.hset(k.items, item_id, bytes(data))
+                pipe.zadd(k.due, {item_id: ready_ms})
+            pipe.execute()
+    return ids

@@ -34,6 +34,7 @@ STATS_COLUMNS = [
     Column("due now", "right"),
     Column("leased", "right"),
     Column("dead", "right"),
+    Column("parked", "right"),
     Column("next due"),
     Column("oldest overdue", "right"),
 ]
@@ -47,6 +48,7 @@ def _stats_cells(entry: dict[str, Any]) -> list[Any]:
         entry["due"],
         entry["leased"],
         entry["dead"],
+        entry["parked"],
         entry["next_due"],
         overdue,
     ]
@@ -56,7 +58,8 @@ def _stats_cells(entry: dict[str, Any]) -> list[Any]:
 @store_options
 @json_option
 def stats(spec: StoreSpec, as_json: bool) -> None:
-    """Counts per shard: scheduled, due now, leased, dead, next due time, oldest overdue."""
+    """Counts per shard: scheduled, due now, leased, dead, parked (no forwarder that claimed them could
+    release them: a newer envelope format, a target it lacks), next due time, oldest overdue."""
     per_shard = open_store(spec, writes=False).stats()
     entries = [stats_entry(s.shard, [s]) for s in per_shard]
     totals = stats_entry("total", per_shard)
@@ -82,13 +85,20 @@ def _item_cells(entry: dict[str, Any]) -> list[Any]:
         entry["shard"],
         entry["ready"],
         entry["attempts"],
-        f"{entry['leased_until']} (awaiting start)" if entry["awaiting_start"] else entry["leased_until"],
+        _held(entry),
         entry["rank"],
         where,
         entry["size"],
         describe_collapsed(entry["collapsed"]),
         _runs(entry),
     ]
+
+
+def _held(entry: dict[str, Any]) -> Any:
+    """The "leased until" cell: a parked item says why instead of its far parking time."""
+    if entry["parked"] is not None:
+        return f"parked ({entry['parked']})"
+    return f"{entry['leased_until']} (awaiting start)" if entry["awaiting_start"] else entry["leased_until"]
 
 
 def _runs(entry: dict[str, Any]) -> str:

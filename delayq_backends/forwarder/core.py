@@ -32,6 +32,7 @@ from .heartbeat import Heartbeat
 from .hooks import FlowHook, LosslessHook, PassHook, PeriodicHook
 from .loop import Loop, check_targets
 from .overlap import Sweeper
+from .parking import ParkedRecheck
 from .passes import Pass
 from .prepare import Preparer
 from .publish import Publisher
@@ -118,9 +119,11 @@ class Forwarder:
         self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages)
         self.sweeper = Sweeper(self.pass_, self._stop, settings.overlap)
         backoffs = (self.shards, self.outages)
+        self.recheck = ParkedRecheck(ctx)
         self.loop = Loop(
-            ctx, self._sweep, backoffs, self.pauses, settings.poll_interval, self._stop, meta_watch=settings.meta_watch
-        )
+            ctx, self._sweep, backoffs, self.pauses, settings.poll_interval, self._stop,
+            meta_watch=settings.meta_watch, recheck=self.recheck,
+        )  # fmt: skip
 
     def server_now_ms(self) -> int:
         """The store's clock (:class:`Clock`)."""
@@ -148,6 +151,8 @@ class Forwarder:
         ends the call instead of claiming the same items in a loop; they wait for the next one.
         """
         before = self.stats.snapshot()
+        while self.recheck.run():  # parked items it can deliver now, whose look is due
+            pass
         while not self._stop.is_set():
             due = self.shards.due(self.loop.heads())
             settled = self.stats.settled()

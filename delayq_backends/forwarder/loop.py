@@ -17,6 +17,7 @@ from ..pauses import TargetPauses
 from ..targets import CheckedTarget, Target
 from .backoff import OutageBackoff, ShardBackoff
 from .context import Context
+from .parking import RECHECK_EVERY_S, ParkedRecheck
 
 __all__ = ["Loop"]
 
@@ -32,8 +33,9 @@ _BAD_WAKE_LOG_EVERY_S = 10.0
 class Loop:
     """Forwards until stopped: sweeps what is due (``sweep``, given the heads), then sleeps until
     the earliest head of all shards (capped by ``poll_interval``), woken at once when a schedule
-    makes some shard's head earlier. Nothing read from Redis or the wake channel stops it: an
-    outage backs off, an unforeseen error is logged and waited out."""
+    makes some shard's head earlier; looks at the parked items every
+    :data:`~.parking.RECHECK_EVERY_S` (``recheck``). Nothing read from Redis or the wake channel
+    stops it: an outage backs off, an unforeseen error is logged and waited out."""
 
     def __init__(
         self,
@@ -45,8 +47,10 @@ class Loop:
         stop: threading.Event,
         *,
         meta_watch: float,
+        recheck: ParkedRecheck,
     ) -> None:
         self.ctx = ctx
+        self.recheck = recheck
         self.store = ctx.store
         self.sweep = sweep
         self.shards, self.outages = backoffs
@@ -76,9 +80,13 @@ class Loop:
                 signal.signal(sig, lambda *_: self.stop.set())
         pubsub = self.subscribe()
         last_log = last_watch = time.monotonic()
+        next_recheck = 0.0  # at once: an upgraded forwarder releases what waited for it
         try:
             while not self.stop.is_set():
                 try:
+                    if time.monotonic() >= next_recheck:
+                        again = self.recheck.run()
+                        next_recheck = time.monotonic() + (0 if again else RECHECK_EVERY_S)
                     heads = self.heads()
                     if self.sweep(heads) == 0:  # nothing was claimed, so these heads still hold
                         pubsub = self.sleep(pubsub, heads)
@@ -168,12 +176,15 @@ class Loop:
     def log_summary(self, lossless: bool) -> None:
         s = self.ctx.stats
         log.info(
-            "forwarded %d, released %d, deferred %d%s, retried %d, dead %d, outages %d, errors %d%s; "
+            "forwarded %d, released %d, deferred %d, parked %d%s, retried %d, dead %d, outages %d, errors %d%s; "
             "lateness p50 %s ms p99 %s ms",
             s.forwarded,
             s.released,
             s.deferred,
-            f" (newer envelope format {s.newer_format})" if s.newer_format else "",
+            s.parked,
+            f" (newer envelope format {s.newer_format}, no target {s.no_target}, released again {s.unparked})"
+            if s.parked or s.unparked
+            else "",
             s.retried,
             s.dead,
             s.outages,

@@ -48,6 +48,9 @@ class Prepared:
     skipped: frozenset[str]
     #: perf_counter() at the start of the prepare, for the batch's log line
     started: float
+    #: ids no forwarder like this one can release (a newer format, no target here) -> why:
+    #: parked out of the due index at the settle (:mod:`.parking`)
+    parked: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def shard(self) -> int:

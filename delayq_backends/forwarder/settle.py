@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, cast
 from ..targets import Buried, BuryTarget
 from .context import Context
 from .hooks import without_kept
+from .parking import PARK_FOR_MS
 from .publish import shard_step
 from .records import Published
 
@@ -63,6 +64,7 @@ class Settler:
                 self._tell_buried(p, counts.buried_ids)
         deferred = lease.defer(p.later) if p.later else 0
         self.ctx.stats.deferred += deferred
+        parked = self._park(p) if p.prepared.parked else 0
         if report.unsent:
             released = lease.release(report.unsent)
             self.ctx.stats.released += released
@@ -78,18 +80,33 @@ class Settler:
                 released=released,
                 deferred=[i for i, _ in p.later],
                 deferred_count=deferred,
+                parked=list(p.prepared.parked),
+                parked_count=parked,
                 max_attempts=self.ctx.store.config.max_attempts,
             )
         log.debug(
-            "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d in %.1f ms",
+            "shard %d: claimed %d, published %d, failed %d, released %d, deferred %d, parked %d in %.1f ms",
             lease.shard,
             len(lease.items),
             len(report.published),
             len(p.failures),
             len(report.unsent),
             len(p.later),
+            len(p.prepared.parked),
             (time.perf_counter() - p.prepared.started) * 1000,
         )
+
+    def _park(self, p: Published) -> int:
+        """Park the claim's items no forwarder like this one can release (:mod:`.parking`); how many."""
+        parked = p.lease.park(p.prepared.parked, recheck_ms=self.ctx.clock.now_ms() + PARK_FOR_MS)
+        self.ctx.stats.parked += parked.count
+        if parked.bad_key:
+            log.error(
+                "cannot park %d items: %s holds another type (written by another tool); they are deferred "
+                "%g s instead: move the key away (RENAME) so they are parked",
+                parked.count, parked.bad_key, PARK_FOR_MS / 1000,
+            )  # fmt: skip
+        return parked.count
 
     def _tell_buried(self, p: Published, ids: tuple[str, ...]) -> None:
         """Tell each :class:`BuryTarget` which of its deliveries the store just dead-lettered."""

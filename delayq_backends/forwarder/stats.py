@@ -21,13 +21,16 @@ class ForwarderStats:
     #: lossless mode: kept items found started when they came due again, deleted unpublished
     confirmed: int = 0
     released: int = 0
-    #: items held back by flow control (a full or rate-capped queue) or of a newer envelope
-    #: format, given back to the store
+    #: items held back by flow control (a full or rate-capped queue), given back to the store
     deferred: int = 0
-    #: of ``deferred``: items of an envelope format newer than this forwarder reads
+    #: items parked out of the due index: no forwarder like this one can release them
+    parked: int = 0
+    #: of ``parked``: items of an envelope format newer than this forwarder reads
     newer_format: int = 0
-    #: of ``deferred``: items of a kind this forwarder has no target for
+    #: of ``parked``: items of a kind this forwarder has no target for
     no_target: int = 0
+    #: parked items this forwarder's re-checks released (it can handle them)
+    unparked: int = 0
     retried: int = 0
     dead: int = 0
     batches: int = 0
@@ -46,8 +49,8 @@ class ForwarderStats:
         return replace(self, lateness_ms=deque(self.lateness_ms, maxlen=self.lateness_ms.maxlen))
 
     def settled(self) -> int:
-        """Items acked, retried, dead-lettered or deferred so far: progress, unlike releases."""
-        return self.acked + self.kept + self.retried + self.dead + self.deferred + self.errors
+        """Items acked, retried, dead-lettered, deferred or parked so far: progress, unlike releases."""
+        return self.acked + self.kept + self.retried + self.dead + self.deferred + self.parked + self.errors
 
     def since(self, before: ForwarderStats) -> ForwarderStats:
         """What happened after ``before`` (a :meth:`snapshot`): counts, and the lateness of

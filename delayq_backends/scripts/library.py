@@ -102,6 +102,8 @@ INTERNAL_SCRIPTS: dict[str, str] = {
     "extend": "lost: the lease ends sooner, and the item may be published twice",
     "rearm": "a forwarder's: lost, the period fires again (a user's compare-and-set, replace_if, waits)",
     "promote": "lost: the item is released at its next ask instead of now",
+    "park": "lost: the item waits for its lease to end, then is claimed and parked again",
+    "unpark": "lost: a parked item is released at the next look instead (10 s later), or looked at again sooner",
     "take": "lost: the queue's rate bucket refills early, once",
     "slot_take": "lost: a slot held at release is free early (the limit may be passed once, until holds lapse); "
     "workers' reports it read are lost with it (a hold lapses at its last replicated deadline, or ends late)",

@@ -23,6 +23,8 @@ from ..models import (
     FailCounts,
     FailedDelivery,
     LeaseExtension,
+    Parked,
+    ParkedCounts,
     RearmOutcome,
     RequeuePage,
     RescheduleOutcome,
@@ -47,6 +49,7 @@ __all__ = [
     "Extend",
     "Fail",
     "Keep",
+    "Park",
     "PeriodicRun",
     "PeriodicTrust",
     "Promote",
@@ -63,6 +66,7 @@ __all__ = [
     "SlotTake",
     "SyncVersion",
     "Take",
+    "Unpark",
     "schedule_counts",
 ]
 
@@ -219,6 +223,34 @@ class Defer(ShardScript):
     def call(cls, keys: ShardKeys, lease: str, later: Iterable[tuple[str, int]]) -> ScriptCall[int]:
         """Give back ``later``'s (id, not-before ms) under ``lease``."""
         return cls._call(keys, [lease, *(f for pair in later for f in pair)], int)
+
+
+class Park(ShardScript):
+    """park.lua: leased items this forwarder cannot release, parked out of the due index."""
+
+    name = "park"
+    key_names = ("due", "tries", "leased", "ranked", "parked", "parked_why")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, lease: str, reasons: Mapping[str, str], *, recheck_ms: int) -> ScriptCall[Parked]:
+        """Park ``reasons``' ids (id -> reason) under ``lease``, looked at again at ``recheck_ms``."""
+        args = [lease, recheck_ms, *(f for pair in reasons.items() for f in pair)]
+        return cls._call(keys, args, lambda r: Parked(int(r[0]), _text(r[1])))
+
+
+class Unpark(ShardScript):
+    """unpark.lua: a re-check of parked items: released, or kept parked until ``later_ms``."""
+
+    name = "unpark"
+    key_names = ("due", "leased", "ranked", "parked", "parked_why")
+
+    @classmethod
+    def call(
+        cls, keys: ShardKeys, release: Sequence[bytes], keep: Sequence[bytes], *, later_ms: int, now: int, wake: str
+    ) -> ScriptCall[ParkedCounts]:
+        """Release ``release`` (due now) and keep ``keep`` parked until ``later_ms``: those still parked."""
+        args = [now, wake, later_ms, len(release), *release, *keep]
+        return cls._call(keys, args, lambda r: ParkedCounts(int(r[0]), int(r[1]), int(r[2])))
 
 
 class Promote(ShardScript):
@@ -507,6 +539,8 @@ SHARD_SCRIPTS: dict[str, type[ShardScript]] = {
         Ack,
         Release,
         Defer,
+        Park,
+        Unpark,
         Promote,
         Keep,
         Fail,

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from ..errors import ConfigError
-from ..keys import MAX_RANK, RANK_SPAN, collapsed_key, normalize_id, shard_of
+from ..keys import MAX_RANK, PARKED_MS, RANK_SPAN, collapsed_key, normalize_id, shard_of
 from ..models import DeadLetter, ScheduledItem, ShardStats
 from ..scripts.store import Purge, Requeue
 from ..timeutil import When, score_ms, to_ms
@@ -43,7 +43,9 @@ class Reader(StoreCore):
             pipe.hget(k.tries, item_id)
             pipe.hget(k.leased, item_id)
             pipe.zscore(k.ranked, item_id)
-            score, envelope, tries, lease, ranked = pipe.execute()
+            pipe.hget(k.parked_why, item_id)
+            score, envelope, tries, lease, ranked, why = pipe.execute(raise_on_error=False)
+        _raise_first([score, envelope, tries, lease, ranked])
         if score is None or envelope is None:
             return None
         deadline, ready = _parse_lease(lease, score)
@@ -58,6 +60,7 @@ class Reader(StoreCore):
             _rank(ranked),
             calls,
             awaiting_start=_awaiting(lease),
+            parked=_parked(score, why),
         )
 
     def scan(self, *, batch: int = 1000) -> Iterator[ScheduledItem]:
@@ -77,8 +80,13 @@ class Reader(StoreCore):
                     pipe.hmget(k.tries, ids)
                     pipe.hmget(k.leased, ids)
                     pipe.zmscore(k.ranked, ids)
-                    envelopes, tries, leases, ranks = pipe.execute()
-                for (member, score), envelope, tried, lease, ranked in zip(chunk, envelopes, tries, leases, ranks):
+                    pipe.hmget(k.parked_why, ids)
+                    envelopes, tries, leases, ranks, whys = pipe.execute(raise_on_error=False)
+                _raise_first([envelopes, tries, leases, ranks])
+                if isinstance(whys, Exception):  # parked_why of another type (a hand write)
+                    whys = [None] * len(ids)
+                rows = zip(chunk, envelopes, tries, leases, ranks, whys)
+                for (member, score), envelope, tried, lease, ranked, why in rows:
                     if envelope is not None:
                         deadline, ready = _parse_lease(lease, score)
                         yield ScheduledItem(
@@ -90,6 +98,7 @@ class Reader(StoreCore):
                             deadline,
                             _rank(ranked),
                             awaiting_start=_awaiting(lease),
+                            parked=_parked(score, why),
                         )
 
     def rank(self, item_id: str | bytes) -> int | None:
@@ -123,10 +132,11 @@ class Reader(StoreCore):
                 pipe.hlen(k.leased)
                 pipe.zcard(k.dead)
                 pipe.zrange(k.due, 0, 0, withscores=True)
+                pipe.zcard(k.parked)
             replies = pipe.execute(raise_on_error=False)
         out = []
         for shard in range(self.config.shards):
-            part = replies[5 * shard : 5 * shard + 5]
+            part = replies[6 * shard : 6 * shard + 6]
             errors = [r for r in part if isinstance(r, Exception)]
             for err in errors:
                 if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
@@ -135,8 +145,9 @@ class Reader(StoreCore):
                 reason = f"shard {shard} cannot be read: {errors[0]} (a key of it holds data another tool wrote)"
                 out.append(ShardStats(shard, 0, 0, 0, 0, None, now, error=reason))
                 continue
-            scheduled, due, leased, dead, head = part
-            out.append(ShardStats(shard, scheduled, due, leased, dead, score_ms(head[0][1]) if head else None, now))
+            scheduled, due, leased, dead, head, parked = part
+            head_ms = score_ms(head[0][1]) if head else None
+            out.append(ShardStats(shard, scheduled, due, leased, dead, head_ms, now, parked=parked))
         return out
 
     def due_histogram(self, start_ms: int, bucket_ms: int, buckets: int) -> tuple[int, list[int]]:
@@ -195,12 +206,14 @@ class Reader(StoreCore):
                 pipe.hget(k.tries, member)
                 pipe.hget(k.leased, member)
                 pipe.zscore(k.ranked, member)
-            details = pipe.execute()
+                pipe.hget(k.parked_why, member)
+            details = pipe.execute(raise_on_error=False)
+        _raise_first([d for n, d in enumerate(details) if n % 5 != 4])
         out = []
         calls = self._calls([(s, _id_text(member)) for _, s, member in page])
         for n, (score, s, member) in enumerate(page):
             item_id = _id_text(member)
-            envelope, tries, lease, ranked = details[4 * n : 4 * n + 4]
+            envelope, tries, lease, ranked, why = details[5 * n : 5 * n + 5]
             deadline, ready = _parse_lease(lease, score)
             out.append(
                 ScheduledItem(
@@ -213,6 +226,7 @@ class Reader(StoreCore):
                     _rank(ranked),
                     calls.get(item_id, 0),
                     awaiting_start=_awaiting(lease),
+                    parked=_parked(score, why),
                 )
             )
         return out
@@ -351,6 +365,23 @@ def _id_text(member: bytes) -> str:
 def _awaiting(lease: bytes | None) -> bool:
     """Whether a ``leased`` hash value marks an item published in lossless mode, awaiting its start."""
     return lease is not None and b":published:" in lease
+
+
+def _raise_first(replies: list[Any]) -> None:
+    """Raise the first error among ``replies``: reads of the item itself. Its parked reason is
+    read beside them without raising: a ``parked_why`` of another type (a hand write) shows the
+    item as parked for an unknown reason rather than failing every listing."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+
+
+def _parked(score: float, why: Any) -> str | None:
+    """Why an item is parked (its ``parked_why`` entry), None when it is not: its due score is not
+    :data:`~delayq_backends.keys.PARKED_MS` (a stale entry), or the entry is unreadable."""
+    if score_ms(score) != PARKED_MS:
+        return None
+    return why.decode("utf-8", "backslashreplace") if isinstance(why, bytes) else "unknown"
 
 
 def _parse_lease(lease: bytes | None, score: float) -> tuple[int | None, int]:

@@ -265,6 +265,12 @@ class ItemOut(BaseModel):
         description="Published in lossless mode, kept until a worker records its start; leased_until is when "
         "a forwarder looks again (and publishes it again if it has not started).",
     )
+    parked: str | None = Field(
+        default=None,
+        description="Why the item is parked (`format:<n>`: an envelope format newer than the forwarders that "
+        "claimed it read; `target:<kind>`: they have no such target): out of the due index, looked at again "
+        "every 30 s by each forwarder, released by one that can deliver it; else null.",
+    )
     rank: int = Field(description="Backlog priority: higher ranks are forwarded first (0..255).")
     target: str | None
     destination: str | None
@@ -306,6 +312,7 @@ class ShardOut(BaseModel):
     due: int
     leased: int
     dead: int
+    parked: int = Field(default=0, description="Items parked out of the due index (see ItemOut.parked).")
     next_due: str | None
     oldest_overdue_ms: int
     problem: str | None = Field(
