@@ -49,9 +49,10 @@ _EXEMPT = {"tests/harness/servers.py", "tests/readme.py", "tests/test_reproducib
 
 
 def hard_coded_servers(path: Path) -> list[str]:
-    """The string constants of ``path`` that name the system Redis or RabbitMQ, and calls of
-    ``Redis()`` without an address (localhost:6379). Docstrings, README text a test replaces
-    (``.replace(url, ours)``) and README markers (``snippet(...)``) are not connections."""
+    """The string constants of ``path`` that name the system Redis or RabbitMQ, calls of
+    ``Redis()`` without an address (localhost:6379) and ``port=6379`` / ``port=5672``. Docstrings,
+    README text a test replaces (``.replace(url, ours)``) and README markers (``snippet(...)``)
+    are not connections."""
     tree = ast.parse(path.read_text(), str(path))
     allowed: set[int] = set()
     for node in ast.walk(tree):
@@ -66,10 +67,12 @@ def hard_coded_servers(path: Path) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in allowed:
             found += [(node.lineno, m[0]) for m in _SERVER.finditer(node.value)]
-        elif isinstance(node, ast.Call) and not node.args and not node.keywords:
+        elif isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name in ("Redis", "StrictRedis"):
+            if name in ("Redis", "StrictRedis") and not node.args and not node.keywords:
                 found.append((node.lineno, f"{name}()"))
+            ports = [k.value.value for k in node.keywords if k.arg == "port" and isinstance(k.value, ast.Constant)]
+            found += [(node.lineno, f"port={port}") for port in ports if port in (6379, 5672)]
     return [f"{line}: {text}" for line, text in sorted(found)]
 
 
@@ -97,10 +100,12 @@ def test_the_address_check_finds_each_form(tmp_path: Path) -> None:
         "d = redis.Redis()\n"
         'e = text.replace("redis://localhost:6379/0", url)\n'
         'f = "redis://127.0.0.1:1/0", "amqp://u:pw@h//", f"redis://127.0.0.1:{port}/0"\n'
+        "g = redis.Redis(port=6379), redis.Redis(port=server.port)\n"
     )
     assert hard_coded_servers(probe) == [
         "2: redis://127.0.0.1:6379",
         "3: amqp://guest:guest@localhost",
         "4: redis://localhost",
         "5: Redis()",
+        "8: port=6379",
     ]
