@@ -1,7 +1,8 @@
 """An extra installed into a fresh venv (``pip install -c constraints.txt "<checkout>[celery]"``, no
-site packages, so only what the extra declares, each package at its pin), then the README's snippets run from that venv as a user runs
-them: a real ``celery worker`` and ``celery -A proj delayq forward`` (issue 22: with a Redis broker
-the celery extra could not start, and the README's app discarded its periodic task).
+site packages, so only what the extra declares, each package at its pin), then the README's
+snippets run from that venv as a user runs them: a real ``celery worker`` and ``celery -A proj
+delayq forward`` (issue 22: with a Redis broker the celery extra could not start, and the README's
+app discarded its periodic task).
 
 The snippets are read from README.md and changed only where a test must: the URLs (the test's
 servers), a queue and key prefix of the test's own, the heartbeat's 30 s period (2 s), the RQ
