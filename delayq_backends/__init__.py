@@ -27,7 +27,7 @@ from .errors import (
 from .models import BatchStatus, Claim, ClaimedItem, Collapsed, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .store import DelayStore
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "BatchClosedError",

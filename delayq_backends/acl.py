@@ -11,12 +11,24 @@ Lua scripts (Redis checks both against the user's ACL):
   refused; it may not write the dead letters, the metadata, the rate buckets or the start records
   (``%R~``), and may PEXPIREAT only debounce counters (a selector).
 - ``forwarder``: claims, acks, releases, fails, defers, takes rate-cap tokens, sleeps on the
-  wake-up channel, and runs the operators' ``delayq dlq`` purge and requeue.
+  wake-up channel, and runs the operators' ``delayq dlq`` purge and requeue. It syncs periodic
+  entries from code (``--rq-cron``, a Celery app's ``beat_schedule``), so it may also write what
+  only an operator may: the periodic registry, the code schedule's record and the trusted
+  definitions of entries that carry code to run (:mod:`~delayq_backends.periodic.trust`).
+- ``operator``: a person's or a deploy's credential for ``delayq periodic``, ``rq-cron sync``,
+  ``dlq``, ``rq-migrate`` and the dashboard: the forwarder's commands and keys. The one role
+  beside the forwarder that may define code an RQ worker runs (an RQ periodic entry).
 - ``worker``: a Celery or RQ worker with dedupe (a lossless forwarder's workers): a producer (a
   task's retries and delayed children go through the store) that may also write and read the
   runs' start records (``SET NX PX``, ``GET``), and record periodic entries' runs in their
   history (the forwarder records their publish).
-- ``reader``: ``delayq stats``/``list``/``dlq list`` and dashboards, read-only.
+- ``reader``: ``delayq stats``/``list``/``dlq list``/``periodic list``/``slots``/``batches list``
+  and every dashboard panel and API read, read-only.
+
+The producer and worker may not write (nor call the scripts that write) the periodic registry,
+the code schedule's record or the trusted definitions: a producer can store any item, but an
+item can only become work of a kind its writer's role may create (:func:`operator_keys`).
+:func:`key_table` renders who may write and read each key kind (docs/security.md holds it).
 
 A target's own keys (an RQ queue, a Redis list) are not covered: grant them separately.
 
@@ -31,12 +43,37 @@ a producer may run any script, forwarders' included (see the README's Security s
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 from .config import Config
 from .errors import ConfigError
-from .keys import batch_channel, meta_key, periodic_code_key, periodic_key, wake_channel
+from .keys import (
+    ShardKeys,
+    batch_channel,
+    key_rate_key,
+    meta_key,
+    periodic_code_key,
+    periodic_key,
+    periodic_trust_key,
+    rate_key,
+    slot_holds_key,
+    slot_limit_key,
+    slot_waiting_key,
+    slot_waits_key,
+    wake_channel,
+)
 from .scripts.library import function_name
 
-__all__ = ["PRODUCER_FUNCTIONS", "ROLES", "WORKER_FUNCTIONS", "acl_rules", "acl_setuser", "key_patterns"]
+__all__ = [
+    "PRODUCER_FUNCTIONS",
+    "ROLES",
+    "WORKER_FUNCTIONS",
+    "acl_rules",
+    "acl_setuser",
+    "key_patterns",
+    "key_table",
+    "operator_keys",
+]
 
 #: Sent by redis-py on connect and by the store's checks (INFO cluster detects cluster mode).
 #: Not CLIENT SETINFO: Redis 7.0 does not know it (ACL SETUSER would fail), and redis-py ignores
@@ -54,12 +91,12 @@ _READS = ("+zrange", "+zrangebyscore", "+zrevrange", "+zscore", "+zmscore", "+zc
 #: HSCAN: the periodic entries' registry (``periodic list``, a sync at forwarder start)
 _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 
-#: The scripts a producer runs: its writes, the periodic sync's compare-and-set (rearm) and
-#: version check (sync_version), and a batch's open, adds and close (batch_end also records a
-#: worker's report of a sub-job's end).
+#: The scripts a producer runs: its writes, and a batch's open, adds and close (batch_end also
+#: records a worker's report of a sub-job's end). Not the periodic entries' compare-and-set
+#: (rearm), version check (sync_version) or trusted definitions (periodic_trust): syncs and
+#: ``delayq periodic`` run on the forwarder or operator role.
 PRODUCER_FUNCTIONS = (
-    "schedule", "schedule_one", "cancel", "reschedule", "debounce", "rearm", "sync_version", "batch_open", "batch_add",
-    "batch_end",
+    "schedule", "schedule_one", "cancel", "reschedule", "debounce", "batch_open", "batch_add", "batch_end",
 )  # fmt: skip
 
 #: The scripts a worker runs besides a producer's: the holds of its tasks' concurrency slots,
@@ -91,12 +128,25 @@ ROLES: dict[str, tuple[str, ...]] = {
     # a producer (a task's retry or delayed child goes through the store); the commands of a
     # run's start record (dedupe.RunGuard) only in a selector of those records (acl_rules)
     "worker": _PRODUCER,
-    "reader": (*_CONNECTION, *_READS, *_HASH_READS),
+    # TYPE: the periodic registry's check; SCAN: the slot and batch keys in use (the dashboard,
+    # `delayq slots`/`batches list`): it lists key names (never values) of the whole database,
+    # since Redis filters no SCAN by the user's key patterns; more reads in selectors (acl_rules)
+    "reader": (*_CONNECTION, *_READS, *_HASH_READS, "+type", "+scan"),
 }
+#: The operator (people and deploys: ``delayq periodic``, ``rq-cron sync``, ``dlq``, the
+#: dashboard) runs the forwarder's scripts: the forwarder's commands and keys.
+ROLES["operator"] = ROLES["forwarder"]
 #: The roles that run scripts.
-_RUNS_SCRIPTS = ("producer", "forwarder", "worker")
+_RUNS_SCRIPTS = ("producer", "forwarder", "operator", "worker")
 #: The roles limited to a producer's functions and keys.
 _PRODUCES = ("producer", "worker")
+
+
+def operator_keys(prefix: str) -> list[str]:
+    """The keys only the operator and forwarder roles may write: the periodic registry, the code
+    schedule's record (a producer deleting it let an old deploy's sync win) and the trusted
+    definitions (a producer writing them could make an RQ worker run any function)."""
+    return [periodic_key(prefix), periodic_code_key(prefix), periodic_trust_key(prefix)]
 
 
 def key_patterns(prefix: str) -> list[str]:
@@ -106,8 +156,7 @@ def key_patterns(prefix: str) -> list[str]:
         f"~{meta_key(prefix)}",
         f"~{prefix}:{{{prefix}}}:rate:*",
         f"~{prefix}:{{{prefix}}}:keyrate:*",
-        f"~{periodic_key(prefix)}",
-        f"~{periodic_code_key(prefix)}",
+        *(f"~{k}" for k in operator_keys(prefix)),
     ]
 
 
@@ -116,11 +165,17 @@ def _shard_key(prefix: str, name: str) -> str:
     return f"{prefix}:{{{prefix}:*}}:{name}"
 
 
-#: What the batch scripts and ``batch_status`` send on a batch's keys beyond a producer's own
-#: commands, only there (a selector): PEXPIRE on a shard's keys would drop a shard's schedule.
+#: What the batch scripts, ``batch_status`` and ``delayq batches pending`` send on a batch's keys
+#: beyond a producer's own commands, only there (a selector): PEXPIRE on a shard's keys would drop
+#: a shard's schedule.
 _BATCH_COMMANDS = (
-    "+type", "+hgetall", "+sadd", "+srem", "+scard", "+sismember", "+llen", "+rpush", "+lrange", "+pexpire",
+    "+type", "+hgetall", "+sadd", "+srem", "+scard", "+sismember", "+smismember", "+sintercard", "+sscan",
+    "+llen", "+rpush", "+lrange", "+pexpire", "+del",
 )  # fmt: skip
+#: The batch scripts that take a batch's fired mark (``ShardKeys.batch_fired``), which the
+#: producer and worker roles may only read, and write as RENAMENX's target: so they can neither
+#: delete it nor shorten its TTL, and a completed batch never fires again.
+_FIRING_FUNCTIONS = ("batch_open", "batch_end")
 
 
 def _batch_keys(prefix: str) -> str:
@@ -132,6 +187,24 @@ def _batch_keys(prefix: str) -> str:
 #: there (a selector): DEL (a key of another type, a hand write, is replaced), the bound's trim
 #: and the keys' TTL.
 _HISTORY_COMMANDS = ("+type", "+del", "+zremrangebyrank", "+zcard", "+zrange", "+hget", "+pexpire")
+
+
+def _fired_keys(prefix: str) -> str:
+    """The pattern of every batch's fired mark (``ShardKeys.batch_fired``)."""
+    return _shard_key(prefix, "fired:*")
+
+
+def _firing_rules(prefix: str, role: str, functions: bool) -> list[str]:
+    """The selectors of a batch's fired mark: the scripts that take it (with every key they
+    are given: a script's keys must all pass in one selector), its reads, and RENAMENX onto it
+    (write only: RENAMENX from the mark needs read too, so it cannot be moved away)."""
+    scripts = [f"+fcall|{function_name(n)}" for n in _FIRING_FUNCTIONS] if functions else ["+evalsha", "+eval"]
+    shard = [f"~{_shard_key(prefix, n)}" for n in ("due", "items", "tries", "leased", "ranked", "batch*")]
+    return [
+        f"({' '.join(scripts)} {' '.join(shard)} ~{_fired_keys(prefix)})",
+        f"(+exists +type +hget %R~{_fired_keys(prefix)})",
+        f"(+renamenx ~{_batch_keys(prefix)} %W~{_fired_keys(prefix)})",
+    ]
 
 
 def _history_keys(prefix: str) -> str:
@@ -154,8 +227,7 @@ def _role_keys(prefix: str, role: str) -> list[str]:
             # HSET leaves there, slot_take.lua drops)
             writes += [_slot_holds(prefix, n) for n in ("holds", "waiting", "waits", "limit")]
             writes.append(_history_keys(prefix))  # periodic_run.lua: the runs it started and ended
-        periodic = (f"~{periodic_key(prefix)}", f"~{periodic_code_key(prefix)}")
-        return [*(f"~{k}" for k in writes), *periodic, *(f"%R~{k}" for k in reads)]
+        return [*(f"~{k}" for k in writes), *(f"%R~{k}" for k in reads)]
     return key_patterns(prefix)
 
 
@@ -188,8 +260,15 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
     if role in _PRODUCES:  # debounce.lua lets a collapsed run's call counter expire: that key only
         rules.append(f"(+pexpireat ~{_shard_key(prefix, 'calls:*')})")
         rules.append(f"({' '.join(_BATCH_COMMANDS)} ~{_batch_keys(prefix)})")
-    if role in ("forwarder", "worker"):  # periodic_run.lua: runs published (forwarder), started and ended
+        rules += _firing_rules(prefix, role, functions)
+    if role in ("forwarder", "operator"):  # delayq dlq purge reports a purged sub-job to its batch (batch_end.lua)
+        rules.append(f"({' '.join(_BATCH_COMMANDS)} +renamenx ~{_batch_keys(prefix)} ~{_fired_keys(prefix)})")
+    if role in ("forwarder", "operator", "worker"):  # periodic_run.lua: runs published, started and ended
         rules.append(f"({' '.join(_HISTORY_COMMANDS)} ~{_history_keys(prefix)})")
+    if role == "reader":  # a slot key's limit, a batch's progress: only there (an HGETALL of a
+        # shard's items hash would hold the server)
+        rules.append(f"(+get ~{_slot_holds(prefix, 'limit')})")
+        rules.append(f"(+hgetall +scard +sintercard +lrange ~{_batch_keys(prefix)})")
     if role == "worker":  # a SET on any other key could replace a shard's whole schedule
         # TYPE, WATCH, DEL: a record that is none (a hand write) is replaced; PEXPIRE: a retried
         # record is written again for durable_replicas' WAIT
@@ -204,3 +283,66 @@ def acl_setuser(user: str, prefix: str, role: str, *, password: str | None = Non
     """The full ``ACL SETUSER`` command as arguments (``>password`` or a placeholder)."""
     secret = f">{password}" if password is not None else "><password>"
     return ["ACL", "SETUSER", user, "reset", "on", secret, *acl_rules(prefix, role, functions=functions)]
+
+
+# -- who may write and read each key kind (docs/security.md) ------------------------------------
+
+#: The commands that change a key: what tells "write" from "read" in :func:`key_table`.
+_WRITE_COMMANDS = frozenset(
+    (*_SCRIPT_WRITES, "+hsetnx", "+set", "+del", "+pexpire", "+pexpireat", "+sadd", "+srem", "+rpush",
+     "+zremrangebyscore", "+zremrangebyrank")
+)  # fmt: skip
+
+
+def _key_kinds(prefix: str) -> list[tuple[str, str]]:
+    """(name in keys.py, an example key) of every key kind of ``prefix``."""
+    shard = ShardKeys(prefix, 0)
+    return [
+        *((f"ShardKeys.{n}", getattr(shard, n)) for n in ("due", "items", "tries", "leased", "ranked")),
+        *((f"ShardKeys.{n}", getattr(shard, n)) for n in ("dead", "dead_items", "dead_info")),
+        ("ShardKeys.calls", shard.calls("ID")),
+        ("ShardKeys.started", shard.started("ID", 0)),
+        *((f"ShardKeys.{n}", getattr(shard, n)("K")) for n in ("batch", "batch_members", "batch_done", "batch_failed")),
+        *((f"ShardKeys.{n}", getattr(shard, n)("NAME")) for n in ("periodic_history", "periodic_runs")),
+        *((f.__name__, f(prefix, "K")) for f in (slot_holds_key, slot_waiting_key, slot_waits_key, slot_limit_key)),
+        ("meta_key", meta_key(prefix)),
+        ("rate_key", rate_key(prefix, "Q")),
+        ("key_rate_key", key_rate_key(prefix, "Q", "K")),
+        *((f.__name__, f(prefix)) for f in (periodic_key, periodic_code_key, periodic_trust_key)),
+    ]
+
+
+def _access(rules: list[str], key: str) -> str:
+    """``write``, ``read`` or ``-``: what ``rules`` let their user do to ``key``, directly or
+    through the scripts (whose writes Redis checks against the same rules)."""
+    root = {r for r in rules if r.startswith("+")}
+    writes = bool(root & _WRITE_COMMANDS)
+    access = "-"
+    for rule in rules:
+        if rule.startswith("("):  # a selector: its commands on its keys only
+            words = rule.strip("()").split()
+            patterns, commands = [w[1:] for w in words if w.startswith("~")], set(words) - {"~"}
+            if any(fnmatchcase(key, p) for p in patterns):
+                if commands & _WRITE_COMMANDS:
+                    return "write"
+                access = "read"
+        elif rule.startswith(("~", "%R~")) and fnmatchcase(key, rule.partition("~")[2]):
+            if rule.startswith("~") and writes:
+                return "write"
+            access = "read"
+    return access
+
+
+def key_table(prefix: str = "P") -> str:
+    """The Markdown table of which key kind each role may write (and read), from the rules
+    above (``delayq acl`` with the Function library): docs/security.md holds it, a test checks it."""
+    roles = list(ROLES)
+    rules = {role: acl_rules(prefix, role) for role in roles}
+    lines = [
+        f"| key (`keys.py`) | example (prefix `{prefix}`) | {' | '.join(roles)} |",
+        f"|---|---|{'---|' * len(roles)}",
+    ]
+    for name, key in _key_kinds(prefix):
+        cells = " | ".join(_access(rules[role], key) for role in roles)
+        lines.append(f"| `{name}` | `{key}` | {cells} |")
+    return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ import redis
 from .audit import open_audit
 from .config import Config
 from .connection import connect, connect_rq, redact_url
-from .errors import ConfigError, MissingExtraError
+from .errors import ConfigError, MissingExtraError, install_hint
 from .flow import FlowControl
 from .forwarder import Forwarder, ForwarderStats
 from .forwarder import settings as forwarding
@@ -244,4 +244,4 @@ def adapter(name: str) -> Any:
         raise
     except ImportError as exc:
         extra = name.split(".")[0]
-        raise ConfigError(f'{exc}: install the extra, pip install "delayq_backends[{extra}]"') from exc
+        raise ConfigError(f"{exc}: {install_hint(extra)}") from exc

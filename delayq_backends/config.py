@@ -24,10 +24,12 @@ class Config:
         max_payload_bytes: largest envelope accepted by ``schedule``.
         max_attempts: claims of one item before it goes to the dead letters.
         lease_seconds: how long a forwarder holds claimed items before they are due again.
-        durable_replicas: when > 0, every schedule, reschedule, cancel and requeue waits (WAIT)
-            until that many replicas have it, and raises ``NotDurableError`` if they do not
-            within ``durable_timeout_ms``. Redis replicates asynchronously: without this, a write
-            acknowledged just before a primary fails can be lost on failover.
+        durable_replicas: when > 0, every write a user's call returns success for (schedule,
+            reschedule, cancel, requeue, a batch's writes, a slot limit, a periodic change: the
+            scripts ``ACKNOWLEDGED_SCRIPTS`` names) waits (WAIT) until that many replicas have
+            it, and raises ``NotDurableError`` if they do not within ``durable_timeout_ms``.
+            Redis replicates asynchronously: without this, a write acknowledged just before a
+            primary fails can be lost on failover.
         durable_timeout_ms: how long such a write waits for its replicas.
         dead_letter_max: when > 0, each shard keeps at most this many dead letters; burying one
             more deletes the oldest for good (0: no cap).

@@ -30,6 +30,7 @@ __all__ = [
     "ShardMismatchError",
     "StoreFullError",
     "StoreMetaError",
+    "install_hint",
 ]
 
 
@@ -54,6 +55,12 @@ class StoreMetaError(ShardMismatchError):
     in Redis: the message names the key and the command that restores it."""
 
 
+def install_hint(extra: str) -> str:
+    """How to install ``extra``: delayq_backends comes from its repository, not a package index
+    (README: Installing), so the command is the checkout's."""
+    return f'install delayq_backends with its {extra} extra (in a checkout: pip install ".[{extra}]")'
+
+
 class MissingExtraError(DelayqError, ImportError):
     """An optional dependency is not installed: the message names the extra that brings it.
 
@@ -62,7 +69,7 @@ class MissingExtraError(DelayqError, ImportError):
     """
 
     def __init__(self, needs: str, extra: str) -> None:
-        super().__init__(f'{needs}: pip install "delayq_backends[{extra}]"')
+        super().__init__(f"{needs}: {install_hint(extra)}")
         self.extra = extra
 
 

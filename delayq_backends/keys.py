@@ -34,6 +34,7 @@ __all__ = [
     "normalize_id",
     "periodic_code_key",
     "periodic_key",
+    "periodic_trust_key",
     "rate_key",
     "shard_of",
     "shard_tags",
@@ -168,6 +169,13 @@ def periodic_code_key(prefix: str) -> str:
     """HASH of the code schedule last synced (version, fingerprint of its set, when, from which
     host), so an older or an empty ``beat_schedule`` cannot roll a newer one back."""
     return f"{prefix}:{{{prefix}}}:periodic:code"
+
+
+def periodic_trust_key(prefix: str) -> str:
+    """HASH of the run templates an operator defined (entry name → digests of its template), so a
+    forwarder fires an entry that carries code to run (an RQ job's pickled ``data``) only as an
+    operator stored it, never as a producer planted it (:mod:`~delayq_backends.periodic.trust`)."""
+    return f"{prefix}:{{{prefix}}}:periodic:trusted"
 
 
 def rate_key(prefix: str, queue: str) -> str:
@@ -338,6 +346,17 @@ class ShardKeys:
     def batch_failed(self, key: str) -> str:
         """LIST of the first failed sub-job ids of batch ``key`` (bounded)."""
         return self._key(f"batch_failed:{key}")
+
+    def batch_fired(self, key: str) -> str:
+        """HASH (``at``: ms) made when batch ``key`` completed, for its TTL: the mark that it fired,
+        which the producer and worker roles may write only as RENAMENX's target (``acl.py``), so
+        a hand write into the batch's hash cannot fire it again. Not named ``batch*``: those
+        roles may expire and delete those keys."""
+        return self._key(f"fired:{key}")
+
+    def batch_firing(self, key: str) -> str:
+        """The fired mark's makings: a scratch HASH that completion renames to :meth:`batch_fired`."""
+        return self._key(f"batch_firing:{key}")
 
     def all(self) -> list[str]:
         """Every key of the shard (each script names the ones it takes: scripts/store.py)."""

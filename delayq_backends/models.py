@@ -12,6 +12,7 @@ __all__ = [
     "SlotGrant",
     "SlotStatus",
     "CancelOutcome",
+    "Cancelled",
     "Claim",
     "ClaimedItem",
     "Collapsed",
@@ -44,6 +45,15 @@ class CancelOutcome(Enum):
 
     def __bool__(self) -> bool:
         return self is CancelOutcome.CANCELLED
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What :meth:`DelayStore.cancel_item` did: the outcome, and the batch the item was a sub-job
+    of, told it failed (None: no batch, or the item was not certainly cancelled)."""
+
+    outcome: CancelOutcome
+    batch: str | None = None
 
 
 class RescheduleOutcome(Enum):

@@ -36,7 +36,7 @@ from typing import Any
 
 from .config import Config
 from .envelope import Envelope
-from .errors import EnvelopeError
+from .errors import EnvelopeError, install_hint
 from .forwarder import Forwarder
 from .forwarder.clock import Clock as ServerClock
 from .models import DeliveryFailure
@@ -57,7 +57,7 @@ __all__ = [
     "testing_store",
 ]
 
-INSTALL_HINT = 'delayq_backends.testing runs the store on fakeredis with Lua: pip install "delayq_backends[testing]"'
+INSTALL_HINT = f"delayq_backends.testing runs the store on fakeredis with Lua: {install_hint('testing')}"
 
 #: What :func:`run_due` delivers through: targets keyed by kind (or a sequence of them, or one
 #: target), or a plain callable that receives every due :class:`Delivery` whatever its kind.

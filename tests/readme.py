@@ -77,9 +77,8 @@ CHECKS: dict[str, Check] = {
     'store.set_slot_limit("customer-42", 5)': Check(skip=FRAGMENT + "; tests/test_slots.py runs each call"),
     'store.open_batch("order-7"': Check(by="tests/test_readme.py::test_batch_example_runs"),
     "delayq periodic add nightly": Check(by="tests/test_readme.py::test_schedules_as_data_commands_run"),
-    "batch.add(process.s(1))": Check(
-        skip=FRAGMENT + "; tests/test_celery/test_batches.py and tests/test_rq/test_batches.py run each call"
-    ),
+    "batch.add(process.s(1))": Check(skip=FRAGMENT + "; tests/test_celery/test_batches.py runs each call"),
+    "batch.add(process, 1)": Check(skip=FRAGMENT + "; tests/test_rq/test_batches.py runs each call"),
     '"options": {"delayq_overlap": "skip"}': Check(by="tests/test_readme.py::test_overlap_policies_snippet_runs"),
     # Spark
     "result = schedule_dataframe(": Check(skip="reads reminders.parquet, which the README does not make"),
@@ -95,6 +94,6 @@ CHECKS: dict[str, Check] = {
     "--key-rate celery=20/s": Check(skip=FOREVER + "tests/test_key_rate.py"),
     'headers={"delayq_rate_key": f"tenant-{tenant}"}': Check(skip=FRAGMENT),
     "--metrics-port 9477": Check(skip=FOREVER + "tests/test_metrics.py"),
-    'pip install "delayq_backends[web,celery]"': Check(by=f"{CLEAN}::test_web (each command)"),
+    'pip install ".[web,celery]"': Check(by=f"{CLEAN}::test_web (each command)"),
     "curl -X POST http://127.0.0.1:8765/api/v1/celery": Check(by=f"{CLEAN}::test_web"),
 }

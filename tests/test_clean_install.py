@@ -170,8 +170,8 @@ def web_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_web(web_bin: Path, valkey_url: str, tmp_path: Path) -> None:
     port = str(free_port())
     env = {"PATH": f"{web_bin}:{os.environ['PATH']}", "HOME": os.environ["HOME"]}
-    install, export, serve = commands_of('pip install "delayq_backends[web,celery]"')
-    assert install.split("#")[0].split() == ["pip", "install", '"delayq_backends[web,celery]"']  # what make_venv did
+    install, export, serve = commands_of('pip install ".[web,celery]"')
+    assert install.split("#")[0].split() == ["pip", "install", '".[web,celery]"']  # make_venv's, in the checkout
     token = subprocess.run(["bash", "-c", f"{export} && echo $DELAYQ_API_TOKEN"], env=env, capture_output=True,
                            text=True, timeout=30, check=True).stdout.strip()  # fmt: skip
     env["DELAYQ_API_TOKEN"] = token

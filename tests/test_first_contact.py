@@ -37,7 +37,7 @@ def one_hint(result: subprocess.CompletedProcess[str], extra: str) -> str:
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     [line] = result.stderr.strip().splitlines()
-    assert line.count("pip install") == 1 and f'pip install "delayq_backends[{extra}]"' in line, line
+    assert line.count("pip install") == 1 and f'in a checkout: pip install ".[{extra}]"' in line, line
     return line
 
 
@@ -47,6 +47,7 @@ def one_hint(result: subprocess.CompletedProcess[str], extra: str) -> str:
         pytest.param("pyspark", ["spark", "export", "--out", "unused.jsonl"], "spark", id="spark-export"),
         pytest.param("celery", ["forward", "--celery-broker", "amqp://127.0.0.1:1//"], "celery", id="forward"),
         pytest.param("rq", ["forward", "--rq-redis", "redis://127.0.0.1:1/0"], "rq", id="forward-rq"),
+        pytest.param("rq", ["rq-migrate", "--rq-redis", "redis://127.0.0.1:1/0"], "rq", id="rq-migrate"),
         pytest.param("fastapi", ["dashboard"], "web", id="dashboard-fastapi"),
         pytest.param("uvicorn", ["dashboard"], "web", id="dashboard-uvicorn"),
     ],

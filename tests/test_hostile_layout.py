@@ -53,7 +53,9 @@ COVERED = {
     "key_rate_key": "here: test_garbage_in_rate_buckets_is_reset_and_the_queue_flows",
     "wake_channel": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "periodic_key": "here: test_garbage_in_the_periodic_registry_never_stops_the_line",
-    "periodic_code_key": "here: test_garbage_in_the_code_schedule_record_never_stops_the_line",
+    "periodic_code_key": "here: test_garbage_in_the_code_schedule_record_never_stops_the_line; each role: "
+    "tests/test_rq/test_trust.py::test_the_code_schedule_record_is_the_operators_and_a_missing_one_lets_no_old_deploy_win",
+    "periodic_trust_key": "tests/test_rq/test_trust.py::test_garbage_in_the_trusted_definitions_never_stops_the_line",
     "ShardKeys.due": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.items": "tests/test_hostile.py::test_garbage_never_stops_the_line",
     "ShardKeys.tries": "tests/test_hostile.py::test_garbage_never_stops_the_line",
@@ -73,6 +75,10 @@ COVERED = {
     "ShardKeys.batch_done": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "ShardKeys.batch_failed": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "batch_channel": "tests/test_batches.py::test_a_batch_completes_once_when_closed_and_every_sub_job_finished",
+    "ShardKeys.batch_fired": "tests/test_batch_forgery.py::"
+    "test_a_completed_batch_never_fires_again_whatever_its_hash_says",
+    "ShardKeys.batch_firing": "tests/test_batch_forgery.py::"
+    "test_a_completed_batch_never_fires_again_whatever_its_hash_says",
     "ShardKeys.periodic_history": "tests/test_celery/test_periodic_history_processes.py::"
     "test_garbage_in_history_keys_never_stops_a_firing_or_a_worker",
     "ShardKeys.periodic_runs": "tests/test_celery/test_periodic_history_processes.py::"
@@ -491,13 +497,18 @@ def test_garbage_in_the_code_schedule_record_never_stops_the_line(
 ) -> None:
     """Garbage in the record of the code schedule synced last, then `celery -A app delayq forward`
     (which syncs at start) on a Redis broker: the sync is refused naming the key and its fix, the
-    entries already stored keep firing; a deleted record is simply written again."""
+    entries already stored keep firing. A deleted record is no "any version wins": the
+    forwarder's schedule differs from the stored one (its misfire policy), so its sync is refused
+    naming the record to restore (one that changes nothing records itself again:
+    tests/test_rq/test_trust.py)."""
     with _entry_firing_through(
         valkey_server, tmp_path, monkeypatch, CODE_RECORD_GARBAGE[garbage], periodic_code_key
     ) as (env, store):
         key = periodic_code_key(env.prefix)
         if garbage == "deleted":
-            assert store.client.hget(key, f"{_CELERY}:fp"), "the sync recorded itself again"
+            wait_for(
+                lambda: f"the record of the code schedule synced last ({key}) is missing" in env.tail(), 10, env.tail
+            )
         else:
             wait_for(lambda: f"redis-cli DEL {key}" in env.tail(), 10, env.tail)
 

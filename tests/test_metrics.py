@@ -410,14 +410,23 @@ def test_slot_gauges_name_a_limit_and_odd_keys_and_list_keys_once_per_ttl(valkey
 
 
 def test_a_user_without_scan_gets_no_slot_gauges_and_the_store_gauges_still(valkey_url: str, prefix: str) -> None:
-    """The ``reader`` role has no SCAN or GET: the slot gauges say so (``delayq_slots_up 0``,
-    an error counted) and the shard gauges are served as before."""
+    """A user with the ``reader`` role's rules but no SCAN or GET (the role before they were
+    added): the slot gauges say so (``delayq_slots_up 0``, an error counted) and the shard
+    gauges are served as before. The ``reader`` role itself serves them (``delayq_slots_up 1``)."""
     admin = connect(valkey_url)
     name, password = f"reader-{prefix[-8:]}", "pw-0123456789"
-    admin.execute_command(*acl_setuser(name, prefix, "reader", password=password))
+    rules = [r for r in acl_setuser(name, prefix, "reader", password=password) if not r.startswith("(")]
+    admin.execute_command(*rules, "-scan")
+    role = f"role-{prefix[-8:]}"
+    admin.execute_command(*acl_setuser(role, prefix, "reader", password=password))
     try:
-        make_store(valkey_url, prefix, shards=SHARDS).check_meta()
         port = connect(valkey_url).connection_pool.connection_kwargs["port"]
+        as_role = CollectorRegistry()
+        as_role.register(
+            SlotCollector(make_store(f"redis://{role}:{password}@127.0.0.1:{port}/0", prefix, shards=SHARDS))
+        )
+        assert value(parsed(as_role), "delayq_slots_up", prefix=prefix) == 1
+        make_store(valkey_url, prefix, shards=SHARDS).check_meta()
         reader = make_store(f"redis://{name}:{password}@127.0.0.1:{port}/0", prefix, shards=SHARDS)
         registry = CollectorRegistry()
         registry.register(StoreCollector(reader))
@@ -432,4 +441,4 @@ def test_a_user_without_scan_gets_no_slot_gauges_and_the_store_gauges_still(valk
         with pytest.raises(redis.exceptions.NoPermissionError):  # no GET: the limit is unknown, not "none"
             reader.slot_status("k")
     finally:
-        admin.execute_command("ACL", "DELUSER", name)
+        admin.execute_command("ACL", "DELUSER", name, role)

@@ -3,6 +3,8 @@ entry in ``tests/readme.py`` that says why none does; a new block with neither f
 
 from __future__ import annotations
 
+import ast
+import importlib
 from collections.abc import Iterator
 
 import pytest
@@ -10,7 +12,7 @@ import redis
 
 from delayq_backends import DelayStore
 from tests.harness.servers import delete_prefix
-from tests.readme import CHECKS, snippet, snippets
+from tests.readme import CHECKS, FRAGMENT, snippet, snippets
 
 
 def test_every_snippet_has_a_check() -> None:
@@ -20,6 +22,30 @@ def test_every_snippet_has_a_check() -> None:
         if len(matched) != 1:
             unchecked.append(f"README.md:{block.line} ({block.lang}) matches {matched or 'no entry'}")
     assert not unchecked, "give each block one entry in tests/readme.py CHECKS: " + "; ".join(unchecked)
+
+
+#: the modules whose public names a fragment may use: each must be imported in the fragment
+LIBRARY = ("delayq_backends", "delayq_backends.celery", "delayq_backends.rq", "delayq_backends.targets")
+
+
+def test_fragments_import_the_library_names_they_use() -> None:
+    """A fragment leaves out your app, tasks and store, never where the library's names come
+    from: each public name of the library it uses (``Batch``, ``RedisListTarget``, ...) is
+    imported in it or in a block above, and its imports run. (The Batches fragment used
+    ``Batch`` with no import anywhere.)"""
+    public = {name for module in LIBRARY for name in importlib.import_module(module).__all__}
+    above: set[str] = set()
+    for block in snippets(("python",)):
+        tree = ast.parse(block.text)
+        imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+        bound = {alias.asname or alias.name.split(".")[0] for node in imports for alias in node.names}
+        [marker] = [m for m in CHECKS if m in block.text]
+        if CHECKS[marker].skip.startswith(FRAGMENT):
+            used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            missing = sorted((used & public) - bound - above)
+            assert not missing, f"README.md:{block.line}: import {missing}"
+            exec(compile(ast.Module(body=list(imports), type_ignores=[]), "README.md", "exec"), {})
+        above |= bound
 
 
 def test_every_check_names_a_block_and_says_how() -> None:

@@ -19,7 +19,7 @@ from redis.cluster import RedisCluster
 
 import delayq_backends
 from delayq_backends import Config, ConfigError, DelayStore
-from delayq_backends.acl import PRODUCER_FUNCTIONS, acl_setuser
+from delayq_backends.acl import PRODUCER_FUNCTIONS, acl_setuser, key_table
 from delayq_backends.cli import main
 from delayq_backends.connection import connect
 from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer, free_port
@@ -395,13 +395,30 @@ def test_acl_command_prints_the_rules_of_a_role() -> None:
     assert shown.stdout.startswith("ACL SETUSER fwd reset on '><password>' ")
     assert (
         "'~app:{app:*}:*' '~app:meta' '~app:{app}:rate:*' '~app:{app}:keyrate:*' '~app:{app}:periodic' "
-        "'~app:{app}:periodic:code' '&app:wake'" in shown.stdout
+        "'~app:{app}:periodic:code' '~app:{app}:periodic:trusted' '&app:wake'" in shown.stdout
     )
     assert "+fcall" in shown.stdout and "+eval" not in shown.stdout and "+subscribe" in shown.stdout
     assert "delayq functions install" in shown.stderr
+    operator = CliRunner().invoke(main, ["acl", "operator", "--prefix", "app"])
+    assert operator.exit_code == 0 and "ACL SETUSER delayq-operator " in operator.stdout
+    assert "'~app:{app}:periodic:trusted'" in operator.stdout and "+fcall" in operator.stdout
+    producer = CliRunner().invoke(main, ["acl", "producer", "--prefix", "app"]).stdout
+    assert "periodic" not in producer and "_rearm" not in producer and "_sync_version" not in producer
     legacy = CliRunner().invoke(main, ["acl", "forwarder", "--prefix", "app", "--eval"])
     assert "+evalsha" in legacy.output and "+fcall" not in legacy.output
     assert CliRunner().invoke(main, ["acl", "admin"]).exit_code != 0
+
+
+def test_the_key_table_in_docs_security_is_the_one_acl_py_makes() -> None:
+    """docs/security.md's table of which key each role may write and read is generated from the
+    rules (``delayq_backends.acl.key_table``): a rule changed without the doc fails here."""
+    doc = (Path(__file__).parent.parent / "docs" / "security.md").read_text()
+    start, end = "<!-- key-table: generated -->\n", "<!-- /key-table -->"
+    assert start in doc and end in doc, "docs/security.md lost its key table's markers"
+    shown = doc[doc.index(start) + len(start) : doc.index(end)]
+    assert shown == key_table(), (
+        "regenerate it: python -c 'from delayq_backends.acl import key_table; print(key_table())'"
+    )
 
 
 #: A user name and password a shell would read as pipes, redirections, background jobs and quotes.

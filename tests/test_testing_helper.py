@@ -288,7 +288,7 @@ def test_missing_fakeredis_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
     _fake_client_class.cache_clear()
     monkeypatch.setitem(sys.modules, "fakeredis", None)
     try:
-        with pytest.raises(ImportError, match=r'pip install "delayq_backends\[testing\]"'):
+        with pytest.raises(ImportError, match=r'pip install "\.\[testing\]"'):
             testing_store()
     finally:
         _fake_client_class.cache_clear()

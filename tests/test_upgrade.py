@@ -2,7 +2,8 @@
 this one, real ``delayq forward`` processes of each, producers of each, one store and a Redis
 list target. In each mixed state every item arrives once: none lost, none dead-lettered.
 
-The previous release is :data:`PREVIOUS` (the last commit before this release's work); its
+The previous release is the tag before this version's (releases are tagged ``vX.Y.Z`` on main,
+CHANGELOG.md): :data:`PREVIOUS_TAG`, at commit :data:`PREVIOUS` for a clone that has no tags; its
 package goes straight from ``git archive`` into the venv's site-packages, and the venv sees
 this interpreter's packages for its dependencies (the two releases need the same ones), so the
 install takes well under a second and no network.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import sysconfig
 import venv
 from collections.abc import Iterator
@@ -20,14 +22,19 @@ from pathlib import Path
 
 import pytest
 
-from delayq_backends import DelayStore, Envelope
+from delayq_backends import DelayStore, Envelope, __version__
 from delayq_backends.celery import StoredMessage
 from tests.harness import ROOT, Launcher, Proc, make_store
 from tests.helpers import wait_for
 from tests.test_envelope import CELERY_V1, LIST_V1, RQ_V1
 
-#: The previous release: main before this release's work (no tag marks it).
-PREVIOUS = "0af431c"
+#: The previous release: the tag before this version's in CHANGELOG.md, and the commit it
+#: tags (what the test installs when a clone has no tags; with the tag, they must agree).
+PREVIOUS_TAG = "v0.3.0"
+PREVIOUS = "a73b83b"
+CHANGELOG = ROOT / "CHANGELOG.md"
+#: A release's heading in CHANGELOG.md: ``## [0.3.0] - 2026-11-27`` (or ``- Unreleased``).
+RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+)\] - ", re.M)
 SHARDS = 4
 #: Items each producer writes per scenario, due over the first :data:`SPREAD_S` seconds.
 ITEMS = 1500
@@ -37,7 +44,7 @@ SPREAD_S = 3.0
 #: run by either release's interpreter.
 PRODUCER = """
 import sys, time
-from delayq_backends import DelayStore, Envelope
+from delayq_backends import DelayStore, Envelope, __version__
 from delayq_backends.celery import StoredMessage
 from delayq_backends.targets import RedisListTarget
 url, prefix, shards, tag, count, spread, out = sys.argv[1:]
@@ -62,15 +69,42 @@ class Release:
         return launcher.start([str(self.python), *args], cwd=self.home, code=None, log=log, capture=capture)
 
 
+def test_the_version_the_changelog_and_the_previous_release_agree() -> None:
+    """``__version__`` (what ``delayq --version`` prints) is the newest release in CHANGELOG.md,
+    and :data:`PREVIOUS_TAG` the one before it: bumping the version without naming its previous
+    release here (or the reverse) fails."""
+    releases = RELEASE.findall(CHANGELOG.read_text(encoding="utf-8"))
+    assert releases[:2] == [__version__, PREVIOUS_TAG.removeprefix("v")], releases
+    printed = subprocess.run(
+        [sys.executable, "-m", "delayq_backends.cli", "--version"], capture_output=True, text=True, check=True
+    )
+    assert printed.stdout.strip() == f"delayq, version {__version__}"
+
+
+def previous_commit() -> str:
+    """What to install: :data:`PREVIOUS_TAG` where the clone has it (checked to be
+    :data:`PREVIOUS`), else :data:`PREVIOUS`."""
+    found = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "-q", "--verify", f"{PREVIOUS_TAG}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode != 0:
+        return PREVIOUS
+    assert found.stdout.startswith(PREVIOUS), f"{PREVIOUS_TAG} is {found.stdout.strip()}, not {PREVIOUS}: fix PREVIOUS"
+    return PREVIOUS_TAG
+
+
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Release:
     if not (ROOT / ".git").exists():
         pytest.skip("needs this project's git checkout (the previous release comes from its history)")
     home = tmp_path_factory.mktemp("previous-release")
     archive = home / "previous.tar"
-    made = subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), PREVIOUS, "delayq_backends"])
+    ref = previous_commit()
+    made = subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), ref, "delayq_backends"])
     if made.returncode != 0:
-        pytest.fail(f"git archive {PREVIOUS} failed: a shallow clone? `git fetch --unshallow` and run again")
+        pytest.fail(f"git archive {ref} failed: a shallow clone? `git fetch --unshallow` and run again")
     venv.create(home / "venv", with_pip=False)
     python = home / "venv" / "bin" / "python"
     where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"

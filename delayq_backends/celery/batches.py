@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -37,9 +38,9 @@ from celery.signals import task_postrun, task_revoked
 
 from ..batches import OpenBatch, report_end
 from ..envelope import Envelope
-from ..errors import ConfigError
+from ..errors import BatchClosedError, ConfigError
 from ..keys import batch_item_id
-from ..store import BATCH_TTL_MS, DelayStore
+from ..store import BATCH_TTL_MS, MAX_FAILED_IDS, DelayStore
 from ..store.batches import check_batch_key
 from .message import StoredMessage
 from .settings import CelerySettings, store_for
@@ -125,8 +126,43 @@ def on_complete_envelope(key: str, signature: Signature) -> tuple[Envelope, str]
     return captured.envelope, mark
 
 
+@dataclass
+class _EagerBatch:
+    """A batch under ``task_always_eager`` (a test suite): each sub-job runs in ``add``, as
+    Celery runs any task then, and ``close`` calls on_complete with the summary at once. No
+    store: an eager app sends nothing through it."""
+
+    key: str
+    on_complete: Signature | None
+    total: int = 0
+    failed_ids: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    def ended(self, result: Any) -> None:
+        self.total += 1
+        if result.failed():
+            self.failed_ids.append(str(result.id))
+
+    def close(self) -> bool:
+        if self.closed:
+            return False
+        self.closed = True
+        failed = len(self.failed_ids)
+        summary = {
+            "batch": self.key, "total": self.total, "succeeded": self.total - failed, "failed": failed,
+            "failed_ids": self.failed_ids[:MAX_FAILED_IDS],
+        }  # fmt: skip
+        if self.on_complete is not None:
+            call = self.on_complete if self.on_complete.immutable else self.on_complete.clone(args=(summary,))
+            call.apply_async(task_id=batch_item_id(self.key))
+        return True
+
+
 class Batch(OpenBatch):
     """A batch of tasks of ``app``, and ``on_complete`` once every one has finished.
+
+    Under ``task_always_eager`` (a test suite) it runs eagerly: each sub-job runs in ``add`` and
+    ``on_complete`` runs at ``close``, with the same summary, and the store is not used.
 
     Args:
         app: the Celery app (``install(app)`` done: its sender stores the sub-jobs).
@@ -148,6 +184,9 @@ class Batch(OpenBatch):
                 "counted; call delayq_backends.celery.install(app) and leave delayq_enabled on"
             )
         self.app, self.key = app, check_batch_key(key)
+        self._eager = _EagerBatch(key, on_complete) if app.conf.task_always_eager else None
+        if self._eager is not None:
+            return
         self.store: DelayStore = store_for(app)
         envelope, mark = (None, "") if on_complete is None else on_complete_envelope(key, on_complete)
         ttl_ms = int(ttl.total_seconds() * 1000) if ttl else BATCH_TTL_MS
@@ -161,7 +200,16 @@ class Batch(OpenBatch):
             BatchClosedError: the batch is closed; the task was NOT sent.
         """
         headers = {**(signature.options.get("headers") or {}), **(options.pop("headers", None) or {})}
-        return signature.apply_async(headers={**headers, BATCH_HEADER: self.key}, **options)
+        if self._eager is not None and self._eager.closed:
+            raise BatchClosedError(f"batch {self.key!r} is closed: the task was NOT sent; open a new batch")
+        result = signature.apply_async(headers={**headers, BATCH_HEADER: self.key}, **options)
+        if self._eager is not None:
+            self._eager.ended(result)
+        return result
+
+    def close(self) -> bool:
+        """No more sub-jobs; whether that completed the batch (eagerly: at once)."""
+        return self._eager.close() if self._eager is not None else super().close()
 
 
 def use_batches(app: Celery) -> None:

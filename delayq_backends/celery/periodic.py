@@ -340,7 +340,12 @@ def _fingerprint(
 
 
 def sync(
-    app: Celery, store: DelayStore | None = None, *, wait: float | None = None, version: int | None = None
+    app: Celery,
+    store: DelayStore | None = None,
+    *,
+    wait: float | None = None,
+    version: int | None = None,
+    sweep_seconds: float | None = None,
 ) -> SyncReport:
     """Make the store's code entries of kind ``celery-periodic`` those of ``app.conf.beat_schedule``
     (:func:`~delayq_backends.periodic.ops.sync_code`: runtime entries are never touched, an empty
@@ -350,12 +355,14 @@ def sync(
         wait: seconds to wait for a forwarder that is firing a changed entry right now
             (default: the store's lease, after which a holder is presumed dead).
         version: the schedule's version; by default ``app.conf.delayq_schedule_version``.
+        sweep_seconds: how long to sweep the registry for entries gone from the code (None:
+            to the end; the rest is the report's ``sweep``).
     """
     store = store or store_for(app)
     if version is None:
         version = schedule_version(app)
     entries, errors = entries_of(app)
-    return sync_code(store, entries, kind=KIND, errors=errors, version=version, wait=wait)
+    return sync_code(store, entries, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds)
 
 
 def _task_of(envelope: Envelope) -> str:

@@ -47,10 +47,13 @@ def acl(
 ) -> None:
     """Print (or --apply) the least-privilege ACL SETUSER command for a ROLE on a prefix.
 
-    producer: schedule, reschedule, cancel. forwarder: claim, ack, release, fail, wake-ups.
-    reader: stats, list, dead-letter list. The printed arguments are quoted for a POSIX shell:
-    put `redis-cli -h HOST -p PORT` (and the admin's credentials) in front. Keys of the targets
-    (RQ queues, lists) are not included: grant those separately.
+    producer: schedule, reschedule, cancel. worker: a producer that records its runs' starts.
+    forwarder: claim, ack, release, fail, wake-ups, syncs from code. operator: `delayq periodic`,
+    `rq-cron sync`, `dlq`, the dashboard (the one role beside the forwarder that may define an RQ
+    periodic entry, code an RQ worker runs). reader: stats, list, dead-letter list. The printed
+    arguments are quoted for a POSIX shell: put `redis-cli -h HOST -p PORT` (and the admin's
+    credentials) in front. Keys of the targets (RQ queues, lists) are not included: grant those
+    separately.
     """
     name = user or f"delayq-{role}"
     password = read_secret(password_file, "--password-file") if password_file else None

@@ -85,3 +85,33 @@ def batches_show(spec: StoreSpec, as_json: bool, key: str) -> None:
     click.echo(f"opened at {from_ms(status.created_ms).isoformat()}; on_complete: {_yes(status.on_complete)}")
     if status.failed_ids:
         click.echo("failed: " + ", ".join(status.failed_ids))
+
+
+@batches.command("pending")
+@store_options
+@json_option
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@click.argument("key")
+def batches_pending(spec: StoreSpec, as_json: bool, limit: int, key: str) -> None:
+    """The sub-jobs batch KEY still waits for (a closed batch that does not complete: one was
+    never delivered, or a member was written by hand); end one with `delayq batches fail`."""
+    pending = open_store(spec, writes=False).pending_in_batch(key, limit=limit)
+    if as_json:
+        echo_json(pending)
+        return
+    click.echo(f"batch {key!r} waits for {len(pending)}{'+' if len(pending) == limit else ''} sub-job(s)")
+    for item_id in pending:
+        click.echo(item_id)
+
+
+@batches.command("fail")
+@store_options
+@click.argument("key")
+@click.argument("ids", nargs=-1, required=True)
+def batches_fail(spec: StoreSpec, key: str, ids: tuple[str, ...]) -> None:
+    """Record sub-jobs IDS of batch KEY as failed: they will never run (cancelled elsewhere, lost,
+    or written by hand), so the batch stops waiting for them. Completes it when they were the last."""
+    store = open_store(spec, writes=True)
+    for item_id in ids:
+        completed = store.finish_in_batch(key, item_id, False)
+        click.echo(f"{item_id}: recorded as failed" + (f"; batch {key!r} completed" if completed else ""))

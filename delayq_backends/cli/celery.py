@@ -28,7 +28,7 @@ from ..entries import iso
 from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..models import ScheduledItem
-from ..periodic.ops import SyncReport
+from ..periodic.ops import START_SWEEP_SECONDS, SyncReport
 from ..store import DelayStore
 from ..storespec import open_store
 from .forward import ForwardOptions, forward_options, run_forwarder
@@ -80,7 +80,7 @@ def _sync_at_start(app: Celery, store: DelayStore) -> None:
     """Sync the periodic entries; a failure is said, never fatal: forwarding is what matters,
     and the entries already stored keep firing as last synced."""
     try:
-        report = sync(app, store)
+        report = sync(app, store, sweep_seconds=START_SWEEP_SECONDS)
     except Exception as exc:
         click.echo(
             f"periodic entries NOT synced ({type(exc).__name__}: {exc}); those already stored keep running as last "
@@ -89,12 +89,14 @@ def _sync_at_start(app: Celery, store: DelayStore) -> None:
         )
         return
     _say_synced(report)
+    if report.sweep:
+        report.sweep.finish_in_background()
 
 
 def _say_synced(report: SyncReport) -> None:
     if report.refused:
         click.echo(f"periodic entries NOT synced: {report.refused}", err=True)
-    elif report.added or report.changed or report.removed or report.errors or report.unchanged or report.kept:
+    elif any(getattr(report, k) for k in ("added", "changed", "removed", "errors", "unchanged", "kept", "sweep")):
         click.echo(f"periodic entries synced: {report.describe()}", err=True)
     for name in report.shadowed:
         click.echo(f"periodic entry {name!r} of beat_schedule is shadowed by a runtime entry of that name", err=True)

@@ -389,7 +389,7 @@ def _sync_at_start(store: DelayStore, config: str, version: int | None) -> None:
 
     loaded = load_config(config)  # a config that cannot load is the operator's to fix now
     try:
-        sync_rq_cron(store, loaded, version)
+        sync_rq_cron(store, loaded, version, at_start=True)
     except Exception as exc:
         click.echo(
             f"rq cron entries NOT synced ({type(exc).__name__}: {exc}); those already stored keep running as last "

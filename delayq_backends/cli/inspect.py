@@ -197,11 +197,12 @@ def cancel(spec: StoreSpec, ids: Sequence[str]) -> None:
     store = open_store(spec, writes=True)
     missing = 0
     for item_id in ids:
-        outcome = store.cancel(item_id)
-        missing += not outcome
+        done = store.cancel_item(item_id)
+        missing += not done.outcome
         in_flight = (
-            ": removed, but a forwarder holds it and may deliver it once" if outcome.value == "in flight" else ""
+            ": removed, but a forwarder holds it and may deliver it once" if done.outcome.value == "in flight" else ""
         )
-        click.echo(f"{outcome.value} {item_id}{in_flight}")
+        in_batch = f" (a sub-job of batch {done.batch!r}: reported to it as failed)" if done.batch else ""
+        click.echo(f"{done.outcome.value} {item_id}{in_flight}{in_batch}")
     if missing:
         raise click.exceptions.Exit(1)

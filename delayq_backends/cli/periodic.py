@@ -22,7 +22,7 @@ from ..connection import connect_rq
 from ..entries import iso
 from ..errors import DelayqError
 from ..periodic import ops
-from ..periodic.schedules import Cron, Misfire, Once, Schedule, interval
+from ..periodic.schedules import Cron, Misfire, Once, Schedule, interval, zone_named
 from ..periodic.state import RUNTIME
 from ..store import DelayStore
 from ..storespec import StoreSpec
@@ -231,6 +231,20 @@ def _time(flag: str, text: str | None) -> int | None:
         raise click.BadParameter(str(exc), param_hint=flag) from exc
 
 
+def _known_zone(zone: str, *, given: bool) -> None:
+    """A crontab's zone checked before its fields, and blamed on ``--tz`` (or on the app's
+    ``timezone`` it defaulted to), not on ``--cron``.
+
+    Raises:
+        click.BadParameter: naming the zone and what to give instead.
+    """
+    try:
+        zone_named(zone)
+    except DelayqError as exc:
+        where = "--tz" if given else "--tz (the app's timezone setting, the default)"
+        raise click.BadParameter(str(exc), param_hint=where) from exc
+
+
 def _schedule(d: dict[str, Any], default_zone: Callable[[], str], store: DelayStore) -> Schedule:
     chosen = [flag for flag in ("every", "cron", "at") if d[flag] is not None]
     if len(chosen) != 1:
@@ -243,7 +257,9 @@ def _schedule(d: dict[str, Any], default_zone: Callable[[], str], store: DelaySt
         if d["every"] is not None:
             return ops.keep_alignment(store, d["name"], interval(d["every"]), d["aligned"])
         if d["cron"] is not None:
-            return Cron.checked(d["cron"], d["tz"] or default_zone(), day_or=d["kind"] == "rq")  # RQ's reading
+            zone = d["tz"] or default_zone()
+            _known_zone(zone, given=d["tz"] is not None)
+            return Cron.checked(d["cron"], zone, day_or=d["kind"] == "rq")  # RQ's reading
     except DelayqError as exc:
         raise click.BadParameter(str(exc), param_hint=f"--{chosen[0]}") from exc
     at = _time("--at", d["at"])
@@ -448,6 +464,22 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         removed = ops.remove(access.store(ctx, where), names, force=force)
         for name in names:
             click.echo(f"{'removed' if name in removed else 'not found'}: {name}")
+
+    @group.command("trust")
+    @click.argument("names", nargs=-1)
+    @click.option("--all", "every", is_flag=True, help="Every stored entry whose kind carries code to run.")
+    @with_store
+    @click.pass_context
+    def trust(ctx: click.Context, /, names: tuple[str, ...], every: bool, **where: Any) -> None:
+        """Vouch for the stored job templates of RQ entries NAMES (or --all), as if you had added
+        them: forwarders fire an RQ entry only as an operator defined it. For entries stored before
+        that check, or a dead-lettered one you recognise (then `delayq dlq requeue`). Review them
+        first (`delayq periodic show NAME`): a producer credential can store any template."""
+        if not names and not every:
+            raise click.UsageError("name the entries to trust, or pass --all")
+        store = access.store(ctx, where)
+        for name, outcome in ops.trust_stored(store, None if every else names).items():
+            click.echo(f"{name}: {outcome}")
 
     return group
 

@@ -3,6 +3,7 @@ older versions, into the store. RQ is imported when they run, so ``delayq`` star
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -11,6 +12,7 @@ import click
 import redis
 
 from ..connection import connect, redact_url
+from ..periodic.ops import START_SWEEP_SECONDS
 from ..store import DelayStore
 from ..storespec import StoreSpec
 from .options import closing, open_store, rq_redis_option, store_options
@@ -41,9 +43,9 @@ def rq_migrate(
     Stop `rq worker --with-scheduler` and `rqscheduler` first. Safe to run again: nothing is
     lost or duplicated.
     """
-    from rq.utils import import_attribute
+    from ..rq import migrate  # without RQ: one line naming the extra (MissingExtraError), no traceback
 
-    from ..rq import migrate
+    import_attribute = importlib.import_module("rq.utils").import_attribute  # RQ is there from here on
 
     store = open_store(spec, writes=True)
     client = closing(connect(rq_redis))
@@ -110,19 +112,32 @@ def rq_upgrade(
         raise click.exceptions.Exit(1)
 
 
-def sync_rq_cron(store: DelayStore, config: CronConfig, version: int | None) -> bool:
+def sync_rq_cron(store: DelayStore, config: CronConfig, version: int | None, *, at_start: bool = False) -> bool:
     """Sync a loaded ``rq cron`` config into ``store`` and say what changed; False when the sync
-    was refused or an entry was (the others synced)."""
+    was refused or an entry was (the others synced). ``at_start``: a forwarder's, whose sweep of
+    the registry is bounded (:data:`~delayq_backends.periodic.ops.START_SWEEP_SECONDS`), the rest
+    of it in the background, so junk in the registry cannot delay its forwarding."""
     from ..rq.cron import sync
 
-    report = sync(store, config, version=version)
+    report = sync(store, config, version=version, sweep_seconds=START_SWEEP_SECONDS if at_start else None)
     click.echo(f"rq cron entries of {config.path}: {report.describe()}", err=True)
     for kind in ("added", "changed", "removed", "shadowed"):
-        for name in getattr(report, kind):
-            click.echo(f"{kind}: {name}")
-    for name, error in sorted(report.errors.items()):
-        click.echo(f"entry {name!r} refused: {error}", err=True)
+        _listed([f"{kind}: {name}" for name in getattr(report, kind)], err=False)
+    _listed([f"entry {name!r} refused: {error}" for name, error in sorted(report.errors.items())], err=True)
+    if report.sweep:
+        report.sweep.finish_in_background()
     return not (report.refused or report.errors)
+
+
+#: Lines of one kind a sync prints at most (a registry full of junk: the counts say the rest).
+MAX_LINES = 100
+
+
+def _listed(lines: list[str], *, err: bool) -> None:
+    for line in lines[:MAX_LINES]:
+        click.echo(line, err=err)
+    if len(lines) > MAX_LINES:
+        click.echo(f"... and {len(lines) - MAX_LINES} more", err=err)
 
 
 def schedule_version_option(command: Callable[..., None]) -> Callable[..., None]:

@@ -118,6 +118,7 @@ def plan_entry(state: PeriodicState, now_ms: int) -> EntryPlan:
     if not state.enabled or state.finished or (state.pending and late < state.slot.at_ms):
         return EntryPlan(Plan([], 0, state.slot), extra)  # (due for its pending actions, not its period)
     plan = state.misfire.plan(state.schedule, state.slot, late)
+    missed = plan.missed - _paused_periods(state, plan, late)
     runs = [s for s in plan.runs if (state.start_ms is None or s.at_ms >= state.start_ms)]
     runs = [s for s in runs if state.end_ms is None or s.at_ms <= state.end_ms]
     if state.max_runs is not None:
@@ -127,7 +128,29 @@ def plan_entry(state: PeriodicState, now_ms: int) -> EntryPlan:
         state.max_runs is not None and state.runs + len(runs) >= state.max_runs
     ):
         nxt = END
-    return EntryPlan(Plan(runs, plan.missed, nxt), extra)
+    return EntryPlan(Plan(runs, missed, nxt), extra)
+
+
+def _paused_periods(state: PeriodicState, plan: Plan, now_ms: int) -> int:
+    """How many of ``plan``'s missed periods came due while the entry was paused: not missed
+    (a planned pause is no outage). The missed periods are the due ones before its runs (a
+    misfire policy sends the latest)."""
+    window = state.pause_window()
+    if window is None or not plan.missed:
+        return 0
+    last = plan.runs[0].at_ms - 1 if plan.runs else max(now_ms, state.slot.at_ms)
+    paused = state.schedule.count(state.slot, window[0], min(last, window[1] - 1))
+    return min(paused, plan.missed)
+
+
+def _sent(state: PeriodicState, run: Run) -> SentRun:
+    """``run`` of ``state``'s entry as its history records it. It counts as late from its
+    period's due time, or for a period that came due while the entry was paused, from the
+    resume (the run went out as soon as it could)."""
+    window = state.pause_window()
+    paused = window is not None and run.kind == SCHEDULED and window[0] <= run.slot.at_ms < window[1]
+    late_from = window[1] if window is not None and paused else None
+    return SentRun(RunMark(state.name, run.slot.at_ms, run.kind), run.task_id(state.name), late_from)
 
 
 def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
@@ -378,8 +401,7 @@ class FiringTarget:
         fired = []
         for f in rearmed:
             made = [f.made[d.id] for d in (*f.runs, *f.extra)]
-            sent = [SentRun(RunMark(f.state.name, run.slot.at_ms, run.kind), run.task_id(f.state.name)) for run in made]
-            fired.append(Fired(f.state.name, sent, f.plan.missed))
+            fired.append(Fired(f.state.name, [_sent(f.state, run) for run in made], f.plan.missed))
         if fired:
             report_fired(lease.store, fired)
         for f in rearmed:

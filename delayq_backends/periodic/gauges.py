@@ -88,10 +88,18 @@ def _period_ms(state: dict[str, Any]) -> int | None:
     return nxt - last if nxt is not None and last is not None and nxt > last else None
 
 
+def _owed_from(state: dict[str, Any]) -> int:
+    """The earliest time the entry can owe a success from: its last resume (a paused period is
+    owed nothing, so a planned pause sets off no "no success" alert), else ever."""
+    resumed = state.get("resumed")
+    return resumed if type(resumed) is int else 0
+
+
 def _gauge(name: str, ready_ms: int | None, state: dict[str, Any], history: EntryHistory, now: int) -> EntryGauge:
     paused = ready_ms is not None and ready_ms >= MAX_MS
     enabled = state.get("enabled", True) is not False and not paused
-    owed = [t for t in (history.unsucceeded_since_ms(), ready_ms) if t is not None and t <= now]
+    since = _owed_from(state)
+    owed = [max(t, since) for t in (history.unsucceeded_since_ms(), ready_ms) if t is not None and t <= now]
     overdue = now - min(owed) if owed and enabled else 0
     return EntryGauge(
         name,

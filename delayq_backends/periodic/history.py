@@ -69,7 +69,8 @@ HISTORY_SIZE = 50
 #: An entry's history expires this long after its last event (a removed entry's goes by itself;
 #: an entry that runs less often than this starts afresh).
 HISTORY_TTL_MS = 35 * 86_400_000
-#: A run published more than this after its due time counts as late.
+#: A run published more than this after its due time counts as late (a backfill's run never:
+#: it was asked for now, for a period long past).
 LATE_MS = 1000
 KINDS = ("scheduled", "manual", "backfill")
 OUTCOMES = ("success", "failure", "retry", "revoked")
@@ -237,10 +238,18 @@ def record_finished(store: StoreCore, mark: RunMark, run_id: str, outcome: str, 
 
 @dataclass(frozen=True)
 class SentRun:
-    """A run a forwarder published: its mark and its run (task) id."""
+    """A run a forwarder published: its mark, its run (task) id, and since when it counts as
+    late (None: its due time; the resume for a period that came due while its entry was paused)."""
 
     mark: RunMark
     run_id: str
+    late_from_ms: int | None = None
+
+    @property
+    def late_ms(self) -> int:
+        """How late after its due time it may be published and not count as late."""
+        since = self.mark.due_ms if self.late_from_ms is None else self.late_from_ms
+        return LATE_MS + max(0, since - self.mark.due_ms)
 
 
 @dataclass(frozen=True)
@@ -263,37 +272,39 @@ def report_fired(store: StoreCore, firings: Sequence[Fired]) -> None:
     rearmed: each run published, and the periods each missed. One round trip for them all (one
     call per event on a cluster): a call per run on the forwarder's path cost a wait for the
     CPU each on a busy machine. Failures are logged per event, as :func:`reported` does."""
-    events = [(what, f.name, event) for f in firings for what, event in _events(f)]
+    events = [(what, f.name, event, late) for f in firings for what, event, late in _events(f)]
     calls: list[ScriptCall[int] | Exception] = []
     try:
         now = store.clock()
-        calls = [_call_or_error(store, name, event, now) for _, name, event in events]
+        calls = [_call_or_error(store, name, event, now, late) for _, name, event, late in events]
         answered = store.run_each([c for c in calls if not isinstance(c, Exception)])
     except Exception as exc:  # the store away: every event of the round trip is lost
         calls, answered = [exc] * len(events), []
     replies = iter(answered)
-    for (what, _, _), call in zip(events, calls):
+    for (what, *_), call in zip(events, calls):
         outcome = call if isinstance(call, Exception) else next(replies)
         if isinstance(outcome, Exception):
             _not_recorded(what, outcome)
 
 
-def _events(fired: Fired) -> Iterator[tuple[str, RunEvent]]:
-    """The events one firing records, each with what it is (for the log line if it is lost)."""
+def _events(fired: Fired) -> Iterator[tuple[str, RunEvent, int]]:
+    """The events one firing records, each with what it is (for the log line if it is lost) and
+    the lateness past which its run counts as late."""
     for i, run in enumerate(fired.runs):
         missed = fired.missed if i == len(fired.runs) - 1 else 0
         event = RunEvent("published", run.run_id, run.mark.due_ms, run.mark.kind, str(missed))
-        yield f"run {run.run_id} of {fired.name!r} published", event
+        yield f"run {run.run_id} of {fired.name!r} published", event, run.late_ms
     if fired.missed and not fired.runs:
-        yield f"{fired.missed} missed period(s) of {fired.name!r}", RunEvent("missed", "", 0, detail=str(fired.missed))
+        alone = RunEvent("missed", "", 0, detail=str(fired.missed))
+        yield f"{fired.missed} missed period(s) of {fired.name!r}", alone, LATE_MS
 
 
-def _call_or_error(store: StoreCore, name: str, event: RunEvent, now: int) -> ScriptCall[int] | Exception:
+def _call_or_error(store: StoreCore, name: str, event: RunEvent, now: int, late_ms: int) -> ScriptCall[int] | Exception:
     """The script call recording ``event`` of entry ``name``, or why there is none (a name no
     entry can have)."""
     try:
         return PeriodicRun.call(
-            history_keys(store, name), event, keep=HISTORY_SIZE, ttl_ms=HISTORY_TTL_MS, late_ms=LATE_MS, now=now
+            history_keys(store, name), event, keep=HISTORY_SIZE, ttl_ms=HISTORY_TTL_MS, late_ms=late_ms, now=now
         )
     except ValueError as exc:
         return exc

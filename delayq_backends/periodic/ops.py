@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,33 +30,41 @@ from datetime import datetime
 from typing import Any
 
 from ..envelope import Envelope
-from ..errors import EnvelopeError, NewerFormatError
-from ..keys import normalize_id
-from ..models import CancelOutcome, RearmOutcome
+from ..errors import EnvelopeError, InvalidIdError, NewerFormatError
+from ..keys import normalize_id, periodic_code_key, periodic_key
+from ..models import CancelOutcome, RearmOutcome, ScheduledItem
 from ..overlap_policy import ALLOW, POLICIES
 from ..store import DelayStore
 from ..timeutil import MAX_MS, from_ms
 from .registry import (
+    PAGE,
     PeriodicError,
+    Registry,
     check_registry,
     check_version,
     code_fingerprint,
     read_registry,
     record_code_sync,
+    record_missing,
+    registry_page,
 )
 from .schedules import MAX_BACKFILL, Every, Misfire, Once, Schedule
-from .state import CODE, META, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
+from .state import CODE, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
+from .trust import UntrustedError, forget, record
 
 __all__ = [
     "DUE_WAIT_MS",
     "ID_PREFIX",
+    "START_SWEEP_SECONDS",
     "KINDS",
     "KIND_ADAPTERS",
+    "TRUSTED_KINDS",
     "CodeEntryError",
     "EntryNotFound",
     "EntrySpec",
     "EntryStatus",
     "RunTemplate",
+    "Sweep",
     "SyncReport",
     "backfill",
     "get",
@@ -67,8 +76,10 @@ __all__ = [
     "remove",
     "resume",
     "run_now",
+    "status_page",
     "statuses",
     "sync_code",
+    "trust_stored",
     "upsert",
 ]
 
@@ -79,9 +90,17 @@ ID_PREFIX = "periodic:"
 #: schedule waits for a forwarder to fire it: twice the forwarders' default poll (a due item is
 #: claimed within a poll even with no wake-up, as after a lease runs out)
 DUE_WAIT_MS = 2000
+#: how long a forwarder's sync at start sweeps the registry (:class:`Sweep`) before it forwards:
+#: the rest of the sweep runs in the background, however much junk the registry holds
+START_SWEEP_SECONDS = 1.0
 #: entry envelope target -> the kind's short name (``celery``, ``rq``) and a reader of the task
 #: (name or function path) its template runs, registered by each kind's adapter
 KINDS: dict[str, tuple[str, Callable[[Envelope], str]]] = {}
+
+
+#: entry envelope target -> the digest of an entry's template that carries code to run
+#: (:mod:`.trust`), registered by the adapter of a kind whose templates do (RQ's)
+TRUSTED_KINDS: dict[str, Callable[[Envelope], str]] = {}
 
 
 #: entry envelope target -> the adapter module that registers it (:func:`register_kind`), loaded
@@ -94,10 +113,15 @@ KIND_ADAPTERS = {"celery-periodic": "delayq_backends.celery.periodic", "rq-perio
 _UNAVAILABLE: set[str] = set()
 
 
-def register_kind(target: str, name: str, task_of: Callable[[Envelope], str]) -> None:
+def register_kind(
+    target: str, name: str, task_of: Callable[[Envelope], str], *, trust: Callable[[Envelope], str] | None = None
+) -> None:
     """Make entries of envelope target ``target`` listable as kind ``name`` (the adapter of the
-    kind calls this on import; ``task_of`` reads what a template runs, for listings)."""
+    kind calls this on import; ``task_of`` reads what a template runs, for listings; ``trust``,
+    for a kind whose templates carry code to run, the digest an operator's definition records)."""
     KINDS[target] = (name, task_of)
+    if trust is not None:
+        TRUSTED_KINDS[target] = trust
 
 
 def kind_of(target: str) -> tuple[str, Callable[[Envelope], str]] | None:
@@ -138,12 +162,15 @@ class CodeEntryError(PeriodicError):
 class RunTemplate:
     """What a kind stores to make each run: the template's envelope (target = the entry kind's,
     no ``periodic`` meta), a fingerprint of everything that makes its runs, its rank and a
-    relative ``expires`` (seconds after each send)."""
+    relative ``expires`` (seconds after each send). ``trust``: for a template that carries code
+    to run (an RQ job's ``data``), its digest, recorded as an operator's definition when the
+    entry is stored (:mod:`.trust`); None for a kind whose runs a producer could send anyway."""
 
     envelope: Envelope
     fingerprint: str
     rank: int = 0
     expires: float | None = None
+    trust: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +228,8 @@ class EntrySpec:
         same = old is not None and old.schedule == self.schedule and not old.finished and old.start_ms == self.start_ms
         slot = old.slot if same and old is not None else first_slot(self.schedule, now_ms, self.start_ms)
         base = old if old is not None else PeriodicState(self.name, self.schedule, self.misfire, "", slot)
-        enabled = base.enabled if self.enabled is None else self.enabled
+        if self.enabled is not None:  # paused or resumed as pause() and resume() do
+            base = base.resumed(now_ms) if self.enabled else base.paused(now_ms)
         return replace(
             base,
             schedule=self.schedule,
@@ -212,8 +240,6 @@ class EntrySpec:
             expires=self.template.expires,
             overlap=self.overlap,
             source=self.source,
-            enabled=enabled,
-            paused_ms=None if enabled else (base.paused_ms or now_ms),
             start_ms=self.start_ms,
             end_ms=self.end_ms,
             max_runs=self.max_runs,
@@ -348,7 +374,8 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
     """Add or update one entry: ``added``, ``changed``, ``unchanged``, ``shadowed`` (a code spec
     meeting a runtime entry) or ``newer`` (an entry a newer release wrote: left alone)."""
     ident = item_id(spec.name)
-    store.client.hset(check_registry(store), spec.name, ident)  # first: a stored entry is always listed
+    registry = check_registry(store)
+    store.write_acknowledged(registry, ("HSET", registry, spec.name, ident))  # first: always listed
     while True:
         now = store.clock()
         try:
@@ -359,6 +386,7 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
                 return "newer"
             raise
         if stored is None:
+            _trust(store, spec)
             state = spec.state(None, now)
             payload = with_state(spec.template.envelope, state)
             if store.schedule(ident, _ready(state, now), payload, mode="keep", rank=state.rank) == "added":
@@ -373,6 +401,7 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
                 "or detach it (detach=True, --detach) to make it a runtime entry the sync no longer manages"
             )
         new = spec.state(old, now)
+        _trust(store, spec)  # unchanged too: an entry stored before the definitions were kept gets one
         if _firing_due(stored, new, now) and time.monotonic() < deadline:
             time.sleep(0.05)  # the due period's firing (and rearm) comes first, as when HELD
             continue
@@ -392,17 +421,57 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
             _held(spec.name, deadline)
 
 
+def _trust(store: DelayStore, spec: EntrySpec) -> None:
+    """Record ``spec``'s template as its operator's definition before its item is stored (a
+    forwarder compares the item with it): this process built the template itself."""
+    if spec.template.trust is not None:
+        record(store, spec.name, spec.template.trust)
+
+
+def trust_stored(store: DelayStore, names: Iterable[str] | None = None) -> dict[str, str]:
+    """Record the stored templates of entries ``names`` (None: every registered one whose kind
+    carries code) as an operator's definitions (:mod:`.trust`), live or dead-lettered; by name,
+    ``trusted: runs <task>`` or why not. ``delayq periodic trust``: the operator vouches for
+    templates stored before the definitions were kept, or a dead letter they recognise."""
+    out = {}
+    for name in read_registry(store).names if names is None else names:
+        try:
+            envelope = _stored_envelope(store, name)
+            kind = kind_of(envelope.target) if envelope is not None else None
+            digest_of = TRUSTED_KINDS.get(envelope.target) if envelope is not None else None
+            if envelope is None or kind is None or digest_of is None:
+                if names is not None:
+                    out[name] = "not found" if envelope is None else "left as it is: its runs carry no code"
+                continue
+            record(store, name, digest_of(envelope))
+            out[name] = f"trusted: runs {kind[1](envelope)}"
+        except (EnvelopeError, UntrustedError) as exc:
+            out[name] = f"not trusted: {exc}"
+    return out
+
+
+def _stored_envelope(store: DelayStore, name: str) -> Envelope | None:
+    """Entry ``name``'s envelope, in the schedule or among the dead letters (None: neither)."""
+    ident = item_id(name)
+    item = store.get(ident)
+    if item is not None:
+        return Envelope.decode(item.envelope)
+    raw = store.client.hget(store.keys(store.shard_of(ident)).dead_items, ident)
+    return Envelope.decode(raw) if isinstance(raw, bytes) else None
+
+
 def pause(store: DelayStore, name: str) -> EntryStatus:
     """Stop entry ``name`` from firing (its item is never due) until :func:`resume`. A forwarder
     that claimed it in a race rearms it without sending a run."""
-    _change(store, name, lambda s, now: s if not s.enabled else replace(s, enabled=False, paused_ms=now))
+    _change(store, name, lambda s, now: s.paused(now))
     return _status_of(store, name)
 
 
 def resume(store: DelayStore, name: str) -> EntryStatus:
     """Let entry ``name`` fire again: due at its next period, or now if that has passed (then its
-    misfire policy decides what the periods missed while paused send)."""
-    _change(store, name, lambda s, now: replace(s, enabled=True, paused_ms=None))
+    misfire policy decides what the periods that came due while paused send). Those periods are
+    not missed, and a run of one is late only from now: a planned pause sets off no alert."""
+    _change(store, name, lambda s, now: s.resumed(now))
     return _status_of(store, name)
 
 
@@ -460,13 +529,20 @@ def remove(store: DelayStore, names: Iterable[str], *, force: bool = False) -> l
     return _remove(store, names)
 
 
-def _remove(store: DelayStore, names: Iterable[str]) -> list[str]:
+def _remove(store: DelayStore, names: Iterable[str], *, bare: Sequence[str] = ()) -> list[str]:
+    """Remove entries ``names`` (item, then registry line) and ``bare``, names known to have no
+    item, whose registry lines go in one pipelined round; returns those that were there."""
     registry = check_registry(store)
     removed = []
     for name in names:
         cancelled = store.cancel(item_id(name))
-        if store.client.hdel(registry, name) or cancelled is not CancelOutcome.NOT_FOUND:
+        (unlisted,) = store.write_acknowledged(registry, ("HDEL", registry, name))
+        if unlisted or cancelled is not CancelOutcome.NOT_FOUND:
             removed.append(name)
+    if bare:
+        gone = store.write_acknowledged(registry, *(("HDEL", registry, name) for name in bare))
+        removed += [name for name, there in zip(bare, gone) if there]
+    forget(store, removed)
     return removed
 
 
@@ -558,7 +634,7 @@ def _status(name: str, item: Any) -> EntryStatus:
         state.end_ms,
         state.max_runs,
         state.jitter_ms,
-        state.paused_ms,
+        None if state.enabled else state.paused_ms,
         len(state.run_now),
         [list(r) for r in state.backfill],
     )
@@ -581,9 +657,27 @@ def _status_of(store: DelayStore, name: str) -> EntryStatus:
 
 def statuses(store: DelayStore) -> list[EntryStatus]:
     """Every registered entry, with its schedule, last run and next run."""
-    registry = read_registry(store)
+    return _listed(store, read_registry(store))
+
+
+def status_page(store: DelayStore, cursor: int = 0, count: int = PAGE) -> tuple[int, list[EntryStatus]]:
+    """One page of the entries (:func:`~.registry.registry_page`: about ``count`` of them, by
+    name) and the next page's cursor (0: this was the last): what one request reads is bounded
+    whatever the registry holds, and every entry is on some page."""
+    cursor, registry = registry_page(store, cursor, count)
+    return cursor, _listed(store, registry)
+
+
+def _listed(store: DelayStore, registry: Registry) -> list[EntryStatus]:
     out = [EntryStatus(shown, "", f"unreadable: {fix}") for shown, fix in sorted(registry.unreadable.items())]
-    out += [_status(name, store.get(item_id(name))) for name in registry.names]
+    for name in registry.names:
+        try:
+            ident = item_id(name)
+        except InvalidIdError as exc:  # a hand write: named with the fix, the others listed
+            key = periodic_key(store.config.prefix)
+            out.append(EntryStatus(name, "", f"unreadable: {exc}; remove its field of {key} (redis-cli HDEL)"))
+            continue
+        out.append(_status(name, store.get(ident)))
     return out
 
 
@@ -607,6 +701,9 @@ class SyncReport:
     refused: str = ""
     #: code entries kept although the code set is empty
     kept: int = 0
+    #: the registry sweep, when it did not finish in the sync's time: finish it
+    #: (:meth:`Sweep.finish_in_background`); ``removed``, ``kept`` and ``errors`` grow meanwhile
+    sweep: Sweep | None = None
 
     def describe(self) -> str:
         if self.refused:
@@ -617,7 +714,8 @@ class SyncReport:
             + (f", {len(self.shadowed)} shadowed by runtime entries" if self.shadowed else "")
             + (f", {len(self.newer)} left to a newer release" if self.newer else "")
             + (f", {len(self.errors)} refused" if self.errors else "")
-            + (f"; the code schedule is empty: {self.kept} code entries kept" if self.kept else "")
+            + (f"; {self.kept} code entries not in this sync kept" if self.kept else "")
+            + (f"; {self.sweep.progress()} so far, the rest in the background" if self.sweep else "")
         )
 
 
@@ -629,6 +727,7 @@ def sync_code(
     errors: Mapping[str, str] | None = None,
     version: Any = None,
     wait: float | None = None,
+    sweep_seconds: float | None = None,
 ) -> SyncReport:
     """Make the store's code entries of envelope target ``kind`` those of ``specs`` (all of
     source ``code``), by name: new ones added (first period after now), changed ones replaced
@@ -639,6 +738,10 @@ def sync_code(
     removes nothing; with ``version`` (an int growing per deploy), a version lower than the one
     synced last, or equal with another set, changes nothing (``refused``), and an unversioned
     sync is refused once a versioned one ran (:func:`~.registry.record_code_sync`).
+
+    Args:
+        sweep_seconds: how long the sweep of the registry for entries gone from the code may
+            take (None: to its end); one unfinished is the report's ``sweep``, to finish later.
 
     Raises:
         PeriodicError: the registry or the version record is damaged (naming the fix).
@@ -651,6 +754,11 @@ def sync_code(
             raise ValueError(f"sync_code: entry {spec.name!r} is not a code entry of kind {kind!r}")
     check_registry(store)
     fingerprint = code_fingerprint([(s.name, s.fingerprint) for s in specs] + [(n, "!") for n in errors])
+    unrecorded = record_missing(store, kind)
+    if unrecorded:
+        report.refused = _unrecorded(store, specs, kind)
+        if report.refused:
+            return report
     try:
         record_code_sync(store, version, fingerprint, kind=kind)
     except PeriodicError as exc:
@@ -666,27 +774,152 @@ def sync_code(
             report.errors[spec.name] = str(exc)
             continue
         getattr(report, outcome).append(spec.name)
-    registry = read_registry(store)
-    report.errors.update(registry.unreadable)
-    keep = {s.name for s in specs} | set(errors)
-    gone = [name for name in registry.names if name not in keep and _is_code_of(store, name, kind)]
-    if not specs and not errors:
-        report.kept = len(gone)
-        if gone:
-            log.warning("the code schedule is empty: %d code entries kept (remove them by name)", len(gone))
-        return report
-    report.removed = _remove(store, gone)
+    # an empty code set removes nothing; nor does a sync that met no record (a deleted one: an
+    # older deploy lacking a newer entry must not remove it), which records itself for the next
+    keep = unrecorded or (not specs and not errors)
+    sweep = Sweep(store, kind, frozenset(s.name for s in specs) | set(errors), report, keep=keep)
+    if not sweep.run(sweep_seconds):
+        report.sweep = sweep
     return report
+
+
+def _unrecorded(store: DelayStore, specs: Sequence[EntrySpec], kind: str) -> str:
+    """Why a sync of ``specs`` may not go ahead while no code schedule of ``kind`` is recorded
+    (a deleted record), or "" when it may: none of its names is a stored code entry of ``kind``
+    (a first sync), or it changes none of them (the current deploy's, which records itself
+    again). A late older deploy's set differs: with nothing to compare versions with, it must
+    not win. Only the sync's own names are read (bounded by the code schedule, whatever the
+    registry holds); code entries the sync lacks are kept by its sweep (``sync_code``)."""
+    stored = {s.name: _code_fingerprint(store.get(item_id(s.name)), kind) for s in specs}
+    if not any(stored.values()):
+        return ""
+    changes = [s.name for s in specs if stored[s.name] != s.fingerprint]
+    if not changes:
+        return ""
+    key = periodic_code_key(store.config.prefix)
+    return (
+        f"the record of the code schedule synced last ({key}) is missing, and this sync would change the stored "
+        f"code entries {sorted(changes)[:5]}: without the record nothing tells whether this deploy's schedule is "
+        f"the current one. If it is, record the version before it with an operator's credential (`redis-cli HSET "
+        f"{key} {kind}:version <previous version>`, or for unversioned syncs `{kind}:fp restored`), then sync again"
+    )
+
+
+def _code_fingerprint(item: ScheduledItem | None, kind: str) -> str | None:
+    """The fingerprint of an entry's stored ``item`` if it is a code entry of kind ``kind``, else
+    None (none, another kind or source, unreadable)."""
+    if item is None:
+        return None
+    try:
+        envelope = Envelope.decode(item.envelope)
+        state = state_of(envelope)
+    except EnvelopeError:
+        return None
+    return state.fingerprint if envelope.target == kind and state.source == CODE else None
+
+
+@dataclass
+class Sweep:
+    """A sync's walk of the registry for its kind's code entries gone from the code: removed
+    (or, for an empty code set or a sync that met no record, ``keep``: only counted), a
+    :func:`~.registry.registry_page` per step, so a call of :meth:`run` costs a bounded time
+    whatever the registry holds (200,000 junk fields must not hold a starting forwarder). A name
+    with no item (an entry removed halfway, or junk) is any sync's to remove, in one
+    round per page; a name with an item is read, and removed if it is a code entry of ``kind``.
+    Its report's ``removed``, ``kept`` and ``errors`` grow as it goes."""
+
+    store: DelayStore = field(repr=False)
+    kind: str
+    keep_names: frozenset[str] = field(repr=False)
+    report: SyncReport = field(repr=False)
+    keep: bool = False
+    cursor: int = 0
+    checked: int = 0
+    started: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.started and self.cursor == 0
+
+    def progress(self) -> str:
+        """How far it got, for the log and the sync's report line."""
+        total = self.store.client.hlen(periodic_key(self.store.config.prefix))
+        verb = "counted" if self.keep else "removed"
+        count = self.report.kept if self.keep else len(self.report.removed)
+        return f"registry sweep: {self.checked} fields checked ({total} registered now), {count} code entries {verb}"
+
+    def step(self) -> None:
+        """One page of the registry."""
+        self.cursor, page = registry_page(self.store, self.cursor)
+        self.started = True
+        self.checked += len(page.names) + len(page.unreadable)
+        self.report.errors.update(page.unreadable)
+        names = [n for n in page.names if n not in self.keep_names]
+        stored = _stored(self.store, names)
+        bare = [n for n, has in zip(names, stored) if not has]
+        code = [n for n, has in zip(names, stored) if has and _is_code_of(self.store, n, self.kind)]
+        if self.keep:  # code entries only: a line naming no item is junk, or an entry removed halfway
+            self.report.kept += len(code)
+            code = []
+        if bare or code:
+            self.report.removed += _remove(self.store, code, bare=bare)
+
+    def run(self, seconds: float | None = None, *, idle: float = 0.0) -> bool:
+        """Steps until the sweep is done (True) or ``seconds`` passed (None: no limit), resting
+        ``idle`` times each step's time after it (the background's share of the process)."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        if self.done:
+            return True
+        while not self.done and (deadline is None or time.monotonic() < deadline):
+            began = time.monotonic()
+            self.step()
+            if idle:
+                time.sleep(idle * (time.monotonic() - began))
+        if self.done and self.keep and self.report.kept:
+            log.warning(
+                "%d code entries not in this sync kept (the code schedule is empty, or its record was missing: "
+                "a sync with a record removes them; or remove them by name)",
+                self.report.kept,
+            )
+        return self.done
+
+    def finish_in_background(self, every: float = 5.0) -> threading.Thread:
+        """Finish the sweep in a daemon thread, idle half the time (the forwarder's loop in the
+        same process comes first), a progress line in the log every ``every`` seconds and one
+        at the end (a failure is logged: the next sync sweeps again)."""
+
+        def finish() -> None:
+            try:
+                while not self.run(every, idle=1.0):
+                    log.info("periodic %s; continuing", self.progress())
+                log.info("periodic %s; done", self.progress())
+            except Exception as exc:  # the store went away: the next sync sweeps again
+                log.warning("periodic registry sweep stopped (%r); the next sync sweeps again", exc)
+
+        thread = threading.Thread(target=finish, name="delayq-registry-sweep", daemon=True)
+        thread.start()
+        return thread
+
+
+def _stored(store: DelayStore, names: Sequence[str]) -> list[bool]:
+    """Whether each of ``names`` has a store item, in one pipelined round (a name that can be
+    no item id has none)."""
+    idents: list[str | None] = []
+    with store.client.pipeline(transaction=False) as pipe:
+        for name in names:
+            try:
+                ident: str | None = item_id(name)
+            except ValueError:
+                ident = None
+            idents.append(ident)
+            if ident is not None:
+                pipe.hexists(store.keys(store.shard_of(ident)).items, ident)
+        replies = iter(pipe.execute() if len(pipe) else [])
+    return [ident is not None and bool(next(replies)) for ident in idents]
 
 
 def _is_code_of(store: DelayStore, name: str, kind: str) -> bool:
     """Entry ``name`` is a code entry of kind ``kind`` (a sync of that kind may remove it). A
     registered name with no item is removable by any sync; an unreadable item is no one's."""
     item = store.get(item_id(name))
-    if item is None:
-        return True
-    try:
-        envelope = Envelope.decode(item.envelope)
-        return envelope.target == kind and META in envelope.meta and state_of(envelope).source == CODE
-    except EnvelopeError:
-        return False
+    return item is None or _code_fingerprint(item, kind) is not None

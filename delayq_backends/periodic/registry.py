@@ -7,7 +7,10 @@
   whole code set, synced_at, host) decides whether a sync from code may go ahead: a lower version
   changes nothing, an equal version with another set is refused, and once a versioned sync ran
   an unversioned one is refused. The check and the write are one script (``sync_version.lua``),
-  so two forwarders starting at once cannot both pass.
+  so two forwarders starting at once cannot both pass. Only the operator and forwarder roles may
+  write it (:mod:`delayq_backends.acl`), and a missing record is not "any version wins": a sync
+  that would change the code entries stored is refused until an operator records the version
+  (:func:`~.ops.sync_code`), so a late old deploy cannot restore an entry a newer one removed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from ..errors import DelayqError
 from ..keys import periodic_code_key, periodic_key
 from ..scripts.store import SyncVersion
@@ -26,6 +31,7 @@ from ..store import DelayStore
 
 __all__ = [
     "MAX_VERSION",
+    "PAGE",
     "CodeRecord",
     "CodeSync",
     "PeriodicError",
@@ -37,7 +43,12 @@ __all__ = [
     "code_record",
     "read_registry",
     "record_code_sync",
+    "record_missing",
+    "registry_page",
 ]
+
+#: Registry fields one page reads (HSCAN's COUNT, a hint: a small registry comes whole)
+PAGE = 500
 
 #: the largest schedule version (exact in a Lua number): a build number or a commit time fits
 MAX_VERSION = 2**53
@@ -76,10 +87,24 @@ def check_registry(store: DelayStore) -> str:
 
 
 def read_registry(store: DelayStore) -> Registry:
-    """The registry's fields, read names and unreadable ones apart."""
+    """The registry's fields, read names and unreadable ones apart (every page of :func:`registry_page`)."""
+    names, unreadable, cursor = [], {}, 0
+    while True:
+        cursor, page = registry_page(store, cursor)
+        names += page.names
+        unreadable.update(page.unreadable)
+        if not cursor:
+            return Registry(sorted(names), unreadable)
+
+
+def registry_page(store: DelayStore, cursor: int = 0, count: int = PAGE) -> tuple[int, Registry]:
+    """One ``HSCAN`` of the registry from ``cursor``: about ``count`` fields (a small registry,
+    whole), sorted, and the cursor of the next page (0: none). Paging bounds what one call
+    reads whatever the registry holds, and every field present throughout is on some page."""
     key = check_registry(store)
+    cursor, fields = store.client.hscan(key, cursor, count=count)
     names, unreadable = [], {}
-    for field_name, _ in store.client.hscan_iter(key):
+    for field_name in fields:
         raw = field_name if isinstance(field_name, bytes) else str(field_name).encode()
         try:
             names.append(raw.decode())
@@ -89,7 +114,7 @@ def read_registry(store: DelayStore) -> Registry:
                 f"registry field {shown} of {key} is not UTF-8, so no entry's name; skipped: remove it with "
                 f"`redis-cli HDEL {key} {shown}`"
             )
-    return Registry(sorted(names), unreadable)
+    return int(cursor), Registry(sorted(names), unreadable)
 
 
 def _redis_cli_quoted(raw: bytes) -> str:
@@ -189,7 +214,8 @@ def record_code_sync(
     if code == CodeSync.DAMAGED or before is None:
         raise PeriodicError(
             f"the code schedule's record {key} is damaged (written by another tool): no sync from code until it is "
-            f"removed: `redis-cli DEL {key}` (the next sync records itself again)"
+            f"removed: `redis-cli DEL {key}` (the next sync records itself again if it changes no stored code entry, "
+            "else it names the version to record)"
         )
     if code == CodeSync.OLDER:
         raise StaleScheduleError(
@@ -216,3 +242,14 @@ def code_record(store: DelayStore, kind: str) -> CodeRecord | None:
         return None
     _, record = _record([0, *(v or b"" for v in values)])
     return record
+
+
+def record_missing(store: DelayStore, kind: str) -> bool:
+    """No code schedule of entries of ``kind`` is recorded (a damaged record is not missing: the
+    sync names its fix)."""
+    key = periodic_code_key(store.config.prefix)
+    try:
+        values = store.client.hmget(key, [f"{kind}:{field}" for field in SyncVersion.FIELDS])
+    except redis.exceptions.ResponseError:
+        return False
+    return not any(values)

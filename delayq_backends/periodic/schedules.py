@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, install_hint
 from ..timeutil import MAX_MS, from_ms
 
 __all__ = [
@@ -121,6 +121,12 @@ class Every:
         ats = (anchor.at_ms + i * self.every_ms for i in range(first, min(last + 1, first + limit)))
         return [Slot(str(at), at) for at in ats]
 
+    def count(self, anchor: Slot, start_ms: int, end_ms: int) -> int:
+        """How many periods from ``anchor`` on fall in ``[start_ms, end_ms]`` (arithmetic: a
+        1 ms interval paused for a week is counted, not listed)."""
+        first = max(0, -((anchor.at_ms - start_ms) // self.every_ms))
+        return max(0, (end_ms - anchor.at_ms) // self.every_ms - first + 1)
+
     def to_json(self) -> dict[str, Any]:
         return {"every_ms": self.every_ms, "aligned": self.aligned}
 
@@ -137,7 +143,7 @@ def _croniter() -> Any:
     try:
         from croniter import croniter
     except ImportError as exc:  # a core install: no kind of entry can run without an extra anyway
-        raise ConfigError('crontab schedules need croniter: pip install "delayq_backends[celery]" (or [rq])') from exc
+        raise ConfigError(f"crontab schedules need croniter: {install_hint('celery')} (or rq)") from exc
     return croniter
 
 
@@ -217,6 +223,15 @@ class Cron:
             slot = self.following(slot)
         return slots
 
+    def count(self, anchor: Slot, start_ms: int, end_ms: int) -> int:
+        """How many periods from ``anchor`` on fall in ``[start_ms, end_ms]`` (stepped, as
+        :meth:`due` steps through the same periods)."""
+        found, slot = 0, anchor
+        while slot.at_ms <= end_ms:
+            found += slot.at_ms >= start_ms
+            slot = self.following(slot)
+        return found
+
     @classmethod
     def checked(cls, expression: str, zone: str, *, day_or: bool = False) -> Cron:
         """A crontab from user input: five fields croniter reads, in a zone :func:`zone_named` knows;
@@ -262,6 +277,9 @@ class Once:
     def between(self, anchor: Slot, start_ms: int, end_ms: int, limit: int) -> list[Slot]:
         return [Slot(str(self.at_ms), self.at_ms)] if start_ms <= self.at_ms <= end_ms and limit > 0 else []
 
+    def count(self, anchor: Slot, start_ms: int, end_ms: int) -> int:
+        return int(anchor != END and start_ms <= self.at_ms <= end_ms)
+
     def to_json(self) -> dict[str, Any]:
         return {"once_ms": self.at_ms}
 
@@ -304,7 +322,9 @@ def zone_named(name: str) -> tzinfo:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ConfigError(f"time zone {name!r} is unknown: use an IANA name such as 'Europe/Berlin'") from exc
+        raise ConfigError(
+            f"time zone {name!r} is unknown: use an IANA name such as 'Europe/Berlin', UTC or local"
+        ) from exc
 
 
 def _instant(wall: datetime, zone: tzinfo) -> int:

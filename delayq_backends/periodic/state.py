@@ -100,7 +100,10 @@ class PeriodicState:
     skipped: int = 0
     source: str = CODE
     enabled: bool = True
+    #: when it was paused; kept after a resume until a firing has planned the periods of the pause
     paused_ms: int | None = None
+    #: when it was last resumed: periods due in ``[paused_ms, resumed_ms)`` were paused, not missed
+    resumed_ms: int | None = None
     start_ms: int | None = None
     end_ms: int | None = None
     max_runs: int | None = None
@@ -117,6 +120,25 @@ class PeriodicState:
     def pending(self) -> bool:
         """A manual run or a backfill waits for the next firing."""
         return bool(self.run_now or self.backfill)
+
+    def paused(self, now_ms: int) -> PeriodicState:
+        """Paused from ``now_ms``, or from a pause whose periods no firing has planned yet (paused
+        again before the firing after a resume: one pause from the first)."""
+        if not self.enabled:
+            return self
+        return replace(self, enabled=False, paused_ms=now_ms if self.paused_ms is None else self.paused_ms)
+
+    def resumed(self, now_ms: int) -> PeriodicState:
+        """Enabled again at ``now_ms``; its pause kept for the next firing to tell paused periods
+        from missed ones."""
+        return self if self.enabled else replace(self, enabled=True, resumed_ms=now_ms)
+
+    def pause_window(self) -> tuple[int, int] | None:
+        """``[from, to)`` of the pause whose periods the next firing plans, if any: periods due in
+        it were paused, so they are not missed, and a run of one is late only from the resume."""
+        if not self.enabled or self.paused_ms is None or self.resumed_ms is None:
+            return None
+        return (self.paused_ms, self.resumed_ms) if self.paused_ms < self.resumed_ms else None
 
     @property
     def newer_format(self) -> bool:
@@ -139,7 +161,7 @@ class PeriodicState:
         if self.source != CODE:
             fields["source"] = self.source
         if not self.enabled:
-            fields["enabled"], fields["paused"] = False, self.paused_ms
+            fields["enabled"] = False
         for key, value in (("start", self.start_ms), ("end", self.end_ms), ("max_runs", self.max_runs)):
             if value is not None:
                 fields[key] = value
@@ -151,10 +173,17 @@ class PeriodicState:
             fields["backfill"] = [list(r) for r in self.backfill]
         return fields
 
+    def _pause_fields(self) -> dict[str, Any]:
+        """When it was paused and resumed: kept in any format, since an older forwarder that drops
+        them in its rearm loses only the telling of paused from missed periods (a report)."""
+        times = (("paused", self.paused_ms), ("resumed", self.resumed_ms))
+        return {key: value for key, value in times if value is not None}
+
     def to_json(self) -> dict[str, Any]:
         extra = {} if self.overlap == ALLOW and not self.skipped else {"overlap": self.overlap, "skipped": self.skipped}
         return {
             **({"v": 2, **self._new_fields()} if self.newer_format else {}),
+            **self._pause_fields(),
             **extra,
             "name": self.name,
             "schedule": self.schedule.to_json(),
@@ -183,7 +212,8 @@ class PeriodicState:
             skipped=_count(data.get("skipped", 0)),
             source=RUNTIME if data.get("source") == RUNTIME else CODE,
             enabled=data.get("enabled", True) is not False,
-            paused_ms=_optional_int(data.get("paused")),
+            paused_ms=_time(data.get("paused")),
+            resumed_ms=_time(data.get("resumed")),
             start_ms=_optional_int(data.get("start")),
             end_ms=_optional_int(data.get("end")),
             max_runs=_optional_int(data.get("max_runs")),
@@ -195,7 +225,7 @@ class PeriodicState:
     def fired(self, plan: Plan, now_ms: int, skipped: int = 0) -> PeriodicState:
         """The state after sending ``plan``'s runs (``skipped`` more periods skipped by the
         overlap policy; ``runs`` counts scheduled periods, not manual or backfill runs): due at
-        ``plan.next``, no action pending."""
+        ``plan.next``, no action pending, the periods of a past pause planned."""
         last = self.last
         if plan.runs or plan.missed:
             latest = plan.runs[-1] if plan.runs else self.slot
@@ -208,6 +238,7 @@ class PeriodicState:
             skipped=self.skipped + skipped,
             run_now=(),
             backfill=(),
+            paused_ms=self.paused_ms if not self.enabled else None,
         )
 
 
@@ -219,6 +250,12 @@ def _policy(value: Any) -> str:
 def _count(value: Any) -> int:
     """A stored count; one that is none (a hand write) starts again from 0."""
     return value if type(value) is int and value >= 0 else 0
+
+
+def _time(value: Any) -> int | None:
+    """A stored pause or resume time; one that is none (a hand write) reads as absent: these
+    only tell paused periods from missed ones."""
+    return value if type(value) is int and value >= 0 else None
 
 
 def _optional_int(value: Any) -> int | None:

@@ -50,14 +50,12 @@ from ..errors import BatchError, DelayqError
 from ..keys import batch_item_id
 from ..store import BATCH_TTL_MS, DelayStore
 from ..store.batches import add_to_batch, check_batch_key, take_back
-from .queue import Queue, store_of_connection
+from .queue import BATCH_META, Queue, store_of_connection
 
 __all__ = ["BATCH_META", "Batch", "BatchReports", "call_on_complete"]
 
 log = logging.getLogger("delayq.rq.batches")
 
-#: The ``job.meta`` field naming a sub-job's batch.
-BATCH_META = "delayq_batch"
 #: What RQ takes as a job id (RQ 2+ refuses others).
 _RQ_ID = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -118,17 +116,16 @@ class Batch(OpenBatch):
                 f"on_complete job's id is {batch_item_id(key)!r})"
             )
         self.store: DelayStore = queue.delay_store
-        envelope = None
-        if on_complete is not None:
-            path = _dotted(on_complete)
-            # a batch opened again (a retried open, a key used again) keeps its first job as it is
-            if not queue.job_class.exists(batch_item_id(key), connection=queue.connection):
-                queue.create_job(
-                    call_on_complete, args=(path, key), job_id=batch_item_id(key), status=JobStatus.SCHEDULED
-                ).save()
-            envelope = queue.envelope_bytes()
+        path = None if on_complete is None else _dotted(on_complete)
         ttl_ms = int(ttl.total_seconds() * 1000) if ttl else BATCH_TTL_MS
-        self.store.open_batch(key, on_complete=envelope, ttl_ms=ttl_ms)
+        # opened first: a key in use is refused before any job is saved; the batch cannot
+        # complete before its job is saved, as it is not closed yet
+        self.store.open_batch(key, on_complete=None if path is None else queue.envelope_bytes(), ttl_ms=ttl_ms)
+        # a batch opened again (a retried open, a producer starting again) keeps its first job
+        if path is not None and not queue.job_class.exists(batch_item_id(key), connection=queue.connection):
+            queue.create_job(
+                call_on_complete, args=(path, key), job_id=batch_item_id(key), status=JobStatus.SCHEDULED
+            ).save()
 
     def add(self, f: Any, *args: Any, at: datetime | None = None, in_: timedelta | None = None, **kwargs: Any) -> Job:
         """Enqueue ``f(*args, **kwargs)`` as a sub-job: now, ``at`` a time (``enqueue_at``) or

@@ -140,7 +140,8 @@ class CronEntry:
         (``start_ms``, ``end_ms``, ``max_runs``, ``jitter_ms``, ``enabled``)."""
         what = [self.template.fingerprint(), self.schedule.to_json(), self.misfire.to_json()]
         fingerprint = hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
-        run = RunTemplate(self.template.to_envelope(), fingerprint)  # as Celery's: a new schedule is a change
+        # as Celery's: a new schedule is a change; its job's data is code to run: an operator's definition
+        run = RunTemplate(self.template.to_envelope(), fingerprint, trust=self.template.digest())
         return EntrySpec(self.name, run, self.schedule, self.misfire, self.overlap, source=source, **fields)
 
 
@@ -243,7 +244,14 @@ class _Loader(rq_cron.CronScheduler):
         return registered
 
 
-def sync(store: DelayStore, config: CronConfig, *, version: Any = None, wait: float | None = None) -> SyncReport:
+def sync(
+    store: DelayStore,
+    config: CronConfig,
+    *,
+    version: Any = None,
+    wait: float | None = None,
+    sweep_seconds: float | None = None,
+) -> SyncReport:
     """Make the store's RQ code entries those of ``config`` (:func:`~delayq_backends.periodic.ops.sync_code`
     for kind ``rq-periodic``): by name, new ones added, changed ones replaced (their next run
     kept while their schedule is), those gone from the config removed; runtime entries and
@@ -259,7 +267,7 @@ def sync(store: DelayStore, config: CronConfig, *, version: Any = None, wait: fl
             specs.append(entry.spec())
         except DelayqError as exc:  # a name that cannot be an item id
             errors[entry.name] = str(exc)
-    return sync_code(store, specs, kind=KIND, errors=errors, version=version, wait=wait)
+    return sync_code(store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds)
 
 
 def load_config(path: str, *, search_path: Sequence[str] = (".",)) -> CronConfig:

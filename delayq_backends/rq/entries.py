@@ -13,17 +13,25 @@ An entry of kind :data:`KIND` (``rq-periodic``) is one store item like a Celery 
 - **A run** is a new job with id ``uuid5(name, period)`` (:func:`~delayq_backends.periodic.schedules.run_task_id`,
   as Celery runs), its ``meta`` the entry's plus ``delayq_periodic = {"name", "due"}`` (run
   history reads it) and, under an overlap policy, the entry's slot for a ``SlotWorker`` to hold.
+  A run waiting in the store (an overlap policy's ``buffer_one``) is an ``rq-run`` item holding
+  the template, its entry's name and that meta as JSON.
+- **Trust**: ``data`` is code an ``rq worker`` runs, so the forwarder writes an entry's run (or a
+  stored run) only when its template is the one an operator defined for the entry
+  (:mod:`delayq_backends.periodic.trust`: the digest :meth:`JobTemplate.digest`); any other item
+  of these kinds is dead-lettered with the fix, and nothing reaches RQ.
   :class:`RQRunTarget` writes its hash and pushes it onto the queue in one script call
   (``rq_run.lua``); a job whose hash exists already is not pushed again, so a period sent twice
   (a forwarder killed between its publish and its rearm) is enqueued once while the first
   run's hash lives (RQ keeps it ``result_ttl``, 500 s by default, after a success).
 
-The forwarder serializes each run's ``meta`` (a dict of plain values) with the serializer the
-template names, RQ's default (pickle) or its JSON serializer; it never deserializes anything.
+The forwarder serializes each run's ``meta`` (a dict of plain values, never bytes from the
+store) with the serializer the template names, RQ's default (pickle) or its JSON serializer; it
+never deserializes anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -49,7 +57,9 @@ from ..periodic.history import RUN_HEADER, RunMark
 from ..periodic.ops import register_kind
 from ..periodic.schedules import run_task_id
 from ..periodic.state import PeriodicState, state_of
+from ..periodic.trust import TrustCheck, UntrustedError
 from ..scripts import RqNewJob, RqRun, ScriptRunner
+from ..store.lease import Lease
 from ..targets import Delivery, PublishReport
 from ..timeutil import Clock
 from .queue import SLOT_META
@@ -148,14 +158,26 @@ class JobTemplate:
         what = [self.queue, self.data.hex(), sorted(self.fields.items()), self.meta, self.ttl, self.serializer]
         return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def run_meta(self, mark: RunMark, slot: Mapping[str, Any] | None = None) -> bytes:
-        """The ``meta`` field of one run: the entry's meta, its entry, period and kind
+    def digest(self) -> str:
+        """What an operator vouches for (:mod:`delayq_backends.periodic.trust`): every byte an RQ
+        worker reads of the job but its ``meta`` (JSON values the forwarder serializes itself),
+        so a stored run is checked by the same digest as its entry."""
+        return _digest(self.queue, self.data, self.fields, self.ttl, self.serializer)
+
+    def run_meta(self, mark: RunMark, slot: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The ``meta`` of one run, as JSON values: the entry's meta, its entry, period and kind
         (:data:`PERIODIC_META`, read by the workers' history reports) and, under an overlap
-        policy, the entry's slot, serialized as RQ serializes ``job.meta``."""
+        policy, the entry's slot. The run's writer serializes it as RQ serializes ``job.meta``."""
         meta = {**self.meta, PERIODIC_META: mark.header()}
         if slot is not None:
             meta[SLOT_META] = dict(slot)
-        return bytes(_SERIALIZERS[self.serializer].dumps(meta))
+        return meta
+
+
+def _digest(queue: str, data: bytes, fields: Mapping[str, Any], ttl: Any, serializer: Any) -> str:
+    """sha256 of a job's queue, ``data``, other fields, ttl and serializer."""
+    what = [queue, data.hex(), sorted(fields.items()), ttl, serializer]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def capture(
@@ -220,23 +242,75 @@ def _plain(value: Any) -> Any:
     return int(value) if isinstance(value, bool) else value
 
 
-def run_envelope(template: JobTemplate, job_id: str, meta: bytes) -> Envelope:
-    """One run: a new job ``job_id`` of ``template`` with ``meta`` (serialized), for :class:`RQRunTarget`."""
-    described = {"job": job_id, "fields": dict(template.fields), "ttl": template.ttl}
-    return Envelope(RUN_KIND, template.queue, body=template.data, meta={_TEMPLATE: described}, details=meta)
+def run_envelope(template: JobTemplate, job_id: str, meta: Mapping[str, Any], entry: str) -> Envelope:
+    """One run of entry ``entry``: a new job ``job_id`` of ``template`` with ``meta`` (JSON
+    values, serialized when it is written), for :class:`RQRunTarget`. The serialized meta rides
+    along in ``details`` for a forwarder of an earlier release during a rolling upgrade (this one
+    never reads it: in the store it could be anyone's pickle)."""
+    described = {
+        "job": job_id, "fields": dict(template.fields), "ttl": template.ttl, "serializer": template.serializer,
+        "entry": entry, "meta": dict(meta),
+    }  # fmt: skip
+    older = bytes(_SERIALIZERS[template.serializer].dumps(dict(meta)))
+    return Envelope(RUN_KIND, template.queue, body=template.data, meta={_TEMPLATE: described}, details=older)
 
 
-def _new_job(d: Delivery, at: str) -> RqNewJob:
-    """The job a run delivery writes; ValueError if its envelope holds none."""
+@dataclass(frozen=True)
+class _RunJob:
+    """What a run envelope holds: its job, the entry it is a run of, and the job's digest."""
+
+    job: RqNewJob
+    entry: str
+    digest: str
+
+
+def _run_job(d: Delivery, at: str) -> _RunJob:
+    """The job a run delivery writes; ValueError if its envelope holds none (an envelope of an
+    earlier release held its meta serialized, and names no entry: it cannot be checked)."""
     described = d.envelope.meta.get(_TEMPLATE)
     if not isinstance(described, Mapping) or not isinstance(described.get("job"), str):
         raise ValueError("its envelope holds no RQ job (written by another tool)")
-    fields, ttl = described.get("fields"), described.get("ttl")
-    if not isinstance(fields, Mapping) or (ttl is not None and type(ttl) is not int):
-        raise ValueError("its envelope's job fields or ttl are not RQ's (written by another tool)")
-    job_id = described["job"]
-    values = {**fields, "data": d.envelope.body, "meta": d.envelope.details, "created_at": at, "enqueued_at": at}
-    return RqNewJob(job_id, Job.key_for(job_id), values, ttl if ttl and ttl > 0 else None)
+    fields, ttl, serializer = described.get("fields"), described.get("ttl"), described.get("serializer")
+    if not isinstance(fields, Mapping) or (ttl is not None and type(ttl) is not int) or serializer not in _SERIALIZERS:
+        raise ValueError("its envelope's job fields, ttl or serializer are not RQ's (written by another tool)")
+    entry, meta = described.get("entry"), described.get("meta")
+    if not isinstance(entry, str) or not isinstance(meta, Mapping):
+        raise ValueError(
+            "its envelope names no entry and job meta (written by an earlier release or another tool), so it "
+            "cannot be checked against the operator's definitions; if the entry is yours, send it again: "
+            "`delayq periodic run NAME`"
+        )
+    job_id, data = described["job"], d.envelope.body
+    meta_bytes = bytes(_SERIALIZERS[serializer].dumps(dict(meta)))
+    values = {**fields, "data": data, "meta": meta_bytes, "created_at": at, "enqueued_at": at}
+    job = RqNewJob(job_id, Job.key_for(job_id), values, ttl if ttl and ttl > 0 else None)
+    return _RunJob(job, entry, _digest(d.envelope.destination, bytes(data), fields, ttl, serializer))
+
+
+def _trusted(
+    check: TrustCheck, lease: Lease, deliveries: Sequence[Delivery], wanted: Mapping[str, tuple[str, str]]
+) -> tuple[list[Delivery], PublishReport]:
+    """The deliveries whose (entry name, digest) in ``wanted`` an operator defined, and a report
+    failing the others: dead letters naming the fix, or, when the definitions cannot be read (a
+    hand write), waiting (never a dead letter for the store's damage). A delivery not in
+    ``wanted`` (unreadable) passes: the target's own reading fails it with its reason."""
+    report = PublishReport()
+    try:
+        refused = check.refused(lease.store, wanted)
+    except UntrustedError as exc:
+        log.error("%s", exc)
+        report.failed += [DeliveryFailure(d.id, str(exc), waits=True) for d in deliveries]
+        return [], report
+    for item, why in refused.items():
+        log.error("%s", why)
+        report.failed.append(DeliveryFailure(item, why, permanent=True))
+    return [d for d in deliveries if d.id not in refused], report
+
+
+def _merged(first: PublishReport, then: PublishReport) -> PublishReport:
+    """``then`` (a target's report) with ``first``'s failures (the trust check's) added."""
+    then.failed = first.failed + then.failed
+    return then
 
 
 class RQRunTarget:
@@ -244,15 +318,31 @@ class RQRunTarget:
     ``rq_run.lua`` call per queue; a job whose hash exists already is left as it is (counted as
     published: that run went out before).
 
+    A run claimed from the store (:meth:`publish_claimed`) is written only if its template is its
+    entry's operator-defined one; :meth:`publish_many` writes what it is given, for the entries'
+    firing (:class:`RQPeriodicTarget`), which checked the entry it made the runs of.
+
     Args:
         connection: RQ's Redis (``decode_responses=False``).
     """
 
     kind = RUN_KIND
+    _check = TrustCheck("RQ run")
 
     def __init__(self, connection: redis.Redis) -> None:
         self.connection = connection
         self.scripts = ScriptRunner(connection)
+
+    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
+        """Runs waiting in the store (an overlap policy's ``buffer_one``): checked, then written."""
+        at = utcformat(datetime.now(timezone.utc))
+        wanted = {}
+        for d in deliveries:
+            with contextlib.suppress(ValueError):  # publish_many fails it with the reason
+                run = _run_job(d, at)
+                wanted[d.id] = (run.entry, run.digest)
+        trusted, report = _trusted(self._check, lease, deliveries, wanted)
+        return _merged(report, self.publish_many(trusted) if trusted else PublishReport())
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         report = PublishReport()
@@ -260,7 +350,7 @@ class RQRunTarget:
         by_queue: dict[str, list[tuple[Delivery, RqNewJob]]] = {}
         for d in deliveries:
             try:
-                by_queue.setdefault(d.envelope.destination, []).append((d, _new_job(d, at)))
+                by_queue.setdefault(d.envelope.destination, []).append((d, _run_job(d, at).job))
             except ValueError as exc:
                 report.failed.append(DeliveryFailure(d.id, f"RQ run {d.id!r} cannot be written: {exc}", permanent=True))
         for name, runs in by_queue.items():
@@ -296,7 +386,12 @@ class RQRunTarget:
         """The connection is the RQ target's too: it closes it."""
 
 
-register_kind(KIND, "rq", lambda envelope: JobTemplate.from_envelope(envelope).func)
+register_kind(
+    KIND,
+    "rq",
+    lambda envelope: JobTemplate.from_envelope(envelope).func,
+    trust=lambda envelope: JobTemplate.from_envelope(envelope).digest(),
+)
 
 
 def entry_view(envelope: Envelope) -> dict[str, Any]:
@@ -331,15 +426,27 @@ class RQRuns:
         job_id = run.task_id(state.name)
         slot = None if state.overlap == ALLOW else {"key": overlap_slot(state.name).key, "limit": 1}
         meta = template.run_meta(RunMark(state.name, run.slot.at_ms, run.kind), slot)
-        return Delivery(f"{entry.id}#{job_id}", run_envelope(template, job_id, meta), entry.attempts, run.slot.at_ms)
+        envelope = run_envelope(template, job_id, meta, state.name)
+        return Delivery(f"{entry.id}#{job_id}", envelope, entry.attempts, run.slot.at_ms)
 
 
 class RQPeriodicTarget(FiringTarget):
     """Fires ``rq-periodic`` items: each due run is a new job written by ``inner`` (the
     forwarder's :class:`RQRunTarget`), then the entry is acked and its next period stored in one
-    step under the claim's lease (:class:`~delayq_backends.periodic.firing.FiringTarget`)."""
+    step under the claim's lease (:class:`~delayq_backends.periodic.firing.FiringTarget`); an
+    entry whose template is not the one an operator defined is dead-lettered unfired."""
+
+    _check = TrustCheck("RQ periodic entry")
 
     def __init__(
         self, inner: RQRunTarget, *, clock: Clock | None = None, on_skipped: Callable[[str, int], None] | None = None
     ) -> None:
         super().__init__(RQRuns(), inner, clock=clock, on_skipped=on_skipped)
+
+    def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
+        wanted = {}
+        for d in deliveries:
+            with contextlib.suppress(EnvelopeError):  # the firing fails it with the reason
+                wanted[d.id] = (state_of(d.envelope).name, JobTemplate.from_envelope(d.envelope).digest())
+        trusted, report = _trusted(self._check, lease, deliveries, wanted)
+        return _merged(report, super().publish_claimed(trusted, lease) if trusted else PublishReport())

@@ -38,6 +38,7 @@ from ..envelope import Envelope, Slot, with_rate_key, with_slot
 from ..errors import ConfigError, InvalidDebounceError, InvalidTimeError
 from ..scripts import RqJobWrites, RqSchedule
 from ..store import DelayStore
+from ..store.batches import with_batch
 from ..storecache import StoreCache
 from ..timeutil import to_ms
 from ..tracing import FIELDS as TRACE_FIELDS
@@ -66,6 +67,8 @@ RATE_KEY_META = "delayq_rate_key"
 SLOT_OPTION = "delayq_slot"
 #: The ``job.meta`` field holding the job's slot (``{"key", "limit"}``): the worker reads it too.
 SLOT_META = "delayq_slot"
+#: The ``job.meta`` field naming a sub-job's batch (:class:`~delayq_backends.rq.Batch`).
+BATCH_META = "delayq_batch"
 #: The collapse of the ``enqueue_at`` running in this context: RQ's enqueue_at builds the job and
 #: calls ``schedule_job`` itself, and a retry's ``schedule_job`` must not inherit it.
 _collapsing: ContextVar[Collapse | None] = ContextVar("delayq_collapsing", default=None)
@@ -212,14 +215,15 @@ class Queue(UsesDelayStore, RQQueue):
         return ScheduledJobRegistry(queue=self, job_class=self.job_class, serializer=self.serializer)
 
     def job_envelope_bytes(self, job: Job) -> bytes:
-        """What the store keeps for ``job``: this queue's envelope, with the job's rate key, slot
-        and trace context from its meta when it has them."""
+        """What the store keeps for ``job``: this queue's envelope, with the job's rate key, slot,
+        trace context and batch (a cancel or purge reports it) from its meta when it has them."""
         meta = job.meta or {}
-        rate_key, slot = meta.get(RATE_KEY_META), meta.get(SLOT_META)
-        if rate_key is None and slot is None and meta.get("traceparent") is None:
+        rate_key, slot, batch = meta.get(RATE_KEY_META), meta.get(SLOT_META), meta.get(BATCH_META)
+        if rate_key is None and slot is None and batch is None and meta.get("traceparent") is None:
             return self.envelope_bytes()
         envelope = self.envelope() if rate_key is None else with_rate_key(self.envelope(), rate_key)
-        return with_job_slot(envelope, job).encode()
+        envelope = with_job_slot(envelope, job)
+        return (envelope if batch is None else with_batch(envelope, str(batch))).encode()
 
     def envelope_bytes(self) -> bytes:
         """:meth:`envelope`, encoded once: it is the same for every job of this queue, and

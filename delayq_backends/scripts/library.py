@@ -8,6 +8,11 @@ shared by several scripts are written once; an include may include others, and e
 once per script. A first line ``#!lua flags=allow-oom,...`` gives the script Redis 7 flags (in
 EVAL mode, and as the function's flags in the library).
 
+A write a user's call returns success for waits for replicas when the store asks it to
+(``durable_replicas``): every script is either :data:`ACKNOWLEDGED_SCRIPTS` or one of
+:data:`INTERNAL_SCRIPTS`, and :class:`ScriptRunner` sends a ``WAIT`` after each call of the former
+on its connection, wherever it is run from, so a new write path cannot forget it.
+
 Two ways to run them, chosen once per client on first use (:meth:`ScriptRunner.backend`):
 
 - **Functions** (Redis/Valkey 7+): an admin installs the library once (:func:`install_functions`,
@@ -28,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
@@ -38,16 +43,20 @@ import hiredis
 import redis
 from redis.cluster import RedisCluster
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NotDurableError
 
 __all__ = [
+    "ACKNOWLEDGED_SCRIPTS",
+    "INTERNAL_SCRIPTS",
     "LIBRARY",
     "SCRIPT_NAMES",
     "Backend",
+    "Durability",
     "LuaScript",
     "NodeFunctions",
     "ScriptCall",
     "ScriptRunner",
+    "check_acked",
     "function_missing",
     "function_name",
     "functions_status",
@@ -68,6 +77,51 @@ _FLAG = re.compile(r"^[a-z-]+$")
 SCRIPT_NAMES = tuple(
     sorted(p.name[: -len(".lua")] for p in resources.files(__package__).iterdir() if p.name.endswith(".lua"))
 )
+
+
+#: Scripts whose call a user's call returns success for (a producer's, an operator's, a worker's
+#: report that ends a batch): with ``durable_replicas`` each call waits for the replicas, so
+#: success means a failover cannot lose it.
+ACKNOWLEDGED_SCRIPTS = frozenset(
+    {
+        "schedule", "schedule_one", "reschedule", "cancel", "debounce", "requeue", "purge", "rq_schedule",
+        "batch_open", "batch_add", "batch_end", "sync_version", "periodic_trust",
+    }
+)  # fmt: skip
+#: The other scripts, each with why it does not wait (docs/guarantees.md, "Failover"): the
+#: forwarder's and workers' bookkeeping, whose loss in a failover repeats or delays work but
+#: loses none (a WAIT would put a replica's round trip into every claim), and the scripts that
+#: run on RQ's Redis, which ``durable_replicas`` (a setting of the store) does not cover.
+INTERNAL_SCRIPTS: dict[str, str] = {
+    "claim": "lost: the item is due again and claimed again",
+    "ack": "lost: the item is published again (at-least-once; with dedupe the copy does not run)",
+    "keep": "lost: the item is published again when its lease ends (at-least-once)",
+    "release": "lost: the item waits for its lease to end",
+    "defer": "lost: the item waits for its lease to end, then is claimed again",
+    "fail": "lost: the delivery is tried again (or buried again)",
+    "extend": "lost: the lease ends sooner, and the item may be published twice",
+    "rearm": "a forwarder's: lost, the period fires again (a user's compare-and-set, replace_if, waits)",
+    "promote": "lost: the item is released at its next ask instead of now",
+    "take": "lost: the queue's rate bucket refills early, once",
+    "slot_take": "lost: a slot held at release is free early (the limit may be passed once, until holds lapse)",
+    "slot_hold": "lost: the hold lapses at its last replicated deadline",
+    "slot_end": "lost: the slot is held until its hold lapses (a delay, never a loss)",
+    "periodic_run": "the run history (observability): lost, one event is missing from it",
+    "rq_fields": "RQ's Redis (read-only)",
+    "rq_enqueue": "RQ's Redis: the forwarder's publish, acked after it",
+    "rq_move": "RQ's Redis: the forwarder's publish, acked after it",
+    "rq_run": "RQ's Redis: the forwarder's publish, acked after it",
+    "rq_fail": "RQ's Redis: the forwarder's report of a job that cannot run",
+}
+
+
+@dataclass(frozen=True)
+class Durability:
+    """How many replicas a :data:`ACKNOWLEDGED_SCRIPTS` call waits for (``Config.durable_replicas``,
+    0: none) and how long (``durable_timeout_ms``)."""
+
+    replicas: int = 0
+    timeout_ms: int = 1000
 
 
 @dataclass(frozen=True)
@@ -195,12 +249,20 @@ class ScriptCall(Generic[R]):
         keys: the keys it touches, in its ``KEYS`` order.
         args: its ``ARGV``.
         parse: turns the raw reply into a typed record.
+        acknowledged: a user's write although its script is in :data:`INTERNAL_SCRIPTS` (a
+            periodic entry's compare-and-set through ``rearm``): it waits for replicas too.
     """
 
     name: str
     keys: tuple[str, ...]
     args: tuple[Any, ...]
     parse: Callable[[Any], R]
+    acknowledged: bool = False
+
+    def as_acknowledged(self) -> ScriptCall[R]:
+        """This call, marked a user's write (see ``acknowledged``)."""
+        self.acknowledged = True
+        return self
 
 
 @dataclass(frozen=True)
@@ -217,19 +279,38 @@ class Backend:
 
 
 class ScriptRunner:
-    """Runs :class:`ScriptCall` s on one client: now (:meth:`run`), or queued on a caller's
-    pipeline or transaction (:meth:`queue`)."""
+    """Runs :class:`ScriptCall` s on one client: now (:meth:`run`, :meth:`run_pipelined`), or
+    queued on a caller's pipeline or transaction (:meth:`queue`).
 
-    def __init__(self, client: Any) -> None:
+    With ``durability.replicas``, a call a user's call returns success for (:meth:`waits`) runs
+    with a WAIT after it on its connection, and a shortfall raises :class:`NotDurableError`. A
+    call queued on a caller's transaction cannot: the caller confirms after its EXEC
+    (``StoreCore.confirm_durable``).
+    """
+
+    def __init__(self, client: Any, durability: Durability | None = None) -> None:
         self.client = client
+        self.durability = durability or Durability()
         self._backend: Backend | None = None
         self._eval: dict[tuple[str, bool], Any] = {}
         self._lock = threading.Lock()
+        self._wait_allowed = False
+
+    def waits(self, call: ScriptCall[Any]) -> bool:
+        """Whether ``call`` waits for replicas when run: durability asked, and a user's write."""
+        return bool(self.durability.replicas) and (call.acknowledged or call.name in ACKNOWLEDGED_SCRIPTS)
 
     def run(self, call: ScriptCall[R], *, client: Any = None) -> R:
-        """Run ``call`` on ``client`` (default: the runner's own) and parse its reply."""
-        backend = self.backend()
+        """Run ``call`` on ``client`` (default: the runner's own) and parse its reply; a user's
+        write waits for the replicas (:meth:`waits`).
+
+        Raises:
+            NotDurableError: fewer replicas confirmed it in time (it is on the primary).
+        """
         target = self.client if client is None else client
+        if self.durability.replicas and self.waits(call):  # the first test alone on the usual path
+            return self._run_durably(call, target)
+        backend = self.backend()
         if backend.functions:
             try:
                 return call.parse(target.fcall(function_name(call.name), len(call.keys), *call.keys, *call.args))
@@ -244,6 +325,94 @@ class ScriptRunner:
         except redis.exceptions.NoScriptError:  # not cached there (a restart, a failover): Script loads it
             raw = script(keys=list(call.keys), args=list(call.args), client=target)
         return call.parse(raw)
+
+    def _run_durably(self, call: ScriptCall[R], target: Any) -> R:
+        """``call`` and a WAIT in one pipeline on the connection of the server that holds its keys.
+
+        WAIT counts the replicas that have the writes made *on its own connection*, so both must
+        travel together. On a cluster whose layout just changed (a failover), the cluster client
+        refreshes its slot map and the call is tried once more.
+        """
+        wanted, timeout = self.durability.replicas, self.durability.timeout_ms
+        for attempt in (1, 2):
+            node = _server_of(target, call.keys)
+            self.check_wait_allowed(node)
+            try:
+                with node.pipeline(transaction=False) as pipe:
+                    self.queue(call, pipe)
+                    pipe.execute_command("WAIT", wanted, timeout)
+                    result, acked = pipe.execute()
+                break
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+                if not isinstance(target, RedisCluster) or attempt == 2 or isinstance(exc, redis.OutOfMemoryError):
+                    raise
+                target.nodes_manager.initialize()
+        check_acked(int(acked), wanted, timeout, f"{call.name} on {call.keys[0] if call.keys else 'no key'}")
+        return call.parse(result)
+
+    def run_pipelined(self, calls: Sequence[ScriptCall[Any]], client: Any = None) -> list[Any]:
+        """Run ``calls`` in one pipeline on ``client`` (default: the runner's own; one server, no
+        transaction): their raw replies, errors as values. When any is a user's write
+        (:meth:`waits`), one WAIT follows them all, and a shortfall is each such call's reply
+        (a :class:`NotDurableError`): the others' replies stand."""
+        target = self.client if client is None else client
+        waiting = [self.waits(call) for call in calls]
+        if any(waiting):
+            self.check_wait_allowed(target)
+        with target.pipeline(transaction=False) as pipe:
+            for call in calls:
+                self.queue(call, pipe)
+            if any(waiting):
+                pipe.execute_command("WAIT", self.durability.replicas, self.durability.timeout_ms)
+            raw = pipe.execute(raise_on_error=False)
+        if not any(waiting):
+            return list(raw)
+        try:
+            self.confirmed(raw.pop(), "a pipelined call")
+        except NotDurableError as exc:
+            return [exc if wait else reply for wait, reply in zip(waiting, raw)]
+        return list(raw)
+
+    def confirm(self, pipe: Any, client: Any, where: str) -> list[Any]:
+        """Execute ``pipe`` (plain commands on ``client``, one server's, that a user's call
+        returns success for), with a WAIT after them when durable: their replies, errors as
+        values (the WAIT's shortfall raised).
+
+        Raises:
+            NotDurableError: fewer replicas confirmed them in time (they are on the primary).
+        """
+        if self.durability.replicas:
+            self.check_wait_allowed(client)
+            pipe.execute_command("WAIT", self.durability.replicas, self.durability.timeout_ms)
+        replies = list(pipe.execute(raise_on_error=False))
+        if self.durability.replicas:
+            self.confirmed(replies.pop(), where)
+        return replies
+
+    def confirmed(self, acked: Any, where: str) -> None:
+        """Refuse a WAIT's reply ``acked`` short of the replicas asked for (a WAIT that failed too)."""
+        if isinstance(acked, Exception):
+            raise acked
+        check_acked(int(acked), self.durability.replicas, self.durability.timeout_ms, where)
+
+    def check_wait_allowed(self, client: Any) -> None:
+        """Before the first durable write, that this user may send WAIT (``WAIT 0 0`` answers at
+        once): refused after the write, the caller would see an error for a write that was stored.
+
+        Raises:
+            ConfigError: the user's ACL lacks ``+wait`` (rules from an older ``delayq acl``).
+        """
+        if self._wait_allowed:
+            return
+        try:
+            client.execute_command("WAIT", 0, 0)
+        except redis.exceptions.NoPermissionError as exc:
+            raise ConfigError(
+                f"durable_replicas={self.durability.replicas} needs WAIT, which this Redis user may not send "
+                f"({exc}); nothing was written: apply this version's `delayq acl <role>` (it grants +wait) "
+                "or set durable_replicas=0"
+            ) from exc
+        self._wait_allowed = True
 
     def queue(self, call: ScriptCall[Any], pipeline: Any) -> None:
         """Queue ``call`` on ``pipeline`` (its reply comes from ``execute()``: read it with
@@ -329,6 +498,28 @@ class ScriptRunner:
 def _eval_text(name: str, backend: Backend) -> str:
     s = script(name)
     return s.source if backend.shebang else s.code
+
+
+def check_acked(acked: int, wanted: int, timeout: int, where: str) -> None:
+    """Refuse a write that fewer than ``wanted`` replicas confirmed.
+
+    Raises:
+        NotDurableError: the write is on the primary only; retrying is safe.
+    """
+    if acked < wanted:
+        raise NotDurableError(
+            f"{where}: written to the primary but confirmed by {acked} of {wanted} replicas within "
+            f"{timeout} ms, so a failover now could lose it; retry (scheduling is idempotent by id) "
+            "or check the replicas"
+        )
+
+
+def _server_of(client: Any, keys: Sequence[str]) -> Any:
+    """A client of the one server that holds ``keys`` (one hash slot): ``client`` itself unless
+    it is a cluster's."""
+    if not isinstance(client, RedisCluster) or not keys:
+        return client
+    return client.get_node_from_key(keys[0]).redis_connection
 
 
 def function_missing(exc: redis.ResponseError) -> bool:

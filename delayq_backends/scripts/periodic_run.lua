@@ -12,7 +12,8 @@ Input:
   ARGV[5] kind: "scheduled", "manual" or "backfill" (a worker's event: "" keeps the record's),
   ARGV[6] published, missed: periods missed at this firing; finished: the outcome ("success",
   "failure", "retry", "revoked"), ARGV[7] runs kept at most, ARGV[8] TTL ms of both keys,
-  ARGV[9] lateness (ms) past which a published run counts as late
+  ARGV[9] lateness (ms) past which a published run counts as late (a backfill's run never is: it
+  was asked for now, for a period long past)
 A record is "<due>:<kind>:<published>:<started>:<finished>:<outcome>", the three times as ms after
 the due time ("" while not recorded): short enough (< 64 bytes) for Redis to keep the hash as a
 listpack: 7.3 KB an entry at 50 runs (measured; 18 KB as JSON).
@@ -68,7 +69,7 @@ if event == 'published' then
     record.published = after
     local missed = whole(detail) or 0
     if missed > 0 then count('missed', missed) end
-    if now - due > late_ms then count('late', 1) end
+    if record.kind ~= 'backfill' and now - due > late_ms then count('late', 1) end
   end
 elseif event == 'started' then
   record.started, record.finished, record.outcome = after, nil, nil

@@ -49,6 +49,7 @@ __all__ = [
     "Fail",
     "Keep",
     "PeriodicRun",
+    "PeriodicTrust",
     "Promote",
     "Purge",
     "Rearm",
@@ -336,8 +337,8 @@ class Purge(ShardScript):
     key_names = ("dead", "dead_items", "dead_info")
 
     @classmethod
-    def ids(cls, keys: ShardKeys, ids: Sequence[str]) -> ScriptCall[int]:
-        """Delete the dead letters ``ids``."""
+    def ids(cls, keys: ShardKeys, ids: Sequence[str | bytes]) -> ScriptCall[int]:
+        """Delete the dead letters ``ids`` (as stored: bytes for an id that is no UTF-8)."""
         return cls._call(keys, ["ids", *ids], int)
 
     @classmethod
@@ -416,7 +417,9 @@ class BatchOpen:
     def call(
         cls, keys: ShardKeys, key: str, *, on_complete: bytes, mark: str, now: int, ttl_ms: int
     ) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (keys.batch(key),), (on_complete, mark, now, ttl_ms), int)
+        return ScriptCall(
+            cls.name, (keys.batch(key), keys.batch_fired(key)), (on_complete, mark, now, ttl_ms, key), int
+        )
 
 
 class BatchAdd:
@@ -427,7 +430,7 @@ class BatchAdd:
 
     @classmethod
     def call(cls, keys: ShardKeys, key: str, mode: str, members: Sequence[str]) -> ScriptCall[int]:
-        return ScriptCall(cls.name, (keys.batch(key), keys.batch_members(key)), (mode, *members), int)
+        return ScriptCall(cls.name, (keys.batch(key), keys.batch_members(key)), (mode, key, *members), int)
 
 
 @dataclass(frozen=True)
@@ -460,7 +463,10 @@ class BatchEnd:
         ok: bool = True,
     ) -> ScriptCall[tuple[int, bool]]:
         shard = attrgetter(*cls.key_names)(keys)
-        batch = (keys.batch(key), keys.batch_members(key), keys.batch_done(key), keys.batch_failed(key))
+        batch = (
+            keys.batch(key), keys.batch_members(key), keys.batch_done(key), keys.batch_failed(key),
+            keys.batch_fired(key), keys.batch_firing(key),
+        )  # fmt: skip
         args = (
             mode, now, ending.wake, batch_channel(ending.prefix, key), batch_item_id(key), key,
             ending.max_failed_ids, member, "1" if ok else "0",
@@ -546,6 +552,27 @@ class PeriodicRun:
         """``keys``: the entry's history hash and runs ZSET (``ShardKeys.periodic_history``/``periodic_runs``)."""
         args = (event.event, event.run_id, event.due_ms, now, event.kind, event.detail, keep, ttl_ms, late_ms)
         return ScriptCall(cls.name, keys, args, int)
+
+
+class PeriodicTrust:
+    """periodic_trust.lua: an operator's definition of an entry's run template recorded
+    (``add``: its digest, the previous one kept) or dropped (``drop``); -1: the key is of
+    another type."""
+
+    name = "periodic_trust"
+
+    #: names one ``drop`` takes (a sweep's page of removed entries fits; Lua's unpack is bounded)
+    MAX_DROP = 1000
+
+    @classmethod
+    def call(cls, key: str, name: str, digest: str) -> ScriptCall[int]:
+        """Record ``digest`` as entry ``name``'s definition."""
+        return ScriptCall(cls.name, (key,), ("add", name, digest), int)
+
+    @classmethod
+    def drop(cls, key: str, names: Sequence[str]) -> ScriptCall[int]:
+        """Drop the definitions of entries ``names`` (at most :data:`MAX_DROP`) in one call."""
+        return ScriptCall(cls.name, (key,), ("drop", *names[: cls.MAX_DROP]), int)
 
 
 class SyncVersion:

@@ -18,7 +18,6 @@ from ..errors import (
     ConfigError,
     EnvelopeError,
     InvalidRankError,
-    NotDurableError,
     PayloadTooLargeError,
     ShardMismatchError,
     StoreFullError,
@@ -26,7 +25,7 @@ from ..errors import (
 )
 from ..keys import LAYOUT, MAX_RANK, ShardKeys, meta_key, normalize_id, shard_of, shard_tags, wake_channel
 from ..models import ScheduleItem
-from ..scripts.library import ScriptCall, ScriptRunner, function_missing
+from ..scripts.library import Durability, ScriptCall, ScriptRunner, function_missing
 from ..timeutil import Clock, ServerClock, When, to_ms
 from .layout import check_recorded, check_shards, layout_in_use, read_meta, recorded_layout
 
@@ -77,12 +76,11 @@ class StoreCore:
         self.client = client
         self.config = config or Config()
         self.clock: Clock = clock if clock is not None else ServerClock(self.server_time_ms)
-        self.scripts = ScriptRunner(client)
+        self.scripts = ScriptRunner(client, Durability(self.config.durable_replicas, self.config.durable_timeout_ms))
         self.cluster = is_cluster(client)
         self._shard_keys: list[ShardKeys] | None = None
         self._wake = wake_channel(self.config.prefix)
         self._meta_checked = False
-        self._wait_allowed = False
         #: the key layout in use (keys.shard_tags), known once the shard keys are
         self.layout: int | None = None
 
@@ -249,10 +247,7 @@ class StoreCore:
         read = _reply_or_error if reply is None else reply
         if self.cluster or len(calls) == 1:
             return [read(partial(self.scripts.run, call)) for call in calls]
-        with self.client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                self.scripts.queue(call, pipe)
-            raw = pipe.execute(raise_on_error=False)
+        raw = self.scripts.run_pipelined(calls)
         return [read(partial(_parsed, call, answer)) for call, answer in zip(calls, raw)]
 
     def _queue(self, call: Callable[[ShardKeys], ScriptCall[Any]], shard: int, pipeline: Any) -> None:
@@ -262,11 +257,28 @@ class StoreCore:
         self.scripts.queue(call(self._keys[shard]), pipeline)
 
     def _write(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int, client: Any = None) -> R:
-        """Run a producer's write script; with ``durable_replicas``, wait for the replicas too.
-        ``client``: a client of the shard's (non-cluster) server to run it on, by default the store's."""
-        if not self.config.durable_replicas:
-            return self._run(call, shard, client)
-        return self._durable(call(self._keys[shard]), shard, client)
+        """Run a user's write, whatever its script: with ``durable_replicas`` it waits for the
+        replicas too (:meth:`ScriptRunner.waits`). ``client``: a client of the shard's
+        (non-cluster) server to run it on, by default the store's."""
+        return self._run(lambda keys: call(keys).as_acknowledged(), shard, client)
+
+    def write_acknowledged(self, key: str, *commands: tuple[Any, ...]) -> list[Any]:
+        """Plain ``commands`` a user's call returns success for (a slot limit, a registry line),
+        on the server holding ``key`` (each command on its hash slot): with ``durable_replicas``
+        a WAIT follows them on their connection. Their replies; an error reply raised.
+
+        Raises:
+            NotDurableError: fewer replicas confirmed them in time (they are on the primary).
+        """
+        client = self._server_of(key)
+        with client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            replies = self.scripts.confirm(pipe, client, key)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     def _write_calls(self, calls: Iterable[tuple[int, ScriptCall[R]]]) -> list[R | Exception]:
         """Run each (shard, call) with small replies, streamed (durably, one by one, with
@@ -278,8 +290,8 @@ class StoreCore:
         the ones before it (a pipeline would build them all first, leaving the server idle).
         """
         self.check_meta()
-        if self.config.durable_replicas:
-            return [_reply_or_error(partial(self._durable, call, shard)) for shard, call in calls]
+        if self.config.durable_replicas:  # one by one, each with its WAIT
+            return [_reply_or_error(partial(self.scripts.run, call.as_acknowledged())) for _, call in calls]
         streams: dict[int, tuple[Any, Any]] = {}  # id(node client) -> (its pool, a connection of it)
         sent: list[tuple[ScriptCall[R], Any]] = []
         replies: list[R | Exception] = []
@@ -319,50 +331,6 @@ class StoreCore:
             for call, reply in zip(ran, replies)
         ]
 
-    def _durable(self, call: ScriptCall[R], shard: int, client: Any = None) -> R:
-        """The script and a WAIT in one pipeline on the connection of the shard's node (or on
-        ``client``, a client of that server).
-
-        WAIT counts the replicas that have the writes made *on its own connection*, so both must
-        travel together. On a cluster whose layout just changed (a failover), the cluster client
-        refreshes its slot map and the call is tried once more.
-        """
-        self._check_wait_allowed(client or self._node_client(shard))
-        wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
-        for attempt in (1, 2):
-            try:
-                with (client or self._node_client(shard)).pipeline(transaction=False) as pipe:
-                    self.scripts.queue(call, pipe)
-                    pipe.execute_command("WAIT", wanted, timeout)
-                    with full_store_said_plainly():
-                        result, acked = pipe.execute()
-                break
-            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
-                if not self.cluster or attempt == 2 or isinstance(exc, redis.OutOfMemoryError):
-                    raise
-                self.client.nodes_manager.initialize()  # type: ignore[union-attr]
-        _check_acked(int(acked), wanted, timeout, f"shard {shard}")
-        return call.parse(result)
-
-    def _check_wait_allowed(self, client: Any) -> None:
-        """Before the first durable write, that this user may send WAIT (``WAIT 0 0`` answers at
-        once): refused after the write, the caller would see an error for a write that was stored.
-
-        Raises:
-            ConfigError: the user's ACL lacks ``+wait`` (rules from an older ``delayq acl``).
-        """
-        if self._wait_allowed:
-            return
-        try:
-            client.execute_command("WAIT", 0, 0)
-        except redis.exceptions.NoPermissionError as exc:
-            raise ConfigError(
-                f"durable_replicas={self.config.durable_replicas} needs WAIT, which this Redis user may not send "
-                f"({exc}); nothing was written: apply this version's `delayq acl <role>` (it grants +wait) "
-                "or set durable_replicas=0"
-            ) from exc
-        self._wait_allowed = True
-
     def confirm_durable(self) -> None:
         """With ``durable_replicas``, wait until that many replicas have every write this process
         made before the call: for writes queued on a caller's pipeline (``pipeline=``), after
@@ -379,15 +347,11 @@ class StoreCore:
             NotDurableError: fewer replicas confirmed within ``durable_timeout_ms``; the writes
                 are on the primary, so retrying them is safe.
         """
-        wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
-        if not wanted:
+        if not self.config.durable_replicas:
             return
-        self._check_wait_allowed(self.client)
         with self.client.pipeline(transaction=False) as pipe:
             pipe.publish(self.wake_channel, NO_EARLIER_WAKE)
-            pipe.execute_command("WAIT", wanted, timeout)
-            _, acked = pipe.execute()
-        _check_acked(int(acked), wanted, timeout, "a caller's transaction")
+            self.scripts.confirm(pipe, self.client, "a caller's transaction")
 
     def _write_or_queue(self, call: Callable[[ShardKeys], ScriptCall[R]], shard: int, pipeline: Any) -> R | None:
         """Run ``call`` as a producer's write, or queue it on the caller's ``pipeline``."""
@@ -425,10 +389,13 @@ class StoreCore:
 
     def _node_client(self, shard: int) -> redis.Redis:
         """A client of the one server that holds ``shard`` (the store's own when not a cluster)."""
+        return self._server_of(self._keys[shard].due)
+
+    def _server_of(self, key: str) -> redis.Redis:
+        """A client of the one server that holds ``key`` (the store's own when not a cluster)."""
         if not self.cluster:
             return self.client  # type: ignore[return-value]
-        node = self.client.get_node_from_key(self._keys[shard].due)  # type: ignore[union-attr]
-        return node.redis_connection  # type: ignore[no-any-return]
+        return self.client.get_node_from_key(key).redis_connection  # type: ignore[union-attr,no-any-return]
 
 
 def _parsed(call: ScriptCall[R], reply: Any) -> R:
@@ -484,13 +451,3 @@ class _FullStoreSaidPlainly:
 
 
 _PLAINLY = _FullStoreSaidPlainly()
-
-
-def _check_acked(acked: int, wanted: int, timeout: int, where: str) -> None:
-    """Refuse a write that fewer than ``wanted`` replicas confirmed."""
-    if acked < wanted:
-        raise NotDurableError(
-            f"{where}: written to the primary but confirmed by {acked} of {wanted} replicas within "
-            f"{timeout} ms, so a failover now could lose it; retry (scheduling is idempotent by id) "
-            "or check the replicas"
-        )

@@ -12,12 +12,12 @@ import redis
 from ..envelope import Envelope, Slot, SlotSpec, with_rate_key, with_slot
 from ..errors import BatchError, ConfigError, InvalidIdError, StoreFullError
 from ..keys import ShardKeys, collapse_id, normalize_id, shard_of
-from ..models import CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
+from ..models import Cancelled, CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
 from ..scripts.library import ScriptCall
 from ..scripts.store import Cancel, Debounce, Rearm, Reschedule, Schedule, ScheduleOne
 from ..timeutil import When, to_ms
 from .base import Payload, StoreCore
-from .batches import add_to_batch, check_batch_key, take_back
+from .batches import add_to_batch, check_batch_key, fail_in_batches, take_back, with_batch
 
 __all__ = ["CALLS_TTL_MS", "KEEP", "SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
 
@@ -119,9 +119,11 @@ class Producer(StoreCore):
             BatchClosedError, BatchError: ``batch`` is closed, no batch, or given with ``pipeline``.
         """
         keep = _keep(mode)
+        if batch is not None:  # named in the envelope: a cancel or purge of the item reports it
+            envelope = with_batch(envelope, check_batch_key(batch))
         item = self.check_item(item_id, when, _slotted(_keyed(envelope, rate_key), slot, rank), rank)
         if batch is not None:
-            return self._schedule_in_batch(check_batch_key(batch), item, keep, pipeline)
+            return self._schedule_in_batch(batch, item, keep, pipeline)
         return self._schedule_item(item, keep, pipeline)
 
     def _schedule_in_batch(self, batch: str, item: ScheduleItem, keep: bool, pipeline: Any) -> str | None:
@@ -298,11 +300,26 @@ class Producer(StoreCore):
         """Remove a scheduled item (O(log N)).
 
         Returns CANCELLED (truthy), NOT_FOUND, or IN_FLIGHT when a forwarder held it leased: it is
-        removed, but may have been published already, so it may still run once. With
-        ``pipeline``, queued there (returns None).
+        removed, but may have been published already, so it may still run once. A CANCELLED
+        sub-job of a batch is reported to it as failed (:meth:`cancel_item` says which batch).
+        With ``pipeline``, queued there (returns None; a sub-job is not reported: use
+        ``finish_in_batch(key, id, False)``).
         """
         item_id = normalize_id(item_id)
-        return self._write_or_queue(lambda k: Cancel.call(k, item_id), self.shard_of(item_id), pipeline)
+        if pipeline is not None:
+            return self._write_or_queue(lambda k: Cancel.call(k, item_id), self.shard_of(item_id), pipeline)
+        return self.cancel_item(item_id).outcome
+
+    def cancel_item(self, item_id: str | bytes) -> Cancelled:
+        """:meth:`cancel`, and the batch the item was a sub-job of, reported to as failed (it
+        will never run, and its batch would wait for ever): None for no batch, or an item still
+        in flight (it may run, and report its own end). One read more than a bare cancel."""
+        item_id = normalize_id(item_id)
+        shard = self.shard_of(item_id)
+        envelope = self.client.hget(self.keys(shard).items, item_id)
+        outcome = self._write(lambda k: Cancel.call(k, item_id), shard)
+        reported = fail_in_batches(self, {item_id: envelope}) if outcome is CancelOutcome.CANCELLED else {}
+        return Cancelled(outcome, reported.get(item_id))
 
     def replace_if(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -19,6 +19,7 @@ from ..models import DeadLetter, ScheduledItem, ShardStats
 from ..scripts.store import Purge, Requeue
 from ..timeutil import When, score_ms, to_ms
 from .base import StoreCore
+from .batches import fail_in_batches
 
 __all__ = ["DEAD_CHUNK", "Reader"]
 
@@ -285,18 +286,29 @@ class Reader(StoreCore):
         return done
 
     def purge_dead(self, ids: Iterable[str | bytes] | None = None) -> int:
-        """Delete dead letters for good (all when ``ids`` is None), :data:`DEAD_CHUNK` per call."""
+        """Delete dead letters for good (all when ``ids`` is None), :data:`DEAD_CHUNK` per call.
+        A purged sub-job of a batch is reported to it as failed: it will never run."""
         if ids is not None:
-            return sum(self._run(partial(Purge.ids, ids=chosen), s) for s, chosen in self._dead_chunks(ids))
+            return sum(self._purge(shard, chosen) for shard, chosen in self._dead_chunks(ids))
         done = 0
         for shard in range(self.config.shards):
-            left = self._dead_count(shard)
-            while left > 0:
-                deleted = self._run(partial(Purge.oldest, count=min(DEAD_CHUNK, left)), shard)
-                done, left = done + deleted, left - deleted
+            self.check_meta()
+            while chosen := self._oldest_dead(shard):  # as stored: an id that is no UTF-8 too
+                deleted = self._purge(shard, chosen)
+                done += deleted
                 if not deleted:
                     break
         return done
+
+    def _oldest_dead(self, shard: int) -> list[bytes]:
+        return [m for m in self.client.zrange(self._keys[shard].dead, 0, DEAD_CHUNK - 1) if isinstance(m, bytes)]
+
+    def _purge(self, shard: int, ids: Sequence[str | bytes]) -> int:
+        """Purge dead letters ``ids`` of ``shard``, and report those that were batches' sub-jobs."""
+        envelopes = self.client.hmget(self._keys[shard].dead_items, ids)
+        deleted = int(self._run(partial(Purge.ids, ids=ids), shard))
+        fail_in_batches(self, {_id_text(i) if isinstance(i, bytes) else i: e for i, e in zip(ids, envelopes) if e})
+        return deleted
 
     def _dead_count(self, shard: int) -> int:
         self.check_meta()

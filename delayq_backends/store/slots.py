@@ -171,12 +171,11 @@ class Slots(StoreCore):
 
         Raises:
             InvalidSlotError: a key or limit that is not one; nothing was written.
+            NotDurableError: with ``durable_replicas``, fewer replicas confirmed it in time.
         """
         Slot.parse({"key": key, "limit": limit})
-        if limit is None:
-            self.client.delete(slot_limit_key(self.config.prefix, key))
-        else:
-            self.client.set(slot_limit_key(self.config.prefix, key), str(limit))
+        name = slot_limit_key(self.config.prefix, key)
+        self.write_acknowledged(name, ("DEL", name) if limit is None else ("SET", name, str(limit)))
 
     def slot_keys_in_use(self) -> list[str]:
         """Every slot key with holds, a line or a limit, sorted (a SCAN of the prefix's slot

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import redis
 
-from .base import StoreCore, _check_acked
+from .base import StoreCore
 
 __all__ = ["Starts", "is_start_record"]
 
@@ -45,7 +45,7 @@ class Starts(StoreCore):
         with self._durable_pipe(shard) as pipe:
             pipe.set(key, value, nx=True, px=px)
             pipe.get(key)
-            written, held = self._execute(pipe)
+            written, held = self._execute(pipe, shard)
         if isinstance(held, redis.ResponseError):
             if not str(held).startswith("WRONGTYPE"):
                 raise held
@@ -55,7 +55,7 @@ class Starts(StoreCore):
             # for the WAIT to confirm, as WAIT counts its own connection's writes only
             with self._durable_pipe(shard) as pipe:
                 pipe.pexpire(key, px)
-                self._execute(pipe)
+                self._execute(pipe, shard)
         return held  # type: ignore[no-any-return]
 
     def replace_garbage(self, shard: int, key: str, value: str, *, px: int) -> bool:
@@ -80,17 +80,8 @@ class Starts(StoreCore):
 
     def _durable_pipe(self, shard: int) -> Any:
         """A pipeline on the shard's node (WAIT counts its own connection's writes)."""
-        client = self._node_client(shard)
-        if self.config.durable_replicas:
-            self._check_wait_allowed(client)
-        return client.pipeline(transaction=False)
+        return self._node_client(shard).pipeline(transaction=False)
 
-    def _execute(self, pipe: Any) -> list[Any]:
+    def _execute(self, pipe: Any, shard: int) -> list[Any]:
         """Run ``pipe`` with a WAIT at its end when durable; its replies, errors as values."""
-        wanted, timeout = self.config.durable_replicas, self.config.durable_timeout_ms
-        if wanted:
-            pipe.execute_command("WAIT", wanted, timeout)
-        replies = pipe.execute(raise_on_error=False)
-        if wanted:
-            _check_acked(int(replies.pop()), wanted, timeout, "a start record")
-        return list(replies)
+        return self.scripts.confirm(pipe, self._node_client(shard), "a start record")

@@ -32,6 +32,7 @@ from .api import (
     ErrorOut,
     JsonNumber,
     JsonTime,
+    Limit,
     Name,
     Services,
     Svc,
@@ -256,7 +257,10 @@ class EntryDetailOut(EntryOut):
 
 
 class EntryListOut(BaseModel):
-    entries: list[EntryOut]
+    entries: list[EntryOut] = Field(description="This page's entries, by name (unreadable registry fields first).")
+    next_cursor: str | None = Field(
+        default=None, description="The cursor of the next page (pass it as cursor); null: this was the last page."
+    )
     hint: str | None = Field(default=None, description="Why there is nothing to show, and what to do.")
 
 
@@ -347,12 +351,26 @@ def _entry(svc: Services, name: str) -> EntryOut:
     return EntryOut(**_out(found))
 
 
+#: A page's place in the registry: digits, as text (a SCAN cursor may exceed JavaScript's integers).
+Cursor = Annotated[
+    str, Query(pattern=r"^[0-9]{1,20}$", description="0 (the first page), or the next_cursor of the page before.")
+]
+
+
 @router.get("/periodic", response_model=EntryListOut, summary="Periodic entries: schedule, state, last and next run")
-def list_entries(svc: Svc) -> EntryListOut:
-    """Every entry, Celery and RQ, from code and added at runtime (``delayq periodic list``)."""
+def list_entries(svc: Svc, cursor: Cursor = "0", limit: Limit = 100) -> EntryListOut:
+    """The entries, Celery and RQ, from code and added at runtime (``delayq periodic list``), a
+    page at a time: about ``limit`` of them (a small registry comes whole), by name within the
+    page; follow ``next_cursor`` until it is null to see every entry. A page costs the same
+    whatever the registry holds."""
+    if int(cursor) >= 2**64:  # not a SCAN cursor: no page starts there
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, f"cursor {cursor} is no page's: pass 0, or a next_cursor")
     with reading("the periodic entries"):
-        entries = ops.statuses(svc.store)
-    return EntryListOut(entries=[EntryOut(**_out(e)) for e in entries], hint=None if entries else NO_PERIODIC)
+        after, entries = ops.status_page(svc.store, int(cursor), limit)
+    hint = NO_PERIODIC if not entries and not int(cursor) and not after else None
+    return EntryListOut(
+        entries=[EntryOut(**_out(e)) for e in entries], next_cursor=str(after) if after else None, hint=hint
+    )
 
 
 @router.get("/periodic/{name:path}", response_model=EntryDetailOut, responses=NOT_FOUND, summary="One periodic entry")

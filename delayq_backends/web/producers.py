@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import redis
 
-from ..errors import ConfigError, DelayqError
+from ..errors import ConfigError, DelayqError, install_hint
 from ..keys import normalize_id
 from ..models import ScheduleItem
 from ..periodic.ops import EntrySpec
@@ -139,8 +139,7 @@ class CeleryProducer:
             from ..celery.template import TaskTemplate
         except ImportError as exc:
             raise ProducerUnavailable(
-                f"scheduling Celery tasks needs Celery where the dashboard runs ({exc}): "
-                'pip install "delayq_backends[celery]"'
+                f"scheduling Celery tasks needs Celery where the dashboard runs ({exc}): {install_hint('celery')}"
             ) from exc
         self.store = store
         self.app = Celery("delayq-web", set_as_current=False)
@@ -224,7 +223,7 @@ class RQProducer:
             from ..rq import Queue
         except ImportError as exc:
             raise ProducerUnavailable(
-                f'scheduling RQ jobs needs RQ where the dashboard runs ({exc}): pip install "delayq_backends[rq]"'
+                f"scheduling RQ jobs needs RQ where the dashboard runs ({exc}): {install_hint('rq')}"
             ) from exc
         self.store = store
         self.connection = connection

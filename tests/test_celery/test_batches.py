@@ -13,6 +13,7 @@ import pytest
 from celery import Celery
 from celery.app.task import Context
 from celery.signals import task_revoked
+from redis import Redis
 
 from delayq_backends.celery import BATCH_HEADER, Batch, StoredMessage, forget_store, store_for
 from delayq_backends.embedded import EmbeddedServer
@@ -156,4 +157,54 @@ def test_a_batch_of_1000_completes_once_under_worker_and_forwarder_kills(
         assert first_end.keys() == ids.keys(), "every sub-job ran"
         assert record["started_ms"] >= max(first_end.values())
         print(f"batch of 1000: kills {kills}, runs {sum(1 for r in env.records() if r['id'] in ids)}")
+        forget_store(app)
+
+
+def test_a_key_in_use_is_refused_at_open_not_at_the_first_add(valkey_url: str, prefix: str) -> None:
+    """Issue 30, finding 8: a batch key whose batch completed (kept 7 days) or is closed is
+    refused by ``Batch(...)`` itself, with the fix; an open batch is taken up again."""
+    app = make_app(
+        broker="memory://", store=valkey_url, prefix=prefix, queue="q", sink="s", backend="cache+memory://",
+        records=valkey_url,
+    )  # fmt: skip
+    try:
+        Batch(app, "used").close()  # empty: completed at close
+        with pytest.raises(BatchClosedError, match="in use.*new key"):
+            Batch(app, "used", on_complete=app.signature("dqt.batch_done", args=("x",)))
+        Batch(app, "still-open").add(app.signature("dqt.record", args=("x",)), countdown=600)
+        again = Batch(app, "still-open")  # a producer starting again: the same batch
+        again.add(app.signature("dqt.record", args=("y",)), countdown=600)
+        status = store_for(app).batch_status("still-open")
+        assert status is not None and status.total == 2
+        again.close()
+        with pytest.raises(BatchClosedError, match="in use"):
+            Batch(app, "still-open")
+    finally:
+        forget_store(app)
+
+
+def test_a_batch_runs_eagerly_under_task_always_eager(valkey_url: str, prefix: str) -> None:
+    """Issue 30, finding 8: under ``task_always_eager`` each sub-job runs in ``add`` and
+    on_complete runs at close with the summary (it failed with "pass a signature")."""
+    sink = f"{prefix}:eager"
+    app = make_app(
+        broker="memory://", store=valkey_url, prefix=prefix, queue="q", sink=sink, backend="cache+memory://",
+        records=valkey_url,
+    )  # fmt: skip
+    app.conf.task_always_eager = True
+    records = Redis.from_url(valkey_url)
+    try:
+        with Batch(app, "eager", on_complete=app.signature("dqt.batch_done", args=("done",))) as batch:
+            batch.add(app.signature("dqt.record", args=("a",)))
+            failed = batch.add(app.signature("dqt.fail", args=("b",)))
+            batch.add(app.signature("dqt.record", args=("c",)), countdown=60)
+        runs = [json.loads(r) for r in records.lrange(sink, 0, -1)]
+        assert [r["tag"] for r in runs] == ["a", "b", "c", "done"]
+        summary = {"batch": "eager", "total": 3, "succeeded": 2, "failed": 1, "failed_ids": [failed.id]}
+        assert runs[-1]["summary"] == summary and runs[-1]["id"] == batch_item_id("eager")
+        with pytest.raises(BatchClosedError):
+            batch.add(app.signature("dqt.record", args=("late",)))
+    finally:
+        records.delete(sink)
+        records.close()
         forget_store(app)

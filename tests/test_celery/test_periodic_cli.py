@@ -84,7 +84,10 @@ def test_a_one_off_entry(cli: Invoke, vstore: DelayStore) -> None:
         (["add", "x", "--task", "t", "--every", "5", "--cron", "* * * * *"], "exactly one of --every"),
         (["add", "x", "--task", "t", "--every", "5", "--tz", "Europe/Berlin"], "--tz applies to --cron only"),
         (["add", "x", "--task", "t", "--cron", "61 * * *"], "five fields"),
-        (["add", "x", "--task", "t", "--cron", "0 * * * *", "--tz", "Mars/Base"], "IANA name"),
+        (  # the zone is blamed, not the crontab, with what to give
+            ["add", "x", "--task", "t", "--cron", "0 * * * *", "--tz", "Mars/Base"],
+            "Invalid value for --tz: time zone 'Mars/Base' is unknown: use an IANA name such as 'Europe/Berlin', UTC",
+        ),
         (["add", "x", "--task", "t", "--every", "5", "--args", "{"], "not JSON"),
         (["add", "x", "--task", "t", "--every", "5", "--args", '{"a": 1}'], "must be an array"),
         (["add", "x", "--task", "t", "--every", "5", "--kwargs", "[1]"], "must be an object"),

@@ -17,6 +17,8 @@ from delayq_backends.celery.periodic import entry_spec
 from delayq_backends.envelope import ENTRY_FORMAT_VERSION, FORMAT_VERSION, Envelope
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.firing import BACKFILL, MANUAL, Run
+from delayq_backends.periodic.gauges import entry_gauges
+from delayq_backends.periodic.history import read_history
 from delayq_backends.periodic.ops import CodeEntryError, EntryNotFound, item_id
 from delayq_backends.periodic.registry import PeriodicError
 from delayq_backends.periodic.schedules import Every, Once, Slot, run_task_id
@@ -82,14 +84,53 @@ def test_pause_stops_every_period_and_resume_applies_the_misfire_policy() -> Non
     assert _ready(h, "p") == MS0 + 40_000
 
 
-def test_resume_under_run_once_sends_one_run_for_the_periods_missed_while_paused() -> None:
+def test_resume_under_run_once_sends_one_run_for_the_paused_periods_none_missed_or_late() -> None:
     h = Harness(T0, {})
     _add(h, "p", 10.0)
     ops.pause(h.store, "p")
     h.clock.set((MS0 + 45_000) / 1000)
     ops.resume(h.store, "p")
-    assert len(_forward_at(h, MS0 + 45_000)) == 1
-    assert ops.get(h.store, "p").last_missed == 3  # type: ignore[union-attr]
+    assert len(_forward_at(h, MS0 + 45_000)) == 1  # the latest paused period's, 5 s after it
+    assert ops.get(h.store, "p").last_missed == 0  # type: ignore[union-attr]
+    history = read_history(h.store, "p")
+    assert (history.missed, history.late, [r.due_ms for r in history.runs]) == (0, 0, [MS0 + 40_000])
+    assert _state(h, "p").paused_ms is None, "the pause's periods are planned: a later outage counts"
+    [later] = _forward_at(h, MS0 + 75_000)  # an outage after the resume: 50 s and 60 s missed
+    assert later.task_id == run_task_id("p", Slot(str(MS0 + 70_000), MS0 + 70_000))
+    assert read_history(h.store, "p").missed == 2
+
+
+def test_a_resumed_entry_owes_a_success_from_its_resume_not_from_its_paused_periods() -> None:
+    """``delayq_periodic_overdue_seconds`` after a pause of 3.5 periods: the "no success for 3
+    periods" alert compares it with 3 periods, and fired on every planned pause."""
+    h = Harness(T0, {})
+    _add(h, "p", 10.0)
+    ops.pause(h.store, "p")
+    h.clock.set((MS0 + 45_000) / 1000)
+    ops.resume(h.store, "p")
+    h.clock.set((MS0 + 45_500) / 1000)
+    [gauge] = entry_gauges(h.store)
+    assert (gauge.enabled, gauge.overdue_ms) == (True, 500)
+    _forward_at(h, MS0 + 46_000)  # its run went out, no worker has run it yet
+    [gauge] = entry_gauges(h.store)
+    assert gauge.overdue_ms == 1000
+
+
+def test_periods_missed_before_a_pause_still_count_and_a_second_pause_extends_the_first() -> None:
+    h = Harness(T0, {})
+    _add(h, "p", 10.0)  # periods at MS0 + 10 s, 20 s, ...; no forwarder fires 10 s and 20 s
+    h.clock.set((MS0 + 25_000) / 1000)
+    ops.pause(h.store, "p")
+    h.clock.set((MS0 + 32_000) / 1000)
+    ops.resume(h.store, "p")  # no forwarder fires the 30 s period either: paused again
+    h.clock.set((MS0 + 33_000) / 1000)
+    ops.pause(h.store, "p")
+    h.clock.set((MS0 + 45_000) / 1000)
+    ops.resume(h.store, "p")
+    [run] = _forward_at(h, MS0 + 45_000)
+    assert run.task_id == run_task_id("p", Slot(str(MS0 + 40_000), MS0 + 40_000))
+    assert ops.get(h.store, "p").last_missed == 2  # type: ignore[union-attr]
+    assert (read_history(h.store, "p").missed, read_history(h.store, "p").late) == (2, 0)
 
 
 def test_a_paused_entry_claimed_in_a_race_is_rearmed_without_a_run() -> None:
@@ -135,6 +176,8 @@ def test_backfill_runs_each_period_of_the_range_once_with_its_own_ids() -> None:
     assert [r.task_id for r in runs] == expected
     assert not set(expected) & {run_task_id("b", Slot(str(at), at)) for at in ats}
     assert _ready(h, "b") == MS0 + 60_000 and _forward_at(h, MS0 + 30_000) == []
+    history = read_history(h.store, "b")
+    assert (len(history.runs), history.late, history.missed) == (3, 0, 0), "asked for now: not late"
 
 
 def test_a_backfill_out_of_bounds_is_refused_with_the_fix() -> None:
@@ -211,7 +254,7 @@ def test_an_empty_beat_schedule_removes_nothing() -> None:
     h = Harness(T0, {"a": {"task": "t.a", "schedule": 10.0}, "b": {"task": "t.b", "schedule": 10.0}})
     h.sync()
     report = h.sync({})
-    assert (report.removed, report.kept) == ([], 2) and "2 code entries kept" in report.describe()
+    assert (report.removed, report.kept) == ([], 2) and "2 code entries not in this sync kept" in report.describe()
     assert [s.name for s in ops.statuses(h.store)] == ["a", "b"]
 
 

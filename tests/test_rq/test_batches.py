@@ -21,7 +21,7 @@ from rq.registry import StartedJobRegistry
 from delayq_backends import DelayStore
 from delayq_backends.errors import BatchClosedError, BatchError
 from delayq_backends.keys import batch_channel, batch_item_id
-from delayq_backends.rq import Batch, Queue
+from delayq_backends.rq import Batch, Queue, Scheduler
 from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
 from tests.test_rq.jobs import always_fails, record, started
@@ -168,3 +168,23 @@ def test_a_whole_worker_killed_mid_job_is_reported_failed_by_rqs_cleanup(
     (summary,) = (r["summary"] for r in done())
     assert (summary["total"], summary["succeeded"], summary["failed"], summary["failed_ids"]) == (2, 1, 1, [stuck])
     assert Job.fetch(stuck, connection=conn).get_status() == "failed" and ok not in summary["failed_ids"]
+
+
+def test_a_cancelled_sub_job_is_reported_failed_and_a_key_in_use_refused(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore
+) -> None:
+    """Issue 30, finding 6: the adapter's cancels (its scheduled-job registry's ``remove`` and
+    the Scheduler's ``cancel``) report a delayed sub-job to its batch as failed, so the batch
+    completes; finding 8: its key is then refused at open."""
+    with Batch(queue, "cancelled", on_complete=Callback("tests.test_rq.jobs.batch_done")) as batch:
+        first = batch.add(record, "a", in_=timedelta(hours=1))
+        second = batch.add(record, "b", in_=timedelta(hours=1))
+    queue.scheduled_job_registry.remove(first)
+    status = rq_store.batch_status("cancelled")
+    assert status is not None and (status.done, status.failed, status.completed) == (1, 1, False)
+    Scheduler(queue=queue, connection=conn, delay_store=rq_store).cancel(second)
+    status = rq_store.batch_status("cancelled")
+    assert status is not None and status.completed and sorted(status.failed_ids) == sorted([first.id, second.id])
+    assert rq_store.get(batch_item_id("cancelled")) is not None  # on_complete released
+    with pytest.raises(BatchClosedError, match="in use"):
+        Batch(queue, "cancelled", on_complete=Callback("tests.test_rq.jobs.batch_done"))

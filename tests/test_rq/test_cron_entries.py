@@ -22,7 +22,7 @@ from delayq_backends import Config, DelayStore
 from delayq_backends.cli import main
 from delayq_backends.envelope import ENTRY_FORMAT_VERSION, Envelope
 from delayq_backends.errors import ConfigError, EnvelopeError
-from delayq_backends.periodic import ops
+from delayq_backends.periodic import ops, trust
 from delayq_backends.periodic.history import RunMark
 from delayq_backends.periodic.schedules import Cron, Every, Misfire, Slot, run_task_id
 from delayq_backends.periodic.state import RUNTIME, PeriodicState, state_of, with_state
@@ -55,7 +55,10 @@ OPTIONS = {"job_timeout": 30, "result_ttl": 99, "ttl": 600, "failure_ttl": 77, "
 def _run(template: JobTemplate, name: str, due_ms: int) -> Delivery:
     job_id = run_task_id(name, Every(1000).first_after(due_ms - 1000))
     return Delivery(
-        f"periodic:{name}#{job_id}", run_envelope(template, job_id, template.run_meta(RunMark(name, due_ms))), 0, due_ms
+        f"periodic:{name}#{job_id}",
+        run_envelope(template, job_id, template.run_meta(RunMark(name, due_ms)), name),
+        0,
+        due_ms,
     )
 
 
@@ -176,7 +179,8 @@ def test_a_config_that_cannot_load_or_a_bad_zone_is_named(tmp_path: Path) -> Non
 
 
 def _stored(store: TestingStore, template: JobTemplate, name: str, every_ms: int, misfire: Misfire) -> None:
-    """An entry as a sync stores it (first period one interval from now)."""
+    """An entry as a sync stores it (first period one interval from now), its template an operator's."""
+    trust.record(store, name, template.digest())
     schedule = Every(every_ms)
     slot = schedule.first_after(store.clock())
     state = PeriodicState(name, schedule, misfire, template.fingerprint(), slot)
@@ -261,6 +265,7 @@ def _overlapping(policy: str) -> tuple[TestingStore, dict[str, Any], Job, str]:
     schedule = Every(1000)
     slot = schedule.first_after(clock())
     state = PeriodicState("o", schedule, Misfire(), template.fingerprint(), slot, overlap=policy)
+    trust.record(store, "o", template.digest())
     store.schedule("periodic:o", from_ms(slot.at_ms), with_state(template.to_envelope(), state))
     advance_and_run(store, 1, targets)
     (first,) = [Job.fetch(j.decode(), connection=store.client) for j in store.client.lrange("rq:queue:q", 0, -1)]

@@ -21,4 +21,4 @@ def test_root_and_cli_do_not_import_rq() -> None:
 def test_a_missing_rq_names_the_extra() -> None:
     result = run("import sys; sys.modules['rq'] = None; import delayq_backends.rq")
     assert result.returncode == 1
-    assert 'pip install "delayq_backends[rq]"' in result.stderr
+    assert 'install delayq_backends with its rq extra (in a checkout: pip install ".[rq]")' in result.stderr

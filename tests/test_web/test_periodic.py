@@ -28,6 +28,7 @@ from delayq_backends.celery.periodic import PeriodicTarget, sync
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.keys import periodic_trust_key
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.firing import MANUAL, Run
 from delayq_backends.periodic.registry import check_registry
@@ -262,7 +263,7 @@ def test_a_served_dashboard_routes_encoded_names(dashboard_factory: Callable[...
     [
         ({"cron": "61 * * * *"}, "crontab '61 * * * *': use five fields"),
         ({"cron": "* * *"}, "use five fields"),
-        ({"cron": "0 3 * * *", "tz": "Mars/Olympus"}, "time zone 'Mars/Olympus' is unknown"),
+        ({"cron": "0 3 * * *", "tz": "Mars/Olympus"}, "body.tz: Value error, time zone 'Mars/Olympus' is unknown: use"),
         ({"every": 60, "misfire": "sometimes"}, "'run_once', 'run_all' or 'skip'"),
         ({"every": 60, "overlap": "never"}, "'allow', 'skip' or 'buffer_one'"),
         ({}, "give exactly one schedule"),
@@ -323,6 +324,7 @@ def test_an_rq_entry_of_an_allowed_function(client: TestClient, web_store: Delay
     shown = entry(client, "rq-tick")
     assert (shown["kind"], shown["task"], shown["source"]) == ("rq", f"{RQ_JOBS}.record", "runtime")
     assert shown["definition"]["queue"] == "jobs" and shown["definition"]["args"] is None  # RQ's data: not read
+    assert web_store.client.hget(periodic_trust_key(web_store.config.prefix), "rq-tick"), "its definition recorded"
     with TestClient(create_app(web_store, token=TOKEN)) as no_rq:
         refused = no_rq.post("/api/v1/periodic", headers=AUTH, json={**body, "name": "rq-2"})
     assert refused.status_code == 501 and "--rq-redis" in refused.json()["detail"]

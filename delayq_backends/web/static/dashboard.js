@@ -207,9 +207,28 @@
       remove);
   }
 
+  // The entries a page at a time (about PERIODIC_PAGE, by name within a page): the page shown
+  // starts at cursor ("0": the first); next is the following page's, null on the last.
+  const PERIODIC_PAGE = 100;
+  const periodicPage = { cursor: "0", number: 1, next: null };
   let shownPeriodic = "";
 
+  function turnPeriodicPage(cursor, number) {
+    Object.assign(periodicPage, { cursor, number, next: null });
+    shownPeriodic = "";
+    refresh(false);
+  }
+
+  function showPeriodicPager(periodic) {
+    periodicPage.next = periodic.next_cursor;
+    $("periodic-first").hidden = periodicPage.number === 1;
+    $("periodic-next").hidden = !periodic.next_cursor;
+    $("periodic-page").textContent = periodicPage.number === 1 && !periodic.next_cursor
+      ? "" : `page ${periodicPage.number}${periodic.next_cursor ? "" : " (the last)"}`;
+  }
+
   function showPeriodic(periodic) {
+    showPeriodicPager(periodic);
     // Redrawn when it changed, and never under an armed Remove (its second click must find it)
     const shown = JSON.stringify(periodic);
     const table = $("periodic");
@@ -232,7 +251,7 @@
         entryState(e),
         entryActions(e),
       ]),
-      periodic.hint || "no periodic entries");
+      periodic.hint || (periodicPage.number > 1 ? "no entries on this page any more: go to the first page" : "no periodic entries"));
   }
 
   function periodicMessage(text, error = false) {
@@ -592,20 +611,46 @@
   // Each section loads and fails on its own: one unreadable value in the store shows its reason
   // in place of that section, and the others stay live.
   const SECTIONS = [
-    { path: "/stats", show: (d) => showStats(d), boxes: ["error-totals", "error-shards"] },
-    { path: "/items?limit=10", show: (d) => showUpcoming(d), boxes: ["error-upcoming"] },
-    { path: "/dead?limit=50", show: (d) => showDead(d), boxes: ["error-dead"] },
-    { path: "/lateness?limit=200", show: (d) => showLateness(d), boxes: ["error-lateness"] },
-    { path: "/periodic", show: (d) => showPeriodic(d), boxes: ["error-periodic"] },
-    { path: "/slots?limit=50", show: (d) => showSlots(d), boxes: ["error-slots"] },
-    { path: "/batches?limit=50", show: (d) => showBatches(d), boxes: ["error-batches"] },
+    { path: () => "/stats", show: (d) => showStats(d), boxes: ["error-totals", "error-shards"] },
+    { path: () => "/items?limit=10", show: (d) => showUpcoming(d), boxes: ["error-upcoming"] },
+    { path: () => "/dead?limit=50", show: (d) => showDead(d), boxes: ["error-dead"] },
+    { path: () => "/lateness?limit=200", show: (d) => showLateness(d), boxes: ["error-lateness"] },
+    { path: () => `/periodic?limit=${PERIODIC_PAGE}&cursor=${periodicPage.cursor}`, show: (d) => showPeriodic(d),
+      boxes: ["error-periodic"] },
+    { path: () => "/slots?limit=50", show: (d) => showSlots(d), boxes: ["error-slots"] },
+    { path: () => "/batches?limit=50", show: (d) => showBatches(d), boxes: ["error-batches"] },
   ];
-  const CHART = { path: "/due?minutes=1440&bucket_minutes=5", show: (d) => showChart(d), boxes: ["error-chart"] };
+  const CHART = { path: () => "/due?minutes=1440&bucket_minutes=5", show: (d) => showChart(d), boxes: ["error-chart"] };
+
+  // One refresh at a time: the next starts REFRESH_MS after the last one ended, and a refresh
+  // asked for while one runs (after an action) follows it, so a slow server never gets a pile
+  // of overlapping requests from an open tab.
+  let running = null;
+  let again = null; // null, or whether the refresh asked for meanwhile draws the chart
+  let generation = 0; // a new start or a token prompt ends the loop of the one before
 
   async function refresh(withChart = tick % CHART_EVERY === 0) {
+    if (running) {
+      again = Boolean(again) || withChart;
+      return running;
+    }
+    running = load(withChart);
+    try {
+      await running;
+    } finally {
+      running = null;
+    }
+    if (again !== null) {
+      const chart = again;
+      again = null;
+      await refresh(chart);
+    }
+  }
+
+  async function load(withChart) {
     tick += 1;
     const chosen = withChart ? [...SECTIONS, CHART] : SECTIONS;
-    const results = await Promise.allSettled(chosen.map((section) => api(section.path)));
+    const results = await Promise.allSettled(chosen.map((section) => api(section.path())));
     const denied = results.find((r) => r.status === "rejected" && [401, 403].includes(r.reason.status));
     if (denied) {
       askToken(denied.reason.status === 403 ? "That token was refused: check it and try again." : "");
@@ -638,14 +683,19 @@
   }
 
   function start() {
-    clearInterval(timer);
+    clearTimeout(timer);
     tick = 0;
-    refresh();
-    timer = setInterval(refresh, REFRESH_MS);
+    const mine = ++generation;
+    const loop = async () => {
+      await refresh();
+      if (mine === generation) timer = setTimeout(loop, REFRESH_MS);
+    };
+    loop();
   }
 
   function askToken(problem) {
-    clearInterval(timer);
+    generation += 1;
+    clearTimeout(timer);
     sessionStorage.removeItem(TOKEN_KEY);
     $("app").hidden = true;
     $("login").hidden = false;
@@ -682,6 +732,10 @@
       setSlotLimit(/^[0-9]+$/.test(text) ? Number(text) : text);
     });
     $("periodic-add").addEventListener("click", () => openEntryForm(null));
+    $("periodic-next").addEventListener("click", () => {
+      if (periodicPage.next) turnPeriodicPage(periodicPage.next, periodicPage.number + 1);
+    });
+    $("periodic-first").addEventListener("click", () => turnPeriodicPage("0", 1));
     $("entry-kind").addEventListener("change", entryKindChanged);
     $("entry-schedule-kind").addEventListener("change", scheduleKindChanged);
     $("entry-form").addEventListener("submit", (event) => { event.preventDefault(); saveEntry(); });
