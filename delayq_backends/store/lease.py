@@ -352,7 +352,8 @@ class Forwarding(StoreCore):
     def subscribe_wake(self) -> Any:
         """A pub/sub connection subscribed to the wake channel: scripts publish there when a
         change makes a shard's head earlier, so a sleeping forwarder wakes for it."""
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        # redis-py < 8.2 leaves pubsub() unannotated (an untyped call); 8.2 annotates it
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]
         pubsub.subscribe(self._wake)
         return pubsub
 

@@ -205,7 +205,7 @@ def delayq_cli(env: CeleryEnv, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def via(proxy: TcpProxy, url: str) -> str:
-    """``url`` with its host and port replaced by the loopback ``proxy``'s."""
+    """``url`` with its host and port (stated or not) replaced by the loopback ``proxy``'s."""
     parts = urlsplit(url)
-    netloc = parts.netloc.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{proxy.port}")
-    return parts._replace(netloc=netloc).geturl()
+    login, at, _ = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{login}{at}127.0.0.1:{proxy.port}").geturl()

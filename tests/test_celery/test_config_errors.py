@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from kombu import Connection
 
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.periodic import sync
@@ -55,16 +56,20 @@ def rabbitmqctl(*args: str) -> None:
 
 
 class RabbitUser(Credentials):
+    """A user with rights on the test broker's vhost (``DELAYQ_TEST_AMQP_URL``'s), and only there."""
+
     kind = "rabbitmq"
 
     def __init__(self, amqp_url: str) -> None:
         self.base = urlsplit(amqp_url)
         self.name = f"dqt-iso-{uuid.uuid4().hex[:8]}"
         rabbitmqctl("add_user", self.name, "right")
-        rabbitmqctl("set_permissions", "-p", "/", self.name, ".*", ".*", ".*")
+        rabbitmqctl("set_permissions", "-p", Connection(amqp_url).virtual_host, self.name, ".*", ".*", ".*")
 
     def url(self, password: str) -> str:
-        return f"amqp://{self.name}:{password}@{self.base.hostname}:{self.base.port or 5672}//"
+        """The test broker's URL (its vhost included) with this user's login."""
+        host = f"{self.base.hostname}:{self.base.port or 5672}"
+        return self.base._replace(netloc=f"{self.name}:{password}@{host}").geturl()
 
     def observer_url(self) -> str:
         return self.base.geturl()
@@ -142,7 +147,7 @@ def test_celery_delayq_forward_refuses_the_start_in_one_line_too(
 
 
 def test_an_unknown_vhost_refuses_the_start_in_one_line(rabbitmq_url: str, valkey_url: str) -> None:
-    broker = f"{rabbitmq_url.rstrip('/')}/dqt-no-such-vhost-{uuid.uuid4().hex[:6]}"
+    broker = urlsplit(rabbitmq_url)._replace(path=f"/dqt-no-such-vhost-{uuid.uuid4().hex[:6]}").geturl()
     line = refused(forward(valkey_url, "--celery-broker", broker))
     assert "refused the vhost" in line and "create it or fix the vhost" in line
 

@@ -175,7 +175,7 @@ def test_a_bad_dedupe_setting_is_refused_by_name(name: str, value: Any) -> None:
     from delayq_backends.celery import CelerySettings
     from delayq_backends.errors import ConfigError
 
-    app = Celery("bad", broker="redis://127.0.0.1:6379/0")
+    app = Celery("bad", broker="redis://127.0.0.1:1/0")
     app.conf[name] = value
     with pytest.raises(ConfigError, match=name):
         CelerySettings.of(app)
@@ -243,7 +243,7 @@ def test_a_bad_dedupe_setting_is_logged_at_worker_start(caplog: pytest.LogCaptur
 
     from delayq_backends.celery.dedupe import _check_tasks
 
-    app = Celery("bad", broker="redis://127.0.0.1:6379/0")
+    app = Celery("bad", broker="redis://127.0.0.1:1/0")
     app.conf.delayq_dedupe = "yes"
     with caplog.at_level("ERROR", logger="delayq.celery.dedupe"):
         _check_tasks(SimpleNamespace(app=app))

@@ -125,7 +125,7 @@ def test_a_bad_lossless_setting_is_refused_by_name(conf: dict[str, Any], match: 
     from delayq_backends.celery import CelerySettings
     from delayq_backends.errors import ConfigError
 
-    app = Celery("bad", broker="redis://127.0.0.1:6379/0")
+    app = Celery("bad", broker="redis://127.0.0.1:1/0")
     app.conf.update(conf)
     with pytest.raises(ConfigError, match=match):
         CelerySettings.of(app)
@@ -136,7 +136,7 @@ def test_lossless_setting_reaches_the_celery_settings() -> None:
 
     from delayq_backends.celery import CelerySettings
 
-    app = Celery("ok", broker="redis://127.0.0.1:6379/0")
+    app = Celery("ok", broker="redis://127.0.0.1:1/0")
     app.conf.update(delayq_dedupe=True, delayq_lossless=True, delayq_lossless_window=5)
     assert CelerySettings.of(app).lossless_window == 5.0
     app.conf.delayq_lossless = False

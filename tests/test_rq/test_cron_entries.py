@@ -144,7 +144,7 @@ def _config(tmp_path: Path, queue: str) -> Path:
     return path
 
 
-def test_a_config_is_captured_as_rq_cron_loads_it(tmp_path: Path) -> None:
+def test_a_config_is_captured_as_rq_cron_loads_it(tmp_path: Path, conn: redis.Redis) -> None:
     path = _config(tmp_path, "q")
     config = load_config(str(path))
     entries = {e.name: e for e in config.entries}
@@ -161,7 +161,7 @@ def test_a_config_is_captured_as_rq_cron_loads_it(tmp_path: Path) -> None:
     assert "interval or cron" in config.errors["no-schedule"]
     assert "name=" in config.errors["standup"]  # the second job of that name
 
-    rq_itself = CronScheduler(connection=redis.Redis())
+    rq_itself = CronScheduler(connection=conn)
     rq_itself.load_config_from_file(str(path))  # `rq cron` loads the same file, delayq's options aside
     assert sum(j.name == "standup" for j in rq_itself.get_jobs()) == 2
 
