@@ -34,7 +34,7 @@ import hashlib
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from importlib import resources
 from typing import Any, Generic, TypeVar
@@ -262,9 +262,8 @@ class ScriptCall(Generic[R]):
     acknowledged: bool = False
 
     def as_acknowledged(self) -> ScriptCall[R]:
-        """This call, marked a user's write (see ``acknowledged``)."""
-        self.acknowledged = True
-        return self
+        """A copy of this call marked a user's write (see ``acknowledged``)."""
+        return replace(self, acknowledged=True)
 
 
 @dataclass(frozen=True)
