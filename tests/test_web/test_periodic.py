@@ -435,7 +435,9 @@ def test_an_entry_added_over_http_fires_pauses_and_runs_now_at_a_real_forwarder(
         assert after_run[: len(before_run)] == before_run and len(after_run) == len(before_run) + 1, after_run
         assert after_run[-1] in manual, "the run now's id is uuid5(name, manual:<request ms>)"
 
-        assert client.post("/api/v1/periodic/tick/resume", headers=AUTH, json={}).json()["state"] == "scheduled"
+        # due at its next period (at most 1 s away): a forwarder may already hold it when the answer is read
+        resumed = client.post("/api/v1/periodic/tick/resume", headers=AUTH, json={}).json()["state"]
+        assert resumed in ("scheduled", "firing"), resumed
         wait_for(lambda: len(sent_ids(lists, queue)) > len(after_run), 10, "a scheduled run after the resume")
         assert sent_ids(lists, queue)[len(after_run)] in scheduled
 
