@@ -212,6 +212,9 @@
   const PERIODIC_PAGE = 100;
   const periodicPage = { cursor: "0", number: 1, next: null };
   let shownPeriodic = "";
+  // The cursor the loading refresh asked for: a page turned while it was on its way makes its
+  // answer stale (it would show the old page's rows and next cursor under the new page's number)
+  let periodicAsked = null;
 
   function turnPeriodicPage(cursor, number) {
     Object.assign(periodicPage, { cursor, number, next: null });
@@ -615,7 +618,8 @@
     { path: () => "/items?limit=10", show: (d) => showUpcoming(d), boxes: ["error-upcoming"] },
     { path: () => "/dead?limit=50", show: (d) => showDead(d), boxes: ["error-dead"] },
     { path: () => "/lateness?limit=200", show: (d) => showLateness(d), boxes: ["error-lateness"] },
-    { path: () => `/periodic?limit=${PERIODIC_PAGE}&cursor=${periodicPage.cursor}`, show: (d) => showPeriodic(d),
+    { path: () => `/periodic?limit=${PERIODIC_PAGE}&cursor=${(periodicAsked = periodicPage.cursor)}`,
+      show: (d) => (periodicAsked === periodicPage.cursor ? showPeriodic(d) : null),
       boxes: ["error-periodic"] },
     { path: () => "/slots?limit=50", show: (d) => showSlots(d), boxes: ["error-slots"] },
     { path: () => "/batches?limit=50", show: (d) => showBatches(d), boxes: ["error-batches"] },
