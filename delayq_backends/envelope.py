@@ -36,7 +36,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -65,6 +65,7 @@ __all__ = [
     "READABLE_VERSIONS",
     "check_rate",
     "check_rate_key",
+    "fold_groups",
     "frame",
     "groups_of",
     "head",
@@ -559,8 +560,15 @@ def groups_of(envelope: Envelope) -> tuple[Group, ...]:
     then its slot (a group with the slot's limit) and its rate key (a group; its queue's key rate
     stays the forwarder's) when they name other keys. A key named twice is one group, the fields
     it leaves unset filled from the later naming. At most :data:`MAX_GROUPS`; none: ``()``."""
+    return fold_groups(_meta_groups(envelope) + _alias_groups(envelope))
+
+
+def fold_groups(groups: Iterable[Group]) -> tuple[Group, ...]:
+    """``groups`` in order with each key once (the fields a key's first naming leaves unset filled
+    from its later ones), the first :data:`MAX_GROUPS`: how :func:`groups_of` reads an envelope,
+    and a worker its task's message."""
     found: dict[str, Group] = {}
-    for group in _meta_groups(envelope) + _alias_groups(envelope):
+    for group in groups:
         found[group.key] = found[group.key].folded(group) if group.key in found else group
     return tuple(found.values())[:MAX_GROUPS]
 
