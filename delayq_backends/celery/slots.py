@@ -114,8 +114,7 @@ def _hold(task: Any, request: Any, mode: str) -> None:
         keys = [g.key for g in groups]
         log.warning("groups %r of task %s: no delay store (%s); their holds lapse by themselves", keys, run.member, exc)
         return
-    for group in groups:
-        (guard.start if mode == "start" else guard.end)(group.key, run)
+    (guard.start if mode == "start" else guard.end)([g.key for g in groups], run)
 
 
 def _started(sender: Any = None, task: Any = None, **_: Any) -> None:

@@ -67,14 +67,12 @@ class Slots:
         guard = None if not groups else self._slots_guard(queue)
         if guard is None:
             return super().execute_job(job, queue)  # type: ignore[misc]
-        run = SlotRun(slot_member(job.id, None), self._slot_token(job))
-        for group in groups:
-            guard.start(group.key, run)
+        run, keys = SlotRun(slot_member(job.id, None), self._slot_token(job)), [g.key for g in groups]
+        guard.start(keys, run)
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
         finally:
-            for group in groups:
-                guard.end(group.key, run)
+            guard.end(keys, run)
 
     def _slot_token(self, job: Job) -> str:
         """The token the forwarder took the job's slot with ("" when none waits: a job released
