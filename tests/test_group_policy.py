@@ -6,17 +6,23 @@ and bucket never stops the group for long and is reported."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from delayq_backends import keys as layout
+from delayq_backends.envelope import Slot, with_slot
 from delayq_backends.errors import InvalidGroupPolicyError
 from delayq_backends.group_policies import MAX_THROTTLE_SECONDS
 from delayq_backends.models import GroupPolicy, GroupStatus, SlotGrant
 from delayq_backends.store import SlotAsk
-from tests.harness import make_store
+from delayq_backends.targets import RedisListTarget
+from tests.harness import Launcher, make_store
+from tests.helpers import wait_for
 from tests.test_slots import Running, past, running, schedule_line  # noqa: F401 (running: a fixture)
 
 #: Hostile writes to a group's policy and bucket: each must leave the group releasing, the
@@ -252,3 +258,111 @@ def test_a_paused_group_keeps_its_items_in_line_and_a_resume_lets_them_go_in_ord
     store.resume_group("k")
     resumed = ask("c", "b")  # "a" is deferred: the free slot it heads the line for stays its own
     assert not isinstance(resumed, Exception) and resumed.places == (1, -1) and resumed.heads == ("a",)
+
+
+# -- real `delayq forward` processes: a policy holds at every forwarder ---------------------------
+
+
+class Arrivals:
+    """The items two real `delayq forward` processes deliver to a Redis list, with the time each
+    arrived (read by a thread of this test: BLPOP, so within a ms of its RPUSH)."""
+
+    def __init__(self, url: str, prefix: str, procs: Launcher, tmp: Path) -> None:
+        self.url, self.prefix, self.out = url, prefix, f"{prefix}-out"
+        self.store = make_store(url, prefix, shards=4)
+        self.store.check_meta()
+        self.logs = [tmp / f"forwarder-{i}.log" for i in range(2)]
+        self.procs = procs
+        self.seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        while not self._stop.is_set():
+            popped = client.blpop([self.out], timeout=0.2)
+            if popped is not None:
+                self.seen[popped[1].decode()] = time.time()
+
+    def schedule(self, group: str, n: int, *, first: float, step: float = 0.0) -> list[str]:
+        """``n`` items of ``group``, the i-th due at ``first + i * step`` (epoch seconds)."""
+        ids = [f"{group}-{i:04d}" for i in range(n)]
+        self.store.schedule_many(
+            (
+                item,
+                first + i * step,
+                with_slot(RedisListTarget.envelope(self.out, item.encode()), Slot(group)).encode(),
+            )
+            for i, item in enumerate(ids)
+        )
+        return ids
+
+    def start(self, *extra: str) -> None:
+        for log in self.logs:
+            args = ["forward", "--url", self.url, "--prefix", self.prefix, "--shards", "4", "--poll", "0.05"]
+            self.procs.delayq(*args, "--log-level", "info", "--log-every", "1", *extra, log=log)
+
+    def of(self, group: str) -> dict[str, float]:
+        return {i: t for i, t in list(self.seen.items()) if i.startswith(f"{group}-")}
+
+    def forwarded(self) -> list[int]:
+        """What each forwarder says it forwarded, at its last summary."""
+        counts = [re.findall(r"forwarded (\d+),", log.read_text(errors="replace")) for log in self.logs]
+        return [int(found[-1]) if found else 0 for found in counts]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._reader.join(2)
+
+
+@pytest.fixture
+def arrivals(valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path) -> Iterator[Arrivals]:
+    found = Arrivals(valkey_url, prefix, procs, tmp_path)
+    yield found
+    found.close()
+
+
+def test_a_rate_holds_within_2_percent_across_two_forwarders(arrivals: Arrivals) -> None:
+    """1,000 items of a group at 100/s, all due now, released by two forwarders together: the
+    releases after the first burst come at 100/s within 2 %, and both forwarders released."""
+    arrivals.store.set_group("r", rate="100/s")
+    ids = arrivals.schedule("r", 1_000, first=time.time() - 1)
+    arrivals.start()
+    wait_for(lambda: len(arrivals.of("r")) == len(ids), 30, lambda: f"{len(arrivals.of('r'))} arrived")
+    times = sorted(arrivals.of("r").values())
+    steady = times[50:-50]  # past the bucket's first 10 and the forwarders' start
+    rate = (len(steady) - 1) / (steady[-1] - steady[0])
+    assert 98 <= rate <= 102, f"{rate:.2f}/s"
+    wait_for(lambda: all(n > 0 for n in arrivals.forwarded()), 5, lambda: f"forwarded {arrivals.forwarded()}")
+
+
+def test_a_throttle_and_a_pause_stop_a_group_at_every_forwarder_within_100_ms(arrivals: Arrivals) -> None:
+    """Items of two groups due every 20 ms; group s throttled for 1 s, later paused and resumed:
+    none of its items arrives from 100 ms after the throttle (or the pause) until it ends, group
+    q's keep arriving, and every item arrives once."""
+    start = time.time() + 2
+    s = arrivals.schedule("s", 250, first=start, step=0.02)
+    q = arrivals.schedule("q", 250, first=start, step=0.02)
+    arrivals.start()
+    wait_until(start + 1)
+    throttled = time.time()
+    until = arrivals.store.throttle_group("s", 1.0) / 1000
+    wait_until(start + 3)
+    paused = time.time()
+    arrivals.store.pause_group("s")
+    wait_until(start + 4)
+    resumed = time.time()
+    arrivals.store.resume_group("s")
+    wait_for(lambda: len(arrivals.seen) == 500, 20, lambda: f"{len(arrivals.seen)} arrived")
+    assert set(arrivals.of("s")) == set(s) and set(arrivals.of("q")) == set(q)
+    s_times = list(arrivals.of("s").values())
+    for stopped, ended in ((throttled, until), (paused, resumed)):
+        inside = [t - stopped for t in s_times if stopped + 0.1 <= t < ended]
+        assert inside == [], f"{len(inside)} items of s arrived while it was stopped (first at +{min(inside):.3f} s)"
+        assert sum(stopped + 0.1 <= t < ended for t in arrivals.of("q").values()) >= 20, "q kept flowing"
+    assert min(t for t in s_times if t >= resumed) - resumed < 1.2, "a resume is seen within a second"
+
+
+def wait_until(epoch: float) -> None:
+    time.sleep(max(0.0, epoch - time.time()))
