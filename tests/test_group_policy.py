@@ -19,10 +19,11 @@ from delayq_backends.envelope import Slot, with_slot
 from delayq_backends.errors import InvalidGroupPolicyError
 from delayq_backends.group_policies import MAX_THROTTLE_SECONDS
 from delayq_backends.models import GroupPolicy, GroupStatus, SlotGrant
-from delayq_backends.store import SlotAsk
+from delayq_backends.store import SlotAsk, SlotRun
 from delayq_backends.targets import RedisListTarget
 from tests.harness import Launcher, make_store
 from tests.helpers import wait_for
+from tests.test_security import Admin, admin, open_store, user_url  # noqa: F401 (admin: a fixture)
 from tests.test_slots import Running, past, running, schedule_line  # noqa: F401 (running: a fixture)
 
 #: Hostile writes to a group's policy and bucket: each must leave the group releasing, the
@@ -366,3 +367,52 @@ def test_a_throttle_and_a_pause_stop_a_group_at_every_forwarder_within_100_ms(ar
 
 def wait_until(epoch: float) -> None:
     time.sleep(max(0.0, epoch - time.time()))
+
+
+# -- the roles' credentials ----------------------------------------------------------------------
+
+
+def test_only_an_operator_sets_a_policy_and_a_worker_throttles_only_with_its_holds_token(
+    admin: Admin,  # noqa: F811 (the imported fixture)
+    prefix: str,
+) -> None:
+    """A producer or worker credential can neither set a group's policy (the API or raw writes
+    to the policy and bucket) nor throttle a group without the token of a hold it was given; a
+    worker's throttle with its token stops the group; the operator sets, pauses, resumes and
+    throttles; the reader reads."""
+    admin.install_functions()
+    operator, forwarder, producer, worker, reader = (
+        open_store(user_url(admin, prefix, role), prefix)
+        for role in ("operator", "forwarder", "producer", "worker", "reader")
+    )
+    forwarder.check_meta()
+    operator.set_slot_limit("g", 3)  # the limit string removed too: DEL on that key alone
+    operator.set_group("g", limit=2, rate="1000/s", weight=2)
+    for store in (producer, worker, reader):
+        for write in (
+            lambda s: s.set_group("g", limit=100),
+            lambda s: s.pause_group("g"),
+            lambda s: s.throttle_group("g", 60),
+            lambda s: s.client.hset(layout.group_policy_key(prefix, "g"), "paused", "x"),
+            lambda s: s.client.hset(layout.group_bucket_key(prefix, "g"), "tokens", "-1e9"),
+            lambda s: s.client.delete(layout.slot_limit_key(prefix, "g")),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                write(store)
+    assert reader.group_policy("g") == GroupPolicy(limit=2, rate="1000/s", weight=2.0)
+    take = lambda m: forwarder.take_slots({"g": SlotAsk(0, [(m, 0)])}, hold_ms=60_000, wait_ms=60_000)["g"]  # noqa: E731
+    held = take("a")
+    assert not isinstance(held, Exception) and held.places == (-1,)
+    worker.hold_slots({"g": [SlotRun("a", "not-its-token"), SlotRun("other", "")]}, "throttle", hold_ms=60_000)
+    ignored = take("b")
+    assert not isinstance(ignored, Exception) and ignored.places == (-1,) and ignored.throttled_until is None
+    assert "reports without their hold's token=1" in ignored.reset  # "other" holds nothing: no report counts
+    worker.hold_slots({"g": [SlotRun("a", held.tokens[0])]}, "throttle", hold_ms=60_000)
+    stopped = take("c")
+    assert not isinstance(stopped, Exception) and stopped.reasons == ("throttled",)
+    assert reader.group_policy("g").throttled_by == "worker:a"
+    operator.resume_group("g")
+    operator.pause_group("g")
+    assert not isinstance(paused := take("c"), Exception) and paused.reasons == ("paused",)
+    operator.resume_group("g")
+    assert not isinstance(again := take("c"), Exception) and again.places == (0,)  # at its limit: 2 held
