@@ -366,7 +366,6 @@ def _checked(group: Group) -> tuple[dict[str, Any], list[str]]:
     (:mod:`delayq_backends.group_policies`), so an item's values mean what an operator's do."""
     from . import group_policies as policy  # imported here: it imports this module
 
-    shown = repr(group.key)[:60]
     problems: list[str] = []
     values: dict[str, Any] = {}
     checks: list[tuple[str, Callable[[str, Any], object]]] = [
@@ -382,7 +381,10 @@ def _checked(group: Group) -> tuple[dict[str, Any], list[str]]:
         try:
             values[name] = check(group.key, value)
         except InvalidSlotError as exc:  # the policy's InvalidGroupPolicyError: a slot error, as ours
-            problems.append(str(exc).removeprefix(f"group {group.key!r}: ").removeprefix(f"group {shown}: "))
+            said = str(exc)  # the policy's "group KEY: ..." (KEY cut at 80), said once for all fields here
+            for named in (f"group {group.key!r}: ", f"group {repr(group.key)[:80]}: "):
+                said = said.removeprefix(named)
+            problems.append(said)
     if not (type(group.cost) is int and 1 <= group.cost <= MAX_COST):
         problems.append(f"cost={group.cost!r}: what one item counts against a rate, a whole number 1..{MAX_COST}")
     return values, problems
