@@ -7,15 +7,18 @@ Real Valkey, local Spark."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 from pyspark.sql import DataFrame, SparkSession
 from rq.job import Job
 
 from delayq_backends import DelayStore, Envelope, ScheduleCounts, ScheduledItem
 from delayq_backends.celery import GROUP_HEADER, StoredMessage
+from delayq_backends.cli import main
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Group, groups_of
 from delayq_backends.spark import CeleryTask, ListTarget, RQJob, schedule_dataframe
@@ -118,3 +121,17 @@ def test_celery_and_rq_rows_carry_their_groups_where_the_worker_reads_them(
     rq_store = make_store(valkey_server.url, other, shards=SHARDS)
     assert stored_groups(rq_store, j1) == (Group("tenant-7", 2),) and stored_groups(rq_store, j2) == ()
     conn.delete(*(job.key for job in jobs.values()))
+
+
+def test_cli_group_col(spark: SparkSession, valkey_url: str, store: DelayStore, prefix: str, tmp_path: Path) -> None:
+    source = str(tmp_path / "rows.parquet")
+    rows = [("c1", AT, "x", "tenant-7"), ("c2", AT, "y", None), ("bad", AT, "z", "")]
+    spark.createDataFrame(rows, "job_id string, at string, body string, tenant string").write.parquet(source)
+    done = CliRunner().invoke(
+        main,
+        ["spark", "schedule", source, "--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS),
+         "--id-col", "job_id", "--ready-col", "at", "--list-key", "L", "--body-col", "body", "--group-col", "tenant"],
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert "added 2, replaced 0, kept 0, rejected 1" in done.output and "printable text" in done.output
+    assert stored_groups(store, "c1") == (Group("tenant-7"),) and stored_groups(store, "c2") == ()
