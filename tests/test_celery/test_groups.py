@@ -69,6 +69,21 @@ def test_a_worker_holds_each_group_with_the_one_token_and_gives_all_back(celery_
     wait_for(lambda: [group_running(store, k) for k in keys] == [0, 0], 10, "every group's slot given back")
 
 
+def test_a_task_throttles_any_of_its_groups(celery_env: CeleryEnv, app: Celery) -> None:
+    """``delayq_backends.celery.throttle`` from inside a task of two groups throttles the one it
+    names (proven by the task's token), not the other."""
+    store = store_for(app)
+    task_id, token = str(uuid.uuid4()), uuid.uuid4().hex
+    keys = [f"g1-{task_id}", f"g2-{task_id}"]
+    hold_in_groups(store, keys, slot_member(task_id, 0), token)
+    headers = {GROUP_HEADER: keys, SLOT_TOKEN: token}
+    app.send_task("dqt.throttles", args=["t", keys[1], 60], task_id=task_id, headers=headers)
+    wait_for(lambda: any(r["id"] == task_id for r in celery_env.records()), 60, "the task to run")
+    group_running(store, keys[1])  # a take reads the report
+    assert store.group_policy(keys[1]).throttled_until is not None
+    assert store.group_policy(keys[0]).throttled_until is None
+
+
 @pytest.fixture
 def memory_app(valkey_url: str, prefix: str) -> Iterator[Celery]:
     app = make_app(
