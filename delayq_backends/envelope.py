@@ -504,12 +504,14 @@ def _check_distinct(groups: Sequence[Group], aliases: str) -> None:
 
 def _meta_groups(envelope: Envelope) -> list[Group]:
     """The groups stored in the envelope's :data:`GROUPS` field, those that are no group skipped
-    (written by another tool: such an item runs as if it did not name them rather than stay stuck)."""
+    (written by another tool: such an item runs as if it did not name them rather than stay stuck).
+    Only the first :data:`MAX_GROUPS` entries are read, all :func:`with_groups` writes: a planted
+    list of thousands costs a forwarder no more than three."""
     stored = envelope.meta.get(GROUPS)
     if not isinstance(stored, list):
         return []
     groups: list[Group] = []
-    for value in stored:
+    for value in stored[:MAX_GROUPS]:
         try:
             groups.append(Group.parse(value))
         except InvalidGroupError:

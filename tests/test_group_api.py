@@ -155,9 +155,25 @@ def test_stored_garbage_is_skipped_not_stuck(stored: Any) -> None:
     assert found in ((), (Group("ok"),), (Group("ok", 5),))
 
 
-def test_more_than_three_stored_are_cut_to_three() -> None:
+def test_only_the_first_three_stored_are_read() -> None:
     stored = [{"key": k} for k in "abcd"]
     assert [g.key for g in groups_of(Envelope("list", "out", meta={GROUPS: stored}))] == ["a", "b", "c"]
+    planted = [7] * 3 + [{"key": f"k{i}"} for i in range(100_000)]  # garbage first: none of the rest is read
+    assert groups_of(Envelope("list", "out", meta={GROUPS: planted})) == ()
+
+
+@pytest.mark.parametrize("header", [42, "", ["a", "b", "c", "d"], {"key": "k", "limit": "many"}])
+def test_a_worker_runs_a_task_whose_group_header_is_garbage(header: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Planted or corrupted in a message: the worker logs it and holds the groups it can read
+    (the task's slot here), and the task runs."""
+    from types import SimpleNamespace
+
+    from delayq_backends.celery.slots import groups_of_request
+
+    request = SimpleNamespace(id="t1", retries=0, delayq_group=header, delayq_slot="s", delayq_slot_token="tok")
+    found = groups_of_request(request)
+    assert found is not None and found[0] == (Group("s"),) and found[1].token == "tok"
+    assert any("task t1: header delayq_group" in r.message for r in caplog.records)
 
 
 keys = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Co", "Cn")), min_size=1, max_size=30)
