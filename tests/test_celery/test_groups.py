@@ -99,7 +99,7 @@ def memory_app(valkey_url: str, prefix: str) -> Iterator[Celery]:
     [
         ({"key": "t", "limit": 0}, "limit"),
         ({"key": "t", "rate": "10 per second"}, "'N/s', 'N/m' or 'N/h'"),
-        (["a", "b", "c", "d"], "1..3 groups"),
+        (["a", "b", "c", "d"], "at most 3"),
         (["a", "a"], "named twice"),
         (42, "is a int"),
     ],
@@ -112,9 +112,10 @@ def test_a_bad_group_header_sends_nothing_and_says_why(memory_app: Celery, heade
         assert "was NOT sent" in str(raised.value) and says in str(raised.value)
     assert sum(s.scheduled for s in store.stats()) == 0
     memory_app.send_task("dqt.record", args=["plain"])  # published at once: the only message
+    memory_app.send_task("dqt.record", args=["empty"], headers={GROUP_HEADER: []})  # an empty list is none: too
     with memory_app.connection_for_write() as conn:  # the bad ones were not published either
         queue = memory_app.conf.task_default_queue  # the test's own: the memory broker is the process's
-        assert conn.default_channel.queue_declare(queue, passive=True).message_count == 1
+        assert conn.default_channel.queue_declare(queue, passive=True).message_count == 2
 
 
 def test_group_goes_with_slot_rate_key_and_debounce(memory_app: Celery) -> None:
