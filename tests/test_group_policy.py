@@ -465,3 +465,23 @@ def test_group_policies_from_settings_say_what_is_wrong(valkey_url: str) -> None
         GroupPolicies.from_specs(["x"])
     refused = CliRunner().invoke(main, ["forward", "--url", valkey_url, "--group-policy", 'a={"rate": "fast"}'])
     assert refused.exit_code == 2 and "rate='fast': use 'N/s'" in refused.output
+
+
+def test_a_periodic_runs_overlap_modes_obey_the_policy_too(valkey_url: str, prefix: str) -> None:
+    """A run's "skip" is skipped while its group is paused or over its rate; "buffer" keeps the
+    one place in line it is allowed instead."""
+    store = make_store(valkey_url, prefix)
+    run = lambda member, mode, at: store.take_slots(  # noqa: E731
+        {"e": SlotAsk(1, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000, mode=mode, now=T0 + at
+    )["e"]
+    store.pause_group("e")
+    for mode, place in (("skip", -2), ("buffer", 0)):
+        grant = run("r1", mode, 0)
+        assert not isinstance(grant, Exception) and (grant.places, grant.reasons) == ((place,), ("paused",))
+    store.resume_group("e")
+    store.take_slots({"e": SlotAsk(1, [("r1", 0)])}, hold_ms=60_000, wait_ms=60_000, mode="leave")
+    store.set_group("e", limit=5, rate="1/m")
+    assert not isinstance(first := run("r2", "skip", 0), Exception) and first.places == (-1,)
+    over = run("r3", "skip", 1_000)
+    assert not isinstance(over, Exception) and (over.places, over.reasons) == ((-2,), ("rate",))
+    assert over.rate_until == T0 + 60_000
