@@ -18,7 +18,7 @@ import redis
 from celery import Celery
 from click.testing import CliRunner
 
-from delayq_backends import GroupPolicies
+from delayq_backends import DelayStore, GroupPolicies
 from delayq_backends import keys as layout
 from delayq_backends.celery import CelerySettings
 from delayq_backends.cli import main
@@ -115,8 +115,7 @@ def test_a_garbage_policy_reads_as_unset_and_does_not_raise(valkey_url: str, pre
 # -- the store's API ---------------------------------------------------------------------------
 
 
-def test_set_group_sets_what_it_is_given_and_leaves_the_rest(valkey_url: str, prefix: str) -> None:
-    store = make_store(valkey_url, prefix)
+def test_set_group_sets_what_it_is_given_and_leaves_the_rest(store: DelayStore) -> None:
     store.set_group("t", limit=2, rate=10, weight=3)
     assert store.group_policy("t") == GroupPolicy(limit=2, rate="10/s", weight=3.0)
     store.set_group("t", rate="30/m", paused=True)
@@ -151,14 +150,15 @@ def test_a_bad_policy_value_is_refused_with_what_to_pass_and_nothing_is_written(
         store.throttle_group("t", MAX_THROTTLE_SECONDS + 1)
 
 
-def test_set_slot_limit_is_set_group_limit_and_the_older_limit_string_yields(valkey_url: str, prefix: str) -> None:
+def test_set_slot_limit_is_set_group_limit_and_the_older_limit_string_yields(store: DelayStore) -> None:
     """A limit an earlier release stored (the limit string) applies until the policy sets one;
     setting or removing the limit through either name leaves one value in force."""
-    store = make_store(valkey_url, prefix)
-    store.client.set(layout.slot_limit_key(prefix, "k"), "5")  # an earlier release's set_slot_limit
+    store.client.set(layout.slot_limit_key(store.config.prefix, "k"), "5")  # an earlier release's set_slot_limit
     assert store.group_policy("k").limit == 5 and store.slot_status("k").limit == 5
     store.set_slot_limit("k", 2)
-    assert store.group_policy("k").limit == 2 and store.client.exists(layout.slot_limit_key(prefix, "k")) == 0
+    assert (
+        store.group_policy("k").limit == 2 and store.client.exists(layout.slot_limit_key(store.config.prefix, "k")) == 0
+    )
     grant = store.take_slots({"k": SlotAsk(4, [("a", 0), ("b", 1), ("c", 2)])}, hold_ms=60_000, wait_ms=60_000)["k"]
     assert not isinstance(grant, Exception) and (grant.limit, grant.places) == (2, (-1, -1, 0))
     assert grant.reasons == ("", "", "limit")
@@ -166,8 +166,7 @@ def test_set_slot_limit_is_set_group_limit_and_the_older_limit_string_yields(val
     assert store.group_policy("k").limit is None and store.slot_status("k").limit is None
 
 
-def test_pause_resume_and_throttle(valkey_url: str, prefix: str) -> None:
-    store = make_store(valkey_url, prefix)
+def test_pause_resume_and_throttle(store: DelayStore) -> None:
     take = lambda member: store.take_slots({"g": SlotAsk(0, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000)["g"]  # noqa: E731
     store.pause_group("g", by="ops-alice")
     paused = take("a")
@@ -224,11 +223,10 @@ def test_the_runtime_policy_wins_over_the_items_values_and_they_over_the_pattern
     assert not isinstance(other, Exception) and (other.limit, other.rate_per_s, other.weight) == (0, None, 9.0)
 
 
-def test_a_rate_charges_each_item_its_cost_and_says_when_the_next_may_go(valkey_url: str, prefix: str) -> None:
+def test_a_rate_charges_each_item_its_cost_and_says_when_the_next_may_go(store: DelayStore) -> None:
     """100/s holds 10 tokens (0.1 s worth); an item takes its cost, one costing more than the
     bucket holds goes when it is full and leaves a debt the next items wait out; a refusal keeps
     the order (none behind it goes in that call)."""
-    store = make_store(valkey_url, prefix)
     store.set_group("r", rate="100/s")
     n = iter(range(1000))
 
