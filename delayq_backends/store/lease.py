@@ -46,7 +46,37 @@ from ..timeutil import When, score_ms
 from .base import Payload, R, StoreCore, full_store_said_plainly
 from .starts import is_start_record
 
-__all__ = ["Forwarding", "Lease"]
+__all__ = ["CLAIMER_BYTES", "Forwarding", "Lease", "claim_token", "claimer_of"]
+
+#: Most bytes of a forwarder's name a claim token carries (as hex: twice as many characters);
+#: a leased entry holds the token per item, so a long name is cut.
+CLAIMER_BYTES = 24
+#: Between a token's random part and its claimer: no hex digit, so it cannot be read as random.
+_CLAIMER_MARK = "x"
+_RANDOM_CHARS = 16
+
+
+def claim_token(claimer: str = "") -> str:
+    """A claim's token: 16 random hex digits, then ``x`` and the claimer's name (its first
+    :data:`CLAIMER_BYTES` bytes of UTF-8, in hex) when there is one. Letters and digits only: every
+    release's claim (includes/checks.lua) reads a leased entry's token as ``%w+``, and a ``:``
+    would split the entry. The random part keeps two claims apart; the name is only read back, by
+    :func:`claimer_of`."""
+    random_part = secrets.token_hex(_RANDOM_CHARS // 2)
+    name = claimer.encode("utf-8", "replace")[:CLAIMER_BYTES]
+    return f"{random_part}{_CLAIMER_MARK}{name.hex()}" if name else random_part
+
+
+def claimer_of(token: str) -> str | None:
+    """The forwarder name a claim token carries (:func:`claim_token`; a name cut inside a
+    character shows U+FFFD there), None when it carries none (a token of an earlier release, or
+    one another tool wrote)."""
+    if token[_RANDOM_CHARS : _RANDOM_CHARS + 1] != _CLAIMER_MARK:
+        return None
+    try:
+        return bytes.fromhex(token[_RANDOM_CHARS + 1 :]).decode("utf-8", "replace") or None
+    except ValueError:
+        return None
 
 
 class Forwarding(StoreCore):
@@ -56,16 +86,26 @@ class Forwarding(StoreCore):
     a forwarder takes a :class:`Lease` from :meth:`lease` and settles through it.
     """
 
-    def claim(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Claim:
+    def claim(
+        self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None, claimer: str = ""
+    ) -> Claim:
         """Lease up to ``limit`` due items of ``shard``: ranked ones first (highest rank, then
         earliest), then the rest earliest first.
 
         ``now`` overrides the server clock (tests and the in-process testing store only).
+        ``claimer`` (a forwarder's name) is written into the claim's token (:func:`claim_token`),
+        so ``delayq why`` can say which forwarder holds an item.
         """
-        return self._run(self._claim_call(shard, limit, lease_ms, now), shard)
+        return self._run(self._claim_call(shard, limit, lease_ms, now, claimer), shard)
 
     def claim_many(
-        self, shards: Sequence[int], *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
+        self,
+        shards: Sequence[int],
+        *,
+        limit: int = 200,
+        lease_ms: int | None = None,
+        now: int | None = None,
+        claimer: str = "",
     ) -> list[Claim | Exception]:
         """:meth:`claim` on each of ``shards``, in one round trip: each shard's claim, or the
         error it raised (a key of another type, the server at maxmemory), so one bad shard does
@@ -77,7 +117,7 @@ class Forwarding(StoreCore):
             redis.ConnectionError, redis.TimeoutError: the store is unreachable, not one shard.
         """
         self.check_meta()
-        calls = [self._claim_call(shard, limit, lease_ms, now)(self._keys[shard]) for shard in shards]
+        calls = [self._claim_call(shard, limit, lease_ms, now, claimer)(self._keys[shard]) for shard in shards]
         return self._run_per_shard(calls)
 
     def _run_per_shard(self, calls: Sequence[ScriptCall[R]]) -> list[R | Exception]:
@@ -91,10 +131,10 @@ class Forwarding(StoreCore):
         return self.run_each(calls, _shard_reply)
 
     def _claim_call(
-        self, shard: int, limit: int, lease_ms: int | None, now: int | None
+        self, shard: int, limit: int, lease_ms: int | None, now: int | None, claimer: str = ""
     ) -> Callable[[ShardKeys], ScriptCall[Claim]]:
         lease = self.config.lease_ms if lease_ms is None else lease_ms
-        token = secrets.token_hex(8)
+        token = claim_token(claimer)
         return lambda k: ClaimScript.call(
             k,
             shard=shard,
