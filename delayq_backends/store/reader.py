@@ -20,7 +20,7 @@ from ..scripts.store import Purge, Requeue
 from ..timeutil import When, score_ms, to_ms
 from .base import StoreCore
 from .batches import fail_in_batches
-from .why import ItemRead, group_state, groups_of_item, item_state, read_groups
+from .why import ItemRead, group_state, held_by, item_state, read_groups
 
 __all__ = ["DEAD_CHUNK", "Reader"]
 
@@ -99,9 +99,8 @@ class Reader(StoreCore):
         )
         now = self.clock()
         found = item_state(read, now)
-        if found is not None:
-            return found
-        return group_state(read, read_groups(self, item_id, groups_of_item(envelope), now), now)
+        groups = held_by(found, envelope)
+        return group_state(found, read_groups(self, item_id, groups, now), now) if groups else found
 
     def scan(self, *, batch: int = 1000) -> Iterator[ScheduledItem]:
         """Every scheduled item, shard by shard, in no particular order (``ZSCAN``).

@@ -18,7 +18,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from ..envelope import Envelope, slot_of
-from ..errors import EnvelopeError, NewerFormatError
+from ..errors import EnvelopeError
 from ..keys import PARKED_MS, slot_holds_key, slot_limit_key, slot_waiting_key
 from ..models import Why
 from ..timeutil import MAX_MS, from_ms, score_ms
@@ -26,13 +26,15 @@ from .base import StoreCore
 from .lease import claimer_of
 from .slots import slot_item_ids
 
-__all__ = ["RUNNING_IDS", "GroupView", "ItemRead", "group_state", "item_state", "read_groups"]
+__all__ = ["RUNNING_IDS", "GroupView", "ItemRead", "group_state", "groups_of_item", "held_by", "item_state", "read_groups"]
 
 #: How many of the ids holding a group's slots an answer names ("2 of 2 running: a, b").
 RUNNING_IDS = 5
 
 #: The parking reason of an item waiting in its group's line (``group:<key>``).
 GROUP_REASON = "group"
+#: A "due" answer's reason when the item's lease ran out (its forwarder stopped, or is stuck).
+LEASE_RAN_OUT = "lease ran out"
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,10 @@ class GroupView:
     rate_until: int | None = None
 
 
-def item_state(read: ItemRead, now: int) -> Why | None:
-    """The item's state from its shard's values, or None when a group may hold it back (a
-    deferral of an item that carries groups, or a ``group:`` parking): :func:`group_state` then."""
+def item_state(read: ItemRead, now: int) -> Why:
+    """The item's state from its shard's values alone. For an item that carries groups, a "due",
+    "flow" or ``group:`` "parked" answer may be its groups' doing: :func:`held_by` says which
+    groups to read, :func:`group_state` what they hold."""
     if read.score is None or read.envelope is None:
         return _gone(read)
     score = score_ms(read.score)
@@ -84,31 +87,35 @@ def item_state(read: ItemRead, now: int) -> Why | None:
     ready = score_ms(fields[-1]) if len(fields) in (2, 3) and fields[-1].lstrip(b"-").isdigit() else score
     if score == PARKED_MS:
         return _parked(read, ready)
-    found = Why(read.id, "due", "", ready_ms=ready)
+    found = Why(read.id, "due", "", ready_ms=ready, queue=_queue(read.envelope))
     if len(fields) == 3 and fields[0].isdigit():
         until, kind = score_ms(fields[0]), fields[1].decode("ascii", "replace")
         if kind == "published":
             return _say(replace(found, state="awaiting_start", until_ms=until))
         if kind == "deferred" and until > now:
-            return None if groups_of_item(read.envelope) else _flow(found, read.envelope, until)
+            return _say(replace(found, state="flow", until_ms=until))
         if kind != "deferred" and until > now:
             return _say(replace(found, state="leased", until_ms=until, forwarder=claimer_of(kind)))
         if kind != "deferred":
-            return _say(replace(found, until_ms=until, reason="lease ran out"))
+            return _say(replace(found, until_ms=until, reason=LEASE_RAN_OUT))
     if score > now:
         return _say(replace(found, state="scheduled", until_ms=None if score >= MAX_MS - 1000 else score))
     return _say(found)
 
 
-def group_state(read: ItemRead, views: Sequence[GroupView], now: int) -> Why:
-    """The state of an item its groups hold back (``views``: its groups, its line group first):
-    the first of them paused, throttled, at its limit or over its rate; else its place in its
-    line group's line. ``until_ms`` is when a forwarder looks at it again (its deferral's
-    not-before time, or its parking's re-check) unless a group's own time says more."""
-    fields = (read.lease or b"").split(b":")
-    ready = score_ms(fields[-1]) if fields[-1].lstrip(b"-").isdigit() else score_ms(read.score)
-    until = score_ms(read.recheck if score_ms(read.score) == PARKED_MS else fields[0])
-    found = Why(read.id, "group_line", "", until_ms=until, ready_ms=ready, queue=_queue(read.envelope))
+def held_by(found: Why, envelope: bytes | None) -> list[tuple[str, int | None]]:
+    """The groups that may be what holds the item ``found`` describes: those it carries when it
+    is due (a claim would meet them), deferred (flow control or, before group lines, its
+    group's refusal) or parked in its group's line; none otherwise."""
+    grouped = found.state in ("due", "flow") or (found.state == "parked" and _in_line(found.reason))
+    return groups_of_item(envelope) if grouped and envelope else []
+
+
+def group_state(found: Why, views: Sequence[GroupView], now: int) -> Why:
+    """What the item's groups (``views``, its line group first) do to ``found``: the first of
+    them paused, throttled, at its limit or over its rate holds it; else it waits in its line
+    group's line when it is in it (parked there, or deferred in it), or is ``found`` as it was.
+    ``until_ms`` stays when a forwarder looks at it again unless a group's own time says more."""
     for view in views:
         held = replace(found, group=view.key, running=view.running, running_ids=view.running_ids, limit=view.limit)
         if view.paused_by is not None:
@@ -117,11 +124,14 @@ def group_state(read: ItemRead, views: Sequence[GroupView], now: int) -> Why:
             throttled = replace(held, state="group_throttled", until_ms=view.throttled_until)
             return _say(replace(throttled, reason=view.throttled_by))
         if view.limit is not None and view.running >= view.limit:
-            return _say(replace(held, state="group_limit", ahead=views[0].ahead))
+            return _say(replace(held, state="group_limit", ahead=views[0].ahead, reason=None))
         if view.rate_until is not None and view.rate_until > now:
-            return _say(replace(held, state="group_rate", until_ms=view.rate_until))
+            return _say(replace(held, state="group_rate", until_ms=view.rate_until, reason=None))
     line = views[0]
-    return _say(replace(found, group=line.key, running=line.running, limit=line.limit, ahead=line.ahead or 0))
+    if found.state == "parked" or (found.state == "flow" and line.ahead is not None):
+        in_line = replace(found, state="group_line", group=line.key, running=line.running, limit=line.limit)
+        return _say(replace(in_line, ahead=line.ahead or 0, reason=None))
+    return found
 
 
 def groups_of_item(envelope: bytes) -> list[tuple[str, int | None]]:
@@ -217,17 +227,16 @@ def _attempts(raw: Any) -> int | None:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else None
 
 
-def _parked(read: ItemRead, ready: int) -> Why | None:
-    """A parked item's state: None when it waits in its group's line (a ``group:`` reason)."""
+def _in_line(reason: str | None) -> bool:
+    """Whether a parking reason is a group's line (``group:<key>``)."""
+    return (reason or "").partition(":")[0] == GROUP_REASON
+
+
+def _parked(read: ItemRead, ready: int) -> Why:
+    """A parked item's state, and why (a ``group:`` reason: :func:`group_state` says more)."""
     why = read.parked_why.decode("utf-8", "backslashreplace") if isinstance(read.parked_why, bytes) else "unknown"
-    if why.partition(":")[0] == GROUP_REASON and groups_of_item(read.envelope or b""):
-        return None
     until = score_ms(read.recheck) if read.recheck is not None else None
     return _say(Why(read.id, "parked", "", until_ms=until, ready_ms=ready, reason=why))
-
-
-def _flow(found: Why, envelope: bytes, until: int) -> Why:
-    return _say(replace(found, state="flow", until_ms=until, queue=_queue(envelope)))
 
 
 def _say(why: Why) -> Why:
@@ -259,10 +268,8 @@ def _parked_line(w: Why) -> str:
 
 
 def _due(w: Why) -> str:
-    if w.reason == "lease ran out":
+    if w.reason == LEASE_RAN_OUT:
         return f"due: its lease ran out at {at(w.until_ms)} (its forwarder stopped?); the next claim takes it"
-    if w.until_ms is not None:
-        return f"due: held until {at(w.until_ms)}, now free; the next claim takes it"
     return f"due since {at(w.ready_ms)}: the next claim takes it"
 
 
