@@ -34,15 +34,31 @@ import logging
 import os
 import threading
 from collections import Counter
+from typing import Any
 
 from redis.exceptions import RedisError
 
+from .envelope import Group, Slot, fold_groups, parse_groups
 from .errors import DelayqError
 from .store import RUN_HOLD_MS, DelayStore, SlotRun
 
-__all__ = ["SlotGuard"]
+__all__ = ["SlotGuard", "held_groups"]
 
 log = logging.getLogger("delayq.slots")
+
+
+def held_groups(named: Any, slot: Slot | None, where: str) -> tuple[Group, ...]:
+    """The groups a worker holds while a task runs: those its message names (``named``, a
+    ``delayq_group`` header or job meta; None: none), then its slot, folded as
+    :func:`~delayq_backends.envelope.groups_of` folds them from the stored envelope. Groups that
+    are none are logged (as ``where``: which task, which field) and left out: the task runs."""
+    found: list[Group] = []
+    if named is not None:
+        try:
+            found += parse_groups(named)
+        except DelayqError as exc:
+            log.warning("%s: %s", where, exc)
+    return fold_groups(found if slot is None else [*found, Group.parse(slot)])
 
 
 class SlotGuard:
