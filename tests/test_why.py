@@ -145,6 +145,17 @@ def test_a_group_at_its_limit_names_what_runs(vstore: DelayStore) -> None:
     assert vstore.why("t7-new").state == "due"
 
 
+def test_the_first_of_an_items_groups_that_holds_it_is_named(vstore: DelayStore) -> None:
+    """An item of tenant-1 (no limit) and endpoint-x (limit 1, its one slot taken): endpoint-x holds it."""
+    vstore.take_slots({"endpoint-x": SlotAsk(1, [("other", 0)])}, hold_ms=60_000, wait_ms=60_000)
+    vstore.schedule("call", past(), item(), group=["tenant-1", {"key": "endpoint-x", "limit": 1}])
+    held = vstore.why("call")
+    assert (held.state, held.group, held.running_ids, held.limit) == ("group_limit", "endpoint-x", ("other",), 1)
+    assert held.line == "waiting for group endpoint-x (1 of 1 running: other)"
+    vstore.schedule("free", past(), item(), group=["tenant-1", "endpoint-y"])
+    assert vstore.why("free").state == "due"
+
+
 def test_a_parked_item_says_why_and_when_it_is_looked_at(vstore: DelayStore) -> None:
     vstore.schedule("rq-job", past(), Envelope("rq", "default", b""))
     target = CollectingTarget("list")

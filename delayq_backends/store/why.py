@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from ..envelope import Envelope, slot_of
+from ..envelope import Envelope, Group, groups_of
 from ..errors import EnvelopeError
 from ..keys import PARKED_MS, slot_holds_key, slot_limit_key, slot_waiting_key
 from ..models import Why
@@ -103,12 +103,12 @@ def item_state(read: ItemRead, now: int) -> Why:
     return _say(found)
 
 
-def held_by(found: Why, envelope: bytes | None) -> list[tuple[str, int | None]]:
+def held_by(found: Why, envelope: bytes | None) -> tuple[Group, ...]:
     """The groups that may be what holds the item ``found`` describes: those it carries when it
     is due (a claim would meet them), deferred (flow control or, before group lines, its
     group's refusal) or parked in its group's line; none otherwise."""
     grouped = found.state in ("due", "flow") or (found.state == "parked" and _in_line(found.reason))
-    return groups_of_item(envelope) if grouped and envelope else []
+    return groups_of_item(envelope) if grouped and envelope else ()
 
 
 def group_state(found: Why, views: Sequence[GroupView], now: int) -> Why:
@@ -134,45 +134,43 @@ def group_state(found: Why, views: Sequence[GroupView], now: int) -> Why:
     return found
 
 
-def groups_of_item(envelope: bytes) -> list[tuple[str, int | None]]:
-    """(key, the item's own limit) of each group an envelope carries, its line group first;
+def groups_of_item(envelope: bytes) -> tuple[Group, ...]:
+    """The groups an envelope carries, its line group first (aliases folded in: ``groups_of``);
     none when it carries none or cannot be read here."""
     try:
-        decoded = Envelope.decode(envelope)
+        return groups_of(Envelope.decode(envelope))
     except EnvelopeError:
-        return []
-    found = slot_of(decoded)
-    return [] if found is None else [(found[0].key, found[0].limit)]
+        return ()
 
 
-def read_groups(store: StoreCore, item_id: str, groups: Sequence[tuple[str, int | None]], now: int) -> list[GroupView]:
+def read_groups(store: StoreCore, item_id: str, groups: Sequence[Group], now: int) -> list[GroupView]:
     """Each of ``groups`` as it stands for ``item_id`` (reads only): one round trip, and one
     more for its place when it is in a group's line. A group key of another type (a hand write)
     reads as empty, as the group scripts treat it."""
     prefix = store.config.prefix
     with store.client.pipeline(transaction=False) as pipe:
-        for key, _ in groups:
+        for key in (g.key for g in groups):
             holds = slot_holds_key(prefix, key)
             pipe.get(slot_limit_key(prefix, key))
             pipe.zcount(holds, f"({now}", "+inf")
             pipe.zrangebyscore(holds, f"({now}", "+inf", start=0, num=RUNNING_IDS)
             pipe.zscore(slot_waiting_key(prefix, key), item_id)
         replies = _plain(pipe.execute(raise_on_error=False))
-    places = {key: replies[4 * n + 3] for n, (key, _) in enumerate(groups) if replies[4 * n + 3] is not None}
+    places = {g.key: replies[4 * n + 3] for n, g in enumerate(groups) if replies[4 * n + 3] is not None}
     with store.client.pipeline(transaction=False) as pipe:
         for key, place in places.items():
             pipe.zcount(slot_waiting_key(prefix, key), "-inf", f"({place}")
         ahead = dict(zip(places, _plain(pipe.execute(raise_on_error=False)))) if places else {}
     views = []
-    for n, (key, own_limit) in enumerate(groups):
+    for n, group in enumerate(groups):
         raw_limit, running, holders, _ = replies[4 * n : 4 * n + 4]
         views.append(
             GroupView(
-                key,
-                _limit(raw_limit, own_limit),
+                group.key,
+                _limit(raw_limit, group.limit),
                 running if isinstance(running, int) else 0,
                 tuple(slot_item_ids(_text(m))[-1] for m in holders or ()),
-                ahead.get(key),
+                ahead.get(group.key),
             )
         )
     return views
