@@ -183,7 +183,11 @@ def test_why_says_it_in_one_line_or_as_json_and_exits_1_for_an_unknown_id(cli: I
     vstore.schedule("later", FAR, envelope())
     assert expect(cli("why", "later")) == "later: not due until 2096-10-02T07:06:40.000Z\n"
     answer = json.loads(expect(cli("why", "later", "--json")))
-    assert (answer["state"], answer["until"], answer["ready"]) == ("scheduled", "2096-10-02T07:06:40.000Z", answer["until"])
+    assert (answer["state"], answer["until"], answer["ready"]) == (
+        "scheduled",
+        "2096-10-02T07:06:40.000Z",
+        answer["until"],
+    )
     bury(vstore, "broken")
     assert expect(cli("why", "broken")).startswith("broken: dead since ")
     assert "not scheduled and no dead letter" in expect(cli("why", "nope"), code=1)

@@ -21,8 +21,8 @@ from delayq_backends.envelope import Envelope
 from delayq_backends.errors import InvalidIdError
 from delayq_backends.flow import FlowControl
 from delayq_backends.forwarder import Forwarder
+from delayq_backends.keys import claim_token, claimer_of
 from delayq_backends.models import WHY_STATES, FailedDelivery, Why
-from delayq_backends.store.lease import claim_token, claimer_of
 from delayq_backends.store import SlotAsk
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.testing import CollectingTarget
@@ -134,7 +134,10 @@ def test_a_group_at_its_limit_names_what_runs(vstore: DelayStore) -> None:
     waiting = vstore.why(ids[3])
     assert (waiting.state, waiting.group, waiting.running, waiting.limit) == ("group_limit", "tenant-7", 2, 2)
     assert sorted(waiting.running_ids) == ids[:2] and waiting.ahead == 1
-    assert waiting.line == f"waiting for group tenant-7 (2 of 2 running: {', '.join(waiting.running_ids)}); 1 ahead of it in its line"
+    assert (
+        waiting.line
+        == f"waiting for group tenant-7 (2 of 2 running: {', '.join(waiting.running_ids)}); 1 ahead of it in its line"
+    )
     vstore.schedule("t7-new", past(), item("t7-new"), slot={"key": "tenant-7", "limit": 2})
     due = vstore.why("t7-new")  # due, unclaimed (an earlier release's producer): a claim would meet the limit
     assert (due.state, due.until_ms, due.ahead, due.running) == ("group_limit", None, None, 2)
@@ -227,7 +230,9 @@ def test_the_reader_role_answers(vstore: DelayStore, prefix: str, valkey_url: st
     admin.execute_command(*acl_setuser(name, prefix, "reader", password=password))
     try:
         port = admin.connection_pool.connection_kwargs["port"]
-        reader = DelayStore(connect(f"redis://{name}:{password}@127.0.0.1:{port}/0"), Config(prefix=prefix, shards=SHARDS))
+        reader = DelayStore(
+            connect(f"redis://{name}:{password}@127.0.0.1:{port}/0"), Config(prefix=prefix, shards=SHARDS)
+        )
         for item_id in ("r0", "r1", "r2", "r-later", "nothing"):
             assert reader.why(item_id) == vstore.why(item_id)
         assert {reader.why(i).state for i in ("r1", "r2")} == {"group_limit"}
@@ -254,5 +259,3 @@ def test_a_concurrent_answer_never_fails_while_items_move(vstore: DelayStore) ->
     reader.join(10)
     assert answers and set(answers) <= {"due", "leased", "unknown"}
     assert {vstore.why(f"m{n}").state for n in range(300)} == {"unknown"}
-
-

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import redis
 
 from ..connection import on_store_server
-from ..keys import ShardKeys, key_rate_key, rate_key
+from ..keys import ShardKeys, claim_token, key_rate_key, rate_key
 from ..models import (
     Claim,
     ClaimedItem,
@@ -46,37 +45,7 @@ from ..timeutil import When, score_ms
 from .base import Payload, R, StoreCore, full_store_said_plainly
 from .starts import is_start_record
 
-__all__ = ["CLAIMER_BYTES", "Forwarding", "Lease", "claim_token", "claimer_of"]
-
-#: Most bytes of a forwarder's name a claim token carries (as hex: twice as many characters);
-#: a leased entry holds the token per item, so a long name is cut.
-CLAIMER_BYTES = 24
-#: Between a token's random part and its claimer: no hex digit, so it cannot be read as random.
-_CLAIMER_MARK = "x"
-_RANDOM_CHARS = 16
-
-
-def claim_token(claimer: str = "") -> str:
-    """A claim's token: 16 random hex digits, then ``x`` and the claimer's name (its first
-    :data:`CLAIMER_BYTES` bytes of UTF-8, in hex) when there is one. Letters and digits only: every
-    release's claim (includes/checks.lua) reads a leased entry's token as ``%w+``, and a ``:``
-    would split the entry. The random part keeps two claims apart; the name is only read back, by
-    :func:`claimer_of`."""
-    random_part = secrets.token_hex(_RANDOM_CHARS // 2)
-    name = claimer.encode("utf-8", "replace")[:CLAIMER_BYTES]
-    return f"{random_part}{_CLAIMER_MARK}{name.hex()}" if name else random_part
-
-
-def claimer_of(token: str) -> str | None:
-    """The forwarder name a claim token carries (:func:`claim_token`; a name cut inside a
-    character shows U+FFFD there), None when it carries none (a token of an earlier release, or
-    one another tool wrote)."""
-    if token[_RANDOM_CHARS : _RANDOM_CHARS + 1] != _CLAIMER_MARK:
-        return None
-    try:
-        return bytes.fromhex(token[_RANDOM_CHARS + 1 :]).decode("utf-8", "replace") or None
-    except ValueError:
-        return None
+__all__ = ["Forwarding", "Lease"]
 
 
 class Forwarding(StoreCore):

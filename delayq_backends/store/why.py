@@ -19,14 +19,22 @@ from redis.exceptions import ResponseError
 
 from ..envelope import Envelope, Group, groups_of
 from ..errors import EnvelopeError
-from ..keys import PARKED_MS, slot_holds_key, slot_limit_key, slot_waiting_key
+from ..keys import PARKED_MS, claimer_of, slot_holds_key, slot_limit_key, slot_waiting_key
 from ..models import Why
 from ..timeutil import MAX_MS, from_ms, score_ms
 from .base import StoreCore
-from .lease import claimer_of
 from .slots import slot_item_ids
 
-__all__ = ["RUNNING_IDS", "GroupView", "ItemRead", "group_state", "groups_of_item", "held_by", "item_state", "read_groups"]
+__all__ = [
+    "RUNNING_IDS",
+    "GroupView",
+    "ItemRead",
+    "group_state",
+    "groups_of_item",
+    "held_by",
+    "item_state",
+    "read_groups",
+]
 
 #: How many of the ids holding a group's slots an answer names ("2 of 2 running: a, b").
 RUNNING_IDS = 5
@@ -272,26 +280,34 @@ def _due(w: Why) -> str:
 
 
 _LINES = {
-    "unknown": lambda w: f"unknown id {w.id!r}: not scheduled and no dead letter (forwarded, cancelled, purged, "
-    "or never scheduled)",
-    "dead": lambda w: f"dead since {at(w.since_ms)}: {w.reason}"
-    + (f" ({w.attempts} attempts)" if w.attempts is not None else ""),
-    "scheduled": lambda w: "never due: a paused or finished periodic entry"
-    if w.until_ms is None
-    else f"not due until {at(w.until_ms)}",
+    "unknown": lambda w: (
+        f"unknown id {w.id!r}: not scheduled and no dead letter (forwarded, cancelled, purged, or never scheduled)"
+    ),
+    "dead": lambda w: (
+        f"dead since {at(w.since_ms)}: {w.reason}" + (f" ({w.attempts} attempts)" if w.attempts is not None else "")
+    ),
+    "scheduled": lambda w: (
+        "never due: a paused or finished periodic entry" if w.until_ms is None else f"not due until {at(w.until_ms)}"
+    ),
     "due": _due,
-    "leased": lambda w: f"leased by forwarder {w.forwarder or '(unnamed: an earlier release)'} until {at(w.until_ms)}"
-    " (being published)",
+    "leased": lambda w: (
+        f"leased by forwarder {w.forwarder or '(unnamed: an earlier release)'} until {at(w.until_ms)} (being published)"
+    ),
     "awaiting_start": lambda w: f"published, awaiting its worker's start until {at(w.until_ms)} (then published again)",
-    "flow": lambda w: f"held by flow control on queue {w.queue} until {at(w.until_ms)} (deferred by flow: "
-    "a full broker queue or a rate cap)",
+    "flow": lambda w: (
+        f"held by flow control on queue {w.queue} until {at(w.until_ms)} (deferred by flow: "
+        "a full broker queue or a rate cap)"
+    ),
     "group_paused": lambda w: f"group {w.group} paused (by {w.reason})",
-    "group_throttled": lambda w: f"group {w.group} throttled until {at(w.until_ms)}"
-    + (f" (by {w.reason})" if w.reason else ""),
+    "group_throttled": lambda w: (
+        f"group {w.group} throttled until {at(w.until_ms)}" + (f" (by {w.reason})" if w.reason else "")
+    ),
     "group_limit": _group_limit,
     "group_rate": lambda w: f"over group {w.group}'s rate until {at(w.until_ms)}",
-    "group_line": lambda w: f"behind {w.ahead} items of group {w.group}"
-    if w.ahead
-    else f"next in group {w.group}'s line: released at {at(w.until_ms)} or when a slot frees",
+    "group_line": lambda w: (
+        f"behind {w.ahead} items of group {w.group}"
+        if w.ahead
+        else f"next in group {w.group}'s line: released at {at(w.until_ms)} or when a slot frees"
+    ),
     "parked": _parked_line,
 }

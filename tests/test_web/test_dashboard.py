@@ -198,7 +198,12 @@ def test_the_item_view_says_why_an_item_waits(
     letter: the item view answers each as ``delayq why`` does."""
     start = datetime.now(timezone.utc) - timedelta(seconds=30)
     for n in range(3):
-        web_store.schedule(f"t7-{n}", start + timedelta(milliseconds=n), Envelope("list", "out", b""), slot={"key": "tenant-7", "limit": 1})
+        web_store.schedule(
+            f"t7-{n}",
+            start + timedelta(milliseconds=n),
+            Envelope("list", "out", b""),
+            slot={"key": "tenant-7", "limit": 1},
+        )
     Forwarder(web_store, [CollectingTarget("list")]).run_once()
     web_store.schedule("invoice-42", timedelta(minutes=30), Envelope("rq", "billing", b""))
     bury(web_store, ["dead-a"])
@@ -207,11 +212,14 @@ def test_the_item_view_says_why_an_item_waits(
     page.goto(dashboard.base + "/")
     page.fill("#token", TOKEN)
     page.click("#connect")
-    for item_id, words in (("t7-2", "waiting for group tenant-7 (1 of 1 running: t7-0)"), ("invoice-42", "not due until")):
-        page.fill("#search-id", item_id)
+    for found, words in (
+        ("t7-2", "waiting for group tenant-7 (1 of 1 running: t7-0)"),
+        ("invoice-42", "not due until"),
+    ):
+        page.fill("#search-id", found)
         page.click("#search button")
-        expect(page.locator("#item-details")).to_contain_text(f"id{item_id}")
-        expect(page.locator("#item-why")).to_have_text(web_store.why(item_id).line)
+        expect(page.locator("#item-details")).to_contain_text(f"id{found}")
+        expect(page.locator("#item-why")).to_have_text(web_store.why(found).line)
         expect(page.locator("#item-why")).to_contain_text(words)
     page.fill("#search-id", "dead-a")
     page.click("#search button")
