@@ -159,6 +159,33 @@ def test_the_first_of_an_items_groups_that_holds_it_is_named(vstore: DelayStore)
     assert vstore.why("free").state == "due"
 
 
+def test_a_paused_throttled_or_rate_capped_group_says_so(vstore: DelayStore) -> None:
+    """Runtime policies, applied by a real forwarder's take (slot_take.lua): a paused group
+    releases nothing, a throttle holds it until its end, a rate of 1/m lets one go a minute."""
+    vstore.pause_group("tenant-9")
+    vstore.set_group("api", rate="1/m")
+    for n in range(2):
+        vstore.schedule(f"t9-{n}", past(), item(), slot="tenant-9")
+        vstore.schedule(f"api-{n}", past(1 - n), item(), slot="api")
+    target = CollectingTarget("list")
+    Forwarder(vstore, [target]).run_once()
+    assert target.ids == ["api-0"]
+    paused = vstore.why("t9-1")
+    assert (paused.state, paused.group, paused.reason) == ("group_paused", "tenant-9", "operator")
+    assert paused.line == "group tenant-9 paused (by operator)"
+    over = vstore.why("api-1")
+    now = vstore.server_time_ms()
+    assert over.state == "group_rate" and over.until_ms is not None and now + 55_000 < over.until_ms <= now + 60_000
+    assert over.line == f"over group api's rate until {iso(over.until_ms)}"
+    vstore.resume_group("tenant-9")
+    until = vstore.throttle_group("tenant-9", 30, by="worker:t9-0")
+    throttled = vstore.why("t9-0")
+    assert (throttled.state, throttled.until_ms, throttled.reason) == ("group_throttled", until, "worker:t9-0")
+    assert throttled.line == f"group tenant-9 throttled until {iso(until)} (by worker:t9-0)"
+    vstore.resume_group("tenant-9")  # the throttle ends too: only its deferral holds it now
+    assert vstore.why("t9-0").state in ("flow", "due")
+
+
 def test_a_parked_item_says_why_and_when_it_is_looked_at(vstore: DelayStore) -> None:
     vstore.schedule("rq-job", past(), Envelope("rq", "default", b""))
     target = CollectingTarget("list")

@@ -11,21 +11,35 @@ its rate, or behind other items of its line. Reads only: the ``reader`` ACL role
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import ResponseError
 
 from ..envelope import Envelope, Group, groups_of
 from ..errors import EnvelopeError
-from ..keys import PARKED_MS, claimer_of, slot_holds_key, slot_limit_key, slot_waiting_key
+from ..group_policies import rate_per_second
+from ..keys import (
+    PARKED_MS,
+    claimer_of,
+    group_bucket_key,
+    group_policy_key,
+    slot_holds_key,
+    slot_limit_key,
+    slot_waiting_key,
+)
 from ..models import Why
 from ..timeutil import MAX_MS, from_ms, score_ms
 from .base import StoreCore
+from .groups import POLICY_FIELDS
+from .groups import _policy as policy_of
 from .slots import slot_item_ids
 
 __all__ = [
+    "BUCKET_FIELDS",
+    "MAX_DEBT_MS",
     "RUNNING_IDS",
     "GroupView",
     "ItemRead",
@@ -33,11 +47,20 @@ __all__ = [
     "groups_of_item",
     "held_by",
     "item_state",
+    "rate_until",
     "read_groups",
 ]
 
 #: How many of the ids holding a group's slots an answer names ("2 of 2 running: a, b").
 RUNNING_IDS = 5
+#: A rate bucket's fields, as ``includes/policy.lua`` writes them.
+BUCKET_FIELDS = ("tokens", "at")
+#: The deepest debt of a rate bucket, in ms of its rate (MAX_DEBT_MS in ``includes/policy.lua``).
+MAX_DEBT_MS = 3_600_000
+#: Replies per group of :func:`read_groups`' first round trip.
+_READS = 6
+
+T = TypeVar("T")
 
 #: The parking reason of an item waiting in its group's line (``group:<key>``).
 GROUP_REASON = "group"
@@ -152,36 +175,74 @@ def groups_of_item(envelope: bytes) -> tuple[Group, ...]:
 
 
 def read_groups(store: StoreCore, item_id: str, groups: Sequence[Group], now: int) -> list[GroupView]:
-    """Each of ``groups`` as it stands for ``item_id`` (reads only): one round trip, and one
-    more for its place when it is in a group's line. A group key of another type (a hand write)
-    reads as empty, as the group scripts treat it."""
+    """Each of ``groups`` as it stands for ``item_id`` (reads only), its values as the group
+    scripts apply them: the runtime policy over the item's own over the patterns'
+    (``Config.group_policies``, as this process has them). One round trip, and one more for its
+    place when it is in a group's line. A group key of another type (a hand write) reads as
+    empty, as the group scripts treat it."""
     prefix = store.config.prefix
     with store.client.pipeline(transaction=False) as pipe:
         for key in (g.key for g in groups):
             holds = slot_holds_key(prefix, key)
+            pipe.hmget(group_policy_key(prefix, key), POLICY_FIELDS)
             pipe.get(slot_limit_key(prefix, key))
             pipe.zcount(holds, f"({now}", "+inf")
             pipe.zrangebyscore(holds, f"({now}", "+inf", start=0, num=RUNNING_IDS)
+            pipe.hmget(group_bucket_key(prefix, key), BUCKET_FIELDS)
             pipe.zscore(slot_waiting_key(prefix, key), item_id)
         replies = _plain(pipe.execute(raise_on_error=False))
-    places = {g.key: replies[4 * n + 3] for n, g in enumerate(groups) if replies[4 * n + 3] is not None}
+    rows = [replies[n : n + _READS] for n in range(0, len(replies), _READS)]
+    places = {g.key: row[-1] for g, row in zip(groups, rows) if row[-1] is not None}
     with store.client.pipeline(transaction=False) as pipe:
         for key, place in places.items():
             pipe.zcount(slot_waiting_key(prefix, key), "-inf", f"({place}")
         ahead = dict(zip(places, _plain(pipe.execute(raise_on_error=False)))) if places else {}
     views = []
-    for n, group in enumerate(groups):
-        raw_limit, running, holders, _ = replies[4 * n : 4 * n + 4]
+    for group, (fields, alias, running, holders, bucket, _) in zip(groups, rows):
+        runtime = policy_of(fields, alias, now)
+        pattern = store.config.group_policies.of(group.key)
+        rate = _first(runtime.rate, group.rate, pattern.rate)
         views.append(
             GroupView(
                 group.key,
-                _limit(raw_limit, group.limit),
+                _first(runtime.limit, group.limit, pattern.limit),
                 running if isinstance(running, int) else 0,
                 tuple(slot_item_ids(_text(m))[-1] for m in holders or ()),
                 ahead.get(group.key),
+                runtime.paused,
+                runtime.throttled_until,
+                runtime.throttled_by,
+                None if rate is None else rate_until(bucket, rate, group.cost, now),
             )
         )
     return views
+
+
+def rate_until(bucket: Any, rate: str, cost: int, now: int) -> int | None:
+    """When a group's rate bucket (its HMGET ``tokens``, ``at``) holds ``cost`` tokens again, None
+    when it does now: the read side of ``includes/policy.lua``'s bucket, which holds 0.1 s worth
+    (at least one token), refills at the rate, and starts full when absent or garbage."""
+    per_ms = rate_per_second(rate) / 1000
+    burst = max(1, math.ceil(per_ms * 100))
+    tokens, at = (_number(v) for v in (bucket if isinstance(bucket, list) else (None, None)))
+    if tokens is None or at is None or not -per_ms * MAX_DEBT_MS <= tokens <= burst or at > now:
+        tokens, at = burst, now
+    held = min(burst, tokens + (now - at) * per_ms)
+    need = min(cost, burst)
+    return None if held >= need else now + math.ceil((need - held) / per_ms)
+
+
+def _first(*values: T | None) -> T | None:
+    """The first value set: the runtime policy's, the item's, the patterns'."""
+    return next((v for v in values if v is not None), None)
+
+
+def _number(raw: Any) -> float | None:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _plain(replies: list[Any]) -> list[Any]:
@@ -191,12 +252,6 @@ def _plain(replies: list[Any]) -> list[Any]:
         if isinstance(reply, Exception) and type(reply) is not ResponseError:
             raise reply
     return [None if isinstance(r, Exception) else r for r in replies]
-
-
-def _limit(raw: Any, own: int | None) -> int | None:
-    """The runtime limit when one is set (a whole number >= 1), else the item's own."""
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""
-    return int(text) if text.isdigit() and int(text) >= 1 else own
 
 
 def _text(member: Any) -> str:
