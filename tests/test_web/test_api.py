@@ -118,7 +118,7 @@ def test_why_answers_for_every_id(client: TestClient, web_store: DelayStore) -> 
     assert later.json() | {"running_ids": []} == {
         "id": "a/b", "state": "scheduled", "line": "not due until 2033-05-18T03:33:20.000Z",
         "until": "2033-05-18T03:33:20.000Z", "since": None, "ready": "2033-05-18T03:33:20.000Z", "attempts": None,
-        "group": None, "running": None, "running_ids": [], "limit": None, "ahead": None, "queue": None,
+        "group": None, "running": None, "running_ids": [], "limit": None, "ahead": None, "queue": "somewhere",
         "forwarder": None, "reason": None,
     }  # fmt: skip
     dead = client.get("/api/v1/item/why", params={"id": ".."}, headers=AUTH).json()
