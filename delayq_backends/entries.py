@@ -11,7 +11,7 @@ import redis
 from .envelope import Envelope
 from .errors import EnvelopeError, NewerFormatError
 from .keys import collapsed_key
-from .models import DeadLetter, ScheduledItem, ShardStats
+from .models import DeadLetter, ScheduledItem, ShardStats, Why
 from .store import DelayStore
 from .timeutil import from_ms
 
@@ -24,6 +24,7 @@ __all__ = [
     "item_entry",
     "listed_at",
     "stats_entry",
+    "why_entry",
 ]
 
 Row = TypeVar("Row")
@@ -165,3 +166,24 @@ def around_bad_shards(
 def listed_at(item: ScheduledItem) -> int:
     """An item's place in the listing: its score, the lease deadline while leased."""
     return item.ready_ms if item.leased_until_ms is None else item.leased_until_ms
+
+
+def why_entry(why: Why) -> dict[str, Any]:
+    """Why an item is where it is (``Reader.why``) as JSON-ready values: times as ISO-8601."""
+    return {
+        "id": why.id,
+        "state": why.state,
+        "line": why.line,
+        "until": iso(why.until_ms),
+        "since": iso(why.since_ms),
+        "ready": iso(why.ready_ms),
+        "attempts": why.attempts,
+        "group": why.group,
+        "running": why.running,
+        "running_ids": list(why.running_ids),
+        "limit": why.limit,
+        "ahead": why.ahead,
+        "queue": why.queue,
+        "forwarder": why.forwarder,
+        "reason": why.reason,
+    }

@@ -21,7 +21,7 @@ from .demo import demo
 from .dlq import dlq
 from .exporter import exporter
 from .forward import forward
-from .inspect import cancel, list_, stats
+from .inspect import cancel, list_, stats, why
 from .options import ErrorsAsMessages
 from .periodic import periodic
 from .rq import rq_cron, rq_migrate, rq_upgrade
@@ -42,6 +42,7 @@ COMMANDS = (
     periodic,
     stats,
     list_,
+    why,
     cancel,
     dlq,
     slots,

@@ -1,4 +1,4 @@
-"""Reading a store: ``delayq stats``, ``list`` and ``cancel``."""
+"""Reading a store: ``delayq stats``, ``list``, ``why`` and ``cancel``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..connection import connect
-from ..entries import around_bad_shards, describe_collapsed, iso, item_entry, listed_at, stats_entry
+from ..entries import around_bad_shards, describe_collapsed, iso, item_entry, listed_at, stats_entry, why_entry
 from ..models import ScheduledItem
 from ..store import DelayStore
 from ..storespec import StoreSpec
@@ -25,7 +25,7 @@ from .options import (
 )
 from .output import Column, duration, echo_json, print_table, warn
 
-__all__ = ["cancel", "list_", "stats"]
+__all__ = ["cancel", "list_", "stats", "why"]
 
 
 STATS_COLUMNS = [
@@ -197,6 +197,24 @@ def _add_rq_jobs(
     for entry in entries:
         if entry["id"] in views:
             entry["job"] = views[entry["id"]].to_json()
+
+
+@click.command()
+@store_options
+@click.argument("item_id", metavar="ID")
+@json_option
+def why(spec: StoreSpec, item_id: str, as_json: bool) -> None:
+    """Why item ID is where it is, in one line: not due until T; due; leased by forwarder F;
+    held by flow control on queue Q; waiting for group G (2 of 2 running: ids...); over G's rate
+    until T; G paused or throttled; behind k items of G; parked (why); dead (reason); unknown.
+    Reads only (the reader role will do). Exit code 0, or 1 when the id is unknown."""
+    found = open_store(spec, writes=False).why(item_id)
+    if as_json:
+        echo_json(why_entry(found))
+    else:
+        click.echo(f"{found.id}: {found.line}")
+    if found.state == "unknown":
+        raise click.exceptions.Exit(1)
 
 
 @click.command()

@@ -122,6 +122,7 @@ def admin(valkey_server: EmbeddedServer) -> Iterator[Admin]:
 READS = {
     "/api/v1/items": "/api/v1/items?limit=10",
     "/api/v1/item": "/api/v1/item?id=i-1",
+    "/api/v1/item/why": "/api/v1/item/why?id=dead-1",
     "/api/v1/items/{item_id}": "/api/v1/items/i-1",
     "/api/v1/stats": "/api/v1/stats",
     "/api/v1/due": "/api/v1/due?minutes=1440&bucket_minutes=5",
@@ -164,7 +165,7 @@ def test_every_read_answers_with_the_reader_role(admin: Admin, web_store: DelayS
         for path, target in READS.items():
             response = as_reader.get(target, headers=AUTH)
             assert response.status_code == 200, (path, response.status_code, response.text[:300])
-            if path in ("/api/v1/periodic", "/api/v1/slots", "/api/v1/batches", "/api/v1/dead"):
+            if path in ("/api/v1/periodic", "/api/v1/slots", "/api/v1/batches", "/api/v1/dead", "/api/v1/item/why"):
                 assert response.json() == client.get(target, headers=AUTH).json(), path
     where = ["--url", url, "--prefix", prefix, "--shards", str(SHARDS)]
     listed = CliRunner().invoke(main, ["periodic", "list", *where])

@@ -554,14 +554,21 @@
   async function find(id) {
     $("search-id").value = id;
     const box = $("search-result");
+    const query = `?id=${encodeURIComponent(id)}`;
+    // why it is where it is: asked beside the item, and answered for a dead letter too
+    const why = api(`/item/why${query}`).catch((error) => ({ state: "error", line: error.message }));
     let item;
     try {
-      item = await api(`/item?id=${encodeURIComponent(id)}`);
+      item = await api(`/item${query}`);
     } catch (error) {
-      box.replaceChildren(el("p", { class: error.status === 404 ? "muted" : "error" }, error.message));
+      const answer = await why;
+      const told = error.status === 404 && answer.state !== "unknown" && answer.state !== "error";
+      box.replaceChildren(el("p", { class: error.status === 404 ? "muted" : "error" }, error.message),
+        ...(told ? [whyLine(answer)] : []));
       return;
     }
-    const rows = [["id", item.id], ["shard", item.shard], ["ready", `${fmtTime(item.ready)} (${relative(item.ready)})`],
+    const rows = [["why", whyLine(await why)],
+      ["id", item.id], ["shard", item.shard], ["ready", `${fmtTime(item.ready)} (${relative(item.ready)})`],
       ["target", where(item)],
       ["rank", item.rank], ["attempts", item.attempts],
       ["leased until", item.leased_until ? fmtTime(item.leased_until) : "–"], ["size", `${item.size} B`]];
@@ -580,6 +587,11 @@
       el("button", { type: "button", class: "small", id: "postpone-item",
         onclick: () => postpone(item) }, "Postpone 1 h"));
     box.replaceChildren(dl, actions);
+  }
+
+  // the one-line answer of `delayq why`, its state as a class for the eye ("group_limit", "dead", ...)
+  function whyLine(answer) {
+    return el("span", { id: "item-why", class: `why why-${answer.state}`, title: answer.state }, answer.line);
   }
 
   async function cancel(id) {
