@@ -21,6 +21,7 @@ from .demo import demo
 from .dlq import dlq
 from .exporter import exporter
 from .forward import forward
+from .groups import groups
 from .inspect import cancel, list_, stats
 from .options import ErrorsAsMessages
 from .periodic import periodic
@@ -44,6 +45,7 @@ COMMANDS = (
     list_,
     cancel,
     dlq,
+    groups,
     slots,
     batches,
     rq_migrate,
