@@ -14,6 +14,7 @@ from .errors import (
     DelayqError,
     EnvelopeError,
     InvalidDebounceError,
+    InvalidGroupPolicyError,
     InvalidIdError,
     InvalidRankError,
     InvalidRateKeyError,
@@ -24,6 +25,7 @@ from .errors import (
     ShardMismatchError,
     StoreFullError,
 )
+from .group_policies import GroupPolicies
 from .models import BatchStatus, Claim, ClaimedItem, Collapsed, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .store import DelayStore
 
@@ -44,7 +46,9 @@ __all__ = [
     "DelayqError",
     "Envelope",
     "EnvelopeError",
+    "GroupPolicies",
     "InvalidDebounceError",
+    "InvalidGroupPolicyError",
     "InvalidIdError",
     "InvalidRankError",
     "InvalidRateKeyError",

@@ -19,6 +19,7 @@ __all__ = [
     "InvalidIdError",
     "InvalidRankError",
     "InvalidRateKeyError",
+    "InvalidGroupPolicyError",
     "InvalidSlotError",
     "InvalidTimeError",
     "MissingExtraError",
@@ -95,6 +96,11 @@ class InvalidRateKeyError(DelayqError, ValueError):
 
 class InvalidSlotError(DelayqError, ValueError):
     """A concurrency slot that is not a short printable key with an optional limit >= 1."""
+
+
+class InvalidGroupPolicyError(InvalidSlotError):
+    """A group policy value out of range (a limit, rate, weight, throttle) or a key that names
+    no group: a slot key is a group, so it is also an :class:`InvalidSlotError`."""
 
 
 class PayloadTooLargeError(DelayqError, ValueError):

@@ -33,8 +33,8 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException
 
 from .errors import ConfigError, DelayqError
+from .store import KEY_LIST_TTL, SlotKeyList
 from .store.groupboard import GROUP_KEYS_TTL, GroupKeyList, busiest_first, throttled
-from .store.slots import KEY_LIST_TTL, SlotKeyList
 
 if TYPE_CHECKING:
     from .models import Claim, FailedDelivery, GroupStatus
