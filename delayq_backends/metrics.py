@@ -33,8 +33,9 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException
 
 from .errors import ConfigError, DelayqError
+from .group_policies import rate_per_second
 from .store import KEY_LIST_TTL, SlotKeyList
-from .store.groupboard import GROUP_KEYS_TTL, GroupKeyList, busiest_first, throttled
+from .store.groupboard import GroupKeyList, busiest_first, throttled
 
 if TYPE_CHECKING:
     from .models import Claim, FailedDelivery, GroupStatus
@@ -151,8 +152,6 @@ DEFAULT_GROUPS = 50
 #: The ``group`` label of the sums over the groups not named. A group of that very name is
 #: counted in the sums, never named (two series of one label set would spoil the scrape).
 OTHER_GROUPS = "(other)"
-#: Seconds per unit of a group's rate ("10/m": 10 per 60 s).
-RATE_UNITS = {"s": 1, "m": 60, "h": 3600}
 
 #: What a scrape may meet when the store is away or misconfigured; anything else is a bug and
 #: is left to prometheus_client to report (as an HTTP 500), not hidden.
@@ -523,7 +522,8 @@ class GroupCollector(Collector):
     of the groups that have one; paused and throttled count the groups held), so the sums of a
     gauge over its series are the store's totals however many groups there are.
 
-    The groups are listed by a SCAN at most every ``key_ttl`` seconds (:class:`GroupKeyList`);
+    The groups are listed by a SCAN at most every ``key_ttl`` seconds (:class:`GroupKeyList`; 30 s
+    as the slot keys', so a hung store costs a scrape one read's timeout more, not a SCAN's too);
     each scrape reads the listed groups' statuses in pipelined rounds. A failure (the store
     away, a Redis user without SCAN) yields ``delayq_groups_up 0`` and no group gauges, never a
     failed scrape; the store's other gauges are unaffected.
@@ -539,7 +539,7 @@ class GroupCollector(Collector):
         ("delayq_group_throttled", "1 while a worker's throttle holds the group, else 0 (other: how many)."),
     )
 
-    def __init__(self, store: DelayStore, *, max_groups: int = DEFAULT_GROUPS, key_ttl: float = GROUP_KEYS_TTL):
+    def __init__(self, store: DelayStore, *, max_groups: int = DEFAULT_GROUPS, key_ttl: float = KEY_LIST_TTL):
         self.store = store
         self.max_groups = max_groups
         self.keys = GroupKeyList(store, ttl=key_ttl)
@@ -549,7 +549,7 @@ class GroupCollector(Collector):
         prefix = self.store.config.prefix
         try:
             statuses = busiest_first(self.store.group_statuses(self.keys()))
-            now = self.store.server_time_ms()
+            now = self.store.clock()
         except _STORE_ERRORS as exc:
             self.errors += 1
             log.warning(
@@ -595,17 +595,11 @@ def _group_values(status: GroupStatus, now_ms: int) -> dict[str, float | None]:
         "delayq_group_running": status.running,
         "delayq_group_parked": status.parked,
         "delayq_group_limit": policy.limit,
-        "delayq_group_rate": _per_second(policy.rate),
+        "delayq_group_rate": None if policy.rate is None else rate_per_second(policy.rate),
         "delayq_group_weight": policy.weight,
         "delayq_group_paused": 1 if policy.paused else 0,
         "delayq_group_throttled": 1 if throttled(status, now_ms) else 0,
     }
-
-
-def _per_second(rate: str | None) -> float | None:
-    """A rate's items per second ("600/m": 10.0); None for none, or text no rate reads as."""
-    count, _, unit = (rate or "").partition("/")
-    return int(count) / RATE_UNITS[unit] if count.isdigit() and unit in RATE_UNITS else None
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> None:

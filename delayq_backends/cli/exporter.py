@@ -73,7 +73,7 @@ __all__ = ["exporter"]
     show_default=True,
     metavar="N",
     help='Groups named in the per-group gauges, busiest first (the rest summed as group="(other)"); '
-    "0: no group gauges (their list is a SCAN every 10 s).",
+    "0: no group gauges (their list is a SCAN every 30 s).",
 )
 @click.option(
     "--periodic-entries",

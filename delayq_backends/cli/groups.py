@@ -93,7 +93,7 @@ def groups_show(spec: StoreSpec, as_json: bool, key: str) -> None:
     """Group KEY's policy set at runtime ("-": none here; the items' own or a pattern's applies),
     its items running and parked, and whether it is paused or throttled."""
     store = open_store(spec, writes=False)
-    entry = group_entry(store.group_statuses([key])[0], store.server_time_ms())
+    entry = group_entry(store.group_statuses([key])[0], store.clock())
     if as_json:
         echo_json(entry)
         return

@@ -74,7 +74,7 @@ def group_board(store: Groups, keys: Sequence[str], *, offset: int = 0, limit: i
     Every group's counts are read for the order anyway, so a deep page costs no more than the first.
     """
     statuses = busiest_first(store.group_statuses(keys))
-    now = store.server_time_ms()
+    now = store.clock()
     end = None if limit is None else offset + limit
     return GroupBoard(
         groups=len(statuses),

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..entries import group_board_entry, group_entry
 from ..envelope import MAX_RATE_KEY, MAX_SLOT_LIMIT
+from ..group_policies import MAX_WEIGHT
 from ..store.groupboard import group_board
 from .api import RESPONSES, Digits, ErrorOut, JsonNumber, Limit, Name, Services, Svc
 from .guard import API_PREFIX
@@ -26,9 +27,6 @@ from .guard import API_PREFIX
 __all__ = ["router"]
 
 router = APIRouter(prefix=API_PREFIX, responses=RESPONSES)
-
-#: The heaviest weight: a share a million times another's is already "all of it".
-MAX_WEIGHT = 1_000_000
 
 
 class GroupOut(BaseModel):
@@ -38,7 +36,7 @@ class GroupOut(BaseModel):
     weight: float | None = Field(description="Its share when groups compete (1: equal); null: none set here (1).")
     paused_by: str | None = Field(description='Who paused it ("operator"); null: not paused.')
     throttled_until: str | None = Field(description="A worker's throttle holds it until then; null: none now.")
-    throttled_by: str | None = Field(description="What the throttle said (a worker's reason); null: none now.")
+    throttled_by: str | None = Field(description='Who throttled it ("operator", "worker:<item>"); null: none now.')
     held: str | None = Field(description='"paused" or "throttled": it releases nothing now; null: it releases.')
     running: int = Field(description="Items holding a place in its limit: running, or released and not started.")
     parked: int = Field(description="Items waiting in the group's lines (every shard).")
@@ -59,8 +57,10 @@ class GroupPolicyIn(BaseModel):
     limit: Annotated[int, Field(ge=1, le=MAX_SLOT_LIMIT), JsonNumber] | None = Field(
         None, description="At most this many items of the group run at once."
     )
-    rate: Annotated[str, Field(pattern=r"^[1-9][0-9]{0,8}/[smh]$")] | None = Field(
-        None, description='At most N items released per second, minute or hour, at all forwarders: "10/s", "600/m".'
+    rate: Annotated[str, Field(max_length=40, pattern=r"^[0-9]{1,12}(\.[0-9]{1,6})?/[smh]$")] | None = Field(
+        None,
+        description='At most N items (their cost) released per second, minute or hour, by every forwarder '
+        'together: "10/s", "600/m", "0.5/s" (N > 0, at most 10^6 a second).',
     )
     weight: Annotated[float, Field(gt=0, le=MAX_WEIGHT, allow_inf_nan=False), JsonNumber] | None = Field(
         None, description="Its share when groups compete (default 1): weight 3 gets 3 releases to another's 1."
@@ -81,8 +81,12 @@ class GroupPolicyIn(BaseModel):
         return {name: getattr(self, name) for name in sorted(self.model_fields_set)}
 
 
+#: Who paused a group when the request does not say (``delayq groups pause``'s default too).
+OPERATOR = "operator"
+
+
 class PauseIn(BaseModel):
-    by: Name = Field("operator", description="Who pauses it (shown with the pause).")
+    by: Name = Field(OPERATOR, description="Who pauses it (shown with the pause).")
 
 
 #: A key in a path: printable text (``Group`` takes no other); a control character matches no route.
@@ -99,7 +103,7 @@ GroupOffset = Annotated[int, Query(ge=0, le=1_000_000), Digits]
 
 def _one(svc: Services, key: str) -> GroupOut:
     status = svc.store.group_statuses([key])[0]
-    return GroupOut(**group_entry(status, svc.store.server_time_ms()))
+    return GroupOut(**group_entry(status, svc.store.clock()))
 
 
 def _written(svc: Services, key: str) -> GroupOut:
@@ -114,7 +118,7 @@ def _set(svc: Services, key: str, body: GroupPolicyIn) -> GroupOut:
 
 
 def _pause(svc: Services, key: str, body: PauseIn | None) -> GroupOut:
-    svc.store.pause_group(key, by=(body or PauseIn()).by)
+    svc.store.pause_group(key, by=body.by if body is not None else OPERATOR)
     return _written(svc, key)
 
 
