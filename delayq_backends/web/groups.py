@@ -59,7 +59,7 @@ class GroupPolicyIn(BaseModel):
     )
     rate: Annotated[str, Field(max_length=40, pattern=r"^[0-9]{1,12}(\.[0-9]{1,6})?/[smh]$")] | None = Field(
         None,
-        description='At most N items (their cost) released per second, minute or hour, by every forwarder '
+        description="At most N items (their cost) released per second, minute or hour, by every forwarder "
         'together: "10/s", "600/m", "0.5/s" (N > 0, at most 10^6 a second).',
     )
     weight: Annotated[float, Field(gt=0, le=MAX_WEIGHT, allow_inf_nan=False), JsonNumber] | None = Field(
