@@ -156,6 +156,7 @@ def groups_pause(spec: StoreSpec, key: str, by: str) -> None:
 @store_options
 @click.argument("key")
 def groups_resume(spec: StoreSpec, key: str) -> None:
-    """Release group KEY's items again (its limit, rate and weight as before the pause)."""
+    """Release group KEY's items again: its pause ends, and any worker's throttle with it (its
+    limit, rate and weight stay as they were)."""
     open_store(spec, writes=True).resume_group(key)
     click.echo(f"group {key!r}: resumed")

@@ -23,6 +23,7 @@ from ..group_policies import MAX_WEIGHT
 from ..store.groupboard import group_board
 from .api import RESPONSES, Digits, ErrorOut, JsonNumber, Limit, Name, Services, Svc
 from .guard import API_PREFIX
+from .periodic import ActionIn
 
 __all__ = ["router"]
 
@@ -81,12 +82,11 @@ class GroupPolicyIn(BaseModel):
         return {name: getattr(self, name) for name in sorted(self.model_fields_set)}
 
 
-#: Who paused a group when the request does not say (``delayq groups pause``'s default too).
-OPERATOR = "operator"
-
-
 class PauseIn(BaseModel):
-    by: Name = Field(OPERATOR, description="Who pauses it (shown with the pause).")
+    """``{}`` (paused by "operator") or ``{"by": "alice"}``: every write is JSON (the guard
+    refuses any other POST)."""
+
+    by: Name = Field("operator", description="Who pauses it (shown with the pause).")
 
 
 #: A key in a path: printable text (``Group`` takes no other); a control character matches no route.
@@ -117,8 +117,8 @@ def _set(svc: Services, key: str, body: GroupPolicyIn) -> GroupOut:
     return _written(svc, key)
 
 
-def _pause(svc: Services, key: str, body: PauseIn | None) -> GroupOut:
-    svc.store.pause_group(key, by=body.by if body is not None else OPERATOR)
+def _pause(svc: Services, key: str, body: PauseIn) -> GroupOut:
+    svc.store.pause_group(key, by=body.by)
     return _written(svc, key)
 
 
@@ -147,12 +147,12 @@ def set_group_by_query(body: GroupPolicyIn, key: QueryKey, svc: Svc) -> GroupOut
 
 
 @router.post("/group/pause", response_model=GroupOut, summary="Pause a group, by ?key=")
-def pause_group_by_query(key: QueryKey, svc: Svc, body: PauseIn | None = None) -> GroupOut:
+def pause_group_by_query(body: PauseIn, key: QueryKey, svc: Svc) -> GroupOut:
     return _pause(svc, key, body)
 
 
 @router.post("/group/resume", response_model=GroupOut, summary="Resume a group, by ?key=")
-def resume_group_by_query(key: QueryKey, svc: Svc) -> GroupOut:
+def resume_group_by_query(_: ActionIn, key: QueryKey, svc: Svc) -> GroupOut:
     return _resume(svc, key)
 
 
@@ -161,14 +161,14 @@ def resume_group_by_query(key: QueryKey, svc: Svc) -> GroupOut:
 
 
 @router.post("/groups/{key:path}/pause", response_model=GroupOut, responses=NO_ROUTE, summary="Pause a group")
-def pause_group(key: PathKey, svc: Svc, body: PauseIn | None = None) -> GroupOut:
+def pause_group(body: PauseIn, key: PathKey, svc: Svc) -> GroupOut:
     """Release no more of its items, at every forwarder from its next release on: those released
     run, the rest wait in its lines until a resume. ``POST /group/pause?key=`` reaches every key."""
     return _pause(svc, key, body)
 
 
 @router.post("/groups/{key:path}/resume", response_model=GroupOut, responses=NO_ROUTE, summary="Resume a group")
-def resume_group(key: PathKey, svc: Svc) -> GroupOut:
+def resume_group(_: ActionIn, key: PathKey, svc: Svc) -> GroupOut:
     """``POST /group/resume?key=`` reaches every key."""
     return _resume(svc, key)
 

@@ -553,7 +553,7 @@
 
   async function groupAction(key, verb, done) {
     try {
-      await api(groupPath(key, verb), { method: "POST", body: verb === "pause" ? {} : undefined });
+      await api(groupPath(key, verb), { method: "POST", body: {} });
       groupMessage(`${done} ${key}.`);
     } catch (error) {
       groupMessage(error.message, true);
