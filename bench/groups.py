@@ -96,14 +96,16 @@ def load_group(
 # -- lateness --------------------------------------------------------------------------------
 
 
-def consume(server: BenchServer, expected: int, late: list[float]) -> None:
-    """Pop ``expected`` quiet items as they arrive; record each one's lateness (ms)."""
+def consume(server: BenchServer, expected: int, late: list[float], patience_s: float = 600) -> None:
+    """Pop ``expected`` quiet items as they arrive (behind a flood on the code before groups:
+    minutes) and record each one's lateness (ms); give up after ``patience_s`` without one."""
     client = server.connect()
-    while len(late) < expected:
-        got = client.blpop([OUT_LIST], timeout=300)  # behind a flood on the code before: minutes
-        if got is None:
-            return
-        late.append(ms_now() - json.loads(got[1])["ready_ms"])
+    last = time.monotonic()
+    while len(late) < expected and time.monotonic() - last < patience_s:
+        got = client.blpop([OUT_LIST], timeout=1)  # under the client's 5 s socket timeout
+        if got is not None:
+            late.append(ms_now() - json.loads(got[1])["ready_ms"])
+            last = time.monotonic()
     client.close()
 
 
