@@ -37,6 +37,7 @@ __all__ = [
     "Control",
     "DedupeTask",
     "DuplicateTaskIdError",
+    "GROUP_HEADER",
     "RevokeReport",
     "SLOT_HEADER",
     "StoreRevoke",

@@ -1,0 +1,172 @@
+"""Issue 31's group API in the envelope: :class:`Group`, :func:`parse_groups`, :func:`with_groups`
+and :func:`groups_of`, with ``slot`` and ``rate_key`` folded in as aliases (pure, no server)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from delayq_backends import InvalidSlotError
+from delayq_backends.envelope import (
+    GROUPS,
+    MAX_GROUPS,
+    Envelope,
+    Group,
+    Slot,
+    check_rate,
+    groups_of,
+    parse_groups,
+    with_groups,
+    with_rate_key,
+    with_slot,
+)
+from delayq_backends.errors import InvalidGroupError
+
+
+def plain() -> Envelope:
+    return Envelope("list", "out", b"body")
+
+
+def test_a_group_is_a_key_a_dict_a_group_or_a_slot() -> None:
+    assert parse_groups("tenant-7") == (Group("tenant-7"),)
+    full = {"key": "t", "limit": 2, "rate": "10/s", "weight": 3, "cost": 5}
+    assert parse_groups(full) == (Group("t", 2, "10/s", 3.0, 5),)
+    assert parse_groups(Group("t", 2)) == (Group("t", 2),)
+    assert parse_groups(Slot("s", 4)) == (Group("s", 4),)
+    assert parse_groups(["a", {"key": "b", "limit": 1}, Group("c")]) == (Group("a"), Group("b", 1), Group("c"))
+    assert Group.parse({"key": "t", "cost": None}).cost == 1
+
+
+def test_rates_read_as_count_and_period() -> None:
+    assert check_rate("10/s") == (10, 1_000)
+    assert check_rate("600/m") == (600, 60_000)
+    assert check_rate("1/h") == (1, 3_600_000)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (5, "is a int"),
+        (True, "is a bool"),
+        (None, "is a NoneType"),
+        ("", "printable text"),
+        ("x" * 201, "printable text"),
+        ("a\nb", "printable text"),
+        ("t}:batch", "without '}:'"),
+        ({"limit": 2}, "no 'key'"),
+        ({"key": "t", "lim": 2}, "unknown field(s) ['lim']"),
+        ({"key": "t", "limit": 0}, "limit"),
+        ({"key": "t", "limit": 2.0}, "limit"),
+        ({"key": "t", "limit": True}, "limit"),
+        ({"key": "t", "rate": "10/d"}, "'N/s', 'N/m' or 'N/h'"),
+        ({"key": "t", "rate": "0/s"}, "'N/s', 'N/m' or 'N/h'"),
+        ({"key": "t", "rate": 10}, "'N/s', 'N/m' or 'N/h'"),
+        ({"key": "t", "rate": "99999999999/s"}, "'N/s', 'N/m' or 'N/h'"),
+        ({"key": "t", "weight": 0}, "weight"),
+        ({"key": "t", "weight": float("inf")}, "weight"),
+        ({"key": "t", "weight": float("nan")}, "weight"),
+        ({"key": "t", "weight": "3"}, "weight"),
+        ({"key": "t", "weight": 1001}, "weight"),
+        ({"key": "t", "cost": 0}, "cost"),
+        ({"key": "t", "cost": 1.5}, "cost"),
+        ([], "1..3 groups"),
+        (["a", "b", "c", "d"], "1..3 groups"),
+        (["a", {"key": "a", "limit": 2}], "['a'] named twice"),
+        ([["a"]], "is a list"),
+    ],
+)
+def test_bad_groups_say_what_to_pass(value: Any, says: str) -> None:
+    with pytest.raises(InvalidGroupError) as raised:
+        parse_groups(value)
+    assert says in str(raised.value)
+    assert isinstance(raised.value, InvalidSlotError)  # a slot is a group: old handlers catch it
+
+
+def test_every_bad_field_is_named_at_once() -> None:
+    with pytest.raises(InvalidGroupError) as raised:
+        Group("t", limit=0, rate="1/d", weight=-1, cost=0)
+    assert all(word in str(raised.value) for word in ("limit", "rate", "weight", "cost"))
+
+
+def test_groups_travel_in_the_envelope_and_only_set_fields_are_stored() -> None:
+    envelope = with_groups(plain(), ["tenant-7", {"key": "api", "rate": "5/s", "cost": 3}])
+    assert envelope.meta[GROUPS] == [{"key": "tenant-7"}, {"key": "api", "rate": "5/s", "cost": 3}]
+    decoded = Envelope.decode(envelope.encode())
+    assert groups_of(decoded) == (Group("tenant-7"), Group("api", rate="5/s", cost=3))
+    assert decoded.body == b"body"
+    assert groups_of(plain()) == ()
+
+
+def test_with_groups_replaces_and_none_removes() -> None:
+    once = with_groups(plain(), "a")
+    assert groups_of(with_groups(once, "b")) == (Group("b"),)
+    assert GROUPS not in with_groups(once, None).meta
+    assert GROUPS not in with_groups(once, []).meta
+
+
+def test_slot_and_rate_key_are_groups() -> None:
+    slotted = with_slot(plain(), Slot("customer-42", 2), rank=7)
+    assert groups_of(slotted) == (Group("customer-42", 2),)
+    keyed = with_rate_key(plain(), "tenant-1")
+    assert groups_of(keyed) == (Group("tenant-1"),)
+    both = with_rate_key(slotted, "tenant-1")
+    assert groups_of(both) == (Group("customer-42", 2), Group("tenant-1"))
+    same = with_rate_key(slotted, "customer-42")  # one key named by both aliases: one group
+    assert groups_of(same) == (Group("customer-42", 2),)
+
+
+def test_groups_come_first_and_a_key_named_twice_is_one_group() -> None:
+    slotted = with_rate_key(with_slot(plain(), Slot("t-7", 3)), "t-7")
+    envelope = with_groups(slotted, [{"key": "api"}, {"key": "t-7", "rate": "10/s"}])
+    assert groups_of(envelope) == (Group("api"), Group("t-7", limit=3, rate="10/s"))
+    ours = with_groups(slotted, {"key": "t-7", "limit": 1})  # the group's own field wins
+    assert groups_of(ours) == (Group("t-7", limit=1),)
+
+
+def test_aliases_count_towards_the_most_groups() -> None:
+    envelope = with_rate_key(with_slot(plain(), Slot("s")), "r")
+    assert len(groups_of(with_groups(envelope, "g"))) == MAX_GROUPS
+    with pytest.raises(InvalidGroupError, match="at most 3 groups"):
+        with_groups(envelope, ["g", "h"])
+    assert groups_of(with_groups(envelope, ["s", "r", "g"])) == (Group("s"), Group("r"), Group("g"))
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        "tenant",
+        [{"key": ""}, {"key": "ok"}],
+        [{"key": "ok"}, 7, None, {"key": "a", "limit": -1}, {"key": "ok", "limit": 5}],
+        [{"key": "ok", "sneaky": 1}],
+    ],
+)
+def test_stored_garbage_is_skipped_not_stuck(stored: Any) -> None:
+    """Written by another tool: groups that are no groups are skipped, so the item runs as if it
+    did not name them instead of stopping a forwarder."""
+    found = groups_of(Envelope("list", "out", meta={GROUPS: stored}))
+    assert found in ((), (Group("ok"),), (Group("ok", 5),))
+
+
+def test_more_than_three_stored_are_cut_to_three() -> None:
+    stored = [{"key": k} for k in "abcd"]
+    assert [g.key for g in groups_of(Envelope("list", "out", meta={GROUPS: stored}))] == ["a", "b", "c"]
+
+
+keys = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Co", "Cn")), min_size=1, max_size=30)
+groups = st.builds(
+    Group,
+    keys.filter(lambda k: "}:" not in k and k.isprintable()),
+    st.none() | st.integers(1, 1_000_000),
+    st.none() | st.builds(lambda n, p: f"{n}/{p}", st.integers(1, 10**9), st.sampled_from("smh")),
+    st.none() | st.floats(0.001, 1000),
+    st.integers(1, 10**9),
+)
+
+
+@given(st.lists(groups, min_size=1, max_size=MAX_GROUPS, unique_by=lambda g: g.key))
+def test_any_groups_round_trip(gs: list[Group]) -> None:
+    envelope = Envelope.decode(with_groups(plain(), gs).encode())
+    assert groups_of(envelope) == tuple(gs)
