@@ -15,6 +15,7 @@ from .errors import (
     EnvelopeError,
     InvalidDebounceError,
     InvalidGroupError,
+    InvalidGroupPolicyError,
     InvalidIdError,
     InvalidRankError,
     InvalidRateKeyError,
@@ -25,6 +26,7 @@ from .errors import (
     ShardMismatchError,
     StoreFullError,
 )
+from .group_policies import GroupPolicies
 from .models import BatchStatus, Claim, ClaimedItem, Collapsed, DeadLetter, ScheduleCounts, ScheduledItem, ShardStats
 from .store import DelayStore
 
@@ -46,8 +48,10 @@ __all__ = [
     "Envelope",
     "EnvelopeError",
     "Group",
+    "GroupPolicies",
     "InvalidDebounceError",
     "InvalidGroupError",
+    "InvalidGroupPolicyError",
     "InvalidIdError",
     "InvalidRankError",
     "InvalidRateKeyError",

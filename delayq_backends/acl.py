@@ -16,13 +16,17 @@ Lua scripts (Redis checks both against the user's ACL):
   only an operator may: the periodic registry, the code schedule's record and the trusted
   definitions of entries that carry code to run (:mod:`~delayq_backends.periodic.trust`).
 - ``operator``: a person's or a deploy's credential for ``delayq periodic``, ``rq-cron sync``,
-  ``dlq``, ``rq-migrate`` and the dashboard: the forwarder's commands and keys. The one role
-  beside the forwarder that may define code an RQ worker runs (an RQ periodic entry).
+  ``dlq``, ``rq-migrate``, ``delayq groups`` and the dashboard: the forwarder's commands and
+  keys, and DEL of a group's older limit string (``set_group``). The one role beside the
+  forwarder that may define code an RQ worker runs (an RQ periodic entry), and with it the one
+  that sets group policies (pause, throttle, limit, rate, weight): a producer or worker
+  credential cannot (a worker throttles a group only by a report on a hold it was given).
 - ``worker``: a Celery or RQ worker with dedupe (a lossless forwarder's workers): a producer (a
   task's retries and delayed children go through the store) that may also write and read the
   runs' start records (``SET NX PX``, ``GET``), record periodic entries' runs in their
   history (the forwarder records their publish), and report its tasks' concurrency slot holds
-  (``HSET`` into a slot key's ``reports``, nothing else there; the holds are the forwarders').
+  and throttle their groups (``HSET`` into a slot key's ``reports``, nothing else there; the
+  holds and policies are the forwarders' and operators').
 - ``reader``: ``delayq stats``/``list``/``dlq list``/``periodic list``/``slots``/``batches list``
   and every dashboard panel and API read, read-only.
 
@@ -49,7 +53,7 @@ from fnmatch import fnmatchcase
 from .config import Config
 from .errors import ConfigError
 from .keys import (
-    SLOT_KEYS,
+    GROUP_KEYS,
     ShardKeys,
     batch_channel,
     key_rate_key,
@@ -263,6 +267,8 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
         rules.append(f"({' '.join(_BATCH_COMMANDS)} +renamenx ~{_batch_keys(prefix)} ~{_fired_keys(prefix)})")
     if role in ("forwarder", "operator", "worker"):  # periodic_run.lua: runs published, started and ended
         rules.append(f"({' '.join(_HISTORY_COMMANDS)} ~{_history_keys(prefix)})")
+    if role == "operator":  # set_group's limit replaces the older limit string (set_slot_limit's): that key only
+        rules.append(f"(+del ~{_slot_holds(prefix, 'limit')})")
     if role == "reader":  # a slot key's limit, a batch's progress: only there (an HGETALL of a
         # shard's items hash would hold the server)
         rules.append(f"(+get ~{_slot_holds(prefix, 'limit')})")
@@ -303,7 +309,7 @@ def _key_kinds(prefix: str) -> list[tuple[str, str]]:
         ("ShardKeys.started", shard.started("ID", 0)),
         *((f"ShardKeys.{n}", getattr(shard, n)("K")) for n in ("batch", "batch_members", "batch_done", "batch_failed")),
         *((f"ShardKeys.{n}", getattr(shard, n)("NAME")) for n in ("periodic_history", "periodic_runs")),
-        *((f.__name__, f(prefix, "K")) for f in SLOT_KEYS),
+        *((f.__name__, f(prefix, "K")) for f in GROUP_KEYS),
         ("meta_key", meta_key(prefix)),
         ("rate_key", rate_key(prefix, "Q")),
         ("key_rate_key", key_rate_key(prefix, "Q", "K")),

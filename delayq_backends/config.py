@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError
+from .group_policies import GroupPolicies
 
 __all__ = ["DEFAULT_URL", "Config"]
 
@@ -35,6 +36,9 @@ class Config:
             more deletes the oldest for good (0: no cap).
         dead_letter_ttl_seconds: when > 0, dead letters older than this are deleted for good as
             new ones are buried (0: kept until requeued or purged).
+        group_policies: group policies by key pattern (:class:`GroupPolicies`, or a mapping
+            such as ``{"tenant-*": {"limit": 2}}``), applied by this store's forwarders below
+            the items' own values and the runtime policy.
     """
 
     url: str = DEFAULT_URL
@@ -47,8 +51,11 @@ class Config:
     durable_timeout_ms: int = 1000
     dead_letter_max: int = 0
     dead_letter_ttl_seconds: int = 0
+    group_policies: GroupPolicies = GroupPolicies()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.group_policies, GroupPolicies):  # a mapping, as settings give it
+            object.__setattr__(self, "group_policies", GroupPolicies.from_mapping(self.group_policies))
         _check_prefix(self.prefix)
         _check_int("shards", self.shards, 1, 16384)
         _check_int("max_payload_bytes", self.max_payload_bytes, 64, 512 * 1024 * 1024)

@@ -20,6 +20,7 @@ __all__ = [
     "InvalidRankError",
     "InvalidRateKeyError",
     "InvalidGroupError",
+    "InvalidGroupPolicyError",
     "InvalidSlotError",
     "InvalidTimeError",
     "MissingExtraError",
@@ -101,6 +102,11 @@ class InvalidSlotError(DelayqError, ValueError):
 class InvalidGroupError(InvalidSlotError):
     """A group (or a list of them) that is not what :meth:`~delayq_backends.envelope.Group.parse`
     takes. A slot is a group, so code catching :class:`InvalidSlotError` catches this too."""
+
+
+class InvalidGroupPolicyError(InvalidSlotError):
+    """A group policy value out of range (a limit, rate, weight, throttle) or a key that names
+    no group: a slot key is a group, so it is also an :class:`InvalidSlotError`."""
 
 
 class PayloadTooLargeError(DelayqError, ValueError):

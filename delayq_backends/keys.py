@@ -18,6 +18,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from .errors import InvalidIdError
 
 __all__ = [
+    "GROUP_KEYS",
     "SLOT_KEYS",
     "BALANCED_MAX_SHARDS",
     "COLLAPSE_MODES",
@@ -31,6 +32,8 @@ __all__ = [
     "batch_item_id",
     "collapse_id",
     "collapsed_key",
+    "group_bucket_key",
+    "group_policy_key",
     "key_rate_key",
     "meta_key",
     "normalize_id",
@@ -253,8 +256,26 @@ def slot_reports_key(prefix: str, key: str) -> str:
     return _slot(prefix, key, "reports")
 
 
+def group_policy_key(prefix: str, key: str) -> str:
+    """HASH: group ``key``'s policy set at runtime (``DelayStore.set_group``): ``limit``,
+    ``rate`` (text ``N/s``, ``N/m`` or ``N/h``), ``weight``, ``paused`` (who paused it),
+    ``throttled_until`` (ms) and ``throttled_by``; a field absent: the item's value, else the
+    pattern's (``GroupPolicies``), else none. In the group's own tag (a group is a slot key):
+    ``slot_take.lua`` reads it beside the holds. :func:`slot_limit_key` is the older alias of
+    ``limit``, read when the hash has none."""
+    return _slot(prefix, key, "policy")
+
+
+def group_bucket_key(prefix: str, key: str) -> str:
+    """HASH: group ``key``'s rate token bucket (``tokens``, ``at``: ms of the last refill),
+    shared by every forwarder and written by ``slot_take.lua`` alone; it expires once full."""
+    return _slot(prefix, key, "bucket")
+
+
 #: A slot key's keys, in ``slot_take.lua``'s KEYS order.
 SLOT_KEYS = (slot_holds_key, slot_waiting_key, slot_waits_key, slot_limit_key, slot_tokens_key, slot_reports_key)
+#: A group's keys, in ``slot_take.lua``'s KEYS order: its slot keys, then its policy and bucket.
+GROUP_KEYS = (*SLOT_KEYS, group_policy_key, group_bucket_key)
 
 
 def batch_item_id(key: str) -> str:

@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException
 
 from .errors import ConfigError, DelayqError
-from .store.slots import KEY_LIST_TTL, SlotKeyList
+from .store import KEY_LIST_TTL, SlotKeyList
 
 if TYPE_CHECKING:
     from .models import Claim, FailedDelivery

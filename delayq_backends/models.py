@@ -7,6 +7,8 @@ from enum import Enum
 
 __all__ = [
     "BatchStatus",
+    "GroupPolicy",
+    "GroupStatus",
     "SlotBoard",
     "SlotGrant",
     "SlotStatus",
@@ -333,6 +335,15 @@ class SlotGrant:
             what its worker reports the hold with, passed in its message.
         heads: the first items in the key's line that a free slot waits for and that did not
             ask in this call (deferred): the caller brings them forward.
+        paused: the group is paused (its policy's ``paused``): it grants nothing.
+        throttled_until: ms until which the group is throttled (an operator's or a worker's
+            throttle), granting nothing; None when it is not.
+        rate_until: when an item was refused for the group's rate, the ms at which the bucket
+            holds the tokens the first refused item costs; None when none was.
+        weight: the group's share when groups compete for releases (policy, else the items', else 1).
+        reasons: per asking item, why it was refused ("" when granted, or when it only joined or
+            left the line): "limit", "rate", "paused" or "throttled" (mode "take"; the overlap
+            modes say "limit" for a skipped run).
     """
 
     limit: int
@@ -341,6 +352,45 @@ class SlotGrant:
     reset: str = ""
     tokens: tuple[str, ...] = ()
     heads: tuple[str, ...] = ()
+    paused: bool = False
+    throttled_until: int | None = None
+    rate_until: int | None = None
+    weight: float = 1.0
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupPolicy:
+    """A group's policy (:mod:`delayq_backends.group_policies`): set at runtime
+    (``DelayStore.set_group``), or a pattern's (``GroupPolicies``). None: not set here.
+
+    Attributes:
+        limit: at most this many of its items run at once.
+        rate: at most this many of its items (their ``cost``) released per unit, by every
+            forwarder together: text ``"N/s"``, ``"N/m"`` or ``"N/h"``.
+        weight: its share when groups compete for releases (1 when none is set).
+        paused: who paused it ("operator"); it releases nothing until resumed.
+        throttled_until: UTC ms until which it releases nothing (a throttle).
+        throttled_by: who throttled it ("operator", or ``worker:<item>``).
+    """
+
+    limit: int | None = None
+    rate: str | None = None
+    weight: float | None = None
+    paused: str | None = None
+    throttled_until: int | None = None
+    throttled_by: str | None = None
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """A group as ``delayq groups`` shows it: its runtime policy, the items of it running (holds
+    not lapsed) and the items waiting for it (parked in its lines; before lines, its slot line)."""
+
+    key: str
+    policy: GroupPolicy
+    running: int
+    parked: int
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,8 @@ COVERED = {
     "slot_limit_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_tokens_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_reports_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
+    "group_policy_key": "tests/test_group_policy.py::test_garbage_in_policy_and_bucket_is_dropped_and_reported",
+    "group_bucket_key": "tests/test_group_policy.py::test_garbage_in_policy_and_bucket_is_dropped_and_reported",
     "ShardKeys.batch": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "ShardKeys.batch_members": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",
     "ShardKeys.batch_done": "tests/test_batches.py::test_garbage_in_batch_keys_is_reported_never_raised",

@@ -393,7 +393,7 @@ class Take:
 
 
 class SlotTake:
-    """slot_take.lua: slots of one slot key (its six keys, one hash tag: not a shard's)."""
+    """slot_take.lua: slots of one group (its slot keys, policy and bucket: one hash tag, not a shard's)."""
 
     name = "slot_take"
     MODES = ("take", "join", "leave", "skip", "buffer")
@@ -402,7 +402,7 @@ class SlotTake:
     def call(
         cls,
         keys: tuple[str, ...],
-        asking: Sequence[tuple[str, int, str]],
+        asking: Sequence[tuple[str, int, str, int]],
         *,
         limit: int,
         hold_ms: int,
@@ -410,29 +410,38 @@ class SlotTake:
         cap_ms: int,
         now: int,
         mode: str = "take",
+        rate: str | None = None,
+        weight: float | None = None,
     ) -> ScriptCall[SlotGrant]:
-        """``asking``: (member, order, token) of each item, in its order (token "": a hold any
-        report may end); ``limit`` 0: the items carry none; ``cap_ms``: the most a reported
-        start or beat holds from now; ``mode``: "take", "join" (the items only take their places
-        in the line), "leave" (they give them up), or a periodic run's overlap policy at fire
-        time, "skip" or "buffer" (see :mod:`delayq_backends.overlap`)."""
+        """``keys``: the group's keys in ``keys.GROUP_KEYS`` order; ``asking``: (member, order,
+        token, cost) of each item, in its order (token "": a hold any report may end; cost: the
+        tokens of the group's rate it takes); ``limit`` 0, ``rate`` and ``weight`` None: the items
+        carry none (the group's policy wins over them); ``cap_ms``: the most a reported start,
+        beat or throttle holds from now; ``mode``: "take", "join" (the items only take their
+        places in the line), "leave" (they give them up), or a periodic run's overlap policy at
+        fire time, "skip" or "buffer" (see :mod:`delayq_backends.overlap`)."""
         if mode not in cls.MODES:
             raise ValueError(f"mode={mode!r}: use one of {cls.MODES}")
-        args: list[Any] = [limit, hold_ms, wait_ms, now, mode, cap_ms]
-        for member, order, token in asking:
-            args += (member, order, token)
-        return ScriptCall(
-            cls.name,
-            keys,
-            tuple(args),
-            lambda r: SlotGrant(
-                int(r[0]),
-                int(r[1]),
-                tuple(int(p) for p in r[3]),
-                _text(r[2]),
-                heads=tuple(_text(m) for m in r[4]) if len(r) > 4 else (),
-            ),
-        )
+        args: list[Any] = [limit, hold_ms, wait_ms, now, mode, cap_ms, rate or "", "" if weight is None else weight]
+        for member, order, token, cost in asking:
+            args += (member, order, token, cost)
+        return ScriptCall(cls.name, keys, tuple(args), _slot_grant)
+
+
+def _slot_grant(r: Any) -> SlotGrant:
+    """slot_take.lua's reply as a record (see its Output)."""
+    return SlotGrant(
+        int(r[0]),
+        int(r[1]),
+        tuple(int(p) for p in r[3]),
+        _text(r[2]),
+        heads=tuple(_text(m) for m in r[4]),
+        reasons=tuple(_text(why) for why in r[5]),
+        paused=bool(r[6]),
+        throttled_until=int(r[7]) or None,
+        rate_until=int(r[8]) or None,
+        weight=float(r[9]),
+    )
 
 
 class BatchOpen:

@@ -3,8 +3,8 @@
 One API per role, as the ACL roles are: :class:`Producer` (schedule, reschedule, cancel),
 :class:`Forwarding` (claim under a :class:`Lease`, then ack, release, defer, fail, extend) and
 :class:`Reader` (get, list, stats, histogram, dead letters); :class:`Starts` (workers' start records);
-:class:`Slots` (concurrency slots); :class:`Batches` (batches of sub-jobs).
-:class:`DelayStore` is all six.
+:class:`Slots` (concurrency slots) within :class:`Groups` (their policies); :class:`Batches`
+(batches of sub-jobs). :class:`DelayStore` is all of them.
 See ``docs/architecture.md`` for the key layout and the lease protocol.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .base import Payload, StoreCore, check_rank
 from .batches import BATCH_TTL_MS, MAX_FAILED_IDS, Batches
+from .groups import UNSET, Groups, SlotKeyList, Unset
 from .lease import Forwarding, Lease
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
@@ -22,7 +23,6 @@ from .slots import (
     START_HOLD_MS,
     WAIT_MS,
     SlotAsk,
-    SlotKeyList,
     SlotRun,
     Slots,
     slot_member,
@@ -33,6 +33,9 @@ __all__ = [
     "BATCH_TTL_MS",
     "MAX_FAILED_IDS",
     "Batches",
+    "Groups",
+    "UNSET",
+    "Unset",
     "KEY_LIST_TTL",
     "MAX_HOLD_MS",
     "RUN_HOLD_MS",
@@ -60,7 +63,7 @@ __all__ = [
 ]
 
 
-class DelayStore(Producer, Forwarding, Reader, Starts, Slots, Batches):
+class DelayStore(Producer, Forwarding, Reader, Starts, Groups, Batches):
     """Schedule, claim and acknowledge delayed items: every role's API on one client.
 
     Built like each role alone (see :class:`~.base.StoreCore` for the arguments); users' code

@@ -12,19 +12,23 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
-from ..envelope import MAX_SLOT_LIMIT, Slot
-from ..keys import SLOT_KEYS, slot_holds_key, slot_limit_key, slot_reports_key, slot_tokens_key, slot_waiting_key
-from ..models import SlotBoard, SlotGrant, SlotStatus
+from ..keys import (
+    GROUP_KEYS,
+    SLOT_KEYS,
+    slot_holds_key,
+    slot_reports_key,
+    slot_tokens_key,
+    slot_waiting_key,
+)
+from ..models import SlotGrant
 from ..scripts.store import Promote, SlotEnd, SlotTake
 from .base import StoreCore
-from .keylist import KeyList
 
 __all__ = [
     "HOLD_MODES",
@@ -35,7 +39,6 @@ __all__ = [
     "STATUS_CHUNK",
     "WAIT_MS",
     "SlotAsk",
-    "SlotKeyList",
     "SlotRun",
     "Slots",
     "slot_item_ids",
@@ -61,7 +64,7 @@ WAIT_MS = 15_000
 #: Slot keys whose statuses one pipelined round reads (three commands each).
 STATUS_CHUNK = 500
 #: What a worker reports on a hold (:meth:`Slots.hold_slots`).
-HOLD_MODES = ("start", "beat", "end")
+HOLD_MODES = ("start", "beat", "end", "throttle")
 #: Seconds a :class:`SlotKeyList` keeps its list of slot keys before it SCANs again.
 KEY_LIST_TTL = 30.0
 
@@ -89,11 +92,15 @@ class SlotRun(NamedTuple):
 
 
 class SlotAsk(NamedTuple):
-    """The items of one slot key asking for a slot: their limit (0: none) and (member, order)
-    of each, in their order."""
+    """The items of one slot key (a group) asking for a slot: their limit (0: none), (member,
+    order) of each, in their order, their rate and weight (None: none), and each one's cost
+    against the group's rate (empty: 1 each)."""
 
     limit: int
     asking: Sequence[tuple[str, int]]
+    rate: str | None = None
+    weight: float | None = None
+    costs: Sequence[int] = ()
 
 
 class Slots(StoreCore):
@@ -106,6 +113,10 @@ class Slots(StoreCore):
         ``slot_take.lua``'s order."""
         holds, waiting, waits, limit, tokens, reports = (f(self.config.prefix, key) for f in SLOT_KEYS)
         return holds, waiting, waits, limit, tokens, reports
+
+    def group_keys(self, key: str) -> tuple[str, ...]:
+        """Group ``key``'s keys in ``slot_take.lua``'s order: its slot keys, policy and bucket."""
+        return tuple(f(self.config.prefix, key) for f in GROUP_KEYS)
 
     def take_slots(
         self,
@@ -124,17 +135,33 @@ class Slots(StoreCore):
         order): its worker reports the item's start, beats and end with it, and no other report
         counts. A periodic run's overlap modes take tokenless holds (any report ends them).
         The items a free slot waits for that did not ask (``SlotGrant.heads``) are brought
-        forward (:meth:`_bring_forward`): ends read here reach the head of the line within a pass."""
+        forward (:meth:`_bring_forward`): ends read here reach the head of the line within a pass.
+
+        The group's runtime policy wins over the items' limit, rate and weight, and these over
+        the store's policies by pattern (``config.group_policies``); a paused or throttled
+        group, or one over its rate, grants nothing (``SlotGrant.reasons`` says why)."""
         at = self.script_now(now)
         calls, minted = [], {}
         for key, a in asks.items():
             tokens = tuple(secrets.token_hex(16) if mode == "take" else "" for _ in a.asking)
             minted[key] = tokens
-            asking = [(m, order, t) for (m, order), t in zip(a.asking, tokens)]
-            keys = self.slot_keys(key)
+            costs = a.costs or (1,) * len(a.asking)
+            if len(costs) != len(a.asking):
+                raise ValueError(f"group {key!r}: {len(costs)} costs for {len(a.asking)} items: give one each")
+            asking = [(m, order, t, c) for (m, order), t, c in zip(a.asking, tokens, costs)]
+            pattern = self.config.group_policies.of(key)
             calls.append(
                 SlotTake.call(
-                    keys, asking, limit=a.limit, hold_ms=hold_ms, wait_ms=wait_ms, cap_ms=MAX_HOLD_MS, now=at, mode=mode
+                    self.group_keys(key),
+                    asking,
+                    limit=a.limit or pattern.limit or 0,
+                    rate=a.rate or pattern.rate,
+                    weight=a.weight if a.weight is not None else pattern.weight,
+                    hold_ms=hold_ms,
+                    wait_ms=wait_ms,
+                    cap_ms=MAX_HOLD_MS,
+                    now=at,
+                    mode=mode,
                 )
             )
         replies = self.run_each(calls)
@@ -150,7 +177,8 @@ class Slots(StoreCore):
         """A worker reports its runs' holds, per slot key, in one round trip: "start" and "beat"
         hold each ``hold_ms`` from now (capped at :data:`MAX_HOLD_MS`), "end" gives it back and
         brings forward the items at the head of the key's line, so a forwarder takes the free
-        slot within a pass. Per key, None or the error its report met.
+        slot within a pass; "throttle" stops the key (a group) releasing for ``hold_ms`` (same
+        cap) at every forwarder, from the next take on. Per key, None or the error its report met.
 
         A report is one HSET of a random field: the next take checks it against the hold's
         token, so a report that is not the hold's (another worker's member, a forged one)
@@ -174,8 +202,8 @@ class Slots(StoreCore):
 
     def _report(self, mode: str, token: str, hold_ms: int) -> str:
         """A worker's report on its hold (``slot_take.lua`` reads it): an end shows the token
-        (the task is over), a start or beat only its SHA-1 (:meth:`slot_token_proof`), so a
-        report read by another credential cannot end a running task's hold."""
+        (the task is over), a start, beat or throttle only its SHA-1 (:meth:`slot_token_proof`),
+        so a report read by another credential cannot end a running task's hold."""
         if mode == "end":
             return f"end:{token}"
         return f"{mode}:{self.slot_token_proof(token) if token else ''}:{hold_ms}"
@@ -238,95 +266,7 @@ class Slots(StoreCore):
             if isinstance(reply, Exception):
                 log.warning("could not bring the next in a slot line forward (%s); it asks at its recheck", reply)
 
-    def set_slot_limit(self, key: str, limit: int | None) -> None:
-        """Let at most ``limit`` items of ``key`` run at once, from the next release on, over the
-        limit the items carry; None removes it (the items' own limit applies again, or none).
-
-        Raises:
-            InvalidSlotError: a key or limit that is not one; nothing was written.
-            NotDurableError: with ``durable_replicas``, fewer replicas confirmed it in time.
-        """
-        Slot.parse({"key": key, "limit": limit})
-        name = slot_limit_key(self.config.prefix, key)
-        self.write_acknowledged(name, ("DEL", name) if limit is None else ("SET", name, str(limit)))
-
-    def slot_keys_in_use(self) -> list[str]:
-        """Every slot key with holds, a line or a limit, sorted (a SCAN of the prefix's slot
-        keys, every primary's on a cluster: for ``delayq slots``, not a hot path)."""
-        start = f"{self.config.prefix}:{{{self.config.prefix}:slot:"
-        names = ("holds", "waiting", "waits", "limit", "tokens", "reports")
-        found: set[str] = set()
-        for raw in self.client.scan_iter(match=f"{_glob_escaped(start)}*", count=1000):
-            name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-            key, sep, kind = name[len(start) :].rpartition("}:")
-            if sep and kind in names:
-                found.add(key)
-        return sorted(found)
-
-    def slot_status(self, key: str) -> SlotStatus:
-        """Slot ``key``'s runtime limit, holds not lapsed and items waiting (read-only)."""
-        return self.slot_statuses([key])[0]
-
-    def slot_statuses(self, keys: Sequence[str]) -> list[SlotStatus]:
-        """:meth:`slot_status` of each of ``keys``, in their order: one pipelined round per
-        :data:`STATUS_CHUNK` keys, so a dashboard or a scrape of many keys costs few round trips."""
-        now = self.clock()
-        found: list[SlotStatus] = []
-        for start in range(0, len(keys), STATUS_CHUNK):
-            chunk = keys[start : start + STATUS_CHUNK]
-            with self.client.pipeline(transaction=False) as pipe:
-                for key in chunk:
-                    holds, waiting, _, limit_key, _, _ = self.slot_keys(key)
-                    pipe.get(limit_key)
-                    pipe.zcount(holds, f"({now}", "+inf")
-                    pipe.zcard(waiting)
-                replies = pipe.execute(raise_on_error=False)
-            found += (_status(key, *replies[3 * i : 3 * i + 3]) for i, key in enumerate(chunk))
-        return found
-
-    def slot_board(self, keys: Sequence[str], *, offset: int = 0, limit: int | None = None) -> SlotBoard:
-        """The statuses of ``keys`` busiest first (running plus waiting, then by key), ``limit``
-        of them from ``offset`` on, with the counts over all of them (read-only)."""
-        statuses = sorted(self.slot_statuses(keys), key=lambda s: (-(s.running + s.waiting), s.key))
-        end = None if limit is None else offset + limit
-        return SlotBoard(
-            keys=len(statuses),
-            running=sum(s.running for s in statuses),
-            waiting=sum(s.waiting for s in statuses),
-            slots=statuses[offset:end],
-        )
-
-
-class SlotKeyList(KeyList):
-    """The slot keys in use (:meth:`Slots.slot_keys_in_use`), listed again at most every ``ttl``
-    seconds (see :class:`~.keylist.KeyList`); the statuses of listed keys are read fresh on every
-    call (:meth:`Slots.slot_board`)."""
-
-    def __init__(self, slots: Slots, *, ttl: float = KEY_LIST_TTL, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(slots.slot_keys_in_use, ttl=ttl, clock=clock)
-
 
 def _glob_escaped(text: str) -> str:
     """``text`` matched literally by a SCAN pattern."""
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
-
-
-def _status(key: str, raw_limit: object, running: object, waiting: object) -> SlotStatus:
-    """A key's status from its three replies; garbage (another type, a limit not a number) reads
-    as no limit and none running or waiting, as the slot scripts treat it.
-
-    Raises:
-        RedisError: a reply that is no plain error of the key's value (a refused permission, a
-            lost connection): an ACL that hides the limit must not read as "no limit".
-    """
-    for reply in (raw_limit, running, waiting):
-        if isinstance(reply, Exception) and type(reply) is not ResponseError:
-            raise reply
-    text = raw_limit.decode("ascii", "replace") if isinstance(raw_limit, bytes) else ""
-    limit = int(text) if text.isdigit() and 1 <= int(text) <= MAX_SLOT_LIMIT else None
-    return SlotStatus(key, limit, _count(running), _count(waiting))
-
-
-def _count(reply: object) -> int:
-    """A count read back; a key of another type (an error reply) reads as empty."""
-    return reply if isinstance(reply, int) else 0
