@@ -83,7 +83,7 @@ def test_using_groups_runs(page_store: str) -> None:
         forwarder.run_once()
         return int(client.llen("reports")) == 2
 
-    wait_for(released, 10, "the two items due now released")
+    wait_for(released, 10, lambda: f"the two items due now released: {client.lrange('reports', 0, -1)}")
     assert store.get("report-2") is not None  # due in a minute: still waiting
 
 
