@@ -41,7 +41,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from lib.grouping import API, drain, grouped, set_policy
+from lib.grouping import API, Drain, drain, grouped, set_policy
 from lib.items import OUT_LIST, envelope, load
 from lib.movers import Case, cli_forward, cpu_seconds, load_line, options, process_drain, rounds, summary, table
 from lib.processes import Processes
@@ -153,6 +153,8 @@ def lateness_once(server: BenchServer, background: str | None, sizes: Sizes, log
         redis_after, forwarder_after = server.cpu_seconds(), cpu_seconds(forwarder.pid)
     if len(late) != QUIET_ITEMS:
         raise RuntimeError(f"{len(late)} of {QUIET_ITEMS} quiet items arrived")
+    if background == "full":  # nobody ends the one released: more than one means no limit held the line
+        out["full_released"] = int(server.client.llen(FULL_LIST))
     out["lateness_ms"] = distribution(late)
     out["stream_s"] = round(window, 1)
     out["forwarder_cpu_pct"] = round(100 * (forwarder_after - cpu[1]) / window, 1)
@@ -223,8 +225,8 @@ def release_cases(server: BenchServer, sizes: Sizes) -> list[Case]:
 DRAINS = (("ungrouped", None, 1), ("limit 10", 10, 1), ("limit 1", 1, 10))
 
 
-def drains(server: BenchServer, sizes: Sizes) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {name: [] for name, _, _ in DRAINS}
+def drains(server: BenchServer, sizes: Sizes) -> dict[str, list[Drain]]:
+    out: dict[str, list[Drain]] = {name: [] for name, _, _ in DRAINS}
     for r in range(sizes.rounds):
         for name, limit, share in DRAINS:
             n, key = sizes.drain // share, None if limit is None else "tenant"
@@ -233,7 +235,8 @@ def drains(server: BenchServer, sizes: Sizes) -> dict[str, list[float]]:
                 load_group(store, "d", n, key, OUT_LIST, each=True, **({} if limit is None else {"limit": limit}))
 
             out[name].append(drain(server, n, fill, key))
-            log(f"drain round {r + 1}/{sizes.rounds} {name}: {out[name][-1]:,.0f}/s")
+            log(f"drain round {r + 1}/{sizes.rounds} {name}: {out[name][-1].rate:,.0f}/s, "
+                f"at most {out[name][-1].most_running} running")  # fmt: skip
     return out
 
 
@@ -294,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"### A quiet group's lateness ({QUIET_ITEMS} items due over {QUIET_OVER_S:g} s), "
                   f"median (min–max) of {sizes.runs} run(s)\n")  # fmt: skip
             print("\n".join(lateness_report(found["lateness"])) + "\n")
+            released = [r["full_released"] for runs in found["lateness"].values() for r in runs if "full_released" in r]
+            print(f"The limit-1 group's items released (its limit held if 1): {released}\n")
         if chosen("release"):
             results = rounds(server, release_cases(server, sizes), sizes.rounds)
             found["release"] = summary(results)
@@ -301,16 +306,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(table(results, "one group", "ungrouped", goal=GOAL_RELEASE_RATIO)))
             print(f"\n{load_line(results)}\n")
         if chosen("drain"):
-            found["drain"] = rates = drains(server, sizes)
+            found["drain"] = drained = drains(server, sizes)
             print(f"### Drain of one group whose tasks end at once, {sizes.rounds} rounds\n")
-            print("| case | items | items/s, median (min–max) | goal | ratio to ungrouped, median |")
-            print("|---|---:|---:|---:|---:|")
-            for name, _, share in DRAINS:
-                goal = DRAIN_GOALS.get(name)
-                ratio = statistics.median(r / u for r, u in zip(rates[name], rates["ungrouped"]))
+            print("| case | items | items/s, median (min–max) | goal | ratio to ungrouped | most running at once |")
+            print("|---|---:|---:|---:|---:|---:|")
+            for name, limit, share in DRAINS:
+                rates, goal = [d.rate for d in drained[name]], DRAIN_GOALS.get(name)
+                ratio = statistics.median(d.rate / u.rate for d, u in zip(drained[name], drained["ungrouped"]))
+                most = max(d.most_running for d in drained[name])
+                over = "" if limit is None or most <= limit else f" **over the limit {limit}**"
                 met = "" if goal is None else f"≥ {goal:,.0f} " + (
-                    "met" if statistics.median(rates[name]) >= goal else "NOT met")  # fmt: skip
-                print(f"| {name} | {sizes.drain // share:,} | {_cell(rates[name], ',.0f')} | {met} | {ratio:.3f} |")
+                    "met" if statistics.median(rates) >= goal and not over else "NOT met")  # fmt: skip
+                cells = [name, f"{sizes.drain // share:,}", _cell(rates, ",.0f"), met, f"{ratio:.3f}", f"{most}{over}"]
+                print(f"| {' | '.join(cells)} |")
             print()
         if chosen("weights"):
             found["weights"] = shares = weights(server, sizes)

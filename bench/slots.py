@@ -87,7 +87,9 @@ DRAINS = (("unslotted", None, 1), ("limit 100", 100, 1), ("limit 10", 10, 1), ("
 def drain(server: BenchServer, n: int, limit: int | None) -> float:
     """Items/s of a forwarder thread releasing ``n`` items of one key of ``limit`` (None:
     unslotted) while a worker thread pops each and gives its slot back at once."""
-    return grouping.drain(server, n, lambda store: load(store, n, 1 if limit else 0, limit), "key-0" if limit else None)
+    return grouping.drain(
+        server, n, lambda store: load(store, n, 1 if limit else 0, limit), "key-0" if limit else None
+    ).rate
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.forwarder import Forwarder
@@ -22,7 +22,7 @@ from delayq_backends.targets import RedisListTarget
 from .items import OUT_LIST
 from .server import BenchServer
 
-__all__ = ["API", "drain", "grouped", "set_policy"]
+__all__ = ["API", "Drain", "drain", "grouped", "set_policy"]
 
 try:  # issue 31's names
     from delayq_backends.envelope import Group, with_groups  # type: ignore[attr-defined]
@@ -50,11 +50,20 @@ def set_policy(store: DelayStore, key: str, **policy: Any) -> None:
         store.set_slot_limit(key, policy["limit"])
 
 
-def drain(server: BenchServer, n: int, load: Callable[[DelayStore], None], key: str | None) -> float:
-    """Items/s of a forwarder thread releasing ``n`` items that ``load`` schedules (all of group
-    ``key``, None: ungrouped) into :data:`OUT_LIST` while a worker thread pops each and at once
-    ends it: gives its slot back (``give_back_slots``, the forwarder's give-back: a Redis list
-    carries no token for a worker's report), so the group's next item may go."""
+class Drain(NamedTuple):
+    """A drain's items/s, and the most items released and not yet ended at once: a limit's
+    drain means nothing unless this stayed within the limit."""
+
+    rate: float
+    most_running: int
+
+
+def drain(server: BenchServer, n: int, load: Callable[[DelayStore], None], key: str | None) -> Drain:
+    """A forwarder thread releasing ``n`` items that ``load`` schedules (all of group ``key``,
+    None: ungrouped) into :data:`OUT_LIST` while a worker thread pops each and at once ends it:
+    gives its slot back (``give_back_slots``, the forwarder's give-back: a Redis list carries no
+    token for a worker's report), so the group's next item may go. Running at a pop: the items
+    still in the list, and the one popped (ended just after)."""
     server.wipe()
     store = server.store()
     load(store)
@@ -62,6 +71,7 @@ def drain(server: BenchServer, n: int, load: Callable[[DelayStore], None], key: 
     forwarder = Forwarder(server.store(client=client), [RedisListTarget(client)], poll_interval=0.05)
     runner = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
     worker = server.connect()
+    most = 0
     start = time.perf_counter()
     runner.start()
     try:
@@ -71,9 +81,10 @@ def drain(server: BenchServer, n: int, load: Callable[[DelayStore], None], key: 
                 popped = worker.blpop([OUT_LIST], timeout=1)  # under the client's 5 s socket timeout
             if popped is None:
                 raise RuntimeError("no item reached the list in 60 s")
+            most = max(most, int(worker.llen(OUT_LIST)) + 1)
             if key is not None:
                 store.give_back_slots({key: [json.loads(popped[1])["id"]]})
-        return n / (time.perf_counter() - start)
+        return Drain(n / (time.perf_counter() - start), most)
     finally:
         forwarder.stop()
         runner.join(30)
