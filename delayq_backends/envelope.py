@@ -33,10 +33,8 @@ Format 1 (written up to tag s3-start, still read)::
 from __future__ import annotations
 
 import json
-import math
-import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -52,18 +50,14 @@ __all__ = [
     "INVALID_RATE_KEY",
     "MAX_COST",
     "MAX_GROUPS",
-    "MAX_RATE_COUNT",
     "MAX_RATE_KEY",
     "MAX_SLOT_LIMIT",
-    "MAX_WEIGHT",
-    "RATE_PERIODS",
     "RATE_KEY",
     "SLOT",
     "Slot",
     "SlotSpec",
     "Envelope",
     "READABLE_VERSIONS",
-    "check_rate",
     "check_rate_key",
     "fold_groups",
     "frame",
@@ -357,15 +351,8 @@ GROUPS = "groups"
 #: Most groups an item carries (a tenant and an endpoint, say): it is released only when each
 #: admits it, and each admission is a script call per pass.
 MAX_GROUPS = 3
-#: Highest count of a group's rate and highest cost of one item: a rate counts items, or units of
-#: their cost (LLM tokens, say), per period.
-MAX_RATE_COUNT = 1_000_000_000
-MAX_COST = MAX_RATE_COUNT
-#: Highest weight: a group's share when groups compete, relative to the default group's 1.
-MAX_WEIGHT = 1_000.0
-#: A rate's periods, by the letter after its slash, in ms.
-RATE_PERIODS = {"s": 1_000, "m": 60_000, "h": 3_600_000}
-_RATE = re.compile(r"([1-9][0-9]{0,9})/([smh])")
+#: Highest cost of one item: what it counts against its groups' rates (LLM tokens, say).
+MAX_COST = 1_000_000_000
 _GROUP_FIELDS = ("key", "limit", "rate", "weight", "cost")
 _GROUP_SHAPE = (
     "pass a key (e.g. 'tenant-7'), {'key': KEY, 'limit': N, 'rate': 'N/s', 'weight': W, 'cost': C} (every "
@@ -373,47 +360,34 @@ _GROUP_SHAPE = (
 )
 
 
-def check_rate(rate: Any) -> tuple[int, int]:
-    """A group's rate, ``"N/s"``, ``"N/m"`` or ``"N/h"``, as (N, period in ms).
+def _checked(group: Group) -> tuple[dict[str, Any], list[str]]:
+    """``group``'s policy fields as a runtime policy keeps them (a rate's text, a weight's float),
+    and what is wrong with any. The checks are the policy's own
+    (:mod:`delayq_backends.group_policies`), so an item's values mean what an operator's do."""
+    from . import group_policies as policy  # imported here: it imports this module
 
-    Raises:
-        InvalidGroupError: anything else, saying what to pass; nothing was stored.
-    """
-    found = _RATE.fullmatch(rate) if isinstance(rate, str) else None
-    if found is None or int(found[1]) > MAX_RATE_COUNT:
-        raise InvalidGroupError(
-            f"group rate {repr(rate)[:40]}: pass 'N/s', 'N/m' or 'N/h' with 1 <= N <= {MAX_RATE_COUNT} "
-            "(items, or units of their cost, per second, minute or hour), e.g. '10/s'"
-        )
-    return int(found[1]), RATE_PERIODS[found[2]]
-
-
-def _group_key_problem(key: Any) -> str | None:
-    # "}:" would close the group key's hash tag and could make its keys match another key
-    # kind's ACL pattern (a producer's "...}:batch*"), handing a role another's group key
-    if isinstance(key, str) and 0 < len(key) <= MAX_RATE_KEY and key.isprintable() and "}:" not in key:
-        return None
-    return f"its key must be printable text of 1..{MAX_RATE_KEY} characters without '}}:', e.g. 'tenant-7'"
-
-
-def _group_field_problem(name: str, value: Any) -> str | None:
-    """What is wrong with a group's optional field ``name`` set to ``value``, None if nothing."""
-    if value is None:
-        return None
-    if name == "limit" and not (type(value) is int and 1 <= value <= MAX_SLOT_LIMIT):
-        return f"limit (at most N of its items running) must be a whole number 1..{MAX_SLOT_LIMIT}"
-    if name == "rate":
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    checks: list[tuple[str, Callable[[str, Any], object]]] = [
+        ("key", lambda _, key: policy.check_group_key(key)),
+        ("limit", policy.check_limit),
+        ("rate", policy.check_rate),
+        ("weight", policy.check_weight),
+    ]
+    for name, check in checks:
+        value = getattr(group, name)
+        if value is None:
+            continue
         try:
-            check_rate(value)
-        except InvalidGroupError as exc:
-            return str(exc).removeprefix("group ")
-    if name == "weight" and not (
-        type(value) in (int, float) and math.isfinite(value) and 0 < value <= MAX_WEIGHT
-    ):  # bool is no weight: type() rather than isinstance
-        return f"weight (its share when groups compete; the default is 1) must be a number in (0, {MAX_WEIGHT:g}]"
-    if name == "cost" and not (type(value) is int and 1 <= value <= MAX_COST):
-        return f"cost (what one item counts against a rate) must be a whole number 1..{MAX_COST}"
-    return None
+            values[name] = check(group.key, value)
+        except InvalidSlotError as exc:  # the policy's InvalidGroupPolicyError: a slot error, as ours
+            said = str(exc)  # the policy's "group KEY: ..." (KEY cut at 80), said once for all fields here
+            for named in (f"group {group.key!r}: ", f"group {repr(group.key)[:80]}: "):
+                said = said.removeprefix(named)
+            problems.append(said)
+    if not (type(group.cost) is int and 1 <= group.cost <= MAX_COST):
+        problems.append(f"cost={group.cost!r}: what one item counts against a rate, a whole number 1..{MAX_COST}")
+    return values, problems
 
 
 @dataclass(frozen=True)
@@ -428,7 +402,8 @@ class Group:
         key: what the group is: printable text (as a slot key).
         limit: at most this many of its items run at once; None: no limit of the item's own.
         rate: at most this many items (or units of cost) per period, ``"N/s"``, ``"N/m"``,
-            ``"N/h"``, across all forwarders; None: no rate of the item's own.
+            ``"N/h"`` (N > 0, at most 10^6/s; a number is per second), across all forwarders,
+            kept as a runtime policy keeps it (``"10/s"``); None: no rate of the item's own.
         weight: the group's share when groups compete (the default group's is 1); None: 1
             unless set at runtime.
         cost: what this item counts against the group's rate (LLM tokens, say); 1 by default.
@@ -441,13 +416,12 @@ class Group:
     cost: int = 1
 
     def __post_init__(self) -> None:
-        problems = [_group_key_problem(self.key)] + [
-            _group_field_problem(name, getattr(self, name)) for name in _GROUP_FIELDS[1:]
-        ]
-        if any(problems):
-            raise InvalidGroupError(f"group {repr(self.key)[:60]}: " + "; ".join(p for p in problems if p))
-        if type(self.weight) is int:  # one type whichever number was passed: 3 and 3.0 are one weight
-            object.__setattr__(self, "weight", float(self.weight))
+        values, problems = _checked(self)
+        if problems:
+            raise InvalidGroupError(f"group {repr(self.key)[:60]}: " + "; ".join(problems))
+        for name in ("rate", "weight"):  # as a policy keeps them: "10/s" and 10, 3 and 3.0 are one value
+            if name in values:
+                object.__setattr__(self, name, values[name])
 
     @classmethod
     def parse(cls, value: Any) -> Group:
@@ -550,7 +524,7 @@ def _alias_groups(envelope: Envelope) -> list[Group]:
     if slot is not None:
         aliases.append(Group(slot[0].key, slot[0].limit))
     key = rate_key_of(envelope)
-    if key is not None and _group_key_problem(key) is None:
+    if key is not None and key != INVALID_RATE_KEY and "}:" not in key:  # one that can name a group
         aliases.append(Group(key))
     return aliases
 

@@ -344,6 +344,7 @@ class SlotGrant:
         reasons: per asking item, why it was refused ("" when granted, or when it only joined or
             left the line): "limit", "rate", "paused" or "throttled" (mode "take"; the overlap
             modes say "limit" for a skipped run).
+        rate_per_s: the group's rate as applied, in tokens (item costs) per second; None: none.
     """
 
     limit: int
@@ -357,6 +358,7 @@ class SlotGrant:
     rate_until: int | None = None
     weight: float = 1.0
     reasons: tuple[str, ...] = ()
+    rate_per_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .envelope import Group, Slot, fold_groups, parse_groups
-from .errors import DelayqError
-from .store import RUN_HOLD_MS, DelayStore, SlotRun
+from .errors import DelayqError, InvalidGroupPolicyError
+from .store import MAX_HOLD_MS, RUN_HOLD_MS, DelayStore, SlotRun
 
 __all__ = ["SlotGuard", "held_groups"]
 
@@ -110,6 +110,22 @@ class SlotGuard:
                     del self._held[(key, run)]
         self._send({key: [run] for key in keys}, "end")
 
+    def throttle(self, key: str, run: SlotRun, seconds: float) -> None:
+        """Stop group ``key`` releasing for ``seconds`` (at most an hour) at every forwarder:
+        reported on ``run``'s hold, so it counts only while this process holds that slot with
+        its token (the next take folds it into the group's policy). Items already released run;
+        the ones that wait are not counted as attempts.
+
+        Raises:
+            InvalidGroupPolicyError: ``seconds`` not in (0, 3600]; nothing was reported.
+        """
+        ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        if not ok or not 0 < seconds <= MAX_HOLD_MS / 1000:
+            raise InvalidGroupPolicyError(
+                f"group {key!r}: throttle for {seconds!r} s: use seconds > 0 and <= {MAX_HOLD_MS // 1000}"
+            )
+        self._send({key: [run]}, "throttle", hold_ms=round(seconds * 1000))
+
     def held(self) -> dict[str, list[SlotRun]]:
         """The runs this process holds, by key."""
         with self._lock:
@@ -128,9 +144,10 @@ class SlotGuard:
             if held:
                 self._send(held, "beat")
 
-    def _send(self, holds: dict[str, list[SlotRun]], mode: str) -> None:
+    def _send(self, holds: dict[str, list[SlotRun]], mode: str, *, hold_ms: int | None = None) -> None:
+        ms = self.hold_ms if hold_ms is None else hold_ms
         try:
-            replies: dict[str, Exception | None] = dict(self.store.hold_slots(holds, mode, hold_ms=self.hold_ms))
+            replies: dict[str, Exception | None] = dict(self.store.hold_slots(holds, mode, hold_ms=ms))
         except (RedisError, DelayqError, OSError) as exc:
             replies = {key: exc for key in holds}
         for key, reply in replies.items():

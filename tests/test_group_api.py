@@ -1,22 +1,23 @@
-"""Issue 31's group API in the envelope: :class:`Group`, :func:`parse_groups`, :func:`with_groups`
-and :func:`groups_of`, with ``slot`` and ``rate_key`` folded in as aliases (pure, no server)."""
+"""Issue 31's group API: in the envelope (:class:`Group`, :func:`parse_groups`, :func:`with_groups`
+and :func:`groups_of`, with ``slot`` and ``rate_key`` folded in as aliases; pure), and the
+producer's ``group=`` on a real server (stored, delivered, kept; bad input stores nothing)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayq_backends import InvalidSlotError
+from delayq_backends import DelayStore, InvalidSlotError
 from delayq_backends.envelope import (
     GROUPS,
     MAX_GROUPS,
     Envelope,
     Group,
     Slot,
-    check_rate,
     groups_of,
     parse_groups,
     with_groups,
@@ -24,6 +25,10 @@ from delayq_backends.envelope import (
     with_slot,
 )
 from delayq_backends.errors import InvalidGroupError
+from delayq_backends.forwarder import Forwarder
+from delayq_backends.targets import RedisListTarget
+from delayq_backends.testing import CollectingTarget
+from tests.harness import make_store
 
 
 def plain() -> Envelope:
@@ -40,10 +45,10 @@ def test_a_group_is_a_key_a_dict_a_group_or_a_slot() -> None:
     assert Group.parse({"key": "t", "cost": None}).cost == 1
 
 
-def test_rates_read_as_count_and_period() -> None:
-    assert check_rate("10/s") == (10, 1_000)
-    assert check_rate("600/m") == (600, 60_000)
-    assert check_rate("1/h") == (1, 3_600_000)
+def test_rates_and_weights_are_kept_as_a_runtime_policy_keeps_them() -> None:
+    """The policy's own checks (group_policies): an item's rate means what an operator's does."""
+    assert [Group("t", rate=r).rate for r in ("10/s", " 600 / m", "0.5/h", 20)] == ["10/s", "600/m", "0.5/h", "20/s"]
+    assert Group("t", weight=3).weight == 3.0 and isinstance(Group("t", weight=3).weight, float)
 
 
 @pytest.mark.parametrize(
@@ -63,8 +68,8 @@ def test_rates_read_as_count_and_period() -> None:
         ({"key": "t", "limit": True}, "limit"),
         ({"key": "t", "rate": "10/d"}, "'N/s', 'N/m' or 'N/h'"),
         ({"key": "t", "rate": "0/s"}, "'N/s', 'N/m' or 'N/h'"),
-        ({"key": "t", "rate": 10}, "'N/s', 'N/m' or 'N/h'"),
-        ({"key": "t", "rate": "99999999999/s"}, "'N/s', 'N/m' or 'N/h'"),
+        ({"key": "t", "rate": True}, "'N/s', 'N/m' or 'N/h'"),
+        ({"key": "t", "rate": "2000000/s"}, "'N/s', 'N/m' or 'N/h'"),
         ({"key": "t", "weight": 0}, "weight"),
         ({"key": "t", "weight": float("inf")}, "weight"),
         ({"key": "t", "weight": float("nan")}, "weight"),
@@ -160,7 +165,7 @@ groups = st.builds(
     Group,
     keys.filter(lambda k: "}:" not in k and k.isprintable()),
     st.none() | st.integers(1, 1_000_000),
-    st.none() | st.builds(lambda n, p: f"{n}/{p}", st.integers(1, 10**9), st.sampled_from("smh")),
+    st.none() | st.builds(lambda n, p: f"{n}/{p}", st.integers(1, 10**6), st.sampled_from("smh")),
     st.none() | st.floats(0.001, 1000),
     st.integers(1, 10**9),
 )
@@ -170,3 +175,89 @@ groups = st.builds(
 def test_any_groups_round_trip(gs: list[Group]) -> None:
     envelope = Envelope.decode(with_groups(plain(), gs).encode())
     assert groups_of(envelope) == tuple(gs)
+
+
+# -- the producer API on a real server ------------------------------------------------------------
+
+
+def list_envelope(tag: str) -> Envelope:
+    return RedisListTarget.envelope("out", tag.encode())
+
+
+def stored_groups(store: DelayStore, item_id: str) -> tuple[Group, ...]:
+    item = store.get(item_id)
+    assert item is not None, f"{item_id} is not stored"
+    return groups_of(Envelope.decode(item.envelope))
+
+
+def stored_count(store: DelayStore) -> int:
+    return sum(s.scheduled for s in store.stats())
+
+
+def test_schedule_stores_the_groups_and_a_forwarder_delivers_them(server_url: str, prefix: str) -> None:
+    store = make_store(server_url, prefix, shards=4)
+    past = datetime.now(timezone.utc) - timedelta(seconds=1)
+    store.schedule("key", past, list_envelope("key"), group="tenant-7")
+    store.schedule("dict", past, list_envelope("dict"), group={"key": "tenant-7", "limit": 2, "rate": "10/s"})
+    three = ["tenant-7", {"key": "api", "weight": 3, "cost": 5}, Group("region-eu")]
+    store.schedule("three", past, list_envelope("three").encode(), group=three)  # bytes are decoded once
+    expected = {
+        "key": (Group("tenant-7"),),
+        "dict": (Group("tenant-7", 2, "10/s"),),
+        "three": (Group("tenant-7"), Group("api", weight=3.0, cost=5), Group("region-eu")),
+    }
+    assert {i: stored_groups(store, i) for i in expected} == expected
+    target = CollectingTarget("list")
+    Forwarder(store, [target]).run_once()
+    assert {d.id: groups_of(d.envelope) for d in target.delivered} == expected
+
+
+def test_slot_and_rate_key_go_with_group_as_aliases(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix)
+    later = timedelta(hours=1)
+    store.schedule("a", later, list_envelope("a"), slot={"key": "s", "limit": 2}, rate_key="r", group="g")
+    assert stored_groups(store, "a") == (Group("g"), Group("s", 2), Group("r"))
+    store.schedule("b", later, list_envelope("b"), slot="t-7", group={"key": "t-7", "rate": "5/m"})
+    assert stored_groups(store, "b") == (Group("t-7", rate="5/m"),)
+    with pytest.raises(InvalidGroupError, match="at most 3 groups"):
+        store.schedule("c", later, list_envelope("c"), slot="s", rate_key="r", group=["g", "h"])
+    assert store.get("c") is None
+
+
+def test_reschedule_schedule_many_and_debounce_keep_the_groups(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix)
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    store.schedule("moved", later, list_envelope("moved"), group={"key": "t", "limit": 1})
+    assert store.reschedule("moved", later + timedelta(hours=1))
+    assert stored_groups(store, "moved") == (Group("t", 1),)
+    bulk = [(f"m{i}", later, with_groups(list_envelope(f"m{i}"), f"t-{i % 3}")) for i in range(6)]
+    assert store.schedule_many(bulk).added == 6
+    assert [stored_groups(store, f"m{i}") for i in range(6)] == [(Group(f"t-{i % 3}"),) for i in range(6)]
+    for tag in ("first", "last"):
+        run = store.debounce("doc-1", timedelta(seconds=30), list_envelope(tag), group=["t", "doc"])
+    assert stored_groups(store, run.id) == (Group("t"), Group("doc"))
+    run = store.throttle("doc-1", timedelta(seconds=30), list_envelope("x"), group="t")
+    assert stored_groups(store, run.id) == (Group("t"),)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", {"key": "t", "limit": 0}, {"key": "t", "rate": "fast"}, ["a", "b", "c", "d"], {"key": "t", "typo": 1}],
+)
+def test_a_bad_group_stores_nothing_on_any_path(valkey_url: str, prefix: str, bad: Any) -> None:
+    store = make_store(valkey_url, prefix)
+    later = timedelta(hours=1)
+    with pytest.raises(InvalidGroupError):
+        store.schedule("x", later, list_envelope("x"), group=bad)
+    with pytest.raises(InvalidGroupError):
+        store.debounce("k", later, list_envelope("x"), group=bad)
+    with store.client.pipeline() as pipe:  # checked before anything is queued on the caller's pipeline
+        with pytest.raises(InvalidGroupError):
+            store.schedule("x", later, list_envelope("x"), group=bad, pipeline=pipe)
+        assert len(pipe.command_stack) == 0
+    store.open_batch("b")
+    with pytest.raises(InvalidGroupError):
+        store.schedule("x", later, list_envelope("x"), group=bad, batch="b")
+    assert stored_count(store) == 0
+    status = store.batch_status("b")
+    assert status is not None and status.total == 0  # not counted into its batch either

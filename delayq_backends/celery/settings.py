@@ -20,6 +20,7 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_lossless_window = 60  # ... and publish it again if no start is recorded by then
     app.conf.delayq_slot_limits = {"customer-*": 2}  # a delayq_slot with no limit of its own: the first match's
     app.conf.delayq_slot_hold = 60      # seconds a worker's slot hold lasts after its last heartbeat
+    app.conf.delayq_group_policies = {"tenant-*": {"limit": 2, "rate": "10/s"}}  # groups by pattern
     app.conf.delayq_schedule_version = 1234  # grows per deploy: an older beat_schedule never rolls a newer back
 
 ``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
@@ -38,6 +39,12 @@ refuses the second send with :class:`DuplicateTaskIdError` and keeps the first.
 ``delayq_slot_limits`` (glob pattern -> limit, first match wins) gives a task's ``delayq_slot``
 that names no limit the limit of its key's pattern, at send (see
 :mod:`delayq_backends.celery.slots`); a limit set at runtime (``set_slot_limit``) wins over both.
+
+``delayq_group_policies`` (glob pattern -> ``{"limit", "rate", "weight"}``; for each value the
+first pattern that sets it) is the policy of the groups matching it where neither the group's
+runtime policy (``DelayStore.set_group``) nor the item sets one (see
+:mod:`delayq_backends.group_policies`): read by ``celery -A proj delayq forward``, whose
+``--group-policy`` options (and ``DELAYQ_GROUP_POLICIES``) go first.
 
 ``delayq_max_queue_depth``, ``delayq_rate_limits`` and ``delayq_key_rate_limits`` are read by
 ``celery -A proj delayq forward``; its ``--max-queue-depth``, ``--rate`` and ``--key-rate``
@@ -64,6 +71,7 @@ from ..envelope import Slot
 from ..errors import ConfigError, DelayqError, InvalidSlotError
 from ..flow import FlowControl
 from ..forwarder.settings import LOSSLESS_WINDOW
+from ..group_policies import GroupPolicies
 from ..periodic.registry import check_version
 from ..store import RUN_HOLD_MS, DelayStore
 from ..storecache import StoreCache
@@ -109,6 +117,7 @@ _KNOWN = {
     "delayq_lossless_window",
     "delayq_slot_limits",
     "delayq_slot_hold",
+    "delayq_group_policies",
     "delayq_schedule_version",
 }
 DUPLICATE_ID_MODES = ("replace", "keep", "error")
@@ -187,6 +196,9 @@ class CelerySettings:
                     max_payload_bytes=conf.get("delayq_max_payload_bytes", Config.max_payload_bytes),
                     durable_replicas=conf.get("delayq_durable_replicas", Config.durable_replicas),
                     durable_timeout_ms=conf.get("delayq_durable_timeout_ms", Config.durable_timeout_ms),
+                    group_policies=GroupPolicies.from_mapping(
+                        conf.get("delayq_group_policies") or {}, source="delayq_group_policies"
+                    ),
                 )
             )
         except ConfigError as exc:

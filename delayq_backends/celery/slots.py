@@ -32,17 +32,17 @@ import os
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from celery import Celery
+from celery import Celery, current_task
 from celery.signals import task_postrun, task_prerun, task_revoked
 
 from ..envelope import Group, Slot
-from ..errors import DelayqError
+from ..errors import DelayqError, InvalidGroupPolicyError
 from ..slots import SlotGuard, held_groups
 from ..store import SlotRun, slot_member
 from ..targets import SLOT_TOKEN
 from .settings import CelerySettings, store_for
 
-__all__ = ["GROUP_HEADER", "SLOT_HEADER", "groups_of_request", "slot_of_request", "use_slots"]
+__all__ = ["GROUP_HEADER", "SLOT_HEADER", "groups_of_request", "slot_of_request", "throttle", "use_slots"]
 
 log = logging.getLogger("delayq.celery.slots")
 
@@ -93,6 +93,30 @@ def groups_of_request(request: Any) -> tuple[tuple[Group, ...], SlotRun] | None:
     where = f"task {getattr(request, 'id', None)}: header {GROUP_HEADER}"
     groups = held_groups(getattr(request, GROUP_HEADER, None), None if slotted is None else slotted[0], where)
     return (groups, _run_of(request)) if groups else None
+
+
+def throttle(group: str, retry_after: float = 30) -> None:
+    """From inside a task of ``group``: stop the group releasing for ``retry_after`` seconds (at
+    most an hour) at every forwarder, say when an upstream API answers "429, retry after 30 s".
+    Tasks already released run; the waiting ones are not counted as attempts (what to do with
+    the current task is yours: return, or ``self.retry(countdown=retry_after)``).
+
+    The report carries proof of this task's slot token, so a worker throttles only a group whose
+    task it runs; it takes effect at the next release of the group by any forwarder.
+
+    Raises:
+        InvalidGroupPolicyError: called outside a task, from a task not of ``group`` (or one
+            released without a token), or with ``retry_after`` out of range; nothing was reported.
+    """
+    task = current_task if current_task else None  # a proxy: falsy outside a task
+    found = None if task is None else groups_of_request(task.request)
+    if task is None or found is None or group not in {g.key for g in found[0]} or not found[1].token:
+        where = "outside a task" if task is None else f"in task {task.request.id}"
+        raise InvalidGroupPolicyError(
+            f"throttle({group!r}) {where}: a worker throttles only the group of the task it runs, from inside "
+            "that task (released with the group's slot token by a forwarder of this release)"
+        )
+    _guard(task.app).throttle(group, found[1], retry_after)
 
 
 def _guard(app: Celery) -> SlotGuard:

@@ -24,13 +24,14 @@ from ..forwarder.settings import (
     SLOT_START_WINDOW,
     Setting,
 )
+from ..group_policies import GROUP_POLICIES_ENV, GroupPolicies
 from ..metrics import DEFAULT_METRICS_HOST
 from ..store import DelayStore
-from ..storespec import StoreSpec
+from ..storespec import StoreSpec, open_store
 from .options import (
     celery_broker_option,
+    closing,
     configure_logging,
-    open_store,
     rq_redis_option,
     secret_option,
     store_options,
@@ -88,13 +89,14 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
         max_payload_bytes: int | None,
         overlap: bool,
         slot_start_window: float,
+        group_policy: GroupPolicies,
         **kwargs: Any,
     ) -> None:
         flow = FlowControl(max_queue_depth, rate, key_rate)
         run = ForwardOptions(
             batch, lease, max_attempts, poll, log_level, log_every, audit_dir, audit_stream,
             metrics_port, metrics_host, flow, metrics_queue, lossless, lossless_window, max_payload_bytes, overlap,
-            meta_watch, slot_start_window,
+            meta_watch, slot_start_window, group_policy,
         )  # fmt: skip
         command(*args, run=run, **kwargs)
 
@@ -227,6 +229,16 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
             "are not held. Repeatable (env: space-separated).",
         ),
         click.option(
+            "--group-policy",
+            multiple=True,
+            metavar="PATTERN=JSON",
+            callback=_group_policies,
+            help='Policy of the groups whose key matches PATTERN (a glob), e.g. \'tenant-*={"limit": 2, "rate": '
+            '"10/s", "weight": 1}\': below the items\' own values and the runtime policy (delayq groups set). '
+            f"Repeatable; the first matching pattern that sets a value wins; env {GROUP_POLICIES_ENV} (a JSON "
+            "object of pattern -> policy) adds more after these.",
+        ),
+        click.option(
             "--lossless/--no-lossless",
             envvar="DELAYQ_LOSSLESS",
             show_envvar=True,
@@ -249,6 +261,14 @@ def forward_options(command: Callable[..., None]) -> Callable[..., None]:
     for option in reversed(options):
         with_run = option(with_run)
     return with_run
+
+
+def _group_policies(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> GroupPolicies:
+    """``--group-policy`` options, ahead of ``DELAYQ_GROUP_POLICIES``."""
+    try:
+        return GroupPolicies.from_env().merged(GroupPolicies.from_specs(values))
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from exc
 
 
 def _specs(parse: Callable[[str], tuple[str, Any]]) -> Callable[[click.Context, click.Parameter, Any], dict[str, Any]]:
@@ -287,6 +307,8 @@ class ForwardOptions:
     overlap: bool = OVERLAP_DEFAULT
     meta_watch: float = META_WATCH.default
     slot_start_window: float = SLOT_START_WINDOW.default
+    #: --group-policy and DELAYQ_GROUP_POLICIES, ahead of the app's (Celery) patterns
+    group_policies: GroupPolicies = GroupPolicies()
 
     def lossless_seconds(self, default: float | None = None) -> float | None:
         """Lossless mode's window in seconds, or None when off; ``default`` is the app's when
@@ -302,6 +324,7 @@ class ForwardOptions:
             store=replace(
                 store, lease_seconds=self.lease, max_attempts=self.max_attempts,
                 max_payload_bytes=self.max_payload_bytes or store.max_payload_bytes,
+                group_policies=store.group_policies.merged(self.group_policies),
             ),
             batch=self.batch, poll=self.poll, meta_watch=self.meta_watch, log_every=self.log_every, flow=self.flow,
             audit_dir=self.audit_dir, audit_stream=self.audit_stream, metrics_port=self.metrics_port,
@@ -393,7 +416,8 @@ def forward(
     if rq_cron is not None:
         if not rq_redis:
             raise click.BadParameter("RQ cron entries run on RQ's Redis: add --rq-redis URL", param_hint="--rq-cron")
-        store = open_store(spec, writes=True)
+        store = open_store(settings.store, writes=True)  # with the run's settings (group policies)
+        closing(store.client)
         _sync_at_start(store, rq_cron, schedule_version)
     run_forwarder(settings, log_level=run.log_level, store=store)
 

@@ -20,6 +20,7 @@ start: what a message nobody reads (or a lost one) costs its key.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,7 +33,7 @@ from ..targets import Delivery, RunTarget, Target
 from .hooks import PassHook
 from .records import Published, Verdict
 
-__all__ = ["FOLD_KEYS", "FOLD_MS", "MAX_RECHECK_MS", "RECHECK_MS", "SlotHook"]
+__all__ = ["FOLD_KEYS", "FOLD_MS", "MAX_RECHECK_MS", "PAUSED_RECHECK_MS", "RECHECK_MS", "SlotHook", "asks_again_ms"]
 
 log = logging.getLogger("delayq.forwarder")
 
@@ -41,6 +42,8 @@ log = logging.getLogger("delayq.forwarder")
 RECHECK_MS = 200
 #: How long the items far back in a line wait between two asks, at most.
 MAX_RECHECK_MS = 5_000
+#: How soon the items of a paused group ask again: a resume takes effect within this long.
+PAUSED_RECHECK_MS = 1_000
 #: How often a forwarder reads the workers' reports of the keys it took slots of (when no item
 #: of the key asks meanwhile): a slot given back shows as free this soon, and beats do not pile up.
 FOLD_MS = 1_000
@@ -134,12 +137,14 @@ class SlotHook(PassHook):
             _report_reset(key, grant)
             if grant.running:
                 self.holding.add(key)
-            for (d, _, _), place, token in zip(asking.items, grant.places, grant.tokens):
+            refused = 0
+            for (d, _, _), place, token, why in zip(asking.items, grant.places, grant.tokens, grant.reasons):
                 if place < 0:
                     d.slot_token = token
                     go.append(d)
                 else:
-                    later.append((d.id, now_ms + recheck_ms(place, grant.limit)))
+                    later.append((d.id, asks_again_ms(grant, why, place, refused, now_ms)))
+                    refused += 1
         return Admission(go, later)
 
     def fold(self, now_ms: int) -> None:
@@ -205,6 +210,19 @@ def _report_reset(key: str, grant: SlotGrant) -> None:
             key,
             grant.reset,
         )
+
+
+def asks_again_ms(grant: SlotGrant, why: str, place: int, refused: int, now_ms: int) -> int:
+    """When an item refused by its group (``why``; the ``refused``-th of its call) asks again:
+    at its turn of the group's rate (the next token's time, then one a token apart), when its
+    throttle ends, within a second of a resume (a paused group), else by its place in line."""
+    if why == "rate" and grant.rate_until is not None and grant.rate_per_s:
+        return grant.rate_until + math.ceil(refused * 1000 / grant.rate_per_s)
+    if why == "throttled" and grant.throttled_until is not None:
+        return grant.throttled_until
+    if why == "paused":
+        return now_ms + PAUSED_RECHECK_MS
+    return now_ms + recheck_ms(place, grant.limit)
 
 
 def recheck_ms(place: int, limit: int) -> int:

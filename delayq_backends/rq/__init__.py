@@ -38,7 +38,7 @@ from .periodic import InvalidScheduleError
 from .queue import Queue
 from .registry import ScheduledJobRegistry
 from .scheduler import JobNotScheduledError, NoSchedulerProcessError, Scheduler
-from .slots import SlotSimpleWorker, SlotWorker
+from .slots import SlotSimpleWorker, SlotWorker, throttle
 from .target import ClassAllowlist, RQTarget
 from .tracing import TracedJobs
 from .upgrade import UpgradeReport, upgrade
@@ -66,5 +66,6 @@ __all__ = [
     "UpgradeReport",
     "adopt",
     "migrate",
+    "throttle",
     "upgrade",
 ]

@@ -25,11 +25,11 @@ import logging
 from typing import Any
 
 from redis.exceptions import RedisError
-from rq import SimpleWorker, Worker
+from rq import SimpleWorker, Worker, get_current_job
 from rq.job import Job
 
 from ..envelope import Group, Slot
-from ..errors import DelayqError
+from ..errors import DelayqError, InvalidGroupPolicyError
 from ..slots import SlotGuard, held_groups
 from ..store import RUN_HOLD_MS, SlotRun, slot_member
 from .batches import BatchReports
@@ -37,12 +37,40 @@ from .queue import GROUP_META, SLOT_META, env_int, store_of_connection
 from .target import slot_token_key
 from .tracing import TracedJobs
 
-__all__ = ["SLOT_HOLD_ENV", "SlotSimpleWorker", "SlotWorker", "Slots"]
+__all__ = ["SLOT_HOLD_ENV", "SlotSimpleWorker", "SlotWorker", "Slots", "throttle"]
 
 log = logging.getLogger("delayq.rq.slots")
 
 SLOT_HOLD_ENV = "DELAYQ_SLOT_HOLD"
 _MAX_HOLD = 3600
+#: The grouped jobs this process runs: job id -> (guard, group keys, run). Set by the worker
+#: before it forks the work horse, which inherits it: what :func:`throttle` proves its job by.
+_running: dict[str, tuple[SlotGuard, tuple[str, ...], SlotRun]] = {}
+
+
+def throttle(group: str, retry_after: float = 30) -> None:
+    """From inside a job of ``group``: stop the group releasing for ``retry_after`` seconds (at
+    most an hour) at every forwarder, say when an upstream API answers "429, retry after 30 s".
+    Jobs already released run; the waiting ones are not counted as attempts (what to do with the
+    current job is yours). Needs a slot worker (``SlotWorker``, ``SlotSimpleWorker``, the dedupe
+    workers): the report carries proof of the job's slot token, so a worker throttles only a
+    group whose job it runs; it takes effect at the group's next release by any forwarder.
+
+    Raises:
+        InvalidGroupPolicyError: called outside a job, from a job not of ``group`` (or not run
+            by a slot worker, or released without a token), or with ``retry_after`` out of
+            range; nothing was reported.
+    """
+    job = get_current_job()
+    running = None if job is None else _running.get(job.id)
+    if running is None or group not in running[1] or not running[2].token:
+        where = "outside a job" if job is None else f"in job {job.id}"
+        raise InvalidGroupPolicyError(
+            f"throttle({group!r}) {where}: a worker throttles only the group of the job it runs, from inside that "
+            "job, on a slot worker (delayq_backends.rq.SlotWorker), released with the group's slot token"
+        )
+    guard, _, run = running
+    guard.throttle(group, run, retry_after)
 
 
 def _hold_ms() -> int:
@@ -67,11 +95,13 @@ class Slots:
         guard = None if not groups else self._slots_guard(queue)
         if guard is None:
             return super().execute_job(job, queue)  # type: ignore[misc]
-        run, keys = SlotRun(slot_member(job.id, None), self._slot_token(job)), [g.key for g in groups]
+        run, keys = SlotRun(slot_member(job.id, None), self._slot_token(job)), tuple(g.key for g in groups)
         guard.start(keys, run)
+        _running[job.id] = (guard, keys, run)
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
         finally:
+            _running.pop(job.id, None)
             guard.end(keys, run)
 
     def _slot_token(self, job: Job) -> str:

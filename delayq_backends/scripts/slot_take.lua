@@ -29,7 +29,7 @@ Input:
   ARGV[9..] member, order, token, cost: the asking items (token "": a hold any report may end;
           cost: the tokens of the group's rate the item takes, a whole number >= 1)
 Output: {limit (0: none), holds after the call, reset, places, heads, reasons, paused,
-throttled until, rate until, weight}: places per asking item -1 (granted: its hold is taken), -2
+throttled until, rate until, weight, rate}: places per asking item -1 (granted: its hold is taken), -2
 (refused: "skip"/"buffer", the period is skipped) or its place in the line (0: next; 0 also for
 an item refused with no line, its group unlimited), as an array of its own (a batch's items can
 pass Lua's unpack limit). reset: "" or what was found out of place and dropped, for the caller
@@ -39,7 +39,8 @@ bring forward. reasons: per asking item "" (granted, or only joined or left) or 
 refused: "limit", "rate", "paused", "throttled". paused: 1 when paused. throttled until: ms
 (0: not throttled). rate until: when an item was refused for the rate (or, with none asking, the
 bucket holds less than a token), the ms at which the bucket holds what the first refused one
-costs (0: none). weight: the group's, as text.
+costs (0: none). weight: the group's, as text. rate: the rate applied, tokens per second as
+text ("": none).
 The policy applies over the items' values: its limit over the older limit STRING (KEYS[4]) over
 ARGV[1]; its rate over ARGV[7]; its weight over ARGV[8]. A paused or throttled group grants
 nothing (its items take their places in line); otherwise a free slot goes to the head of the
@@ -82,6 +83,7 @@ local function reply(limit, held, heads)
   return {
     limit, held, table.concat(reset, ' '), places, heads or {}, reasons, pol.paused and 1 or 0,
     pol.throttled_until or 0, rate_until or 0, string.format('%.6g', pol.weight),
+    pol.per_ms and string.format('%.9g', pol.per_ms * 1000) or '',
   }
 end
 local wanted = {'zset', 'zset', 'zset', 'string', 'hash', 'hash', 'hash', 'hash'}

@@ -441,6 +441,7 @@ def _slot_grant(r: Any) -> SlotGrant:
         throttled_until=int(r[7]) or None,
         rate_until=int(r[8]) or None,
         weight=float(r[9]),
+        rate_per_s=float(r[10]) if r[10] else None,
     )
 
 

@@ -85,7 +85,8 @@ def make_app(
 
     @app.task(bind=True, shared=False, name="dqt.record")
     def record_task(self: Any, tag: str, *args: Any, **kwargs: Any) -> str:
-        record(self.request, tag)
+        group = getattr(self.request, "delayq_group", None)  # what the worker holds its groups by
+        record(self.request, tag, **({} if group is None else {"group": group}))
         return tag
 
     @app.task(bind=True, shared=False, name="dqt.step")

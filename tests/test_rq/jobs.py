@@ -28,6 +28,8 @@ def record(tag: Any, *, times: int = 1) -> str:
     job = get_current_job()
     assert job is not None
     entry = {"id": job.id, "tag": tag, "at": time.time()}
+    if "delayq_group" in job.meta:  # what the worker holds the job's groups by
+        entry["group"] = job.meta["delayq_group"]
     if "delayq_periodic" in job.meta:  # a periodic entry's run: its entry, period, kind, and when it was sent
         entry["periodic"] = job.meta["delayq_periodic"]
         sent = job.enqueued_at
