@@ -5,6 +5,8 @@ and bucket never stops the group for long and is reported."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import threading
 import time
@@ -13,11 +15,16 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
+from click.testing import CliRunner
 
+from delayq_backends import GroupPolicies
 from delayq_backends import keys as layout
+from delayq_backends.celery import CelerySettings
+from delayq_backends.cli import main
 from delayq_backends.envelope import Slot, with_slot
-from delayq_backends.errors import InvalidGroupPolicyError
-from delayq_backends.group_policies import MAX_THROTTLE_SECONDS
+from delayq_backends.errors import ConfigError, InvalidGroupPolicyError
+from delayq_backends.group_policies import GROUP_POLICIES_ENV, MAX_THROTTLE_SECONDS
 from delayq_backends.models import GroupPolicy, GroupStatus, SlotGrant
 from delayq_backends.store import SlotAsk, SlotRun
 from delayq_backends.targets import RedisListTarget
@@ -299,10 +306,10 @@ class Arrivals:
         )
         return ids
 
-    def start(self, *extra: str) -> None:
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> None:
         for log in self.logs:
             args = ["forward", "--url", self.url, "--prefix", self.prefix, "--shards", "4", "--poll", "0.05"]
-            self.procs.delayq(*args, "--log-level", "info", "--log-every", "1", *extra, log=log)
+            self.procs.delayq(*args, "--log-level", "info", "--log-every", "1", *extra, log=log, env=env)
 
     def of(self, group: str) -> dict[str, float]:
         return {i: t for i, t in list(self.seen.items()) if i.startswith(f"{group}-")}
@@ -416,3 +423,65 @@ def test_only_an_operator_sets_a_policy_and_a_worker_throttles_only_with_its_hol
     assert not isinstance(paused := take("c"), Exception) and paused.reasons == ("paused",)
     operator.resume_group("g")
     assert not isinstance(again := take("c"), Exception) and again.places == (0,)  # at its limit: 2 held
+
+
+# -- policies by pattern -------------------------------------------------------------------------
+
+
+def test_patterns_from_forward_options_and_the_environment_apply_at_every_forwarder(arrivals: Arrivals) -> None:
+    """``--group-policy 'p-*={"limit": 1}'`` and ``DELAYQ_GROUP_POLICIES`` (after the options):
+    no worker ends a hold, so one item of p-1 goes; q-1's go at 5/s (the environment's rate);
+    r-1's limit is the option's 2 (the first pattern that sets a value), not the environment's 50."""
+    env = {**os.environ, GROUP_POLICIES_ENV: json.dumps({"q-*": {"rate": "5/s"}, "*": {"limit": 50, "rate": "10/s"}})}
+    now = time.time() - 1
+    p, q = arrivals.schedule("p-1", 5, first=now), arrivals.schedule("q-1", 15, first=now)
+    r = arrivals.schedule("r-1", 3, first=now)
+    arrivals.start("--group-policy", 'p-*={"limit": 1}', "--group-policy", 'r-*={"limit": 2}', env=env)
+    wait_for(lambda: len(arrivals.of("q-1")) == len(q), 10, lambda: f"{len(arrivals.of('q-1'))} of q-1 arrived")
+    times = sorted(arrivals.of("q-1").values())
+    assert 4.5 <= (len(times) - 1) / (times[-1] - times[0]) <= 5.5  # 5/s: a 1-token bucket, no burst
+    assert len(arrivals.of("p-1")) == 1 and len(arrivals.of("r-1")) == 2
+    assert p and r and arrivals.store.slot_status("r-1").running == 2
+
+
+def test_group_policies_from_settings_say_what_is_wrong(valkey_url: str) -> None:
+    app = Celery("policies")
+    app.conf.update(delayq_url=valkey_url, delayq_group_policies={"tenant-*": {"limit": 2}, "*": {"weight": 3}})
+    policies = CelerySettings.of(app).config.group_policies
+    assert policies.of("tenant-7") == GroupPolicy(limit=2, weight=3.0) and policies.of("x") == GroupPolicy(weight=3.0)
+    for bad, says in (
+        ({"t-*": {"limit": 0}}, "delayq_group_policies: group policy group 't-*': limit=0"),
+        ({"t-*": {"paused": True}}, "use an object of limit, rate, weight"),
+        (["t-*"], "use an object of pattern -> policy"),
+        ({"": {"limit": 1}}, "pattern '': use a non-empty glob"),
+    ):
+        app.conf.delayq_group_policies = bad
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            CelerySettings.of(app)
+    with pytest.raises(ConfigError, match="DELAYQ_GROUP_POLICIES: not JSON"):
+        GroupPolicies.from_env({GROUP_POLICIES_ENV: "{tenant: 1}"})
+    assert GroupPolicies.from_env({GROUP_POLICIES_ENV: " "}) == GroupPolicies()
+    with pytest.raises(ConfigError, match="--group-policy 'x': use PATTERN=JSON"):
+        GroupPolicies.from_specs(["x"])
+    refused = CliRunner().invoke(main, ["forward", "--url", valkey_url, "--group-policy", 'a={"rate": "fast"}'])
+    assert refused.exit_code == 2 and "rate='fast': use 'N/s'" in refused.output
+
+
+def test_a_periodic_runs_overlap_modes_obey_the_policy_too(valkey_url: str, prefix: str) -> None:
+    """A run's "skip" is skipped while its group is paused or over its rate; "buffer" keeps the
+    one place in line it is allowed instead."""
+    store = make_store(valkey_url, prefix)
+    run = lambda member, mode, at: store.take_slots(  # noqa: E731
+        {"e": SlotAsk(1, [(member, 0)])}, hold_ms=60_000, wait_ms=60_000, mode=mode, now=T0 + at
+    )["e"]
+    store.pause_group("e")
+    for mode, place in (("skip", -2), ("buffer", 0)):
+        grant = run("r1", mode, 0)
+        assert not isinstance(grant, Exception) and (grant.places, grant.reasons) == ((place,), ("paused",))
+    store.resume_group("e")
+    store.take_slots({"e": SlotAsk(1, [("r1", 0)])}, hold_ms=60_000, wait_ms=60_000, mode="leave")
+    store.set_group("e", limit=5, rate="1/m")
+    assert not isinstance(first := run("r2", "skip", 0), Exception) and first.places == (-1,)
+    over = run("r3", "skip", 1_000)
+    assert not isinstance(over, Exception) and (over.places, over.reasons) == ((-2,), ("rate",))
+    assert over.rate_until == T0 + 60_000

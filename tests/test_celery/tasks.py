@@ -133,6 +133,19 @@ def make_app(
         record(self.request, tag, phase="ended", at_ms=time.time_ns() // 1_000_000, pid=pid)
         return tag
 
+    @app.task(bind=True, shared=False, name="dqt.throttle")
+    def throttling(self: Any, tag: str, group: str, seconds: float) -> None:
+        # delayq_backends.celery.throttle from inside the task: its outcome recorded
+        from delayq_backends.celery import throttle
+        from delayq_backends.errors import DelayqError
+
+        try:
+            throttle(group, retry_after=seconds)
+            outcome = "throttled"
+        except DelayqError as exc:
+            outcome = f"refused: {exc}"
+        record(self.request, tag, outcome=outcome, at_ms=time.time_ns() // 1_000_000)
+
     @app.task(bind=True, shared=False, name="dqt.ping")
     def ping(self: Any) -> str:
         out.rpush(f"{sink}:ready", "ok")

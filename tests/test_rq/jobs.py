@@ -91,3 +91,20 @@ class AuditedJob(Job):
 
 class MyQueue(DelayqQueue):
     """A user's own subclass of delayq's Queue, in the user's package (first contact: issue 22)."""
+
+
+def throttling(tag: Any, group: str, seconds: float) -> None:
+    """Throttle ``group`` for ``seconds`` (``delayq_backends.rq.throttle``) and record this run
+    with the outcome: "throttled", or "refused: <why>"."""
+    from delayq_backends.errors import DelayqError
+    from delayq_backends.rq import throttle
+
+    job = get_current_job()
+    assert job is not None
+    try:
+        throttle(group, retry_after=seconds)
+        outcome = "throttled"
+    except DelayqError as exc:
+        outcome = f"refused: {exc}"
+    entry = {"id": job.id, "tag": tag, "at": time.time(), "outcome": outcome}
+    job.connection.rpush(runs_key(job.origin), json.dumps(entry))
