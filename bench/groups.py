@@ -11,14 +11,17 @@ loads its backlog untimed. The steps:
   over 6 s, their lateness timed by a consumer that pops them as they arrive (the body carries
   the ready time): with nothing else in the store (the baseline), beside a group at limit 1 with
   50,000 items waiting (one released, nobody ends it), and beside 150,000 items of another group
-  due now (released into a list nobody reads). Before the stream, the forwarder's and the
+  due now (released into a list nobody reads; how many of the limit-1 group went is printed:
+  1 when its limit held). Before the stream, the forwarder's and the
   server's CPU over 5 s with nothing releasable: the limit-1 backlog against the empty store.
 - **release**: one ``delayq forward`` process releasing 20,000 due items into one list:
   ungrouped (the baseline), all of one group, spread over 100 groups (limits above the backlog,
   so every item is admitted: the cost of admission). Goal: grouped >= 0.8x ungrouped.
 - **drain**: a forwarder thread releasing a group at limit 10 (2,000 items) and at limit 1
   (200) while a worker thread pops each and at once ends it (ungrouped items the same way, the
-  baseline). Goals: limit 1 >= 500/s, limit 10 >= 3,000/s.
+  baseline), the most running at once reported beside (a drain past its limit meets no goal).
+  The worker ends an item through the forwarder's give-back (``give_back_slots``): a Redis list
+  carries no token for a worker's own report. Goals: limit 1 >= 500/s, limit 10 >= 3,000/s.
 - **weights**: two groups of 20,000 due items each, their ready times interleaved, one
   ``delayq forward``: the heavy group's share of releases while both have a backlog, at weights
   1:1 (the baseline, 0.5) and 3:1 (goal 0.75 +- 5 %).
