@@ -347,10 +347,12 @@ def test_a_throttle_and_a_pause_stop_a_group_at_every_forwarder_within_100_ms(ar
     """Items of two groups due every 20 ms; group s throttled for 1 s, later paused and resumed:
     none of its items arrives from 100 ms after the throttle (or the pause) until it ends, group
     q's keep arriving, and every item arrives once."""
-    start = time.time() + 2
+    arrivals.start()
+    arrivals.schedule("warm", 1, first=time.time())
+    wait_for(lambda: len(arrivals.seen) == 1, 30, "the forwarders to start")
+    start = time.time() + 0.5
     s = arrivals.schedule("s", 250, first=start, step=0.02)
     q = arrivals.schedule("q", 250, first=start, step=0.02)
-    arrivals.start()
     wait_until(start + 1)
     throttled = time.time()
     until = arrivals.store.throttle_group("s", 1.0) / 1000
@@ -360,7 +362,7 @@ def test_a_throttle_and_a_pause_stop_a_group_at_every_forwarder_within_100_ms(ar
     wait_until(start + 4)
     resumed = time.time()
     arrivals.store.resume_group("s")
-    wait_for(lambda: len(arrivals.seen) == 500, 20, lambda: f"{len(arrivals.seen)} arrived")
+    wait_for(lambda: len(arrivals.seen) == 501, 20, lambda: f"{len(arrivals.seen)} arrived")
     assert set(arrivals.of("s")) == set(s) and set(arrivals.of("q")) == set(q)
     s_times = list(arrivals.of("s").values())
     for stopped, ended in ((throttled, until), (paused, resumed)):
@@ -392,7 +394,7 @@ def test_only_an_operator_sets_a_policy_and_a_worker_throttles_only_with_its_hol
     )
     forwarder.check_meta()
     operator.set_slot_limit("g", 3)  # the limit string removed too: DEL on that key alone
-    operator.set_group("g", limit=2, rate="1000/s", weight=2)
+    operator.set_group("g", limit=4, rate="1000/s", weight=2)
     for store in (producer, worker, reader):
         for write in (
             lambda s: s.set_group("g", limit=100),
@@ -404,14 +406,20 @@ def test_only_an_operator_sets_a_policy_and_a_worker_throttles_only_with_its_hol
         ):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 write(store)
-    assert reader.group_policy("g") == GroupPolicy(limit=2, rate="1000/s", weight=2.0)
+    assert reader.group_policy("g") == GroupPolicy(limit=4, rate="1000/s", weight=2.0)
     take = lambda m: forwarder.take_slots({"g": SlotAsk(0, [(m, 0)])}, hold_ms=60_000, wait_ms=60_000)["g"]  # noqa: E731
     held = take("a")
     assert not isinstance(held, Exception) and held.places == (-1,)
     worker.hold_slots({"g": [SlotRun("a", "not-its-token"), SlotRun("other", "")]}, "throttle", hold_ms=60_000)
     ignored = take("b")
     assert not isinstance(ignored, Exception) and ignored.places == (-1,) and ignored.throttled_until is None
-    assert "reports without their hold's token=1" in ignored.reset  # "other" holds nothing: no report counts
+    assert "reports without their hold's token=2" in ignored.reset  # a wrong token, and none
+    tokenless = forwarder.take_slots({"g": SlotAsk(0, [("p", 0)])}, hold_ms=60_000, wait_ms=60_000, mode="skip")["g"]
+    assert not isinstance(tokenless, Exception) and tokenless.places == (-1,)  # a periodic run's tokenless hold
+    worker.hold_slots({"g": [SlotRun("p", "")]}, "throttle", hold_ms=60_000)
+    still = take("b2")
+    assert not isinstance(still, Exception) and still.throttled_until is None, "a tokenless throttle never counts"
+    assert "reports without their hold's token=1" in still.reset
     worker.hold_slots({"g": [SlotRun("a", held.tokens[0])]}, "throttle", hold_ms=60_000)
     stopped = take("c")
     assert not isinstance(stopped, Exception) and stopped.reasons == ("throttled",)
@@ -420,7 +428,7 @@ def test_only_an_operator_sets_a_policy_and_a_worker_throttles_only_with_its_hol
     operator.pause_group("g")
     assert not isinstance(paused := take("c"), Exception) and paused.reasons == ("paused",)
     operator.resume_group("g")
-    assert not isinstance(again := take("c"), Exception) and again.places == (0,)  # at its limit: 2 held
+    assert not isinstance(again := take("c"), Exception) and again.places == (0,)  # at its limit: 4 held
 
 
 # -- policies by pattern -------------------------------------------------------------------------

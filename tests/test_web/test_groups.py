@@ -22,7 +22,7 @@ from delayq_backends.web import create_app
 from tests.harness import Launcher, make_store
 from tests.helpers import wait_for
 from tests.test_web.conftest import ARTIFACTS, AUTH, SHARDS, TOKEN
-from tests.test_web.test_dashboard import TIMEOUT_MS
+from tests.test_web.test_dashboard import TIMEOUT_MS, shown_time
 
 HOLD = 600_000  # ms: no hold lapses while a test runs
 
@@ -307,9 +307,11 @@ def test_the_dashboard_shows_groups_and_sets_a_policy_the_forwarder_obeys(
 def test_the_groups_panel_pages_through_many_groups(
     page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore
 ) -> None:
-    """120 groups: 50 a page, busiest first; Next and First page turn it, the last page says so."""
+    """120 groups: 50 a page, busiest first; Next and First page turn it, the last page says so.
+    A group a worker throttled says until when, and by whom on hover."""
     for i in range(120):
         run(web_store, f"t-{i:03d}", 1 + (i == 7) * 5)
+    until = web_store.throttle_group("t-000", 300, by="worker:job-1")
     dashboard = dashboard_factory()
     expect.set_options(timeout=TIMEOUT_MS)
     page.goto(dashboard.base + "/")
@@ -320,6 +322,10 @@ def test_the_groups_panel_pages_through_many_groups(
     expect(rows.first).to_contain_text("t-007")
     expect(rows.nth(1)).to_contain_text("t-000")
     expect(page.locator("#groups-summary")).to_contain_text("120 groups · 125 running")
+    expect(page.locator("#groups-summary")).to_contain_text("0 paused · 1 throttled")
+    throttled = rows.nth(1).locator("td").nth(6)
+    expect(throttled).to_have_text(f"throttled until {shown_time(until)}")
+    expect(throttled.locator("span")).to_have_attribute("title", "worker:job-1")
     expect(page.locator("#groups-first")).to_be_hidden()
     page.click("#groups-next")
     expect(page.locator("#groups-page")).to_have_text("page 2")
