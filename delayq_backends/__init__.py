@@ -5,7 +5,7 @@ The package root imports neither celery, rq nor pyspark; their adapters live in
 """
 
 from .config import Config
-from .envelope import Envelope, Slot
+from .envelope import Envelope, Group, Slot
 from .errors import (
     BatchClosedError,
     BatchError,
@@ -14,6 +14,7 @@ from .errors import (
     DelayqError,
     EnvelopeError,
     InvalidDebounceError,
+    InvalidGroupError,
     InvalidGroupPolicyError,
     InvalidIdError,
     InvalidRankError,
@@ -46,8 +47,10 @@ __all__ = [
     "DelayqError",
     "Envelope",
     "EnvelopeError",
+    "Group",
     "GroupPolicies",
     "InvalidDebounceError",
+    "InvalidGroupError",
     "InvalidGroupPolicyError",
     "InvalidIdError",
     "InvalidRankError",

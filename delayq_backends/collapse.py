@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .envelope import Envelope
+from .envelope import Envelope, GroupSpec
 from .errors import InvalidDebounceError
 from .keys import COLLAPSE_MODES
 from .models import Collapsed
@@ -57,11 +57,18 @@ class Collapse:
         return cls(key, mode, keep)
 
     def apply(
-        self, store: DelayStore, when: When, envelope: Envelope, *, rank: int = 0, rate_key: str | None = None
+        self,
+        store: DelayStore,
+        when: When,
+        envelope: Envelope,
+        *,
+        rank: int = 0,
+        rate_key: str | None = None,
+        group: GroupSpec | None = None,
     ) -> Collapsed:
         """Schedule ``envelope`` at ``when`` under this key, collapsing with its pending run."""
         call = store.debounce if self.mode == "debounce" else store.throttle
-        return call(self.key, when, envelope, keep=self.keep, rank=rank, rate_key=rate_key)
+        return call(self.key, when, envelope, keep=self.keep, rank=rank, rate_key=rate_key, group=group)
 
 
 def _shown(value: Any) -> str:

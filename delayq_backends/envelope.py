@@ -34,17 +34,22 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from .errors import EnvelopeError, InvalidRateKeyError, InvalidSlotError, NewerFormatError
+from .errors import EnvelopeError, InvalidGroupError, InvalidRateKeyError, InvalidSlotError, NewerFormatError
 
 __all__ = [
     "ENTRY_FORMAT_VERSION",
     "FORMAT_VERSION",
+    "GROUPS",
+    "Group",
+    "GroupSpec",
     "INVALID_RATE_KEY",
+    "MAX_COST",
+    "MAX_GROUPS",
     "MAX_RATE_KEY",
     "MAX_SLOT_LIMIT",
     "RATE_KEY",
@@ -54,10 +59,14 @@ __all__ = [
     "Envelope",
     "READABLE_VERSIONS",
     "check_rate_key",
+    "fold_groups",
     "frame",
+    "groups_of",
     "head",
+    "parse_groups",
     "rate_key_of",
     "slot_of",
+    "with_groups",
     "with_rate_key",
     "with_slot",
 ]
@@ -332,3 +341,228 @@ def slot_of(envelope: Envelope) -> tuple[Slot, int] | None:
         return slot, rank if type(rank) is int and 0 <= rank <= 255 else 0
     except (InvalidSlotError, AttributeError):
         return None
+
+
+#: The envelope meta field holding an item's groups (issue 31): a list of up to
+#: :data:`MAX_GROUPS` objects, ``{"key"}`` and whichever of ``limit``, ``rate``, ``weight`` and
+#: ``cost`` are set, the item's *line group* first. ``slot`` and ``rate_key`` are aliases
+#: (:func:`groups_of` folds them in).
+GROUPS = "groups"
+#: Most groups an item carries (a tenant and an endpoint, say): it is released only when each
+#: admits it, and each admission is a script call per pass.
+MAX_GROUPS = 3
+#: Highest cost of one item: what it counts against its groups' rates (LLM tokens, say).
+MAX_COST = 1_000_000_000
+_GROUP_FIELDS = ("key", "limit", "rate", "weight", "cost")
+_GROUP_SHAPE = (
+    "pass a key (e.g. 'tenant-7'), {'key': KEY, 'limit': N, 'rate': 'N/s', 'weight': W, 'cost': C} (every "
+    f"field but key optional), or a list of up to {MAX_GROUPS} of them"
+)
+
+
+def _checked(group: Group) -> tuple[dict[str, Any], list[str]]:
+    """``group``'s policy fields as a runtime policy keeps them (a rate's text, a weight's float),
+    and what is wrong with any. The checks are the policy's own
+    (:mod:`delayq_backends.group_policies`), so an item's values mean what an operator's do."""
+    from . import group_policies as policy  # imported here: it imports this module
+
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    checks: list[tuple[str, Callable[[str, Any], object]]] = [
+        ("key", lambda _, key: policy.check_group_key(key)),
+        ("limit", policy.check_limit),
+        ("rate", policy.check_rate),
+        ("weight", policy.check_weight),
+    ]
+    for name, check in checks:
+        value = getattr(group, name)
+        if value is None:
+            continue
+        try:
+            values[name] = check(group.key, value)
+        except InvalidSlotError as exc:  # the policy's InvalidGroupPolicyError: a slot error, as ours
+            said = str(exc)  # the policy's "group KEY: ..." (KEY cut at 80), said once for all fields here
+            for named in (f"group {group.key!r}: ", f"group {repr(group.key)[:80]}: "):
+                said = said.removeprefix(named)
+            problems.append(said)
+    if not (type(group.cost) is int and 1 <= group.cost <= MAX_COST):
+        problems.append(f"cost={group.cost!r}: what one item counts against a rate, a whole number 1..{MAX_COST}")
+    return values, problems
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group an item belongs to (a tenant, a customer, an endpoint): the unit of "how much runs".
+
+    A group's policy is set at runtime for its key (``store.set_group``), by pattern in settings,
+    or carried by its items (these fields): a runtime policy wins over an item's, an item's over
+    a pattern's. A slot is a group with a limit; a rate key is a group with its queue's key rate.
+
+    Attributes:
+        key: what the group is: printable text (as a slot key).
+        limit: at most this many of its items run at once; None: no limit of the item's own.
+        rate: at most this many items (or units of cost) per period, ``"N/s"``, ``"N/m"``,
+            ``"N/h"`` (N > 0, at most 10^6/s; a number is per second), across all forwarders,
+            kept as a runtime policy keeps it (``"10/s"``); None: no rate of the item's own.
+        weight: the group's share when groups compete (the default group's is 1); None: 1
+            unless set at runtime.
+        cost: what this item counts against the group's rate (LLM tokens, say); 1 by default.
+    """
+
+    key: str
+    limit: int | None = None
+    rate: str | None = None
+    weight: float | None = None
+    cost: int = 1
+
+    def __post_init__(self) -> None:
+        values, problems = _checked(self)
+        if problems:
+            raise InvalidGroupError(f"group {repr(self.key)[:60]}: " + "; ".join(problems))
+        for name in ("rate", "weight"):  # as a policy keeps them: "10/s" and 10, 3 and 3.0 are one value
+            if name in values:
+                object.__setattr__(self, name, values[name])
+
+    @classmethod
+    def parse(cls, value: Any) -> Group:
+        """A group from what a user passes: a key, a dict of :class:`Group`'s fields, a
+        :class:`Group`, or a :class:`Slot` (a group with its limit).
+
+        Raises:
+            InvalidGroupError: anything else, saying what is wrong and what to pass; nothing was stored.
+        """
+        if isinstance(value, Group):
+            return value
+        if isinstance(value, Slot):
+            return cls(value.key, value.limit)
+        if isinstance(value, str):
+            return cls(value)
+        if not isinstance(value, Mapping):
+            raise InvalidGroupError(f"group {repr(value)[:60]} is a {type(value).__name__}: {_GROUP_SHAPE}")
+        extra = sorted(map(str, set(value) - set(_GROUP_FIELDS)))
+        if extra or "key" not in value:
+            what = f"unknown field(s) {extra}" if extra else "no 'key'"
+            raise InvalidGroupError(f"group {repr(dict(value))[:80]}: {what}; {_GROUP_SHAPE}")
+        cost = value.get("cost")
+        return cls(
+            value["key"], value.get("limit"), value.get("rate"), value.get("weight"), 1 if cost is None else cost
+        )
+
+    def to_meta(self) -> dict[str, Any]:
+        """The group as stored in an envelope's meta: its key and the fields that are set."""
+        meta: dict[str, Any] = {"key": self.key}
+        for name in ("limit", "rate", "weight"):
+            if getattr(self, name) is not None:
+                meta[name] = getattr(self, name)
+        if self.cost != 1:
+            meta["cost"] = self.cost
+        return meta
+
+    def folded(self, other: Group) -> Group:
+        """This group with the fields it leaves unset taken from ``other`` (the same key named
+        twice: once as a group, once through an alias)."""
+        return replace(
+            self,
+            limit=self.limit if self.limit is not None else other.limit,
+            rate=self.rate if self.rate is not None else other.rate,
+            weight=self.weight if self.weight is not None else other.weight,
+            cost=self.cost if self.cost != 1 else other.cost,
+        )
+
+
+#: What a user may pass as an item's groups (see :func:`parse_groups`).
+GroupSpec = Group | Slot | str | Mapping[str, Any] | Sequence[Group | Slot | str | Mapping[str, Any]]
+
+
+def parse_groups(value: Any) -> tuple[Group, ...]:
+    """An item's groups from what a user passes: one group (as :meth:`Group.parse` takes), or a
+    list or tuple of up to :data:`MAX_GROUPS` of them with distinct keys, the line group first
+    (empty: none, ``()``, as a list computed per item may be).
+
+    Raises:
+        InvalidGroupError: anything else, saying what is wrong and what to pass; nothing was stored.
+    """
+    if not isinstance(value, (list, tuple)):
+        return (Group.parse(value),)
+    if len(value) > MAX_GROUPS:
+        raise InvalidGroupError(
+            f"{len(value)} groups: an item belongs to at most {MAX_GROUPS}; each admits it before it runs, so "
+            "name the ones whose limits matter (a tenant, an endpoint)"
+        )
+    groups = tuple(Group.parse(v) for v in value)
+    keys = [g.key for g in groups]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise InvalidGroupError(f"group(s) {twice} named twice: name each group once, with all its fields in one place")
+    return groups
+
+
+def _meta_groups(envelope: Envelope) -> list[Group]:
+    """The groups stored in the envelope's :data:`GROUPS` field, those that are no group skipped
+    (written by another tool: such an item runs as if it did not name them rather than stay stuck).
+    Only the first :data:`MAX_GROUPS` entries are read, all :func:`with_groups` writes: a planted
+    list of thousands costs a forwarder no more than three."""
+    stored = envelope.meta.get(GROUPS)
+    if not isinstance(stored, list):
+        return []
+    groups: list[Group] = []
+    for value in stored[:MAX_GROUPS]:
+        try:
+            groups.append(Group.parse(value))
+        except InvalidGroupError:
+            continue
+    return groups
+
+
+def _alias_groups(envelope: Envelope) -> list[Group]:
+    """The groups an envelope names through the aliases: its slot, then its rate key."""
+    aliases: list[Group] = []
+    slot = slot_of(envelope)
+    if slot is not None:
+        aliases.append(Group(slot[0].key, slot[0].limit))
+    key = rate_key_of(envelope)
+    if key is not None and key != INVALID_RATE_KEY and "}:" not in key:  # one that can name a group
+        aliases.append(Group(key))
+    return aliases
+
+
+def groups_of(envelope: Envelope) -> tuple[Group, ...]:
+    """The groups an envelope carries, its line group first: those of its :data:`GROUPS` field,
+    then its slot (a group with the slot's limit) and its rate key (a group; its queue's key rate
+    stays the forwarder's) when they name other keys. A key named twice is one group, the fields
+    it leaves unset filled from the later naming. At most :data:`MAX_GROUPS`; none: ``()``."""
+    return fold_groups(_meta_groups(envelope) + _alias_groups(envelope))
+
+
+def fold_groups(groups: Iterable[Group]) -> tuple[Group, ...]:
+    """``groups`` in order with each key once (the fields a key's first naming leaves unset filled
+    from its later ones), the first :data:`MAX_GROUPS`: how :func:`groups_of` reads an envelope,
+    and a worker its task's message."""
+    found: dict[str, Group] = {}
+    for group in groups:
+        found[group.key] = found[group.key].folded(group) if group.key in found else group
+    return tuple(found.values())[:MAX_GROUPS]
+
+
+def with_groups(envelope: Envelope, groups: GroupSpec | None) -> Envelope:
+    """``envelope`` carrying ``groups`` (anything :func:`parse_groups` takes; None or ``[]``:
+    none), in place of any it carried in its :data:`GROUPS` field. Its slot and rate key, if
+    any, stay and count towards :data:`MAX_GROUPS`: a group may name the same key as one of them
+    (``rate_key="t-7"`` with ``group={"key": "t-7", "limit": 2}``), giving it more fields.
+
+    Raises:
+        InvalidGroupError: no groups, or more than :data:`MAX_GROUPS` with the aliases; nothing
+            was stored.
+    """
+    meta = {k: v for k, v in envelope.meta.items() if k != GROUPS}
+    parsed = () if groups is None else parse_groups(groups)
+    if not parsed:
+        return replace(envelope, meta=meta)
+    keys = {g.key for g in parsed}
+    aliases = [g for g in _alias_groups(envelope) if g.key not in keys]
+    if len(parsed) + len(aliases) > MAX_GROUPS:
+        raise InvalidGroupError(
+            f"groups {sorted(keys)} and the item's slot/rate key {[g.key for g in aliases]}: an item belongs to "
+            f"at most {MAX_GROUPS} groups; pass the slot or rate key as one of the groups instead"
+        )
+    return replace(envelope, meta={**meta, GROUPS: [g.to_meta() for g in parsed]})

@@ -19,6 +19,7 @@ __all__ = [
     "InvalidIdError",
     "InvalidRankError",
     "InvalidRateKeyError",
+    "InvalidGroupError",
     "InvalidGroupPolicyError",
     "InvalidSlotError",
     "InvalidTimeError",
@@ -96,6 +97,11 @@ class InvalidRateKeyError(DelayqError, ValueError):
 
 class InvalidSlotError(DelayqError, ValueError):
     """A concurrency slot that is not a short printable key with an optional limit >= 1."""
+
+
+class InvalidGroupError(InvalidSlotError):
+    """A group (or a list of them) that is not what :meth:`~delayq_backends.envelope.Group.parse`
+    takes. A slot is a group, so code catching :class:`InvalidSlotError` catches this too."""
 
 
 class InvalidGroupPolicyError(InvalidSlotError):

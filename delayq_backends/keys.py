@@ -8,6 +8,7 @@ Layout 2 (new prefixes) picks each shard's tag so the shards spread *evenly*: se
 
 from __future__ import annotations
 
+import secrets
 import unicodedata
 import zlib
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ __all__ = [
     "GROUP_KEYS",
     "SLOT_KEYS",
     "BALANCED_MAX_SHARDS",
+    "CLAIMER_BYTES",
     "COLLAPSE_MODES",
     "LAYOUT",
     "MAX_ID_BYTES",
@@ -30,6 +32,8 @@ __all__ = [
     "ShardKeys",
     "batch_channel",
     "batch_item_id",
+    "claim_token",
+    "claimer_of",
     "collapse_id",
     "collapsed_key",
     "group_bucket_key",
@@ -304,6 +308,37 @@ def collapsed_key(item_id: str) -> tuple[str, str] | None:
     """(mode, key) of an item made by a debounce or throttle, else None."""
     mode, sep, key = item_id.partition(":")
     return (mode, key) if sep and key and mode in COLLAPSE_MODES else None
+
+
+#: Most bytes of a forwarder's name a claim token carries (as hex: twice as many characters);
+#: a leased entry holds the token per item, so a long name is cut.
+CLAIMER_BYTES = 24
+#: Between a token's random part and its claimer: no hex digit, so it cannot be read as random.
+_CLAIMER_MARK = "x"
+_RANDOM_CHARS = 16
+
+
+def claim_token(claimer: str = "") -> str:
+    """A claim's token: 16 random hex digits, then ``x`` and the claimer's name (its first
+    :data:`CLAIMER_BYTES` bytes of UTF-8, in hex) when there is one. Letters and digits only: every
+    release's claim (includes/checks.lua) reads a leased entry's token as ``%w+``, and a ``:``
+    would split the entry. The random part keeps two claims apart; the name is only read back, by
+    :func:`claimer_of`."""
+    random_part = secrets.token_hex(_RANDOM_CHARS // 2)
+    name = claimer.encode("utf-8", "replace")[:CLAIMER_BYTES]
+    return f"{random_part}{_CLAIMER_MARK}{name.hex()}" if name else random_part
+
+
+def claimer_of(token: str) -> str | None:
+    """The forwarder name a claim token carries (:func:`claim_token`; a name cut inside a
+    character shows U+FFFD there), None when it carries none (a token of an earlier release, or
+    one another tool wrote)."""
+    if token[_RANDOM_CHARS : _RANDOM_CHARS + 1] != _CLAIMER_MARK:
+        return None
+    try:
+        return bytes.fromhex(token[_RANDOM_CHARS + 1 :]).decode("utf-8", "replace") or None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ __all__ = [
     "ScheduledItem",
     "ShardStats",
     "TokenGrant",
+    "WHY_STATES",
+    "Why",
 ]
 
 
@@ -455,3 +457,58 @@ class RequeuePage:
     requeued: int
     skipped: int
     seen: int
+
+
+#: Every state :class:`Why` reports, in the order ``Reader.why`` tells them apart.
+WHY_STATES = (
+    "unknown",  # no such item is scheduled, and no dead letter of that id
+    "dead",  # a dead letter since since_ms: reason = the error that killed it
+    "scheduled",  # not due until until_ms (None: never, a paused or finished periodic entry)
+    "due",  # due, no forwarder holds it: the next claim takes it
+    "leased",  # a forwarder (forwarder) holds it until until_ms, publishing it
+    "awaiting_start",  # published in lossless mode; published again at until_ms unless its worker starts it
+    "flow",  # deferred by flow control on queue (a full broker queue, a rate cap) until until_ms
+    "group_paused",  # its group is paused (reason: by whom)
+    "group_throttled",  # its group is throttled until until_ms (reason: by whom)
+    "group_limit",  # its group runs limit items already (running: the first of their ids)
+    "group_rate",  # its group is over its rate until until_ms
+    "group_line",  # its group has room: ahead items of its line go first
+    "parked",  # parked for reason (format:<n>, target:<kind>): looked at again at until_ms
+)
+
+
+@dataclass(frozen=True)
+class Why:
+    """Why an item is where it is (``Reader.why``, ``delayq why``, ``GET /api/v1/item/why``):
+    its ``state`` (one of :data:`WHY_STATES`), the answer in one ``line``, and the details the
+    state has (None or empty where it has none).
+
+    Attributes:
+        until_ms: when the state ends or is looked at again, when known.
+        since_ms: when the state began, when known (a dead letter's death).
+        ready_ms: the item's own ready time (a dead letter's, when it recorded one).
+        attempts: a dead letter's delivery attempts.
+        group: the group that holds it back (group states; or the one it waits in line for).
+        running, running_ids: items holding the group's slots, and the first of their ids.
+        limit: the group's limit as applied (None: none).
+        ahead: items before it in its group's line.
+        queue: its destination (flow control holds a queue).
+        forwarder: the forwarder that holds it (a lease), when its claim names one.
+        reason: a parked item's reason, a dead letter's error, a paused group's pauser.
+    """
+
+    id: str
+    state: str
+    line: str
+    until_ms: int | None = None
+    since_ms: int | None = None
+    ready_ms: int | None = None
+    attempts: int | None = None
+    group: str | None = None
+    running: int | None = None
+    running_ids: tuple[str, ...] = ()
+    limit: int | None = None
+    ahead: int | None = None
+    queue: str | None = None
+    forwarder: str | None = None
+    reason: str | None = None

@@ -34,15 +34,32 @@ import logging
 import os
 import threading
 from collections import Counter
+from collections.abc import Sequence
+from typing import Any
 
 from redis.exceptions import RedisError
 
+from .envelope import Group, Slot, fold_groups, parse_groups
 from .errors import DelayqError, InvalidGroupPolicyError
 from .store import MAX_HOLD_MS, RUN_HOLD_MS, DelayStore, SlotRun
 
-__all__ = ["SlotGuard"]
+__all__ = ["SlotGuard", "held_groups"]
 
 log = logging.getLogger("delayq.slots")
+
+
+def held_groups(named: Any, slot: Slot | None, where: str) -> tuple[Group, ...]:
+    """The groups a worker holds while a task runs: those its message names (``named``, a
+    ``delayq_group`` header or job meta; None: none), then its slot, folded as
+    :func:`~delayq_backends.envelope.groups_of` folds them from the stored envelope. Groups that
+    are none are logged (as ``where``: which task, which field) and left out: the task runs."""
+    found: list[Group] = []
+    if named is not None:
+        try:
+            found += parse_groups(named)
+        except DelayqError as exc:
+            log.warning("%s: %s", where, exc)
+    return fold_groups(found if slot is None else [*found, Group.parse(slot)])
 
 
 class SlotGuard:
@@ -66,29 +83,32 @@ class SlotGuard:
         self._wake = threading.Event()
         self._beat: threading.Thread | None = None
 
-    def start(self, key: str, run: SlotRun) -> None:
-        """Hold ``key``'s slot of ``run`` from now: its task starts."""
+    def start(self, keys: Sequence[str], run: SlotRun) -> None:
+        """Hold the slot of ``run`` in each of ``keys`` (its groups) from now: its task starts.
+        One round trip for all of them."""
         if not run.token:
             log.info(
-                "slot %r: %s carries no slot token (released by an earlier forwarder): its hold is "
+                "groups %r: %s carries no slot token (released by an earlier forwarder): its hold is "
                 "reported tokenless, which counts only for a hold granted without one",
-                key,
+                list(keys),
                 run.member,
             )
         with self._lock:
-            self._held[(key, run)] += 1
+            for key in keys:
+                self._held[(key, run)] += 1
             if self._beat is None:
                 self._beat = threading.Thread(target=self._beat_loop, name="delayq-slot-beat", daemon=True)
                 self._beat.start()
-        self._send({key: [run]}, "start")
+        self._send({key: [run] for key in keys}, "start")
 
-    def end(self, key: str, run: SlotRun) -> None:
-        """Give back ``key``'s slot of ``run``: its task ended (or never will run)."""
+    def end(self, keys: Sequence[str], run: SlotRun) -> None:
+        """Give back the slot of ``run`` in each of ``keys``: its task ended (or never will run)."""
         with self._lock:
-            self._held[(key, run)] -= 1
-            if self._held[(key, run)] <= 0:
-                del self._held[(key, run)]
-        self._send({key: [run]}, "end")
+            for key in keys:
+                self._held[(key, run)] -= 1
+                if self._held[(key, run)] <= 0:
+                    del self._held[(key, run)]
+        self._send({key: [run] for key in keys}, "end")
 
     def throttle(self, key: str, run: SlotRun, seconds: float) -> None:
         """Stop group ``key`` releasing for ``seconds`` (at most an hour) at every forwarder:

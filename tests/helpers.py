@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,18 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-__all__ = ["PAST", "json_lines_exporter", "max_overlap", "memory_tracing", "ms_at_or_after", "wait_for"]
+    from delayq_backends import DelayStore
+
+__all__ = [
+    "PAST",
+    "group_running",
+    "hold_in_groups",
+    "json_lines_exporter",
+    "max_overlap",
+    "memory_tracing",
+    "ms_at_or_after",
+    "wait_for",
+]
 
 #: A ready time long gone, for items a single claim must find due. Not "now" (``timedelta(0)``,
 #: ``countdown=0``): ready times round up to the next millisecond, so an item scheduled in the
@@ -61,3 +73,29 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
         running += step
         most = max(most, running)
     return most
+
+
+def hold_in_groups(store: DelayStore, keys: Sequence[str], member: str, token: str) -> None:
+    """Take a slot for ``member`` in each group of ``keys`` with one token, held a minute for its
+    worker's start: as a forwarder releases an item of several groups (the worker reports its
+    start and end to each with the one token its message carries)."""
+    from delayq_backends.scripts.store import SlotTake
+    from delayq_backends.store import MAX_HOLD_MS
+
+    now = store.script_now(None)
+    calls = [
+        SlotTake.call(store.group_keys(k), [(member, 0, token, 1)], limit=0, hold_ms=60_000, wait_ms=60_000,
+                      cap_ms=MAX_HOLD_MS, now=now)
+        for k in keys
+    ]  # fmt: skip
+    for key, reply in zip(keys, store.run_each(calls)):
+        assert not isinstance(reply, Exception) and reply.places == (-1,), f"group {key}: {reply}"
+
+
+def group_running(store: DelayStore, key: str) -> int:
+    """Items holding a slot of group ``key``, the workers' reports read first (as a take reads them)."""
+    from delayq_backends.store import SlotAsk
+
+    grant = store.take_slots({key: SlotAsk(0, [])}, hold_ms=60_000, wait_ms=60_000, mode="join")[key]
+    assert not isinstance(grant, Exception), grant
+    return grant.running

@@ -179,6 +179,21 @@ def test_list_refuses_a_shard_outside_the_layout(cli: Invoke) -> None:
 # -- cancel -----------------------------------------------------------------------------------
 
 
+def test_why_says_it_in_one_line_or_as_json_and_exits_1_for_an_unknown_id(cli: Invoke, vstore: DelayStore) -> None:
+    vstore.schedule("later", FAR, envelope())
+    assert expect(cli("why", "later")) == "later: not due until 2096-10-02T07:06:40.000Z\n"
+    answer = json.loads(expect(cli("why", "later", "--json")))
+    assert (answer["state"], answer["until"], answer["ready"]) == (
+        "scheduled",
+        "2096-10-02T07:06:40.000Z",
+        answer["until"],
+    )
+    bury(vstore, "broken")
+    assert expect(cli("why", "broken")).startswith("broken: dead since ")
+    assert "not scheduled and no dead letter" in expect(cli("why", "nope"), code=1)
+    assert "U+0007" in expect(cli("why", "bell\x07"), code=1)
+
+
 def test_cancel_removes_items_and_a_second_cancel_exits_1(cli: Invoke, vstore: DelayStore) -> None:
     vstore.schedule_many([("a", FAR, envelope()), ("b", FAR, envelope()), ("c", FAR, envelope())])
     out = expect(cli("cancel", "a", "b"))

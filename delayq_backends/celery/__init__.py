@@ -25,7 +25,7 @@ from .history import use_history
 from .message import StoredMessage, TaskView
 from .scheduled import RevokeReport, StoreRevoke, get, reschedule, revoke, revoke_everywhere
 from .settings import CelerySettings, DuplicateTaskIdError, forget_store, store_for
-from .slots import SLOT_HEADER, throttle, use_slots
+from .slots import GROUP_HEADER, SLOT_HEADER, throttle, use_slots
 from .target import CeleryTarget
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "Control",
     "DedupeTask",
     "DuplicateTaskIdError",
+    "GROUP_HEADER",
     "RevokeReport",
     "SLOT_HEADER",
     "StoreRevoke",

@@ -15,7 +15,10 @@ collapses the sends of one key into one run, whatever their eta; ``delayq_rate_k
 who the task is for, so forwarders with a per-key rate cap for its queue pace that key alone;
 ``delayq_slot`` (a key, or ``{"key", "limit"}``) gives it a concurrency slot: it goes through the
 store even with no eta, and is released only while fewer than the key's limit of its tasks run
-(:mod:`~delayq_backends.celery.slots`).
+(:mod:`~delayq_backends.celery.slots`). ``delayq_group`` (a key, ``{"key", "limit", "rate",
+"weight", "cost"}``, or a list of up to 3: see :class:`~delayq_backends.envelope.Group`) names its
+groups, of which the slot and rate key are aliases: it goes through the store too, and is released
+only when each group admits it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from celery.app.control import Control as CeleryControl
 from kombu.entity import Exchange
 
 from ..collapse import Collapse
-from ..envelope import Slot, with_slot
+from ..envelope import Group, Slot, parse_groups, with_slot
 from ..errors import BatchError, DelayqError, InvalidDebounceError
 from ..store import DelayStore
 from ..store.batches import check_batch_key
@@ -40,7 +43,7 @@ from .batches import BATCH_HEADER, capturing
 from .message import StoredMessage, parse_time, priority_rank
 from .scheduled import revoke_everywhere
 from .settings import CelerySettings, DuplicateTaskIdError, StoreUnavailableError, store_for
-from .slots import SLOT_HEADER
+from .slots import GROUP_HEADER, SLOT_HEADER
 
 __all__ = ["AMQP", "DEBOUNCE_HEADER", "RATE_KEY_HEADER", "Control", "StoreUnavailableError", "use_plugin_control"]
 
@@ -83,23 +86,27 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
             eta = parse_time(headers.get("eta"))
             collapse = _collapse_of(headers, eta)
             slot = None if headers.get(SLOT_HEADER) is None else settings.slot(headers[SLOT_HEADER])
+            groups = _groups_of(headers, kwargs)
             batch = _batch_of(headers, collapse)
             captured = capturing(headers.get("id"))
             if captured is not None:  # a batch's on_complete, built and kept for its completion
                 return send(captured.producer(producer), name, message, **kwargs)
             # a collapse always has an eta (_collapse_of refuses one without) and is always stored;
-            # so is a slotted task, which waits in the store for its slot, and a batch's sub-job,
-            # counted into its batch before it is stored
+            # so is a slotted or grouped task, which waits in the store for its groups, and a
+            # batch's sub-job, counted into its batch before it is stored
             now = self.delayq_now()
             if (
                 slot is None
+                and groups is None
                 and batch is None
                 and (eta is None or (collapse is None and (eta - now).total_seconds() <= settings.min_delay))
             ):
                 return send(producer, name, message, **kwargs)
             store = store_for(self.app, settings)
             task_id, when = headers["id"], eta or now
-            storing = _StoringProducer(producer, store, task_id, when, settings.duplicate_id, collapse, slot, batch)
+            storing = _StoringProducer(
+                producer, store, task_id, when, settings.duplicate_id, collapse, slot, groups, batch
+            )
             return send(storing, name, message, **kwargs)
 
         return send_task_message
@@ -122,6 +129,27 @@ def _collapse_of(headers: Mapping[str, Any], eta: datetime | None) -> Collapse |
             "the first)"
         )
     return collapse
+
+
+def _groups_of(headers: Mapping[str, Any], kwargs: dict[str, Any]) -> tuple[Group, ...] | None:
+    """The send's groups, from its ``delayq_group`` header; None without one. The header the
+    task's worker reads becomes their stored form (a list of dicts), whatever the caller passed
+    (a key, a dict, :class:`Group` objects kombu cannot serialize).
+
+    Raises:
+        InvalidGroupError: the header is no group or list of groups; the task was not sent.
+    """
+    value = headers.get(GROUP_HEADER)
+    if value is None:
+        return None
+    try:
+        groups = parse_groups(value)
+    except DelayqError as exc:
+        raise type(exc)(
+            f"task {headers.get('id')} ({headers.get('task')}) was NOT sent: header {GROUP_HEADER}: {exc}"
+        ) from exc
+    kwargs["headers"] = {**(kwargs.get("headers") or {}), GROUP_HEADER: [g.to_meta() for g in groups]}
+    return groups or None
 
 
 def _batch_of(headers: Mapping[str, Any], collapse: Collapse | None) -> str | None:
@@ -162,6 +190,7 @@ class _StoringProducer:
         duplicate_id: str,
         collapse: Collapse | None = None,
         slot: Slot | None = None,
+        groups: tuple[Group, ...] | None = None,
         batch: str | None = None,
     ) -> None:
         self._producer = producer
@@ -172,6 +201,7 @@ class _StoringProducer:
         self._collapse = collapse
         self._stored = False
         self._slot = slot
+        self._groups = groups
         self._batch = batch
 
     def publish(self, body: Any, **kwargs: Any) -> Any:
@@ -188,12 +218,13 @@ class _StoringProducer:
             envelope = with_slot(envelope, self._slot, rank)
         try:
             if self._collapse is not None:
-                self._collapse.apply(self._store, self._eta, envelope, rank=rank, rate_key=rate_key)
+                self._collapse.apply(self._store, self._eta, envelope, rank=rank, rate_key=rate_key, group=self._groups)
                 self._stored = True
                 return None
             done = self._store.schedule(
-                self._task_id, self._eta, envelope, mode=mode, rank=rank, rate_key=rate_key, batch=self._batch
-            )
+                self._task_id, self._eta, envelope, mode=mode, rank=rank, rate_key=rate_key, group=self._groups,
+                batch=self._batch,
+            )  # fmt: skip
         except DelayqError:
             raise  # bad input: the error already says what to fix
         except Exception as exc:

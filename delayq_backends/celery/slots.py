@@ -14,6 +14,11 @@ forwarder's token for the slot comes in the header ``delayq_slot_token`` (a repo
 does not count). A hold lasts ``delayq_slot_hold`` seconds (60) after the start or the last
 heartbeat: what a worker killed mid-task costs.
 
+A task's groups (header ``delayq_group``, see :mod:`~delayq_backends.celery.amqp`) are held the
+same way, each by its key (one report per group): a slot is a group. A rate key (header
+``delayq_rate_key``) is a group too, but one that paces starts, not running tasks, so the worker
+reports nothing for it.
+
 A periodic entry with an overlap policy (``options={"delayq_overlap": "skip"}``, see
 :mod:`delayq_backends.overlap_policy`) gets the header on each run's message: the forwarder takes
 the entry's slot for the run's task id (its ``retries`` 0), the name the worker holds it by, so
@@ -30,19 +35,22 @@ from weakref import WeakKeyDictionary
 from celery import Celery, current_task
 from celery.signals import task_postrun, task_prerun, task_revoked
 
-from ..envelope import Slot
+from ..envelope import Group, Slot
 from ..errors import DelayqError, InvalidGroupPolicyError
-from ..slots import SlotGuard
+from ..slots import SlotGuard, held_groups
 from ..store import SlotRun, slot_member
 from ..targets import SLOT_TOKEN
 from .settings import CelerySettings, store_for
 
-__all__ = ["SLOT_HEADER", "slot_of_request", "throttle", "use_slots"]
+__all__ = ["GROUP_HEADER", "SLOT_HEADER", "groups_of_request", "slot_of_request", "throttle", "use_slots"]
 
 log = logging.getLogger("delayq.celery.slots")
 
 #: The header naming a task's concurrency slot.
 SLOT_HEADER = "delayq_slot"
+#: The header naming a task's groups (:func:`~delayq_backends.envelope.parse_groups`), stored by
+#: the sender as a list of dicts.
+GROUP_HEADER = "delayq_group"
 
 _guards: WeakKeyDictionary[Celery, SlotGuard] = WeakKeyDictionary()
 
@@ -67,9 +75,24 @@ def slot_of_request(request: Any) -> tuple[Slot, SlotRun] | None:
     except DelayqError as exc:
         log.warning("task %s: %s", getattr(request, "id", None), exc)
         return None
+    return slot, _run_of(request)
+
+
+def _run_of(request: Any) -> SlotRun:
+    """The task's member in its groups' sets (its id and ``retries``, as the forwarder names it)
+    and the token the forwarder took its slots with ("" when none came)."""
     member = slot_member(str(request.id), int(getattr(request, "retries", 0) or 0))
     token = getattr(request, SLOT_TOKEN, None)
-    return slot, SlotRun(member, token if isinstance(token, str) else "")
+    return SlotRun(member, token if isinstance(token, str) else "")
+
+
+def groups_of_request(request: Any) -> tuple[tuple[Group, ...], SlotRun] | None:
+    """The groups of the task in ``request`` that hold slots while it runs (its ``delayq_group``
+    header, then its slot: :func:`~delayq_backends.slots.held_groups`) and its run; None without any."""
+    slotted = slot_of_request(request)
+    where = f"task {getattr(request, 'id', None)}: header {GROUP_HEADER}"
+    groups = held_groups(getattr(request, GROUP_HEADER, None), None if slotted is None else slotted[0], where)
+    return (groups, _run_of(request)) if groups else None
 
 
 def throttle(group: str, retry_after: float = 30) -> None:
@@ -86,8 +109,8 @@ def throttle(group: str, retry_after: float = 30) -> None:
             released without a token), or with ``retry_after`` out of range; nothing was reported.
     """
     task = current_task if current_task else None  # a proxy: falsy outside a task
-    found = None if task is None else slot_of_request(task.request)
-    if task is None or found is None or found[0].key != group or not found[1].token:
+    found = None if task is None else groups_of_request(task.request)
+    if task is None or found is None or group not in {g.key for g in found[0]} or not found[1].token:
         where = "outside a task" if task is None else f"in task {task.request.id}"
         raise InvalidGroupPolicyError(
             f"throttle({group!r}) {where}: a worker throttles only the group of the task it runs, from inside "
@@ -105,16 +128,17 @@ def _guard(app: Celery) -> SlotGuard:
 
 
 def _hold(task: Any, request: Any, mode: str) -> None:
-    found = slot_of_request(request)
+    found = groups_of_request(request)
     if found is None or task is None:
         return
-    (slot, run), app = found, task.app
+    (groups, run), app = found, task.app
     try:
         guard = _guard(app)
     except DelayqError as exc:
-        log.warning("slot %r of task %s: no delay store (%s); its hold lapses by itself", slot.key, run.member, exc)
+        keys = [g.key for g in groups]
+        log.warning("groups %r of task %s: no delay store (%s); their holds lapse by themselves", keys, run.member, exc)
         return
-    (guard.start if mode == "start" else guard.end)(slot.key, run)
+    (guard.start if mode == "start" else guard.end)([g.key for g in groups], run)
 
 
 def _started(sender: Any = None, task: Any = None, **_: Any) -> None:

@@ -21,7 +21,8 @@ from .demo import demo
 from .dlq import dlq
 from .exporter import exporter
 from .forward import forward
-from .inspect import cancel, list_, stats
+from .groups import groups
+from .inspect import cancel, list_, stats, why
 from .options import ErrorsAsMessages
 from .periodic import periodic
 from .rq import rq_cron, rq_migrate, rq_upgrade
@@ -42,8 +43,10 @@ COMMANDS = (
     periodic,
     stats,
     list_,
+    why,
     cancel,
     dlq,
+    groups,
     slots,
     batches,
     rq_migrate,

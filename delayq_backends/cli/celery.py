@@ -32,7 +32,7 @@ from ..periodic.ops import START_SWEEP_SECONDS, SyncReport
 from ..store import DelayStore
 from ..storespec import open_store
 from .forward import ForwardOptions, forward_options, run_forwarder
-from .inspect import stats
+from .inspect import stats, why
 from .options import ErrorsAsMessages, closing, page_options
 from .output import Column, print_table
 from .periodic import PeriodicAccess, periodic_commands
@@ -158,6 +158,18 @@ def stats_(ctx: click.Context, as_json: bool) -> None:
     config = CelerySettings.of(ctx.find_root().obj.app).config
     click.echo(f"delay store {redact_url(config.url)}", err=True)
     ctx.invoke(stats, url=config.url, prefix=config.prefix, shards=config.shards, as_json=as_json)
+
+
+@delayq.command("why")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of one line (for scripts).")
+@click.pass_context
+def why_(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Why a task is where it is, in one line (``delayq why``): not due until T, leased by a
+    forwarder, waiting for its group, held by flow control, dead; exits 1 if the store knows
+    no such id."""
+    config = CelerySettings.of(ctx.find_root().obj.app).config
+    ctx.invoke(why, url=config.url, prefix=config.prefix, shards=config.shards, item_id=task_id, as_json=as_json)
 
 
 @delayq.command("revoke")

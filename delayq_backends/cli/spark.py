@@ -54,10 +54,12 @@ def _write_jsonl(records: Iterable[AuditRecord], out: str) -> int:
 @click.option("--args-col", help="Column of positional arguments (array or JSON text).")
 @click.option("--kwargs-col", help="Column of keyword arguments (struct, map or JSON text).")
 @click.option("--rank-col", help="Column of store ranks (0..255, higher forwarded first under a backlog).")
+@click.option("--group-col", help="Column of each row's groups: a key, a struct (key, limit, rate, weight, cost) "
+              "or an array of up to 3.")  # fmt: skip
 @click.option("--rejects", metavar="DIR", help="Write the rejected rows, with their reasons, as Parquet here.")
 @click.option("--master", default="local[2]", show_default=True, help="Spark master.")
 def schedule(spec: StoreSpec, source: str, id_col: str, ready_col: str, mode: str, rank_col: str | None,
-             rejects: str | None, master: str, **choice: Any) -> None:  # fmt: skip
+             group_col: str | None, rejects: str | None, master: str, **choice: Any) -> None:  # fmt: skip
     """Schedule one delayed Celery task, RQ job or list item per row of a Parquet dataset."""
     from ..spark.bulk import schedule_dataframe
     from ..spark.session import local_session
@@ -66,7 +68,7 @@ def schedule(spec: StoreSpec, source: str, id_col: str, ready_col: str, mode: st
     session = local_session(master)
     result = schedule_dataframe(
         session.read.parquet(source), url=spec.url, prefix=spec.prefix, shards=spec.shards, target=target,
-        id_col=id_col, ready_at_col=ready_col, mode=mode, rank_col=rank_col,
+        id_col=id_col, ready_at_col=ready_col, mode=mode, rank_col=rank_col, group_col=group_col,
     )  # fmt: skip
     c = result.counts
     click.echo(f"added {c.added}, replaced {c.replaced}, kept {c.kept}, rejected {result.rejected}")

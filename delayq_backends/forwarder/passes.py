@@ -73,7 +73,7 @@ class Pass:
     def claim(self, due: Sequence[int]) -> Claimed:
         """Claim a batch of each shard of ``due`` in one round trip (an outage raises)."""
         started = time.perf_counter()
-        claims = self.store.claim_many(list(due), limit=self.batch)
+        claims = self.store.claim_many(list(due), limit=self.batch, claimer=self.ctx.name)
         if self.ctx.metrics is not None:
             self.ctx.metrics.observe_claim(time.perf_counter() - started)
         held = self.heartbeat.hold()

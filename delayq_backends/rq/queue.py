@@ -12,7 +12,10 @@ run, and a job's ``meta["delayq_rate_key"]`` names who it is for (per-key rate c
 ``delayq_slot=`` (a key, or ``{"key", "limit"}``) on ``enqueue``, ``enqueue_in`` and
 ``enqueue_at`` gives the job a concurrency slot, kept in ``meta["delayq_slot"]``: it waits in
 the store (even with no delay) until fewer than the key's limit of its jobs run (see
-:mod:`~delayq_backends.rq.slots`).
+:mod:`~delayq_backends.rq.slots`). ``delayq_group=`` (a key, ``{"key", "limit", "rate", "weight",
+"cost"}``, or a list of up to 3: see :class:`~delayq_backends.envelope.Group`) on the same calls
+names the job's groups, kept in ``meta["delayq_group"]``, of which the slot and rate key are
+aliases: the job waits in the store until each admits it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from rq.job import Job
 from ..collapse import Collapse
 from ..config import Config
 from ..connection import connect, on_store_server
-from ..envelope import Envelope, Slot, with_rate_key, with_slot
+from ..envelope import Envelope, Slot, parse_groups, with_groups, with_rate_key, with_slot
 from ..errors import ConfigError, InvalidDebounceError, InvalidTimeError
 from ..scripts import RqJobWrites, RqSchedule
 from ..store import DelayStore
@@ -48,15 +51,18 @@ from .target import JOB_KEY, job_envelope, job_rank
 
 __all__ = [
     "DEBOUNCE_OPTION",
+    "GROUP_META",
+    "GROUP_OPTION",
     "RATE_KEY_META",
     "SLOT_META",
     "SLOT_OPTION",
     "Queue",
     "UsesDelayStore",
     "carry_trace",
+    "group_options",
     "slot_meta",
     "store_of_connection",
-    "with_job_slot",
+    "with_job_groups",
 ]
 
 #: The ``enqueue_in``/``enqueue_at`` keyword that debounces or throttles the job by a key.
@@ -67,6 +73,10 @@ RATE_KEY_META = "delayq_rate_key"
 SLOT_OPTION = "delayq_slot"
 #: The ``job.meta`` field holding the job's slot (``{"key", "limit"}``): the worker reads it too.
 SLOT_META = "delayq_slot"
+#: The ``enqueue``/``enqueue_in``/``enqueue_at`` keyword naming the job's groups.
+GROUP_OPTION = "delayq_group"
+#: The ``job.meta`` field holding the job's groups (a list of dicts): the worker reads it too.
+GROUP_META = "delayq_group"
 #: The ``job.meta`` field naming a sub-job's batch (:class:`~delayq_backends.rq.Batch`).
 BATCH_META = "delayq_batch"
 #: The collapse of the ``enqueue_at`` running in this context: RQ's enqueue_at builds the job and
@@ -152,14 +162,42 @@ def slot_meta(value: Any) -> dict[str, Any]:
     return {SLOT_META: {"key": slot.key, "limit": slot.limit}}
 
 
-def with_job_slot(envelope: Envelope, job: Job) -> Envelope:
-    """``envelope`` with the slot of ``job``'s meta (and its rank), if it has one; and the trace
-    context it carries (:func:`carry_trace`), for the forward's span."""
-    meta = job.meta or {}
-    slot, trace = meta.get(SLOT_META), _trace_of(meta)
+def group_options(kwargs: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The job meta of the ``delayq_slot=`` and ``delayq_group=`` options, popped from ``kwargs``:
+    a slot as ``{"key", "limit"}``, groups as a list of dicts (empty without either). Checked
+    with the job's ``meta`` (its rate key counts towards the 3 groups too), so bad input raises
+    before the job is saved.
+
+    Raises:
+        InvalidSlotError, InvalidGroupError: no slot or groups, or too many; nothing was saved.
+    """
+    slot, groups = kwargs.pop(SLOT_OPTION, None), kwargs.pop(GROUP_OPTION, None)
+    added = {} if slot is None else slot_meta(slot)
+    parsed = () if groups is None else parse_groups(groups)
+    if parsed:
+        added[GROUP_META] = [g.to_meta() for g in parsed]
+    if added:
+        with_job_groups(Envelope("rq", ""), {**meta, **added}, 0)
+    return added
+
+
+def with_job_groups(envelope: Envelope, meta: Mapping[str, Any], rank: int) -> Envelope:
+    """``envelope`` with a job's rate key, slot (with the job's ``rank``) and groups from its
+    ``meta``, as it has them; and the trace context it carries (:func:`carry_trace`), for the
+    forward's span.
+
+    Raises:
+        InvalidRateKeyError, InvalidSlotError, InvalidGroupError: what the meta names is none,
+            or more than 3 groups with the aliases.
+    """
+    rate_key, slot, groups, trace = meta.get(RATE_KEY_META), meta.get(SLOT_META), meta.get(GROUP_META), _trace_of(meta)
     if trace is not None:
         envelope = replace(envelope, meta={**envelope.meta, TRACE_META: trace})
-    return envelope if slot is None else with_slot(envelope, Slot.parse(slot), job_rank(job))
+    if rate_key is not None:
+        envelope = with_rate_key(envelope, rate_key)
+    if slot is not None:
+        envelope = with_slot(envelope, Slot.parse(slot), rank)
+    return envelope if groups is None else with_groups(envelope, groups)
 
 
 def carry_trace(job: Job) -> None:
@@ -216,13 +254,11 @@ class Queue(UsesDelayStore, RQQueue):
 
     def job_envelope_bytes(self, job: Job) -> bytes:
         """What the store keeps for ``job``: this queue's envelope, with the job's rate key, slot,
-        trace context and batch (a cancel or purge reports it) from its meta when it has them."""
+        groups, trace context and batch (a cancel or purge reports it) from its meta when it has them."""
         meta = job.meta or {}
-        rate_key, slot, batch = meta.get(RATE_KEY_META), meta.get(SLOT_META), meta.get(BATCH_META)
-        if rate_key is None and slot is None and batch is None and meta.get("traceparent") is None:
+        if not meta.keys() & {RATE_KEY_META, SLOT_META, GROUP_META, BATCH_META, "traceparent"}:
             return self.envelope_bytes()
-        envelope = self.envelope() if rate_key is None else with_rate_key(self.envelope(), rate_key)
-        envelope = with_job_slot(envelope, job)
+        envelope, batch = with_job_groups(self.envelope(), meta, job_rank(job)), meta.get(BATCH_META)
         return (envelope if batch is None else with_batch(envelope, str(batch))).encode()
 
     def envelope_bytes(self) -> bytes:
@@ -233,10 +269,11 @@ class Queue(UsesDelayStore, RQQueue):
         return self._envelope_bytes
 
     def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job:
-        """RQ's ``enqueue``; with ``delayq_slot=`` the job goes through the store (due now), to
-        wait there for its slot."""
-        if kwargs.get(SLOT_OPTION) is None:
+        """RQ's ``enqueue``; with ``delayq_slot=`` or ``delayq_group=`` the job goes through the
+        store (due now), to wait there until its groups admit it."""
+        if kwargs.get(SLOT_OPTION) is None and kwargs.get(GROUP_OPTION) in (None, [], ()):  # empty: no group
             kwargs.pop(SLOT_OPTION, None)
+            kwargs.pop(GROUP_OPTION, None)
             return super().enqueue(f, *args, **kwargs)
         return self.enqueue_at(dt.datetime.now(dt.timezone.utc), f, *args, **kwargs)
 
@@ -249,10 +286,12 @@ class Queue(UsesDelayStore, RQQueue):
         Raises:
             InvalidDebounceError: a malformed option, or one with ``pipeline=`` (the collapse
                 must see the saved job first); nothing was saved.
+            InvalidSlotError, InvalidGroupError: ``delayq_slot=``/``delayq_group=`` name none,
+                or more than 3 groups with the job's rate key; nothing was saved.
         """
-        slot = kwargs.pop(SLOT_OPTION, None)
-        if slot is not None:  # in the job's meta: saved with it, kept by its retries, read by the worker
-            kwargs["meta"] = {**(kwargs.get("meta") or {}), **slot_meta(slot)}
+        added = group_options(kwargs, kwargs.get("meta") or {})
+        if added:  # in the job's meta: saved with it, kept by its retries, read by the worker
+            kwargs["meta"] = {**(kwargs.get("meta") or {}), **added}
         option = kwargs.pop(DEBOUNCE_OPTION, None)
         if option is None:
             return super().enqueue_at(datetime, f, *args, **kwargs)  # type: ignore[no-any-return]
@@ -346,10 +385,9 @@ class Queue(UsesDelayStore, RQQueue):
         with self.connection.pipeline() as pipe:
             save(pipe)
             pipe.execute()
-        envelope = with_job_slot(self.envelope(), job)
+        envelope = with_job_groups(self.envelope(), job.meta or {}, job_rank(job))
         envelope = replace(envelope, meta={**envelope.meta, JOB_KEY: job.id})
-        rate_key = (job.meta or {}).get(RATE_KEY_META)
-        done = collapse.apply(self.delay_store, ready, envelope, rank=job_rank(job), rate_key=rate_key)
+        done = collapse.apply(self.delay_store, ready, envelope, rank=job_rank(job))
         dropped = [] if done.stored else [job.id]
         if done.superseded is not None:
             dropped.append(str(Envelope.decode(done.superseded).meta.get(JOB_KEY, "")))

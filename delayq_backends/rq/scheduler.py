@@ -39,7 +39,7 @@ from .periodic import (
     check_syntax,
     next_cron_time,
 )
-from .queue import SLOT_META, SLOT_OPTION, UsesDelayStore, carry_trace, slot_meta, with_job_slot
+from .queue import SLOT_META, UsesDelayStore, carry_trace, group_options, with_job_groups
 from .registry import forget_scheduled
 from .target import KIND, OVERLAP_FIELD, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
 
@@ -185,16 +185,19 @@ class Scheduler(UsesDelayStore):
         The keyword arguments rq-scheduler reserves (``timeout``, ``job_id``, ``job_ttl``,
         ``job_result_ttl``, ``job_description``, ``depends_on``, ``meta``, ``queue_name``,
         ``on_success``, ``on_failure``, ``at_front``) configure the job, not the call;
-        ``delayq_slot`` gives it a concurrency slot (as :meth:`Queue.enqueue_at
-        <delayq_backends.rq.Queue.enqueue_at>`).
+        ``delayq_slot`` gives it a concurrency slot, ``delayq_group`` its groups (as
+        :meth:`Queue.enqueue_at <delayq_backends.rq.Queue.enqueue_at>`).
+
+        Raises:
+            InvalidSlotError, InvalidGroupError: ``delayq_slot``/``delayq_group`` name none, or
+                more than 3 groups with the job's rate key; nothing was saved.
         """
         ready = utc_ms(scheduled_time)
         options = {target: kwargs.pop(name) for name, target in _JOB_KWARGS.items() if name in kwargs}
         at_front = bool(kwargs.pop("at_front", False))
-        slot = kwargs.pop(SLOT_OPTION, None)
+        added = group_options(kwargs, options.get("meta") or {})
         job = self._create_job(func, args=args, kwargs=kwargs, **options)
-        if slot is not None:
-            job.meta.update(slot_meta(slot))
+        job.meta.update(added)
         return self._schedule(job, ready, at_front=at_front)
 
     def enqueue_in(self, time_delta: timedelta, func: Any, *args: Any, **kwargs: Any) -> Job:
@@ -337,7 +340,7 @@ class Scheduler(UsesDelayStore):
         )  # fmt: skip
         if not schedule:  # a one-off job; the runs of a repeating one share its id, so no slot (yet)
             carry_trace(job)  # nor a producer's trace: each run of a repeating one starts its own
-            envelope = with_job_slot(envelope, job)
+            envelope = with_job_groups(envelope, job.meta or {}, job_rank(job))
         if on_store_server(store, self.connection):
             with self.connection.pipeline() as pipe:
                 job.save(pipeline=pipe)

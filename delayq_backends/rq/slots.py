@@ -13,7 +13,10 @@ gives its slots back when their holds lapse. A slot's member is the job id: the 
 target names no run, so a retry released before its first run's ``execute_job`` has returned
 shares that run's slot for the moment between the two. The forwarder's token for the slot waits
 beside the job hash (:func:`~delayq_backends.rq.target.slot_token_key`); the worker reads it at the
-start and reports with it (a report without it does not count).
+start and reports with it (a report without it does not count). A job's groups
+(``meta["delayq_group"]``, ``Queue.enqueue(..., delayq_group=...)``) are held the same way, each
+by its key with that token (one report per group): a slot is a group. A rate key is a group too,
+but one that paces starts, not running jobs, so the worker reports nothing for it.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from redis.exceptions import RedisError
 from rq import SimpleWorker, Worker, get_current_job
 from rq.job import Job
 
-from ..envelope import Slot
+from ..envelope import Group, Slot
 from ..errors import DelayqError, InvalidGroupPolicyError
-from ..slots import SlotGuard
+from ..slots import SlotGuard, held_groups
 from ..store import RUN_HOLD_MS, SlotRun, slot_member
 from .batches import BatchReports
-from .queue import SLOT_META, env_int, store_of_connection
+from .queue import GROUP_META, SLOT_META, env_int, store_of_connection
 from .target import slot_token_key
 from .tracing import TracedJobs
 
@@ -40,9 +43,9 @@ log = logging.getLogger("delayq.rq.slots")
 
 SLOT_HOLD_ENV = "DELAYQ_SLOT_HOLD"
 _MAX_HOLD = 3600
-#: The slotted jobs this process runs: job id -> (guard, slot key, run). Set by the worker
+#: The grouped jobs this process runs: job id -> (guard, group keys, run). Set by the worker
 #: before it forks the work horse, which inherits it: what :func:`throttle` proves its job by.
-_running: dict[str, tuple[SlotGuard, str, SlotRun]] = {}
+_running: dict[str, tuple[SlotGuard, tuple[str, ...], SlotRun]] = {}
 
 
 def throttle(group: str, retry_after: float = 30) -> None:
@@ -60,14 +63,14 @@ def throttle(group: str, retry_after: float = 30) -> None:
     """
     job = get_current_job()
     running = None if job is None else _running.get(job.id)
-    if running is None or running[1] != group or not running[2].token:
+    if running is None or group not in running[1] or not running[2].token:
         where = "outside a job" if job is None else f"in job {job.id}"
         raise InvalidGroupPolicyError(
             f"throttle({group!r}) {where}: a worker throttles only the group of the job it runs, from inside that "
             "job, on a slot worker (delayq_backends.rq.SlotWorker), released with the group's slot token"
         )
-    guard, key, run = running
-    guard.throttle(key, run, retry_after)
+    guard, _, run = running
+    guard.throttle(group, run, retry_after)
 
 
 def _hold_ms() -> int:
@@ -88,18 +91,18 @@ class Slots:
         super().__init__(*args, **kwargs)
 
     def execute_job(self, job: Job, queue: Any) -> Any:
-        slot = self._slot_of(job)
-        guard = None if slot is None else self._slots_guard(queue)
-        if slot is None or guard is None:
+        groups = self._groups_of(job)
+        guard = None if not groups else self._slots_guard(queue)
+        if guard is None:
             return super().execute_job(job, queue)  # type: ignore[misc]
-        run = SlotRun(slot_member(job.id, None), self._slot_token(job))
-        guard.start(slot.key, run)
-        _running[job.id] = (guard, slot.key, run)
+        run, keys = SlotRun(slot_member(job.id, None), self._slot_token(job)), tuple(g.key for g in groups)
+        guard.start(keys, run)
+        _running[job.id] = (guard, keys, run)
         try:
             return super().execute_job(job, queue)  # type: ignore[misc]
         finally:
             _running.pop(job.id, None)
-            guard.end(slot.key, run)
+            guard.end(keys, run)
 
     def _slot_token(self, job: Job) -> str:
         """The token the forwarder took the job's slot with ("" when none waits: a job released
@@ -110,6 +113,11 @@ class Slots:
             log.warning("job %s: could not read its slot token (%s); its slot lapses by itself", job.id, exc)
             return ""
         return raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""
+
+    @classmethod
+    def _groups_of(cls, job: Job) -> tuple[Group, ...]:
+        """The job's groups that hold slots while it runs: its meta's groups, then its slot."""
+        return held_groups((job.meta or {}).get(GROUP_META), cls._slot_of(job), f"job {job.id}: meta {GROUP_META}")
 
     @staticmethod
     def _slot_of(job: Job) -> Slot | None:

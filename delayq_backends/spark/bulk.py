@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 
 from ..config import Config
 from ..connection import connect
+from ..envelope import parse_groups
 from ..errors import ConfigError, DelayqError, InvalidTimeError
 from ..keys import normalize_id
 from ..models import ScheduleCounts, ScheduleItem
@@ -80,6 +81,7 @@ def schedule_dataframe(
     mode: str = "keep",
     batch: int = DEFAULT_BATCH,
     rank_col: str | None = None,
+    group_col: str | None = None,
 ) -> BulkResult:
     """Schedule one delayed job per row of ``df``, from the executors.
 
@@ -95,6 +97,10 @@ def schedule_dataframe(
         batch: rows per ``schedule_checked`` call on an executor.
         rank_col: an integer column of store ranks (0..255, higher is forwarded first under a
             backlog; null means 0); without it every row has rank 0. A bad rank rejects the row.
+        group_col: a column of each row's groups (see :class:`~delayq_backends.envelope.Group`):
+            a string (the group's key), a struct with ``key`` and any of ``limit``, ``rate``,
+            ``weight``, ``cost`` (a null field is unset), or an array of up to 3 of either; null
+            means no group. A bad group rejects the row (``InvalidGroupError``, saying why).
 
     Raises:
         ConfigError: a missing column, a naive timestamp column type, or a bad option.
@@ -106,7 +112,10 @@ def schedule_dataframe(
     config = Config(url=url, prefix=prefix, shards=shards)
     _check_layout(config)
     rank = F.lit(0) if rank_col is None else F.col(_field(df, rank_col).name)
-    rows = df.select(F.col(id_col).cast("string"), _ready_column(df, ready_at_col), rank, *_target_columns(df, target))
+    group = F.lit(None) if group_col is None else F.col(_field(df, group_col).name)
+    rows = df.select(
+        F.col(id_col).cast("string"), _ready_column(df, ready_at_col), rank, group, *_target_columns(df, target)
+    )
     run = _partition_runner(config, target, mode, batch)
     out = rows.mapInArrow(run, _OUT_DDL).localCheckpoint(eager=True)  # run once; rejects read from here
     totals = out.groupBy().agg(*(F.sum(c).alias(c) for c in ("added", "replaced", "kept"))).first()
@@ -190,12 +199,14 @@ class _Loader:
 
     def add_rows(self, rows: Iterator[tuple[Any, ...]]) -> list[tuple[Any, Any, DelayqError]]:
         rejects = []
-        for raw_id, when, raw_rank, *values in rows:
+        for raw_id, when, raw_rank, groups, *values in rows:
             try:
                 item_id = normalize_id(raw_id)
                 ready_ms = to_ms(_when(when))
                 rank = check_rank(0 if raw_rank is None else raw_rank)
-                data, keep = self.writer.prepare(item_id, ready_ms, values)
+                data, keep = self.writer.prepare(
+                    item_id, ready_ms, values, () if groups is None else parse_groups(groups)
+                )
                 data = self.store.check_payload(item_id, data)
             except DelayqError as exc:
                 rejects.append((raw_id, when, exc))

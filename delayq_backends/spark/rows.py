@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from ..envelope import Envelope, Group, with_groups
 from ..errors import DelayqError
 from ..store import DelayStore
 
@@ -30,9 +31,12 @@ class RowError(DelayqError, ValueError):
 class RowWriter(Protocol):
     """Turns rows of one partition into envelopes; made by :meth:`RowKind.open` on an executor."""
 
-    def prepare(self, item_id: str, ready_ms: int, values: Sequence[Any]) -> tuple[bytes, Any]:
-        """The envelope of one row (``values`` in :attr:`RowKind.columns` order) and what
-        :meth:`flush` needs of it. Raises a :class:`DelayqError` for a row to reject."""
+    def prepare(
+        self, item_id: str, ready_ms: int, values: Sequence[Any], groups: tuple[Group, ...]
+    ) -> tuple[bytes, Any]:
+        """The envelope of one row (``values`` in :attr:`RowKind.columns` order), carrying its
+        ``groups`` (none: ``()``) where its worker reads them too, and what :meth:`flush` needs
+        of it. Raises a :class:`DelayqError` for a row to reject."""
         ...
 
     def flush(self, accepted: Sequence[Accepted]) -> None:
@@ -135,15 +139,20 @@ class _CeleryWriter:
     def __init__(self, spec: CeleryTask) -> None:
         from celery import Celery
 
+        from ..celery.message import StoredMessage
+        from ..celery.slots import GROUP_HEADER
         from ..celery.template import TaskTemplate
 
         self.spec = spec
+        self.message_class, self.group_header = StoredMessage, GROUP_HEADER
         self.app = Celery("delayq-bulk", set_as_current=False)
         self.app.conf.update(broker_url=spec.broker_url, **spec.config)
         self.template_class = TaskTemplate  # imported here: Celery is optional for the other targets
         self.templates: dict[str | None, Any] = {}  # one per queue: Celery's sender runs once each
 
-    def prepare(self, item_id: str, ready_ms: int, values: Sequence[Any]) -> tuple[bytes, Any]:
+    def prepare(
+        self, item_id: str, ready_ms: int, values: Sequence[Any], groups: tuple[Group, ...]
+    ) -> tuple[bytes, Any]:
         queue = _pick(values, 2) or self.spec.queue
         template = self.templates.get(queue)
         if template is None:
@@ -151,7 +160,14 @@ class _CeleryWriter:
             template = self.templates[queue] = self.template_class(self.app, self.spec.name, **options)
         args = as_args(_pick(values, 0), self.spec.args_col)
         kwargs = as_kwargs(_pick(values, 1), self.spec.kwargs_col)
-        return template.envelope(item_id, ready_ms, args, kwargs), None
+        data = template.envelope(item_id, ready_ms, args, kwargs)
+        if not groups:
+            return data, None
+        # in the header the worker holds them by, as the sender writes it (a grouped row pays
+        # for the decoding, the others do not)
+        message = self.message_class.from_envelope(Envelope.decode(data))
+        headers = {**message.headers, self.group_header: [g.to_meta() for g in groups]}
+        return with_groups(replace(message, headers=headers).to_envelope(), groups).encode(), None
 
     def flush(self, accepted: Sequence[Accepted]) -> None:
         """Celery messages need nothing besides the store entry."""
@@ -198,8 +214,10 @@ class _RQWriter:
         from rq.job import JobStatus
 
         from ..rq import Queue
+        from ..rq.queue import GROUP_META
 
         self.spec = spec
+        self.group_meta = GROUP_META
         self.store = store
         self.connection = redis.Redis.from_url(spec.redis_url)
         self.queue_class = Queue
@@ -213,15 +231,21 @@ class _RQWriter:
             known = self.queues[name] = (queue, queue.envelope().encode())
         return known
 
-    def prepare(self, item_id: str, ready_ms: int, values: Sequence[Any]) -> tuple[bytes, Any]:
+    def prepare(
+        self, item_id: str, ready_ms: int, values: Sequence[Any], groups: tuple[Group, ...]
+    ) -> tuple[bytes, Any]:
         queue, envelope = self._queue(_destination(_pick(values, 2), self.spec.queue, "queue"))
+        options = dict(self.spec.job_options)
+        if groups:  # in the job's meta too: the worker holds them by it
+            options["meta"] = {**(options.get("meta") or {}), self.group_meta: [g.to_meta() for g in groups]}
+            envelope = with_groups(Envelope.decode(envelope), groups).encode()
         job = queue.create_job(
             self.spec.func,
             args=tuple(as_args(_pick(values, 0), self.spec.args_col)),  # as enqueue_at(f, *args) passes them
             kwargs=as_kwargs(_pick(values, 1), self.spec.kwargs_col),
             job_id=item_id,
             status=self.scheduled,
-            **self.spec.job_options,
+            **options,
         )
         return envelope, (queue, job)
 
@@ -269,9 +293,12 @@ class _ListWriter:
         self.spec = spec
         self.envelope = RedisListTarget.envelope
 
-    def prepare(self, item_id: str, ready_ms: int, values: Sequence[Any]) -> tuple[bytes, Any]:
+    def prepare(
+        self, item_id: str, ready_ms: int, values: Sequence[Any], groups: tuple[Group, ...]
+    ) -> tuple[bytes, Any]:
         key = _destination(_pick(values, 1), self.spec.list_key, "list key")
-        return self.envelope(key, _body(values[0], self.spec.body_col)).encode(), None
+        envelope = self.envelope(key, _body(values[0], self.spec.body_col))
+        return (with_groups(envelope, groups) if groups else envelope).encode(), None
 
     def flush(self, accepted: Sequence[Accepted]) -> None:
         """A list body needs nothing besides the store entry."""

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import redis
 
 from ..connection import on_store_server
-from ..keys import ShardKeys, key_rate_key, rate_key
+from ..keys import ShardKeys, claim_token, key_rate_key, rate_key
 from ..models import (
     Claim,
     ClaimedItem,
@@ -56,16 +55,26 @@ class Forwarding(StoreCore):
     a forwarder takes a :class:`Lease` from :meth:`lease` and settles through it.
     """
 
-    def claim(self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None) -> Claim:
+    def claim(
+        self, shard: int, *, limit: int = 200, lease_ms: int | None = None, now: int | None = None, claimer: str = ""
+    ) -> Claim:
         """Lease up to ``limit`` due items of ``shard``: ranked ones first (highest rank, then
         earliest), then the rest earliest first.
 
         ``now`` overrides the server clock (tests and the in-process testing store only).
+        ``claimer`` (a forwarder's name) is written into the claim's token (:func:`claim_token`),
+        so ``delayq why`` can say which forwarder holds an item.
         """
-        return self._run(self._claim_call(shard, limit, lease_ms, now), shard)
+        return self._run(self._claim_call(shard, limit, lease_ms, now, claimer), shard)
 
     def claim_many(
-        self, shards: Sequence[int], *, limit: int = 200, lease_ms: int | None = None, now: int | None = None
+        self,
+        shards: Sequence[int],
+        *,
+        limit: int = 200,
+        lease_ms: int | None = None,
+        now: int | None = None,
+        claimer: str = "",
     ) -> list[Claim | Exception]:
         """:meth:`claim` on each of ``shards``, in one round trip: each shard's claim, or the
         error it raised (a key of another type, the server at maxmemory), so one bad shard does
@@ -77,7 +86,7 @@ class Forwarding(StoreCore):
             redis.ConnectionError, redis.TimeoutError: the store is unreachable, not one shard.
         """
         self.check_meta()
-        calls = [self._claim_call(shard, limit, lease_ms, now)(self._keys[shard]) for shard in shards]
+        calls = [self._claim_call(shard, limit, lease_ms, now, claimer)(self._keys[shard]) for shard in shards]
         return self._run_per_shard(calls)
 
     def _run_per_shard(self, calls: Sequence[ScriptCall[R]]) -> list[R | Exception]:
@@ -91,10 +100,10 @@ class Forwarding(StoreCore):
         return self.run_each(calls, _shard_reply)
 
     def _claim_call(
-        self, shard: int, limit: int, lease_ms: int | None, now: int | None
+        self, shard: int, limit: int, lease_ms: int | None, now: int | None, claimer: str = ""
     ) -> Callable[[ShardKeys], ScriptCall[Claim]]:
         lease = self.config.lease_ms if lease_ms is None else lease_ms
-        token = secrets.token_hex(8)
+        token = claim_token(claimer)
         return lambda k: ClaimScript.call(
             k,
             shard=shard,

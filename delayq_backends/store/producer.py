@@ -9,7 +9,7 @@ from typing import Any, TypeVar, overload
 
 import redis
 
-from ..envelope import Envelope, Slot, SlotSpec, with_rate_key, with_slot
+from ..envelope import Envelope, GroupSpec, Slot, SlotSpec, with_groups, with_rate_key, with_slot
 from ..errors import BatchError, ConfigError, InvalidIdError, StoreFullError
 from ..keys import ShardKeys, collapse_id, normalize_id, shard_of
 from ..models import Cancelled, CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
@@ -63,19 +63,29 @@ def _slotted(envelope: Payload, slot: SlotSpec | None, rank: int) -> Payload:
     return with_slot(decoded, Slot.parse(slot), rank)
 
 
+def _grouped(envelope: Payload, group: GroupSpec | None) -> Payload:
+    """``envelope`` carrying ``group`` (one group or a list, see :func:`~delayq_backends.envelope.parse_groups`);
+    unchanged without one."""
+    if group is None:
+        return envelope
+    return with_groups(envelope if isinstance(envelope, Envelope) else Envelope.decode(envelope), group)
+
+
 class Producer(StoreCore):
     """Writes of the producer role (ACL role ``producer``)."""
 
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ..., slot: SlotSpec | None = ..., batch: str | None = ...,
+        rate_key: str | None = ..., slot: SlotSpec | None = ..., group: GroupSpec | None = ...,
+        batch: str | None = ...,
     ) -> str: ...  # fmt: skip
 
     @overload
     def schedule(
         self, item_id: str | bytes, when: When, envelope: Payload, *, mode: str = ..., rank: int = ...,
-        rate_key: str | None = ..., slot: SlotSpec | None = ..., batch: str | None = ..., pipeline: Any,
+        rate_key: str | None = ..., slot: SlotSpec | None = ..., group: GroupSpec | None = ...,
+        batch: str | None = ..., pipeline: Any,
     ) -> None: ...  # fmt: skip
 
     def schedule(
@@ -88,6 +98,7 @@ class Producer(StoreCore):
         rank: int = 0,
         rate_key: str | None = None,
         slot: SlotSpec | None = None,
+        group: GroupSpec | None = None,
         batch: str | None = None,
         pipeline: Any = None,
     ) -> str | None:
@@ -105,6 +116,11 @@ class Producer(StoreCore):
             slot: a concurrency slot, a key or ``{"key": ..., "limit": N}``: forwarders release
                 the item only while fewer than the key's limit of its items run (see
                 :mod:`delayq_backends.slots`). Stored in the envelope.
+            group: the item's group, or a list of up to 3 (a tenant, an endpoint; the first is
+                its line group): a key, or ``{"key": ..., "limit": N, "rate": "N/s", "weight": W,
+                "cost": C}`` (see :class:`~delayq_backends.envelope.Group`). Forwarders release
+                the item only when each of its groups admits it. ``slot`` and ``rate_key`` are
+                groups too (aliases), and count towards the 3. Stored in the envelope.
             batch: the key of an open batch (:meth:`open_batch`): the item is counted into it
                 first, and taken back out if its schedule fails. Not with ``pipeline``.
             pipeline: a caller's pipeline or MULTI/EXEC on the store's own server (not a
@@ -115,13 +131,13 @@ class Producer(StoreCore):
 
         Raises:
             InvalidTimeError, InvalidIdError, InvalidRankError, InvalidRateKeyError, InvalidSlotError,
-            PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
+            InvalidGroupError, PayloadTooLargeError, EnvelopeError: bad input; nothing was stored.
             BatchClosedError, BatchError: ``batch`` is closed, no batch, or given with ``pipeline``.
         """
         keep = _keep(mode)
         if batch is not None:  # named in the envelope: a cancel or purge of the item reports it
             envelope = with_batch(envelope, check_batch_key(batch))
-        item = self.check_item(item_id, when, _slotted(_keyed(envelope, rate_key), slot, rank), rank)
+        item = self.check_item(item_id, when, _grouped(_slotted(_keyed(envelope, rate_key), slot, rank), group), rank)
         if batch is not None:
             return self._schedule_in_batch(batch, item, keep, pipeline)
         return self._schedule_item(item, keep, pipeline)
@@ -176,7 +192,15 @@ class Producer(StoreCore):
         return _outcome(self._write(lambda keys: build(keys, item, self._wake), shard, client))
 
     def debounce(
-        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0, rate_key: str | None = None
+        self,
+        key: str,
+        when: When,
+        envelope: Payload,
+        *,
+        keep: str = "last",
+        rank: int = 0,
+        rate_key: str | None = None,
+        group: GroupSpec | None = None,
     ) -> Collapsed:
         """Schedule ``key``'s one run at ``when``; calls while it is pending move it there too,
         so it fires once, at the LAST call's time (a ``timedelta`` is the quiet window).
@@ -190,22 +214,30 @@ class Producer(StoreCore):
             envelope: what this call would deliver.
             keep: ``"last"`` (default): the run delivers the latest call's envelope and rank;
                 ``"first"``: the envelope of the call that started the run.
-            rank, rate_key: as in :meth:`schedule`.
+            rank, rate_key, group: as in :meth:`schedule`.
 
         Raises:
             ConfigError: ``keep`` is not "first" or "last". InvalidIdError, InvalidTimeError,
-            InvalidRankError, InvalidRateKeyError, PayloadTooLargeError, EnvelopeError: bad
-            input; nothing was stored.
+            InvalidRankError, InvalidRateKeyError, InvalidGroupError, PayloadTooLargeError,
+            EnvelopeError: bad input; nothing was stored.
         """
-        return self._collapse("debounce", key, when, _keyed(envelope, rate_key), keep, rank)
+        return self._collapse("debounce", key, when, _grouped(_keyed(envelope, rate_key), group), keep, rank)
 
     def throttle(
-        self, key: str, when: When, envelope: Payload, *, keep: str = "last", rank: int = 0, rate_key: str | None = None
+        self,
+        key: str,
+        when: When,
+        envelope: Payload,
+        *,
+        keep: str = "last",
+        rank: int = 0,
+        rate_key: str | None = None,
+        group: GroupSpec | None = None,
     ) -> Collapsed:
         """Schedule ``key``'s one run at ``when`` unless one is pending: then the call joins it,
         and the run keeps the FIRST call's time. Same arguments as :meth:`debounce`; the item
         is ``"throttle:<key>"``, so a key's debounce and throttle are separate runs."""
-        return self._collapse("throttle", key, when, _keyed(envelope, rate_key), keep, rank)
+        return self._collapse("throttle", key, when, _grouped(_keyed(envelope, rate_key), group), keep, rank)
 
     def _collapse(self, mode: str, key: str, when: When, envelope: Payload, keep: str, rank: int) -> Collapsed:
         if keep not in KEEP:

@@ -15,11 +15,12 @@ import redis
 
 from ..errors import ConfigError
 from ..keys import MAX_RANK, PARKED_MS, RANK_SPAN, collapsed_key, normalize_id, shard_of
-from ..models import DeadLetter, ScheduledItem, ShardStats
+from ..models import DeadLetter, ScheduledItem, ShardStats, Why
 from ..scripts.store import Purge, Requeue
 from ..timeutil import When, score_ms, to_ms
 from .base import StoreCore
 from .batches import fail_in_batches
+from .why import ItemRead, group_state, held_by, item_state, read_groups
 
 __all__ = ["DEAD_CHUNK", "Reader"]
 
@@ -62,6 +63,44 @@ class Reader(StoreCore):
             awaiting_start=_awaiting(lease),
             parked=_parked(score, why),
         )
+
+    def why(self, item_id: str | bytes) -> Why:
+        """Why ``item_id`` is where it is, in one line and as details (:class:`~..models.Why`):
+        not due yet, due, leased by a forwarder, awaiting its worker's start, held by flow
+        control, held by one of its groups (paused, throttled, at its limit, over its rate, in
+        line), parked, dead, or unknown. Reads only: one round trip for the item, one or two more
+        when its groups hold it back (:mod:`.why`).
+
+        Raises:
+            InvalidIdError: ``item_id`` cannot be an id.
+        """
+        self.check_meta(record=False)
+        item_id = normalize_id(item_id)
+        k = self._keys[self.shard_of(item_id)]
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.zscore(k.due, item_id)
+            pipe.hget(k.items, item_id)
+            pipe.hget(k.leased, item_id)
+            pipe.hget(k.parked_why, item_id)
+            pipe.zscore(k.parked, item_id)
+            pipe.zscore(k.dead, item_id)
+            pipe.hget(k.dead_info, item_id)
+            score, envelope, lease, why, recheck, died, info = pipe.execute(raise_on_error=False)
+        _raise_first([score, envelope, lease, died])
+        read = ItemRead(
+            item_id,
+            score,
+            envelope,
+            lease,
+            why,
+            None if isinstance(recheck, Exception) else recheck,
+            died,
+            {} if isinstance(info, Exception) else _parse_dead_info(info),
+        )
+        now = self.clock()
+        found = item_state(read, now)
+        groups = held_by(found, envelope)
+        return group_state(found, read_groups(self, item_id, groups, now), now) if groups else found
 
     def scan(self, *, batch: int = 1000) -> Iterator[ScheduledItem]:
         """Every scheduled item, shard by shard, in no particular order (``ZSCAN``).

@@ -20,12 +20,13 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 from pydantic.json_schema import SkipJsonSchema
 
 from ..audit import FORWARDED, stream_record
-from ..entries import around_bad_shards, dead_entry, iso, item_entry, listed_at, stats_entry
+from ..entries import around_bad_shards, dead_entry, iso, item_entry, listed_at, stats_entry, why_entry
 from ..errors import DelayqError
 from ..keys import normalize_id
-from ..models import CancelOutcome, RescheduleOutcome, ShardStats
+from ..models import WHY_STATES, CancelOutcome, RescheduleOutcome, ShardStats
 from ..percentile import percentile
 from ..store import DelayStore, SlotKeyList
+from ..store.groupboard import GroupKeyList
 from ..store.keylist import KeyList
 from ..timeutil import to_ms
 from .guard import API_PREFIX
@@ -58,6 +59,8 @@ class Services:
     slot_keys: SlotKeyList
     #: the batch keys, listed again every few seconds (:mod:`.batches`)
     batch_keys: KeyList
+    #: the groups in use, listed again every few seconds (:mod:`.groups`)
+    group_keys: GroupKeyList
 
 
 class UnreadableData(DelayqError):
@@ -296,6 +299,31 @@ class ItemOut(BaseModel):
     )
 
 
+class WhyOut(BaseModel):
+    """Why an item is where it is (``delayq why``): its state, the answer in one line, and the
+    details its state has (null where it has none)."""
+
+    id: str
+    state: Literal[WHY_STATES] = Field(  # type: ignore[valid-type]
+        description="unknown, dead, scheduled (not due yet), due, leased (a forwarder holds it), awaiting_start "
+        "(lossless mode), flow (held by flow control), group_paused, group_throttled, group_limit, group_rate, "
+        "group_line (behind other items of its group), parked."
+    )
+    line: str = Field(description="The answer in one line, as `delayq why` prints it.")
+    until: str | None = Field(description="When the state ends or is looked at again, when known.")
+    since: str | None = Field(description="When the state began, when known (a dead letter's death).")
+    ready: str | None = Field(description="The item's own ready time.")
+    attempts: int | None = Field(description="A dead letter's delivery attempts.")
+    group: str | None = Field(description="The group that holds it back.")
+    running: int | None = Field(description="Items holding that group's slots.")
+    running_ids: list[str] = Field(description="The first of their ids.")
+    limit: int | None = Field(description="The group's limit as applied (null: none).")
+    ahead: int | None = Field(description="Items before it in its group's line.")
+    queue: str | None = Field(description="Its destination queue (what flow control holds).")
+    forwarder: str | None = Field(description="The forwarder holding its lease, when its claim names one.")
+    reason: str | None = Field(description="A parked item's reason, a dead letter's error, a group's pauser.")
+
+
 class ItemsOut(BaseModel):
     items: list[ItemOut]
     problems: list[str] = Field(default_factory=list, description="Shards that could not be read, and why.")
@@ -527,6 +555,13 @@ QueryId = Annotated[str, Query(alias="id", min_length=1, max_length=200, descrip
 @router.get("/item", response_model=ItemOut, responses=NOT_FOUND, summary="One scheduled item, by ?id=")
 def get_item_by_query(item_id: QueryId, svc: Svc) -> ItemOut:
     return _item(svc, item_id)
+
+
+@router.get("/item/why", response_model=WhyOut, summary="Why an item is where it is, by ?id=")
+def why_item(item_id: QueryId, svc: Svc) -> WhyOut:
+    """Answers for every id (200): an id the store does not hold has state ``unknown``."""
+    with reading(f"item {item_id!r}"):
+        return WhyOut(**why_entry(svc.store.why(item_id)))
 
 
 @router.delete("/item", response_model=CancelledOut, responses=IN_FLIGHT, summary="Cancel an item, by ?id=")

@@ -85,6 +85,16 @@ def make_app(
 
     @app.task(bind=True, shared=False, name="dqt.record")
     def record_task(self: Any, tag: str, *args: Any, **kwargs: Any) -> str:
+        group = getattr(self.request, "delayq_group", None)  # what the worker holds its groups by
+        record(self.request, tag, **({} if group is None else {"group": group}))
+        return tag
+
+    @app.task(bind=True, shared=False, name="dqt.throttles")
+    def throttles(self: Any, tag: str, group: str, seconds: float) -> str:
+        # one of the task's groups told "429": throttled from inside the task, with its token
+        from delayq_backends.celery import throttle
+
+        throttle(group, retry_after=seconds)
         record(self.request, tag)
         return tag
 

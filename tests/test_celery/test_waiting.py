@@ -50,6 +50,12 @@ def test_list_and_get_show_the_task_as_sent(celery_env: CeleryEnv, app: Celery) 
     missing = delayq_cli(celery_env, "get", "no-such-task")
     assert missing.returncode == 1 and "not waiting" in missing.stderr
 
+    why = delayq_cli(celery_env, "why", sent.id)
+    assert why.returncode == 0 and why.stdout == f"{sent.id}: {store_for(app).why(sent.id).line}\n", why
+    assert why.stdout.startswith(f"{sent.id}: not due until ")
+    assert json.loads(delayq_cli(celery_env, "why", sent.id, "--json").stdout)["state"] == "scheduled"
+    assert delayq_cli(celery_env, "why", "no-such-task").returncode == 1
+
 
 def test_list_and_get_show_a_periodic_entry_as_its_next_run(celery_env: CeleryEnv) -> None:
     # a prefix of its own: the env's forwarder syncs its (empty) beat_schedule at start, which

@@ -28,6 +28,8 @@ def record(tag: Any, *, times: int = 1) -> str:
     job = get_current_job()
     assert job is not None
     entry = {"id": job.id, "tag": tag, "at": time.time()}
+    if "delayq_group" in job.meta:  # what the worker holds the job's groups by
+        entry["group"] = job.meta["delayq_group"]
     if "delayq_periodic" in job.meta:  # a periodic entry's run: its entry, period, kind, and when it was sent
         entry["periodic"] = job.meta["delayq_periodic"]
         sent = job.enqueued_at
@@ -44,6 +46,14 @@ def hold(tag: Any, seconds: float) -> None:
     time.sleep(seconds)
     entry = {"id": job.id, "tag": tag, "at": began, "ended": time.time()}
     job.connection.rpush(runs_key(job.origin), json.dumps(entry))
+
+
+def throttles(tag: Any, group: str, seconds: float) -> None:
+    """Throttle ``group`` (one of this job's) for ``seconds``, as a job told "429" would; record the run."""
+    from delayq_backends.rq import throttle
+
+    throttle(group, retry_after=seconds)
+    record(tag)
 
 
 def started(tag: Any, seconds: float) -> None:

@@ -39,7 +39,7 @@ def data_routes(app: FastAPI) -> list[tuple[str, str]]:
         (
             method.upper(),
             path.replace("{item_id}", "some-id").replace("{name}", "some-name")
-            + ("?id=some-id" if path.endswith(("/item", "/reschedule")) else ""),
+            + ("?id=some-id" if path.endswith(("/item", "/reschedule", "/why")) else ""),
         )
         for path, operations in schema["paths"].items()
         for method in operations
@@ -48,8 +48,8 @@ def data_routes(app: FastAPI) -> list[tuple[str, str]]:
 
 def test_the_schema_lists_every_route(app: FastAPI) -> None:
     assert (
-        len(data_routes(app)) == 32
-    )  # the periodic entry actions and history joined the batches, slots, items, dead letters, producers
+        len(data_routes(app)) == 42
+    )  # the groups joined the periodic entry actions and history, batches, slots, items, dead letters, producers; why
     assert app.openapi()["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     text = json.dumps(app.openapi())
     assert '"ge"' not in text and '"le"' not in text, "every bound is a JSON Schema minimum/maximum"
@@ -106,6 +106,27 @@ def test_get_cancel_reschedule_by_id(client: TestClient, web_store: DelayStore) 
     for method, path in [("GET", ""), ("DELETE", ""), ("POST", "/reschedule")]:
         gone = client.request(method, f"/api/v1/items/a%2Fb%20c{path}", headers=AUTH, json={"countdown": 1})
         assert gone.status_code == 404 and "a/b c" in gone.json()["detail"]
+
+
+def test_why_answers_for_every_id(client: TestClient, web_store: DelayStore) -> None:
+    """The same answer as ``Reader.why``, as JSON; an id the store lacks is an answer too, and
+    ids a path would split (``a/b``, ``..``) reach it by ``?id=``."""
+    web_store.schedule("a/b", 2_000_000_000, ITEM)
+    bury(web_store, [".."])
+    later = client.get("/api/v1/item/why", params={"id": "a/b"}, headers=AUTH)
+    assert later.status_code == 200, later.text
+    assert later.json() | {"running_ids": []} == {
+        "id": "a/b", "state": "scheduled", "line": "not due until 2033-05-18T03:33:20.000Z",
+        "until": "2033-05-18T03:33:20.000Z", "since": None, "ready": "2033-05-18T03:33:20.000Z", "attempts": None,
+        "group": None, "running": None, "running_ids": [], "limit": None, "ahead": None, "queue": "somewhere",
+        "forwarder": None, "reason": None,
+    }  # fmt: skip
+    dead = client.get("/api/v1/item/why", params={"id": ".."}, headers=AUTH).json()
+    assert (dead["state"], dead["reason"], dead["attempts"]) == ("dead", "broken on purpose", 1)
+    unknown = client.get("/api/v1/item/why", params={"id": "nope"}, headers=AUTH)
+    assert unknown.status_code == 200 and unknown.json()["state"] == "unknown"
+    bad = client.get("/api/v1/item/why", params={"id": "bad\u202eid"}, headers=AUTH)
+    assert bad.status_code == 400 and "U+202E" in bad.json()["detail"]
 
 
 def test_stats_due_and_listing(client: TestClient, web_store: DelayStore) -> None:

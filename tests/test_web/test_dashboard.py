@@ -21,8 +21,10 @@ from delayq_backends import DelayStore
 from delayq_backends.audit import FORWARDED, AuditRecord, RedisStreamAudit
 from delayq_backends.celery.periodic import sync
 from delayq_backends.envelope import Envelope
+from delayq_backends.forwarder import Forwarder
 from delayq_backends.periodic.ops import EntryStatus, item_id, statuses
 from delayq_backends.store import SlotAsk
+from delayq_backends.testing import CollectingTarget
 from tests.helpers import wait_for
 from tests.test_web.conftest import ARTIFACTS, ROOT, TOKEN
 from tests.test_web.test_api import bury
@@ -115,7 +117,7 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     expect(page.locator("#dead tbody tr")).to_have_count(3)
     expect(page.locator("#chart svg rect.bar").first).to_be_visible()
     expect(page.locator("#lateness")).to_contain_text("p95")
-    expect(page.locator("#slots tbody tr").first).to_contain_text("3 / 3")
+    expect(page.locator("#groups tbody tr").first).to_contain_text("3 / 3")
     expect(page.locator("#batches tbody tr").first).to_contain_text("7 / 12")
     expect(page.locator("#batches-summary")).to_have_text("(1 open · 0 closed · 1 completed)")
     rows = page.locator("#periodic tbody tr")
@@ -187,3 +189,45 @@ def test_the_page_refreshes_live(page: Any, dashboard_factory: Callable[..., Any
     for _ in range(3):
         web_store.debounce("user-7", timedelta(hours=1), Envelope("list", "k", b""))
     expect(page.locator("#upcoming")).to_contain_text("debounced: 3 calls, key user-7")
+
+
+def test_the_item_view_says_why_an_item_waits(
+    page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore
+) -> None:
+    """An item of a group at its limit (released by a real forwarder), one not due yet and a dead
+    letter: the item view answers each as ``delayq why`` does."""
+    start = datetime.now(timezone.utc) - timedelta(seconds=30)
+    for n in range(3):
+        web_store.schedule(
+            f"t7-{n}",
+            start + timedelta(milliseconds=n),
+            Envelope("list", "out", b""),
+            slot={"key": "tenant-7", "limit": 1},
+        )
+    Forwarder(web_store, [CollectingTarget("list")]).run_once()
+    web_store.schedule("invoice-42", timedelta(minutes=30), Envelope("rq", "billing", b""))
+    bury(web_store, ["dead-a"])
+    dashboard = dashboard_factory()
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(dashboard.base + "/")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+    for found, words in (
+        ("t7-2", "waiting for group tenant-7 (1 of 1 running: t7-0)"),
+        ("invoice-42", "not due until"),
+    ):
+        page.fill("#search-id", found)
+        page.click("#search button")
+        expect(page.locator("#item-details")).to_contain_text(f"id{found}")
+        expect(page.locator("#item-why")).to_have_text(web_store.why(found).line)
+        expect(page.locator("#item-why")).to_contain_text(words)
+    page.fill("#search-id", "dead-a")
+    page.click("#search button")
+    expect(page.locator("#search-result")).to_contain_text("no item 'dead-a' is scheduled")
+    expect(page.locator("#item-why")).to_have_text(web_store.why("dead-a").line)
+    expect(page.locator("#item-why")).to_contain_text("dead since")
+    page.fill("#search-id", "no-such-id")
+    page.click("#search button")
+    expect(page.locator("#search-result")).to_contain_text("no item 'no-such-id' is scheduled")
+    expect(page.locator("#item-why")).to_have_count(0)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-why.png"), full_page=True)
