@@ -20,6 +20,8 @@ from .errors import InvalidIdError
 __all__ = [
     "SLOT_KEYS",
     "BALANCED_MAX_SHARDS",
+    "GROUP_REASON",
+    "RELEASED_BIAS_MS",
     "COLLAPSE_MODES",
     "LAYOUT",
     "MAX_ID_BYTES",
@@ -31,6 +33,9 @@ __all__ = [
     "batch_item_id",
     "collapse_id",
     "collapsed_key",
+    "group_policy_key",
+    "group_reason",
+    "group_wake_channel",
     "key_rate_key",
     "meta_key",
     "normalize_id",
@@ -65,6 +70,20 @@ RANK_SPAN = 2**44
 #: parked item is told from a paused one, and any release's claim, the oldest included, skips it.
 #: Must match PARKED_MS in ``scripts/includes/parking.lua``.
 PARKED_MS = 253_402_300_798_999
+
+
+#: How far ahead of every other item a group's line puts the items it releases: their ``due``
+#: score is their ready time minus this (2^43 ms, 279 years), so the claim takes them first
+#: while the leased entry keeps the true ready time. Must match ``includes/glines.lua``.
+RELEASED_BIAS_MS = 2**43
+
+#: The kind of a parked item's reason when it waits in its group's line: ``group:<key>``.
+GROUP_REASON = "group"
+
+
+def group_reason(key: str) -> str:
+    """The ``parked_why`` of an item waiting in group ``key``'s line."""
+    return f"{GROUP_REASON}:{key}"
 
 
 #: Unicode categories an id may not hold: controls (C0, DEL, C1), format characters (bidi
@@ -170,6 +189,13 @@ def wake_channel(prefix: str) -> str:
     return f"{prefix}:wake"
 
 
+def group_wake_channel(prefix: str) -> str:
+    """Pub/sub channel on which a worker's end report names its group: a hint that the group has
+    room again, so forwarders look at its lines at once (the message is a group key, never trusted
+    beyond that)."""
+    return f"{prefix}:groups:wake"
+
+
 def periodic_key(prefix: str) -> str:
     """HASH of the periodic entries synced into the store (entry name → item id), so a sync
     finds the entries gone from the config without scanning the store."""
@@ -251,6 +277,12 @@ def slot_reports_key(prefix: str, key: str) -> str:
     read or delete another's), checked against :func:`slot_tokens_key` and folded into the holds
     by the forwarders' next take."""
     return _slot(prefix, key, "reports")
+
+
+def group_policy_key(prefix: str, key: str) -> str:
+    """HASH of group ``key``'s policy (``limit``, ``rate``, ``weight``, ``paused``,
+    ``throttled_until``, ``throttled_by``), in the group's tag: a group is a slot key."""
+    return _slot(prefix, key, "policy")
 
 
 #: A slot key's keys, in ``slot_take.lua``'s KEYS order.
@@ -362,6 +394,20 @@ class ShardKeys:
         must know to release it; read by the re-check, shown in listings."""
         return self._key("parked_why")
 
+    def gline(self, group: str) -> str:
+        """ZSET id -> order (``(255 - rank) * 2^44 + ready ms``, as ``ranked``): the shard's line of
+        group ``group``, the items that wait for the group to take them (parked, reason
+        ``group:<group>``). Producers add to it; forwarders release its heads (group_release.lua).
+        Not in :meth:`all`: a key per group."""
+        return self._key(f"gline:{group}")
+
+    @cached_property
+    def gready(self) -> str:
+        """ZSET group -> ms at which the group's line in this shard may next release: its head's
+        ready time, the time its rate or throttle allows, or a second ahead while it is at its
+        limit or paused (looked at again then by any forwarder, sooner on a wake)."""
+        return self._key("gready")
+
     def started(self, item_id: str, run: int) -> str:
         """STRING written (SET NX PX) when a worker starts run ``run`` of ``item_id``: the
         worker-side dedupe record. Per run, so a retry (same id, next run) is not a duplicate;
@@ -407,7 +453,7 @@ class ShardKeys:
         """Every key of the shard (each script names the ones it takes: scripts/store.py)."""
         return [
             self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked,
-            self.parked, self.parked_why,
+            self.parked, self.parked_why, self.gready,
         ]  # fmt: skip
 
     def periodic_history(self, name: str) -> str:

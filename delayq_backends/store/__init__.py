@@ -3,8 +3,8 @@
 One API per role, as the ACL roles are: :class:`Producer` (schedule, reschedule, cancel),
 :class:`Forwarding` (claim under a :class:`Lease`, then ack, release, defer, fail, extend) and
 :class:`Reader` (get, list, stats, histogram, dead letters); :class:`Starts` (workers' start records);
-:class:`Slots` (concurrency slots); :class:`Batches` (batches of sub-jobs).
-:class:`DelayStore` is all six.
+:class:`Slots` (concurrency slots) and :class:`GroupLines` (the groups' lines, issue 31);
+:class:`Batches` (batches of sub-jobs). :class:`DelayStore` is all seven.
 See ``docs/architecture.md`` for the key layout and the lease protocol.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .base import Payload, StoreCore, check_rank
 from .batches import BATCH_TTL_MS, MAX_FAILED_IDS, Batches
+from .glines import GroupLines
 from .lease import Forwarding, Lease
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
@@ -44,6 +45,7 @@ __all__ = [
     "NOT_A_STRING",
     "DelayStore",
     "Forwarding",
+    "GroupLines",
     "Lease",
     "Payload",
     "Producer",
@@ -60,7 +62,7 @@ __all__ = [
 ]
 
 
-class DelayStore(Producer, Forwarding, Reader, Starts, Slots, Batches):
+class DelayStore(Producer, Forwarding, Reader, Starts, GroupLines, Batches):
     """Schedule, claim and acknowledge delayed items: every role's API on one client.
 
     Built like each role alone (see :class:`~.base.StoreCore` for the arguments); users' code

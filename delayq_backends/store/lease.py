@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from ..connection import on_store_server
-from ..keys import ShardKeys, key_rate_key, rate_key
+from ..keys import GROUP_REASON, ShardKeys, key_rate_key, rate_key
 from ..models import (
     Claim,
     ClaimedItem,
@@ -44,6 +44,7 @@ from ..scripts.store import (
 )
 from ..timeutil import When, score_ms
 from .base import Payload, R, StoreCore, full_store_said_plainly
+from .glines import LINE_RECHECK_MS
 from .starts import is_start_record
 
 __all__ = ["Forwarding", "Lease"]
@@ -191,14 +192,37 @@ class Forwarding(StoreCore):
         ids = [i for i in entries if isinstance(i, bytes)]  # the store's clients never decode
         if not ids:
             return ParkedCounts()
-        reasons = self.client.hmget(k.parked_why, ids)
-        go = [releasable(r.decode("utf-8", "replace") if isinstance(r, bytes) else None) for r in reasons]
-        release = [i for i, ok in zip(ids, go) if ok]
-        keep = [i for i, ok in zip(ids, go) if not ok]
+        reasons = [r.decode("utf-8", "replace") if isinstance(r, bytes) else None for r in self.client.hmget(k.parked_why, ids)]
+        in_line = self._in_lines(k, ids, reasons)
+        release = [i for i, why in zip(ids, reasons) if i not in in_line and releasable(why)]
+        keep = [i for i, why in zip(ids, reasons) if i not in in_line and not releasable(why)]
         wake = self._wake
-        return self._run(
+        counts = self._run(
             lambda keys: Unpark.call(keys, release, keep, later_ms=later_ms, now=self.script_now(now), wake=wake), shard
         )
+        if not in_line:
+            return counts
+        lined = self._run(
+            lambda keys: Unpark.call(
+                keys, [], sorted(in_line), later_ms=at + LINE_RECHECK_MS, now=self.script_now(now), wake=wake
+            ),
+            shard,
+        )
+        return ParkedCounts(counts.released, counts.kept + lined.kept, counts.stale + lined.stale)
+
+    def _in_lines(self, k: ShardKeys, ids: Sequence[bytes], reasons: Sequence[str | None]) -> set[bytes]:
+        """The ``ids`` parked for a group (reason ``group:<key>``) that wait in its line: they stay
+        parked until their group releases them; one parked for a group but in no line (its line
+        lost to a hand write) is released, and its claim puts it back in line."""
+        grouped = [(i, k.gline(why.partition(":")[2])) for i, why in zip(ids, reasons)
+                   if why and why.partition(":")[0] == GROUP_REASON]  # fmt: skip
+        if not grouped:
+            return set()
+        with self.client.pipeline(transaction=False) as pipe:
+            for i, line in grouped:
+                pipe.zscore(line, i)
+            found = pipe.execute(raise_on_error=False)
+        return {i for (i, _), score in zip(grouped, found) if isinstance(score, float)}
 
     def keep(self, claim: Claim, windows: Mapping[str, int], *, now: int | None = None, pipeline: Any = None) -> int:
         """Lossless mode's ack: keep published items of ``claim`` (id -> window ms) until a
@@ -333,21 +357,32 @@ class Forwarding(StoreCore):
         replies = self.run_each(calls)
         return dict(zip(wanted, replies))
 
-    def heads(self) -> list[int | None]:
-        """Each shard's earliest score (ready time, or lease deadline), None when empty.
+    def heads(self, *, lines: list[int | None] | None = None) -> list[int | None]:
+        """Each shard's earliest score (ready time, or lease deadline, or the time a group's line
+        may next release: ``gready``), None when empty.
 
         A shard whose index cannot be read (a key of ours holding another type, say) reads as
-        due at 0, so a forwarder tries it and reports the error, while the other shards go on.
+        due at 0, so a forwarder tries it and reports the error, while the other shards go on;
+        a ``gready`` of another type reads as empty (the parked re-check looks at its lines' items).
+        ``lines``, when given, is filled with each shard's ``gready`` head alone.
         """
         self.check_meta(record=False)
         with self.client.pipeline(transaction=False) as pipe:
             for k in self._keys:
                 pipe.zrange(k.due, 0, 0, withscores=True)
+                pipe.zrange(k.gready, 0, 0, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
                 raise reply  # an outage, not one bad shard: the caller backs off
-        return [0 if isinstance(r, Exception) else score_ms(r[0][1]) if r else None for r in replies]
+        heads: list[int | None] = []
+        for due, group in zip(replies[::2], replies[1::2]):
+            head = 0 if isinstance(due, Exception) else score_ms(due[0][1]) if due else None
+            line = score_ms(group[0][1]) if isinstance(group, list) and group else None
+            if lines is not None:
+                lines.append(line)
+            heads.append(line if head is None else head if line is None else min(head, line))
+        return heads
 
     def subscribe_wake(self) -> Any:
         """A pub/sub connection subscribed to the wake channel: scripts publish there when a

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from redis.exceptions import RedisError, ResponseError
 
 from ..envelope import MAX_SLOT_LIMIT, Slot
-from ..keys import SLOT_KEYS, slot_holds_key, slot_limit_key, slot_reports_key, slot_tokens_key, slot_waiting_key
+from ..keys import SLOT_KEYS, group_wake_channel, slot_holds_key, slot_limit_key, slot_reports_key, slot_tokens_key, slot_waiting_key
 from ..models import SlotBoard, SlotGrant, SlotStatus
 from ..scripts.store import Promote, SlotEnd, SlotTake
 from .base import StoreCore
@@ -115,6 +115,7 @@ class Slots(StoreCore):
         wait_ms: int,
         now: int | None = None,
         mode: str = "take",
+        minted: bool | None = None,
     ) -> dict[str, SlotGrant | Exception]:
         """Take slots for the items of each key of ``asks``, in one round trip; each key's
         grant, or the error its keys raised. ``mode`` "join": the items only take their places in
@@ -124,12 +125,16 @@ class Slots(StoreCore):
         order): its worker reports the item's start, beats and end with it, and no other report
         counts. A periodic run's overlap modes take tokenless holds (any report ends them).
         The items a free slot waits for that did not ask (``SlotGrant.heads``) are brought
-        forward (:meth:`_bring_forward`): ends read here reach the head of the line within a pass."""
+        forward (:meth:`_bring_forward`): ends read here reach the head of the line within a pass.
+        ``minted``: whether granted holds get tokens in another mode than "take" (a group's
+        admission takes its slots in mode "skip": under the limit, or refused, with no place kept
+        in the slot keys' line, whose place is the group's line)."""
         at = self.script_now(now)
-        calls, minted = [], {}
+        calls, tokens_of = [], {}
+        mint = mode == "take" if minted is None else minted
         for key, a in asks.items():
-            tokens = tuple(secrets.token_hex(16) if mode == "take" else "" for _ in a.asking)
-            minted[key] = tokens
+            tokens = tuple(secrets.token_hex(16) if mint else "" for _ in a.asking)
+            tokens_of[key] = tokens
             asking = [(m, order, t) for (m, order), t in zip(a.asking, tokens)]
             keys = self.slot_keys(key)
             calls.append(
@@ -140,7 +145,7 @@ class Slots(StoreCore):
         replies = self.run_each(calls)
         self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r.heads), at)
         return {
-            key: reply if isinstance(reply, Exception) else replace(reply, tokens=minted[key])
+            key: reply if isinstance(reply, Exception) else replace(reply, tokens=tokens_of[key])
             for key, reply in zip(asks, replies)
         }
 
@@ -149,8 +154,8 @@ class Slots(StoreCore):
     ) -> dict[str, Exception | None]:
         """A worker reports its runs' holds, per slot key, in one round trip: "start" and "beat"
         hold each ``hold_ms`` from now (capped at :data:`MAX_HOLD_MS`), "end" gives it back and
-        brings forward the items at the head of the key's line, so a forwarder takes the free
-        slot within a pass. Per key, None or the error its report met.
+        brings forward the items at the head of the key's line and names the key on the groups'
+        wake channel, so a forwarder takes the free slot within a pass. Per key, None or the error its report met.
 
         A report is one HSET of a random field: the next take checks it against the hold's
         token, so a report that is not the hold's (another worker's member, a forged one)
@@ -166,6 +171,9 @@ class Slots(StoreCore):
                     for run in holds[key]
                 ]
                 pipe.hset(slot_reports_key(self.config.prefix, key), items=[v for pair in fields for v in pair])
+            if mode == "end":  # a hint: forwarders look at these groups' lines at once
+                for key in keys:
+                    pipe.publish(group_wake_channel(self.config.prefix), key)
             replies = pipe.execute(raise_on_error=False)
         answers = {key: reply if isinstance(reply, Exception) else None for key, reply in zip(keys, replies)}
         if mode == "end":
@@ -272,6 +280,7 @@ class Slots(StoreCore):
         :data:`STATUS_CHUNK` keys, so a dashboard or a scrape of many keys costs few round trips."""
         now = self.clock()
         found: list[SlotStatus] = []
+        per_key = 3 + len(self._keys)
         for start in range(0, len(keys), STATUS_CHUNK):
             chunk = keys[start : start + STATUS_CHUNK]
             with self.client.pipeline(transaction=False) as pipe:
@@ -280,8 +289,13 @@ class Slots(StoreCore):
                     pipe.get(limit_key)
                     pipe.zcount(holds, f"({now}", "+inf")
                     pipe.zcard(waiting)
+                    for k in self._keys:  # the key's group lines, where its items wait (issue 31)
+                        pipe.zcard(k.gline(key))
                 replies = pipe.execute(raise_on_error=False)
-            found += (_status(key, *replies[3 * i : 3 * i + 3]) for i, key in enumerate(chunk))
+            for i, key in enumerate(chunk):
+                limit, running, waiting, *lines = replies[per_key * i : per_key * (i + 1)]
+                _raise_unless_plain(limit, running, waiting, *lines)
+                found.append(_status(key, limit, running, _count(waiting) + sum(map(_count, lines))))
         return found
 
     def slot_board(self, keys: Sequence[str], *, offset: int = 0, limit: int | None = None) -> SlotBoard:
@@ -311,20 +325,24 @@ def _glob_escaped(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
-def _status(key: str, raw_limit: object, running: object, waiting: object) -> SlotStatus:
-    """A key's status from its three replies; garbage (another type, a limit not a number) reads
-    as no limit and none running or waiting, as the slot scripts treat it.
+def _raise_unless_plain(*replies: object) -> None:
+    """Raise a reply that is no plain error of a key's value (a refused permission, a lost
+    connection): an ACL that hides the limit must not read as "no limit".
 
     Raises:
-        RedisError: a reply that is no plain error of the key's value (a refused permission, a
-            lost connection): an ACL that hides the limit must not read as "no limit".
+        RedisError: that reply.
     """
-    for reply in (raw_limit, running, waiting):
+    for reply in replies:
         if isinstance(reply, Exception) and type(reply) is not ResponseError:
             raise reply
+
+
+def _status(key: str, raw_limit: object, running: object, waiting: int) -> SlotStatus:
+    """A key's status from its replies (``waiting`` counted); garbage (another type, a limit not
+    a number) reads as no limit and none running, as the slot scripts treat it."""
     text = raw_limit.decode("ascii", "replace") if isinstance(raw_limit, bytes) else ""
     limit = int(text) if text.isdigit() and 1 <= int(text) <= MAX_SLOT_LIMIT else None
-    return SlotStatus(key, limit, _count(running), _count(waiting))
+    return SlotStatus(key, limit, _count(running), waiting)
 
 
 def _count(reply: object) -> int:

@@ -1,0 +1,331 @@
+"""Groups in the pass (issue 31): the release step that fills the due index from the groups'
+lines, and the hook that admits each released item.
+
+Waiting costs nothing: a grouped item waits parked in its shard's line of its group
+(:mod:`delayq_backends.store.glines`), and a claim reads it only once its group released it.
+
+- :class:`ReleaseStep` runs first in a pass, on the shards whose ``gready`` came: the groups
+  due there (one round trip), their room (one: free slots from the groups' keys, weights), the
+  line heads that may take a group's few free slots, earliest first across the shards (one,
+  only for groups at a limit), then one ``group_release.lua`` call per shard (one round trip)
+  that puts up to each group's allowance of line heads in the due index ahead of every other
+  item. The allowances share each shard's batch by weight (deficit round robin, deficits kept
+  here; the items of no group are one more group of weight 1), so a group's backlog delays
+  another's items by at most a pass.
+- :class:`GroupHook` admits each released item just before its publish (``slot_take.lua``, one
+  call per group, one round trip): a refusal (another forwarder took the room first) puts the
+  item back in its line (``group_park.lua``), never back in the due index.
+
+A worker's end report names its group on the groups' wake channel; a forwarder that hears it
+makes that group's lines due now in every shard (at most :data:`WAKES_PER_PASS` groups a pass),
+so a slot given back is taken within a pass. A group at its limit is looked at again every
+:data:`.slots.RECHECK_MS` anyway: a slot freed with no end report (a hold that lapsed, a
+forwarder killed after its release) idles at most that long.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..envelope import slot_of
+from ..flow import Admission
+from ..models import Claim, LineRelease, SlotGrant
+from ..scripts.store import LineItem
+from ..store import WAIT_MS, DelayStore, SlotAsk, slot_member
+from ..store.glines import LINE_RECHECK_MS, GroupRoom
+from ..targets import Delivery, RunTarget, Target
+from . import slots
+from .clock import Clock
+from .hooks import PassHook
+from .records import Published, Verdict
+from .stats import ForwarderStats
+
+__all__ = ["MAX_HEADS", "WAKES_PER_PASS", "GroupHook", "ReleaseStep"]
+
+log = logging.getLogger("delayq.forwarder")
+
+#: Most groups whose wake-ups one pass applies (the rest at the next): anyone allowed to publish
+#: on the channel could otherwise make a forwarder write without end.
+WAKES_PER_PASS = 100
+#: Line heads read per group at a limit to share its free slots across the shards, at most.
+MAX_HEADS = 100
+_NOTHING = Verdict()
+
+
+@dataclass
+class _Asking:
+    """One group's deliveries of a publish call: the highest limit they carry, and each with
+    its member and the line item it goes back as if refused."""
+
+    limit: int = 0
+    items: list[tuple[Delivery, str, LineItem]] = field(default_factory=list)
+
+
+class GroupHook(PassHook):
+    """Admission: a released item whose group has no room left goes back to its group's line;
+    other groups and items of no group are not held up.
+
+    ``admits`` turns on at the first claim holding a grouped item, so a store without groups
+    keeps publishing all claims of a pass in one call.
+    """
+
+    def __init__(
+        self, store: DelayStore, targets: Mapping[str, Target], start_window_ms: int, stats: ForwarderStats
+    ) -> None:
+        self.store = store
+        self.start_window_ms = start_window_ms
+        self.stats = stats
+        self.run_targets = {kind: t for kind, t in targets.items() if isinstance(t, RunTarget)}
+        self.admits = False
+        #: the keys this forwarder took slots of that were still held at its last look
+        self.holding: set[str] = set()
+        #: the limit each group's items carried at its last admission (0: none): the release
+        #: step's room where no runtime limit is set (a group not here releases one item first)
+        self.limits: dict[str, int] = {}
+        #: items refused at admission, by id: they go back to their lines when their claim settles
+        self._refused: dict[str, LineItem] = {}
+        self._folded_ms = 0
+        self._fold_turn = 0
+
+    def prepare(self, claim: Claim, by_kind: Mapping[str, list[Delivery]]) -> Verdict:
+        """Turn admission on at the first grouped item (nothing to write: its line holds its place)."""
+        if not self.admits:
+            self.admits = any(slot_of(d.envelope) is not None for ds in by_kind.values() for d in ds)
+        return _NOTHING
+
+    def member(self, kind: str, delivery: Delivery) -> str:
+        """The delivery's member in its group's holds: what its worker holds and gives back."""
+        target = self.run_targets.get(kind)
+        ref = None if target is None else target.run_of(delivery)
+        return slot_member(delivery.id, None if ref is None else ref.run)
+
+    def _grouped(
+        self, kind: str, deliveries: list[Delivery], by_key: dict[str, _Asking], until: int
+    ) -> list[Delivery]:
+        """Add the grouped ``deliveries`` to ``by_key`` (by line group, in their order); the others."""
+        others: list[Delivery] = []
+        for d in deliveries:
+            found = slot_of(d.envelope)
+            if found is None:
+                others.append(d)
+                continue
+            slot, rank = found
+            asking = by_key.setdefault(slot.key, _Asking())
+            asking.limit = max(asking.limit, slot.limit or 0)
+            back = LineItem(d.id, d.ready_ms, rank, slot.key, until_ms=until)
+            asking.items.append((d, self.member(kind, d), back))
+        return others
+
+    def _take(self, by_key: Mapping[str, _Asking], mode: str) -> dict[str, SlotGrant | Exception]:
+        """Slots for ``by_key``'s items: granted while the group is under its limit, else refused
+        (mode "skip": no item takes a place in the slot keys' own line; the group line is it)."""
+        asks = {key: SlotAsk(a.limit, [(m, back.ready_ms) for _, m, back in a.items]) for key, a in by_key.items()}
+        return self.store.take_slots(asks, hold_ms=self.start_window_ms, wait_ms=WAIT_MS, mode=mode, minted=True)
+
+    def admit(self, kind: str, deliveries: list[Delivery], now_ms: int) -> Admission:
+        by_key: dict[str, _Asking] = {}
+        go = self._grouped(kind, deliveries, by_key, now_ms + slots.RECHECK_MS)
+        if not by_key:
+            return Admission(deliveries, [])
+        grants = self._take(by_key, "skip")
+        later: list[tuple[str, int]] = []
+        for key, asking in by_key.items():
+            grant = grants[key]
+            if isinstance(grant, Exception):  # fail closed: the limit protects what the group names
+                log.error("group %r failed (%s: %s); its items wait", key, type(grant).__name__, grant)
+                later += [(d.id, now_ms + slots.MAX_RECHECK_MS) for d, _, _ in asking.items]
+                continue
+            _report_reset(key, grant)
+            # an item carrying none (a slot given by key alone) does not undo what its group's others carry
+            self.limits[key] = asking.limit or self.limits.get(key, 0)
+            if grant.running:
+                self.holding.add(key)
+            for (d, _, back), place, token in zip(asking.items, grant.places, grant.tokens):
+                if place == -1:
+                    d.slot_token = token
+                    go.append(d)
+                else:
+                    self._refused[d.id] = back
+        return Admission(go, later)
+
+    def fold(self, now_ms: int) -> None:
+        """Read the workers' reports of the groups still held (at most every
+        :data:`.slots.FOLD_MS`, one round trip of up to :data:`.slots.FOLD_KEYS` groups, taking
+        turns): the next take reads them anyway, but a group none of whose items asks would show
+        its ended tasks as running, and pile up its running tasks' beats."""
+        if not self.holding or now_ms - self._folded_ms < slots.FOLD_MS:
+            return
+        self._folded_ms = now_ms
+        keys = sorted(self.holding)
+        start = self._fold_turn % len(keys)
+        turn = (keys[start:] + keys[:start])[: slots.FOLD_KEYS]
+        self._fold_turn = start + len(turn)
+        for key, reply in self._take({key: _Asking() for key in turn}, "join").items():
+            if isinstance(reply, Exception):
+                log.debug("group %r: could not read its reports (%s)", key, reply)
+                continue
+            _report_reset(key, reply)
+            if not reply.running:
+                self.holding.discard(key)
+
+    def settled(self, published: Published) -> None:
+        """The claim's items refused at admission go back to their lines (no attempt counted, the
+        ready time kept), each group looked at again when the refusal said."""
+        lease = published.lease
+        back = [self._refused.pop(i.id) for i in lease.items if i.id in self._refused]
+        if back:
+            recheck_at = lease.now_ms() + LINE_RECHECK_MS
+            self.stats.deferred += self.store.to_lines(lease.claim, back, recheck_at=recheck_at)
+
+    def sent(self, kind: str, deliveries: Sequence[Delivery], published: Sequence[str]) -> None:
+        """Give back the slots of the deliveries the target did not take (failed, unsent)."""
+        if len(published) == len(deliveries):
+            return
+        took = set(published)
+        back: dict[str, list[str]] = {}
+        for d in deliveries:
+            if d.id not in took and (found := slot_of(d.envelope)) is not None:
+                back.setdefault(found[0].key, []).append(self.member(kind, d))
+        if back:
+            for key, reply in self.store.give_back_slots(back).items():
+                if isinstance(reply, Exception):  # its hold lapses after the start window
+                    log.warning("group %r: could not give back %d slots (%s)", key, len(back[key]), reply)
+
+
+class ReleaseStep:
+    """The release step of a pass: line heads into the due index, by room and weight."""
+
+    def __init__(self, store: DelayStore, hook: GroupHook, clock: Clock, stats: ForwarderStats, batch: int) -> None:
+        self.store = store
+        self.hook = hook
+        self.clock = clock
+        self.stats = stats
+        self.batch = batch
+        #: the shards whose lines may release now, as the last heads read (and releases) said
+        self.due_lines: set[int] = set()
+        #: deficit round robin: (shard, group) -> the share not used yet, carried between passes
+        self.deficits: dict[tuple[int, str], float] = {}
+        self._woken: set[str] = set()
+
+    def saw(self, lines: Sequence[int | None]) -> None:
+        """The lines' heads per shard (``gready``'s earliest), as the loop's heads read them."""
+        now = self.clock.now_ms()
+        self.due_lines = {s for s, at in enumerate(lines) if at is not None and at <= now}
+
+    def woken(self, group: object) -> None:
+        """A wake-up on the groups' channel: its group's lines are made due at the next pass."""
+        if isinstance(group, bytes) and 0 < len(group) <= 1024 and len(self._woken) < 10 * WAKES_PER_PASS:
+            self._woken.add(group.decode("utf-8", "replace"))
+
+    def apply_wakes(self) -> None:
+        """Make the woken groups' lines due now in every shard (one round trip)."""
+        if not self._woken:
+            return
+        woken = sorted(self._woken)[:WAKES_PER_PASS]
+        self._woken.difference_update(woken)
+        self.store.wake_groups(woken, now=self.clock.now_ms())
+
+    def release(self, due: Sequence[int]) -> None:
+        """Release line heads in the shards of ``due`` whose lines may release now."""
+        shards = [s for s in due if s in self.due_lines]
+        if not shards:
+            return
+        now = self.clock.now_ms()
+        looked = self.store.due_groups(shards, now=now)
+        if not looked:
+            self.due_lines.difference_update(shards)
+            return
+        groups = {g for found, _ in looked.values() for g in found}
+        rooms = self.store.group_rooms(groups, limits=self.hook.limits, hold_ms=self.hook.start_window_ms)
+        for g, room in rooms.items():
+            if isinstance(room, GroupRoom):
+                _report_reset(g, room)
+        shares = self._room_shares(looked, rooms, now)
+        weights = {g: r.weight if isinstance(r, GroupRoom) else 1.0 for g, r in rooms.items()}
+        plan: dict[int, list[tuple[str, int, int]]] = {}
+        for shard, (found, others_due) in looked.items():
+            total = sum(weights[g] for g in found) + (1.0 if others_due else 0.0)
+            plan[shard] = [self._allowance(shard, g, self.batch * weights[g] / total, rooms[g], shares, now)
+                           for g in found]  # fmt: skip
+        self._apply(plan, self.store.release_lines(plan), now)
+
+    def _room_shares(
+        self, looked: Mapping[int, tuple[list[str], bool]], rooms: Mapping[str, GroupRoom | Exception], now: int
+    ) -> dict[str, dict[int, int]]:
+        """For each group with a limit: how many of its free slots each shard's line takes, the
+        earliest line heads across the shards first (one round trip for all such groups). A
+        group whose limit this forwarder has not seen applied yet (it may be in its items) gets
+        one: its admission tells the limit for the next pass."""
+        limited: dict[str, int] = {}
+        for g, r in rooms.items():
+            if isinstance(r, GroupRoom) and (free := r.free if g in self.hook.limits else min(1, r.free or 1)) is not None:
+                limited[g] = free
+        wanted = {g: [s for s, (found, _) in looked.items() if g in found] for g, free in limited.items() if free}
+        heads = self.store.line_heads(wanted, count=min(MAX_HEADS, max(limited.values(), default=0)), now=now)
+        shares: dict[str, dict[int, int]] = {g: {} for g in limited}
+        for g, found in heads.items():
+            for _, shard in sorted(found)[: limited[g]]:
+                shares[g][shard] = shares[g].get(shard, 0) + 1
+        return shares
+
+    def _allowance(
+        self, shard: int, group: str, share: float, room: GroupRoom | Exception, shares: Mapping[str, Mapping[int, int]],
+        now: int,
+    ) -> tuple[str, int, int]:  # fmt: skip
+        """(group, allowance, held-until) of ``group`` in ``shard``: its weighted share plus its
+        deficit, within its room; held until the next look when the room is the bound."""
+        if isinstance(room, Exception):  # fail closed: looked at again later
+            log.error("group %r: cannot read its room (%s); its line waits", group, room)
+            return group, 0, now + slots.MAX_RECHECK_MS
+        credit = self.deficits.get((shard, group), 0.0) + share
+        self.deficits[shard, group] = credit
+        allowance = int(credit)
+        if group in shares:
+            cap = shares[group].get(shard, 0)
+            if group not in self.hook.limits:  # a first item: the next pass knows the limit
+                return group, min(allowance, cap), 0
+            if allowance >= cap:
+                return group, cap, now + slots.RECHECK_MS
+        return group, allowance, 0
+
+    def _apply(
+        self,
+        plan: Mapping[int, Sequence[tuple[str, int, int]]],
+        results: Mapping[int, list[LineRelease] | Exception],
+        now: int,
+    ) -> None:
+        """Carry the deficits, count what waits for room, and keep the shards whose lines may
+        release again at once."""
+        for shard, result in results.items():
+            if isinstance(result, Exception):
+                log.error("shard %d: cannot release its group lines (%s); they wait for the next pass", shard, result)
+                continue
+            again = False
+            for (group, _, held), done in zip(plan[shard], result):
+                key = (shard, group)
+                left = self.deficits.get(key, 0.0) - done.released
+                if done.waiting == 0:
+                    self.deficits.pop(key, None)  # an empty line keeps no credit (deficit round robin)
+                else:
+                    self.deficits[key] = min(max(left, 0.0), float(self.batch))
+                    if held:
+                        self.stats.deferred += done.waiting
+                again = again or (done.next_ms is not None and done.next_ms <= now)
+            if not again:
+                self.due_lines.discard(shard)
+
+
+def _report_reset(key: str, grant: SlotGrant | GroupRoom) -> None:
+    """Log what the slot script found out of place in group ``key``'s slot keys and dropped (whichever call
+    met it first: a key of another type is gone a millisecond later), or reports that did not
+    count: a key that would block, or run over its limit, says so here."""
+    if grant.reset:
+        log.warning(
+            "slot %r: %s; dropped or refused (holds are the forwarders', reports count only with their hold's "
+            "token: check what else writes the store's keys)",
+            key,
+            grant.reset,
+        )
