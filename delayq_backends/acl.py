@@ -220,9 +220,12 @@ def _slot_holds(prefix: str, name: str = "holds") -> str:
 def _role_keys(prefix: str, role: str) -> list[str]:
     """The key rules of ``role``: read and write (``~``) or read only (``%R~``)."""
     if role in _PRODUCES:
-        # a grouped item is scheduled born parked in its group's line (group_schedule.lua)
-        lines = ("parked", "parked_why", "gline:*", "gready")
-        writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", *lines, "calls:*", "batch*")]
+        # a grouped item is scheduled born parked in its group's line (group_schedule.lua); the
+        # parking keys (parked, parked_why) stay the forwarders'
+        lines = ("gline:*", "gready")
+        writes = [
+            _shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", *lines, "calls:*", "batch*")
+        ]
         reads = [_shard_key(prefix, "dead*"), meta_key(prefix)]
         if role == "worker":
             # a slot key's line, read to bring its head forward at a task's end; the holds, tokens

@@ -28,6 +28,7 @@ from ..targets import Target
 from .backoff import OutageBackoff, ShardBackoff
 from .clock import Clock
 from .context import Context
+from .groups import GroupHook, ReleaseStep
 from .heartbeat import Heartbeat
 from .hooks import FlowHook, LosslessHook, PassHook, PeriodicHook
 from .loop import Loop, check_targets
@@ -38,7 +39,6 @@ from .prepare import Preparer
 from .publish import Publisher
 from .settings import ForwarderSettings
 from .settle import Settler
-from .groups import GroupHook, ReleaseStep
 from .stats import ForwarderStats
 from .tracing import ForwardTracer
 

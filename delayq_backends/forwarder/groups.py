@@ -26,7 +26,6 @@ forwarder killed after its release) idles at most that long.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -102,9 +101,7 @@ class GroupHook(PassHook):
         ref = None if target is None else target.run_of(delivery)
         return slot_member(delivery.id, None if ref is None else ref.run)
 
-    def _grouped(
-        self, kind: str, deliveries: list[Delivery], by_key: dict[str, _Asking], until: int
-    ) -> list[Delivery]:
+    def _grouped(self, kind: str, deliveries: list[Delivery], by_key: dict[str, _Asking], until: int) -> list[Delivery]:
         """Add the grouped ``deliveries`` to ``by_key`` (by line group, in their order); the others."""
         others: list[Delivery] = []
         for d in deliveries:
@@ -261,7 +258,10 @@ class ReleaseStep:
         one: its admission tells the limit for the next pass."""
         limited: dict[str, int] = {}
         for g, r in rooms.items():
-            if isinstance(r, GroupRoom) and (free := r.free if g in self.hook.limits else min(1, r.free or 1)) is not None:
+            if (
+                isinstance(r, GroupRoom)
+                and (free := r.free if g in self.hook.limits else min(1, r.free or 1)) is not None
+            ):
                 limited[g] = free
         wanted = {g: [s for s, (found, _) in looked.items() if g in found] for g, free in limited.items() if free}
         heads = self.store.line_heads(wanted, count=min(MAX_HEADS, max(limited.values(), default=0)), now=now)
@@ -272,9 +272,14 @@ class ReleaseStep:
         return shares
 
     def _allowance(
-        self, shard: int, group: str, share: float, room: GroupRoom | Exception, shares: Mapping[str, Mapping[int, int]],
+        self,
+        shard: int,
+        group: str,
+        share: float,
+        room: GroupRoom | Exception,
+        shares: Mapping[str, Mapping[int, int]],
         now: int,
-    ) -> tuple[str, int, int]:  # fmt: skip
+    ) -> tuple[str, int, int]:
         """(group, allowance, held-until) of ``group`` in ``shard``: its weighted share plus its
         deficit, within its room; held until the next look when the room is the bound."""
         if isinstance(room, Exception):  # fail closed: looked at again later

@@ -27,7 +27,9 @@ for i = 4 + g, #ARGV, 4 do
   local ready = our_lease(k.leased, id, ARGV[1])
   if ready then
     uncount(k.tries, id)
-    to_line(k, KEYS[7 + which], ARGV[3 + which], id, ready, rank, ARGV[2], at)
+    to_line(k, KEYS[7 + which], ARGV[3 + which], id, ready, rank, at)
+    rcall('ZADD', k.parked, ARGV[2], id)
+    rcall('HSET', k.parked_why, id, 'group:' .. ARGV[3 + which])
     n = n + 1
   end
 end

@@ -11,8 +11,8 @@ Input:
           ("0": its room is not the bound, only this forwarder's share of the pass)
 Output: per group {released, due items still in its line (at most BUDGET counted), its gready
 score after the call (-1: the line is empty, no entry)}.
-Only an item still parked for this group (its `due` score PARKED_MS, its reason "group:<key>")
-is released; other line entries (the item cancelled, rescheduled, replaced into another group)
+Only an item still parked for this group (its `due` score PARKED_MS, and its reason
+"group:<key>" or none recorded: a producer's schedule records none) is released; other line entries (the item cancelled, rescheduled, replaced into another group)
 are dropped, at most BUDGET per call. A released item's `due` score is its ready time minus
 RELEASED_BIAS, its leased entry "<now>:deferred:<ready>" (the claim reads the true ready
 time: lateness stays truthful), its rank's entry at the start of its band.
@@ -29,10 +29,10 @@ local BUDGET = 1000  -- most stale entries dropped per call
 local budget = BUDGET
 local out = {}
 
--- Release id of group if it is still parked for it; whether it was.
+-- Release id of group if it is still parked for it (no other reason recorded); whether it was.
 local function release(group, line, id)
-  local held = is_parked(k.due, id) and rcall('HGET', k.parked_why, id) == 'group:' .. group
-    and rcall('HGET', k.leased, id)
+  local why = is_parked(k.due, id) and (rcall('HGET', k.parked_why, id) or 'group:' .. group)
+  local held = why == 'group:' .. group and rcall('HGET', k.leased, id)
   local ready = held and finite(string.match(held, '^%-?%d+:deferred:(%-?%d+)$'))
   rcall('ZREM', line, id)
   if not ready then

@@ -2,31 +2,24 @@
 --[[ Schedule grouped items on one shard, born parked in the lines of their groups (see
 includes/glines.lua): a grouped item costs no claim anything until its group can take it.
 Input:
-  KEYS[1] due, KEYS[2] items, KEYS[3] tries, KEYS[4] leased, KEYS[5] ranked, KEYS[6] parked,
-  KEYS[7] parked_why, KEYS[8] gready, KEYS[9..8+G] the lines (gline) of the G groups named
+  KEYS[1] due, KEYS[2] items, KEYS[3] tries, KEYS[4] leased, KEYS[5] ranked, KEYS[6] gready,
+  KEYS[7..6+G] the lines (gline) of the G groups named
   ARGV[1] mode: "replace" (an existing id takes the new time, envelope, rank and group) or "keep"
-  ARGV[2] clock override ms ("0": server TIME)
-  ARGV[3] ms from now at which a forwarder's parked re-check looks at the items (a safety net:
-          an item no longer in its line is released then)
-  ARGV[4] wake channel, ARGV[5] G, ARGV[6..5+G] the group keys (KEYS[8 + g]'s group)
+  ARGV[2] wake channel, ARGV[3] G, ARGV[4..3+G] the group keys (KEYS[6 + g]'s group)
   then per item 5 values: id, ready ms, envelope, rank (0..MAX_RANK), g (1..G)
 Output: {added, replaced, kept}, as schedule.lua's.
 As schedule.lua, a replaced item loses its lease and attempts; in "keep" mode an existing id
 stays unless it awaits its start (lossless mode). A line entry an item leaves behind (replaced
-into another group, cancelled) is dropped by the release that meets it. Publishes a wake-up
+into another group, cancelled) is dropped by the release that meets it. A producer writes no
+parking key (`parked`, `parked_why`: forwarders' alone): the line is the item's place. Publishes a wake-up
 when a group's release time in this shard became earlier than the shard's earliest. allow-oom:
 no, a schedule is new data; the flag only keeps a write refused as one. ]]
 --- @include "glines"
 --- @include "wake"
-local k = {
-  due = KEYS[1], items = KEYS[2], tries = KEYS[3], leased = KEYS[4], ranked = KEYS[5],
-  parked = KEYS[6], parked_why = KEYS[7], gready = KEYS[8],
-}
+local k = {due = KEYS[1], items = KEYS[2], tries = KEYS[3], leased = KEYS[4], ranked = KEYS[5], gready = KEYS[6]}
 local keep = ARGV[1] == 'keep'
-local now = now_ms(ARGV[2])
-local recheck_at = ms(now + tonumber(ARGV[3]))
-local g = tonumber(ARGV[5])
-local first = 5 + g
+local g = tonumber(ARGV[3])
+local first = 3 + g
 local before = head_score(k.gready)
 local added, replaced, kept = 0, 0, 0
 for i = first + 1, #ARGV, 5 do
@@ -38,8 +31,8 @@ for i = first + 1, #ARGV, 5 do
     if exists then replaced = replaced + 1 else added = added + 1 end
     rcall('HSET', k.items, id, envelope)
     rcall('HDEL', k.tries, id)
-    to_line(k, KEYS[8 + n], ARGV[5 + n], id, ready, rank, recheck_at, ready)
+    to_line(k, KEYS[6 + n], ARGV[3 + n], id, ready, rank, ready)
   end
 end
-wake_if_earlier(k.gready, ARGV[4], before)
+wake_if_earlier(k.gready, ARGV[2], before)
 return {added, replaced, kept}

@@ -280,17 +280,14 @@ class GroupSchedule(ShardScript):
     """group_schedule.lua: grouped items scheduled born parked in their groups' lines."""
 
     name = "group_schedule"
-    key_names = ("due", "items", "tries", "leased", "ranked", "parked", "parked_why", "gready")
+    key_names = ("due", "items", "tries", "leased", "ranked", "gready")
 
     @classmethod
-    def call(
-        cls, keys: ShardKeys, items: Sequence[LineItem], *, keep: bool, now: int, recheck_ms: int, wake: str
-    ) -> ScriptCall[ScheduleCounts]:
-        """Schedule ``items``; with ``keep``, an existing id stays as it is; a parked re-check
-        looks at them ``recheck_ms`` from now."""
+    def call(cls, keys: ShardKeys, items: Sequence[LineItem], *, keep: bool, wake: str) -> ScriptCall[ScheduleCounts]:
+        """Schedule ``items``; with ``keep``, an existing id stays as it is."""
         named, lines = _lines(keys, (i.group for i in items))
         index = {g: n for n, g in enumerate(named, 1)}
-        args: list[Any] = ["keep" if keep else "replace", now, recheck_ms, wake, len(named), *named]
+        args: list[Any] = ["keep" if keep else "replace", wake, len(named), *named]
         for i in items:
             args += (i.id, i.ready_ms, i.envelope, i.rank, index[i.group])
         return ScriptCall(cls.name, (*cls.keys_of(keys), *lines), tuple(args), schedule_counts)

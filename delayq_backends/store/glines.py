@@ -107,10 +107,16 @@ class GroupLines(Slots):
         rooms: dict[str, GroupRoom | Exception] = {}
         for g, w in zip(named, weights):
             grant = grants[g]
-            rooms[g] = grant if isinstance(grant, Exception) else GroupRoom(grant.limit, grant.running, _weight(w), grant.reset)
+            rooms[g] = (
+                grant
+                if isinstance(grant, Exception)
+                else GroupRoom(grant.limit, grant.running, _weight(w), grant.reset)
+            )
         return rooms
 
-    def line_heads(self, wanted: Mapping[str, Sequence[int]], *, count: int, now: int) -> dict[str, list[tuple[int, int]]]:
+    def line_heads(
+        self, wanted: Mapping[str, Sequence[int]], *, count: int, now: int
+    ) -> dict[str, list[tuple[int, int]]]:
         """The first ``count`` items of each group's line in each of its shards (``wanted``: group
         -> shards) that are due by ``now``, as (order, shard): one round trip. A group with few
         free slots gives them to the earliest heads across the shards."""
@@ -136,7 +142,8 @@ class GroupLines(Slots):
         shards = [s for s, allowances in plan.items() if allowances]
         at = self.script_now(now)
         calls = [GroupRelease.call(self._keys[s], plan[s], now=at) for s in shards]
-        return dict(zip(shards, self.run_each(calls)))
+        replies: list[list[LineRelease] | Exception] = self.run_each(calls)
+        return dict(zip(shards, replies))
 
     def to_lines(self, claim: Claim, items: Sequence[LineItem], *, recheck_at: int) -> int:
         """Put ``claim``'s ``items`` (refused by their groups) back in their lines, each group
@@ -174,11 +181,13 @@ class GroupLines(Slots):
 
     def line_place(self, item_id: str) -> LinePlace | None:
         """The group whose line ``item_id`` waits in, and how many of its items (every shard's)
-        go before it; None when it waits in no line. Three round trips (a reader's question)."""
+        go before it; None when it waits in no line. A few round trips (a reader's question)."""
         k = self._keys[self.shard_of(item_id)]
-        why = self.client.hget(k.parked_why, item_id)
+        why, envelope = self.client.hget(k.parked_why, item_id), self.client.hget(k.items, item_id)
         kind, _, group = (_text(why) if isinstance(why, bytes) else "").partition(":")
-        if kind != GROUP_REASON or not group:
+        if kind != GROUP_REASON:  # a producer's schedule records no reason: the item names its group
+            group = (line_group(envelope) if isinstance(envelope, bytes) else None) or ""
+        if not group:
             return None
         order = self.client.zscore(k.gline(group), item_id)
         if order is None:

@@ -192,7 +192,9 @@ class Forwarding(StoreCore):
         ids = [i for i in entries if isinstance(i, bytes)]  # the store's clients never decode
         if not ids:
             return ParkedCounts()
-        reasons = [r.decode("utf-8", "replace") if isinstance(r, bytes) else None for r in self.client.hmget(k.parked_why, ids)]
+        reasons = [
+            r.decode("utf-8", "replace") if isinstance(r, bytes) else None for r in self.client.hmget(k.parked_why, ids)
+        ]
         in_line = self._in_lines(k, ids, reasons)
         release = [i for i, why in zip(ids, reasons) if i not in in_line and releasable(why)]
         keep = [i for i, why in zip(ids, reasons) if i not in in_line and not releasable(why)]

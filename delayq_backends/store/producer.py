@@ -18,7 +18,7 @@ from ..scripts.store import Cancel, Debounce, GroupSchedule, LineItem, Rearm, Re
 from ..timeutil import When, to_ms
 from .base import Payload, StoreCore
 from .batches import add_to_batch, check_batch_key, fail_in_batches, take_back, with_batch
-from .glines import LINE_RECHECK_MS, line_group
+from .glines import line_group
 
 __all__ = ["CALLS_TTL_MS", "KEEP", "SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
 
@@ -287,9 +287,7 @@ class Producer(StoreCore):
 
     def _line_call(self, keys: ShardKeys, items: list[LineItem], keep: bool) -> ScriptCall[ScheduleCounts]:
         """The schedule of grouped ``items`` on one shard, born parked in their lines."""
-        return GroupSchedule.call(
-            keys, items, keep=keep, now=self.script_now(None), recheck_ms=LINE_RECHECK_MS, wake=self._wake
-        )
+        return GroupSchedule.call(keys, items, keep=keep, wake=self._wake)
 
     @overload
     def reschedule(self, item_id: str | bytes, when: When) -> RescheduleOutcome: ...

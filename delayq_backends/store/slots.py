@@ -20,7 +20,15 @@ from typing import NamedTuple
 from redis.exceptions import RedisError, ResponseError
 
 from ..envelope import MAX_SLOT_LIMIT, Slot
-from ..keys import SLOT_KEYS, group_wake_channel, slot_holds_key, slot_limit_key, slot_reports_key, slot_tokens_key, slot_waiting_key
+from ..keys import (
+    SLOT_KEYS,
+    group_wake_channel,
+    slot_holds_key,
+    slot_limit_key,
+    slot_reports_key,
+    slot_tokens_key,
+    slot_waiting_key,
+)
 from ..models import SlotBoard, SlotGrant, SlotStatus
 from ..scripts.store import Promote, SlotEnd, SlotTake
 from .base import StoreCore
