@@ -174,8 +174,14 @@ class GroupHook(PassHook):
         lease = published.lease
         back = [self._refused.pop(i.id) for i in lease.items if i.id in self._refused]
         if back:
-            recheck_at = lease.now_ms() + LINE_RECHECK_MS
-            self.stats.deferred += self.store.to_lines(lease.claim, back, recheck_at=recheck_at)
+            n, deferred = self.store.to_lines(lease.claim, back, recheck_at=lease.now_ms() + LINE_RECHECK_MS)
+            self.stats.deferred += n
+            if deferred:
+                log.error(
+                    "shard %d: %d refused items deferred instead of put in their lines: a line key holds another "
+                    "type (written by another tool); the release step makes it expire",
+                    lease.shard, deferred,
+                )  # fmt: skip
 
     def sent(self, kind: str, deliveries: Sequence[Delivery], published: Sequence[str]) -> None:
         """Give back the slots of the deliveries the target did not take (failed, unsent)."""
@@ -299,16 +305,22 @@ class ReleaseStep:
     def _apply(
         self,
         plan: Mapping[int, Sequence[tuple[str, int, int]]],
-        results: Mapping[int, list[LineRelease] | Exception],
+        results: Mapping[int, tuple[list[LineRelease], str] | Exception],
         now: int,
     ) -> None:
         """Carry the deficits, count what waits for room, and keep the shards whose lines may
         release again at once."""
-        for shard, result in results.items():
-            if isinstance(result, Exception):
-                log.error("shard %d: cannot release its group lines (%s); they wait for the next pass", shard, result)
+        for shard, reply in results.items():
+            if isinstance(reply, Exception):
+                log.error("shard %d: cannot release its group lines (%s); they wait for the next pass", shard, reply)
                 continue
-            again = False
+            result, reset = reply
+            if reset:
+                log.error(
+                    "shard %d: %s held another type (written by another tool): made to expire; the lines go on",
+                    shard, reset,
+                )  # fmt: skip
+            again = bool(reset)
             for (group, _, held), done in zip(plan[shard], result):
                 key = (shard, group)
                 left = self.deficits.get(key, 0.0) - done.released

@@ -11,7 +11,9 @@ Input:
   ARGV[3] G, ARGV[4..3+G] the group keys (KEYS[7 + g]'s group)
   then per item 4 values: id, g (1..G), rank, until ms (when its group may take it: its gready
   moves there if that is earlier)
-Output: how many were still under our lease (and went to their lines).
+Output: {how many were still under our lease, how many of those were deferred to their until
+instead}: when a key this writes holds another type (a hand write), an item is deferred as
+defer.lua does (still in the due index, not claimed before then), so its group goes on.
 The attempt is not counted, and the original ready time is kept. allow-oom: giving items back
 must work in a full store. ]]
 --- @include "lease"
@@ -21,16 +23,24 @@ local k = {
   gready = KEYS[7],
 }
 local g = tonumber(ARGV[3])
-local n = 0
+local bad = wrong_type({{k.gready, 'zset'}, {k.parked, 'zset'}, {k.parked_why, 'hash'}})
+local n, deferred = 0, 0
 for i = 4 + g, #ARGV, 4 do
   local id, which, rank, at = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
   local ready = our_lease(k.leased, id, ARGV[1])
   if ready then
     uncount(k.tries, id)
-    to_line(k, KEYS[7 + which], ARGV[3 + which], id, ready, rank, at)
-    rcall('ZADD', k.parked, ARGV[2], id)
-    rcall('HSET', k.parked_why, id, 'group:' .. ARGV[3 + which])
+    if bad or wrong_type({{KEYS[7 + which], 'zset'}}) then  -- as defer.lua: claimed again at `at`
+      rcall('ZADD', k.due, at, id)
+      rcall('HSET', k.leased, id, at .. ':deferred:' .. ready)
+      if rank > 0 then set_rank(k.ranked, id, rank, at) end
+      deferred = deferred + 1
+    else
+      to_line(k, KEYS[7 + which], ARGV[3 + which], id, ready, rank, at)
+      rcall('ZADD', k.parked, ARGV[2], id)
+      rcall('HSET', k.parked_why, id, 'group:' .. ARGV[3 + which])
+    end
     n = n + 1
   end
 end
-return n
+return {n, deferred}

@@ -9,8 +9,10 @@ Input:
   then per group 3 values: group key, allowance (most items to release), held until ms: when
           the group can take no more than its allowance (at its limit), the time to look again
           ("0": its room is not the bound, only this forwarder's share of the pass)
-Output: per group {released, due items still in its line (at most BUDGET counted), its gready
-score after the call (-1: the line is empty, no entry)}.
+Output: {per group {released, due items still in its line, its gready score after the call
+(-1: the line is empty, no entry)}, reset}: reset names the keys found holding another type (a
+hand write, which holds no item): made to expire at once, and nothing released from them this
+call (none at all when gready, parked or parked_why was one).
 Only an item still parked for this group (its `due` score PARKED_MS, and its reason
 "group:<key>" or none recorded: a producer's schedule records none) is released; other line entries (the item cancelled, rescheduled, replaced into another group)
 are dropped, at most BUDGET per call. A released item's `due` score is its ready time minus
@@ -48,11 +50,24 @@ local function release(group, line, id)
   return true
 end
 
+local reset = {}
+for _, key in ipairs({k.gready, k.parked, k.parked_why}) do
+  if wrong_type({{key, key == k.parked_why and 'hash' or 'zset'}}) then
+    rcall('PEXPIRE', key, 1)  -- a hand write holds no item: gone in a ms, and said
+    reset[#reset + 1] = key
+  end
+end
+if #reset > 0 then return {{}, table.concat(reset, ' ')} end
 for i = 2, #ARGV, 3 do
   local group, allowance, held_until = ARGV[i], tonumber(ARGV[i + 1]) or 0, ARGV[i + 2]
   local line = KEYS[6 + (i + 1) / 3]
   local released, waiting, next_ready = 0, 0, nil
   local low = 0
+  if wrong_type({{line, 'zset'}}) then
+    rcall('PEXPIRE', line, 1)
+    reset[#reset + 1] = line
+    budget = 0  -- nothing more this call: the next look finds the line gone
+  end
   while budget > 0 do  -- each band present, highest rank first: one lookup finds the next
     local first = rcall('ZRANGEBYSCORE', line, ms(low), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     if #first == 0 then break end
@@ -79,7 +94,7 @@ for i = 2, #ARGV, 3 do
     end
   end
   local at
-  if rcall('EXISTS', line) == 0 then
+  if rcall('EXISTS', line) == 0 or rcall('PTTL', line) >= 0 then
     rcall('ZREM', k.gready, group)
     at = -1
   else
@@ -92,4 +107,4 @@ for i = 2, #ARGV, 3 do
   end
   out[#out + 1] = {released, waiting, at}
 end
-return out
+return {out, table.concat(reset, ' ')}

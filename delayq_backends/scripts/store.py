@@ -302,14 +302,16 @@ class GroupRelease(ShardScript):
     @classmethod
     def call(
         cls, keys: ShardKeys, allowances: Sequence[tuple[str, int, int]], *, now: int
-    ) -> ScriptCall[list[LineRelease]]:
-        """``allowances``: (group, most to release, held-until ms or 0) per group, distinct."""
+    ) -> ScriptCall[tuple[list[LineRelease], str]]:
+        """``allowances``: (group, most to release, held-until ms or 0) per group, distinct. The
+        reply: each group's release, and the keys found holding another type ("" when none)."""
         args: list[Any] = [now]
         for group, allowance, held_until in allowances:
             args += (group, allowance, held_until)
 
-        def parse(reply: Any) -> list[LineRelease]:
-            return [LineRelease(int(r), int(w), None if int(at) < 0 else int(at)) for r, w, at in reply]
+        def parse(reply: Any) -> tuple[list[LineRelease], str]:
+            lines, reset = reply
+            return [LineRelease(int(r), int(w), None if int(at) < 0 else int(at)) for r, w, at in lines], _text(reset)
 
         lines = [keys.gline(g) for g, _, _ in allowances]
         return ScriptCall(cls.name, (*cls.keys_of(keys), *lines), tuple(args), parse)
@@ -322,15 +324,18 @@ class GroupPark(ShardScript):
     key_names = ("due", "tries", "leased", "ranked", "parked", "parked_why", "gready")
 
     @classmethod
-    def call(cls, keys: ShardKeys, lease: str, items: Sequence[LineItem], *, recheck_at: int) -> ScriptCall[int]:
+    def call(
+        cls, keys: ShardKeys, lease: str, items: Sequence[LineItem], *, recheck_at: int
+    ) -> ScriptCall[tuple[int, int]]:
         """Put ``items`` (under ``lease``) in their lines, each group looked at again at its
-        ``until_ms``; a parked re-check looks at them at ``recheck_at``."""
+        ``until_ms``; a parked re-check looks at them at ``recheck_at``. The reply: how many were
+        under the lease, and how many of those were deferred instead (a key of another type)."""
         named, lines = _lines(keys, (i.group for i in items))
         index = {g: n for n, g in enumerate(named, 1)}
         args: list[Any] = [lease, recheck_at, len(named), *named]
         for i in items:
             args += (i.id, index[i.group], i.rank, i.until_ms)
-        return ScriptCall(cls.name, (*cls.keys_of(keys), *lines), tuple(args), int)
+        return ScriptCall(cls.name, (*cls.keys_of(keys), *lines), tuple(args), lambda r: (int(r[0]), int(r[1])))
 
 
 class Promote(ShardScript):

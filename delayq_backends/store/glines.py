@@ -31,6 +31,8 @@ LINE_RECHECK_MS = 300_000
 #: Most groups one look at a shard's ``gready`` returns: a pass's release step stays bounded
 #: however many groups are due (the rest are due at the next pass).
 GROUPS_PER_LOOK = 500
+#: The end of the last band of a line's orders (rank 0's): an entry at or past it is no item's.
+LINE_END = (MAX_RANK + 1) * RANK_SPAN
 #: The marker a grouped item's meta carries in its envelope bytes (the JSON of ``slot``): only an
 #: envelope holding it is decoded to find its group, so ungrouped items cost no decode.
 _GROUPED = b'"slot":'
@@ -75,8 +77,8 @@ class GroupLines(Slots):
     def due_groups(self, shards: Sequence[int], *, now: int) -> dict[int, tuple[list[str], bool]]:
         """Per shard of ``shards`` whose lines may release now: those groups (at most
         :data:`GROUPS_PER_LOOK`, earliest first), and whether items of no group are due there
-        too (they share the shard's pass as one more group). One round trip. A ``gready`` of
-        another type reads as none: the parked re-check looks at its lines' items instead."""
+        too (they share the shard's pass as one more group). One round trip. A shard whose
+        ``gready`` holds another type is listed with no group: its release call drops the key."""
         with self.client.pipeline(transaction=False) as pipe:
             for shard in shards:
                 pipe.zrangebyscore(self._keys[shard].gready, "-inf", now, start=0, num=GROUPS_PER_LOOK)
@@ -84,9 +86,11 @@ class GroupLines(Slots):
             replies = pipe.execute(raise_on_error=False)
         found: dict[int, tuple[list[str], bool]] = {}
         for shard, groups, head in zip(shards, replies[::2], replies[1::2]):
+            others = isinstance(head, list) and bool(head) and head[0][1] <= now
             if isinstance(groups, list) and groups:
-                others = isinstance(head, list) and bool(head) and head[0][1] <= now
                 found[shard] = ([_text(g) for g in groups], others)
+            elif isinstance(groups, ResponseError):  # another type: the release call makes it expire
+                found[shard] = ([], others)
         return found
 
     def group_rooms(
@@ -124,8 +128,8 @@ class GroupLines(Slots):
         if not asked or count <= 0:
             return {}
         with self.client.pipeline(transaction=False) as pipe:
-            for g, s in asked:
-                pipe.zrange(self._keys[s].gline(g), 0, count - 1, withscores=True)
+            for g, s in asked:  # within the bands: a hand-written entry outside them is no item
+                pipe.zrangebyscore(self._keys[s].gline(g), 0, f"({LINE_END}", start=0, num=count, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         heads: dict[str, list[tuple[int, int]]] = {g: [] for g in wanted}
         for (g, s), reply in zip(asked, replies):
@@ -135,21 +139,23 @@ class GroupLines(Slots):
 
     def release_lines(
         self, plan: Mapping[int, Sequence[tuple[str, int, int]]], *, now: int | None = None
-    ) -> dict[int, list[LineRelease] | Exception]:
+    ) -> dict[int, tuple[list[LineRelease], str] | Exception]:
         """Release line heads per shard (``group_release.lua``, one call per shard, one round
         trip): ``plan`` maps a shard to (group, allowance, held-until ms or 0) of its groups.
-        Each shard's releases in the plan's order, or the error its call raised."""
-        shards = [s for s, allowances in plan.items() if allowances]
+        Each shard's releases in the plan's order and the keys it found holding another type
+        (made to expire: "" when none), or the error its call raised."""
+        shards = list(plan)
         at = self.script_now(now)
         calls = [GroupRelease.call(self._keys[s], plan[s], now=at) for s in shards]
-        replies: list[list[LineRelease] | Exception] = self.run_each(calls)
+        replies: list[tuple[list[LineRelease], str] | Exception] = self.run_each(calls)
         return dict(zip(shards, replies))
 
-    def to_lines(self, claim: Claim, items: Sequence[LineItem], *, recheck_at: int) -> int:
+    def to_lines(self, claim: Claim, items: Sequence[LineItem], *, recheck_at: int) -> tuple[int, int]:
         """Put ``claim``'s ``items`` (refused by their groups) back in their lines, each group
-        looked at again at its item's ``until_ms``: how many were still under the lease."""
+        looked at again at its item's ``until_ms``: how many were still under the lease, and
+        how many of those were deferred to that time instead (a line key of another type)."""
         if not items:
-            return 0
+            return 0, 0
         return self._run(lambda k: GroupPark.call(k, claim.lease, items, recheck_at=recheck_at), claim.shard)
 
     def wake_groups(self, groups: Iterable[str], *, now: int) -> None:

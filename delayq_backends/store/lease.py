@@ -181,7 +181,9 @@ class Forwarding(StoreCore):
 
         ``releasable`` gets each reason as stored (None when missing; anything when a hand
         write): a caller accepts what it cannot read, so the next claim decides again and no
-        garbage keeps an item parked. Two round trips: the entries and reasons, then the moves.
+        garbage keeps an item parked. An item parked for its group (``group:<key>``) stays
+        parked while it is in its group's line (looked at again :data:`LINE_RECHECK_MS` later)
+        and is released once it is in none. Two round trips: the entries and reasons, then the moves.
 
         Raises:
             redis.ResponseError: a parking key holds another type (a hand write); the message names it.
@@ -196,8 +198,9 @@ class Forwarding(StoreCore):
             r.decode("utf-8", "replace") if isinstance(r, bytes) else None for r in self.client.hmget(k.parked_why, ids)
         ]
         in_line = self._in_lines(k, ids, reasons)
-        release = [i for i, why in zip(ids, reasons) if i not in in_line and releasable(why)]
-        keep = [i for i, why in zip(ids, reasons) if i not in in_line and not releasable(why)]
+        go = [i not in in_line and (_grouped(why) or releasable(why)) for i, why in zip(ids, reasons)]
+        release = [i for i, ok in zip(ids, go) if ok]
+        keep = [i for i, ok in zip(ids, go) if not ok and i not in in_line]
         wake = self._wake
         counts = self._run(
             lambda keys: Unpark.call(keys, release, keep, later_ms=later_ms, now=self.script_now(now), wake=wake), shard
@@ -216,8 +219,7 @@ class Forwarding(StoreCore):
         """The ``ids`` parked for a group (reason ``group:<key>``) that wait in its line: they stay
         parked until their group releases them; one parked for a group but in no line (its line
         lost to a hand write) is released, and its claim puts it back in line."""
-        grouped = [(i, k.gline(why.partition(":")[2])) for i, why in zip(ids, reasons)
-                   if why and why.partition(":")[0] == GROUP_REASON]  # fmt: skip
+        grouped = [(i, k.gline(why.partition(":")[2])) for i, why in zip(ids, reasons) if why and _grouped(why)]
         if not grouped:
             return set()
         with self.client.pipeline(transaction=False) as pipe:
@@ -365,7 +367,7 @@ class Forwarding(StoreCore):
 
         A shard whose index cannot be read (a key of ours holding another type, say) reads as
         due at 0, so a forwarder tries it and reports the error, while the other shards go on;
-        a ``gready`` of another type reads as empty (the parked re-check looks at its lines' items).
+        so does a ``gready`` of another type (the release step makes it expire and says so).
         ``lines``, when given, is filled with each shard's ``gready`` head alone.
         """
         self.check_meta(record=False)
@@ -380,7 +382,8 @@ class Forwarding(StoreCore):
         heads: list[int | None] = []
         for due, group in zip(replies[::2], replies[1::2]):
             head = 0 if isinstance(due, Exception) else score_ms(due[0][1]) if due else None
-            line = score_ms(group[0][1]) if isinstance(group, list) and group else None
+            # a gready of another type reads as due: the release step makes it expire
+            line = 0 if isinstance(group, Exception) else score_ms(group[0][1]) if group else None
             if lines is not None:
                 lines.append(line)
             heads.append(line if head is None else head if line is None else min(head, line))
@@ -504,6 +507,11 @@ def _shard_reply(call: Callable[[], R]) -> R | Exception:
         raise
     except Exception as exc:  # a Redis error reply, or a reply that cannot be read
         return exc
+
+
+def _grouped(why: str | None) -> bool:
+    """Whether a parked item's reason is its group's (``group:<key>``)."""
+    return why is not None and why.partition(":")[0] == GROUP_REASON
 
 
 def _ids(claim: Claim, ids: Iterable[str] | None) -> list[str]:
