@@ -42,13 +42,15 @@ from .hooks import PassHook
 from .records import Published, Verdict
 from .stats import ForwarderStats
 
-__all__ = ["MAX_HEADS", "WAKES_PER_PASS", "GroupHook", "ReleaseStep"]
+__all__ = ["MAX_HEADS", "PROBES", "WAKES_PER_PASS", "GroupHook", "ReleaseStep"]
 
 log = logging.getLogger("delayq.forwarder")
 
 #: Most groups whose wake-ups one pass applies (the rest at the next): anyone allowed to publish
 #: on the channel could otherwise make a forwarder write without end.
 WAKES_PER_PASS = 100
+#: Admissions of a group's items that carry no limit before it counts as unlimited (:meth:`GroupHook._learn`).
+PROBES = 3
 #: Line heads read per group at a limit to share its free slots across the shards, at most.
 MAX_HEADS = 100
 _NOTHING = Verdict()
@@ -84,6 +86,8 @@ class GroupHook(PassHook):
         #: the limit each group's items carried at its last admission (0: none): the release
         #: step's room where no runtime limit is set (a group not here releases one item first)
         self.limits: dict[str, int] = {}
+        #: admissions per group that saw no limit carried, before the group counts as unlimited
+        self._unlimited: dict[str, int] = {}
         #: items refused at admission, by id: they go back to their lines when their claim settles
         self._refused: dict[str, LineItem] = {}
         self._folded_ms = 0
@@ -136,8 +140,7 @@ class GroupHook(PassHook):
                 later += [(d.id, now_ms + slots.MAX_RECHECK_MS) for d, _, _ in asking.items]
                 continue
             _report_reset(key, grant)
-            # an item carrying none (a slot given by key alone) does not undo what its group's others carry
-            self.limits[key] = asking.limit or self.limits.get(key, 0)
+            self._learn(key, asking.limit)
             if grant.running:
                 self.holding.add(key)
             for (d, _, back), place, token in zip(asking.items, grant.places, grant.tokens):
@@ -147,6 +150,20 @@ class GroupHook(PassHook):
                 else:
                     self._refused[d.id] = back
         return Admission(go, later)
+
+    def _learn(self, key: str, carried: int) -> None:
+        """Note the limit ``key``'s items carried at an admission. An item carrying none (a
+        group named by key alone) does not undo a limit its others carry, and the group counts
+        as unlimited only after :data:`PROBES` admissions saw none: until then the release step
+        lets one item at a time through, so a limit carried by the next items still holds their
+        order."""
+        if carried:
+            self.limits[key] = carried
+        elif key not in self.limits:
+            self._unlimited[key] = self._unlimited.get(key, 0) + 1
+            if self._unlimited[key] >= PROBES:
+                self.limits[key] = 0
+                del self._unlimited[key]
 
     def fold(self, now_ms: int) -> None:
         """Read the workers' reports of the groups still held (at most every
@@ -212,6 +229,7 @@ class ReleaseStep:
         #: deficit round robin: (shard, group) -> the share not used yet, carried between passes
         self.deficits: dict[tuple[int, str], float] = {}
         self._woken: set[str] = set()
+        self._bound: set[str] = set()
 
     def saw(self, lines: Sequence[int | None]) -> None:
         """The lines' heads per shard (``gready``'s earliest), as the loop's heads read them."""
@@ -246,36 +264,40 @@ class ReleaseStep:
         for g, room in rooms.items():
             if isinstance(room, GroupRoom):
                 _report_reset(g, room)
-        shares = self._room_shares(looked, rooms, now)
+        quota = self._room_shares(looked, rooms, now)
         weights = {g: r.weight if isinstance(r, GroupRoom) else 1.0 for g, r in rooms.items()}
         plan: dict[int, list[tuple[str, int, int]]] = {}
         for shard, (found, others_due) in looked.items():
             total = sum(weights[g] for g in found) + (1.0 if others_due else 0.0)
-            plan[shard] = [self._allowance(shard, g, self.batch * weights[g] / total, rooms[g], shares, now)
+            plan[shard] = [self._allowance(shard, g, self.batch * weights[g] / total, rooms[g], quota, now)
                            for g in found]  # fmt: skip
         self._apply(plan, self.store.release_lines(plan), now)
 
     def _room_shares(
         self, looked: Mapping[int, tuple[list[str], bool]], rooms: Mapping[str, GroupRoom | Exception], now: int
-    ) -> dict[str, dict[int, int]]:
-        """For each group with a limit: how many of its free slots each shard's line takes, the
-        earliest line heads across the shards first (one round trip for all such groups). A
-        group whose limit this forwarder has not seen applied yet (it may be in its items) gets
-        one: its admission tells the limit for the next pass."""
-        limited: dict[str, int] = {}
+    ) -> tuple[dict[str, dict[int, int]], dict[str, int]]:
+        """The room of each group with a limit, shared across the shards. A group with at most
+        :data:`MAX_HEADS` free slots gives them to the earliest due line heads across the shards
+        (how many each shard takes: one round trip for all such groups); one with more has a
+        budget the shards draw on in turn. A group whose limit this forwarder has not seen yet
+        (its items may carry it) gets one: its admission tells the limit for the next pass."""
+        few: dict[str, int] = {}
+        left: dict[str, int] = {}
         for g, r in rooms.items():
-            if (
-                isinstance(r, GroupRoom)
-                and (free := r.free if g in self.hook.limits else min(1, r.free or 1)) is not None
-            ):
-                limited[g] = free
-        wanted = {g: [s for s, (found, _) in looked.items() if g in found] for g, free in limited.items() if free}
-        heads = self.store.line_heads(wanted, count=min(MAX_HEADS, max(limited.values(), default=0)), now=now)
-        shares: dict[str, dict[int, int]] = {g: {} for g in limited}
+            if not isinstance(r, GroupRoom):
+                continue
+            free = r.free if g in self.hook.limits else (1 if r.free is None else min(1, r.free))
+            if free is not None:
+                (few if free <= MAX_HEADS else left)[g] = free
+        wanted = {g: [s for s, (found, _) in looked.items() if g in found] for g, free in few.items() if free}
+        heads = self.store.line_heads(wanted, count=max(few.values(), default=0), now=now)
+        shares: dict[str, dict[int, int]] = {g: {} for g in few}
         for g, found in heads.items():
-            for _, shard in sorted(found)[: limited[g]]:
+            for _, shard in sorted(found)[: few[g]]:
                 shares[g][shard] = shares[g].get(shard, 0) + 1
-        return shares
+        #: the groups whose free slots the due heads take up: held until a look or a wake
+        self._bound = {g for g in few if g in self.hook.limits and sum(shares[g].values()) >= few[g]}
+        return shares, left
 
     def _allowance(
         self,
@@ -283,7 +305,7 @@ class ReleaseStep:
         group: str,
         share: float,
         room: GroupRoom | Exception,
-        shares: Mapping[str, Mapping[int, int]],
+        quota: tuple[Mapping[str, Mapping[int, int]], dict[str, int]],
         now: int,
     ) -> tuple[str, int, int]:
         """(group, allowance, held-until) of ``group`` in ``shard``: its weighted share plus its
@@ -294,12 +316,16 @@ class ReleaseStep:
         credit = self.deficits.get((shard, group), 0.0) + share
         self.deficits[shard, group] = credit
         allowance = int(credit)
+        shares, left = quota
         if group in shares:
             cap = shares[group].get(shard, 0)
-            if group not in self.hook.limits:  # a first item: the next pass knows the limit
-                return group, min(allowance, cap), 0
             if allowance >= cap:
-                return group, cap, now + slots.RECHECK_MS
+                return group, cap, now + slots.RECHECK_MS if group in self._bound else 0
+        elif group in left:
+            if allowance >= left[group]:
+                allowance, left[group] = left[group], 0
+                return group, allowance, now + slots.RECHECK_MS
+            left[group] -= allowance
         return group, allowance, 0
 
     def _apply(

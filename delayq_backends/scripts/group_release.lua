@@ -31,22 +31,30 @@ local BUDGET = 1000  -- most stale entries dropped per call
 local budget = BUDGET
 local out = {}
 
+-- Whether the shard has parked items (a forwarder's refusals) and ranked ones: a line of a
+-- producer's items alone then costs no read of those keys per item.
+local has_parked = rcall('EXISTS', k.parked_why) == 1
+local has_ranked = rcall('EXISTS', k.ranked) == 1
+
 -- Release id of group if it is still parked for it (no other reason recorded); whether it was.
 local function release(group, line, id)
-  local why = is_parked(k.due, id) and (rcall('HGET', k.parked_why, id) or 'group:' .. group)
-  local held = why == 'group:' .. group and rcall('HGET', k.leased, id)
+  local parked = is_parked(k.due, id)
+  local recorded = parked and has_parked and rcall('HGET', k.parked_why, id)
+  local held = parked and (not recorded or recorded == 'group:' .. group) and rcall('HGET', k.leased, id)
   local ready = held and finite(string.match(held, '^%-?%d+:deferred:(%-?%d+)$'))
   rcall('ZREM', line, id)
   if not ready then
     budget = budget - 1
     return false
   end
-  local rank = rank_of(k.ranked, id)
+  local rank = has_ranked and rank_of(k.ranked, id) or 0
   rcall('ZADD', k.due, 'XX', ms(ready - RELEASED_BIAS), id)
   rcall('HSET', k.leased, id, ms(now) .. ':deferred:' .. ms(ready))
   if rank > 0 then set_rank(k.ranked, id, rank, 0) end
-  rcall('ZREM', k.parked, id)
-  rcall('HDEL', k.parked_why, id)
+  if recorded then
+    rcall('ZREM', k.parked, id)
+    rcall('HDEL', k.parked_why, id)
+  end
   return true
 end
 
@@ -63,12 +71,12 @@ for i = 2, #ARGV, 3 do
   local line = KEYS[6 + (i + 1) / 3]
   local released, waiting, next_ready = 0, 0, nil
   local low = 0
-  if wrong_type({{line, 'zset'}}) then
+  local bad = wrong_type({{line, 'zset'}})
+  if bad then
     rcall('PEXPIRE', line, 1)
     reset[#reset + 1] = line
-    budget = 0  -- nothing more this call: the next look finds the line gone
   end
-  while budget > 0 do  -- each band present, highest rank first: one lookup finds the next
+  while budget > 0 and not bad do  -- each band present, highest rank first: one lookup finds the next
     local first = rcall('ZRANGEBYSCORE', line, ms(low), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     if #first == 0 then break end
     local score = finite(first[2])
@@ -94,7 +102,7 @@ for i = 2, #ARGV, 3 do
     end
   end
   local at
-  if rcall('EXISTS', line) == 0 or rcall('PTTL', line) >= 0 then
+  if bad or rcall('EXISTS', line) == 0 then
     rcall('ZREM', k.gready, group)
     at = -1
   else
