@@ -209,7 +209,7 @@ READS = {
     "pending_in_batch", "rank",
     "scan", "scheduled", "script_now", "server_time_ms", "shard_of", "slot_board", "slot_keys",
     "slot_keys_in_use", "slot_status", "slot_statuses", "slot_token_proof", "started", "stats", "subscribe_wake",
-    "due_groups", "line_heads", "group_lines", "line_place",
+    "due_groups", "line_heads", "group_lines", "line_place", "group_weights",
 }  # fmt: skip
 #: periodic.ops' public functions that write (their cases above start with "periodic <name>").
 PERIODIC_WRITES = {"upsert", "pause", "resume", "run_now", "backfill", "remove", "sync_code", "trust_stored"}

@@ -166,11 +166,11 @@ def test_weights_3_to_1_share_the_releases_within_5_percent(valkey_url: str, pre
         store.schedule_many([(f"{group}-{i}", past(), envelope(group, group)) for i in range(4_000)])
     target = CollectingTarget("list")
     forwarder = Forwarder(store, [target], batch=100)
-    while len(target.ids) < 4_000:
+    while len(target.ids) < 2_000:
         assert forwarder.run_once() > 0
-    first = target.ids[:4_000]
+    first = target.ids[:2_000]  # while both lines hold items in every shard
     heavy = sum(1 for i in first if i.startswith("heavy-")) / len(first)
-    print(f"3:1 weights: heavy took {heavy:.3f} of the first 4,000 releases")
+    print(f"3:1 weights: heavy took {heavy:.3f} of the first 2,000 releases")
     assert abs(heavy - 0.75) <= 0.75 * 0.05
     forwarder.run_until_idle()
     assert sorted(target.ids) == sorted({*target.ids}) and len(target.ids) == 8_000  # each once, all

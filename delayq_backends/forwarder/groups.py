@@ -42,13 +42,17 @@ from .hooks import PassHook
 from .records import Published, Verdict
 from .stats import ForwarderStats
 
-__all__ = ["MAX_HEADS", "PROBES", "WAKES_PER_PASS", "GroupHook", "ReleaseStep"]
+__all__ = ["GROUPS_KEPT", "MAX_HEADS", "PROBES", "WAKES_PER_PASS", "WEIGHT_TTL_MS", "GroupHook", "ReleaseStep"]
 
 log = logging.getLogger("delayq.forwarder")
 
 #: Most groups whose wake-ups one pass applies (the rest at the next): anyone allowed to publish
 #: on the channel could otherwise make a forwarder write without end.
 WAKES_PER_PASS = 100
+#: How long a group's weight read is used before it is read again (ms).
+WEIGHT_TTL_MS = 1_000
+#: Groups whose weights are kept beyond their TTL before the quiet ones are forgotten (a tenth of it).
+GROUPS_KEPT = 10_000
 #: Admissions of a group's items that carry no limit before it counts as unlimited (:meth:`GroupHook._learn`).
 PROBES = 3
 #: Line heads read per group at a limit to share its free slots across the shards, at most.
@@ -230,6 +234,8 @@ class ReleaseStep:
         self.deficits: dict[tuple[int, str], float] = {}
         self._woken: set[str] = set()
         self._bound: set[str] = set()
+        #: group -> (weight, when read)
+        self._weight_read: dict[str, tuple[float, int]] = {}
 
     def saw(self, lines: Sequence[int | None]) -> None:
         """The lines' heads per shard (``gready``'s earliest), as the loop's heads read them."""
@@ -265,13 +271,23 @@ class ReleaseStep:
             if isinstance(room, GroupRoom):
                 _report_reset(g, room)
         quota = self._room_shares(looked, rooms, now)
-        weights = {g: r.weight if isinstance(r, GroupRoom) else 1.0 for g, r in rooms.items()}
+        weights = self._weights(groups, now)
         plan: dict[int, list[tuple[str, int, int]]] = {}
         for shard, (found, others_due) in looked.items():
             total = sum(weights[g] for g in found) + (1.0 if others_due else 0.0)
             plan[shard] = [self._allowance(shard, g, self.batch * weights[g] / total, rooms[g], quota, now)
                            for g in found]  # fmt: skip
         self._apply(plan, self.store.release_lines(plan), now)
+
+    def _weights(self, groups: set[str], now: int) -> dict[str, float]:
+        """The groups' weights, read again at most every :data:`WEIGHT_TTL_MS` (a changed weight
+        applies within a second; most passes read none)."""
+        stale = sorted(g for g in groups if now - self._weight_read.get(g, (0.0, -WEIGHT_TTL_MS))[1] >= WEIGHT_TTL_MS)
+        for g, w in self.store.group_weights(stale).items():
+            self._weight_read[g] = (w, now)
+        if len(self._weight_read) > 10 * GROUPS_KEPT:  # groups gone quiet: forget them
+            self._weight_read = {g: v for g, v in self._weight_read.items() if now - v[1] < WEIGHT_TTL_MS}
+        return {g: self._weight_read[g][0] for g in groups}
 
     def _room_shares(
         self, looked: Mapping[int, tuple[list[str], bool]], rooms: Mapping[str, GroupRoom | Exception], now: int
@@ -353,7 +369,9 @@ class ReleaseStep:
                 if done.waiting == 0:
                     self.deficits.pop(key, None)  # an empty line keeps no credit (deficit round robin)
                 else:
-                    self.deficits[key] = min(max(left, 0.0), float(self.batch))
+                    # an item is the unit: only the fraction of a share is carried, so a group
+                    # held back by its room (or by a first item) banks no burst for later
+                    self.deficits[key] = min(max(left, 0.0), 1.0)
                     if held:
                         self.stats.deferred += done.waiting
                 again = again or (done.next_ms is not None and done.next_ms <= now)

@@ -36,12 +36,16 @@ LINE_END = (MAX_RANK + 1) * RANK_SPAN
 #: The marker a grouped item's meta carries in its envelope bytes (the JSON of ``slot``): only an
 #: envelope holding it is decoded to find its group, so ungrouped items cost no decode.
 _GROUPED = b'"slot":'
+#: How far into an envelope the marker is looked for: the meta comes before the body, so a large
+#: body costs nothing. A group past it (a huge meta) is found at the item's admission instead, and
+#: the item joins its line then.
+_HEAD_BYTES = 2048
 
 
 def line_group(envelope: Payload) -> str | None:
     """The key of ``envelope``'s line group (its first), None when it carries no group."""
     if isinstance(envelope, (bytes, bytearray)):
-        if _GROUPED not in envelope:
+        if envelope.find(_GROUPED, 0, _HEAD_BYTES) < 0:
             return None
         envelope = Envelope.decode(bytes(envelope))
     found = slot_of(envelope)
@@ -56,12 +60,10 @@ def line_order(rank: int, ready_ms: int) -> int:
 @dataclass(frozen=True)
 class GroupRoom:
     """What a group can take now: its limit (0: none) and holds running, from its slot keys
-    (``slot_take.lua``, which folds the workers' reports first), and its weight (policy ``weight``,
-    1 when unset or not a number > 0)."""
+    (``slot_take.lua``, which folds the workers' reports first)."""
 
     limit: int
     running: int
-    weight: float = 1.0
     #: what the slot script found out of place in the group's keys and dropped ("" when nothing)
     reset: str = ""
 
@@ -96,27 +98,29 @@ class GroupLines(Slots):
     def group_rooms(
         self, groups: Iterable[str], *, limits: Mapping[str, int], hold_ms: int
     ) -> dict[str, GroupRoom | Exception]:
-        """Each group's room, in two round trips: its slot keys' limit (the runtime one, else
+        """Each group's room, in one round trip: its slot keys' limit (the runtime one, else
         ``limits``': what its items carry, as an admission last applied it) and running holds (a
-        "join" of no item: it folds the workers' reports and lapsed holds), and its weight."""
+        "join" of no item: it folds the workers' reports and lapsed holds)."""
         named = list(dict.fromkeys(groups))
         if not named:
             return {}
         asks = {g: SlotAsk(limits.get(g, 0), ()) for g in named}
         grants = self.take_slots(asks, hold_ms=hold_ms, wait_ms=WAIT_MS, mode="join")
+        return {
+            g: grant if isinstance(grant, Exception) else GroupRoom(grant.limit, grant.running, reset=grant.reset)
+            for g, grant in grants.items()
+        }
+
+    def group_weights(self, groups: Sequence[str]) -> dict[str, float]:
+        """Each group's weight (its policy's ``weight``; 1 when unset or not a number > 0), one
+        round trip."""
+        if not groups:
+            return {}
         with self.client.pipeline(transaction=False) as pipe:
-            for g in named:
+            for g in groups:
                 pipe.hget(group_policy_key(self.config.prefix, g), "weight")
-            weights = pipe.execute(raise_on_error=False)
-        rooms: dict[str, GroupRoom | Exception] = {}
-        for g, w in zip(named, weights):
-            grant = grants[g]
-            rooms[g] = (
-                grant
-                if isinstance(grant, Exception)
-                else GroupRoom(grant.limit, grant.running, _weight(w), grant.reset)
-            )
-        return rooms
+            replies = pipe.execute(raise_on_error=False)
+        return {g: _weight(w) for g, w in zip(groups, replies)}
 
     def line_heads(
         self, wanted: Mapping[str, Sequence[int]], *, count: int, now: int
