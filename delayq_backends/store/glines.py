@@ -178,6 +178,21 @@ class GroupLines(Slots):
         """The channel a worker's end names its group on (:func:`~delayq_backends.keys.group_wake_channel`)."""
         return group_wake_channel(self.config.prefix)
 
+    def bring_lines_near(self, *, now: int, ahead_ms: int) -> int:
+        """Make due ``now`` the group lines whose next look (``gready``) lies over ``ahead_ms``
+        ahead, every shard (two round trips, at most :data:`GROUPS_PER_LOOK` per shard): how many."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for k in self._keys:
+                pipe.zrangebyscore(k.gready, f"({now + ahead_ms}", "+inf", start=0, num=GROUPS_PER_LOOK)
+            far = pipe.execute(raise_on_error=False)
+        found = [(k, reply) for k, reply in zip(self._keys, far) if isinstance(reply, list) and reply]
+        if found:
+            with self.client.pipeline(transaction=False) as pipe:
+                for k, groups in found:
+                    pipe.zadd(k.gready, dict.fromkeys(groups, now), xx=True)
+                pipe.execute(raise_on_error=False)
+        return sum(len(groups) for _, groups in found)
+
     def group_lines(self, groups: Sequence[str]) -> dict[str, int]:
         """Items waiting in each group's lines, all shards summed (one pipelined round of ZCARD
         per group and shard; a line of another type counts 0)."""
