@@ -255,16 +255,18 @@ class ReleaseStep:
         self._woken.difference_update(woken)
         self.store.wake_groups(woken, now=self.clock.now_ms())
 
-    def release(self, due: Sequence[int]) -> None:
-        """Release line heads in the shards of ``due`` whose lines may release now."""
+    def release(self, due: Sequence[int]) -> list[int]:
+        """Release line heads in the shards of ``due`` whose lines may release now; the shards of
+        ``due`` to claim: not those whose lines released nothing and whose due index holds no
+        item due (a look at a full group's lines costs no claim)."""
         shards = [s for s in due if s in self.due_lines]
         if not shards:
-            return
+            return list(due)
         now = self.clock.now_ms()
         looked = self.store.due_groups(shards, now=now)
         if not looked:
             self.due_lines.difference_update(shards)
-            return
+            return list(due)
         groups = {g for found, _ in looked.values() for g in found}
         rooms = self.store.group_rooms(groups, limits=self.hook.limits, hold_ms=self.hook.start_window_ms)
         for g, room in rooms.items():
@@ -277,7 +279,8 @@ class ReleaseStep:
             total = sum(weights[g] for g in found) + (1.0 if others_due else 0.0)
             plan[shard] = [self._allowance(shard, g, self.batch * weights[g] / total, rooms[g], quota, now)
                            for g in found]  # fmt: skip
-        self._apply(plan, self.store.release_lines(plan), now)
+        idle = self._apply(plan, self.store.release_lines(plan), now)
+        return [s for s in due if s not in idle or looked[s][1]]
 
     def _weights(self, groups: set[str], now: int) -> dict[str, float]:
         """The groups' weights, read again at most every :data:`WEIGHT_TTL_MS` (a changed weight
@@ -349,9 +352,10 @@ class ReleaseStep:
         plan: Mapping[int, Sequence[tuple[str, int, int]]],
         results: Mapping[int, tuple[list[LineRelease], str] | Exception],
         now: int,
-    ) -> None:
+    ) -> set[int]:
         """Carry the deficits, count what waits for room, and keep the shards whose lines may
-        release again at once."""
+        release again at once; the shards whose lines released nothing."""
+        idle: set[int] = set()
         for shard, reply in results.items():
             if isinstance(reply, Exception):
                 log.error("shard %d: cannot release its group lines (%s); they wait for the next pass", shard, reply)
@@ -377,6 +381,9 @@ class ReleaseStep:
                 again = again or (done.next_ms is not None and done.next_ms <= now)
             if not again:
                 self.due_lines.discard(shard)
+            if not any(done.released for done in result):
+                idle.add(shard)
+        return idle
 
 
 def _report_reset(key: str, grant: SlotGrant | GroupRoom) -> None:

@@ -57,10 +57,11 @@ class Pass:
         stages: tuple[Preparer, Publisher, Settler],
         shards: ShardBackoff,
         outages: OutageBackoff,
-        release: Callable[[Sequence[int]], None] | None = None,
+        release: Callable[[Sequence[int]], list[int]] | None = None,
     ) -> None:
         self.ctx = ctx
-        #: the release step (:class:`~.groups.ReleaseStep`): group line heads into the due index
+        #: the release step (:class:`~.groups.ReleaseStep`): group line heads into the due index;
+        #: it tells which due shards are worth a claim
         self.release = release
         self.store = ctx.store
         self.batch = batch
@@ -77,9 +78,9 @@ class Pass:
         """Release the groups' line heads whose time came (:mod:`.groups`), then claim a batch
         of each shard of ``due`` in one round trip (an outage raises)."""
         if self.release is not None:
-            self.release(due)
+            due = self.release(due)
         started = time.perf_counter()
-        claims = self.store.claim_many(list(due), limit=self.batch)
+        claims = self.store.claim_many(list(due), limit=self.batch) if due else []
         if self.ctx.metrics is not None:
             self.ctx.metrics.observe_claim(time.perf_counter() - started)
         held = self.heartbeat.hold()
