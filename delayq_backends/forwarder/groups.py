@@ -34,7 +34,7 @@ from ..flow import Admission
 from ..models import Claim, LineRelease, SlotGrant
 from ..scripts.store import LineItem
 from ..store import WAIT_MS, DelayStore, SlotAsk, slot_member
-from ..store.glines import LINE_RECHECK_MS, GroupRoom
+from ..store.glines import LINE_RECHECK_MS, GroupRoom, line_order
 from ..targets import Delivery, RunTarget, Target
 from . import slots
 from .clock import Clock
@@ -125,17 +125,23 @@ class GroupHook(PassHook):
         return others
 
     def _take(self, by_key: Mapping[str, _Asking], mode: str) -> dict[str, SlotGrant | Exception]:
-        """Slots for ``by_key``'s items: granted while the group is under its limit, else refused
-        (mode "skip": no item takes a place in the slot keys' own line; the group line is it)."""
-        asks = {key: SlotAsk(a.limit, [(m, back.ready_ms) for _, m, back in a.items]) for key, a in by_key.items()}
-        return self.store.take_slots(asks, hold_ms=self.start_window_ms, wait_ms=WAIT_MS, mode=mode, minted=True)
+        """Slots for ``by_key``'s items (mode "take"), or a look at their groups' reports ("join"
+        of none). A refused item keeps its place in the slot key's line a while, in its group
+        line's order: the release step lets that line's earliest through first, so the free slot
+        it keeps is taken by the item it waits for (a periodic run its overlap policy buffered
+        waits there too)."""
+        asks = {
+            key: SlotAsk(a.limit, [(m, line_order(back.rank, back.ready_ms)) for _, m, back in a.items])
+            for key, a in by_key.items()
+        }
+        return self.store.take_slots(asks, hold_ms=self.start_window_ms, wait_ms=WAIT_MS, mode=mode)
 
     def admit(self, kind: str, deliveries: list[Delivery], now_ms: int) -> Admission:
         by_key: dict[str, _Asking] = {}
         go = self._grouped(kind, deliveries, by_key, now_ms + slots.RECHECK_MS)
         if not by_key:
             return Admission(deliveries, [])
-        grants = self._take(by_key, "skip")
+        grants = self._take(by_key, "take")
         later: list[tuple[str, int]] = []
         for key, asking in by_key.items():
             grant = grants[key]
@@ -148,7 +154,7 @@ class GroupHook(PassHook):
             if grant.running:
                 self.holding.add(key)
             for (d, _, back), place, token in zip(asking.items, grant.places, grant.tokens):
-                if place == -1:
+                if place < 0:
                     d.slot_token = token
                     go.append(d)
                 else:

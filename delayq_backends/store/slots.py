@@ -123,7 +123,6 @@ class Slots(StoreCore):
         wait_ms: int,
         now: int | None = None,
         mode: str = "take",
-        minted: bool | None = None,
     ) -> dict[str, SlotGrant | Exception]:
         """Take slots for the items of each key of ``asks``, in one round trip; each key's
         grant, or the error its keys raised. ``mode`` "join": the items only take their places in
@@ -133,15 +132,11 @@ class Slots(StoreCore):
         order): its worker reports the item's start, beats and end with it, and no other report
         counts. A periodic run's overlap modes take tokenless holds (any report ends them).
         The items a free slot waits for that did not ask (``SlotGrant.heads``) are brought
-        forward (:meth:`_bring_forward`): ends read here reach the head of the line within a pass.
-        ``minted``: whether granted holds get tokens in another mode than "take" (a group's
-        admission takes its slots in mode "skip": under the limit, or refused, with no place kept
-        in the slot keys' line, whose place is the group's line)."""
+        forward (:meth:`_bring_forward`): ends read here reach the head of the line within a pass."""
         at = self.script_now(now)
         calls, tokens_of = [], {}
-        mint = mode == "take" if minted is None else minted
         for key, a in asks.items():
-            tokens = tuple(secrets.token_hex(16) if mint else "" for _ in a.asking)
+            tokens = tuple(secrets.token_hex(16) if mode == "take" else "" for _ in a.asking)
             tokens_of[key] = tokens
             asking = [(m, order, t) for (m, order), t in zip(a.asking, tokens)]
             keys = self.slot_keys(key)
@@ -303,7 +298,8 @@ class Slots(StoreCore):
             for i, key in enumerate(chunk):
                 limit, running, waiting, *lines = replies[per_key * i : per_key * (i + 1)]
                 _raise_unless_plain(limit, running, waiting, *lines)
-                found.append(_status(key, limit, running, _count(waiting) + sum(map(_count, lines))))
+                # a periodic run buffered by its overlap policy is in both lines: counted once
+                found.append(_status(key, limit, running, max(_count(waiting), sum(map(_count, lines)))))
         return found
 
     def slot_board(self, keys: Sequence[str], *, offset: int = 0, limit: int | None = None) -> SlotBoard:
