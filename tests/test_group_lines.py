@@ -283,3 +283,27 @@ def test_garbage_on_the_groups_wake_channel_is_a_hint_at_most(running: Running) 
     store.schedule("plain", past(), envelope("plain"))
     running.wait(lambda: running.target.ids == ["plain"], "the plain item")
     assert not any(store.client.exists(store.keys(n).gready) for n in range(store.shards))
+
+
+def test_an_older_producers_grouped_item_in_the_due_index_joins_its_line_when_refused(
+    valkey_url: str, prefix: str
+) -> None:
+    """A producer of a release before lines writes a grouped item into the due index: the claim
+    takes it, its group refuses it (at its limit), and it waits in the line from then on."""
+    from delayq_backends.models import ScheduleItem
+    from delayq_backends.scripts.store import ScheduleOne
+
+    store = make_store(valkey_url, prefix, shards=1)
+    k = store.keys(0)
+    store.set_slot_limit("g", 1)
+    store.schedule("g-0", past(20), envelope("g-0", "g"))  # born parked: the one that runs
+    old = ScheduleItem("g-1", int(past(10).timestamp() * 1000), envelope("g-1", "g"))
+    store.scripts.run(ScheduleOne.call(k, old, wake=store.wake_channel))  # as 0.4 wrote it
+    target = CollectingTarget("list")
+    forwarder = Forwarder(store, [target])
+    forwarder.run_until_idle()
+    assert target.ids == ["g-0"]
+    assert store.client.zscore(k.due, "g-1") == PARKED_MS and store.client.hget(k.parked_why, "g-1") == b"group:g"
+    assert store.client.zrange(k.gline("g"), 0, -1) == [b"g-1"] and store.client.hget(k.tries, "g-1") is None
+    assert forwarder.run_until_idle().forwarded == 0  # waits in its line: no claim reads it
+    assert store.claim(0).items == []

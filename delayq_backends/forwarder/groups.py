@@ -51,8 +51,9 @@ log = logging.getLogger("delayq.forwarder")
 WAKES_PER_PASS = 100
 #: How long a group's weight read is used before it is read again (ms).
 WEIGHT_TTL_MS = 1_000
-#: Groups whose weights are kept beyond their TTL before the quiet ones are forgotten (a tenth of it).
-GROUPS_KEPT = 10_000
+#: Groups a forwarder keeps what it learned of (weights, limits carried) before it forgets the
+#: lot and learns again: memory stays bounded however many groups come and go.
+GROUPS_KEPT = 100_000
 #: Admissions of a group's items that carry no limit before it counts as unlimited (:meth:`GroupHook._learn`).
 PROBES = 3
 #: Line heads read per group at a limit to share its free slots across the shards, at most.
@@ -167,6 +168,9 @@ class GroupHook(PassHook):
         as unlimited only after :data:`PROBES` admissions saw none: until then the release step
         lets one item at a time through, so a limit carried by the next items still holds their
         order."""
+        if len(self.limits) + len(self._unlimited) > GROUPS_KEPT:
+            self.limits.clear()
+            self._unlimited.clear()
         if carried:
             self.limits[key] = carried
         elif key not in self.limits:
@@ -294,7 +298,7 @@ class ReleaseStep:
         stale = sorted(g for g in groups if now - self._weight_read.get(g, (0.0, -WEIGHT_TTL_MS))[1] >= WEIGHT_TTL_MS)
         for g, w in self.store.group_weights(stale).items():
             self._weight_read[g] = (w, now)
-        if len(self._weight_read) > 10 * GROUPS_KEPT:  # groups gone quiet: forget them
+        if len(self._weight_read) > GROUPS_KEPT:  # groups gone quiet: forget them
             self._weight_read = {g: v for g, v in self._weight_read.items() if now - v[1] < WEIGHT_TTL_MS}
         return {g: self._weight_read[g][0] for g in groups}
 
