@@ -56,6 +56,7 @@ from .keys import (
     GROUP_KEYS,
     ShardKeys,
     batch_channel,
+    group_wake_channel,
     key_rate_key,
     meta_key,
     periodic_code_key,
@@ -98,7 +99,8 @@ _HASH_READS = ("+hget", "+hexists", "+hlen", "+hmget", "+hscan")
 #: (rearm), version check (sync_version) or trusted definitions (periodic_trust): syncs and
 #: ``delayq periodic`` run on the forwarder or operator role.
 PRODUCER_FUNCTIONS = (
-    "schedule", "schedule_one", "cancel", "reschedule", "debounce", "batch_open", "batch_add", "batch_end",
+    "schedule", "schedule_one", "group_schedule", "cancel", "reschedule", "debounce", "batch_open", "batch_add",
+    "batch_end",
 )  # fmt: skip
 
 #: The scripts a worker runs besides a producer's: promote brings the head of a concurrency
@@ -222,7 +224,12 @@ def _slot_holds(prefix: str, name: str = "holds") -> str:
 def _role_keys(prefix: str, role: str) -> list[str]:
     """The key rules of ``role``: read and write (``~``) or read only (``%R~``)."""
     if role in _PRODUCES:
-        writes = [_shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", "calls:*", "batch*")]
+        # a grouped item is scheduled born parked in its group's line (group_schedule.lua); the
+        # parking keys (parked, parked_why) stay the forwarders'
+        lines = ("gline:*", "gready")
+        writes = [
+            _shard_key(prefix, n) for n in ("due", "items", "tries", "leased", "ranked", *lines, "calls:*", "batch*")
+        ]
         reads = [_shard_key(prefix, "dead*"), meta_key(prefix)]
         if role == "worker":
             # a slot key's line, read to bring its head forward at a task's end; the holds, tokens
@@ -255,6 +262,8 @@ def acl_rules(prefix: str, role: str, *, functions: bool = True) -> list[str]:
         raise ConfigError(f"unknown role {role!r}: use one of {sorted(ROLES)}")
     Config(prefix=prefix)  # a prefix with glob characters or ':' would cover other prefixes
     channels = [f"&{wake_channel(prefix)}"] if role in _RUNS_SCRIPTS else []
+    if role in ("forwarder", "operator", "worker"):  # a worker's end names its group; forwarders listen
+        channels.append(f"&{group_wake_channel(prefix)}")
     if role in _PRODUCES:  # batch_end.lua publishes a batch's summary
         channels.append(f"&{batch_channel(prefix, '*')}")
     rules = ["resetkeys", "resetchannels", "-@all", *ROLES[role], *_scripts(role, functions)]
@@ -305,6 +314,8 @@ def _key_kinds(prefix: str) -> list[tuple[str, str]]:
     return [
         *((f"ShardKeys.{n}", getattr(shard, n)) for n in ("due", "items", "tries", "leased", "ranked")),
         *((f"ShardKeys.{n}", getattr(shard, n)) for n in ("dead", "dead_items", "dead_info")),
+        *((f"ShardKeys.{n}", getattr(shard, n)) for n in ("parked", "parked_why", "gready")),
+        ("ShardKeys.gline", shard.gline("K")),
         ("ShardKeys.calls", shard.calls("ID")),
         ("ShardKeys.started", shard.started("ID", 0)),
         *((f"ShardKeys.{n}", getattr(shard, n)("K")) for n in ("batch", "batch_members", "batch_done", "batch_failed")),

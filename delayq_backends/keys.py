@@ -23,6 +23,8 @@ __all__ = [
     "SLOT_KEYS",
     "BALANCED_MAX_SHARDS",
     "CLAIMER_BYTES",
+    "GROUP_REASON",
+    "RELEASED_BIAS_MS",
     "COLLAPSE_MODES",
     "LAYOUT",
     "MAX_ID_BYTES",
@@ -38,6 +40,8 @@ __all__ = [
     "collapsed_key",
     "group_bucket_key",
     "group_policy_key",
+    "group_reason",
+    "group_wake_channel",
     "key_rate_key",
     "meta_key",
     "normalize_id",
@@ -72,6 +76,20 @@ RANK_SPAN = 2**44
 #: parked item is told from a paused one, and any release's claim, the oldest included, skips it.
 #: Must match PARKED_MS in ``scripts/includes/parking.lua``.
 PARKED_MS = 253_402_300_798_999
+
+
+#: How far ahead of every other item a group's line puts the items it releases: their ``due``
+#: score is their ready time minus this (2^43 ms, 279 years), so the claim takes them first
+#: while the leased entry keeps the true ready time. Must match ``includes/glines.lua``.
+RELEASED_BIAS_MS = 2**43
+
+#: The kind of a parked item's reason when it waits in its group's line: ``group:<key>``.
+GROUP_REASON = "group"
+
+
+def group_reason(key: str) -> str:
+    """The ``parked_why`` of an item waiting in group ``key``'s line."""
+    return f"{GROUP_REASON}:{key}"
 
 
 #: Unicode categories an id may not hold: controls (C0, DEL, C1), format characters (bidi
@@ -177,6 +195,13 @@ def wake_channel(prefix: str) -> str:
     return f"{prefix}:wake"
 
 
+def group_wake_channel(prefix: str) -> str:
+    """Pub/sub channel on which a worker's end report names its group: a hint that the group has
+    room again, so forwarders look at its lines at once (the message is a group key, never trusted
+    beyond that)."""
+    return f"{prefix}:groups:wake"
+
+
 def periodic_key(prefix: str) -> str:
     """HASH of the periodic entries synced into the store (entry name → item id), so a sync
     finds the entries gone from the config without scanning the store."""
@@ -265,8 +290,8 @@ def group_policy_key(prefix: str, key: str) -> str:
     ``rate`` (text ``N/s``, ``N/m`` or ``N/h``), ``weight``, ``paused`` (who paused it),
     ``throttled_until`` (ms) and ``throttled_by``; a field absent: the item's value, else the
     pattern's (``GroupPolicies``), else none. In the group's own tag (a group is a slot key):
-    ``slot_take.lua`` reads it beside the holds. :func:`slot_limit_key` is the older alias of
-    ``limit``, read when the hash has none."""
+    ``slot_take.lua`` reads it beside the holds, the release step its ``weight``.
+    :func:`slot_limit_key` is the older alias of ``limit``, read when the hash has none."""
     return _slot(prefix, key, "policy")
 
 
@@ -418,6 +443,20 @@ class ShardKeys:
         must know to release it; read by the re-check, shown in listings."""
         return self._key("parked_why")
 
+    def gline(self, group: str) -> str:
+        """ZSET id -> order (``(255 - rank) * 2^44 + ready ms``, as ``ranked``): the shard's line of
+        group ``group``, the items that wait for the group to take them (parked, reason
+        ``group:<group>``). Producers add to it; forwarders release its heads (group_release.lua).
+        Not in :meth:`all`: a key per group."""
+        return self._key(f"gline:{group}")
+
+    @cached_property
+    def gready(self) -> str:
+        """ZSET group -> ms at which the group's line in this shard may next release: its head's
+        ready time, the time its rate or throttle allows, or a second ahead while it is at its
+        limit or paused (looked at again then by any forwarder, sooner on a wake)."""
+        return self._key("gready")
+
     def started(self, item_id: str, run: int) -> str:
         """STRING written (SET NX PX) when a worker starts run ``run`` of ``item_id``: the
         worker-side dedupe record. Per run, so a retry (same id, next run) is not a duplicate;
@@ -463,7 +502,7 @@ class ShardKeys:
         """Every key of the shard (each script names the ones it takes: scripts/store.py)."""
         return [
             self.due, self.items, self.tries, self.leased, self.dead, self.dead_items, self.dead_info, self.ranked,
-            self.parked, self.parked_why,
+            self.parked, self.parked_why, self.gready,
         ]  # fmt: skip
 
     def periodic_history(self, name: str) -> str:

@@ -22,6 +22,8 @@ __all__ = [
     "FailCounts",
     "FailedDelivery",
     "LeaseExtension",
+    "LinePlace",
+    "LineRelease",
     "Parked",
     "ParkedCounts",
     "RearmOutcome",
@@ -308,6 +310,26 @@ class ParkedCounts:
     released: int = 0
     kept: int = 0
     stale: int = 0
+
+
+@dataclass(frozen=True)
+class LineRelease:
+    """What ``group_release.lua`` did with one group's line in one shard: items released into
+    the due index, due items still waiting in the line, and the time the line may next release
+    (None: the line is empty)."""
+
+    released: int
+    waiting: int
+    next_ms: int | None
+
+
+@dataclass(frozen=True)
+class LinePlace:
+    """Where an item waits in its group's line (``DelayStore.line_place``): the group, and how
+    many items of the group's lines (every shard's) go before it."""
+
+    group: str
+    ahead: int
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,10 @@ def fire_runs(store: DelayStore, asks: Mapping[str, OverlapAsk]) -> dict[str, Fi
     out: dict[str, Fire | DelayqError] = {}
     for policy, mode in _MODES.items():
         mine = {name: a for name, a in asks.items() if a.policy == policy}
+        if policy == BUFFER_ONE and mine:  # a run buffered before waits in its group's line
+            waiting = store.group_lines([overlap_slot(name).key for name in mine])
+            out.update((name, Fire.SKIP) for name in mine if waiting[overlap_slot(name).key])
+            mine = {name: a for name, a in mine.items() if name not in out}
         if not mine:
             continue
         by_key = {overlap_slot(name).key: SlotAsk(1, [(a.member, a.order)]) for name, a in mine.items()}

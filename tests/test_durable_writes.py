@@ -130,6 +130,7 @@ WRITES: dict[str, Callable[[Stores], object]] = {
     "schedule": lambda s: s.durable.schedule("a", 60, ENVELOPE),
     "schedule(batch=)": lambda s: s.durable.schedule("a", 60, ENVELOPE, batch=_batch(s)),
     "schedule_many": lambda s: s.durable.schedule_many([("a", 60, ENVELOPE)]),
+    "schedule(slot=)": lambda s: s.durable.schedule("a", 60, ENVELOPE, slot="k"),
     "schedule_checked": lambda s: s.durable.schedule_checked([s.durable.check_item("a", 60, ENVELOPE, 0)]),
     "schedule_with": lambda s: s.durable.schedule_with(
         lambda keys, item, wake: ScheduleOne.call(keys, item, wake=wake), "a", 60, ENVELOPE
@@ -201,6 +202,11 @@ INTERNAL = {
     "replace_envelope": "rq-upgrade's format change: lost, the forwarder dead-letters the item naming rq-upgrade, "
     "which upgrades dead letters too",
     "check_meta": "records the prefix's layout once: lost, the next writer records it again",
+    "release_lines": "a forwarder's release of group line heads: lost, they are in their line and released again",
+    "to_lines": "lost: the item waits for its lease to end, then is claimed and put in its line again",
+    "wake_groups": "a hint: lost, the group's line is looked at within a second anyway",
+    "bring_lines_near": "a forwarder's repair of a hand write: lost, the next re-check repeats it",
+    "group_rooms": "a forwarder's look at its groups' slot keys (take_slots' fold): lost, the next look repeats it",
 }
 #: Public methods that write nothing.
 READS = {
@@ -210,6 +216,7 @@ READS = {
     "pending_in_batch", "rank",
     "scan", "scheduled", "script_now", "server_time_ms", "shard_of", "slot_board", "slot_keys",
     "slot_keys_in_use", "slot_status", "slot_statuses", "slot_token_proof", "started", "stats", "subscribe_wake", "why",
+    "due_groups", "line_heads", "group_lines", "line_place", "group_weights",
 }  # fmt: skip
 #: periodic.ops' public functions that write (their cases above start with "periodic <name>").
 PERIODIC_WRITES = {"upsert", "pause", "resume", "run_now", "backfill", "remove", "sync_code", "trust_stored"}
@@ -249,8 +256,11 @@ DURABLE = {
     "ShardKeys.batch_fired": "finish_in_batch",  # the completion's mark (batch_end.lua)
     "ShardKeys.batch_firing": "finish_in_batch",  # the mark's makings, renamed in the same call
     "batch_channel": "internal: an advisory notice, not data",
-    "ShardKeys.parked": "internal: park, recheck_parked (a forwarder's)",
-    "ShardKeys.parked_why": "internal: park, recheck_parked (a forwarder's)",
+    "ShardKeys.parked": "internal: park, recheck_parked, to_lines (a forwarder's)",
+    "ShardKeys.parked_why": "internal: park, recheck_parked, to_lines (a forwarder's)",
+    "ShardKeys.gline": "schedule(slot=)",
+    "ShardKeys.gready": "schedule(slot=)",
+    "group_wake_channel": "internal: a hint, not data",
     "ShardKeys.periodic_history": "internal: the run history (periodic_run)",
     "ShardKeys.periodic_runs": "internal: the run history (periodic_run)",
     "rq mirror": "internal: RQ's registry, a mirror the forwarder rebuilds",

@@ -69,6 +69,9 @@ COVERED = {
     "ShardKeys.parked": "here: test_garbage_in_the_parking_keys_never_stops_the_line; roles: "
     "tests/test_security.py::test_only_a_forwarder_parks_and_a_producer_or_worker_cannot_touch_the_parked_items",
     "ShardKeys.parked_why": "here: test_garbage_in_the_parking_keys_never_stops_the_line",
+    "ShardKeys.gline": "tests/test_group_lines.py::test_garbage_in_group_lines_never_stops_a_group",
+    "ShardKeys.gready": "tests/test_group_lines.py::test_garbage_in_group_lines_never_stops_a_group",
+    "group_wake_channel": "tests/test_group_lines.py::test_garbage_on_the_groups_wake_channel_is_a_hint_at_most",
     "slot_holds_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_waiting_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",
     "slot_waits_key": "tests/test_slots.py::test_garbage_in_slot_keys_never_stops_the_line",

@@ -400,6 +400,20 @@ def _periodic_run(store: TestingStore, clock: FakeClock) -> None:
     assert (run.published_ms, run.lateness_ms) == (clock.ms, 250)
 
 
+def _group_release(store: TestingStore, clock: FakeClock) -> None:
+    from delayq_backends.envelope import Slot, with_slot
+    from delayq_backends.keys import RELEASED_BIAS_MS
+
+    grouped = with_slot(Envelope(target="mail", destination="q", body=b"x"), Slot("g"))
+    store.schedule("a", clock.now() - timedelta(milliseconds=250), grouped)  # born parked in its group's line
+    keys = store.keys(store.shard_of("a"))
+    reply = store.release_lines({store.shard_of("a"): [("g", 1, 0)]})[store.shard_of("a")]
+    assert not isinstance(reply, Exception)
+    [released], _ = reply
+    assert released.released == 1 and store.client.zscore(keys.due, "a") == clock.ms - 250 - RELEASED_BIAS_MS
+    assert store.client.hget(keys.leased, "a") == f"{clock.ms}:deferred:{clock.ms - 250}".encode()
+
+
 #: One check per script whose "now" a caller may choose (``now_ms(ARGV[..])``: the server's TIME
 #: when given 0). debounce.lua reads TIME only for its counter's expiry, a server-side TTL.
 TIME_READERS = {
@@ -412,6 +426,7 @@ TIME_READERS = {
     "slot_take": _slot_take,
     "promote": _promote,
     "unpark": _unpark,
+    "group_release": _group_release,
     "sync_version": _sync_version,
     "periodic_run": _periodic_run,
 }

@@ -28,6 +28,7 @@ from ..targets import Target
 from .backoff import OutageBackoff, ShardBackoff
 from .clock import Clock
 from .context import Context
+from .groups import GroupHook, ReleaseStep
 from .heartbeat import Heartbeat
 from .hooks import FlowHook, LosslessHook, PassHook, PeriodicHook
 from .loop import Loop, check_targets
@@ -38,7 +39,6 @@ from .prepare import Preparer
 from .publish import Publisher
 from .settings import ForwarderSettings
 from .settle import Settler
-from .slots import SlotHook
 from .stats import ForwarderStats
 from .tracing import ForwardTracer
 
@@ -109,20 +109,21 @@ class Forwarder:
         hooks: list[PassHook] = [PeriodicHook(retry_ms, max_retry_ms), FlowHook(self.flow, metrics)]
         if settings.keep_ms:
             hooks.append(LosslessHook(settings.keep_ms, store, self.targets, self.stats, metrics))
-        #: last: only what every other hook let go takes a slot
-        self.slots = SlotHook(store, self.targets, int(settings.slot_start_window * 1000))
+        #: last: only what every other hook let go takes a slot of its group
+        self.slots = GroupHook(store, self.targets, int(settings.slot_start_window * 1000), self.stats)
         hooks.append(self.slots)
+        self.lines = ReleaseStep(store, self.slots, self.clock, self.stats, settings.batch)
         ctx = Context(store, self.targets, hooks, self.clock, self.stats, metrics, self.name, retry_ms, max_retry_ms)
         tracer = ForwardTracer.start(self.targets, tracer_provider)
         publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5), tracer=tracer)
         stages = (Preparer(ctx), publisher, Settler(ctx))
-        self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages)
+        self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages, self.lines.release)
         self.sweeper = Sweeper(self.pass_, self._stop, settings.overlap)
         backoffs = (self.shards, self.outages)
         self.recheck = ParkedRecheck(ctx)
         self.loop = Loop(
             ctx, self._sweep, backoffs, self.pauses, settings.poll_interval, self._stop,
-            meta_watch=settings.meta_watch, recheck=self.recheck,
+            meta_watch=settings.meta_watch, recheck=self.recheck, lines=self.lines,
         )  # fmt: skip
 
     def server_now_ms(self) -> int:

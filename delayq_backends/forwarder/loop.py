@@ -17,6 +17,7 @@ from ..pauses import TargetPauses
 from ..targets import CheckedTarget, Target
 from .backoff import OutageBackoff, ShardBackoff
 from .context import Context
+from .groups import ReleaseStep
 from .parking import RECHECK_EVERY_S, ParkedRecheck
 
 __all__ = ["Loop"]
@@ -48,9 +49,11 @@ class Loop:
         *,
         meta_watch: float,
         recheck: ParkedRecheck,
+        lines: ReleaseStep,
     ) -> None:
         self.ctx = ctx
         self.recheck = recheck
+        self.lines = lines
         self.store = ctx.store
         self.sweep = sweep
         self.shards, self.outages = backoffs
@@ -66,7 +69,10 @@ class Loop:
         """The store's heads; if they cannot be read as numbers (a score written straight into
         Redis), every shard reads as due, so each is tried and a bad one is set aside alone."""
         try:
-            return self.store.heads()
+            lines: list[int | None] = []
+            heads = self.store.heads(lines=lines)
+            self.lines.saw(lines)
+            return heads
         except CONNECTION_ERRORS:
             raise
         except Exception as exc:
@@ -87,6 +93,7 @@ class Loop:
                     if time.monotonic() >= next_recheck:
                         again = self.recheck.run()
                         next_recheck = time.monotonic() + (0 if again else RECHECK_EVERY_S)
+                    self.lines.apply_wakes()
                     heads = self.heads()
                     if self.sweep(heads) == 0:  # nothing was claimed, so these heads still hold
                         pubsub = self.sleep(pubsub, heads)
@@ -125,7 +132,9 @@ class Loop:
         if old is not None:
             old.close()
         try:
-            return self.store.subscribe_wake()
+            pubsub = self.store.subscribe_wake()
+            pubsub.subscribe(self.store.group_wake_channel)  # a worker's end names its group there
+            return pubsub
         except CONNECTION_ERRORS as exc:
             log.warning(
                 "cannot subscribe to %s (%s); polling every %.1f s", self.store.wake_channel, exc, self.poll_interval
@@ -153,6 +162,9 @@ class Loop:
             except CONNECTION_ERRORS:
                 return self.subscribe(pubsub)
             if message and message.get("type") == "message":
+                if _text(message.get("channel")) == self.store.group_wake_channel:  # a slot given back
+                    self.lines.woken(message.get("data"))
+                    break
                 wake_at = min(wake_at, self.wake_time(message.get("data"), wake_at))
         return pubsub
 
@@ -195,6 +207,10 @@ class Loop:
         )
         if paused := self.pauses.describe():  # a pause is logged once; this says it still holds
             log.warning("%s", paused)
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def check_targets(targets: Mapping[str, Target]) -> None:

@@ -24,7 +24,16 @@ from ..models import ParkedCounts
 from ..outages import CONNECTION_ERRORS
 from .context import Context
 
-__all__ = ["FORMAT", "PARK_FOR_MS", "RECHECK_EVERY_S", "RECHECK_LIMIT", "TARGET", "ParkedRecheck", "reason"]
+__all__ = [
+    "FORMAT",
+    "LINE_AHEAD_MS",
+    "PARK_FOR_MS",
+    "RECHECK_EVERY_S",
+    "RECHECK_LIMIT",
+    "TARGET",
+    "ParkedRecheck",
+    "reason",
+]
 
 log = logging.getLogger("delayq.forwarder")
 
@@ -35,6 +44,9 @@ PARK_FOR_MS = 30_000
 RECHECK_EVERY_S = 10.0
 #: Most parked items one look reads per shard: the look's cost stays bounded whatever is parked.
 RECHECK_LIMIT = 1000
+
+#: How far ahead a group line's next look (``gready``) may lie before the re-check brings it to now.
+LINE_AHEAD_MS = 60_000
 
 #: Reasons: an envelope format this forwarder does not read; a target kind it has none of.
 FORMAT, TARGET = "format", "target"
@@ -88,4 +100,15 @@ class ParkedRecheck:
         self.ctx.stats.unparked += total.released
         if total.released:
             log.info("released %d parked items this forwarder can now deliver", total.released)
+        self._bring_lines_near(now)
         return again
+
+    def _bring_lines_near(self, now: int) -> None:
+        """Make the group lines due now whose next look lies over :data:`LINE_AHEAD_MS` ahead (one
+        round trip): a forwarder never sets one so far (its looks at a full group are a second
+        apart, and a look sets a throttle's time again), so such a time is a hand write that
+        would hold the group's items."""
+        moved = self.ctx.store.bring_lines_near(now=now, ahead_ms=LINE_AHEAD_MS)
+        if moved:
+            log.warning("%d group lines were set to wait over %d s (written by another tool); looked at now",
+                        moved, LINE_AHEAD_MS // 1000)  # fmt: skip

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -57,8 +57,12 @@ class Pass:
         stages: tuple[Preparer, Publisher, Settler],
         shards: ShardBackoff,
         outages: OutageBackoff,
+        release: Callable[[Sequence[int]], list[int]] | None = None,
     ) -> None:
         self.ctx = ctx
+        #: the release step (:class:`~.groups.ReleaseStep`): group line heads into the due index;
+        #: it tells which due shards are worth a claim
+        self.release = release
         self.store = ctx.store
         self.batch = batch
         self.heartbeat = heartbeat
@@ -71,9 +75,12 @@ class Pass:
         return self.deliver(self.claim(due))
 
     def claim(self, due: Sequence[int]) -> Claimed:
-        """Claim a batch of each shard of ``due`` in one round trip (an outage raises)."""
+        """Release the groups' line heads whose time came (:mod:`.groups`), then claim a batch
+        of each shard of ``due`` in one round trip (an outage raises)."""
+        if self.release is not None:
+            due = self.release(due)
         started = time.perf_counter()
-        claims = self.store.claim_many(list(due), limit=self.batch, claimer=self.ctx.name)
+        claims = self.store.claim_many(list(due), limit=self.batch, claimer=self.ctx.name) if due else []
         if self.ctx.metrics is not None:
             self.ctx.metrics.observe_claim(time.perf_counter() - started)
         held = self.heartbeat.hold()

@@ -46,7 +46,7 @@ from rq.utils import import_attribute, utcformat
 
 from ..envelope import Envelope
 from ..errors import DelayqError
-from ..forwarder.slots import RECHECK_MS
+from ..forwarder.slots import RUN_RECHECK_MS
 from ..keys import MAX_RANK, RANK_SPAN
 from ..models import DeliveryFailure
 from ..outages import gives_back
@@ -698,7 +698,7 @@ class RQTarget:
                 why = f"its overlap policy could not be applied ({outcome if store else 'no slot role on this store'})"
                 report.failed.append(DeliveryFailure(d.id, why, waits=True))
             elif outcome is Fire.WAIT:
-                report.later.append((d.id, int(now * 1000) + RECHECK_MS))
+                report.later.append((d.id, int(now * 1000) + RUN_RECHECK_MS))
             elif outcome is Fire.SKIP:
                 self._skip(d, lease, now)
                 report.published.append(d.id)

@@ -85,7 +85,7 @@ SCRIPT_NAMES = tuple(
 ACKNOWLEDGED_SCRIPTS = frozenset(
     {
         "schedule", "schedule_one", "reschedule", "cancel", "debounce", "requeue", "purge", "rq_schedule",
-        "batch_open", "batch_add", "batch_end", "sync_version", "periodic_trust",
+        "batch_open", "batch_add", "batch_end", "sync_version", "periodic_trust", "group_schedule",
     }
 )  # fmt: skip
 #: The other scripts, each with why it does not wait (docs/guarantees.md, "Failover"): the
@@ -103,6 +103,9 @@ INTERNAL_SCRIPTS: dict[str, str] = {
     "rearm": "a forwarder's: lost, the period fires again (a user's compare-and-set, replace_if, waits)",
     "promote": "lost: the item is released at its next ask instead of now",
     "park": "lost: the item waits for its lease to end, then is claimed and parked again",
+    "group_release": "lost: the items are back in their line (a parked re-check finds them there) and released "
+    "again when their group's look comes, within a second",
+    "group_park": "lost: the item waits for its lease to end, then is claimed and put in its line again",
     "unpark": "lost: a parked item is released at the next look instead (10 s later), or looked at again sooner",
     "take": "lost: the queue's rate bucket refills early, once",
     "slot_take": "lost: a slot held at release is free early (the limit may be passed once, until holds lapse); "

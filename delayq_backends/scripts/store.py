@@ -23,6 +23,7 @@ from ..models import (
     FailCounts,
     FailedDelivery,
     LeaseExtension,
+    LineRelease,
     Parked,
     ParkedCounts,
     RearmOutcome,
@@ -48,6 +49,9 @@ __all__ = [
     "Defer",
     "Extend",
     "Fail",
+    "GroupPark",
+    "GroupRelease",
+    "GroupSchedule",
     "Keep",
     "Park",
     "PeriodicRun",
@@ -251,6 +255,87 @@ class Unpark(ShardScript):
         """Release ``release`` (due now) and keep ``keep`` parked until ``later_ms``: those still parked."""
         args = [now, wake, later_ms, len(release), *release, *keep]
         return cls._call(keys, args, lambda r: ParkedCounts(int(r[0]), int(r[1]), int(r[2])))
+
+
+@dataclass(frozen=True)
+class LineItem:
+    """An item for a group line: its id, ready ms, rank and line group's key (and, scheduled,
+    its envelope; put back in line, the time its group may take it)."""
+
+    id: str
+    ready_ms: int
+    rank: int
+    group: str
+    envelope: bytes = b""
+    until_ms: int = 0
+
+
+def _lines(keys: ShardKeys, groups: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The distinct groups of ``groups`` in order, and their lines' keys in that order."""
+    named = list(dict.fromkeys(groups))
+    return named, [keys.gline(g) for g in named]
+
+
+class GroupSchedule(ShardScript):
+    """group_schedule.lua: grouped items scheduled born parked in their groups' lines."""
+
+    name = "group_schedule"
+    key_names = ("due", "items", "tries", "leased", "ranked", "gready")
+
+    @classmethod
+    def call(cls, keys: ShardKeys, items: Sequence[LineItem], *, keep: bool, wake: str) -> ScriptCall[ScheduleCounts]:
+        """Schedule ``items``; with ``keep``, an existing id stays as it is."""
+        named, lines = _lines(keys, (i.group for i in items))
+        index = {g: n for n, g in enumerate(named, 1)}
+        args: list[Any] = ["keep" if keep else "replace", wake, len(named), *named]
+        for i in items:
+            args += (i.id, i.ready_ms, i.envelope, i.rank, index[i.group])
+        return ScriptCall(cls.name, (*cls.keys_of(keys), *lines), tuple(args), schedule_counts)
+
+
+class GroupRelease(ShardScript):
+    """group_release.lua: up to each group's allowance of its line's heads into the due index."""
+
+    name = "group_release"
+    key_names = ("due", "leased", "ranked", "parked", "parked_why", "gready")
+
+    @classmethod
+    def call(
+        cls, keys: ShardKeys, allowances: Sequence[tuple[str, int, int]], *, now: int
+    ) -> ScriptCall[tuple[list[LineRelease], str]]:
+        """``allowances``: (group, most to release, held-until ms or 0) per group, distinct. The
+        reply: each group's release, and the keys found holding another type ("" when none)."""
+        args: list[Any] = [now]
+        for group, allowance, held_until in allowances:
+            args += (group, allowance, held_until)
+
+        def parse(reply: Any) -> tuple[list[LineRelease], str]:
+            lines, reset = reply
+            return [LineRelease(int(r), int(w), None if int(at) < 0 else int(at)) for r, w, at in lines], _text(reset)
+
+        lines = [keys.gline(g) for g, _, _ in allowances]
+        return ScriptCall(cls.name, (*cls.keys_of(keys), *lines), tuple(args), parse)
+
+
+class GroupPark(ShardScript):
+    """group_park.lua: leased items their group refused, back in its line."""
+
+    name = "group_park"
+    key_names = ("due", "tries", "leased", "ranked", "parked", "parked_why", "gready")
+
+    @classmethod
+    def call(
+        cls, keys: ShardKeys, lease: str, items: Sequence[LineItem], *, recheck_at: int
+    ) -> ScriptCall[tuple[int, int]]:
+        """Put ``items`` (under ``lease``) in their lines, each group looked at again at its
+        ``until_ms``; a parked re-check looks at them at ``recheck_at``. The reply: how many were
+        under the lease, and how many of those were deferred instead (a key of another type)."""
+        named, lines = _lines(keys, (i.group for i in items))
+        index = {g: n for n, g in enumerate(named, 1)}
+        args: list[Any] = [lease, recheck_at, len(named), *named]
+        for i in items:
+            args += (i.id, index[i.group], i.rank, i.until_ms)
+        return ScriptCall(cls.name, (*cls.keys_of(keys), *lines), tuple(args), lambda r: (int(r[0]), int(r[1])))
 
 
 class Promote(ShardScript):
@@ -559,6 +644,9 @@ SHARD_SCRIPTS: dict[str, type[ShardScript]] = {
         Requeue,
         Purge,
         Debounce,
+        GroupSchedule,
+        GroupRelease,
+        GroupPark,
     )
 }
 

@@ -3,8 +3,8 @@
 One API per role, as the ACL roles are: :class:`Producer` (schedule, reschedule, cancel),
 :class:`Forwarding` (claim under a :class:`Lease`, then ack, release, defer, fail, extend) and
 :class:`Reader` (get, list, stats, histogram, dead letters); :class:`Starts` (workers' start records);
-:class:`Slots` (concurrency slots) within :class:`Groups` (their policies); :class:`Batches`
-(batches of sub-jobs). :class:`DelayStore` is all of them.
+:class:`Slots` (concurrency slots) within :class:`Groups` (their policies) and :class:`GroupLines`
+(the groups' per-shard lines); :class:`Batches` (batches of sub-jobs). :class:`DelayStore` is all of them.
 See ``docs/architecture.md`` for the key layout and the lease protocol.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .base import Payload, StoreCore, check_rank
 from .batches import BATCH_TTL_MS, MAX_FAILED_IDS, Batches
+from .glines import GroupLines
 from .groups import UNSET, Groups, SlotKeyList, Unset
 from .lease import Forwarding, Lease
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
@@ -47,6 +48,7 @@ __all__ = [
     "NOT_A_STRING",
     "DelayStore",
     "Forwarding",
+    "GroupLines",
     "Lease",
     "Payload",
     "Producer",
@@ -63,7 +65,7 @@ __all__ = [
 ]
 
 
-class DelayStore(Producer, Forwarding, Reader, Starts, Groups, Batches):
+class DelayStore(Producer, Forwarding, Reader, Starts, Groups, GroupLines, Batches):
     """Schedule, claim and acknowledge delayed items: every role's API on one client.
 
     Built like each role alone (see :class:`~.base.StoreCore` for the arguments); users' code

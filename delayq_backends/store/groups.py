@@ -156,14 +156,21 @@ class Groups(Slots):
         return self.group_statuses([check_group_key(key)])[0].policy
 
     def groups_in_use(self) -> list[str]:
-        """Every group with holds, a line, a policy or a bucket, sorted (a SCAN of the prefix's
-        group keys, every primary's on a cluster: for ``delayq groups``, not a hot path)."""
+        """Every group with holds, a line, a policy or a bucket, sorted (SCANs of the prefix's
+        group keys and shard lines, every primary's on a cluster: for ``delayq groups``, not a hot path)."""
         start = f"{self.config.prefix}:{{{self.config.prefix}:slot:"
         found: set[str] = set()
         for raw in self.client.scan_iter(match=f"{_glob_escaped(start)}*", count=1000):
             name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
             key, sep, kind = name[len(start) :].rpartition("}:")
             if sep and kind in GROUP_KEY_NAMES:
+                found.add(key)
+        # a group whose items only wait in its shards' lines has no key of its own yet
+        lines = f"{self.config.prefix}:{{{self.config.prefix}"
+        for raw in self.client.scan_iter(match=f"{_glob_escaped(lines)}*}}:gline:*", count=1000):
+            name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            _, sep, key = name.partition("}:gline:")
+            if sep and key:
                 found.add(key)
         return sorted(found)
 
@@ -182,6 +189,7 @@ class Groups(Slots):
         now = self.clock()
         prefix = self.config.prefix
         found: list[GroupStatus] = []
+        per_key = 4 + len(self._keys)
         for start in range(0, len(keys), STATUS_CHUNK):
             chunk = keys[start : start + STATUS_CHUNK]
             with self.client.pipeline(transaction=False) as pipe:
@@ -190,10 +198,14 @@ class Groups(Slots):
                     pipe.get(slot_limit_key(prefix, key))
                     pipe.zcount(slot_holds_key(prefix, key), f"({now}", "+inf")
                     pipe.zcard(slot_waiting_key(prefix, key))
+                    for k in self._keys:  # the group's lines, one per shard, where its items wait
+                        pipe.zcard(k.gline(key))
                 replies = pipe.execute(raise_on_error=False)
             for i, key in enumerate(chunk):
-                fields, alias, running, waiting = _checked(replies[4 * i : 4 * i + 4])
-                found.append(GroupStatus(key, _policy(fields, alias, now), _count(running), _count(waiting)))
+                fields, alias, running, waiting, *lines = _checked(replies[per_key * i : per_key * (i + 1)])
+                # a periodic run buffered by its overlap policy is in both lines: counted once
+                parked = max(_count(waiting), sum(map(_count, lines)))
+                found.append(GroupStatus(key, _policy(fields, alias, now), _count(running), parked))
         return found
 
     def slot_status(self, key: str) -> SlotStatus:

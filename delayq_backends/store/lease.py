@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from ..connection import on_store_server
-from ..keys import ShardKeys, claim_token, key_rate_key, rate_key
+from ..keys import GROUP_REASON, ShardKeys, claim_token, key_rate_key, rate_key
 from ..models import (
     Claim,
     ClaimedItem,
@@ -43,6 +43,7 @@ from ..scripts.store import (
 )
 from ..timeutil import When, score_ms
 from .base import Payload, R, StoreCore, full_store_said_plainly
+from .glines import LINE_RECHECK_MS
 from .starts import is_start_record
 
 __all__ = ["Forwarding", "Lease"]
@@ -189,7 +190,9 @@ class Forwarding(StoreCore):
 
         ``releasable`` gets each reason as stored (None when missing; anything when a hand
         write): a caller accepts what it cannot read, so the next claim decides again and no
-        garbage keeps an item parked. Two round trips: the entries and reasons, then the moves.
+        garbage keeps an item parked. An item parked for its group (``group:<key>``) stays
+        parked while it is in its group's line (looked at again :data:`LINE_RECHECK_MS` later)
+        and is released once it is in none. Two round trips: the entries and reasons, then the moves.
 
         Raises:
             redis.ResponseError: a parking key holds another type (a hand write); the message names it.
@@ -200,14 +203,39 @@ class Forwarding(StoreCore):
         ids = [i for i in entries if isinstance(i, bytes)]  # the store's clients never decode
         if not ids:
             return ParkedCounts()
-        reasons = self.client.hmget(k.parked_why, ids)
-        go = [releasable(r.decode("utf-8", "replace") if isinstance(r, bytes) else None) for r in reasons]
+        reasons = [
+            r.decode("utf-8", "replace") if isinstance(r, bytes) else None for r in self.client.hmget(k.parked_why, ids)
+        ]
+        in_line = self._in_lines(k, ids, reasons)
+        go = [i not in in_line and (_grouped(why) or releasable(why)) for i, why in zip(ids, reasons)]
         release = [i for i, ok in zip(ids, go) if ok]
-        keep = [i for i, ok in zip(ids, go) if not ok]
+        keep = [i for i, ok in zip(ids, go) if not ok and i not in in_line]
         wake = self._wake
-        return self._run(
+        counts = self._run(
             lambda keys: Unpark.call(keys, release, keep, later_ms=later_ms, now=self.script_now(now), wake=wake), shard
         )
+        if not in_line:
+            return counts
+        lined = self._run(
+            lambda keys: Unpark.call(
+                keys, [], sorted(in_line), later_ms=at + LINE_RECHECK_MS, now=self.script_now(now), wake=wake
+            ),
+            shard,
+        )
+        return ParkedCounts(counts.released, counts.kept + lined.kept, counts.stale + lined.stale)
+
+    def _in_lines(self, k: ShardKeys, ids: Sequence[bytes], reasons: Sequence[str | None]) -> set[bytes]:
+        """The ``ids`` parked for a group (reason ``group:<key>``) that wait in its line: they stay
+        parked until their group releases them; one parked for a group but in no line (its line
+        lost to a hand write) is released, and its claim puts it back in line."""
+        grouped = [(i, k.gline(why.partition(":")[2])) for i, why in zip(ids, reasons) if why and _grouped(why)]
+        if not grouped:
+            return set()
+        with self.client.pipeline(transaction=False) as pipe:
+            for i, line in grouped:
+                pipe.zscore(line, i)
+            found = pipe.execute(raise_on_error=False)
+        return {i for (i, _), score in zip(grouped, found) if isinstance(score, float)}
 
     def keep(self, claim: Claim, windows: Mapping[str, int], *, now: int | None = None, pipeline: Any = None) -> int:
         """Lossless mode's ack: keep published items of ``claim`` (id -> window ms) until a
@@ -342,21 +370,33 @@ class Forwarding(StoreCore):
         replies = self.run_each(calls)
         return dict(zip(wanted, replies))
 
-    def heads(self) -> list[int | None]:
-        """Each shard's earliest score (ready time, or lease deadline), None when empty.
+    def heads(self, *, lines: list[int | None] | None = None) -> list[int | None]:
+        """Each shard's earliest score (ready time, or lease deadline, or the time a group's line
+        may next release: ``gready``), None when empty.
 
         A shard whose index cannot be read (a key of ours holding another type, say) reads as
-        due at 0, so a forwarder tries it and reports the error, while the other shards go on.
+        due at 0, so a forwarder tries it and reports the error, while the other shards go on;
+        so does a ``gready`` of another type (the release step makes it expire and says so).
+        ``lines``, when given, is filled with each shard's ``gready`` head alone.
         """
         self.check_meta(record=False)
         with self.client.pipeline(transaction=False) as pipe:
             for k in self._keys:
                 pipe.zrange(k.due, 0, 0, withscores=True)
+                pipe.zrange(k.gready, 0, 0, withscores=True)
             replies = pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, (redis.ConnectionError, redis.TimeoutError)):
                 raise reply  # an outage, not one bad shard: the caller backs off
-        return [0 if isinstance(r, Exception) else score_ms(r[0][1]) if r else None for r in replies]
+        heads: list[int | None] = []
+        for due, group in zip(replies[::2], replies[1::2]):
+            head = 0 if isinstance(due, Exception) else score_ms(due[0][1]) if due else None
+            # a gready of another type reads as due: the release step makes it expire
+            line = 0 if isinstance(group, Exception) else score_ms(group[0][1]) if group else None
+            if lines is not None:
+                lines.append(line)
+            heads.append(line if head is None else head if line is None else min(head, line))
+        return heads
 
     def subscribe_wake(self) -> Any:
         """A pub/sub connection subscribed to the wake channel: scripts publish there when a
@@ -476,6 +516,11 @@ def _shard_reply(call: Callable[[], R]) -> R | Exception:
         raise
     except Exception as exc:  # a Redis error reply, or a reply that cannot be read
         return exc
+
+
+def _grouped(why: str | None) -> bool:
+    """Whether a parked item's reason is its group's (``group:<key>``)."""
+    return why is not None and why.partition(":")[0] == GROUP_REASON
 
 
 def _ids(claim: Claim, ids: Iterable[str] | None) -> list[str]:

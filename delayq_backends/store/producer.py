@@ -14,10 +14,11 @@ from ..errors import BatchError, ConfigError, InvalidIdError, StoreFullError
 from ..keys import ShardKeys, collapse_id, normalize_id, shard_of
 from ..models import Cancelled, CancelOutcome, Collapsed, RearmOutcome, RescheduleOutcome, ScheduleCounts, ScheduleItem
 from ..scripts.library import ScriptCall
-from ..scripts.store import Cancel, Debounce, Rearm, Reschedule, Schedule, ScheduleOne
+from ..scripts.store import Cancel, Debounce, GroupSchedule, LineItem, Rearm, Reschedule, Schedule, ScheduleOne
 from ..timeutil import When, to_ms
 from .base import Payload, StoreCore
 from .batches import add_to_batch, check_batch_key, fail_in_batches, take_back, with_batch
+from .glines import line_group
 
 __all__ = ["CALLS_TTL_MS", "KEEP", "SCHEDULE_CHUNK", "Producer", "ScheduleEntry"]
 
@@ -47,6 +48,12 @@ def _keyed(envelope: Payload, rate_key: str | None) -> Payload:
 def _outcome(counts: ScheduleCounts) -> str:
     """A single item's schedule, in words."""
     return "added" if counts.added else "replaced" if counts.replaced else "kept"
+
+
+def _in_line(item: ScheduleItem) -> LineItem | None:
+    """``item`` as an item of its group's line, None when it carries no group."""
+    group = line_group(item.envelope)
+    return None if group is None else LineItem(item.id, item.ready_ms, item.rank, group, envelope=item.envelope)
 
 
 def _keep(mode: str) -> bool:
@@ -157,7 +164,10 @@ class Producer(StoreCore):
     def _schedule_item(self, item: ScheduleItem, keep: bool, pipeline: Any) -> str | None:
         shard = shard_of(item.id, self.config.shards)
         # one script call, without the bulk path's grouping: this is every apply_async's cost
-        if keep:
+        lined = _in_line(item)
+        if lined is not None:  # born parked in its group's line: no claim reads it before its group can take it
+            call = lambda k: self._line_call(k, [lined], keep)  # noqa: E731
+        elif keep:
             call = lambda k: Schedule.call(k, [item], keep=True, wake=self._wake)  # noqa: E731
         else:  # the usual case, in the script for one item
             call = lambda k: ScheduleOne.call(k, item, wake=self._wake)  # noqa: E731
@@ -268,17 +278,22 @@ class Producer(StoreCore):
         failing a whole batch, and then skip checking them twice.
         """
         keep = _keep(mode)
-        by_shard: dict[int, list[ScheduleItem]] = defaultdict(list)
+        by_shard: dict[tuple[int, bool], list[ScheduleItem | LineItem]] = defaultdict(list)
         for item in items:
-            by_shard[shard_of(item.id, self.config.shards)].append(item)
+            lined = _in_line(item)
+            by_shard[shard_of(item.id, self.config.shards), lined is not None].append(lined or item)
         chunks = [
-            (shard, items[i : i + SCHEDULE_CHUNK])
-            for shard, items in by_shard.items()
+            (key, items[i : i + SCHEDULE_CHUNK])
+            for key, items in by_shard.items()
             for i in range(0, len(items), SCHEDULE_CHUNK)
         ]
-        # built as they are sent, so the server runs one chunk while the next is built
+        # built as they are sent, so the server runs one chunk while the next is built; grouped
+        # items are born parked in their lines
         calls = (
-            (shard, Schedule.call(self._keys[shard], chunk, keep=keep, wake=self._wake)) for shard, chunk in chunks
+            (shard, self._line_call(self._keys[shard], chunk, keep))  # type: ignore[arg-type]
+            if grouped
+            else (shard, Schedule.call(self._keys[shard], chunk, keep=keep, wake=self._wake))  # type: ignore[arg-type]
+            for (shard, grouped), chunk in chunks
         )
         counts = ScheduleCounts()
         refused: list[str] = []
@@ -301,6 +316,10 @@ class Producer(StoreCore):
         if first_error is not None:
             raise first_error
         return counts
+
+    def _line_call(self, keys: ShardKeys, items: list[LineItem], keep: bool) -> ScriptCall[ScheduleCounts]:
+        """The schedule of grouped ``items`` on one shard, born parked in their lines."""
+        return GroupSchedule.call(keys, items, keep=keep, wake=self._wake)
 
     @overload
     def reschedule(self, item_id: str | bytes, when: When) -> RescheduleOutcome: ...

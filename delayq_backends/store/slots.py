@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from ..keys import (
     GROUP_KEYS,
     SLOT_KEYS,
+    group_wake_channel,
     slot_holds_key,
     slot_reports_key,
     slot_tokens_key,
@@ -102,6 +103,9 @@ class SlotAsk(NamedTuple):
     rate: str | None = None
     weight: float | None = None
     costs: Sequence[int] = ()
+    #: mode "take": each item's token (empty: a fresh one each), so an item of several groups
+    #: holds each with the one token its message carries
+    tokens: Sequence[str] = ()
 
 
 class Slots(StoreCore):
@@ -142,10 +146,15 @@ class Slots(StoreCore):
         the store's policies by pattern (``config.group_policies``); a paused or throttled
         group, or one over its rate, grants nothing (``SlotGrant.reasons`` says why)."""
         at = self.script_now(now)
-        calls, minted = [], {}
+        calls, tokens_of = [], {}
         for key, a in asks.items():
-            tokens = tuple(secrets.token_hex(16) if mode == "take" else "" for _ in a.asking)
-            minted[key] = tokens
+            if mode != "take":
+                tokens: tuple[str, ...] = ("",) * len(a.asking)
+            elif a.tokens:  # an item of several groups: one token for all its holds
+                tokens = tuple(a.tokens)
+            else:
+                tokens = tuple(secrets.token_hex(16) for _ in a.asking)
+            tokens_of[key] = tokens
             costs = a.costs or (1,) * len(a.asking)
             if len(costs) != len(a.asking):
                 raise ValueError(f"group {key!r}: {len(costs)} costs for {len(a.asking)} items: give one each")
@@ -168,7 +177,7 @@ class Slots(StoreCore):
         replies = self.run_each(calls)
         self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r.heads), at)
         return {
-            key: reply if isinstance(reply, Exception) else replace(reply, tokens=minted[key])
+            key: reply if isinstance(reply, Exception) else replace(reply, tokens=tokens_of[key])
             for key, reply in zip(asks, replies)
         }
 
@@ -177,9 +186,10 @@ class Slots(StoreCore):
     ) -> dict[str, Exception | None]:
         """A worker reports its runs' holds, per slot key, in one round trip: "start" and "beat"
         hold each ``hold_ms`` from now (capped at :data:`MAX_HOLD_MS`), "end" gives it back and
-        brings forward the items at the head of the key's line, so a forwarder takes the free
-        slot within a pass; "throttle" stops the key (a group) releasing for ``hold_ms`` (same
-        cap) at every forwarder, from the next take on. Per key, None or the error its report met.
+        brings forward the items at the head of the key's line and names the key on the groups'
+        wake channel, so a forwarder takes the free slot within a pass; "throttle" stops the key
+        (a group) releasing for ``hold_ms`` (same cap) at every forwarder, from the next take on.
+        Per key, None or the error its report met.
 
         A report is one HSET of a random field: the next take checks it against the hold's
         token, so a report that is not the hold's (another worker's member, a forged one)
@@ -195,6 +205,9 @@ class Slots(StoreCore):
                     for run in holds[key]
                 ]
                 pipe.hset(slot_reports_key(self.config.prefix, key), items=[v for pair in fields for v in pair])
+            if mode == "end":  # a hint: forwarders look at these groups' lines at once
+                for key in keys:
+                    pipe.publish(group_wake_channel(self.config.prefix), key)
             replies = pipe.execute(raise_on_error=False)
         answers = {key: reply if isinstance(reply, Exception) else None for key, reply in zip(keys, replies)}
         if mode == "end":
@@ -216,8 +229,9 @@ class Slots(StoreCore):
 
     def give_back_slots(self, holds: Mapping[str, Sequence[str]]) -> dict[str, int | Exception]:
         """A forwarder gives back the holds of ``members`` per slot key (their items were not
-        published, or a periodic run not moved), in one round trip, and brings forward the
-        heads of the keys' lines: per key, how many were held (-1: its holds key is garbage)."""
+        published, or a periodic run not moved), in one round trip, names the keys on the
+        groups' wake channel and brings forward the heads of the keys' lines: per key, how many
+        were held (-1: its holds key is garbage)."""
         prefix = self.config.prefix
         calls = [
             SlotEnd.call(
@@ -226,6 +240,10 @@ class Slots(StoreCore):
             for key, members in holds.items()
         ]
         replies: list[tuple[int, tuple[str, ...]] | Exception] = self.run_each(calls)
+        with self.client.pipeline(transaction=False) as pipe:  # a hint: forwarders look at these lines at once
+            for key in holds:
+                pipe.publish(group_wake_channel(prefix), key)
+            pipe.execute(raise_on_error=False)
         self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r[1]), self.script_now(None))
         return {key: r if isinstance(r, Exception) else r[0] for key, r in zip(holds, replies)}
 
