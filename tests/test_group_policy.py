@@ -24,8 +24,9 @@ from delayq_backends.celery import CelerySettings
 from delayq_backends.cli import main
 from delayq_backends.envelope import Slot, with_slot
 from delayq_backends.errors import ConfigError, InvalidGroupPolicyError
-from delayq_backends.group_policies import GROUP_POLICIES_ENV, MAX_THROTTLE_SECONDS
+from delayq_backends.group_policies import GROUP_POLICIES_ENV, MAX_THROTTLE_SECONDS, RATE_BURST_MS
 from delayq_backends.models import GroupPolicy, GroupStatus, SlotGrant
+from delayq_backends.scripts import script
 from delayq_backends.store import SlotAsk, SlotRun
 from delayq_backends.targets import RedisListTarget
 from tests.harness import Launcher, make_store
@@ -224,9 +225,10 @@ def test_the_runtime_policy_wins_over_the_items_values_and_they_over_the_pattern
 
 
 def test_a_rate_charges_each_item_its_cost_and_says_when_the_next_may_go(store: DelayStore) -> None:
-    """100/s holds 10 tokens (0.1 s worth); an item takes its cost, one costing more than the
-    bucket holds goes when it is full and leaves a debt the next items wait out; a refusal keeps
-    the order (none behind it goes in that call)."""
+    """100/s holds 50 tokens (RATE_BURST_MS, 0.5 s worth); an item takes its cost, one costing
+    more than the bucket holds goes when it is full and leaves a debt the next items wait out; a
+    refusal keeps the order (none behind it goes in that call)."""
+    assert f"local BURST_MS = {RATE_BURST_MS} " in script("slot_take").body
     store.set_group("r", rate="100/s")
     n = iter(range(1000))
 
@@ -238,14 +240,14 @@ def test_a_rate_charges_each_item_its_cost_and_says_when_the_next_may_go(store: 
         assert not isinstance(grant, Exception)
         return grant
 
-    first = ask(0, *[1] * 12)
-    assert first.reasons == ("",) * 10 + ("rate", "rate") and first.rate_until == T0 + 10
+    first = ask(0, *[1] * 52)
+    assert first.reasons == ("",) * 50 + ("rate", "rate") and first.rate_until == T0 + 10
     assert ask(10, 1, 1).reasons == ("", "rate")
-    costly = ask(1_000, 25, 1)  # full again (10): the 25 goes, the bucket owes 15
-    assert costly.reasons == ("", "rate") and costly.rate_until == T0 + 1_000 + 160
-    assert ask(1_159, 1).reasons == ("rate",)
-    assert ask(1_160, 1).reasons == ("",)
-    order = ask(2_000, 20, 1)  # 10 held: the 20 goes first, the 1 waits its turn behind it
+    costly = ask(1_000, 80, 1)  # full again (50): the 80 goes, the bucket owes 30
+    assert costly.reasons == ("", "rate") and costly.rate_until == T0 + 1_000 + 310
+    assert ask(1_309, 1).reasons == ("rate",)
+    assert ask(1_310, 1).reasons == ("",)
+    order = ask(2_000, 60, 1)  # 50 held: the 60 goes first, the 1 waits its turn behind it
     assert order.reasons == ("", "rate")
     assert ask(3_000).rate_until is None  # no item asking: the bucket is full
 
@@ -337,7 +339,7 @@ def test_a_rate_holds_within_2_percent_across_two_forwarders(arrivals: Arrivals)
     arrivals.start()
     wait_for(lambda: len(arrivals.of("r")) == len(ids), 30, lambda: f"{len(arrivals.of('r'))} arrived")
     times = sorted(arrivals.of("r").values())
-    steady = times[50:-50]  # past the bucket's first 10 and the forwarders' start
+    steady = times[100:-50]  # past the bucket's first 50 (0.5 s worth) and the forwarders' start
     rate = (len(steady) - 1) / (steady[-1] - steady[0])
     assert 98 <= rate <= 102, f"{rate:.2f}/s"
     wait_for(lambda: all(n > 0 for n in arrivals.forwarded()), 5, lambda: f"forwarded {arrivals.forwarded()}")
@@ -444,8 +446,8 @@ def test_patterns_from_forward_options_and_the_environment_apply_at_every_forwar
     r = arrivals.schedule("r-1", 3, first=now)
     arrivals.start("--group-policy", 'p-*={"limit": 1}', "--group-policy", 'r-*={"limit": 2}', env=env)
     wait_for(lambda: len(arrivals.of("q-1")) == len(q), 10, lambda: f"{len(arrivals.of('q-1'))} of q-1 arrived")
-    times = sorted(arrivals.of("q-1").values())
-    assert 4.5 <= (len(times) - 1) / (times[-1] - times[0]) <= 5.5  # 5/s: a 1-token bucket, no burst
+    times = sorted(arrivals.of("q-1").values())[3:]  # past the bucket's first 3 (0.5 s worth)
+    assert 4.5 <= (len(times) - 1) / (times[-1] - times[0]) <= 5.5
     assert len(arrivals.of("p-1")) == 1 and len(arrivals.of("r-1")) == 2
     assert p and r and arrivals.store.slot_status("r-1").running == 2
 
