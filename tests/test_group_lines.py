@@ -307,3 +307,11 @@ def test_an_older_producers_grouped_item_in_the_due_index_joins_its_line_when_re
     assert store.client.zrange(k.gline("g"), 0, -1) == [b"g-1"] and store.client.hget(k.tries, "g-1") is None
     assert forwarder.run_until_idle().forwarded == 0  # waits in its line: no claim reads it
     assert store.claim(0).items == []
+    # g-0's end brings the head of the slot key's own line forward: a parked item stays in its
+    # group's line (it would jump the line's order, and be read by a claim that may refuse it)
+    store.hold_slots({"g": [SlotRun("g-0", target.delivered[0].slot_token or "")]}, "end")
+    assert store.client.zscore(k.due, "g-1") == PARKED_MS
+    forwarder.lines.woken(b"g")  # what the loop does when it hears the end on the groups' channel
+    forwarder.lines.apply_wakes()
+    forwarder.run_until_idle()
+    assert target.ids == ["g-0", "g-1"]
