@@ -507,23 +507,34 @@ def _meta_groups(envelope: Envelope) -> list[Group]:
         return []
     groups: list[Group] = []
     for value in stored[:MAX_GROUPS]:
-        try:
-            groups.append(Group.parse(value))
-        except InvalidGroupError:
-            continue
+        try:  # as stored: a dict of text and numbers (anything else raises TypeError: not hashable)
+            found = _stored_group(tuple(value.items()) if isinstance(value, dict) else value)
+        except TypeError:
+            found = None
+        if found is not None:
+            groups.append(found)
     return groups
+
+
+@lru_cache(maxsize=4096)
+def _stored_group(value: Any) -> Group | None:
+    """:meth:`Group.parse` of a stored group (its dict's items, or what else is stored), None for
+    one that is none. Cached: a forwarder reads the groups of every item it releases, and the
+    same few groups again and again (the cache holds one group's worth of bytes per entry)."""
+    try:
+        return Group.parse(dict(value) if isinstance(value, tuple) else value)
+    except (InvalidGroupError, TypeError, ValueError):
+        return None
 
 
 def _alias_groups(envelope: Envelope) -> list[Group]:
     """The groups an envelope names through the aliases: its slot, then its rate key."""
-    aliases: list[Group] = []
-    slot = slot_of(envelope)
-    if slot is not None:
-        aliases.append(Group(slot[0].key, slot[0].limit))
-    key = rate_key_of(envelope)
-    if key is not None and key != INVALID_RATE_KEY and "}:" not in key:  # one that can name a group
-        aliases.append(Group(key))
-    return aliases
+    slot, key = slot_of(envelope), rate_key_of(envelope)
+    named = [
+        None if slot is None else _stored_group((("key", slot[0].key), ("limit", slot[0].limit))),
+        None if key is None or key == INVALID_RATE_KEY else _stored_group(key),  # a key with "}:" names none
+    ]
+    return [g for g in named if g is not None]
 
 
 def groups_of(envelope: Envelope) -> tuple[Group, ...]:
