@@ -28,12 +28,11 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lib.items import OUT_LIST, envelope
+from lib import grouping
+from lib.items import envelope
 from lib.movers import Case, in_process, load_line, options, rounds, summary, table
 from lib.report import loadavg, log
 from lib.server import BenchServer
@@ -88,27 +87,9 @@ DRAINS = (("unslotted", None, 1), ("limit 100", 100, 1), ("limit 10", 10, 1), ("
 def drain(server: BenchServer, n: int, limit: int | None) -> float:
     """Items/s of a forwarder thread releasing ``n`` items of one key of ``limit`` (None:
     unslotted) while a worker thread pops each and gives its slot back at once."""
-    server.wipe()
-    store = server.store()
-    load(store, n, 1 if limit else 0, limit)
-    client = server.connect()
-    forwarder = Forwarder(server.store(client=client), [RedisListTarget(client)], poll_interval=0.05)
-    runner = threading.Thread(target=forwarder.run, kwargs={"install_signals": False}, daemon=True)
-    worker = server.connect()
-    start = time.perf_counter()
-    runner.start()
-    try:
-        for _ in range(n):
-            popped = worker.blpop([OUT_LIST], timeout=60)
-            if popped is None:
-                raise RuntimeError("no item reached the list in 60 s")
-            if limit:
-                item_id = json.loads(popped[1])["id"]
-                store.give_back_slots({"key-0": [item_id]})  # a list's worker gets no token: the give-back
-        return n / (time.perf_counter() - start)
-    finally:
-        forwarder.stop()
-        runner.join(30)
+    return grouping.drain(
+        server, n, lambda store: load(store, n, 1 if limit else 0, limit), "key-0" if limit else None
+    ).rate
 
 
 def main(argv: Sequence[str] | None = None) -> int:

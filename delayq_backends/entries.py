@@ -11,8 +11,9 @@ import redis
 from .envelope import Envelope
 from .errors import EnvelopeError, NewerFormatError
 from .keys import collapsed_key
-from .models import DeadLetter, ScheduledItem, ShardStats, Why
+from .models import DeadLetter, GroupStatus, ScheduledItem, ShardStats, Why
 from .store import DelayStore
+from .store.groupboard import GroupBoard, held, throttled
 from .timeutil import from_ms
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "collapsed_entry",
     "dead_entry",
     "describe_collapsed",
+    "group_board_entry",
+    "group_entry",
     "iso",
     "item_entry",
     "listed_at",
@@ -123,6 +126,38 @@ def _runs_of(envelope: Envelope) -> dict[str, Any] | None:
     except EnvelopeError as exc:
         return {"note": str(exc)}
     return None
+
+
+def group_entry(status: GroupStatus, now_ms: int) -> dict[str, Any]:
+    """A group's policy and counts (``delayq groups … --json``, the API's groups): ``held`` says
+    why it releases nothing now ("paused", "throttled") or is null; a throttle that has run out
+    shows as none (the store may still hold its time until the next take folds it)."""
+    policy = status.policy
+    by_worker = throttled(status, now_ms)
+    return {
+        "key": status.key,
+        "limit": policy.limit,
+        "rate": policy.rate,
+        "weight": policy.weight,
+        "paused_by": policy.paused or None,
+        "throttled_until": iso(policy.throttled_until) if by_worker else None,
+        "throttled_by": policy.throttled_by if by_worker else None,
+        "held": held(status, now_ms),
+        "running": status.running,
+        "parked": status.parked,
+    }
+
+
+def group_board_entry(board: GroupBoard) -> dict[str, Any]:
+    """A page of groups (:func:`group_entry` each) with the counts over every group."""
+    return {
+        "groups": board.groups,
+        "running": board.running,
+        "parked": board.parked,
+        "paused": board.paused,
+        "throttled": board.throttled,
+        "page": [group_entry(s, board.now_ms) for s in board.page],
+    }
 
 
 def dead_entry(dead: DeadLetter) -> dict[str, Any]:

@@ -475,41 +475,38 @@ GroupSpec = Group | Slot | str | Mapping[str, Any] | Sequence[Group | Slot | str
 
 
 def parse_groups(value: Any) -> tuple[Group, ...]:
-    """An item's groups from what a user passes: one group (as :meth:`Group.parse` takes) or a
-    list or tuple of 1..:data:`MAX_GROUPS` of them with distinct keys, the line group first.
+    """An item's groups from what a user passes: one group (as :meth:`Group.parse` takes), or a
+    list or tuple of up to :data:`MAX_GROUPS` of them with distinct keys, the line group first
+    (empty: none, ``()``, as a list computed per item may be).
 
     Raises:
         InvalidGroupError: anything else, saying what is wrong and what to pass; nothing was stored.
     """
     if not isinstance(value, (list, tuple)):
         return (Group.parse(value),)
-    if not 1 <= len(value) <= MAX_GROUPS:
+    if len(value) > MAX_GROUPS:
         raise InvalidGroupError(
-            f"{len(value)} groups: an item belongs to 1..{MAX_GROUPS} groups (pass None for none); "
-            "each admits it before it runs, so name the ones whose limits matter (a tenant, an endpoint)"
+            f"{len(value)} groups: an item belongs to at most {MAX_GROUPS}; each admits it before it runs, so "
+            "name the ones whose limits matter (a tenant, an endpoint)"
         )
     groups = tuple(Group.parse(v) for v in value)
-    _check_distinct(groups, "")
-    return groups
-
-
-def _check_distinct(groups: Sequence[Group], aliases: str) -> None:
     keys = [g.key for g in groups]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
-        raise InvalidGroupError(
-            f"group(s) {twice} named twice{aliases}: name each group once, with all its fields in one place"
-        )
+        raise InvalidGroupError(f"group(s) {twice} named twice: name each group once, with all its fields in one place")
+    return groups
 
 
 def _meta_groups(envelope: Envelope) -> list[Group]:
     """The groups stored in the envelope's :data:`GROUPS` field, those that are no group skipped
-    (written by another tool: such an item runs as if it did not name them rather than stay stuck)."""
+    (written by another tool: such an item runs as if it did not name them rather than stay stuck).
+    Only the first :data:`MAX_GROUPS` entries are read, all :func:`with_groups` writes: a planted
+    list of thousands costs a forwarder no more than three."""
     stored = envelope.meta.get(GROUPS)
     if not isinstance(stored, list):
         return []
     groups: list[Group] = []
-    for value in stored:
+    for value in stored[:MAX_GROUPS]:
         try:
             groups.append(Group.parse(value))
         except InvalidGroupError:
@@ -558,7 +555,7 @@ def with_groups(envelope: Envelope, groups: GroupSpec | None) -> Envelope:
             was stored.
     """
     meta = {k: v for k, v in envelope.meta.items() if k != GROUPS}
-    parsed = () if groups is None or (isinstance(groups, (list, tuple)) and not groups) else parse_groups(groups)
+    parsed = () if groups is None else parse_groups(groups)
     if not parsed:
         return replace(envelope, meta=meta)
     keys = {g.key for g in parsed}

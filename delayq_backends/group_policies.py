@@ -35,6 +35,7 @@ __all__ = [
     "MAX_THROTTLE_SECONDS",
     "MAX_WEIGHT",
     "PATTERN_FIELDS",
+    "RATE_BURST_MS",
     "GroupPolicies",
     "check_group_key",
     "check_limit",
@@ -52,6 +53,9 @@ MAX_GROUP_RATE = 1_000_000.0
 #: Longest throttle, from an operator (a worker's is capped at ``MAX_HOLD_MS``); the scripts read
 #: a ``throttled_until`` further ahead as garbage, so no write can stop a group for longer.
 MAX_THROTTLE_SECONDS = 86_400
+#: How much of its rate a group's bucket holds, in ms (``includes/policy.lua``'s ``BURST_MS``): a
+#: forwarder late to ask by up to this long (a stalled process, a slow pass) loses no tokens.
+RATE_BURST_MS = 500
 #: What a pattern may set: the runtime-only values (paused, a throttle) are no pattern's.
 PATTERN_FIELDS = ("limit", "rate", "weight")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}

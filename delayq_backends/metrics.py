@@ -33,19 +33,24 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException
 
 from .errors import ConfigError, DelayqError
+from .group_policies import rate_per_second
 from .store import KEY_LIST_TTL, SlotKeyList
+from .store.groupboard import GroupKeyList, busiest_first, throttled
 
 if TYPE_CHECKING:
-    from .models import Claim, FailedDelivery
+    from .models import Claim, FailedDelivery, GroupStatus
     from .store import DelayStore
     from .targets import Delivery, PublishReport
 
 __all__ = [
+    "DEFAULT_GROUPS",
     "DEFAULT_METRICS_HOST",
     "DEFAULT_SLOT_KEYS",
     "OTHER",
     "UNATTRIBUTED",
     "ForwarderMetrics",
+    "GroupCollector",
+    "OTHER_GROUPS",
     "LabelBounds",
     "Labels",
     "SlotCollector",
@@ -140,6 +145,13 @@ CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 #: Slot keys the slot gauges name, busiest first: slot keys are user data (one per customer,
 #: maybe), so the rest count only in the totals over every key.
 DEFAULT_SLOT_KEYS = 50
+
+#: Groups the group gauges name, busiest first (running plus parked): a group is user data (one
+#: per tenant, maybe), so the rest are summed under :data:`OTHER_GROUPS`.
+DEFAULT_GROUPS = 50
+#: The ``group`` label of the sums over the groups not named. A group of that very name is
+#: counted in the sums, never named (two series of one label set would spoil the scrape).
+OTHER_GROUPS = "(other)"
 
 #: What a scrape may meet when the store is away or misconfigured; anything else is a bug and
 #: is left to prometheus_client to report (as an HTTP 500), not hidden.
@@ -501,6 +513,93 @@ class SlotCollector(Collector):
             family.add_metric([prefix], n)
             yield family
         yield from (in_use, waiting, limit)
+
+
+class GroupCollector(Collector):
+    """Gauges of a store's groups at scrape time: running, parked, limit, rate (per second),
+    weight, paused and throttled of the ``max_groups`` busiest groups (running plus parked), and
+    the same summed over every other group under ``group="(other)"`` (limits, rates and weights
+    of the groups that have one; paused and throttled count the groups held), so the sums of a
+    gauge over its series are the store's totals however many groups there are.
+
+    The groups are listed by a SCAN at most every ``key_ttl`` seconds (:class:`GroupKeyList`; 30 s
+    as the slot keys', so a hung store costs a scrape one read's timeout more, not a SCAN's too);
+    each scrape reads the listed groups' statuses in pipelined rounds. A failure (the store
+    away, a Redis user without SCAN) yields ``delayq_groups_up 0`` and no group gauges, never a
+    failed scrape; the store's other gauges are unaffected.
+    """
+
+    GAUGES = (
+        ("delayq_group_running", "Items of the group holding a place in its limit: running, or released."),
+        ("delayq_group_parked", "Items waiting in the group's lines, every shard."),
+        ("delayq_group_limit", "The group's limit set at runtime (no series: none set)."),
+        ("delayq_group_rate", "The group's rate set at runtime, in items per second (no series: none set)."),
+        ("delayq_group_weight", "The group's weight set at runtime (no series: none set, which is 1)."),
+        ("delayq_group_paused", "1 while an operator has paused the group, else 0 (other: how many)."),
+        ("delayq_group_throttled", "1 while a worker's throttle holds the group, else 0 (other: how many)."),
+    )
+
+    def __init__(self, store: DelayStore, *, max_groups: int = DEFAULT_GROUPS, key_ttl: float = KEY_LIST_TTL):
+        self.store = store
+        self.max_groups = max_groups
+        self.keys = GroupKeyList(store, ttl=key_ttl)
+        self.errors = 0
+
+    def collect(self) -> Iterator[Metric]:
+        prefix = self.store.config.prefix
+        try:
+            statuses = busiest_first(self.store.group_statuses(self.keys()))
+            now = self.store.clock()
+        except _STORE_ERRORS as exc:
+            self.errors += 1
+            log.warning(
+                "cannot read the groups (%s: %s): the group gauges need SCAN and the groups' reads on the store "
+                "(`delayq exporter --groups 0` turns them off)",
+                type(exc).__name__,
+                exc,
+            )
+            statuses = None
+        up = GaugeMetricFamily("delayq_groups_up", "1 if the last scrape read the groups, else 0.", labels=["prefix"])
+        up.add_metric([prefix], 0 if statuses is None else 1)
+        errors = CounterMetricFamily(
+            "delayq_group_scrape_errors", "Scrapes that could not read the groups.", labels=["prefix"]
+        )
+        errors.add_metric([prefix], self.errors)
+        yield from (up, errors)
+        if statuses is None:
+            return
+        count = GaugeMetricFamily("delayq_groups", "Groups in use (holds, a line or a policy).", labels=["prefix"])
+        count.add_metric([prefix], len(statuses))
+        yield count
+        families = {name: GaugeMetricFamily(name, doc, labels=["prefix", "group"]) for name, doc in self.GAUGES}
+        # a group named "(other)" itself is never named: its series would be the sums' twin
+        named = [s for s in statuses if s.key != OTHER_GROUPS][: self.max_groups]
+        chosen = {s.key for s in named}
+        rest = [s for s in statuses if s.key not in chosen]
+        for status in named:
+            for name, value in _group_values(status, now).items():
+                if value is not None:
+                    families[name].add_metric([prefix, status.key], value)
+        others = [_group_values(s, now) for s in rest]
+        for name, family in families.items():
+            values = [v for v in (o[name] for o in others) if v is not None]
+            if values:
+                family.add_metric([prefix, OTHER_GROUPS], sum(values))
+        yield from families.values()
+
+
+def _group_values(status: GroupStatus, now_ms: int) -> dict[str, float | None]:
+    """A group's value of each of :attr:`GroupCollector.GAUGES` (None: no series, a part not set)."""
+    policy = status.policy
+    return {
+        "delayq_group_running": status.running,
+        "delayq_group_parked": status.parked,
+        "delayq_group_limit": policy.limit,
+        "delayq_group_rate": None if policy.rate is None else rate_per_second(policy.rate),
+        "delayq_group_weight": policy.weight,
+        "delayq_group_paused": 1 if policy.paused else 0,
+        "delayq_group_throttled": 1 if throttled(status, now_ms) else 0,
+    }
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> None:

@@ -84,7 +84,7 @@ def hold_in_groups(store: DelayStore, keys: Sequence[str], member: str, token: s
 
     now = store.script_now(None)
     calls = [
-        SlotTake.call(store.slot_keys(k), [(member, 0, token)], limit=0, hold_ms=60_000, wait_ms=60_000,
+        SlotTake.call(store.group_keys(k), [(member, 0, token, 1)], limit=0, hold_ms=60_000, wait_ms=60_000,
                       cap_ms=MAX_HOLD_MS, now=now)
         for k in keys
     ]  # fmt: skip

@@ -35,8 +35,9 @@ class Check:
     skip: str = ""
 
 
-def snippets(lang: tuple[str, ...] = ("python", "bash")) -> list[Snippet]:
-    text = README.read_text(encoding="utf-8")
+def snippets(lang: tuple[str, ...] = ("python", "bash"), path: Path = README) -> list[Snippet]:
+    """The ``lang`` blocks of ``path`` (the README, or a page of docs/ whose blocks a test runs)."""
+    text = path.read_text(encoding="utf-8")
     return [
         Snippet(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
         for m in _BLOCK.finditer(text)
@@ -44,9 +45,9 @@ def snippets(lang: tuple[str, ...] = ("python", "bash")) -> list[Snippet]:
     ]
 
 
-def snippet(marker: str) -> str:
-    """The text of the one block that contains ``marker``."""
-    [found] = [s.text for s in snippets() if marker in s.text]
+def snippet(marker: str, path: Path = README) -> str:
+    """The text of the one block of ``path`` that contains ``marker``."""
+    [found] = [s.text for s in snippets(path=path) if marker in s.text]
     return found
 
 

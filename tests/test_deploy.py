@@ -74,6 +74,7 @@ def test_every_metric_queried_is_served(valkey_url: str, prefix: str, procs: Lau
     record_published(store, mark, "r1", missed=1)
     record_finished(store, mark, "r1", "success")
     store.schedule("now", 0, RedisListTarget.envelope(f"{prefix}:out", b"x"))
+    store.set_group("tenant-7", limit=2)  # the group gauges have a series only for a group in use
     common = ["--url", valkey_url, "--prefix", prefix, "--shards", "4"]
     served = {s.name for s in scraped_forwarder(procs, [*common, "--log-level", "error"], 1, 0, 20)}
     port = free_port()

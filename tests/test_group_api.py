@@ -77,8 +77,7 @@ def test_rates_and_weights_are_kept_as_a_runtime_policy_keeps_them() -> None:
         ({"key": "t", "weight": 1001}, "weight"),
         ({"key": "t", "cost": 0}, "cost"),
         ({"key": "t", "cost": 1.5}, "cost"),
-        ([], "1..3 groups"),
-        (["a", "b", "c", "d"], "1..3 groups"),
+        (["a", "b", "c", "d"], "at most 3"),
         (["a", {"key": "a", "limit": 2}], "['a'] named twice"),
         ([["a"]], "is a list"),
     ],
@@ -105,11 +104,12 @@ def test_groups_travel_in_the_envelope_and_only_set_fields_are_stored() -> None:
     assert groups_of(plain()) == ()
 
 
-def test_with_groups_replaces_and_none_removes() -> None:
+def test_with_groups_replaces_and_none_or_an_empty_list_removes() -> None:
     once = with_groups(plain(), "a")
     assert groups_of(with_groups(once, "b")) == (Group("b"),)
     assert GROUPS not in with_groups(once, None).meta
     assert GROUPS not in with_groups(once, []).meta
+    assert parse_groups([]) == ()  # a list computed per item may come out empty: no group
 
 
 def test_slot_and_rate_key_are_groups() -> None:
@@ -155,9 +155,25 @@ def test_stored_garbage_is_skipped_not_stuck(stored: Any) -> None:
     assert found in ((), (Group("ok"),), (Group("ok", 5),))
 
 
-def test_more_than_three_stored_are_cut_to_three() -> None:
+def test_only_the_first_three_stored_are_read() -> None:
     stored = [{"key": k} for k in "abcd"]
     assert [g.key for g in groups_of(Envelope("list", "out", meta={GROUPS: stored}))] == ["a", "b", "c"]
+    planted = [7] * 3 + [{"key": f"k{i}"} for i in range(100_000)]  # garbage first: none of the rest is read
+    assert groups_of(Envelope("list", "out", meta={GROUPS: planted})) == ()
+
+
+@pytest.mark.parametrize("header", [42, "", ["a", "b", "c", "d"], {"key": "k", "limit": "many"}])
+def test_a_worker_runs_a_task_whose_group_header_is_garbage(header: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Planted or corrupted in a message: the worker logs it and holds the groups it can read
+    (the task's slot here), and the task runs."""
+    from types import SimpleNamespace
+
+    from delayq_backends.celery.slots import groups_of_request
+
+    request = SimpleNamespace(id="t1", retries=0, delayq_group=header, delayq_slot="s", delayq_slot_token="tok")
+    found = groups_of_request(request)
+    assert found is not None and found[0] == (Group("s"),) and found[1].token == "tok"
+    assert any("task t1: header delayq_group" in r.message for r in caplog.records)
 
 
 keys = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Co", "Cn")), min_size=1, max_size=30)

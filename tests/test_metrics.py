@@ -28,6 +28,7 @@ from delayq_backends.metrics import (
     OTHER,
     UNATTRIBUTED,
     ForwarderMetrics,
+    GroupCollector,
     LabelBounds,
     SlotCollector,
     StoreCollector,
@@ -445,3 +446,102 @@ def test_a_user_without_scan_gets_no_slot_gauges_and_the_store_gauges_still(valk
             reader.slot_status("k")
     finally:
         admin.execute_command("ACL", "DELUSER", name, role)
+
+
+# -- groups -----------------------------------------------------------------------------------
+
+
+def fill_groups(store: DelayStore) -> None:
+    """55 groups with items running and a policy or two, and groups with a policy only.
+
+    big: 5 running, limit 5, rate 600/m, weight 3; mid: 3 running, paused; "(other)": 2 running
+    (a group named like the sums); t-00..t-52: 1 running each, t-01 throttled by a worker, t-02
+    limit 4 and rate 2/s; quiet: a limit of 2 only.
+    """
+    asks = {
+        "big": SlotAsk(5, [(f"b{i}", i) for i in range(5)]),
+        "mid": SlotAsk(3, [(f"m{i}", i) for i in range(3)]),
+        "(other)": SlotAsk(2, [("o1", 0), ("o2", 1)]),
+        **{f"t-{i:02d}": SlotAsk(1, [("x", 0)]) for i in range(53)},
+    }
+    store.take_slots(asks, hold_ms=600_000, wait_ms=600_000)
+    store.set_group("big", limit=5, rate="600/m", weight=3)
+    store.pause_group("mid")
+    store.throttle_group("t-01", 60, by="429")
+    store.set_group("t-02", limit=4, rate="2/s")
+    store.set_group("quiet", limit=2)
+
+
+def test_exporter_names_the_busiest_groups_and_sums_the_rest_under_other(
+    valkey_url: str, prefix: str, procs: Launcher
+) -> None:
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    store.check_meta()
+    fill_groups(store)
+    port = free_port()
+    args = ("--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--port", str(port), "--groups", "3")
+    samples = listening(procs.delayq("exporter", *args), port)
+
+    def series(name: str) -> dict[str, float]:
+        return {s.labels["group"]: s.value for s in samples if s.name == name}
+
+    # the 3 busiest by running + parked: big (5), mid (3), then ("(other)" is never named) the
+    # first by name of those with 1; the group named "(other)" counts in the sums
+    assert series("delayq_group_running") == {"big": 5, "mid": 3, "t-00": 1, "(other)": 52 + 2}
+    assert series("delayq_group_parked") == {"big": 0, "mid": 0, "t-00": 0, "(other)": 0}
+    assert series("delayq_group_limit") == {"big": 5, "(other)": 4 + 2}, "summed over the others that have one"
+    assert series("delayq_group_rate") == {"big": 10, "(other)": 2}, "items per second"
+    assert series("delayq_group_weight") == {"big": 3}, "no other group has a weight: no (other) series"
+    assert series("delayq_group_paused") == {"big": 0, "mid": 1, "t-00": 0, "(other)": 0}
+    assert series("delayq_group_throttled") == {"big": 0, "mid": 0, "t-00": 0, "(other)": 1}
+    assert value(samples, "delayq_groups", prefix=prefix) == 3 + 53 + 1
+    assert value(samples, "delayq_groups_up", prefix=prefix) == 1
+    assert sum(series("delayq_group_running").values()) == 5 + 3 + 2 + 53, "the series sum to the store's total"
+
+    off = free_port()
+    args = ("--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--port", str(off), "--groups", "0")
+    without = listening(procs.delayq("exporter", *args), off)
+    assert value(without, "delayq_store_up", prefix=prefix) == 1
+    assert [s.name for s in without if "group" in s.name] == [], "--groups 0: no group gauges"
+
+
+def test_group_gauges_read_counts_every_scrape_and_list_groups_once_per_ttl(valkey_url: str, prefix: str) -> None:
+    store = make_store(valkey_url, prefix, shards=SHARDS)
+    store.take_slots({"a": SlotAsk(2, [("x", 0), ("y", 1)])}, hold_ms=600_000, wait_ms=600_000)
+    collector = GroupCollector(store, max_groups=50, key_ttl=3600)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    get = registry.get_sample_value
+    assert get("delayq_group_running", {"prefix": prefix, "group": "a"}) == 2
+    assert get("delayq_group_running", {"prefix": prefix, "group": "(other)"}) is None, "no others: no sums"
+    store.give_back_slots({"a": ["x"]})
+    store.pause_group("a")
+    store.set_group("new", limit=1)
+    assert get("delayq_group_running", {"prefix": prefix, "group": "a"}) == 1, "counts are read on every scrape"
+    assert get("delayq_group_paused", {"prefix": prefix, "group": "a"}) == 1
+    assert get("delayq_group_limit", {"prefix": prefix, "group": "new"}) is None, "the group list waits for its ttl"
+    collector.keys.forget()
+    assert get("delayq_group_limit", {"prefix": prefix, "group": "new"}) == 1
+
+
+def test_a_user_without_scan_gets_no_group_gauges_and_the_store_gauges_still(valkey_url: str, prefix: str) -> None:
+    admin = connect(valkey_url)
+    name, password = f"noscan-{prefix[-8:]}", "pw-0123456789"
+    admin.execute_command(*acl_setuser(name, prefix, "reader", password=password), "-scan")
+    try:
+        make_store(valkey_url, prefix, shards=SHARDS).check_meta()
+        port = connect(valkey_url).connection_pool.connection_kwargs["port"]
+        reader = make_store(f"redis://{name}:{password}@127.0.0.1:{port}/0", prefix, shards=SHARDS)
+        registry = CollectorRegistry()
+        registry.register(StoreCollector(reader))
+        registry.register(GroupCollector(reader))
+        for scrapes in (1, 2):
+            samples = parsed(registry)
+            assert value(samples, "delayq_store_up", prefix=prefix) == 1
+            assert value(samples, "delayq_groups_up", prefix=prefix) == 0
+            assert value(samples, "delayq_group_scrape_errors_total", prefix=prefix) == scrapes
+            assert [s for s in samples if s.name.startswith(("delayq_group_running", "delayq_groups"))] == [
+                s for s in samples if s.name == "delayq_groups_up"
+            ]
+    finally:
+        admin.execute_command("ACL", "DELUSER", name)

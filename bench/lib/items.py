@@ -45,13 +45,21 @@ def in_an_hour(now_ms: int) -> Callable[[int], int]:
     return lambda i: now_ms + 3_600_000 + i
 
 
-def load(store: DelayStore, prefix: str, n: int, ready_ms: Callable[[int], int], chunk: int = 50_000) -> None:
-    """Untimed setup: schedule ``n`` items sharing one encoded envelope, in chunks.
+def load(
+    store: DelayStore,
+    prefix: str,
+    n: int,
+    ready_ms: Callable[[int], int],
+    chunk: int = 50_000,
+    data: bytes | None = None,
+) -> None:
+    """Untimed setup: schedule ``n`` items sharing one encoded envelope (``data``, default: a
+    list target's for :data:`OUT_LIST`), in chunks.
 
     Sharing the bytes keeps a 1M load fast and small on the client; the server still stores
     one copy per item, so the backlog it holds is as big as a real one.
     """
-    data = envelope(prefix, 0).encode()
+    data = envelope(prefix, 0).encode() if data is None else data
     for start in range(0, n, chunk):
         rows = range(start, min(n, start + chunk))
         store.schedule_many([(f"{prefix}-{i:08d}", ready_ms(i) / 1000, data) for i in rows])

@@ -149,7 +149,7 @@ def _groups_of(headers: Mapping[str, Any], kwargs: dict[str, Any]) -> tuple[Grou
             f"task {headers.get('id')} ({headers.get('task')}) was NOT sent: header {GROUP_HEADER}: {exc}"
         ) from exc
     kwargs["headers"] = {**(kwargs.get("headers") or {}), GROUP_HEADER: [g.to_meta() for g in groups]}
-    return groups
+    return groups or None
 
 
 def _batch_of(headers: Mapping[str, Any], collapse: Collapse | None) -> str | None:

@@ -21,6 +21,7 @@ from .demo import demo
 from .dlq import dlq
 from .exporter import exporter
 from .forward import forward
+from .groups import groups
 from .inspect import cancel, list_, stats, why
 from .options import ErrorsAsMessages
 from .periodic import periodic
@@ -45,6 +46,7 @@ COMMANDS = (
     why,
     cancel,
     dlq,
+    groups,
     slots,
     batches,
     rq_migrate,

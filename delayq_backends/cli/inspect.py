@@ -8,9 +8,19 @@ from typing import Any
 import click
 
 from ..connection import connect
-from ..entries import around_bad_shards, describe_collapsed, iso, item_entry, listed_at, stats_entry, why_entry
+from ..entries import (
+    around_bad_shards,
+    describe_collapsed,
+    group_board_entry,
+    iso,
+    item_entry,
+    listed_at,
+    stats_entry,
+    why_entry,
+)
 from ..models import ScheduledItem
 from ..store import DelayStore
+from ..store.groupboard import group_board
 from ..storespec import StoreSpec
 from .options import (
     check_shard,
@@ -54,17 +64,43 @@ def _stats_cells(entry: dict[str, Any]) -> list[Any]:
     ]
 
 
+GROUP_COLUMNS = [
+    Column("busiest groups"),
+    Column("running", "right"),
+    Column("parked", "right"),
+    Column("limit", "right"),
+    Column("rate", "right"),
+    Column("held"),
+]
+
+
 @click.command()
 @store_options
+@click.option(
+    "--groups",
+    "busiest",
+    type=click.IntRange(0, 1000),
+    default=5,
+    show_default=True,
+    metavar="N",
+    help="Show the N busiest groups (running plus parked) and the totals over all; 0: none "
+    "(listing the groups is a SCAN of the database).",
+)
 @json_option
-def stats(spec: StoreSpec, as_json: bool) -> None:
-    """Counts per shard: scheduled, due now, leased, dead, parked (no forwarder that claimed them could
-    release them: a newer envelope format, a target it lacks), next due time, oldest overdue."""
-    per_shard = open_store(spec, writes=False).stats()
+def stats(spec: StoreSpec, busiest: int, as_json: bool) -> None:
+    """Counts per shard: scheduled, due now, leased, dead, parked (in a group's line, or no forwarder that
+    claimed them could release them: a newer envelope format, a target it lacks), next due time, oldest
+    overdue; then the busiest groups (``delayq groups list`` has them all)."""
+    store = open_store(spec, writes=False)
+    per_shard = store.stats()
     entries = [stats_entry(s.shard, [s]) for s in per_shard]
     totals = stats_entry("total", per_shard)
+    board = group_board(store, store.groups_in_use(), limit=busiest) if busiest else None
     if as_json:
-        echo_json({"now": iso(per_shard[0].now_ms), "shards": entries, "totals": totals})
+        shown: dict[str, Any] = {"now": iso(per_shard[0].now_ms), "shards": entries, "totals": totals}
+        if board is not None:
+            shown["groups"] = group_board_entry(board)
+        echo_json(shown)
         return
     print_table(
         f"delayq {spec.prefix!r}, {spec.shards} shards, at {iso(per_shard[0].now_ms)}",
@@ -72,6 +108,16 @@ def stats(spec: StoreSpec, as_json: bool) -> None:
         map(_stats_cells, entries),
         _stats_cells(totals),
     )
+    if board is not None and board.groups:
+        print_table(
+            f"{board.groups} groups: {board.paused} paused, {board.throttled} throttled",
+            GROUP_COLUMNS,
+            (
+                [e["key"], e["running"], e["parked"], e["limit"], e["rate"], e["held"]]
+                for e in group_board_entry(board)["page"]
+            ),
+            ["all groups", board.running, board.parked, None, None, None],
+        )
 
 
 def _item_cells(entry: dict[str, Any]) -> list[Any]:

@@ -1,4 +1,5 @@
-"""``delayq slots``: the concurrency slot keys (limit, running, waiting), and their limits set at runtime."""
+"""``delayq slots``: the concurrency slot keys (limit, running, waiting), and their limits set at
+runtime: the groups' limits by their older name (:mod:`.groups` has the rest of a group's policy)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ COLUMNS = [Column("key"), Column("limit", "right"), Column("running", "right"), 
 @click.group(invoke_without_command=True)
 @click.pass_context
 def slots(ctx: click.Context) -> None:
-    """Concurrency slots: at most a key's limit of its items run at once (``delayq slots list``, ``set``)."""
+    """Concurrency slots: at most a key's limit of its items run at once (``delayq slots list``, ``set``).
+    A slot key is a group: ``delayq groups`` shows and sets its rate, weight and pause too."""
     if ctx.invoked_subcommand is None:
         click.echo(ctx.get_help())
 

@@ -173,8 +173,9 @@ def group_options(kwargs: dict[str, Any], meta: Mapping[str, Any]) -> dict[str, 
     """
     slot, groups = kwargs.pop(SLOT_OPTION, None), kwargs.pop(GROUP_OPTION, None)
     added = {} if slot is None else slot_meta(slot)
-    if groups is not None:
-        added[GROUP_META] = [g.to_meta() for g in parse_groups(groups)]
+    parsed = () if groups is None else parse_groups(groups)
+    if parsed:
+        added[GROUP_META] = [g.to_meta() for g in parsed]
     if added:
         with_job_groups(Envelope("rq", ""), {**meta, **added}, 0)
     return added
@@ -270,7 +271,7 @@ class Queue(UsesDelayStore, RQQueue):
     def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job:
         """RQ's ``enqueue``; with ``delayq_slot=`` or ``delayq_group=`` the job goes through the
         store (due now), to wait there until its groups admit it."""
-        if kwargs.get(SLOT_OPTION) is None and kwargs.get(GROUP_OPTION) is None:
+        if kwargs.get(SLOT_OPTION) is None and kwargs.get(GROUP_OPTION) in (None, [], ()):  # empty: no group
             kwargs.pop(SLOT_OPTION, None)
             kwargs.pop(GROUP_OPTION, None)
             return super().enqueue(f, *args, **kwargs)

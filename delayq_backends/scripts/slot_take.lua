@@ -48,7 +48,8 @@ line only while the rate's bucket holds the head's cost, and a refusal keeps the
 item behind it is granted in the call). An item that holds its slot already (a second copy)
 keeps it, whatever the policy: it was admitted. A worker's report "throttle:<sha1 of its
 hold's token>:<ms>" throttles the group for that long (at most ARGV[6]): a worker throttles
-only a group whose item it runs.
+only a group whose item it runs (never by a tokenless hold: a periodic run's, an earlier
+release's).
 Workers only report (KEYS[6]); every hold is written here: a report counts only with the token
 its hold was granted with (a start or beat names its SHA-1, an end the token itself), so a
 worker credential can neither end nor extend a hold it was not given, nor add one. A start or
@@ -136,7 +137,8 @@ local function fold(field, report)
   local held, want = rcall('ZSCORE', holds, m), rcall('HGET', tokens, m) or ''
   if kind == 'end' then
     proof = proof ~= '' and sha1hex(proof) or ''
-  elseif (kind ~= 'start' and kind ~= 'beat' and kind ~= 'throttle') or not whole(asked) then
+  elseif (kind ~= 'start' and kind ~= 'beat' and kind ~= 'throttle') or not whole(asked)
+    or (kind == 'throttle' and proof == '') then  -- a throttle stops a whole group: never tokenless
     forged = forged + 1
     return
   end

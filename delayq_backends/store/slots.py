@@ -1,7 +1,8 @@
-"""Concurrency slots in the store: taken by forwarders at release, reported started, beating
-and ended by workers, limits set at runtime (see :mod:`delayq_backends.slots`).
+"""Concurrency slots in the store: taken by forwarders at release, reported started, beating,
+ended and throttled by workers (see :mod:`delayq_backends.slots`); a slot key is a group, whose
+policy (:mod:`.groups`) the take applies.
 
-A slot key's six keys share one hash tag of their own (:func:`~delayq_backends.keys.slot_holds_key`),
+A slot key's keys share one hash tag of their own (:func:`~delayq_backends.keys.slot_holds_key`),
 so each call touches one cluster slot and different keys spread over the nodes. Only forwarders
 write the holds: a worker writes reports (HSET, with a random field of its own), which the next
 take checks against the token its hold was granted with (``slot_take.lua``).
@@ -104,9 +105,9 @@ class SlotAsk(NamedTuple):
 
 
 class Slots(StoreCore):
-    """Slot keys: forwarders take (:meth:`take_slots`), workers hold and give back
-    (:meth:`hold_slots`), operators set limits (:meth:`set_slot_limit`) and look
-    (:meth:`slot_status`)."""
+    """Slot keys: forwarders take (:meth:`take_slots`, as the group's policy allows), workers
+    hold, give back and throttle (:meth:`hold_slots`); operators set limits and policies and
+    look through :class:`~.groups.Groups`."""
 
     def slot_keys(self, key: str) -> tuple[str, str, str, str, str, str]:
         """The holds, waiting, waits, limit, tokens and reports keys of slot ``key``, in

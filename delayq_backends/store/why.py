@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 
 from ..envelope import Envelope, Group, groups_of
 from ..errors import EnvelopeError
-from ..group_policies import rate_per_second
+from ..group_policies import RATE_BURST_MS, rate_per_second
 from ..keys import (
     PARKED_MS,
     claimer_of,
@@ -222,10 +222,11 @@ def read_groups(store: StoreCore, item_id: str, groups: Sequence[Group], now: in
 
 def rate_until(bucket: Any, rate: str, cost: int, now: int) -> int | None:
     """When a group's rate bucket (its HMGET ``tokens``, ``at``) holds ``cost`` tokens again, None
-    when it does now: the read side of ``includes/policy.lua``'s bucket, which holds 0.1 s worth
-    (at least one token), refills at the rate, and starts full when absent or garbage."""
+    when it does now: the read side of ``includes/policy.lua``'s bucket, which holds
+    :data:`~delayq_backends.group_policies.RATE_BURST_MS` worth (at least one token), refills at the
+    rate, and starts full when absent or garbage."""
     per_ms = rate_per_second(rate) / 1000
-    burst = max(1, math.ceil(per_ms * 100))
+    burst = max(1, math.ceil(per_ms * RATE_BURST_MS))
     tokens, at = (_number(v) for v in (bucket if isinstance(bucket, list) else (None, None)))
     if tokens is None or at is None or not -per_ms * MAX_DEBT_MS <= tokens <= burst or at > now:
         tokens, at = burst, now

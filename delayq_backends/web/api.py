@@ -26,6 +26,7 @@ from ..keys import normalize_id
 from ..models import WHY_STATES, CancelOutcome, RescheduleOutcome, ShardStats
 from ..percentile import percentile
 from ..store import DelayStore, SlotKeyList
+from ..store.groupboard import GroupKeyList
 from ..store.keylist import KeyList
 from ..timeutil import to_ms
 from .guard import API_PREFIX
@@ -58,6 +59,8 @@ class Services:
     slot_keys: SlotKeyList
     #: the batch keys, listed again every few seconds (:mod:`.batches`)
     batch_keys: KeyList
+    #: the groups in use, listed again every few seconds (:mod:`.groups`)
+    group_keys: GroupKeyList
 
 
 class UnreadableData(DelayqError):

@@ -34,8 +34,9 @@ from ..errors import (
     StoreFullError,
 )
 from ..store import DelayStore, SlotKeyList
+from ..store.groupboard import GroupKeyList
 from ..store.keylist import KeyList
-from . import batches, periodic, periodic_history, slots
+from . import batches, groups, periodic, periodic_history, slots
 from .api import Services, UnreadableData, router
 from .auth import require_token
 from .guard import Guard, Limits
@@ -99,6 +100,7 @@ def create_app(
         audit_stream=audit_stream,
         slot_keys=SlotKeyList(store, ttl=slots.SLOT_KEYS_TTL),
         batch_keys=KeyList(store.batch_keys_in_use, ttl=batches.BATCH_KEYS_TTL),
+        group_keys=GroupKeyList(store),
     )
 
     @asynccontextmanager
@@ -118,7 +120,7 @@ def create_app(
     )
     app.state.services = services
     # an entry's history before the entry: /periodic/a/b/history is the history of "a/b" (.entry_paths)
-    for routes in (router, slots.router, batches.router, periodic_history.router, periodic.router):
+    for routes in (router, slots.router, groups.router, batches.router, periodic_history.router, periodic.router):
         app.include_router(routes, dependencies=[Depends(require_token(token))])
     if token is None:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)

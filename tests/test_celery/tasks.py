@@ -89,6 +89,15 @@ def make_app(
         record(self.request, tag, **({} if group is None else {"group": group}))
         return tag
 
+    @app.task(bind=True, shared=False, name="dqt.throttles")
+    def throttles(self: Any, tag: str, group: str, seconds: float) -> str:
+        # one of the task's groups told "429": throttled from inside the task, with its token
+        from delayq_backends.celery import throttle
+
+        throttle(group, retry_after=seconds)
+        record(self.request, tag)
+        return tag
+
     @app.task(bind=True, shared=False, name="dqt.step")
     def step(self: Any, previous: Any, tag: str) -> list[Any]:
         record(self.request, tag, previous=previous)

@@ -69,6 +69,21 @@ def test_a_worker_holds_each_group_with_the_one_token_and_gives_all_back(celery_
     wait_for(lambda: [group_running(store, k) for k in keys] == [0, 0], 10, "every group's slot given back")
 
 
+def test_a_task_throttles_any_of_its_groups(celery_env: CeleryEnv, app: Celery) -> None:
+    """``delayq_backends.celery.throttle`` from inside a task of two groups throttles the one it
+    names (proven by the task's token), not the other."""
+    store = store_for(app)
+    task_id, token = str(uuid.uuid4()), uuid.uuid4().hex
+    keys = [f"g1-{task_id}", f"g2-{task_id}"]
+    hold_in_groups(store, keys, slot_member(task_id, 0), token)
+    headers = {GROUP_HEADER: keys, SLOT_TOKEN: token}
+    app.send_task("dqt.throttles", args=["t", keys[1], 60], task_id=task_id, headers=headers)
+    wait_for(lambda: any(r["id"] == task_id for r in celery_env.records()), 60, "the task to run")
+    group_running(store, keys[1])  # a take reads the report
+    assert store.group_policy(keys[1]).throttled_until is not None
+    assert store.group_policy(keys[0]).throttled_until is None
+
+
 @pytest.fixture
 def memory_app(valkey_url: str, prefix: str) -> Iterator[Celery]:
     app = make_app(
@@ -84,7 +99,7 @@ def memory_app(valkey_url: str, prefix: str) -> Iterator[Celery]:
     [
         ({"key": "t", "limit": 0}, "limit"),
         ({"key": "t", "rate": "10 per second"}, "'N/s', 'N/m' or 'N/h'"),
-        (["a", "b", "c", "d"], "1..3 groups"),
+        (["a", "b", "c", "d"], "at most 3"),
         (["a", "a"], "named twice"),
         (42, "is a int"),
     ],
@@ -97,9 +112,10 @@ def test_a_bad_group_header_sends_nothing_and_says_why(memory_app: Celery, heade
         assert "was NOT sent" in str(raised.value) and says in str(raised.value)
     assert sum(s.scheduled for s in store.stats()) == 0
     memory_app.send_task("dqt.record", args=["plain"])  # published at once: the only message
+    memory_app.send_task("dqt.record", args=["empty"], headers={GROUP_HEADER: []})  # an empty list is none: too
     with memory_app.connection_for_write() as conn:  # the bad ones were not published either
         queue = memory_app.conf.task_default_queue  # the test's own: the memory broker is the process's
-        assert conn.default_channel.queue_declare(queue, passive=True).message_count == 1
+        assert conn.default_channel.queue_declare(queue, passive=True).message_count == 2
 
 
 def test_group_goes_with_slot_rate_key_and_debounce(memory_app: Celery) -> None:

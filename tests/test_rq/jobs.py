@@ -48,6 +48,14 @@ def hold(tag: Any, seconds: float) -> None:
     job.connection.rpush(runs_key(job.origin), json.dumps(entry))
 
 
+def throttles(tag: Any, group: str, seconds: float) -> None:
+    """Throttle ``group`` (one of this job's) for ``seconds``, as a job told "429" would; record the run."""
+    from delayq_backends.rq import throttle
+
+    throttle(group, retry_after=seconds)
+    record(tag)
+
+
 def started(tag: Any, seconds: float) -> None:
     """Record the start with the pids of this work horse and its worker, then run ``seconds``."""
     job = get_current_job()

@@ -22,7 +22,7 @@ from delayq_backends.rq.target import slot_token_key
 from delayq_backends.store import slot_member
 from tests.harness.rq import Processes, runs
 from tests.helpers import group_running, hold_in_groups, wait_for
-from tests.test_rq.jobs import hold, record
+from tests.test_rq.jobs import hold, record, throttles
 
 WORKER = ("--worker-class", "delayq_backends.rq.SlotWorker")
 
@@ -55,10 +55,11 @@ def test_grouped_jobs_are_stored_with_their_groups_and_their_workers_get_them(
         assert stored_groups(rq_store, job.id) == tuple(Group.parse(g) for g in expected[tag])
         assert job.meta["delayq_group"] == expected[tag]
     assert queue.enqueue(record, "plain").get_status() == "queued"  # no group: RQ's own enqueue
+    assert queue.enqueue(record, "empty", delayq_group=[]).get_status() == "queued"  # an empty list is none
     processes.worker(queue.name, extra=WORKER)
     processes.forwarder("--poll", "0.2")
     ran = lambda: {r["tag"]: r for r in runs(conn, queue.name)}  # noqa: E731
-    wait_for(lambda: ran().keys() >= {*jobs, "plain"}, 60, lambda: f"ran {sorted(ran())}")
+    wait_for(lambda: ran().keys() >= {*jobs, "plain", "empty"}, 60, lambda: f"ran {sorted(ran())}")
     assert {tag: ran()[tag].get("group") for tag in jobs} == expected
     assert "group" not in ran()["plain"]
     assert group_running(rq_store, "tenant-7") == 0 and group_running(rq_store, "t-7") == 0
@@ -92,7 +93,7 @@ def _job_keys(conn: redis.Redis) -> int:
     [
         ({"key": "t", "limit": 0}, "limit"),
         ({"key": "t", "weight": "heavy"}, "weight"),
-        (["a", "b", "c", "d"], "1..3 groups"),
+        (["a", "b", "c", "d"], "at most 3"),
         ({"key": "t", "limti": 2}, "unknown field.*limti"),
     ],
 )
@@ -134,3 +135,22 @@ def test_group_goes_with_slot_rate_key_and_debounce(queue: Queue, rq_store: Dela
         queue.enqueue_in(later, record, "x", delayq_group=["a", "b", "c"], meta=meta)
     queue.enqueue_in(timedelta(seconds=30), record, "d", delayq_group=["t-7", "doc"], delayq_debounce="doc-1")
     assert stored_groups(rq_store, "debounce:doc-1") == (Group("t-7"), Group("doc"))
+
+
+def test_a_job_throttles_any_of_its_groups(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore, processes: Processes
+) -> None:
+    """``delayq_backends.rq.throttle`` from inside a job of two groups throttles the one it names
+    (proven by the job's token), not the other."""
+    tag = uuid.uuid4().hex[:8]
+    keys = [f"g1-{tag}", f"g2-{tag}"]
+    job = queue.enqueue_in(timedelta(seconds=2), throttles, "t", keys[1], 60, delayq_group=keys)
+    token = uuid.uuid4().hex
+    hold_in_groups(rq_store, keys, slot_member(job.id, None), token)
+    conn.set(slot_token_key(job.key), token, ex=600)
+    processes.worker(queue.name, extra=WORKER)
+    processes.forwarder("--poll", "0.2")
+    wait_for(lambda: any(r["id"] == job.id for r in runs(conn, queue.name)), 60, "the job to run")
+    group_running(rq_store, keys[1])  # a take reads the report
+    assert rq_store.group_policy(keys[1]).throttled_until is not None
+    assert rq_store.group_policy(keys[0]).throttled_until is None

@@ -84,7 +84,7 @@ def test_a_group_column_of_keys_structs_or_arrays_groups_each_row(
     assert {i: e for i, (e, _) in rejects.items()} == dict.fromkeys(
         ("bad-key", "bad-limit", "bad-rate", "too-many", "twice"), "InvalidGroupError"
     )
-    assert "limit" in rejects["bad-limit"][1] and "1..3 groups" in rejects["too-many"][1]
+    assert "limit" in rejects["bad-limit"][1] and "at most 3" in rejects["too-many"][1]
     assert {i: stored_groups(store, i) for i in ("k", "none", "s", "s-cost", "a")} == {
         "k": (Group("tenant-7"),),
         "none": (),

@@ -131,6 +131,9 @@ READS = {
     "/api/v1/slots": "/api/v1/slots?limit=50",
     "/api/v1/slot": "/api/v1/slot?key=cust-1",
     "/api/v1/slots/{key}": "/api/v1/slots/cust-1",
+    "/api/v1/groups": "/api/v1/groups?limit=50",
+    "/api/v1/group": "/api/v1/group?key=cust-1",
+    "/api/v1/groups/{key}": "/api/v1/groups/cust-1",
     "/api/v1/batches": "/api/v1/batches?limit=50",
     "/api/v1/batch": "/api/v1/batch?key=b-1",
     "/api/v1/batches/{key}": "/api/v1/batches/b-1",
@@ -142,7 +145,7 @@ READS = {
 
 def fill(store: DelayStore, client: TestClient) -> None:
     """One of each thing a panel shows: an item, a dead letter, a periodic entry, a slot key
-    with a limit, an open batch."""
+    with a limit (a group, paused, with a rate and a weight), an open batch."""
     from tests.test_web.test_api import bury
 
     assert client.post("/api/v1/celery", headers=AUTH, json={"task": "t.a", "countdown": 600, "id": "i-1"}).is_success
@@ -150,6 +153,8 @@ def fill(store: DelayStore, client: TestClient) -> None:
     assert client.post("/api/v1/periodic", headers=AUTH, json={"name": "tick", "task": "t", "every": 60}).is_success
     store.take_slots({"cust-1": SlotAsk(2, [("s-0", 0)])}, hold_ms=600_000, wait_ms=600_000)
     store.set_slot_limit("cust-1", 2)
+    store.set_group("cust-1", rate="5/s", weight=2)
+    store.pause_group("cust-1")
     store.open_batch("b-1")
     store.add_to_batch("b-1", ["b-1-0", "b-1-1"])
 
@@ -165,7 +170,14 @@ def test_every_read_answers_with_the_reader_role(admin: Admin, web_store: DelayS
         for path, target in READS.items():
             response = as_reader.get(target, headers=AUTH)
             assert response.status_code == 200, (path, response.status_code, response.text[:300])
-            if path in ("/api/v1/periodic", "/api/v1/slots", "/api/v1/batches", "/api/v1/dead", "/api/v1/item/why"):
+            if path in (
+                "/api/v1/periodic",
+                "/api/v1/slots",
+                "/api/v1/groups",
+                "/api/v1/batches",
+                "/api/v1/dead",
+                "/api/v1/item/why",
+            ):
                 assert response.json() == client.get(target, headers=AUTH).json(), path
     where = ["--url", url, "--prefix", prefix, "--shards", str(SHARDS)]
     listed = CliRunner().invoke(main, ["periodic", "list", *where])

@@ -117,7 +117,7 @@ def test_the_dashboard_shows_counts_cancels_and_requeues(
     expect(page.locator("#dead tbody tr")).to_have_count(3)
     expect(page.locator("#chart svg rect.bar").first).to_be_visible()
     expect(page.locator("#lateness")).to_contain_text("p95")
-    expect(page.locator("#slots tbody tr").first).to_contain_text("3 / 3")
+    expect(page.locator("#groups tbody tr").first).to_contain_text("3 / 3")
     expect(page.locator("#batches tbody tr").first).to_contain_text("7 / 12")
     expect(page.locator("#batches-summary")).to_have_text("(1 open · 0 closed · 1 completed)")
     rows = page.locator("#periodic tbody tr")

@@ -1,27 +1,22 @@
-"""Concurrency slots over HTTP and on the dashboard: every key's limit, items running and waiting,
-busiest first with the totals over all; a limit set or removed lands in the store, a bad one is a
-4xx that says what to send; garbage in slot keys reads as empty, never a 5xx."""
+"""Concurrency slots over HTTP: every key's limit, items running and waiting, busiest first with
+the totals over all; a limit set or removed lands in the store, a bad one is a 4xx that says what
+to send; garbage in slot keys reads as empty, never a 5xx. (The dashboard shows slot keys as the
+groups they are: tests/test_web/test_groups.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from playwright.sync_api import expect
 
 from delayq_backends import DelayStore
 from delayq_backends.acl import acl_setuser
 from delayq_backends.keys import slot_holds_key, slot_limit_key, slot_waiting_key
 from delayq_backends.store import SlotAsk
-from delayq_backends.targets import RedisListTarget
 from delayq_backends.web import create_app
-from tests.harness import Launcher, make_store
-from tests.helpers import wait_for
-from tests.test_web.conftest import ARTIFACTS, AUTH, SHARDS, TOKEN
-from tests.test_web.test_dashboard import TIMEOUT_MS
+from tests.harness import make_store
+from tests.test_web.conftest import AUTH, SHARDS, TOKEN
 
 HOLD = 600_000  # ms: no hold lapses while a test runs
 
@@ -125,78 +120,6 @@ def test_garbage_in_slot_keys_reads_as_empty(client: TestClient, web_store: Dela
     for junk in ("junk-holds", "junk-line", "junk-limit"):
         assert slots[junk] == {"key": junk, "limit": None, "running": 0, "waiting": 0}
     assert client.get("/api/v1/slot", params={"key": "junk-holds"}, headers=AUTH).status_code == 200
-
-
-# -- the dashboard, in a real Chromium, over a real forwarder --------------------------------
-
-
-def test_the_dashboard_shows_slots_and_sets_a_limit_the_forwarder_obeys(
-    page: Any,
-    dashboard_factory: Callable[..., Any],
-    web_store: DelayStore,
-    valkey_url: str,
-    prefix: str,
-    procs: Launcher,
-) -> None:
-    """Slotted items released by a real ``delayq forward``: the page shows each key's limit,
-    running (a bar against the limit) and waiting; a limit set on the page lands in the store,
-    and the forwarder lets one more in."""
-    out = f"{prefix}:out"
-    now = datetime.now(timezone.utc) - timedelta(seconds=5)
-    for i in range(6):
-        web_store.schedule(
-            f"c42-{i}", now, RedisListTarget.envelope(out, b"x"), slot={"key": "customer-42", "limit": 2}
-        )
-    web_store.schedule("eu-0", now, RedisListTarget.envelope(out, b"x"), slot={"key": "acme/eu", "limit": 1})
-    web_store.set_slot_limit("idle", 9)
-    procs.delayq("forward", "--url", valkey_url, "--prefix", prefix, "--shards", str(SHARDS), "--log-level", "error")
-    c42 = lambda: web_store.slot_status("customer-42")  # noqa: E731
-    wait_for(lambda: (c42().running, c42().waiting) == (2, 4), 30, lambda: f"2 running, 4 waiting: {c42()}")
-    dashboard = dashboard_factory()
-    expect.set_options(timeout=TIMEOUT_MS)
-
-    page.goto(dashboard.base + "/")
-    page.fill("#token", TOKEN)
-    page.click("#connect")
-    rows = page.locator("#slots tbody tr")
-    expect(rows).to_have_count(3)
-    expect(page.locator("#slots-summary")).to_have_text("(3 keys · 3 running · 4 waiting)")
-    cells = lambda n: [rows.nth(n).locator("td").nth(i) for i in range(4)]  # noqa: E731
-    key, limit, running, waiting = cells(0)  # busiest first
-    expect(key).to_have_text("customer-42")
-    expect(limit).to_have_text("–")
-    expect(running).to_have_text("2")
-    expect(waiting).to_have_text("4")
-    expect(rows.nth(1)).to_contain_text("acme/eu")
-    _, idle_limit, idle_running, _ = cells(2)
-    expect(idle_limit).to_have_text("9")
-    expect(idle_running).to_have_text("0 / 9")
-    expect(idle_running.locator("meter")).to_have_attribute("max", "9")
-
-    page.click("#slots button[data-action=edit-limit][data-key=customer-42]")
-    expect(page.locator("#slot-key")).to_have_value("customer-42")
-    page.fill("#slot-limit", "0")
-    page.click("#slot-set")
-    expect(page.locator("#slot-message")).to_contain_text("greater than or equal to 1")
-    assert web_store.slot_status("customer-42").limit is None, "a refused limit changes nothing"
-    page.fill("#slot-limit", "3")
-    page.click("#slot-set")
-    expect(page.locator("#slot-message")).to_have_text("Limit of customer-42 set to 3.")
-    assert web_store.slot_status("customer-42").limit == 3
-    wait_for(lambda: c42().running == 3, 15, lambda: f"the forwarder to let a third in: {c42()}")
-    key, limit, running, waiting = cells(0)
-    expect(limit).to_have_text("3")
-    expect(running).to_have_text("3 / 3")
-    expect(running.locator("meter")).to_have_attribute("value", "3")
-    expect(waiting).to_have_text("3")
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.locator("#slots").locator("xpath=..").screenshot(path=str(ARTIFACTS / "dashboard-slots.png"))
-
-    page.click("#slot-remove")
-    expect(page.locator("#slot-remove")).to_have_text("Really remove?")
-    page.click("#slot-remove")
-    expect(page.locator("#slot-message")).to_contain_text("Removed the limit of customer-42")
-    assert web_store.slot_status("customer-42").limit is None
 
 
 def test_a_redis_user_without_scan_or_get_is_a_503_for_slots_only(web_store: DelayStore, valkey_url: str) -> None:

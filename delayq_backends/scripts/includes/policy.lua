@@ -6,13 +6,16 @@ write may too) and garbage never stops a group for long: a policy field out of r
 dropped and reported (the item's values apply), a throttle further ahead than
 MAX_THROTTLE_MS is dropped, a bucket out of range starts full again.
 A rate is a token bucket per group shared by every forwarder: it refills at the rate and holds
-0.1 s worth (at least one token). An item takes its cost when the bucket holds that much (or
+BURST_MS worth (at least one token): a forwarder late to ask by up to that long (a stalled
+process, a slow pass) loses no tokens, and no window of T ms releases more than T + BURST_MS
+worth. An item takes its cost when the bucket holds that much (or
 is full, for an item costing more than the bucket holds): the bucket may go into debt, at most
 MAX_DEBT_MS worth, which later items wait out, so a rate holds for costly items too. ]]
 --- @include "numbers"
 
 local MAX_THROTTLE_MS = 86400000
 local MAX_DEBT_MS = 3600000
+local BURST_MS = 500  -- group_policies.RATE_BURST_MS
 local MAX_WEIGHT = 1000
 local MAX_PER_MS = 1000  -- 10^6 per second
 local RATE_UNITS = {s = 1000, m = 60000, h = 3600000}
@@ -76,7 +79,7 @@ end
 -- The rate bucket at `key` for a rate of `per_ms`, refilled up to now: {key, per_ms, burst,
 -- floor (the deepest debt), tokens, taken}; garbage starts a full bucket and is named in `reset`.
 local function read_bucket(key, per_ms, now, reset)
-  local b = {key = key, per_ms = per_ms, burst = math.max(1, math.ceil(per_ms * 100)), taken = false}
+  local b = {key = key, per_ms = per_ms, burst = math.max(1, math.ceil(per_ms * BURST_MS)), taken = false}
   b.floor = -per_ms * MAX_DEBT_MS
   local f = rcall('HMGET', key, 'tokens', 'at')
   local tokens, at = finite(f[1]), finite(f[2])

@@ -443,45 +443,120 @@
     box.replaceChildren(line, table);
   }
 
-  // -- concurrency slots ---------------------------------------------------------------------------
+  // -- groups ----------------------------------------------------------------------------------------
 
-  function slotUse(s) {
+  // The groups a page at a time, busiest first (running + parked): the page shown starts at offset
+  const GROUPS_PAGE = 50;
+  const groupsPage = { offset: 0 };
+  // The offset the loading refresh asked for: a page turned while it was on its way makes its answer stale
+  let groupsAsked = null;
+
+  function turnGroupsPage(offset) {
+    groupsPage.offset = offset;
+    refresh(false);
+  }
+
+  function groupUse(g) {
     // running against the limit, as a bar; without a runtime limit the items' own applies, unknown here
-    if (s.limit === null) return String(s.running);
-    const meter = el("meter", { min: 0, max: s.limit, value: Math.min(s.running, s.limit), high: s.limit - 0.5 });
-    return el("span", { class: "slot-use" }, meter, ` ${s.running} / ${s.limit}`);
+    if (g.limit === null) return String(g.running);
+    const meter = el("meter", { min: 0, max: g.limit, value: Math.min(g.running, g.limit), high: g.limit - 0.5 });
+    return el("span", { class: "slot-use" }, meter, ` ${g.running} / ${g.limit}`);
   }
 
-  function showSlots(board) {
-    const more = board.keys > board.slots.length ? ` · busiest ${board.slots.length} shown` : "";
-    $("slots-summary").textContent =
-      `(${count(board.keys)} keys · ${count(board.running)} running · ${count(board.waiting)} waiting${more})`;
-    fillTable($("slots"),
-      [["key"], ["limit", 1], ["running", 1], ["waiting", 1], [""]],
-      board.slots.map((s) => [
-        el("span", { class: "mono" }, s.key),
-        s.limit === null ? el("span", { title: "no limit set here: the items' own applies, or none" }, "–") : count(s.limit),
-        slotUse(s),
-        count(s.waiting),
-        el("button", { type: "button", class: "small", "data-action": "edit-limit", "data-key": s.key,
-          onclick: () => { $("slot-key").value = s.key; $("slot-limit").value = s.limit ?? ""; $("slot-limit").focus(); } },
-          "Edit limit"),
+  function groupState(g) {
+    const held = [];
+    if (g.paused_by) held.push(`paused by ${g.paused_by}`);
+    if (g.throttled_until) held.push(`throttled until ${fmtTime(g.throttled_until)}`);
+    return el("span", { class: `state group-${g.held || "releasing"}`, title: g.throttled_by || "" },
+      held.join("; ") || "releasing");
+  }
+
+  const unset = (text) => el("span", { title: "none set here: the items' own or a pattern's applies" }, "–");
+
+  function groupActions(g) {
+    const attrs = (action) => ({ type: "button", class: "small", "data-action": action, "data-key": g.key });
+    return el("div", { class: "actions" },
+      el("button", { ...attrs("edit-group"), onclick: () => editGroup(g) }, "Edit"),
+      g.paused_by
+        ? el("button", { ...attrs("resume-group"), onclick: () => groupAction(g.key, "resume", "Resumed") }, "Resume")
+        : el("button", { ...attrs("pause-group"), onclick: () => groupAction(g.key, "pause", "Paused") }, "Pause"));
+  }
+
+  function showGroups(board) {
+    const last = groupsPage.offset + board.page.length;
+    const shown = board.groups > board.page.length ? ` · ${groupsPage.offset + 1}–${last} shown` : "";
+    $("groups-summary").textContent = `(${count(board.groups)} groups · ${count(board.running)} running · ` +
+      `${count(board.parked)} parked · ${count(board.paused)} paused · ${count(board.throttled)} throttled${shown})`;
+    $("groups-first").hidden = groupsPage.offset === 0;
+    $("groups-next").hidden = last >= board.groups;
+    $("groups-page").textContent = groupsPage.offset === 0 && last >= board.groups
+      ? "" : `page ${Math.floor(groupsPage.offset / GROUPS_PAGE) + 1}${last >= board.groups ? " (the last)" : ""}`;
+    fillTable($("groups"),
+      [["group"], ["limit", 1], ["rate", 1], ["weight", 1], ["running", 1], ["parked", 1], ["state"], [""]],
+      board.page.map((g) => [
+        el("span", { class: "mono" }, g.key),
+        g.limit === null ? unset() : count(g.limit),
+        g.rate === null ? unset() : g.rate,
+        g.weight === null ? unset() : String(g.weight),
+        groupUse(g),
+        count(g.parked),
+        groupState(g),
+        groupActions(g),
       ]),
-      "no slot keys in use");
+      groupsPage.offset ? "no groups on this page any more: go to the first page" : "no groups in use");
   }
 
-  async function setSlotLimit(limit) {
-    const key = $("slot-key").value;
+  function editGroup(g) {
+    $("group-key").value = g.key;
+    $("group-limit").value = g.limit ?? "";
+    $("group-rate").value = g.rate ?? "";
+    $("group-weight").value = g.weight ?? "";
+    $("group-limit").focus();
+  }
+
+  function groupMessage(text, error = false) {
+    $("group-message").className = error ? "error" : "muted";
+    $("group-message").textContent = text;
+  }
+
+  // The parts of the form filled in: "none" removes that part, digits go as a number, anything
+  // else as typed, for the server to say what it wants
+  function groupBody() {
+    const body = {};
+    for (const part of ["limit", "rate", "weight"]) {
+      const text = $(`group-${part}`).value.trim();
+      if (!text) continue;
+      body[part] = text.toLowerCase() === "none" ? null : part === "rate" ? text : numberOr(text);
+    }
+    return body;
+  }
+
+  const groupPath = (key, verb = "") => `/group${verb ? `/${verb}` : ""}?key=${encodeURIComponent(key)}`;
+
+  async function setGroup() {
+    const key = $("group-key").value;
+    const body = groupBody();
     if (!key) return;
+    if (!Object.keys(body).length) {
+      groupMessage("Enter a limit, a rate or a weight (none removes one).", true);
+      return;
+    }
     try {
-      const slot = await api(`/slot/limit?key=${encodeURIComponent(key)}`, { method: "PUT", body: { limit } });
-      $("slot-message").className = "muted";
-      $("slot-message").textContent = slot.limit === null
-        ? `Removed the limit of ${slot.key}: its items' own limit applies.`
-        : `Limit of ${slot.key} set to ${slot.limit}.`;
+      const g = await api(groupPath(key), { method: "POST", body });
+      const parts = Object.keys(body).map((part) => `${part} ${g[part] === null ? "removed" : g[part]}`);
+      groupMessage(`${g.key}: ${parts.join(", ")}.`);
     } catch (error) {
-      $("slot-message").className = "error";
-      $("slot-message").textContent = error.message;
+      groupMessage(error.message, true);
+    }
+    refresh(true);
+  }
+
+  async function groupAction(key, verb, done) {
+    try {
+      await api(groupPath(key, verb), { method: "POST", body: {} });
+      groupMessage(`${done} ${key}.`);
+    } catch (error) {
+      groupMessage(error.message, true);
     }
     refresh(true);
   }
@@ -633,7 +708,9 @@
     { path: () => `/periodic?limit=${PERIODIC_PAGE}&cursor=${(periodicAsked = periodicPage.cursor)}`,
       show: (d) => (periodicAsked === periodicPage.cursor ? showPeriodic(d) : null),
       boxes: ["error-periodic"] },
-    { path: () => "/slots?limit=50", show: (d) => showSlots(d), boxes: ["error-slots"] },
+    { path: () => `/groups?limit=${GROUPS_PAGE}&offset=${(groupsAsked = groupsPage.offset)}`,
+      show: (d) => (groupsAsked === groupsPage.offset ? showGroups(d) : null),
+      boxes: ["error-groups"] },
     { path: () => "/batches?limit=50", show: (d) => showBatches(d), boxes: ["error-batches"] },
   ];
   const CHART = { path: () => "/due?minutes=1440&bucket_minutes=5", show: (d) => showChart(d), boxes: ["error-chart"] };
@@ -736,17 +813,9 @@
       if (id) find(id);
     });
     $("requeue-all").addEventListener("click", () => deadAction("requeue", { all: true }, (n) => `Requeued ${n} dead letters.`));
-    $("slot-form").addEventListener("submit", (event) => {
-      event.preventDefault();
-      const text = $("slot-limit").value.trim();
-      if (!text) {
-        $("slot-message").className = "error";
-        $("slot-message").textContent = "Enter a limit (a whole number, 1 or more), or remove the limit.";
-        return;
-      }
-      // digits go as a number; anything else as typed, for the server to say what it wants
-      setSlotLimit(/^[0-9]+$/.test(text) ? Number(text) : text);
-    });
+    $("group-form").addEventListener("submit", (event) => { event.preventDefault(); setGroup(); });
+    $("groups-next").addEventListener("click", () => turnGroupsPage(groupsPage.offset + GROUPS_PAGE));
+    $("groups-first").addEventListener("click", () => turnGroupsPage(0));
     $("periodic-add").addEventListener("click", () => openEntryForm(null));
     $("periodic-next").addEventListener("click", () => {
       if (periodicPage.next) turnPeriodicPage(periodicPage.next, periodicPage.number + 1);
@@ -758,8 +827,6 @@
     $("entry-cancel").addEventListener("click", () => { $("entry-form").hidden = true; });
     $("backfill-form").addEventListener("submit", (event) => { event.preventDefault(); submitBackfill(); });
     $("backfill-cancel").addEventListener("click", () => { $("backfill-form").hidden = true; });
-    $("slot-remove").replaceWith(confirmButton("Remove limit", "Really remove?", () => setSlotLimit(null),
-      { id: "slot-remove", class: "danger" }));
     const purgeAll = $("purge-all");
     purgeAll.replaceWith(confirmButton("Purge all", "Really purge all?",
       () => deadAction("purge", { all: true }, (n) => `Purged ${n} dead letters.`), { id: "purge-all" }));
