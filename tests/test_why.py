@@ -21,7 +21,7 @@ from delayq_backends.envelope import Envelope
 from delayq_backends.errors import InvalidIdError
 from delayq_backends.flow import FlowControl
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.keys import claim_token, claimer_of
+from delayq_backends.keys import PARKED_MS, claim_token, claimer_of
 from delayq_backends.models import WHY_STATES, FailedDelivery, Why
 from delayq_backends.store import SlotAsk
 from delayq_backends.targets import RedisListTarget
@@ -185,6 +185,28 @@ def test_a_paused_throttled_or_rate_capped_group_says_so(vstore: DelayStore) -> 
     assert throttled.line == f"group tenant-9 throttled until {iso(until)} (by worker:t9-0)"
     vstore.resume_group("tenant-9")  # the throttle ends too: only its deferral holds it now
     assert vstore.why("t9-0").state in ("flow", "due")
+
+
+def test_an_item_parked_for_its_group_answers_from_the_group(vstore: DelayStore) -> None:
+    """Parked in a group's line: by a forwarder's refusal (reason ``group:<key>``, park.lua) or
+    born there by a producer (no reason recorded: the due score and leased entry as
+    group_schedule.lua writes them). Either way the group says what holds it."""
+    vstore.take_slots({"G": SlotAsk(1, [("runner", 0)])}, hold_ms=60_000, wait_ms=60_000)
+    vstore.schedule("refused", past(), item(), group=["tenant-2", {"key": "G", "limit": 1}])
+    claim = claim_of(vstore, "refused")
+    assert vstore.park(claim, {"refused": "group:G"}, recheck_ms=vstore.server_time_ms() + 60_000).count == 1  # type: ignore[arg-type]
+    refused = vstore.why("refused")
+    assert (refused.state, refused.group, refused.running_ids) == ("group_limit", "G", ("runner",))
+    vstore.schedule("born", past(), item(), group="tenant-3")
+    k = vstore.keys(vstore.shard_of("born"))
+    ready = vstore.server_time_ms() - 1_000
+    vstore.client.zadd(k.due, {"born": PARKED_MS})
+    vstore.client.hset(k.leased, "born", f"{PARKED_MS}:deferred:{ready}")
+    born = vstore.why("born")
+    assert (born.state, born.group, born.ready_ms, born.ahead) == ("group_line", "tenant-3", ready, None)
+    assert born.line == "waiting in group tenant-3's line: the group has room, a forwarder's pass releases it"
+    vstore.pause_group("tenant-3")
+    assert vstore.why("born").line == "group tenant-3 paused (by operator)"
 
 
 def test_a_parked_item_says_why_and_when_it_is_looked_at(vstore: DelayStore) -> None:

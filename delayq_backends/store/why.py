@@ -138,7 +138,8 @@ def held_by(found: Why, envelope: bytes | None) -> tuple[Group, ...]:
     """The groups that may be what holds the item ``found`` describes: those it carries when it
     is due (a claim would meet them), deferred (flow control or, before group lines, its
     group's refusal) or parked in its group's line; none otherwise."""
-    grouped = found.state in ("due", "flow") or (found.state == "parked" and _in_line(found.reason))
+    in_line = found.reason is None or _in_line(found.reason)  # a producer's born-parked item records none
+    grouped = found.state in ("due", "flow") or (found.state == "parked" and in_line)
     return groups_of_item(envelope) if grouped and envelope else ()
 
 
@@ -158,10 +159,11 @@ def group_state(found: Why, views: Sequence[GroupView], now: int) -> Why:
             return _say(replace(held, state="group_limit", ahead=views[0].ahead, reason=None))
         if view.rate_until is not None and view.rate_until > now:
             return _say(replace(held, state="group_rate", until_ms=view.rate_until, reason=None))
-    line = views[0]
+    kind, _, named = (found.reason or "").partition(":")
+    line = next((v for v in views if kind == GROUP_REASON and v.key == named), views[0])
     if found.state == "parked" or (found.state == "flow" and line.ahead is not None):
         in_line = replace(found, state="group_line", group=line.key, running=line.running, limit=line.limit)
-        return _say(replace(in_line, ahead=line.ahead or 0, reason=None))
+        return _say(replace(in_line, ahead=line.ahead, reason=None))
     return found
 
 
@@ -296,7 +298,7 @@ def _in_line(reason: str | None) -> bool:
 
 def _parked(read: ItemRead, ready: int) -> Why:
     """A parked item's state, and why (a ``group:`` reason: :func:`group_state` says more)."""
-    why = read.parked_why.decode("utf-8", "backslashreplace") if isinstance(read.parked_why, bytes) else "unknown"
+    why = read.parked_why.decode("utf-8", "backslashreplace") if isinstance(read.parked_why, bytes) else None
     until = score_ms(read.recheck) if read.recheck is not None else None
     return _say(Why(read.id, "parked", "", until_ms=until, ready_ms=ready, reason=why))
 
@@ -321,7 +323,9 @@ def _group_limit(w: Why) -> str:
 
 
 def _parked_line(w: Why) -> str:
-    kind, _, value = (w.reason or "").partition(":")
+    if w.reason is None:
+        return f"parked, no reason recorded; looked at again at {at(w.until_ms)}"
+    kind, _, value = w.reason.partition(":")
     what = {
         "format": f"its envelope format {value} is newer than the forwarders that claimed it read (upgrade them)",
         "target": f"the forwarders that claimed it have no {value!r} target (start one that has)",
@@ -333,6 +337,14 @@ def _due(w: Why) -> str:
     if w.reason == LEASE_RAN_OUT:
         return f"due: its lease ran out at {at(w.until_ms)} (its forwarder stopped?); the next claim takes it"
     return f"due since {at(w.ready_ms)}: the next claim takes it"
+
+
+def _group_line(w: Why) -> str:
+    if w.ahead is None:
+        return f"waiting in group {w.group}'s line: the group has room, a forwarder's pass releases it"
+    if w.ahead:
+        return f"behind {w.ahead} items of group {w.group}"
+    return f"next in group {w.group}'s line: released at {at(w.until_ms)} or when a slot frees"
 
 
 _LINES = {
@@ -360,10 +372,6 @@ _LINES = {
     ),
     "group_limit": _group_limit,
     "group_rate": lambda w: f"over group {w.group}'s rate until {at(w.until_ms)}",
-    "group_line": lambda w: (
-        f"behind {w.ahead} items of group {w.group}"
-        if w.ahead
-        else f"next in group {w.group}'s line: released at {at(w.until_ms)} or when a slot frees"
-    ),
+    "group_line": _group_line,
     "parked": _parked_line,
 }
