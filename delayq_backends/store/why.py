@@ -192,13 +192,21 @@ def read_groups(store: StoreCore, item_id: str, groups: Sequence[Group], now: in
             pipe.zrangebyscore(holds, f"({now}", "+inf", start=0, num=RUNNING_IDS)
             pipe.hmget(group_bucket_key(prefix, key), BUCKET_FIELDS)
             pipe.zscore(slot_waiting_key(prefix, key), item_id)
-        replies = _plain(pipe.execute(raise_on_error=False))
+        line = groups[0].key if groups else ""
+        pipe.zscore(store.keys(store.shard_of(item_id)).gline(line), item_id)  # its line group's shard line
+        *replies, order = _plain(pipe.execute(raise_on_error=False))
     rows = [replies[n : n + _READS] for n in range(0, len(replies), _READS)]
     places = {g.key: row[-1] for g, row in zip(groups, rows) if row[-1] is not None}
     with store.client.pipeline(transaction=False) as pipe:
         for key, place in places.items():
             pipe.zcount(slot_waiting_key(prefix, key), "-inf", f"({place}")
-        ahead = dict(zip(places, _plain(pipe.execute(raise_on_error=False)))) if places else {}
+        if order is not None:  # in its group's lines: the items before it, every shard's
+            for shard in range(store.shards):
+                pipe.zcount(store.keys(shard).gline(line), "-inf", f"({int(order)}")
+        counts = _plain(pipe.execute(raise_on_error=False)) if places or order is not None else []
+    ahead = dict(zip(places, counts))
+    if order is not None:
+        ahead[line] = sum(c for c in counts[len(places) :] if isinstance(c, int))
     views = []
     for group, (fields, alias, running, holders, bucket, _) in zip(groups, rows):
         runtime = policy_of(fields, alias, now)
@@ -340,10 +348,10 @@ def _due(w: Why) -> str:
 
 
 def _group_line(w: Why) -> str:
-    if w.ahead is None:
-        return f"waiting in group {w.group}'s line: the group has room, a forwarder's pass releases it"
     if w.ahead:
         return f"behind {w.ahead} items of group {w.group}"
+    if w.until_ms is None:
+        return f"waiting in group {w.group}'s line: the group has room, a forwarder's pass releases it"
     return f"next in group {w.group}'s line: released at {at(w.until_ms)} or when a slot frees"
 
 
