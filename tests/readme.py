@@ -76,6 +76,10 @@ CHECKS: dict[str, Check] = {
     "with build_forwarder(settings) as forwarder:": Check(skip=FOREVER + "build_forwarder: tests/test_assemble.py"),
     'store.debounce("doc-7"': Check(skip=FRAGMENT),
     'store.set_slot_limit("customer-42", 5)': Check(skip=FRAGMENT + "; tests/test_slots.py runs each call"),
+    'store.set_group("tenant-7", limit=2, weight=3)': Check(
+        skip=FRAGMENT + "; tests/test_docs_groups.py, test_group_api.py, test_celery/test_groups.py and "
+        "test_rq/test_groups.py run each form"
+    ),
     'store.open_batch("order-7"': Check(by="tests/test_readme.py::test_batch_example_runs"),
     "delayq periodic add nightly": Check(by="tests/test_readme.py::test_schedules_as_data_commands_run"),
     "batch.add(process.s(1))": Check(skip=FRAGMENT + "; tests/test_celery/test_batches.py runs each call"),
