@@ -410,8 +410,10 @@ class ReleaseStep:
                 return group, cap, now + slots.RECHECK_MS if group in self._bound else 0
         elif group in left:
             if allowance >= left[group]:
+                # the budget is spent by allowances, not releases (a short line takes less): its
+                # room is read again at the next pass, and a full group is held there (few slots)
                 allowance, left[group] = left[group], 0
-                return group, allowance, now + slots.RECHECK_MS
+                return group, allowance, 0
             left[group] -= allowance
         return group, allowance, 0
 
