@@ -476,20 +476,10 @@ class SlotCollector(Collector):
             board = self.store.slot_board(self.keys(), limit=self.max_keys)
         except _STORE_ERRORS as exc:
             self.errors += 1
-            log.warning(
-                "cannot read the slot keys (%s: %s): the slot gauges need SCAN and GET on the store "
-                "(`delayq exporter --slot-keys 0` turns them off)",
-                type(exc).__name__,
-                exc,
-            )
+            _unread("the slot keys", "the slot gauges need SCAN and GET", "--slot-keys 0", exc)
             board = None
-        up = GaugeMetricFamily("delayq_slots_up", "1 if the last scrape read the slot keys, else 0.", labels=["prefix"])
-        up.add_metric([prefix], 0 if board is None else 1)
-        errors = CounterMetricFamily(
-            "delayq_slot_scrape_errors", "Scrapes that could not read the slot keys.", labels=["prefix"]
-        )
-        errors.add_metric([prefix], self.errors)
-        yield from (up, errors)
+        yield from _scrape_health(prefix, ("delayq_slots_up", "delayq_slot_scrape_errors"), "the slot keys",
+                                  board is not None, self.errors)  # fmt: skip
         if board is None:
             return
         per_key = ["prefix", "key"]
@@ -552,20 +542,10 @@ class GroupCollector(Collector):
             now = self.store.clock()
         except _STORE_ERRORS as exc:
             self.errors += 1
-            log.warning(
-                "cannot read the groups (%s: %s): the group gauges need SCAN and the groups' reads on the store "
-                "(`delayq exporter --groups 0` turns them off)",
-                type(exc).__name__,
-                exc,
-            )
+            _unread("the groups", "the group gauges need SCAN and the groups' reads", "--groups 0", exc)
             statuses = None
-        up = GaugeMetricFamily("delayq_groups_up", "1 if the last scrape read the groups, else 0.", labels=["prefix"])
-        up.add_metric([prefix], 0 if statuses is None else 1)
-        errors = CounterMetricFamily(
-            "delayq_group_scrape_errors", "Scrapes that could not read the groups.", labels=["prefix"]
-        )
-        errors.add_metric([prefix], self.errors)
-        yield from (up, errors)
+        yield from _scrape_health(prefix, ("delayq_groups_up", "delayq_group_scrape_errors"), "the groups",
+                                  statuses is not None, self.errors)  # fmt: skip
         if statuses is None:
             return
         count = GaugeMetricFamily("delayq_groups", "Groups in use (holds, a line or a policy).", labels=["prefix"])
@@ -586,6 +566,24 @@ class GroupCollector(Collector):
             if values:
                 family.add_metric([prefix, OTHER_GROUPS], sum(values))
         yield from families.values()
+
+
+def _unread(what: str, needs: str, off: str, exc: Exception) -> None:
+    """Log a scrape that could not read ``what`` (the collector's gauges are left out)."""
+    log.warning(
+        "cannot read %s (%s: %s): %s on the store (`delayq exporter %s` turns them off)",
+        what, type(exc).__name__, exc, needs, off,
+    )  # fmt: skip
+
+
+def _scrape_health(prefix: str, names: tuple[str, str], what: str, read: bool, errors: int) -> Iterator[Metric]:
+    """A collector's two health series: ``<up>`` (1 if this scrape read ``what``) and the count of
+    scrapes that could not."""
+    up = GaugeMetricFamily(names[0], f"1 if the last scrape read {what}, else 0.", labels=["prefix"])
+    up.add_metric([prefix], 1 if read else 0)
+    failed = CounterMetricFamily(names[1], f"Scrapes that could not read {what}.", labels=["prefix"])
+    failed.add_metric([prefix], errors)
+    yield from (up, failed)
 
 
 def _group_values(status: GroupStatus, now_ms: int) -> dict[str, float | None]:
