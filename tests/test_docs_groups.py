@@ -19,7 +19,6 @@ from tests.helpers import wait_for
 from tests.readme import snippet, snippets
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "groups.md"
-SNIPPET_URL = "redis://127.0.0.1:6379/0"
 
 #: marker (a substring of exactly one block of the page) -> the test of this module that runs it
 RUNS = {
@@ -50,7 +49,7 @@ def page_store(valkey_url: str) -> Iterator[str]:
 def run_block(marker: str, url: str) -> dict[str, object]:
     """Run the page's block holding ``marker`` on ``url``; its names afterwards."""
     scope: dict[str, object] = {}
-    exec(compile(snippet(marker, PAGE).replace(SNIPPET_URL, url), "docs/groups.md", "exec"), scope)
+    exec(compile(snippet(marker, PAGE).replace("redis://127.0.0.1:6379/0", url), "docs/groups.md", "exec"), scope)
     return scope
 
 

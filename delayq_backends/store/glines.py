@@ -184,8 +184,7 @@ class GroupLines(Slots):
         if not named:
             return
         with self.client.pipeline(transaction=False) as pipe:
-            for k in self._keys:
-                pipe.zadd(k.gready, dict.fromkeys(named, now), xx=True, lt=True)
+            self._lines_due(pipe, named, now)
             pipe.execute(raise_on_error=False)
 
     @property

@@ -15,7 +15,7 @@ import logging
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from redis.exceptions import RedisError
 
@@ -205,14 +205,27 @@ class Slots(StoreCore):
                     for run in holds[key]
                 ]
                 pipe.hset(slot_reports_key(self.config.prefix, key), items=[v for pair in fields for v in pair])
-            if mode == "end":  # a hint: forwarders look at these groups' lines at once
-                for key in keys:
-                    pipe.publish(group_wake_channel(self.config.prefix), key)
+            if mode == "end":
+                self._wake_lines(pipe, keys)
             replies = pipe.execute(raise_on_error=False)
         answers = {key: reply if isinstance(reply, Exception) else None for key, reply in zip(keys, replies)}
         if mode == "end":
             self._bring_heads_forward({key: len(holds[key]) for key in keys if answers[key] is None})
         return answers
+
+    def _lines_due(self, pipe: Any, groups: Sequence[str], now: int) -> None:
+        """Queue on ``pipe`` the writes that make ``groups``' lines due ``now`` in every shard
+        (``gready``, ZADD XX LT: a shard where a group has no line stays without one)."""
+        for k in self._keys:
+            pipe.zadd(k.gready, dict.fromkeys(groups, now), xx=True, lt=True)
+
+    def _wake_lines(self, pipe: Any, groups: Sequence[str]) -> None:
+        """A slot of each of ``groups`` was given back: their lines are due now (so the next pass
+        releases from them, a burst run of the testing store's included) and named on the groups'
+        wake channel, for forwarders asleep."""
+        self._lines_due(pipe, groups, self.clock())
+        for group in groups:
+            pipe.publish(group_wake_channel(self.config.prefix), group)
 
     def _report(self, mode: str, token: str, hold_ms: int) -> str:
         """A worker's report on its hold (``slot_take.lua`` reads it): an end shows the token
@@ -240,9 +253,8 @@ class Slots(StoreCore):
             for key, members in holds.items()
         ]
         replies: list[tuple[int, tuple[str, ...]] | Exception] = self.run_each(calls)
-        with self.client.pipeline(transaction=False) as pipe:  # a hint: forwarders look at these lines at once
-            for key in holds:
-                pipe.publish(group_wake_channel(prefix), key)
+        with self.client.pipeline(transaction=False) as pipe:
+            self._wake_lines(pipe, list(holds))
             pipe.execute(raise_on_error=False)
         self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r[1]), self.script_now(None))
         return {key: r if isinstance(r, Exception) else r[0] for key, r in zip(holds, replies)}
