@@ -253,8 +253,9 @@ class Slots(StoreCore):
             for key, members in holds.items()
         ]
         replies: list[tuple[int, tuple[str, ...]] | Exception] = self.run_each(calls)
-        with self.client.pipeline(transaction=False) as pipe:
-            self._wake_lines(pipe, list(holds))
+        with self.client.pipeline(transaction=False) as pipe:  # a hint: forwarders look at these lines at once
+            for key in holds:
+                pipe.publish(group_wake_channel(prefix), key)
             pipe.execute(raise_on_error=False)
         self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r[1]), self.script_now(None))
         return {key: r if isinstance(r, Exception) else r[0] for key, r in zip(holds, replies)}
