@@ -180,7 +180,7 @@ def test_web(web_bin: Path, valkey_url: str, tmp_path: Path) -> None:
     try:
         procs.start(serve.split(), env=env, log=tmp_path / "dashboard.log", cwd=tmp_path, code=None)
         wait_for(lambda: reachable_port(int(port)), 60, lambda: f"the dashboard: {procs.tail()}", interval=0.2)
-        curl = snippet("curl -X POST http://127.0.0.1:8765/api/v1/celery").strip().replace("8765", port)
+        curl = snippet('"queue": "billing"}\'').strip().replace("8765", port)
         posted = subprocess.run(["bash", "-c", f"{curl} -sS -w '\\n%{{http_code}}'"], env=env, capture_output=True,
                                 text=True, timeout=30)  # fmt: skip
         body, _, status = posted.stdout.rpartition("\n")
