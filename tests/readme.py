@@ -4,8 +4,8 @@ bash block is checked.
 Every ```python and ```bash block of the :data:`PAGES` must match exactly one entry of
 :data:`CHECKS`, a marker no other block of those pages holds (``tests/test_readme.py`` fails
 otherwise): either the test that runs it, or why no test does. To add a snippet, add a line here: a
-substring only that block contains, and its check. A page of docs/ whose snippets a reader is
-shown belongs in :data:`PAGES`, so a snippet moved out of the README is still run from its page.
+substring only that block contains, and its check. The README's depth lives in docs/, so a
+snippet moved out of the README is still run from its page.
 """
 
 from __future__ import annotations
@@ -19,12 +19,8 @@ __all__ = ["CHECKS", "PAGES", "README", "Check", "Snippet", "snippet", "snippets
 README = Path(__file__).resolve().parent.parent / "README.md"
 DOCS = README.parent / "docs"
 
-#: the README and the pages of docs/ that hold the depth it links to (each block checked here)
-PAGES: tuple[Path, ...] = (
-    README,
-    *(DOCS / f"{name}.md" for name in ("core", "celery", "celery-periodic", "debounce", "groups", "slots")),
-    *(DOCS / f"{name}.md" for name in ("batches", "spark", "flow", "metrics", "dashboard")),
-)
+#: the README and every page of docs/ (each block checked here)
+PAGES: tuple[Path, ...] = (README, *sorted(DOCS.glob("*.md")))
 
 _BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
@@ -91,7 +87,7 @@ CHECKS: dict[str, Check] = {
     # 30 seconds with RQ
     'queue = Queue("default", connection=Redis())': Check(by=f"{CLEAN}::test_rq"),
     "# app/tasks.py": Check(by=f"{CLEAN}::test_rq"),
-    "rq worker --queue-class delayq_backends.rq.Queue default": Check(by=f"{CLEAN}::test_rq (each command)"),
+    "# retries with intervals go to the store too": Check(by=f"{CLEAN}::test_rq (each command)"),
     # the core API
     '# prefix "delayq", 16 shards': Check(by="tests/test_readme.py::test_core_api_runs"),
     "# SIGTERM: finish the batch, exit 0": Check(skip=FOREVER + "each command: tests/test_cli.py"),
@@ -120,7 +116,7 @@ CHECKS: dict[str, Check] = {
         "test_rq/test_groups.py run each form"
     ),
     'store.open_batch("order-7"': Check(by="tests/test_readme.py::test_batch_example_runs"),
-    "delayq periodic add nightly": Check(by="tests/test_readme.py::test_schedules_as_data_commands_run"),
+    "delayq periodic add sweep": Check(by="tests/test_readme.py::test_schedules_as_data_commands_run"),
     "batch.add(process.s(1))": Check(skip=FRAGMENT + "; tests/test_celery/test_batches.py runs each call"),
     "batch.add(process, 1)": Check(skip=FRAGMENT + "; tests/test_rq/test_batches.py runs each call"),
     '"options": {"delayq_overlap": "skip"}': Check(by="tests/test_readme.py::test_overlap_policies_snippet_runs"),
@@ -149,6 +145,31 @@ CHECKS: dict[str, Check] = {
     "--key-rate celery=20/s": Check(skip=FOREVER + "tests/test_key_rate.py"),
     'headers={"delayq_rate_key": f"tenant-{tenant}"}': Check(skip=FRAGMENT),
     "--metrics-port 9477": Check(skip=FOREVER + "tests/test_metrics.py"),
+    # docs/dedupe.md
+    "app.conf.delayq_dedupe_ttl = 86400": Check(skip=FRAGMENT + "; tests/test_celery/test_dedupe.py"),
+    "app.conf.delayq_lossless_window = 60": Check(skip=FRAGMENT + "; tests/test_celery/test_lossless.py"),
+    # docs/priority.md
+    'store.schedule("report-42", timedelta(minutes=5), envelope, rank=5)': Check(
+        skip=FRAGMENT + "; tests/test_priority.py"
+    ),
+    # docs/rq.md
+    'pip install ".[rq]"': Check(by=f"{CLEAN}::test_rq (the rq extra into a fresh venv)"),
+    'queue.enqueue_at(datetime(2030, 1, 1, 9, tzinfo=timezone.utc), "app.tasks.new_year")': Check(
+        by="tests/test_readme.py::test_rq_page_example_runs"
+    ),
+    "# no --with-scheduler": Check(skip=FOREVER + f"the README's RQ commands, run by {CLEAN}::test_rq"),
+    "--rq-cron myapp/cron_config.py": Check(skip=FOREVER + "tests/test_rq/test_cron_processes.py"),
+    "delayq_cron.register(report": Check(
+        skip="imports myapp.jobs, your app's module; tests/test_rq/test_cron_entries.py runs each call"
+    ),
+    "delayq periodic update nightly --kind rq": Check(
+        skip="names servers the page does not start; each command: tests/test_rq/test_periodic_cli.py"
+    ),
+    "delayq rq-migrate --url redis://localhost:6379/0 --rq-redis redis://localhost:6379/0\n": Check(
+        skip="a one-off on your RQ Redis (the README's RQ block runs it); tests/test_rq/test_migrate_and_cli.py"
+    ),
+    "delayq rq-upgrade --url": Check(skip="needs 0.1.0's jobs to upgrade; tests/test_rq/test_upgrade.py"),
+    "--url redis://cluster-node-1:7000/0": Check(skip=FOREVER + "a store on a cluster: tests/test_durable_writes.py"),
     # docs/dashboard.md
     'pip install ".[web,celery]"': Check(by=f"{CLEAN}::test_web (each command)"),
     '"queue": "billing"}\'': Check(by=f"{CLEAN}::test_web"),

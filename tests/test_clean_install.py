@@ -146,7 +146,9 @@ def test_rq(rq_bin: Path, valkey_url: str, prefix: str, tmp_path: Path) -> None:
     worker_log = tmp_path / "worker.log"
     log = lambda: worker_log.read_text(errors="replace")  # noqa: E731
     try:
-        worker, forward, migrate = (ours(line).split("#")[0].split() for line in commands_of("rq worker --queue-class"))
+        worker, forward, migrate = (
+            ours(line).split("#")[0].split() for line in commands_of("# retries with intervals go to the store too")
+        )
         procs.start(worker, env=env, log=worker_log, cwd=tmp_path, code=None)
         procs.start(forward, env=env, log=tmp_path / "forward.log", cwd=tmp_path, code=None)
         code = ours(snippet('queue = Queue("default", connection=Redis())'))

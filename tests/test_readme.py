@@ -105,6 +105,25 @@ def test_debounce_example_runs(readme_store: str) -> None:
     assert throttled is not None and throttled.calls == 1
 
 
+def test_rq_page_example_runs(readme_store: str) -> None:
+    """docs/rq.md's first snippet, on the embedded Valkey for ``Redis()``: the delayed jobs and the
+    periodic and cron jobs are the scheduler's four jobs, each in the store under its RQ job id."""
+    code = snippet('queue.enqueue_at(datetime(2030, 1, 1, 9, tzinfo=timezone.utc), "app.tasks.new_year")')
+    scope: dict[str, object] = {}
+    with redis.Redis.from_url(readme_store) as client:
+        try:
+            exec(compile(code.replace("Redis()", f"Redis.from_url({readme_store!r})"), "docs/rq.md", "exec"), scope)
+            store = DelayStore.from_url(readme_store)
+            jobs = list(scope["scheduler"].get_jobs())  # type: ignore[attr-defined]
+            assert {job.func_name for job in jobs} == {
+                f"app.tasks.{name}" for name in ("send_reminder", "new_year", "poll", "digest")
+            }
+            assert scope["job"].id in {job.id for job in jobs}  # type: ignore[attr-defined]
+            assert all(store.get(job.id) is not None for job in jobs) and len(store.scheduled(count=10)) == 4
+        finally:
+            delete_prefix(client, "rq:")
+
+
 def test_overlap_policies_snippet_runs(readme_store: str) -> None:
     """The Celery entry syncs with its policy; the RQ jobs are stored with theirs and their slot."""
     from datetime import datetime, timezone
@@ -147,7 +166,7 @@ def test_schedules_as_data_commands_run(readme_store: str) -> None:
 
     from delayq_backends.periodic import ops
 
-    code = snippet("delayq periodic add nightly").replace("redis://localhost:6379/0", readme_store)
+    code = snippet("delayq periodic add sweep").replace("redis://localhost:6379/0", readme_store)
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DELAYQ_PREFIX": "delayq"}
     done = subprocess.run(
