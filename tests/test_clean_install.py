@@ -146,7 +146,9 @@ def test_rq(rq_bin: Path, valkey_url: str, prefix: str, tmp_path: Path) -> None:
     worker_log = tmp_path / "worker.log"
     log = lambda: worker_log.read_text(errors="replace")  # noqa: E731
     try:
-        worker, forward, migrate = (ours(line).split("#")[0].split() for line in commands_of("rq worker --queue-class"))
+        worker, forward, migrate = (
+            ours(line).split("#")[0].split() for line in commands_of("# retries with intervals go to the store too")
+        )
         procs.start(worker, env=env, log=worker_log, cwd=tmp_path, code=None)
         procs.start(forward, env=env, log=tmp_path / "forward.log", cwd=tmp_path, code=None)
         code = ours(snippet('queue = Queue("default", connection=Redis())'))
@@ -180,7 +182,7 @@ def test_web(web_bin: Path, valkey_url: str, tmp_path: Path) -> None:
     try:
         procs.start(serve.split(), env=env, log=tmp_path / "dashboard.log", cwd=tmp_path, code=None)
         wait_for(lambda: reachable_port(int(port)), 60, lambda: f"the dashboard: {procs.tail()}", interval=0.2)
-        curl = snippet("curl -X POST http://127.0.0.1:8765/api/v1/celery").strip().replace("8765", port)
+        curl = snippet('"queue": "billing"}\'').strip().replace("8765", port)
         posted = subprocess.run(["bash", "-c", f"{curl} -sS -w '\\n%{{http_code}}'"], env=env, capture_output=True,
                                 text=True, timeout=30)  # fmt: skip
         body, _, status = posted.stdout.rpartition("\n")

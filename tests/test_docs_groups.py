@@ -16,25 +16,31 @@ from delayq_backends.forwarder import Forwarder
 from delayq_backends.targets import RedisListTarget
 from tests.harness.servers import delete_prefix
 from tests.helpers import wait_for
-from tests.readme import snippet, snippets
+from tests.readme import CHECKS, snippet, snippets
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "groups.md"
 
 #: marker (a substring of exactly one block of the page) -> the test of this module that runs it
 RUNS = {
-    'group=["tenant-7"': "test_using_groups_runs",
+    'store.schedule("report-1"': "test_using_groups_runs",
     'rate_key="tenant-7")': "test_aliases_run",
 }
 
 
 def test_every_block_has_a_test() -> None:
+    """Each block of the page has a test here, but for the ones ``tests/readme.py`` says why no test
+    runs (the "In short" fragment that came from the README)."""
     unchecked = []
     for block in snippets(path=PAGE):
         matched = [marker for marker in RUNS if marker in block.text]
+        skipped = [marker for marker, check in CHECKS.items() if marker in block.text and check.skip]
+        if skipped and not matched:
+            continue
         if len(matched) != 1 or RUNS[matched[0]] not in globals():
             unchecked.append(f"docs/groups.md:{block.line} ({block.lang}) matches {matched or 'no entry'}")
     assert not unchecked, "give each block a test and a line in RUNS: " + "; ".join(unchecked)
-    assert len(snippets(path=PAGE)) == len(RUNS), "an entry of RUNS names no block of the page"
+    for marker in RUNS:
+        assert len([b for b in snippets(path=PAGE) if marker in b.text]) == 1, f"{marker!r} names no block, or several"
 
 
 @pytest.fixture
@@ -66,7 +72,7 @@ def test_using_groups_runs(page_store: str) -> None:
     a forwarder releases the two items due now (one of two groups, one of one) into the list."""
     from delayq_backends.envelope import Group
 
-    scope = run_block('group=["tenant-7"', page_store)
+    scope = run_block('store.schedule("report-1"', page_store)
     store = scope["store"]
     assert isinstance(store, DelayStore)
     assert groups(store, "report-1") == (Group("tenant-7"),)

@@ -1,5 +1,6 @@
-"""The README's snippets run as written: each Python or bash block has a test that runs it, or an
-entry in ``tests/readme.py`` that says why none does; a new block with neither fails here."""
+"""The README's snippets, and those of the docs pages its depth moved to (``tests/readme.py``
+PAGES), run as written: each Python or bash block has a test that runs it, or an entry in
+``tests/readme.py`` that says why none does; a new block with neither fails here."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_every_snippet_has_a_check() -> None:
     for block in snippets():
         matched = [marker for marker in CHECKS if marker in block.text]
         if len(matched) != 1:
-            unchecked.append(f"README.md:{block.line} ({block.lang}) matches {matched or 'no entry'}")
+            unchecked.append(f"{block.where} ({block.lang}) matches {matched or 'no entry'}")
     assert not unchecked, "give each block one entry in tests/readme.py CHECKS: " + "; ".join(unchecked)
 
 
@@ -31,11 +32,14 @@ LIBRARY = ("delayq_backends", "delayq_backends.celery", "delayq_backends.rq", "d
 def test_fragments_import_the_library_names_they_use() -> None:
     """A fragment leaves out your app, tasks and store, never where the library's names come
     from: each public name of the library it uses (``Batch``, ``RedisListTarget``, ...) is
-    imported in it or in a block above, and its imports run. (The Batches fragment used
-    ``Batch`` with no import anywhere.)"""
+    imported in it or in a block above on its page, and its imports run. (The Batches fragment
+    used ``Batch`` with no import anywhere.)"""
     public = {name for module in LIBRARY for name in importlib.import_module(module).__all__}
     above: set[str] = set()
+    page = None
     for block in snippets(("python",)):
+        if block.page != page:
+            page, above = block.page, set()
         tree = ast.parse(block.text)
         imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
         bound = {alias.asname or alias.name.split(".")[0] for node in imports for alias in node.names}
@@ -43,8 +47,8 @@ def test_fragments_import_the_library_names_they_use() -> None:
         if CHECKS[marker].skip.startswith(FRAGMENT):
             used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             missing = sorted((used & public) - bound - above)
-            assert not missing, f"README.md:{block.line}: import {missing}"
-            exec(compile(ast.Module(body=list(imports), type_ignores=[]), "README.md", "exec"), {})
+            assert not missing, f"{block.where}: import {missing}"
+            exec(compile(ast.Module(body=list(imports), type_ignores=[]), block.where, "exec"), {})
         above |= bound
 
 
@@ -55,8 +59,8 @@ def test_every_check_names_a_block_and_says_how() -> None:
 
 
 def test_testing_examples_run() -> None:
-    for marker in ("with delayed_tasks(app, clock=", "def sign_up(store, user_id):"):
-        exec(compile(snippet(marker), "README.md", "exec"), {})
+    for marker in ("# no broker and no Redis in tests", "def sign_up(store, user_id):"):
+        exec(compile(snippet(marker), "docs", "exec"), {})
 
 
 @pytest.fixture
@@ -80,12 +84,44 @@ def test_batch_example_runs(readme_store: str) -> None:
 
 
 def test_core_api_runs(readme_store: str) -> None:
-    code = snippet('store = DelayStore.from_url("redis://127.0.0.1:6379/0")')
+    code = snippet('# prefix "delayq", 16 shards')
     scope: dict[str, object] = {}
     exec(compile(code.replace("redis://127.0.0.1:6379/0", readme_store), "README.md", "exec"), scope)
     store = scope["store"]
     assert isinstance(store, DelayStore)
     assert store.get("reminder-42") is None and store.get("r99999") is not None
+
+
+def test_debounce_example_runs(readme_store: str) -> None:
+    """docs/debounce.md's first block: a thousand debounces of one key are one item that counts
+    them, and the throttle is one item of its own."""
+    code = snippet("# 1,000 saves of document 7 in a burst")
+    scope: dict[str, object] = {}
+    exec(compile(code.replace("redis://127.0.0.1:6379/0", readme_store), "docs/debounce.md", "exec"), scope)
+    store = scope["store"]
+    assert isinstance(store, DelayStore)
+    debounced, throttled = store.get("debounce:doc-7"), store.get("throttle:feed-3")
+    assert debounced is not None and debounced.calls == 1000
+    assert throttled is not None and throttled.calls == 1
+
+
+def test_rq_page_example_runs(readme_store: str) -> None:
+    """docs/rq.md's first snippet, on the embedded Valkey for ``Redis()``: the delayed jobs and the
+    periodic and cron jobs are the scheduler's four jobs, each in the store under its RQ job id."""
+    code = snippet('queue.enqueue_at(datetime(2030, 1, 1, 9, tzinfo=timezone.utc), "app.tasks.new_year")')
+    scope: dict[str, object] = {}
+    with redis.Redis.from_url(readme_store) as client:
+        try:
+            exec(compile(code.replace("Redis()", f"Redis.from_url({readme_store!r})"), "docs/rq.md", "exec"), scope)
+            store = DelayStore.from_url(readme_store)
+            jobs = list(scope["scheduler"].get_jobs())  # type: ignore[attr-defined]
+            assert {job.func_name for job in jobs} == {
+                f"app.tasks.{name}" for name in ("send_reminder", "new_year", "poll", "digest")
+            }
+            assert scope["job"].id in {job.id for job in jobs}  # type: ignore[attr-defined]
+            assert all(store.get(job.id) is not None for job in jobs) and len(store.scheduled(count=10)) == 4
+        finally:
+            delete_prefix(client, "rq:")
 
 
 def test_overlap_policies_snippet_runs(readme_store: str) -> None:
@@ -130,7 +166,7 @@ def test_schedules_as_data_commands_run(readme_store: str) -> None:
 
     from delayq_backends.periodic import ops
 
-    code = snippet("delayq periodic add nightly").replace("redis://localhost:6379/0", readme_store)
+    code = snippet("delayq periodic add sweep").replace("redis://localhost:6379/0", readme_store)
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DELAYQ_PREFIX": "delayq"}
     done = subprocess.run(
