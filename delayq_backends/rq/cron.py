@@ -260,7 +260,7 @@ class _Loader(rq_cron.CronScheduler):
             number += 1
             unique = f"{name}#{number}"
         if number > 1:
-            log.info("rq cron job %r is registered %d times: its entry no. %d is named %r", name, number, number, unique)
+            log.info("rq cron job %r is registered more than once: its entry no. %d is named %r", name, number, unique)
         return unique
 
 
@@ -287,7 +287,10 @@ def sync(
             specs.append(entry.spec())
         except DelayqError as exc:  # a name that cannot be an item id
             errors[entry.name] = str(exc)
-    return sync_code(store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds)
+    return sync_code(
+        store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds,
+        version_setting="--schedule-version (DELAYQ_SCHEDULE_VERSION) of `delayq rq-cron sync` or `delayq forward`",
+    )  # fmt: skip
 
 
 def load_config(path: str, *, search_path: Sequence[str] = (".",)) -> CronConfig:

@@ -361,3 +361,12 @@ def test_a_cron_string_without_tz_is_read_in_the_syncing_hosts_zone_by_name(
     assert entries["every-2s"].schedule == Cron("* * * * * */2", "Asia/Tokyo")
     monkeypatch.setenv("TZ", "Etc/UTC")
     assert load_config(str(_config(tmp_path, "q"))).entries[2].schedule == Cron("* * * * * */2", "UTC")
+
+
+def test_an_unversioned_sync_after_a_versioned_one_names_rqs_flag_not_celerys_setting(tmp_path: Path) -> None:
+    store = testing_store(prefix="cronv", shards=2)
+    config = load_config(str(_config(tmp_path, "q")))
+    assert sync(store, config, version=5).added
+    refused = sync(store, config).refused
+    assert "--schedule-version (DELAYQ_SCHEDULE_VERSION) of `delayq rq-cron sync`" in refused
+    assert "delayq_schedule_version" not in refused, "a Celery setting named to an RQ user"
