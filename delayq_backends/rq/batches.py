@@ -1,5 +1,9 @@
 """RQ's side of batches (:mod:`delayq_backends.batches`).
 
+    from datetime import timedelta
+
+    from rq import Callback
+
     from delayq_backends.rq import Batch, Queue
 
     queue = Queue("default", connection=redis)
