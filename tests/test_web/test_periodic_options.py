@@ -5,6 +5,7 @@ kind, or a callback outside the RQ allowlist, refused with nothing stored."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +92,10 @@ def test_a_callback_outside_the_allowlist_is_refused(client: TestClient, web_sto
     response = post(client, {**RQ, "on_failure": "os.system"})
     assert response.status_code == 403, response.text
     assert ops.get(web_store, "rq-opt") is None
+
+
+def test_the_docs_table_lists_every_option_as_the_definition_has_it() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "celery-periodic.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `--") and " / `" in line]
+    listed = [(line.split("`")[1], line.split("`")[3], line.split("|")[2].strip()) for line in rows]
+    assert listed == [(f.flag, f.name, f.kind) for f in OPTION_FIELDS]
