@@ -36,8 +36,10 @@ from ..models import CancelOutcome, RearmOutcome, ScheduledItem
 from ..overlap_policy import ALLOW, POLICIES
 from ..store import DelayStore
 from ..timeutil import MAX_MS, from_ms
+from .options import RunOptions
 from .registry import (
     PAGE,
+    VERSION_SETTING,
     PeriodicError,
     Registry,
     check_registry,
@@ -192,6 +194,8 @@ class EntrySpec:
     end_ms: int | None = None
     max_runs: int | None = None
     jitter_ms: int = 0
+    #: the run options as given (the template applies them; the state keeps them to read back)
+    options: RunOptions = field(default_factory=RunOptions)
 
     def __post_init__(self) -> None:
         item_id(self.name)  # a name with control characters cannot make an id
@@ -214,9 +218,12 @@ class EntrySpec:
         stored before they existed reads as unchanged)."""
         own = {
             k: v
-            for k, v in (("start", self.start_ms), ("end", self.end_ms), ("max", self.max_runs), ("j", self.jitter_ms))
+            for k, v in (
+                ("start", self.start_ms), ("end", self.end_ms), ("max", self.max_runs), ("j", self.jitter_ms),
+                ("opt", self.options.to_json()),
+            )
             if v
-        }
+        }  # fmt: skip
         if not own:
             return self.template.fingerprint
         text = json.dumps([self.template.fingerprint, own], sort_keys=True)
@@ -244,6 +251,7 @@ class EntrySpec:
             end_ms=self.end_ms,
             max_runs=self.max_runs,
             jitter_ms=self.jitter_ms,
+            options=self.options,
         )
 
 
@@ -584,6 +592,8 @@ class EntryStatus:
     paused_ms: int | None = None
     run_now: int = 0
     backfill: list[list[int]] = field(default_factory=list)
+    #: the run options set (:mod:`.options`), as JSON values
+    options: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -637,6 +647,7 @@ def _status(name: str, item: Any) -> EntryStatus:
         None if state.enabled else state.paused_ms,
         len(state.run_now),
         [list(r) for r in state.backfill],
+        state.options.to_json(),
     )
 
 
@@ -728,6 +739,7 @@ def sync_code(
     version: Any = None,
     wait: float | None = None,
     sweep_seconds: float | None = None,
+    version_setting: str = VERSION_SETTING,
 ) -> SyncReport:
     """Make the store's code entries of envelope target ``kind`` those of ``specs`` (all of
     source ``code``), by name: new ones added (first period after now), changed ones replaced
@@ -742,6 +754,7 @@ def sync_code(
     Args:
         sweep_seconds: how long the sweep of the registry for entries gone from the code may
             take (None: to its end); one unfinished is the report's ``sweep``, to finish later.
+        version_setting: where the kind's users set ``version`` (named when a sync lacks one).
 
     Raises:
         PeriodicError: the registry or the version record is damaged (naming the fix).
@@ -760,7 +773,7 @@ def sync_code(
         if report.refused:
             return report
     try:
-        record_code_sync(store, version, fingerprint, kind=kind)
+        record_code_sync(store, version, fingerprint, kind=kind, version_setting=version_setting)
     except PeriodicError as exc:
         if type(exc) is PeriodicError:  # a damaged record: the caller says so, nothing synced
             raise

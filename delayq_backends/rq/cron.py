@@ -38,6 +38,7 @@ from rq.defaults import DEFAULT_RESULT_TTL
 from ..errors import ConfigError, DelayqError
 from ..overlap_policy import ALLOW, check_policy
 from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, sync_code
+from ..periodic.options import RunOptions, check_import_path
 from ..periodic.schedules import Cron, Misfire, Schedule
 from ..periodic.schedules import interval as interval_of
 from ..periodic.state import CODE, RUNTIME
@@ -126,7 +127,8 @@ def register(
 @dataclass(frozen=True)
 class CronEntry:
     """One registered cron job as a periodic entry: its name (the job's ``name``, else the
-    function's dotted path), schedule, policies and run template."""
+    function's dotted path, as RQ names it; a second job of the same name is ``name#2``), schedule,
+    policies and run template."""
 
     name: str
     schedule: Schedule
@@ -164,16 +166,18 @@ def entry(
                                 tz="Europe/Berlin", args=("daily",)).spec(source="runtime"))
 
     ``job`` takes ``args``, ``kwargs``, ``job_timeout``, ``result_ttl``, ``ttl``,
-    ``failure_ttl``, ``meta`` and ``webhooks``.
+    ``failure_ttl``, ``meta``, ``webhooks`` and the retry and callbacks of
+    :meth:`~delayq_backends.periodic.options.RunOptions.rq`.
 
     Raises:
+        PeriodicError: ``func`` given as text that is no import path.
         ConfigError: neither or both of ``interval`` and ``cron``, a bad cron string or zone.
         TemplateError: a job RQ cannot make (see :func:`~.entries.capture`).
     """
     if (interval is None) == (cron is None):
         raise ConfigError(f"entry {name!r}: pass interval= (seconds) or cron= (a cron string), one of them")
     schedule: Schedule = interval_of(interval) if interval is not None else _cron(str(cron), tz or _local_zone())
-    template = capture(func, queue, **job)
+    template = capture(check_import_path(func, "func") if isinstance(func, str) else func, queue, **job)
     return CronEntry(name, schedule, template, misfire or Misfire(), check_policy(name, overlap))
 
 
@@ -187,19 +191,24 @@ def runtime_entry(
     kwargs: dict[str, Any] | None = None,
     misfire: Misfire | None = None,
     overlap: str = ALLOW,
+    options: RunOptions | None = None,
     **fields: Any,
 ) -> EntrySpec:
-    """A runtime entry running ``func`` (an import path, not imported here) on ``schedule``, its
-    job template captured as a config's are (:func:`~.entries.capture`); ``fields`` are
-    :class:`EntrySpec`'s own (``enabled``, ``start_ms``, ``end_ms``, ``max_runs``, ``jitter_ms``).
-    The HTTP API (after its function allowlist) and ``delayq periodic add --kind rq`` build theirs here.
+    """A runtime entry running ``func`` (an import path, checked as one but not imported here) on
+    ``schedule``, its job template captured as a config's are (:func:`~.entries.capture`) with the
+    entry's run ``options`` (:class:`~delayq_backends.periodic.options.RunOptions`: timeout,
+    result_ttl, ttl, meta, retry, callbacks); ``fields`` are :class:`EntrySpec`'s own
+    (``enabled``, ``start_ms``, ``end_ms``, ``max_runs``, ``jitter_ms``). The HTTP API (after its
+    function allowlist) and ``delayq periodic add --kind rq`` build theirs here.
 
     Raises:
+        PeriodicError: ``func`` is not an import path (the message says what to give).
         TemplateError: RQ cannot make a job of it (a ValueError: its message says why).
     """
-    template = capture(func, queue, args=args, kwargs=kwargs)
+    options = options or RunOptions()
+    template = capture(check_import_path(func, "func"), queue, args=args, kwargs=kwargs, **options.rq())
     code = CronEntry(name, schedule, template, misfire or Misfire(), check_policy(name, overlap))
-    return code.spec(source=RUNTIME, **fields)  # its fingerprint, as a sync's
+    return code.spec(source=RUNTIME, options=options, **fields)  # its fingerprint, as a sync's
 
 
 def workers_on(connection: redis.Redis, queue: str) -> int:
@@ -230,18 +239,31 @@ class _Loader(rq_cron.CronScheduler):
         data = pending[self._calls] if self._calls < len(pending) else None
         self._calls += 1
         options = next((o for d, o in _registered if d is data), CronOptions())
-        name = job.get("name") or f"{func.__module__}.{func.__qualname__}"
+        name = self._unique(job.get("name") or f"{func.__module__}.{func.__name__}")  # RQ's CronJob's name
         try:
             registered = super().register(func, queue_name, **job)  # RQ's own checks (interval or cron)
             entry = _entry(name, func, queue_name, job, options)
         except (DelayqError, ValueError, TypeError) as exc:
             self.config.errors[name] = str(exc)
             return None
-        if name in {e.name for e in self.config.entries}:
-            self.config.errors[name] = f"two cron jobs are named {name!r}: pass name= to each to tell them apart"
-        else:
-            self.config.entries.append(entry)
+        self.config.entries.append(entry)
         return registered
+
+    def _unique(self, name: str) -> str:
+        """``name``, or ``name#2``, ``name#3``, ... for the second and later registrations of it:
+        RQ 3 runs every registration, and several may share a name (a function registered twice
+        without ``name=``), while an entry's name is its key in the store. Numbered in the
+        config's order, so every forwarder loading the config names them alike; ``name=`` on each
+        keeps their names (and run history) when the config's order changes."""
+        taken = {e.name for e in self.config.entries} | set(self.config.errors)
+        number = 1
+        unique = name
+        while unique in taken:
+            number += 1
+            unique = f"{name}#{number}"
+        if number > 1:
+            log.info("rq cron job %r is registered more than once: its entry no. %d is named %r", name, number, unique)
+        return unique
 
 
 def sync(
@@ -267,7 +289,10 @@ def sync(
             specs.append(entry.spec())
         except DelayqError as exc:  # a name that cannot be an item id
             errors[entry.name] = str(exc)
-    return sync_code(store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds)
+    return sync_code(
+        store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds,
+        version_setting="--schedule-version (DELAYQ_SCHEDULE_VERSION) of `delayq rq-cron sync` or `delayq forward`",
+    )  # fmt: skip
 
 
 def load_config(path: str, *, search_path: Sequence[str] = (".",)) -> CronConfig:
