@@ -33,6 +33,7 @@ import sqlite3
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 from zoneinfo import ZoneInfo
@@ -169,8 +170,10 @@ def _redbeat_value(data: dict[str, Any]) -> Any:
     if kind == "datetime":
         zone = data.get("timezone", "UTC")
         tz = timezone(timedelta(seconds=zone)) if isinstance(zone, (int, float)) else ZoneInfo(str(zone))
-        fields = ("year", "month", "day", "hour", "minute", "second", "microsecond")
-        return datetime(*(int(data[f]) for f in fields), tzinfo=tz)
+        year, month, day, hour, minute, second, micro = (
+            int(data[f]) for f in ("year", "month", "day", "hour", "minute", "second", "microsecond")
+        )
+        return datetime(year, month, day, hour, minute, second, micro, tzinfo=tz)
     if kind == "interval":
         return schedule(run_every=timedelta(seconds=float(data["every"])), relative=bool(data.get("relative")))
     if kind == "crontab":
@@ -222,16 +225,17 @@ def read_django_sqlite(url: str) -> Read:
             f"--database {url!r}: only sqlite:///path is read directly; for another database set "
             "DJANGO_SETTINGS_MODULE (the import reads through the Django ORM, with your project's settings)"
         )
-    path = unquote(parts.path)
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    path = Path(unquote(parts.path)[1:])  # sqlite:///relative, sqlite:////absolute (dj-database-url's reading)
     try:
-        rows = connection.execute(_SQL).fetchall()
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            rows = connection.execute(_SQL).fetchall()
+        finally:
+            connection.close()
     except sqlite3.Error as exc:
         raise ConfigError(
             f"{path}: no django-celery-beat tables to read ({exc}): is it the project's database?"
         ) from exc
-    finally:
-        connection.close()
     return django_entries(dict(zip(_COLUMNS, row)) for row in rows)
 
 
