@@ -199,6 +199,10 @@ def test_django_celery_beat_moves_with_every_field(
     assert message.properties["priority"] == 7
     assert (message.exchange, message.routing_key) == ("imports-x", "imports.rk")
     assert state.expires == 30.0  # expire_seconds: counted from each run's send
+    assert every.options == {
+        "expires": 30.0, "priority": 7, "headers": {"tenant": "acme", "periodic_task_name": "dj-every"},
+        "exchange": "imports-x", "routing_key": "imports.rk",
+    }  # the entry's run options, as `periodic show`, the API and the dashboard read them back  # fmt: skip
 
     nightly = by_name["dj-nightly"]
     assert nightly.schedule == "crontab 30 2 * * 1,2,3,4,5 (Europe/Berlin)" and nightly.tz == "Europe/Berlin"
@@ -206,6 +210,7 @@ def test_django_celery_beat_moves_with_every_field(
     assert nightly.end_ms == ms(EXPIRES) and nightly.last_run_ms is None  # PeriodicTask.save() clears a disabled one's
     message, _ = template(vstore, "dj-nightly")
     assert message.headers["expires"] == EXPIRES.isoformat()  # an absolute expires: the run's too
+    assert nightly.options["expires"] == EXPIRES.isoformat()
 
     once = by_name["dj-once"]
     assert once.schedule.startswith("once at ") and once.next_run_ms == ms(CLOCKED) and once.runs == 0
@@ -276,6 +281,8 @@ def test_redbeat_moves_with_every_field(
     assert (message.task, args, kwargs) == ("proj.tick", [7], {"x": "y"})
     assert message.headers["origin"] == "redbeat" and message.properties["priority"] == 3
     assert (message.exchange, message.routing_key, state.expires) == ("rb-x", "rb.rk", 20.0)
+    run_options = {k: v for k, v in options.items() if k != "queue"}  # the queue is the entry's routing
+    assert every.options == {**run_options, "expires": 20.0}
     assert cron.schedule == "crontab 0,15,30,45 9,10,11,12,13,14,15,16,17 * * * (Europe/Paris)"
     theirs = RedBeatSchedulerEntry.from_key(f"{vstore.config.prefix}:redbeat:rb-cron", app=redbeat_app)
     assert (cron.enabled, cron.runs, cron.last_run_ms) == (False, 0, ms(theirs.last_run_at))  # save()'s "now"

@@ -50,6 +50,8 @@ from ..overlap_policy import ALLOW, check_policy, overlap_slot
 from ..periodic.firing import EntryWaits, FiringTarget, Run
 from ..periodic.history import RUN_HEADER, RunMark
 from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, register_kind, sync_code
+from ..periodic.options import CELERY as CELERY_ENTRY
+from ..periodic.options import OPTION_FIELDS, RunOptions
 from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, run_task_id
 from ..periodic.state import CODE, LAZY_META, META, RUNTIME, PeriodicState, state_of
@@ -87,6 +89,9 @@ _ENTRY_KEYS = {"task", "schedule", "args", "kwargs", "options", "relative"}
 #: ``apply_async`` options a periodic entry cannot have: each run is sent when due, on its own
 #: the entry option naming its overlap policy (:mod:`delayq_backends.overlap_policy`)
 OVERLAP_OPTION = "delayq_overlap"
+#: the ``apply_async`` options of :data:`~delayq_backends.periodic.options.OPTION_FIELDS` (expires, priority,
+#: headers, exchange, routing_key): checked, and kept in the entry's state to read back
+RUN_OPTIONS = tuple(f.name for f in OPTION_FIELDS if f.kind == CELERY_ENTRY)
 _REFUSED_OPTIONS = {"countdown", "eta", "task_id", "link", "link_error", "chain", "chord", "group_id", "producer"}
 
 
@@ -204,6 +209,8 @@ def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> E
         raise PeriodicError(f"entry {name!r}: unknown key(s) {unknown}; known are {sorted(_ENTRY_KEYS)}")
     item_id(name)  # a name with control characters cannot make an id
     options = dict(conf.get("options") or {})
+    run_options = RunOptions.parse({k: options[k] for k in RUN_OPTIONS if k in options}, CELERY_ENTRY)
+    options.update(run_options.celery())  # checked: an ISO expires as a time
     overlap = check_policy(name, options.pop(OVERLAP_OPTION, ALLOW))
     own = {key: options.pop(key) for key in ENTRY_OPTIONS if key in options}
     misfire = Misfire.from_options(options)
@@ -228,7 +235,8 @@ def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> E
     if lazy is not None:
         envelope = replace(envelope, meta={**envelope.meta, LAZY_META: lazy.encode()})
     template = RunTemplate(envelope, fingerprint, rank, expires)
-    return EntrySpec(name, template, schedule, misfire, overlap, source, **_entry_fields(name, own))
+    fields = _entry_fields(name, own)
+    return EntrySpec(name, template, schedule, misfire, overlap, source, options=run_options, **fields)
 
 
 #: a beat_schedule entry's own options (each optional): when it may run, how often, how spread

@@ -22,6 +22,8 @@ from ..connection import connect_rq
 from ..entries import iso
 from ..errors import DelayqError
 from ..periodic import ops
+from ..periodic.options import OPTION_FIELDS, RunOptions, check_import_path
+from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Misfire, Once, Schedule, interval, zone_named
 from ..periodic.state import RUNTIME
 from ..store import DelayStore
@@ -165,7 +167,8 @@ def _definition(command: Callable[..., None]) -> Callable[..., None]:
             "--func",
             default=None,
             help="The RQ job function's import path, module.function (kind rq). Not checked against an allowlist "
-            "(unlike the HTTP API's --rq-allow): whoever runs this command chooses what RQ workers run.",
+            "(unlike the HTTP API's --rq-allow): whoever runs this command chooses what RQ workers run (its "
+            "callbacks too: --on-success, --on-failure).",
         ),
         click.option("--every", type=float, default=None, help="Run every SECONDS."),
         click.option(
@@ -206,6 +209,10 @@ def _definition(command: Callable[..., None]) -> Callable[..., None]:
             help="Whether runs may overlap (default allow).",
         ),  # fmt: skip
         click.option("--paused", is_flag=True, help="Store it paused (resume it to start)."),
+        *(
+            click.option(f.flag, f.name, default=None, help=f"{f.help} [{f.kind} entries; e.g. {f.flag} {f.example}]")
+            for f in OPTION_FIELDS
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -268,28 +275,47 @@ def _schedule(d: dict[str, Any], default_zone: Callable[[], str], store: DelaySt
     return Once(at)
 
 
+def _run_options(d: dict[str, Any]) -> RunOptions:
+    """The run options the flags of :data:`OPTION_FIELDS` give, checked for the entry's kind.
+
+    Raises:
+        click.UsageError: an option of the other kind, or a value it cannot take (naming its flag).
+    """
+    given = {f.name: d.get(f.name) for f in OPTION_FIELDS}
+    try:
+        return RunOptions.parse(given, d["kind"])
+    except PeriodicError as exc:
+        flags = [f.flag for f in OPTION_FIELDS if given[f.name] is not None and str(exc).startswith(f.name)]
+        raise click.UsageError(f"{flags[0] if flags else 'run options'}: {exc}") from None
+
+
 def _entry(
     access: PeriodicAccess, ctx: click.Context, where: dict[str, Any], d: dict[str, Any], store: DelayStore
 ) -> ops.EntrySpec:
     """The entry the definition options define for ``store``: a Celery one built with the group's
     app, or an RQ one (``--kind rq``)."""
+    options = _run_options(d)
     if d["kind"] == "rq":
         if d["task"] is not None:
             raise click.UsageError("--task names a Celery task: an RQ entry names its function with --func")
         if not d["func"] or not d["queue"]:
             raise click.UsageError("--kind rq needs --func module.function and --queue NAME")
+        try:
+            check_import_path(d["func"], "--func")
+        except PeriodicError as exc:
+            raise click.UsageError(str(exc)) from None
         if access.rq is None:
             raise click.UsageError("RQ entries are added with `delayq periodic add --kind rq --rq-redis URL ...`")
         _check_workers(access.rq(ctx, where, store), d["queue"])
-        return _rq_spec(d, store)
+        return _rq_spec(d, store, options)
     if d["func"] is not None:
         raise click.UsageError("--func names an RQ function: add --kind rq (a Celery entry names its --task)")
     if not d["task"]:
         raise click.UsageError("a Celery entry needs --task NAME (an RQ entry: --kind rq --func module.function)")
-    return _spec(access.app(ctx, where), d, store)
+    return _spec(access.app(ctx, where), d, store, options)
 
 
-def _rq_spec(d: dict[str, Any], store: DelayStore) -> ops.EntrySpec:
+def _rq_spec(d: dict[str, Any], store: DelayStore, options: RunOptions) -> ops.EntrySpec:
     """An RQ entry from the definition options, its job captured as the HTTP API's (no allowlist:
     an operator's command)."""
     fields = {
@@ -302,7 +328,8 @@ def _rq_spec(d: dict[str, Any], store: DelayStore) -> ops.EntrySpec:
     spec: ops.EntrySpec = adapter("rq.cron").runtime_entry(
         d["name"], d["func"], queue=d["queue"], schedule=_schedule(d, lambda: "UTC", store),
         args=_json("--args", d["args_json"], list), kwargs=_json("--kwargs", d["kwargs_json"], dict),
-        misfire=Misfire(d["misfire"]) if d["misfire"] else Misfire(), overlap=d["overlap"] or "allow", **fields,
+        misfire=Misfire(d["misfire"]) if d["misfire"] else Misfire(), overlap=d["overlap"] or "allow",
+        options=options, **fields,
     )  # fmt: skip
     return spec
 
@@ -321,9 +348,9 @@ def _check_workers(connection: redis.Redis, queue: str) -> None:
         )
 
 
-def _spec(app: Any, d: dict[str, Any], store: DelayStore) -> ops.EntrySpec:
+def _spec(app: Any, d: dict[str, Any], store: DelayStore, run_options: RunOptions) -> ops.EntrySpec:
     """An entry from the definition options, built by the Celery adapter with ``app``'s routing."""
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = run_options.celery()
     for key, flag in (("queue", "queue"), ("delayq_misfire", "misfire"), ("delayq_overlap", "overlap")):
         if d[flag] is not None:
             options[key] = d[flag]
@@ -350,7 +377,7 @@ def _spec(app: Any, d: dict[str, Any], store: DelayStore) -> ops.EntrySpec:
 
 _DEFINITION_KEYS = (
     "name", "kind", "task", "func", "every", "aligned", "cron", "at", "args_json", "kwargs_json", "queue", "tz",
-    "start", "end", "max_runs", "jitter", "misfire", "overlap", "paused",
+    "start", "end", "max_runs", "jitter", "misfire", "overlap", "paused", *(f.name for f in OPTION_FIELDS),
 )  # fmt: skip
 
 

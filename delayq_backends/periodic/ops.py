@@ -36,6 +36,7 @@ from ..models import CancelOutcome, RearmOutcome, ScheduledItem
 from ..overlap_policy import ALLOW, POLICIES
 from ..store import DelayStore
 from ..timeutil import MAX_MS, from_ms
+from .options import RunOptions
 from .registry import (
     PAGE,
     PeriodicError,
@@ -220,6 +221,8 @@ class EntrySpec:
     end_ms: int | None = None
     max_runs: int | None = None
     jitter_ms: int = 0
+    #: the run options as given (the template applies them; the state keeps them to read back)
+    options: RunOptions = field(default_factory=RunOptions)
     carried: Carried | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -243,9 +246,12 @@ class EntrySpec:
         stored before they existed reads as unchanged)."""
         own = {
             k: v
-            for k, v in (("start", self.start_ms), ("end", self.end_ms), ("max", self.max_runs), ("j", self.jitter_ms))
+            for k, v in (
+                ("start", self.start_ms), ("end", self.end_ms), ("max", self.max_runs), ("j", self.jitter_ms),
+                ("opt", self.options.to_json()),
+            )
             if v
-        }
+        }  # fmt: skip
         if not own:
             return self.template.fingerprint
         text = json.dumps([self.template.fingerprint, own], sort_keys=True)
@@ -276,6 +282,7 @@ class EntrySpec:
             end_ms=self.end_ms,
             max_runs=self.max_runs,
             jitter_ms=self.jitter_ms,
+            options=self.options,
         )
 
 
@@ -651,6 +658,8 @@ class EntryStatus:
     paused_ms: int | None = None
     run_now: int = 0
     backfill: list[list[int]] = field(default_factory=list)
+    #: the run options set (:mod:`.options`), as JSON values
+    options: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -704,6 +713,7 @@ def _status(name: str, item: Any) -> EntryStatus:
         None if state.enabled else state.paused_ms,
         len(state.run_now),
         [list(r) for r in state.backfill],
+        state.options.to_json(),
     )
 
 

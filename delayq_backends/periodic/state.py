@@ -2,10 +2,11 @@
 is in it, how it fires, and the pending actions a forwarder applies at its next firing.
 
 The state is JSON in the envelope's meta (``periodic``). Every field added with entries as data
-(source, enabled, start/end, maximum runs, jitter, pending actions, a crontab's ``day_or``) is optional: absent means
-what an entry did before. An entry using one is written as state ``"v": 2`` inside an envelope
-of format :data:`~delayq_backends.envelope.ENTRY_FORMAT_VERSION`, so an older forwarder leaves it
-alone (a newer format) instead of firing it and dropping the fields in its rearm.
+(source, enabled, start/end, maximum runs, jitter, pending actions, a crontab's ``day_or``, run
+options) is optional: absent means what an entry did before. An entry using one is written as
+state ``"v": 2`` inside an envelope of format :data:`~delayq_backends.envelope.ENTRY_FORMAT_VERSION`,
+so an older forwarder leaves it alone (a newer format) instead of firing it and dropping the
+fields in its rearm.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..overlap_policy import ALLOW, POLICIES
+from .options import RunOptions
 from .schedules import END, Cron, Every, Misfire, Once, Plan, Schedule, Slot, schedule_from_json
 
 __all__ = [
@@ -110,6 +112,9 @@ class PeriodicState:
     jitter_ms: int = 0
     run_now: tuple[int, ...] = ()
     backfill: tuple[tuple[int, int], ...] = ()
+    #: the run options as given (:mod:`.options`): the run template applies them, this copy is what
+    #: an edit form and ``periodic show`` read back
+    options: RunOptions = RunOptions()
 
     @property
     def finished(self) -> bool:
@@ -171,6 +176,8 @@ class PeriodicState:
             fields["run_now"] = list(self.run_now)
         if self.backfill:
             fields["backfill"] = [list(r) for r in self.backfill]
+        if self.options.given():
+            fields["options"] = self.options.to_json()
         return fields
 
     def _pause_fields(self) -> dict[str, Any]:
@@ -220,6 +227,7 @@ class PeriodicState:
             jitter_ms=_count(data.get("jitter", 0)),
             run_now=tuple(int(ms) for ms in data.get("run_now") or ()),
             backfill=tuple((int(a), int(b)) for a, b in data.get("backfill") or ()),
+            options=RunOptions.from_json(data.get("options")),
         )
 
     def fired(self, plan: Plan, now_ms: int, skipped: int = 0) -> PeriodicState:

@@ -38,6 +38,7 @@ from rq.defaults import DEFAULT_RESULT_TTL
 from ..errors import ConfigError, DelayqError
 from ..overlap_policy import ALLOW, check_policy
 from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, sync_code
+from ..periodic.options import RunOptions, check_import_path
 from ..periodic.schedules import Cron, Misfire, Schedule
 from ..periodic.schedules import interval as interval_of
 from ..periodic.state import CODE, RUNTIME
@@ -188,19 +189,24 @@ def runtime_entry(
     kwargs: dict[str, Any] | None = None,
     misfire: Misfire | None = None,
     overlap: str = ALLOW,
+    options: RunOptions | None = None,
     **fields: Any,
 ) -> EntrySpec:
-    """A runtime entry running ``func`` (an import path, not imported here) on ``schedule``, its
-    job template captured as a config's are (:func:`~.entries.capture`); ``fields`` are
-    :class:`EntrySpec`'s own (``enabled``, ``start_ms``, ``end_ms``, ``max_runs``, ``jitter_ms``).
-    The HTTP API (after its function allowlist) and ``delayq periodic add --kind rq`` build theirs here.
+    """A runtime entry running ``func`` (an import path, checked as one but not imported here) on
+    ``schedule``, its job template captured as a config's are (:func:`~.entries.capture`) with the
+    entry's run ``options`` (:class:`~delayq_backends.periodic.options.RunOptions`: timeout,
+    result_ttl, ttl, meta, retry, callbacks); ``fields`` are :class:`EntrySpec`'s own
+    (``enabled``, ``start_ms``, ``end_ms``, ``max_runs``, ``jitter_ms``). The HTTP API (after its
+    function allowlist) and ``delayq periodic add --kind rq`` build theirs here.
 
     Raises:
+        PeriodicError: ``func`` is not an import path (the message says what to give).
         TemplateError: RQ cannot make a job of it (a ValueError: its message says why).
     """
-    template = capture(func, queue, args=args, kwargs=kwargs)
+    options = options or RunOptions()
+    template = capture(check_import_path(func, "func"), queue, args=args, kwargs=kwargs, **options.rq())
     code = CronEntry(name, schedule, template, misfire or Misfire(), check_policy(name, overlap))
-    return code.spec(source=RUNTIME, **fields)  # its fingerprint, as a sync's
+    return code.spec(source=RUNTIME, options=options, **fields)  # its fingerprint, as a sync's
 
 
 def workers_on(connection: redis.Redis, queue: str) -> int:

@@ -42,6 +42,7 @@ from enum import Enum
 from typing import Any
 
 import redis
+from rq import Callback, Retry
 from rq import Queue as RQQueue
 from rq.job import Job, JobStatus
 from rq.serializers import DefaultSerializer, JSONSerializer
@@ -194,11 +195,17 @@ def capture(
     webhooks: Sequence[Any] | None = None,
     description: str | None = None,
     serializer: str | None = None,
+    retry_max: int | None = None,
+    retry_intervals: Sequence[int] | None = None,
+    on_success: str | None = None,
+    on_failure: str | None = None,
 ) -> JobTemplate:
     """The job RQ's ``Queue(queue).enqueue(func, args=..., kwargs=..., job_timeout=..., ...)``
     would save, as a template: RQ's own ``Queue.create_job`` builds it (defaults, the queue's
     timeout, the serialized ``data``), with ``func`` a dotted path, so nothing is imported and no
-    Redis command is sent.
+    Redis command is sent. ``retry_max``/``retry_intervals`` are RQ's ``Retry(max, interval)``,
+    ``on_success``/``on_failure`` the import paths of RQ ``Callback``s (each run's job carries
+    them as RQ's enqueue would write them: ``retries_left``, ``success_callback_name``, ...).
 
     Raises:
         TemplateError: ``meta`` is not JSON (each run's meta is rebuilt from it), a serializer
@@ -221,6 +228,9 @@ def capture(
             args=tuple(args or ()), kwargs=dict(kwargs or {}), timeout=job_timeout, result_ttl=result_ttl,
             ttl=ttl, failure_ttl=failure_ttl, description=description, job_id=_PLACEHOLDER_ID,
             meta=dict(meta or {}), status=JobStatus.QUEUED, webhooks=webhooks,
+            retry=Retry(retry_max, list(retry_intervals or [0])) if retry_max else None,
+            on_success=Callback(on_success) if on_success else None,
+            on_failure=Callback(on_failure) if on_failure else None,
         )  # fmt: skip
         saved = job.to_dict()
     except (TypeError, ValueError) as exc:

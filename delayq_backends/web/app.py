@@ -33,6 +33,7 @@ from ..errors import (
     ShardMismatchError,
     StoreFullError,
 )
+from ..periodic.options import OPTION_FIELDS
 from ..store import DelayStore, SlotKeyList
 from ..store.groupboard import GroupKeyList
 from ..store.keylist import KeyList
@@ -130,7 +131,8 @@ def create_app(
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def dashboard(request: Request) -> Response:
         """The page shell: no data in it, so it needs no token; its scripts call the API with one."""
-        context = {"auth": token is not None, "version": __version__}
+        # the entry form's run options are generated from the one definition the API and CLI use
+        context = {"auth": token is not None, "version": __version__, "run_options": OPTION_FIELDS}
         return templates.TemplateResponse(request, "dashboard.html", context)
 
     @app.middleware("http")

@@ -13,16 +13,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 from ..entries import iso
 from ..envelope import Envelope
 from ..errors import ConfigError, DelayqError, EnvelopeError
 from ..periodic import ops
+from ..periodic.options import IMPORT_PATH, MAX_SECONDS, OPTION_FIELDS, OptionField, RunOptions
 from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, interval, zone_named
 from ..periodic.state import state_of
@@ -57,14 +68,16 @@ MAX_RUNS = 10**9
 NOT_NULL = ("task", "func", "every", "cron", "at", "queue", "start", "end", "max_runs", "enabled", "aligned")
 
 
-class EntryIn(BaseModel):
+class _EntryDefinition(BaseModel):
     """An entry to add, or the whole new definition of one (by ``name``).
 
     The schedule is exactly one of ``every`` (seconds), ``cron`` (five fields, in ``tz``) or
     ``at`` (one run at that time), ``aligned`` goes with ``every`` only, and a Celery entry names
     its ``task``, an RQ entry its ``func``: the schema says so (``allOf`` two ``oneOf`` and a
     ``dependentRequired``). A crontab or a zone that does not exist is a 422 too, which the
-    schema cannot say.
+    schema cannot say; so is a run option of the other kind's (``timeout`` on a Celery entry).
+    The run options (``expires``, ``priority``, ..., ``on_failure``) are the fields of
+    :data:`~delayq_backends.periodic.options.OPTION_FIELDS`, added by :data:`EntryIn`.
     """
 
     model_config = ConfigDict(
@@ -93,8 +106,8 @@ class EntryIn(BaseModel):
     name: Name = Field(description="The entry's name: adding one that exists changes it.")
     kind: Literal["celery", "rq"] = Field("celery", description="Who runs it: a Celery worker or an RQ worker.")
     task: Name | SkipJsonSchema[None] = Field(None, description="The Celery task name (kind celery).")
-    func: Annotated[str, Field(max_length=256, pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")] | SkipJsonSchema[None] = (
-        Field(None, description="The RQ job function's import path, module.function (kind rq).")
+    func: Annotated[str, Field(max_length=256, pattern=IMPORT_PATH)] | SkipJsonSchema[None] = Field(
+        None, description="The RQ job function's import path, module.function (kind rq)."
     )
     every: Annotated[float, Field(ge=0.001, le=MAX_EVERY, allow_inf_nan=False), JsonNumber] | SkipJsonSchema[None] = (
         Field(None, description="Run every this many seconds.")
@@ -169,7 +182,7 @@ class EntryIn(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def consistent(self) -> EntryIn:
+    def consistent(self) -> _EntryDefinition:
         given = [k for k in ("every", "cron", "at") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
@@ -185,7 +198,52 @@ class EntryIn(BaseModel):
         wanted, other = ("task", "func") if self.kind == "celery" else ("func", "task")
         if getattr(self, wanted) is None or getattr(self, other) is not None:
             raise ValueError(f"an entry of kind {self.kind!r} names its {wanted}, not a {other}")
+        try:
+            self.run_options()
+        except PeriodicError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    def run_options(self) -> RunOptions:
+        """The run options given, checked for the entry's kind (PeriodicError if not)."""
+        return RunOptions.parse({f.name: getattr(self, f.name, None) for f in OPTION_FIELDS}, self.kind)
+
+
+def _option_type(f: OptionField) -> Any:
+    """The API's type of run option ``f``: its values as :data:`OPTION_FIELDS` says, in the schema
+    too; left out means not set (an explicit null is refused, as the other optional fields')."""
+    number = JsonNumber
+    inner: Any
+    if f.value == "int":
+        inner = Annotated[int, Field(ge=f.low, le=f.high), number]
+    elif f.value == "ints":
+        inner = Annotated[list[Annotated[int, Field(ge=f.low, le=f.high), number]], Field(min_length=1, max_length=100)]
+    elif f.value == "expires":
+        seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False), number]
+        inner = seconds | Annotated[AwareDatetime, JsonTime]
+    elif f.value == "object":
+        inner = Annotated[dict[str, Any], AfterValidator(json_values)]
+    elif f.value == "path":
+        inner = Annotated[str, Field(max_length=256, pattern=IMPORT_PATH)]
+    else:
+        inner = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    return Annotated[inner | SkipJsonSchema[None], BeforeValidator(_not_null)]  # type: ignore[misc]
+
+
+#: The body of ``POST /periodic``: the definition's fields and the run options of
+#: :data:`OPTION_FIELDS`, generated from that table (the CLI's flags and the dashboard's form are too).
+if TYPE_CHECKING:  # mypy sees the definition's fields; the options are read by name (run_options)
+    EntryIn = _EntryDefinition
+else:
+    EntryIn = create_model(
+        "EntryIn",
+        __base__=_EntryDefinition,
+        __doc__=_EntryDefinition.__doc__,
+        **{
+            f.name: (_option_type(f), Field(None, description=f"{f.help} ({f.kind} entries; e.g. {f.example})"))
+            for f in OPTION_FIELDS
+        },
+    )
 
 
 class BackfillIn(BaseModel):
@@ -250,6 +308,9 @@ class DefinitionOut(BaseModel):
     misfire_grace: float
     misfire_max: int
     overlap: str
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="The run options set (expires, priority, ..., on_failure), as POST takes."
+    )
 
 
 class EntryDetailOut(EntryOut):
@@ -478,6 +539,7 @@ def _spec(svc: Services, body: EntryIn) -> ops.EntrySpec:
 
 def _built(svc: Services, body: EntryIn) -> ops.EntrySpec:
     schedule = ops.keep_alignment(svc.store, body.name, _schedule(body), body.aligned)
+    run_options = body.run_options()
     if body.kind == "rq":
         producer: RQProducer = _available(svc.rq)
         misfire = Misfire(body.misfire, body.misfire_grace, body.misfire_max)
@@ -485,8 +547,10 @@ def _built(svc: Services, body: EntryIn) -> ops.EntrySpec:
             body.name, body.func or "", queue=body.queue or "default", args=body.args, kwargs=body.kwargs,
             schedule=schedule, misfire=misfire, overlap=body.overlap, enabled=body.enabled,
             start_ms=_ms(body.start), end_ms=_ms(body.end), max_runs=body.max_runs, jitter_ms=round(body.jitter * 1000),
+            options=run_options,
         )  # fmt: skip
     options: dict[str, Any] = {
+        **run_options.celery(),
         "delayq_misfire": body.misfire,
         "delayq_misfire_grace": body.misfire_grace,
         "delayq_misfire_max": body.misfire_max,
@@ -535,6 +599,7 @@ def _definition(svc: Services, name: str) -> DefinitionOut | None:
         misfire_max=state.misfire.max_runs,
         overlap=state.overlap,
         queue=envelope.destination or None,
+        options=state.options.to_json(),
     )
     view = _task_view(envelope)
     if view is not None:

@@ -23,6 +23,7 @@ from ..errors import ConfigError, DelayqError, install_hint
 from ..keys import normalize_id
 from ..models import ScheduleItem
 from ..periodic.ops import EntrySpec
+from ..periodic.options import RunOptions
 from ..periodic.schedules import Misfire, Schedule
 from ..periodic.state import RUNTIME
 from ..store import DelayStore
@@ -271,19 +272,23 @@ class RQProducer:
         schedule: Schedule,
         misfire: Misfire,
         overlap: str,
+        options: RunOptions,
         **fields: Any,
     ) -> EntrySpec:
         """A runtime periodic entry running ``func`` (an import path, not imported here): its job
-        template captured as ``rq cron`` configs are (:func:`delayq_backends.rq.entries.capture`).
-        ``fields`` are :class:`EntrySpec`'s own (``enabled``, ``start_ms``, ``end_ms``,
-        ``max_runs``, ``jitter_ms``).
+        template captured as ``rq cron`` configs are (:func:`delayq_backends.rq.entries.capture`),
+        with its run ``options``. ``fields`` are :class:`EntrySpec`'s own (``enabled``,
+        ``start_ms``, ``end_ms``, ``max_runs``, ``jitter_ms``).
 
         Raises:
-            FunctionRefused: ``func`` is not allowed: every run of the entry would call it.
+            FunctionRefused: ``func``, or a callback of ``options``, is not allowed: every run of
+                the entry would call it.
             ProducerUnavailable: this RQ has no ``rq.cron`` (RQ entries need RQ 2.4 or later).
             TemplateError: RQ cannot make a job of it (a ValueError: its message says why).
         """
-        self.allowed.check(func)
+        for path in (func, options.on_success, options.on_failure):
+            if path is not None:
+                self.allowed.check(path)
         try:
             from ..rq.cron import runtime_entry
         except ImportError as exc:
@@ -292,5 +297,5 @@ class RQProducer:
             ) from exc
         return runtime_entry(
             name, func, queue=queue, schedule=schedule, args=args, kwargs=dict(kwargs), misfire=misfire,
-            overlap=overlap, **fields,
+            overlap=overlap, options=options, **fields,
         )  # fmt: skip

@@ -324,9 +324,29 @@
   }
 
   function entryKindChanged() {
-    const rq = $("entry-kind").value === "rq";
+    const kind = $("entry-kind").value, rq = kind === "rq";
     $("entry-task-label").textContent = rq ? "Function" : "Task";
     $("entry-task").placeholder = rq ? "app.tasks.cleanup" : "proj.tasks.cleanup";
+    for (const box of document.querySelectorAll(".run-option")) {
+      box.hidden = box.dataset.kind !== kind; // each kind's run options only (the page renders them from the API's table)
+      box.querySelector("input").disabled = box.hidden;
+    }
+  }
+
+  // a run option as the form shows it (from the definition's options), and back as the API takes it
+  function optionShown(input, value) {
+    if (value === undefined || value === null) return "";
+    if (input.dataset.value === "object") return JSON.stringify(value);
+    if (input.dataset.value === "ints") return value.join(",");
+    return String(value);
+  }
+
+  function optionValue(input) {
+    const text = input.value.trim(), type = input.dataset.value;
+    if (type === "object") return JSON.parse(text);
+    if (type === "ints") return text.startsWith("[") ? JSON.parse(text) : text.split(",").map((part) => numberOr(part.trim()));
+    if (type === "int" || type === "expires") return numberOr(text);
+    return text;
   }
 
   async function editEntry(name) {
@@ -368,6 +388,7 @@
       $(id).placeholder = unknown ? "not readable here: enter them again" : "";
       $(id).required = unknown;
     }
+    for (const input of document.querySelectorAll("[data-option]")) input.value = optionShown(input, (d.options || {})[input.dataset.option]);
     $("entry-enabled").checked = e ? e.enabled : true;
     $("entry-detach").checked = false;
     $("entry-detach-box").hidden = !(e && e.source === "code");
@@ -379,7 +400,7 @@
   }
 
   // a number typed as digits goes as a number; anything else as typed, for the server to say what it wants
-  const numberOr = (text) => (/^[0-9]+(\.[0-9]+)?$/.test(text) ? Number(text) : text);
+  const numberOr = (text) => (/^-?[0-9]+(\.[0-9]+)?$/.test(text) ? Number(text) : text);
 
   function entryBody() {
     const value = (id) => $(id).value.trim();
@@ -399,6 +420,9 @@
     body.overlap = $("entry-overlap").value;
     body.args = JSON.parse(value("entry-args") || "[]");
     body.kwargs = JSON.parse(value("entry-kwargs") || "{}");
+    for (const input of document.querySelectorAll("[data-option]")) {
+      if (!input.disabled && input.value.trim()) body[input.dataset.option] = optionValue(input);
+    }
     if ($("entry-detach").checked) body.detach = true;
     return body;
   }
@@ -410,7 +434,7 @@
       body = entryBody();
     } catch (error) {
       message.className = "error";
-      message.textContent = `Args and kwargs must be JSON: ${error.message}`;
+      message.textContent = `Args, kwargs, headers and meta must be JSON: ${error.message}`;
       return;
     }
     try {
