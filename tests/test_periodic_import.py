@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import shlex
 import signal
 import sys
 import time
@@ -37,6 +38,7 @@ from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import to_ms
 from tests.harness import Launcher, make_store
 from tests.helpers import wait_for
+from tests.readme import snippet, snippets
 
 SETTINGS = """
 SECRET_KEY = "import-test"
@@ -380,4 +382,139 @@ def test_imported_entries_fire_once_per_period_beside_a_killed_forwarder(
     assert ats[0] >= first_at, "a period redbeat ran was run again"
     assert ats == list(range(ats[0], ats[-1] + 1, EVERY_S * 1000)), "a period was lost"
     assert status.runs == 1 + len(ats)  # redbeat's count (its one run) goes on
+    store.client.close()
+
+
+# -- docs/migrating.md, every block run as written ------------------------------------------------
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "migrating.md"
+PAGE_URL = "redis://127.0.0.1:6379/0"
+
+#: marker (a substring of exactly one block of the page) -> the test of this module that runs it
+RUNS = {
+    "--from redbeat --redbeat-redis": "test_docs_redbeat_import_and_rollback",
+    "RedBeatSchedulerEntry.from_key": "test_docs_redbeat_import_and_rollback",
+    "--from django-celery-beat --database": "test_docs_django_celery_beat_import_and_rollback",
+    "PeriodicTasks.update_changed": "test_docs_django_celery_beat_import_and_rollback",
+    "--from rq-scheduler --rq-redis": "test_docs_rq_scheduler_import_and_rollback",
+    '"rq:scheduler:scheduled_jobs", {item.id': "test_docs_rq_scheduler_import_and_rollback",
+    "--from rq-cron --config": "test_docs_rq_cron_import",
+}
+
+
+def test_every_block_of_the_migration_page_has_a_test() -> None:
+    unchecked = []
+    for block in snippets(path=PAGE):
+        matched = [marker for marker in RUNS if marker in block.text]
+        if len(matched) != 1 or RUNS[matched[0]] not in globals():
+            unchecked.append(f"docs/migrating.md:{block.line} ({block.lang}) matches {matched or 'no entry'}")
+    assert not unchecked, "give each block a test and a line in RUNS: " + "; ".join(unchecked)
+    assert len(snippets(path=PAGE)) == len(RUNS), "an entry of RUNS names no block of the page"
+
+
+@pytest.fixture
+def page_db(valkey_url: str) -> Iterator[str]:
+    """A database of the embedded Valkey of its own for the page's URL (the snippets use the
+    default prefix and redbeat's default keys, which a flush removes)."""
+    url = valkey_url.rsplit("/", 1)[0] + "/11"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+def run_bash(marker: str, url: str, **replace: str) -> list[Result]:
+    """Each line of the page's bash block holding ``marker``, as ``delayq`` runs it on ``url``
+    (its store, and the snippet's servers), ``replace`` applied to the line first."""
+    results = []
+    for line in snippet(marker, PAGE).splitlines():
+        for old, new in {PAGE_URL: url, **replace}.items():
+            line = line.replace(old, new)
+        words = shlex.split(line)
+        env = {"DELAYQ_URL": url}
+        while "=" in words[0]:
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+        assert words[0] == "delayq", line
+        results.append(CliRunner().invoke(main, words[1:], env=env))
+    return results
+
+
+def run_python(marker: str, url: str) -> None:
+    exec(compile(snippet(marker, PAGE).replace(PAGE_URL, url), "docs/migrating.md", "exec"), {})
+
+
+def test_docs_redbeat_import_and_rollback(page_db: str) -> None:
+    """The import brings redbeat's entry in; the rollback pauses it and writes its last run and
+    run count back over what redbeat held (here an older run, as if redbeat's meta were stale)."""
+    from redbeat.schedulers import RedBeatSchedulerEntry
+
+    app = Celery("page", set_as_current=False)
+    app.conf.redbeat_redis_url = page_db
+    theirs = RedBeatSchedulerEntry("nightly", "proj.nightly", crontab(minute="0", hour="3"), app=app, total_run_count=8)
+    theirs.save()
+    theirs._next_instance(last_run_at=LAST)
+    dry, done = run_bash("--from redbeat --redbeat-redis", page_db)
+    assert "added: nightly" in dry.output and "dry run" in dry.output, dry.output
+    assert done.exit_code == 0 and "1 added" in done.output, done.output
+    store = DelayStore.from_url(page_db)
+    [entry] = ops.statuses(store)
+    assert (entry.runs, entry.last_run_ms, entry.tz) == (9, ms(LAST), "Europe/Berlin")
+    theirs.reschedule(last_run_at=LAST - timedelta(days=2))  # redbeat's meta: an older run, no count
+    run_python("RedBeatSchedulerEntry.from_key", page_db)
+    back = RedBeatSchedulerEntry.from_key("redbeat:nightly", app=app)
+    assert (ms(back.last_run_at), back.total_run_count) == (ms(LAST), 9)
+    assert ops.statuses(store)[0].state == "paused"
+    app.close()
+    store.client.close()
+
+
+def test_docs_django_celery_beat_import_and_rollback(django_db: Path, page_db: str) -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    dry, done = run_bash(
+        "--from django-celery-beat --database",
+        page_db,
+        **{"sqlite:///db.sqlite3": f"sqlite:///{django_db}", "mysite.settings": "import_settings"},
+    )
+    assert "added: dj-every" in dry.output and "refused: dj-sunrise" in dry.output, dry.output
+    assert "3 added" in done.output, done.output
+    PeriodicTask.objects.filter(name="dj-every").update(last_run_at=None, total_run_count=0)  # stale rows
+    run_python("PeriodicTasks.update_changed", page_db)
+    row = PeriodicTask.objects.get(name="dj-every")
+    assert (row.last_run_at, row.total_run_count) == (LAST, 41)
+    store = DelayStore.from_url(page_db)
+    assert {e.state for e in ops.statuses(store)} == {"paused"}
+    store.client.close()
+
+
+def test_docs_rq_scheduler_import_and_rollback(page_db: str) -> None:
+    import rq_scheduler
+
+    conn = redis.Redis.from_url(page_db)
+    later = datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0) + timedelta(hours=1)
+    job = rq_scheduler.Scheduler("page", connection=conn).schedule(later, "proj.jobs.sync", interval=60, repeat=3)
+    dry, done = run_bash("--from rq-scheduler --rq-redis", page_db)
+    assert "would move 1" in dry.output and "moved 1 job(s)" in done.output, (dry.output, done.output)
+    assert conn.zcard("rq:scheduler:scheduled_jobs") == 0
+    run_python('"rq:scheduler:scheduled_jobs", {item.id', page_db)
+    assert conn.zrange("rq:scheduler:scheduled_jobs", 0, -1, withscores=True) == [
+        (job.id.encode(), later.replace(tzinfo=timezone.utc).timestamp())
+    ]
+    assert DelayStore.from_url(page_db).get(job.id) is None
+    conn.close()
+
+
+def test_docs_rq_cron_import(page_db: str, tmp_path: Path) -> None:
+    config = tmp_path / "page_cron.py"
+    config.write_text(
+        "from rq import cron\nfrom tests.test_rq.jobs import record\n"
+        "cron.register(record, 'default', interval=300, name='sync')\n"
+    )
+    dry, done = run_bash("--from rq-cron --config", page_db, **{"cron_config.py": str(config)})
+    assert "added: sync" in dry.output and "dry run" in dry.output, dry.output
+    assert "added: sync" in done.output and done.exit_code == 0, done.output
+    store = DelayStore.from_url(page_db)
+    assert [(e.name, e.kind, e.source) for e in ops.statuses(store)] == [("sync", "rq", "code")]
     store.client.close()
