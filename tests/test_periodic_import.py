@@ -27,9 +27,11 @@ from celery.schedules import crontab, schedule
 from click.testing import CliRunner, Result
 
 from delayq_backends import DelayStore
+from delayq_backends.celery import forget_store, store_for
 from delayq_backends.celery.message import StoredMessage
 from delayq_backends.celery.periodic import _message_of
 from delayq_backends.cli import main
+from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.keys import meta_key
 from delayq_backends.periodic import ops
@@ -39,6 +41,8 @@ from delayq_backends.timeutil import to_ms
 from tests.harness import Launcher, make_store
 from tests.helpers import wait_for
 from tests.readme import snippet, snippets
+from tests.test_celery.conftest import broker_url_for
+from tests.test_celery.harness import delayq_cli, new_env
 
 SETTINGS = """
 SECRET_KEY = "import-test"
@@ -518,3 +522,27 @@ def test_docs_rq_cron_import(page_db: str, tmp_path: Path) -> None:
     store = DelayStore.from_url(page_db)
     assert [(e.name, e.kind, e.source) for e in ops.statuses(store)] == [("sync", "rq", "code")]
     store.client.close()
+
+
+def test_celery_a_proj_imports_with_the_apps_zone_and_routing(
+    redbeat_app: Celery, system_redis_url: str, valkey_server: EmbeddedServer, prefix: str
+) -> None:
+    """`celery -A proj delayq periodic import`: the user's app builds the entries, so a redbeat
+    crontab (which has no zone of its own) is read in the app's `timezone`, and the app's store
+    settings say where they go."""
+    from redbeat.schedulers import RedBeatSchedulerEntry
+
+    RedBeatSchedulerEntry("rb-9am", "dqt.record", crontab(minute="0", hour="9"), args=["x"], app=redbeat_app).save()
+    env = new_env("redis", broker_url_for("redis", None, valkey_server), valkey_server)  # type: ignore[arg-type]
+    env.conf = {"timezone": "America/New_York"}
+    done = delayq_cli(
+        env, "periodic", "import", "--from", "redbeat", "--redbeat-redis", system_redis_url,
+        "--redbeat-prefix", f"{prefix}:redbeat:",
+    )  # fmt: skip
+    assert done.returncode == 0 and "1 added" in done.stdout, done.stdout + done.stderr
+    app = env.app()
+    try:
+        [entry] = ops.statuses(store_for(app))
+        assert (entry.name, entry.tz, entry.task) == ("rb-9am", "America/New_York", "dqt.record")
+    finally:
+        forget_store(app)
