@@ -296,6 +296,19 @@ def test_redbeat_moves_with_every_field(
     again = cli(*redbeat, "--tz", "Europe/Paris")
     assert "0 added, 0 changed, 2 unchanged, 1 refused" in again.output, again.output
 
+    # hand writes in redbeat's keys: each refused by name, the others still read
+    client = redis.Redis.from_url(system_redis_url)
+    rb = f"{vstore.config.prefix}:redbeat:"
+    client.hset(f"{rb}garbled", "definition", "{not json")
+    client.set(f"{rb}a-string", "x")
+    client.hset(f"{rb}no-task", "definition", json.dumps({"name": "no-task", "schedule": 5}))
+    client.zadd(f"{rb}:schedule", {f"{rb}garbled": 0, f"{rb}a-string": 0, f"{rb}no-task": 0, f"{rb}gone": 0})
+    hostile = cli(*redbeat, "--tz", "Europe/Paris")
+    refused = sorted(line.split(":")[1].strip() for line in lines(hostile) if line.startswith("refused"))
+    assert refused == ["a-string", "garbled", "gone", "no-task", "rb-rrule"], hostile.output
+    assert "2 unchanged" in hostile.output and isinstance(hostile.exception, SystemExit), hostile.output
+    client.close()
+
 
 def test_an_import_refuses_the_name_of_an_entry_from_code(
     django_db: Path, cli: Callable[..., Result], vstore: DelayStore

@@ -133,12 +133,12 @@ def read_redbeat(client: redis.Redis, prefix: str = REDBEAT_PREFIX) -> Read:
     keys = sorted(k.decode() if isinstance(k, bytes) else str(k) for k in client.zrange(f"{prefix}:schedule", 0, -1))
     for key in keys:
         name = key.removeprefix(prefix)
-        definition, meta = client.hmget(key, ["definition", "meta"])
         try:
+            definition, meta = client.hmget(key, ["definition", "meta"])
             if definition is None:
                 raise ValueError(f"{key} has no definition (deleted while listed): delete it from {prefix}:schedule")
             read.entries.append(_redbeat_entry(name, _redbeat_json(definition), _redbeat_json(meta or b"{}")))
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, redis.ResponseError) as exc:  # a hand write: named, the rest read
             read.refused[name] = f"unreadable redbeat entry {key}: {exc}"
     return read
 
