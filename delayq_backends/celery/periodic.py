@@ -370,7 +370,10 @@ def sync(
     if version is None:
         version = schedule_version(app)
     entries, errors = entries_of(app)
-    return sync_code(store, entries, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds)
+    return sync_code(
+        store, entries, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds,
+        version_setting="delayq_schedule_version (or --schedule-version)",
+    )  # fmt: skip
 
 
 def _task_of(envelope: Envelope) -> str:

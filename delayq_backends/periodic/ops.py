@@ -39,6 +39,7 @@ from ..timeutil import MAX_MS, from_ms
 from .options import RunOptions
 from .registry import (
     PAGE,
+    VERSION_SETTING,
     PeriodicError,
     Registry,
     check_registry,
@@ -805,6 +806,7 @@ def sync_code(
     version: Any = None,
     wait: float | None = None,
     sweep_seconds: float | None = None,
+    version_setting: str = VERSION_SETTING,
 ) -> SyncReport:
     """Make the store's code entries of envelope target ``kind`` those of ``specs`` (all of
     source ``code``), by name: new ones added (first period after now), changed ones replaced
@@ -819,6 +821,7 @@ def sync_code(
     Args:
         sweep_seconds: how long the sweep of the registry for entries gone from the code may
             take (None: to its end); one unfinished is the report's ``sweep``, to finish later.
+        version_setting: where the kind's users set ``version`` (named when a sync lacks one).
 
     Raises:
         PeriodicError: the registry or the version record is damaged (naming the fix).
@@ -837,7 +840,7 @@ def sync_code(
         if report.refused:
             return report
     try:
-        record_code_sync(store, version, fingerprint, kind=kind)
+        record_code_sync(store, version, fingerprint, kind=kind, version_setting=version_setting)
     except PeriodicError as exc:
         if type(exc) is PeriodicError:  # a damaged record: the caller says so, nothing synced
             raise

@@ -148,6 +148,10 @@ class CodeSync:
     OLDER, CONFLICT, UNVERSIONED, DAMAGED = -1, -2, -3, -4
 
 
+#: where a schedule version is set, when the kind's adapter names nothing more precise
+VERSION_SETTING = "this deploy's schedule version"
+
+
 def code_fingerprint(fingerprints: Iterable[tuple[str, str]]) -> str:
     """One hash of a whole code set: its (entry name, entry fingerprint) pairs, in any order."""
     text = json.dumps(sorted(fingerprints), separators=(",", ":"))
@@ -185,10 +189,17 @@ def _record(reply: Any) -> tuple[int, CodeRecord | None]:
 
 
 def record_code_sync(
-    store: DelayStore, version: int | None, fingerprint: str, *, kind: str, host: str | None = None
+    store: DelayStore,
+    version: int | None,
+    fingerprint: str,
+    *,
+    kind: str,
+    host: str | None = None,
+    version_setting: str = VERSION_SETTING,
 ) -> CodeRecord | None:
     """Check that a code schedule may be synced and record it, in one script call; returns the
-    record it replaced (None: the first sync).
+    record it replaced (None: the first sync). ``version_setting`` names where the kind's users
+    set the version, for the refusal of an unversioned sync (Celery's app setting is no RQ user's).
 
     Raises:
         StaleScheduleError: an older version, an equal one with another set, or an unversioned
@@ -229,7 +240,7 @@ def record_code_sync(
         )
     raise StaleScheduleError(
         f"this sync has no schedule version, but {before.describe()} was synced: nothing synced; set "
-        "delayq_schedule_version (or --schedule-version) to a number above it"
+        f"{version_setting} to a number above it"
     )
 
 

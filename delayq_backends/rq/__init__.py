@@ -37,7 +37,7 @@ from .migrate import MigrationReport, adopt, migrate
 from .periodic import InvalidScheduleError
 from .queue import Queue
 from .registry import ScheduledJobRegistry
-from .scheduler import JobNotScheduledError, NoSchedulerProcessError, Scheduler
+from .scheduler import JobNotScheduledError, NoSchedulerKeyError, NoSchedulerProcessError, Scheduler
 from .slots import SlotSimpleWorker, SlotWorker, throttle
 from .target import ClassAllowlist, RQTarget
 from .tracing import TracedJobs
@@ -52,6 +52,7 @@ __all__ = [
     "InvalidScheduleError",
     "JobNotScheduledError",
     "MigrationReport",
+    "NoSchedulerKeyError",
     "NoSchedulerProcessError",
     "Queue",
     "RQPeriodicTarget",

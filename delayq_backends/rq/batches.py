@@ -1,5 +1,9 @@
 """RQ's side of batches (:mod:`delayq_backends.batches`).
 
+    from datetime import timedelta
+
+    from rq import Callback
+
     from delayq_backends.rq import Batch, Queue
 
     queue = Queue("default", connection=redis)
@@ -12,8 +16,10 @@
 Each sub-job is counted into the batch before it is saved, carries the key in
 ``job.meta["delayq_batch"]`` and goes through the delay store, delay or not. ``on_complete``
 (an ``rq.Callback``, a function or its dotted path) is saved now as a job of the queue, status
-``scheduled``, id ``batch-<key>``: the completing script writes its item into the store, and a
-forwarder moves it like any scheduled job. It runs :func:`call_on_complete`, which reads the
+``scheduled``, id ``batch-<key>``, listed in ``rq:scheduled:<queue>`` as a mirror entry at its
+open time (:mod:`.registry`: rq-dashboard's Scheduled tab shows it while the batch is open, no
+RQ scheduler moves it): the completing script writes its item into the store, and a forwarder
+moves it like any scheduled job (taking the mirror entry out). It runs :func:`call_on_complete`, which reads the
 batch's summary from the store (as the worker's queues find it: ``DELAYQ_URL``, else the queue's
 Redis) and calls the function with it: a dict ``batch``, ``total``, ``succeeded``, ``failed``,
 ``failed_ids`` (the first 1,000).
@@ -51,6 +57,7 @@ from ..keys import batch_item_id
 from ..store import BATCH_TTL_MS, DelayStore
 from ..store.batches import add_to_batch, check_batch_key, take_back
 from .queue import BATCH_META, Queue, store_of_connection
+from .registry import mirror_scheduled
 
 __all__ = ["BATCH_META", "Batch", "BatchReports", "call_on_complete"]
 
@@ -123,9 +130,16 @@ class Batch(OpenBatch):
         self.store.open_batch(key, on_complete=None if path is None else queue.envelope_bytes(), ttl_ms=ttl_ms)
         # a batch opened again (a retried open, a producer starting again) keeps its first job
         if path is not None and not queue.job_class.exists(batch_item_id(key), connection=queue.connection):
-            queue.create_job(
+            job = queue.create_job(
                 call_on_complete, args=(path, key), job_id=batch_item_id(key), status=JobStatus.SCHEDULED
-            ).save()
+            )
+            with queue.connection.pipeline() as pipe:
+                job.save(pipeline=pipe)
+                # listed while the batch is open, as every waiting job is (rq-dashboard's Scheduled
+                # tab, queue.scheduled_job_registry): a mirror entry at its open time, which no RQ
+                # scheduler moves; the forwarder's move of the job takes it out (.registry)
+                mirror_scheduled(pipe, queue.name, {job.id: dt.datetime.now(dt.timezone.utc).timestamp()})
+                pipe.execute()
 
     def add(self, f: Any, *args: Any, at: datetime | None = None, in_: timedelta | None = None, **kwargs: Any) -> Job:
         """Enqueue ``f(*args, **kwargs)`` as a sub-job: now, ``at`` a time (``enqueue_at``) or

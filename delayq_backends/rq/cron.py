@@ -128,7 +128,8 @@ def register(
 @dataclass(frozen=True)
 class CronEntry:
     """One registered cron job as a periodic entry: its name (the job's ``name``, else the
-    function's dotted path), schedule, policies and run template."""
+    function's dotted path, as RQ names it; a second job of the same name is ``name#2``), schedule,
+    policies and run template."""
 
     name: str
     schedule: Schedule
@@ -237,18 +238,31 @@ class _Loader(rq_cron.CronScheduler):
         data = pending[self._calls] if self._calls < len(pending) else None
         self._calls += 1
         options = next((o for d, o in _registered if d is data), CronOptions())
-        name = job.get("name") or f"{func.__module__}.{func.__qualname__}"
+        name = self._unique(job.get("name") or f"{func.__module__}.{func.__name__}")  # RQ's CronJob's name
         try:
             registered = super().register(func, queue_name, **job)  # RQ's own checks (interval or cron)
             entry = _entry(name, func, queue_name, job, options)
         except (DelayqError, ValueError, TypeError) as exc:
             self.config.errors[name] = str(exc)
             return None
-        if name in {e.name for e in self.config.entries}:
-            self.config.errors[name] = f"two cron jobs are named {name!r}: pass name= to each to tell them apart"
-        else:
-            self.config.entries.append(entry)
+        self.config.entries.append(entry)
         return registered
+
+    def _unique(self, name: str) -> str:
+        """``name``, or ``name#2``, ``name#3``, ... for the second and later registrations of it:
+        RQ 3 runs every registration, and several may share a name (a function registered twice
+        without ``name=``), while an entry's name is its key in the store. Numbered in the
+        config's order, so every forwarder loading the config names them alike; ``name=`` on each
+        keeps their names (and run history) when the config's order changes."""
+        taken = {e.name for e in self.config.entries} | set(self.config.errors)
+        number = 1
+        unique = name
+        while unique in taken:
+            number += 1
+            unique = f"{name}#{number}"
+        if number > 1:
+            log.info("rq cron job %r is registered more than once: its entry no. %d is named %r", name, number, unique)
+        return unique
 
 
 def sync(
@@ -269,7 +283,10 @@ def sync(
         PeriodicError: the registry or the version record is damaged (naming the fix).
     """
     specs, errors = code_entries(config)
-    return sync_code(store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds)
+    return sync_code(
+        store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds,
+        version_setting="--schedule-version (DELAYQ_SCHEDULE_VERSION) of `delayq rq-cron sync` or `delayq forward`",
+    )  # fmt: skip
 
 
 def code_entries(config: CronConfig) -> tuple[list[EntrySpec], dict[str, str]]:

@@ -43,7 +43,7 @@ from .queue import SLOT_META, UsesDelayStore, carry_trace, group_options, with_j
 from .registry import forget_scheduled
 from .target import KIND, OVERLAP_FIELD, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
 
-__all__ = ["JobNotScheduledError", "NoSchedulerProcessError", "Scheduler"]
+__all__ = ["JobNotScheduledError", "NoSchedulerKeyError", "NoSchedulerProcessError", "Scheduler"]
 
 #: The kwargs of ``enqueue_at``/``enqueue_in`` meant for the job, not the function (rq-scheduler's list).
 _JOB_KWARGS = {
@@ -72,6 +72,30 @@ class JobNotScheduledError(DelayqError, ValueError):
 class NoSchedulerProcessError(DelayqError, NotImplementedError):
     """An rq-scheduler daemon method (``run``, ``acquire_lock``, ...) called on the Scheduler,
     which has no daemon: ``delayq forward`` does its work."""
+
+
+class NoSchedulerKeyError(NoSchedulerProcessError, AttributeError):
+    """An rq-scheduler daemon key (``scheduler_lock_key``, ``scheduled_jobs_key``, ...) read on
+    the Scheduler: none exists, and reading rq-scheduler's would say "no scheduler, no jobs".
+    An AttributeError too, so ``hasattr`` and ``getattr(..., default)`` answer as for any
+    attribute the class lacks, but with the fix in its message."""
+
+
+class _DaemonKey:
+    """A key of rq-scheduler's daemon (a class attribute there), which this Scheduler lacks: its
+    access raises :class:`NoSchedulerKeyError` saying what to read instead (``instead``)."""
+
+    def __init__(self, instead: str) -> None:
+        self.instead = instead
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> NoReturn:
+        raise NoSchedulerKeyError(
+            f"Scheduler.{self.name}: delayq_backends.rq.Scheduler has no scheduler process, so no such key "
+            f"(`{FORWARD_COMMAND}` moves due jobs, leaderless, with no lock); {self.instead}"
+        )
 
 
 #: What replaces ``rqscheduler`` / ``Scheduler.run()``, for the daemon methods' error.
@@ -149,6 +173,14 @@ class Scheduler(UsesDelayStore):
 
     queue_class: type[RQQueue] = RQQueue
     job_class: type[Job] = Job
+    # rq-scheduler's daemon keys: a ported health check or script reads them; each says what instead
+    scheduler_lock_key = _DaemonKey("to see that forwarders run, read `delayq stats` or the forwarders' metrics")
+    scheduler_key = _DaemonKey("to see that forwarders run, read `delayq stats` or the forwarders' metrics")
+    redis_scheduler_namespace_prefix = _DaemonKey("forwarders register no scheduler instance in RQ's Redis")
+    scheduled_jobs_key = _DaemonKey(
+        "the jobs wait in the delay store: read them with Scheduler.get_jobs() / count() (or `delayq list`), "
+        "or RQ's ScheduledJobRegistry, which lists them too"
+    )
 
     def __init__(
         self,

@@ -538,7 +538,7 @@ class RQTarget:
                 self._wait_for_allowlist(exc, group, report)
                 continue
             except ClassImportError as exc:
-                report.failed += [DeliveryFailure(d.id, str(exc), permanent=True) for d in group]
+                self._fail_unless_requeued(group, exc, report)
                 continue
             try:
                 batch = _Batch(keys, {job_id_of(d): d for d in group})
@@ -553,6 +553,30 @@ class RQTarget:
                 report.unsent += [d.id for d in group if d.id not in done]
                 report.broker_error = exc
         return report
+
+    def _fail_unless_requeued(self, group: Sequence[Delivery], exc: ClassImportError, report: PublishReport) -> None:
+        """Fail ``group`` (its classes cannot be imported here: ``exc``) but the items whose dead
+        letter RQ's requeue spent: their job hash (at RQ's default key, the class named being
+        unimportable) carries an outdated dead-letter mark (:mod:`.failed`). A ``delayq dlq
+        requeue`` of one after ``rq requeue`` ran it is skipped and acked, as :meth:`_due` skips it
+        when its classes import, instead of being dead-lettered again for a cause RQ went past."""
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for d in group:
+                    pipe.hmget(Job.key_for(job_id_of(d)), "status", "ended_at", MARK)
+                replies = pipe.execute()
+        except Exception as error:
+            if not gives_back(error):
+                raise
+            report.unsent += [d.id for d in group]
+            report.broker_error = error
+            return
+        for d, (status, ended, mark) in zip(group, replies):
+            if mark is not None and not (status == b"failed" and mark == ended):
+                log.info("job %s is %s since it was dead-lettered (RQ requeued it): skipped", job_id_of(d), status)
+                report.published.append(d.id)
+            else:
+                report.failed.append(DeliveryFailure(d.id, str(exc), permanent=True))
 
     def _hand_slot_tokens(self, batch: _Batch) -> None:
         """Write the slot token of each slotted job (``Delivery.slot_token``) where its worker

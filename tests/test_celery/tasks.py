@@ -74,6 +74,9 @@ def make_app(
                     "started_ms": time.time_ns() // 1_000_000,
                     "eta": request.eta,
                     "priority": (request.delivery_info or {}).get("priority"),
+                    "exchange": (request.delivery_info or {}).get("exchange"),
+                    "routing_key": (request.delivery_info or {}).get("routing_key"),
+                    "expires": request.expires,
                     "custom": getattr(request, "x_custom", None),
                     # a periodic entry's run: its entry, period and kind (header ``delayq_periodic``)
                     "periodic": getattr(request, "delayq_periodic", None),

@@ -116,3 +116,30 @@ def throttling(tag: Any, group: str, seconds: float) -> None:
         outcome = f"refused: {exc}"
     entry = {"id": job.id, "tag": tag, "at": time.time(), "outcome": outcome}
     job.connection.rpush(runs_key(job.origin), json.dumps(entry))
+
+
+def probe(tag: Any) -> str:
+    """Record this run with the job options its worker sees (timeout, result_ttl, ttl, meta, the
+    retries left and their intervals, the callbacks); the first try fails while two retries are
+    left, so a retry runs it again (the periodic entries' run options test)."""
+    job = get_current_job()
+    assert job is not None
+    seen = {
+        "timeout": job.timeout, "result_ttl": job.result_ttl, "ttl": job.ttl, "meta": job.meta,
+        "retries_left": job.retries_left, "retry_intervals": job.retry_intervals,
+        "on_success": job._success_callback_name, "on_failure": job._failure_callback_name,
+    }  # fmt: skip
+    job.connection.rpush(runs_key(job.origin), json.dumps({"id": job.id, "tag": tag, "at": time.time(), **seen}))
+    if job.retries_left == 2:
+        raise ValueError("the first try fails on purpose")
+    return f"{tag} done"
+
+
+def on_success(job: Job, connection: Any, result: Any, *args: Any, **kwargs: Any) -> None:
+    """An RQ success callback: records the job id and its result."""
+    connection.rpush(runs_key(job.origin), json.dumps({"id": job.id, "tag": "success", "result": result}))
+
+
+def on_failure(job: Job, connection: Any, *exc_info: Any) -> None:
+    """An RQ failure callback: records the job id and the error."""
+    connection.rpush(runs_key(job.origin), json.dumps({"id": job.id, "tag": "failure", "error": str(exc_info[1])}))

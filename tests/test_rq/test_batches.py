@@ -16,12 +16,14 @@ import pytest
 import redis
 from rq import Callback, Retry
 from rq.job import Job
+from rq.registry import ScheduledJobRegistry as RQScheduledJobRegistry
 from rq.registry import StartedJobRegistry
 
 from delayq_backends import DelayStore
 from delayq_backends.errors import BatchClosedError, BatchError
+from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import batch_channel, batch_item_id
-from delayq_backends.rq import Batch, Queue, Scheduler
+from delayq_backends.rq import Batch, Queue, RQTarget, Scheduler
 from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
 from tests.test_rq.jobs import always_fails, record, started
@@ -188,3 +190,30 @@ def test_a_cancelled_sub_job_is_reported_failed_and_a_key_in_use_refused(
     assert rq_store.get(batch_item_id("cancelled")) is not None  # on_complete released
     with pytest.raises(BatchClosedError, match="in use"):
         Batch(queue, "cancelled", on_complete=Callback("tests.test_rq.jobs.batch_done"))
+
+
+def test_the_on_complete_job_is_listed_in_rq_dashboard_while_the_batch_is_open(
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore, valkey_url: str
+) -> None:
+    """Issue 34: ``batch-<key>`` was saved ``scheduled`` in no registry, so rq-dashboard (which
+    lists a queue's jobs by registry) showed it nowhere until the batch completed. It stands in
+    the Scheduled tab as a mirror entry (no RQ scheduler moves it), and leaves it when moved."""
+    dashboard = pytest.importorskip("rq_dashboard.cli")
+    web = pytest.importorskip("rq_dashboard.web")
+    app = dashboard.make_flask_app(None, None, None, "")
+    app.config["RQ_DASHBOARD_REDIS_URL"] = valkey_url
+    web.setup_rq_connection(app)
+    client = app.test_client()
+
+    def scheduled_tab() -> list[str]:
+        return [j["id"] for j in client.get(f"/0/data/jobs/{queue.name}/scheduled/8/asc/1.json").get_json()["jobs"]]
+
+    with Batch(queue, "shown", on_complete=Callback("tests.test_rq.jobs.batch_done")) as batch:
+        sub = batch.add(record, "a", in_=timedelta(hours=1))
+    on_complete = batch_item_id("shown")
+    assert sorted(scheduled_tab()) == sorted([sub.id, on_complete])
+    assert client.get(f"/0/data/job/{on_complete}.json").get_json()["status"] == "scheduled"
+    assert RQScheduledJobRegistry(queue=queue).get_jobs_to_schedule() == [], "no RQ scheduler moves it"
+    queue.scheduled_job_registry.remove(sub)  # the sub-job cancelled: reported failed, the batch completes
+    assert Forwarder(rq_store, [RQTarget(conn)], retry_delay=0.05).run_until_idle().forwarded == 1
+    assert scheduled_tab() == [] and queue.job_ids == [on_complete]

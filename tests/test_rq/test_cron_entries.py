@@ -148,7 +148,7 @@ def test_a_config_is_captured_as_rq_cron_loads_it(tmp_path: Path, conn: redis.Re
     path = _config(tmp_path, "q")
     config = load_config(str(path))
     entries = {e.name: e for e in config.entries}
-    assert list(entries) == [FUNC, "standup", "every-2s", "either-day"]
+    assert list(entries) == [FUNC, "standup", "every-2s", "either-day", "standup#2"]
     assert entries[FUNC].schedule == Every(1000) and entries[FUNC].misfire == Misfire()
     standup = entries["standup"]
     assert standup.schedule == Cron("30 9 * * 1-5", "Europe/Berlin")
@@ -157,9 +157,9 @@ def test_a_config_is_captured_as_rq_cron_loads_it(tmp_path: Path, conn: redis.Re
     assert entries["every-2s"].schedule == Cron("* * * * * */2", entries["every-2s"].schedule.zone)
     either = entries["either-day"].schedule
     assert either == Cron("0 0 1 * 1", either.zone, day_or=True)  # the 1st or a Monday, as `rq cron` runs it
-    assert set(config.errors) == {"no-schedule", "standup"}
+    assert set(config.errors) == {"no-schedule"}
     assert "interval or cron" in config.errors["no-schedule"]
-    assert "name=" in config.errors["standup"]  # the second job of that name
+    assert entries["standup#2"].schedule == Every(5000)  # the second job of that name: RQ 3 runs both
 
     rq_itself = CronScheduler(connection=conn)
     rq_itself.load_config_from_file(str(path))  # `rq cron` loads the same file, delayq's options aside
@@ -342,7 +342,8 @@ def test_a_runtime_entry_is_listed_as_rq_and_shadows_a_config_entry_of_its_name(
     status = ops.get(store, "standup")
     assert status is not None and (status.kind, status.task, status.tz) == ("rq", FUNC, "America/New_York")
     report = sync(store, load_config(str(_config(tmp_path, "q"))))
-    assert report.shadowed == ["standup"] and sorted(report.added) == sorted([FUNC, "every-2s", "either-day"])
+    assert report.shadowed == ["standup"]
+    assert sorted(report.added) == sorted([FUNC, "every-2s", "either-day", "standup#2"])
     stored = store.get("periodic:standup")
     assert stored is not None and "'rt'" in str(
         JobTemplate.from_envelope(Envelope.decode(stored.envelope)).fields["description"]
@@ -360,3 +361,12 @@ def test_a_cron_string_without_tz_is_read_in_the_syncing_hosts_zone_by_name(
     assert entries["every-2s"].schedule == Cron("* * * * * */2", "Asia/Tokyo")
     monkeypatch.setenv("TZ", "Etc/UTC")
     assert load_config(str(_config(tmp_path, "q"))).entries[2].schedule == Cron("* * * * * */2", "UTC")
+
+
+def test_an_unversioned_sync_after_a_versioned_one_names_rqs_flag_not_celerys_setting(tmp_path: Path) -> None:
+    store = testing_store(prefix="cronv", shards=2)
+    config = load_config(str(_config(tmp_path, "q")))
+    assert sync(store, config, version=5).added
+    refused = sync(store, config).refused
+    assert "--schedule-version (DELAYQ_SCHEDULE_VERSION) of `delayq rq-cron sync`" in refused
+    assert "delayq_schedule_version" not in refused, "a Celery setting named to an RQ user"

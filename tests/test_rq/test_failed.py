@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from rq import SimpleWorker
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
@@ -191,3 +192,27 @@ def test_a_scheduler_job_requeued_by_rq_is_not_moved_again_by_delayq_dlq_requeue
     assert Forwarder(rq_store, [target], retry_delay=0.05).run_once() == 1
     assert queue.job_ids == [job.id], "enqueued twice"
     assert rq_store.get(job.id) is None and rq_store.dead_letters() == []
+
+
+@pytest.mark.parametrize("ran", [True, False], ids=["run-by-a-worker", "still-queued"])
+def test_delayq_dlq_requeue_after_rq_requeue_skips_the_job_even_where_its_dead_letter_cause_remains(
+    conn: redis.Redis, rq_store: DelayStore, queue: Queue, monkeypatch: pytest.MonkeyPatch, ran: bool
+) -> None:
+    """`rq requeue` spent the dead letter: a later `delayq dlq requeue` of it is skipped and acked
+    (docs/rq.md), though this forwarder still cannot import the job class that killed it, instead
+    of being dead-lettered again (and the job listed as failed once more)."""
+    monkeypatch.delenv("DELAYQ_RQ_ALLOW_CLASS", raising=False)
+    job = unimportable(queue, rq_store, "dead")
+    target = RQTarget(conn, allow_classes=ClassAllowlist.configured([MODULE]))
+    assert Forwarder(rq_store, [target], retry_delay=0.05).run_once() == 1
+    assert failed(queue).get_job_ids() == [job.id]
+    failed(queue).requeue(job.id)
+    if ran:
+        SimpleWorker([queue], connection=conn).work(burst=True)
+        assert [r["id"] for r in runs(conn, queue.name)] == [job.id]
+    rq_store.requeue_dead([job.id], when=past())
+    Forwarder(rq_store, [target], retry_delay=0.05).run_until_idle()
+    assert rq_store.get(job.id) is None and rq_store.dead_letters() == [], "skipped and acked, not dead again"
+    assert failed(queue).get_job_ids() == []
+    assert Job.fetch(job.id, connection=conn).get_status() == (JobStatus.FINISHED if ran else JobStatus.QUEUED)
+    assert queue.job_ids == ([] if ran else [job.id]), "not enqueued a second time"

@@ -393,3 +393,25 @@ def test_rq_scheduler_daemon_methods_say_delayq_forward_replaces_them(scheduler:
     message = str(caught.value)
     assert "\n" not in message and f"Scheduler.{method}()" in message
     assert "delayq forward" in message and "--rq-redis" in message and "instead of rqscheduler" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("scheduler_lock_key", "delayq stats"),
+        ("scheduler_key", "delayq stats"),
+        ("redis_scheduler_namespace_prefix", "no scheduler instance"),
+        ("scheduled_jobs_key", "Scheduler.get_jobs()"),
+    ],
+)
+def test_rq_scheduler_daemon_keys_say_there_is_none_and_what_to_read(scheduler: Scheduler, key: str, says: str) -> None:
+    """rq-scheduler has them (``getattr`` shows it); a ported health check reading one gets the
+    fix, not a bare AttributeError; ``hasattr`` answers False as for any missing attribute."""
+    assert isinstance(getattr(rq_scheduler.Scheduler, key), str)
+    for owner in (scheduler, Scheduler):
+        with pytest.raises(scheduler_module.NoSchedulerKeyError) as caught:
+            getattr(owner, key)
+        message = str(caught.value)
+        assert f"Scheduler.{key}: delayq_backends.rq.Scheduler has no scheduler process" in message
+        assert says in message and "delayq forward" in message
+        assert isinstance(caught.value, AttributeError) and not hasattr(owner, key)
