@@ -328,16 +328,16 @@ def test_an_import_refuses_the_name_of_an_entry_from_code(
 # -- the imported entries fire -------------------------------------------------------------------
 
 
-#: the entry's period: longer than a lease (1 s) and a forwarder's start, so the kill delays no period
-#: past the next (the periods due together would be one run under beat's misfire policy, run_once)
+#: the entry's period: longer than a lease (1 s), so a forwarder stopped while it fires delays no
+#: period past the next (periods due together are one run under beat's misfire policy, run_once)
 EVERY_S = 3
 
 
 def test_imported_entries_fire_once_per_period_beside_a_killed_forwarder(
     redbeat_app: Celery, system_redis_url: str, valkey_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    """A redbeat entry every 3 s, imported, fired by a real `delayq forward` SIGKILLed after two
-    runs and started again: every period from the first to the last reaches the broker's queue
+    """A redbeat entry every 3 s, imported, fired by two real `delayq forward`, one SIGKILLed after
+    two runs and started again: every period from the first to the last reaches the broker's queue
     once, none twice, none lost, none before its time, on redbeat's grid (after its last run)."""
     from redbeat.schedulers import RedBeatSchedulerEntry
 
@@ -371,16 +371,18 @@ def test_imported_entries_fire_once_per_period_beside_a_killed_forwarder(
     launcher = Launcher()
     forward = [sys.executable, "-m", "delayq_backends.cli", "forward", *store_args, "--poll", "0.2", "--lease", "1"]
     try:
-        first = launcher.start(forward, log=tmp_path / "forwarder-a.log")
+        victim = launcher.start(forward, log=tmp_path / "forwarder-a.log")
+        survivor = launcher.start(forward, log=tmp_path / "forwarder-b.log")
         wait_for(lambda: queue_client.llen(queue) >= 2, 30, "two runs before the kill")
         time.sleep(EVERY_S / 2)  # mid-period: a kill between a run's publish and its rearm re-sends it (same id)
-        first.send_signal(signal.SIGKILL)
-        first.wait()
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
         killed_at = queue_client.llen(queue)
-        second = launcher.start(forward, log=tmp_path / "forwarder-b.log")
-        wait_for(lambda: queue_client.llen(queue) >= killed_at + 3, 30, "runs after the restart")
-        second.send_signal(signal.SIGTERM)
-        second.wait(timeout=30)
+        again = launcher.start(forward, log=tmp_path / "forwarder-a-again.log")
+        wait_for(lambda: queue_client.llen(queue) >= killed_at + 3, 30, "runs after the kill")
+        for proc in (survivor, again):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
     except BaseException:
         print(launcher.tail())
         raise
