@@ -35,7 +35,7 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.keys import meta_key
 from delayq_backends.periodic import ops
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Cron, Slot, run_task_id
 from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import to_ms
 from tests.harness import Launcher, make_store
@@ -561,3 +561,21 @@ def test_celery_a_proj_imports_with_the_apps_zone_and_routing(
         assert (entry.name, entry.tz, entry.task) == ("rb-9am", "America/New_York", "dqt.record")
     finally:
         forget_store(app)
+
+
+def test_a_crontab_last_run_long_ago_catches_up_from_its_latest_period() -> None:
+    """An entry moved in with a last run a year old: one catch-up run from the latest period due
+    (Berlin wall time), not a walk through the 525,600 minutes since; a recent last run keeps
+    its next period."""
+    now = ms(datetime(2026, 12, 7, 20, 30, 15, tzinfo=timezone.utc))
+    year_ago = now - 365 * 86_400_000
+    minutely = Cron("* * * * *", "UTC")
+    assert ops.Carried(year_ago, 3).first_slot(minutely, now, None).at_ms == now - 15_000
+    daily = Cron("0 9 * * *", "Europe/Berlin")
+    slot = ops.Carried(year_ago, 3).first_slot(daily, now, None)
+    assert (slot.key, slot.at_ms) == ("2026-12-07T09:00:00", ms(datetime(2026, 12, 7, 8, tzinfo=timezone.utc)))
+    before_it = ms(datetime(2026, 12, 7, 7, 30, tzinfo=timezone.utc))  # 08:30 in Berlin: today's 09:00 is due
+    assert ops.Carried(before_it, 3).first_slot(daily, now, None) == slot
+    after_it = ms(datetime(2026, 12, 7, 8, 30, tzinfo=timezone.utc))  # ran today: tomorrow's is next
+    assert ops.Carried(after_it, 3).first_slot(daily, now, None).key == "2026-12-08T09:00:00"
+    assert ops.Carried(now - 5_000, 3).first_slot(minutely, now, None).at_ms == now + 45_000

@@ -50,7 +50,7 @@ from .registry import (
     record_missing,
     registry_page,
 )
-from .schedules import END, MAX_BACKFILL, Every, Misfire, Once, Schedule, Slot
+from .schedules import END, MAX_BACKFILL, Cron, Every, Misfire, Once, Schedule, Slot
 from .state import CODE, RUNTIME, SOURCES, LastRun, PeriodicState, first_slot, state_of, with_state
 from .trust import UntrustedError, forget, record
 
@@ -189,12 +189,18 @@ class Carried:
     runs: int = 0
 
     def first_slot(self, schedule: Schedule, now_ms: int, start_ms: int | None) -> Slot:
-        """The first period of a new entry with this history (a one-off that ran is finished)."""
+        """The first period of a new entry with this history (a one-off that ran is finished). A
+        crontab whose periods since the last run are due already starts from the latest of them,
+        due now (one catch-up run, as beat's): its firing then steps through one period, not
+        through every one since (a minutely crontab last run a year ago)."""
         if self.last_ms is None:
             return first_slot(schedule, now_ms, start_ms)
         if isinstance(schedule, Once):
             return END if self.runs or self.last_ms >= schedule.at_ms else first_slot(schedule, now_ms, start_ms)
-        return first_slot(schedule, self.last_ms, start_ms)
+        slot = first_slot(schedule, self.last_ms, start_ms)
+        if isinstance(schedule, Cron) and slot.at_ms <= now_ms:
+            return max(slot, schedule.latest(now_ms), key=lambda s: s.at_ms)
+        return slot
 
     def last(self) -> LastRun | None:
         return None if self.last_ms is None else LastRun(f"imported:{self.last_ms}", self.last_ms, self.last_ms)
