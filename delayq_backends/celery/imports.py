@@ -282,7 +282,7 @@ def _django_entry(row: Mapping[str, Any]) -> BeatEntry:
     expires = _utc_ms(row["expires"])
     if expires is not None:
         options["expires"] = datetime.fromtimestamp(expires / 1000, timezone.utc)
-    elif row["expire_seconds"] is not None:
+    elif row["expire_seconds"]:  # 0 sets none, as its scheduler reads it (expires or expire_seconds)
         options["expires"] = int(row["expire_seconds"])
     return BeatEntry(
         name=name,
