@@ -407,7 +407,6 @@ def test_imported_entries_fire_once_per_period_beside_a_killed_forwarder(
 # -- docs/migrating.md, every block run as written ------------------------------------------------
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "migrating.md"
-PAGE_URL = "redis://127.0.0.1:6379/0"
 
 #: marker (a substring of exactly one block of the page) -> the test of this module that runs it
 RUNS = {
@@ -448,7 +447,8 @@ def run_bash(marker: str, url: str, **replace: str) -> list[Result]:
     (its store, and the snippet's servers), ``replace`` applied to the line first."""
     results = []
     for line in snippet(marker, PAGE).splitlines():
-        for old, new in {PAGE_URL: url, **replace}.items():
+        line = line.replace("redis://127.0.0.1:6379/0", url)
+        for old, new in replace.items():
             line = line.replace(old, new)
         words = shlex.split(line)
         env = {"DELAYQ_URL": url}
@@ -461,7 +461,7 @@ def run_bash(marker: str, url: str, **replace: str) -> list[Result]:
 
 
 def run_python(marker: str, url: str) -> None:
-    exec(compile(snippet(marker, PAGE).replace(PAGE_URL, url), "docs/migrating.md", "exec"), {})
+    exec(compile(snippet(marker, PAGE).replace("redis://127.0.0.1:6379/0", url), "docs/migrating.md", "exec"), {})
 
 
 def test_docs_redbeat_import_and_rollback(page_db: str) -> None:
