@@ -209,8 +209,7 @@ def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> E
         raise PeriodicError(f"entry {name!r}: unknown key(s) {unknown}; known are {sorted(_ENTRY_KEYS)}")
     item_id(name)  # a name with control characters cannot make an id
     options = dict(conf.get("options") or {})
-    run_options = RunOptions.parse({k: options[k] for k in RUN_OPTIONS if k in options}, CELERY_ENTRY)
-    options.update(run_options.celery())  # checked: an ISO expires as a time
+    run_options = _run_options(options)
     overlap = check_policy(name, options.pop(OVERLAP_OPTION, ALLOW))
     own = {key: options.pop(key) for key in ENTRY_OPTIONS if key in options}
     misfire = Misfire.from_options(options)
@@ -237,6 +236,20 @@ def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> E
     template = RunTemplate(envelope, fingerprint, rank, expires)
     fields = _entry_fields(name, own)
     return EntrySpec(name, template, schedule, misfire, overlap, source, options=run_options, **fields)
+
+
+def _run_options(options: Mapping[str, Any]) -> RunOptions:
+    """The run options among an entry's ``apply_async`` options, kept to read back (an edit form,
+    ``periodic show``). The CLI and the API checked them before; a ``beat_schedule`` may hold what
+    Celery takes and the table does not (a kombu ``Exchange``, by its name here; headers kombu
+    serializes but JSON does not): it is sent as Celery takes it, and read back as far as it can."""
+    given = {k: options[k] for k in RUN_OPTIONS if k in options}
+    if "exchange" in given:
+        given["exchange"] = getattr(given["exchange"], "name", given["exchange"])
+    try:
+        return RunOptions.parse(given, CELERY_ENTRY)
+    except PeriodicError:
+        return RunOptions()
 
 
 #: a beat_schedule entry's own options (each optional): when it may run, how often, how spread

@@ -167,16 +167,18 @@ def entry(
                                 tz="Europe/Berlin", args=("daily",)).spec(source="runtime"))
 
     ``job`` takes ``args``, ``kwargs``, ``job_timeout``, ``result_ttl``, ``ttl``,
-    ``failure_ttl``, ``meta`` and ``webhooks``.
+    ``failure_ttl``, ``meta``, ``webhooks`` and the retry and callbacks of
+    :meth:`~delayq_backends.periodic.options.RunOptions.rq`.
 
     Raises:
+        PeriodicError: ``func`` given as text that is no import path.
         ConfigError: neither or both of ``interval`` and ``cron``, a bad cron string or zone.
         TemplateError: a job RQ cannot make (see :func:`~.entries.capture`).
     """
     if (interval is None) == (cron is None):
         raise ConfigError(f"entry {name!r}: pass interval= (seconds) or cron= (a cron string), one of them")
     schedule: Schedule = interval_of(interval) if interval is not None else _cron(str(cron), tz or _local_zone())
-    template = capture(func, queue, **job)
+    template = capture(check_import_path(func, "func") if isinstance(func, str) else func, queue, **job)
     return CronEntry(name, schedule, template, misfire or Misfire(), check_policy(name, overlap))
 
 

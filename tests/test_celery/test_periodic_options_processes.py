@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
+from kombu import Exchange
 
 from delayq_backends.celery import forget_store, store_for
+from delayq_backends.celery.periodic import entry_spec
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.periodic import ops
+from delayq_backends.periodic.state import CODE
 from delayq_backends.timeutil import now_ms
 from tests.harness import Proc
 from tests.helpers import wait_for
@@ -96,3 +100,15 @@ def test_an_every_second_entry_with_expires_queues_no_stale_runs_while_workers_a
     time.sleep(1.0)  # the queued runs have all been received by now (and run, had they not expired)
     stale = [r for r in _runs(env, "tick") if down + 500 < r["periodic"]["due"] < up - 2000]
     assert stale == [], f"{len(stale)} runs sent during the outage ran late: {stale}"
+
+
+def test_a_beat_schedule_entrys_options_are_read_back_and_what_celery_alone_takes_still_syncs() -> None:
+    """A ``beat_schedule`` entry's run options are kept to read back; one the table cannot hold
+    (a kombu ``Exchange``, a header JSON cannot carry) is sent as Celery takes it, not refused."""
+    app = Celery("opts", broker="memory://", set_as_current=False)
+    conf = {"task": "t.x", "schedule": 60.0, "options": {"priority": 3, "exchange": Exchange("ex"), "expires": 20}}
+    spec = entry_spec(app, "x", conf, source=CODE)
+    assert spec.options.given() == {"priority": 3, "exchange": "ex", "expires": 20.0}
+    assert spec.template.expires == 20.0
+    odd = entry_spec(app, "y", {**conf, "options": {"headers": {"at": datetime(2030, 1, 1)}}}, source=CODE)
+    assert odd.options.given() == {} and odd.template.envelope.body

@@ -5,16 +5,20 @@ kind, or a callback outside the RQ allowlist, refused with nothing stored."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from playwright.sync_api import expect
 
 from delayq_backends import DelayStore
 from delayq_backends.cli import main
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.options import OPTION_FIELDS
-from tests.test_web.conftest import AUTH, RQ_JOBS
+from tests.test_web.conftest import AUTH, RQ_JOBS, TOKEN
+from tests.test_web.test_dashboard import TIMEOUT_MS
 
 CELERY = {"name": "opt", "task": "t.tick", "every": 30}
 RQ = {"name": "rq-opt", "kind": "rq", "func": f"{RQ_JOBS}.record", "every": 30, "queue": "jobs"}
@@ -91,3 +95,61 @@ def test_a_callback_outside_the_allowlist_is_refused(client: TestClient, web_sto
     response = post(client, {**RQ, "on_failure": "os.system"})
     assert response.status_code == 403, response.text
     assert ops.get(web_store, "rq-opt") is None
+
+
+def test_the_docs_table_lists_every_option_as_the_definition_has_it() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "celery-periodic.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `--") and " / `" in line]
+    listed = [(line.split("`")[1], line.split("`")[3], line.split("|")[2].strip()) for line in rows]
+    assert listed == [(f.flag, f.name, f.kind) for f in OPTION_FIELDS]
+
+
+def test_the_dashboard_form_sets_shows_and_edits_an_entrys_run_options(
+    page: Any, dashboard_factory: Callable[..., Any], web_store: DelayStore, valkey_url: str
+) -> None:
+    dashboard = dashboard_factory("--rq-redis", valkey_url, "--rq-allow", RQ_JOBS)
+    expect.set_options(timeout=TIMEOUT_MS)
+    page.goto(dashboard.base + "/")
+    page.fill("#token", TOKEN)
+    page.click("#connect")
+
+    page.click("#periodic-add")
+    expect(page.locator("#entry-option-timeout")).to_be_hidden()  # a Celery entry: RQ's options hidden
+    page.fill("#entry-name", "opt")
+    page.fill("#entry-task", "proj.report")
+    page.fill("#entry-schedule", "3600")
+    page.fill("#entry-option-expires", "30")
+    page.fill("#entry-option-priority", "5")
+    page.fill("#entry-option-headers", '{"team": "ops"}')
+    page.fill("#entry-option-routing_key", "rk")
+    page.click("#entry-save")
+    expect(page.locator("#periodic-message")).to_have_text("Saved opt (added).")
+    status = ops.get(web_store, "opt")
+    assert status is not None
+    assert status.options == {"expires": 30.0, "priority": 5, "headers": {"team": "ops"}, "routing_key": "rk"}
+
+    page.locator("#periodic tbody tr", has_text="opt").locator("button[data-action=edit]").click()
+    expect(page.locator("#entry-option-expires")).to_have_value("30")
+    expect(page.locator("#entry-option-headers")).to_have_value('{"team":"ops"}')
+    page.fill("#entry-option-priority", "")  # cleared: no longer set
+    page.click("#entry-save")
+    expect(page.locator("#periodic-message")).to_have_text("Saved opt (changed).")
+    status = ops.get(web_store, "opt")
+    assert status is not None and "priority" not in status.options and status.options["routing_key"] == "rk"
+
+    page.click("#periodic-add")
+    page.fill("#entry-name", "rq-opt")
+    page.select_option("#entry-kind", "rq")
+    expect(page.locator("#entry-option-priority")).to_be_hidden()
+    page.fill("#entry-task", f"{RQ_JOBS}.record")
+    page.fill("#entry-queue", "jobs")
+    page.fill("#entry-schedule", "3600")
+    page.fill("#entry-option-timeout", "60")
+    page.fill("#entry-option-retry_max", "3")
+    page.fill("#entry-option-retry_intervals", "5,10")
+    page.fill("#entry-option-meta", '{"owner": "ops"}')
+    page.click("#entry-save")
+    expect(page.locator("#periodic-message")).to_have_text("Saved rq-opt (added).")
+    rq_status = ops.get(web_store, "rq-opt")
+    assert rq_status is not None
+    assert rq_status.options == {"timeout": 60, "retry_max": 3, "retry_intervals": [5, 10], "meta": {"owner": "ops"}}
