@@ -31,6 +31,7 @@ from delayq_backends.embedded import EmbeddedCluster, EmbeddedServer
 from delayq_backends.keys import periodic_key
 from delayq_backends.models import BatchStatus, FailedDelivery
 from delayq_backends.periodic import ops
+from delayq_backends.periodic.imports import import_entries
 from delayq_backends.periodic.schedules import interval
 from delayq_backends.periodic.state import CODE
 from delayq_backends.rq.cron import runtime_entry
@@ -173,6 +174,9 @@ WRITES: dict[str, Callable[[Stores], object]] = {
         ops.upsert(s.plain, runtime_entry("r", "app.jobs.report", queue="q", schedule=interval(10))),
         ops.trust_stored(s.durable, ["r"]),
     ),
+    "import periodic.imports.import_entries": lambda s: import_entries(
+        s.durable, [entry_spec(APP, "i", {"task": "t.x", "schedule": 10.0})], {}, source="redbeat"
+    ),
     "periodic sync_code": lambda s: ops.sync_code(
         s.durable, [entry_spec(APP, "c", {"task": "t.x", "schedule": 10.0}, source=CODE)], kind="celery-periodic"
     ),
@@ -277,12 +281,12 @@ def test_every_script_says_whether_it_waits() -> None:
 
 def test_every_public_write_path_is_tried_or_says_why_not() -> None:
     public = {n for n, v in inspect.getmembers(DelayStore) if not n.startswith("_") and callable(v)}
-    tried = {name.split("(")[0] for name in WRITES if not name.startswith(("periodic ", "rq "))}
+    tried = {name.split("(")[0] for name in WRITES if not name.startswith(("periodic ", "rq ", "import "))}
     assert tried.isdisjoint(INTERNAL) and tried.isdisjoint(READS) and READS.isdisjoint(INTERNAL)
     assert public - tried - INTERNAL.keys() - READS == set(), "a new store method: a write (WRITES), INTERNAL or READS"
     assert (tried | INTERNAL.keys() | READS) - public == set(), "names a method the store no longer has"
     actions = {n for n in ops.__all__ if inspect.isfunction(getattr(ops, n))}
-    reads = {"get", "statuses", "status_page", "item_id", "kind_of", "keep_alignment", "register_kind"}
+    reads = {"get", "statuses", "status_page", "item_id", "kind_of", "keep_alignment", "register_kind", "preview"}
     assert actions - reads == PERIODIC_WRITES, "a new periodic action: a case in WRITES, or a read"
     assert {name.split()[1] for name in WRITES if name.startswith("periodic ")} == PERIODIC_WRITES
 

@@ -32,6 +32,7 @@ from ..timeutil import parse_iso, to_ms
 from .options import closing, json_option, open_store, rq_redis_option, store_options
 from .output import Column, echo_json, print_table
 from .periodic_history import limit_option, show_history
+from .periodic_import import import_command
 
 __all__ = ["PeriodicAccess", "periodic", "periodic_commands", "show_periodic"]
 
@@ -391,7 +392,7 @@ def _split(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group:
     """Add the periodic commands to ``group``: list, show, history, add, update, pause, resume,
-    run, backfill, remove."""
+    run, backfill, remove, trust, import."""
     with_store = access.options
 
     @group.command("list")
@@ -508,6 +509,7 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         for name, outcome in ops.trust_stored(store, None if every else names).items():
             click.echo(f"{name}: {outcome}")
 
+    import_command(group, access)
     return group
 
 

@@ -19,8 +19,9 @@ from .options import closing, open_store, rq_redis_option, store_options
 
 if TYPE_CHECKING:  # RQ is imported when a command runs
     from ..rq.cron import CronConfig
+    from ..rq.migrate import MigrationReport
 
-__all__ = ["rq_cron", "rq_migrate", "rq_upgrade", "schedule_version_option", "sync_rq_cron"]
+__all__ = ["rq_cron", "rq_migrate", "rq_upgrade", "schedule_version_option", "show_migration", "sync_rq_cron"]
 
 
 @click.command("rq-migrate")
@@ -55,13 +56,18 @@ def rq_migrate(
         if path
     }
     report = migrate(cast(redis.Redis, client), store, dry_run=dry_run, **classes)
+    show_migration(report, f"{redact_url(spec.url)} prefix {spec.prefix!r}", dry_run)
+
+
+def show_migration(report: MigrationReport, into: str, dry_run: bool) -> None:
+    """Print what ``delayq rq-migrate`` (or ``periodic import --from rq-scheduler``) moved, per source key."""
     verb = "would move" if dry_run else "moved"
     for key in sorted(set(report.moved) | set(report.missing)):
         click.echo(
             f"{key}: {verb} {report.moved.get(key, 0)}, already in the store {report.already.get(key, 0)}, "
             f"job gone {report.missing.get(key, 0)}"
         )
-    click.echo(f"{verb} {report.total_moved} job(s) into {redact_url(spec.url)} prefix {spec.prefix!r}")
+    click.echo(f"{verb} {report.total_moved} job(s) into {into}")
 
 
 @click.command("rq-upgrade")

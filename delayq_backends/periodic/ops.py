@@ -50,8 +50,8 @@ from .registry import (
     record_missing,
     registry_page,
 )
-from .schedules import MAX_BACKFILL, Every, Misfire, Once, Schedule
-from .state import CODE, RUNTIME, SOURCES, PeriodicState, first_slot, state_of, with_state
+from .schedules import END, MAX_BACKFILL, Cron, Every, Misfire, Once, Schedule, Slot
+from .state import CODE, RUNTIME, SOURCES, LastRun, PeriodicState, first_slot, state_of, with_state
 from .trust import UntrustedError, forget, record
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "KINDS",
     "KIND_ADAPTERS",
     "TRUSTED_KINDS",
+    "Carried",
     "CodeEntryError",
     "EntryNotFound",
     "EntrySpec",
@@ -74,6 +75,7 @@ __all__ = [
     "keep_alignment",
     "kind_of",
     "pause",
+    "preview",
     "register_kind",
     "remove",
     "resume",
@@ -176,11 +178,43 @@ class RunTemplate:
 
 
 @dataclass(frozen=True)
+class Carried:
+    """The run history an entry moved in from another scheduler brings (``delayq periodic
+    import``): when it last ran (UTC ms, None: never) and how many times. A new entry starts from
+    it: its first period is the schedule's first after that last run (so a period the old
+    scheduler ran is not run again, and one it missed since is due at once, under the misfire
+    policy), and its run count goes on from there. An entry already stored keeps its own."""
+
+    last_ms: int | None = None
+    runs: int = 0
+
+    def first_slot(self, schedule: Schedule, now_ms: int, start_ms: int | None) -> Slot:
+        """The first period of a new entry with this history (a one-off that ran is finished). A
+        crontab whose periods since the last run are due already starts from the latest of them,
+        due now (one catch-up run, as beat's): its firing then steps through one period, not
+        through every one since (a minutely crontab last run a year ago)."""
+        if self.last_ms is None:
+            return first_slot(schedule, now_ms, start_ms)
+        if isinstance(schedule, Once):
+            return END if self.runs or self.last_ms >= schedule.at_ms else first_slot(schedule, now_ms, start_ms)
+        slot = first_slot(schedule, self.last_ms, start_ms)
+        if isinstance(schedule, Cron) and slot.at_ms <= now_ms:
+            return max(slot, schedule.latest(now_ms), key=lambda s: s.at_ms)
+        return slot
+
+    def last(self) -> LastRun | None:
+        return None if self.last_ms is None else LastRun(f"imported:{self.last_ms}", self.last_ms, self.last_ms)
+
+
+@dataclass(frozen=True)
 class EntrySpec:
     """One entry's definition, whatever its kind.
 
     ``enabled`` None keeps a stored entry's flag (a new one starts enabled); ``source`` is
-    ``runtime`` for entries added by hand, ``code`` for those a sync from code writes.
+    ``runtime`` for entries added by hand, ``code`` for those a sync from code writes;
+    ``carried``: the history of an entry moved in from another scheduler (:class:`Carried`),
+    used only when it is added. It is no part of the definition: importing it again with a
+    longer history changes nothing.
     """
 
     name: str
@@ -196,6 +230,7 @@ class EntrySpec:
     jitter_ms: int = 0
     #: the run options as given (the template applies them; the state keeps them to read back)
     options: RunOptions = field(default_factory=RunOptions)
+    carried: Carried | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         item_id(self.name)  # a name with control characters cannot make an id
@@ -233,8 +268,11 @@ class EntrySpec:
         """The entry's state: a new one's, or ``old`` (its run history, pause and pending actions
         kept) with this definition; its next period kept while the schedule is the same."""
         same = old is not None and old.schedule == self.schedule and not old.finished and old.start_ms == self.start_ms
-        slot = old.slot if same and old is not None else first_slot(self.schedule, now_ms, self.start_ms)
-        base = old if old is not None else PeriodicState(self.name, self.schedule, self.misfire, "", slot)
+        carried = self.carried if old is None and self.carried is not None else Carried()
+        slot = old.slot if same and old is not None else carried.first_slot(self.schedule, now_ms, self.start_ms)
+        base = old or PeriodicState(
+            self.name, self.schedule, self.misfire, "", slot, last=carried.last(), runs=carried.runs
+        )
         if self.enabled is not None:  # paused or resumed as pause() and resume() do
             base = base.resumed(now_ms) if self.enabled else base.paused(now_ms)
         return replace(
@@ -401,25 +439,14 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
                 return "added"
             continue  # added meanwhile: compare with that one
         old = stored.state
-        if spec.source == CODE and old.source == RUNTIME:
+        if _shadowed(spec, old, detach):
             return "shadowed"
-        if spec.source == RUNTIME and old.source == CODE and not detach:
-            raise CodeEntryError(
-                f"entry {spec.name!r} comes from code (beat_schedule / RQ cron config): change it there and deploy, "
-                "or detach it (detach=True, --detach) to make it a runtime entry the sync no longer manages"
-            )
         new = spec.state(old, now)
         _trust(store, spec)  # unchanged too: an entry stored before the definitions were kept gets one
         if _firing_due(stored, new, now) and time.monotonic() < deadline:
             time.sleep(0.05)  # the due period's firing (and rearm) comes first, as when HELD
             continue
-        if (
-            old.fingerprint == new.fingerprint
-            and old.overlap == new.overlap
-            and old.source == new.source
-            and old.enabled == new.enabled
-            and old.newer_format == new.newer_format
-        ):
+        if _same(old, new):
             return "unchanged"
         payload = with_state(spec.template.envelope, new)
         outcome = store.replace_if(ident, stored.raw, _ready(new, now), payload, rank=new.rank, now=now)
@@ -427,6 +454,52 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
             return "changed"
         if outcome is RearmOutcome.HELD:  # a forwarder is firing it: its rearm comes first
             _held(spec.name, deadline)
+
+
+def _shadowed(spec: EntrySpec, old: PeriodicState, detach: bool) -> bool:
+    """A code ``spec`` meets a stored runtime entry (which wins: True).
+
+    Raises:
+        CodeEntryError: a runtime ``spec`` meets an entry from code, without ``detach``.
+    """
+    if spec.source == RUNTIME and old.source == CODE and not detach:
+        raise CodeEntryError(
+            f"entry {spec.name!r} comes from code (beat_schedule / RQ cron config): change it there and deploy, "
+            "or detach it (detach=True, --detach) to make it a runtime entry the sync no longer manages"
+        )
+    return spec.source == CODE and old.source == RUNTIME
+
+
+def _same(old: PeriodicState, new: PeriodicState) -> bool:
+    """Writing ``new`` over ``old`` would change nothing of the entry's definition."""
+    return (
+        old.fingerprint == new.fingerprint
+        and old.overlap == new.overlap
+        and old.source == new.source
+        and old.enabled == new.enabled
+        and old.newer_format == new.newer_format
+    )
+
+
+def preview(store: DelayStore, spec: EntrySpec, *, detach: bool = False) -> str:
+    """What :func:`upsert` (or a sync, for a code ``spec``) would do with ``spec`` now, writing
+    nothing: ``added``, ``changed``, ``unchanged``, ``shadowed`` or ``newer`` (a dry run's diff).
+
+    Raises:
+        CodeEntryError: as :func:`upsert` would.
+        PeriodicError: the stored item cannot be read (naming the fix).
+    """
+    try:
+        stored = _read(store, spec.name)
+    except PeriodicError as exc:
+        if isinstance(exc.__cause__, NewerFormatError):
+            return "newer"
+        raise
+    if stored is None:
+        return "added"
+    if _shadowed(spec, stored.state, detach):
+        return "shadowed"
+    return "unchanged" if _same(stored.state, spec.state(stored.state, store.clock())) else "changed"
 
 
 def _trust(store: DelayStore, spec: EntrySpec) -> None:

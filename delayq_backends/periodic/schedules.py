@@ -194,6 +194,17 @@ class Cron:
         wall = self._times(datetime.fromisoformat(slot.key)).get_next(datetime)
         return Slot(wall.isoformat(), _instant(wall, self.tz))
 
+    def latest(self, ms: int) -> Slot:
+        """The last period at or before ``ms``, found without stepping through the ones before
+        it (an entry moved in with a last run long ago catches up from there)."""
+        zone = self.tz
+        start = from_ms(ms + 1).astimezone(zone)
+        if not self.wall:
+            at = int(self._times(start).get_prev(float) * 1000)
+            return Slot(str(at), at)
+        wall = self._times(start.replace(tzinfo=None)).get_prev(datetime)
+        return Slot(wall.isoformat(), _instant(wall, zone))
+
     def _real_after(self, ms: int) -> Slot:
         start = from_ms(ms).astimezone(self.tz)
         at = int(self._times(start).get_next(float) * 1000)

@@ -50,6 +50,7 @@ __all__ = [
     "CronConfig",
     "CronEntry",
     "CronOptions",
+    "code_entries",
     "entry",
     "load_config",
     "register",
@@ -283,16 +284,22 @@ def sync(
     Raises:
         PeriodicError: the registry or the version record is damaged (naming the fix).
     """
+    specs, errors = code_entries(config)
+    return sync_code(
+        store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds,
+        version_setting="--schedule-version (DELAYQ_SCHEDULE_VERSION) of `delayq rq-cron sync` or `delayq forward`",
+    )  # fmt: skip
+
+
+def code_entries(config: CronConfig) -> tuple[list[EntrySpec], dict[str, str]]:
+    """The code entries of ``config``, and those that cannot be entries (name -> why)."""
     specs, errors = [], dict(config.errors)
     for entry in config.entries:
         try:
             specs.append(entry.spec())
         except DelayqError as exc:  # a name that cannot be an item id
             errors[entry.name] = str(exc)
-    return sync_code(
-        store, specs, kind=KIND, errors=errors, version=version, wait=wait, sweep_seconds=sweep_seconds,
-        version_setting="--schedule-version (DELAYQ_SCHEDULE_VERSION) of `delayq rq-cron sync` or `delayq forward`",
-    )  # fmt: skip
+    return specs, errors
 
 
 def load_config(path: str, *, search_path: Sequence[str] = (".",)) -> CronConfig:

@@ -164,3 +164,52 @@ def test_delayq_list_shows_what_rq_jobs_run_without_unpickling_them(
     table = CliRunner().invoke(main, ["list"], env=env).output
     assert "tests.test_rq.jobs.record('x', times=2)" in table and "nightly report" in table
     assert not (tmp_path / "data").exists(), "unpickled by delayq list"
+
+
+def periodic_import(url: str, prefix: str, *args: str, code: int = 0) -> str:
+    command = ["periodic", "import", *args, "--url", url, "--prefix", prefix, "--shards", str(SHARDS)]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def test_periodic_import_from_rq_scheduler_is_rq_migrate(own_db: str, prefix: str) -> None:
+    """`delayq periodic import --from rq-scheduler` moves what `rq-migrate` moves: a dry run
+    nothing, then the repeating job once, then nothing again."""
+    conn = redis.Redis.from_url(own_db)
+    later = datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(hours=1)
+    repeating = rq_scheduler.Scheduler("imp-s", connection=conn).schedule(later, RECORD, interval=60, repeat=3)
+    source = ["--from", "rq-scheduler", "--rq-redis", own_db]
+    dry = periodic_import(own_db, prefix, *source, "--dry-run")
+    assert f"{RQ_SCHEDULER_KEY}: would move 1" in dry and conn.zcard(RQ_SCHEDULER_KEY) == 1
+    store = DelayStore(conn, Config(prefix=prefix, shards=SHARDS))
+    assert store.get(repeating.id) is None
+    assert "moved 1 job(s)" in periodic_import(own_db, prefix, *source)
+    assert Envelope.decode(store.get(repeating.id).envelope).meta["schedule"] == {"interval": 60, "repeat": 3}  # type: ignore[union-attr]
+    assert "moved 0 job(s)" in periodic_import(own_db, prefix, *source)
+    conn.close()
+
+
+def test_periodic_import_from_rq_cron_syncs_the_config_and_its_dry_run_writes_nothing(
+    own_db: str, prefix: str, tmp_path: Path
+) -> None:
+    """`--from rq-cron --config CONFIG` is `delayq rq-cron sync CONFIG`, its diff printed first by
+    `--dry-run`; a second run changes nothing, and an entry the config dropped is listed as removed."""
+    config = tmp_path / "imp_cron.py"
+    head = "from rq import cron\nfrom tests.test_rq.jobs import record\n"
+    both = (
+        "cron.register(record, 'imp', interval=60, name='a')\ncron.register(record, 'imp', cron='0 9 * * *', name='b')"
+    )
+    config.write_text(f"{head}{both}\n")
+    source = ["--from", "rq-cron", "--config", str(config)]
+    conn = redis.Redis.from_url(own_db)
+    dry = periodic_import(own_db, prefix, *source, "--dry-run")
+    assert "added: a\nadded: b\n" in dry and "dry run, nothing written" in dry
+    assert not list(conn.scan_iter(f"{prefix}:*periodic*"))
+    assert "2 added" in periodic_import(own_db, prefix, *source)
+    assert "0 added, 0 changed, 2 unchanged" in periodic_import(own_db, prefix, *source)
+    config.write_text(head + "cron.register(record, 'imp', interval=30, name='a')\n")
+    dry = periodic_import(own_db, prefix, *source, "--dry-run")
+    assert "changed: a\nremoved: b\n" in dry, dry
+    assert "changed: a\nremoved: b\n" in periodic_import(own_db, prefix, *source)
+    conn.close()
