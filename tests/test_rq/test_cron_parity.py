@@ -93,7 +93,7 @@ def _ours(entry: CronEntry) -> dict[str, Any]:
 def test_a_config_yields_the_jobs_rqs_own_loader_yields(tmp_path: Path, config: str) -> None:
     path = tmp_path / f"{config}.py"
     path.write_text(HEAD + textwrap.dedent(CONFIGS[config]))
-    rq_itself = CronScheduler(connection=redis.Redis(), logging_level=logging.CRITICAL)  # never connects
+    rq_itself = CronScheduler(connection=redis.Redis(host="never-connects.invalid"), logging_level=logging.CRITICAL)
     rq_itself.load_config_from_file(str(path))
     loaded = load_config(str(path))
     assert [_ours(e) for e in loaded.entries] == [_rq_job(j) for j in rq_itself.get_jobs()]
