@@ -367,10 +367,12 @@ class ReleaseStep:
         (its items may carry it) gets one: its admission tells the limit for the next pass."""
         few: dict[str, int] = {}
         left: dict[str, int] = {}
+        # a limit the store recorded from the items (slot_take.lua) is known to every forwarder
+        known = {g for g, r in rooms.items() if g in self.hook.limits or (isinstance(r, GroupRoom) and r.limit)}
         for g, r in rooms.items():
             if not isinstance(r, GroupRoom):
                 continue
-            free = r.free if g in self.hook.limits else (1 if r.free is None else min(1, r.free))
+            free = r.free if g in known else (1 if r.free is None else min(1, r.free))
             if free is not None:
                 (few if free <= MAX_HEADS else left)[g] = free
         wanted = {g: [s for s, (found, _) in looked.items() if g in found] for g, free in few.items() if free}
@@ -380,7 +382,7 @@ class ReleaseStep:
             for _, shard in sorted(found)[: few[g]]:
                 shares[g][shard] = shares[g].get(shard, 0) + 1
         #: the groups whose free slots the due heads take up: held until a look or a wake
-        self._bound = {g for g in few if g in self.hook.limits and sum(shares[g].values()) >= few[g]}
+        self._bound = {g for g in few if g in known and sum(shares[g].values()) >= few[g]}
         return shares, left
 
     def _allowance(
