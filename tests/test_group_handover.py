@@ -3,7 +3,6 @@ across forwarders however often the group is woken."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -26,7 +25,9 @@ def two(valkey_url: str, prefix: str) -> Iterator[tuple[Running, Running]]:
 
 
 @pytest.mark.parametrize("keyed", [0, 3])
-def test_a_carried_limit_holds_across_two_forwarders_however_often_woken(two: tuple[Running, Running], keyed: int) -> None:
+def test_a_carried_limit_holds_across_two_forwarders_however_often_woken(
+    two: tuple[Running, Running], keyed: int
+) -> None:
     """40 items of group g, each carrying limit 2 but ``keyed`` after the first (named by key
     alone: a producer that left the limit out), no runtime policy, two forwarders, the group woken
     2,000 times and no task ending: at most 2 are ever published (before, each key-only item was

@@ -16,9 +16,12 @@ Waiting costs nothing: a grouped item waits parked in its shard's line of its gr
   call per group, one round trip): a refusal (another forwarder took the room first) puts the
   item back in its line (``group_park.lua``), never back in the due index.
 
-A worker's end report names its group on the groups' wake channel; a forwarder that hears it
-makes that group's lines due now in every shard (at most :data:`WAKES_PER_PASS` groups a pass),
-so a slot given back is taken within a pass. A group at its limit is looked at again every
+A worker's end report (and a forwarder's give-back, from its script) names its group on the
+groups' wake channel; a forwarder that hears it hands the group's free slots straight to the
+earliest heads of its lines (:meth:`ReleaseStep.apply_wakes`, at most :data:`WAKES_PER_PASS`
+groups a pass: its room, its heads, their release into the due index, three round trips and one
+script call per shard holding a head), so a slot given back is taken by the next claim, with no
+look at the group's lines in every shard. A group at its limit is looked at again every
 :data:`.slots.RECHECK_MS` anyway: a slot freed with no end report (a hold that lapsed, a
 forwarder killed after its release) idles at most that long.
 """
@@ -313,12 +316,20 @@ class ReleaseStep:
             self._woken.add(group.decode("utf-8", "replace"))
 
     def apply_wakes(self) -> None:
-        """Make the woken groups' lines due now in every shard (one round trip)."""
+        """Hand the woken groups' free slots to their lines' heads (:meth:`~delayq_backends.store.
+        glines.GroupLines.hand_over`: three round trips), held as a bound group is."""
         if not self._woken:
             return
         woken = sorted(self._woken)[:WAKES_PER_PASS]
         self._woken.difference_update(woken)
-        self.store.wake_groups(woken, now=self.clock.now_ms())
+        now = self.clock.now_ms()
+        rooms = self.store.hand_over(
+            woken, now=now, held_until=now + slots.RECHECK_MS, limits=self.hook.limits,
+            hold_ms=self.hook.start_window_ms,
+        )  # fmt: skip
+        for g, room in rooms.items():
+            if isinstance(room, GroupRoom):
+                _report_reset(g, room)
 
     def release(self, due: Sequence[int]) -> list[int]:
         """Release line heads in the shards of ``due`` whose lines may release now; the shards of
