@@ -16,9 +16,12 @@ Waiting costs nothing: a grouped item waits parked in its shard's line of its gr
   call per group, one round trip): a refusal (another forwarder took the room first) puts the
   item back in its line (``group_park.lua``), never back in the due index.
 
-A worker's end report names its group on the groups' wake channel; a forwarder that hears it
-makes that group's lines due now in every shard (at most :data:`WAKES_PER_PASS` groups a pass),
-so a slot given back is taken within a pass. A group at its limit is looked at again every
+A worker's end report (and a forwarder's give-back, from its script) names its group on the
+groups' wake channel; a forwarder that hears it hands the group's free slots straight to the
+earliest heads of its lines (:meth:`ReleaseStep.apply_wakes`, at most :data:`WAKES_PER_PASS`
+groups a pass: its room, its heads, their release into the due index, three round trips and one
+script call per shard holding a head), so a slot given back is taken by the next claim, with no
+look at the group's lines in every shard. A group at its limit is looked at again every
 :data:`.slots.RECHECK_MS` anyway: a slot freed with no end report (a hold that lapsed, a
 forwarder killed after its release) idles at most that long.
 """
@@ -338,12 +341,20 @@ class ReleaseStep:
             self._woken.add(group.decode("utf-8", "replace"))
 
     def apply_wakes(self) -> None:
-        """Make the woken groups' lines due now in every shard (one round trip)."""
+        """Hand the woken groups' free slots to their lines' heads (:meth:`~delayq_backends.store.
+        glines.GroupLines.hand_over`: three round trips), held as a bound group is."""
         if not self._woken:
             return
         woken = sorted(self._woken)[:WAKES_PER_PASS]
         self._woken.difference_update(woken)
-        self.store.wake_groups(woken, now=self.clock.now_ms())
+        now = self.clock.now_ms()
+        rooms = self.store.hand_over(
+            woken, now=now, held_until=now + slots.RECHECK_MS, limits=self.hook.limits,
+            hold_ms=self.hook.start_window_ms,
+        )  # fmt: skip
+        for g, room in rooms.items():
+            if isinstance(room, GroupRoom):
+                _report_reset(g, room)
 
     def release(self, due: Sequence[int]) -> list[int]:
         """Release line heads where lines may release now; the shards to claim: those of ``due``
@@ -441,10 +452,12 @@ class ReleaseStep:
         (its items may carry it) gets one: its admission tells the limit for the next pass."""
         few: dict[str, int] = {}
         left: dict[str, int] = {}
+        # a limit the store recorded from the items (slot_take.lua) is known to every forwarder
+        known = {g for g, r in rooms.items() if g in self.hook.limits or (isinstance(r, GroupRoom) and r.limit)}
         for g, r in rooms.items():
             if not isinstance(r, GroupRoom):
                 continue
-            free = r.free if g in self.hook.limits else (1 if r.free is None else min(1, r.free))
+            free = r.free if g in known else (1 if r.free is None else min(1, r.free))
             if free is not None:
                 (few if free <= MAX_HEADS else left)[g] = free
         wanted = {g: [s for s, (found, _) in looked.items() if g in found] for g, free in few.items() if free}
@@ -454,7 +467,7 @@ class ReleaseStep:
             for _, shard in sorted(found)[: few[g]]:
                 shares[g][shard] = shares[g].get(shard, 0) + 1
         #: the groups whose free slots the due heads take up: held until a look or a wake
-        self._bound = {g for g in few if g in self.hook.limits and sum(shares[g].values()) >= few[g]}
+        self._bound = {g for g in few if g in known and sum(shares[g].values()) >= few[g]}
         return shares, left
 
     def _allowance(
