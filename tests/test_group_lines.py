@@ -177,6 +177,33 @@ def test_weights_3_to_1_share_the_releases_within_5_percent(valkey_url: str, pre
     assert sorted(target.ids) == sorted({*target.ids}) and len(target.ids) == 8_000  # each once, all
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["one stage", "overlapped"])
+def test_an_item_due_during_another_groups_sweep_goes_within_a_pass_or_two(
+    valkey_url: str, prefix: str, overlap: bool
+) -> None:
+    """A group's backlog of 3,000 due items waits in one shard; an item of another group comes
+    due in another shard in the middle of the sweep (once 500 went): it goes within the next
+    pass or two (the claim made ahead), not after the backlog. Every pass looks at every shard's
+    lines; before, a sweep went on with the full shard alone."""
+    store = make_store(valkey_url, prefix, shards=4)
+    flood = [i for i in (f"flood-{n}" for n in range(30_000)) if store.shard_of(i) == 0][:3_000]
+    quiet = next(i for i in (f"quiet-{n}" for n in range(100)) if store.shard_of(i) == 1)
+    store.schedule_many([(i, past(), envelope(i, "flood")) for i in flood])
+
+    class Arriving(CollectingTarget):
+        def publish_many(self, deliveries: list[Delivery]) -> PublishReport:  # type: ignore[override]
+            if len(self.ids) < 500 <= len(self.ids) + len(deliveries):
+                store.schedule(quiet, past(), envelope(quiet, "quiet"))
+            return super().publish_many(deliveries)
+
+    target = Arriving("list")
+    forwarder = Forwarder(store, [target], batch=100, overlap=overlap)
+    while len(target.ids) < len(flood) + 1:  # sweeps: the backlog's shard comes back full every pass
+        assert forwarder.run_once() > 0
+    assert sorted(target.ids) == sorted([*flood, quiet])
+    assert target.ids.index(quiet) <= 500 + 3 * 100, f"{target.ids.index(quiet)} of the backlog went first"
+
+
 def test_a_forwarder_killed_holding_a_groups_head_costs_it_at_most_a_second(valkey_url: str, prefix: str) -> None:
     """A forwarder process releases the head of a limit-1 group's line and claims it, then is
     SIGKILLed before it admits it: the group's next item goes within a second (its line is not
