@@ -246,7 +246,9 @@ class GroupHook(PassHook):
         group named by key alone) does not undo a limit its others carry, and the group counts
         as unlimited only after :data:`PROBES` admissions saw none: until then the release step
         lets one item at a time through, so a limit carried by the next items still holds their
-        order."""
+        order. This is only the release step's guess for a group no admission has met: once an
+        item carrying a limit is admitted, ``slot_take.lua`` records it in the group's policy
+        hash, and every forwarder's admissions and rooms apply it from there."""
         if len(self.limits) + len(self._unlimited) > GROUPS_KEPT:
             self.limits.clear()
             self._unlimited.clear()
