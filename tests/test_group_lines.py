@@ -204,6 +204,26 @@ def test_an_item_due_during_another_groups_sweep_goes_within_a_pass_or_two(
     assert target.ids.index(quiet) <= 500 + 3 * 100, f"{target.ids.index(quiet)} of the backlog went first"
 
 
+def test_a_pass_releases_its_budget_by_weight_and_every_due_group_goes_in_it(valkey_url: str, prefix: str) -> None:
+    """A pass releases about :data:`PASS_MS` of the forwarder's measured rate over all shards,
+    shared by the due groups' weights: two backlogs make it no longer, and a group with one item
+    due goes in the same pass (before, each shard released a full batch of each backlog)."""
+    store = make_store(valkey_url, prefix, shards=4)
+    for group, weight, n in (("heavy", 3, 2_000), ("light", 1, 2_000), ("quiet", 1, 1)):
+        store.client.hset(layout.group_policy_key(store.config.prefix, group), "weight", weight)
+        store.schedule_many([(f"{group}-{i}", past(), envelope(f"{group}-{i}", group)) for i in range(n)])
+    forwarder = Forwarder(store, [CollectingTarget("list")], batch=100)
+    step = forwarder.lines
+    step.hook.limits.update(heavy=0, light=0, quiet=0)  # as its admissions told: no limit
+    step._rate = 10_000.0  # items/s, as measured: a pass of 20 ms is 200 items
+    step.release([s for s, head in enumerate(forwarder.loop.heads()) if head is not None])  # reads the lines' times
+    released = [
+        i.decode() for s in range(4) for i in store.client.zrangebyscore(store.keys(s).due, "-inf", f"({PARKED_MS}")
+    ]
+    count = {g: sum(1 for i in released if i.startswith(f"{g}-")) for g in ("heavy", "light", "quiet")}
+    assert count == {"heavy": 120, "light": 40, "quiet": 1}, count  # 200 by weight 3:1:1, the quiet one's 1
+
+
 def test_a_forwarder_killed_holding_a_groups_head_costs_it_at_most_a_second(valkey_url: str, prefix: str) -> None:
     """A forwarder process releases the head of a limit-1 group's line and claims it, then is
     SIGKILLed before it admits it: the group's next item goes within a second (its line is not
