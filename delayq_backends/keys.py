@@ -291,7 +291,9 @@ def group_policy_key(prefix: str, key: str) -> str:
     ``throttled_until`` (ms) and ``throttled_by``; a field absent: the item's value, else the
     pattern's (``GroupPolicies``), else none. In the group's own tag (a group is a slot key):
     ``slot_take.lua`` reads it beside the holds, the release step its ``weight``.
-    :func:`slot_limit_key` is the older alias of ``limit``, read when the hash has none."""
+    :func:`slot_limit_key` is the older alias of ``limit``, read when the hash has none.
+    ``carried`` (``<limit>:<ms>``, written by ``slot_take.lua``): the limit the group's items
+    last carried, applied by every forwarder under the runtime limit, for a day after."""
     return _slot(prefix, key, "policy")
 
 

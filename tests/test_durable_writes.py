@@ -208,7 +208,8 @@ INTERNAL = {
     "check_meta": "records the prefix's layout once: lost, the next writer records it again",
     "release_lines": "a forwarder's release of group line heads: lost, they are in their line and released again",
     "to_lines": "lost: the item waits for its lease to end, then is claimed and put in its line again",
-    "wake_groups": "a hint: lost, the group's line is looked at within a second anyway",
+    "hand_over": "a forwarder's release of group line heads for slots given back: lost, they are in their "
+    "line, looked at within a second",
     "bring_lines_near": "a forwarder's repair of a hand write: lost, the next re-check repeats it",
     "group_rooms": "a forwarder's look at its groups' slot keys (take_slots' fold): lost, the next look repeats it",
 }

@@ -177,6 +177,53 @@ def test_weights_3_to_1_share_the_releases_within_5_percent(valkey_url: str, pre
     assert sorted(target.ids) == sorted({*target.ids}) and len(target.ids) == 8_000  # each once, all
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["one stage", "overlapped"])
+def test_an_item_due_during_another_groups_sweep_goes_within_a_pass_or_two(
+    valkey_url: str, prefix: str, overlap: bool
+) -> None:
+    """A group's backlog of 3,000 due items waits in one shard; an item of another group comes
+    due in another shard in the middle of the sweep (once 500 went): it goes within the next
+    pass or two (the claim made ahead), not after the backlog. Every pass looks at every shard's
+    lines; before, a sweep went on with the full shard alone."""
+    store = make_store(valkey_url, prefix, shards=4)
+    flood = [i for i in (f"flood-{n}" for n in range(30_000)) if store.shard_of(i) == 0][:3_000]
+    quiet = next(i for i in (f"quiet-{n}" for n in range(100)) if store.shard_of(i) == 1)
+    store.schedule_many([(i, past(), envelope(i, "flood")) for i in flood])
+
+    class Arriving(CollectingTarget):
+        def publish_many(self, deliveries: list[Delivery]) -> PublishReport:  # type: ignore[override]
+            if len(self.ids) < 500 <= len(self.ids) + len(deliveries):
+                store.schedule(quiet, past(), envelope(quiet, "quiet"))
+            return super().publish_many(deliveries)
+
+    target = Arriving("list")
+    forwarder = Forwarder(store, [target], batch=100, overlap=overlap)
+    while len(target.ids) < len(flood) + 1:  # sweeps: the backlog's shard comes back full every pass
+        assert forwarder.run_once() > 0
+    assert sorted(target.ids) == sorted([*flood, quiet])
+    assert target.ids.index(quiet) <= 500 + 3 * 100, f"{target.ids.index(quiet)} of the backlog went first"
+
+
+def test_a_pass_releases_its_budget_by_weight_and_every_due_group_goes_in_it(valkey_url: str, prefix: str) -> None:
+    """A pass releases about :data:`PASS_MS` of the forwarder's measured rate over all shards,
+    shared by the due groups' weights: two backlogs make it no longer, and a group with one item
+    due goes in the same pass (before, each shard released a full batch of each backlog)."""
+    store = make_store(valkey_url, prefix, shards=4)
+    for group, weight, n in (("heavy", 3, 2_000), ("light", 1, 2_000), ("quiet", 1, 1)):
+        store.client.hset(layout.group_policy_key(store.config.prefix, group), "weight", weight)
+        store.schedule_many([(f"{group}-{i}", past(), envelope(f"{group}-{i}", group)) for i in range(n)])
+    forwarder = Forwarder(store, [CollectingTarget("list")], batch=100)
+    step = forwarder.lines
+    step.hook.limits.update(heavy=0, light=0, quiet=0)  # as its admissions told: no limit
+    step._rate = 10_000.0  # items/s, as measured: a pass of 20 ms is 200 items
+    step.release([s for s, head in enumerate(forwarder.loop.heads()) if head is not None])  # reads the lines' times
+    released = [
+        i.decode() for s in range(4) for i in store.client.zrangebyscore(store.keys(s).due, "-inf", f"({PARKED_MS}")
+    ]
+    count = {g: sum(1 for i in released if i.startswith(f"{g}-")) for g in ("heavy", "light", "quiet")}
+    assert count == {"heavy": 120, "light": 40, "quiet": 1}, count  # 200 by weight 3:1:1, the quiet one's 1
+
+
 def test_a_forwarder_killed_holding_a_groups_head_costs_it_at_most_a_second(valkey_url: str, prefix: str) -> None:
     """A forwarder process releases the head of a limit-1 group's line and claims it, then is
     SIGKILLed before it admits it: the group's next item goes within a second (its line is not

@@ -60,6 +60,10 @@ GARBAGE: dict[str, Callable[[redis.Redis, str, str], object]] = {
         c.hset(layout.group_policy_key(p, k), "rate", "1000/s"),
         c.hset(layout.group_bucket_key(p, k), mapping={"tokens": "0", "at": "99999999999999"}),
     ),
+    "a carried limit of 0": lambda c, p, k: c.hset(layout.group_policy_key(p, k), "carried", "0:1"),
+    "a carried limit seen in the future": lambda c, p, k: c.hset(
+        layout.group_policy_key(p, k), "carried", "1:99999999999999"
+    ),
 }
 SAID = {
     "policy of another type": ":policy type=string",
@@ -74,6 +78,8 @@ SAID = {
     "bucket of another type": ":bucket type=list",
     "bucket in deep debt": "bucket tokens=-1e300",
     "bucket refilled in the future": "bucket tokens=0 at=99999999999999",
+    "a carried limit of 0": "policy carried=0:1",
+    "a carried limit seen in the future": "policy carried=1:99999999999999",
 }
 
 
@@ -98,7 +104,9 @@ def test_garbage_in_policy_and_bucket_is_dropped_and_reported(
     assert sorted(running.of("a")) == a
     assert any("slot 'a': " in r.message and SAID[garbage] in r.message for r in caplog.records)
     policy = store.client.hgetall(layout.group_policy_key(prefix, "a"))
-    assert set(policy) <= {b"rate"}, f"garbage fields are dropped: {policy}"
+    # the items' limit, recorded by their first admission (slot_take.lua), is no garbage
+    assert set(policy) <= {b"rate", b"carried"}, f"garbage fields are dropped: {policy}"
+    assert policy.get(b"carried", b"2:").startswith(b"2:")
 
 
 def test_a_garbage_policy_reads_as_unset_and_does_not_raise(valkey_url: str, prefix: str) -> None:

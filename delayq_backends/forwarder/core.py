@@ -117,7 +117,7 @@ class Forwarder:
         tracer = ForwardTracer.start(self.targets, tracer_provider)
         publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5), tracer=tracer)
         stages = (Preparer(ctx), publisher, Settler(ctx))
-        self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages, self.lines.release)
+        self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages, self.lines)
         self.sweeper = Sweeper(self.pass_, self._stop, settings.overlap)
         backoffs = (self.shards, self.outages)
         self.recheck = ParkedRecheck(ctx)

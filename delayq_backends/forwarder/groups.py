@@ -16,9 +16,12 @@ Waiting costs nothing: a grouped item waits parked in its shard's line of its gr
   call per group, one round trip): a refusal (another forwarder took the room first) puts the
   item back in its line (``group_park.lua``), never back in the due index.
 
-A worker's end report names its group on the groups' wake channel; a forwarder that hears it
-makes that group's lines due now in every shard (at most :data:`WAKES_PER_PASS` groups a pass),
-so a slot given back is taken within a pass. A group at its limit is looked at again every
+A worker's end report (and a forwarder's give-back, from its script) names its group on the
+groups' wake channel; a forwarder that hears it hands the group's free slots straight to the
+earliest heads of its lines (:meth:`ReleaseStep.apply_wakes`, at most :data:`WAKES_PER_PASS`
+groups a pass: its room, its heads, their release into the due index, three round trips and one
+script call per shard holding a head), so a slot given back is taken by the next claim, with no
+look at the group's lines in every shard. A group at its limit is looked at again every
 :data:`.slots.RECHECK_MS` anyway: a slot freed with no end report (a hold that lapsed, a
 forwarder killed after its release) idles at most that long.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -43,7 +47,17 @@ from .hooks import PassHook
 from .records import Published, Verdict
 from .stats import ForwarderStats
 
-__all__ = ["GROUPS_KEPT", "MAX_HEADS", "PROBES", "WAKES_PER_PASS", "WEIGHT_TTL_MS", "GroupHook", "ReleaseStep"]
+__all__ = [
+    "GROUP_FLOOR",
+    "GROUPS_KEPT",
+    "MAX_HEADS",
+    "PASS_MS",
+    "PROBES",
+    "WAKES_PER_PASS",
+    "WEIGHT_TTL_MS",
+    "GroupHook",
+    "ReleaseStep",
+]
 
 log = logging.getLogger("delayq.forwarder")
 
@@ -59,6 +73,14 @@ GROUPS_KEPT = 100_000
 PROBES = 3
 #: Line heads read per group at a limit to share its free slots across the shards, at most.
 MAX_HEADS = 100
+#: How long a pass should take while groups' backlogs are due (ms): a pass releases about what
+#: this forwarder publishes in that time, so an item of another group that comes due waits a
+#: pass this short, not a pass of a full batch per shard.
+PASS_MS = 20
+#: Fewest items a due group may release in a pass, whatever its share of the pass's budget.
+GROUP_FLOOR = 25
+#: A gap between passes (s) after which the release rate is measured again.
+RATE_GAP_S = 0.5
 _NOTHING = Verdict()
 
 
@@ -224,7 +246,9 @@ class GroupHook(PassHook):
         group named by key alone) does not undo a limit its others carry, and the group counts
         as unlimited only after :data:`PROBES` admissions saw none: until then the release step
         lets one item at a time through, so a limit carried by the next items still holds their
-        order."""
+        order. This is only the release step's guess for a group no admission has met: once an
+        item carrying a limit is admitted, ``slot_take.lua`` records it in the group's policy
+        hash, and every forwarder's admissions and rooms apply it from there."""
         if len(self.limits) + len(self._unlimited) > GROUPS_KEPT:
             self.limits.clear()
             self._unlimited.clear()
@@ -301,6 +325,12 @@ class ReleaseStep:
         self._bound: set[str] = set()
         #: group -> (weight, when read)
         self._weight_read: dict[str, tuple[float, int]] = {}
+        #: the shard that goes first at the pass's caps (turns)
+        self._turn = 0
+        #: items/s this forwarder released lately (None: not measured yet), and the last pass's
+        #: (perf_counter time, items released)
+        self._rate: float | None = None
+        self._last: tuple[float, int] | None = None
 
     def saw(self, lines: Sequence[int | None]) -> None:
         """The lines' heads per shard (``gready``'s earliest), as the loop's heads read them."""
@@ -313,24 +343,38 @@ class ReleaseStep:
             self._woken.add(group.decode("utf-8", "replace"))
 
     def apply_wakes(self) -> None:
-        """Make the woken groups' lines due now in every shard (one round trip)."""
+        """Hand the woken groups' free slots to their lines' heads (:meth:`~delayq_backends.store.
+        glines.GroupLines.hand_over`: three round trips), held as a bound group is."""
         if not self._woken:
             return
         woken = sorted(self._woken)[:WAKES_PER_PASS]
         self._woken.difference_update(woken)
-        self.store.wake_groups(woken, now=self.clock.now_ms())
+        now = self.clock.now_ms()
+        rooms = self.store.hand_over(
+            woken, now=now, held_until=now + slots.RECHECK_MS, limits=self.hook.limits,
+            hold_ms=self.hook.start_window_ms,
+        )  # fmt: skip
+        for g, room in rooms.items():
+            if isinstance(room, GroupRoom):
+                _report_reset(g, room)
 
     def release(self, due: Sequence[int]) -> list[int]:
-        """Release line heads in the shards of ``due`` whose lines may release now; the shards of
-        ``due`` to claim: not those whose lines released nothing and whose due index holds no
-        item due (a look at a full group's lines costs no claim)."""
-        shards = [s for s in due if s in self.due_lines]
+        """Release line heads where lines may release now; the shards to claim: those of ``due``
+        whose lines released something or whose due index holds an item due (a look at a full
+        group's lines costs no claim), and the others whose lines released something.
+
+        Once this forwarder has met a grouped item, every pass looks at every shard's lines (one
+        round trip): a quiet group's item that came due during a sweep of another group's
+        backlog, in a shard no claim was going to, is released by the next pass, not after the
+        sweep. A pass releases at most :meth:`_pass_budget` items, shared by the groups due by
+        weight (at least one each): however large a group's backlog, the next pass comes soon."""
+        shards = list(range(self.store.shards)) if self.hook.admits else [s for s in due if s in self.due_lines]
         if not shards:
             return list(due)
         now = self.clock.now_ms()
         looked = self.store.due_groups(shards, now=now)
+        self.due_lines.difference_update(s for s in shards if s not in looked)
         if not looked:
-            self.due_lines.difference_update(shards)
             return list(due)
         groups = {g for found, _ in looked.values() for g in found}
         rooms = self.store.group_rooms(groups, limits=self.hook.limits, hold_ms=self.hook.start_window_ms)
@@ -339,13 +383,56 @@ class ReleaseStep:
                 _report_reset(g, room)
         quota = self._room_shares(looked, rooms, now)
         weights = self._weights(groups, now)
+        caps = self._caps(weights, any(others for _, others in looked.values()), len(looked))
         plan: dict[int, list[tuple[str, int, int]]] = {}
-        for shard, (found, others_due) in looked.items():
+        waits: set[int] = set()  # shards whose lines keep due items this pass gave no allowance
+        order = sorted(looked)
+        self._turn = (self._turn + 1) % len(order)
+        for shard in order[self._turn :] + order[: self._turn]:  # the shards take turns at the caps
+            found, others_due = looked[shard]
+            if not found:  # its gready holds another type: the call drops it
+                plan[shard] = []
             total = sum(weights[g] for g in found) + (1.0 if others_due else 0.0)
-            plan[shard] = [self._allowance(shard, g, self.batch * weights[g] / total, rooms[g], quota, now)
-                           for g in found]  # fmt: skip
-        idle = self._apply(plan, self.store.release_lines(plan), now)
-        return [s for s in due if s not in idle or looked[s][1]]
+            for g in found:
+                share = self.batch * weights[g] / total
+                group, allowance, held = self._allowance(shard, g, share, rooms[g], quota, now)
+                capped = min(allowance, caps[g])
+                caps[g] -= capped
+                if allowance and not capped and not held:  # its turn comes at a next pass
+                    waits.add(shard)
+                else:
+                    plan.setdefault(shard, []).append((group, capped, held))
+        released = self._apply(plan, self.store.release_lines(plan), now) if plan else {}
+        self.due_lines.update(waits)
+        self._count(sum(released.values()))
+        return sorted({s for s in due if s not in looked or looked[s][1]} | {s for s, n in released.items() if n})
+
+    def _caps(self, weights: Mapping[str, float], others_due: bool, shards: int) -> dict[str, int]:
+        """Each due group's most releases this pass, over all shards: the pass's budget shared by
+        weight (the items of no group one more group of weight 1), at least :data:`GROUP_FLOOR`
+        each (a group's look costs a pass a few calls whatever it releases: many groups due make
+        a pass longer, not each group's share tiny)."""
+        total = sum(weights.values()) + (1.0 if others_due else 0.0)
+        budget = self._pass_budget(shards)
+        floor = min(GROUP_FLOOR, self.batch)
+        return {g: max(floor, int(budget * w / total)) for g, w in weights.items()}
+
+    def _pass_budget(self, shards: int) -> int:
+        """Most items a pass releases: what this forwarder published in :data:`PASS_MS` lately
+        (at least a batch; a full batch per shard until it has published a while)."""
+        most = self.batch * max(shards, 1)
+        if self._rate is None:
+            return most
+        return max(self.batch, min(most, int(self._rate * PASS_MS / 1000)))
+
+    def _count(self, released: int) -> None:
+        """Note a pass's releases: the rate between passes while lines keep releasing (a pause
+        over :data:`RATE_GAP_S` starts the measure again)."""
+        at = time.perf_counter()
+        if self._last is not None and released and at - self._last[0] < RATE_GAP_S and self._last[1]:
+            seen = self._last[1] / max(at - self._last[0], 1e-4)
+            self._rate = seen if self._rate is None else 0.7 * self._rate + 0.3 * seen
+        self._last = (at, released)
 
     def _weights(self, groups: set[str], now: int) -> dict[str, float]:
         """The groups' weights, read again at most every :data:`WEIGHT_TTL_MS` (a changed weight
@@ -367,10 +454,12 @@ class ReleaseStep:
         (its items may carry it) gets one: its admission tells the limit for the next pass."""
         few: dict[str, int] = {}
         left: dict[str, int] = {}
+        # a limit the store recorded from the items (slot_take.lua) is known to every forwarder
+        known = {g for g, r in rooms.items() if g in self.hook.limits or (isinstance(r, GroupRoom) and r.limit)}
         for g, r in rooms.items():
             if not isinstance(r, GroupRoom):
                 continue
-            free = r.free if g in self.hook.limits else (1 if r.free is None else min(1, r.free))
+            free = r.free if g in known else (1 if r.free is None else min(1, r.free))
             if free is not None:
                 (few if free <= MAX_HEADS else left)[g] = free
         wanted = {g: [s for s, (found, _) in looked.items() if g in found] for g, free in few.items() if free}
@@ -380,7 +469,7 @@ class ReleaseStep:
             for _, shard in sorted(found)[: few[g]]:
                 shares[g][shard] = shares[g].get(shard, 0) + 1
         #: the groups whose free slots the due heads take up: held until a look or a wake
-        self._bound = {g for g in few if g in self.hook.limits and sum(shares[g].values()) >= few[g]}
+        self._bound = {g for g in few if g in known and sum(shares[g].values()) >= few[g]}
         return shares, left
 
     def _allowance(
@@ -422,10 +511,10 @@ class ReleaseStep:
         plan: Mapping[int, Sequence[tuple[str, int, int]]],
         results: Mapping[int, tuple[list[LineRelease], str] | Exception],
         now: int,
-    ) -> set[int]:
+    ) -> dict[int, int]:
         """Carry the deficits, count what waits for room, and keep the shards whose lines may
-        release again at once; the shards whose lines released nothing."""
-        idle: set[int] = set()
+        release again at once; the items each shard's lines released."""
+        released: dict[int, int] = {}
         for shard, reply in results.items():
             if isinstance(reply, Exception):
                 log.error("shard %d: cannot release its group lines (%s); they wait for the next pass", shard, reply)
@@ -448,12 +537,12 @@ class ReleaseStep:
                     self.deficits[key] = min(max(left, 0.0), 1.0)
                     if held:
                         self.stats.deferred += done.waiting
-                again = again or (done.next_ms is not None and done.next_ms <= now)
+                # due items left and not held (the script's clock may be a ms past ``now``)
+                again = again or (done.next_ms is not None and done.next_ms <= now) or (done.waiting > 0 and not held)
             if not again:
                 self.due_lines.discard(shard)
-            if not any(done.released for done in result):
-                idle.add(shard)
-        return idle
+            released[shard] = sum(done.released for done in result)
+        return released
 
 
 def _in_order(by_key: Mapping[str, _Asking]) -> list[Delivery]:

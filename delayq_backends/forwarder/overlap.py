@@ -51,8 +51,8 @@ class Sweeper:
         claimed = 0
         current: Claimed | None = self.pass_.claim(due)
         while current is not None:
-            full = current.full()
-            ahead = self._claimer.submit(self.pass_.claim, full) if full and not self.stop.is_set() else None
+            more = current.more()
+            ahead = self._claimer.submit(self.pass_.claim, more) if more and not self.stop.is_set() else None
             try:
                 got, _ = self.pass_.deliver(current)
             except BaseException:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -18,7 +18,7 @@ from .records import Prepared, Published
 from .settle import Settler
 
 if TYPE_CHECKING:
-    pass
+    from .groups import ReleaseStep
 
 __all__ = ["Claimed", "Pass"]
 
@@ -32,10 +32,20 @@ class Claimed:
     held: list[HeldLease]
     #: how many items a full claim holds: a shard whose claim came back full may have more due
     batch: int
+    #: the shards whose group lines may release more now (the release step's)
+    lines: frozenset[int] = frozenset()
 
     def full(self) -> list[int]:
         """The shards whose claim came back full."""
         return [shard for shard, c in self.claims if isinstance(c, Claim) and len(c.items) == self.batch]
+
+    def more(self) -> list[int]:
+        """The shards worth a next claim at once: those whose claim came back full, and, when
+        this one claimed something, those whose group lines may release more (a pass releases
+        a capped share of a backlog: the next pass takes the next share, and looks at the other
+        groups' lines again first)."""
+        claimed = any(isinstance(c, Claim) and c.items for _, c in self.claims)
+        return sorted({*self.full(), *(self.lines if claimed else ())})
 
 
 class Pass:
@@ -57,7 +67,7 @@ class Pass:
         stages: tuple[Preparer, Publisher, Settler],
         shards: ShardBackoff,
         outages: OutageBackoff,
-        release: Callable[[Sequence[int]], list[int]] | None = None,
+        release: ReleaseStep | None = None,
     ) -> None:
         self.ctx = ctx
         #: the release step (:class:`~.groups.ReleaseStep`): group line heads into the due index;
@@ -77,15 +87,17 @@ class Pass:
     def claim(self, due: Sequence[int]) -> Claimed:
         """Release the groups' line heads whose time came (:mod:`.groups`), then claim a batch
         of each shard of ``due`` in one round trip (an outage raises)."""
+        lines: frozenset[int] = frozenset()
         if self.release is not None:
-            due = self.release(due)
+            due = self.release.release(due)
+            lines = frozenset(self.release.due_lines)
         started = time.perf_counter()
         claims = self.store.claim_many(list(due), limit=self.batch, claimer=self.ctx.name) if due else []
         if self.ctx.metrics is not None:
             self.ctx.metrics.observe_claim(time.perf_counter() - started)
         held = self.heartbeat.hold()
         held += [HeldLease(self.store, c) for c in claims if isinstance(c, Claim) and c.items]
-        return Claimed(list(zip(due, claims)), held, self.batch)
+        return Claimed(list(zip(due, claims)), held, self.batch, lines)
 
     def deliver(self, claimed: Claimed) -> tuple[int, list[int]]:
         """Prepare, publish and settle ``claimed``: the items claimed and the shards still due."""
@@ -108,7 +120,8 @@ class Pass:
         for claim in done:
             self.shards.cleared(claim.shard)
         full = set(claimed.full())
-        return sum(len(c.items) for c in done), [c.shard for c in done if c.shard in full]
+        settled = {c.shard for c in done}
+        return sum(len(c.items) for c in done), [s for s in claimed.more() if s in settled or s not in full]
 
     def deliver_one(self, claim: Claim) -> None:
         """Publish one claim's items, then ack, fail or release each as its target reports;

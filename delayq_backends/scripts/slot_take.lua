@@ -8,9 +8,12 @@ Input:
   KEYS[4] limit    STRING: the key's limit set at runtime, else none
   KEYS[5] tokens   HASH member -> SHA-1 of the token minted with its hold (forwarders write it)
   KEYS[6] reports  HASH the workers' reports on their holds (see keys.slot_reports_key)
-  KEYS[7] policy   HASH the group's runtime policy (see keys.group_policy_key)
+  KEYS[7] policy   HASH the group's runtime policy (see keys.group_policy_key), and the limit its
+          items carry (field "carried", written here)
   KEYS[8] bucket   HASH the group's rate token bucket: tokens, at (ms of the last refill)
-  ARGV[1] the asking items' limit, used while KEYS[4] holds none ("0": unlimited)
+  ARGV[1] the asking items' limit, used while KEYS[4] holds none ("0": unlimited); recorded as the
+          policy's "carried" when items ask, and the recorded one used when they carry none
+          or none asks (a look: the forwarder's guess)
   ARGV[2] hold ms: how long a granted slot is held for its worker to start the item (the start
           window; only a start reported with the hold's token extends it)
   ARGV[3] wait ms: how long a waiting entry lasts unless its item asks again
@@ -73,6 +76,9 @@ local hold_ms, wait_ms, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARG
 local now = now_ms(ARGV[4])
 local MAX_AHEAD = 86400000
 local BUDGET = 1000  -- most garbage entries dropped per call: a hostile line costs a few calls
+local CARRIED_MS = 86400000  -- how long a carried limit holds after the last item that carried it
+local CARRIED_REFRESH_MS = 60000  -- how often a take writes the same carried limit again
+local CARRIED_SKEW_MS = 60000  -- a record this far ahead of the clock is garbage
 local reset = {}
 local join = ARGV[5] == 'join'
 local n = (#ARGV - 8) / 4
@@ -114,7 +120,31 @@ if ARGV[5] == 'leave' then
   end
   return reply(0, 0)
 end
-local limit = whole(ARGV[1]) or 0
+-- the limit the items carry, recorded in the policy hash (field "carried": "<limit>:<ms seen>")
+-- so that it holds for every forwarder whatever it learned, for an item of the group named by
+-- key alone, and in a look with no item asking (the release step's room); it lapses a day after
+-- the last item that carried it
+local asked = whole(ARGV[1]) or 0
+local recorded = rcall('HGET', policy_key, 'carried')
+local carried, seen
+if recorded then
+  local v, at = string.match(recorded, '^(%d+):(%d+)$')
+  v, at = whole(v), whole(at)
+  if v and v >= 1 and v <= 1000000 and at and at <= now + CARRIED_SKEW_MS then
+    if now - at < CARRIED_MS then carried, seen = v, at end
+  else
+    rcall('HDEL', policy_key, 'carried')
+    reset[#reset + 1] = 'policy carried=' .. string.sub(recorded, 1, 40)
+  end
+end
+local limit = asked
+if n > 0 and asked >= 1 and asked <= 1000000 then
+  if carried ~= asked or now - seen >= CARRIED_REFRESH_MS then
+    rcall('HSET', policy_key, 'carried', ms(asked) .. ':' .. ms(now))
+  end
+elseif carried then
+  limit = carried
+end
 local set = rcall('GET', KEYS[4])
 if set then
   local v = whole(set)

@@ -602,10 +602,14 @@ class SlotEnd:
     name = "slot_end"
 
     @classmethod
-    def call(cls, keys: tuple[str, str, str], members: Sequence[str]) -> ScriptCall[tuple[int, tuple[str, ...]]]:
-        """``keys``: the slot key's holds, tokens and waiting keys; the reply: how many were held
-        (-1: garbage holds) and the heads of the line to bring forward."""
-        return ScriptCall(cls.name, keys, tuple(members), lambda r: (int(r[0]), tuple(_text(m) for m in r[1])))
+    def call(
+        cls, keys: tuple[str, str, str], members: Sequence[str], *, wake: str, group: str
+    ) -> ScriptCall[tuple[int, tuple[str, ...]]]:
+        """``keys``: the slot key's holds, tokens and waiting keys; ``group`` is published on
+        channel ``wake`` when a hold ended. The reply: how many were held (-1: garbage holds) and
+        the heads of the line to bring forward."""
+        args = (wake, group, *members)
+        return ScriptCall(cls.name, keys, args, lambda r: (int(r[0]), tuple(_text(m) for m in r[1])))
 
 
 def _text(reply: Any) -> str:

@@ -23,8 +23,11 @@ from ..scripts.store import GroupPark, GroupRelease, LineItem
 from .base import Payload
 from .slots import WAIT_MS, SlotAsk, Slots
 
-__all__ = ["GROUPS_PER_LOOK", "LINE_RECHECK_MS", "GroupLines", "GroupRoom", "line_group", "line_order"]
+__all__ = ["GROUPS_PER_LOOK", "MAX_HAND_OVER", "LINE_RECHECK_MS", "GroupLines", "GroupRoom", "line_group", "line_order"]
 
+#: Most line heads one hand-over gives a group (:meth:`GroupLines.hand_over`); more free slots
+#: are the release step's (its budget shared across the shards).
+MAX_HAND_OVER = 100
 #: How long until a parked re-check looks at an item waiting in its line (a safety net: an item
 #: found in no line is released then). Long: a line's item is released by its group, not by this.
 LINE_RECHECK_MS = 300_000
@@ -177,15 +180,49 @@ class GroupLines(Slots):
             return 0, 0
         return self._run(lambda k: GroupPark.call(k, claim.lease, items, recheck_at=recheck_at), claim.shard)
 
-    def wake_groups(self, groups: Iterable[str], *, now: int) -> None:
-        """Make each group's lines in every shard due ``now`` (ZADD XX LT: a line that is not
-        there stays absent), one round trip: a slot was given back."""
+    def hand_over(
+        self, groups: Iterable[str], *, now: int, held_until: int, limits: Mapping[str, int], hold_ms: int
+    ) -> dict[str, GroupRoom | Exception]:
+        """Hand the free slots of ``groups`` (woken: a slot was given back) straight to the heads of
+        their lines, earliest first across the shards: the groups' rooms (:meth:`group_rooms`,
+        which folds the workers' end reports), their due line heads (one round trip each), then
+        one ``group_release.lua`` call per shard holding a head (one round trip), and a group
+        whose heads take all its free slots held until ``held_until`` in its other shards' lines
+        (as the release step holds a bound group; pipelined with the release). The claim that
+        follows takes the heads, and admission takes their slots as for any release: a hand-over
+        adds no slot. A group with no limit, or whose room or heads cannot be read, has its
+        lines made due now in every shard: the release step looks at them in this pass. The
+        groups' rooms as read (for the caller to log what the slot script dropped)."""
         named = list(dict.fromkeys(groups))
         if not named:
-            return
+            return {}
+        rooms = self.group_rooms(named, limits=limits, hold_ms=hold_ms)
+        free = {g: r.free for g, r in rooms.items() if isinstance(r, GroupRoom) and r.free is not None}
+        looked = [g for g in named if g not in free]
+        shards = list(range(len(self._keys)))
+        wanted = {g: min(n, MAX_HAND_OVER) for g, n in free.items() if n > 0}
+        heads = self.line_heads({g: shards for g in wanted}, count=max(wanted.values(), default=0), now=now)
+        plan: dict[int, dict[str, int]] = {}
+        bound: list[str] = []
+        for g, n in wanted.items():
+            first = sorted(heads.get(g, ()))[:n]
+            for _, shard in first:
+                plan.setdefault(shard, {})[g] = plan.get(shard, {}).get(g, 0) + 1
+            if len(first) >= n:
+                bound.append(g)
+        held = set(bound)
+        released = self.release_lines(
+            {s: [(g, k, held_until if g in held else 0) for g, k in gs.items()] for s, gs in plan.items()}
+        )
+        failed = {g for s, reply in released.items() if isinstance(reply, Exception) for g in plan[s]}
         with self.client.pipeline(transaction=False) as pipe:
-            self._lines_due(pipe, named, now)
+            if looked or failed:
+                self._lines_due(pipe, [*looked, *sorted(failed)], now)
+            for k in self._keys:  # only raised (GT): a line due later keeps its time
+                if bound:
+                    pipe.zadd(k.gready, dict.fromkeys(bound, held_until), xx=True, gt=True)
             pipe.execute(raise_on_error=False)
+        return rooms
 
     @property
     def group_wake_channel(self) -> str:

@@ -242,21 +242,21 @@ class Slots(StoreCore):
 
     def give_back_slots(self, holds: Mapping[str, Sequence[str]]) -> dict[str, int | Exception]:
         """A forwarder gives back the holds of ``members`` per slot key (their items were not
-        published, or a periodic run not moved), in one round trip, names the keys on the
-        groups' wake channel and brings forward the heads of the keys' lines: per key, how many
-        were held (-1: its holds key is garbage)."""
-        prefix = self.config.prefix
+        published, or a periodic run not moved), in one round trip that also names each key
+        whose hold ended on the groups' wake channel (a forwarder hands the slot to the key's line
+        then, :meth:`~.glines.GroupLines.hand_over`), and brings forward the heads of the keys'
+        slot lines: per key, how many were held (-1: its holds key is garbage)."""
+        prefix, wake = self.config.prefix, group_wake_channel(self.config.prefix)
         calls = [
             SlotEnd.call(
-                (slot_holds_key(prefix, key), slot_tokens_key(prefix, key), slot_waiting_key(prefix, key)), members
+                (slot_holds_key(prefix, key), slot_tokens_key(prefix, key), slot_waiting_key(prefix, key)),
+                members,
+                wake=wake,
+                group=key,
             )
             for key, members in holds.items()
         ]
         replies: list[tuple[int, tuple[str, ...]] | Exception] = self.run_each(calls)
-        with self.client.pipeline(transaction=False) as pipe:  # a hint: forwarders look at these lines at once
-            for key in holds:
-                pipe.publish(group_wake_channel(prefix), key)
-            pipe.execute(raise_on_error=False)
         self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r[1]), self.script_now(None))
         return {key: r if isinstance(r, Exception) else r[0] for key, r in zip(holds, replies)}
 
