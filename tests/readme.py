@@ -16,6 +16,7 @@ from pathlib import Path
 
 __all__ = ["CHECKS", "PAGES", "README", "Check", "Snippet", "snippet", "snippets"]
 
+IMPORT = "tests/test_periodic_import.py::"
 README = Path(__file__).resolve().parent.parent / "README.md"
 DOCS = README.parent / "docs"
 
@@ -178,4 +179,12 @@ CHECKS: dict[str, Check] = {
     "curl -X POST http://127.0.0.1:8765/api/v1/periodic": Check(
         skip="needs a dashboard running with a token; each call: tests/test_web/test_periodic.py"
     ),
+    # docs/migrating.md
+    "--from redbeat --redbeat-redis": Check(by=IMPORT + "test_docs_redbeat_import_and_rollback"),
+    "RedBeatSchedulerEntry.from_key": Check(by=IMPORT + "test_docs_redbeat_import_and_rollback"),
+    "--from django-celery-beat --database": Check(by=IMPORT + "test_docs_django_celery_beat_import_and_rollback"),
+    "PeriodicTasks.update_changed": Check(by=IMPORT + "test_docs_django_celery_beat_import_and_rollback"),
+    "--from rq-scheduler --rq-redis": Check(by=IMPORT + "test_docs_rq_scheduler_import_and_rollback"),
+    '"rq:scheduler:scheduled_jobs", {item.id': Check(by=IMPORT + "test_docs_rq_scheduler_import_and_rollback"),
+    "--from rq-cron --config": Check(by=IMPORT + "test_docs_rq_cron_import"),
 }

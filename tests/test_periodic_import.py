@@ -40,7 +40,7 @@ from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import to_ms
 from tests.harness import Launcher, make_store
 from tests.helpers import wait_for
-from tests.readme import snippet, snippets
+from tests.readme import snippet
 from tests.test_celery.conftest import broker_url_for
 from tests.test_celery.harness import delayq_cli, new_env
 
@@ -407,27 +407,6 @@ def test_imported_entries_fire_once_per_period_beside_a_killed_forwarder(
 # -- docs/migrating.md, every block run as written ------------------------------------------------
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "migrating.md"
-
-#: marker (a substring of exactly one block of the page) -> the test of this module that runs it
-RUNS = {
-    "--from redbeat --redbeat-redis": "test_docs_redbeat_import_and_rollback",
-    "RedBeatSchedulerEntry.from_key": "test_docs_redbeat_import_and_rollback",
-    "--from django-celery-beat --database": "test_docs_django_celery_beat_import_and_rollback",
-    "PeriodicTasks.update_changed": "test_docs_django_celery_beat_import_and_rollback",
-    "--from rq-scheduler --rq-redis": "test_docs_rq_scheduler_import_and_rollback",
-    '"rq:scheduler:scheduled_jobs", {item.id': "test_docs_rq_scheduler_import_and_rollback",
-    "--from rq-cron --config": "test_docs_rq_cron_import",
-}
-
-
-def test_every_block_of_the_migration_page_has_a_test() -> None:
-    unchecked = []
-    for block in snippets(path=PAGE):
-        matched = [marker for marker in RUNS if marker in block.text]
-        if len(matched) != 1 or RUNS[matched[0]] not in globals():
-            unchecked.append(f"docs/migrating.md:{block.line} ({block.lang}) matches {matched or 'no entry'}")
-    assert not unchecked, "give each block a test and a line in RUNS: " + "; ".join(unchecked)
-    assert len(snippets(path=PAGE)) == len(RUNS), "an entry of RUNS names no block of the page"
 
 
 @pytest.fixture
