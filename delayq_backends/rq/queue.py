@@ -46,7 +46,7 @@ from ..storecache import StoreCache
 from ..timeutil import to_ms
 from ..tracing import FIELDS as TRACE_FIELDS
 from ..tracing import TRACE_META, current_carrier
-from .registry import ScheduledJobRegistry, mirror_score, mirror_scheduled, registry_key
+from .registry import ScheduledJobRegistry, mirror_scheduled, mirror_score, registry_key
 from .target import JOB_KEY, job_envelope, job_rank
 
 __all__ = [
