@@ -46,7 +46,7 @@ from ..storecache import StoreCache
 from ..timeutil import to_ms
 from ..tracing import FIELDS as TRACE_FIELDS
 from ..tracing import TRACE_META, current_carrier
-from .registry import ScheduledJobRegistry, mirror_scheduled, registry_key
+from .registry import ScheduledJobRegistry, mirror_scheduled, mirror_score, registry_key
 from .target import JOB_KEY, job_envelope, job_rank
 
 __all__ = [
@@ -79,6 +79,8 @@ GROUP_OPTION = "delayq_group"
 GROUP_META = "delayq_group"
 #: The ``job.meta`` field naming a sub-job's batch (:class:`~delayq_backends.rq.Batch`).
 BATCH_META = "delayq_batch"
+#: The ``job.meta`` fields that go into a job's envelope (see :meth:`Queue.job_envelope_bytes`).
+_ENVELOPE_META = frozenset((RATE_KEY_META, SLOT_META, GROUP_META, BATCH_META, "traceparent"))
 #: The collapse of the ``enqueue_at`` running in this context: RQ's enqueue_at builds the job and
 #: calls ``schedule_job`` itself, and a retry's ``schedule_job`` must not inherit it.
 _collapsing: ContextVar[Collapse | None] = ContextVar("delayq_collapsing", default=None)
@@ -256,7 +258,7 @@ class Queue(UsesDelayStore, RQQueue):
         """What the store keeps for ``job``: this queue's envelope, with the job's rate key, slot,
         groups, trace context and batch (a cancel or purge reports it) from its meta when it has them."""
         meta = job.meta or {}
-        if not meta.keys() & {RATE_KEY_META, SLOT_META, GROUP_META, BATCH_META, "traceparent"}:
+        if _ENVELOPE_META.isdisjoint(meta):
             return self.envelope_bytes()
         envelope, batch = with_job_groups(self.envelope(), meta, job_rank(job)), meta.get(BATCH_META)
         return (envelope if batch is None else with_batch(envelope, str(batch))).encode()
@@ -322,7 +324,7 @@ class Queue(UsesDelayStore, RQQueue):
         carry_trace(job)
 
         def save(pipe: Any) -> None:
-            self.save_scheduled(job, ready, pipe, *args, **kwargs)
+            self._save_job(job, ready, pipe, *args, **kwargs)
 
         return self._schedule(job, ready, pipeline, save)
 
@@ -330,16 +332,17 @@ class Queue(UsesDelayStore, RQQueue):
         """Schedule an already saved job in the delay store (and its mirror entry), as
         ``ScheduledJobRegistry.schedule`` does for RQ."""
         ready = ready_at(datetime)
-        return self._schedule(job, ready, pipeline, lambda pipe: self.registry_write(pipe, job, ready))
+        return self._schedule(job, ready, pipeline, lambda pipe: None)  # the mirror entry alone
 
     def _schedule(self, job: Job, ready: datetime, pipeline: Any | None, save: Callable[[Any], None]) -> Job:
-        """Queue ``save`` (the job hash and its mirror entry) and the store's entry on one
-        transaction when the store shares this queue's Redis. ``ready`` is checked
-        (:func:`ready_at`): once per call, as every step here reads it.
+        """Queue ``save`` (RQ's writes of the job: its hash), the job's mirror entry and the
+        store's entry on one transaction when the store shares this queue's Redis. ``ready`` is
+        checked (:func:`ready_at`): once per call, as every step here reads it.
 
         The usual ``enqueue_at`` (no caller's pipeline, writes :func:`job_writes` knows) sends
         them as one script call instead (:class:`RqSchedule`): as atomic, and a third cheaper
-        than the transaction, whose seven commands the producer packed and parsed one by one."""
+        than the transaction, whose seven commands the producer packed and parsed one by one.
+        Its mirror entry is then never queued: its score goes straight into the call."""
         collapse = _collapsing.get()
         if collapse is not None:
             _collapsing.set(None)  # this job only: not the dependents or retries it schedules
@@ -349,7 +352,7 @@ class Queue(UsesDelayStore, RQQueue):
         shared = on_store_server(store, self.connection)
         pipe = pipeline if pipeline is not None else self.connection.pipeline()
         save(pipe)
-        writes = job_writes(pipe.command_stack, self, job) if shared and pipeline is None else None
+        writes = job_writes(pipe.command_stack, self, job, ready) if shared and pipeline is None else None
         if writes is not None:
             store.schedule_with(
                 lambda keys, item, wake: RqSchedule.call(keys, item, writes, wake=wake),
@@ -360,6 +363,7 @@ class Queue(UsesDelayStore, RQQueue):
                 client=self.connection,  # RQ's user writes RQ's keys
             )
             return job
+        self.registry_write(pipe, job, ready)
         if shared:
             store.schedule(job.id, ready, envelope, rank=job_rank(job), pipeline=pipe)
         if pipeline is None:
@@ -384,6 +388,7 @@ class Queue(UsesDelayStore, RQQueue):
         """
         with self.connection.pipeline() as pipe:
             save(pipe)
+            self.registry_write(pipe, job, ready)
             pipe.execute()
         envelope = with_job_groups(self.envelope(), job.meta or {}, job_rank(job))
         envelope = replace(envelope, meta={**envelope.meta, JOB_KEY: job.id})
@@ -406,12 +411,16 @@ class Queue(UsesDelayStore, RQQueue):
         written and then removed (two commands per job, a fifth of ``enqueue_at``). Bulk loaders
         save many jobs on one pipeline this way, then store their ids in one ``schedule_many``.
         """
+        self._save_job(job, datetime, pipeline, *args, **kwargs)
+        self.registry_write(pipeline, job, datetime)
+
+    def _save_job(self, job: Job, datetime: datetime, pipeline: Any, *args: Any, **kwargs: Any) -> None:
+        """:meth:`save_scheduled` without the mirror entry: RQ's writes of the job alone."""
         registry = ScheduledJobRegistry.key_template.format(self.name)
         dropping = _RegistryDropped(pipeline, registry)
         super().schedule_job(job, datetime, dropping, *args, **kwargs)  # type: ignore[arg-type]
         if not dropping.dropped:  # written some other way (rq 3's unique=True runs its own script)
             pipeline.zrem(registry, job.id)
-        self.registry_write(pipeline, job, datetime)
 
     def registry_write(self, pipeline: Any, job: Job, datetime: datetime) -> None:
         """Queue the job's ``rq:scheduled:<queue>`` entry as a mirror (see :mod:`.registry`):
@@ -422,27 +431,28 @@ class Queue(UsesDelayStore, RQQueue):
         mirror_scheduled(pipeline, self.name, {job.id: datetime.timestamp()})
 
 
-def job_writes(commands: Iterable[tuple[tuple[Any, ...], Any]], queue: Queue, job: Job) -> RqJobWrites | None:
-    """The commands (a pipeline's ``command_stack``) that :meth:`Queue.save_scheduled` queued for
-    ``job``, as one :class:`RqJobWrites`: RQ's entry in ``rq:queues`` and job hash, and the mirror
-    entry. None when they hold anything else (a TTL's EXPIREs, an older RQ's ZREM of its registry
-    entry, a subclass's own writes): those are sent in a transaction as queued, as RQ wrote them."""
-    registry = registry_key(queue.name)
+def job_writes(
+    commands: Iterable[tuple[tuple[Any, ...], Any]], queue: Queue, job: Job, ready: datetime
+) -> RqJobWrites | None:
+    """The commands (a pipeline's ``command_stack``) that RQ's ``schedule_job`` queued for ``job``
+    (:meth:`Queue.save_scheduled` before its mirror entry), as one :class:`RqJobWrites` with the
+    mirror entry for ``ready``: RQ's entry in ``rq:queues`` and the job hash. None when they hold
+    anything else (a TTL's EXPIREs, an older RQ's ZREM of its registry entry, a subclass's own
+    writes): those are sent in a transaction as queued, as RQ wrote them."""
+    job_key, queues = job.key, ("SADD", queue.redis_queues_keys, queue.key)  # RQ computes job.key per read
     fields: list[Any] = []
     listed = False
-    mirror: float | None = None
     for args, _ in commands:
-        if args[0] == "HSET" and args[1] == job.key:
+        if args[0] == "HSET" and args[1] == job_key:
             fields += args[2:]
-        elif args == ("SADD", queue.redis_queues_keys, queue.key):
+        elif args == queues:
             listed = True
-        elif args[0] == "ZADD" and len(args) == 4 and args[1] == registry and args[3] == job.id:
-            mirror = args[2]
         else:
             return None
-    if not (listed and fields and mirror is not None):
+    if not (listed and fields):
         return None
-    return RqJobWrites(queue.redis_queues_keys, queue.key, job.key, tuple(fields), registry, mirror)
+    registry = registry_key(queue.name)
+    return RqJobWrites(queues[1], queues[2], job_key, tuple(fields), registry, mirror_score(ready.timestamp()))
 
 
 def _confirm_after_execute(pipeline: Any, store: DelayStore) -> None:

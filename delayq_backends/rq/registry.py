@@ -27,7 +27,14 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry as RQScheduledJobRegistry
 
-__all__ = ["MIRROR_OFFSET_S", "ScheduledJobRegistry", "forget_scheduled", "mirror_scheduled", "registry_key"]
+__all__ = [
+    "MIRROR_OFFSET_S",
+    "ScheduledJobRegistry",
+    "forget_scheduled",
+    "mirror_score",
+    "mirror_scheduled",
+    "registry_key",
+]
 
 #: Added to a waiting job's ready time (epoch seconds) in ``rq:scheduled:<queue>``: far past any
 #: "now" an RQ scheduler compares with, yet exact to the millisecond in a double.
@@ -45,7 +52,12 @@ def mirror_scheduled(pipe: Any, queue_name: str, times: dict[str, float], *, onl
     scheduler that moved the job meanwhile is not undone.
     """
     if times:
-        pipe.zadd(registry_key(queue_name), {i: t + MIRROR_OFFSET_S for i, t in times.items()}, xx=only_existing)
+        pipe.zadd(registry_key(queue_name), {i: mirror_score(t) for i, t in times.items()}, xx=only_existing)
+
+
+def mirror_score(ready_s: float) -> float:
+    """The score of a job's mirror entry for its ready time (epoch seconds)."""
+    return ready_s + MIRROR_OFFSET_S
 
 
 def forget_scheduled(pipe: Any, queue_name: str, ids: Iterable[str]) -> None:

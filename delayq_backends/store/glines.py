@@ -11,6 +11,7 @@ cannot take, however long the line.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,8 +39,9 @@ GROUPS_PER_LOOK = 500
 LINE_END = (MAX_RANK + 1) * RANK_SPAN
 #: The markers a grouped item's meta carries in its envelope bytes (the JSON of ``groups`` and of
 #: its aliases): only an envelope holding one is decoded to find its group, so ungrouped items
-#: cost no decode.
-_GROUPED = (b'"groups":', b'"slot":', b'"rate_key":')
+#: cost no decode. One pattern, so an ungrouped item costs one search in C, not one per marker
+#: (three searches and a generator were a fifth of ``schedule_many``'s client time).
+_GROUPED = re.compile(rb'"(?:groups|slot|rate_key)":')
 #: How far into an envelope the marker is looked for: the meta comes before the body, so a large
 #: body costs nothing. A group past it (a huge meta) is found at the item's admission instead, and
 #: the item joins its line then.
@@ -49,7 +51,7 @@ _HEAD_BYTES = 2048
 def line_group(envelope: Payload) -> str | None:
     """The key of ``envelope``'s line group (its first), None when it carries no group."""
     if isinstance(envelope, (bytes, bytearray)):
-        if all(envelope.find(marker, 0, _HEAD_BYTES) < 0 for marker in _GROUPED):
+        if _GROUPED.search(envelope, 0, _HEAD_BYTES) is None:
             return None
         envelope = Envelope.decode(bytes(envelope))
     groups = groups_of(envelope)

@@ -222,9 +222,9 @@ def test_job_writes_reads_only_the_commands_it_knows(queue: Queue) -> None:
         (("SADD", "rq:queues", queue.key), {}),
         (("HSET", job.key, "status", "scheduled"), {}),
         (("HSET", job.key, "data", b"d", "status", "scheduled"), {}),
-        (("ZADD", registry, 1e11 + 5, job.id), {}),
     ]
-    writes = job_writes(usual, queue, job)
+    ready = datetime.fromtimestamp(5, timezone.utc)
+    writes = job_writes(usual, queue, job, ready)
     assert writes is not None and writes.fields == ("status", "scheduled", "data", b"d", "status", "scheduled")
     assert (writes.queue_key, writes.job_key, writes.registry_key, writes.mirror_score) == (
         queue.key,
@@ -234,7 +234,8 @@ def test_job_writes_reads_only_the_commands_it_knows(queue: Queue) -> None:
     )
     expire = (("EXPIRE", job.key, 600), {})
     other_job = (("HSET", "rq:job:other", "status", "scheduled"), {})
-    for extra in (expire, other_job):
-        assert job_writes([*usual, extra], queue, job) is None
-    for command in ("SADD", "HSET", "ZADD"):  # each write the script makes must be there
-        assert job_writes([c for c in usual if c[0][0] != command], queue, job) is None
+    registry_zadd = (("ZADD", registry, 5, job.id), {})  # RQ's own entry: the mirror is the script's
+    for extra in (expire, other_job, registry_zadd):
+        assert job_writes([*usual, extra], queue, job, ready) is None
+    for command in ("SADD", "HSET"):  # each write the script makes must be there
+        assert job_writes([c for c in usual if c[0][0] != command], queue, job, ready) is None
