@@ -98,6 +98,7 @@ def _watch(connection: Any, node: str, beat: float) -> None:
     _stop.clear()
     channel = connection.default_channel
     _watching[:] = [(channel, node)]
+    log.info("worker %s: beats every %s s; a worker that missed %d is dead", node, beat, MISSED_BEATS)
     while True:
         try:
             with channel.conn_or_acquire() as client:

@@ -112,7 +112,8 @@ def _whole_worker_killed(
     sub-jobs succeeded. Returns the seconds from the kill to the sub-job's second start."""
     env = new_env(kind, broker_url_for(kind, request, valkey), valkey)
     env.acks_late = True
-    env.conf = {} if beat is None else {"delayq_worker_beat": beat}
+    # one message at a time each: the doomed worker, busy, prefetches nothing the live one waits for
+    env.conf = {"worker_prefetch_multiplier": 1, **({} if beat is None else {"delayq_worker_beat": beat})}
     with watched(env):
         doomed = env.start_worker(tmp, name="doomed", pool="prefork", concurrency=1, group=True)
         env.start_forwarder(tmp)
