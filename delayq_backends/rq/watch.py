@@ -121,6 +121,12 @@ class WorkerWatch:
             thread.join(timeout=5)
             client.close()
 
+    def register_birth(self, *args: Any, **kwargs: Any) -> None:
+        super().register_birth(*args, **kwargs)  # type: ignore[misc]
+        # the first beat at once: a worker killed before its first beat of the thread must not
+        # read as one without the watch (alive until RQ's own TTL, 90 s while busy)
+        self._beat(self.connection)
+
     def _watch(self, client: redis.Redis) -> None:
         while not self._watch_stop.wait(self._beat_s):
             try:
