@@ -27,6 +27,7 @@ from .scheduled import RevokeReport, StoreRevoke, get, reschedule, revoke, revok
 from .settings import CelerySettings, DuplicateTaskIdError, forget_store, store_for
 from .slots import GROUP_HEADER, SLOT_HEADER, throttle, use_slots
 from .target import CeleryTarget
+from .watch import use_watch
 
 __all__ = [
     "AMQP",
@@ -69,4 +70,5 @@ def install(app: Celery) -> None:
     use_dedupe(app)
     use_slots(app)
     use_batches(app)
+    use_watch(app)
     use_history(app)

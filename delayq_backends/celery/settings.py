@@ -20,6 +20,7 @@ Settings are lower-case like Celery's own::
     app.conf.delayq_lossless_window = 60  # ... and publish it again if no start is recorded by then
     app.conf.delayq_slot_limits = {"customer-*": 2}  # a delayq_slot with no limit of its own: the first match's
     app.conf.delayq_slot_hold = 60      # seconds a worker's slot hold lasts after its last heartbeat
+    app.conf.delayq_worker_beat = 5     # seconds between worker beats: a worker that missed two is dead
     app.conf.delayq_group_policies = {"tenant-*": {"limit": 2, "rate": "10/s"}}  # groups by pattern
     app.conf.delayq_schedule_version = 1234  # grows per deploy: an older beat_schedule never rolls a newer back
 
@@ -117,6 +118,7 @@ _KNOWN = {
     "delayq_lossless_window",
     "delayq_slot_limits",
     "delayq_slot_hold",
+    "delayq_worker_beat",
     "delayq_group_policies",
     "delayq_schedule_version",
 }
@@ -145,6 +147,8 @@ class CelerySettings:
     slot_limits: tuple[tuple[str, int], ...] = ()
     #: how long a worker's slot hold lasts after the task's start or its last heartbeat
     slot_hold_ms: int = RUN_HOLD_MS
+    #: seconds between a worker's beats (:mod:`~delayq_backends.celery.watch`)
+    worker_beat_s: float = 5
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -224,6 +228,7 @@ class CelerySettings:
             lossless_window=lossless_window,
             slot_limits=_slot_limits(conf.get("delayq_slot_limits") or {}),
             slot_hold_ms=_slot_hold_ms(conf.get("delayq_slot_hold", RUN_HOLD_MS // 1000)),
+            worker_beat_s=_worker_beat(conf.get("delayq_worker_beat", 5)),
         )
 
     def slot(self, value: Any) -> Slot:
@@ -273,6 +278,16 @@ def _slot_hold_ms(seconds: Any) -> int:
             "stay taken (a heartbeat renews a running task's every third of it)"
         )
     return int(seconds * 1000)
+
+
+def _worker_beat(seconds: Any) -> float:
+    """``delayq_worker_beat`` checked."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0.5 <= seconds <= 300:
+        raise ConfigError(
+            f"delayq_worker_beat={seconds!r}: use seconds between 0.5 and 300: how often a worker beats (on a "
+            "Redis broker a worker that missed two beats is dead and its unacknowledged tasks go back)"
+        )
+    return float(seconds)
 
 
 def _slot_limits(value: Any) -> tuple[tuple[str, int], ...]:

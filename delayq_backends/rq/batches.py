@@ -28,11 +28,11 @@ Workers report each sub-job's final end: run them with ``--worker-class
 delayq_backends.rq.SlotWorker`` (or a ``DedupeWorker``; :class:`BatchReports` mixes into your
 own). A success is reported after RQ handled it; a failure once RQ marked the job failed or
 stopped (a failure with retries left is not final). A work horse killed mid-job is a failure
-RQ handles in the worker (retried if it has retries left); a whole worker killed leaves its job
-to RQ's abandoned-job cleanup (a worker's maintenance, every 10 minutes and at its start, once
-the dead worker's heartbeat has lapsed), which retries it (then its next end is reported) or
-fails it: the cleaning worker's exception handlers hear of that (RQ >= 3.0), and a
-:class:`BatchReports` worker reports the failure then. With an older RQ the batch waits.
+RQ handles in the worker (retried if it has retries left); a whole worker killed is seen dead by
+the other workers' watch (:mod:`~delayq_backends.rq.watch`) two beats later (``DELAYQ_WORKER_BEAT``,
+5 s), which hands its job to RQ's abandoned-job cleanup at once: retried (then its next end is
+reported) or failed, and reported failed then. RQ's own cleanup (a worker's maintenance, every 10
+minutes) still reports one it fails first (its exception handlers, RQ >= 2).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from ..store import BATCH_TTL_MS, DelayStore
 from ..store.batches import add_to_batch, check_batch_key, take_back
 from .queue import BATCH_META, Queue, store_of_connection
 from .registry import mirror_scheduled
+from .watch import WorkerWatch
 
 __all__ = ["BATCH_META", "Batch", "BatchReports", "call_on_complete"]
 
@@ -160,8 +161,10 @@ class Batch(OpenBatch):
             raise
 
 
-class BatchReports:
-    """The reports of sub-jobs' final ends, mixed into a worker class before RQ's."""
+class BatchReports(WorkerWatch):
+    """The reports of sub-jobs' final ends, mixed into a worker class before RQ's; with the
+    watch of dead workers (:mod:`~delayq_backends.rq.watch`), whose sub-jobs are failed (or
+    retried) within two beats of the death."""
 
     connection: Any
 
@@ -174,6 +177,9 @@ class BatchReports:
         and fails it unless it has retries left. A handler returning None lets the next one run."""
         if issubclass(kind, AbandonedJobError) and not (job.retries_left and job.retries_left > 0):
             self._report_end(job, None, False)
+
+    def _failed_by_sweep(self, job: Job) -> None:
+        self._report_end(job, None, False)
 
     def handle_job_success(self, job: Job, queue: Any, *args: Any, **kwargs: Any) -> Any:
         result = super().handle_job_success(job, queue, *args, **kwargs)  # type: ignore[misc]

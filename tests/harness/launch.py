@@ -51,20 +51,24 @@ class Launcher:
         capture: bool = False,
         cwd: Path = ROOT,
         code: Path | None = ROOT,
+        group: bool = False,
     ) -> Proc:
         """Start ``args`` in ``env`` (see :func:`checkout_env`, which puts ``code`` first on the
         path). ``capture`` pipes stdout and stderr together, for a test that reads all of it
-        with ``communicate``."""
+        with ``communicate``. ``group`` starts it in a process group of its own, which
+        :meth:`kill_group` kills whole (a worker with its pool or work horse)."""
         env = checkout_env(env, code=code)
         stdout: int | IO[bytes]
         if log is not None:
             self.logs.append(log)
             with log.open("wb") as out:  # the child keeps its own descriptor
-                proc = subprocess.Popen(list(args), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(
+                    list(args), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=group
+                )
         else:
             stdout = subprocess.PIPE if capture else subprocess.DEVNULL
             stderr = subprocess.STDOUT if capture else subprocess.PIPE
-            proc = subprocess.Popen(list(args), cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+            proc = subprocess.Popen(list(args), cwd=cwd, env=env, stdout=stdout, stderr=stderr, start_new_session=group)
         self.procs.append(proc)
         return proc
 
@@ -83,6 +87,13 @@ class Launcher:
         proc.wait()
         if proc in self.procs:
             self.procs.remove(proc)
+
+    def kill_group(self, proc: Proc) -> None:
+        """SIGKILL the process group of ``proc`` (started with ``group=True``), every process in it
+        at once, as a lost machine or ``kill -9 -PGID`` ends it, and reap ``proc``."""
+        assert os.getpgid(proc.pid) == proc.pid, "start it with group=True: this would kill the tests' own group"
+        os.killpg(proc.pid, signal.SIGKILL)
+        self.kill(proc)
 
     def stop(self, proc: Proc, timeout: float = 10) -> int:
         """SIGTERM ``proc`` (resumed first if stopped) and wait for it; SIGKILL if it will not exit."""

@@ -31,8 +31,8 @@ class Processes:
         self.env = {**os.environ, "DELAYQ_PREFIX": prefix, "DELAYQ_SHARDS": str(SHARDS)}
         self.env.pop("DELAYQ_URL", None)  # the queue's own Redis holds the store
 
-    def start(self, *args: str) -> Proc:
-        return self.launcher.python(*args, env=self.env)
+    def start(self, *args: str, env: dict[str, str] | None = None, group: bool = False) -> Proc:
+        return self.launcher.python(*args, env={**self.env, **(env or {})}, group=group)
 
     def worker(
         self,
@@ -40,9 +40,14 @@ class Processes:
         burst: bool = False,
         queue_class: str = "delayq_backends.rq.Queue",
         extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        group: bool = False,
     ) -> Proc:
+        """An `rq worker`; ``env`` added to its environment; ``group``: in a process group of its
+        own (``launcher.kill_group`` kills it; RQ puts its work horse in a session of its own)."""
         flags = [*extra, "--burst"] if burst else list(extra)
-        return self.start("-m", "rq.cli", "worker", "-u", self.url, "--queue-class", queue_class, "-q", *flags, *queues)
+        args = ("-m", "rq.cli", "worker", "-u", self.url, "--queue-class", queue_class, "-q", *flags, *queues)
+        return self.start(*args, env=env, group=group)
 
     def forwarder(self, *extra: str) -> Proc:
         args = ["forward", "--url", self.url, "--rq-redis", self.url, "--log-level", "warning", *extra]

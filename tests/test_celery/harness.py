@@ -88,17 +88,26 @@ class CeleryEnv:
         app.conf.delayq_enabled = False
         return app
 
-    def start(self, args: list[str], name: str, tmp: Path) -> Proc:
-        return self.launcher.start(args, env=self.env, log=tmp / f"{name}.log")
+    def start(self, args: list[str], name: str, tmp: Path, *, group: bool = False) -> Proc:
+        return self.launcher.start(args, env=self.env, log=tmp / f"{name}.log", group=group)
 
     def start_worker(
-        self, tmp: Path, *, name: str = "worker", pool: str = "threads", concurrency: int = 4, wait: bool = True
+        self,
+        tmp: Path,
+        *,
+        name: str = "worker",
+        pool: str = "threads",
+        concurrency: int = 4,
+        wait: bool = True,
+        group: bool = False,
     ) -> Proc:
+        """A ``celery worker`` (``group``: in a process group of its own, with its pool, which
+        ``launcher.kill_group`` kills whole)."""
         node = f"{name}-{uuid.uuid4().hex[:6]}@dqt"
         args = [sys.executable, "-m", "celery", "-A", self.app_module, "worker"]
         args += ["-P", pool, "-c", str(concurrency), "-Q", self.queue, "-n", node, "--loglevel", "INFO"]
         args += ["--without-gossip", "--without-mingle"]
-        proc = self.start(args, name, tmp)
+        proc = self.start(args, name, tmp, group=group)
         self.nodes.append(node)
         if wait:
             self.wait_ready(proc)

@@ -131,6 +131,16 @@ def make_app(
         record(self.request, tag, began_ms=began, ended_ms=time.time_ns() // 1_000_000)
         return tag
 
+    @app.task(bind=True, shared=False, name="dqt.stall")
+    def stall(self: Any, tag: str, seconds: float) -> str:
+        # records each start; the first start of a task id runs ``seconds``, a later one (the task
+        # given back after its worker was killed) returns at once
+        first = out.incr(f"{sink}:starts:{self.request.id}") == 1
+        record(self.request, tag, first=first)
+        if first:
+            time.sleep(seconds)
+        return tag
+
     @app.task(bind=True, shared=False, name="dqt.batch_done")
     def batch_done(self: Any, summary: dict[str, Any], tag: str) -> None:
         # a batch's on_complete: the summary comes first, as a chord's callback gets its results

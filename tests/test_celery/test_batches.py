@@ -5,6 +5,7 @@ last sub-job, with the right counts in the summary its on_complete gets and in t
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -98,6 +99,66 @@ def test_on_complete_must_take_the_summary_as_json(app: Celery) -> None:
     with pytest.raises(ConfigError, match="not sent as JSON without compression"):
         Batch(app, "pickled", on_complete=app.signature("dqt.batch_done", args=("x",), serializer="pickle"))
     Batch(app, "immutable", on_complete=app.signature("dqt.batch_done", args=({}, "x"), immutable=True)).close()
+
+
+def _whole_worker_killed(
+    kind: str, request: pytest.FixtureRequest, valkey: EmbeddedServer, tmp: Path, beat: float | None
+) -> float:
+    """A prefork worker (acks_late) SIGKILLed whole (its process group: the worker and its pool)
+    while it runs a sub-job, beside a live worker: no hook runs, nothing acks or rejects the
+    message. On RabbitMQ it comes back when the dead connection closes; on Redis kombu's own sweep
+    would restore it after ``visibility_timeout`` (an hour here), and the live worker's watch
+    restores it two beats after the death. It runs again there; the batch completes with both
+    sub-jobs succeeded. Returns the seconds from the kill to the sub-job's second start."""
+    env = new_env(kind, broker_url_for(kind, request, valkey), valkey)
+    env.acks_late = True
+    # one message at a time each: the doomed worker, busy, prefetches nothing the live one waits for
+    env.conf = {"worker_prefetch_multiplier": 1, **({} if beat is None else {"delayq_worker_beat": beat})}
+    with watched(env):
+        doomed = env.start_worker(tmp, name="doomed", pool="prefork", concurrency=1, group=True)
+        env.start_forwarder(tmp)
+        app = env.app()
+        store = store_for(app)
+        with Batch(app, "orphan", on_complete=app.signature("dqt.batch_done", args=("done",))) as batch:
+            slow = batch.add(app.signature("dqt.stall", args=("slow", 600))).id
+            ok = batch.add(app.signature("dqt.record", args=("ok",))).id
+        starts = lambda: [r for r in env.records() if r["tag"] == "slow"]  # noqa: E731
+        wait_for(lambda: bool(starts()), 60, "the sub-job to start on the doomed worker")
+        env.start_worker(tmp, name="live")
+        env.launcher.kill_group(doomed)
+        killed = time.time()
+        done = lambda: [r for r in env.records() if r["tag"] == "done"]  # noqa: E731
+        wait_for(lambda: done(), 120, lambda: f"{store.batch_status('orphan')}")
+        (record,) = done()
+        summary = record["summary"]
+        assert (summary["total"], summary["succeeded"], summary["failed"]) == (2, 2, 0)
+        first, again = starts()  # the killed run, then the run after the give-back
+        assert first["first"] and not again["first"] and again["id"] == slow
+        assert ok in {r["id"] for r in env.records()}
+        return float(again["started_ms"]) / 1000 - killed
+
+
+@pytest.mark.parametrize("kind", BROKERS)
+def test_a_whole_worker_killed_mid_task_gives_it_back_within_two_beats(
+    kind: str, request: pytest.FixtureRequest, valkey_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """With a 1 s beat: the sub-job starts again within 2 beats + a sweep's beat + a trip through
+    the broker (kombu's own sweep: an hour)."""
+    took = _whole_worker_killed(kind, request, valkey_server, tmp_path, beat=1)
+    assert took < 8, f"the killed sub-job started again {took:.1f} s after the worker's death"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", BROKERS)
+def test_a_whole_worker_killed_costs_a_batch_two_default_beats(
+    kind: str, request: pytest.FixtureRequest, valkey_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """The figure of docs/batches.md, with the defaults (a 5 s beat; visibility_timeout an hour):
+    the seconds from the SIGKILL of a whole worker to its sub-job's start on a live worker."""
+    took = _whole_worker_killed(kind, request, valkey_server, tmp_path, beat=None)
+    load = os.getloadavg()[0]
+    print(f"Celery on {kind}: the sub-job started again {took:.1f} s after its worker's SIGKILL (load {load:.2f})")
+    assert took < 20
 
 
 @pytest.mark.slow

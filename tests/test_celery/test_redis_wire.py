@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kombu import Connection, Exchange, Queue
 from kombu.common import Broadcast, maybe_declare
+from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.virtual.exchange import DirectExchange
 
 from delayq_backends.celery import StoredMessage, forget_store, store_for
@@ -100,6 +101,8 @@ def setup(valkey_server: EmbeddedServer, request: pytest.FixtureRequest) -> Iter
     env.broker = env.store
     env.transport_options = dict(request.param)
     app = env.app()
+    if not hasattr(RedisChannel, "create_publish_batch"):  # the version matrix's older kombu lines
+        pytest.skip("kombu < 5.7 has no publish hook: the exactly-once hand-off is off, the target publishes")
     with Connection(env.broker, transport_options=request.param) as conn:
         handoff = RedisHandOff.for_channel(conn.channel())
         assert handoff is not None, "kombu's Redis transport with the publish hook"
