@@ -69,14 +69,15 @@ def test_a_killed_worker_gives_its_slot_back_when_its_hold_lapses(
     processes.env["DELAYQ_SLOT_HOLD"] = "2"
     slot = {"key": "k", "limit": 1}
     queue.enqueue(started, "long", 60, delayq_slot=slot)
-    later = timedelta(milliseconds=300)  # after the long one, in the key's line
-    for tag in ("a", "b"):
-        queue.enqueue_in(later, started, tag, 0.1, delayq_slot=slot)
     for _ in range(2):
         processes.worker(queue.name, extra=("--worker-class", "delayq_backends.rq.SlotWorker"))
     processes.forwarder("--poll", "0.2")
     starts = lambda: {r["tag"]: r for r in runs(conn, queue.name)}  # noqa: E731
     wait_for(lambda: "long" in starts(), 60, "the long job to start")
+    # the next two come once "long" runs: which of a line's items goes first when a new forwarder
+    # meets them all due at once is not what this test is about (docs/groups.md, shortfalls)
+    for tag in ("a", "b"):
+        queue.enqueue_in(timedelta(milliseconds=300), started, tag, 0.1, delayq_slot=slot)
     time.sleep(1.5)  # hold-free waiting would let "a" start now: it must not while "long" runs
     assert "a" not in starts() and "b" not in starts()
     killed = time.time()
