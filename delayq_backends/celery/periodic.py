@@ -49,7 +49,7 @@ from ..errors import DelayqError
 from ..overlap_policy import ALLOW, check_policy, overlap_slot
 from ..periodic.firing import EntryWaits, FiringTarget, Run
 from ..periodic.history import RUN_HEADER, RunMark
-from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, register_kind, sync_code
+from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, sync_code
 from ..periodic.options import CELERY as CELERY_ENTRY
 from ..periodic.options import OPTION_FIELDS, RunOptions
 from ..periodic.registry import PeriodicError
@@ -75,6 +75,8 @@ __all__ = [
     "entries_of",
     "entry_spec",
     "sync",
+    "task_json",
+    "task_of",
     "task_view",
     "zone_of",
 ]
@@ -389,12 +391,15 @@ def sync(
     )  # fmt: skip
 
 
-def _task_of(envelope: Envelope) -> str:
+def task_of(envelope: Envelope) -> str:
     """The task a stored entry runs, for listings."""
     return _message_of(envelope).task
 
 
-register_kind(KIND, "celery", _task_of)
+def task_json(envelope: Envelope) -> dict[str, Any] | None:
+    """:func:`task_view` as JSON values: how listings show Celery items (:mod:`delayq_backends.kinds`)."""
+    view = task_view(envelope)
+    return None if view is None else view.as_dict()
 
 
 def task_view(envelope: Envelope) -> TaskView | None:
