@@ -53,7 +53,7 @@ from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, sync_cod
 from ..periodic.options import CELERY as CELERY_ENTRY
 from ..periodic.options import OPTION_FIELDS, RunOptions
 from ..periodic.registry import PeriodicError
-from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, run_task_id
+from ..periodic.schedules import SCHEDULE_KINDS, Misfire, Schedule, run_task_id
 from ..periodic.state import CODE, LAZY_META, META, RUNTIME, PeriodicState, state_of
 from ..store import DelayStore
 from ..targets import Delivery, Target
@@ -225,7 +225,7 @@ def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> E
     value = conf["schedule"]
     schedule = (
         value
-        if isinstance(value, (Every, Cron, Once))
+        if isinstance(value, SCHEDULE_KINDS)
         else from_celery(value, zone=zone_of(app), relative=bool(conf.get("relative")))
     )
     message, expires = _message(app, task, args, kwargs, dict(options))

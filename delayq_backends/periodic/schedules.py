@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import Any
+from typing import Any, ClassVar, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import ConfigError, install_hint
@@ -34,6 +34,7 @@ __all__ = [
     "END",
     "MAX_BACKFILL",
     "POLICIES",
+    "SCHEDULE_KINDS",
     "Cron",
     "Every",
     "Misfire",
@@ -89,6 +90,37 @@ def run_task_id(entry: str, slot: Slot) -> str:
     return str(uuid.uuid5(_NAMESPACE, f"{entry}\0{slot.key}"))
 
 
+class Schedule(Protocol):
+    """A kind of schedule: a class with these methods and one row in :data:`SCHEDULE_KINDS`.
+
+    ``KEY`` is the field of its JSON that says the kind, ``from_json`` reads what ``to_json``
+    wrote, and ``newer_format`` is true when a release before schedules had kinds of their own
+    (state v1) would misread it, so the entry's state is stored as v2.
+    """
+
+    KEY: ClassVar[str]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Schedule: ...
+
+    @property
+    def newer_format(self) -> bool: ...
+
+    def first_after(self, ms: int) -> Slot: ...
+
+    def following(self, slot: Slot) -> Slot: ...
+
+    def due(self, slot: Slot, now_ms: int, keep: int) -> tuple[list[Slot], int, Slot]: ...
+
+    def between(self, anchor: Slot, start_ms: int, end_ms: int, limit: int) -> list[Slot]: ...
+
+    def count(self, anchor: Slot, start_ms: int, end_ms: int) -> int: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    def describe(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class Every:
     """Every ``every_ms``; the first run one period after the sync (as ``celery beat`` does), or
@@ -96,6 +128,13 @@ class Every:
 
     every_ms: int
     aligned: bool = False
+
+    KEY: ClassVar[str] = "every_ms"
+    newer_format = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Every:
+        return cls(int(data["every_ms"]), bool(data.get("aligned")))
 
     def first_after(self, ms: int) -> Slot:
         at = (ms // self.every_ms + 1) * self.every_ms if self.aligned else ms + self.every_ms
@@ -161,6 +200,17 @@ class Cron:
     expression: str
     zone: str
     day_or: bool = False
+
+    KEY: ClassVar[str] = "cron"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Cron:
+        return cls(str(data["cron"]), str(data["tz"]), data.get("day_or") is True)
+
+    @property
+    def newer_format(self) -> bool:
+        """An older reader reads both day fields as both, not either."""
+        return self.day_or
 
     @classmethod
     def of(cls, expression: str, zone: str, *, day_or: bool) -> Cron:
@@ -274,6 +324,13 @@ class Once:
 
     at_ms: int
 
+    KEY: ClassVar[str] = "once_ms"
+    newer_format = True  # an older reader cannot read it
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Once:
+        return cls(int(data["once_ms"]))
+
     def first_after(self, ms: int) -> Slot:
         return Slot(str(self.at_ms), self.at_ms)
 
@@ -298,15 +355,16 @@ class Once:
         return f"once at {describe_time(self.at_ms)}"
 
 
-Schedule = Every | Cron | Once
+#: the kinds of schedule: a new one is its class and a row here
+SCHEDULE_KINDS: tuple[type[Schedule], ...] = (Every, Cron, Once)
 
 
 def schedule_from_json(data: Mapping[str, Any]) -> Schedule:
-    if "every_ms" in data:
-        return Every(int(data["every_ms"]), bool(data.get("aligned")))
-    if "once_ms" in data:
-        return Once(int(data["once_ms"]))
-    return Cron(str(data["cron"]), str(data["tz"]), data.get("day_or") is True)
+    """The schedule ``to_json`` wrote (KeyError: no kind's)."""
+    kind = next((k for k in SCHEDULE_KINDS if k.KEY in data), None)
+    if kind is None:
+        raise KeyError(f"a schedule of no known kind: {sorted(data)}")
+    return kind.from_json(data)
 
 
 def interval(value: float | timedelta, aligned: bool = False) -> Every:
