@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import ConfigError, install_hint
@@ -88,37 +88,6 @@ def run_task_id(entry: str, slot: Slot) -> str:
     """The Celery task id of entry ``entry``'s run for ``slot``: the same for every send of that
     period, so a duplicate (a forwarder killed between publish and ack) can be recognised."""
     return str(uuid.uuid5(_NAMESPACE, f"{entry}\0{slot.key}"))
-
-
-class Schedule(Protocol):
-    """A kind of schedule: a class with these methods and one row in :data:`SCHEDULE_KINDS`.
-
-    ``KEY`` is the field of its JSON that says the kind, ``from_json`` reads what ``to_json``
-    wrote, and ``newer_format`` is true when a release before schedules had kinds of their own
-    (state v1) would misread it, so the entry's state is stored as v2.
-    """
-
-    KEY: ClassVar[str]
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Schedule: ...
-
-    @property
-    def newer_format(self) -> bool: ...
-
-    def first_after(self, ms: int) -> Slot: ...
-
-    def following(self, slot: Slot) -> Slot: ...
-
-    def due(self, slot: Slot, now_ms: int, keep: int) -> tuple[list[Slot], int, Slot]: ...
-
-    def between(self, anchor: Slot, start_ms: int, end_ms: int, limit: int) -> list[Slot]: ...
-
-    def count(self, anchor: Slot, start_ms: int, end_ms: int) -> int: ...
-
-    def to_json(self) -> dict[str, Any]: ...
-
-    def describe(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -355,8 +324,11 @@ class Once:
         return f"once at {describe_time(self.at_ms)}"
 
 
-#: the kinds of schedule: a new one is its class and a row here
-SCHEDULE_KINDS: tuple[type[Schedule], ...] = (Every, Cron, Once)
+#: The kinds of schedule: a new one is a class with the methods and class attributes (``KEY``, the
+#: field of its JSON that says the kind; ``from_json``; ``newer_format``: a reader before kinds of
+#: schedule misreads it, so its entry is stored as state v2) of these three, and its place here.
+Schedule = Every | Cron | Once
+SCHEDULE_KINDS: tuple[type[Schedule], ...] = get_args(Schedule)
 
 
 def schedule_from_json(data: Mapping[str, Any]) -> Schedule:
