@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 from .envelope import Envelope
 from .errors import ConfigError, EnvelopeError, MissingExtraError, install_hint
 
-__all__ = ["CELERY", "ENTRY_KINDS", "KINDS", "LIST", "RQ", "EntryKind", "Kind", "Ref", "adapter", "kind_of", "view"]
+__all__ = ["ENTRY_KINDS", "KINDS", "RQ", "EntryKind", "Kind", "Ref", "adapter", "kind_of", "view"]
 
 log = logging.getLogger("delayq.kinds")
 
@@ -113,15 +113,13 @@ class Kind:
 
 _CELERY_VIEW: Ref[Callable[[Envelope], dict[str, Any] | None]] = Ref("celery.periodic:task_json")
 
-LIST = Kind("list", "list_target", Ref("assemble:list_targets"))
-CELERY = Kind("celery", "celery_broker", Ref("celery.forwarding:targets"), _CELERY_VIEW)
 RQ = Kind("rq", "rq_redis", Ref("rq.forwarding:targets"))
 
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        LIST,
-        CELERY,
+        Kind("list", "list_target", Ref("assemble:list_targets")),
+        Kind("celery", "celery_broker", Ref("celery.forwarding:targets"), _CELERY_VIEW),
         Kind("celery-periodic", view=_CELERY_VIEW, entry=EntryKind("celery", Ref("celery.periodic:task_of"))),
         RQ,
         Kind("rq-run"),
