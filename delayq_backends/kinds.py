@@ -1,14 +1,11 @@
-"""The kinds of envelope target in one table: who builds a kind's targets, how a listing shows
-its items and, for a kind of periodic entry, what its templates run.
+"""The kinds of envelope target in one table: who builds a kind's targets, how listings show its
+items and, for a kind of periodic entry, what its templates run.
 
-An envelope names its kind (``Envelope.target``). Whatever treats kinds differently reads the row
-of that kind instead of asking ``target == "rq"``: :mod:`.assemble` builds the forwarder's
-targets, :mod:`.entries` (``--json``, the HTTP API) and the dashboard show items, and
-:mod:`.periodic` lists entries and checks their templates. The table is in the base layer and
-names the adapters above it as text (:class:`Ref`), imported on first use: no layer imports one
-above it, and a process without Celery or RQ installed never imports them. A new broker is one
-adapter package plus one row here (docs/architecture.md, "Kinds"); a test fails on a kind
-compared by name anywhere else.
+Whatever treats kinds differently reads the row of ``Envelope.target`` instead of asking
+``target == "rq"`` (:mod:`.assemble`, :mod:`.entries`, :mod:`.periodic`, the CLI and the API). The
+table is in the base layer and names the adapters above it as text (:class:`Ref`), imported on
+first use: the layers hold, and a process without Celery or RQ never imports them. A new broker is
+one package plus one row (docs/architecture.md, "Kinds").
 """
 
 from __future__ import annotations
@@ -45,8 +42,7 @@ def adapter(name: str) -> Any:
 
 @dataclass(frozen=True)
 class Ref(Generic[T]):
-    """An object of an adapter module, named ``"module:name"`` under ``delayq_backends``; its type
-    is the column's that holds it (a test loads every row's)."""
+    """An object named ``"module:name"`` under ``delayq_backends``, of the type of its column."""
 
     path: str
 
