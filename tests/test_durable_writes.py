@@ -287,7 +287,7 @@ def test_every_public_write_path_is_tried_or_says_why_not() -> None:
     assert public - tried - INTERNAL.keys() - READS == set(), "a new store method: a write (WRITES), INTERNAL or READS"
     assert (tried | INTERNAL.keys() | READS) - public == set(), "names a method the store no longer has"
     actions = {n for n in ops.__all__ if inspect.isfunction(getattr(ops, n))}
-    reads = {"get", "statuses", "status_page", "item_id", "kind_of", "keep_alignment", "register_kind", "preview"}
+    reads = {"get", "statuses", "status_page", "item_id", "keep_alignment", "preview"}
     assert actions - reads == PERIODIC_WRITES, "a new periodic action: a case in WRITES, or a read"
     assert {name.split()[1] for name in WRITES if name.startswith("periodic ")} == PERIODIC_WRITES
 

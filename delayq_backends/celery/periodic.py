@@ -49,11 +49,11 @@ from ..errors import DelayqError
 from ..overlap_policy import ALLOW, check_policy, overlap_slot
 from ..periodic.firing import EntryWaits, FiringTarget, Run
 from ..periodic.history import RUN_HEADER, RunMark
-from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, register_kind, sync_code
+from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, sync_code
 from ..periodic.options import CELERY as CELERY_ENTRY
 from ..periodic.options import OPTION_FIELDS, RunOptions
 from ..periodic.registry import PeriodicError
-from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, run_task_id
+from ..periodic.schedules import SCHEDULE_KINDS, Misfire, Schedule, run_task_id
 from ..periodic.state import CODE, LAZY_META, META, RUNTIME, PeriodicState, state_of
 from ..store import DelayStore
 from ..targets import Delivery, Target
@@ -75,6 +75,8 @@ __all__ = [
     "entries_of",
     "entry_spec",
     "sync",
+    "task_json",
+    "task_of",
     "task_view",
     "zone_of",
 ]
@@ -223,7 +225,7 @@ def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> E
     value = conf["schedule"]
     schedule = (
         value
-        if isinstance(value, (Every, Cron, Once))
+        if isinstance(value, SCHEDULE_KINDS)
         else from_celery(value, zone=zone_of(app), relative=bool(conf.get("relative")))
     )
     message, expires = _message(app, task, args, kwargs, dict(options))
@@ -389,12 +391,15 @@ def sync(
     )  # fmt: skip
 
 
-def _task_of(envelope: Envelope) -> str:
+def task_of(envelope: Envelope) -> str:
     """The task a stored entry runs, for listings."""
     return _message_of(envelope).task
 
 
-register_kind(KIND, "celery", _task_of)
+def task_json(envelope: Envelope) -> dict[str, Any] | None:
+    """:func:`task_view` as JSON values: how listings show Celery items (:mod:`delayq_backends.kinds`)."""
+    view = task_view(envelope)
+    return None if view is None else view.as_dict()
 
 
 def task_view(envelope: Envelope) -> TaskView | None:

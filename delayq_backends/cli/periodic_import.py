@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 import redis
 
-from ..assemble import adapter
 from ..connection import connect
+from ..kinds import adapter
 from ..periodic.imports import ImportReport, import_entries, preview_sync, synced
 from ..store import DelayStore
 from .options import closing, json_option, secret_option

@@ -55,7 +55,6 @@ from ..outages import gives_back
 from ..overlap_policy import ALLOW, overlap_slot
 from ..periodic.firing import FiringTarget, Run
 from ..periodic.history import RUN_HEADER, RunMark
-from ..periodic.ops import register_kind
 from ..periodic.schedules import run_task_id
 from ..periodic.state import PeriodicState, state_of
 from ..periodic.trust import TrustCheck, UntrustedError
@@ -77,6 +76,8 @@ __all__ = [
     "TemplateError",
     "capture",
     "entry_view",
+    "task_of",
+    "template_digest",
     "run_envelope",
 ]
 
@@ -396,12 +397,14 @@ class RQRunTarget:
         """The connection is the RQ target's too: it closes it."""
 
 
-register_kind(
-    KIND,
-    "rq",
-    lambda envelope: JobTemplate.from_envelope(envelope).func,
-    trust=lambda envelope: JobTemplate.from_envelope(envelope).digest(),
-)
+def task_of(envelope: Envelope) -> str:
+    """The function a stored entry runs, for listings."""
+    return JobTemplate.from_envelope(envelope).func
+
+
+def template_digest(envelope: Envelope) -> str:
+    """The digest of a stored entry's job template, recorded as its operator's definition."""
+    return JobTemplate.from_envelope(envelope).digest()
 
 
 def entry_view(envelope: Envelope) -> dict[str, Any]:
