@@ -67,9 +67,11 @@ class StoreCore:
     Args:
         client: a ``redis.Redis`` or ``RedisCluster`` created with ``decode_responses=False``.
         config: prefix, shard count and limits; ``config.url`` is not used here.
-        clock: "now" for ``timedelta`` ready times; tests may pass a fake one. By default the
-            server's clock (read once, advanced with a monotonic clock), the one every claim uses,
-            so a producer whose wall clock is off schedules neither early nor late.
+        clock: "now" in ms, kept as ``store.clock``: the one clock of everything that uses this
+            store (``timedelta`` ready times, its forwarders, leases, periodic firing and
+            targets). By default a :class:`~delayq_backends.timeutil.ServerClock` on the server
+            whose ``TIME`` every claim uses, so a host whose wall clock is off schedules and
+            forwards neither early nor late; a test passes its fake clock here, and only here.
     """
 
     def __init__(self, client: Client, config: Config | None = None, *, clock: Clock | None = None) -> None:
@@ -216,6 +218,7 @@ class StoreCore:
         return [shard]
 
     def server_time_ms(self) -> int:
+        """The server's ``TIME`` in ms, read now (a round trip): what :attr:`clock` follows."""
         seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
 

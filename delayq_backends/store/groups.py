@@ -142,7 +142,7 @@ class Groups(Slots):
                 f"group {key!r}: throttle for {seconds!r} s: use seconds > 0 and <= {MAX_THROTTLE_SECONDS}"
             )
         by = _check_paused(key, by)
-        until = self.server_time_ms() + round(seconds * 1000)
+        until = self.clock() + round(seconds * 1000)
         name = group_policy_key(self.config.prefix, key)
         current = self.group_policy(key).throttled_until
         if current is None or current < until:
