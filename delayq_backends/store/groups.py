@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -234,10 +233,8 @@ class SlotKeyList(KeyList):
     seconds (see :class:`~.keylist.KeyList`); the statuses of listed keys are read fresh on every
     call (:meth:`Groups.slot_board`)."""
 
-    def __init__(
-        self, store: Groups, *, ttl: float = KEY_LIST_TTL, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        super().__init__(store.groups_in_use, ttl=ttl, clock=clock)
+    def __init__(self, store: Groups, *, ttl: float = KEY_LIST_TTL) -> None:
+        super().__init__(store.groups_in_use, ttl=ttl)
 
 
 def _check_paused(key: str, by: Any) -> str:
