@@ -55,29 +55,29 @@ class ServerClock:
     targets (through their lease). The scripts' own ``TIME`` is the same server's, so a producer
     or forwarder whose wall clock is off schedules and claims neither early nor late; and a step
     of the local wall clock (NTP, an operator) changes nothing, as the monotonic clock does not
-    step. Re-reading bounds the drift of the monotonic clock against the server's; a reading is
-    taken as of the middle of its round trip, so the clock is within half a round trip of the
-    server's, in whole ms rounded down like ``TIME`` itself.
+    step. Re-reading bounds the drift of the monotonic clock against the server's.
+
+    Never behind the server: a reading counts from the moment it was asked for, so the clock leads
+    ``TIME`` by at most one round trip of that reading; an item due "now" on the server is due on
+    this clock, and a ``timedelta`` ready time is never early. Whole ms, rounded down as ``TIME``.
 
     Args:
-        read: the server's time in ms now (a round trip: ``TIME``).
+        read: the server's time in ms now, to the µs if it can (a round trip: ``TIME``).
     """
 
-    def __init__(self, read: Callable[[], int]) -> None:
+    def __init__(self, read: Callable[[], float]) -> None:
         self._read = read
         #: server time at the last reading and time.monotonic() then, as one tuple: several
         #: threads read the clock
-        self._reading: tuple[int, float] | None = None
+        self._reading: tuple[float, float] | None = None
 
     def __call__(self) -> int:
         mono = time.monotonic()
         reading = self._reading
         if reading is None or mono - reading[1] > CLOCK_RESAMPLE_S:
-            server = self._read()
-            after = time.monotonic()
-            reading = self._reading = (server, (mono + after) / 2)  # the reply came mid round trip
-            mono = after
-        return reading[0] + int((mono - reading[1]) * 1000)
+            reading = self._reading = (self._read(), mono)
+            mono = time.monotonic()
+        return int(reading[0] + (mono - reading[1]) * 1000)
 
 
 def score_ms(score: float | int | bytes | str | None) -> int:

@@ -77,7 +77,7 @@ class StoreCore:
     def __init__(self, client: Client, config: Config | None = None, *, clock: Clock | None = None) -> None:
         self.client = client
         self.config = config or Config()
-        self.clock: Clock = clock if clock is not None else ServerClock(self.server_time_ms)
+        self.clock: Clock = clock if clock is not None else ServerClock(self._server_time)
         self.scripts = ScriptRunner(client, Durability(self.config.durable_replicas, self.config.durable_timeout_ms))
         self.cluster = is_cluster(client)
         self._shard_keys: list[ShardKeys] | None = None
@@ -221,6 +221,12 @@ class StoreCore:
         """The server's ``TIME`` in ms, read now (a round trip): what :attr:`clock` follows."""
         seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
+
+    def _server_time(self) -> float:
+        """The server's ``TIME`` in ms to the µs, for :attr:`clock` (which rounds down once, after
+        advancing it)."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) / 1000
 
     def script_now(self, now: int | None) -> int:
         """The "now" a script that reads the time is given: ``now`` if the caller chose one, else 0,
