@@ -57,7 +57,7 @@ from ..periodic.schedules import SCHEDULE_KINDS, Misfire, Schedule, run_task_id
 from ..periodic.state import CODE, LAZY_META, META, RUNTIME, PeriodicState, state_of
 from ..store import DelayStore
 from ..targets import Delivery, Target
-from ..timeutil import Clock, from_ms, parse_iso, to_ms
+from ..timeutil import from_ms, parse_iso, to_ms
 from ..tracing import FIELDS as TRACE_FIELDS
 from .lazy import LazyArgs, allowed_functions, split_lazy
 from .message import KIND as CELERY_KIND
@@ -430,7 +430,6 @@ class PeriodicTarget(FiringTarget):
         inner: the target of kind ``celery`` that publishes the runs.
         app: the user's app, to evaluate ``BeatLazyFunc`` arguments per run (``celery -A proj
             delayq forward``); without it (``delayq forward --celery-broker``) such entries wait.
-        clock: "now" in ms for the misfire policy; by default the store's clock (the server's).
         on_skipped: called with (entry name, periods) for periods skipped by an overlap policy.
     """
 
@@ -441,9 +440,8 @@ class PeriodicTarget(FiringTarget):
         inner: Target,
         *,
         app: Celery | None = None,
-        clock: Clock | None = None,
         on_skipped: Callable[[str, int], None] | None = None,
     ) -> None:
         if inner.kind != CELERY_KIND:
             raise ValueError(f"PeriodicTarget publishes through a {CELERY_KIND!r} target, not {inner.kind!r}")
-        super().__init__(CeleryRuns(app), inner, clock=clock, on_skipped=on_skipped)
+        super().__init__(CeleryRuns(app), inner, on_skipped=on_skipped)

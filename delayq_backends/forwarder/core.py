@@ -25,8 +25,8 @@ from ..models import Claim
 from ..pauses import TargetPauses
 from ..store import DelayStore
 from ..targets import Target
+from ..timeutil import Clock
 from .backoff import OutageBackoff, ShardBackoff
-from .clock import Clock
 from .context import Context
 from .groups import GroupHook, ReleaseStep
 from .heartbeat import Heartbeat
@@ -59,13 +59,14 @@ class Forwarder:
     ...)``: the keywords are the fields of :class:`ForwarderSettings` (validated there), plus
     ``audit`` (where to log one record per forwarded item; it must not block, and its failures
     are logged, never raised) and ``metrics`` (Prometheus metrics to update), off by default;
-    ``clock`` replaces the store's (a test's fake clock); ``tracer_provider`` is where the
-    forward's spans go (docs/tracing.md), by default OpenTelemetry's global one when configured.
+    ``tracer_provider`` is where the forward's spans go (docs/tracing.md), by default
+    OpenTelemetry's global one when configured.
 
-    It composes one :class:`Clock`, a :class:`Heartbeat`, the :class:`Pass` (with its hooks:
-    periodic waits, flow control, lossless mode,
-    concurrency slots), the :class:`Sweeper` that overlaps claims with
-    publishes, and the :class:`Loop`.
+    It reads the store's clock (``store.clock``, the one its leases, periodic firing and targets
+    read too: a test's fake clock is given to the store, never here) and composes a
+    :class:`Heartbeat`, the :class:`Pass` (with its hooks: periodic waits, flow control, lossless
+    mode, concurrency slots), the :class:`Sweeper` that overlaps claims with publishes, and the
+    :class:`Loop`.
     """
 
     def __init__(
@@ -76,7 +77,6 @@ class Forwarder:
         *,
         audit: AuditSink | None = None,
         metrics: ForwarderMetrics | None = None,
-        clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         **kwargs: Any,
     ) -> None:
@@ -95,7 +95,7 @@ class Forwarder:
         self.audit = audit
         self.metrics = metrics
         self.stats = ForwarderStats()
-        self.clock = clock or Clock(store.server_time_ms)
+        self.clock: Clock = store.clock
         self.flow = FlowGate(settings.flow, store, self.targets)
         max_backoff_ms = int(settings.max_outage_backoff * 1000)
         #: targets paused by a configuration error (a refused login, a missing module)
@@ -104,7 +104,7 @@ class Forwarder:
         self.shards = ShardBackoff(max_backoff_ms, self.clock, self.stats)
         self.outages = OutageBackoff(settings.max_outage_backoff, self._stop)
         lease_ms = store.config.lease_ms
-        self.heartbeat = Heartbeat(lease_ms, self.clock.now_ms)
+        self.heartbeat = Heartbeat(lease_ms, self.clock)
         retry_ms, max_retry_ms = int(settings.retry_delay * 1000), int(settings.max_retry_delay * 1000)
         hooks: list[PassHook] = [PeriodicHook(retry_ms, max_retry_ms), FlowHook(self.flow, metrics)]
         if settings.keep_ms:
@@ -127,8 +127,8 @@ class Forwarder:
         )  # fmt: skip
 
     def server_now_ms(self) -> int:
-        """The store's clock (:class:`Clock`)."""
-        return self.clock.now_ms()
+        """The store's clock (:class:`~delayq_backends.timeutil.ServerClock`, or a test's fake one)."""
+        return self.clock()
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -141,7 +141,7 @@ class Forwarder:
 
     def _sweep(self, heads: list[int | None]) -> int:
         claimed = self.sweeper.sweep(self.shards.due(heads))
-        self.slots.fold(self.clock.now_ms())
+        self.slots.fold(self.clock())
         return claimed
 
     def run_until_idle(self) -> ForwarderStats:

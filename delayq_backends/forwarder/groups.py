@@ -41,8 +41,8 @@ from ..scripts.store import LineItem
 from ..store import WAIT_MS, DelayStore, SlotAsk, slot_member
 from ..store.glines import LINE_RECHECK_MS, GroupRoom, line_order
 from ..targets import Delivery, RunTarget, Target
+from ..timeutil import Clock
 from . import slots
-from .clock import Clock
 from .hooks import PassHook
 from .records import Published, Verdict
 from .stats import ForwarderStats
@@ -334,7 +334,7 @@ class ReleaseStep:
 
     def saw(self, lines: Sequence[int | None]) -> None:
         """The lines' heads per shard (``gready``'s earliest), as the loop's heads read them."""
-        now = self.clock.now_ms()
+        now = self.clock()
         self.due_lines = {s for s, at in enumerate(lines) if at is not None and at <= now}
 
     def woken(self, group: object) -> None:
@@ -349,7 +349,7 @@ class ReleaseStep:
             return
         woken = sorted(self._woken)[:WAKES_PER_PASS]
         self._woken.difference_update(woken)
-        now = self.clock.now_ms()
+        now = self.clock()
         rooms = self.store.hand_over(
             woken, now=now, held_until=now + slots.RECHECK_MS, limits=self.hook.limits,
             hold_ms=self.hook.start_window_ms,
@@ -371,7 +371,7 @@ class ReleaseStep:
         shards = list(range(self.store.shards)) if self.hook.admits else [s for s in due if s in self.due_lines]
         if not shards:
             return list(due)
-        now = self.clock.now_ms()
+        now = self.clock()
         looked = self.store.due_groups(shards, now=now)
         self.due_lines.difference_update(s for s in shards if s not in looked)
         if not looked:

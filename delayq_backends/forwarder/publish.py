@@ -99,7 +99,7 @@ class Publisher:
         taken: set[str] = set()
         later = list(s.prepared.later) + s.later
         if failed:
-            now = self.ctx.clock.now_ms()
+            now = self.ctx.clock()
             for hook in self.ctx.hooks:
                 verdict = hook.failed(s.prepared, failed, now)
                 later += verdict.later
@@ -115,7 +115,7 @@ class Publisher:
     def _call(self, kind: str, claims: list[_Sending]) -> None:
         """One publish call to target ``kind`` for ``claims``, each one's deliveries admitted by
         the hooks and checked still ours just before it."""
-        until = self.pauses.until(kind, self.ctx.clock.now_ms())
+        until = self.pauses.until(kind, self.ctx.clock())
         if until is not None:
             for s in claims:
                 s.later += [(d.id, until) for d in s.prepared.groups[kind]]
@@ -128,7 +128,7 @@ class Publisher:
         go = s.prepared.groups[kind]
         for hook in self.ctx.hooks:
             if hook.admits and go:
-                admitted = hook.admit(kind, go, self.ctx.clock.now_ms())
+                admitted = hook.admit(kind, go, self.ctx.clock())
                 go = admitted.go
                 s.later += admitted.later
         return go
@@ -145,7 +145,7 @@ class Publisher:
         held: HeldLease = s.prepared.held
         if not deliveries:
             return deliveries
-        if held.deadline_ms - self.lease_margin_ms <= self.ctx.clock.now_ms():
+        if held.deadline_ms - self.lease_margin_ms <= self.ctx.clock():
             try:
                 self.heartbeat.extend(held)
             except Exception as exc:
@@ -174,7 +174,7 @@ class Publisher:
         part = self._isolated(kind, deliveries, call[0][0].prepared.lease)
         for hook in self.ctx.hooks:
             hook.sent(kind, deliveries, part.published)
-        now = self.ctx.clock.now_ms()
+        now = self.ctx.clock()
         cause = None if part.broker_error is None else config_error(part.broker_error)
         if cause is not None:  # not an outage: pause the target, its items wait in the store
             until, unsent = self.pauses.pause(kind, cause, now), set(part.unsent)

@@ -28,7 +28,7 @@ from ..overlap_policy import ALLOW, Fire, OverlapAsk, fire_runs, overlap_slot
 from ..store import DelayStore, slot_member
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport, Target
-from ..timeutil import Clock, from_ms
+from ..timeutil import from_ms
 from .history import Fired, RunMark, SentRun, report_fired
 from .schedules import END, MAX_BACKFILL, Plan, Slot, describe_time, run_task_id
 from .state import PeriodicState, jitter_offset, state_of, with_state
@@ -231,7 +231,6 @@ class FiringTarget:
     Args:
         maker: the kind's run maker (its ``kind`` is this target's).
         inner: the target that publishes the runs.
-        clock: "now" in ms for the misfire policy; by default the store's clock (the server's).
         on_skipped: called with (entry name, periods) for periods skipped by an overlap policy.
     """
 
@@ -240,14 +239,12 @@ class FiringTarget:
         maker: RunMaker,
         inner: Target,
         *,
-        clock: Clock | None = None,
         on_skipped: Callable[[str, int], None] | None = None,
     ) -> None:
         self.maker = maker
         self.kind = maker.kind
         self._slot_run = maker.slot_run
         self.inner = inner
-        self.clock = clock
         #: told (entry name, periods) of the periods an overlap policy skipped: the metrics' counter
         self.on_skipped = on_skipped
 
@@ -270,7 +267,7 @@ class FiringTarget:
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()
-        now = self.clock() if self.clock is not None else lease.now_ms()
+        now = lease.now_ms()  # the store's clock, as its forwarder's: the misfire policy's "now"
         fired: list[_Firing] = []
         shorter: dict[int, list[str]] = {}
         for d in deliveries:

@@ -61,7 +61,6 @@ from ..periodic.trust import TrustCheck, UntrustedError
 from ..scripts import RqNewJob, RqRun, ScriptRunner
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport
-from ..timeutil import Clock
 from .queue import SLOT_META
 
 __all__ = [
@@ -451,10 +450,8 @@ class RQPeriodicTarget(FiringTarget):
 
     _check = TrustCheck("RQ periodic entry")
 
-    def __init__(
-        self, inner: RQRunTarget, *, clock: Clock | None = None, on_skipped: Callable[[str, int], None] | None = None
-    ) -> None:
-        super().__init__(RQRuns(), inner, clock=clock, on_skipped=on_skipped)
+    def __init__(self, inner: RQRunTarget, *, on_skipped: Callable[[str, int], None] | None = None) -> None:
+        super().__init__(RQRuns(), inner, on_skipped=on_skipped)
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         wanted = {}

@@ -29,7 +29,6 @@ import contextlib
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -56,6 +55,7 @@ from ..scripts.store import Ack
 from ..store import DelayStore
 from ..store.lease import Lease
 from ..targets import SLOT_TOKEN, Buried, Delivery, PublishReport
+from ..timeutil import Clock, now_ms
 from .failed import MARK, DeadJob, failed_key, record_failed
 from .periodic import advance, due_between
 from .registry import forget_scheduled, registry_key
@@ -411,6 +411,8 @@ class _Batch:
     keys: _Keys
     #: by job id (see :func:`job_id_of`); the store knows them by ``deliveries[job_id].id``
     deliveries: dict[str, Delivery]
+    #: "now" in ms for the whole batch (:meth:`RQTarget._now_ms`)
+    now_ms: int
     held: list[str] = field(default_factory=list)
     jobs: dict[str, JobFields] = field(default_factory=dict)
     deferred: set[str] = field(default_factory=set)
@@ -445,8 +447,10 @@ class RQTarget:
         connection: RQ's Redis (``decode_responses=False``, as RQ requires). Pass the delay
             store's own client, or one to the same server and database, for the exactly-once
             hand-off.
-        clock: "now" in epoch seconds, for the next run of periodic and cron jobs. Tests pass
-            a fake one.
+        clock: "now" in ms, for the next run of periodic and cron jobs and retry times. By
+            default the store's clock, read through the claim's lease: the one its forwarder
+            reads (the wall clock for :meth:`publish_many`, which has no lease). A test on a
+            real store may pass another.
         max_watch_retries: how often a batch is re-tried when a WATCHed key changes under it
             (a cancel, another claim on the shard) before its items are retried later instead.
         allow_classes: queue/job classes the forwarder may import from envelopes (by default
@@ -461,7 +465,7 @@ class RQTarget:
         self,
         connection: redis.Redis,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
         max_watch_retries: int = 20,
         allow_classes: ClassAllowlist | None = None,
         class_retry: float = NOT_ALLOWED_WAIT_S,
@@ -484,6 +488,12 @@ class RQTarget:
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         """Move a claimed batch; on the store's own server the ack commits with the enqueue."""
         return self._publish(deliveries, lease)
+
+    def _now_ms(self, lease: Lease | None) -> int:
+        """The batch's "now": ``clock`` if given, else the store's clock (the lease's)."""
+        if self.clock is not None:
+            return self.clock()
+        return lease.now_ms() if lease is not None else now_ms()
 
     def buried(self, letters: Sequence[Buried]) -> None:
         """Put the jobs of dead-lettered items into RQ's FailedJobRegistry (see :mod:`.failed`).
@@ -519,7 +529,7 @@ class RQTarget:
     # -- one batch ----------------------------------------------------------------------------
 
     def _publish(self, deliveries: Sequence[Delivery], lease: Lease | None) -> PublishReport:
-        report = PublishReport()
+        report, now = PublishReport(), self._now_ms(lease)
         groups: dict[tuple[Any, ...], list[Delivery]] = {}
         for d in deliveries:  # the serializer is not needed: nothing is deserialized
             try:
@@ -535,13 +545,13 @@ class RQTarget:
                     name, self._class("queue_class", queue_path, RQQueue), self._class("job_class", job_path, Job)
                 )
             except ClassNotAllowedError as exc:
-                self._wait_for_allowlist(exc, group, report)
+                self._wait_for_allowlist(exc, group, report, now)
                 continue
             except ClassImportError as exc:
                 self._fail_unless_requeued(group, exc, report)
                 continue
             try:
-                batch = _Batch(keys, {job_id_of(d): d for d in group})
+                batch = _Batch(keys, {job_id_of(d): d for d in group}, now)
                 self._hand_slot_tokens(batch)
                 rest = self._move_usual(batch, lease, report)
                 if rest is not None:
@@ -590,14 +600,16 @@ class RQTarget:
                     pipe.set(slot_token_key(batch.job_keys[job_id]), token, px=SLOT_TOKEN_TTL_MS)
                 pipe.execute()
 
-    def _wait_for_allowlist(self, exc: ClassNotAllowedError, group: list[Delivery], report: PublishReport) -> None:
+    def _wait_for_allowlist(
+        self, exc: ClassNotAllowedError, group: list[Delivery], report: PublishReport, now: int
+    ) -> None:
         """Jobs naming a class off the allowlist wait in the store (not imported, not
         dead-lettered), with one warning per class per forwarder: a user's own subclass moves
         once the forwarder is restarted with the ``--rq-allow-class`` the warning names."""
         if str(exc) not in self._warned:
             self._warned.add(str(exc))
             log.warning("RQ jobs wait, not moved (retried every %g s): %s", self.class_retry, exc)
-        not_before = int((self.clock() + self.class_retry) * 1000)
+        not_before = now + int(self.class_retry * 1000)
         report.later += [(d.id, not_before) for d in group]
 
     def _class(self, what: str, path: Any, base: type) -> Any:
@@ -646,7 +658,7 @@ class RQTarget:
         if shared is not None:
             report.acked += batch.items(settled)
         rest = ids[len(outcomes) :]
-        return _Batch(keys, {j: batch.deliveries[j] for j in rest}) if rest else None
+        return _Batch(keys, {j: batch.deliveries[j] for j in rest}, batch.now_ms) if rest else None
 
     def _move(self, batch: _Batch, lease: Lease | None, report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""
@@ -714,7 +726,7 @@ class RQTarget:
             return batch
         store = lease.store if isinstance(lease.store, DelayStore) else None
         outcomes = fire_runs(store, asks) if store is not None else {}
-        now = self.clock()
+        now = batch.now_ms
         moving: dict[str, Delivery] = {}
         for job_id, d in batch.deliveries.items():
             outcome = outcomes.get(job_id, Fire.RUN)
@@ -722,7 +734,7 @@ class RQTarget:
                 why = f"its overlap policy could not be applied ({outcome if store else 'no slot role on this store'})"
                 report.failed.append(DeliveryFailure(d.id, why, waits=True))
             elif outcome is Fire.WAIT:
-                report.later.append((d.id, int(now * 1000) + RUN_RECHECK_MS))
+                report.later.append((d.id, now + RUN_RECHECK_MS))
             elif outcome is Fire.SKIP:
                 self._skip(d, lease, now)
                 report.published.append(d.id)
@@ -730,16 +742,16 @@ class RQTarget:
                 if job_id in asks:
                     batch.granted[job_id] = _passed_over(d, now)
                 moving[job_id] = d
-        left = _Batch(batch.keys, moving)
+        left = _Batch(batch.keys, moving, batch.now_ms)
         left.granted = batch.granted
         return left
 
-    def _skip(self, d: Delivery, lease: Lease, now: float) -> None:
+    def _skip(self, d: Delivery, lease: Lease, now: int) -> None:
         """Schedule the period after a skipped one, the skip counted (not a run: ``repeat`` is
         not counted down)."""
         schedule = _schedule_of(d)
         skipped = _skipped(schedule) + 1
-        following = advance({k: v for k, v in schedule.items() if k != "repeat"}, now=max(now, d.ready_ms / 1000))
+        following = advance({k: v for k, v in schedule.items() if k != "repeat"}, now=max(now, d.ready_ms) / 1000)
         if self.on_skipped is not None:
             self.on_skipped(job_id_of(d), 1)
         log.info("periodic job %s: period skipped, its last run still running (skipped %d so far)", d.id, skipped)
@@ -845,7 +857,7 @@ class RQTarget:
         waited = batch.granted.get(job_id, 0)
         if waited:
             schedule[SKIPPED_FIELD] = _skipped(schedule) + waited
-        following = advance(schedule, now=max(self.clock(), delivery.ready_ms / 1000))
+        following = advance(schedule, now=max(batch.now_ms, delivery.ready_ms) / 1000)
         if following is not None:
             meta = {**delivery.envelope.meta, SCHEDULE_KEY: schedule}
             batch.following[job_id] = (following, Envelope(KIND, delivery.envelope.destination, meta=meta))
