@@ -19,8 +19,8 @@ Waiting costs nothing: a grouped item waits parked in its shard's line of its gr
 A worker's end report (and a forwarder's give-back, from its script) names its group on the
 groups' wake channel; a forwarder that hears it hands the group's free slots straight to the
 earliest heads of its lines (:meth:`ReleaseStep.apply_wakes`, at most :data:`WAKES_PER_PASS`
-groups a pass: its room, its heads, their release into the due index, three round trips and one
-script call per shard holding a head), so a slot given back is taken by the next claim, with no
+groups a pass: its room with its heads, then their release into the due index, two round trips
+and one script call per shard holding a head), so a slot given back is taken by the next claim, with no
 look at the group's lines in every shard. A group at its limit is looked at again every
 :data:`.slots.RECHECK_MS` anyway: a slot freed with no end report (a hold that lapsed, a
 forwarder killed after its release) idles at most that long.
@@ -344,7 +344,7 @@ class ReleaseStep:
 
     def apply_wakes(self) -> None:
         """Hand the woken groups' free slots to their lines' heads (:meth:`~delayq_backends.store.
-        glines.GroupLines.hand_over`: three round trips), held as a bound group is."""
+        glines.GroupLines.hand_over`: two round trips), held as a bound group is."""
         if not self._woken:
             return
         woken = sorted(self._woken)[:WAKES_PER_PASS]
