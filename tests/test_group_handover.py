@@ -10,9 +10,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import PARKED_MS, group_wake_channel
 from delayq_backends.store import SlotAsk
 from delayq_backends.store.glines import GroupRoom
+from delayq_backends.testing import CollectingTarget
 from tests.harness import make_store
 from tests.test_group_lines import Running, envelope, past
 
@@ -90,3 +92,26 @@ def test_a_hand_over_gives_the_free_slots_to_the_earliest_heads_across_the_shard
     for n in range(4):  # its lines that still hold items wait for the next look or wake
         ready = store.client.zscore(store.keys(n).gready, "g")
         assert ready is None or ready == now + 60_000 or store.client.zcard(store.keys(n).gline("g")) == 0
+
+
+def test_a_sweeps_first_pass_looks_only_where_the_heads_just_read_found_a_line_due(
+    valkey_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop reads every shard's heads (and lines) just before a sweep: its first pass looks
+    at the lines only in the shards found due there (none after a hand-over held its group), a
+    later pass of the sweep at every shard (a quiet group's item due meanwhile)."""
+    store = make_store(valkey_url, prefix, shards=4)
+    step = Forwarder(store, [CollectingTarget("list")]).lines
+    step.hook.admits = True  # a grouped item was met
+    looked: list[list[int]] = []
+    due_groups = store.due_groups
+    monkeypatch.setattr(
+        store, "due_groups", lambda shards, **kw: looked.append(list(shards)) or due_groups(shards, **kw)
+    )
+    now = store.server_time_ms()
+    step.saw([None, now - 1, now + 60_000, None])  # shard 1's lines due, shard 2's later
+    step.release([1, 3])
+    step.release([1, 3])
+    step.saw([None, None, None, None])
+    step.release([0])
+    assert looked == [[1], [0, 1, 2, 3]]
