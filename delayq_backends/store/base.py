@@ -259,6 +259,25 @@ class StoreCore:
         raw = self.scripts.run_pipelined(calls)
         return [read(partial(_parsed, call, answer)) for call, answer in zip(calls, raw)]
 
+    def run_each_with(
+        self, calls: Sequence[ScriptCall[R]], reads: Callable[[Any], None]
+    ) -> tuple[list[R | Exception], list[Any]]:
+        """Run ``calls`` as :meth:`run_each` does and the plain commands ``reads`` queues on a
+        pipeline, in one round trip: each call's reply or error, then the commands' replies
+        (errors as values), in their order. On a cluster (whose pipelines cannot run scripts)
+        or for a call that waits for replicas, the calls run first, then the commands."""
+        if self.cluster or any(self.scripts.waits(call) for call in calls):
+            replies = self.run_each(calls)
+            with self.client.pipeline(transaction=False) as pipe:
+                reads(pipe)
+                return replies, list(pipe.execute(raise_on_error=False))
+        with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                self.scripts.queue(call, pipe)
+            reads(pipe)
+            raw = pipe.execute(raise_on_error=False)
+        return [_reply_or_error(partial(_parsed, c, a)) for c, a in zip(calls, raw)], list(raw[len(calls) :])
+
     def _queue(self, call: Callable[[ShardKeys], ScriptCall[Any]], shard: int, pipeline: Any) -> None:
         """Queue the script call ``call`` builds from ``shard``'s keys on a caller's pipeline or
         MULTI/EXEC: it commits with the caller's writes (see :meth:`ScriptRunner.queue`)."""
