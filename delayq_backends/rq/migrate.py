@@ -33,9 +33,9 @@ from ..envelope import Envelope
 from ..errors import InvalidIdError
 from ..keys import normalize_id
 from ..store import DelayStore, ScheduleEntry
+from .jobs import AT_FRONT_RANK, job_envelope, schedule_of
 from .periodic import RQ_SCHEDULER, SYNTAX_KEY
 from .registry import MIRROR_OFFSET_S, mirror_scheduled
-from .target import AT_FRONT_RANK, job_envelope, schedule_of
 
 __all__ = ["RQ_SCHEDULER_KEY", "MigrationReport", "adopt", "migrate"]
 

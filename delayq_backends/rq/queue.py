@@ -46,8 +46,8 @@ from ..storecache import StoreCache
 from ..timeutil import to_ms
 from ..tracing import FIELDS as TRACE_FIELDS
 from ..tracing import TRACE_META, current_carrier
+from .jobs import JOB_KEY, job_envelope, job_rank
 from .registry import ScheduledJobRegistry, mirror_scheduled, mirror_score, registry_key
-from .target import JOB_KEY, job_envelope, job_rank
 
 __all__ = [
     "DEBOUNCE_OPTION",
