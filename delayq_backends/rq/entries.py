@@ -448,10 +448,8 @@ class RQPeriodicTarget(FiringTarget):
 
     _check = TrustCheck("RQ periodic entry")
 
-    def __init__(
-        self, inner: RQRunTarget, *, clock: Clock | None = None, on_skipped: Callable[[str, int], None] | None = None
-    ) -> None:
-        super().__init__(RQRuns(), inner, clock=clock, on_skipped=on_skipped)
+    def __init__(self, inner: RQRunTarget, *, clock: Clock | None = None) -> None:
+        super().__init__(RQRuns(), inner, clock=clock)
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         wanted = {}

@@ -14,7 +14,7 @@ from ..models import DeliveryFailure
 from ..overlap_policy import ALLOW, BUFFER_ONE, RUN_RECHECK_MS, SKIP, Fire, OverlapAsk, fire_runs, overlap_slot
 from ..store import DelayStore
 from ..store.lease import Lease
-from ..targets import Delivery, PublishReport
+from ..targets import Delivery, PublishReport, Skipped
 from .jobs import (
     AT_FRONT_RANK,
     KIND,
@@ -33,13 +33,7 @@ __all__ = ["apply_overlap", "give_back", "is_periodic", "plan_next", "read_sched
 log = logging.getLogger("delayq.rq")
 
 
-def apply_overlap(
-    batch: MoveBatch,
-    lease: Lease,
-    report: PublishReport,
-    clock: Callable[[], float],
-    on_skipped: Callable[[str, int], None] | None,
-) -> MoveBatch:
+def apply_overlap(batch: MoveBatch, lease: Lease, report: PublishReport, clock: Callable[[], float]) -> MoveBatch:
     """Apply the overlap policies of periodic jobs (one slot call per job, before the move):
     a run whose previous one holds the job's slot is skipped (its next period scheduled, the
     skip counted in its envelope) or, under ``buffer_one``, waits in the slot's line (the
@@ -64,8 +58,9 @@ def apply_overlap(
         elif outcome is Fire.WAIT:
             report.later.append((d.id, int(now * 1000) + RUN_RECHECK_MS))
         elif outcome is Fire.SKIP:
-            _skip(d, lease, now, on_skipped)
+            _skip(d, lease, now)
             report.published.append(d.id)
+            report.skipped.append(Skipped(d.id, job_id_of(d), 1))
         else:
             if job_id in asks:
                 batch.granted[job_id] = _passed_over(d, now)
@@ -75,14 +70,12 @@ def apply_overlap(
     return left
 
 
-def _skip(d: Delivery, lease: Lease, now: float, on_skipped: Callable[[str, int], None] | None) -> None:
+def _skip(d: Delivery, lease: Lease, now: float) -> None:
     """Schedule the period after a skipped one, the skip counted (not a run: ``repeat`` is
     not counted down)."""
     schedule = _schedule_of(d)
     skipped = _skipped(schedule) + 1
     following = advance({k: v for k, v in schedule.items() if k != "repeat"}, now=max(now, d.ready_ms / 1000))
-    if on_skipped is not None:
-        on_skipped(job_id_of(d), 1)
     log.info("periodic job %s: period skipped, its last run still running (skipped %d so far)", d.id, skipped)
     if following is not None:
         meta = {**d.envelope.meta, SCHEDULE_KEY: {**schedule, SKIPPED_FIELD: skipped}}

@@ -44,7 +44,7 @@ from ..outages import gives_back
 from ..scripts import RqEnqueue, RqFields, RqMove, RqMoved, ScriptRunner
 from ..scripts.store import Ack
 from ..store.lease import Lease
-from ..targets import Buried, Delivery, PublishReport
+from ..targets import Buried, Delivery, PublishReport, Skipped
 from .allowlist import NOT_ALLOWED_WAIT_S, ClassAllowlist, ClassImportError, ClassNotAllowedError
 from .failed import MARK, DeadJob, failed_key, record_failed
 from .jobs import (
@@ -134,8 +134,6 @@ class RQTarget:
         self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
         self.class_retry = class_retry
         self.scripts = ScriptRunner(connection)
-        #: told (job id, periods) of the periods an overlap policy skipped: the metrics' counter
-        self.on_skipped: Callable[[str, int], None] | None = None
         #: the allowlist refusals already logged (one warning each)
         self._warned: set[str] = set()
 
@@ -313,7 +311,7 @@ class RQTarget:
     def _move(self, batch: MoveBatch, lease: Lease | None, report: PublishReport) -> None:
         """Enqueue one queue's jobs in one transaction, retried while WATCHed keys change."""
         if lease is not None:
-            batch = apply_overlap(batch, lease, report, self.clock, self.on_skipped)
+            batch = apply_overlap(batch, lease, report, self.clock)
             if not batch.deliveries:
                 return
         moved: list[str] = []
@@ -322,10 +320,8 @@ class RQTarget:
         finally:
             if batch.granted and lease is not None:
                 give_back(lease, [j for j in batch.granted if j not in moved])
-        if self.on_skipped is not None:  # the periods passed over by runs that waited, once moved
-            for job_id in moved:
-                if batch.granted.get(job_id):
-                    self.on_skipped(job_id, batch.granted[job_id])
+        # the periods passed over by runs that waited, once moved
+        report.skipped += [Skipped(batch.deliveries[j].id, j, batch.granted[j]) for j in moved if batch.granted.get(j)]
 
     def _transact(self, batch: MoveBatch, lease: Lease | None, report: PublishReport) -> list[str]:
         """The move's WATCHed transaction; the jobs moved."""
