@@ -36,8 +36,7 @@ from .dedupe import DedupeSimpleWorker, DedupeWorker
 from .entries import RQPeriodicTarget, RQRunTarget
 from .migrate import MigrationReport, adopt, migrate
 from .periodic import InvalidScheduleError
-from .queue import Queue
-from .registry import ScheduledJobRegistry
+from .queue import Queue, ScheduledJobRegistry
 from .scheduler import JobNotScheduledError, NoSchedulerKeyError, NoSchedulerProcessError, Scheduler
 from .slots import SlotSimpleWorker, SlotWorker, throttle
 from .target import RQTarget
