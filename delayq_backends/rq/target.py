@@ -29,24 +29,23 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import redis
 from rq import Queue as RQQueue
 from rq.job import Job, JobStatus
-from rq.registry import DeferredJobRegistry
 from rq.utils import utcformat
 
 from ..models import DeliveryFailure
 from ..outages import gives_back
-from ..scripts import RqEnqueue, RqFields, RqMove, RqMoved, ScriptRunner
+from ..scripts import RqFields, RqMove, RqMoved, ScriptRunner
 from ..scripts.store import Ack
 from ..store.lease import Lease
 from ..targets import Buried, Delivery, PublishReport, Skipped
 from .allowlist import NOT_ALLOWED_WAIT_S, ClassAllowlist, ClassImportError, ClassNotAllowedError
-from .failed import MARK, DeadJob, failed_key, record_failed
+from .enqueue import EnqueueWrites
+from .failed import MARK, DeadJob, record_failed
 from .jobs import (
     FIELDS,
     KIND,
@@ -60,44 +59,14 @@ from .jobs import (
     slot_token_key,
     text,
 )
-from .registry import forget_scheduled, registry_key
+from .registry import registry_key
 from .repeats import apply_overlap, give_back, is_periodic, plan_next, read_schedule, rearm
 
 __all__ = ["RQTarget"]
 
 log = logging.getLogger("delayq.rq")
 
-_SCHEDULED, _CANCELED, _DEFERRED = JobStatus.SCHEDULED.value, JobStatus.CANCELED.value, JobStatus.DEFERRED.value
-
-
-@dataclass(frozen=True)
-class _JobRef:
-    """What RQ's registries take of a job: its id."""
-
-    id: str
-
-
-@dataclass
-class _Pushes:
-    """A batch's pushes onto one queue, sent as one RPUSH and one LPUSH.
-
-    The list ends up as with one push per job, in order (RQ's own scheduler): RPUSH a, c equals
-    RPUSH a; RPUSH c, and LPUSH b, d equals LPUSH b; LPUSH d, whatever the interleaving.
-    """
-
-    queue: str
-    back: list[str] = field(default_factory=list)
-    front: list[str] = field(default_factory=list)
-
-    def add(self, job_id: str, at_front: bool) -> None:
-        (self.front if at_front else self.back).append(job_id)
-
-    def flush(self, pipe: Any) -> None:
-        if self.back:
-            pipe.rpush(self.queue, *self.back)
-        if self.front:
-            pipe.lpush(self.queue, *self.front)
-        self.back, self.front = [], []
+_SCHEDULED, _CANCELED = JobStatus.SCHEDULED.value, JobStatus.CANCELED.value
 
 
 class RQTarget:
@@ -134,6 +103,7 @@ class RQTarget:
         self.allow_classes = ClassAllowlist.configured() if allow_classes is None else allow_classes
         self.class_retry = class_retry
         self.scripts = ScriptRunner(connection)
+        self.writes = EnqueueWrites(connection, self.scripts)
         #: the allowlist refusals already logged (one warning each)
         self._warned: set[str] = set()
 
@@ -333,7 +303,7 @@ class RQTarget:
                     pipe.watch(*job_keys, *([shared.watch_key] if shared else []))
                     self._read(batch, pipe, shared)
                     pipe.multi()
-                    self._queue_writes(batch, pipe, shared)
+                    self.writes.queue(batch, pipe, shared)
                     pipe.execute()
                     break
                 except redis.WatchError:
@@ -452,96 +422,3 @@ class RQTarget:
             log.info("job %s is %s, no longer scheduled: skipped", job_id, job.status)
             return False
         return True
-
-    def _queue_writes(self, batch: MoveBatch, pipe: Any, shared: Lease | None) -> None:
-        """Queue the enqueues (and, when shared, the ack and re-arms) on the MULTI."""
-        keys = batch.keys
-        pipe.sadd(keys.queue_class.redis_queues_keys, keys.queue)
-        pushes = _Pushes(keys.queue)
-        plain: list[tuple[str, JobFields]] = []  # their hash writes go in one script call
-        for job_id, job in batch.jobs.items():
-            if job.dead_letter:  # off RQ's Failed registry: RQ's requeue then finds it gone
-                pipe.zrem(failed_key(keys.name), job_id)
-            if job.dead_letter is not None:  # spent: a later schedule of this id moves as usual
-                pipe.hdel(batch.job_keys[job_id], MARK)
-            if job_id in batch.deferred:
-                self._defer(pipe, keys, job_id, job)
-            elif job.rate_limit_key and job.rate_limit_concurrency:
-                pushes.flush(pipe)  # its promotion may push too: keep the order
-                self._enqueue_rate_limited(pipe, keys, job_id, job)
-            else:
-                if job.status == _DEFERRED or (job.ttl is not None and job.ttl > 0):
-                    self._enqueue_extra(pipe, keys, job_id, job)
-                plain.append((job_id, job))
-                pushes.add(job_id, job.at_front)
-        self._enqueue(pipe, keys, batch.job_keys, plain)
-        pushes.flush(pipe)
-        forget_scheduled(pipe, keys.name, [*batch.jobs, *batch.skipped])  # the registry's mirror entries
-        if shared is not None:
-            moved = list(batch.jobs)
-            shared.ack(batch.items(batch.skipped + moved), pipeline=pipe)
-            rearm(batch, moved, pipe, shared)
-
-    def _enqueue(
-        self, pipe: Any, keys: QueueKeys, job_keys: Mapping[str, str], jobs: Sequence[tuple[str, JobFields]]
-    ) -> None:
-        """The job hash fields ``Queue._enqueue_job`` writes for due jobs (rq 1.16 to 3.x):
-        status ``queued``, ``origin``, ``enqueued_at``, and the queue's default timeout for a job
-        without one; one ``rq_enqueue`` script call for the batch rather than an HSET per job
-        (see rq_enqueue.lua). The push onto the queue is the caller's (:class:`_Pushes`)."""
-        if not jobs:
-            return
-        enqueued_at = utcformat(datetime.now(timezone.utc))
-        mask = "".join("1" if job.timeout is None else "0" for _, job in jobs)
-        call = RqEnqueue.call(
-            [job_keys[job_id] for job_id, _ in jobs],
-            status=JobStatus.QUEUED.value,
-            origin=keys.name,
-            enqueued_at=enqueued_at,
-            timeout=str(keys.default_timeout),
-            mask=mask,
-        )
-        self.scripts.queue(call, pipe)
-
-    def _enqueue_extra(self, pipe: Any, keys: QueueKeys, job_id: str, job: JobFields) -> None:
-        """The rest of ``Queue._enqueue_job`` for the jobs that need it: out of the deferred
-        registry (a job whose dependencies held it), and the TTL on its keys."""
-        if job.status == JobStatus.DEFERRED.value:
-            self._deferred(keys).remove(job_id, pipeline=pipe)
-        self._expire(pipe, keys, job_id, job.ttl)
-
-    def _defer(self, pipe: Any, keys: QueueKeys, job_id: str, job: JobFields) -> None:
-        """What ``Queue.setup_dependencies`` writes for a job waiting on unfinished dependencies."""
-        pipe.hset(keys.job(job_id), mapping={"status": JobStatus.DEFERRED.value, "origin": keys.name})
-        self._deferred(keys).add(_JobRef(job_id), pipeline=pipe)  # type: ignore[arg-type]
-        for dep in job.dependency_ids:
-            pipe.sadd(keys.dependents(dep), job_id)
-            pipe.sadd(keys.dependencies(job_id), dep)
-        self._expire(pipe, keys, job_id, job.ttl)
-
-    def _deferred(self, keys: QueueKeys) -> DeferredJobRegistry:
-        return DeferredJobRegistry(keys.name, connection=self.connection, job_class=keys.job_class)
-
-    def _enqueue_rate_limited(self, pipe: Any, keys: QueueKeys, job_id: str, job: JobFields) -> None:
-        """What rq 3's ``Queue._enqueue_rate_limited_job`` writes with a pipeline."""
-        from rq.rate_limit import RateLimitRegistry  # rq 3 only, as are rate-limited jobs
-
-        assert job.rate_limit_key and job.rate_limit_concurrency
-        registry = RateLimitRegistry(job.rate_limit_key, self.connection)
-        registry.register(job.rate_limit_concurrency, pipe)
-        fields = {"status": JobStatus.RATE_LIMITED.value, "origin": keys.name}
-        if job.timeout is None:
-            fields["timeout"] = str(keys.default_timeout)
-        if job.at_front:
-            fields["enqueue_at_front"] = "1"
-        pipe.hset(keys.job(job_id), mapping=fields)
-        self._expire(pipe, keys, job_id, job.ttl)
-        registry.add_to_rate_limited(job_id, pipe)
-        registry.acquire_and_enqueue(job.rate_limit_concurrency, pipeline=pipe)
-
-    @staticmethod
-    def _expire(pipe: Any, keys: QueueKeys, job_id: str, ttl: int | None) -> None:
-        """``Job.cleanup(ttl)`` as the enqueue calls it: a positive TTL expires the job's keys."""
-        if ttl is not None and ttl > 0:
-            for key in (keys.job(job_id), keys.dependents(job_id), keys.dependencies(job_id)):
-                pipe.expire(key, ttl)
