@@ -1,6 +1,6 @@
 """Hooks of the pass: features that act on some items at stage boundaries, not branches through it.
 
-A hook sees each claim at four points of :class:`~.passes.Pass` and answers with a typed
+A hook sees each claim at these points of :class:`~.passes.Pass` and answers with a typed
 :class:`~.records.Verdict` (or an :class:`~delayq_backends.flow.Admission`), which the pass applies:
 
 - :meth:`PassHook.prepare`, once the claim is decoded: items to skip, fail, defer, or keep once published;
