@@ -185,9 +185,6 @@ def build_forwarder(
             bounds = LabelBounds(queues, [t.target.kind for t in built])
             metrics = ForwarderMetrics(store=store, bounds=bounds)
             serve_metrics(metrics.registry, settings.metrics_host, settings.metrics_port)
-            for t in built:  # the periodic target counts the periods its overlap policies skip
-                if hasattr(t.target, "on_skipped"):
-                    setattr(t.target, "on_skipped", metrics.observe_periodic_skipped)  # noqa: B010
         audit = open_audit(
             directory=settings.audit_dir, stream=settings.audit_stream, url=store.config.url, stem="forwarded"
         )

@@ -156,6 +156,7 @@ WALL_CLOCK_READERS = {
     "celery/message.py": "a message's expiration left, in the frame of the worker that judges expires",
     "celery/target.py": "a message's expiration left, in the frame of the worker that judges expires",
     "rq/target.py": "an RQ job's enqueued_at, beside the started_at its RQ worker writes",
+    "rq/enqueue.py": "an RQ job's enqueued_at, beside the started_at its RQ worker writes",
     "rq/entries.py": "an RQ job's created_at/enqueued_at, beside the started_at its RQ worker writes",
     "rq/failed.py": "an RQ job's failure time in RQ's FailedJobRegistry, as RQ writes it",
     "rq/queue.py": "RQ's enqueue_in: RQ's API counts from the host's clock",

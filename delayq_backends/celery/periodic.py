@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
 from numbers import Real
@@ -430,7 +430,6 @@ class PeriodicTarget(FiringTarget):
         inner: the target of kind ``celery`` that publishes the runs.
         app: the user's app, to evaluate ``BeatLazyFunc`` arguments per run (``celery -A proj
             delayq forward``); without it (``delayq forward --celery-broker``) such entries wait.
-        on_skipped: called with (entry name, periods) for periods skipped by an overlap policy.
     """
 
     kind = KIND
@@ -440,8 +439,7 @@ class PeriodicTarget(FiringTarget):
         inner: Target,
         *,
         app: Celery | None = None,
-        on_skipped: Callable[[str, int], None] | None = None,
     ) -> None:
         if inner.kind != CELERY_KIND:
             raise ValueError(f"PeriodicTarget publishes through a {CELERY_KIND!r} target, not {inner.kind!r}")
-        super().__init__(CeleryRuns(app), inner, on_skipped=on_skipped)
+        super().__init__(CeleryRuns(app), inner)

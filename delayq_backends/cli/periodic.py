@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -29,7 +28,7 @@ from ..periodic.state import RUNTIME
 from ..store import DelayStore
 from ..storespec import StoreSpec
 from ..timeutil import parse_iso, to_ms
-from .options import closing, json_option, open_store, rq_redis_option, store_options
+from .options import PeriodicAccess, closing, json_option, open_store, rq_redis_option, store_options
 from .output import Column, echo_json, print_table
 from .periodic_history import limit_option, show_history
 from .periodic_import import import_command
@@ -87,21 +86,6 @@ def _show(entry: ops.EntryStatus, as_json: bool) -> None:
 
 
 # -- where the store and the app come from ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PeriodicAccess:
-    """How a group's commands reach their store and a Celery app to build entries with.
-
-    ``options`` adds the group's own options to each command (the store options for ``delayq``);
-    ``store``, ``app`` and ``rq`` read them back from the command's keyword arguments. ``rq``
-    opens RQ's Redis for RQ entries; None where the group adds none (``celery -A proj``).
-    """
-
-    options: Callable[[Callable[..., None]], Callable[..., None]]
-    store: Callable[[click.Context, dict[str, Any]], DelayStore]
-    app: Callable[[click.Context, dict[str, Any]], Any]
-    rq: Callable[[click.Context, dict[str, Any], DelayStore], redis.Redis] | None = None
 
 
 celery_broker_option = click.option(

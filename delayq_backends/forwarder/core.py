@@ -32,6 +32,7 @@ from .groups import GroupHook, ReleaseStep
 from .heartbeat import Heartbeat
 from .hooks import FlowHook, LosslessHook, PassHook, PeriodicHook
 from .loop import Loop, check_targets
+from .observers import AuditHook, MetricsHook, StatsHook
 from .overlap import Sweeper
 from .parking import ParkedRecheck
 from .passes import Pass
@@ -112,10 +113,13 @@ class Forwarder:
         #: last: only what every other hook let go takes a slot of its group
         self.slots = GroupHook(store, self.targets, int(settings.slot_start_window * 1000), self.stats)
         hooks.append(self.slots)
+        hooks.append(StatsHook(self.stats))  # the observers of each publish call
+        hooks += [MetricsHook(metrics)] if metrics is not None else []
+        hooks += [AuditHook(audit, self.name)] if audit is not None else []
+        hooks += [tracer] if (tracer := ForwardTracer.start(self.targets, tracer_provider)) is not None else []
         self.lines = ReleaseStep(store, self.slots, self.clock, self.stats, settings.batch)
         ctx = Context(store, self.targets, hooks, self.clock, self.stats, metrics, self.name, retry_ms, max_retry_ms)
-        tracer = ForwardTracer.start(self.targets, tracer_provider)
-        publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5), tracer=tracer)
+        publisher = Publisher(ctx, self.heartbeat, self.pauses, max(100, lease_ms // 5))
         stages = (Preparer(ctx), publisher, Settler(ctx))
         self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages, self.lines)
         self.sweeper = Sweeper(self.pass_, self._stop, settings.overlap)

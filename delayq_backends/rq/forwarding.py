@@ -9,8 +9,9 @@ from ..assemble import DescribedTarget, ProcessSettings
 from ..connection import connect_rq, redact_url
 from ..store import DelayStore
 from .adopt import RegistryAdopter
+from .allowlist import NOT_ALLOWED_WAIT_S, ClassAllowlist
 from .entries import RQPeriodicTarget, RQRunTarget
-from .target import NOT_ALLOWED_WAIT_S, ClassAllowlist, RQTarget
+from .target import RQTarget
 
 __all__ = ["targets"]
 

@@ -21,7 +21,7 @@ from rq.scheduler import RQScheduler
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget, Scheduler
-from delayq_backends.rq.target import ClassAllowlist
+from delayq_backends.rq.allowlist import ClassAllowlist
 from tests.harness.rq import Processes
 from tests.helpers import wait_for
 
