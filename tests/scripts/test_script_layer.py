@@ -15,6 +15,7 @@ from delayq_backends.scripts.store import (
     BatchEnd,
     BatchOpen,
     PeriodicRun,
+    PeriodicRegistry,
     PeriodicTrust,
     SlotEnd,
     SlotTake,
@@ -38,7 +39,7 @@ def test_every_lua_file_has_one_typed_object() -> None:
         RqRun.name,
     }
     typed |= {SlotTake.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
-    typed |= {PeriodicRun.name, PeriodicTrust.name, SyncVersion.name}
+    typed |= {PeriodicRun.name, PeriodicRegistry.name, PeriodicTrust.name, SyncVersion.name}
     assert typed == set(SCRIPT_NAMES)
 
 
