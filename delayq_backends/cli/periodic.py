@@ -410,10 +410,7 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
     @click.pass_context
     def show(ctx: click.Context, /, name: str, as_json: bool, **where: Any) -> None:
         """One entry, every field (times UTC). Exit 1 if there is none of that name."""
-        found = ops.get(access.store(ctx, where), name)
-        if found is None:
-            raise ops.EntryNotFound(name)
-        _show(found, as_json)
+        _show(ops.entry(access.store(ctx, where), name), as_json)
 
     @group.command("history")
     @click.argument("name")
@@ -451,8 +448,7 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         d, where = _split(kw)
         store = access.store(ctx, where)
         spec = _entry(access, ctx, where, d, store)
-        if ops.get(store, spec.name) is None:
-            raise ops.EntryNotFound(spec.name)
+        ops.entry(store, spec.name)  # an unknown name: EntryNotFound
         click.echo(f"{ops.upsert(store, spec, detach=detach)}: {spec.name}")
 
     def action(name: str, verb: Callable[[DelayStore, str], ops.EntryStatus], doc: str) -> None:

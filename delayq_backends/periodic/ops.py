@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from ..envelope import Envelope
 from ..errors import EnvelopeError, InvalidIdError, NewerFormatError
@@ -40,6 +40,7 @@ from .options import RunOptions
 from .registry import (
     PAGE,
     VERSION_SETTING,
+    EntryNotFound,
     PeriodicError,
     Registry,
     check_registry,
@@ -66,6 +67,7 @@ __all__ = [
     "EntryNotFound",
     "EntrySpec",
     "EntryStatus",
+    "entry",
     "RunTemplate",
     "Sweep",
     "SyncReport",
@@ -145,14 +147,6 @@ def kind_of(target: str) -> tuple[str, Callable[[Envelope], str]] | None:
 def item_id(name: str) -> str:
     """The store item of entry ``name``."""
     return normalize_id(f"{ID_PREFIX}{name}")
-
-
-class EntryNotFound(PeriodicError):
-    """No periodic entry of that name."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no periodic entry {name!r}: see `delayq periodic list` for the names")
-        self.name = name
 
 
 class CodeEntryError(PeriodicError):
@@ -327,8 +321,11 @@ class _Stored:
     ready_ms: int
 
 
-def _read(store: DelayStore, name: str) -> _Stored | None:
+def _read(store: DelayStore, name: str, *, required: bool = False) -> _Stored | None:
+    """Entry ``name``'s item as read; None when there is none, or with ``required`` EntryNotFound."""
     item = store.get(item_id(name))
+    if item is None and required:
+        raise EntryNotFound(name)
     if item is None:
         return None
     try:
@@ -384,9 +381,7 @@ def _change(
     """Apply ``change`` (state, now ms -> new state) to entry ``name`` as one compare-and-set."""
     deadline = _deadline(store, wait)
     while True:
-        stored = _read(store, name)
-        if stored is None:
-            raise EntryNotFound(name)
+        stored = cast(_Stored, _read(store, name, required=True))
         now = store.clock()
         new = change(stored.state, now)
         if new == stored.state:
@@ -395,10 +390,8 @@ def _change(
         outcome = store.replace_if(item_id(name), stored.raw, _ready(new, now), payload, rank=new.rank, now=now)
         if outcome is RearmOutcome.REPLACED:
             return new
-        if outcome is RearmOutcome.NOT_FOUND:
-            raise EntryNotFound(name)
         if outcome is RearmOutcome.HELD:
-            _held(name, deadline)
+            _held(name, deadline)  # NOT_FOUND: read again, which raises
 
 
 # -- runtime actions --------------------------------------------------------------------------------
@@ -420,8 +413,8 @@ def _upsert(store: DelayStore, spec: EntrySpec, deadline: float, *, detach: bool
     """Add or update one entry: ``added``, ``changed``, ``unchanged``, ``shadowed`` (a code spec
     meeting a runtime entry) or ``newer`` (an entry a newer release wrote: left alone)."""
     ident = item_id(spec.name)
-    registry = check_registry(store)
-    store.write_acknowledged(registry, ("HSET", registry, spec.name, ident))  # first: always listed
+    if not store.register_entry(spec.name, ident):  # first: always listed
+        check_registry(store)
     while True:
         now = store.clock()
         try:
@@ -537,15 +530,15 @@ def _stored_envelope(store: DelayStore, name: str) -> Envelope | None:
     item = store.get(ident)
     if item is not None:
         return Envelope.decode(item.envelope)
-    raw = store.client.hget(store.keys(store.shard_of(ident)).dead_items, ident)
-    return Envelope.decode(raw) if isinstance(raw, bytes) else None
+    raw = store.dead_envelope(ident)
+    return None if raw is None else Envelope.decode(raw)
 
 
 def pause(store: DelayStore, name: str) -> EntryStatus:
     """Stop entry ``name`` from firing (its item is never due) until :func:`resume`. A forwarder
     that claimed it in a race rearms it without sending a run."""
     _change(store, name, lambda s, now: s.paused(now))
-    return _status_of(store, name)
+    return entry(store, name)
 
 
 def resume(store: DelayStore, name: str) -> EntryStatus:
@@ -553,14 +546,14 @@ def resume(store: DelayStore, name: str) -> EntryStatus:
     misfire policy decides what the periods that came due while paused send). Those periods are
     not missed, and a run of one is late only from now: a planned pause sets off no alert."""
     _change(store, name, lambda s, now: s.resumed(now))
-    return _status_of(store, name)
+    return entry(store, name)
 
 
 def run_now(store: DelayStore, name: str) -> EntryStatus:
     """One extra run of entry ``name``, sent by the next firing (due now), paused or not; its
     schedule is untouched. Task id ``uuid5(name, "manual:<request ms>")``."""
     _change(store, name, lambda s, now: replace(s, run_now=(*s.run_now, now)))
-    return _status_of(store, name)
+    return entry(store, name)
 
 
 def backfill(store: DelayStore, name: str, start_ms: int, end_ms: int) -> EntryStatus:
@@ -585,7 +578,7 @@ def backfill(store: DelayStore, name: str, start_ms: int, end_ms: int) -> EntryS
         return replace(state, backfill=(*state.backfill, (start_ms, end_ms)))
 
     _change(store, name, add)
-    return _status_of(store, name)
+    return entry(store, name)
 
 
 def remove(store: DelayStore, names: Iterable[str], *, force: bool = False) -> list[str]:
@@ -613,18 +606,28 @@ def remove(store: DelayStore, names: Iterable[str], *, force: bool = False) -> l
 def _remove(store: DelayStore, names: Iterable[str], *, bare: Sequence[str] = ()) -> list[str]:
     """Remove entries ``names`` (item, then registry line) and ``bare``, names known to have no
     item, whose registry lines go in one pipelined round; returns those that were there."""
-    registry = check_registry(store)
+    check_registry(store)
     removed = []
     for name in names:
         cancelled = store.cancel(item_id(name))
-        (unlisted,) = store.write_acknowledged(registry, ("HDEL", registry, name))
-        if unlisted or cancelled is not CancelOutcome.NOT_FOUND:
+        if _unregister(store, [name]) != [False] or cancelled is not CancelOutcome.NOT_FOUND:
             removed.append(name)
-    if bare:
-        gone = store.write_acknowledged(registry, *(("HDEL", registry, name) for name in bare))
-        removed += [name for name, there in zip(bare, gone) if there]
+    removed += [name for name, there in zip(bare, _unregister(store, bare)) if there]
     forget(store, removed)
     return removed
+
+
+def _unregister(store: DelayStore, names: Sequence[str]) -> list[bool]:
+    """Remove the registry lines of ``names``: whether each was there.
+
+    Raises:
+        PeriodicError: the registry is of another type (a hand write), naming the fix.
+    """
+    gone = store.unregister_entries(names)
+    if gone is None:
+        check_registry(store)
+        raise PeriodicError(f"the periodic registry {periodic_key(store.config.prefix)} is not a hash")
+    return gone
 
 
 # -- listing ---------------------------------------------------------------------------------------
@@ -724,19 +727,30 @@ def _status(name: str, item: Any) -> EntryStatus:
     )
 
 
-def get(store: DelayStore, name: str) -> EntryStatus | None:
-    """Entry ``name`` (None if it is neither registered nor stored)."""
+def entry(store: DelayStore, name: str) -> EntryStatus:
+    """Entry ``name``.
+
+    Raises:
+        EntryNotFound: it is neither registered nor stored.
+    """
     item = store.get(item_id(name))
-    if item is None and not store.client.hexists(check_registry(store), name):
-        return None
+    if item is None and not _registered(store, name):
+        raise EntryNotFound(name)
     return _status(name, item)
 
 
-def _status_of(store: DelayStore, name: str) -> EntryStatus:
-    found = get(store, name)
-    if found is None:
-        raise EntryNotFound(name)
-    return found
+def get(store: DelayStore, name: str) -> EntryStatus | None:
+    """Entry ``name`` (None if it is neither registered nor stored)."""
+    try:
+        return entry(store, name)
+    except EntryNotFound:
+        return None
+
+
+def _registered(store: DelayStore, name: str) -> bool:
+    """Entry ``name`` has a registry line (a registry of another type refused, naming the fix)."""
+    check_registry(store)
+    return store.is_registered(name)
 
 
 def statuses(store: DelayStore) -> list[EntryStatus]:
@@ -929,7 +943,7 @@ class Sweep:
 
     def progress(self) -> str:
         """How far it got, for the log and the sync's report line."""
-        total = self.store.client.hlen(periodic_key(self.store.config.prefix))
+        total = self.store.registry_size()
         verb = "counted" if self.keep else "removed"
         count = self.report.kept if self.keep else len(self.report.removed)
         return f"registry sweep: {self.checked} fields checked ({total} registered now), {count} code entries {verb}"
@@ -991,17 +1005,13 @@ def _stored(store: DelayStore, names: Sequence[str]) -> list[bool]:
     """Whether each of ``names`` has a store item, in one pipelined round (a name that can be
     no item id has none)."""
     idents: list[str | None] = []
-    with store.client.pipeline(transaction=False) as pipe:
-        for name in names:
-            try:
-                ident: str | None = item_id(name)
-            except ValueError:
-                ident = None
-            idents.append(ident)
-            if ident is not None:
-                pipe.hexists(store.keys(store.shard_of(ident)).items, ident)
-        replies = iter(pipe.execute() if len(pipe) else [])
-    return [ident is not None and bool(next(replies)) for ident in idents]
+    for name in names:
+        try:
+            idents.append(item_id(name))
+        except ValueError:
+            idents.append(None)
+    replies = iter(store.items_stored([i for i in idents if i is not None]))
+    return [ident is not None and next(replies) for ident in idents]
 
 
 def _is_code_of(store: DelayStore, name: str, kind: str) -> bool:

@@ -40,27 +40,24 @@ class PeriodicRecords(StoreCore):
         kind = self.client.type(periodic_key(self.config.prefix))
         return kind.decode() if isinstance(kind, bytes) else str(kind)
 
-
     def registry_fields(self, cursor: int, count: int) -> tuple[int, list[bytes]]:
         """One ``HSCAN`` page of the registry's fields and the next cursor (0: none)."""
         cursor, fields = self.client.hscan(periodic_key(self.config.prefix), cursor, count=count)
         return int(cursor), [f if isinstance(f, bytes) else str(f).encode() for f in fields]
 
-
     def is_registered(self, name: str) -> bool:
         return bool(self.client.hexists(periodic_key(self.config.prefix), name))
-
 
     def registry_size(self) -> int:
         return int(self.client.hlen(periodic_key(self.config.prefix)))
 
-
     def register_entry(self, name: str, item_id: str) -> bool:
         """Add entry ``name``'s registry line (a user's write: it waits for the replicas when
         durable); False when the registry is of another type."""
-        reply = self.scripts.run(PeriodicRegistry.add(periodic_key(self.config.prefix), name, item_id).as_acknowledged())
+        reply = self.scripts.run(
+            PeriodicRegistry.add(periodic_key(self.config.prefix), name, item_id).as_acknowledged()
+        )
         return reply != -1
-
 
     def unregister_entries(self, names: Sequence[str]) -> list[bool] | None:
         """Remove the registry lines of ``names``: whether each was there; None when the registry is of
@@ -73,7 +70,6 @@ class PeriodicRecords(StoreCore):
                 return None
             out += [bool(r) for r in reply]
         return out
-
 
     def history_reads(self, key_pairs: Sequence[tuple[str, str]], limit: int) -> list[HistoryRead]:
         """The history keys ``(history hash, runs ZSET)`` of each entry: its last ``limit`` runs and
@@ -98,7 +94,6 @@ class PeriodicRecords(StoreCore):
             for run_ids, counted in zip(ids, first[1::2])
         ]
 
-
     def trusted_values(self, names: Sequence[str]) -> list[Any] | None:
         """The trusted definitions of ``names`` (None each: no definition); None when the key is of
         another type."""
@@ -109,17 +104,17 @@ class PeriodicRecords(StoreCore):
                 raise
             return None
 
-
     def code_record_values(self, kind: str) -> list[Any] | None:
         """The code schedule record's fields of entries of ``kind`` (:data:`SyncVersion.FIELDS`);
         None when the record is of another type."""
         try:
-            return list(self.client.hmget(periodic_code_key(self.config.prefix), [f"{kind}:{f}" for f in SyncVersion.FIELDS]))
+            return list(
+                self.client.hmget(periodic_code_key(self.config.prefix), [f"{kind}:{f}" for f in SyncVersion.FIELDS])
+            )
         except ResponseError as exc:
             if not _wrong_type(exc):
                 raise
             return None
-
 
     def items_stored(self, item_ids: Sequence[str]) -> list[bool]:
         """Whether each of ``item_ids`` has a store item, in one pipelined round."""
@@ -127,7 +122,6 @@ class PeriodicRecords(StoreCore):
             for ident in item_ids:
                 pipe.hexists(self.keys(self.shard_of(ident)).items, ident)
             return [bool(r) for r in pipe.execute()] if item_ids else []
-
 
     def dead_envelope(self, item_id: str) -> bytes | None:
         """Dead letter ``item_id``'s envelope (None: no such dead letter)."""

@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -154,7 +154,7 @@ class Reader(StoreCore):
     def stream_tail(self, stream: str, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """The newest ``count`` entries of ``stream`` on the store's server (a forwarders' audit
         stream), newest first."""
-        return list(self.client.xrevrange(stream, count=count))
+        return cast("list[tuple[bytes, dict[bytes, bytes]]]", self.client.xrevrange(stream, count=count))
 
     def stats(self) -> list[ShardStats]:
         """Counts per shard, as of the server's clock.

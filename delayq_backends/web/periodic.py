@@ -32,6 +32,7 @@ from pydantic.json_schema import SkipJsonSchema
 from ..entries import iso
 from ..envelope import Envelope
 from ..errors import ConfigError, DelayqError, EnvelopeError
+from ..keys import MAX_ID_BYTES
 from ..periodic import ops
 from ..periodic.options import IMPORT_PATH, MAX_SECONDS, OPTION_FIELDS, OptionField, RunOptions
 from ..periodic.registry import PeriodicError
@@ -56,7 +57,7 @@ from .entry_paths import EntryRoute
 from .guard import API_PREFIX
 from .producers import CeleryProducer, FunctionRefused, ProducerUnavailable, RQProducer
 
-__all__ = ["router"]
+__all__ = ["NOT_FOUND", "PathName", "acting", "router"]
 
 router = APIRouter(prefix=API_PREFIX, responses=RESPONSES, route_class=EntryRoute)
 
@@ -342,7 +343,9 @@ class RemovedOut(BaseModel):
 # -- routes -----------------------------------------------------------------------------------
 
 #: An entry's name in a path: any name, encoded as ``encodeURIComponent`` does (:mod:`.entry_paths`).
-PathName = Annotated[str, Path(min_length=1, max_length=256, description="The entry's name.")]
+PathName = Annotated[
+    str, Path(min_length=1, max_length=MAX_ID_BYTES, pattern=r"^[^\x00-\x1f\x7f]+$", description="The entry's name.")
+]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "No such entry (`delayq periodic list` lists them)."}
 }
@@ -360,7 +363,7 @@ NO_PERIODIC = (
 
 
 @contextmanager
-def _acting() -> Iterator[None]:
+def acting() -> Iterator[None]:
     """The ops' refusals as the client's errors: an unknown name (404), an entry from code
     (409), a definition or range the entry cannot take (400); each detail says what to do."""
     try:
@@ -405,11 +408,8 @@ def _out(e: ops.EntryStatus) -> dict[str, Any]:
 
 
 def _entry(svc: Services, name: str) -> EntryOut:
-    with reading(f"periodic entry {name!r}"):
-        found = ops.get(svc.store, name)
-    if found is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(ops.EntryNotFound(name)))
-    return EntryOut(**_out(found))
+    with reading(f"periodic entry {name!r}"), acting():
+        return EntryOut(**_out(ops.entry(svc.store, name)))
 
 
 #: A page's place in the registry: digits, as text (a SCAN cursor may exceed JavaScript's integers).
@@ -454,7 +454,7 @@ def upsert_entry(body: EntryIn, svc: Svc, response: Response) -> SavedOut:
     """Effective at every forwarder from its next claim, no restart: 201 for a new entry, 200 for
     a changed one (its run history, pause and next period, if the schedule is the same, kept)."""
     spec = _spec(svc, body)
-    with _acting():
+    with acting():
         result = ops.upsert(svc.store, spec, detach=body.detach)
     if result == "newer":
         raise HTTPException(
@@ -467,7 +467,7 @@ def upsert_entry(body: EntryIn, svc: Svc, response: Response) -> SavedOut:
 
 
 def _action(act: Callable[[], ops.EntryStatus]) -> EntryOut:
-    with _acting():
+    with acting():
         return EntryOut(**_out(act()))
 
 
@@ -507,7 +507,7 @@ def remove_entry(
     force: Annotated[bool, Query(description="Remove an entry from code (the next sync adds it back).")] = False,
 ) -> RemovedOut:
     """A forwarder firing it now sends that run and stops."""
-    with _acting():
+    with acting():
         removed = ops.remove(svc.store, [name], force=force)
     if not removed:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(ops.EntryNotFound(name)))
