@@ -31,6 +31,7 @@ __all__ = [
     "MAX_VERSION",
     "PAGE",
     "CodeRecord",
+    "CodeEntryError",
     "CodeSync",
     "EntryNotFound",
     "PeriodicError",
@@ -63,6 +64,10 @@ class EntryNotFound(PeriodicError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no periodic entry {name!r}: see `delayq periodic list` for the names")
         self.name = name
+
+
+class CodeEntryError(PeriodicError):
+    """A change a code entry cannot take at runtime (a sync would undo it)."""
 
 
 class StaleScheduleError(PeriodicError):

@@ -538,34 +538,17 @@ def _spec(svc: Services, body: EntryIn) -> ops.EntrySpec:
 
 
 def _built(svc: Services, body: EntryIn) -> ops.EntrySpec:
-    schedule = ops.keep_alignment(svc.store, body.name, _schedule(body), body.aligned)
-    run_options = body.run_options()
-    if body.kind == "rq":
+    d = ops.EntryDefinition(
+        body.name, body.kind, body.func or body.task or "",
+        ops.keep_alignment(svc.store, body.name, _schedule(body), body.aligned), body.args, body.kwargs, body.queue,
+        _ms(body.start), _ms(body.end), body.max_runs, round(body.jitter * 1000),
+        Misfire(body.misfire, body.misfire_grace, body.misfire_max), body.overlap, body.enabled, body.run_options(),
+    )  # fmt: skip
+    if d.kind == "rq":
         producer: RQProducer = _available(svc.rq)
-        misfire = Misfire(body.misfire, body.misfire_grace, body.misfire_max)
-        return producer.entry(
-            body.name, body.func or "", queue=body.queue or "default", args=body.args, kwargs=body.kwargs,
-            schedule=schedule, misfire=misfire, overlap=body.overlap, enabled=body.enabled,
-            start_ms=_ms(body.start), end_ms=_ms(body.end), max_runs=body.max_runs, jitter_ms=round(body.jitter * 1000),
-            options=run_options,
-        )  # fmt: skip
-    options: dict[str, Any] = {
-        **run_options.celery(),
-        "delayq_misfire": body.misfire,
-        "delayq_misfire_grace": body.misfire_grace,
-        "delayq_misfire_max": body.misfire_max,
-        "delayq_overlap": body.overlap,
-        "delayq_jitter": body.jitter,
-    }
-    for key, value in (
-        ("queue", body.queue), ("delayq_start", body.start), ("delayq_end", body.end),
-        ("delayq_max_runs", body.max_runs), ("delayq_enabled", body.enabled),
-    ):  # fmt: skip
-        if value is not None:
-            options[key] = value
+        return producer.entry(d.name, d.run, **d.rq_fields())
     celery: CeleryProducer = _available(svc.celery)
-    conf = {"task": body.task, "schedule": schedule, "args": body.args, "kwargs": body.kwargs, "options": options}
-    return celery.entry(body.name, conf)
+    return celery.entry(d.name, d.celery_conf())
 
 
 def _ms(when: datetime | None) -> int | None:
