@@ -271,6 +271,19 @@ class FiringTarget:
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()
         now = self.clock() if self.clock is not None else lease.now_ms()
+        store = lease.store if isinstance(lease.store, DelayStore) else None
+        fired = self._overlap(self._prepared(deliveries, lease, now, report), store, report)
+        runs = [run for f in fired for run in f.deliveries]
+        sent = self.inner.publish_many(runs) if runs else PublishReport()
+        report.broker_error = sent.broker_error
+        published = set(sent.published)
+        self._rearm(lease, [f for f in fired if all(run.id in published for run in f.deliveries)], now)
+        self._settle(fired, sent, store, report)
+        return report
+
+    def _prepared(self, deliveries: Sequence[Delivery], lease: Lease, now: int, report: PublishReport) -> list[_Firing]:
+        """Each entry decoded, planned and its runs made (one that cannot be fails alone, in
+        ``report``), its lease shortened to what its runs allow before anything is published."""
         fired: list[_Firing] = []
         shorter: dict[int, list[str]] = {}
         for d in deliveries:
@@ -289,15 +302,14 @@ class FiringTarget:
                 shorter.setdefault(fit, []).append(d.id)
         for fit, ids in shorter.items():  # before the publish: a kill from here on costs one short lease
             lease.extend(ids, lease_ms=fit)
-        store = lease.store if isinstance(lease.store, DelayStore) else None
-        fired = self._overlap(fired, store, report)
-        runs = [run for f in fired for run in f.deliveries]
-        sent = self.inner.publish_many(runs) if runs else PublishReport()
-        report.broker_error = sent.broker_error
-        published, unsent = set(sent.published), set(sent.unsent)
-        failed = {f.id: f for f in sent.failed}
-        done = [f for f in fired if all(run.id in published for run in f.deliveries)]
-        self._rearm(lease, done, now)
+        return fired
+
+    def _settle(
+        self, fired: list[_Firing], sent: PublishReport, store: DelayStore | None, report: PublishReport
+    ) -> None:
+        """Each entry's outcome in ``report``: acked once rearmed; else its slot given back and it
+        goes again (its runs unsent) or waits (a run the broker refused: never a dead letter)."""
+        unsent, failed = set(sent.unsent), {f.id: f for f in sent.failed}
         for f in fired:
             ids = [run.id for run in f.deliveries]
             if f.following is not None:
@@ -312,7 +324,6 @@ class FiringTarget:
                 errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(f.d.id, "not published")]
                 error, permanent = "; ".join(e.error for e in errors), all(e.permanent for e in errors)
                 report.failed.append(DeliveryFailure(f.d.id, error, permanent=permanent, waits=not permanent))
-        return report
 
     def _overlap(self, fired: list[_Firing], store: DelayStore | None, report: PublishReport) -> list[_Firing]:
         """Apply the overlap policies: an entry with one fires only its latest due period (the
