@@ -14,8 +14,8 @@ import pytest
 
 from delayq_backends import DelayStore
 from delayq_backends.periodic import ops
-from delayq_backends.periodic.writes import read_entry
 from delayq_backends.periodic.schedules import run_task_id
+from delayq_backends.periodic.writes import read_entry
 from delayq_backends.rq.cron import entry as cron_entry
 from tests.harness import make_store
 from tests.harness.launch import checkout_env
