@@ -30,7 +30,7 @@ from ..store.lease import Lease
 from ..targets import Delivery, PublishReport, Target
 from ..timeutil import Clock, from_ms
 from .history import Fired, RunMark, SentRun, report_fired
-from .schedules import END, MAX_BACKFILL, Plan, Slot, describe_time, run_task_id
+from .schedules import END, MAX_BACKFILL, Period, Plan, describe_time, run_task_id
 from .state import PeriodicState, jitter_offset, state_of, with_state
 
 __all__ = [
@@ -66,7 +66,7 @@ class EntryWaits(DelayqError):
 class Run:
     """One run of an entry: its period (for a manual run, the request time) and what made it."""
 
-    slot: Slot
+    period: Period
     kind: str = SCHEDULED
 
     def task_id(self, name: str) -> str:
@@ -74,8 +74,8 @@ class Run:
         ``backfill:<period key>`` for the others, so a backfilled period never takes the id of
         its scheduled run (which may have been sent)."""
         if self.kind == SCHEDULED:
-            return run_task_id(name, self.slot)
-        return run_task_id(name, Slot(f"{self.kind}:{self.slot.key}", self.slot.at_ms))
+            return run_task_id(name, self.period)
+        return run_task_id(name, Period(f"{self.kind}:{self.period.key}", self.period.at_ms))
 
 
 class RunMaker(Protocol):
@@ -111,7 +111,7 @@ def plan_entry(state: PeriodicState, now_ms: int) -> EntryPlan:
     (paused or not: asked for by hand), and, for an enabled, unfinished entry, its due periods
     under its misfire policy, none before its start or after its end, at most up to its
     maximum runs; past its end or maximum runs its next period is :data:`~.schedules.END`."""
-    extra = [Run(Slot(str(ms), ms), MANUAL) for ms in state.run_now]
+    extra = [Run(Period(str(ms), ms), MANUAL) for ms in state.run_now]
     for start, end in state.backfill:
         extra += [Run(s, BACKFILL) for s in state.schedule.between(state.slot, start, end, MAX_BACKFILL)]
     late = now_ms - jitter_offset(state.name, state.slot, state.jitter_ms)  # lateness counts from its jittered time
@@ -148,9 +148,9 @@ def _sent(state: PeriodicState, run: Run) -> SentRun:
     period's due time, or for a period that came due while the entry was paused, from the
     resume (the run went out as soon as it could)."""
     window = state.pause_window()
-    paused = window is not None and run.kind == SCHEDULED and window[0] <= run.slot.at_ms < window[1]
+    paused = window is not None and run.kind == SCHEDULED and window[0] <= run.period.at_ms < window[1]
     late_from = window[1] if window is not None and paused else None
-    return SentRun(RunMark(state.name, run.slot.at_ms, run.kind), run.task_id(state.name), late_from)
+    return SentRun(RunMark(state.name, run.period.at_ms, run.kind), run.task_id(state.name), late_from)
 
 
 def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
@@ -262,7 +262,7 @@ class FiringTarget:
         state = state_of(d.envelope)
         planned = plan_entry(state, now)
         f = _Firing(d, template, state, planned.plan, [], [])
-        for run in [Run(slot) for slot in planned.plan.runs] + planned.extra:
+        for run in [Run(period) for period in planned.plan.runs] + planned.extra:
             delivery = self.maker.run(d, template, state, run, now)
             (f.runs if run.kind == SCHEDULED else f.extra).append(delivery)
             f.made[delivery.id] = run

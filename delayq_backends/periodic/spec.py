@@ -16,7 +16,7 @@ from ..keys import normalize_id
 from ..overlap_policy import ALLOW, POLICIES
 from .options import RunOptions
 from .registry import PeriodicError
-from .schedules import END, Cron, Misfire, Once, Schedule, Slot
+from .schedules import END, Cron, Misfire, Once, Period, Schedule
 from .state import RUNTIME, SOURCES, LastRun, PeriodicState, first_slot
 
 __all__ = ["ID_PREFIX", "Carried", "EntryDefinition", "EntrySpec", "RunTemplate", "item_id"]
@@ -55,7 +55,7 @@ class Carried:
     last_ms: int | None = None
     runs: int = 0
 
-    def first_slot(self, schedule: Schedule, now_ms: int, start_ms: int | None) -> Slot:
+    def first_slot(self, schedule: Schedule, now_ms: int, start_ms: int | None) -> Period:
         """The first period of a new entry with this history (a one-off that ran is finished). A
         crontab whose periods since the last run are due already starts from the latest of them,
         due now (one catch-up run, as beat's): its firing then steps through one period, not
