@@ -21,7 +21,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException
 
-from ..envelope import Envelope
 from ..errors import DelayqError
 from ..metrics import StoreCollector
 from ..store import DelayStore
@@ -30,7 +29,7 @@ from .history import EntryHistory, read_histories
 from .ops import item_id
 from .registry import read_registry
 from .schedules import Every
-from .state import PeriodicState, state_of
+from .state import PeriodicState, read_state
 
 __all__ = ["DEFAULT_PERIODIC_ENTRIES", "OTHER", "EntryGauge", "PeriodicCollector", "entry_gauges"]
 
@@ -61,14 +60,6 @@ class EntryGauge:
         """Sort key, worst first: the most overdue, then the longest without a success (never: worst)."""
         since = now_ms if self.last_success_ms is None else now_ms - self.last_success_ms
         return (-self.overdue_ms, -since)
-
-
-def _state(envelope: bytes) -> PeriodicState | None:
-    """The state of an entry's envelope; None if it has none readable."""
-    try:
-        return state_of(Envelope.decode(envelope))
-    except Exception:  # a newer format, a hand write: the entry shows with what is known
-        return None
 
 
 def _period_ms(state: PeriodicState) -> int | None:
@@ -107,8 +98,8 @@ def entry_gauges(store: DelayStore) -> list[EntryGauge]:
     gauges = []
     for name, history in zip(names, read_histories(store, names)):
         item = store.get(item_id(name))
-        state = None if item is None else _state(item.envelope)
-        gauges.append(_gauge(name, None if item is None else item.ready_ms, state, history, now))
+        read = read_state(item)
+        gauges.append(_gauge(name, None if item is None else item.ready_ms, read and read[1], history, now))
     return sorted(gauges, key=lambda g: g.badness(now))
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..errors import EnvelopeError
+from ..models import ScheduledItem
 from ..overlap_policy import ALLOW, POLICIES
 from .options import RunOptions
 from .schedules import END, Cron, Every, Misfire, Once, Period, Plan, Schedule, schedule_from_json
@@ -32,6 +33,7 @@ __all__ = [
     "PeriodicState",
     "first_slot",
     "jitter_offset",
+    "read_state",
     "state_of",
     "with_state",
 ]
@@ -280,6 +282,18 @@ def state_of(envelope: Envelope) -> PeriodicState:
         return PeriodicState.from_json(envelope.meta[META])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise EnvelopeError(f"not a delayq periodic entry: {type(exc).__name__}: {exc}") from exc
+
+
+def read_state(item: ScheduledItem | None) -> tuple[Envelope, PeriodicState] | None:
+    """A stored entry item's envelope and state; None for no item, or one that is no readable
+    entry (a hand write, a newer release's format)."""
+    if item is None:
+        return None
+    try:
+        envelope = Envelope.decode(item.envelope)
+        return envelope, state_of(envelope)
+    except EnvelopeError:
+        return None
 
 
 def with_state(envelope: Envelope, state: PeriodicState) -> bytes:

@@ -15,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..envelope import Envelope
-from ..errors import EnvelopeError
 from ..keys import periodic_code_key
 from ..models import ScheduledItem
 from ..store import DelayStore
@@ -31,7 +29,7 @@ from .registry import (
     registry_page,
 )
 from .spec import EntrySpec, item_id
-from .state import CODE, state_of
+from .state import CODE, read_state
 from .writes import remove_names, upsert_within, wait_until
 
 __all__ = ["START_SWEEP_SECONDS", "Sweep", "SyncReport", "code_fingerprint_of", "sync_code"]
@@ -169,13 +167,10 @@ def _unrecorded(store: DelayStore, specs: Sequence[EntrySpec], kind: str) -> str
 def code_fingerprint_of(item: ScheduledItem | None, kind: str) -> str | None:
     """The fingerprint of an entry's stored ``item`` if it is a code entry of kind ``kind``, else
     None (none, another kind or source, unreadable)."""
-    if item is None:
+    read = read_state(item)
+    if read is None:
         return None
-    try:
-        envelope = Envelope.decode(item.envelope)
-        state = state_of(envelope)
-    except EnvelopeError:
-        return None
+    envelope, state = read
     return state.fingerprint if envelope.target == kind and state.source == CODE else None
 
 

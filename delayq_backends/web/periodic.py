@@ -31,13 +31,13 @@ from pydantic.json_schema import SkipJsonSchema
 
 from ..entries import iso
 from ..envelope import Envelope
-from ..errors import ConfigError, DelayqError, EnvelopeError
+from ..errors import ConfigError, DelayqError
 from ..keys import MAX_ID_BYTES
 from ..periodic import ops
 from ..periodic.options import IMPORT_PATH, MAX_SECONDS, OPTION_FIELDS, OptionField, RunOptions
 from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, interval, zone_named
-from ..periodic.state import state_of
+from ..periodic.state import read_state
 from ..timeutil import to_ms
 from .api import (
     RESPONSES,
@@ -558,14 +558,10 @@ def _ms(when: datetime | None) -> int | None:
 def _definition(svc: Services, name: str) -> DefinitionOut | None:
     """Entry ``name``'s definition as :class:`EntryIn` takes it; None when its item cannot be read.
     An RQ entry's arguments are RQ's serialized data, not read here (null)."""
-    item = svc.store.get(ops.item_id(name))
-    if item is None:
+    read = read_state(svc.store.get(ops.item_id(name)))
+    if read is None:
         return None
-    try:
-        envelope = Envelope.decode(item.envelope)
-        state = state_of(envelope)
-    except EnvelopeError:
-        return None
+    envelope, state = read
     s = state.schedule
     out = DefinitionOut(
         every=s.every_ms / 1000 if isinstance(s, Every) else None,
