@@ -144,8 +144,8 @@ def measure_beats(broker: str, beats: int, seconds: float, every: float) -> dict
 def measure(broker: str, forwarders: int, seconds: float, kills: int, every: float, lease: float) -> dict[str, Any]:
     from delayq_backends.celery import store_for
     from delayq_backends.celery.periodic import item_id, statuses
-    from delayq_backends.celery.schedules import Slot, run_task_id
     from delayq_backends.embedded import EmbeddedServer
+    from delayq_backends.periodic.schedules import Period, run_task_id
 
     with EmbeddedServer() as valkey:
         env = _environment(valkey.url, broker, every)
@@ -192,7 +192,7 @@ def measure(broker: str, forwarders: int, seconds: float, kills: int, every: flo
             assert current is not None
             step = round(every * 1000)
             slots = {
-                run_task_id("tick", Slot(str(at), at)): at
+                run_task_id("tick", Period(str(at), at)): at
                 for at in range(current.ready_ms - step * 5000, current.ready_ms, step)
             }
             records = [json.loads(r) for r in sink.lrange(env["DQB_SINK"], 0, -1)]

@@ -77,7 +77,7 @@ from delayq_backends.periodic.history import (
     record_started,
 )
 from delayq_backends.periodic.ops import EntrySpec, item_id
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Period, run_task_id
 from delayq_backends.periodic.state import state_of, with_state
 
 HOUR_MS = 3_600_000
@@ -103,7 +103,7 @@ def spec_of(app: Celery, name: str, *, every_s: float = HOUR_MS / 1000, edit_no:
     return entry_spec(app, name, conf)
 
 
-def stored_envelope(spec: EntrySpec, slot: Slot, now_ms: int) -> tuple[bytes, int]:
+def stored_envelope(spec: EntrySpec, slot: Period, now_ms: int) -> tuple[bytes, int]:
     """The envelope ``ops.upsert`` stores for ``spec`` as a new entry, with its first period at
     ``slot`` (upsert's is the first after now); and the item's ready time."""
     state = replace(spec.state(None, now_ms), slot=slot)
@@ -196,7 +196,7 @@ def load(store: DelayStore, template: EntrySpec, layout: Layout, chunk: int = 20
         for i in range(low, min(low + chunk, layout.entries)):
             spec, at = replace(template, name=layout.name(i)), layout.due_ms(i)
             ident = item_id(spec.name)
-            envelope, ready = stored_envelope(spec, Slot(str(at), at), now)
+            envelope, ready = stored_envelope(spec, Period(str(at), at), now)
             items.append(ScheduleItem(ident, ready, store.check_payload(ident, envelope), spec.template.rank))
             names[spec.name] = ident
         store.client.hset(registry, mapping=names)  # first, as upsert: a stored entry is always listed
@@ -244,7 +244,7 @@ def give_history(store: DelayStore, names: Sequence[str], runs: int) -> list[flo
     for name in names:
         for r in range(runs):
             due = base + r * HOUR_MS
-            mark, run_id = RunMark(name, due), run_task_id(name, Slot(str(due), due))
+            mark, run_id = RunMark(name, due), run_task_id(name, Period(str(due), due))
             called = time.perf_counter()
             record_published(store, mark, run_id)
             published.append((time.perf_counter() - called) * 1000)
@@ -479,7 +479,7 @@ def _schedule_edit(acts: Actions, k: int) -> ActionRecord:
     item = acts.store.get(item_id(name))
     assert item is not None
     period = state_of(Envelope.decode(item.envelope)).slot.at_ms
-    task_id = run_task_id(name, Slot(str(period), period))
+    task_id = run_task_id(name, Period(str(period), period))
     landed = _wait_landed(lambda: acts.drain.first(task_id), f"the run of schedule edit {k} ({name}, due {period})")
     ops.upsert(acts.store, spec_of(acts.app, name))  # back to hourly
     return ActionRecord("schedule", call_ms, landed - returned_ms, landed - max(returned_ms, period))
@@ -489,7 +489,7 @@ def _message_edit(acts: Actions, k: int) -> ActionRecord:
     """An entry due in ~1 s gets new kwargs (``ops.upsert``); its run must carry them."""
     i = acts.free_index(time.time() * 1000 + 1000)
     name, period = acts.layout.name(i), acts.layout.due_ms(i)
-    task_id = run_task_id(name, Slot(str(period), period))
+    task_id = run_task_id(name, Period(str(period), period))
     acts.drain.watch.add(task_id)
     spec = spec_of(acts.app, name, edit_no=k + 1)  # built first: the call alone is timed
     outcome, _, returned_ms, call_ms = _timed(lambda: ops.upsert(acts.store, spec))
@@ -506,7 +506,7 @@ def _pause(acts: Actions, k: int) -> ActionRecord:
     (the edit goal) after its period. It stays paused."""
     i = acts.free_index(time.time() * 1000 + 1000)
     name, period = acts.layout.name(i), acts.layout.due_ms(i)
-    task_id = run_task_id(name, Slot(str(period), period))
+    task_id = run_task_id(name, Period(str(period), period))
     status, _, returned_ms, call_ms = _timed(lambda: ops.pause(acts.store, name))
     if status.state != "paused" or status.next_run_ms is not None:
         raise AssertionError(f"pause {k} of {name}: {status}")
@@ -569,7 +569,7 @@ def measure(cfg: Settings) -> dict[str, Any]:
         log(f"loading {cfg.entries:,} entries (first period in {load_margin_s:.0f} s), prefix {prefix}")
         load_s = load(store, template, layout)
         after = memory(store)
-        envelope_bytes = len(stored_envelope(template, Slot("0", 0), 0)[0])
+        envelope_bytes = len(stored_envelope(template, Period("0", 0), 0)[0])
         log(f"loaded in {load_s:.1f} s; {(after['used_memory'] - before['used_memory']) / cfg.entries:.0f} B/entry")
         late_start = max(0.0, time.time() - layout.start_ms / 1000)
         drain = Drain(broker_server.url, queue)
@@ -602,7 +602,7 @@ def measure(cfg: Settings) -> dict[str, Any]:
         lateness, missing, ran_once = [], 0, []
         for i in fired:
             at = layout.due_ms(i)
-            landed = drain.first(run_task_id(layout.name(i), Slot(str(at), at)))
+            landed = drain.first(run_task_id(layout.name(i), Period(str(at), at)))
             if landed is None:
                 missing += 1
             else:

@@ -176,7 +176,7 @@ def build_forwarder(
     try:
         if store is None:
             store = open_store(settings.store, writes=True)
-            resources.callback(store.client.close)
+            resources.callback(store.close)
         built = _targets(settings, store, resources) + list(targets)
         metrics = None
         if settings.metrics_port is not None:

@@ -188,10 +188,7 @@ class RunGuard:
             with self._lock:
                 late = dict(self._late)
             try:
-                with self.store.client.pipeline(transaction=False) as pipe:
-                    for key, value in late.items():
-                        pipe.set(key, value, nx=True, px=self.ttl_ms)
-                    pipe.execute()
+                self.store.record_starts(late, px=self.ttl_ms)
             except (RedisError, OSError):
                 continue  # still out of reach
             with self._lock:

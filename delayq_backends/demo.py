@@ -121,7 +121,7 @@ def run_demo(
         url, embedded = _server(stack, url)
         prefix = f"delayq-demo-{uuid.uuid4().hex[:10]}"
         store = DelayStore(connect(url), Config(url=url, prefix=prefix, shards=shards))
-        stack.callback(store.client.close)
+        stack.callback(store.close)
         list_key = f"{prefix}:out"
         stack.callback(_delete_keys, store, list_key)
         background = _Background(Forwarder(store, [RedisListTarget(cast(redis.Redis, store.client))]))
@@ -192,7 +192,7 @@ def _count_list(client: Client, list_key: str) -> tuple[int, int]:
 def _delete_keys(store: DelayStore, list_key: str) -> None:
     """Delete every key the demo made: the shards', the meta hash and the output list."""
     keys = [key for shard in range(store.shards) for key in store.keys(shard).all()]
-    with store.client.pipeline(transaction=False) as pipe:
+    with store.pipeline() as pipe:
         for key in [*keys, meta_key(store.config.prefix), list_key]:
             pipe.delete(key)  # one key per command: shards live in different cluster slots
         pipe.execute()

@@ -52,6 +52,6 @@ def open_store(config: Config, *, writes: bool, socket_timeout: float | None = N
     try:
         store.check_meta(record=writes)
     except BaseException:
-        store.client.close()
+        store.close()
         raise
     return store

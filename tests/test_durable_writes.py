@@ -143,6 +143,11 @@ WRITES: dict[str, Callable[[Stores], object]] = {
     "schedule": lambda s: s.durable.schedule("a", 60, ENVELOPE),
     "schedule(batch=)": lambda s: s.durable.schedule("a", 60, ENVELOPE, batch=_batch(s)),
     "schedule_many": lambda s: s.durable.schedule_many([("a", 60, ENVELOPE)]),
+    "register_entry": lambda s: s.durable.register_entry("e", "periodic:e"),
+    "unregister_entries": lambda s: (
+        s.plain.register_entry("gone", "periodic:gone"),
+        s.durable.unregister_entries(["gone"]),
+    ),
     "schedule(slot=)": lambda s: s.durable.schedule("a", 60, ENVELOPE, slot="k"),
     "schedule_checked": lambda s: s.durable.schedule_checked([s.durable.check_item("a", 60, ENVELOPE, 0)]),
     "schedule_with": lambda s: s.durable.schedule_with(
@@ -196,6 +201,10 @@ WRITES: dict[str, Callable[[Stores], object]] = {
 }
 #: Public methods that write without waiting, and why (docs/guarantees.md, "Failover").
 INTERNAL = {
+    "record_starts": "dedupe's records written late (the store was away): lost, a lossless forwarder may "
+    "publish the run again, as when the store stayed away",
+    "close": "closes the client's connections, writes nothing",
+    "pipeline": "the store's own reads of many keys (and a demo's cleanup of its own prefix)",
     "claim": "a forwarder's claim: lost, the item is due again",
     "claim_many": "a forwarder's claim: lost, the item is due again",
     "lease": "a forwarder's claim: lost, the item is due again",
@@ -237,6 +246,8 @@ READS = {
     "scan", "scheduled", "script_now", "server_time_ms", "shard_of", "slot_board", "slot_keys",
     "slot_keys_in_use", "slot_status", "slot_statuses", "slot_token_proof", "started", "stats", "subscribe_wake", "why",
     "due_groups", "line_heads", "group_lines", "line_place", "group_weights", "slot_take_calls",
+    "registry_type", "registry_fields", "is_registered", "registry_size", "history_reads", "trusted_values",
+    "code_record_values", "items_stored", "dead_envelope", "stream_tail",
 }  # fmt: skip
 #: periodic.ops' public functions that write (their cases above start with "periodic <name>").
 PERIODIC_WRITES = {"upsert", "pause", "resume", "run_now", "backfill", "remove", "sync_code", "trust_stored"}
@@ -248,7 +259,7 @@ DURABLE = {
     "rate_key": "internal: take_tokens",
     "key_rate_key": "internal: take_key_tokens",
     "wake_channel": "internal: a wake-up, not data",
-    "periodic_key": "periodic upsert, periodic remove (registry only)",
+    "periodic_key": "periodic upsert, periodic remove (registry only), register_entry, unregister_entries",
     "periodic_code_key": "periodic sync_code",  # its version record: lost, an older deploy could sync
     "periodic_trust_key": "periodic trust_stored",  # an operator's definition: lost, its entry is refused
     "ShardKeys.due": "schedule, reschedule, cancel, requeue_dead",
@@ -302,7 +313,7 @@ def test_every_public_write_path_is_tried_or_says_why_not() -> None:
     assert public - tried - INTERNAL.keys() - READS == set(), "a new store method: a write (WRITES), INTERNAL or READS"
     assert (tried | INTERNAL.keys() | READS) - public == set(), "names a method the store no longer has"
     actions = {n for n in ops.__all__ if inspect.isfunction(getattr(ops, n))}
-    reads = {"get", "statuses", "status_page", "item_id", "keep_alignment", "preview"}
+    reads = {"get", "entry", "statuses", "status_page", "item_id", "keep_alignment", "preview"}
     assert actions - reads == PERIODIC_WRITES, "a new periodic action: a case in WRITES, or a read"
     assert {name.split()[1] for name in WRITES if name.startswith("periodic ")} == PERIODIC_WRITES
 

@@ -25,6 +25,8 @@ from delayq_backends.periodic.history import (
     record_started,
     report_published,
 )
+from delayq_backends.periodic.schedules import Every, Misfire, Period
+from delayq_backends.periodic.state import PeriodicState, with_state
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.timeutil import MAX_MS, from_ms
 from tests.harness import make_store
@@ -186,9 +188,9 @@ def test_the_gauges_name_the_worst_entries_and_sum_the_rest(clocked: tuple[Delay
         "paused": (MAX_MS, None, 4, False),
     }
     for name, (ready, success_due, missed, enabled) in entries.items():
-        meta = {"slot": {"key": "k", "at": ready}, "schedule": {"every_ms": 1000, "aligned": True}, "enabled": enabled}
-        envelope = replace(RedisListTarget.envelope("x", b""), target="celery-periodic", meta={"periodic": meta})
-        store.schedule(f"periodic:{name}", from_ms(ready), envelope)
+        state = PeriodicState(name, Every(1000, aligned=True), Misfire(), "", Period("k", ready), enabled=enabled)
+        envelope = replace(RedisListTarget.envelope("x", b""), target="celery-periodic")
+        store.schedule(f"periodic:{name}", from_ms(ready), with_state(envelope, state))
         store.client.hset(registry, name, f"periodic:{name}")
         first = RunMark(name, DUE - 3000)
         clock.now = DUE - 3000

@@ -35,7 +35,7 @@ from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.envelope import Envelope
 from delayq_backends.keys import meta_key
 from delayq_backends.periodic import ops
-from delayq_backends.periodic.schedules import Cron, Slot, run_task_id
+from delayq_backends.periodic.schedules import Cron, Period, run_task_id
 from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import to_ms
 from tests.harness import Launcher, make_store
@@ -394,7 +394,9 @@ def test_imported_entries_fire_once_per_period_beside_a_killed_forwarder(
     ids = [m["headers"]["id"] for m in messages]
     assert len(ids) == len(set(ids)), "a period ran twice"
     first_at = to_ms(last) + EVERY_S * 1000
-    periods = {run_task_id("fast", Slot(str(at), at)): at for at in range(first_at, first_at + 200_000, EVERY_S * 1000)}
+    periods = {
+        run_task_id("fast", Period(str(at), at)): at for at in range(first_at, first_at + 200_000, EVERY_S * 1000)
+    }
     ats = sorted(periods[i] for i in ids)
     # on redbeat's grid, from the period after its last run on (that one, or the latest due when the
     # forwarder came up, as the run_once misfire policy collapses periods due together)

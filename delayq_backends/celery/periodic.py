@@ -134,11 +134,11 @@ class CeleryRuns:
         lazy = LazyArgs.of(entry.envelope)
         if lazy is not None:
             template = self._evaluated(state.name, lazy)
-        headers: dict[str, Any] = {RUN_HEADER: RunMark(state.name, run.slot.at_ms, run.kind).header()}
+        headers: dict[str, Any] = {RUN_HEADER: RunMark(state.name, run.period.at_ms, run.kind).header()}
         if state.overlap != ALLOW:
             headers[SLOT_HEADER] = {"key": overlap_slot(state.name).key, "limit": 1}
         message = _run_message(template, task_id, state.expires, now_ms, headers)
-        return Delivery(f"{entry.id}#{task_id}", message.to_envelope(), entry.attempts, run.slot.at_ms)
+        return Delivery(f"{entry.id}#{task_id}", message.to_envelope(), entry.attempts, run.period.at_ms)
 
     def _evaluated(self, name: str, lazy: LazyArgs) -> StoredMessage:
         """The message of one run of an entry with lazy arguments: evaluated now, and built by

@@ -402,4 +402,4 @@ def forget_store(app: Celery) -> None:
             return  # a test's store stays until detach_store
         store = _stores.pop(app)
     if store is not None:
-        store.client.close()
+        store.close()

@@ -291,31 +291,28 @@ def _entry(
         if access.rq is None:
             raise click.UsageError("RQ entries are added with `delayq periodic add --kind rq --rq-redis URL ...`")
         _check_workers(access.rq(ctx, where, store), d["queue"])
-        return _rq_spec(d, store, options)
+        rq = _definition_of(d, _schedule(d, lambda: "UTC", store), options)
+        spec: ops.EntrySpec = adapter("rq.cron").runtime_entry(rq.name, rq.run, **rq.rq_fields())
+        return spec
     if d["func"] is not None:
         raise click.UsageError("--func names an RQ function: add --kind rq (a Celery entry names its --task)")
     if not d["task"]:
         raise click.UsageError("a Celery entry needs --task NAME (an RQ entry: --kind rq --func module.function)")
-    return _spec(access.app(ctx, where), d, store, options)
-
-
-def _rq_spec(d: dict[str, Any], store: DelayStore, options: RunOptions) -> ops.EntrySpec:
-    """An RQ entry from the definition options, its job captured as the HTTP API's (no allowlist:
-    an operator's command)."""
-    fields = {
-        "enabled": False if d["paused"] else None,
-        "start_ms": _time("--start", d["start"]),
-        "end_ms": _time("--end", d["end"]),
-        "max_runs": d["max_runs"],
-        "jitter_ms": round(d["jitter"] * 1000),
-    }
-    spec: ops.EntrySpec = adapter("rq.cron").runtime_entry(
-        d["name"], d["func"], queue=d["queue"], schedule=_schedule(d, lambda: "UTC", store),
-        args=_json("--args", d["args_json"], list), kwargs=_json("--kwargs", d["kwargs_json"], dict),
-        misfire=Misfire(d["misfire"]) if d["misfire"] else Misfire(), overlap=d["overlap"] or "allow",
-        options=options, **fields,
-    )  # fmt: skip
+    app = access.app(ctx, where)
+    periodic = adapter("celery.periodic")
+    celery = _definition_of(d, _schedule(d, lambda: str(periodic.zone_of(app)), store), options)
+    spec = periodic.entry_spec(app, celery.name, celery.celery_conf())
     return spec
+
+
+def _definition_of(d: dict[str, Any], schedule: Schedule, options: RunOptions) -> ops.EntryDefinition:
+    """The definition the options of add and update give (``POST /periodic`` reads its body into one too)."""
+    return ops.EntryDefinition(
+        d["name"], d["kind"], d["func"] or d["task"], schedule, _json("--args", d["args_json"], list),
+        _json("--kwargs", d["kwargs_json"], dict), d["queue"], _time("--start", d["start"]), _time("--end", d["end"]),
+        d["max_runs"], round(d["jitter"] * 1000), Misfire(d["misfire"]) if d["misfire"] else None, d["overlap"],
+        False if d["paused"] else None, options,
+    )  # fmt: skip
 
 
 def _check_workers(connection: redis.Redis, queue: str) -> None:
@@ -330,33 +327,6 @@ def _check_workers(connection: redis.Redis, queue: str) -> None:
             "(and a forwarder with --rq-redis fires it)",
             err=True,
         )
-
-
-def _spec(app: Any, d: dict[str, Any], store: DelayStore, run_options: RunOptions) -> ops.EntrySpec:
-    """An entry from the definition options, built by the Celery adapter with ``app``'s routing."""
-    options: dict[str, Any] = run_options.celery()
-    for key, flag in (("queue", "queue"), ("delayq_misfire", "misfire"), ("delayq_overlap", "overlap")):
-        if d[flag] is not None:
-            options[key] = d[flag]
-    for key, flag in (("delayq_start", "start"), ("delayq_end", "end")):
-        ms = _time(f"--{flag}", d[flag])
-        if ms is not None:
-            options[key] = ms / 1000
-    if d["max_runs"] is not None:
-        options["delayq_max_runs"] = d["max_runs"]
-    if d["jitter"]:
-        options["delayq_jitter"] = d["jitter"]
-    if d["paused"]:
-        options["delayq_enabled"] = False
-    conf = {
-        "task": d["task"],
-        "schedule": _schedule(d, lambda: str(adapter("celery.periodic").zone_of(app)), store),
-        "args": _json("--args", d["args_json"], list),
-        "kwargs": _json("--kwargs", d["kwargs_json"], dict),
-        "options": options,
-    }
-    spec: ops.EntrySpec = adapter("celery.periodic").entry_spec(app, d["name"], conf)
-    return spec
 
 
 _DEFINITION_KEYS = (
@@ -394,10 +364,7 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
     @click.pass_context
     def show(ctx: click.Context, /, name: str, as_json: bool, **where: Any) -> None:
         """One entry, every field (times UTC). Exit 1 if there is none of that name."""
-        found = ops.get(access.store(ctx, where), name)
-        if found is None:
-            raise ops.EntryNotFound(name)
-        _show(found, as_json)
+        _show(ops.entry(access.store(ctx, where), name), as_json)
 
     @group.command("history")
     @click.argument("name")
@@ -435,8 +402,7 @@ def periodic_commands(group: click.Group, access: PeriodicAccess) -> click.Group
         d, where = _split(kw)
         store = access.store(ctx, where)
         spec = _entry(access, ctx, where, d, store)
-        if ops.get(store, spec.name) is None:
-            raise ops.EntryNotFound(spec.name)
+        ops.entry(store, spec.name)  # an unknown name: EntryNotFound
         click.echo(f"{ops.upsert(store, spec, detach=detach)}: {spec.name}")
 
     def action(name: str, verb: Callable[[DelayStore, str], ops.EntryStatus], doc: str) -> None:

@@ -9,8 +9,7 @@ from typing import Any
 import click
 
 from ..entries import iso
-from ..keys import periodic_key
-from ..periodic.history import HISTORY_SIZE, EntryHistory, read_history
+from ..periodic.history import HISTORY_SIZE, EntryHistory, entry_history
 from ..store import DelayStore
 from .output import Column, duration, echo_json, print_table
 
@@ -48,11 +47,9 @@ def show_history(store: DelayStore, name: str, as_json: bool, limit: int) -> Non
         click.ClickException: no such entry (names ``periodic list``).
     """
     try:
-        found = read_history(store, name, limit=limit)
+        found = entry_history(store, name, limit=limit)
     except ValueError as exc:
         raise click.BadParameter(f"{name!r}: {exc}", param_hint="NAME") from None
-    if not found.runs and not store.client.hexists(periodic_key(store.config.prefix), name):
-        raise click.ClickException(f"no periodic entry {name!r} in {store.config.prefix!r}: see `periodic list`")
     now = store.clock()
     if as_json:
         echo_json(history_json(found, now))

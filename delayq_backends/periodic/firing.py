@@ -30,7 +30,7 @@ from ..store.lease import Lease
 from ..targets import Delivery, PublishReport, Skipped, Target
 from ..timeutil import from_ms
 from .history import Fired, RunMark, SentRun, report_fired
-from .schedules import END, MAX_BACKFILL, Plan, Slot, describe_time, run_task_id
+from .schedules import END, MAX_BACKFILL, Period, Plan, describe_time, run_task_id
 from .state import PeriodicState, jitter_offset, state_of, with_state
 
 __all__ = [
@@ -66,7 +66,7 @@ class EntryWaits(DelayqError):
 class Run:
     """One run of an entry: its period (for a manual run, the request time) and what made it."""
 
-    slot: Slot
+    period: Period
     kind: str = SCHEDULED
 
     def task_id(self, name: str) -> str:
@@ -74,8 +74,8 @@ class Run:
         ``backfill:<period key>`` for the others, so a backfilled period never takes the id of
         its scheduled run (which may have been sent)."""
         if self.kind == SCHEDULED:
-            return run_task_id(name, self.slot)
-        return run_task_id(name, Slot(f"{self.kind}:{self.slot.key}", self.slot.at_ms))
+            return run_task_id(name, self.period)
+        return run_task_id(name, Period(f"{self.kind}:{self.period.key}", self.period.at_ms))
 
 
 class RunMaker(Protocol):
@@ -111,7 +111,7 @@ def plan_entry(state: PeriodicState, now_ms: int) -> EntryPlan:
     (paused or not: asked for by hand), and, for an enabled, unfinished entry, its due periods
     under its misfire policy, none before its start or after its end, at most up to its
     maximum runs; past its end or maximum runs its next period is :data:`~.schedules.END`."""
-    extra = [Run(Slot(str(ms), ms), MANUAL) for ms in state.run_now]
+    extra = [Run(Period(str(ms), ms), MANUAL) for ms in state.run_now]
     for start, end in state.backfill:
         extra += [Run(s, BACKFILL) for s in state.schedule.between(state.slot, start, end, MAX_BACKFILL)]
     late = now_ms - jitter_offset(state.name, state.slot, state.jitter_ms)  # lateness counts from its jittered time
@@ -148,9 +148,9 @@ def _sent(state: PeriodicState, run: Run) -> SentRun:
     period's due time, or for a period that came due while the entry was paused, from the
     resume (the run went out as soon as it could)."""
     window = state.pause_window()
-    paused = window is not None and run.kind == SCHEDULED and window[0] <= run.slot.at_ms < window[1]
+    paused = window is not None and run.kind == SCHEDULED and window[0] <= run.period.at_ms < window[1]
     late_from = window[1] if window is not None and paused else None
-    return SentRun(RunMark(state.name, run.slot.at_ms, run.kind), run.task_id(state.name), late_from)
+    return SentRun(RunMark(state.name, run.period.at_ms, run.kind), run.task_id(state.name), late_from)
 
 
 def entry_lease_ms(state: PeriodicState, lease_ms: int) -> int:
@@ -250,7 +250,7 @@ class FiringTarget:
         state = state_of(d.envelope)
         planned = plan_entry(state, now)
         f = _Firing(d, template, state, planned.plan, [], [])
-        for run in [Run(slot) for slot in planned.plan.runs] + planned.extra:
+        for run in [Run(period) for period in planned.plan.runs] + planned.extra:
             delivery = self.maker.run(d, template, state, run, now)
             (f.runs if run.kind == SCHEDULED else f.extra).append(delivery)
             f.made[delivery.id] = run
@@ -259,6 +259,19 @@ class FiringTarget:
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()
         now = lease.now_ms()  # the store's clock, as its forwarder's: the misfire policy's "now"
+        store = lease.store if isinstance(lease.store, DelayStore) else None
+        fired = self._overlap(self._prepared(deliveries, lease, now, report), store, report)
+        runs = [run for f in fired for run in f.deliveries]
+        sent = self.inner.publish_many(runs) if runs else PublishReport()
+        report.broker_error = sent.broker_error
+        published = set(sent.published)
+        self._rearm(lease, [f for f in fired if all(run.id in published for run in f.deliveries)], now, report)
+        self._settle(fired, sent, store, report)
+        return report
+
+    def _prepared(self, deliveries: Sequence[Delivery], lease: Lease, now: int, report: PublishReport) -> list[_Firing]:
+        """Each entry decoded, planned and its runs made (one that cannot be fails alone, in
+        ``report``), its lease shortened to what its runs allow before anything is published."""
         fired: list[_Firing] = []
         shorter: dict[int, list[str]] = {}
         for d in deliveries:
@@ -277,15 +290,14 @@ class FiringTarget:
                 shorter.setdefault(fit, []).append(d.id)
         for fit, ids in shorter.items():  # before the publish: a kill from here on costs one short lease
             lease.extend(ids, lease_ms=fit)
-        store = lease.store if isinstance(lease.store, DelayStore) else None
-        fired = self._overlap(fired, store, report)
-        runs = [run for f in fired for run in f.deliveries]
-        sent = self.inner.publish_many(runs) if runs else PublishReport()
-        report.broker_error = sent.broker_error
-        published, unsent = set(sent.published), set(sent.unsent)
-        failed = {f.id: f for f in sent.failed}
-        done = [f for f in fired if all(run.id in published for run in f.deliveries)]
-        self._rearm(lease, done, now, report)
+        return fired
+
+    def _settle(
+        self, fired: list[_Firing], sent: PublishReport, store: DelayStore | None, report: PublishReport
+    ) -> None:
+        """Each entry's outcome in ``report``: acked once rearmed; else its slot given back and it
+        goes again (its runs unsent) or waits (a run the broker refused: never a dead letter)."""
+        unsent, failed = set(sent.unsent), {f.id: f for f in sent.failed}
         for f in fired:
             ids = [run.id for run in f.deliveries]
             if f.following is not None:
@@ -300,7 +312,6 @@ class FiringTarget:
                 errors = [failed[i] for i in ids if i in failed] or [DeliveryFailure(f.d.id, "not published")]
                 error, permanent = "; ".join(e.error for e in errors), all(e.permanent for e in errors)
                 report.failed.append(DeliveryFailure(f.d.id, error, permanent=permanent, waits=not permanent))
-        return report
 
     def _overlap(self, fired: list[_Firing], store: DelayStore | None, report: PublishReport) -> list[_Firing]:
         """Apply the overlap policies: an entry with one fires only its latest due period (the

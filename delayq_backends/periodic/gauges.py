@@ -6,9 +6,8 @@ the longest without a success), and the rest are summed into one series, ``entry
 Each scrape reads the registry (HSCAN), each entry's item and its history (pipelined): a cost
 per entry per scrape, so a store of very many entries wants a longer scrape interval.
 
-The entry's state is read from its envelope's ``periodic`` meta as every kind writes it (the
-next period ``slot``, the last run ``last``, ``enabled``), so these gauges serve Celery and RQ
-entries alike with no import of either.
+The entry's state is read as every kind writes it (:func:`~.state.state_of`), so these gauges
+serve Celery and RQ entries alike with no import of either.
 """
 
 from __future__ import annotations
@@ -16,20 +15,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException
 
-from ..envelope import Envelope
 from ..errors import DelayqError
-from ..keys import normalize_id, periodic_key
 from ..metrics import StoreCollector
 from ..store import DelayStore
 from ..timeutil import MAX_MS
 from .history import EntryHistory, read_histories
+from .ops import item_id
+from .registry import read_registry
+from .schedules import Every
+from .state import PeriodicState, read_state
 
 __all__ = ["DEFAULT_PERIODIC_ENTRIES", "OTHER", "EntryGauge", "PeriodicCollector", "entry_gauges"]
 
@@ -62,50 +62,27 @@ class EntryGauge:
         return (-self.overdue_ms, -since)
 
 
-def _state(envelope: bytes) -> dict[str, Any]:
-    """The ``periodic`` meta of an entry's envelope; {} if it has none readable."""
-    try:
-        state = Envelope.decode(envelope).meta.get("periodic")
-    except Exception:  # a newer format, a hand write: the entry shows with what is known
-        return {}
-    return state if isinstance(state, dict) else {}
+def _period_ms(state: PeriodicState) -> int | None:
+    """The entry's period: a fixed interval's, else the gap between its last run's period and its
+    next (a crontab's varies; None before its first run)."""
+    if isinstance(state.schedule, Every):
+        return state.schedule.every_ms
+    last = state.last
+    return state.slot.at_ms - last.at_ms if last is not None and state.slot.at_ms > last.at_ms else None
 
 
-def _at(value: Any) -> int | None:
-    """The ``at`` ms of a stored slot (``{"key", "at"}``); None for anything else."""
-    at = value.get("at") if isinstance(value, dict) else None
-    return at if type(at) is int else None
-
-
-def _period_ms(state: dict[str, Any]) -> int | None:
-    """The entry's period: a fixed interval's ``every_ms``, else the gap between its last run's
-    period and its next (a crontab's varies; None before its first run)."""
-    schedule = state.get("schedule")
-    every = schedule.get("every_ms") if isinstance(schedule, dict) else None
-    if type(every) is int and every > 0:
-        return every
-    nxt, last = _at(state.get("slot")), _at(state.get("last"))
-    return nxt - last if nxt is not None and last is not None and nxt > last else None
-
-
-def _owed_from(state: dict[str, Any]) -> int:
-    """The earliest time the entry can owe a success from: its last resume (a paused period is
-    owed nothing, so a planned pause sets off no "no success" alert), else ever."""
-    resumed = state.get("resumed")
-    return resumed if type(resumed) is int else 0
-
-
-def _gauge(name: str, ready_ms: int | None, state: dict[str, Any], history: EntryHistory, now: int) -> EntryGauge:
+def _gauge(name: str, ready_ms: int | None, state: PeriodicState | None, history: EntryHistory, now: int) -> EntryGauge:
     paused = ready_ms is not None and ready_ms >= MAX_MS
-    enabled = state.get("enabled", True) is not False and not paused
-    since = _owed_from(state)
+    enabled = (state is None or state.enabled) and not paused
+    # a paused period is owed nothing, so a planned pause sets off no "no success" alert
+    since = (state.resumed_ms if state is not None else None) or 0
     owed = [max(t, since) for t in (history.unsucceeded_since_ms(), ready_ms) if t is not None and t <= now]
     overdue = now - min(owed) if owed and enabled else 0
     return EntryGauge(
         name,
         enabled,
         None if paused else ready_ms,
-        _period_ms(state),
+        None if state is None else _period_ms(state),
         history.last_success_ms,
         overdue,
         history.missed,
@@ -114,22 +91,24 @@ def _gauge(name: str, ready_ms: int | None, state: dict[str, Any], history: Entr
 
 
 def entry_gauges(store: DelayStore) -> list[EntryGauge]:
-    """Every registered entry's gauge values, worst first."""
-    names = []
-    for raw, _ in store.client.hscan_iter(periodic_key(store.config.prefix)):
-        try:
-            name = raw.decode() if isinstance(raw, bytes) else str(raw)
-            normalize_id(f"periodic:{name}")
-        except (UnicodeDecodeError, ValueError):
-            continue  # `delayq periodic list` names such a registry field and its fix
-        names.append(name)
+    """Every registered entry's gauge values, worst first (a registry field that is no entry's
+    name is skipped: `delayq periodic list` names it and its fix)."""
+    names = [n for n in read_registry(store).names if _is_name(n)]
     now = store.clock()
     gauges = []
     for name, history in zip(names, read_histories(store, names)):
-        item = store.get(f"periodic:{name}")
-        state = {} if item is None else _state(item.envelope)
-        gauges.append(_gauge(name, None if item is None else item.ready_ms, state, history, now))
+        item = store.get(item_id(name))
+        read = read_state(item)
+        gauges.append(_gauge(name, None if item is None else item.ready_ms, read and read[1], history, now))
     return sorted(gauges, key=lambda g: g.badness(now))
+
+
+def _is_name(name: str) -> bool:
+    try:
+        item_id(name)
+    except ValueError:
+        return False
+    return True
 
 
 class PeriodicCollector(Collector):

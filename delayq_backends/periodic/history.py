@@ -30,12 +30,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ResponseError
-
 from ..keys import ShardKeys, normalize_id, shard_of
 from ..scripts.library import ScriptCall
 from ..scripts.store import PeriodicRun, RunEvent
-from ..store.base import StoreCore
+from ..store import HistoryRead, PeriodicRecords, StoreCore
+from .registry import EntryNotFound
 
 __all__ = [
     "HISTORY_SIZE",
@@ -49,6 +48,7 @@ __all__ = [
     "RunMark",
     "RunRecord",
     "SentRun",
+    "entry_history",
     "history_keys",
     "read_histories",
     "read_history",
@@ -324,53 +324,39 @@ def reported(what: str) -> Iterator[None]:
         _not_recorded(what, exc)
 
 
-def read_history(store: StoreCore, name: str, *, limit: int = HISTORY_SIZE) -> EntryHistory:
+def read_history(store: PeriodicRecords, name: str, *, limit: int = HISTORY_SIZE) -> EntryHistory:
     """Entry ``name``'s last ``limit`` runs (newest first) and counters; empty when it has none
     (never ran, expired, or a hand write in its keys)."""
     return read_histories(store, [name], limit=limit)[0]
 
 
-def read_histories(store: StoreCore, names: Sequence[str], *, limit: int = HISTORY_SIZE) -> list[EntryHistory]:
-    """The histories of ``names``, in their order: two pipelined rounds (run ids and counters,
-    then the records), for ``periodic history`` and the exporter's gauges.
+def entry_history(store: PeriodicRecords, name: str, *, limit: int = HISTORY_SIZE) -> EntryHistory:
+    """As :func:`read_history`, for an entry that is registered or has a history.
+
+    Raises:
+        EntryNotFound: neither.
+        ValueError: no entry can have ``name``.
+    """
+    found = read_history(store, name, limit=limit)
+    if not found.runs and not store.is_registered(name):
+        raise EntryNotFound(name)
+    return found
+
+
+def read_histories(store: PeriodicRecords, names: Sequence[str], *, limit: int = HISTORY_SIZE) -> list[EntryHistory]:
+    """The histories of ``names``, in their order (one store read of two rounds), for ``periodic
+    history`` and the exporter's gauges.
 
     Raises:
         RedisError: the store cannot be read (a key of another type reads as empty instead).
     """
-    key_pairs = [history_keys(store, n) for n in names]
-    with store.client.pipeline(transaction=False) as pipe:
-        for hist, order in key_pairs:
-            pipe.zrevrange(order, 0, max(0, limit - 1))
-            pipe.hmget(hist, ["missed", "late", "last_success"])
-        first = pipe.execute(raise_on_error=False)
-    ids: list[list[str]] = []
-    counters: list[list[Any]] = []
-    for i in range(len(names)):
-        listed, counted = first[2 * i], first[2 * i + 1]
-        ids.append([] if not isinstance(listed, list) else [r.decode("utf-8", "replace") for r in listed])
-        counters.append(counted if isinstance(counted, list) else [None, None, None])
-        for reply in (listed, counted):
-            if isinstance(reply, Exception) and not _wrong_type(reply):
-                raise reply
-    with store.client.pipeline(transaction=False) as pipe:
-        for (hist, _), run_ids in zip(key_pairs, ids):
-            if run_ids:
-                pipe.hmget(hist, [f"run:{r}" for r in run_ids])
-        replies = pipe.execute(raise_on_error=False) if len(pipe) else []
-    for reply in replies:
-        if isinstance(reply, Exception) and not _wrong_type(reply):
-            raise reply
-    records = iter(replies)
-    out = []
-    for name, run_ids, (missed, late, success) in zip(names, ids, counters):
-        raws = next(records) if run_ids else []
-        raws = raws if isinstance(raws, list) else [None] * len(run_ids)
-        runs = [r for r in (RunRecord.from_stored(i, raw) for i, raw in zip(run_ids, raws)) if r is not None]
-        last = _count(success) or None
-        out.append(EntryHistory(name, runs, _count(missed), _count(late), last))
-    return out
+    reads = store.history_reads([history_keys(store, n) for n in names], limit)
+    return [_history(name, read) for name, read in zip(names, reads)]
 
 
-def _wrong_type(reply: Exception) -> bool:
-    """A WRONGTYPE reply: a hand write of another type in an entry's history key."""
-    return isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE")
+def _history(name: str, read: HistoryRead) -> EntryHistory:
+    records = (RunRecord.from_stored(i, raw) for i, raw in zip(read.run_ids, read.records))
+    missed, late, success = read.counters
+    return EntryHistory(
+        name, [r for r in records if r is not None], _count(missed), _count(late), _count(success) or None
+    )

@@ -19,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..store import DelayStore
-from .ops import CodeEntryError, EntrySpec, SyncReport, _code_fingerprint, item_id, preview, upsert
+from .ops import CodeEntryError, EntrySpec, SyncReport, item_id, preview, upsert
 from .registry import PeriodicError, read_registry
+from .sync import code_fingerprint_of
 
 __all__ = ["OUTCOMES", "ImportReport", "import_entries", "preview_sync", "synced"]
 
@@ -112,6 +113,6 @@ def synced(report: SyncReport, *, source: str) -> ImportReport:
 def _is_code(store: DelayStore, name: str, kind: str) -> bool:
     """Entry ``name`` is stored as a code entry of ``kind`` (a sync without it removes it)."""
     try:
-        return _code_fingerprint(store.get(item_id(name)), kind) is not None
+        return code_fingerprint_of(store.get(item_id(name)), kind) is not None
     except ValueError:  # a registry line that can be no item id: the sync's sweep names it
         return False

@@ -22,8 +22,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from ..errors import DelayqError
 from ..keys import periodic_code_key, periodic_key
 from ..scripts.store import SyncVersion
@@ -33,7 +31,9 @@ __all__ = [
     "MAX_VERSION",
     "PAGE",
     "CodeRecord",
+    "CodeEntryError",
     "CodeSync",
+    "EntryNotFound",
     "PeriodicError",
     "Registry",
     "StaleScheduleError",
@@ -58,6 +58,18 @@ class PeriodicError(DelayqError):
     """A periodic entry, or its store item or registry, that cannot be used as asked."""
 
 
+class EntryNotFound(PeriodicError):
+    """No periodic entry of that name (neither registered nor stored, nor any history)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no periodic entry {name!r}: see `delayq periodic list` for the names")
+        self.name = name
+
+
+class CodeEntryError(PeriodicError):
+    """A change a code entry cannot take at runtime (a sync would undo it)."""
+
+
 class StaleScheduleError(PeriodicError):
     """A sync from code refused: its schedule is older than (or conflicts with) the one synced last."""
 
@@ -76,8 +88,7 @@ def check_registry(store: DelayStore) -> str:
     """The registry's key, refused when it is of another type (a hand write) before anything is
     changed: its entries are unknown, so a sync cannot tell which stored entries left the config."""
     key = periodic_key(store.config.prefix)
-    kind = store.client.type(key)
-    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    kind = store.registry_type()
     if kind not in ("hash", "none"):
         raise PeriodicError(
             f"the periodic registry {key} is a {kind}, not a hash (written by another tool): nothing synced; "
@@ -102,10 +113,9 @@ def registry_page(store: DelayStore, cursor: int = 0, count: int = PAGE) -> tupl
     whole), sorted, and the cursor of the next page (0: none). Paging bounds what one call
     reads whatever the registry holds, and every field present throughout is on some page."""
     key = check_registry(store)
-    cursor, fields = store.client.hscan(key, cursor, count=count)
+    cursor, fields = store.registry_fields(cursor, count)
     names, unreadable = [], {}
-    for field_name in fields:
-        raw = field_name if isinstance(field_name, bytes) else str(field_name).encode()
+    for raw in fields:
         try:
             names.append(raw.decode())
         except UnicodeDecodeError:
@@ -114,7 +124,7 @@ def registry_page(store: DelayStore, cursor: int = 0, count: int = PAGE) -> tupl
                 f"registry field {shown} of {key} is not UTF-8, so no entry's name; skipped: remove it with "
                 f"`redis-cli HDEL {key} {shown}`"
             )
-    return int(cursor), Registry(sorted(names), unreadable)
+    return cursor, Registry(sorted(names), unreadable)
 
 
 def _redis_cli_quoted(raw: bytes) -> str:
@@ -246,10 +256,8 @@ def record_code_sync(
 
 def code_record(store: DelayStore, kind: str) -> CodeRecord | None:
     """The code schedule of entries of ``kind`` synced last, or None (none yet, or a damaged record)."""
-    key = periodic_code_key(store.config.prefix)
-    try:
-        values = store.client.hmget(key, [f"{kind}:{field}" for field in SyncVersion.FIELDS])
-    except Exception:  # another type: reported by the next sync
+    values = store.code_record_values(kind)
+    if values is None:  # another type: reported by the next sync
         return None
     _, record = _record([0, *(v or b"" for v in values)])
     return record
@@ -258,9 +266,5 @@ def code_record(store: DelayStore, kind: str) -> CodeRecord | None:
 def record_missing(store: DelayStore, kind: str) -> bool:
     """No code schedule of entries of ``kind`` is recorded (a damaged record is not missing: the
     sync names its fix)."""
-    key = periodic_code_key(store.config.prefix)
-    try:
-        values = store.client.hmget(key, [f"{kind}:{field}" for field in SyncVersion.FIELDS])
-    except redis.exceptions.ResponseError:
-        return False
-    return not any(values)
+    values = store.code_record_values(kind)
+    return values is not None and not any(values)

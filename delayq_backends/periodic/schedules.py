@@ -41,7 +41,7 @@ __all__ = [
     "Once",
     "Plan",
     "Schedule",
-    "Slot",
+    "Period",
     "describe_time",
     "interval",
     "run_task_id",
@@ -65,7 +65,7 @@ _NAMESPACE = uuid.UUID("6d1a7c0e-5a55-4b3e-9c53-8f0d1e2a7b61")
 
 
 @dataclass(frozen=True)
-class Slot:
+class Period:
     """One period of a schedule: ``key`` names it, ``at_ms`` is when it is due (UTC ms)."""
 
     key: str
@@ -75,16 +75,16 @@ class Slot:
         return {"key": self.key, "at": self.at_ms}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Slot:
+    def from_json(cls, data: Mapping[str, Any]) -> Period:
         return cls(str(data["key"]), int(data["at"]))
 
 
 #: the slot after a schedule's last period (a one-off's run, an entry's end or maximum runs): it is
 #: never due, so an entry there is ``finished`` (listed, never fired)
-END = Slot("end", MAX_MS)
+END = Period("end", MAX_MS)
 
 
-def run_task_id(entry: str, slot: Slot) -> str:
+def run_task_id(entry: str, slot: Period) -> str:
     """The Celery task id of entry ``entry``'s run for ``slot``: the same for every send of that
     period, so a duplicate (a forwarder killed between publish and ack) can be recognised."""
     return str(uuid.uuid5(_NAMESPACE, f"{entry}\0{slot.key}"))
@@ -105,31 +105,31 @@ class Every:
     def from_json(cls, data: Mapping[str, Any]) -> Every:
         return cls(int(data["every_ms"]), bool(data.get("aligned")))
 
-    def first_after(self, ms: int) -> Slot:
+    def first_after(self, ms: int) -> Period:
         at = (ms // self.every_ms + 1) * self.every_ms if self.aligned else ms + self.every_ms
-        return Slot(str(at), at)
+        return Period(str(at), at)
 
-    def following(self, slot: Slot) -> Slot:
+    def following(self, slot: Period) -> Period:
         at = slot.at_ms + self.every_ms
-        return Slot(str(at), at)
+        return Period(str(at), at)
 
-    def due(self, slot: Slot, now_ms: int, keep: int) -> tuple[list[Slot], int, Slot]:
+    def due(self, slot: Period, now_ms: int, keep: int) -> tuple[list[Period], int, Period]:
         """(the last ``keep`` slots due at ``now_ms`` from ``slot`` on, how many are due, the next)."""
         count = (now_ms - slot.at_ms) // self.every_ms + 1
         first = max(0, count - keep)
-        slots = [Slot(str(at), at) for at in (slot.at_ms + i * self.every_ms for i in range(first, count))]
+        slots = [Period(str(at), at) for at in (slot.at_ms + i * self.every_ms for i in range(first, count))]
         nxt = slot.at_ms + count * self.every_ms
-        return slots, count, Slot(str(nxt), nxt)
+        return slots, count, Period(str(nxt), nxt)
 
-    def between(self, anchor: Slot, start_ms: int, end_ms: int, limit: int) -> list[Slot]:
+    def between(self, anchor: Period, start_ms: int, end_ms: int, limit: int) -> list[Period]:
         """The periods in ``[start_ms, end_ms]`` of this schedule as it runs from ``anchor`` (the
         entry's next period), at most ``limit`` (the first ones)."""
         first = -((anchor.at_ms - start_ms) // self.every_ms)  # ceil((start - anchor) / every)
         last = (end_ms - anchor.at_ms) // self.every_ms
         ats = (anchor.at_ms + i * self.every_ms for i in range(first, min(last + 1, first + limit)))
-        return [Slot(str(at), at) for at in ats]
+        return [Period(str(at), at) for at in ats]
 
-    def count(self, anchor: Slot, start_ms: int, end_ms: int) -> int:
+    def count(self, anchor: Period, start_ms: int, end_ms: int) -> int:
         """How many periods from ``anchor`` on fall in ``[start_ms, end_ms]`` (arithmetic: a
         1 ms interval paused for a week is counted, not listed)."""
         first = max(0, -((anchor.at_ms - start_ms) // self.every_ms))
@@ -196,7 +196,7 @@ class Cron:
     def tz(self) -> tzinfo:
         return zone_named(self.zone)
 
-    def first_after(self, ms: int) -> Slot:
+    def first_after(self, ms: int) -> Period:
         if not self.wall:
             return self._real_after(ms)
         zone = self.tz
@@ -205,36 +205,36 @@ class Cron:
             wall = times.get_next(datetime)
             at = _instant(wall, zone)
             if at > ms:
-                return Slot(wall.isoformat(), at)
+                return Period(wall.isoformat(), at)
 
-    def following(self, slot: Slot) -> Slot:
+    def following(self, slot: Period) -> Period:
         if not self.wall:
             return self._real_after(slot.at_ms)
         wall = self._times(datetime.fromisoformat(slot.key)).get_next(datetime)
-        return Slot(wall.isoformat(), _instant(wall, self.tz))
+        return Period(wall.isoformat(), _instant(wall, self.tz))
 
-    def latest(self, ms: int) -> Slot:
+    def latest(self, ms: int) -> Period:
         """The last period at or before ``ms``, found without stepping through the ones before
         it (an entry moved in with a last run long ago catches up from there)."""
         zone = self.tz
         start = from_ms(ms + 1).astimezone(zone)
         if not self.wall:
             at = int(self._times(start).get_prev(float) * 1000)
-            return Slot(str(at), at)
+            return Period(str(at), at)
         wall = self._times(start.replace(tzinfo=None)).get_prev(datetime)
-        return Slot(wall.isoformat(), _instant(wall, zone))
+        return Period(wall.isoformat(), _instant(wall, zone))
 
-    def _real_after(self, ms: int) -> Slot:
+    def _real_after(self, ms: int) -> Period:
         start = from_ms(ms).astimezone(self.tz)
         at = int(self._times(start).get_next(float) * 1000)
-        return Slot(str(at), at)
+        return Period(str(at), at)
 
     def _times(self, start: datetime) -> Any:
         """croniter's times after ``start``, the day fields read as this crontab reads them."""
         return _croniter()(self.expression, start, day_or=self.day_or)
 
-    def due(self, slot: Slot, now_ms: int, keep: int) -> tuple[list[Slot], int, Slot]:
-        slots: list[Slot] = []
+    def due(self, slot: Period, now_ms: int, keep: int) -> tuple[list[Period], int, Period]:
+        slots: list[Period] = []
         count = 0
         while slot.at_ms <= now_ms:
             slots.append(slot)
@@ -244,16 +244,16 @@ class Cron:
             slot = self.following(slot)
         return slots, count, slot
 
-    def between(self, anchor: Slot, start_ms: int, end_ms: int, limit: int) -> list[Slot]:
+    def between(self, anchor: Period, start_ms: int, end_ms: int, limit: int) -> list[Period]:
         """The periods in ``[start_ms, end_ms]``, at most ``limit`` (the first ones)."""
-        slots: list[Slot] = []
+        slots: list[Period] = []
         slot = self.first_after(start_ms - 1)
         while slot.at_ms <= end_ms and len(slots) < limit:
             slots.append(slot)
             slot = self.following(slot)
         return slots
 
-    def count(self, anchor: Slot, start_ms: int, end_ms: int) -> int:
+    def count(self, anchor: Period, start_ms: int, end_ms: int) -> int:
         """How many periods from ``anchor`` on fall in ``[start_ms, end_ms]`` (stepped, as
         :meth:`due` steps through the same periods)."""
         found, slot = 0, anchor
@@ -300,21 +300,21 @@ class Once:
     def from_json(cls, data: Mapping[str, Any]) -> Once:
         return cls(int(data["once_ms"]))
 
-    def first_after(self, ms: int) -> Slot:
-        return Slot(str(self.at_ms), self.at_ms)
+    def first_after(self, ms: int) -> Period:
+        return Period(str(self.at_ms), self.at_ms)
 
-    def following(self, slot: Slot) -> Slot:
+    def following(self, slot: Period) -> Period:
         return END
 
-    def due(self, slot: Slot, now_ms: int, keep: int) -> tuple[list[Slot], int, Slot]:
+    def due(self, slot: Period, now_ms: int, keep: int) -> tuple[list[Period], int, Period]:
         if slot == END or slot.at_ms > now_ms:
             return [], 0, slot
         return [slot], 1, END
 
-    def between(self, anchor: Slot, start_ms: int, end_ms: int, limit: int) -> list[Slot]:
-        return [Slot(str(self.at_ms), self.at_ms)] if start_ms <= self.at_ms <= end_ms and limit > 0 else []
+    def between(self, anchor: Period, start_ms: int, end_ms: int, limit: int) -> list[Period]:
+        return [Period(str(self.at_ms), self.at_ms)] if start_ms <= self.at_ms <= end_ms and limit > 0 else []
 
-    def count(self, anchor: Slot, start_ms: int, end_ms: int) -> int:
+    def count(self, anchor: Period, start_ms: int, end_ms: int) -> int:
         return int(anchor != END and start_ms <= self.at_ms <= end_ms)
 
     def to_json(self) -> dict[str, Any]:
@@ -397,9 +397,9 @@ class Plan:
     """What one firing of an entry does: ``runs`` to send now (oldest first), how many due
     periods are ``missed`` (collapsed or skipped), and the ``next`` slot to schedule."""
 
-    runs: list[Slot]
+    runs: list[Period]
     missed: int
-    next: Slot
+    next: Period
 
 
 @dataclass(frozen=True)
@@ -454,7 +454,7 @@ class Misfire:
             return f"skip (grace {self.grace:g}s)"
         return self.policy
 
-    def plan(self, schedule: Schedule, slot: Slot, now_ms: int) -> Plan:
+    def plan(self, schedule: Schedule, slot: Period, now_ms: int) -> Plan:
         """The runs of an entry whose next period is ``slot``, fired at ``now_ms``.
 
         The store said it is due, so a clock that reads a little early still fires ``slot``.

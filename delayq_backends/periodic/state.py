@@ -18,9 +18,10 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..errors import EnvelopeError
+from ..models import ScheduledItem
 from ..overlap_policy import ALLOW, POLICIES
 from .options import RunOptions
-from .schedules import END, Every, Misfire, Plan, Schedule, Slot, schedule_from_json
+from .schedules import END, Every, Misfire, Period, Plan, Schedule, schedule_from_json
 
 __all__ = [
     "CODE",
@@ -32,6 +33,7 @@ __all__ = [
     "PeriodicState",
     "first_slot",
     "jitter_offset",
+    "read_state",
     "state_of",
     "with_state",
 ]
@@ -70,7 +72,7 @@ class LastRun:
         return cls(str(data["key"]), int(data["at"]), int(data["sent"]), int(data.get("missed", 0)))
 
 
-def jitter_offset(name: str, slot: Slot, jitter_ms: int) -> int:
+def jitter_offset(name: str, slot: Period, jitter_ms: int) -> int:
     """The delay in ``[0, jitter_ms)`` of entry ``name``'s period ``slot``: from a hash, so every
     forwarder (and every re-fire of the period) computes the same one."""
     if jitter_ms <= 0:
@@ -92,7 +94,7 @@ class PeriodicState:
     schedule: Schedule
     misfire: Misfire
     fingerprint: str
-    slot: Slot
+    slot: Period
     rank: int = 0
     expires: float | None = None  # seconds after each send, when the entry's ``expires`` is relative
     last: LastRun | None = None
@@ -208,7 +210,7 @@ class PeriodicState:
             schedule=schedule_from_json(data["schedule"]),
             misfire=Misfire.from_json(data["misfire"]),
             fingerprint=str(data["fp"]),
-            slot=Slot.from_json(data["slot"]),
+            slot=Period.from_json(data["slot"]),
             rank=int(data.get("rank", 0)),
             expires=None if data.get("expires") is None else float(data["expires"]),
             last=LastRun.from_json(data.get("last")),
@@ -280,6 +282,18 @@ def state_of(envelope: Envelope) -> PeriodicState:
         raise EnvelopeError(f"not a delayq periodic entry: {type(exc).__name__}: {exc}") from exc
 
 
+def read_state(item: ScheduledItem | None) -> tuple[Envelope, PeriodicState] | None:
+    """A stored entry item's envelope and state; None for no item, or one that is no readable
+    entry (a hand write, a newer release's format)."""
+    if item is None:
+        return None
+    try:
+        envelope = Envelope.decode(item.envelope)
+        return envelope, state_of(envelope)
+    except EnvelopeError:
+        return None
+
+
 def with_state(envelope: Envelope, state: PeriodicState) -> bytes:
     """``envelope`` carrying ``state``, encoded: in the entry format when the state uses a field
     an older forwarder would drop (see the module's docstring) or the template has arguments
@@ -288,11 +302,11 @@ def with_state(envelope: Envelope, state: PeriodicState) -> bytes:
     return out.encode_entry() if state.newer_format or LAZY_META in envelope.meta else out.encode()
 
 
-def first_slot(schedule: Schedule, now_ms: int, start_ms: int | None = None) -> Slot:
+def first_slot(schedule: Schedule, now_ms: int, start_ms: int | None = None) -> Period:
     """The first period of a new entry (or one whose schedule changed): after now, and not before
     ``start_ms``; an interval that starts later runs first at its start."""
     if start_ms is None or start_ms <= now_ms:
         return schedule.first_after(now_ms)
     if isinstance(schedule, Every) and not schedule.aligned:
-        return Slot(str(start_ms), start_ms)
+        return Period(str(start_ms), start_ms)
     return schedule.first_after(start_ms - 1)

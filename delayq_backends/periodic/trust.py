@@ -22,11 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import redis
-
 from ..keys import periodic_trust_key
 from ..scripts.store import PeriodicTrust
-from ..store import DelayStore, StoreCore
+from ..store import DelayStore, PeriodicRecords
 from .registry import PeriodicError
 
 __all__ = ["TrustCheck", "UntrustedError", "forget", "record", "trusted_digests"]
@@ -72,7 +70,7 @@ def _damaged(prefix: str) -> str:
     )
 
 
-def trusted_digests(store: StoreCore, names: Iterable[str]) -> dict[str, tuple[str, ...]]:
+def trusted_digests(store: PeriodicRecords, names: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """The digests an operator defined for each of ``names`` (none for an unknown name).
 
     Raises:
@@ -81,12 +79,9 @@ def trusted_digests(store: StoreCore, names: Iterable[str]) -> dict[str, tuple[s
     names = list(dict.fromkeys(names))
     if not names:
         return {}
-    try:
-        values = store.client.hmget(periodic_trust_key(store.config.prefix), names)
-    except redis.exceptions.ResponseError as exc:
-        if "WRONGTYPE" not in str(exc):
-            raise
-        raise UntrustedError(_damaged(store.config.prefix)) from exc
+    values = store.trusted_values(names)
+    if values is None:
+        raise UntrustedError(_damaged(store.config.prefix))
     return {n: tuple(_text(v).split()[:2]) for n, v in zip(names, values)}
 
 
@@ -104,7 +99,7 @@ class TrustCheck:
 
     what: str  # "RQ periodic entry", "RQ run": for the reasons
 
-    def refused(self, store: StoreCore, wanted: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+    def refused(self, store: PeriodicRecords, wanted: Mapping[str, tuple[str, str]]) -> dict[str, str]:
         """Raises UntrustedError when the definitions cannot be read (the items wait)."""
         digests = trusted_digests(store, (name for name, _ in wanted.values()))
         out = {}

@@ -431,9 +431,9 @@ class RQRuns:
     def run(self, entry: Delivery, template: JobTemplate, state: PeriodicState, run: Run, now_ms: int) -> Delivery:
         job_id = run.task_id(state.name)
         slot = None if state.overlap == ALLOW else {"key": overlap_slot(state.name).key, "limit": 1}
-        meta = template.run_meta(RunMark(state.name, run.slot.at_ms, run.kind), slot)
+        meta = template.run_meta(RunMark(state.name, run.period.at_ms, run.kind), slot)
         envelope = run_envelope(template, job_id, meta, state.name)
-        return Delivery(f"{entry.id}#{job_id}", envelope, entry.attempts, run.slot.at_ms)
+        return Delivery(f"{entry.id}#{job_id}", envelope, entry.attempts, run.period.at_ms)
 
 
 class RQPeriodicTarget(FiringTarget):

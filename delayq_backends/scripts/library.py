@@ -85,7 +85,8 @@ SCRIPT_NAMES = tuple(
 ACKNOWLEDGED_SCRIPTS = frozenset(
     {
         "schedule", "schedule_one", "reschedule", "cancel", "debounce", "requeue", "purge", "rq_schedule",
-        "batch_open", "batch_add", "batch_end", "sync_version", "periodic_trust", "group_schedule",
+        "batch_open", "batch_add", "batch_end", "sync_version", "periodic_trust", "periodic_registry",
+        "group_schedule",
     }
 )  # fmt: skip
 #: The other scripts, each with why it does not wait (docs/guarantees.md, "Failover"): the

@@ -55,6 +55,7 @@ __all__ = [
     "Keep",
     "Park",
     "PeriodicRun",
+    "PeriodicRegistry",
     "PeriodicTrust",
     "Promote",
     "Purge",
@@ -680,6 +681,29 @@ class PeriodicRun:
         """``keys``: the entry's history hash and runs ZSET (``ShardKeys.periodic_history``/``periodic_runs``)."""
         args = (event.event, event.run_id, event.due_ms, now, event.kind, event.detail, keep, ttl_ms, late_ms)
         return ScriptCall(cls.name, keys, args, int)
+
+
+class PeriodicRegistry:
+    """periodic_registry.lua: periodic entries' lines added to or removed from the registry,
+    each name's 1 (changed) or 0; -1: the key is of another type."""
+
+    name = "periodic_registry"
+
+    #: names one ``remove`` takes (a sweep's page fits; Lua's unpack is bounded)
+    MAX_REMOVE = 1000
+
+    @classmethod
+    def add(cls, key: str, name: str, item_id: str) -> ScriptCall[list[int] | int]:
+        return ScriptCall(cls.name, (key,), ("add", name, item_id), _ints_or_code)
+
+    @classmethod
+    def remove(cls, key: str, names: Sequence[str]) -> ScriptCall[list[int] | int]:
+        """Remove the lines of ``names`` (at most :data:`MAX_REMOVE`) in one call."""
+        return ScriptCall(cls.name, (key,), ("remove", *names[: cls.MAX_REMOVE]), _ints_or_code)
+
+
+def _ints_or_code(reply: Any) -> list[int] | int:
+    return [int(r) for r in reply] if isinstance(reply, list) else int(reply)
 
 
 class PeriodicTrust:

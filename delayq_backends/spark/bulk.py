@@ -131,7 +131,7 @@ def _check_layout(config: Config) -> None:
     try:
         store.check_meta()
     finally:
-        store.client.close()
+        store.close()
 
 
 def _ready_column(df: DataFrame, name: str) -> Any:
@@ -180,7 +180,7 @@ def _partition_runner(
             )
         finally:
             writer.close()
-            store.client.close()
+            store.close()
 
     return run
 

@@ -15,6 +15,7 @@ from .batches import BATCH_TTL_MS, MAX_FAILED_IDS, Batches
 from .glines import GroupLines
 from .groups import UNSET, Groups, SlotKeyList, Unset
 from .lease import Forwarding, Lease
+from .periodic import HistoryRead, PeriodicRecords
 from .producer import SCHEDULE_CHUNK, Producer, ScheduleEntry
 from .reader import DEAD_CHUNK, Reader
 from .slots import (
@@ -35,6 +36,8 @@ __all__ = [
     "MAX_FAILED_IDS",
     "Batches",
     "Groups",
+    "HistoryRead",
+    "PeriodicRecords",
     "UNSET",
     "Unset",
     "KEY_LIST_TTL",

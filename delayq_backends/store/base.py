@@ -217,6 +217,19 @@ class StoreCore:
             raise ConfigError(f"shard {shard} does not exist: this store has shards 0..{self.config.shards - 1}")
         return [shard]
 
+    def exists(self, item_id: str | bytes) -> bool:
+        item_id = normalize_id(item_id)
+        self.check_meta(record=False)
+        return bool(self.client.hexists(self._keys[self.shard_of(item_id)].items, item_id))
+
+    def pipeline(self) -> Any:
+        """A pipeline (no MULTI) on the store's client: the store's own reads of many keys, a demo's cleanup."""
+        return self.client.pipeline(transaction=False)
+
+    def close(self) -> None:
+        """Close the store's connections (its client's pool); the caller that opened it does."""
+        self.client.close()
+
     def server_time_ms(self) -> int:
         """The server's ``TIME`` in ms, read now (a round trip): what :attr:`clock` follows."""
         seconds, micros = self.client.time()

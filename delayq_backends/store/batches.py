@@ -103,8 +103,7 @@ def take_back(store: StoreCore, key: str, item_id: str) -> None:
     for a sub-job that never runs nor complete without one that does. Never raises (the
     schedule's error is the one to raise); logged when it cannot be done."""
     try:
-        keys = store.keys(shard_of(item_id, store.config.shards))
-        if not store.client.hexists(keys.items, item_id):
+        if not store.exists(item_id):
             add_to_batch(store, key, [item_id], remove=True)
     except Exception as exc:
         log.warning("batch %r: %s was not scheduled and could not be taken back (%s)", key, item_id, exc)

@@ -42,14 +42,15 @@ from ..scripts.store import (
     Unpark,
 )
 from ..timeutil import When, score_ms
-from .base import Payload, R, StoreCore, full_store_said_plainly
+from .base import Payload, R, full_store_said_plainly
 from .glines import LINE_RECHECK_MS
+from .periodic import PeriodicRecords
 from .starts import is_start_record
 
 __all__ = ["Forwarding", "Lease"]
 
 
-class Forwarding(StoreCore):
+class Forwarding(PeriodicRecords):
     """The forwarder role (ACL role ``forwarder``): claims and what settles them.
 
     The methods taking a :class:`~delayq_backends.models.Claim` are what a :class:`Lease` calls;

@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -151,10 +151,10 @@ class Reader(StoreCore):
             exists, score = pipe.execute()
         return None if not exists else _rank(score)
 
-    def exists(self, item_id: str | bytes) -> bool:
-        item_id = normalize_id(item_id)
-        self.check_meta(record=False)
-        return bool(self.client.hexists(self._keys[self.shard_of(item_id)].items, item_id))
+    def stream_tail(self, stream: str, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """The newest ``count`` entries of ``stream`` on the store's server (a forwarders' audit
+        stream), newest first."""
+        return cast("list[tuple[bytes, dict[bytes, bytes]]]", self.client.xrevrange(stream, count=count))
 
     def stats(self) -> list[ShardStats]:
         """Counts per shard, as of the server's clock.

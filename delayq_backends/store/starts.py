@@ -9,6 +9,7 @@ forwarder publish the run again, and a worker run it twice.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, cast
 
 import redis
@@ -57,6 +58,14 @@ class Starts(StoreCore):
                 pipe.pexpire(key, px)
                 self._execute(pipe, shard)
         return held  # type: ignore[no-any-return]
+
+    def record_starts(self, records: Mapping[str, str], *, px: int) -> None:
+        """``SET key value NX PX px`` for each of ``records``, in one round trip: records that
+        waited while the store was away (a run already started keeps its record)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for key, value in records.items():
+                pipe.set(key, value, nx=True, px=px)
+            pipe.execute()
 
     def replace_garbage(self, shard: int, key: str, value: str, *, px: int) -> bool:
         """Replace what ``key`` holds with ``value`` (PX ``px``) if it is still no start record

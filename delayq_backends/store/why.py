@@ -183,7 +183,7 @@ def read_groups(store: StoreCore, item_id: str, groups: Sequence[Group], now: in
     place when it is in a group's line. A group key of another type (a hand write) reads as
     empty, as the group scripts treat it."""
     prefix = store.config.prefix
-    with store.client.pipeline(transaction=False) as pipe:
+    with store.pipeline() as pipe:
         for key in (g.key for g in groups):
             holds = slot_holds_key(prefix, key)
             pipe.hmget(group_policy_key(prefix, key), POLICY_FIELDS)
@@ -197,7 +197,7 @@ def read_groups(store: StoreCore, item_id: str, groups: Sequence[Group], now: in
         *replies, order = _plain(pipe.execute(raise_on_error=False))
     rows = [replies[n : n + _READS] for n in range(0, len(replies), _READS)]
     places = {g.key: row[-1] for g, row in zip(groups, rows) if row[-1] is not None}
-    with store.client.pipeline(transaction=False) as pipe:
+    with store.pipeline() as pipe:
         for key, place in places.items():
             pipe.zcount(slot_waiting_key(prefix, key), "-inf", f"({place}")
         if order is not None:  # in its group's lines: the items before it, every shard's

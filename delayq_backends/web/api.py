@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -660,7 +660,7 @@ def lateness(svc: Svc, limit: Limit = 200) -> LatenessOut:
             hint="start forwarders with --audit-stream KEY and this dashboard with the same --audit-stream",
             count=0, p50_ms=None, p95_ms=None, max_ms=None, records=[],
         )  # fmt: skip
-    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], svc.store.client.xrevrange(svc.audit_stream, count=limit))
+    entries = svc.store.stream_tail(svc.audit_stream, limit)
     with reading(f"the audit stream {svc.audit_stream!r}"):
         records = [
             r for r in (stream_record(raw) for _, raw in entries) if r.event == FORWARDED and r.ready_ms is not None

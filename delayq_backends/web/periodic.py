@@ -30,14 +30,14 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from ..entries import iso
-from ..envelope import Envelope
-from ..errors import ConfigError, DelayqError, EnvelopeError
+from ..errors import ConfigError, DelayqError
+from ..keys import MAX_ID_BYTES
 from ..kinds import ENTRY_KINDS, view
 from ..periodic import ops
 from ..periodic.options import CELERY, IMPORT_PATH, MAX_SECONDS, OPTION_FIELDS, RQ, OptionField, RunOptions
 from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, interval, zone_named
-from ..periodic.state import state_of
+from ..periodic.state import read_state
 from ..timeutil import to_ms
 from .api import (
     RESPONSES,
@@ -57,7 +57,7 @@ from .entry_paths import EntryRoute
 from .guard import API_PREFIX
 from .producers import CeleryProducer, FunctionRefused, ProducerUnavailable, RQProducer
 
-__all__ = ["router"]
+__all__ = ["NOT_FOUND", "PathName", "acting", "router"]
 
 router = APIRouter(prefix=API_PREFIX, responses=RESPONSES, route_class=EntryRoute)
 
@@ -343,7 +343,9 @@ class RemovedOut(BaseModel):
 # -- routes -----------------------------------------------------------------------------------
 
 #: An entry's name in a path: any name, encoded as ``encodeURIComponent`` does (:mod:`.entry_paths`).
-PathName = Annotated[str, Path(min_length=1, max_length=256, description="The entry's name.")]
+PathName = Annotated[
+    str, Path(min_length=1, max_length=MAX_ID_BYTES, pattern=r"^[^\x00-\x1f\x7f]+$", description="The entry's name.")
+]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "No such entry (`delayq periodic list` lists them)."}
 }
@@ -361,7 +363,7 @@ NO_PERIODIC = (
 
 
 @contextmanager
-def _acting() -> Iterator[None]:
+def acting() -> Iterator[None]:
     """The ops' refusals as the client's errors: an unknown name (404), an entry from code
     (409), a definition or range the entry cannot take (400); each detail says what to do."""
     try:
@@ -406,11 +408,8 @@ def _out(e: ops.EntryStatus) -> dict[str, Any]:
 
 
 def _entry(svc: Services, name: str) -> EntryOut:
-    with reading(f"periodic entry {name!r}"):
-        found = ops.get(svc.store, name)
-    if found is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(ops.EntryNotFound(name)))
-    return EntryOut(**_out(found))
+    with reading(f"periodic entry {name!r}"), acting():
+        return EntryOut(**_out(ops.entry(svc.store, name)))
 
 
 #: A page's place in the registry: digits, as text (a SCAN cursor may exceed JavaScript's integers).
@@ -455,7 +454,7 @@ def upsert_entry(body: EntryIn, svc: Svc, response: Response) -> SavedOut:
     """Effective at every forwarder from its next claim, no restart: 201 for a new entry, 200 for
     a changed one (its run history, pause and next period, if the schedule is the same, kept)."""
     spec = _spec(svc, body)
-    with _acting():
+    with acting():
         result = ops.upsert(svc.store, spec, detach=body.detach)
     if result == "newer":
         raise HTTPException(
@@ -468,7 +467,7 @@ def upsert_entry(body: EntryIn, svc: Svc, response: Response) -> SavedOut:
 
 
 def _action(act: Callable[[], ops.EntryStatus]) -> EntryOut:
-    with _acting():
+    with acting():
         return EntryOut(**_out(act()))
 
 
@@ -508,7 +507,7 @@ def remove_entry(
     force: Annotated[bool, Query(description="Remove an entry from code (the next sync adds it back).")] = False,
 ) -> RemovedOut:
     """A forwarder firing it now sends that run and stops."""
-    with _acting():
+    with acting():
         removed = ops.remove(svc.store, [name], force=force)
     if not removed:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(ops.EntryNotFound(name)))
@@ -539,34 +538,17 @@ def _spec(svc: Services, body: EntryIn) -> ops.EntrySpec:
 
 
 def _built(svc: Services, body: EntryIn) -> ops.EntrySpec:
-    schedule = ops.keep_alignment(svc.store, body.name, _schedule(body), body.aligned)
-    run_options = body.run_options()
-    if body.kind == RQ:
+    d = ops.EntryDefinition(
+        body.name, body.kind, body.func or body.task or "",
+        ops.keep_alignment(svc.store, body.name, _schedule(body), body.aligned), body.args, body.kwargs, body.queue,
+        _ms(body.start), _ms(body.end), body.max_runs, round(body.jitter * 1000),
+        Misfire(body.misfire, body.misfire_grace, body.misfire_max), body.overlap, body.enabled, body.run_options(),
+    )  # fmt: skip
+    if d.kind == RQ:
         producer: RQProducer = _available(svc.rq)
-        misfire = Misfire(body.misfire, body.misfire_grace, body.misfire_max)
-        return producer.entry(
-            body.name, body.func or "", queue=body.queue or "default", args=body.args, kwargs=body.kwargs,
-            schedule=schedule, misfire=misfire, overlap=body.overlap, enabled=body.enabled,
-            start_ms=_ms(body.start), end_ms=_ms(body.end), max_runs=body.max_runs, jitter_ms=round(body.jitter * 1000),
-            options=run_options,
-        )  # fmt: skip
-    options: dict[str, Any] = {
-        **run_options.celery(),
-        "delayq_misfire": body.misfire,
-        "delayq_misfire_grace": body.misfire_grace,
-        "delayq_misfire_max": body.misfire_max,
-        "delayq_overlap": body.overlap,
-        "delayq_jitter": body.jitter,
-    }
-    for key, value in (
-        ("queue", body.queue), ("delayq_start", body.start), ("delayq_end", body.end),
-        ("delayq_max_runs", body.max_runs), ("delayq_enabled", body.enabled),
-    ):  # fmt: skip
-        if value is not None:
-            options[key] = value
+        return producer.entry(d.name, d.run, **d.rq_fields())
     celery: CeleryProducer = _available(svc.celery)
-    conf = {"task": body.task, "schedule": schedule, "args": body.args, "kwargs": body.kwargs, "options": options}
-    return celery.entry(body.name, conf)
+    return celery.entry(d.name, d.celery_conf())
 
 
 def _ms(when: datetime | None) -> int | None:
@@ -576,14 +558,10 @@ def _ms(when: datetime | None) -> int | None:
 def _definition(svc: Services, name: str) -> DefinitionOut | None:
     """Entry ``name``'s definition as :class:`EntryIn` takes it; None when its item cannot be read.
     An RQ entry's arguments are RQ's serialized data, not read here (null)."""
-    item = svc.store.get(ops.item_id(name))
-    if item is None:
+    read = read_state(svc.store.get(ops.item_id(name)))
+    if read is None:
         return None
-    try:
-        envelope = Envelope.decode(item.envelope)
-        state = state_of(envelope)
-    except EnvelopeError:
-        return None
+    envelope, state = read
     s = state.schedule
     out = DefinitionOut(
         every=s.every_ms / 1000 if isinstance(s, Every) else None,

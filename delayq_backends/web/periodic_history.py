@@ -4,17 +4,17 @@ missed and late periods. Read-only: forwarders and workers write it."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, status
+from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel, Field
 
 from ..entries import iso
-from ..keys import MAX_ID_BYTES, periodic_key
-from ..periodic.history import HISTORY_SIZE, RunRecord, read_history
-from .api import RESPONSES, Digits, ErrorOut, Svc
+from ..periodic.history import HISTORY_SIZE, RunRecord, entry_history
+from .api import RESPONSES, Digits, Svc
 from .entry_paths import EntryRoute
 from .guard import API_PREFIX
+from .periodic import NOT_FOUND, PathName, acting
 
 __all__ = ["router"]
 
@@ -42,13 +42,7 @@ class HistoryOut(BaseModel):
     runs: list[RunOut] = Field(description="The newest first.")
 
 
-PathName = Annotated[
-    str, Path(min_length=1, max_length=MAX_ID_BYTES, pattern=r"^[^\x00-\x1f\x7f]+$", description="The entry's name.")
-]
 HistoryLimit = Annotated[int, Query(ge=1, le=HISTORY_SIZE), Digits]
-NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorOut, "description": "No such entry (not registered, and no history)."}
-}
 
 
 def _run(r: RunRecord) -> RunOut:
@@ -71,11 +65,10 @@ def periodic_history(name: PathName, svc: Svc, limit: HistoryLimit = HISTORY_SIZ
     """Its last runs, newest first, with its last success and missed and late periods."""
     store = svc.store
     try:
-        found = read_history(store, name, limit=limit)
+        with acting():
+            found = entry_history(store, name, limit=limit)
     except ValueError as exc:  # no entry can have this name (its item id would be too long)
         raise HTTPException(status.HTTP_400_BAD_REQUEST, f"entry name {name!r}: {exc}") from None
-    if not found.runs and not store.client.hexists(periodic_key(store.config.prefix), name):
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no periodic entry {name!r}: see GET {API_PREFIX}/periodic")
     now = store.clock()
     return HistoryOut(
         name=name,

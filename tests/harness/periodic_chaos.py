@@ -22,7 +22,7 @@ from delayq_backends.envelope import Envelope
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.firing import MANUAL, SCHEDULED, Run
 from delayq_backends.periodic.ops import EntrySpec, item_id
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Period, run_task_id
 from delayq_backends.periodic.state import state_of
 from tests.harness.launch import Proc
 from tests.helpers import wait_for
@@ -220,7 +220,7 @@ def unique_runs(runs: Iterable[RunRecord]) -> tuple[list[RunRecord], dict[str, i
     seen: dict[str, int] = {}
     for run in runs:
         if run.kind == SCHEDULED:
-            assert run.id == run_task_id(run.entry, Slot(str(run.due_ms), run.due_ms)), f"not its period's id: {run}"
+            assert run.id == run_task_id(run.entry, Period(str(run.due_ms), run.due_ms)), f"not its period's id: {run}"
         seen[run.id] = seen.get(run.id, 0) + 1
         first.setdefault(run.id, run)
     return list(first.values()), {i: n for i, n in seen.items() if n > 1}
@@ -278,7 +278,7 @@ def check_manual_runs(name: str, runs: Sequence[RunRecord], asked: Sequence[Acti
     call, its id ``uuid5(name, "manual:<request ms>")``."""
     manual = sorted((r for r in runs if r.entry == name and r.kind == MANUAL), key=lambda r: r.due_ms)
     for run in manual:
-        assert run.id == Run(Slot(str(run.due_ms), run.due_ms), MANUAL).task_id(name), run
+        assert run.id == Run(Period(str(run.due_ms), run.due_ms), MANUAL).task_id(name), run
     slack = CLOCK_SLACK_MS
     matched = [[r for r in manual if a.called_ms - slack <= r.due_ms <= a.returned_ms + slack] for a in asked]
     assert [len(m) for m in matched] == [1] * len(asked), f"{name}: manual runs per run now: {matched}"

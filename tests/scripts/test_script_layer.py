@@ -14,6 +14,7 @@ from delayq_backends.scripts.store import (
     BatchAdd,
     BatchEnd,
     BatchOpen,
+    PeriodicRegistry,
     PeriodicRun,
     PeriodicTrust,
     SlotEnd,
@@ -38,7 +39,7 @@ def test_every_lua_file_has_one_typed_object() -> None:
         RqRun.name,
     }
     typed |= {SlotTake.name, SlotEnd.name, BatchOpen.name, BatchAdd.name, BatchEnd.name}
-    typed |= {PeriodicRun.name, PeriodicTrust.name, SyncVersion.name}
+    typed |= {PeriodicRun.name, PeriodicRegistry.name, PeriodicTrust.name, SyncVersion.name}
     assert typed == set(SCRIPT_NAMES)
 
 

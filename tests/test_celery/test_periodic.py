@@ -295,9 +295,9 @@ def test_a_kill_between_publish_and_rearm_resends_that_period_with_its_task_id_a
 
 
 def _slot(ms: int) -> Any:
-    from delayq_backends.periodic.schedules import Slot
+    from delayq_backends.periodic.schedules import Period
 
-    return Slot(str(ms), ms)
+    return Period(str(ms), ms)
 
 
 def test_an_every_2_seconds_entry_fires_once_per_period_with_two_forwarders() -> None:

@@ -21,7 +21,7 @@ from delayq_backends.periodic.gauges import entry_gauges
 from delayq_backends.periodic.history import read_history
 from delayq_backends.periodic.ops import CodeEntryError, EntryNotFound, item_id
 from delayq_backends.periodic.registry import PeriodicError
-from delayq_backends.periodic.schedules import Every, Once, Slot, run_task_id
+from delayq_backends.periodic.schedules import Every, Once, Period, run_task_id
 from delayq_backends.periodic.state import jitter_offset, state_of
 from delayq_backends.timeutil import MAX_MS
 from tests.test_celery.test_periodic import Harness
@@ -61,7 +61,7 @@ def test_a_runtime_entry_fires_beside_code_entries_and_no_sync_touches_it() -> N
     assert _add(h, "rt", 5.0) == "added"
     assert _ready(h, "rt") == MS0 + 5000
     [run] = _forward_at(h, MS0 + 5000)
-    assert (run.task, run.task_id) == ("t.rt", run_task_id("rt", Slot(str(MS0 + 5000), MS0 + 5000)))
+    assert (run.task, run.task_id) == ("t.rt", run_task_id("rt", Period(str(MS0 + 5000), MS0 + 5000)))
     report = h.sync({"other": {"task": "t.o", "schedule": 10.0}})  # "code" left the config
     assert (report.removed, report.added) == (["code"], ["other"])
     rt = ops.get(h.store, "rt")
@@ -79,7 +79,7 @@ def test_pause_stops_every_period_and_resume_applies_the_misfire_policy() -> Non
     assert status.enabled and status.next_run_ms == MS0 + 10_000  # due at once: its periods passed
     runs = _forward_at(h, MS0 + 35_000)
     assert [r.task_id for r in runs] == [
-        run_task_id("p", Slot(str(at), at)) for at in (MS0 + 10_000 * k for k in (1, 2, 3))
+        run_task_id("p", Period(str(at), at)) for at in (MS0 + 10_000 * k for k in (1, 2, 3))
     ]
     assert _ready(h, "p") == MS0 + 40_000
 
@@ -96,7 +96,7 @@ def test_resume_under_run_once_sends_one_run_for_the_paused_periods_none_missed_
     assert (history.missed, history.late, [r.due_ms for r in history.runs]) == (0, 0, [MS0 + 40_000])
     assert _state(h, "p").paused_ms is None, "the pause's periods are planned: a later outage counts"
     [later] = _forward_at(h, MS0 + 75_000)  # an outage after the resume: 50 s and 60 s missed
-    assert later.task_id == run_task_id("p", Slot(str(MS0 + 70_000), MS0 + 70_000))
+    assert later.task_id == run_task_id("p", Period(str(MS0 + 70_000), MS0 + 70_000))
     assert read_history(h.store, "p").missed == 2
 
 
@@ -128,7 +128,7 @@ def test_periods_missed_before_a_pause_still_count_and_a_second_pause_extends_th
     h.clock.set((MS0 + 45_000) / 1000)
     ops.resume(h.store, "p")
     [run] = _forward_at(h, MS0 + 45_000)
-    assert run.task_id == run_task_id("p", Slot(str(MS0 + 40_000), MS0 + 40_000))
+    assert run.task_id == run_task_id("p", Period(str(MS0 + 40_000), MS0 + 40_000))
     assert ops.get(h.store, "p").last_missed == 2  # type: ignore[union-attr]
     assert (read_history(h.store, "p").missed, read_history(h.store, "p").late) == (2, 0)
 
@@ -151,7 +151,7 @@ def test_run_now_sends_one_extra_run_and_leaves_the_schedule() -> None:
     status = ops.run_now(h.store, "r")
     assert status.run_now == 1 and status.next_run_ms == MS0 + 1_000
     [run] = _forward_at(h, MS0 + 1_000)
-    assert run.task_id == Run(Slot(str(MS0 + 1_000), MS0 + 1_000), MANUAL).task_id("r")
+    assert run.task_id == Run(Period(str(MS0 + 1_000), MS0 + 1_000), MANUAL).task_id("r")
     assert _ready(h, "r") == MS0 + 60_000 and _state(h, "r").runs == 0 and not _state(h, "r").pending
     assert len(_forward_at(h, MS0 + 60_000)) == 1  # on schedule, once
 
@@ -172,9 +172,9 @@ def test_backfill_runs_each_period_of_the_range_once_with_its_own_ids() -> None:
     ops.backfill(h.store, "b", MS0 - 180_000, MS0 - 1)  # 3 periods of the same grid, before
     runs = _forward_at(h, MS0 + 5_000)
     ats = [MS0 - 120_000, MS0 - 60_000, MS0]
-    expected = [Run(Slot(str(at), at), BACKFILL).task_id("b") for at in [MS0 - 180_000, *ats[:2]]]
+    expected = [Run(Period(str(at), at), BACKFILL).task_id("b") for at in [MS0 - 180_000, *ats[:2]]]
     assert [r.task_id for r in runs] == expected
-    assert not set(expected) & {run_task_id("b", Slot(str(at), at)) for at in ats}
+    assert not set(expected) & {run_task_id("b", Period(str(at), at)) for at in ats}
     assert _ready(h, "b") == MS0 + 60_000 and _forward_at(h, MS0 + 30_000) == []
     history = read_history(h.store, "b")
     assert (len(history.runs), history.late, history.missed) == (3, 0, 0), "asked for now: not late"
@@ -210,15 +210,15 @@ def test_start_end_and_max_runs_bound_the_runs_then_the_entry_is_finished() -> N
 def test_jitter_delays_each_period_deterministically_and_keeps_its_task_id() -> None:
     h = Harness(T0, {})
     _add(h, "j", 60.0, delayq_jitter=30)
-    slot = Slot(str(MS0 + 60_000), MS0 + 60_000)
+    slot = Period(str(MS0 + 60_000), MS0 + 60_000)
     offset = jitter_offset("j", slot, 30_000)
     assert 0 <= offset < 30_000 and _ready(h, "j") == MS0 + 60_000 + offset
     assert _forward_at(h, MS0 + 60_000 + offset - 1) == []
     [run] = _forward_at(h, MS0 + 60_000 + offset)
     assert run.task_id == run_task_id("j", slot)
-    following = Slot(str(MS0 + 120_000), MS0 + 120_000)
+    following = Period(str(MS0 + 120_000), MS0 + 120_000)
     assert _ready(h, "j") == MS0 + 120_000 + jitter_offset("j", following, 30_000)
-    offsets = {jitter_offset("j", Slot(str(k), k), 30_000) for k in range(0, 6_000_000, 60_000)}
+    offsets = {jitter_offset("j", Period(str(k), k), 30_000) for k in range(0, 6_000_000, 60_000)}
     assert len(offsets) > 50, "spread, not one constant offset"
 
 
@@ -227,7 +227,7 @@ def test_a_one_off_runs_once_at_its_time_then_is_finished_and_listed() -> None:
     _add(h, "once", Once(MS0 + 90_000))
     assert _ready(h, "once") == MS0 + 90_000
     [run] = _forward_at(h, MS0 + 95_000)
-    assert run.task_id == run_task_id("once", Slot(str(MS0 + 90_000), MS0 + 90_000))
+    assert run.task_id == run_task_id("once", Period(str(MS0 + 90_000), MS0 + 90_000))
     status = ops.get(h.store, "once")
     assert status is not None and status.state == "finished" and status.schedule.startswith("once at")
     assert _forward_at(h, MS0 + 10_000_000) == []
@@ -367,7 +367,7 @@ def test_a_new_schedule_waits_for_the_firing_of_a_period_that_is_due() -> None:
     assert edit.is_alive() and not changed, "the change waits for the due period's firing"
     [run] = _forward_at(h, MS0 + 10_500)
     edit.join(5)
-    assert changed == ["changed"] and run.task_id == run_task_id("e", Slot(str(MS0 + 10_000), MS0 + 10_000))
+    assert changed == ["changed"] and run.task_id == run_task_id("e", Period(str(MS0 + 10_000), MS0 + 10_000))
     assert _ready(h, "e") == MS0 + 10_500 + 20_000
 
 

@@ -20,7 +20,7 @@ from delayq_backends.embedded import EmbeddedServer, free_port
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.firing import MANUAL
 from delayq_backends.periodic.history import EntryHistory, RunRecord, read_history
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Period, run_task_id
 from delayq_backends.timeutil import now_ms
 from tests.harness import Launcher
 from tests.helpers import wait_for
@@ -67,7 +67,7 @@ def test_an_entry_added_at_runtime_is_edited_paused_resumed_run_and_removed(env:
         due = first.next_run_ms
         wait_for(lambda: _runs(env, "e"), 10, "the added entry's first run")
         [run] = _runs(env, "e")[:1]
-        assert run["id"] == run_task_id("e", Slot(str(due), due))
+        assert run["id"] == run_task_id("e", Period(str(due), due))
         assert due <= run["started_ms"] <= due + LATE_MS, "fired at its time, no restart"
 
         # update: every 1 s, other args; its next run follows the new schedule at once

@@ -18,7 +18,7 @@ from prometheus_client.samples import Sample
 from delayq_backends import DelayStore
 from delayq_backends.embedded import EmbeddedServer, free_port
 from delayq_backends.periodic.history import EntryHistory, history_keys, read_history
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Period, run_task_id
 from tests.harness import Proc, make_store
 from tests.helpers import wait_for
 from tests.test_celery.conftest import broker_url_for
@@ -77,7 +77,7 @@ def test_each_run_shows_due_published_started_finished_and_outcome(
     tick, boom = history["tick"], history["boom"]
     ticked = {r["id"] for r in env.records() if r["tag"] == "tick"}
     for run in (r for r in tick.runs if r.outcome and r.published_ms):
-        assert run.run_id == run_task_id("tick", Slot(str(run.due_ms), run.due_ms)) and run.kind == "scheduled"
+        assert run.run_id == run_task_id("tick", Period(str(run.due_ms), run.due_ms)) and run.kind == "scheduled"
         assert run.outcome == "success" and run.run_id in ticked
         assert run.started_ms is not None and run.finished_ms is not None and run.published_ms is not None
         assert run.due_ms <= run.published_ms and run.lateness_ms == run.published_ms - run.due_ms

@@ -17,7 +17,7 @@ import pytest
 from delayq_backends.celery import forget_store, store_for
 from delayq_backends.embedded import EmbeddedServer, free_port
 from delayq_backends.periodic.ops import EntryStatus, statuses
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Period, run_task_id
 from tests.helpers import max_overlap, wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, new_env, watched
@@ -61,7 +61,7 @@ def _runs(env: CeleryEnv, policy: str, status: EntryStatus) -> tuple[list[int], 
     """The entry's periods up to the snapshot, and the runs of them the tasks recorded (by start)."""
     assert status.next_run_ms is not None
     periods = {
-        run_task_id(status.name, Slot(str(at), at)): at
+        run_task_id(status.name, Period(str(at), at)): at
         for at in range(status.next_run_ms - EVERY_MS * 60, status.next_run_ms, EVERY_MS)
     }
     runs = sorted((r for r in env.records() if r["tag"] == policy and r["id"] in periods), key=lambda r: r["began_ms"])

@@ -21,7 +21,7 @@ from delayq_backends.celery.periodic import sync
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.keys import periodic_key
 from delayq_backends.periodic.ops import item_id, statuses
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Period, run_task_id
 from tests.helpers import wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, delayq_cli, delete_queue, new_env
@@ -71,7 +71,7 @@ def test_two_forwarders_fire_each_period_once_through_sigkills(env: CeleryEnv, t
         assert status.runs >= 6, status  # 16 s at 2 s, minus at most two lease expiries of 2 s
         current = store.get(item_id("tick"))
         assert current is not None
-        slots = [Slot(str(at), at) for at in range(current.ready_ms - EVERY_MS * 200, current.ready_ms, EVERY_MS)]
+        slots = [Period(str(at), at) for at in range(current.ready_ms - EVERY_MS * 200, current.ready_ms, EVERY_MS)]
         by_id = {run_task_id("tick", s): s for s in slots}
 
         def ticks() -> list[dict[str, object]]:
@@ -192,7 +192,7 @@ def test_a_forwarder_killed_while_firing_costs_the_entry_one_short_lease(
         [status] = statuses(store)
         current = store.get(item_id("tick"))
         assert current is not None
-        slots = [Slot(str(at), at) for at in range(current.ready_ms - every_ms * 20, current.ready_ms, every_ms)]
+        slots = [Period(str(at), at) for at in range(current.ready_ms - every_ms * 20, current.ready_ms, every_ms)]
         by_id = {run_task_id("tick", s): s.at_ms for s in slots}
         wait_for(lambda: len({r["id"] for r in env.records() if r["tag"] == "tick"}) >= status.runs, 30, "the runs")
         periods = sorted({by_id[str(r["id"])] for r in env.records() if r["tag"] == "tick"})

@@ -24,7 +24,7 @@ from delayq_backends.envelope import ENTRY_FORMAT_VERSION, Envelope
 from delayq_backends.errors import ConfigError, EnvelopeError
 from delayq_backends.periodic import ops, trust
 from delayq_backends.periodic.history import RunMark
-from delayq_backends.periodic.schedules import Cron, Every, Misfire, Slot, run_task_id
+from delayq_backends.periodic.schedules import Cron, Every, Misfire, Period, run_task_id
 from delayq_backends.periodic.state import RUNTIME, PeriodicState, state_of, with_state
 from delayq_backends.rq.cron import entry as cron_entry
 from delayq_backends.rq.cron import load_config, sync
@@ -232,7 +232,7 @@ def test_a_cron_string_with_both_day_fields_runs_on_either_day_as_rq_cron_does()
     clock.set(monday + timedelta(seconds=1))
     run_due(store, targets)
     [job_id] = [j.decode() for j in store.client.lrange("rq:queue:q", 0, -1)]
-    assert job_id == run_task_id("either", Slot("2026-06-08T09:00:00", to_ms(monday)))
+    assert job_id == run_task_id("either", Period("2026-06-08T09:00:00", to_ms(monday)))
     status = ops.get(store, "either")
     assert status is not None and status.next_run_ms == to_ms(datetime(2026, 6, 15, 9, tzinfo=timezone.utc))
 

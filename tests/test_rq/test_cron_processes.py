@@ -15,7 +15,7 @@ from pathlib import Path
 
 from delayq_backends import DelayStore
 from delayq_backends.periodic.ops import get, item_id
-from delayq_backends.periodic.schedules import Slot, run_task_id
+from delayq_backends.periodic.schedules import Period, run_task_id
 from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
 
@@ -81,7 +81,7 @@ def test_two_forwarders_run_each_period_of_a_cron_config_once_through_a_sigkill(
             assert status is not None and status.runs >= 6000 // every, status
             current = rq_store.get(item_id(name))
             assert current is not None
-            slots = [Slot(str(at), at) for at in range(current.ready_ms - every * 100, current.ready_ms, every)]
+            slots = [Period(str(at), at) for at in range(current.ready_ms - every * 100, current.ready_ms, every)]
             by_id = {run_task_id(name, s): s for s in slots}
             mine = [r for r in recorded if r["tag"] == tag]
             ids = [r["id"] for r in mine]

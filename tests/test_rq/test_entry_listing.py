@@ -15,6 +15,7 @@ import pytest
 from delayq_backends import DelayStore
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.schedules import run_task_id
+from delayq_backends.periodic.writes import read_entry
 from delayq_backends.rq.cron import entry as cron_entry
 from tests.harness import make_store
 from tests.harness.launch import checkout_env
@@ -57,7 +58,7 @@ def test_delayq_list_shows_an_rq_entrys_next_run_as_a_celery_entrys(vstore: Dela
     status = ops.get(vstore, "nightly")
     assert status is not None and status.next_run_ms is not None
     [item] = json.loads(_delayq(vstore, "list", "--json").stdout)
-    slot = run_task_id("nightly", ops._read(vstore, "nightly").state.slot)  # type: ignore[union-attr]
+    slot = run_task_id("nightly", read_entry(vstore, "nightly").state.slot)  # type: ignore[union-attr]
     assert item["task"] == {
         "id": slot,
         "task": FUNC,

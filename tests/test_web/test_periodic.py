@@ -32,7 +32,7 @@ from delayq_backends.keys import periodic_trust_key
 from delayq_backends.periodic import ops
 from delayq_backends.periodic.firing import MANUAL, Run
 from delayq_backends.periodic.registry import check_registry
-from delayq_backends.periodic.schedules import Every, Slot, run_task_id
+from delayq_backends.periodic.schedules import Every, Period, run_task_id
 from delayq_backends.periodic.state import state_of
 from delayq_backends.timeutil import MAX_MS
 from delayq_backends.web import create_app
@@ -411,7 +411,7 @@ def test_an_entry_added_over_http_fires_pauses_and_runs_now_at_a_real_forwarder(
         )
         assert added.status_code == 201, added.text
         first = int(datetime.fromisoformat(added.json()["entry"]["next_run"]).timestamp() * 1000)
-        scheduled = {run_task_id("tick", Slot(str(at), at)) for at in range(first, first + 600_000, 1000)}
+        scheduled = {run_task_id("tick", Period(str(at), at)) for at in range(first, first + 600_000, 1000)}
         wait_for(lambda: len(sent_ids(lists, queue)) >= 2, 20, lambda: f"two runs; forwarder log: {log.read_text()}")
         assert set(sent_ids(lists, queue)) <= scheduled, "each run is its period's, uuid5(name, period)"
 
@@ -424,7 +424,7 @@ def test_an_entry_added_over_http_fires_pauses_and_runs_now_at_a_real_forwarder(
         assert client.post("/api/v1/periodic/tick/run", headers=AUTH, json={}).json()["pending_runs"] == 1
         answered = web_store.clock()
         wait_for(lambda: len(sent_ids(lists, queue)) > len(before_run), 10, "the manual run")
-        manual = {Run(Slot(str(ms), ms), MANUAL).task_id("tick") for ms in range(asked, answered + 1)}
+        manual = {Run(Period(str(ms), ms), MANUAL).task_id("tick") for ms in range(asked, answered + 1)}
         wait_for(lambda: entry(client, "tick")["pending_runs"] == 0, 10, "the firing to clear the request")
         shown = entry(client, "tick")
         assert (shown["state"], shown["next_run"]) == ("paused", None), "a run now leaves a paused entry paused"
@@ -454,7 +454,7 @@ def test_an_rq_entry_added_over_http_runs_under_a_real_worker_until_removed(
     added = client.post("/api/v1/periodic", headers=AUTH, json=body)
     assert added.status_code == 201, added.text
     first = int(datetime.fromisoformat(added.json()["entry"]["next_run"]).timestamp() * 1000)
-    scheduled = {run_task_id("rq-tick", Slot(str(at), at)) for at in range(first, first + 600_000, 1000)}
+    scheduled = {run_task_id("rq-tick", Period(str(at), at)) for at in range(first, first + 600_000, 1000)}
     wait_for(lambda: len(runs(conn, queue)) >= 2, 30, "two runs of the entry under the worker")  # type: ignore[arg-type]
     assert {r["id"] for r in runs(conn, queue)} <= scheduled and {r["tag"] for r in runs(conn, queue)} == {"tick"}  # type: ignore[arg-type]
 
@@ -462,7 +462,7 @@ def test_an_rq_entry_added_over_http_runs_under_a_real_worker_until_removed(
     asked = web_store.clock()
     assert client.post("/api/v1/periodic/rq-tick/run", headers=AUTH, json={}).status_code == 200
     answered = web_store.clock()
-    manual = {Run(Slot(str(ms), ms), MANUAL).task_id("rq-tick") for ms in range(asked, answered + 1)}
+    manual = {Run(Period(str(ms), ms), MANUAL).task_id("rq-tick") for ms in range(asked, answered + 1)}
     wait_for(lambda: any(r["id"] in manual for r in runs(conn, queue)), 30, "the run now under the worker")  # type: ignore[arg-type]
 
     assert client.delete("/api/v1/periodic/rq-tick", headers=AUTH).json()["removed"] is True
