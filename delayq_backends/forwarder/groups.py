@@ -411,6 +411,10 @@ class ReleaseStep:
         batch (the claim that follows takes a batch; the items of no group keep their share of
         it), within its room. A shard whose group found its allowance spent stays due."""
         left = {g: int(a) for g, a in allowed.items()}
+        spread = {g: 0 for g in allowed}  # the shards each group is due in
+        for found, _ in turn.looked.values():
+            for g in found:
+                spread[g] += 1
         plan: dict[int, list[tuple[str, int, int]]] = {}
         order = sorted(turn.looked)
         self._turn = (self._turn + 1) % len(order)
@@ -420,7 +424,8 @@ class ReleaseStep:
                 plan[shard] = []
             total = sum(turn.weights[g] for g in found) + (1.0 if others_due else 0.0)
             for g in found:
-                most = min(left[g], max(1, math.ceil(self.batch * turn.weights[g] / total)))
+                even = math.ceil(allowed[g] / spread[g])  # its lines drain alike in every shard
+                most = min(left[g], self.batch, max(1, even, math.ceil(self.batch * turn.weights[g] / total)))
                 allowance, held = self._allowance(shard, g, most, turn)
                 if not most and not held:  # its turn comes at a next pass
                     turn.spent.add(g)
