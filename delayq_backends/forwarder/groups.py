@@ -119,9 +119,12 @@ class GroupHook(PassHook):
     """Admission: a released item whose group has no room left goes back to its group's line;
     other groups and items of no group are not held up.
 
-    ``admits`` turns on at the first claim holding a grouped item, so a store without groups
-    keeps publishing all claims of a pass in one call.
+    ``admits`` turns on at the first claim holding a grouped item. Its admission reads no
+    publish (the slots are taken here), so the claims of a pass are admitted with one call
+    (``admits_together``: one round trip of ``slot_take.lua`` calls) and published together.
     """
+
+    admits_together = True
 
     def __init__(
         self, store: DelayStore, targets: Mapping[str, Target], start_window_ms: int, stats: ForwarderStats
