@@ -12,8 +12,9 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ from delayq_backends.envelope import Envelope, Slot, with_slot
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.keys import PARKED_MS, RELEASED_BIAS_MS
 from delayq_backends.scripts.store import LineItem
-from delayq_backends.store import SlotRun
+from delayq_backends.store import SlotAsk, SlotRun
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.harness import make_store
@@ -362,3 +363,26 @@ def test_an_older_producers_grouped_item_in_the_due_index_joins_its_line_when_re
     forwarder.lines.apply_wakes()
     forwarder.run_until_idle()
     assert target.ids == ["g-0", "g-1"]
+
+
+def test_a_pass_admits_every_claims_grouped_items_in_one_call(valkey_url: str, prefix: str) -> None:
+    """A pass whose claims in four shards hold items of a group takes their slots in one admission
+    call (one round trip of ``slot_take.lua`` calls) and publishes the claims together; before,
+    each claim had its admission round trip and its publish call. The limit still holds."""
+    store = make_store(valkey_url, prefix, shards=4)
+    store.schedule_many([(f"g-{i}", past(), envelope(f"g-{i}", "g", limit=30)) for i in range(40)])
+    target = CollectingTarget("list")
+    forwarder = Forwarder(store, [target], batch=100)
+    forwarder.lines.hook.limits["g"] = 30  # as an admission told: the release step lets 30 through
+    takes: list[int] = []
+    take_slots = store.take_slots
+
+    def counted(asks: Mapping[str, SlotAsk], **options: Any) -> Any:
+        if options.get("mode") == "take":
+            takes.append(sum(len(a.asking) for a in asks.values()))
+        return take_slots(asks, **options)
+
+    store.take_slots = counted  # type: ignore[method-assign]
+    forwarder.pass_.run(forwarder.shards.due(forwarder.loop.heads()))
+    assert len({store.shard_of(i) for i in target.ids}) > 1, "the pass's items came from one shard"
+    assert takes == [len(target.ids)] and len(target.ids) == 30, (takes, len(target.ids))

@@ -29,6 +29,7 @@ forwarder killed after its release) idles at most that long.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -118,9 +119,12 @@ class GroupHook(PassHook):
     """Admission: a released item whose group has no room left goes back to its group's line;
     other groups and items of no group are not held up.
 
-    ``admits`` turns on at the first claim holding a grouped item, so a store without groups
-    keeps publishing all claims of a pass in one call.
+    ``admits`` turns on at the first claim holding a grouped item. Its admission reads no
+    publish (the slots are taken here), so the claims of a pass are admitted with one call
+    (``admits_together``: one round trip of ``slot_take.lua`` calls) and published together.
     """
+
+    admits_together = True
 
     def __init__(
         self, store: DelayStore, targets: Mapping[str, Target], start_window_ms: int, stats: ForwarderStats
@@ -319,8 +323,9 @@ class ReleaseStep:
         self.batch = batch
         #: the shards whose lines may release now, as the last heads read (and releases) said
         self.due_lines: set[int] = set()
-        #: deficit round robin: (shard, group) -> the share not used yet, carried between passes
-        self.deficits: dict[tuple[int, str], float] = {}
+        #: deficit round robin across the shards: group -> the allowance it did not use, carried
+        #: into the next pass (the groups due in the last pass only: memory stays bounded)
+        self.credits: dict[str, float] = {}
         self._woken: set[str] = set()
         #: whether ``due_lines`` comes from a read of every shard's lines since the last pass
         self._fresh = False
@@ -373,9 +378,7 @@ class ReleaseStep:
         shard's heads just now (:meth:`saw`) found a line due: a slot handed over costs no look.
         A pass releases at most :meth:`_pass_budget` items, shared by the groups due by weight
         (at least one each): however large a group's backlog, the next pass comes soon."""
-        every = self.hook.admits and not self._fresh
-        self._fresh = False
-        shards = list(range(self.store.shards)) if every else [s for s in due if s in self.due_lines]
+        shards = self._shards_to_look(due)
         if not shards:
             return list(due)
         now = self.clock()
@@ -388,41 +391,76 @@ class ReleaseStep:
         for g, room in rooms.items():
             if isinstance(room, GroupRoom):
                 _report_reset(g, room)
-        quota = self._room_shares(looked, rooms, now)
         weights = self._weights(groups, now)
-        caps = self._caps(weights, any(others for _, others in looked.values()), len(looked))
-        plan: dict[int, list[tuple[str, int, int]]] = {}
-        waits: set[int] = set()  # shards whose lines keep due items this pass gave no allowance
-        order = sorted(looked)
-        self._turn = (self._turn + 1) % len(order)
-        for shard in order[self._turn :] + order[: self._turn]:  # the shards take turns at the caps
-            found, others_due = looked[shard]
-            if not found:  # its gready holds another type: the call drops it
-                plan[shard] = []
-            total = sum(weights[g] for g in found) + (1.0 if others_due else 0.0)
-            for g in found:
-                share = self.batch * weights[g] / total
-                group, allowance, held = self._allowance(shard, g, share, rooms[g], quota, now)
-                capped = min(allowance, caps[g])
-                caps[g] -= capped
-                if allowance and not capped and not held:  # its turn comes at a next pass
-                    waits.add(shard)
-                else:
-                    plan.setdefault(shard, []).append((group, capped, held))
-        released = self._apply(plan, self.store.release_lines(plan), now) if plan else {}
-        self.due_lines.update(waits)
+        turn = _Turn(looked, weights, rooms, self._room_shares(looked, rooms, now), now)
+        quanta = self._quanta(weights, any(others for _, others in looked.values()), len(looked))
+        plan = self._plan(turn, {g: q + self.credits.get(g, 0.0) for g, q in quanta.items()})
+        released = self._apply(turn, plan, self.store.release_lines(plan) if plan else {})
+        self.due_lines.update(turn.waits)
+        self._carry(turn, quanta)
         self._count(sum(released.values()))
         return sorted({s for s in due if s not in looked or looked[s][1]} | {s for s, n in released.items() if n})
 
-    def _caps(self, weights: Mapping[str, float], others_due: bool, shards: int) -> dict[str, int]:
-        """Each due group's most releases this pass, over all shards: the pass's budget shared by
+    def _shards_to_look(self, due: Sequence[int]) -> list[int]:
+        """Every shard, once this forwarder has met a grouped item and this is not a sweep's
+        first pass; else the shards of ``due`` whose lines the loop saw due."""
+        every = self.hook.admits and not self._fresh
+        self._fresh = False
+        return list(range(self.store.shards)) if every else [s for s in due if s in self.due_lines]
+
+    def _quanta(self, weights: Mapping[str, float], others_due: bool, shards: int) -> dict[str, float]:
+        """Each due group's quantum of this pass, over all shards: the pass's budget shared by
         weight (the items of no group one more group of weight 1), at least :data:`GROUP_FLOOR`
         each (a group's look costs a pass a few calls whatever it releases: many groups due make
         a pass longer, not each group's share tiny)."""
         total = sum(weights.values()) + (1.0 if others_due else 0.0)
         budget = self._pass_budget(shards)
         floor = min(GROUP_FLOOR, self.batch)
-        return {g: max(floor, int(budget * w / total)) for g, w in weights.items()}
+        return {g: max(float(floor), budget * w / total) for g, w in weights.items()}
+
+    def _plan(self, turn: _Turn, allowed: Mapping[str, float]) -> dict[int, list[tuple[str, int, int]]]:
+        """Each shard's (group, allowance, held-until) for ``group_release.lua``: a group's
+        allowance of the pass (``allowed``) spread over the shards its lines are due in, the
+        shards taking turns to go first, each taking at most the group's weighted share of a
+        batch (the claim that follows takes a batch; the items of no group keep their share of
+        it), within its room. A shard whose group found its allowance spent stays due."""
+        left = {g: int(a) for g, a in allowed.items()}
+        spread = {g: 0 for g in allowed}  # the shards each group is due in
+        for found, _ in turn.looked.values():
+            for g in found:
+                spread[g] += 1
+        plan: dict[int, list[tuple[str, int, int]]] = {}
+        order = sorted(turn.looked)
+        self._turn = (self._turn + 1) % len(order)
+        for shard in order[self._turn :] + order[: self._turn]:
+            found, others_due = turn.looked[shard]
+            if not found:  # its gready holds another type: the call drops it
+                plan[shard] = []
+            total = sum(turn.weights[g] for g in found) + (1.0 if others_due else 0.0)
+            for g in found:
+                even = math.ceil(allowed[g] / spread[g])  # its lines drain alike in every shard
+                most = min(left[g], self.batch, max(1, even, math.ceil(self.batch * turn.weights[g] / total)))
+                allowance, held = self._allowance(shard, g, most, turn)
+                if not most and not held:  # its turn comes at a next pass
+                    turn.spent.add(g)
+                    turn.waits.add(shard)
+                else:
+                    left[g] -= allowance
+                    plan.setdefault(shard, []).append((g, allowance, held))
+        return plan
+
+    def _carry(self, turn: _Turn, quanta: Mapping[str, float]) -> None:
+        """Deficit round robin over the shards: a group with due items left that its room did
+        not hold back carries what it was allowed and did not release (a line shorter than its
+        share in a shard, the fraction of an item), at most one quantum, into the next pass, so
+        the groups' releases keep to their weights. A group whose lines ran empty, or whose room
+        is the bound, carries nothing (it banks no burst)."""
+        limited = set(turn.quota[0]) | set(turn.quota[1]) | turn.held
+        self.credits = {
+            g: min(max(q + self.credits.get(g, 0.0) - turn.got.get(g, 0), 0.0), q)
+            for g, q in quanta.items()
+            if (g in turn.waiting or g in turn.spent) and g not in limited
+        }
 
     def _pass_budget(self, shards: int) -> int:
         """Most items a pass releases: what this forwarder published in :data:`PASS_MS` lately
@@ -457,18 +495,8 @@ class ReleaseStep:
         """The room of each group with a limit, shared across the shards. A group with at most
         :data:`MAX_HEADS` free slots gives them to the earliest due line heads across the shards
         (how many each shard takes: one round trip for all such groups); one with more has a
-        budget the shards draw on in turn. A group whose limit this forwarder has not seen yet
-        (its items may carry it) gets one: its admission tells the limit for the next pass."""
-        few: dict[str, int] = {}
-        left: dict[str, int] = {}
-        # a limit the store recorded from the items (slot_take.lua) is known to every forwarder
-        known = {g for g, r in rooms.items() if g in self.hook.limits or (isinstance(r, GroupRoom) and r.limit)}
-        for g, r in rooms.items():
-            if not isinstance(r, GroupRoom):
-                continue
-            free = r.free if g in known else (1 if r.free is None else min(1, r.free))
-            if free is not None:
-                (few if free <= MAX_HEADS else left)[g] = free
+        budget the shards draw on in turn."""
+        few, left, known = self._free_slots(rooms)
         wanted = {g: [s for s, (found, _) in looked.items() if g in found] for g, free in few.items() if free}
         heads = self.store.line_heads(wanted, count=max(few.values(), default=0), now=now)
         shares: dict[str, dict[int, int]] = {g: {} for g in few}
@@ -479,48 +507,57 @@ class ReleaseStep:
         self._bound = {g for g in few if g in known and sum(shares[g].values()) >= few[g]}
         return shares, left
 
-    def _allowance(
-        self,
-        shard: int,
-        group: str,
-        share: float,
-        room: GroupRoom | Exception,
-        quota: tuple[Mapping[str, Mapping[int, int]], dict[str, int]],
-        now: int,
-    ) -> tuple[str, int, int]:
-        """(group, allowance, held-until) of ``group`` in ``shard``: its weighted share plus its
-        deficit, within its room; held until the next look when the room is the bound."""
+    def _free_slots(
+        self, rooms: Mapping[str, GroupRoom | Exception]
+    ) -> tuple[dict[str, int], dict[str, int], set[str]]:
+        """The free slots of the groups with a limit: those with at most :data:`MAX_HEADS`, those
+        with more, and the groups whose limit is known (a limit the store recorded from the items,
+        ``slot_take.lua``, is known to every forwarder). A group whose limit this forwarder has
+        not seen yet (its items may carry it) gets one: its admission tells the limit for the
+        next pass."""
+        few: dict[str, int] = {}
+        left: dict[str, int] = {}
+        known = {g for g, r in rooms.items() if g in self.hook.limits or (isinstance(r, GroupRoom) and r.limit)}
+        for g, r in rooms.items():
+            if isinstance(r, GroupRoom):
+                free = r.free if g in known else (1 if r.free is None else min(1, r.free))
+                if free is not None:
+                    (few if free <= MAX_HEADS else left)[g] = free
+        return few, left, known
+
+    def _allowance(self, shard: int, group: str, most: int, turn: _Turn) -> tuple[int, int]:
+        """(allowance, held-until) of ``group`` in ``shard``: ``most`` within its room; held
+        until the next look when the room is the bound."""
+        room, now = turn.rooms[group], turn.now
         if isinstance(room, Exception):  # fail closed: looked at again later
             log.error("group %r: cannot read its room (%s); its line waits", group, room)
-            return group, 0, now + slots.MAX_RECHECK_MS
+            return 0, now + slots.MAX_RECHECK_MS
         stopped = room.stopped_until(now, slots.PAUSED_RECHECK_MS)
         if stopped is not None:  # paused or throttled: its lines wait, read by no claim
-            return group, 0, stopped
-        credit = self.deficits.get((shard, group), 0.0) + share
-        self.deficits[shard, group] = credit
-        allowance = int(credit)
-        shares, left = quota
+            return 0, stopped
+        shares, left = turn.quota
         if group in shares:
             cap = shares[group].get(shard, 0)
-            if allowance >= cap:
-                return group, cap, now + slots.RECHECK_MS if group in self._bound else 0
+            if most >= cap:
+                return cap, now + slots.RECHECK_MS if group in self._bound else 0
         elif group in left:
-            if allowance >= left[group]:
+            if most >= left[group]:
                 # the budget is spent by allowances, not releases (a short line takes less): its
                 # room is read again at the next pass, and a full group is held there (few slots)
-                allowance, left[group] = left[group], 0
-                return group, allowance, 0
-            left[group] -= allowance
-        return group, allowance, 0
+                most, left[group] = left[group], 0
+                return most, 0
+            left[group] -= most
+        return most, 0
 
     def _apply(
         self,
+        turn: _Turn,
         plan: Mapping[int, Sequence[tuple[str, int, int]]],
         results: Mapping[int, tuple[list[LineRelease], str] | Exception],
-        now: int,
     ) -> dict[int, int]:
-        """Carry the deficits, count what waits for room, and keep the shards whose lines may
-        release again at once; the items each shard's lines released."""
+        """Note what each group released and has left (``turn``), count what waits for room,
+        and keep the shards whose lines may release again at once; the items each shard's lines
+        released."""
         released: dict[int, int] = {}
         for shard, reply in results.items():
             if isinstance(reply, Exception):
@@ -534,22 +571,39 @@ class ReleaseStep:
                 )  # fmt: skip
             again = bool(reset)
             for (group, _, held), done in zip(plan[shard], result):
-                key = (shard, group)
-                left = self.deficits.get(key, 0.0) - done.released
-                if done.waiting == 0:
-                    self.deficits.pop(key, None)  # an empty line keeps no credit (deficit round robin)
-                else:
-                    # an item is the unit: only the fraction of a share is carried, so a group
-                    # held back by its room (or by a first item) banks no burst for later
-                    self.deficits[key] = min(max(left, 0.0), 1.0)
-                    if held:
-                        self.stats.deferred += done.waiting
+                turn.got[group] = turn.got.get(group, 0) + done.released
+                if held:
+                    turn.held.add(group)
+                    self.stats.deferred += done.waiting
+                elif done.waiting:
+                    turn.waiting.add(group)
                 # due items left and not held (the script's clock may be a ms past ``now``)
-                again = again or (done.next_ms is not None and done.next_ms <= now) or (done.waiting > 0 and not held)
+                again = (
+                    again or (done.next_ms is not None and done.next_ms <= turn.now) or (done.waiting > 0 and not held)
+                )
             if not again:
                 self.due_lines.discard(shard)
             released[shard] = sum(done.released for done in result)
         return released
+
+
+@dataclass
+class _Turn:
+    """One release step's look (its shards' due groups, their weights, rooms and room shares)
+    and what its release calls said, per group: released, due items left, held by its room."""
+
+    looked: Mapping[int, tuple[list[str], bool]]
+    weights: Mapping[str, float]
+    rooms: Mapping[str, GroupRoom | Exception]
+    quota: tuple[Mapping[str, Mapping[int, int]], dict[str, int]]
+    now: int
+    #: groups whose allowance was spent before a shard they are due in (it stays due)
+    spent: set[str] = field(default_factory=set)
+    #: shards left out for a spent allowance
+    waits: set[int] = field(default_factory=set)
+    got: dict[str, int] = field(default_factory=dict)
+    waiting: set[str] = field(default_factory=set)
+    held: set[str] = field(default_factory=set)
 
 
 def _in_order(by_key: Mapping[str, _Asking]) -> list[Delivery]:

@@ -51,6 +51,9 @@ class PassHook(Protocol):
     #: whether :meth:`admit` may hold deliveries back: each claim is then published by its own
     #: call, so an admit counts the publishes before it
     admits: bool = False
+    #: whether :meth:`admit` needs no publish before it counted (False for a queue's room): the
+    #: claims of a pass are then admitted together, one call for all, and published together
+    admits_together: bool = False
 
     def prepare(self, claim: Claim, groups: Mapping[str, list[Delivery]]) -> Verdict:
         """The claim's deliveries per target kind, decoded; what to do with some of them."""

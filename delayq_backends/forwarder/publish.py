@@ -65,7 +65,7 @@ class Publisher:
         counts for every claim in it: their shards are set aside)."""
         sending = [_Sending(p) for p in prepared]
         errors: dict[int, Exception] = {}
-        one_by_one = any(hook.admits for hook in self.ctx.hooks)
+        one_by_one = any(hook.admits and not hook.admits_together for hook in self.ctx.hooks)
         for kind in dict.fromkeys(kind for p in prepared for kind in p.groups):
             claims = [n for n, p in enumerate(prepared) if kind in p.groups and n not in errors]
             together = not self._takes_leases(kind) and not one_by_one
@@ -109,18 +109,26 @@ class Publisher:
             for s in claims:
                 s.report.later += [(d.id, until) for d in s.prepared.groups[kind]]
             return
-        call = [(s, go) for s in claims if (go := self._still_ours(s, self._admit(kind, s)))]
+        admitted = self._admit(kind, claims)
+        call = [(s, ours) for s, go in zip(claims, admitted) if (ours := self._still_ours(s, go))]
         if call:
             self._publish(kind, call)
 
-    def _admit(self, kind: str, s: _Sending) -> list[Delivery]:
-        go = s.prepared.groups[kind]
+    def _admit(self, kind: str, claims: list[_Sending]) -> list[list[Delivery]]:
+        """Each claim's deliveries to ``kind`` that the hooks admit: one admit per hook for all the
+        claims (a group's slots for a whole pass in one round trip), each claim's in its order."""
+        goes = [s.prepared.groups[kind] for s in claims]
         for hook in self.ctx.hooks:
-            if hook.admits and go:
-                admitted = hook.admit(kind, go, self.ctx.clock())
-                go = admitted.go
-                s.report.later += admitted.later
-        return go
+            asked = [d for go in goes for d in go]
+            if not hook.admits or not asked:
+                continue
+            admitted = hook.admit(kind, asked, self.ctx.clock())
+            order = {d.id: n for n, d in enumerate(admitted.go)}
+            later = dict(admitted.later)
+            for s, go in zip(claims, goes):
+                s.report.later += [(d.id, later[d.id]) for d in go if d.id in later]
+            goes = [sorted((d for d in go if d.id in order), key=lambda d: order[d.id]) for go in goes]
+        return goes
 
     def _still_ours(self, s: _Sending, deliveries: list[Delivery]) -> list[Delivery]:
         """The deliveries that may be published now: those still under our lease with at least

@@ -20,9 +20,11 @@ RELEASED_BIAS, its leased entry "<now>:deferred:<ready>" (the claim reads the tr
 time: lateness stays truthful), its rank's entry at the start of its band.
 The group's gready becomes: no entry once its line is empty; "held until" while due items
 remain and the group was bound by its room; now while due items remain; else its next head's
-ready time. Cost: O((R + 1) log N + released) per group for R ranks present in its line.
+ready time. Cost: O((R + 1) log N + released) per group for R ranks present in its line, in a
+few commands per batch of line heads (see release() below).
 allow-oom: a line must drain a full store. ]]
 --- @include "glines"
+--- @include "batch"
 local k = {
   due = KEYS[1], leased = KEYS[2], ranked = KEYS[3], parked = KEYS[4], parked_why = KEYS[5], gready = KEYS[6],
 }
@@ -36,26 +38,37 @@ local out = {}
 local has_parked = rcall('EXISTS', k.parked_why) == 1
 local has_ranked = rcall('EXISTS', k.ranked) == 1
 
--- Release id of group if it is still parked for it (no other reason recorded); whether it was.
-local function release(group, line, id)
-  local parked = is_parked(k.due, id)
-  local recorded = parked and has_parked and rcall('HGET', k.parked_why, id)
-  local held = parked and (not recorded or recorded == 'group:' .. group) and rcall('HGET', k.leased, id)
-  local ready = held and finite(string.match(held, '^%-?%d+:deferred:(%-?%d+)$'))
-  rcall('ZREM', line, id)
-  if not ready then
-    budget = budget - 1
-    return false
+-- Release the line entries ids of group (read from line) that are still parked for it (no
+-- other reason recorded): how many. A batch (at most CHUNK ids: unpack() takes no more) is read
+-- with one ZMSCORE and one HMGET per hash and written with one variadic command per key; an
+-- entry released or dropped leaves the line.
+local function release(group, line, ids)
+  local scores = rcall('ZMSCORE', k.due, unpack(ids))
+  local whys = has_parked and hmget(k.parked_why, ids) or {}
+  local helds = hmget(k.leased, ids)
+  variadic('ZREM', line, ids)
+  local due, leases, n = {}, {}, 0
+  for i, id in ipairs(ids) do
+    local recorded = whys[i]
+    local held = finite(scores[i]) == PARKED_MS and (not recorded or recorded == 'group:' .. group) and helds[i]
+    local ready = held and finite(string.match(held, '^%-?%d+:deferred:(%-?%d+)$'))
+    if not ready then
+      budget = budget - 1
+    else
+      local rank = has_ranked and rank_of(k.ranked, id) or 0
+      due[2 * n + 1], due[2 * n + 2] = ms(ready - RELEASED_BIAS), id
+      leases[2 * n + 1], leases[2 * n + 2] = id, ms(now) .. ':deferred:' .. ms(ready)
+      n = n + 1
+      if rank > 0 then set_rank(k.ranked, id, rank, 0) end
+      if recorded then
+        rcall('ZREM', k.parked, id)
+        rcall('HDEL', k.parked_why, id)
+      end
+    end
   end
-  local rank = has_ranked and rank_of(k.ranked, id) or 0
-  rcall('ZADD', k.due, 'XX', ms(ready - RELEASED_BIAS), id)
-  rcall('HSET', k.leased, id, ms(now) .. ':deferred:' .. ms(ready))
-  if rank > 0 then set_rank(k.ranked, id, rank, 0) end
-  if recorded then
-    rcall('ZREM', k.parked, id)
-    rcall('HDEL', k.parked_why, id)
-  end
-  return true
+  variadic('ZADD', k.due, due, 'XX')
+  hset_many(k.leased, leases)
+  return n
 end
 
 local reset = {}
@@ -86,11 +99,9 @@ for i = 2, #ARGV, 3 do
     else
       low = math.floor(score / RANK_SPAN) * RANK_SPAN
       while released < allowance and budget > 0 do
-        local ids = rcall('ZRANGEBYSCORE', line, ms(low), ms(low + now), 'LIMIT', 0, allowance - released)
+        local ids = rcall('ZRANGEBYSCORE', line, ms(low), ms(low + now), 'LIMIT', 0, math.min(allowance - released, CHUNK))
         if #ids == 0 then break end
-        for _, id in ipairs(ids) do
-          if release(group, line, id) then released = released + 1 end
-        end
+        released = released + release(group, line, ids)
       end
       waiting = waiting + rcall('ZCOUNT', line, ms(low), ms(low + now))
       local head = rcall('ZRANGEBYSCORE', line, ms(low), ms(low + RANK_SPAN - 1), 'WITHSCORES', 'LIMIT', 0, 1)
