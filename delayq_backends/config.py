@@ -53,34 +53,25 @@ class Setting:
 
     def check(self, value: Any, label: str | None = None) -> Any:
         """``value`` (typed by :attr:`parse`), or a :class:`ConfigError` naming ``label`` and what to use."""
-        label = label or self.name
         if self.parse is not None:
             return self.parse(value)
         if value is None and self.default is None:
             return None
         kind = self.kind or type(self.default)
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if kind is bool:
-            ok, want = isinstance(value, bool), "True or False"
-        elif kind is int:
-            ok, want = number and isinstance(value, int), "a whole number"
-        elif kind is float:
-            ok, want = number and math.isfinite(value), "a number"
-        else:
-            ok, want = isinstance(value, kind), f"a {kind.__name__}"
-        if ok and self.choices and value not in self.choices:
-            ok, want = False, f"one of {list(self.choices)}"
-        if ok and number and kind is not bool:
-            ok = (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
-        if not ok:
-            raise ConfigError(f"{label}={value!r}: use {want}{self.span} ({self.help})")
+        fits, want = _KINDS.get(kind, (lambda v: isinstance(v, kind), f"a {kind.__name__}"))
+        if self.choices:
+            fits, want = self.choices.__contains__, f"one of {list(self.choices)}"
+        in_range = (
+            not _number(value) or (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+        )
+        if not (fits(value) and in_range):
+            raise ConfigError(f"{label or self.name}={value!r}: use {want}{self.span} ({self.help})")
         return value
 
     @property
     def span(self) -> str:
-        if self.low is None:
-            return ""
-        return f" >= {self.low:g}" if self.high is None else f" from {self.low:g} to {self.high:g}"
+        low, high = (f"{b:g}" if isinstance(b, float) else str(b) for b in (self.low, self.high))
+        return "" if self.low is None else f" >= {low}" if self.high is None else f" from {low} to {high}"
 
     @property
     def default_text(self) -> str:
@@ -93,6 +84,17 @@ class Setting:
                  f"`{self.celery}`" if self.celery else "", self.default_text,
                  self.help.replace("|", "\\|")]  # fmt: skip
         return "| " + " | ".join(cells) + " |"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_KINDS: dict[type, tuple[Callable[[Any], bool], str]] = {
+    bool: (lambda v: isinstance(v, bool), "True or False"),
+    int: (lambda v: _number(v) and isinstance(v, int), "a whole number"),
+    float: (lambda v: _number(v) and math.isfinite(v), "a number"),
+}
 
 
 def _shown(default: Any) -> str:

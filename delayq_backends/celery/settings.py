@@ -77,6 +77,10 @@ from ..storecache import StoreCache
 
 __all__ = [
     "DEFAULT_DEDUPE_TTL",
+    "KNOWN",
+    "LAZY_FUNCTIONS",
+    "SCHEDULE_VERSION",
+    "SETTINGS",
     "CelerySettings",
     "DuplicateTaskIdError",
     "StoreUnavailableError",
@@ -241,14 +245,10 @@ SCHEDULE_VERSION = Setting(
     name="schedule_version",
 )
 
-#: each Celery setting, by the record it configures, as docs/configuration.md lists them
-TABLES: tuple[tuple[str, tuple[Setting, ...]], ...] = (
-    ("Celery: the store (`Config`)", tuple(s for s in settings_of(Config) if s.celery)),
-    ("Celery: the forwarder", (*(s for s in settings_of(ForwarderSettings) if s.celery), LOSSLESS)),
-    ("Celery: flow control", settings_of(FlowControl)),
-    ("Celery: the plugin (`CelerySettings`)", (*settings_of(CelerySettings), LAZY_FUNCTIONS, SCHEDULE_VERSION)),
-)
-KNOWN = frozenset(s.celery for _, table in TABLES for s in table if s.celery)
+#: every Celery setting: those of the records it configures, and its own
+SETTINGS = (*settings_of(Config), *settings_of(ForwarderSettings), LOSSLESS, *settings_of(FlowControl),
+            *settings_of(CelerySettings), LAZY_FUNCTIONS, SCHEDULE_VERSION)  # fmt: skip
+KNOWN = frozenset(s.celery for s in SETTINGS if s.celery)
 
 
 def _get(conf: Any, s: Setting) -> Any:

@@ -70,7 +70,7 @@ class ForwarderSettings:
         metavar="SECONDS",
     )
     name: str | None = setting(None, "This forwarder's name in logs and audit records.", kind=str, shown="host:pid")
-    flow: FlowControl = setting(FlowControl(), "Back-pressure and rate caps per target queue (below).", shown="off")
+    flow: FlowControl = FlowControl()
     lossless_window: float | None = setting(
         None,
         "Lossless mode (None: off; on with --lossless at 60): seconds a published task may wait for its "
