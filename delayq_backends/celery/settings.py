@@ -1,28 +1,10 @@
 """Celery's ``delayq_*`` settings, read in one place, and the delay store of an app.
 
-Settings are lower-case like Celery's own::
-
-    app.conf.delayq_url = "redis://127.0.0.1:6379/0"   # default: the broker URL if it is Redis
-    app.conf.delayq_prefix = "delayq"
-    app.conf.delayq_shards = 16
-    app.conf.delayq_min_delay = 0       # seconds; a nearer eta is published directly
-    app.conf.delayq_enabled = True
-    app.conf.delayq_max_payload_bytes = 1024 * 1024   # a bigger task message is refused
-    app.conf.delayq_max_queue_depth = {"celery": 10_000}  # forwarding pauses at this broker depth
-    app.conf.delayq_rate_limits = {"celery": "500/s"}    # all forwarders together (N/s, N/m, N/h)
-    app.conf.delayq_key_rate_limits = {"celery": "20/s"}  # each delayq_rate_key of the queue
-    app.conf.delayq_durable_replicas = 0  # > 0: each delayed send waits (WAIT) until replicas have it
-    app.conf.delayq_durable_timeout_ms = 1000
-    app.conf.delayq_duplicate_id = "replace"  # a second send of a waiting task id: replace|keep|error
-    app.conf.delayq_dedupe = False      # True: workers drop a second delivery of a started run
-    app.conf.delayq_dedupe_ttl = 86400  # seconds a run's "started" record is kept
-    app.conf.delayq_lossless = False    # True (needs delayq_dedupe): forwarders keep a published task
-    app.conf.delayq_lossless_window = 60  # ... and publish it again if no start is recorded by then
-    app.conf.delayq_slot_limits = {"customer-*": 2}  # a delayq_slot with no limit of its own: the first match's
-    app.conf.delayq_slot_hold = 60      # seconds a worker's slot hold lasts after its last heartbeat
-    app.conf.delayq_worker_beat = 5     # seconds between worker beats: a worker that missed two is dead
-    app.conf.delayq_group_policies = {"tenant-*": {"limit": 2, "rate": "10/s"}}  # groups by pattern
-    app.conf.delayq_schedule_version = 1234  # grows per deploy: an older beat_schedule never rolls a newer back
+Settings are lower-case like Celery's own (``app.conf.delayq_url = "redis://..."``); each is a
+:class:`~delayq_backends.config.Setting` of the record it configures: the store's
+:class:`~delayq_backends.config.Config`, the forwarder's settings and flow control (read by
+``celery -A proj delayq forward``, whose flags win), and :class:`CelerySettings` for the
+plugin's own. docs/configuration.md lists them all, generated from those records.
 
 ``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
 in the store does. Native Celery would run both sends (two runs sharing one result). ``replace``
@@ -31,25 +13,8 @@ store in use keeps its meaning, and a send repeated after a timeout (which may h
 stays harmless. ``keep`` lets the first win (an idempotent "schedule once" per id); ``error``
 refuses the second send with :class:`DuplicateTaskIdError` and keeps the first.
 
-``delayq_dedupe`` and ``delayq_dedupe_ttl`` are read by workers: see
-:mod:`delayq_backends.celery.dedupe` (set them before :func:`~delayq_backends.celery.install`).
-
-``delayq_lossless`` and ``delayq_lossless_window`` are read by ``celery -A proj delayq forward``
-(its ``--lossless`` / ``--lossless-window`` options win): lossless mode, see the README.
-
-``delayq_slot_limits`` (glob pattern -> limit, first match wins) gives a task's ``delayq_slot``
-that names no limit the limit of its key's pattern, at send (see
-:mod:`delayq_backends.celery.slots`); a limit set at runtime (``set_slot_limit``) wins over both.
-
-``delayq_group_policies`` (glob pattern -> ``{"limit", "rate", "weight"}``; for each value the
-first pattern that sets it) is the policy of the groups matching it where neither the group's
-runtime policy (``DelayStore.set_group``) nor the item sets one (see
-:mod:`delayq_backends.group_policies`): read by ``celery -A proj delayq forward``, whose
-``--group-policy`` options (and ``DELAYQ_GROUP_POLICIES``) go first.
-
-``delayq_max_queue_depth``, ``delayq_rate_limits`` and ``delayq_key_rate_limits`` are read by
-``celery -A proj delayq forward``; its ``--max-queue-depth``, ``--rate`` and ``--key-rate``
-options win for the queues they name.
+``delayq_dedupe`` and ``delayq_dedupe_ttl`` are read by workers (:mod:`.dedupe`; set them before
+:func:`~delayq_backends.celery.install`), ``delayq_slot_limits`` at send (:mod:`.slots`).
 
 A wrong value fails loudly at first use, naming the setting: a silent fallback would bring
 back worker-side ETAs, the very thing the plugin removes.
