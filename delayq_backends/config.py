@@ -44,8 +44,8 @@ class Setting:
     choices: tuple[str, ...] = ()
     #: the default as the reference shows it (default: derived from ``default``)
     shown: str | None = None
-    #: checks a value of another shape (a mapping from settings), returning the typed one
-    parse: Callable[[Any], Any] | None = None
+    #: checks a value of another shape (a mapping from settings), named by the label, returning the typed one
+    parse: Callable[[Any, str], Any] | None = None
     #: turns a repeatable flag's texts into the value
     specs: Callable[[Sequence[str]], Any] | None = None
     #: the field's name, filled in by :func:`settings_of`
@@ -54,7 +54,7 @@ class Setting:
     def check(self, value: Any, label: str | None = None) -> Any:
         """``value`` (typed by :attr:`parse`), or a :class:`ConfigError` naming ``label`` and what to use."""
         if self.parse is not None:
-            return self.parse(value)
+            return self.parse(value, label or self.name)
         if value is None and self.default is None:
             return None
         kind = self.kind or type(self.default)
@@ -132,7 +132,7 @@ def reference(tables: Iterable[tuple[str, Sequence[Setting]]]) -> str:
     return "\n\n".join(f"### {title}\n\n{head}\n" + "\n".join(s.row() for s in rows) for title, rows in tables)
 
 
-def _check_prefix(prefix: Any) -> str:
+def _check_prefix(prefix: Any, label: str) -> str:
     if (
         not isinstance(prefix, str)
         or not prefix
@@ -145,9 +145,9 @@ def _check_prefix(prefix: Any) -> str:
     return prefix
 
 
-def _group_policies(value: Any) -> GroupPolicies:
+def _group_policies(value: Any, label: str) -> GroupPolicies:
     """A mapping as settings give it (``{"tenant-*": {"limit": 2}}``), or the record itself."""
-    return value if isinstance(value, GroupPolicies) else GroupPolicies.from_mapping(value)
+    return value if isinstance(value, GroupPolicies) else GroupPolicies.from_mapping(value, source=label)
 
 
 #: Not in a prefix: ``:`` separates it from the rest of a key (a prefix ``a:b`` would live inside

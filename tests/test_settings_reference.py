@@ -60,4 +60,4 @@ def test_every_flag_and_celery_setting_has_a_row() -> None:
             if isinstance(param, click.Option):
                 flags = {f for f in param.opts if not param.hidden or f in rows}
                 assert flags & (rows | own), f"{param.opts}: no row in docs/configuration.md"
-    assert KNOWN == {s.celery for _, table in TABLES for s in table if s.celery}
+    assert {s.celery for _, table in TABLES for s in table if s.celery} == KNOWN

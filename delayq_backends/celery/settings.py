@@ -72,7 +72,7 @@ DEFAULT_DEDUPE_TTL = 86400
 _REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
 
 
-def _slot_limits(value: Any) -> tuple[tuple[str, int], ...]:
+def _slot_limits(value: Any, label: str) -> tuple[tuple[str, int], ...]:
     """``delayq_slot_limits`` checked: a dict of glob pattern -> limit (or those pairs, once checked)."""
     if isinstance(value, tuple):
         return value
@@ -224,8 +224,8 @@ def _get(conf: Any, s: Setting) -> Any:
 
 def _config(app: Celery) -> Config:
     """The store's settings of the app."""
-    values = {s.name: _get(app.conf, s) for s in settings_of(Config) if s.celery}
     try:
+        values = {s.name: s.check(_get(app.conf, s), s.celery) for s in settings_of(Config) if s.celery}
         return Config(**{**values, "url": _store_url(app)})
     except ConfigError as exc:
         raise ConfigError(f"Celery setting delayq_*: {exc}") from exc
