@@ -10,11 +10,12 @@ from dataclasses import fields
 from pathlib import Path
 
 import click
+from click.testing import CliRunner
 
 from delayq_backends.assemble import ProcessSettings
 from delayq_backends.celery.settings import KNOWN, LAZY_FUNCTIONS, SCHEDULE_VERSION, CelerySettings
 from delayq_backends.cli.celery import forward as celery_forward
-from delayq_backends.cli.forward import forward
+from delayq_backends.cli.forward import ForwardOptions, forward, forward_options
 from delayq_backends.config import Config, reference, settings_of
 from delayq_backends.flow import FlowControl
 from delayq_backends.forwarder.settings import LOSSLESS, ForwarderSettings
@@ -61,3 +62,17 @@ def test_every_flag_and_celery_setting_has_a_row() -> None:
                 flags = {f for f in param.opts if not param.hidden or f in rows}
                 assert flags & (rows | own), f"{param.opts}: no row in docs/configuration.md"
     assert {s.celery for _, table in TABLES for s in table if s.celery} == KNOWN
+
+
+def test_the_old_flags_still_work_hidden() -> None:
+    """``--batch`` and ``--overlap`` became ``--claim-size`` and ``--claim-ahead``: both names set
+    the same setting, and only the new one shows in ``--help``."""
+    seen: list[ForwardOptions] = []
+    command = click.command()(forward_options(lambda run: seen.append(run)))
+    for args in (["--batch", "7", "--overlap"], ["--claim-size", "7", "--claim-ahead"]):
+        assert CliRunner().invoke(command, args).exit_code == 0
+        settings = seen.pop().settings(ProcessSettings(Config())).forwarder
+        assert (settings.batch, settings.overlap) == (7, True)
+    shown = CliRunner().invoke(command, ["--help"]).output
+    assert "--claim-size" in shown and "--claim-ahead" in shown
+    assert "--batch" not in shown and "--overlap" not in shown

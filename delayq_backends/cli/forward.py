@@ -24,17 +24,19 @@ __all__ = ["ForwardOptions", "forward", "forward_options", "run_forwarder"]
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
+#: ``delayq forward``'s own settings: its targets (the Celery command's is the app's broker); the
+#: URLs take a ``-file`` form too (:func:`secret_option`)
+_URLS = ("list_redis", "celery_broker", "rq_redis")
+_TARGETS = (*_URLS, "rq_allow_classes", "rq_class_retry", "rq_adopt")
 #: The records whose flagged settings are the options shared by ``delayq forward`` and
 #: ``celery -A proj delayq forward``, by the name :class:`ForwardOptions` files them under
-#: (the store's address is :func:`store_options`'; the targets are ``delayq forward``'s own).
+#: (the store's address is :func:`store_options`').
 _SHARED: dict[str, tuple[Setting, ...]] = {
     "store": tuple(s for s in settings_of(Config) if s.name not in ("url", "prefix", "shards")),
     "forwarder": (*settings_of(ForwarderSettings), LOSSLESS),
     "flow": settings_of(FlowControl),
-    "process": tuple(s for s in settings_of(ProcessSettings) if not s.name.startswith(("list_", "celery_", "rq_"))),
+    "process": tuple(s for s in settings_of(ProcessSettings) if s.name not in _TARGETS),
 }
-_TARGETS = tuple(s for s in settings_of(ProcessSettings) if s.name.startswith(("rq_allow", "rq_class", "rq_adopt")))
-_SECRETS = tuple(s for s in settings_of(ProcessSettings) if s.name in ("list_redis", "celery_broker", "rq_redis"))
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def run_forwarder(
 
 def _secret_options(command: Callable[..., None]) -> Callable[..., None]:
     """The target URLs, each with its ``-file`` form (:func:`secret_option`)."""
-    for s in reversed(_SECRETS):
+    for s in reversed([s for s in settings_of(ProcessSettings) if s.name in _URLS]):
         shown = s.default_text.replace("`", "")
         command = secret_option((s.flag or "")[2:], envvar=s.envvar or "", help=f"{s.help} [default: {shown}]")(command)
     return command
@@ -167,7 +169,7 @@ def _secret_options(command: Callable[..., None]) -> Callable[..., None]:
 @store_options
 @forward_options
 @_secret_options
-@setting_options({"process": _TARGETS}, into="targets")
+@setting_options({"process": [s for s in settings_of(ProcessSettings) if s.name in _TARGETS[len(_URLS) :]]}, "targets")
 @click.option(
     "--rq-cron",
     metavar="CONFIG",
