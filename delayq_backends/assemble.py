@@ -36,114 +36,50 @@ class ProcessSettings:
     :class:`ForwarderSettings`, and what the process adds around them (logs, audit, metrics,
     targets); each field's :class:`~delayq_backends.config.Setting` says what it is."""
 
+    # fmt: off
+    # (a table: one setting per entry)
     store: Config
     forwarder: ForwarderSettings = ForwarderSettings()
-    log_level: str = setting(
-        "info",
-        "debug logs one line per batch.",
-        choices=("debug", "info", "warning", "error"),
-        flag="--log-level",
-        envvar="DELAYQ_LOG_LEVEL",
-    )
-    log_every: float = setting(
-        10.0,
-        "Interval of the summary line (forwarded, retried, dead, lateness).",
-        low=0.1,
-        flag="--log-every",
-        metavar="SECONDS",
-    )
-    audit_dir: str | None = setting(
-        None,
-        "Log one JSON line per forwarded item to rotating files in DIR (for `delayq spark audit`).",
-        kind=str,
-        flag="--audit-dir",
-        envvar="DELAYQ_AUDIT_DIR",
-        metavar="DIR",
-    )
-    audit_stream: str | None = setting(
-        None,
-        "Log one entry per forwarded item to this Redis stream of the store's server (about 1M kept).",
-        kind=str,
-        flag="--audit-stream",
-        envvar="DELAYQ_AUDIT_STREAM",
-        metavar="KEY",
-    )
-    metrics_port: int | None = setting(
-        None,
-        "Serve Prometheus metrics (this forwarder's counters, the store's gauges) on PORT.",
-        kind=int,
-        low=1,
-        high=65535,
-        flag="--metrics-port",
-        envvar="DELAYQ_METRICS_PORT",
-        metavar="PORT",
-        shown="off",
-    )
-    metrics_host: str = setting(
-        DEFAULT_METRICS_HOST,
+    log_level: str = setting("info", "debug logs one line per batch.", choices=("debug", "info", "warning", "error"),
+        flag="--log-level", envvar="DELAYQ_LOG_LEVEL")
+    log_every: float = setting(10.0, "Interval of the summary line (forwarded, retried, dead, lateness).", low=0.1,
+        flag="--log-every", metavar="SECONDS")
+    audit_dir: str | None = setting(None,
+        "Log one JSON line per forwarded item to rotating files in DIR (for `delayq spark audit`).", kind=str,
+        flag="--audit-dir", envvar="DELAYQ_AUDIT_DIR", metavar="DIR")
+    audit_stream: str | None = setting(None,
+        "Log one entry per forwarded item to this Redis stream of the store's server (about 1M kept).", kind=str,
+        flag="--audit-stream", envvar="DELAYQ_AUDIT_STREAM", metavar="KEY")
+    metrics_port: int | None = setting(None,
+        "Serve Prometheus metrics (this forwarder's counters, the store's gauges) on PORT.", kind=int, low=1,
+        high=65535, flag="--metrics-port", envvar="DELAYQ_METRICS_PORT", metavar="PORT", shown="off")
+    metrics_host: str = setting(DEFAULT_METRICS_HOST,
         "Address the metrics listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
-        flag="--metrics-host",
-        envvar="DELAYQ_METRICS_HOST",
-        metavar="ADDR",
-    )
-    metrics_queues: tuple[str, ...] = setting(
-        (),
+        flag="--metrics-host", envvar="DELAYQ_METRICS_HOST", metavar="ADDR")
+    metrics_queues: tuple[str, ...] = setting((),
         "Label metrics with this queue's name (queues of --rate/--key-rate/--max-queue-depth are too); every "
         "other queue counts as 'other', so item data cannot grow the series. Repeatable (env: space-separated).",
-        flag="--metrics-queue",
-        envvar="DELAYQ_METRICS_QUEUE",
-        metavar="QUEUE",
-        specs=tuple,
-    )
+        flag="--metrics-queue", envvar="DELAYQ_METRICS_QUEUE", metavar="QUEUE", specs=tuple)
     list_target: bool = setting(True, "Deliver `list` envelopes (RPUSH onto the list each names).")
-    list_redis: str | None = setting(
-        None,
-        "Redis of the list target (RPUSH onto the list each envelope names).",
-        kind=str,
-        flag="--list-redis",
-        envvar="DELAYQ_LIST_REDIS",
-        shown="`--url`",
-    )
-    celery_broker: str | None = setting(
-        None,
+    list_redis: str | None = setting(None, "Redis of the list target (RPUSH onto the list each envelope names).",
+        kind=str, flag="--list-redis", envvar="DELAYQ_LIST_REDIS", shown="`--url`")
+    celery_broker: str | None = setting(None,
         "Celery's broker_url (amqp://, redis://, ...): forward delayed Celery tasks (and fire periodic entries) there.",
-        kind=str,
-        flag="--celery-broker",
-        envvar="DELAYQ_CELERY_BROKER",
-    )
-    rq_redis: str | None = setting(
-        None,
-        "Redis of the RQ queues: adds the rq target (may equal --url) and fires RQ periodic entries there.",
-        kind=str,
-        flag="--rq-redis",
-        envvar="DELAYQ_RQ_REDIS",
-    )
-    rq_allow_classes: tuple[str, ...] = setting(
-        (),
+        kind=str, flag="--celery-broker", envvar="DELAYQ_CELERY_BROKER")
+    rq_redis: str | None = setting(None,
+        "Redis of the RQ queues: adds the rq target (may equal --url) and fires RQ periodic entries there.", kind=str,
+        flag="--rq-redis", envvar="DELAYQ_RQ_REDIS")
+    rq_allow_classes: tuple[str, ...] = setting((),
         "Let RQ envelopes name queue/job classes under this dotted module prefix (whole components; rq and "
         "delayq_backends always allowed). Repeatable; env DELAYQ_RQ_ALLOW_CLASS adds more (space-separated).",
-        flag="--rq-allow-class",
-        metavar="PREFIX",
-        specs=tuple,
-    )
-    rq_class_retry: float | None = setting(
-        None,
+        flag="--rq-allow-class", metavar="PREFIX", specs=tuple)
+    rq_class_retry: float | None = setting(None,
         "How long RQ jobs naming a queue/job class off the allowlist wait before this forwarder looks again.",
-        kind=float,
-        low=0.1,
-        flag="--rq-class-retry",
-        envvar="DELAYQ_RQ_CLASS_RETRY",
-        metavar="SECONDS",
-        shown="`30`",
-    )
-    rq_adopt: bool = setting(
-        True,
-        "Every second, move jobs that a plain rq.Queue scheduled into RQ's "
-        "rq:scheduled:<queue> into the store (with a warning), so they do not stall without an "
-        "RQ scheduler.",
-        flag="--rq-adopt",
-        envvar="DELAYQ_RQ_ADOPT",
-    )
+        kind=float, low=0.1, flag="--rq-class-retry", envvar="DELAYQ_RQ_CLASS_RETRY", metavar="SECONDS", shown="`30`")
+    rq_adopt: bool = setting(True, "Every second, move jobs that a plain rq.Queue scheduled into RQ's "
+        "rq:scheduled:<queue> into the store (with a warning), so they do not stall without an RQ scheduler.",
+        flag="--rq-adopt", envvar="DELAYQ_RQ_ADOPT")
+    # fmt: on
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -166,88 +166,42 @@ class Config:
     writes, a slot limit, a periodic change).
     """
 
-    url: str = setting(
-        DEFAULT_URL,
-        "The store's Redis/Valkey; any node of a cluster (cluster mode is detected).",
-        flag="--url",
-        envvar="DELAYQ_URL",
-        celery="delayq_url",
-        shown="`redis://127.0.0.1:6379/0` "
-        "(Celery: the broker's if it is Redis); `--url-file` (`DELAYQ_URL_FILE`) reads it from a file",
-    )
-    prefix: str = setting(
-        "delayq",
-        "Key prefix: letters, digits, '-', '_', '.'; two prefixes never see each other's items.",
-        flag="--prefix",
-        envvar="DELAYQ_PREFIX",
-        celery="delayq_prefix",
-        parse=_check_prefix,
-    )
-    shards: int = setting(
-        16,
+    # fmt: off
+    # (a table: one setting per entry)
+    url: str = setting(DEFAULT_URL, "The store's Redis/Valkey; any node of a cluster (cluster mode is detected).",
+        flag="--url", envvar="DELAYQ_URL", celery="delayq_url", shown="`redis://127.0.0.1:6379/0` "
+        "(Celery: the broker's if it is Redis); `--url-file` (`DELAYQ_URL_FILE`) reads it from a file")
+    prefix: str = setting("delayq",
+        "Key prefix: letters, digits, '-', '_', '.'; two prefixes never see each other's items.", flag="--prefix",
+        envvar="DELAYQ_PREFIX", celery="delayq_prefix", parse=_check_prefix)
+    shards: int = setting(16,
         "Shard count; fixed for the life of a prefix (recorded in Redis: another count gets ShardMismatchError).",
-        low=1,
-        high=16384,
-        flag="--shards",
-        envvar="DELAYQ_SHARDS",
-        celery="delayq_shards",
-    )
-    max_payload_bytes: int = setting(
-        1024 * 1024,
-        "Largest envelope accepted by schedule; a forwarder dead-letters "
-        "bigger ones at claim, never reading them: set it as on the producers.",
-        low=64,
-        high=512 * 1024 * 1024,
-        flag="--max-payload-bytes",
-        envvar="DELAYQ_MAX_PAYLOAD_BYTES",
-        celery="delayq_max_payload_bytes",
-    )
+        low=1, high=16384, flag="--shards", envvar="DELAYQ_SHARDS", celery="delayq_shards")
+    max_payload_bytes: int = setting(1024 * 1024, "Largest envelope accepted by schedule; a forwarder dead-letters "
+        "bigger ones at claim, never reading them: set it as on the producers.", low=64, high=512 * 1024 * 1024,
+        flag="--max-payload-bytes", envvar="DELAYQ_MAX_PAYLOAD_BYTES", celery="delayq_max_payload_bytes")
     max_attempts: int = setting(
-        10, "Claims of one item before it goes to the dead letters.", low=1, high=1_000_000, flag="--max-attempts"
-    )
-    lease_seconds: float = setting(
-        30.0,
-        "How long a forwarder holds claimed items before they are due again.",
-        low=0.1,
-        high=86400,
-        flag="--lease",
-        metavar="SECONDS",
-    )
-    durable_replicas: int = setting(
-        0,
+        10, "Claims of one item before it goes to the dead letters.", low=1, high=1_000_000, flag="--max-attempts")
+    lease_seconds: float = setting(30.0, "How long a forwarder holds claimed items before they are due again.", low=0.1,
+        high=86400, flag="--lease", metavar="SECONDS")
+    durable_replicas: int = setting(0,
         "When > 0, each acknowledged write waits (WAIT) until that many replicas have it, else raises NotDurableError.",
-        low=0,
-        high=64,
-        celery="delayq_durable_replicas",
-        envvar="DELAYQ_DURABLE_REPLICAS",
-    )
-    durable_timeout_ms: int = setting(
-        1000,
-        "How long such a write waits for its replicas.",
-        low=1,
-        high=600_000,
-        celery="delayq_durable_timeout_ms",
-        envvar="DELAYQ_DURABLE_TIMEOUT_MS",
-    )
-    dead_letter_max: int = setting(
-        0,
+        low=0, high=64, celery="delayq_durable_replicas", envvar="DELAYQ_DURABLE_REPLICAS")
+    durable_timeout_ms: int = setting(1000, "How long such a write waits for its replicas.", low=1, high=600_000,
+        celery="delayq_durable_timeout_ms", envvar="DELAYQ_DURABLE_TIMEOUT_MS")
+    dead_letter_max: int = setting(0,
         "When > 0, each shard keeps at most this many dead letters; burying one more deletes the oldest for good.",
-        low=0,
-        high=10**12,
-    )
-    dead_letter_ttl_seconds: int = setting(
-        0,
-        "When > 0, dead letters older than this are deleted for good as new ones are buried.",
-        low=0,
-        high=10 * 366 * 86400,
-    )
-    group_policies: GroupPolicies = setting(
-        GroupPolicies(), "Group policies by key glob, e.g. 'tenant-*={\"limit\": 2}': below the items' own values "
-        "and the runtime policy (delayq groups set); the first pattern that sets a value wins. Repeatable; env "
-        f"{GROUP_POLICIES_ENV} (a JSON object of pattern -> policy) adds more after these.",
-        flag="--group-policy", celery="delayq_group_policies", metavar="PATTERN=JSON",
-        parse=_group_policies, shown="none", specs=lambda texts: GroupPolicies.from_env().merged(
-            GroupPolicies.from_specs(texts)))  # fmt: skip
+        low=0, high=10**12)
+    dead_letter_ttl_seconds: int = setting(0,
+        "When > 0, dead letters older than this are deleted for good as new ones are buried.", low=0,
+        high=10 * 366 * 86400)
+    group_policies: GroupPolicies = setting(GroupPolicies(),
+        "Group policies by key glob, e.g. 'tenant-*={\"limit\": 2}': below the items' own values and the runtime "
+        "policy (delayq groups set); the first pattern that sets a value wins. Repeatable; env "
+        f"{GROUP_POLICIES_ENV} (a JSON object of pattern -> policy) adds more after these.", flag="--group-policy",
+        celery="delayq_group_policies", metavar="PATTERN=JSON", parse=_group_policies, shown="none",
+        specs=lambda texts: GroupPolicies.from_env().merged(GroupPolicies.from_specs(texts)))
+    # fmt: on
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -92,55 +92,29 @@ class CelerySettings:
     """The plugin's settings of one Celery app: the store's, those of ``celery -A proj delayq
     forward``'s forwarder (flow control, lossless mode), and the plugin's own below."""
 
+    # fmt: off
+    # (a table: one setting per entry)
     config: Config
     forwarder: ForwarderSettings = ForwarderSettings()
     min_delay: float = setting(0.0, "Seconds; a nearer eta is published directly.", low=0, celery="delayq_min_delay")
     enabled: bool = setting(True, "False: the plugin publishes as Celery does.", celery="delayq_enabled")
-    duplicate_id: str = setting(
-        "replace",
-        "What a second send of a task id still waiting in the store does: "
-        "replace it, keep the first, or raise DuplicateTaskIdError.",
-        choices=DUPLICATE_ID_MODES,
-        celery="delayq_duplicate_id",
-    )
-    dedupe: bool = setting(
-        False,
-        "Workers drop a second delivery of a task run that already started (docs/dedupe.md).",
-        celery="delayq_dedupe",
-    )
-    dedupe_ttl: float = setting(
-        float(DEFAULT_DEDUPE_TTL),
-        "Seconds a run's started record is kept: longer than a "
-        "duplicate can take to arrive (a forwarder's lease plus the broker's backlog).",
-        low=1,
-        high=366 * 86400,
-        celery="delayq_dedupe_ttl",
-        envvar="DELAYQ_DEDUPE_TTL",
-    )
-    slot_limits: tuple[tuple[str, int], ...] = setting(
-        (),
+    duplicate_id: str = setting("replace", "What a second send of a task id still waiting in the store does: "
+        "replace it, keep the first, or raise DuplicateTaskIdError.", choices=DUPLICATE_ID_MODES,
+        celery="delayq_duplicate_id")
+    dedupe: bool = setting(False, "Workers drop a second delivery of a task run that already started (docs/dedupe.md).",
+        celery="delayq_dedupe")
+    dedupe_ttl: float = setting(float(DEFAULT_DEDUPE_TTL), "Seconds a run's started record is kept: longer than a "
+        "duplicate can take to arrive (a forwarder's lease plus the broker's backlog).", low=1, high=366 * 86400,
+        celery="delayq_dedupe_ttl", envvar="DELAYQ_DEDUPE_TTL")
+    slot_limits: tuple[tuple[str, int], ...] = setting((),
         "Key pattern (glob) -> limit: a delayq_slot header naming no limit takes the first matching pattern's; "
-        "a limit set at runtime wins (docs/slots.md).",
-        celery="delayq_slot_limits",
-        parse=_slot_limits,
-    )
-    slot_hold: float = setting(
-        RUN_HOLD_MS / 1000,
-        "Seconds a worker's slot hold lasts after the task's start or "
-        "last heartbeat (renewed every third of it): what a worker killed mid-task costs.",
-        low=1,
-        high=3600,
-        celery="delayq_slot_hold",
-        envvar="DELAYQ_SLOT_HOLD",
-    )
-    worker_beat: float = setting(
-        5.0,
-        "Seconds between a worker's beats: on a Redis broker a worker that missed two "
-        "is dead and its unacknowledged tasks go back.",
-        low=0.5,
-        high=300,
-        celery="delayq_worker_beat",
-    )
+        "a limit set at runtime wins (docs/slots.md).", celery="delayq_slot_limits", parse=_slot_limits)
+    slot_hold: float = setting(RUN_HOLD_MS / 1000, "Seconds a worker's slot hold lasts after the task's start or "
+        "last heartbeat (renewed every third of it): what a worker killed mid-task costs.", low=1, high=3600,
+        celery="delayq_slot_hold", envvar="DELAYQ_SLOT_HOLD")
+    worker_beat: float = setting(5.0, "Seconds between a worker's beats: on a Redis broker a worker that missed two "
+        "is dead and its unacknowledged tasks go back.", low=0.5, high=300, celery="delayq_worker_beat")
+    # fmt: on
 
     def __post_init__(self) -> None:
         check_settings(self)
