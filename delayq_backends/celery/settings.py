@@ -214,7 +214,7 @@ def _forwarder(conf: Any, dedupe: bool, dedupe_ttl: float) -> ForwarderSettings:
         raise ConfigError(f"Celery setting {' / '.join(str(s.celery) for s in flow)}: {exc}") from exc
     lossless = LOSSLESS.check(_get(conf, LOSSLESS), LOSSLESS.celery)
     [window_setting] = (s for s in settings_of(ForwarderSettings) if s.name == "lossless_window")
-    window = window_setting.check(conf.get(window_setting.celery, LOSSLESS_WINDOW), window_setting.celery)
+    window = window_setting.check(_get(conf, replace(window_setting, default=LOSSLESS_WINDOW)), window_setting.celery)
     if not lossless:
         return ForwarderSettings(flow=limits)
     if not dedupe:
