@@ -34,7 +34,7 @@ from delayq_backends import Config, DelayStore, Envelope
 from delayq_backends.celery.message import StoredMessage
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.keys import meta_key
-from delayq_backends.rq.target import job_envelope
+from delayq_backends.rq.jobs import job_envelope
 from delayq_backends.targets import RedisListTarget
 from delayq_backends.timeutil import from_ms
 

@@ -8,7 +8,6 @@ and the audit log are wired the same way everywhere. Interfaces parse their opti
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -18,15 +17,15 @@ import redis
 
 from .audit import open_audit
 from .config import Config, check_settings, setting
-from .connection import connect, connect_rq, redact_url
-from .errors import ConfigError, MissingExtraError, install_hint
+from .connection import connect, redact_url
 from .forwarder import Forwarder, ForwarderSettings, ForwarderStats
+from .kinds import KINDS
 from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, LabelBounds, serve_metrics
 from .store import DelayStore
 from .storespec import open_store
 from .targets import RedisListTarget, Target
 
-__all__ = ["AssembledForwarder", "DescribedTarget", "ProcessSettings", "build_forwarder"]
+__all__ = ["AssembledForwarder", "DescribedTarget", "ProcessSettings", "build_forwarder", "list_targets"]
 
 
 @dataclass(frozen=True)
@@ -162,9 +161,6 @@ def build_forwarder(
             bounds = LabelBounds(queues, [t.target.kind for t in built])
             metrics = ForwarderMetrics(store=store, bounds=bounds)
             serve_metrics(metrics.registry, settings.metrics_host, settings.metrics_port)
-            for t in built:  # the periodic target counts the periods its overlap policies skip
-                if hasattr(t.target, "on_skipped"):
-                    setattr(t.target, "on_skipped", metrics.observe_periodic_skipped)  # noqa: B010
         audit = open_audit(
             directory=settings.audit_dir, stream=settings.audit_stream, url=store.config.url, stem="forwarded"
         )
@@ -184,51 +180,18 @@ def build_forwarder(
 
 
 def _targets(settings: ProcessSettings, store: DelayStore, resources: ExitStack) -> list[DescribedTarget]:
-    """The list, celery and rq targets the settings name; clients they open go on ``resources``."""
-    built: list[DescribedTarget] = []
-    if settings.list_target:
-        url = settings.list_redis or store.config.url
-        # the list target shares the store's connections when the lists live on the same server
-        client = store.client if url == store.config.url else connect(url)
-        if client is not store.client:
-            resources.callback(client.close)
-        # RPUSH in a non-transactional pipeline works the same on a RedisCluster
-        built.append(DescribedTarget(RedisListTarget(cast(redis.Redis, client)), f"list -> {redact_url(url)}"))
-    if settings.celery_broker:
-        celery = adapter("celery")
-        target = celery.CeleryTarget.from_url(settings.celery_broker)
-        resources.callback(target.close)
-        where = f"celery (and periodic entries) -> {redact_url(settings.celery_broker)}"
-        built += [
-            DescribedTarget(target, where),
-            DescribedTarget(adapter("celery.periodic").PeriodicTarget(target), ""),
-        ]
-    if settings.rq_redis:
-        rq = adapter("rq")
-        connection = connect_rq(settings.rq_redis, store)
-        if connection is not store.client:
-            resources.callback(connection.close)
-        allow = rq.ClassAllowlist.configured(settings.rq_allow_classes)
-        runs = adapter("rq.entries").RQRunTarget(connection)
-        retry = settings.rq_class_retry or adapter("rq.target").NOT_ALLOWED_WAIT_S
-        target = rq.RQTarget(connection, allow_classes=allow, class_retry=retry)
-        built += [
-            DescribedTarget(target, f"rq -> {redact_url(settings.rq_redis)}"),
-            DescribedTarget(runs, ""),  # the runs of RQ periodic entries (and those an overlap policy buffers)
-            DescribedTarget(adapter("rq.entries").RQPeriodicTarget(runs), ""),
-        ]
-        if settings.rq_adopt:
-            resources.callback(rq.RegistryAdopter(connection, store).start().close)
-    return built
+    """The targets of every kind whose setting is on, built by its row's factory (:mod:`.kinds`;
+    an adapter is imported only when asked for); clients they open go on ``resources``."""
+    factories = (k.targets for k in KINDS.values() if k.targets is not None and getattr(settings, k.setting))
+    return [built for factory in factories for built in factory.load()(settings, store, resources)]
 
 
-def adapter(name: str) -> Any:
-    """An adapter package (``celery``, ``rq``, ``spark``...), or an error naming its extra (once:
-    a package whose own import names it raises :class:`MissingExtraError`, passed on as it is)."""
-    try:
-        return importlib.import_module(f"delayq_backends.{name}")
-    except MissingExtraError:
-        raise
-    except ImportError as exc:
-        extra = name.split(".")[0]
-        raise ConfigError(f"{exc}: {install_hint(extra)}") from exc
+def list_targets(settings: ProcessSettings, store: DelayStore, resources: ExitStack) -> list[DescribedTarget]:
+    """The list target (the ``targets`` of kind ``list``), delivering to ``settings.list_redis``."""
+    url = settings.list_redis or store.config.url
+    # the list target shares the store's connections when the lists live on the same server
+    client = store.client if url == store.config.url else connect(url)
+    if client is not store.client:
+        resources.callback(client.close)
+    # RPUSH in a non-transactional pipeline works the same on a RedisCluster
+    return [DescribedTarget(RedisListTarget(cast(redis.Redis, client)), f"list -> {redact_url(url)}")]

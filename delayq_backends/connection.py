@@ -3,19 +3,44 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 from redis.cluster import RedisCluster
 
 from .errors import ConfigError
 
-if TYPE_CHECKING:
-    from .store.base import StoreCore
-
-__all__ = ["Client", "connect", "connect_rq", "is_cluster", "on_store_server", "redact_url", "same_server"]
+__all__ = [
+    "Client",
+    "StoreServer",
+    "connect",
+    "connect_rq",
+    "is_cluster",
+    "on_store_server",
+    "redact_url",
+    "same_server",
+]
 
 Client = redis.Redis | RedisCluster
+
+
+class _Url(Protocol):
+    @property
+    def url(self) -> str: ...
+
+
+class StoreServer(Protocol):
+    """What these helpers read of a delay store (a :class:`~delayq_backends.store.base.StoreCore`):
+    its client, whether that is a cluster, and its URL; typed here so the base imports no store."""
+
+    @property
+    def client(self) -> Any: ...
+
+    @property
+    def cluster(self) -> bool: ...
+
+    @property
+    def config(self) -> _Url: ...
 
 
 #: The schemes redis-py opens (``unix://`` is a socket path).
@@ -147,13 +172,13 @@ def same_server(a: Any, b: Any) -> bool:
     return all(ka.get(f) == kb.get(f) for f in fields)
 
 
-def on_store_server(store: StoreCore, client: Any) -> bool:
+def on_store_server(store: StoreServer, client: Any) -> bool:
     """Whether ``client`` writes to the store's own (non-cluster) server and database, so its
     writes and the store's can commit in one MULTI/EXEC: the one rule every adapter asks."""
     return not store.cluster and same_server(store.client, client)
 
 
-def connect_rq(url: str, store: StoreCore) -> redis.Redis:
+def connect_rq(url: str, store: StoreServer) -> redis.Redis:
     """RQ's Redis at ``url``, reusing the store's own client when ``url`` is the store's and
     not a cluster, so a job hash and its store entry commit in one transaction.
 

@@ -159,7 +159,7 @@ def _server(stack: ExitStack, url: str | None) -> tuple[str, bool]:
 
 def _schedule(store: DelayStore, list_key: str, items: int, spread: float) -> None:
     """Schedule ``items`` envelopes whose bodies carry their id and ready time (JSON)."""
-    start = store.server_time_ms() + LEAD_MS  # the server's clock is the one the forwarder claims by
+    start = store.clock() + LEAD_MS  # the server's clock is the one the forwarder claims by
     rng = random.Random()
     entries = []
     for n in range(items):

@@ -11,6 +11,7 @@ import redis
 from .envelope import Envelope
 from .errors import EnvelopeError, NewerFormatError
 from .keys import collapsed_key
+from .kinds import view
 from .models import DeadLetter, GroupStatus, ScheduledItem, ShardStats, Why
 from .store import DelayStore
 from .store.groupboard import GroupBoard, held, throttled
@@ -79,7 +80,7 @@ def item_entry(item: ScheduledItem) -> dict[str, Any]:
     except EnvelopeError as exc:
         entry["corrupt"] = str(exc)
     else:
-        entry.update(target=envelope.target, destination=envelope.destination, task=_runs_of(envelope))
+        entry.update(target=envelope.target, destination=envelope.destination, task=view(envelope))
     return entry
 
 
@@ -98,34 +99,6 @@ def describe_collapsed(collapsed: dict[str, Any] | None) -> str:
         return ""
     calls = collapsed["calls"]
     return f"{collapsed['mode']}d: {calls} call{'s' if calls != 1 else ''}, key {collapsed['key']}"
-
-
-#: the kinds of ``celery.message.KIND`` and ``celery.periodic.KIND``, and ``rq.entries.KIND``,
-#: named here so items of other kinds never import Celery or RQ (optional extras)
-_CELERY_KINDS = ("celery", "celery-periodic")
-_RQ_ENTRY_KIND = "rq-periodic"
-
-
-def _runs_of(envelope: Envelope) -> dict[str, Any] | None:
-    """What an item runs, where its envelope says it: a Celery message's task name, arguments
-    (JSON bodies only), eta, queue and priority; for a periodic entry (Celery or RQ), its next
-    run (id, task or function) and entry name. None for other items, or when the framework is
-    not installed here."""
-    try:
-        if envelope.target in _CELERY_KINDS:
-            from .celery.periodic import task_view  # Celery is an optional extra
-
-            view = task_view(envelope)
-            return None if view is None else view.as_dict()
-        if envelope.target == _RQ_ENTRY_KIND:
-            from .rq.entries import entry_view  # RQ is an optional extra
-
-            return entry_view(envelope)
-    except ImportError:
-        return None
-    except EnvelopeError as exc:
-        return {"note": str(exc)}
-    return None
 
 
 def group_entry(status: GroupStatus, now_ms: int) -> dict[str, Any]:

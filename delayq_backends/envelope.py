@@ -39,7 +39,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from . import group_policies as policy
 from .errors import EnvelopeError, InvalidGroupError, InvalidRateKeyError, InvalidSlotError, NewerFormatError
+from .group_policies import MAX_RATE_KEY, MAX_SLOT_LIMIT
 
 __all__ = [
     "ENTRY_FORMAT_VERSION",
@@ -74,8 +76,6 @@ __all__ = [
 #: The envelope meta field holding an item's rate key (a tenant, a customer id): the forwarder
 #: caps each key of a queue configured with ``--key-rate`` at its own rate.
 RATE_KEY = "rate_key"
-#: Longest rate key, in characters: a key is a name, and each active one is a bucket in Redis.
-MAX_RATE_KEY = 200
 #: The one bucket of a queue shared by items whose stored rate key is not a valid one (written by
 #: another tool or an older writer): capped together at the key rate, never stuck, never lost.
 #: A control character, so no valid key names it.
@@ -279,8 +279,6 @@ def rate_key_of(envelope: Envelope) -> str | None:
 
 #: The envelope meta field holding an item's concurrency slot: ``{"key", "limit", "rank"}``.
 SLOT = "slot"
-#: Highest limit a slot may carry: a limit is how many tasks of a key run at once.
-MAX_SLOT_LIMIT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -364,8 +362,6 @@ def _checked(group: Group) -> tuple[dict[str, Any], list[str]]:
     """``group``'s policy fields as a runtime policy keeps them (a rate's text, a weight's float),
     and what is wrong with any. The checks are the policy's own
     (:mod:`delayq_backends.group_policies`), so an item's values mean what an operator's do."""
-    from . import group_policies as policy  # imported here: it imports this module
-
     problems: list[str] = []
     values: dict[str, Any] = {}
     checks: list[tuple[str, Callable[[str, Any], object]]] = [

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -234,13 +234,10 @@ class FlowGate:
         control: FlowControl,
         store: DelayStore,
         targets: Mapping[str, Target],
-        *,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.control = control
         self.store = store
         self.targets = targets
-        self.clock = clock
         self.state: dict[str, bool] = {}
         self._depths: dict[tuple[str, str], _Depth] = {}
         self._holds: dict[str, tuple[int, int]] = {}  # paused queue -> (wait ms, held until ms)
@@ -299,7 +296,7 @@ class FlowGate:
     def _depth(self, kind: str, queue: str) -> int | None:
         """The broker queue's depth, read at most once per ``probe_ttl``; None when unknown."""
         cached = self._depths.get((kind, queue))
-        now = self.clock()
+        now = time.monotonic()  # an age, not a time: not the store's clock
         if cached is not None and now - cached.read_at < self.control.probe_ttl:
             return cached.value
         target = self.targets.get(kind)

@@ -25,11 +25,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .envelope import MAX_RATE_KEY, MAX_SLOT_LIMIT
 from .errors import ConfigError, InvalidGroupPolicyError
 from .models import GroupPolicy
 
 __all__ = [
+    "MAX_RATE_KEY",
+    "MAX_SLOT_LIMIT",
     "GROUP_POLICIES_ENV",
     "MAX_GROUP_RATE",
     "MAX_THROTTLE_SECONDS",
@@ -43,6 +44,11 @@ __all__ = [
     "check_weight",
     "rate_per_second",
 ]
+
+#: Longest rate key, in characters: a key is a name, and each active one is a bucket in Redis.
+MAX_RATE_KEY = 200
+#: Highest limit a slot may carry: a limit is how many tasks of a key run at once.
+MAX_SLOT_LIMIT = 1_000_000
 
 #: The environment variable holding the policies by pattern for RQ and the CLI (a JSON object).
 GROUP_POLICIES_ENV = "DELAYQ_GROUP_POLICIES"

@@ -29,6 +29,7 @@ __all__ = [
     "ALLOW",
     "BUFFER_ONE",
     "POLICIES",
+    "RUN_RECHECK_MS",
     "SKIP",
     "SLOT_PREFIX",
     "Fire",
@@ -42,6 +43,8 @@ ALLOW, SKIP, BUFFER_ONE = "allow", "skip", "buffer_one"
 POLICIES = (ALLOW, SKIP, BUFFER_ONE)
 #: The slot key of entry ``name`` is ``periodic:<name>``.
 SLOT_PREFIX = "periodic:"
+#: How soon a periodic run that waits for its entry's slot (an RQ entry's overlap "buffer") asks again.
+RUN_RECHECK_MS = 200
 #: slot_take.lua's mode per policy
 _MODES = {SKIP: "skip", BUFFER_ONE: "buffer"}
 

@@ -13,9 +13,9 @@ and the ack in one MULTI/EXEC (an exactly-once hand-off), and a target can write
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import redis
 
@@ -37,6 +37,7 @@ __all__ = [
     "RedisListTarget",
     "RunTarget",
     "SLOT_TOKEN",
+    "Skipped",
     "Target",
 ]
 
@@ -59,6 +60,15 @@ class Delivery:
     slot_token: str = ""
 
 
+class Skipped(NamedTuple):
+    """Periods of a periodic entry (or RQ job) its overlap policy skipped, reported with the item
+    whose firing or move counted them: what the metrics' ``delayq_periodic_skipped`` adds up."""
+
+    id: str
+    entry: str
+    periods: int
+
+
 @dataclass
 class PublishReport:
     """What a target did with a batch.
@@ -73,6 +83,10 @@ class PublishReport:
             transaction; the forwarder does not ack them again.
         later: (id, not-before epoch ms) of items this target will not send until an operator
             acts (an RQ class off the allowlist); they wait in the store, attempt not counted.
+        skipped: the periods overlap policies skipped, by the item that counted them.
+
+    Every attribute but ``broker_error`` is a list of entries naming one item each, so
+    :meth:`merge` and :meth:`split` carry a new one with no change.
     """
 
     published: list[str] = field(default_factory=list)
@@ -81,6 +95,30 @@ class PublishReport:
     broker_error: BaseException | None = None
     acked: list[str] = field(default_factory=list)
     later: list[tuple[str, int]] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def merge(self, other: PublishReport) -> PublishReport:
+        """Two calls' reports as one (this one's entries first, and its broker error if any)."""
+        lists = {name: getattr(self, name) + getattr(other, name) for name in _ITEM_LISTS}
+        return PublishReport(**lists, broker_error=self.broker_error or other.broker_error)
+
+    def split(self, owners: Mapping[str, PublishReport]) -> None:
+        """Add each entry of this report (one call's, for several claims) to the report of
+        ``owners`` (by item id) its item belongs to, and the broker error to each of them."""
+        for name in _ITEM_LISTS:
+            for entry in getattr(self, name):
+                getattr(owners[_item_of(entry)], name).append(entry)
+        if self.broker_error is not None:
+            for report in {id(r): r for r in owners.values()}.values():
+                report.broker_error = report.broker_error or self.broker_error
+
+
+_ITEM_LISTS = tuple(f.name for f in fields(PublishReport) if f.name != "broker_error")
+
+
+def _item_of(entry: Any) -> str:
+    """The item id a report entry names: an id, a failure's, or a tuple's first member."""
+    return entry if isinstance(entry, str) else entry.id if isinstance(entry, DeliveryFailure) else str(entry[0])
 
 
 @runtime_checkable

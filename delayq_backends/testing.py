@@ -19,8 +19,10 @@ and no waiting::
 
 Why fakeredis rather than an in-memory imitation: the scripts *are* the store's behaviour
 (leases, attempts, dead letters), so running the same ``.lua`` files keeps what your tests see
-identical to production. Everything that reads "now" (claims, failures, retries, ``stats``,
-``timedelta`` ready times, ``requeue_dead``) reads the :class:`FakeClock`, never the wall clock.
+identical to production. The fake clock is given once, to the store (``store.clock``, the one
+clock of production too), and everything that reads "now" (claims, failures, retries, ``stats``,
+``timedelta`` ready times, ``requeue_dead``, the forwarder, periodic firing and the targets)
+reads it from there, never the wall clock.
 
 Needs the ``testing`` extra: ``pip install "delayq_backends[testing]"``.
 """
@@ -38,11 +40,10 @@ from .config import Config
 from .envelope import Envelope
 from .errors import EnvelopeError, install_hint
 from .forwarder import Forwarder
-from .forwarder.clock import Clock as ServerClock
 from .models import DeliveryFailure
 from .store import DelayStore, Lease
 from .targets import ClaimTarget, Delivery, PublishReport, Target
-from .timeutil import Clock, from_ms, now_ms, to_ms
+from .timeutil import from_ms, now_ms, to_ms
 
 __all__ = [
     "CollectingTarget",
@@ -200,13 +201,13 @@ testing_store.__test__ = False  # type: ignore[attr-defined]  # imported into te
 
 
 class TestingForwarder(Forwarder):
-    """A :class:`Forwarder` whose "server time" is a given clock, so back-off for failed items
-    (``retry_at``) and lateness are on the fake clock, and that never sleeps for an outage.
+    """A :class:`Forwarder` that never sleeps for an outage. Like any forwarder it reads the
+    store's clock, so on a :class:`TestingStore` back-off for failed items (``retry_at``) and
+    lateness are on the fake clock.
 
     Args:
         store: any delay store (a :class:`TestingStore`, or a real one in integration tests).
         targets: as for :class:`Forwarder`.
-        clock: "now" in ms; ``store.clock`` by default.
         options: further :class:`Forwarder` options (``batch``, ``retry_delay``, ...).
     """
 
@@ -216,13 +217,10 @@ class TestingForwarder(Forwarder):
         self,
         store: DelayStore,
         targets: Mapping[str, Target] | Sequence[Target],
-        *,
-        clock: Clock | None = None,
         **options: Any,
     ) -> None:
         options.setdefault("max_outage_backoff", 0.0)  # an outage pause would be real seconds
-        now = clock if clock is not None else store.clock
-        super().__init__(store, targets, clock=ServerClock(now, read_each_time=True), **options)
+        super().__init__(store, targets, **options)
 
 
 class CollectingTarget:
@@ -365,24 +363,22 @@ def run_due(
     store: DelayStore,
     targets: Targets,
     *,
-    clock: Clock | None = None,
     batch: int = 500,
     retry_delay: float = 1.0,
     max_retry_delay: float = 300.0,
 ) -> list[Delivery]:
-    """Deliver everything due at ``clock()`` (``store.clock`` by default); returns what the
-    targets accepted, in delivery order.
+    """Deliver everything due at ``store.clock()``; returns what the targets accepted, in
+    delivery order.
 
-    The production forwarder does it, in burst mode (:meth:`Forwarder.run_until_idle`) on
-    ``clock``: accepted items are acked (a periodic job re-armed), failed ones retried
-    ``retry_delay`` later on ``clock`` (doubling per attempt) or dead-lettered, unsent ones
-    released and left for the next call.
+    The production forwarder does it, in burst mode (:meth:`Forwarder.run_until_idle`) on the
+    store's clock: accepted items are acked (a periodic job re-armed), failed ones retried
+    ``retry_delay`` later (doubling per attempt) or dead-lettered, unsent ones released and left
+    for the next call.
 
     Args:
         store: the store (normally a :class:`TestingStore`).
         targets: targets keyed by kind, a sequence or one of them, or a callable that gets each
             :class:`Delivery` of any kind (if it raises, the delivery failed).
-        clock: "now" for claims and retries.
         batch: items per claim.
     """
     delivered: list[Delivery] = []
@@ -392,7 +388,6 @@ def run_due(
         _EveryKind(callback, delivered)
         if callback is not None
         else {k: _Recorder(t, delivered) for k, t in _targets_by_kind(targets).items()},
-        clock=clock,
         batch=batch,
         retry_delay=retry_delay,
         max_retry_delay=max_retry_delay,
@@ -405,23 +400,21 @@ def advance_and_run(
     store: DelayStore,
     delta: timedelta | int | float,
     targets: Targets,
-    *,
-    clock: FakeClock | None = None,
     **options: Any,
 ) -> list[Delivery]:
-    """Advance the fake clock by ``delta`` (``timedelta`` or seconds), then :func:`run_due`.
+    """Advance the store's fake clock by ``delta`` (``timedelta`` or seconds), then :func:`run_due`.
 
     Raises:
-        TypeError: the clock (``store.clock`` by default) is not a :class:`FakeClock`.
+        TypeError: ``store.clock`` is not a :class:`FakeClock`.
     """
-    fake = clock if clock is not None else store.clock
+    fake = store.clock
     if not isinstance(fake, FakeClock):
         raise TypeError(
-            f"advance_and_run needs a FakeClock, got {type(fake).__name__}: build the store with "
-            "testing_store(clock=FakeClock()) or pass clock="
+            f"advance_and_run needs a store on a FakeClock, got {type(fake).__name__}: build the store "
+            "with testing_store(clock=FakeClock())"
         )
     fake.advance(delta)
-    return run_due(store, targets, clock=fake, **options)
+    return run_due(store, targets, **options)
 
 
 def _callback_of(targets: Targets) -> Callable[[Delivery], object] | None:

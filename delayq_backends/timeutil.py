@@ -14,12 +14,28 @@ from numbers import Real
 
 from .errors import InvalidTimeError
 
-__all__ = ["MAX_MS", "Clock", "ServerClock", "When", "from_ms", "now_ms", "parse_iso", "score_ms", "to_ms"]
+__all__ = [
+    "CLOCK_RESAMPLE_S",
+    "MAX_MS",
+    "Clock",
+    "ServerClock",
+    "When",
+    "from_ms",
+    "now_ms",
+    "parse_iso",
+    "score_ms",
+    "to_ms",
+]
 
 #: 9999-12-31T23:59:59Z: past this a value is a unit mistake, not a schedule.
 MAX_MS = 253_402_300_799_000
 
+#: How often a :class:`ServerClock` re-reads the server's time.
+CLOCK_RESAMPLE_S = 60.0
+
 When = datetime | timedelta | int | float
+#: Where "now" comes from, in integer ms: a store's :class:`ServerClock`, or a test's
+#: ``FakeClock``. Everything that reads the time is given the store's one instance.
 Clock = Callable[[], int]
 _MICROSECOND = timedelta(microseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -31,22 +47,37 @@ def now_ms() -> int:
 
 
 class ServerClock:
-    """The server's clock, read once and advanced with ``time.monotonic``.
+    """The store's clock: its server's ``TIME`` in integer ms, re-read every
+    :data:`CLOCK_RESAMPLE_S` and advanced in between with ``time.monotonic()``.
 
-    A ``timedelta`` ready time measured on the producer's wall clock would be early or late by
-    that clock's error; this one follows the store's server (the clock every claim uses) and never
-    steps with the local wall clock. ``read`` returns the server's time in ms (e.g. ``TIME``).
+    One per store (``store.clock``), read by everything that asks "now": ``timedelta`` ready
+    times, the forwarder's pass, loop, heartbeat and back-offs, the periodic firing and the
+    targets (through their lease). The scripts' own ``TIME`` is the same server's, so a producer
+    or forwarder whose wall clock is off schedules and claims neither early nor late; and a step
+    of the local wall clock (NTP, an operator) changes nothing, as the monotonic clock does not
+    step. Re-reading bounds the drift of the monotonic clock against the server's.
+
+    Never behind the server: a reading counts from the moment it was asked for, so the clock leads
+    ``TIME`` by at most one round trip of that reading; an item due "now" on the server is due on
+    this clock, and a ``timedelta`` ready time is never early. Whole ms, rounded down as ``TIME``.
+
+    Args:
+        read: the server's time in ms now, to the µs if it can (a round trip: ``TIME``).
     """
 
-    def __init__(self, read: Callable[[], int]) -> None:
+    def __init__(self, read: Callable[[], float]) -> None:
         self._read = read
-        self._base: tuple[int, float] | None = None
+        #: server time at the last reading and time.monotonic() then, as one tuple: several
+        #: threads read the clock
+        self._reading: tuple[float, float] | None = None
 
     def __call__(self) -> int:
-        if self._base is None:
-            self._base = (self._read(), time.monotonic())
-        server_ms, at = self._base
-        return server_ms + math.ceil((time.monotonic() - at) * 1000)
+        mono = time.monotonic()
+        reading = self._reading
+        if reading is None or mono - reading[1] > CLOCK_RESAMPLE_S:
+            reading = self._reading = (self._read(), mono)
+            mono = time.monotonic()
+        return int(reading[0] + (mono - reading[1]) * 1000)
 
 
 def score_ms(score: float | int | bytes | str | None) -> int:

@@ -22,7 +22,7 @@ from delayq_backends import DelayStore, Envelope, EnvelopeError
 from delayq_backends.celery import CeleryTarget, StoredMessage
 from delayq_backends.embedded import EmbeddedServer
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.rq.target import job_envelope
+from delayq_backends.rq.jobs import job_envelope
 from delayq_backends.targets import Delivery, RedisListTarget
 from delayq_backends.testing import CollectingTarget
 from tests.harness import make_store

@@ -138,7 +138,7 @@ def test_a_failing_key_bucket_holds_its_items_back_and_the_others_go(
 
     monkeypatch.setattr(store, "take_key_tokens", failing_a)
     inbox = CollectingTarget("list")
-    forwarder = TestingForwarder(store, [inbox], clock=store.server_time_ms, flow=FlowControl(key_rates={"q": 10}))
+    forwarder = TestingForwarder(store, [inbox], flow=FlowControl(key_rates={"q": 10}))
     with caplog.at_level(logging.ERROR, logger="delayq.flow"):
         forwarder.run_once()
     assert inbox.ids == ["b1"] and "rate bucket of 'q' key 'A'" in caplog.text and "failed" in caplog.text

@@ -280,8 +280,9 @@ def test_fake_clock() -> None:
 
 
 def test_advance_and_run_needs_a_fake_clock(store: TestingStore) -> None:
+    store.clock = lambda: 5  # type: ignore[assignment]
     with pytest.raises(TypeError, match="FakeClock"):
-        advance_and_run(store, 1, CollectingTarget("mail"), clock=lambda: 5)  # type: ignore[arg-type]
+        advance_and_run(store, 1, CollectingTarget("mail"))
 
 
 def test_missing_fakeredis_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -309,7 +310,7 @@ def test_an_rq_periodic_job_gets_its_next_run_under_the_helper(store: TestingSto
     connection = _fake_client_class()(server=store.server)
     scheduler = Scheduler("reports", connection=connection, delay_store=store)
     job = scheduler.schedule(clock.now(), "tests.test_rq.jobs.record", args=["p"], interval=60, repeat=None)
-    target = RQTarget(connection, clock=lambda: clock.ms / 1000)
+    target = RQTarget(connection)  # on the store's fake clock, through the lease
 
     assert [d.id for d in run_due(store, target)] == [job.id]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -66,8 +66,6 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
 
     def __init__(self, app: Celery) -> None:
         super().__init__(app)
-        #: "now" for the ``delayq_min_delay`` test; the testing helper sets its fake clock here
-        self.delayq_now: Callable[[], datetime] = utc_now
         use_plugin_control(app)
 
     @cached_property
@@ -94,7 +92,9 @@ class AMQP(CeleryAMQP):  # type: ignore[misc]
             # a collapse always has an eta (_collapse_of refuses one without) and is always stored;
             # so is a slotted or grouped task, which waits in the store for its groups, and a
             # batch's sub-job, counted into its batch before it is stored
-            now = self.delayq_now()
+            # the clock Celery counted the eta from (the testing helper's fake one under delayed_tasks):
+            # ``delayq_min_delay`` is about the countdown asked for, and the store is not opened to send at once
+            now = self.app.now()
             if (
                 slot is None
                 and groups is None
@@ -167,11 +167,6 @@ def _batch_of(headers: Mapping[str, Any], collapse: Collapse | None) -> str | No
             "(a collapsed run is no one sub-job); drop one of them"
         )
     return check_batch_key(value)
-
-
-def utc_now() -> datetime:
-    """The real "now" of :attr:`AMQP.delayq_now`."""
-    return datetime.now(timezone.utc)
 
 
 class _StoringProducer:

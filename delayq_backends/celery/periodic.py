@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import timedelta
 from numbers import Real
@@ -49,15 +49,15 @@ from ..errors import DelayqError
 from ..overlap_policy import ALLOW, check_policy, overlap_slot
 from ..periodic.firing import EntryWaits, FiringTarget, Run
 from ..periodic.history import RUN_HEADER, RunMark
-from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, register_kind, sync_code
+from ..periodic.ops import EntrySpec, RunTemplate, SyncReport, item_id, sync_code
 from ..periodic.options import CELERY as CELERY_ENTRY
 from ..periodic.options import OPTION_FIELDS, RunOptions
 from ..periodic.registry import PeriodicError
-from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, run_task_id
+from ..periodic.schedules import SCHEDULE_KINDS, Misfire, Schedule, run_task_id
 from ..periodic.state import CODE, LAZY_META, META, RUNTIME, PeriodicState, state_of
 from ..store import DelayStore
 from ..targets import Delivery, Target
-from ..timeutil import Clock, from_ms, parse_iso, to_ms
+from ..timeutil import from_ms, parse_iso, to_ms
 from ..tracing import FIELDS as TRACE_FIELDS
 from .lazy import LazyArgs, allowed_functions, split_lazy
 from .message import KIND as CELERY_KIND
@@ -75,6 +75,8 @@ __all__ = [
     "entries_of",
     "entry_spec",
     "sync",
+    "task_json",
+    "task_of",
     "task_view",
     "zone_of",
 ]
@@ -223,7 +225,7 @@ def entry_spec(app: Celery, name: str, conf: Any, *, source: str = RUNTIME) -> E
     value = conf["schedule"]
     schedule = (
         value
-        if isinstance(value, (Every, Cron, Once))
+        if isinstance(value, SCHEDULE_KINDS)
         else from_celery(value, zone=zone_of(app), relative=bool(conf.get("relative")))
     )
     message, expires = _message(app, task, args, kwargs, dict(options))
@@ -389,12 +391,15 @@ def sync(
     )  # fmt: skip
 
 
-def _task_of(envelope: Envelope) -> str:
+def task_of(envelope: Envelope) -> str:
     """The task a stored entry runs, for listings."""
     return _message_of(envelope).task
 
 
-register_kind(KIND, "celery", _task_of)
+def task_json(envelope: Envelope) -> dict[str, Any] | None:
+    """:func:`task_view` as JSON values: how listings show Celery items (:mod:`delayq_backends.kinds`)."""
+    view = task_view(envelope)
+    return None if view is None else view.as_dict()
 
 
 def task_view(envelope: Envelope) -> TaskView | None:
@@ -425,8 +430,6 @@ class PeriodicTarget(FiringTarget):
         inner: the target of kind ``celery`` that publishes the runs.
         app: the user's app, to evaluate ``BeatLazyFunc`` arguments per run (``celery -A proj
             delayq forward``); without it (``delayq forward --celery-broker``) such entries wait.
-        clock: "now" in ms for the misfire policy; by default the store's clock (the server's).
-        on_skipped: called with (entry name, periods) for periods skipped by an overlap policy.
     """
 
     kind = KIND
@@ -436,9 +439,7 @@ class PeriodicTarget(FiringTarget):
         inner: Target,
         *,
         app: Celery | None = None,
-        clock: Clock | None = None,
-        on_skipped: Callable[[str, int], None] | None = None,
     ) -> None:
         if inner.kind != CELERY_KIND:
             raise ValueError(f"PeriodicTarget publishes through a {CELERY_KIND!r} target, not {inner.kind!r}")
-        super().__init__(CeleryRuns(app), inner, clock=clock, on_skipped=on_skipped)
+        super().__init__(CeleryRuns(app), inner)

@@ -25,20 +25,17 @@ from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from amqp import Channel as AmqpChannel
-from kombu import exceptions as kombu_errors
 from kombu.common import maybe_declare
 from kombu.connection import Connection
-from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
 from ..connection import redact_url
 from ..errors import EnvelopeError
 from ..models import DeliveryFailure, RunRef
-from ..outages import gives_back
 from ..store.lease import Lease
 from ..targets import SLOT_TOKEN, Delivery, PublishReport
 from . import wire
+from .channel import BrokerChannel, streaming
 from .confirms import Confirms
 from .message import KIND, StoredMessage
 from .redis_handoff import Command, RedisHandOff
@@ -46,12 +43,6 @@ from .redis_handoff import Command, RedisHandOff
 __all__ = ["CeleryTarget"]
 
 log = logging.getLogger("delayq.celery")
-
-#: kombu >= 5.7 raises this when a pipelined batch fails midway ("delivery is uncertain"): an
-#: outage, so the batch is released and re-sent (at-least-once), never counted as a failure.
-_UNCERTAIN: tuple[type[BaseException], ...] = tuple(
-    e for e in [getattr(kombu_errors, "BatchPublishError", None)] if isinstance(e, type)
-)
 
 
 class _Prepared(NamedTuple):
@@ -83,22 +74,15 @@ class CeleryTarget:
     def __init__(
         self, connect: Callable[[], Connection], *, confirm_timeout: float = 10.0, max_watch_retries: int = 20
     ) -> None:
-        self._connect = connect
         self.confirm_timeout = confirm_timeout
-        self.max_watch_retries = max_watch_retries
-        self._connection: Connection | None = None
-        self._producer: Producer | None = None
-        self._confirms: Confirms[_Prepared] | None = None  # on AMQP: the producer's channel
-        self._exchanges: set[str] = set()  # on AMQP: found on this connection
-        self._handoff: RedisHandOff | None = None
-        self._probe: Connection | None = None  # its own, so a probe error never drops a publish
+        self.channel: BrokerChannel[_Prepared] = BrokerChannel(connect, max_watch_retries)
 
     @classmethod
     def from_url(cls, url: str, *, transport_options: dict[str, Any] | None = None, **kwargs: Any) -> CeleryTarget:
         """A target for a broker URL (``amqp://``, ``redis://``, ...), as Celery's ``broker_url``."""
 
         def connect() -> Connection:
-            return Connection(url, connect_timeout=4, transport_options=_streaming(url, transport_options))
+            return Connection(url, connect_timeout=4, transport_options=streaming(url, transport_options))
 
         return cls(connect, **kwargs)
 
@@ -108,7 +92,7 @@ class CeleryTarget:
 
         def connect() -> Connection:
             url = app.conf.broker_write_url or app.conf.broker_url or "amqp://"
-            conn: Connection = app.connection_for_write(transport_options=_streaming(url, None))
+            conn: Connection = app.connection_for_write(transport_options=streaming(url, None))
             return conn
 
         return cls(connect, **kwargs)
@@ -118,7 +102,7 @@ class CeleryTarget:
         kombu's own ``as_uri()`` writes ``:**@`` into a URL without a password); the error when no
         connection can be made (a missing transport module: the start check says what to do)."""
         try:
-            return redact_url(self._connection_or_new().as_uri(include_password=True))
+            return redact_url(self.channel.connection().as_uri(include_password=True))
         except Exception as exc:
             return f"a broker this forwarder cannot use ({type(exc).__name__}: {exc})"
 
@@ -129,13 +113,13 @@ class CeleryTarget:
         broker's confirms once, not once per claim (a wait of several ms each). Known without
         connecting: the transport is named by the broker URL."""
         try:
-            return bool(self._connection_or_new().transport.driver_type != "amqp")
+            return bool(self.channel.connection().transport.driver_type != "amqp")
         except Exception:  # no transport module: publish_claimed reports it, as before
             return True
 
     def check(self) -> None:
         """Connect and authenticate to the broker (a channel opened), as before a publish."""
-        self._producer_or_new()
+        self.channel.producer()
 
     @staticmethod
     def trace_carrier(delivery: Delivery) -> Any:
@@ -158,8 +142,8 @@ class CeleryTarget:
             return report
         try:
             ready = self._declared(ready, report)
-            producer = self._producer_or_new()  # after the declarations: on a new channel if one was refused
-            if self._confirms is not None:
+            producer = self.channel.producer()  # after the declarations: on a new channel if one was refused
+            if self.channel.confirms is not None:
                 self._stream(ready, report)
             else:
                 report.published += self._publish(producer, ready, report)
@@ -171,9 +155,9 @@ class CeleryTarget:
         """Publish a claimed batch; on kombu's Redis transport on the store's own server and
         database, the publish and the ack commit in one MULTI/EXEC (see :mod:`.redis_handoff`)."""
         try:
-            handoff = self._handoff_or_new()
+            handoff = self.channel.handoff()
         except Exception as exc:  # cannot connect: publish_many reports the outage as usual
-            if not self._is_outage(exc):
+            if not self.channel.is_outage(exc):
                 raise
             handoff = None
         if handoff is None or not handoff.applies(lease):
@@ -182,7 +166,7 @@ class CeleryTarget:
         ready = self._prepare(deliveries, report)
         try:
             ready = self._declared(ready, report)  # kombu's binding table, read to route
-            handoff = self._handoff_or_new() or handoff  # on a new channel if a declaration was refused
+            handoff = self.channel.handoff() or handoff  # on a new channel if a declaration was refused
             messages = self._encoded(handoff, ready, report)
             if messages:
                 handoff.send(messages, lease, report)
@@ -200,9 +184,9 @@ class CeleryTarget:
             try:
                 messages[p.id] = encoder.commands(p.kwargs)
             except Exception as exc:
-                if self._is_outage(exc):
+                if self.channel.is_outage(exc):
                     raise
-                report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
+                report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self.channel.channel_errors())))
         return messages
 
     def _prepare(self, deliveries: Sequence[Delivery], report: PublishReport) -> list[_Prepared]:
@@ -225,9 +209,9 @@ class CeleryTarget:
 
     def _released(self, exc: Exception, ready: list[_Prepared], report: PublishReport) -> None:
         """Report what was not sent as ``unsent`` after an outage or overload; re-raise anything else."""
-        if not self._is_outage(exc):
+        if not self.channel.is_outage(exc):
             raise exc
-        self._reset()
+        self.channel.reset()
         done = set(report.published) | {f.id for f in report.failed}
         report.unsent = [p.id for p in ready if p.id not in done]
         report.broker_error = exc
@@ -242,7 +226,7 @@ class CeleryTarget:
         pipeline as kombu's batch sends them.
         """
         batched = hasattr(producer, "batch") and getattr(producer.channel, "supports_batch_publish", False)
-        handoff = self._handoff_or_new() if batched else None
+        handoff = self.channel.handoff() if batched else None
         if handoff is not None:
             messages = self._encoded(handoff, ready, report)
             handoff.push(messages.values())
@@ -254,12 +238,12 @@ class CeleryTarget:
                 try:
                     producer.publish(**p.kwargs)
                 except Exception as exc:  # the broker refused this one message, or it cannot be encoded
-                    if self._is_outage(exc):  # for now (a resource alarm), or refused us (no write access)
+                    if self.channel.is_outage(exc):  # for now (a resource alarm), or refused us (no write access)
                         raise
-                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
-                    if not batched and isinstance(exc, self._channel_errors()):
-                        self._new_channel()  # the channel is closed after a channel error
-                        producer = self._producer_or_new()
+                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self.channel.channel_errors())))
+                    if not batched and isinstance(exc, self.channel.channel_errors()):
+                        self.channel.renew()  # the channel is closed after a channel error
+                        producer = self.channel.producer()
                     continue
                 if batched:
                     sent.append(p.id)
@@ -280,7 +264,7 @@ class CeleryTarget:
         published twice (at-least-once, as after a lost connection).
         """
         ready = self._exchanges_found(ready, report)
-        producer, confirms = self._producer_or_new(), self._confirms
+        producer, confirms = self.channel.producer(), self.channel.confirms
         assert confirms is not None
         frames = wire.Frames(producer.channel)
         done = 0  # how many of ready were published or failed
@@ -289,16 +273,16 @@ class CeleryTarget:
                 try:
                     _send(producer, frames, p)
                 except Exception as exc:
-                    if self._is_outage(exc) or isinstance(exc, self._channel_errors()):
+                    if self.channel.is_outage(exc) or isinstance(exc, self.channel.channel_errors()):
                         raise
-                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
+                    report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self.channel.channel_errors())))
                 else:
                     confirms.sent(p)
                 done += 1
             frames.flush()
             confirms.wait(self.confirm_timeout)
         except Exception as exc:
-            if self._is_outage(exc) or not isinstance(exc, self._channel_errors()):
+            if self.channel.is_outage(exc) or not isinstance(exc, self.channel.channel_errors()):
                 raise
             self._settled(confirms, report)
             self._one_by_one([*confirms.waiting, *ready[done:]], report)
@@ -307,9 +291,9 @@ class CeleryTarget:
 
     def _one_by_one(self, uncertain: list[_Prepared], report: PublishReport) -> None:
         """Publish each message and wait for its own confirm, on a fresh channel after a refusal."""
-        self._new_channel()
+        self.channel.renew()
         for p in uncertain:
-            producer, confirms = self._producer_or_new(), self._confirms
+            producer, confirms = self.channel.producer(), self.channel.confirms
             assert confirms is not None
             try:
                 frames = wire.Frames(producer.channel)
@@ -318,11 +302,11 @@ class CeleryTarget:
                 confirms.sent(p)
                 confirms.wait(self.confirm_timeout)
             except Exception as exc:
-                if self._is_outage(exc):
+                if self.channel.is_outage(exc):
                     raise
-                report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self._channel_errors())))
-                if isinstance(exc, self._channel_errors()):
-                    self._new_channel()  # the broker closed the channel
+                report.failed.append(DeliveryFailure(p.id, _refusal(p, exc, self.channel.channel_errors())))
+                if isinstance(exc, self.channel.channel_errors()):
+                    self.channel.renew()  # the broker closed the channel
             finally:
                 self._settled(confirms, report)
 
@@ -331,7 +315,7 @@ class CeleryTarget:
         messages whose declaration the broker refused fail, the others are returned."""
 
         def declare(entity: Any) -> None:
-            maybe_declare(entity, self._producer_or_new().channel)
+            maybe_declare(entity, self.channel.producer().channel)
 
         return self._checked(ready, report, lambda p: {hash(e): e for e in p.declare}, declare)
 
@@ -341,12 +325,12 @@ class CeleryTarget:
         after the publishes behind it were written, refusing them all."""
 
         def check(name: str) -> None:
-            self._producer_or_new().channel.exchange_declare(name, "direct", passive=True)
-            self._exchanges.add(name)
+            self.channel.producer().channel.exchange_declare(name, "direct", passive=True)
+            self.channel.exchanges.add(name)
 
         def needs(p: _Prepared) -> dict[Any, Any]:
             name = p.kwargs["exchange"]
-            return {} if not name or name in self._exchanges else {name: name}
+            return {} if not name or name in self.channel.exchanges else {name: name}
 
         return self._checked(ready, report, needs, check)
 
@@ -364,10 +348,10 @@ class CeleryTarget:
             try:
                 check(thing)
             except Exception as exc:
-                if self._is_outage(exc) or not isinstance(exc, self._channel_errors()):
+                if self.channel.is_outage(exc) or not isinstance(exc, self.channel.channel_errors()):
                     raise
                 refused[key] = exc
-                self._new_channel()  # the broker closed the channel
+                self.channel.renew()  # the broker closed the channel
         if not refused:
             return ready
         kept = []
@@ -376,7 +360,7 @@ class CeleryTarget:
             if why is None:
                 kept.append(p)
             else:
-                report.failed.append(DeliveryFailure(p.id, _refusal(p, why, self._channel_errors())))
+                report.failed.append(DeliveryFailure(p.id, _refusal(p, why, self.channel.channel_errors())))
         return kept
 
     @staticmethod
@@ -397,92 +381,12 @@ class CeleryTarget:
             return None  # cannot be replayed either: _prepare reports it
         return RunRef(delivery.id, retries) if headers.get("id") == delivery.id else None
 
-    # -- back-pressure ------------------------------------------------------------------------
-
     def queue_depth(self, queue: str) -> int:
-        """Messages ready in ``queue`` on the broker, by a passive declare (it never creates the queue).
-
-        On AMQP that is RabbitMQ's ``message_count``; on kombu's Redis transport kombu answers
-        with the LLEN of the queue's list and its priority sub-lists, so kombu's key naming stays
-        kombu's business. A queue that does not exist yet holds nothing: 0.
-        """
-        if self._probe is None:
-            self._probe = self._connect()
-            self._probe.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
-        probe = self._probe
-        try:
-            return int(probe.default_channel.queue_declare(queue=queue, passive=True).message_count)
-        except Exception as exc:
-            # any error may leave the channel closed (AMQP closes it on NOT_FOUND): start afresh
-            self._probe = None
-            _release(probe)
-            if _not_found(exc):
-                return 0
-            raise
-
-    # -- the connection ---------------------------------------------------------------------
-
-    def _connection_or_new(self) -> Connection:
-        if self._connection is None:
-            self._connection = self._connect()
-        return self._connection
-
-    def _producer_or_new(self) -> Producer:
-        if self._producer is None:
-            conn = self._connection_or_new()
-            # fail fast: the forwarder backs off and releases, it must not sit in kombu's retries
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
-            channel = conn.channel()
-            self._producer = Producer(channel, auto_declare=False)
-            self._confirms = Confirms(channel) if isinstance(channel, AmqpChannel) else None
-        return self._producer
-
-    def _new_channel(self) -> None:
-        """Drop the producer's channel after a channel error; the next publish opens another on
-        the same connection. (py-amqp reopens a channel the broker closed, without confirm mode.)"""
-        channel = None if self._producer is None else self._producer.channel
-        self._producer, self._confirms, self._handoff = None, None, None
-        try:
-            if channel is not None:
-                channel.close()
-        except Exception:  # the connection broke too: the next publish finds out
-            log.debug("closing a refused channel failed", exc_info=True)
-
-    def _handoff_or_new(self) -> RedisHandOff | None:
-        """The exactly-once hand-off on this target's channel, or None if the broker is not
-        kombu's Redis transport (with kombu >= 5.7's publish hook)."""
-        if self._handoff is None:
-            channel = self._producer_or_new().channel
-            self._handoff = RedisHandOff.for_channel(channel, max_watch_retries=self.max_watch_retries)
-        return self._handoff
-
-    def _is_outage(self, exc: BaseException) -> bool:
-        """A broker out of reach or refusing for now (overload, a memory alarm), or a configuration
-        error (a refused login, a missing transport module): release, not fail. Asked before the
-        connection's own error classes, which a missing transport module cannot give."""
-        return gives_back(exc) or isinstance(exc, self._connection_errors())
-
-    def _connection_errors(self) -> tuple[type[BaseException], ...]:
-        conn = self._connection_or_new()
-        return (*conn.connection_errors, *conn.recoverable_connection_errors, OperationalError, OSError, *_UNCERTAIN)
-
-    def _channel_errors(self) -> tuple[type[BaseException], ...]:
-        conn = self._connection_or_new()
-        refused = tuple(conn.channel_errors)
-        return tuple(e for e in refused if not issubclass(e, self._connection_errors()))
-
-    def _reset(self) -> None:
-        """Drop the connection after an outage; the next batch connects afresh."""
-        conn, self._connection, self._producer, self._handoff = self._connection, None, None, None
-        self._confirms, self._exchanges = None, set()
-        if conn is not None:
-            _release(conn)
+        """Messages ready in ``queue`` on the broker (see :meth:`.BrokerChannel.depth`)."""
+        return self.channel.depth(queue)
 
     def close(self) -> None:
-        self._reset()
-        probe, self._probe = self._probe, None
-        if probe is not None:
-            _release(probe)
+        self.channel.close()
 
 
 def _send(producer: Producer, frames: wire.Frames, p: _Prepared) -> None:
@@ -499,26 +403,3 @@ def _refusal(p: _Prepared, exc: BaseException, channel_errors: tuple[type[BaseEx
     if isinstance(exc, channel_errors):
         return f"broker refused {p.task} {p.id}: {exc}"
     return f"cannot publish {p.task} {p.id}: {type(exc).__name__}: {exc}"
-
-
-def _release(conn: Connection) -> None:
-    try:
-        conn.release()
-    except Exception:  # already broken; nothing more to release
-        log.debug("closing a broken broker connection failed", exc_info=True)
-
-
-def _not_found(exc: BaseException) -> bool:
-    """A passive declare's "no such queue": amqp's NotFound (code 404), or kombu's virtual
-    transports' ChannelError, which carries the AMQP reply code "404" among its arguments."""
-    return getattr(exc, "code", None) == 404 or "404" in getattr(exc, "args", ())
-
-
-def _streaming(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """Transport options without py-amqp's confirm per publish on AMQP (``confirm_publish``
-    makes every publish wait for its confirm): the target selects confirm mode on its own
-    channel and collects the confirms per batch (:mod:`.confirms`)."""
-    options = dict(options or {})
-    if url.split("://", 1)[0].split("+")[0] in ("amqp", "amqps", "pyamqp"):
-        options["confirm_publish"] = False
-    return options

@@ -47,7 +47,7 @@ from ..targets import Delivery
 from ..testing import FakeClock, TestingStore, run_due, scheduled, testing_store
 from ..timeutil import from_ms
 from . import install
-from .amqp import AMQP, utc_now
+from .amqp import AMQP
 from .message import KIND, StoredMessage, parse_time
 from .settings import attach_store, detach_store
 
@@ -178,15 +178,12 @@ def delayed_tasks(
     if not isinstance(app.amqp, AMQP):
         install(app)
     store = store if store is not None else testing_store(clock=clock if clock is not None else FakeClock())
-    amqp: AMQP = app.amqp
     attach_store(app, store)
-    amqp.delayq_now = store.clock.now
     app.now = lambda: store.clock.now().astimezone(app.timezone)  # countdowns count from the fake clock
     try:
         yield DelayedTasks(app, store)
     finally:
         app.__dict__.pop("now", None)
-        amqp.delayq_now = utc_now
         detach_store(app)
 
 

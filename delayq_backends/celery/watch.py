@@ -15,10 +15,10 @@ measured with a 10 s ``visibility_timeout``. A batch waited that long for its su
   of each message the worker holds (``celery.worker.state.reserved_requests``: prefetched and
   running) in the hash ``delayq:unacked_owner`` (tag -> node name); a message is also recorded
   there as it is received (``task_received``), so one received just before the death is known;
-- **sweeps**: a tag whose owner's beat key is gone (two beats missed) is restored now, by kombu's
-  own ``restore_by_tag`` (a WATCH transaction: a message restored by two sweeps, or by kombu's, is
-  restored once), to the front of its queue, as kombu's sweep restores it; a tag no longer
-  unacknowledged (acked) is dropped from the hash.
+- **sweeps** (a page of records a round trip): a tag whose owner's beat key is gone (two beats
+  missed) is restored now, by kombu's own ``restore_by_tag`` (a WATCH transaction: a message
+  restored by two sweeps, or by kombu's, is restored once), to the front of its queue, as
+  kombu's sweep restores it; a tag no longer unacknowledged (acked) is dropped from the hash.
 
 The task then runs again on a live worker and its end is reported to its batch then (with
 ``delayq_dedupe`` a run that had started is not run twice). Only tasks of workers that ran the
@@ -53,6 +53,8 @@ BEAT_KEY = "delayq:worker_beat:"
 OWNER_KEY = "delayq:unacked_owner"
 #: Beats a worker may miss before it is dead.
 MISSED_BEATS = 2
+#: Owner records one round trip of a sweep reads (HSCAN COUNT).
+PAGE = 500
 
 _stop = threading.Event()
 #: (the watch's broker channel, this worker's node name) once the watch runs in this process
@@ -119,28 +121,30 @@ def _beat(client: Any, node: str, beat: float) -> None:
 
 
 def _sweep(client: Any, channel: Any, node: str) -> None:
+    """Page through the owner records (:data:`PAGE` a round trip, whatever the hash holds): one
+    HMGET tells which of a page's tags are still unacknowledged, one HDEL drops the settled."""
     # kombu's client prefixes the keys of the commands it lists (SET, HSET, HGET, HDEL), not of
-    # HGETALL and EXISTS: those get the prefix here
+    # HSCAN, HMGET and EXISTS: those get the prefix here
     prefix = getattr(client, "global_keyprefix", "")
-    owners = {tag.decode(): owner.decode() for tag, owner in client.hgetall(prefix + OWNER_KEY).items()}
-    if not owners:
-        return
-    others = sorted(set(owners.values()) - {node})
-    alive = {node} | {other for other in others if client.exists(prefix + BEAT_KEY + other)}
-    qos = channel.qos
-    for tag, owner in owners.items():
-        unacked = client.hget(qos.unacked_key, tag) is not None
-        if owner in alive:
-            if not unacked:  # acked: no longer anyone's to restore
-                client.hdel(OWNER_KEY, tag)
-            continue
-        if unacked:
-            log.warning(
-                "worker %s: worker %s missed %d beats; its unacked task %s goes back now",
-                node,
-                owner,
-                MISSED_BEATS,
-                tag,
-            )
-            qos.restore_by_tag(tag, client, leftmost=True)
-        client.hdel(OWNER_KEY, tag)
+    qos, alive, cursor = channel.qos, {node: True}, 0
+    while True:
+        cursor, page = client.hscan(prefix + OWNER_KEY, cursor, count=PAGE)
+        owners = {tag.decode(): owner.decode() for tag, owner in page.items()}
+        if owners:
+            tags = list(owners)
+            unacked = dict(zip(tags, client.hmget(prefix + qos.unacked_key, tags)))
+            for owner in set(owners.values()) - alive.keys():
+                alive[owner] = bool(client.exists(prefix + BEAT_KEY + owner))
+            settled = [tag for tag in tags if unacked[tag] is None or not alive[owners[tag]]]
+            restored = [tag for tag in settled if unacked[tag] is not None]
+            for tag in restored:
+                qos.restore_by_tag(tag, client, leftmost=True)
+            if restored:
+                dead = sorted({owners[tag] for tag in restored})
+                log.warning(
+                    "worker %s: %s missed %d beats; %d unacked tasks went back", node, dead, MISSED_BEATS, len(restored)
+                )
+            if settled:  # acked (no longer anyone's to restore), or restored just now
+                client.hdel(OWNER_KEY, *settled)
+        if not cursor:
+            return

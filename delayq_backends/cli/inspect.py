@@ -18,6 +18,7 @@ from ..entries import (
     stats_entry,
     why_entry,
 )
+from ..kinds import RQ
 from ..models import ScheduledItem
 from ..store import DelayStore
 from ..store.groupboard import group_board
@@ -229,7 +230,7 @@ def _add_rq_jobs(
     store: DelayStore, rq_redis: str | None, items: Sequence[ScheduledItem], entries: list[dict[str, Any]]
 ) -> None:
     """Set ``job`` (id, description, status) on the entries of RQ items, read from RQ's Redis."""
-    if not any(e["target"] == "rq" for e in entries):
+    if not any(e["target"] == RQ.name for e in entries):
         return
     if rq_redis is None and store.cluster:
         click.echo("note: RQ jobs' functions are not shown: pass --rq-redis (the store is a cluster)", err=True)

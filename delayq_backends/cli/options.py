@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -20,6 +21,7 @@ from ..storespec import StoreSpec
 from ..timeutil import When, parse_iso, to_ms
 
 __all__ = [
+    "PeriodicAccess",
     "ErrorsAsMessages",
     "celery_broker_option",
     "check_shard",
@@ -218,3 +220,18 @@ def configure_logging(level: str) -> None:
     """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("delayq").setLevel(level.upper())
+
+
+@dataclass(frozen=True)
+class PeriodicAccess:
+    """How a group's commands reach their store and a Celery app to build entries with.
+
+    ``options`` adds the group's own options to each command (the store options for ``delayq``);
+    ``store``, ``app`` and ``rq`` read them back from the command's keyword arguments. ``rq``
+    opens RQ's Redis for RQ entries; None where the group adds none (``celery -A proj``).
+    """
+
+    options: Callable[[Callable[..., None]], Callable[..., None]]
+    store: Callable[[click.Context, dict[str, Any]], DelayStore]
+    app: Callable[[click.Context, dict[str, Any]], Any]
+    rq: Callable[[click.Context, dict[str, Any], DelayStore], redis.Redis] | None = None

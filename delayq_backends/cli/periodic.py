@@ -11,25 +11,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import click
 import redis
 
-from ..assemble import adapter
 from ..connection import connect_rq
 from ..entries import iso
 from ..errors import DelayqError
+from ..kinds import ENTRY_KINDS, adapter
 from ..periodic import ops
-from ..periodic.options import OPTION_FIELDS, RunOptions, check_import_path
+from ..periodic.options import OPTION_FIELDS, RQ, RunOptions, check_import_path
 from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Misfire, Once, Schedule, interval, zone_named
 from ..periodic.state import RUNTIME
 from ..store import DelayStore
 from ..storespec import StoreSpec
 from ..timeutil import parse_iso, to_ms
-from .options import closing, json_option, open_store, rq_redis_option, store_options
+from .options import PeriodicAccess, closing, json_option, open_store, rq_redis_option, store_options
 from .output import Column, echo_json, print_table
 from .periodic_history import limit_option, show_history
 from .periodic_import import import_command
@@ -89,21 +88,6 @@ def _show(entry: ops.EntryStatus, as_json: bool) -> None:
 # -- where the store and the app come from ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PeriodicAccess:
-    """How a group's commands reach their store and a Celery app to build entries with.
-
-    ``options`` adds the group's own options to each command (the store options for ``delayq``);
-    ``store``, ``app`` and ``rq`` read them back from the command's keyword arguments. ``rq``
-    opens RQ's Redis for RQ entries; None where the group adds none (``celery -A proj``).
-    """
-
-    options: Callable[[Callable[..., None]], Callable[..., None]]
-    store: Callable[[click.Context, dict[str, Any]], DelayStore]
-    app: Callable[[click.Context, dict[str, Any]], Any]
-    rq: Callable[[click.Context, dict[str, Any], DelayStore], redis.Redis] | None = None
-
-
 celery_broker_option = click.option(
     "--celery-broker",
     envvar="DELAYQ_CELERY_BROKER",
@@ -157,7 +141,7 @@ def _definition(command: Callable[..., None]) -> Callable[..., None]:
         click.argument("name"),
         click.option(
             "--kind",
-            type=click.Choice(["celery", "rq"]),
+            type=click.Choice(list(ENTRY_KINDS)),
             default="celery",
             show_default=True,
             help="Who runs it: a Celery worker (--task) or an RQ worker (--func, --queue, --rq-redis).",
@@ -267,7 +251,7 @@ def _schedule(d: dict[str, Any], default_zone: Callable[[], str], store: DelaySt
         if d["cron"] is not None:
             zone = d["tz"] or default_zone()
             _known_zone(zone, given=d["tz"] is not None)
-            return Cron.checked(d["cron"], zone, day_or=d["kind"] == "rq")  # RQ's reading
+            return Cron.checked(d["cron"], zone, day_or=ENTRY_KINDS[d["kind"]].day_or)  # the kind's reading
     except DelayqError as exc:
         raise click.BadParameter(str(exc), param_hint=f"--{chosen[0]}") from exc
     at = _time("--at", d["at"])
@@ -295,7 +279,7 @@ def _entry(
     """The entry the definition options define for ``store``: a Celery one built with the group's
     app, or an RQ one (``--kind rq``)."""
     options = _run_options(d)
-    if d["kind"] == "rq":
+    if d["kind"] == RQ:
         if d["task"] is not None:
             raise click.UsageError("--task names a Celery task: an RQ entry names its function with --func")
         if not d["func"] or not d["queue"]:

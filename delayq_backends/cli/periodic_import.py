@@ -12,21 +12,18 @@ an import run again changes nothing. The readers are :mod:`delayq_backends.celer
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import click
 import redis
 
-from ..assemble import adapter
 from ..connection import connect
+from ..kinds import adapter
 from ..periodic.imports import ImportReport, import_entries, preview_sync, synced
 from ..store import DelayStore
-from .options import closing, json_option, secret_option
+from .options import PeriodicAccess, closing, json_option, secret_option
 from .output import echo_json
 from .rq import schedule_version_option, show_migration
-
-if TYPE_CHECKING:
-    from .periodic import PeriodicAccess
 
 __all__ = ["SOURCES", "import_command"]
 

@@ -1,4 +1,4 @@
-"""The forwarder, as a package: :class:`Forwarder` composes a :class:`~.clock.Clock`, a
+"""The forwarder, as a package: :class:`Forwarder` reads the store's clock and composes a
 :class:`~.heartbeat.Heartbeat`, a :class:`~.passes.Pass` (claim -> prepare -> publish -> settle,
 with :mod:`.hooks` for lossless mode, flow control and periodic entries), the
 :class:`~.overlap.Sweeper` and the :class:`~.loop.Loop`; :class:`ForwarderSettings` holds its

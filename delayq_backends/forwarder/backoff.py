@@ -7,7 +7,7 @@ import random
 import threading
 
 from ..models import Claim
-from .clock import Clock
+from ..timeutil import Clock
 from .stats import ForwarderStats
 
 __all__ = ["OutageBackoff", "ShardBackoff"]
@@ -37,7 +37,7 @@ class ShardBackoff:
 
     def due(self, heads: list[int | None]) -> list[int]:
         """The shards due now and not set aside, from a random one on, so no shard goes first always."""
-        now = self.clock.now_ms()
+        now = self.clock()
         due = [s for s, head in enumerate(heads) if head is not None and head <= now and not self.aside(s, now)]
         start = self._rng.randrange(len(heads))
         due.sort(key=lambda s: (s - start) % len(heads))
@@ -51,7 +51,7 @@ class ShardBackoff:
         _, previous = self.until.get(shard, (0, 0))
         cap = self.max_ms
         backoff = min(cap, max(min(cap, 1000), previous * 2))
-        self.until[shard] = (self.clock.now_ms() + backoff, backoff)
+        self.until[shard] = (self.clock() + backoff, backoff)
         self.stats.errors += 1
         ids = [item.id for item in claim.items] if claim is not None else []
         log.error(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..store import DelayStore
 from ..targets import Target
-from .clock import Clock
+from ..timeutil import Clock
 from .hooks import PassHook
 from .stats import ForwarderStats
 
@@ -25,6 +25,7 @@ class Context:
     store: DelayStore
     targets: Mapping[str, Target]
     hooks: Sequence[PassHook]
+    #: the store's clock (``store.clock``), the one instance its leases, firing and targets read
     clock: Clock
     stats: ForwarderStats
     metrics: ForwarderMetrics | None
@@ -37,4 +38,4 @@ class Context:
         """When an item failed on its ``attempts``-th claim is tried again: the retry delay,
         doubled per attempt, capped."""
         delay = min(self.max_retry_delay_ms, self.retry_delay_ms << min(30, max(0, attempts - 1)))
-        return self.clock.now_ms() + delay
+        return self.clock() + delay

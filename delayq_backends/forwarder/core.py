@@ -25,13 +25,14 @@ from ..models import Claim
 from ..pauses import TargetPauses
 from ..store import DelayStore
 from ..targets import Target
+from ..timeutil import Clock
 from .backoff import OutageBackoff, ShardBackoff
-from .clock import Clock
 from .context import Context
 from .groups import GroupHook, ReleaseStep
 from .heartbeat import Heartbeat
 from .hooks import FlowHook, LosslessHook, PassHook, PeriodicHook
 from .loop import Loop, check_targets
+from .observers import AuditHook, MetricsHook, StatsHook
 from .overlap import Sweeper
 from .parking import ParkedRecheck
 from .passes import Pass
@@ -59,13 +60,14 @@ class Forwarder:
     ...)``: the keywords are the fields of :class:`ForwarderSettings` (validated there), plus
     ``audit`` (where to log one record per forwarded item; it must not block, and its failures
     are logged, never raised) and ``metrics`` (Prometheus metrics to update), off by default;
-    ``clock`` replaces the store's (a test's fake clock); ``tracer_provider`` is where the
-    forward's spans go (docs/tracing.md), by default OpenTelemetry's global one when configured.
+    ``tracer_provider`` is where the forward's spans go (docs/tracing.md), by default
+    OpenTelemetry's global one when configured.
 
-    It composes one :class:`Clock`, a :class:`Heartbeat`, the :class:`Pass` (with its hooks:
-    periodic waits, flow control, lossless mode,
-    concurrency slots), the :class:`Sweeper` that overlaps claims with
-    publishes, and the :class:`Loop`.
+    It reads the store's clock (``store.clock``, the one its leases, periodic firing and targets
+    read too: a test's fake clock is given to the store, never here) and composes a
+    :class:`Heartbeat`, the :class:`Pass` (with its hooks: periodic waits, flow control, lossless
+    mode, concurrency slots), the :class:`Sweeper` that overlaps claims with publishes, and the
+    :class:`Loop`.
     """
 
     def __init__(
@@ -76,7 +78,6 @@ class Forwarder:
         *,
         audit: AuditSink | None = None,
         metrics: ForwarderMetrics | None = None,
-        clock: Clock | None = None,
         tracer_provider: TracerProvider | None = None,
         **kwargs: Any,
     ) -> None:
@@ -95,7 +96,7 @@ class Forwarder:
         self.audit = audit
         self.metrics = metrics
         self.stats = ForwarderStats()
-        self.clock = clock or Clock(store.server_time_ms)
+        self.clock: Clock = store.clock
         self.flow = FlowGate(settings.flow, store, self.targets)
         max_backoff_ms = int(settings.max_outage_backoff * 1000)
         #: targets paused by a configuration error (a refused login, a missing module)
@@ -104,7 +105,7 @@ class Forwarder:
         self.shards = ShardBackoff(max_backoff_ms, self.clock, self.stats)
         self.outages = OutageBackoff(settings.max_outage_backoff, self._stop)
         lease_ms = store.config.lease_ms
-        self.heartbeat = Heartbeat(lease_ms, self.clock.now_ms)
+        self.heartbeat = Heartbeat(lease_ms, self.clock)
         retry_ms, max_retry_ms = int(settings.retry_delay * 1000), int(settings.max_retry_delay * 1000)
         hooks: list[PassHook] = [PeriodicHook(retry_ms, max_retry_ms), FlowHook(self.flow, metrics)]
         if settings.keep_ms:
@@ -112,10 +113,13 @@ class Forwarder:
         #: last: only what every other hook let go takes a slot of its group
         self.slots = GroupHook(store, self.targets, int(settings.slot_start_window * 1000), self.stats)
         hooks.append(self.slots)
+        hooks.append(StatsHook(self.stats))  # the observers of each publish call
+        hooks += [MetricsHook(metrics)] if metrics is not None else []
+        hooks += [AuditHook(audit, self.name)] if audit is not None else []
+        hooks += [tracer] if (tracer := ForwardTracer.start(self.targets, tracer_provider)) is not None else []
         self.lines = ReleaseStep(store, self.slots, self.clock, self.stats, settings.batch)
         ctx = Context(store, self.targets, hooks, self.clock, self.stats, metrics, self.name, retry_ms, max_retry_ms)
-        tracer = ForwardTracer.start(self.targets, tracer_provider)
-        publisher = Publisher(ctx, self.heartbeat, self.pauses, audit, max(100, lease_ms // 5), tracer=tracer)
+        publisher = Publisher(ctx, self.heartbeat, self.pauses, max(100, lease_ms // 5))
         stages = (Preparer(ctx), publisher, Settler(ctx))
         self.pass_ = Pass(ctx, settings.batch, self.heartbeat, stages, self.shards, self.outages, self.lines)
         self.sweeper = Sweeper(self.pass_, self._stop, settings.overlap)
@@ -127,8 +131,8 @@ class Forwarder:
         )  # fmt: skip
 
     def server_now_ms(self) -> int:
-        """The store's clock (:class:`Clock`)."""
-        return self.clock.now_ms()
+        """The store's clock (:class:`~delayq_backends.timeutil.ServerClock`, or a test's fake one)."""
+        return self.clock()
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -141,7 +145,7 @@ class Forwarder:
 
     def _sweep(self, heads: list[int | None]) -> int:
         claimed = self.sweeper.sweep(self.shards.due(heads))
-        self.slots.fold(self.clock.now_ms())
+        self.slots.fold(self.clock())
         return claimed
 
     def run_until_idle(self) -> ForwarderStats:

@@ -19,8 +19,8 @@ Waiting costs nothing: a grouped item waits parked in its shard's line of its gr
 A worker's end report (and a forwarder's give-back, from its script) names its group on the
 groups' wake channel; a forwarder that hears it hands the group's free slots straight to the
 earliest heads of its lines (:meth:`ReleaseStep.apply_wakes`, at most :data:`WAKES_PER_PASS`
-groups a pass: its room, its heads, their release into the due index, three round trips and one
-script call per shard holding a head), so a slot given back is taken by the next claim, with no
+groups a pass: its room with its heads, then their release into the due index, two round trips
+and one script call per shard holding a head), so a slot given back is taken by the next claim, with no
 look at the group's lines in every shard. A group at its limit is looked at again every
 :data:`.slots.RECHECK_MS` anyway: a slot freed with no end report (a hold that lapsed, a
 forwarder killed after its release) idles at most that long.
@@ -41,8 +41,8 @@ from ..scripts.store import LineItem
 from ..store import WAIT_MS, DelayStore, SlotAsk, slot_member
 from ..store.glines import LINE_RECHECK_MS, GroupRoom, line_order
 from ..targets import Delivery, RunTarget, Target
+from ..timeutil import Clock
 from . import slots
-from .clock import Clock
 from .hooks import PassHook
 from .records import Published, Verdict
 from .stats import ForwarderStats
@@ -322,6 +322,8 @@ class ReleaseStep:
         #: deficit round robin: (shard, group) -> the share not used yet, carried between passes
         self.deficits: dict[tuple[int, str], float] = {}
         self._woken: set[str] = set()
+        #: whether ``due_lines`` comes from a read of every shard's lines since the last pass
+        self._fresh = False
         self._bound: set[str] = set()
         #: group -> (weight, when read)
         self._weight_read: dict[str, tuple[float, int]] = {}
@@ -334,8 +336,9 @@ class ReleaseStep:
 
     def saw(self, lines: Sequence[int | None]) -> None:
         """The lines' heads per shard (``gready``'s earliest), as the loop's heads read them."""
-        now = self.clock.now_ms()
+        now = self.clock()
         self.due_lines = {s for s, at in enumerate(lines) if at is not None and at <= now}
+        self._fresh = True
 
     def woken(self, group: object) -> None:
         """A wake-up on the groups' channel: its group's lines are made due at the next pass."""
@@ -344,12 +347,12 @@ class ReleaseStep:
 
     def apply_wakes(self) -> None:
         """Hand the woken groups' free slots to their lines' heads (:meth:`~delayq_backends.store.
-        glines.GroupLines.hand_over`: three round trips), held as a bound group is."""
+        glines.GroupLines.hand_over`: two round trips), held as a bound group is."""
         if not self._woken:
             return
         woken = sorted(self._woken)[:WAKES_PER_PASS]
         self._woken.difference_update(woken)
-        now = self.clock.now_ms()
+        now = self.clock()
         rooms = self.store.hand_over(
             woken, now=now, held_until=now + slots.RECHECK_MS, limits=self.hook.limits,
             hold_ms=self.hook.start_window_ms,
@@ -363,15 +366,19 @@ class ReleaseStep:
         whose lines released something or whose due index holds an item due (a look at a full
         group's lines costs no claim), and the others whose lines released something.
 
-        Once this forwarder has met a grouped item, every pass looks at every shard's lines (one
-        round trip): a quiet group's item that came due during a sweep of another group's
-        backlog, in a shard no claim was going to, is released by the next pass, not after the
-        sweep. A pass releases at most :meth:`_pass_budget` items, shared by the groups due by
-        weight (at least one each): however large a group's backlog, the next pass comes soon."""
-        shards = list(range(self.store.shards)) if self.hook.admits else [s for s in due if s in self.due_lines]
+        Once this forwarder has met a grouped item, every pass of a sweep but its first looks at
+        every shard's lines (one round trip): a quiet group's item that came due during a sweep
+        of another group's backlog, in a shard no claim was going to, is released by the next
+        pass, not after the sweep. The first pass looks only where the loop's read of every
+        shard's heads just now (:meth:`saw`) found a line due: a slot handed over costs no look.
+        A pass releases at most :meth:`_pass_budget` items, shared by the groups due by weight
+        (at least one each): however large a group's backlog, the next pass comes soon."""
+        every = self.hook.admits and not self._fresh
+        self._fresh = False
+        shards = list(range(self.store.shards)) if every else [s for s in due if s in self.due_lines]
         if not shards:
             return list(due)
-        now = self.clock.now_ms()
+        now = self.clock()
         looked = self.store.due_groups(shards, now=now)
         self.due_lines.difference_update(s for s in shards if s not in looked)
         if not looked:

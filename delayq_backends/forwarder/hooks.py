@@ -1,11 +1,12 @@
 """Hooks of the pass: features that act on some items at stage boundaries, not branches through it.
 
-A hook sees each claim at four points of :class:`~.passes.Pass` and answers with a typed
+A hook sees each claim at these points of :class:`~.passes.Pass` and answers with a typed
 :class:`~.records.Verdict` (or an :class:`~delayq_backends.flow.Admission`), which the pass applies:
 
 - :meth:`PassHook.prepare`, once the claim is decoded: items to skip, fail, defer, or keep once published;
 - :meth:`PassHook.admit`, just before each publish call: the deliveries that may go now (the others wait);
 - :meth:`PassHook.sent`, just after it: what the target took;
+- :meth:`PassHook.reported`, once the call's report is final: for observers (stats, metrics, audit, tracing);
 - :meth:`PassHook.failed`, for the failures the targets reported: those the hook defers instead;
 - :meth:`PassHook.settled`, once the claim's acks are in.
 
@@ -28,7 +29,7 @@ from ..flow import Admission, FlowGate
 from ..models import Claim, DeliveryFailure, FailedDelivery, RunRef
 from ..store import DelayStore
 from ..targets import Delivery, PublishReport, RunTarget, Target
-from .records import Prepared, Published, Verdict
+from .records import Prepared, Published, Sent, Verdict
 from .stats import ForwarderStats
 
 if TYPE_CHECKING:
@@ -61,6 +62,10 @@ class PassHook(Protocol):
 
     def sent(self, kind: str, deliveries: Sequence[Delivery], published: Sequence[str]) -> None:
         """One publish call's deliveries, and the ids of them the target took."""
+        return None
+
+    def reported(self, sent: Sent) -> None:
+        """One publish call's final report (a paused target's items moved to ``later``)."""
         return None
 
     def failed(self, prepared: Prepared, failures: Sequence[DeliveryFailure], now_ms: int) -> Verdict:

@@ -146,11 +146,11 @@ class Loop:
 
         A schedule after ``heads`` were read is not missed: its wake-up waits in ``pubsub``.
         """
-        now = self.ctx.clock.now_ms()
+        now = self.ctx.clock()
         waiting = (h for s, h in enumerate(heads) if h is not None and not self.shards.aside(s, now))
         wake_at = min([now + int(self.poll_interval * 1000), *waiting, *self.shards.ends_after(now)])
         while not self.stop.is_set():
-            remaining = (wake_at - self.ctx.clock.now_ms()) / 1000
+            remaining = (wake_at - self.ctx.clock()) / 1000
             if remaining <= 0:
                 break
             if pubsub is None:

@@ -78,7 +78,7 @@ class ParkedRecheck:
     def run(self) -> bool:
         """Look at each shard's parked items whose time has come; whether to look again at once
         (a shard released a full look's worth: more may be releasable)."""
-        now = self.ctx.clock.now_ms()
+        now = self.ctx.clock()
         total, again = ParkedCounts(), False
         for shard in range(self.ctx.store.shards):
             try:

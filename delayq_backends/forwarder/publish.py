@@ -7,9 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from time import time_ns
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TypeVar, cast
 
-from ..audit import FORWARDED, AuditRecord, AuditSink
 from ..models import DeliveryFailure, FailedDelivery
 from ..outages import CONNECTION_ERRORS, config_error, gives_back
 from ..pauses import TargetPauses
@@ -17,11 +16,7 @@ from ..store import Lease
 from ..targets import ClaimTarget, Delivery, PublishReport
 from .context import Context
 from .heartbeat import Heartbeat, HeldLease
-from .records import Prepared, Published
-from .tracing import ForwardTracer
-
-if TYPE_CHECKING:
-    pass
+from .records import Prepared, Published, Sent
 
 __all__ = ["Publisher", "shard_step"]
 
@@ -32,11 +27,11 @@ T = TypeVar("T")
 
 @dataclass
 class _Sending:
-    """One claim while its publish calls run: what the targets reported so far, and what waits."""
+    """One claim while its publish calls run: what the targets reported so far (and the
+    deliveries the hooks or a paused target hold back, in its ``later``)."""
 
     prepared: Prepared
     report: PublishReport = field(default_factory=PublishReport)
-    later: list[tuple[str, int]] = field(default_factory=list)
 
 
 class Publisher:
@@ -54,17 +49,11 @@ class Publisher:
         ctx: Context,
         heartbeat: Heartbeat,
         pauses: TargetPauses,
-        audit: AuditSink | None,
         lease_margin_ms: int,
-        *,
-        tracer: ForwardTracer | None = None,
     ) -> None:
         self.ctx = ctx
         self.heartbeat = heartbeat
         self.pauses = pauses
-        self.audit = audit
-        #: the forward's spans; None when tracing is off (decided once, at start)
-        self.tracer = tracer
         #: a batch is only published with at least this much of its lease left (else extended first)
         self.lease_margin_ms = lease_margin_ms
         #: the targets that take the batch's lease, found once: an isinstance of a
@@ -97,9 +86,9 @@ class Publisher:
         (or deferrals a hook takes over)."""
         failed = s.report.failed
         taken: set[str] = set()
-        later = list(s.prepared.later) + s.later
+        later = list(s.prepared.later) + s.report.later
         if failed:
-            now = self.ctx.clock.now_ms()
+            now = self.ctx.clock()
             for hook in self.ctx.hooks:
                 verdict = hook.failed(s.prepared, failed, now)
                 later += verdict.later
@@ -115,10 +104,10 @@ class Publisher:
     def _call(self, kind: str, claims: list[_Sending]) -> None:
         """One publish call to target ``kind`` for ``claims``, each one's deliveries admitted by
         the hooks and checked still ours just before it."""
-        until = self.pauses.until(kind, self.ctx.clock.now_ms())
+        until = self.pauses.until(kind, self.ctx.clock())
         if until is not None:
             for s in claims:
-                s.later += [(d.id, until) for d in s.prepared.groups[kind]]
+                s.report.later += [(d.id, until) for d in s.prepared.groups[kind]]
             return
         call = [(s, go) for s in claims if (go := self._still_ours(s, self._admit(kind, s)))]
         if call:
@@ -128,9 +117,9 @@ class Publisher:
         go = s.prepared.groups[kind]
         for hook in self.ctx.hooks:
             if hook.admits and go:
-                admitted = hook.admit(kind, go, self.ctx.clock.now_ms())
+                admitted = hook.admit(kind, go, self.ctx.clock())
                 go = admitted.go
-                s.later += admitted.later
+                s.report.later += admitted.later
         return go
 
     def _still_ours(self, s: _Sending, deliveries: list[Delivery]) -> list[Delivery]:
@@ -145,7 +134,7 @@ class Publisher:
         held: HeldLease = s.prepared.held
         if not deliveries:
             return deliveries
-        if held.deadline_ms - self.lease_margin_ms <= self.ctx.clock.now_ms():
+        if held.deadline_ms - self.lease_margin_ms <= self.ctx.clock():
             try:
                 self.heartbeat.extend(held)
             except Exception as exc:
@@ -168,33 +157,29 @@ class Publisher:
 
     def _publish(self, kind: str, call: list[tuple[_Sending, list[Delivery]]]) -> None:
         """One publish call to target ``kind`` of the deliveries of one or more claims (one for a
-        :class:`ClaimTarget`), its report split back to the claims."""
+        :class:`ClaimTarget`), its report shown to the hooks and split back to the claims."""
         deliveries = [d for _, ds in call for d in ds]
-        started = 0 if self.tracer is None else time_ns()
+        started = time_ns()
         part = self._isolated(kind, deliveries, call[0][0].prepared.lease)
         for hook in self.ctx.hooks:
             hook.sent(kind, deliveries, part.published)
-        now = self.ctx.clock.now_ms()
+        now = self.ctx.clock()
+        part = self._paused(kind, part, now)
+        sent = Sent(kind, deliveries, part, now, started)
+        for hook in self.ctx.hooks:
+            hook.reported(sent)
+        part.split({d.id: s.report for s, ds in call for d in ds})
+
+    def _paused(self, kind: str, part: PublishReport, now: int) -> PublishReport:
+        """A call's report once its target is paused (a configuration error, not an outage: its
+        unsent items wait in the store) or known to work again."""
         cause = None if part.broker_error is None else config_error(part.broker_error)
-        if cause is not None:  # not an outage: pause the target, its items wait in the store
-            until, unsent = self.pauses.pause(kind, cause, now), set(part.unsent)
-            for s, ds in call:
-                s.later += [(d.id, until) for d in ds if d.id in unsent]
-            part = replace(part, unsent=[], broker_error=None)
-        elif part.broker_error is None and (part.published or part.failed):
+        if cause is not None:
+            until = self.pauses.pause(kind, cause, now)
+            return replace(part, unsent=[], broker_error=None, later=part.later + [(i, until) for i in part.unsent])
+        if part.broker_error is None and (part.published or part.failed):
             self.pauses.worked(kind)
-        if len(part.published) == len(deliveries):  # all of them (almost always): no lookup per item
-            self.ctx.stats.lateness_ms.extend(now - d.ready_ms for d in deliveries)
-        else:
-            ready = {d.id: d.ready_ms for d in deliveries}
-            self.ctx.stats.lateness_ms.extend(now - ready[i] for i in part.published)
-        if self.ctx.metrics is not None:
-            self.ctx.metrics.observe_published(deliveries, part.published, now)
-        if self.audit is not None and part.published:
-            self._audit(self.audit, deliveries, part.published, now)
-        if self.tracer is not None and part.published:
-            self.tracer.forwarded(kind, deliveries, part.published, now, started)
-        _split(part, call)
+        return part
 
     def _isolated(self, kind: str, deliveries: list[Delivery], lease: Lease) -> PublishReport:
         """One call to target ``kind``; if it raises, each half again, down to single items, so
@@ -226,45 +211,7 @@ class Publisher:
             )
         half = len(deliveries) // 2
         first, second = (self._isolated(kind, part, lease) for part in (deliveries[:half], deliveries[half:]))
-        return PublishReport(
-            published=first.published + second.published,
-            failed=first.failed + second.failed,
-            unsent=first.unsent + second.unsent,
-            broker_error=first.broker_error or second.broker_error,
-            acked=first.acked + second.acked,
-            later=first.later + second.later,
-        )
-
-    def _audit(self, audit: AuditSink, deliveries: list[Delivery], published: list[str], now: int) -> None:
-        sent, by = set(published), self.ctx.name
-        records = [
-            AuditRecord(FORWARDED, d.id, d.envelope.target, d.envelope.destination, d.ready_ms, now, d.attempts, by)
-            for d in deliveries
-            if d.id in sent
-        ]
-        try:
-            audit.record(records)
-        except Exception:  # an audit sink must never stop forwarding
-            log.exception("audit sink %r failed; forwarding goes on", audit)
-
-
-def _split(part: PublishReport, call: list[tuple[_Sending, list[Delivery]]]) -> None:
-    """Add each id of ``part`` (one publish call's report) to the report of the claim it came
-    from in ``call`` (its deferrals to the claim's); a broker error to each claim of the call."""
-    owner = {d.id: s for s, ds in call for d in ds}
-    for i, not_before in part.later:
-        owner[i].later.append((i, not_before))
-    for i in part.published:
-        owner[i].report.published.append(i)
-    for f in part.failed:
-        owner[f.id].report.failed.append(f)
-    for i in part.unsent:
-        owner[i].report.unsent.append(i)
-    for i in part.acked:
-        owner[i].report.acked.append(i)
-    if part.broker_error is not None:
-        for s, _ in call:
-            s.report.broker_error = s.report.broker_error or part.broker_error
+        return first.merge(second)
 
 
 def shard_step(step: Callable[[], T]) -> T | Exception:

@@ -14,7 +14,7 @@ from .heartbeat import HeldLease
 if TYPE_CHECKING:
     from ..metrics import Labels
 
-__all__ = ["Prepared", "Published", "Verdict"]
+__all__ = ["Prepared", "Published", "Sent", "Verdict"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +75,15 @@ class Published:
         nor kept (:attr:`Verdict.keep`)."""
         pre_acked, keep = set(self.report.acked), self.lease.keep_windows
         return [i for i in self.report.published if i not in pre_acked and i not in keep]
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One publish call, as the observing hooks see it (:meth:`.hooks.PassHook.reported`)."""
+
+    kind: str
+    deliveries: list[Delivery]
+    report: PublishReport
+    #: when the target answered (server ms), and when the call started (``time_ns``: the span's start)
+    now_ms: int
+    started_ns: int

@@ -98,7 +98,7 @@ class Settler:
 
     def _park(self, p: Published) -> int:
         """Park the claim's items no forwarder like this one can release (:mod:`.parking`); how many."""
-        parked = p.lease.park(p.prepared.parked, recheck_ms=self.ctx.clock.now_ms() + PARK_FOR_MS)
+        parked = p.lease.park(p.prepared.parked, recheck_ms=self.ctx.clock() + PARK_FOR_MS)
         self.ctx.stats.parked += parked.count
         if parked.bad_key:
             log.error(

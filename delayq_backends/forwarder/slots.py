@@ -13,7 +13,6 @@ __all__ = [
     "MAX_RECHECK_MS",
     "PAUSED_RECHECK_MS",
     "RECHECK_MS",
-    "RUN_RECHECK_MS",
     "asks_again_ms",
 ]
 
@@ -21,8 +20,6 @@ __all__ = [
 #: no end report (a hold that lapsed, a forwarder killed after its release) idles at most this
 #: long; one given back with a report is taken within a pass (the groups' wake channel).
 RECHECK_MS = 1_000
-#: How soon a periodic run that waits for its entry's slot (an RQ entry's overlap "buffer") asks again.
-RUN_RECHECK_MS = 200
 #: How soon a paused group is looked at again: a resume takes effect within this long.
 PAUSED_RECHECK_MS = 1_000
 #: How long a group whose keys cannot be read (an error reply) waits before it is tried again.

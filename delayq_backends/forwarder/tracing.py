@@ -1,7 +1,7 @@
 """The forward's spans: one ``delayq.forward`` span per item published, linked to its producer.
 
 Made only when tracing is on (:func:`~delayq_backends.tracing.tracer` found a tracer provider at
-start); otherwise the publisher holds None and skips this module entirely. Each span covers the
+start); otherwise the forwarder has no such hook and skips this module entirely. Each span covers the
 publish call that sent its item and is a root (the forward is not part of the producer's request:
 it runs minutes later, for many producers at once), with a LINK to the producer's span read from
 the stored item: the target's ``trace_carrier(delivery)`` where it has one (the Celery target reads
@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..targets import Delivery, Target
 from ..tracing import TRACE_META, context_links, tracer
+from .hooks import PassHook
+from .records import Sent
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer, TracerProvider
@@ -37,7 +39,7 @@ def envelope_carrier(delivery: Delivery) -> Any:
     return delivery.envelope.meta.get(TRACE_META)
 
 
-class ForwardTracer:
+class ForwardTracer(PassHook):
     """Makes the forward's spans; built by :meth:`start`, which says None when tracing is off."""
 
     def __init__(self, tracer: Tracer, carriers: Mapping[str, Carrier]) -> None:
@@ -61,14 +63,13 @@ class ForwardTracer:
         carriers = {kind: getattr(target, "trace_carrier", envelope_carrier) for kind, target in targets.items()}
         return cls(found, carriers)
 
-    def forwarded(
-        self, kind: str, deliveries: Sequence[Delivery], published: Sequence[str], now_ms: int, started_ns: int
-    ) -> None:
-        """One span per published item of a publish call to target ``kind`` that started at
-        ``started_ns``. A failure here is logged (once until it works again), never raised: tracing
-        must not stop forwarding."""
+    def reported(self, sent: Sent) -> None:
+        """One span per published item of a publish call. A failure here is logged (once until it
+        works again), never raised: tracing must not stop forwarding."""
+        if not sent.report.published:
+            return
         try:
-            self._spans(kind, deliveries, published, now_ms, started_ns)
+            self._spans(sent.kind, sent.deliveries, sent.report.published, sent.now_ms, sent.started_ns)
         except Exception:
             if not self._failing:
                 log.exception("tracing: the forward's spans could not be made; forwarding goes on")

@@ -16,7 +16,7 @@ here imports Celery or RQ.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -27,8 +27,8 @@ from ..models import DeliveryFailure, RearmOutcome, ScheduleItem
 from ..overlap_policy import ALLOW, Fire, OverlapAsk, fire_runs, overlap_slot
 from ..store import DelayStore, slot_member
 from ..store.lease import Lease
-from ..targets import Delivery, PublishReport, Target
-from ..timeutil import Clock, from_ms
+from ..targets import Delivery, PublishReport, Skipped, Target
+from ..timeutil import from_ms
 from .history import Fired, RunMark, SentRun, report_fired
 from .schedules import END, MAX_BACKFILL, Plan, Slot, describe_time, run_task_id
 from .state import PeriodicState, jitter_offset, state_of, with_state
@@ -231,25 +231,13 @@ class FiringTarget:
     Args:
         maker: the kind's run maker (its ``kind`` is this target's).
         inner: the target that publishes the runs.
-        clock: "now" in ms for the misfire policy; by default the store's clock (the server's).
-        on_skipped: called with (entry name, periods) for periods skipped by an overlap policy.
     """
 
-    def __init__(
-        self,
-        maker: RunMaker,
-        inner: Target,
-        *,
-        clock: Clock | None = None,
-        on_skipped: Callable[[str, int], None] | None = None,
-    ) -> None:
+    def __init__(self, maker: RunMaker, inner: Target) -> None:
         self.maker = maker
         self.kind = maker.kind
         self._slot_run = maker.slot_run
         self.inner = inner
-        self.clock = clock
-        #: told (entry name, periods) of the periods an overlap policy skipped: the metrics' counter
-        self.on_skipped = on_skipped
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         """Without a lease the next run could not be scheduled safely: nothing is sent."""
@@ -270,7 +258,7 @@ class FiringTarget:
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         report = PublishReport()
-        now = self.clock() if self.clock is not None else lease.now_ms()
+        now = lease.now_ms()  # the store's clock, as its forwarder's: the misfire policy's "now"
         fired: list[_Firing] = []
         shorter: dict[int, list[str]] = {}
         for d in deliveries:
@@ -297,7 +285,7 @@ class FiringTarget:
         published, unsent = set(sent.published), set(sent.unsent)
         failed = {f.id: f for f in sent.failed}
         done = [f for f in fired if all(run.id in published for run in f.deliveries)]
-        self._rearm(lease, done, now)
+        self._rearm(lease, done, now, report)
         for f in fired:
             ids = [run.id for run in f.deliveries]
             if f.following is not None:
@@ -355,7 +343,7 @@ class FiringTarget:
             kept.append(f)
         return kept
 
-    def _rearm(self, lease: Lease, fired: list[_Firing], now: int) -> None:
+    def _rearm(self, lease: Lease, fired: list[_Firing], now: int, report: PublishReport) -> None:
         """Ack the fired entries and schedule their next periods (clearing their pending
         actions), one script call each under our lease, all in one round trip; then
         :meth:`_after_rearm` for those rearmed.
@@ -392,9 +380,9 @@ class FiringTarget:
                 log.info("periodic entry %r was removed while being fired", f.state.name)
             else:
                 rearmed.append(f)
-        self._after_rearm(rearmed, lease)
+        self._after_rearm(rearmed, lease, report)
 
-    def _after_rearm(self, rearmed: list[_Firing], lease: Lease) -> None:
+    def _after_rearm(self, rearmed: list[_Firing], lease: Lease, report: PublishReport) -> None:
         """Entries fired and rearmed (their runs sent, their next periods stored): record their
         runs and missed periods in their history (one round trip), report what their policies
         dropped. The one place a firing is known complete."""
@@ -409,8 +397,7 @@ class FiringTarget:
             if f.skipped:
                 log.info("periodic entry %r: %d period(s) skipped, its last run still running (overlap %s)",
                          state.name, f.skipped, state.overlap)  # fmt: skip
-                if self.on_skipped is not None:
-                    self.on_skipped(state.name, f.skipped)
+                report.skipped.append(Skipped(f.d.id, state.name, f.skipped))
             if plan.missed:
                 log.warning(
                     "periodic entry %r: %d period(s) missed (%s), %d run(s) sent; next %s",

@@ -19,7 +19,6 @@ versioned code set older than the one synced last changes nothing (:mod:`.regist
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 import threading
@@ -32,6 +31,7 @@ from typing import Any
 from ..envelope import Envelope
 from ..errors import EnvelopeError, InvalidIdError, NewerFormatError
 from ..keys import normalize_id, periodic_code_key, periodic_key
+from ..kinds import kind_of
 from ..models import CancelOutcome, RearmOutcome, ScheduledItem
 from ..overlap_policy import ALLOW, POLICIES
 from ..store import DelayStore
@@ -58,9 +58,6 @@ __all__ = [
     "DUE_WAIT_MS",
     "ID_PREFIX",
     "START_SWEEP_SECONDS",
-    "KINDS",
-    "KIND_ADAPTERS",
-    "TRUSTED_KINDS",
     "Carried",
     "CodeEntryError",
     "EntryNotFound",
@@ -73,10 +70,8 @@ __all__ = [
     "get",
     "item_id",
     "keep_alignment",
-    "kind_of",
     "pause",
     "preview",
-    "register_kind",
     "remove",
     "resume",
     "run_now",
@@ -97,49 +92,6 @@ DUE_WAIT_MS = 2000
 #: how long a forwarder's sync at start sweeps the registry (:class:`Sweep`) before it forwards:
 #: the rest of the sweep runs in the background, however much junk the registry holds
 START_SWEEP_SECONDS = 1.0
-#: entry envelope target -> the kind's short name (``celery``, ``rq``) and a reader of the task
-#: (name or function path) its template runs, registered by each kind's adapter
-KINDS: dict[str, tuple[str, Callable[[Envelope], str]]] = {}
-
-
-#: entry envelope target -> the digest of an entry's template that carries code to run
-#: (:mod:`.trust`), registered by the adapter of a kind whose templates do (RQ's)
-TRUSTED_KINDS: dict[str, Callable[[Envelope], str]] = {}
-
-
-#: entry envelope target -> the adapter module that registers it (:func:`register_kind`), loaded
-#: by a listing that meets one of its entries (named, not imported: this package imports no
-#: framework, and a process may have neither installed)
-KIND_ADAPTERS = {"celery-periodic": "delayq_backends.celery.periodic", "rq-periodic": "delayq_backends.rq.entries"}
-
-
-#: targets whose adapter could not be imported here
-_UNAVAILABLE: set[str] = set()
-
-
-def register_kind(
-    target: str, name: str, task_of: Callable[[Envelope], str], *, trust: Callable[[Envelope], str] | None = None
-) -> None:
-    """Make entries of envelope target ``target`` listable as kind ``name`` (the adapter of the
-    kind calls this on import; ``task_of`` reads what a template runs, for listings; ``trust``,
-    for a kind whose templates carry code to run, the digest an operator's definition records)."""
-    KINDS[target] = (name, task_of)
-    if trust is not None:
-        TRUSTED_KINDS[target] = trust
-
-
-def kind_of(target: str) -> tuple[str, Callable[[Envelope], str]] | None:
-    """The kind name and task reader of entries of envelope target ``target``, loading its
-    adapter on first use (``delayq periodic list`` in a process that imported neither). None
-    when no adapter registers it or its framework is not installed here: the entry is then
-    listed without its task, never the listing failed."""
-    if target not in KINDS and target in KIND_ADAPTERS and target not in _UNAVAILABLE:
-        try:
-            importlib.import_module(KIND_ADAPTERS[target])
-        except ImportError as exc:  # MissingExtraError too: Celery or RQ not installed here
-            log.debug("entries of kind %r are listed without their task: %s", target, exc)
-            _UNAVAILABLE.add(target)  # tried once per process, not once per entry
-    return KINDS.get(target)
 
 
 def item_id(name: str) -> str:
@@ -519,7 +471,7 @@ def trust_stored(store: DelayStore, names: Iterable[str] | None = None) -> dict[
         try:
             envelope = _stored_envelope(store, name)
             kind = kind_of(envelope.target) if envelope is not None else None
-            digest_of = TRUSTED_KINDS.get(envelope.target) if envelope is not None else None
+            digest_of = kind[0].trust.load() if kind is not None and kind[0].trust else None
             if envelope is None or kind is None or digest_of is None:
                 if names is not None:
                     out[name] = "not found" if envelope is None else "left as it is: its runs carry no code"
@@ -679,8 +631,8 @@ def _status(name: str, item: Any) -> EntryStatus:
     try:
         envelope = Envelope.decode(item.envelope)
         state = state_of(envelope)
-        kind, task_of = kind_of(envelope.target) or (envelope.target, lambda _e: "")
-        task = task_of(envelope)
+        found = kind_of(envelope.target)
+        kind, task = (found[0].name, found[1](envelope)) if found else (envelope.target, "")
     except NewerFormatError as exc:
         return EntryStatus(name, ident, f"newer format {exc.version}: upgrade this reader")
     except (EnvelopeError, KeyError, TypeError, ValueError) as exc:

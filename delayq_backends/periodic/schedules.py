@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import Any
+from typing import Any, ClassVar, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import ConfigError, install_hint
@@ -34,6 +34,7 @@ __all__ = [
     "END",
     "MAX_BACKFILL",
     "POLICIES",
+    "SCHEDULE_KINDS",
     "Cron",
     "Every",
     "Misfire",
@@ -96,6 +97,13 @@ class Every:
 
     every_ms: int
     aligned: bool = False
+
+    KEY: ClassVar[str] = "every_ms"
+    newer_format = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Every:
+        return cls(int(data["every_ms"]), bool(data.get("aligned")))
 
     def first_after(self, ms: int) -> Slot:
         at = (ms // self.every_ms + 1) * self.every_ms if self.aligned else ms + self.every_ms
@@ -161,6 +169,17 @@ class Cron:
     expression: str
     zone: str
     day_or: bool = False
+
+    KEY: ClassVar[str] = "cron"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Cron:
+        return cls(str(data["cron"]), str(data["tz"]), data.get("day_or") is True)
+
+    @property
+    def newer_format(self) -> bool:
+        """An older reader reads both day fields as both, not either."""
+        return self.day_or
 
     @classmethod
     def of(cls, expression: str, zone: str, *, day_or: bool) -> Cron:
@@ -274,6 +293,13 @@ class Once:
 
     at_ms: int
 
+    KEY: ClassVar[str] = "once_ms"
+    newer_format = True  # an older reader cannot read it
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Once:
+        return cls(int(data["once_ms"]))
+
     def first_after(self, ms: int) -> Slot:
         return Slot(str(self.at_ms), self.at_ms)
 
@@ -298,15 +324,19 @@ class Once:
         return f"once at {describe_time(self.at_ms)}"
 
 
+#: The kinds of schedule: a new one is a class with the methods and class attributes (``KEY``, the
+#: field of its JSON that says the kind; ``from_json``; ``newer_format``: a reader before kinds of
+#: schedule misreads it, so its entry is stored as state v2) of these three, and its place here.
 Schedule = Every | Cron | Once
+SCHEDULE_KINDS: tuple[type[Schedule], ...] = get_args(Schedule)
 
 
 def schedule_from_json(data: Mapping[str, Any]) -> Schedule:
-    if "every_ms" in data:
-        return Every(int(data["every_ms"]), bool(data.get("aligned")))
-    if "once_ms" in data:
-        return Once(int(data["once_ms"]))
-    return Cron(str(data["cron"]), str(data["tz"]), data.get("day_or") is True)
+    """The schedule ``to_json`` wrote (KeyError: no kind's)."""
+    kind = next((k for k in SCHEDULE_KINDS if k.KEY in data), None)
+    if kind is None:
+        raise KeyError(f"a schedule of no known kind: {sorted(data)}")
+    return kind.from_json(data)
 
 
 def interval(value: float | timedelta, aligned: bool = False) -> Every:

@@ -20,7 +20,7 @@ from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..overlap_policy import ALLOW, POLICIES
 from .options import RunOptions
-from .schedules import END, Cron, Every, Misfire, Once, Plan, Schedule, Slot, schedule_from_json
+from .schedules import END, Every, Misfire, Plan, Schedule, Slot, schedule_from_json
 
 __all__ = [
     "CODE",
@@ -148,9 +148,7 @@ class PeriodicState:
     @property
     def newer_format(self) -> bool:
         """Uses a field an older forwarder would drop in its rearm: stored as state v2."""
-        # an older reader cannot read Once, and would read a crontab's days as both instead of either
-        either_day = isinstance(self.schedule, Cron) and self.schedule.day_or
-        return bool(self._new_fields()) or isinstance(self.schedule, Once) or either_day
+        return bool(self._new_fields()) or self.schedule.newer_format
 
     def ready_ms(self) -> int:
         """When its item is due: never while paused or finished; now with a pending action; else

@@ -30,16 +30,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MissingExtraError(f"delayq_backends.rq needs RQ ({exc})", "rq") from exc
 
 from .adopt import RegistryAdopter
+from .allowlist import ClassAllowlist
 from .batches import Batch, BatchReports
 from .dedupe import DedupeSimpleWorker, DedupeWorker
 from .entries import RQPeriodicTarget, RQRunTarget
 from .migrate import MigrationReport, adopt, migrate
 from .periodic import InvalidScheduleError
-from .queue import Queue
-from .registry import ScheduledJobRegistry
+from .queue import Queue, ScheduledJobRegistry
 from .scheduler import JobNotScheduledError, NoSchedulerKeyError, NoSchedulerProcessError, Scheduler
 from .slots import SlotSimpleWorker, SlotWorker, throttle
-from .target import ClassAllowlist, RQTarget
+from .target import RQTarget
 from .tracing import TracedJobs
 from .upgrade import UpgradeReport, upgrade
 

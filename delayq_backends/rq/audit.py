@@ -15,7 +15,7 @@ from rq import Worker
 from rq.job import Job
 
 from ..audit import EXECUTED, AuditRecord, AuditSink, audit_from_env
-from .target import KIND
+from .jobs import KIND
 
 __all__ = ["AuditWorker"]
 

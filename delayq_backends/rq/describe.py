@@ -18,7 +18,7 @@ from rq.job import Job
 from ..envelope import Envelope
 from ..errors import EnvelopeError
 from ..models import ScheduledItem
-from .target import JOB_KEY, KIND, OVERLAP_FIELD, SCHEDULE_KEY, SKIPPED_FIELD
+from .jobs import JOB_KEY, KIND, OVERLAP_FIELD, SCHEDULE_KEY, SKIPPED_FIELD
 
 __all__ = ["JobView", "describe_jobs"]
 

@@ -55,14 +55,12 @@ from ..outages import gives_back
 from ..overlap_policy import ALLOW, overlap_slot
 from ..periodic.firing import FiringTarget, Run
 from ..periodic.history import RUN_HEADER, RunMark
-from ..periodic.ops import register_kind
 from ..periodic.schedules import run_task_id
 from ..periodic.state import PeriodicState, state_of
 from ..periodic.trust import TrustCheck, UntrustedError
 from ..scripts import RqNewJob, RqRun, ScriptRunner
 from ..store.lease import Lease
 from ..targets import Delivery, PublishReport
-from ..timeutil import Clock
 from .queue import SLOT_META
 
 __all__ = [
@@ -77,6 +75,8 @@ __all__ = [
     "TemplateError",
     "capture",
     "entry_view",
+    "task_of",
+    "template_digest",
     "run_envelope",
 ]
 
@@ -317,12 +317,6 @@ def _trusted(
     return [d for d in deliveries if d.id not in refused], report
 
 
-def _merged(first: PublishReport, then: PublishReport) -> PublishReport:
-    """``then`` (a target's report) with ``first``'s failures (the trust check's) added."""
-    then.failed = first.failed + then.failed
-    return then
-
-
 class RQRunTarget:
     """Delivers ``rq-run`` envelopes: writes each run's new job and pushes it onto its queue, one
     ``rq_run.lua`` call per queue; a job whose hash exists already is left as it is (counted as
@@ -352,7 +346,7 @@ class RQRunTarget:
                 run = _run_job(d, at)
                 wanted[d.id] = (run.entry, run.digest)
         trusted, report = _trusted(self._check, lease, deliveries, wanted)
-        return _merged(report, self.publish_many(trusted) if trusted else PublishReport())
+        return report.merge(self.publish_many(trusted) if trusted else PublishReport())
 
     def publish_many(self, deliveries: Sequence[Delivery]) -> PublishReport:
         report = PublishReport()
@@ -396,12 +390,14 @@ class RQRunTarget:
         """The connection is the RQ target's too: it closes it."""
 
 
-register_kind(
-    KIND,
-    "rq",
-    lambda envelope: JobTemplate.from_envelope(envelope).func,
-    trust=lambda envelope: JobTemplate.from_envelope(envelope).digest(),
-)
+def task_of(envelope: Envelope) -> str:
+    """The function a stored entry runs, for listings."""
+    return JobTemplate.from_envelope(envelope).func
+
+
+def template_digest(envelope: Envelope) -> str:
+    """The digest of a stored entry's job template, recorded as its operator's definition."""
+    return JobTemplate.from_envelope(envelope).digest()
 
 
 def entry_view(envelope: Envelope) -> dict[str, Any]:
@@ -448,10 +444,8 @@ class RQPeriodicTarget(FiringTarget):
 
     _check = TrustCheck("RQ periodic entry")
 
-    def __init__(
-        self, inner: RQRunTarget, *, clock: Clock | None = None, on_skipped: Callable[[str, int], None] | None = None
-    ) -> None:
-        super().__init__(RQRuns(), inner, clock=clock, on_skipped=on_skipped)
+    def __init__(self, inner: RQRunTarget) -> None:
+        super().__init__(RQRuns(), inner)
 
     def publish_claimed(self, deliveries: Sequence[Delivery], lease: Lease) -> PublishReport:
         wanted = {}
@@ -459,4 +453,4 @@ class RQPeriodicTarget(FiringTarget):
             with contextlib.suppress(EnvelopeError):  # the firing fails it with the reason
                 wanted[d.id] = (state_of(d.envelope).name, JobTemplate.from_envelope(d.envelope).digest())
         trusted, report = _trusted(self._check, lease, deliveries, wanted)
-        return _merged(report, super().publish_claimed(trusted, lease) if trusted else PublishReport())
+        return report.merge(super().publish_claimed(trusted, lease) if trusted else PublishReport())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 from rq import Queue as RQQueue
@@ -33,9 +33,9 @@ from ..envelope import Envelope
 from ..errors import InvalidIdError
 from ..keys import normalize_id
 from ..store import DelayStore, ScheduleEntry
+from .jobs import AT_FRONT_RANK, job_envelope, schedule_of
 from .periodic import RQ_SCHEDULER, SYNTAX_KEY
 from .registry import MIRROR_OFFSET_S, mirror_scheduled
-from .target import AT_FRONT_RANK, job_envelope, schedule_of
 
 __all__ = ["RQ_SCHEDULER_KEY", "MigrationReport", "adopt", "migrate"]
 
@@ -177,51 +177,78 @@ def _move(
     is gone are removed either way.
     """
     moved = already = missing = offset = 0
-    while True:
-        page = cast(
-            list[tuple[bytes, float]],
-            connection.zrangebyscore(key, "-inf", f"({MIRROR_OFFSET_S}", start=offset, num=PAGE, withscores=True),
-        )
-        if not page:
-            break
-        named = _job_ids(key, [member for member, _ in page], report)
-        garbage = [m for (m, _), i in zip(page, named) if i is None]
-        page = [p for p, i in zip(page, named) if i is not None]
-        ids = [i for i in named if i is not None]
-        wanted = ("origin", "enqueue_at_front", "meta") if read_meta else ("origin", "enqueue_at_front")
-        with connection.pipeline(transaction=False) as pipe:
-            for job_id in ids:
-                pipe.hmget(job_class.key_for(job_id), *wanted)
-            fields = [(*f, None)[:3] for f in pipe.execute()]
-        # an at_front job keeps its backlog priority, as if scheduled through our Queue
-        entries: list[ScheduleEntry] = [
-            (job_id, score, envelope_for(origin.decode(), meta), AT_FRONT_RANK if at_front == b"1" else 0)
-            for job_id, (_, score), (origin, at_front, meta) in zip(ids, page, fields)
-            if origin is not None
-        ]
-        missing += len(ids) - len(entries)
+    while page := _read_page(connection, key, offset, envelope_for, job_class, report, read_meta):
+        missing += len(page.ids) - len(page.entries)
         if dry_run:
-            moved += len(entries)
+            moved += len(page.entries)
             offset += PAGE
             continue
-        counts = store.schedule_many(entries, mode="keep")
+        counts = store.schedule_many(page.entries, mode="keep")
         moved += counts.added
         already += counts.kept
-        # after the copy: a crash in between only copies again
-        with connection.pipeline() as pipe:
-            if garbage:  # no job's id: nothing of RQ's can use it either
-                pipe.zrem(key, *garbage)
-            if mirror_queue is None:
-                if ids:
-                    pipe.zrem(key, *ids)
-            else:
-                found = {e[0] for e in entries}
-                gone = [i for i in ids if i not in found]
-                if gone:
-                    pipe.zrem(key, *gone)
-                mirror_scheduled(
-                    pipe, mirror_queue, {i.decode(): s for i, s in page if i.decode() in found}, only_existing=True
-                )
-            pipe.execute()
+        _clear_page(connection, key, page, mirror_queue)  # after the copy: a crash in between only copies again
     if moved or already or missing:
         report.moved[key], report.already[key], report.missing[key] = moved, already, missing
+
+
+class _Page(NamedTuple):
+    """One page of a sorted set: its job ids (and their members with scores), the members that
+    name no job, and the store entries of the jobs whose hash is there."""
+
+    ids: list[str]
+    members: list[tuple[bytes, float]]
+    garbage: list[bytes]
+    entries: list[ScheduleEntry]
+
+
+def _read_page(
+    connection: redis.Redis,
+    key: str,
+    offset: int,
+    envelope_for: Callable[[str, bytes | None], Envelope],
+    job_class: type[Job],
+    report: MigrationReport,
+    read_meta: bool,
+) -> _Page | None:
+    """The page of ``key`` at ``offset`` (mirror entries not read), None past the last."""
+    page = cast(
+        list[tuple[bytes, float]],
+        connection.zrangebyscore(key, "-inf", f"({MIRROR_OFFSET_S}", start=offset, num=PAGE, withscores=True),
+    )
+    if not page:
+        return None
+    named = _job_ids(key, [member for member, _ in page], report)
+    garbage = [m for (m, _), i in zip(page, named) if i is None]
+    page = [p for p, i in zip(page, named) if i is not None]
+    ids = [i for i in named if i is not None]
+    wanted = ("origin", "enqueue_at_front", "meta") if read_meta else ("origin", "enqueue_at_front")
+    with connection.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hmget(job_class.key_for(job_id), *wanted)
+        fields = [(*f, None)[:3] for f in pipe.execute()]
+    # an at_front job keeps its backlog priority, as if scheduled through our Queue
+    entries: list[ScheduleEntry] = [
+        (job_id, score, envelope_for(origin.decode(), meta), AT_FRONT_RANK if at_front == b"1" else 0)
+        for job_id, (_, score), (origin, at_front, meta) in zip(ids, page, fields)
+        if origin is not None
+    ]
+    return _Page(ids, page, garbage, entries)
+
+
+def _clear_page(connection: redis.Redis, key: str, page: _Page, mirror_queue: str | None) -> None:
+    """Remove a copied page from ``key``, or (``mirror_queue``) turn its entries into mirror
+    entries; garbage and the entries whose job hash is gone are removed either way."""
+    with connection.pipeline() as pipe:
+        if page.garbage:  # no job's id: nothing of RQ's can use it either
+            pipe.zrem(key, *page.garbage)
+        if mirror_queue is None:
+            if page.ids:
+                pipe.zrem(key, *page.ids)
+        else:
+            found = {e[0] for e in page.entries}
+            gone = [i for i in page.ids if i not in found]
+            if gone:
+                pipe.zrem(key, *gone)
+            mirrors = {i.decode(): s for i, s in page.members if i.decode() in found}
+            mirror_scheduled(pipe, mirror_queue, mirrors, only_existing=True)
+        pipe.execute()

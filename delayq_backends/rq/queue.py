@@ -26,13 +26,14 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from contextvars import ContextVar
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import redis
 from rq import Queue as RQQueue
 from rq.exceptions import NoSuchJobError
-from rq.job import Job
+from rq.job import Job, JobStatus
+from rq.registry import ScheduledJobRegistry as RQScheduledJobRegistry
 
 from ..collapse import Collapse
 from ..config import Config
@@ -46,8 +47,8 @@ from ..storecache import StoreCache
 from ..timeutil import to_ms
 from ..tracing import FIELDS as TRACE_FIELDS
 from ..tracing import TRACE_META, current_carrier
-from .registry import ScheduledJobRegistry, mirror_scheduled, mirror_score, registry_key
-from .target import JOB_KEY, job_envelope, job_rank
+from .jobs import JOB_KEY, job_envelope, job_rank
+from .registry import MIRROR_OFFSET_S, is_mirror, mirror_scheduled, mirror_score, registry_key
 
 __all__ = [
     "DEBOUNCE_OPTION",
@@ -57,6 +58,7 @@ __all__ = [
     "SLOT_META",
     "SLOT_OPTION",
     "Queue",
+    "ScheduledJobRegistry",
     "UsesDelayStore",
     "carry_trace",
     "group_options",
@@ -491,3 +493,63 @@ class _RegistryDropped:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pipeline, name)
+
+
+class ScheduledJobRegistry(RQScheduledJobRegistry):
+    """RQ's registry of a delayq :class:`~delayq_backends.rq.Queue`: ids, count and order from the
+    mirror entries, each job's exact time from the delay store.
+
+    ``schedule`` and ``remove`` keep the store in step, so code that schedules or unschedules
+    through the registry behaves as with RQ.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As RQ's: ``(name, connection=…)`` or ``(queue=…)``; a plain ``rq.Queue`` or a name
+        gets a :class:`~delayq_backends.rq.Queue` of the same name, for its delay store."""
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        queue = kwargs.get("queue")
+        self.delayq_queue: Queue = (
+            queue
+            if isinstance(queue, Queue)
+            else Queue(self.name, connection=self.connection, job_class=self.job_class, serializer=self.serializer)
+        )
+
+    def get_scheduled_time(self, job_or_id: Job | str) -> datetime:
+        """When the job is due (aware, UTC), to the millisecond.
+
+        Raises:
+            NoSuchJobError: it is not waiting, neither in the store nor with a real score here.
+        """
+        job_id = job_or_id.id if isinstance(job_or_id, Job) else job_or_id
+        item = self.delayq_queue.delay_store.get(job_id)
+        if item is not None:
+            return datetime.fromtimestamp(item.ready_ms / 1000, tz=timezone.utc)
+        score = self.connection.zscore(self.key, job_id)
+        if score is None or is_mirror(score):
+            raise NoSuchJobError(f"Job {job_id} not found in {self.key}")
+        return datetime.fromtimestamp(score, tz=timezone.utc)
+
+    def get_expiration_time(self, job: Job) -> datetime:
+        """The entry's time as RQ's registry keeps it: whole seconds (the mirror's offset taken off)."""
+        score = self.connection.zscore(self.key, job.id)
+        if score is not None and is_mirror(score):
+            score = int(score - MIRROR_OFFSET_S)
+        return datetime.fromtimestamp(score, timezone.utc)  # type: ignore[arg-type]
+
+    def schedule(self, job: Job, scheduled_datetime: datetime, pipeline: Any | None = None) -> Any:
+        """Put ``job`` (already saved) in the store at ``scheduled_datetime`` (naive: local time, as RQ).
+
+        Unlike RQ's, this marks the job ``scheduled``: the forwarder moves only jobs still
+        scheduled, which is what keeps a cancelled or already moved job from running twice.
+        """
+        pipe = pipeline if pipeline is not None else self.connection.pipeline()
+        job.set_status(JobStatus.SCHEDULED, pipeline=pipe)
+        self.delayq_queue.schedule_id(job, scheduled_datetime, pipe)
+        if pipeline is None:
+            pipe.execute()
+
+    def remove(self, job: Job | str, pipeline: Any | None = None, delete_job: bool = False) -> Any:
+        """Unschedule ``job`` here and in the store (and delete it with ``delete_job``)."""
+        job_id = job.id if isinstance(job, Job) else job
+        self.delayq_queue.delay_store.cancel(job_id)
+        return super().remove(job, pipeline=pipeline, delete_job=delete_job)

@@ -29,6 +29,7 @@ from ..models import CancelOutcome, ScheduledItem
 from ..overlap_policy import ALLOW, check_policy, overlap_slot
 from ..store import DelayStore
 from ..timeutil import to_ms
+from .jobs import KIND, OVERLAP_FIELD, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
 from .periodic import (
     RQ_SCHEDULER,
     SYNTAX_KEY,
@@ -41,7 +42,6 @@ from .periodic import (
 )
 from .queue import SLOT_META, UsesDelayStore, carry_trace, group_options, with_job_groups
 from .registry import forget_scheduled
-from .target import KIND, OVERLAP_FIELD, SCHEDULE_KEY, job_envelope, job_rank, schedule_of
 
 __all__ = ["JobNotScheduledError", "NoSchedulerKeyError", "NoSchedulerProcessError", "Scheduler"]
 

@@ -12,7 +12,7 @@ timeout), kept by a heartbeat thread of the worker process meanwhile. A worker p
 gives its slots back when their holds lapse. A slot's member is the job id: the forwarder's RQ
 target names no run, so a retry released before its first run's ``execute_job`` has returned
 shares that run's slot for the moment between the two. The forwarder's token for the slot waits
-beside the job hash (:func:`~delayq_backends.rq.target.slot_token_key`); the worker reads it at the
+beside the job hash (:func:`~delayq_backends.rq.jobs.slot_token_key`); the worker reads it at the
 start and reports with it (a report without it does not count). A job's groups
 (``meta["delayq_group"]``, ``Queue.enqueue(..., delayq_group=...)``) are held the same way, each
 by its key with that token (one report per group): a slot is a group. A rate key is a group too,
@@ -33,8 +33,8 @@ from ..errors import DelayqError, InvalidGroupPolicyError
 from ..slots import SlotGuard, held_groups
 from ..store import RUN_HOLD_MS, SlotRun, slot_member
 from .batches import BatchReports
+from .jobs import slot_token_key
 from .queue import GROUP_META, SLOT_META, env_int, store_of_connection
-from .target import slot_token_key
 from .tracing import TracedJobs
 
 __all__ = ["SLOT_HOLD_ENV", "SlotSimpleWorker", "SlotWorker", "Slots", "throttle"]

@@ -25,7 +25,8 @@ from rq.serializers import resolve_serializer
 from ..envelope import Envelope
 from ..errors import DelayqError, EnvelopeError
 from ..store import DelayStore
-from .target import SCHEDULE_KEY, ClassAllowlist, is_legacy_scheduler, schedule_of
+from .allowlist import ClassAllowlist
+from .jobs import SCHEDULE_KEY, is_legacy_scheduler, schedule_of
 
 __all__ = ["LegacyItem", "UpgradeReport", "upgrade"]
 

@@ -79,7 +79,7 @@ def snapshot_records(store: DelayStore) -> Iterator[AuditRecord]:
     from ..envelope import Envelope
     from ..errors import EnvelopeError
 
-    now = store.server_time_ms()
+    now = store.clock()
     for item in store.scan():
         try:
             envelope = Envelope.decode(item.envelope)

@@ -67,15 +67,17 @@ class StoreCore:
     Args:
         client: a ``redis.Redis`` or ``RedisCluster`` created with ``decode_responses=False``.
         config: prefix, shard count and limits; ``config.url`` is not used here.
-        clock: "now" for ``timedelta`` ready times; tests may pass a fake one. By default the
-            server's clock (read once, advanced with a monotonic clock), the one every claim uses,
-            so a producer whose wall clock is off schedules neither early nor late.
+        clock: "now" in ms, kept as ``store.clock``: the one clock of everything that uses this
+            store (``timedelta`` ready times, its forwarders, leases, periodic firing and
+            targets). By default a :class:`~delayq_backends.timeutil.ServerClock` on the server
+            whose ``TIME`` every claim uses, so a host whose wall clock is off schedules and
+            forwards neither early nor late; a test passes its fake clock here, and only here.
     """
 
     def __init__(self, client: Client, config: Config | None = None, *, clock: Clock | None = None) -> None:
         self.client = client
         self.config = config or Config()
-        self.clock: Clock = clock if clock is not None else ServerClock(self.server_time_ms)
+        self.clock: Clock = clock if clock is not None else ServerClock(self._server_time)
         self.scripts = ScriptRunner(client, Durability(self.config.durable_replicas, self.config.durable_timeout_ms))
         self.cluster = is_cluster(client)
         self._shard_keys: list[ShardKeys] | None = None
@@ -216,8 +218,15 @@ class StoreCore:
         return [shard]
 
     def server_time_ms(self) -> int:
+        """The server's ``TIME`` in ms, read now (a round trip): what :attr:`clock` follows."""
         seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
+
+    def _server_time(self) -> float:
+        """The server's ``TIME`` in ms to the µs, for :attr:`clock` (which rounds down once, after
+        advancing it)."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) / 1000
 
     def script_now(self, now: int | None) -> int:
         """The "now" a script that reads the time is given: ``now`` if the caller chose one, else 0,
@@ -249,6 +258,25 @@ class StoreCore:
             return [read(partial(self.scripts.run, call)) for call in calls]
         raw = self.scripts.run_pipelined(calls)
         return [read(partial(_parsed, call, answer)) for call, answer in zip(calls, raw)]
+
+    def run_each_with(
+        self, calls: Sequence[ScriptCall[R]], reads: Callable[[Any], None]
+    ) -> tuple[list[R | Exception], list[Any]]:
+        """Run ``calls`` as :meth:`run_each` does and the plain commands ``reads`` queues on a
+        pipeline, in one round trip: each call's reply or error, then the commands' replies
+        (errors as values), in their order. On a cluster (whose pipelines cannot run scripts)
+        or for a call that waits for replicas, the calls run first, then the commands."""
+        if self.cluster or any(self.scripts.waits(call) for call in calls):
+            replies = self.run_each(calls)
+            with self.client.pipeline(transaction=False) as pipe:
+                reads(pipe)
+                return replies, list(pipe.execute(raise_on_error=False))
+        with self.client.pipeline(transaction=False) as pipe:
+            for call in calls:
+                self.scripts.queue(call, pipe)
+            reads(pipe)
+            raw = pipe.execute(raise_on_error=False)
+        return [_reply_or_error(partial(_parsed, c, a)) for c, a in zip(calls, raw)], list(raw[len(calls) :])
 
     def _queue(self, call: Callable[[ShardKeys], ScriptCall[Any]], shard: int, pipeline: Any) -> None:
         """Queue the script call ``call`` builds from ``shard``'s keys on a caller's pipeline or

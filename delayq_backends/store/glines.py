@@ -14,21 +14,34 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from redis.exceptions import ResponseError
 
 from ..envelope import Envelope, groups_of
 from ..keys import GROUP_REASON, MAX_RANK, RANK_SPAN, group_policy_key, group_wake_channel
-from ..models import Claim, LinePlace, LineRelease
+from ..models import Claim, LinePlace, LineRelease, SlotGrant
 from ..scripts.store import GroupPark, GroupRelease, LineItem
 from .base import Payload
 from .slots import WAIT_MS, SlotAsk, Slots
 
-__all__ = ["GROUPS_PER_LOOK", "MAX_HAND_OVER", "LINE_RECHECK_MS", "GroupLines", "GroupRoom", "line_group", "line_order"]
+__all__ = [
+    "GROUPS_PER_LOOK",
+    "HEADS_GUESSED",
+    "MAX_HAND_OVER",
+    "LINE_RECHECK_MS",
+    "GroupLines",
+    "GroupRoom",
+    "line_group",
+    "line_order",
+]
 
 #: Most line heads one hand-over gives a group (:meth:`GroupLines.hand_over`); more free slots
 #: are the release step's (its budget shared across the shards).
 MAX_HAND_OVER = 100
+#: Most line heads a shard the hand-over reads with a group's room, in the same round trip (the
+#: group's limit as known here, at least one): a group with more free slots has its heads read again.
+HEADS_GUESSED = 10
 #: How long until a parked re-check looks at an item waiting in its line (a safety net: an item
 #: found in no line is released then). Long: a line's item is released by its group, not by this.
 LINE_RECHECK_MS = 300_000
@@ -124,12 +137,7 @@ class GroupLines(Slots):
             return {}
         asks = {g: SlotAsk(limits.get(g, 0), ()) for g in named}
         grants = self.take_slots(asks, hold_ms=hold_ms, wait_ms=WAIT_MS, mode="join")
-        return {
-            g: grant
-            if isinstance(grant, Exception)
-            else GroupRoom(grant.limit, grant.running, grant.reset, grant.paused, grant.throttled_until)
-            for g, grant in grants.items()
-        }
+        return {g: _room(grant) for g, grant in grants.items()}
 
     def group_weights(self, groups: Sequence[str]) -> dict[str, float]:
         """Each group's weight (its policy's ``weight``; 1 when unset or not a number > 0), one
@@ -148,15 +156,26 @@ class GroupLines(Slots):
         """The first ``count`` items of each group's line in each of its shards (``wanted``: group
         -> shards) that are due by ``now``, as (order, shard): one round trip. A group with few
         free slots gives them to the earliest heads across the shards."""
-        asked = [(g, s) for g, shards in wanted.items() for s in shards]
+        asked = [(g, s, count) for g, shards in wanted.items() for s in shards]
         if not asked or count <= 0:
             return {}
         with self.client.pipeline(transaction=False) as pipe:
-            for g, s in asked:  # within the bands: a hand-written entry outside them is no item
-                pipe.zrangebyscore(self._keys[s].gline(g), 0, f"({LINE_END}", start=0, num=count, withscores=True)
+            self._queue_heads(pipe, asked)
             replies = pipe.execute(raise_on_error=False)
-        heads: dict[str, list[tuple[int, int]]] = {g: [] for g in wanted}
-        for (g, s), reply in zip(asked, replies):
+        return self._heads_read(wanted, asked, replies, now)
+
+    def _queue_heads(self, pipe: Any, asked: Sequence[tuple[str, int, int]]) -> None:
+        """Queue on ``pipe`` the reads of the first items of each (group, shard, count) line."""
+        for g, s, count in asked:  # within the bands: a hand-written entry outside them is no item
+            pipe.zrangebyscore(self._keys[s].gline(g), 0, f"({LINE_END}", start=0, num=count, withscores=True)
+
+    @staticmethod
+    def _heads_read(
+        groups: Iterable[str], asked: Sequence[tuple[str, int, int]], replies: Sequence[object], now: int
+    ) -> dict[str, list[tuple[int, int]]]:
+        """The due heads (order, shard) per group of :meth:`_queue_heads`' ``replies``."""
+        heads: dict[str, list[tuple[int, int]]] = {g: [] for g in groups}
+        for (g, s, _), reply in zip(asked, replies):
             if isinstance(reply, list):
                 heads[g] += [(int(o), s) for _, o in reply if int(o) % RANK_SPAN <= now]
         return heads
@@ -186,45 +205,77 @@ class GroupLines(Slots):
         self, groups: Iterable[str], *, now: int, held_until: int, limits: Mapping[str, int], hold_ms: int
     ) -> dict[str, GroupRoom | Exception]:
         """Hand the free slots of ``groups`` (woken: a slot was given back) straight to the heads of
-        their lines, earliest first across the shards: the groups' rooms (:meth:`group_rooms`,
-        which folds the workers' end reports), their due line heads (one round trip each), then
-        one ``group_release.lua`` call per shard holding a head (one round trip), and a group
-        whose heads take all its free slots held until ``held_until`` in its other shards' lines
-        (as the release step holds a bound group; pipelined with the release). The claim that
-        follows takes the heads, and admission takes their slots as for any release: a hand-over
-        adds no slot. A group with no limit, or whose room or heads cannot be read, has its
-        lines made due now in every shard: the release step looks at them in this pass. The
-        groups' rooms as read (for the caller to log what the slot script dropped)."""
+        their lines, earliest first across the shards, in two round trips: the groups' rooms (as
+        :meth:`group_rooms` reads them, folding the workers' end reports) with their due line
+        heads (as many a shard as the limit known here, at most :data:`HEADS_GUESSED`; read
+        again in a round trip of their own when a group has more free slots), then one
+        ``group_release.lua`` call per shard holding a head, with a group whose heads take all
+        its free slots held until ``held_until`` in its other shards' lines (as the release step
+        holds a bound group). The claim that follows takes the heads, and admission takes their
+        slots as for any release: a hand-over adds no slot. A group with no limit, or whose room
+        or heads cannot be read, has its lines made due now in every shard: the release step
+        looks at them in this pass. The groups' rooms as read (for the caller to log what the
+        slot script dropped)."""
         named = list(dict.fromkeys(groups))
         if not named:
             return {}
-        rooms = self.group_rooms(named, limits=limits, hold_ms=hold_ms)
+        guessed = {g: max(1, min(limits.get(g, 0), HEADS_GUESSED)) for g in named}
+        rooms, heads = self._rooms_and_heads(guessed, limits=limits, hold_ms=hold_ms, now=now)
         free = {g: r.free for g, r in rooms.items() if isinstance(r, GroupRoom) and r.free is not None}
-        looked = [g for g in named if g not in free]
-        shards = list(range(len(self._keys)))
         wanted = {g: min(n, MAX_HAND_OVER) for g, n in free.items() if n > 0}
-        heads = self.line_heads({g: shards for g in wanted}, count=max(wanted.values(), default=0), now=now)
-        plan: dict[int, dict[str, int]] = {}
-        bound: list[str] = []
-        for g, n in wanted.items():
-            first = sorted(heads.get(g, ()))[:n]
-            for _, shard in first:
-                plan.setdefault(shard, {})[g] = plan.get(shard, {}).get(g, 0) + 1
-            if len(first) >= n:
-                bound.append(g)
-        held = set(bound)
-        released = self.release_lines(
-            {s: [(g, k, held_until if g in held else 0) for g, k in gs.items()] for s, gs in plan.items()}
-        )
-        failed = {g for s, reply in released.items() if isinstance(reply, Exception) for g in plan[s]}
-        with self.client.pipeline(transaction=False) as pipe:
-            if looked or failed:
-                self._lines_due(pipe, [*looked, *sorted(failed)], now)
-            for k in self._keys:  # only raised (GT): a line due later keeps its time
-                if bound:
-                    pipe.zadd(k.gready, dict.fromkeys(bound, held_until), xx=True, gt=True)
-            pipe.execute(raise_on_error=False)
+        more = {g: n for g, n in wanted.items() if n > guessed[g]}
+        if more:  # more free slots than heads read a shard
+            shards = range(len(self._keys))
+            heads.update(self.line_heads(dict.fromkeys(more, shards), count=max(more.values()), now=now))
+        plan, bound = _hand_over_plan(wanted, heads)
+        self._hand_over_writes(plan, bound, [g for g in named if g not in free], now=now, held_until=held_until)
         return rooms
+
+    def _rooms_and_heads(
+        self, guessed: Mapping[str, int], *, limits: Mapping[str, int], hold_ms: int, now: int
+    ) -> tuple[dict[str, GroupRoom | Exception], dict[str, list[tuple[int, int]]]]:
+        """The rooms of the groups of ``guessed`` and the first ``guessed[g]`` due heads of each
+        of group g's lines (order, shard), in one round trip."""
+        asks = {g: SlotAsk(limits.get(g, 0), ()) for g in guessed}
+        at = self.script_now(None)
+        calls, tokens = self.slot_take_calls(asks, hold_ms=hold_ms, wait_ms=WAIT_MS, now=at, mode="join")
+        asked = [(g, s, n) for g, n in guessed.items() for s in range(len(self._keys))]
+        replies, reads = self.run_each_with(calls, lambda pipe: self._queue_heads(pipe, asked))
+        grants = self.slots_granted(asks, replies, tokens, at)
+        return {g: _room(grant) for g, grant in grants.items()}, self._heads_read(guessed, asked, reads, now)
+
+    def _hand_over_writes(
+        self,
+        plan: Mapping[int, Mapping[str, int]],
+        bound: Sequence[str],
+        looked: Sequence[str],
+        *,
+        now: int,
+        held_until: int,
+    ) -> None:
+        """Release ``plan``'s heads (shard -> group -> how many), hold the ``bound`` groups' other
+        lines until ``held_until`` (only raised: a line due later keeps its time) and make the
+        ``looked`` groups' lines due now, in one round trip; a group whose release failed has its
+        lines made due now (one more)."""
+        held = set(bound)
+        at = self.script_now(None)
+        calls = [
+            GroupRelease.call(self._keys[s], [(g, n, held_until if g in held else 0) for g, n in gs.items()], now=at)
+            for s, gs in plan.items()
+        ]
+
+        def writes(pipe: Any) -> None:
+            if looked:
+                self._lines_due(pipe, looked, now)
+            for k in self._keys if bound else ():
+                pipe.zadd(k.gready, dict.fromkeys(bound, held_until), xx=True, gt=True)
+
+        replies, _ = self.run_each_with(calls, writes)
+        failed = sorted({g for s, reply in zip(plan, replies) if isinstance(reply, Exception) for g in plan[s]})
+        if failed:
+            with self.client.pipeline(transaction=False) as pipe:
+                self._lines_due(pipe, failed, now)
+                pipe.execute(raise_on_error=False)
 
     @property
     def group_wake_channel(self) -> str:
@@ -275,6 +326,29 @@ class GroupLines(Slots):
                 pipe.zcount(other.gline(group), "-inf", f"({int(order)}")
             counts = pipe.execute(raise_on_error=False)
         return LinePlace(group, sum(c for c in counts if isinstance(c, int)))
+
+
+def _room(grant: SlotGrant | Exception) -> GroupRoom | Exception:
+    """A group's room as a "join" of no item read it (or the error its keys raised)."""
+    if isinstance(grant, Exception):
+        return grant
+    return GroupRoom(grant.limit, grant.running, grant.reset, grant.paused, grant.throttled_until)
+
+
+def _hand_over_plan(
+    wanted: Mapping[str, int], heads: Mapping[str, Sequence[tuple[int, int]]]
+) -> tuple[dict[int, dict[str, int]], list[str]]:
+    """Where each group's ``wanted`` free slots go: its earliest due ``heads`` (order, shard)
+    across the shards, as shard -> group -> how many; and the groups those heads take all of."""
+    plan: dict[int, dict[str, int]] = {}
+    bound: list[str] = []
+    for g, n in wanted.items():
+        first = sorted(heads.get(g, ()))[:n]
+        for _, shard in first:
+            plan.setdefault(shard, {})[g] = plan.get(shard, {}).get(g, 0) + 1
+        if len(first) >= n:
+            bound.append(g)
+    return plan, bound
 
 
 def _text(raw: object) -> str:

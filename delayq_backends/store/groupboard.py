@@ -8,8 +8,7 @@ so every view names a page or the top N and sums the rest: the board holds both.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..models import GroupStatus
@@ -91,5 +90,5 @@ class GroupKeyList(KeyList):
     """The groups in use (:meth:`Groups.groups_in_use`, a SCAN), listed again at most every
     ``ttl`` seconds (see :class:`~.keylist.KeyList`); their statuses are read fresh on every call."""
 
-    def __init__(self, store: Groups, *, ttl: float = GROUP_KEYS_TTL, clock: Callable[[], float] = time.monotonic):
-        super().__init__(store.groups_in_use, ttl=ttl, clock=clock)
+    def __init__(self, store: Groups, *, ttl: float = GROUP_KEYS_TTL):
+        super().__init__(store.groups_in_use, ttl=ttl)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -142,7 +141,7 @@ class Groups(Slots):
                 f"group {key!r}: throttle for {seconds!r} s: use seconds > 0 and <= {MAX_THROTTLE_SECONDS}"
             )
         by = _check_paused(key, by)
-        until = self.server_time_ms() + round(seconds * 1000)
+        until = self.clock() + round(seconds * 1000)
         name = group_policy_key(self.config.prefix, key)
         current = self.group_policy(key).throttled_until
         if current is None or current < until:
@@ -234,10 +233,8 @@ class SlotKeyList(KeyList):
     seconds (see :class:`~.keylist.KeyList`); the statuses of listed keys are read fresh on every
     call (:meth:`Groups.slot_board`)."""
 
-    def __init__(
-        self, store: Groups, *, ttl: float = KEY_LIST_TTL, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        super().__init__(store.groups_in_use, ttl=ttl, clock=clock)
+    def __init__(self, store: Groups, *, ttl: float = KEY_LIST_TTL) -> None:
+        super().__init__(store.groups_in_use, ttl=ttl)
 
 
 def _check_paused(key: str, by: Any) -> str:

@@ -17,10 +17,9 @@ class KeyList:
     Thread-safe: the exporter and the dashboard serve several requests at once.
     """
 
-    def __init__(self, list_keys: Callable[[], list[str]], *, ttl: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, list_keys: Callable[[], list[str]], *, ttl: float):
         self.list_keys = list_keys
         self.ttl = ttl
-        self.clock = clock
         self._keys: list[str] = []
         self._listed: float | None = None
         self._lock = threading.Lock()
@@ -28,7 +27,7 @@ class KeyList:
     def __call__(self) -> list[str]:
         """The keys, listed again when the last list is ``ttl`` old (a SCAN error propagates)."""
         with self._lock:
-            now = self.clock()
+            now = time.monotonic()  # an age, not a time: not the store's clock
             if self._listed is None or now - self._listed >= self.ttl:
                 self._keys = self.list_keys()
                 self._listed = now

@@ -163,7 +163,7 @@ class Reader(StoreCore):
         ``error`` with zero counts; the others report as usual. An outage still raises.
         """
         self.check_meta(record=False)
-        now = self.server_time_ms()
+        now = self.clock()
         with self.client.pipeline(transaction=False) as pipe:
             for k in self._keys:
                 pipe.zcard(k.due)

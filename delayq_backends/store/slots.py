@@ -29,6 +29,7 @@ from ..keys import (
     slot_waiting_key,
 )
 from ..models import SlotGrant
+from ..scripts.library import ScriptCall
 from ..scripts.store import Promote, SlotEnd, SlotTake
 from .base import StoreCore
 
@@ -146,6 +147,15 @@ class Slots(StoreCore):
         the store's policies by pattern (``config.group_policies``); a paused or throttled
         group, or one over its rate, grants nothing (``SlotGrant.reasons`` says why)."""
         at = self.script_now(now)
+        calls, tokens_of = self.slot_take_calls(asks, hold_ms=hold_ms, wait_ms=wait_ms, now=at, mode=mode)
+        replies = self.run_each(calls)
+        return self.slots_granted(asks, replies, tokens_of, at)
+
+    def slot_take_calls(
+        self, asks: Mapping[str, SlotAsk], *, hold_ms: int, wait_ms: int, now: int, mode: str
+    ) -> tuple[list[ScriptCall[SlotGrant]], dict[str, tuple[str, ...]]]:
+        """The ``slot_take.lua`` calls of :meth:`take_slots` (one per key of ``asks``, in their
+        order; ``now`` as :meth:`script_now` gives it), and each key's tokens."""
         calls, tokens_of = [], {}
         for key, a in asks.items():
             if mode != "take":
@@ -170,11 +180,21 @@ class Slots(StoreCore):
                     hold_ms=hold_ms,
                     wait_ms=wait_ms,
                     cap_ms=MAX_HOLD_MS,
-                    now=at,
+                    now=now,
                     mode=mode,
                 )
             )
-        replies = self.run_each(calls)
+        return calls, tokens_of
+
+    def slots_granted(
+        self,
+        asks: Mapping[str, SlotAsk],
+        replies: Sequence[SlotGrant | Exception],
+        tokens_of: Mapping[str, tuple[str, ...]],
+        at: int,
+    ) -> dict[str, SlotGrant | Exception]:
+        """The grants of :meth:`slot_take_calls`' ``replies`` (each with its tokens), once the
+        items the free slots wait for are brought forward."""
         self._bring_forward((m for r in replies if not isinstance(r, Exception) for m in r.heads), at)
         return {
             key: reply if isinstance(reply, Exception) else replace(reply, tokens=tokens_of[key])

@@ -199,7 +199,7 @@ class DueTime(BaseModel):
         """Integer ms; a countdown counts from the store server's clock, as forwarders do."""
         if self.eta is not None:
             return to_ms(self.eta)
-        return to_ms(timedelta(seconds=self.countdown or 0.0), clock=store.server_time_ms)
+        return to_ms(timedelta(seconds=self.countdown or 0.0), clock=store.clock)
 
 
 #: A task, queue, exchange or routing key name: printable text (no control characters).
@@ -626,7 +626,7 @@ def due(
         raise HTTPException(
             status.HTTP_400_BAD_REQUEST, f"{buckets} buckets is over 1440: raise bucket_minutes or lower minutes"
         )
-    start = svc.store.server_time_ms() // 60_000 * 60_000
+    start = svc.store.clock() // 60_000 * 60_000
     with reading("the due counts"):
         overdue, counts = svc.store.due_histogram(start, bucket_minutes * 60_000, buckets)
     return DueOut(start=iso(start) or "", bucket_minutes=bucket_minutes, overdue=overdue, counts=counts)

@@ -32,8 +32,9 @@ from pydantic.json_schema import SkipJsonSchema
 from ..entries import iso
 from ..envelope import Envelope
 from ..errors import ConfigError, DelayqError, EnvelopeError
+from ..kinds import ENTRY_KINDS, view
 from ..periodic import ops
-from ..periodic.options import IMPORT_PATH, MAX_SECONDS, OPTION_FIELDS, OptionField, RunOptions
+from ..periodic.options import CELERY, IMPORT_PATH, MAX_SECONDS, OPTION_FIELDS, RQ, OptionField, RunOptions
 from ..periodic.registry import PeriodicError
 from ..periodic.schedules import Cron, Every, Misfire, Once, Schedule, interval, zone_named
 from ..periodic.state import state_of
@@ -195,7 +196,7 @@ class _EntryDefinition(BaseModel):
                 Cron.checked(self.cron, self.tz)
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
-        wanted, other = ("task", "func") if self.kind == "celery" else ("func", "task")
+        wanted, other = ("task", "func") if self.kind == CELERY else ("func", "task")
         if getattr(self, wanted) is None or getattr(self, other) is not None:
             raise ValueError(f"an entry of kind {self.kind!r} names its {wanted}, not a {other}")
         try:
@@ -521,7 +522,7 @@ def _schedule(body: EntryIn) -> Schedule:
     if body.every is not None:
         return interval(body.every)
     if body.cron is not None:
-        return Cron.checked(body.cron, body.tz, day_or=body.kind == "rq")  # RQ's reading of both day fields
+        return Cron.checked(body.cron, body.tz, day_or=ENTRY_KINDS[body.kind].day_or)  # the kind's reading
     assert body.at is not None  # EntryIn: exactly one schedule
     return Once(to_ms(body.at))
 
@@ -540,7 +541,7 @@ def _spec(svc: Services, body: EntryIn) -> ops.EntrySpec:
 def _built(svc: Services, body: EntryIn) -> ops.EntrySpec:
     schedule = ops.keep_alignment(svc.store, body.name, _schedule(body), body.aligned)
     run_options = body.run_options()
-    if body.kind == "rq":
+    if body.kind == RQ:
         producer: RQProducer = _available(svc.rq)
         misfire = Misfire(body.misfire, body.misfire_grace, body.misfire_max)
         return producer.entry(
@@ -601,16 +602,7 @@ def _definition(svc: Services, name: str) -> DefinitionOut | None:
         queue=envelope.destination or None,
         options=state.options.to_json(),
     )
-    view = _task_view(envelope)
-    if view is not None:
-        out.args, out.kwargs, out.queue = view.args, view.kwargs, view.queue
+    run = view(envelope) or {}
+    if "args" in run:  # a Celery entry's run as the worker gets it
+        out.args, out.kwargs, out.queue = run["args"], run["kwargs"], run["queue"]
     return out
-
-
-def _task_view(envelope: Envelope) -> Any:
-    """A Celery entry's run as the worker gets it (args, kwargs, queue); None for other kinds."""
-    try:
-        from ..celery.periodic import task_view
-    except ImportError:
-        return None
-    return task_view(envelope)

@@ -321,7 +321,7 @@ def test_sync_fire_and_rearm_on_real_servers(store: Any) -> None:
     app.conf.beat_schedule = {"fast": {"task": "t.fast", "schedule": 0.2}, "slow": {"task": "t.slow", "schedule": 3600}}
     assert sorted(sync(app, store).added) == ["fast", "slow"]
     sent = CollectingTarget("celery")
-    forwarder = TestingForwarder(store, [sent, PeriodicTarget(sent)], clock=store.server_time_ms)
+    forwarder = TestingForwarder(store, [sent, PeriodicTarget(sent)])
     deadline = datetime.now(timezone.utc) + timedelta(seconds=20)
     while len(sent.delivered) < 3 and datetime.now(timezone.utc) < deadline:
         forwarder.run_once()

@@ -22,6 +22,7 @@ from delayq_backends.overlap_policy import POLICIES
 from delayq_backends.periodic.ops import item_id, statuses
 from delayq_backends.store import RUN_HOLD_MS
 from delayq_backends.targets import SLOT_TOKEN
+from delayq_backends.testing import TestingForwarder
 from delayq_backends.timeutil import from_ms
 from tests.test_celery.test_periodic import Harness
 
@@ -91,7 +92,7 @@ def test_skip_counts_a_crashed_workers_period_until_its_hold_lapses() -> None:
 def test_buffer_one_keeps_one_run_waiting_and_skips_the_rest() -> None:
     metrics = ForwarderMetrics()
     h = _harness("buffer_one")
-    h.periodic.on_skipped = metrics.observe_periodic_skipped
+    h.forwarder = TestingForwarder(h.store, [h.sent, h.periodic], metrics=metrics)  # the skipped periods reported
     h.fire_next("m")
     (first,) = _messages(h)
     _worker(h, first, "start")

@@ -22,9 +22,9 @@ from rq.registry import FailedJobRegistry
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget, Scheduler
+from delayq_backends.rq.allowlist import ClassAllowlist, _import
 from delayq_backends.rq.failed import MARK
 from delayq_backends.rq.registry import registry_key
-from delayq_backends.rq.target import ClassAllowlist, _import
 from tests.harness.rq import Processes, runs
 from tests.helpers import wait_for
 

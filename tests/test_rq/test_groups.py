@@ -17,8 +17,8 @@ from delayq_backends import DelayStore
 from delayq_backends.envelope import Envelope, Group, groups_of
 from delayq_backends.errors import InvalidGroupError
 from delayq_backends.rq import Queue, Scheduler
+from delayq_backends.rq.jobs import slot_token_key
 from delayq_backends.rq.slots import Slots
-from delayq_backends.rq.target import slot_token_key
 from delayq_backends.store import slot_member
 from tests.harness.rq import Processes, runs
 from tests.helpers import group_running, hold_in_groups, wait_for

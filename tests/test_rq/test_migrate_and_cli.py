@@ -21,8 +21,8 @@ from delayq_backends import Config, DelayStore, Envelope
 from delayq_backends.cli import main
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
+from delayq_backends.rq.jobs import AT_FRONT_RANK
 from delayq_backends.rq.migrate import RQ_SCHEDULER_KEY
-from delayq_backends.rq.target import AT_FRONT_RANK
 from tests.harness.rq import SHARDS, Processes, runs
 from tests.helpers import wait_for
 

@@ -256,7 +256,7 @@ def test_scheduler_cron_reads_rq_schedulers_syntax_by_default_and_standard_cron_
     with pytest.raises(InvalidScheduleError, match="cron_syntax"):
         Scheduler(f"{prefix}-x", connection=conn, cron_syntax="quartz")
     # the forwarder re-arms in the job's own syntax: the next run is an hour on, not a minute
-    forwarder = Forwarder(rq_store, [RQTarget(conn, clock=lambda: now + 10**4)])
+    forwarder = Forwarder(rq_store, [RQTarget(conn, clock=lambda: int((now + 10**4) * 1000))])
     rq_store.reschedule(hourly_at_5.id, 0)
     assert forwarder.run_once() >= 1
     following = rq_store.get(hourly_at_5.id)

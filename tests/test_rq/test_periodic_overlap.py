@@ -22,7 +22,8 @@ from delayq_backends.cli import main
 from delayq_backends.envelope import Envelope, slot_of
 from delayq_backends.errors import ConfigError
 from delayq_backends.forwarder import Forwarder
-from delayq_backends.rq import Queue, Scheduler
+from delayq_backends.metrics import ForwarderMetrics
+from delayq_backends.rq import Queue, RQTarget, Scheduler
 from delayq_backends.rq.periodic import InvalidScheduleError, due_between
 from delayq_backends.store import SlotRun
 from tests.harness.rq import Processes, runs
@@ -137,14 +138,17 @@ def test_delayq_list_shows_a_jobs_policy_and_skipped_periods(
 
 
 def test_the_forwarder_skips_buffers_and_counts_in_process(
-    conn: redis.Redis, queue: Queue, rq_store: DelayStore, forwarder: Forwarder
+    conn: redis.Redis, queue: Queue, rq_store: DelayStore
 ) -> None:
     """One forwarder pass at a time (the worker's holds played by ``hold_slots``, as SlotWorker
     names them: the job id): what each policy does with a period whose previous run holds the
     slot, what it counts in the envelope and tells the metrics."""
-    target = forwarder.targets["rq"]
-    told: list[tuple[str, int]] = []
-    target.on_skipped = lambda job, n: told.append((job, n))
+    metrics = ForwarderMetrics()
+    forwarder = Forwarder(rq_store, [RQTarget(conn)], retry_delay=0.05, metrics=metrics)
+
+    def told(job_id: str) -> float:
+        return float(metrics.periodic_skipped.labels(job_id)._value.get())
+
     scheduler = Scheduler(queue=queue, connection=conn, delay_store=rq_store)
     # a second ago: a ready time "now" rounds up a millisecond, past a claim made in the same one
     first = datetime.now(timezone.utc) - timedelta(seconds=1)
@@ -157,7 +161,7 @@ def test_the_forwarder_skips_buffers_and_counts_in_process(
         rq_store.reschedule(job.id, time.time() - 5)  # the next period, 5 s late
     forwarder.run_once()
     assert conn.llen(queue.key) == 2
-    assert _schedule(rq_store, skip.id)["skipped"] == 1 and told == [(skip.id, 1)]
+    assert _schedule(rq_store, skip.id)["skipped"] == 1 and (told(skip.id), told(buffer.id)) == (1, 0)
     item = rq_store.get(skip.id)
     assert item is not None and item.ready_ms > time.time() * 1000  # its next period
     assert rq_store.slot_status(f"periodic:{buffer.id}").waiting == 1  # waits, first in line
@@ -165,4 +169,4 @@ def test_the_forwarder_skips_buffers_and_counts_in_process(
     time.sleep(0.3)
     forwarder.run_once()
     assert conn.llen(queue.key) == 3  # moved as soon as free, and the periods it waited over counted
-    assert _schedule(rq_store, buffer.id)["skipped"] == 2 and told[-1] == (buffer.id, 2)
+    assert _schedule(rq_store, buffer.id)["skipped"] == 2 and told(buffer.id) == 2

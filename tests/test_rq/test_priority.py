@@ -10,7 +10,7 @@ from rq.job import Job
 
 from delayq_backends import DelayStore
 from delayq_backends.rq import Queue, Scheduler
-from delayq_backends.rq.target import AT_FRONT_RANK
+from delayq_backends.rq.jobs import AT_FRONT_RANK
 from tests.harness.rq import Processes
 from tests.helpers import wait_for
 

@@ -207,7 +207,7 @@ def test_cron_fires_once_per_minute_boundary_with_forwarders_racing(
     job = scheduler.cron("*/1 * * * *", RECORD, args=["c"])
     item = rq_store.get(job.id)
     assert item is not None and item.ready_ms == boundary * 1000
-    forwarders = [Forwarder(rq_store, [RQTarget(conn, clock=now)]) for _ in range(3)]
+    forwarders = [Forwarder(rq_store, [RQTarget(conn, clock=lambda: int(now() * 1000))]) for _ in range(3)]
 
     def race() -> None:
         threads = [threading.Thread(target=lambda f=f: [f.run_once() for _ in range(8)]) for f in forwarders]

@@ -21,7 +21,7 @@ from delayq_backends import Config, DelayStore, Envelope
 from delayq_backends.envelope import Envelope as EnvelopeType
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget
-from delayq_backends.rq.target import ClassAllowlist
+from delayq_backends.rq.allowlist import ClassAllowlist
 from delayq_backends.store import Lease
 from delayq_backends.targets import Delivery
 from tests.harness.rq import SHARDS, Processes, runs

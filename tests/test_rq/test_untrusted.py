@@ -21,7 +21,7 @@ from rq.scheduler import RQScheduler
 from delayq_backends import DelayStore, Envelope
 from delayq_backends.forwarder import Forwarder
 from delayq_backends.rq import Queue, RQTarget, Scheduler
-from delayq_backends.rq.target import ClassAllowlist
+from delayq_backends.rq.allowlist import ClassAllowlist
 from tests.harness.rq import Processes
 from tests.helpers import wait_for
 
@@ -108,8 +108,8 @@ def test_a_class_path_off_the_allowlist_waits_is_named_once_and_is_never_importe
     good = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, "good")
     bad = queue.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), RECORD, "bad")
     rq_store.schedule(bad.id, 0, Envelope("rq", queue.name, meta={key: path}))
-    past = [0.0]  # the target's clock: its "look again" times are due at once
-    forwarder = Forwarder(rq_store, [RQTarget(conn, clock=lambda: past[0])], retry_delay=0.05)
+    # the target's clock at the epoch (ms): its "look again" times are due at once
+    forwarder = Forwarder(rq_store, [RQTarget(conn, clock=lambda: 0)], retry_delay=0.05)
     with caplog.at_level("WARNING", logger="delayq.rq"):
         assert forwarder.run_once() == 2
         assert forwarder.run_once() == 1  # looked at again: still waits, no second warning

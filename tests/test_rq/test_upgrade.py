@@ -20,7 +20,7 @@ from delayq_backends import DelayStore, Envelope
 from delayq_backends.cli import main
 from delayq_backends.models import FailedDelivery, ScheduledItem
 from delayq_backends.rq import Queue, upgrade
-from delayq_backends.rq.target import job_rank
+from delayq_backends.rq.jobs import job_rank
 from tests.harness import make_store
 from tests.harness.rq import SHARDS, Processes, runs
 from tests.helpers import wait_for
