@@ -10,102 +10,78 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
 
 from .audit import open_audit
-from .config import Config
+from .config import Config, check_settings, setting
 from .connection import connect, redact_url
-from .flow import FlowControl
-from .forwarder import Forwarder, ForwarderStats
-from .forwarder import settings as forwarding
+from .forwarder import Forwarder, ForwarderSettings, ForwarderStats
 from .kinds import KINDS
 from .metrics import DEFAULT_METRICS_HOST, ForwarderMetrics, LabelBounds, serve_metrics
 from .store import DelayStore
 from .storespec import open_store
 from .targets import RedisListTarget, Target
 
-__all__ = [
-    "AssembledForwarder",
-    "DescribedTarget",
-    "ForwarderSettings",
-    "ProcessSettings",
-    "build_forwarder",
-    "list_targets",
-]
+__all__ = ["AssembledForwarder", "DescribedTarget", "ProcessSettings", "build_forwarder", "list_targets"]
 
 
 @dataclass(frozen=True)
 class ProcessSettings:
-    """Everything a forwarder process is configured with.
+    """Everything a forwarder process is configured with: the store's :class:`Config` (with the
+    lease and attempt limits the forwarder claims under), the forwarder's own
+    :class:`ForwarderSettings`, and what the process adds around them (logs, audit, metrics,
+    targets); each field's :class:`~delayq_backends.config.Setting` says what it is."""
 
-    Attributes:
-        store: the store, with the lease and attempt limits the forwarder claims under.
-        batch: items per claim.
-        poll: longest sleep in seconds, so a lost wake-up never strands an item.
-        meta_watch: seconds between two checks that the store's metadata did not change.
-        log_every: seconds between two summary log lines.
-        flow: back-pressure and rate caps per queue.
-        audit_dir, audit_stream: where to log one record per forwarded item (one or neither).
-        metrics_port: serve Prometheus metrics on this port (None: off), on ``metrics_host``.
-        metrics_queues: queues labelled by name in the metrics (flow-controlled ones are too).
-        list_target: deliver ``list`` envelopes, to ``list_redis`` (None: the store's server).
-        celery_broker: deliver ``celery`` envelopes (and periodic entries) to this broker.
-        rq_redis: deliver ``rq`` envelopes to the RQ queues of this Redis, and fire RQ periodic
-            entries (``rq-periodic``) there.
-        rq_allow_classes: module prefixes RQ envelopes may name classes under.
-        rq_class_retry: seconds RQ jobs naming a class off that allowlist wait before the
-            forwarder looks again (None: the target's default, 30 s).
-        rq_adopt: move jobs a plain ``rq.Queue`` put in ``rq:scheduled:*`` into the store.
-        overlap: claim the next pass while this one is published (see
-            :class:`~delayq_backends.forwarder.ForwarderSettings`).
-        lossless_window: lossless mode (None: off): seconds a published Celery task is kept
-            until a worker with dedupe reports its start, then published again (see
-            :class:`~delayq_backends.forwarder.Forwarder`).
-        slot_start_window: seconds a concurrency slot taken at release waits for its task's
-            start (see :class:`~delayq_backends.forwarder.ForwarderSettings`).
-    """
-
+    # fmt: off
+    # (a table: one setting per entry)
     store: Config
-    batch: int = forwarding.BATCH.default
-    poll: float = forwarding.POLL.default
-    meta_watch: float = forwarding.META_WATCH.default
-    log_every: float = 10.0
-    flow: FlowControl = field(default_factory=FlowControl)
-    audit_dir: str | None = None
-    audit_stream: str | None = None
-    metrics_port: int | None = None
-    metrics_host: str = DEFAULT_METRICS_HOST
-    metrics_queues: tuple[str, ...] = ()
-    list_target: bool = True
-    list_redis: str | None = None
-    celery_broker: str | None = None
-    rq_redis: str | None = None
-    rq_allow_classes: tuple[str, ...] = ()
-    rq_class_retry: float | None = None
-    rq_adopt: bool = True
-    lossless_window: float | None = None
-    overlap: bool = forwarding.OVERLAP_DEFAULT
-    slot_start_window: float = forwarding.SLOT_START_WINDOW.default
+    forwarder: ForwarderSettings = ForwarderSettings()
+    log_level: str = setting("info", "debug logs one line per batch.", choices=("debug", "info", "warning", "error"),
+        flag="--log-level", envvar="DELAYQ_LOG_LEVEL")
+    log_every: float = setting(10.0, "Interval of the summary line (forwarded, retried, dead, lateness).", low=0.1,
+        flag="--log-every", metavar="SECONDS")
+    audit_dir: str | None = setting(None,
+        "Log one JSON line per forwarded item to rotating files in DIR (for `delayq spark audit`).", kind=str,
+        flag="--audit-dir", envvar="DELAYQ_AUDIT_DIR", metavar="DIR")
+    audit_stream: str | None = setting(None,
+        "Log one entry per forwarded item to this Redis stream of the store's server (about 1M kept).", kind=str,
+        flag="--audit-stream", envvar="DELAYQ_AUDIT_STREAM", metavar="KEY")
+    metrics_port: int | None = setting(None,
+        "Serve Prometheus metrics (this forwarder's counters, the store's gauges) on PORT.", kind=int, low=1,
+        high=65535, flag="--metrics-port", envvar="DELAYQ_METRICS_PORT", metavar="PORT", shown="off")
+    metrics_host: str = setting(DEFAULT_METRICS_HOST,
+        "Address the metrics listen on; 0.0.0.0 to be scraped from other hosts (e.g. in a container).",
+        flag="--metrics-host", envvar="DELAYQ_METRICS_HOST", metavar="ADDR")
+    metrics_queues: tuple[str, ...] = setting((),
+        "Label metrics with this queue's name (queues of --rate/--key-rate/--max-queue-depth are too); every "
+        "other queue counts as 'other', so item data cannot grow the series. Repeatable (env: space-separated).",
+        flag="--metrics-queue", envvar="DELAYQ_METRICS_QUEUE", metavar="QUEUE", specs=tuple)
+    list_target: bool = setting(True, "Deliver `list` envelopes (RPUSH onto the list each names).")
+    list_redis: str | None = setting(None, "Redis of the list target (RPUSH onto the list each envelope names).",
+        kind=str, flag="--list-redis", envvar="DELAYQ_LIST_REDIS", shown="`--url`")
+    celery_broker: str | None = setting(None,
+        "Celery's broker_url (amqp://, redis://, ...): forward delayed Celery tasks (and fire periodic entries) there.",
+        kind=str, flag="--celery-broker", envvar="DELAYQ_CELERY_BROKER")
+    rq_redis: str | None = setting(None,
+        "Redis of the RQ queues: adds the rq target (may equal --url) and fires RQ periodic entries there.", kind=str,
+        flag="--rq-redis", envvar="DELAYQ_RQ_REDIS")
+    rq_allow_classes: tuple[str, ...] = setting((),
+        "Let RQ envelopes name queue/job classes under this dotted module prefix (whole components; rq and "
+        "delayq_backends always allowed). Repeatable; env DELAYQ_RQ_ALLOW_CLASS adds more (space-separated).",
+        flag="--rq-allow-class", metavar="PREFIX", specs=tuple)
+    rq_class_retry: float | None = setting(None,
+        "How long RQ jobs naming a queue/job class off the allowlist wait before this forwarder looks again.",
+        kind=float, low=0.1, flag="--rq-class-retry", envvar="DELAYQ_RQ_CLASS_RETRY", metavar="SECONDS", shown="`30`")
+    rq_adopt: bool = setting(True, "Every second, move jobs that a plain rq.Queue scheduled into RQ's "
+        "rq:scheduled:<queue> into the store (with a warning), so they do not stall without an RQ scheduler.",
+        flag="--rq-adopt", envvar="DELAYQ_RQ_ADOPT")
+    # fmt: on
 
-    def forwarding(self) -> forwarding.ForwarderSettings:
-        """The settings of the :class:`Forwarder` itself (checked there)."""
-        return forwarding.ForwarderSettings(
-            batch=self.batch,
-            poll_interval=self.poll,
-            meta_watch=self.meta_watch,
-            flow=self.flow,
-            lossless_window=self.lossless_window,
-            overlap=self.overlap,
-            slot_start_window=self.slot_start_window,
-        )
-
-
-#: The name :class:`ProcessSettings` had before the forwarder got settings of its own
-#: (:class:`~delayq_backends.forwarder.ForwarderSettings`); kept so code written for 0.1 runs.
-ForwarderSettings = ProcessSettings
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 @dataclass(frozen=True)
@@ -141,10 +117,10 @@ class AssembledForwarder:
         targets = "; ".join(t.description for t in self.targets if t.description)
         return (
             f"store {redact_url(config.url)} prefix {config.prefix!r}, {config.shards} shards; "
-            f"targets: {targets}; flow control: {s.flow.describe()}"
+            f"targets: {targets}; flow control: {s.forwarder.flow.describe()}"
             + (f"; audit: {self.audit!r}" if self.audit else "")
             + (f"; metrics: http://{s.metrics_host}:{s.metrics_port}/metrics" if s.metrics_port is not None else "")
-            + (f"; lossless: republished if not started within {s.lossless_window:g} s" if s.lossless_window else "")
+            + (f"; lossless: republished if not started within {w:g} s" if (w := s.forwarder.lossless_window) else "")
         )
 
     def run(self) -> ForwarderStats:
@@ -180,7 +156,7 @@ def build_forwarder(
         built = _targets(settings, store, resources) + list(targets)
         metrics = None
         if settings.metrics_port is not None:
-            flow = settings.flow
+            flow = settings.forwarder.flow
             queues = {*settings.metrics_queues, *flow.max_depth, *flow.rates, *flow.key_rates}
             bounds = LabelBounds(queues, [t.target.kind for t in built])
             metrics = ForwarderMetrics(store=store, bounds=bounds)
@@ -193,7 +169,7 @@ def build_forwarder(
         forwarder = Forwarder(
             store,
             [t.target for t in built],
-            settings.forwarding(),
+            settings.forwarder,
             audit=audit,
             metrics=metrics,
         )

@@ -24,11 +24,12 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import redis
 
+from .config import setting
 from .envelope import INVALID_RATE_KEY, rate_key_of
 from .errors import ConfigError, StoreFullError
 from .keys import key_rate_key, rate_key
@@ -117,9 +118,23 @@ class FlowControl:
             the broker once per batch.
     """
 
-    max_depth: Mapping[str, int] = field(default_factory=dict)
-    rates: Mapping[str, float] = field(default_factory=dict)
-    key_rates: Mapping[str, float] = field(default_factory=dict)
+    # fmt: off
+    # (a table: one setting per entry)
+    max_depth: Mapping[str, int] = setting({},
+        "Stop forwarding to QUEUE while its broker queue holds N messages or more; its items wait in the delay "
+        "store, other queues keep flowing. Repeatable (env: space-separated).", flag="--max-queue-depth",
+        envvar="DELAYQ_MAX_QUEUE_DEPTH", celery="delayq_max_queue_depth", metavar="QUEUE=N",
+        specs=lambda texts: dict(map(parse_depth, texts)))
+    rates: Mapping[str, float] = setting({},
+        "Forward at most N items per second (or N/m, N/h) to QUEUE, all forwarders together. Repeatable (env: "
+        "space-separated).", flag="--rate", envvar="DELAYQ_RATE", celery="delayq_rate_limits", metavar="QUEUE=N/s",
+        specs=lambda texts: dict(map(parse_rate, texts)))
+    key_rates: Mapping[str, float] = setting({},
+        "Forward at most N items per second (or N/m, N/h) of each rate key (a tenant: Celery header "
+        "delayq_rate_key, RQ meta delayq_rate_key) to QUEUE, all forwarders together; items without a key are not "
+        "held. Repeatable (env: space-separated).", flag="--key-rate", envvar="DELAYQ_KEY_RATE",
+        celery="delayq_key_rate_limits", metavar="QUEUE=N/s", specs=lambda texts: dict(map(parse_rate, texts)))
+    # fmt: on
     recheck: float = 0.5
     max_recheck: float = 5.0
     probe_ttl: float = 0.5

@@ -15,6 +15,7 @@ from delayq_backends import Config, DelayStore, Envelope
 from delayq_backends.assemble import ProcessSettings, build_forwarder
 from delayq_backends.cli.forward import ForwardOptions, forward_options
 from delayq_backends.errors import ConfigError
+from delayq_backends.forwarder import ForwarderSettings
 from delayq_backends.targets import Delivery, PublishReport, RedisListTarget
 from delayq_backends.testing import FakeClock, TestingForwarder, testing_store
 from tests.helpers import PAST
@@ -22,7 +23,7 @@ from tests.helpers import PAST
 
 @pytest.fixture
 def settings(valkey_url: str, prefix: str) -> Iterator[ProcessSettings]:
-    yield ProcessSettings(store=Config(url=valkey_url, prefix=prefix, shards=4), batch=2)
+    yield ProcessSettings(store=Config(url=valkey_url, prefix=prefix, shards=4), forwarder=ForwarderSettings(batch=2))
     client = redis.Redis.from_url(valkey_url)
     keys = list(client.scan_iter(f"*{prefix}*"))
     if keys:
@@ -91,23 +92,16 @@ def test_no_library_module_imports_the_cli() -> None:
     assert out.split() == ["False", "[]"], out
 
 
-def test_the_name_of_0_1_still_builds_a_forwarder() -> None:
-    """Code written for 0.1 imports ``assemble.ForwarderSettings``: the same record, renamed."""
-    from delayq_backends.assemble import ForwarderSettings as Old
-
-    assert Old is ProcessSettings
-
-
-@pytest.mark.parametrize("args, overlap", [((), False), (("--overlap",), True)])
+@pytest.mark.parametrize("args, overlap", [((), False), (("--claim-ahead",), True), (("--overlap",), True)])
 def test_the_overlap_option_reaches_the_forwarder(
     settings: ProcessSettings, prefix: str, args: tuple[str, ...], overlap: bool
 ) -> None:
-    """``--overlap`` (off by default) turns on claims ahead of publishes in the built forwarder,
-    which then forwards as before."""
+    """``--claim-ahead`` (off by default; ``--overlap``, its old name, still works) turns on claims
+    ahead of publishes in the built forwarder, which then forwards as before."""
     seen: list[ForwardOptions] = []
     command = click.command()(forward_options(lambda run: seen.append(run)))
     assert CliRunner().invoke(command, list(args)).exit_code == 0
-    built = seen[0].settings(settings.store)
+    built = seen[0].settings(settings)
     with build_forwarder(built) as assembled:
         assert assembled.forwarder.sweeper.overlap is overlap
         lists = f"{prefix}:out"

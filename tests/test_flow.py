@@ -79,7 +79,7 @@ def test_cli_options_repeat_take_env_vars_and_refuse_bad_values() -> None:
     @click.command()
     @forward_options
     def show(run: ForwardOptions) -> None:
-        click.echo(json.dumps([run.flow.max_depth, run.flow.rates]))
+        click.echo(json.dumps([run.given["flow"]["max_depth"], run.given["flow"]["rates"]]))
 
     result = CliRunner().invoke(show, ["--max-queue-depth", "a=100", "--max-queue-depth", "b=5", "--rate", "a=500/s"])
     assert result.exit_code == 0, result.output
@@ -99,7 +99,7 @@ def test_celery_settings_are_read_checked_and_overridden_by_options(valkey_url: 
     app.conf.update(broker_url=f"{base}/1", delayq_url=valkey_url)
     app.conf.delayq_max_queue_depth = {"celery": 10_000, "slow": 50}
     app.conf.delayq_rate_limits = {"celery": "500/s", "slow": 2}
-    flow = CelerySettings.of(app).flow
+    flow = CelerySettings.of(app).forwarder.flow
     assert (flow.max_depth, flow.rates) == ({"celery": 10_000, "slow": 50}, {"celery": 500, "slow": 2})
     merged = flow.merged(FlowControl.from_specs(["slow=5"], ["celery=100/s"]))
     assert (merged.max_depth, merged.rates) == ({"celery": 10_000, "slow": 5}, {"celery": 100, "slow": 2})
@@ -122,7 +122,7 @@ def test_celery_forward_command_merges_app_settings_and_options(
     app.conf.update(broker_url=f"{valkey_url.rsplit('/', 1)[0]}/1", delayq_url=valkey_url, delayq_shards=4)
     app.conf.update(delayq_prefix=f"cmd{int(time.time() * 1000)}", delayq_rate_limits={"a": "10/s", "b": "20/s"})
     seen: list[FlowControl] = []
-    monkeypatch.setattr(command, "run_forwarder", lambda settings, **_: seen.append(settings.flow))
+    monkeypatch.setattr(command, "run_forwarder", lambda settings, **_: seen.append(settings.forwarder.flow))
     result = CliRunner().invoke(
         command.forward, ["--rate", "b=5/s", "--max-queue-depth", "a=9"], obj=SimpleNamespace(app=app)
     )

@@ -39,7 +39,7 @@ def test_settings_parse_from_options_env_and_celery(valkey_url: str) -> None:
     @click.command()
     @forward_options
     def show(run: ForwardOptions) -> None:
-        click.echo(json.dumps(run.flow.key_rates))
+        click.echo(json.dumps(run.given["flow"]["key_rates"]))
 
     assert json.loads(CliRunner().invoke(show, ["--key-rate", "q=5/s"]).output) == {"q": 5.0}
     assert json.loads(CliRunner().invoke(show, [], env={"DELAYQ_KEY_RATE": "a=1 b=2/s"}).output) == {"a": 1, "b": 2}
@@ -53,7 +53,7 @@ def test_settings_parse_from_options_env_and_celery(valkey_url: str) -> None:
     app = Celery("key-rate-settings")
     app.conf.update(broker_url=f"{valkey_url.rsplit('/', 1)[0]}/1", delayq_url=valkey_url)
     app.conf.delayq_key_rate_limits = {"celery": "20/s"}
-    assert CelerySettings.of(app).flow.key_rates == {"celery": 20}
+    assert CelerySettings.of(app).forwarder.flow.key_rates == {"celery": 20}
     app.conf.delayq_key_rate_limits = {"celery": "fast"}
     with pytest.raises(ConfigError, match="delayq_key_rate_limits.*'celery' is 'fast'"):
         CelerySettings.of(app)

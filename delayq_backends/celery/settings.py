@@ -1,28 +1,10 @@
 """Celery's ``delayq_*`` settings, read in one place, and the delay store of an app.
 
-Settings are lower-case like Celery's own::
-
-    app.conf.delayq_url = "redis://127.0.0.1:6379/0"   # default: the broker URL if it is Redis
-    app.conf.delayq_prefix = "delayq"
-    app.conf.delayq_shards = 16
-    app.conf.delayq_min_delay = 0       # seconds; a nearer eta is published directly
-    app.conf.delayq_enabled = True
-    app.conf.delayq_max_payload_bytes = 1024 * 1024   # a bigger task message is refused
-    app.conf.delayq_max_queue_depth = {"celery": 10_000}  # forwarding pauses at this broker depth
-    app.conf.delayq_rate_limits = {"celery": "500/s"}    # all forwarders together (N/s, N/m, N/h)
-    app.conf.delayq_key_rate_limits = {"celery": "20/s"}  # each delayq_rate_key of the queue
-    app.conf.delayq_durable_replicas = 0  # > 0: each delayed send waits (WAIT) until replicas have it
-    app.conf.delayq_durable_timeout_ms = 1000
-    app.conf.delayq_duplicate_id = "replace"  # a second send of a waiting task id: replace|keep|error
-    app.conf.delayq_dedupe = False      # True: workers drop a second delivery of a started run
-    app.conf.delayq_dedupe_ttl = 86400  # seconds a run's "started" record is kept
-    app.conf.delayq_lossless = False    # True (needs delayq_dedupe): forwarders keep a published task
-    app.conf.delayq_lossless_window = 60  # ... and publish it again if no start is recorded by then
-    app.conf.delayq_slot_limits = {"customer-*": 2}  # a delayq_slot with no limit of its own: the first match's
-    app.conf.delayq_slot_hold = 60      # seconds a worker's slot hold lasts after its last heartbeat
-    app.conf.delayq_worker_beat = 5     # seconds between worker beats: a worker that missed two is dead
-    app.conf.delayq_group_policies = {"tenant-*": {"limit": 2, "rate": "10/s"}}  # groups by pattern
-    app.conf.delayq_schedule_version = 1234  # grows per deploy: an older beat_schedule never rolls a newer back
+Settings are lower-case like Celery's own (``app.conf.delayq_url = "redis://..."``); each is a
+:class:`~delayq_backends.config.Setting` of the record it configures: the store's
+:class:`~delayq_backends.config.Config`, the forwarder's settings and flow control (read by
+``celery -A proj delayq forward``, whose flags win), and :class:`CelerySettings` for the
+plugin's own. docs/configuration.md lists them all, generated from those records.
 
 ``delayq_duplicate_id`` decides what a second ``apply_async`` with the id of a task still waiting
 in the store does. Native Celery would run both sends (two runs sharing one result). ``replace``
@@ -31,25 +13,8 @@ store in use keeps its meaning, and a send repeated after a timeout (which may h
 stays harmless. ``keep`` lets the first win (an idempotent "schedule once" per id); ``error``
 refuses the second send with :class:`DuplicateTaskIdError` and keeps the first.
 
-``delayq_dedupe`` and ``delayq_dedupe_ttl`` are read by workers: see
-:mod:`delayq_backends.celery.dedupe` (set them before :func:`~delayq_backends.celery.install`).
-
-``delayq_lossless`` and ``delayq_lossless_window`` are read by ``celery -A proj delayq forward``
-(its ``--lossless`` / ``--lossless-window`` options win): lossless mode, see the README.
-
-``delayq_slot_limits`` (glob pattern -> limit, first match wins) gives a task's ``delayq_slot``
-that names no limit the limit of its key's pattern, at send (see
-:mod:`delayq_backends.celery.slots`); a limit set at runtime (``set_slot_limit``) wins over both.
-
-``delayq_group_policies`` (glob pattern -> ``{"limit", "rate", "weight"}``; for each value the
-first pattern that sets it) is the policy of the groups matching it where neither the group's
-runtime policy (``DelayStore.set_group``) nor the item sets one (see
-:mod:`delayq_backends.group_policies`): read by ``celery -A proj delayq forward``, whose
-``--group-policy`` options (and ``DELAYQ_GROUP_POLICIES``) go first.
-
-``delayq_max_queue_depth``, ``delayq_rate_limits`` and ``delayq_key_rate_limits`` are read by
-``celery -A proj delayq forward``; its ``--max-queue-depth``, ``--rate`` and ``--key-rate``
-options win for the queues they name.
+``delayq_dedupe`` and ``delayq_dedupe_ttl`` are read by workers (:mod:`.dedupe`; set them before
+:func:`~delayq_backends.celery.install`), ``delayq_slot_limits`` at send (:mod:`.slots`).
 
 A wrong value fails loudly at first use, naming the setting: a silent fallback would bring
 back worker-side ETAs, the very thing the plugin removes.
@@ -59,26 +24,28 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 from weakref import WeakKeyDictionary
 
 from celery import Celery
 
-from ..config import Config
+from ..config import Config, Setting, check_settings, setting, settings_of
 from ..connection import connect, redact_url
 from ..envelope import Slot
 from ..errors import ConfigError, DelayqError, InvalidSlotError
 from ..flow import FlowControl
-from ..forwarder.settings import LOSSLESS_WINDOW
-from ..group_policies import GroupPolicies
+from ..forwarder.settings import LOSSLESS, LOSSLESS_WINDOW, ForwarderSettings
 from ..periodic.registry import check_version
 from ..store import RUN_HOLD_MS, DelayStore
 from ..storecache import StoreCache
 
 __all__ = [
     "DEFAULT_DEDUPE_TTL",
+    "KNOWN",
+    "LAZY_FUNCTIONS",
+    "SCHEDULE_VERSION",
+    "SETTINGS",
     "CelerySettings",
     "DuplicateTaskIdError",
     "StoreUnavailableError",
@@ -98,57 +65,71 @@ class DuplicateTaskIdError(DelayqError):
     """``delayq_duplicate_id = "error"`` and a task with this id already waits in the store."""
 
 
-_KNOWN = {
-    "delayq_url",
-    "delayq_prefix",
-    "delayq_shards",
-    "delayq_min_delay",
-    "delayq_enabled",
-    "delayq_max_payload_bytes",
-    "delayq_max_queue_depth",
-    "delayq_rate_limits",
-    "delayq_key_rate_limits",
-    "delayq_durable_replicas",
-    "delayq_durable_timeout_ms",
-    "delayq_lazy_functions",
-    "delayq_duplicate_id",
-    "delayq_dedupe",
-    "delayq_dedupe_ttl",
-    "delayq_lossless",
-    "delayq_lossless_window",
-    "delayq_slot_limits",
-    "delayq_slot_hold",
-    "delayq_worker_beat",
-    "delayq_group_policies",
-    "delayq_schedule_version",
-}
 DUPLICATE_ID_MODES = ("replace", "keep", "error")
 #: A run's "started" record outlives any plausible re-delivery: a forwarder's lease (30 s by
 #: default) plus the time the duplicate then waits in the broker's queue behind a backlog.
 DEFAULT_DEDUPE_TTL = 86400
-_MAX_DEDUPE_TTL = 366 * 86400
 _REDIS_SCHEMES = ("redis://", "rediss://", "valkey://", "valkeys://", "unix://")
+
+
+def _slot_limits(value: Any, label: str) -> tuple[tuple[str, int], ...]:
+    """``delayq_slot_limits`` checked: a dict of glob pattern -> limit (or those pairs, once checked)."""
+    if isinstance(value, tuple):
+        return value
+    try:
+        if not isinstance(value, dict):
+            raise InvalidSlotError(f"{value!r} is no dict")
+        return tuple((pattern, Slot.parse({"key": pattern, "limit": n}).limit or 0) for pattern, n in value.items())
+    except InvalidSlotError as exc:
+        raise ConfigError(
+            f"Celery setting delayq_slot_limits: {exc}; use a dict of key pattern (glob) -> limit, e.g. "
+            "{'customer-*': 2}"
+        ) from exc
 
 
 @dataclass(frozen=True)
 class CelerySettings:
-    """The plugin's settings of one Celery app."""
+    """The plugin's settings of one Celery app: the store's, those of ``celery -A proj delayq
+    forward``'s forwarder (flow control, lossless mode), and the plugin's own below."""
 
+    # fmt: off
+    # (a table: one setting per entry)
     config: Config
-    min_delay: float
-    enabled: bool
-    flow: FlowControl
-    duplicate_id: str = "replace"
-    dedupe: bool = False
-    dedupe_ttl_ms: int = DEFAULT_DEDUPE_TTL * 1000
-    #: lossless mode's window in seconds (None: off)
-    lossless_window: float | None = None
-    #: (glob pattern, limit) of ``delayq_slot_limits``, in their order
-    slot_limits: tuple[tuple[str, int], ...] = ()
-    #: how long a worker's slot hold lasts after the task's start or its last heartbeat
-    slot_hold_ms: int = RUN_HOLD_MS
-    #: seconds between a worker's beats (:mod:`~delayq_backends.celery.watch`)
-    worker_beat_s: float = 5
+    forwarder: ForwarderSettings = ForwarderSettings()
+    min_delay: float = setting(0.0, "Seconds; a nearer eta is published directly.", low=0, celery="delayq_min_delay")
+    enabled: bool = setting(True, "False: the plugin publishes as Celery does.", celery="delayq_enabled")
+    duplicate_id: str = setting("replace", "What a second send of a task id still waiting in the store does: "
+        "replace it, keep the first, or raise DuplicateTaskIdError.", choices=DUPLICATE_ID_MODES,
+        celery="delayq_duplicate_id")
+    dedupe: bool = setting(False, "Workers drop a second delivery of a task run that already started (docs/dedupe.md).",
+        celery="delayq_dedupe")
+    dedupe_ttl: float = setting(float(DEFAULT_DEDUPE_TTL), "Seconds a run's started record is kept: longer than a "
+        "duplicate can take to arrive (a forwarder's lease plus the broker's backlog).", low=1, high=366 * 86400,
+        celery="delayq_dedupe_ttl", envvar="DELAYQ_DEDUPE_TTL")
+    slot_limits: tuple[tuple[str, int], ...] = setting((),
+        "Key pattern (glob) -> limit: a delayq_slot header naming no limit takes the first matching pattern's; "
+        "a limit set at runtime wins (docs/slots.md).", celery="delayq_slot_limits", parse=_slot_limits)
+    slot_hold: float = setting(RUN_HOLD_MS / 1000, "Seconds a worker's slot hold lasts after the task's start or "
+        "last heartbeat (renewed every third of it): what a worker killed mid-task costs.", low=1, high=3600,
+        celery="delayq_slot_hold", envvar="DELAYQ_SLOT_HOLD")
+    worker_beat: float = setting(5.0, "Seconds between a worker's beats: on a Redis broker a worker that missed two "
+        "is dead and its unacknowledged tasks go back.", low=0.5, high=300, celery="delayq_worker_beat")
+    # fmt: on
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+    @property
+    def dedupe_ttl_ms(self) -> int:
+        return int(self.dedupe_ttl * 1000)
+
+    @property
+    def slot_hold_ms(self) -> int:
+        return int(self.slot_hold * 1000)
+
+    @property
+    def worker_beat_s(self) -> float:
+        return self.worker_beat
 
     @classmethod
     def of(cls, app: Celery) -> CelerySettings:
@@ -158,7 +139,7 @@ class CelerySettings:
             ConfigError: an unknown ``delayq_*`` name, a bad value, or no Redis to use.
         """
         conf = app.conf
-        unknown = sorted(k for k in conf if isinstance(k, str) and k.startswith("delayq_") and k not in _KNOWN)
+        unknown = sorted(k for k in conf if isinstance(k, str) and k.startswith("delayq_") and k not in KNOWN)
         if unknown:
             raise ConfigError(_unknown_settings(unknown))
         if conf.get("task_protocol", 2) != 2:
@@ -166,70 +147,10 @@ class CelerySettings:
                 f"task_protocol={conf.get('task_protocol')}: delayq needs Celery's message protocol 2 "
                 "(the default since Celery 4): remove the task_protocol setting"
             )
-        min_delay = conf.get("delayq_min_delay", 0)
-        if isinstance(min_delay, bool) or not isinstance(min_delay, (int, float)) or not math.isfinite(min_delay):
-            raise ConfigError(f"delayq_min_delay={min_delay!r}: use a number of seconds >= 0")
-        if min_delay < 0:
-            raise ConfigError(f"delayq_min_delay={min_delay!r}: use a number of seconds >= 0")
-        enabled = conf.get("delayq_enabled", True)
-        if not isinstance(enabled, bool):
-            raise ConfigError(f"delayq_enabled={enabled!r}: use True or False")
-        duplicate_id = conf.get("delayq_duplicate_id", "replace")
-        if duplicate_id not in DUPLICATE_ID_MODES:
-            raise ConfigError(f"delayq_duplicate_id={duplicate_id!r}: use one of {list(DUPLICATE_ID_MODES)}")
-        dedupe = conf.get("delayq_dedupe", False)
-        if not isinstance(dedupe, bool):
-            raise ConfigError(f"delayq_dedupe={dedupe!r}: use True or False")
-        dedupe_ttl = conf.get("delayq_dedupe_ttl", DEFAULT_DEDUPE_TTL)
-        ttl_is_number = isinstance(dedupe_ttl, (int, float)) and not isinstance(dedupe_ttl, bool)
-        if not ttl_is_number or not 1 <= dedupe_ttl <= _MAX_DEDUPE_TTL:
-            raise ConfigError(
-                f"delayq_dedupe_ttl={dedupe_ttl!r}: use seconds between 1 and {_MAX_DEDUPE_TTL}, longer than a "
-                "duplicate can take to arrive (a forwarder's lease plus the broker's backlog)"
-            )
-        lossless_window = _lossless_window(conf, dedupe, dedupe_ttl)
+        own = {s.name: s.check(_get(conf, s), s.celery) for s in settings_of(cls)}
         attached = _attached.get(app)
-        try:
-            config = (
-                attached.config
-                if attached is not None
-                else Config(
-                    url=_store_url(app),
-                    prefix=conf.get("delayq_prefix", "delayq"),
-                    shards=conf.get("delayq_shards", 16),
-                    max_payload_bytes=conf.get("delayq_max_payload_bytes", Config.max_payload_bytes),
-                    durable_replicas=conf.get("delayq_durable_replicas", Config.durable_replicas),
-                    durable_timeout_ms=conf.get("delayq_durable_timeout_ms", Config.durable_timeout_ms),
-                    group_policies=GroupPolicies.from_mapping(
-                        conf.get("delayq_group_policies") or {}, source="delayq_group_policies"
-                    ),
-                )
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"Celery setting delayq_*: {exc}") from exc
-        try:
-            flow = FlowControl.from_mappings(
-                conf.get("delayq_max_queue_depth") or {},
-                conf.get("delayq_rate_limits") or {},
-                conf.get("delayq_key_rate_limits") or {},
-            )
-        except ConfigError as exc:
-            raise ConfigError(
-                f"Celery setting delayq_max_queue_depth / delayq_rate_limits / delayq_key_rate_limits: {exc}"
-            ) from exc
-        return cls(
-            config=config,
-            min_delay=float(min_delay),
-            enabled=enabled,
-            flow=flow,
-            duplicate_id=duplicate_id,
-            dedupe=dedupe,
-            dedupe_ttl_ms=int(dedupe_ttl * 1000),
-            lossless_window=lossless_window,
-            slot_limits=_slot_limits(conf.get("delayq_slot_limits") or {}),
-            slot_hold_ms=_slot_hold_ms(conf.get("delayq_slot_hold", RUN_HOLD_MS // 1000)),
-            worker_beat_s=_worker_beat(conf.get("delayq_worker_beat", 5)),
-        )
+        config = attached.config if attached is not None else _config(app)
+        return cls(config, _forwarder(conf, own["dedupe"], own["dedupe_ttl"]), **own)
 
     def slot(self, value: Any) -> Slot:
         """The slot of a ``delayq_slot`` header: its own limit, else that of the first pattern of
@@ -243,6 +164,71 @@ class CelerySettings:
             return slot
         limit = next((n for pattern, n in self.slot_limits if fnmatch.fnmatchcase(slot.key, pattern)), None)
         return slot if limit is None else replace(slot, limit=limit)
+
+
+#: read where they are used (:mod:`.lazy`, :func:`schedule_version`), so no field holds them
+LAZY_FUNCTIONS = Setting(
+    "`module:qualname` paths of the functions a beat_schedule's lazy values may call.",
+    (),
+    celery="delayq_lazy_functions",
+    name="lazy_functions",
+)
+SCHEDULE_VERSION = Setting(
+    "Grows per deploy: an older beat_schedule never rolls a newer back.",
+    None,
+    kind=int,
+    flag="--schedule-version",
+    envvar="DELAYQ_SCHEDULE_VERSION",
+    celery="delayq_schedule_version",
+    shown="unversioned",
+    name="schedule_version",
+)
+
+#: every Celery setting: those of the records it configures, and its own
+SETTINGS = (*settings_of(Config), *settings_of(ForwarderSettings), LOSSLESS, *settings_of(FlowControl),
+            *settings_of(CelerySettings), LAZY_FUNCTIONS, SCHEDULE_VERSION)  # fmt: skip
+KNOWN = frozenset(s.celery for s in SETTINGS if s.celery)
+
+
+def _get(conf: Any, s: Setting) -> Any:
+    """The app's value of ``s``, its default when unset (or None)."""
+    value = conf.get(s.celery)
+    return s.default if value is None else value
+
+
+def _config(app: Celery) -> Config:
+    """The store's settings of the app."""
+    try:
+        values = {s.name: s.check(_get(app.conf, s), s.celery) for s in settings_of(Config) if s.celery}
+        return Config(**{**values, "url": _store_url(app)})
+    except ConfigError as exc:
+        raise ConfigError(f"Celery setting delayq_*: {exc}") from exc
+
+
+def _forwarder(conf: Any, dedupe: bool, dedupe_ttl: float) -> ForwarderSettings:
+    """The app's flow control and lossless mode, checked against dedupe."""
+    flow = settings_of(FlowControl)
+    try:
+        limits = FlowControl.from_mappings(*(_get(conf, s) for s in flow))
+    except ConfigError as exc:
+        raise ConfigError(f"Celery setting {' / '.join(str(s.celery) for s in flow)}: {exc}") from exc
+    lossless = LOSSLESS.check(_get(conf, LOSSLESS), LOSSLESS.celery)
+    [window_setting] = (s for s in settings_of(ForwarderSettings) if s.name == "lossless_window")
+    window = window_setting.check(_get(conf, replace(window_setting, default=LOSSLESS_WINDOW)), window_setting.celery)
+    if not lossless:
+        return ForwarderSettings(flow=limits)
+    if not dedupe:
+        raise ConfigError(
+            "delayq_lossless=True needs delayq_dedupe=True: lossless mode publishes a task again when no worker "
+            "recorded its start, and only workers with dedupe record it (without, every task would run again "
+            "after each window)"
+        )
+    if window >= dedupe_ttl:
+        raise ConfigError(
+            f"delayq_lossless_window={window!r} must be shorter than delayq_dedupe_ttl={dedupe_ttl!r}: a start "
+            "record that expired before the forwarder looks reads as never started, and the task would run again"
+        )
+    return ForwarderSettings(flow=limits, lossless_window=float(window))
 
 
 def schedule_version(app: Celery) -> int | None:
@@ -262,71 +248,12 @@ def _unknown_settings(unknown: list[str]) -> str:
     """Name each unknown ``delayq_*`` setting with its likeliest meant name (a typo is the usual
     cause); the whole list only when no name is close."""
     # compared without the shared "delayq_", which would make every name look close
-    known = {name.removeprefix("delayq_"): name for name in _KNOWN}
+    known = {name.removeprefix("delayq_"): name for name in KNOWN}
     guesses = {name: difflib.get_close_matches(name.removeprefix("delayq_"), known, n=1) for name in unknown}
     named = ", ".join(f"{n} (did you mean {known[g[0]]}?)" if g else n for n, g in guesses.items())
     if all(guesses.values()):
         return f"unknown Celery setting(s): {named}"
-    return f"unknown Celery setting(s): {named}; the delayq settings are {sorted(_KNOWN)}"
-
-
-def _slot_hold_ms(seconds: Any) -> int:
-    """``delayq_slot_hold`` checked, in ms."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 1 <= seconds <= 3600:
-        raise ConfigError(
-            f"delayq_slot_hold={seconds!r}: use seconds between 1 and 3600: how long a killed worker's slots "
-            "stay taken (a heartbeat renews a running task's every third of it)"
-        )
-    return int(seconds * 1000)
-
-
-def _worker_beat(seconds: Any) -> float:
-    """``delayq_worker_beat`` checked."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0.5 <= seconds <= 300:
-        raise ConfigError(
-            f"delayq_worker_beat={seconds!r}: use seconds between 0.5 and 300: how often a worker beats (on a "
-            "Redis broker a worker that missed two beats is dead and its unacknowledged tasks go back)"
-        )
-    return float(seconds)
-
-
-def _slot_limits(value: Any) -> tuple[tuple[str, int], ...]:
-    """``delayq_slot_limits`` checked: a dict of glob pattern -> limit."""
-    try:
-        if not isinstance(value, dict):
-            raise InvalidSlotError(f"{value!r} is no dict")
-        return tuple((pattern, Slot.parse({"key": pattern, "limit": n}).limit or 0) for pattern, n in value.items())
-    except InvalidSlotError as exc:
-        raise ConfigError(
-            f"Celery setting delayq_slot_limits: {exc}; use a dict of key pattern (glob) -> limit, e.g. "
-            "{'customer-*': 2}"
-        ) from exc
-
-
-def _lossless_window(conf: Any, dedupe: bool, dedupe_ttl: float) -> float | None:
-    """``delayq_lossless_window`` if ``delayq_lossless`` is on, checked against dedupe, else None."""
-    lossless = conf.get("delayq_lossless", False)
-    if not isinstance(lossless, bool):
-        raise ConfigError(f"delayq_lossless={lossless!r}: use True or False")
-    window = conf.get("delayq_lossless_window", LOSSLESS_WINDOW.default)
-    if isinstance(window, bool) or not isinstance(window, (int, float)):
-        raise ConfigError(f"delayq_lossless_window={window!r}: use seconds from {LOSSLESS_WINDOW.low:g} to "
-                          f"{LOSSLESS_WINDOW.high:g}")  # fmt: skip
-    LOSSLESS_WINDOW.check("delayq_lossless_window", window)
-    if not lossless:
-        return None
-    if not dedupe:
-        raise ConfigError(
-            "delayq_lossless=True needs delayq_dedupe=True: lossless mode publishes a task again when no worker "
-            "recorded its start, and only workers with dedupe record it (without, every task would run again "
-            "after each window)"
-        )
-    if window >= dedupe_ttl:
-        raise ConfigError(
-            f"delayq_lossless_window={window!r} must be shorter than delayq_dedupe_ttl={dedupe_ttl!r}: a start "
-            "record that expired before the forwarder looks reads as never started, and the task would run again"
-        )
-    return float(window)
+    return f"unknown Celery setting(s): {named}; the delayq settings are {sorted(KNOWN)}"
 
 
 def _store_url(app: Celery) -> str:

@@ -17,7 +17,7 @@ import click
 from celery import Celery
 from kombu.utils.json import dumps as kombu_json_dumps
 
-from ..assemble import DescribedTarget
+from ..assemble import DescribedTarget, ProcessSettings
 from ..celery.periodic import PeriodicTarget, sync, task_view
 from ..celery.scheduled import get as get_scheduled
 from ..celery.scheduled import revoke_everywhere
@@ -58,13 +58,9 @@ def forward(ctx: click.Context, run: ForwardOptions, periodic_sync: bool) -> Non
     """Forward the app's due tasks (and fire its periodic entries) until SIGTERM/SIGINT (then exit 0)."""
     app = ctx.find_root().obj.app
     app_settings = CelerySettings.of(app)
-    # the options win for the queues they name; the app's broker is the one target
-    settings = run.settings(
-        app_settings.config,
-        list_target=False,
-        flow=app_settings.flow.merged(run.flow),
-        lossless_window=run.lossless_seconds(app_settings.lossless_window),
-    )
+    # the options win over the app's settings (for flow control: for the queues they name); the
+    # app's broker is the one target
+    settings = run.settings(ProcessSettings(app_settings.config, app_settings.forwarder, list_target=False))
     store = open_store(settings.store, writes=True)
     closing(store.client)
     if periodic_sync:
@@ -73,7 +69,7 @@ def forward(ctx: click.Context, run: ForwardOptions, periodic_sync: bool) -> Non
     ctx.call_on_close(target.close)
     where = f"celery (and periodic entries) -> {target.describe()}"
     targets = [DescribedTarget(target, where), DescribedTarget(PeriodicTarget(target, app=app), "")]
-    run_forwarder(settings, log_level=run.log_level, store=store, targets=targets)
+    run_forwarder(settings, store=store, targets=targets)
 
 
 def _sync_at_start(app: Celery, store: DelayStore) -> None:

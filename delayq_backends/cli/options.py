@@ -14,7 +14,7 @@ import click
 import redis
 from click.core import ParameterSource
 
-from ..config import DEFAULT_URL
+from ..config import DEFAULT_URL, Config, settings_of
 from ..errors import DelayqError, InvalidTimeError
 from ..store import DelayStore
 from ..storespec import StoreSpec
@@ -105,39 +105,23 @@ def read_secret(path: Path, option: str) -> str:
     return value
 
 
-url_option = secret_option(
-    "url", envvar="DELAYQ_URL", default=DEFAULT_URL, help="Redis/Valkey URL of the delay store (any node of a cluster)."
-)
+_ADDRESS = {s.name: s for s in settings_of(Config)}
+url_option = secret_option("url", envvar=_ADDRESS["url"].envvar or "", default=DEFAULT_URL, help=_ADDRESS["url"].help)
 
 
 def store_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Add ``--url``/``--url-file``/``--prefix``/``--shards`` (with their env vars) and pass them as ``spec``."""
+    """Add ``--url``/``--url-file``/``--prefix``/``--shards`` (from :class:`Config`'s settings) and
+    pass them as ``spec``."""
 
     @functools.wraps(command)
     def with_spec(*args: Any, url: str, prefix: str, shards: int, **kwargs: Any) -> None:
         command(*args, spec=StoreSpec(url, prefix, shards), **kwargs)
 
-    options = [
-        click.option(
-            "--prefix",
-            envvar="DELAYQ_PREFIX",
-            show_envvar=True,
-            default="delayq",
-            show_default=True,
-            help="Key prefix of the store.",
-        ),
-        click.option(
-            "--shards",
-            envvar="DELAYQ_SHARDS",
-            show_envvar=True,
-            type=int,
-            default=16,
-            show_default=True,
-            help="Shard count; must match the one recorded for the prefix.",
-        ),
-    ]
-    for option in reversed(options):
-        with_spec = option(with_spec)
+    for s in (_ADDRESS["shards"], _ADDRESS["prefix"]):
+        with_spec = click.option(
+            s.flag or "", envvar=s.envvar, show_envvar=True, type=type(s.default), default=s.default,
+            show_default=True, help=s.help,
+        )(with_spec)  # fmt: skip
     return url_option(with_spec)
 
 

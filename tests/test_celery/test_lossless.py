@@ -138,9 +138,9 @@ def test_lossless_setting_reaches_the_celery_settings() -> None:
 
     app = Celery("ok", broker="redis://127.0.0.1:1/0")
     app.conf.update(delayq_dedupe=True, delayq_lossless=True, delayq_lossless_window=5)
-    assert CelerySettings.of(app).lossless_window == 5.0
+    assert CelerySettings.of(app).forwarder.lossless_window == 5.0
     app.conf.delayq_lossless = False
-    assert CelerySettings.of(app).lossless_window is None
+    assert CelerySettings.of(app).forwarder.lossless_window is None
 
 
 def test_keys_of_a_run_are_what_the_worker_writes(valkey_server: EmbeddedServer) -> None:
