@@ -74,15 +74,18 @@ def _group(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("dist", "no") != "loadgroup":
-        return  # no workers (-n 0, -p no:xdist): nothing to group or order
-    for item in items:
-        group = _group(item)
-        if group and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
+@pytest.hookimpl(wrapper=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Generator[None, None, None]:
+    """Give each item its group: the ``@group`` suffix of its node id is what the loadgroup
+    scheduler reads (set here: xdist's own hook did not add it on this worker's items)."""
+    if config.getoption("loadgroup", False):  # set on each xdist worker by --dist loadgroup
+        for item in items:
+            mark = item.get_closest_marker("xdist_group")
+            group = mark.args[0] if mark else _group(item)
+            if group and "@" not in item.nodeid:
+                item._nodeid = f"{item.nodeid}@{group}"
+        items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
