@@ -77,13 +77,14 @@ def _group(item: pytest.Item) -> str | None:
 @pytest.hookimpl(wrapper=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Generator[None, None, None]:
     """Give each item its group: the ``@group`` suffix of its node id is what the loadgroup
-    scheduler reads (set here: xdist's own hook did not add it on this worker's items)."""
+    scheduler reads (set here: xdist 3.8's own hook sets it where pytest 9 no longer reads it)."""
     if config.getoption("loadgroup", False):  # set on each xdist worker by --dist loadgroup
         for item in items:
             mark = item.get_closest_marker("xdist_group")
             group = mark.args[0] if mark else _group(item)
             if group and "@" not in item.nodeid:
-                item._nodeid = f"{item.nodeid}@{group}"
+                # pytest 9 reads the node id from the structured _id (xdist 3.8 still sets _nodeid)
+                item._id = type(item._id).parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
         items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
     return (yield)
 
