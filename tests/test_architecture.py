@@ -25,6 +25,7 @@ def test_imports_run_one_way_down_the_layers() -> None:
     assert "0 broken" in done.stdout
 
 
+@pytest.mark.alone  # the probe is in the package that mypy, ruff and lint-imports read beside it
 def test_a_layer_violation_is_caught() -> None:
     """The contract can fail: a store module importing the forwarder is reported."""
     probe = ROOT / "delayq_backends" / "store" / "_layer_probe.py"

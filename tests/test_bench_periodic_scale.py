@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "periodic_scale.py"
 
 
@@ -28,6 +30,7 @@ def _bench_module() -> Any:
         sys.path.remove(str(BENCH.parent))
 
 
+@pytest.mark.alone  # a benchmark: its figures are times
 def test_tiny_run_fires_every_period_and_sees_every_action() -> None:
     args = ["--entries", "3600", "--window", "16", "--actions", "2", "--warmup", "1", "--peer-entries", "100"]
     args += ["--upsert-sample", "50", "--history-sample", "10", "--history-runs", "5"]

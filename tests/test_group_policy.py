@@ -340,6 +340,7 @@ def arrivals(valkey_url: str, prefix: str, procs: Launcher, tmp_path: Path) -> I
     found.close()
 
 
+@pytest.mark.alone  # a rate within 2 %: a busy core skews it
 def test_a_rate_holds_within_2_percent_across_two_forwarders(arrivals: Arrivals) -> None:
     """1,000 items of a group at 100/s, all due now, released by two forwarders together: the
     releases after the first burst come at 100/s within 2 %, and both forwarders released."""

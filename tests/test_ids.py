@@ -4,8 +4,6 @@ at the door with a message that says what to pass; every id Celery and RQ make s
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from delayq_backends import Config, DelayStore
@@ -59,8 +57,9 @@ def test_refused_before_anything_is_stored(valkey_url: str, prefix: str) -> None
 
 
 GOOD = [
-    str(uuid.uuid4()),  # Celery task ids
-    uuid.uuid4().hex,  # RQ's own job ids
+    # one of each kind, fixed: every xdist worker must collect the same test ids
+    "498fb844-658b-4264-9dbd-a5548400b239",  # Celery task ids (str(uuid4()))
+    "8337d1aae83d44949e09c232ce348807",  # RQ's own job ids (uuid4().hex)
     "my-custom.job_id:42/with spaces",  # RQ custom ids may hold anything printable
     "report-2026-11-24T09:00:00+00:00",
     "ünïcödé-ид-标识-🎉",

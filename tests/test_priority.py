@@ -32,6 +32,7 @@ from delayq_backends.scripts import source
 from delayq_backends.targets import RedisListTarget
 from tests.harness import Launcher, make_store
 from tests.harness.fleet import Forwarders
+from tests.harness.servers import flush_scripts
 from tests.helpers import wait_for
 from tests.test_celery.conftest import BROKERS, broker_url_for
 from tests.test_celery.harness import CeleryEnv, delete_queue, new_env
@@ -48,7 +49,7 @@ def ids(claim_items: list[Any]) -> list[str]:
 @pytest.fixture
 def one_shard(server_url: str, prefix: str) -> DelayStore:
     s = make_store(server_url, prefix, shards=1)
-    s.client.script_flush()
+    flush_scripts(s.client, server_url)
     return s
 
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -77,14 +78,17 @@ class Admin:
         self.client.close()
 
 
-@pytest.fixture(params=["valkey", "redis"])
+# alone on the system Redis: its function library, script cache and ACL users are server-wide, and
+# other workers' tests use that server too
+@pytest.fixture(params=["valkey", pytest.param("redis", marks=pytest.mark.alone)])
 def admin(request: pytest.FixtureRequest) -> Iterator[Admin]:
     """The embedded Valkey and the system Redis 7 in turn; every ACL user made is deleted after,
     and the library too when this test installed it."""
     if request.param == "valkey":
         url = request.getfixturevalue("valkey_server").url
     else:
-        url = request.getfixturevalue("system_redis_url")
+        # database 0, whichever one the worker has: the roles' users may not SELECT another
+        url = urlsplit(request.getfixturevalue("system_redis_url"))._replace(path="/0").geturl()
     client = redis.Redis.from_url(url)
     kwargs = client.connection_pool.connection_kwargs
     found = Admin(client, url, int(kwargs["port"]))

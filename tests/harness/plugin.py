@@ -20,6 +20,7 @@ from tests.harness.servers import (
     SYSTEM_REDIS,
     amqp_problem,
     delete_prefix,
+    flush_scripts,
     make_store,
     reachable,
 )
@@ -83,10 +84,10 @@ def prefix(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def store(server_url: str, prefix: str) -> Iterator[DelayStore]:
-    """A store with a fresh prefix on each real server kind, its scripts flushed first so
-    the NOSCRIPT reload path runs too (the ``prefix`` fixture deletes its keys)."""
+    """A store with a fresh prefix on each real server kind, its scripts flushed first (on the
+    worker's own servers) so the NOSCRIPT reload path runs too (the ``prefix`` fixture deletes its keys)."""
     s = make_store(server_url, prefix, shards=4)
-    s.client.script_flush()
+    flush_scripts(s.client, server_url)
     yield s
     s.client.close()
 

@@ -49,6 +49,7 @@ def _forwarder(env: CeleryEnv, tmp: Path, name: str) -> subprocess.Popen[bytes]:
     return env.start(args + ["--poll", "0.2", "--lease", "2", "--log-every", "5"], name, tmp)
 
 
+@pytest.mark.alone  # SIGKILLs timed against periods
 def test_two_forwarders_fire_each_period_once_through_sigkills(env: CeleryEnv, tmp_path: Path) -> None:
     app = env.app()
     try:

@@ -433,6 +433,7 @@ def test_a_full_server_releases_the_batch_then_delivers_it_once() -> None:
 # -- real forwarders SIGKILLed, a real worker --------------------------------------------------
 
 
+@pytest.mark.alone  # SIGKILLs at random points of a timed run
 def test_forwarders_killed_at_random_points_run_every_task_once(env: CeleryEnv, app: Celery, tmp_path: Path) -> None:
     count = 600
     at = datetime.now(timezone.utc) + timedelta(seconds=2)
