@@ -67,7 +67,7 @@ class ProcessSettings:
         kind=str, flag="--celery-broker", envvar="DELAYQ_CELERY_BROKER")
     rq_redis: str | None = setting(None,
         "Redis of the RQ queues: adds the rq target (may equal --url) and fires RQ periodic entries there.", kind=str,
-        flag="--rq-redis", envvar="DELAYQ_RQ_REDIS")
+        flag="--rq-redis", envvar="DELAYQ_RQ_REDIS", shown="no rq target")
     rq_allow_classes: tuple[str, ...] = setting((),
         "Let RQ envelopes name queue/job classes under this dotted module prefix (whole components; rq and "
         "delayq_backends always allowed). Repeatable; env DELAYQ_RQ_ALLOW_CLASS adds more (space-separated).",

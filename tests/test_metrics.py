@@ -327,8 +327,8 @@ def test_a_shortfall_is_pinned_on_a_queue_only_when_there_is_one() -> None:
 def test_celery_delayq_forward_takes_the_metrics_options_too() -> None:
     from delayq_backends.cli.celery import delayq as celery_delayq
 
-    params = {p.name for p in celery_delayq.commands["forward"].params}
-    assert {"metrics_port", "metrics_host"} <= params
+    flags = {flag for p in celery_delayq.commands["forward"].params for flag in p.opts}
+    assert {"--metrics-port", "--metrics-host"} <= flags
 
 
 # -- concurrency slots ------------------------------------------------------------------------

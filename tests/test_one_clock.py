@@ -142,6 +142,23 @@ def test_the_server_clock_reads_the_server_once_a_resample_and_follows_it(mono: 
     assert (clock(), server.reads) == (server.ms, 2)  # re-read: the drift is gone
 
 
+def test_a_reading_that_waited_sets_no_lead_when_a_quick_one_follows(mono: list[float]) -> None:
+    """The clock counts from when a reading was asked: a reading that waited 50 ms (a busy core)
+    would make it lead the server by 50 ms for a minute, and a forwarder wake before its items are
+    due and claim nothing (a spin). It keeps the shortest of a few round trips instead."""
+    waits = [0.05]  # the first round trip waits 50 ms, the next none
+
+    def server_ms() -> float:
+        return 1_000_000 + (mono[0] - 100.0) * 1000
+
+    def read() -> float:
+        mono[0] += waits.pop() if waits else 0.0
+        return server_ms()
+
+    clock = ServerClock(read)
+    assert 0 <= clock() - server_ms() <= 1
+
+
 # -- no second clock in the source ------------------------------------------------------------
 
 #: The modules that read the host's wall clock, and why that, not the store's clock, is right there.
